@@ -1,0 +1,98 @@
+"""Writing event logs: sequence numbers, canonical JSON, and all-or-nothing files.
+
+Byte-identical logs for identical runs are a feature, so serialization is fixed:
+compact separators, keys in insertion order (seq, t, kind, then the fields as emitted),
+floats through ``repr``. A log is written to a temporary file beside the target and
+renamed into place on :meth:`EventLogWriter.close`; a run that dies leaves no partial log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterable, List, Optional
+
+from harness.eventlog.kinds import ALL_KINDS, SCHEMA_NAME, SCHEMA_VERSION
+
+
+def dumps(record: Dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def header_record(cluster: Dict[str, Any], *, scheduler: Optional[Dict[str, Any]] = None,
+                  source: Optional[str] = None, meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    rec: Dict[str, Any] = {"seq": 0, "t": 0.0, "kind": "header", "schema": SCHEMA_NAME,
+                           "version": SCHEMA_VERSION, "cluster": dict(cluster)}
+    if scheduler is not None:
+        rec["scheduler"] = dict(scheduler)
+    if source is not None:
+        rec["source"] = source
+    if meta is not None:
+        rec["meta"] = dict(meta)
+    return rec
+
+
+class EventLog:
+    """An in-memory log that stamps seq numbers; ``records`` is the list written out."""
+
+    def __init__(self, header: Dict[str, Any]) -> None:
+        self.records: List[Dict[str, Any]] = [header]
+        self._seq = header["seq"]
+
+    def emit(self, kind: str, t: float, **fields: Any) -> Dict[str, Any]:
+        if kind not in ALL_KINDS:
+            raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+        self._seq += 1
+        rec: Dict[str, Any] = {"seq": self._seq, "t": t, "kind": kind}
+        rec.update(fields)
+        self.records.append(rec)
+        return rec
+
+    def extend(self, t: float, decisions: Iterable[Dict[str, Any]]) -> None:
+        """Stamp and append records produced without seq/t (e.g. the scheduler outbox)."""
+        for d in decisions:
+            fields = dict(d)
+            kind = fields.pop("kind")
+            self.emit(kind, t, **fields)
+
+    def lines(self) -> Iterable[str]:
+        for rec in self.records:
+            yield dumps(rec)
+
+
+def write_atomic(path: str, lines: Iterable[str]) -> None:
+    """Write lines to ``path`` via a temp file + rename; nothing is left on failure."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".jsonl", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(line)
+                fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class EventLogWriter:
+    """File-backed log for long-running producers (gates): emit, then close atomically."""
+
+    def __init__(self, path: str, *, source: str, cluster: Optional[Dict[str, Any]] = None,
+                 meta: Optional[Dict[str, Any]] = None) -> None:
+        self.path = path
+        self.log = EventLog(header_record(cluster or {"nodes": 1, "gpus_per_node": 1}, source=source, meta=meta))
+        self.closed = False
+
+    def emit(self, kind: str, t: float, **fields: Any) -> Dict[str, Any]:
+        return self.log.emit(kind, t, **fields)
+
+    def close(self) -> None:
+        if not self.closed:
+            write_atomic(self.path, self.log.lines())
+            self.closed = True

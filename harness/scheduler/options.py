@@ -1,0 +1,62 @@
+"""Scheduler options: RLix's behaviour by default, documented hazards fixable by flag.
+
+RLix has a few behaviours that reference/rlix.md §8 lists as hazards. The model
+reproduces each by default, because the point of the harness is to find what the real
+system does; a fixed variant exists behind an explicit option so a scenario can show the
+difference. Field names are the names used in trace headers and scenario files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Mapping
+
+from harness.scheduler.planner import MAX_GAP_ACTIVATIONS, MAX_GAP_ITERATIONS
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    # Phase 6 acks every pending planned release, including one that arrived in the lock
+    # gap and whose shrink was never planned ("premature planned-release ack").
+    # False = ack only releases whose ranks were shrunk by the committed plan.
+    ack_unplanned_releases: bool = True
+    # Phase 2 keeps GEN shrinks it added for a non-GEN request that still cannot be
+    # granted (GEN preempted for nothing). True = roll those shrinks back.
+    rollback_ungrantable_preemption: bool = False
+    # Phase 2 skips an unsatisfiable request and grants later/smaller ones (no
+    # head-of-line blocking, so a large request can starve). True = stop granting
+    # non-GEN requests in this cycle after the first one that cannot be granted.
+    head_of_line_blocking: bool = False
+    # Gap-ratio planner parameters and RLix's safety bounds (exceeding them fails fast).
+    epsilon: float = 0.0
+    max_gap_iterations: int = MAX_GAP_ITERATIONS
+    max_gap_activations: int = MAX_GAP_ACTIVATIONS
+    # Background rebalance (rlix.md §2.2): deviation threshold in percentage points and
+    # the share of pipelines (worst completion first) compared.
+    rebalance_threshold_pp: float = 10.0
+    rebalance_worst_fraction: float = 0.5
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "SchedulerOptions":
+        """Build from a header/scenario mapping; unknown or mistyped fields raise ValueError."""
+        known = {f.name: f for f in fields(cls)}
+        kwargs: Dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ValueError(f"unknown scheduler option {key!r}; known: {', '.join(sorted(known))}")
+            default = getattr(cls(), key)
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"scheduler option {key!r} must be true or false, got {value!r}")
+            elif isinstance(default, int):
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                    raise ValueError(f"scheduler option {key!r} must be a positive integer, got {value!r}")
+            elif isinstance(default, float):
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                    raise ValueError(f"scheduler option {key!r} must be a non-negative number, got {value!r}")
+                value = float(value)
+            kwargs[key] = value
+        return cls(**kwargs)
+
+    def to_mapping(self) -> Dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,348 @@
+"""Gap-ratio planner: how GENERATION GPUs are shared by remaining demand.
+
+The decisions are RLix's exactly (reference/rlix.md §2.4, ``plan_generation_gap_ratio``):
+the same targets, the same acceptor order, the same candidate score and donor order, the
+same one-bundle-per-iteration loop and the same iteration bounds. What differs is cost.
+RLix rescans every pipeline and every inactive rank on each activation, which is
+quadratic in cluster size; here
+
+* acceptors sit in a heap keyed by RLix's sort key and only pipelines whose active count
+  changed are re-keyed, so one iteration costs O(log P) instead of O(P log P);
+* each pipeline keeps a lazily built min-heap of "free" inactive ranks (bundle entirely
+  idle), so the common case — the lowest free rank wins, since a candidate that needs no
+  shrink always beats one that does — is found without scoring every rank;
+* donors are found through a GPU → active-worker index instead of scanning every donor's
+  workers for each candidate.
+
+Anything that is not the common case falls back to scoring every candidate exactly as
+RLix does. ``tests/unit/test_planner_equivalence.py`` pins the equivalence against a
+direct transcription of the reference algorithm on random states.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
+
+from harness.scheduler.types import (
+    ClusterAllocation,
+    ExecutionPlan,
+    ExpandOp,
+    PipelineEntry,
+    Priority,
+    ShrinkOp,
+    generation_cluster_id,
+)
+
+MAX_GAP_ITERATIONS = 10_000
+MAX_GAP_ACTIVATIONS = 1_000
+
+
+class PlannerLimitExceeded(RuntimeError):
+    """RLix raises (and fails the whole system fast) when the loop exceeds its bounds."""
+
+
+def round_half_up(value: float) -> int:
+    return int(math.floor(value + 0.5))
+
+
+@dataclass
+class _PipelineState:
+    index: int  # position in registry order: the stable tie-break RLix gets from sorted()
+    pipeline_id: str
+    cluster_id: str
+    tp: int
+    mapping: Tuple[int, ...]
+    remaining: float
+    percent_remaining: float
+    eligible: bool  # RLix _receiver_eligible; static within one cycle
+    commit_ok: bool  # RLix's re-check before committing (pending or allocation entry)
+    has_pending: bool
+    active: int  # number of active workers
+    donatable: List[int]  # snapshot-active ranks still active, ascending (donor order)
+    inactive: Set[int]
+    target_ratio: float = 0.0
+    target_gpu_count: int = 0
+    gap: float = 0.0
+    free_heap: Optional[List[int]] = None  # lazily built
+
+    def bundle(self, rank: int) -> Tuple[int, ...]:
+        return self.mapping[rank * self.tp : (rank + 1) * self.tp]
+
+
+@dataclass
+class GapRatioInputs:
+    registry: Mapping[str, PipelineEntry]
+    allocations: Mapping[str, ClusterAllocation]
+    non_gen_reserved: Set[int]
+    idle: Set[int]  # GPUs available to GENERATION (planned idle minus non-GEN reserved)
+    pending_gen: Mapping[str, Optional[int]]  # cluster_id -> step_target_estimate of its pending GEN request
+    progress_totals: Callable[[str], Tuple[float, float]]
+    epsilon: float = 0.0
+    max_iterations: int = MAX_GAP_ITERATIONS
+    max_activations: int = MAX_GAP_ACTIVATIONS
+
+
+@dataclass
+class GapRatioResult:
+    idle: Set[int]
+    activations: int = 0
+    iterations: int = 0
+    targets: Dict[str, int] = field(default_factory=dict)
+
+
+def _pending_estimate(est: Optional[int]) -> Optional[float]:
+    if est is None:
+        return None
+    val = int(est)
+    return float(val) if val > 0 else None
+
+
+def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
+    """Add GENERATION shrink/expand ops to ``plan``; return the GPUs left idle."""
+    eps = inp.epsilon
+    removed_by_plan: Dict[str, Set[int]] = {}
+    for op in plan.shrinks:
+        removed_by_plan.setdefault(op.cluster_id, set()).update(op.dp_ranks_to_remove)
+    protected: Set[Tuple[str, int]] = set()
+    for cid, ranks in removed_by_plan.items():
+        if cid.endswith("_actor_infer"):
+            pid = cid[: -len("_actor_infer")]
+            protected.update((pid, r) for r in ranks)
+
+    states: List[_PipelineState] = []
+    for pid, entry in inp.registry.items():
+        cfg = entry.infer
+        cid = generation_cluster_id(pid)
+        has_pending = cid in inp.pending_gen
+        remaining, step_target = inp.progress_totals(pid)
+        if step_target <= 0.0:
+            est = _pending_estimate(inp.pending_gen.get(cid)) if has_pending else None
+            if est is None:
+                continue  # no reports and no estimate: RLix skips the pipeline entirely
+            remaining = step_target = est
+            percent = 1.0
+        else:
+            percent = remaining / step_target
+        if has_pending:
+            remaining += step_target  # demand inflation for a pipeline waiting to start
+            percent = remaining / step_target
+        alloc = inp.allocations.get(cid)
+        current = set(alloc.active_dp_ranks) if alloc is not None and alloc.priority == Priority.GENERATION else set()
+        current -= removed_by_plan.get(cid, set())
+        in_allocs = cid in inp.allocations
+        eligible = cid not in plan.clusters_to_remove and (has_pending or bool(current) or in_allocs)
+        states.append(_PipelineState(
+            index=len(states), pipeline_id=pid, cluster_id=cid, tp=cfg.tp_size, mapping=cfg.device_mapping,
+            remaining=remaining, percent_remaining=percent, eligible=eligible,
+            commit_ok=cid not in plan.clusters_to_remove and (has_pending or in_allocs),
+            has_pending=has_pending, active=len(current), donatable=sorted(current),
+            inactive=set(range(cfg.max_dp_workers)) - current,
+        ))
+
+    idle = set(inp.idle)
+    if not idle.isdisjoint(inp.non_gen_reserved):
+        raise RuntimeError("idle GPUs given to the planner overlap non-GEN reserved GPUs")
+    result = GapRatioResult(idle=idle)
+    total_weight = sum(s.remaining * s.tp for s in states if s.eligible)
+    budget_gpus = len(idle) + sum(s.active * s.tp for s in states)
+    if budget_gpus == 0:
+        return result
+    for s in states:
+        if s.eligible and total_weight != 0:
+            s.target_ratio = (s.remaining * s.tp) / total_weight
+            s.target_gpu_count = max(round_half_up((s.target_ratio * budget_gpus) / s.tp) * s.tp, s.tp)
+        result.targets[s.pipeline_id] = s.target_gpu_count
+    by_id = {s.pipeline_id: s for s in states}
+    reserved = inp.non_gen_reserved
+
+    def refresh_gap(s: _PipelineState) -> None:
+        s.gap = s.target_ratio - (s.active * s.tp) / budget_gpus
+
+    def shrink_budget(s: _PipelineState) -> int:
+        floor = max(1, s.target_gpu_count // s.tp) if (s.eligible and s.target_gpu_count > 0) else 0
+        return max(0, s.active - floor)
+
+    def acceptor_key(s: _PipelineState):
+        if not (s.gap > eps and s.eligible and s.active * s.tp < s.target_gpu_count and s.target_ratio > 0):
+            return None
+        return (-(s.gap / s.target_ratio), -s.gap, s.pipeline_id)
+
+    # GPU -> (state, rank) for workers that may donate (built on first need).
+    owner_index: Optional[Dict[int, Tuple[_PipelineState, int]]] = None
+
+    def owners() -> Dict[int, Tuple[_PipelineState, int]]:
+        nonlocal owner_index
+        if owner_index is None:
+            owner_index = {}
+            for s in states:
+                for r in s.donatable:
+                    for g in s.bundle(r):
+                        owner_index[g] = (s, r)
+        return owner_index
+
+    # GPU -> ranks (per state) whose bundle holds it, for re-pushing ranks whose bundle
+    # became idle again (donor leftovers). Built on first need.
+    gpu_ranks: Optional[Dict[int, List[Tuple[_PipelineState, int]]]] = None
+
+    def rank_index() -> Dict[int, List[Tuple[_PipelineState, int]]]:
+        nonlocal gpu_ranks
+        if gpu_ranks is None:
+            gpu_ranks = {}
+            for s in states:
+                for i, g in enumerate(s.mapping):
+                    gpu_ranks.setdefault(g, []).append((s, i // s.tp))
+        return gpu_ranks
+
+    def is_free(s: _PipelineState, r: int) -> bool:
+        if r not in s.inactive or (s.pipeline_id, r) in protected:
+            return False
+        b = s.bundle(r)
+        return all(g in idle for g in b) and not any(g in reserved for g in b)
+
+    def lowest_free(s: _PipelineState) -> Optional[int]:
+        if s.free_heap is None:
+            s.free_heap = [r for r in sorted(s.inactive) if is_free(s, r)]
+        heap = s.free_heap
+        while heap:
+            if is_free(s, heap[0]):
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def score_candidates(s: _PipelineState, shrink_budget_of: Callable[[_PipelineState], int]):
+        """RLix's full candidate scoring; only reached when no free rank exists."""
+        best = None
+        for r in sorted(s.inactive):
+            if (s.pipeline_id, r) in protected:
+                continue
+            b = s.bundle(r)
+            if any(g in reserved for g in b):
+                continue
+            missing = {g for g in b if g not in idle}
+            picked: List[Tuple[_PipelineState, int]] = []
+            if missing:
+                own = owners()
+                donors = {}
+                for g in missing:
+                    o = own.get(g)
+                    if o is None:
+                        continue
+                    ds, dr = o
+                    if ds.gap >= -eps or shrink_budget_of(ds) <= 0 or (ds.pipeline_id, dr) in protected:
+                        continue
+                    donors[(ds.pipeline_id, dr)] = o
+                ordered = sorted(donors.values(), key=lambda o: (o[0].gap, o[0].index, o[1]))
+                used: Dict[str, int] = {}
+                for ds, dr in ordered:
+                    if not missing:
+                        break
+                    if used.get(ds.pipeline_id, 0) >= shrink_budget_of(ds):
+                        continue
+                    picked.append((ds, dr))
+                    used[ds.pipeline_id] = used.get(ds.pipeline_id, 0) + 1
+                    missing.difference_update(ds.bundle(dr))
+                if missing:
+                    continue
+            percents = sorted(ds.percent_remaining for ds, _ in picked)
+            score = (1 if picked else 0, tuple(-p for p in percents), r)
+            if best is None or score < best[0]:
+                best = (score, r, picked)
+        return best
+
+    def activate(s: _PipelineState, rank: int, picked: List[Tuple[_PipelineState, int]]) -> None:
+        nonlocal idle
+        bundle = s.bundle(rank)
+        freed: Set[int] = set()
+        for ds, dr in picked:
+            op = plan.shrink_op(ds.cluster_id)
+            if op is None:
+                plan.shrinks.append(ShrinkOp(ds.cluster_id, [dr]))
+            elif dr not in op.dp_ranks_to_remove:
+                op.dp_ranks_to_remove.append(dr)
+            ds.donatable.remove(dr)
+            ds.active -= 1
+            ds.inactive.add(dr)
+            protected.add((ds.pipeline_id, dr))
+            freed.update(ds.bundle(dr))
+        expand = next((op for op in plan.expands if op.cluster_id == s.cluster_id), None)
+        if expand is None:
+            plan.expands.append(ExpandOp(s.cluster_id, {rank: sorted(bundle)}, s.has_pending, s.tp))
+        else:
+            expand.dp_rank_to_gpus[rank] = sorted(bundle)
+            expand.has_pending_request = expand.has_pending_request or s.has_pending
+        s.active += 1
+        s.inactive.discard(rank)
+        protected.add((s.pipeline_id, rank))
+        leftovers = freed.difference(bundle)
+        idle.difference_update(bundle)
+        if leftovers:
+            idle.update(leftovers)
+            idx = rank_index()
+            for g in leftovers:
+                for qs, qr in idx.get(g, ()):
+                    if qs.free_heap is not None and is_free(qs, qr):
+                        heapq.heappush(qs.free_heap, qr)
+
+    for s in states:
+        refresh_gap(s)
+    heap: List[Tuple[tuple, int, int]] = []
+    version = {s.pipeline_id: 0 for s in states}
+
+    def push(s: _PipelineState) -> None:
+        version[s.pipeline_id] += 1
+        key = acceptor_key(s)
+        if key is not None:
+            heapq.heappush(heap, (key, s.index, version[s.pipeline_id]))
+
+    for s in states:
+        push(s)
+
+    iterations = activations = 0
+    while True:
+        iterations += 1
+        if iterations > inp.max_iterations or activations > inp.max_activations:
+            raise PlannerLimitExceeded(
+                f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)")
+        tried: List[Tuple[tuple, int, int]] = []
+        winner = None
+        while heap:
+            entry = heapq.heappop(heap)
+            _key, idx, ver = entry
+            s = states[idx]
+            if version[s.pipeline_id] != ver:
+                continue  # stale key
+            tried.append(entry)
+            if not [r for r in s.inactive if (s.pipeline_id, r) not in protected]:
+                continue
+            rank = lowest_free(s)
+            if rank is not None:
+                picked: List[Tuple[_PipelineState, int]] = []
+            else:
+                best = score_candidates(s, shrink_budget)
+                if best is None:
+                    continue
+                _score, rank, picked = best
+            if not s.commit_ok:
+                continue
+            winner = (s, rank, picked)
+            break
+        for entry in tried:
+            heapq.heappush(heap, entry)
+        if winner is None:
+            break
+        s, rank, picked = winner
+        activate(s, rank, picked)
+        activations += 1
+        changed = {s.pipeline_id: s}
+        for ds, _ in picked:
+            changed[ds.pipeline_id] = ds
+        for c in changed.values():
+            refresh_gap(c)
+            push(c)
+    result.idle = idle
+    result.activations = activations
+    result.iterations = iterations
+    return result

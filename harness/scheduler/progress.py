@@ -1,0 +1,154 @@
+"""Progress reporting: how generation demand reaches the gap-ratio planner.
+
+Two halves, as in RLix (reference/rlix.md §2.5):
+
+* :class:`CoordinatorProgress` — the per-pipeline coordinator. Reporters send the raw
+  ``collected`` count per stream; the coordinator clamps it to the stream's target, sums
+  the streams and forwards a report only when the 2 % bucket changes (or when forced by a
+  new batch or a cleared stream). This throttling is why the scheduler sees demand in
+  coarse steps, which the simulator must reproduce to get the same decisions.
+* :class:`ProgressStore` — scheduler ingress. It keeps the latest report per
+  (pipeline, mode, stream) and derives ``remaining`` from ``completed`` (never from a wire
+  ``remaining``), caching per-pipeline totals between changes so a cycle reads them in O(1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from harness.scheduler.types import Rejected
+
+FULL_FINETUNE_STREAM = "__full_finetune__"
+COORDINATOR_FULL_FT_KEY = "__fft__"
+BUCKETS = 50  # 2 % granularity
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """A report as it arrives at the scheduler."""
+
+    pipeline_id: str
+    step_target: int
+    completed: float
+    mode: str = "train"
+    adapter: Optional[str] = None
+
+
+def _remaining_and_required(step_target: int, completed: float) -> Tuple[float, float]:
+    target = float(max(int(step_target), 1))
+    done = min(max(0.0, float(completed)), target)
+    return max(target - done, 0.0), target
+
+
+class ProgressStore:
+    """Scheduler-side store: latest report per (pipeline, mode, stream)."""
+
+    def __init__(self) -> None:
+        self._reports: Dict[str, Dict[str, Dict[str, ProgressReport]]] = {}
+        self._totals: Dict[str, Tuple[float, float]] = {}
+
+    def report(self, rep: ProgressReport, *, wire_fields: Optional[Dict[str, object]] = None) -> None:
+        """Store ``rep``; raise :class:`Rejected` for what RLix's ingress refuses."""
+        if wire_fields and "remaining" in wire_fields:
+            raise Rejected("progress report carries a wire-level 'remaining'; only 'completed' is accepted")
+        if not isinstance(rep.step_target, int) or rep.step_target <= 0:
+            raise Rejected(f"step_target_trajectories must be > 0, got {rep.step_target!r}")
+        per_mode = self._reports.setdefault(rep.pipeline_id, {})
+        has_full = any(FULL_FINETUNE_STREAM in streams for streams in per_mode.values())
+        has_lora = any(k != FULL_FINETUNE_STREAM for streams in per_mode.values() for k in streams)
+        if rep.adapter is None:
+            if has_lora:
+                raise Rejected(f"pipeline {rep.pipeline_id} already reports LoRA streams; a full-finetune report is a source-type mismatch")
+            key = FULL_FINETUNE_STREAM
+        else:
+            if rep.adapter == FULL_FINETUNE_STREAM:
+                raise Rejected(f"adapter id {FULL_FINETUNE_STREAM!r} is reserved for the full-finetune stream")
+            if has_full:
+                raise Rejected(f"pipeline {rep.pipeline_id} already reports a full-finetune stream; LoRA report for {rep.adapter!r} is a source-type mismatch")
+            key = rep.adapter
+        per_mode.setdefault(rep.mode, {})[key] = rep
+        self._totals.pop(rep.pipeline_id, None)
+
+    def clear(self, pipeline_id: str) -> None:
+        self._reports.pop(pipeline_id, None)
+        self._totals.pop(pipeline_id, None)
+
+    def totals(self, pipeline_id: str) -> Tuple[float, float]:
+        """(remaining, required) summed over the pipeline's streams; (0, 0) if none.
+
+        Summed afresh after each change, in RLix's iteration order, so float results are
+        identical to RLix's (an incremental add/subtract would drift); cached between changes.
+        """
+        cached = self._totals.get(pipeline_id)
+        if cached is not None:
+            return cached
+        rem = req = 0.0
+        for streams in self._reports.get(pipeline_id, {}).values():
+            for r in streams.values():
+                a, b = _remaining_and_required(r.step_target, r.completed)
+                rem += a
+                req += b
+        result = (max(0.0, rem), req)
+        self._totals[pipeline_id] = result
+        return result
+
+    def has_reports(self, pipeline_id: str) -> bool:
+        return bool(self._reports.get(pipeline_id))
+
+
+@dataclass
+class _Stream:
+    step_target: int
+    collected: float
+
+
+class CoordinatorProgress:
+    """Coordinator-side aggregation with 2 % bucket throttling.
+
+    ``update`` and ``clear_stream`` return what the coordinator sends to the scheduler:
+    a :class:`ProgressReport`, the string ``"clear"`` (no stream left), or ``None``
+    (throttled: the bucket did not move and nothing forced a send).
+    """
+
+    def __init__(self, pipeline_id: str) -> None:
+        self.pipeline_id = pipeline_id
+        self._streams: Dict[str, _Stream] = {}
+        self._last_bucket: Optional[int] = None
+
+    @staticmethod
+    def stream_key(mode: str, adapter: Optional[str]) -> str:
+        return f"{mode}:{adapter if adapter is not None else COORDINATOR_FULL_FT_KEY}"
+
+    def update(self, *, mode: str, adapter: Optional[str], step_target: int, collected: float,
+               new_batch: bool = False, wire_fields: Optional[Dict[str, object]] = None):
+        if wire_fields and "remaining" in wire_fields:
+            raise Rejected("reporter sent a wire-level 'remaining'; reporters send raw 'collected'")
+        if step_target <= 0:
+            raise Rejected(f"step_target must be > 0, got {step_target}")
+        self._streams[self.stream_key(mode, adapter)] = _Stream(step_target, collected)
+        return self._emit(force=new_batch)
+
+    def clear_stream(self, *, mode: str, adapter: Optional[str]):
+        self._streams.pop(self.stream_key(mode, adapter), None)
+        if not self._streams:
+            self._last_bucket = None
+            return "clear"
+        return self._emit(force=True)
+
+    def aggregate(self) -> Tuple[int, float, float, int]:
+        """(total_required, total_completed, total_collected, bucket)."""
+        required = sum(s.step_target for s in self._streams.values())
+        completed = sum(min(s.collected, s.step_target) for s in self._streams.values())
+        collected = sum(s.collected for s in self._streams.values())
+        ratio = min(completed / required, 1.0) if required > 0 else 0.0
+        return required, completed, collected, int(math.floor(ratio * BUCKETS))
+
+    def _emit(self, *, force: bool):
+        required, completed, _collected, bucket = self.aggregate()
+        if not force and bucket == self._last_bucket:
+            return None
+        self._last_bucket = bucket
+        # The aggregate is forwarded as one full-finetune stream in mode "aggregated".
+        return ProgressReport(self.pipeline_id, required, completed, mode="aggregated", adapter=None)

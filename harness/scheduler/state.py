@@ -1,0 +1,65 @@
+"""Scheduler state: everything a cycle reads, nothing about how it is driven.
+
+Dict insertion order is part of the behaviour: RLix scans allocations and pending
+planned releases in insertion order (Phase 2 donor search, Phase 0.5), so this state
+keeps plain insertion-ordered dicts and mutates them exactly where RLix does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set
+
+from harness.scheduler.progress import ProgressStore
+from harness.scheduler.types import ClusterAllocation, PendingRequest, PipelineEntry, PlannedRelease, Priority
+
+
+@dataclass
+class SchedulerState:
+    num_gpus: int
+    idle_gpus: Set[int] = field(default_factory=set)
+    registry: Dict[str, PipelineEntry] = field(default_factory=dict)
+    allocations: Dict[str, ClusterAllocation] = field(default_factory=dict)
+    pending: Dict[Priority, List[PendingRequest]] = field(default_factory=lambda: {p: [] for p in Priority})
+    planned_releases: Dict[str, PlannedRelease] = field(default_factory=dict)
+    progress: ProgressStore = field(default_factory=ProgressStore)
+    cycle_counter: int = 0
+    request_seq: int = 0
+    next_request_id: int = 1
+    universe_cache: Optional[Set[int]] = None
+
+    def __post_init__(self) -> None:
+        if not self.idle_gpus:
+            self.idle_gpus = set(range(self.num_gpus))
+
+    def universe(self) -> Set[int]:
+        """Union of registered device mappings (cached until the registry changes)."""
+        if self.universe_cache is None:
+            u: Set[int] = set()
+            for entry in self.registry.values():
+                for cfg in entry.clusters.values():
+                    u.update(cfg.device_mapping)
+            self.universe_cache = u
+        return self.universe_cache
+
+    def pending_for(self, cluster_id: str) -> Optional[PendingRequest]:
+        for bucket in self.pending.values():
+            for p in bucket:
+                if p.cluster_id == cluster_id:
+                    return p
+        return None
+
+    def pending_in(self, priority: Priority, cluster_id: str) -> Optional[PendingRequest]:
+        for p in self.pending[priority]:
+            if p.cluster_id == cluster_id:
+                return p
+        return None
+
+    def has_waiters(self) -> bool:
+        return any(self.pending.values()) or bool(self.planned_releases)
+
+    def allocated_gpus(self) -> Set[int]:
+        out: Set[int] = set()
+        for a in self.allocations.values():
+            out.update(a.gpu_ids)
+        return out

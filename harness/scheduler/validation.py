@@ -1,0 +1,218 @@
+"""Plan validation: the 11 numbered conditions every execution plan must satisfy.
+
+Conditions and their numbers follow RLix (reference/rlix.md §2.6) so a failure reads
+the same in a simulator trace, a gate trace and a real run:
+
+ 1 each cluster appears at most once per op list (shrinks / signals / expands)
+ 2 shrink and expand ops target GENERATION clusters (and GENERATION allocations) only
+ 3 no cluster is both allocated and removed
+ 4 idle and allocated are disjoint on entry and at the end; grants consume only idle GPUs
+ 5 shrinks remove only active ranks; expands add only inactive ranks
+ 6 signal GPUs lie inside the device mapping; expand bundles have tp GPUs, none twice;
+   a shrunk rank has a bundle
+ 7 active ranks after expand <= max_dp_workers, every added rank < max_dp_workers
+ 8 conservation: final allocated ∪ idle == universe (registered mappings ∪ known pool)
+ 9 no GPU is freed twice within one plan
+10 an added dp rank is not already mapped; no GPU owned by two clusters after the plan
+11 removed / shrunk clusters exist
+
+The plan is simulated in RLix's order: shrinks → removes → signal grants → expands, and
+the first broken condition is raised, checked in the same order as RLix so that the
+reported condition number matches. Only the allocations a plan touches are copied.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Set
+
+from harness.scheduler.types import (
+    ClusterAllocation,
+    ExecutionPlan,
+    PipelineEntry,
+    PlanValidationError,
+    Priority,
+    build_dp_rank_mapping,
+    is_generation_cluster,
+    parse_cluster_id,
+)
+
+
+def _config(registry: Mapping[str, PipelineEntry], cluster_id: str):
+    pid, name = parse_cluster_id(cluster_id)
+    entry = registry.get(pid)
+    if entry is None or name not in entry.clusters:
+        raise PlanValidationError("op names an unregistered cluster", 11, {"cluster_id": cluster_id})
+    return entry.clusters[name]
+
+
+def _dups(ids):
+    seen, dup = set(), set()
+    for i in ids:
+        (dup if i in seen else seen).add(i)
+    return sorted(dup)
+
+
+def validate_plan(
+    plan: ExecutionPlan,
+    *,
+    registry: Mapping[str, PipelineEntry],
+    allocations: Mapping[str, ClusterAllocation],
+    idle_gpus: Set[int],
+    universe: Set[int],
+) -> None:
+    """Raise :class:`PlanValidationError` for the first broken condition.
+
+    ``universe`` is the union of all registered device mappings; the currently known
+    pool (idle ∪ allocated) is added here, as RLix does, so unmapped GPUs do not trip
+    condition 8.
+    """
+    allocated: Set[int] = set()
+    for alloc in allocations.values():
+        allocated.update(alloc.gpu_ids)
+    if not allocated.isdisjoint(idle_gpus):
+        raise PlanValidationError("idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(allocated & idle_gpus)})
+
+    for label, ids in (
+        ("shrink", [op.cluster_id for op in plan.shrinks]),
+        ("expand", [op.cluster_id for op in plan.expands]),
+        ("signal", [op.cluster_id for op in plan.signals]),
+    ):
+        dup = _dups(ids)
+        if dup:
+            raise PlanValidationError(f"cluster appears twice in {label} ops", 1, {"cluster_ids": dup})
+
+    granted = {op.cluster_id for op in plan.signals} | {op.cluster_id for op in plan.expands}
+    both = granted & plan.clusters_to_remove
+    if both:
+        raise PlanValidationError("cluster is both allocated and removed", 3, {"cluster_ids": sorted(both)})
+    for op in plan.shrinks:
+        if not is_generation_cluster(op.cluster_id):
+            raise PlanValidationError("shrink op on a non-generation cluster", 2, {"cluster_id": op.cluster_id})
+    for op in plan.expands:
+        if not is_generation_cluster(op.cluster_id):
+            raise PlanValidationError("expand op on a non-generation cluster", 2, {"cluster_id": op.cluster_id})
+    unknown = sorted(c for c in plan.clusters_to_remove if c not in allocations)
+    if unknown:
+        raise PlanValidationError("clusters_to_remove names an unknown cluster", 11, {"cluster_ids": unknown})
+    for op in plan.signals:
+        mapping = set(_config(registry, op.cluster_id).device_mapping)
+        outside = set(op.gpus) - mapping
+        if outside:
+            raise PlanValidationError("grant uses GPUs outside the device mapping", 6, {"cluster_id": op.cluster_id, "gpus": sorted(outside)})
+
+    # --- simulate: copy-on-write of the touched allocations only ---
+    sim: Dict[str, ClusterAllocation] = dict(allocations)
+    copied: Set[str] = set()
+
+    def writable(cid: str) -> ClusterAllocation:
+        if cid not in copied:
+            sim[cid] = sim[cid].copy()
+            copied.add(cid)
+        return sim[cid]
+
+    idle = set(idle_gpus)
+    freed: Set[int] = set()
+
+    def free(cid: str, bundle: Set[int]) -> None:
+        again = freed & bundle
+        if again:
+            raise PlanValidationError("GPU freed twice in one plan", 9, {"cluster_id": cid, "gpus": sorted(again)})
+        freed.update(bundle)
+        idle.update(bundle)
+
+    for op in plan.shrinks:
+        if not op.dp_ranks_to_remove:
+            continue
+        if op.cluster_id not in sim:
+            raise PlanValidationError("shrink op targets a cluster with no allocation", 11, {"cluster_id": op.cluster_id})
+        alloc = writable(op.cluster_id)
+        if alloc.priority != Priority.GENERATION:
+            raise PlanValidationError("shrink on a non-generation allocation", 2, {"cluster_id": op.cluster_id})
+        if not alloc.dp_rank_to_gpus:
+            alloc.dp_rank_to_gpus = build_dp_rank_mapping(alloc.gpu_ids, _config(registry, op.cluster_id).tp_size)
+        if not set(op.dp_ranks_to_remove) <= alloc.active_dp_ranks:
+            raise PlanValidationError("shrink removes inactive dp ranks", 5, {"cluster_id": op.cluster_id, "active": sorted(alloc.active_dp_ranks), "remove": list(op.dp_ranks_to_remove)})
+        for rank in op.dp_ranks_to_remove:
+            bundle = set(alloc.dp_rank_to_gpus.get(rank) or ())
+            if not bundle:
+                raise PlanValidationError("shrunk dp rank has no GPU bundle", 6, {"cluster_id": op.cluster_id, "dp_rank": rank})
+            free(op.cluster_id, bundle)
+            alloc.active_dp_ranks.discard(rank)
+            alloc.dp_rank_to_gpus.pop(rank, None)
+            alloc.gpu_ids = [g for g in alloc.gpu_ids if g not in bundle]
+
+    for cid in sorted(plan.clusters_to_remove):
+        alloc = sim.pop(cid, None)
+        if alloc is not None:
+            free(cid, set(alloc.gpu_ids))
+
+    for op in plan.signals:
+        if not op.gpus:
+            continue
+        need = set(op.gpus)
+        if not need <= idle:
+            raise PlanValidationError("grant consumes non-idle GPUs", 4, {"cluster_id": op.cluster_id, "gpus": sorted(need - idle)})
+        idle -= need
+        tp = _config(registry, op.cluster_id).tp_size
+        mapping = build_dp_rank_mapping(sorted(need), tp)
+        sim[op.cluster_id] = ClusterAllocation(
+            cluster_id=op.cluster_id,
+            gpu_ids=sorted(need),
+            priority=op.priority,
+            active_dp_ranks=set(mapping) if is_generation_cluster(op.cluster_id) else set(),
+            dp_rank_to_gpus=mapping,
+        )
+        copied.add(op.cluster_id)
+
+    for op in plan.expands:
+        cfg = _config(registry, op.cluster_id)
+        if any(len(b) != cfg.tp_size for b in op.dp_rank_to_gpus.values()):
+            raise PlanValidationError("expand bundle size differs from tp_size", 6, {"cluster_id": op.cluster_id, "tp_size": cfg.tp_size})
+        seen: Set[int] = set()
+        for rank, bundle in op.dp_rank_to_gpus.items():
+            twice = seen & set(bundle)
+            if twice:
+                raise PlanValidationError("GPU appears twice in one expand op", 6, {"cluster_id": op.cluster_id, "dp_rank": rank, "gpus": sorted(twice)})
+            seen.update(bundle)
+        if not seen <= idle:
+            raise PlanValidationError("expand consumes non-idle GPUs", 4, {"cluster_id": op.cluster_id, "gpus": sorted(seen - idle)})
+        idle -= seen
+        if op.cluster_id in sim:
+            alloc = writable(op.cluster_id)
+        else:
+            alloc = ClusterAllocation(cluster_id=op.cluster_id, gpu_ids=[], priority=Priority.GENERATION)
+            sim[op.cluster_id] = alloc
+            copied.add(op.cluster_id)
+        max_dp = cfg.max_dp_workers
+        bad = [r for r in op.dp_rank_to_gpus if not isinstance(r, int) or r < 0 or r >= max_dp]
+        if bad:
+            raise PlanValidationError("expand adds a dp rank outside [0, max_dp_workers)", 7, {"cluster_id": op.cluster_id, "dp_ranks": bad, "max_dp_workers": max_dp})
+        if len(alloc.active_dp_ranks | set(op.dp_rank_to_gpus)) > max_dp:
+            raise PlanValidationError("expand exceeds max_dp_workers", 7, {"cluster_id": op.cluster_id, "max_dp_workers": max_dp, "add": sorted(op.dp_rank_to_gpus)})
+        if set(op.dp_rank_to_gpus) & alloc.active_dp_ranks:
+            raise PlanValidationError("expand adds already-active dp ranks", 5, {"cluster_id": op.cluster_id, "active": sorted(alloc.active_dp_ranks), "add": sorted(op.dp_rank_to_gpus)})
+        for rank in op.dp_rank_to_gpus:
+            if rank in alloc.dp_rank_to_gpus:
+                raise PlanValidationError("dp rank already mapped in the cluster", 10, {"cluster_id": op.cluster_id, "dp_rank": rank})
+        for rank, bundle in op.dp_rank_to_gpus.items():
+            alloc.dp_rank_to_gpus[rank] = list(bundle)
+            alloc.active_dp_ranks.add(rank)
+        alloc.gpu_ids = sorted(set(alloc.gpu_ids) | seen)
+
+    full_universe = (set(universe) | idle_gpus | allocated) if universe else (set(idle_gpus) | allocated)
+    final_allocated: Set[int] = set()
+    owners: Dict[int, str] = {}
+    double_owned = None
+    for cid, alloc in sim.items():
+        for g in alloc.gpu_ids:
+            if g in owners and double_owned is None:
+                double_owned = (g, owners[g], cid)
+            owners[g] = cid
+        final_allocated.update(alloc.gpu_ids)
+    if (final_allocated | idle) != full_universe:
+        raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(full_universe - (final_allocated | idle)), "extra": sorted((final_allocated | idle) - full_universe)})
+    if final_allocated & idle:
+        raise PlanValidationError("final idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(final_allocated & idle)})
+    if double_owned is not None:
+        g, a, b = double_owned
+        raise PlanValidationError("GPU owned by two clusters", 10, {"gpu": g, "cluster_a": a, "cluster_b": b})
