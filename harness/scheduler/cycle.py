@@ -163,6 +163,7 @@ def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set
         registry=state.registry, allocations=state.allocations, non_gen_reserved=set(reserved),
         idle=set(available), pending_gen=estimates, progress_totals=state.progress.totals,
         epsilon=opts.epsilon, max_iterations=opts.max_gap_iterations, max_activations=opts.max_gap_activations,
+        gpu_pipelines=state.gpu_pipelines(), neighbours=state.neighbours(),
     ))
 
 

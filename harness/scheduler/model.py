@@ -128,7 +128,7 @@ class SchedulerModel:
         except TopologyError as e:
             raise Rejected(str(e)) from None
         self.state.registry[entry.pipeline_id] = entry  # RLix overwrites a re-registration
-        self.state.universe_cache = None
+        self.state.registry_changed()
 
     def admit(self, pipeline_id: str) -> None:
         self._check_alive()
@@ -146,7 +146,7 @@ class SchedulerModel:
         st = self.state
         st.registry.pop(pipeline_id, None)
         st.progress.clear(pipeline_id)
-        st.universe_cache = None
+        st.registry_changed()
         for cid in [c for c in st.allocations if parse_cluster_id(c)[0] == pipeline_id]:
             alloc = st.allocations.pop(cid)
             st.idle_gpus |= set(alloc.gpu_ids)

@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from harness.scheduler.types import (
     ClusterAllocation,
+    ClusterConfig,
     ExecutionPlan,
     ExpandOp,
     PipelineEntry,
@@ -60,13 +61,28 @@ class _PipelineState:
     eligible: bool  # RLix _receiver_eligible; static within one cycle
     commit_ok: bool  # RLix's re-check before committing (pending or allocation entry)
     has_pending: bool
-    active: int  # number of active workers
+    cfg: ClusterConfig
+    active_set: Set[int]  # active ranks (snapshot minus shrinks, plus activations)
     donatable: List[int]  # snapshot-active ranks still active, ascending (donor order)
-    inactive: Set[int]
+    blocked_inactive: int  # inactive ranks that are protected this cycle (shrunk or donated)
     target_ratio: float = 0.0
     target_gpu_count: int = 0
     gap: float = 0.0
     free_heap: Optional[List[int]] = None  # lazily built
+    failed_at: int = -1  # iteration of the last slow-path failure (memo, see below)
+
+    @property
+    def active(self) -> int:
+        return len(self.active_set)
+
+    def inactive_sorted(self) -> List[int]:
+        return [r for r in range(self.cfg.max_dp_workers) if r not in self.active_set]
+
+    def has_available_inactive(self) -> bool:
+        return self.cfg.max_dp_workers - len(self.active_set) - self.blocked_inactive > 0
+
+    def owned(self) -> Set[int]:
+        return {g for r in self.active_set for g in self.bundle(r)}
 
     def bundle(self, rank: int) -> Tuple[int, ...]:
         return self.mapping[rank * self.tp : (rank + 1) * self.tp]
@@ -81,6 +97,8 @@ class GapRatioInputs:
     pending_gen: Mapping[str, Optional[int]]  # cluster_id -> step_target_estimate of its pending GEN request
     progress_totals: Callable[[str], Tuple[float, float]]
     epsilon: float = 0.0
+    gpu_pipelines: Optional[Mapping[int, List[str]]] = None  # GPU -> pipelines mapping it (registry order)
+    neighbours: Optional[Mapping[str, Set[str]]] = None  # pipeline -> pipelines sharing an infer GPU
     max_iterations: int = MAX_GAP_ITERATIONS
     max_activations: int = MAX_GAP_ACTIVATIONS
 
@@ -138,8 +156,8 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             index=len(states), pipeline_id=pid, cluster_id=cid, tp=cfg.tp_size, mapping=cfg.device_mapping,
             remaining=remaining, percent_remaining=percent, eligible=eligible,
             commit_ok=cid not in plan.clusters_to_remove and (has_pending or in_allocs),
-            has_pending=has_pending, active=len(current), donatable=sorted(current),
-            inactive=set(range(cfg.max_dp_workers)) - current,
+            has_pending=has_pending, cfg=cfg, active_set=current, donatable=sorted(current),
+            blocked_inactive=len(removed_by_plan.get(cid, ())),
         ))
 
     idle = set(inp.idle)
@@ -155,7 +173,6 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             s.target_ratio = (s.remaining * s.tp) / total_weight
             s.target_gpu_count = max(round_half_up((s.target_ratio * budget_gpus) / s.tp) * s.tp, s.tp)
         result.targets[s.pipeline_id] = s.target_gpu_count
-    by_id = {s.pipeline_id: s for s in states}
     reserved = inp.non_gen_reserved
 
     def refresh_gap(s: _PipelineState) -> None:
@@ -170,41 +187,55 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             return None
         return (-(s.gap / s.target_ratio), -s.gap, s.pipeline_id)
 
-    # GPU -> (state, rank) for workers that may donate (built on first need).
-    owner_index: Optional[Dict[int, Tuple[_PipelineState, int]]] = None
+    # GPU -> pipelines whose actor_infer mapping holds it, in registry order. The model
+    # caches it across cycles (it changes only with the registry); built here otherwise.
+    gpu_pipelines = inp.gpu_pipelines
+    if gpu_pipelines is None:
+        gpu_pipelines = {}
+        for pid, entry in inp.registry.items():
+            for g in entry.infer.device_mapping:
+                gpu_pipelines.setdefault(g, []).append(pid)
+    by_id = {s.pipeline_id: s for s in states}
+    donatable_sets = {s.pipeline_id: set(s.donatable) for s in states}
 
-    def owners() -> Dict[int, Tuple[_PipelineState, int]]:
-        nonlocal owner_index
-        if owner_index is None:
-            owner_index = {}
-            for s in states:
-                for r in s.donatable:
-                    for g in s.bundle(r):
-                        owner_index[g] = (s, r)
-        return owner_index
+    def owner(g: int) -> Optional[Tuple[_PipelineState, int]]:
+        """The still-donatable worker holding GPU g, if any (ownership is unique)."""
+        for pid in gpu_pipelines.get(g, ()):
+            st = by_id.get(pid)
+            if st is not None:
+                r = st.cfg.rank_of_gpu[g]
+                if r in donatable_sets[pid]:
+                    return st, r
+        return None
 
-    # GPU -> ranks (per state) whose bundle holds it, for re-pushing ranks whose bundle
-    # became idle again (donor leftovers). Built on first need.
-    gpu_ranks: Optional[Dict[int, List[Tuple[_PipelineState, int]]]] = None
+    neighbour_cache: Dict[str, Set[str]] = dict(inp.neighbours) if inp.neighbours is not None else {}
 
-    def rank_index() -> Dict[int, List[Tuple[_PipelineState, int]]]:
-        nonlocal gpu_ranks
-        if gpu_ranks is None:
-            gpu_ranks = {}
-            for s in states:
-                for i, g in enumerate(s.mapping):
-                    gpu_ranks.setdefault(g, []).append((s, i // s.tp))
-        return gpu_ranks
+    def neighbours(s: _PipelineState) -> Set[str]:
+        """Pipelines whose actor_infer mapping shares a GPU with s's."""
+        got = neighbour_cache.get(s.pipeline_id)
+        if got is None:
+            got = {pid for g in s.mapping for pid in gpu_pipelines.get(g, ())}
+            neighbour_cache[s.pipeline_id] = got
+        return got
+
+    def ranks_holding(g: int) -> List[Tuple[_PipelineState, int]]:
+        return [(by_id[pid], by_id[pid].cfg.rank_of_gpu[g]) for pid in gpu_pipelines.get(g, ()) if pid in by_id]
 
     def is_free(s: _PipelineState, r: int) -> bool:
-        if r not in s.inactive or (s.pipeline_id, r) in protected:
+        if r in s.active_set or (s.pipeline_id, r) in protected:
             return False
         b = s.bundle(r)
         return all(g in idle for g in b) and not any(g in reserved for g in b)
 
     def lowest_free(s: _PipelineState) -> Optional[int]:
         if s.free_heap is None:
-            s.free_heap = [r for r in sorted(s.inactive) if is_free(s, r)]
+            # only ranks with a GPU in the idle set can be free: look them up from idle
+            if len(idle) < s.cfg.max_dp_workers:
+                rank_of = s.cfg.rank_of_gpu
+                near = sorted({rank_of[g] for g in idle if g in rank_of})
+            else:
+                near = s.inactive_sorted()
+            s.free_heap = [r for r in near if is_free(s, r)]
         heap = s.free_heap
         while heap:
             if is_free(s, heap[0]):
@@ -215,7 +246,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     def score_candidates(s: _PipelineState, shrink_budget_of: Callable[[_PipelineState], int]):
         """RLix's full candidate scoring; only reached when no free rank exists."""
         best = None
-        for r in sorted(s.inactive):
+        for r in s.inactive_sorted():
             if (s.pipeline_id, r) in protected:
                 continue
             b = s.bundle(r)
@@ -224,10 +255,9 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             missing = {g for g in b if g not in idle}
             picked: List[Tuple[_PipelineState, int]] = []
             if missing:
-                own = owners()
                 donors = {}
                 for g in missing:
-                    o = own.get(g)
+                    o = owner(g)
                     if o is None:
                         continue
                     ds, dr = o
@@ -263,8 +293,9 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             elif dr not in op.dp_ranks_to_remove:
                 op.dp_ranks_to_remove.append(dr)
             ds.donatable.remove(dr)
-            ds.active -= 1
-            ds.inactive.add(dr)
+            donatable_sets[ds.pipeline_id].discard(dr)
+            ds.active_set.discard(dr)
+            ds.blocked_inactive += 1
             protected.add((ds.pipeline_id, dr))
             freed.update(ds.bundle(dr))
         expand = next((op for op in plan.expands if op.cluster_id == s.cluster_id), None)
@@ -273,16 +304,14 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         else:
             expand.dp_rank_to_gpus[rank] = sorted(bundle)
             expand.has_pending_request = expand.has_pending_request or s.has_pending
-        s.active += 1
-        s.inactive.discard(rank)
+        s.active_set.add(rank)
         protected.add((s.pipeline_id, rank))
         leftovers = freed.difference(bundle)
         idle.difference_update(bundle)
         if leftovers:
             idle.update(leftovers)
-            idx = rank_index()
             for g in leftovers:
-                for qs, qr in idx.get(g, ()):
+                for qs, qr in ranks_holding(g):
                     if qs.free_heap is not None and is_free(qs, qr):
                         heapq.heappush(qs.free_heap, qr)
 
@@ -300,6 +329,20 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     for s in states:
         push(s)
 
+    # A slow-path failure of acceptor X stays a failure until something it depends on
+    # changes: X itself, a GPU of X's mapping turning idle, or a pipeline owning GPUs of
+    # X's mapping changing its gap or budget (a receiver or a donor). ``dirty`` collects
+    # those GPUs per iteration; a memoized failure is reused while none touch X's mapping.
+    dirty_since: List[Set[int]] = []  # dirty_since[i] = GPUs changed after iteration i+1
+
+    def still_failed(s: _PipelineState, iteration: int) -> bool:
+        if s.failed_at < 0:
+            return False
+        for changed in dirty_since[s.failed_at - 1: iteration - 1]:
+            if not s.cfg.mapping_set.isdisjoint(changed):
+                return False
+        return True
+
     iterations = activations = 0
     while True:
         iterations += 1
@@ -308,6 +351,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
                 f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)")
         tried: List[Tuple[tuple, int, int]] = []
         winner = None
+        donor_pids: Optional[Set[str]] = None  # pipelines able to donate now; computed on the first slow path
         while heap:
             entry = heapq.heappop(heap)
             _key, idx, ver = entry
@@ -315,14 +359,20 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             if version[s.pipeline_id] != ver:
                 continue  # stale key
             tried.append(entry)
-            if not [r for r in s.inactive if (s.pipeline_id, r) not in protected]:
+            if not s.has_available_inactive():
                 continue
             rank = lowest_free(s)
             if rank is not None:
                 picked: List[Tuple[_PipelineState, int]] = []
             else:
+                if donor_pids is None:
+                    donor_pids = {ds.pipeline_id for ds in states if ds.gap < -eps and shrink_budget(ds) > 0}
+                # No donor shares a GPU with this acceptor: every candidate needing a shrink fails.
+                if donor_pids.isdisjoint(neighbours(s)) or still_failed(s, iterations):
+                    continue
                 best = score_candidates(s, shrink_budget)
                 if best is None:
+                    s.failed_at = iterations
                     continue
                 _score, rank, picked = best
             if not s.commit_ok:
@@ -339,9 +389,16 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         changed = {s.pipeline_id: s}
         for ds, _ in picked:
             changed[ds.pipeline_id] = ds
+        # GPUs whose owner, idleness or protection changed, plus every GPU of a pipeline
+        # whose gap/budget changed (donated bundles include any idle leftovers).
+        dirty: Set[int] = set(s.bundle(rank))
+        for ds, dr in picked:
+            dirty.update(ds.bundle(dr))
         for c in changed.values():
+            dirty |= c.owned()
             refresh_gap(c)
             push(c)
+        dirty_since.append(dirty)
     result.idle = idle
     result.activations = activations
     result.iterations = iterations

@@ -27,6 +27,8 @@ class SchedulerState:
     request_seq: int = 0
     next_request_id: int = 1
     universe_cache: Optional[Set[int]] = None
+    gpu_pipelines_cache: Optional[Dict[int, List[str]]] = None
+    neighbours_cache: Optional[Dict[str, Set[str]]] = None
 
     def __post_init__(self) -> None:
         if not self.idle_gpus:
@@ -41,6 +43,31 @@ class SchedulerState:
                     u.update(cfg.device_mapping)
             self.universe_cache = u
         return self.universe_cache
+
+    def registry_changed(self) -> None:
+        self.universe_cache = None
+        self.gpu_pipelines_cache = None
+        self.neighbours_cache = None
+
+    def gpu_pipelines(self) -> Dict[int, List[str]]:
+        """GPU -> pipelines whose actor_infer maps it, in registry order (cached)."""
+        if self.gpu_pipelines_cache is None:
+            index: Dict[int, List[str]] = {}
+            for pid, entry in self.registry.items():
+                for g in entry.infer.device_mapping:
+                    index.setdefault(g, []).append(pid)
+            self.gpu_pipelines_cache = index
+        return self.gpu_pipelines_cache
+
+    def neighbours(self) -> Dict[str, Set[str]]:
+        """Pipeline -> pipelines whose actor_infer mapping shares a GPU with it (cached)."""
+        if self.neighbours_cache is None:
+            index = self.gpu_pipelines()
+            self.neighbours_cache = {
+                pid: {q for g in entry.infer.device_mapping for q in index.get(g, ())}
+                for pid, entry in self.registry.items()
+            }
+        return self.neighbours_cache
 
     def pending_for(self, cluster_id: str) -> Optional[PendingRequest]:
         for bucket in self.pending.values():

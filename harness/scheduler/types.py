@@ -9,6 +9,7 @@ no behaviour beyond small helpers; the policy lives in ``planner``, ``cycle`` an
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
@@ -128,6 +129,15 @@ class ClusterConfig:
     def bundle(self, dp_rank: int) -> List[int]:
         start = dp_rank * self.tp_size
         return list(self.device_mapping[start : start + self.tp_size])
+
+    @functools.cached_property
+    def mapping_set(self) -> frozenset:
+        return frozenset(self.device_mapping)
+
+    @functools.cached_property
+    def rank_of_gpu(self) -> Dict[int, int]:
+        """GPU id -> the dp rank whose bundle holds it (positional, as in RLix)."""
+        return {g: i // self.tp_size for i, g in enumerate(self.device_mapping)}
 
 
 @dataclass

@@ -1,0 +1,190 @@
+"""rlharness replay: determinism, --expect, rejected inputs and the bad-input contract."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness.cli import main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl")))
+HEADER = {"seq": 0, "t": 0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
+          "cluster": {"nodes": 1, "gpus_per_node": 2}}
+
+
+def write_trace(path, records):
+    with open(path, "w") as fh:
+        for r in records:
+            fh.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return str(path)
+
+
+def rec(seq, kind, t=0.0, **fields):
+    return {"seq": seq, "t": t, "kind": kind, **fields}
+
+
+def two_gpu_register(seq0=1):
+    return [
+        rec(seq0, "register", pipeline_id="p1", cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
+            cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1]}),
+        rec(seq0 + 1, "admit", pipeline_id="p1"),
+    ]
+
+
+def test_examples_ship_three_traces():
+    names = {os.path.basename(p) for p in EXAMPLES}
+    assert {"partial_overlap_2gpu.jsonl", "roll_dual_4gpu.jsonl", "gap_ratio_3pipelines.jsonl"} <= names
+
+
+@pytest.mark.parametrize("trace", EXAMPLES, ids=os.path.basename)
+def test_replay_twice_gives_byte_identical_decision_logs(trace, tmp_path, capsys):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(["replay", trace, "--out", str(a), "--quiet"]) == 0
+    assert main(["replay", trace, "--out", str(b), "--quiet"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    kinds = [json.loads(line)["kind"] for line in a.read_text().splitlines()]
+    assert kinds[0] == "header" and "plan" in kinds and "commit" in kinds
+
+
+@pytest.mark.parametrize("trace", EXAMPLES, ids=os.path.basename)
+def test_replay_matches_its_own_decision_log(trace, tmp_path, capsys):
+    out = tmp_path / "d.jsonl"
+    assert main(["replay", trace, "--out", str(out), "--quiet"]) == 0
+    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == 0
+    assert "decisions identical" in capsys.readouterr().out
+
+
+def test_expect_reports_first_divergence_with_both_sides(tmp_path, capsys):
+    trace = EXAMPLES[0]
+    out = tmp_path / "d.jsonl"
+    main(["replay", trace, "--out", str(out), "--quiet"])
+    lines = out.read_text().splitlines()
+    # tamper with the first plan: claim a different grant
+    for i, line in enumerate(lines):
+        d = json.loads(line)
+        if d["kind"] == "signalled":
+            d["gpus"] = [99]
+            lines[i] = json.dumps(d)
+            tampered_line = i + 1
+            break
+    out.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert f"expected file line {tampered_line}" in text
+    assert "model:" in text and "recorded:" in text and "[99]" in text
+
+
+def test_expect_detects_missing_decisions(tmp_path, capsys):
+    trace = EXAMPLES[0]
+    out = tmp_path / "d.jsonl"
+    main(["replay", trace, "--out", str(out), "--quiet"])
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:-3]) + "\n")
+    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == 1
+    assert "<no more decisions>" in capsys.readouterr().out
+
+
+def test_rejected_inputs_become_records_and_replay_goes_on(tmp_path, capsys):
+    path = write_trace(tmp_path / "t.jsonl", [
+        HEADER, *two_gpu_register(),
+        rec(3, "release", cluster_id="p1_actor_train"),                               # nothing allocated
+        rec(4, "request", cluster_id="ghost_actor_infer", priority="GENERATION"),      # unregistered
+        rec(5, "register", pipeline_id="p2", cluster_tp_configs={"actor_infer": 2},
+            cluster_device_mappings={"actor_infer": [0, 2]}),                           # out of range
+        rec(6, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=4),
+        rec(7, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=4),  # duplicate
+        rec(8, "cycle"),
+    ])
+    out = tmp_path / "d.jsonl"
+    assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    rejected = [r for r in records if r["kind"] == "rejected"]
+    assert [r["input_seq"] for r in rejected] == [3, 4, 5, 7]
+    assert "not found in active_allocations" in rejected[0]["reason"]
+    assert "not registered" in rejected[1]["reason"]
+    assert "pipeline p2, cluster actor_infer" in rejected[2]["reason"] and "gpu_range" in rejected[2]["reason"]
+    assert "Duplicate pending request" in rejected[3]["reason"]
+    grants = [r for r in records if r["kind"] == "signalled"]
+    assert grants and grants[-1]["gpus"] == [0, 1]  # the cycle after the rejections still ran
+
+
+def test_non_contiguous_tp_group_is_rejected_not_fatal(tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", [
+        {**HEADER, "cluster": {"nodes": 1, "gpus_per_node": 4}},
+        rec(1, "register", pipeline_id="p", cluster_tp_configs={"actor_infer": 2},
+            cluster_device_mappings={"actor_infer": [0, 2]}),
+        rec(2, "cycle"),
+    ])
+    out = tmp_path / "d.jsonl"
+    assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
+    reasons = [json.loads(x).get("reason", "") for x in out.read_text().splitlines()]
+    assert any("tp_contiguous" in r for r in reasons)
+
+
+def test_lock_gap_unregister_leaves_gpus_idle_and_skips_stale_ops(tmp_path):
+    path = write_trace(tmp_path / "t.jsonl", [
+        HEADER, *two_gpu_register(),
+        rec(3, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=2),
+        rec(4, "cycle", phase="plan"),
+        rec(5, "unregister", pipeline_id="p1"),
+        rec(6, "cycle", phase="commit"),
+    ])
+    out = tmp_path / "d.jsonl"
+    assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    commit = [r for r in records if r["kind"] == "commit"][-1]
+    assert commit["idle_gpus"] == 2
+    assert commit["skipped_stale"] == ["expand p1_actor_infer"]
+    errored = [r for r in records if r["kind"] == "signalled" and r["error"]]
+    assert errored and "unregistered" in errored[0]["error"]
+
+
+BAD_INPUTS = [
+    ("malformed", ['{"seq": 0, "t": 0, "kind": "header"', ], ":1: malformed JSON"),
+    ("unknown_kind", [HEADER, rec(1, "teleport", pipeline_id="x")], ":2: field 'kind': unknown record kind 'teleport'"),
+    ("bad_type", [HEADER, rec(1, "request", cluster_id="p1_actor_infer", priority="GEN", step_target_estimate="four")],
+     ":2: field 'step_target_estimate': must be an integer or null"),
+    ("missing_field", [HEADER, rec(1, "admit")], ":2: field 'pipeline_id': missing"),
+    ("unknown_field", [HEADER, rec(1, "admit", pipeline_id="p", colour="red")], ":2: field 'colour': not a field of admit records"),
+    ("bad_topology", [{**HEADER, "cluster": {"nodes": 0, "gpus_per_node": 2}}], ":1: field 'cluster.nodes': must be a positive integer"),
+    ("no_header", [rec(1, "admit", pipeline_id="p")], ":1: the first record must be a header"),
+    ("seq_not_increasing", [HEADER, rec(2, "admit", pipeline_id="p"), rec(2, "admit", pipeline_id="p")], ":3: field 'seq'"),
+    ("time_goes_back", [HEADER, rec(1, "admit", t=5, pipeline_id="p"), rec(2, "admit", t=4, pipeline_id="p")], ":3: field 't'"),
+    ("bad_priority", [HEADER, rec(1, "request", cluster_id="p1_actor_infer", priority="URGENT")], ":2: field 'priority': unknown priority"),
+    ("bad_phase", [HEADER, rec(1, "cycle", phase="later")], ":2: field 'phase'"),
+    ("bad_option", [{**HEADER, "scheduler": {"epsilon": "x"}}], ":1: field 'scheduler'"),
+]
+
+
+@pytest.mark.parametrize("name,lines,expected", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_no_output(name, lines, expected, tmp_path):
+    path = write_trace(tmp_path / f"{name}.jsonl", lines)
+    out = tmp_path / "out" / "decisions.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "replay", path, "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1, proc.stderr
+    assert err[0].startswith(f"error: {path}:") and expected in err[0], err[0]
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert not out.exists() and not (tmp_path / "out").exists()
+
+
+def test_cli_usage_errors_are_one_line(tmp_path):
+    for argv in (["replay"], ["frobnicate"], ["replay", str(tmp_path / "missing.jsonl")], []):
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 2, argv
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+
+
+def test_console_script_is_installed():
+    proc = subprocess.run(["rlharness", "replay", EXAMPLES[0], "--quiet"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "cycles committed" in proc.stdout
