@@ -89,8 +89,8 @@ def canonical_device_mapping(
         if tp_size <= gpn:
             if topo.node_of(group[0]) != topo.node_of(group[-1]):
                 raise TopologyError(pipeline_id, cluster, "tp_node", f"TP group {group} crosses a node boundary (gpus_per_node={gpn})")
-        elif group[0] % gpn != 0:
-            raise TopologyError(pipeline_id, cluster, "tp_node", f"TP group {group} is not aligned to node boundaries (gpus_per_node={gpn})")
+        elif group[0] % gpn != 0 or group[-1] % gpn != gpn - 1:
+            raise TopologyError(pipeline_id, cluster, "tp_node", f"TP group {group} does not cover whole nodes (gpus_per_node={gpn})")
     return canonical
 
 

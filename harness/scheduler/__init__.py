@@ -1,11 +1,27 @@
 """RLix-faithful scheduler model: pure state machine, no clock, no I/O.
 
-Entry point: :class:`harness.scheduler.model.SchedulerModel`.
+Entry point: :class:`harness.scheduler.model.SchedulerModel`. The names below are
+loaded lazily so that low-level modules (``types``) import without pulling in the model
+(``harness.topology`` needs ``types``; the model needs ``harness.topology``).
 """
 
-from harness.scheduler.model import SchedulerModel, Ticket
-from harness.scheduler.options import SchedulerOptions
-from harness.scheduler.progress import CoordinatorProgress, ProgressReport
-from harness.scheduler.types import Priority, Rejected
+from importlib import import_module
 
-__all__ = ["SchedulerModel", "SchedulerOptions", "Ticket", "Priority", "Rejected", "ProgressReport", "CoordinatorProgress"]
+_EXPORTS = {
+    "SchedulerModel": "harness.scheduler.model",
+    "Ticket": "harness.scheduler.model",
+    "SchedulerOptions": "harness.scheduler.options",
+    "CoordinatorProgress": "harness.scheduler.progress",
+    "ProgressReport": "harness.scheduler.progress",
+    "Priority": "harness.scheduler.types",
+    "Rejected": "harness.scheduler.types",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness.scheduler' has no attribute {name!r}")
+    return getattr(import_module(module), name)

@@ -131,7 +131,8 @@ class CoordinatorProgress:
         return self._emit(force=new_batch)
 
     def clear_stream(self, *, mode: str, adapter: Optional[str]):
-        self._streams.pop(self.stream_key(mode, adapter), None)
+        if self._streams.pop(self.stream_key(mode, adapter), None) is None:
+            return None  # never reported: nothing changes, nothing is sent (as RLix)
         if not self._streams:
             self._last_bucket = None
             return "clear"
@@ -140,7 +141,7 @@ class CoordinatorProgress:
     def aggregate(self) -> Tuple[int, float, float, int]:
         """(total_required, total_completed, total_collected, bucket)."""
         required = sum(s.step_target for s in self._streams.values())
-        completed = sum(min(s.collected, s.step_target) for s in self._streams.values())
+        completed = sum(min(max(0.0, s.collected), s.step_target) for s in self._streams.values())
         collected = sum(s.collected for s in self._streams.values())
         ratio = min(completed / required, 1.0) if required > 0 else 0.0
         return required, completed, collected, int(math.floor(ratio * BUCKETS))

@@ -1,0 +1,25 @@
+"""What control logic may read about its pipeline while it runs.
+
+The runtime owns this object and updates it as it interprets effects (a built cache
+moves ``versions.cache_ready``; a publish moves ``versions.published``); control logic
+only reads it. Keeping it a plain dataclass keeps the generators free of runtime types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from harness.control.versions import VersionBook
+
+
+@dataclass
+class PipelineContext:
+    pipeline_id: str
+    kind: str  # "nemo_async" | "roll_sync"
+    steps: int
+    sleep_level: int = 2
+    step_target: int = 8  # trajectories per step (prompt groups x generations)
+    gen_estimate: Optional[int] = None  # step_target_estimate sent with GENERATION requests
+    versions: VersionBook = field(default_factory=VersionBook)
+    step: int = 0  # step in progress (read by the runtime for labelling)

@@ -1,0 +1,192 @@
+"""Effects: what pipeline control logic asks a runtime to do.
+
+Control logic (``harness.control.*``) is written as generators that ``yield`` these
+objects and receive each one's result back. It never sleeps, never touches a device,
+never calls the scheduler directly. A runtime interprets every effect: the simulator
+with modelled durations and state (``simulators/``), a GPU gate with real process groups,
+tensors and sockets (``gpu_gates/``). Both record an ``effect_start`` and an
+``effect_end`` per effect in the event log, which is what the invariants read.
+
+Every effect is a frozen dataclass; :func:`effect_fields` turns one into log fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Optional, Tuple
+
+from harness.scheduler.types import Priority
+
+Ranks = Tuple[int, ...]
+
+
+# ---- scheduler calls (blocking in RLix; the runtime resumes the generator on signal)
+@dataclass(frozen=True)
+class RequestGpus:
+    cluster: str  # cluster name (actor_train, actor_infer, ...)
+    priority: Priority
+    global_step: Optional[int] = None
+    step_target_estimate: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ReleaseGpus:
+    cluster: str
+    global_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ReleaseThenRequest:
+    release_cluster: str
+    request_cluster: str
+    priority: Priority
+    global_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class AwaitRelease:
+    """Planned shrink-to-zero of this pipeline's GENERATION cluster (ROLL step start/end)."""
+
+    global_step: Optional[int] = None
+
+
+# ---- training side
+@dataclass(frozen=True)
+class ReloadTrainComm:
+    """Re-create the Megatron NCCL groups destroyed after the previous step."""
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A training-cluster computation: 'old_log_probs', 'ref_log_probs', 'train'."""
+
+    what: str
+    global_step: int
+
+
+@dataclass(frozen=True)
+class BuildCache:
+    """Owner builds the CPU bucket cache while parameters are still on the GPU."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class OffloadTraining:
+    """Weights, grads and optimizer state leave the GPU."""
+
+
+@dataclass(frozen=True)
+class DestroyTrainComm:
+    """Destroy training NCCL groups (their buffers would block a wake on the GPU)."""
+
+
+# ---- coordinator lock (RLix _resize_sync_lock: resize_infer vs weight syncs)
+@dataclass(frozen=True)
+class LockCoordinator:
+    purpose: str
+
+
+@dataclass(frozen=True)
+class UnlockCoordinator:
+    purpose: str
+
+
+# ---- inference ranks and refit
+@dataclass(frozen=True)
+class ActiveRanks:
+    """Query: the currently routable ranks (the active-refresh targets)."""
+
+
+@dataclass(frozen=True)
+class MarkInactive:
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Wake ranks but keep them off routing (pre-activation)."""
+
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class SyncFromCache:
+    """Push the cache's active version to ranks; path is 'active' or 'expand'."""
+
+    ranks: Ranks
+    version: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Finalize:
+    """Receiver post-load processing, once after all buckets."""
+
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class PublishVersion:
+    version: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Activate:
+    """Put ranks on routing."""
+
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class Abort:
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class Drain:
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class Sleep:
+    ranks: Ranks
+    level: int
+
+
+# ---- workload
+@dataclass(frozen=True)
+class WaitBatch:
+    """Wait until the replay buffer can give the trainer a batch for this step."""
+
+    global_step: int
+
+
+@dataclass(frozen=True)
+class BeginProgressBatch:
+    """Open demand for a step (progress reports for this step start flowing)."""
+
+    global_step: int
+
+
+@dataclass(frozen=True)
+class EndProgressBatch:
+    global_step: int
+
+
+def effect_name(effect: Any) -> str:
+    return type(effect).__name__
+
+
+def effect_fields(effect: Any) -> Dict[str, Any]:
+    """Log fields of an effect: enums by name, tuples as lists."""
+    out: Dict[str, Any] = {}
+    for f in fields(effect):
+        v = getattr(effect, f.name)
+        if isinstance(v, Priority):
+            v = v.name
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out

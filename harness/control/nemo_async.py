@@ -1,0 +1,77 @@
+"""NeMo RL async GRPO under RLix: the per-step sequence with partial overlap.
+
+Overlap ranks (inference ranks on training GPUs) sleep while training runs; non-overlap
+ranks keep generating. After training the pipeline refreshes the ranks still serving
+("active refresh", in flight) from the new CPU cache, publishes the version, and only
+then releases ``actor_train``; the scheduler later expands the overlap ranks, which
+sync from the same cache and publish the same version (reference/rlix.md §4).
+"""
+
+from __future__ import annotations
+
+from typing import Generator
+
+from harness.control.context import PipelineContext
+from harness.control.effects import (
+    ActiveRanks,
+    BeginProgressBatch,
+    BuildCache,
+    Compute,
+    DestroyTrainComm,
+    Finalize,
+    LockCoordinator,
+    OffloadTraining,
+    PublishVersion,
+    ReleaseGpus,
+    ReloadTrainComm,
+    RequestGpus,
+    SyncFromCache,
+    UnlockCoordinator,
+    WaitBatch,
+)
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
+
+BASE_VERSION = -1
+
+
+def initialize(ctx: PipelineContext) -> Generator:
+    """Init: load training weights, build the base cache (v=-1), offload, release; then
+    the first GENERATION request (estimate 1 in NeMo) which the expand path serves."""
+    yield RequestGpus(ACTOR_TRAIN, Priority.INITIALIZATION)
+    yield BuildCache(BASE_VERSION)
+    yield OffloadTraining()
+    yield DestroyTrainComm()
+    yield ReleaseGpus(ACTOR_TRAIN)
+    yield BeginProgressBatch(0)
+    yield RequestGpus(GENERATION_CLUSTER, Priority.GENERATION, 0, ctx.gen_estimate or 1)
+
+
+def train_step(ctx: PipelineContext, step: int) -> Generator:
+    yield WaitBatch(step)
+    # before_training: ACTOR_TRAINING preempts the GEN ranks on the training GPUs
+    yield RequestGpus(ACTOR_TRAIN, Priority.ACTOR_TRAINING, step)
+    yield ReloadTrainComm()
+    yield Compute("train", step)
+    version = step + 1
+    yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
+    yield OffloadTraining()
+    yield DestroyTrainComm()
+    # after_training: active refresh of the ranks still serving, under the coordinator lock
+    yield LockCoordinator("active_refresh")
+    try:
+        ranks = yield ActiveRanks()
+        if ranks:
+            yield SyncFromCache(tuple(ranks), version, "active")
+            yield Finalize(tuple(ranks))
+        yield PublishVersion(version, "active")
+    finally:
+        yield UnlockCoordinator("active_refresh")
+    yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (invariant 10)
+    yield BeginProgressBatch(step + 1)
+
+
+def run(ctx: PipelineContext) -> Generator:
+    yield from initialize(ctx)
+    for step in range(ctx.steps):
+        ctx.step = step
+        yield from train_step(ctx, step)

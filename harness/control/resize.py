@@ -1,0 +1,57 @@
+"""The two halves of ``resize_infer``: the order of a shrink and of an expand.
+
+Both run under the coordinator lock, which serializes them against weight syncs (RLix
+``_resize_sync_lock``). The expand order is RLix's "F6 atomic" expand: a woken rank is
+kept off routing until it holds the published version, so no request is ever served by
+stale or missing weights.
+"""
+
+from __future__ import annotations
+
+from typing import Generator, Sequence
+
+from harness.control.context import PipelineContext
+from harness.control.effects import (
+    Abort,
+    Activate,
+    Drain,
+    Finalize,
+    LockCoordinator,
+    MarkInactive,
+    PublishVersion,
+    Sleep,
+    SyncFromCache,
+    UnlockCoordinator,
+    Wake,
+)
+
+
+def shrink_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
+    """abort in-flight requests → drain → sleep (level from the pipeline); VRAM is
+    checked by the runtime after the sleep (post-sleep residue)."""
+    ranks = tuple(sorted(ranks))
+    yield LockCoordinator("shrink")
+    try:
+        yield Abort(ranks)
+        yield Drain(ranks)
+        yield Sleep(ranks, ctx.sleep_level)
+    finally:
+        yield UnlockCoordinator("shrink")
+
+
+def expand_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
+    """mark → wake (unrouted) → sync from cache → finalize → publish → activate."""
+    ranks = tuple(sorted(ranks))
+    yield LockCoordinator("expand")
+    try:
+        yield MarkInactive(ranks)
+        yield Wake(ranks)
+        version = ctx.versions.cache_ready
+        if version is None:
+            raise RuntimeError(f"{ctx.pipeline_id}: expand before any cache was built")
+        yield SyncFromCache(ranks, version, "expand")
+        yield Finalize(ranks)
+        yield PublishVersion(version, "expand")
+        yield Activate(ranks)
+    finally:
+        yield UnlockCoordinator("expand")

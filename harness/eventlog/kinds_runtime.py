@@ -1,0 +1,19 @@
+"""Record kinds written by the runtimes that interpret control logic (simulator, gates).
+
+``effect_start`` / ``effect_end`` bracket every effect a pipeline's control logic yields
+(see harness/control/effects.py); the invariants in harness/invariants read them, so a
+simulator trace and a gate trace are checked by the same code.
+"""
+
+EFFECT_KINDS: dict = {
+    "effect_start": {
+        "required": {"pipeline_id": "str", "effect": "str", "args": "object"},
+        "optional": {"scope": "str", "step": "int?", "cycle": "int?"},
+        "doc": "A control-logic effect starts; scope = init|step|shrink|expand, cycle = the scheduler cycle of a resize.",
+    },
+    "effect_end": {
+        "required": {"pipeline_id": "str", "effect": "str", "args": "object"},
+        "optional": {"scope": "str", "step": "int?", "cycle": "int?", "result": "any", "error": "str?"},
+        "doc": "The effect finished (result: its return value, e.g. GPUs granted or ranks refreshed).",
+    },
+}

@@ -1,0 +1,167 @@
+"""Each invariant fires on a broken trace and stays quiet on a sound one."""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+
+import pytest
+
+from harness.invariants import CHECKS, check_log
+from harness.replay import replay_file
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TRACES = sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl")))
+
+
+def decisions(path=None):
+    return copy.deepcopy(replay_file(path or os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl")).log.records)
+
+
+def reseq(records):
+    for i, r in enumerate(records):
+        r["seq"] = i
+    return records
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=os.path.basename)
+def test_replayed_examples_satisfy_every_invariant(trace):
+    assert check_log(decisions(trace)) == []
+
+
+def test_unknown_invariant_name_is_an_error():
+    with pytest.raises(KeyError, match="unknown invariant"):
+        check_log([], ["no_such_check"])
+
+
+# ---------------------------------------------------------------- scheduler decisions
+
+def test_gpu_ownership_fires_on_double_grant():
+    recs = decisions()
+    plan = next(r for r in recs if r["kind"] == "plan" and r["expands"])
+    plan["expands"][0]["bundles"].append({"dp_rank": 9, "gpus": [1]})  # GPU 1 already given in the same plan
+    found = check_log(recs, ["gpu_ownership"])
+    assert found and "held by" in found[0].message
+
+
+def test_gpu_ownership_fires_on_idle_count_mismatch():
+    recs = decisions()
+    commit = next(r for r in recs if r["kind"] == "commit")
+    commit["idle_gpus"] += 1
+    assert any("idle GPUs" in v.message for v in check_log(recs, ["gpu_ownership"]))
+
+
+def test_gpu_ownership_fires_on_release_of_someone_elses_gpu():
+    recs = decisions()
+    rel = next(r for r in recs if r["kind"] == "released")
+    rel["cluster_id"] = "ppl2_actor_train"
+    assert any("frees GPU" in v.message for v in check_log(recs, ["gpu_ownership"]))
+
+
+def test_resize_order_fires_when_expand_starts_before_shrink_returns():
+    recs = decisions(os.path.join(ROOT, "examples", "traces", "gap_ratio_3pipelines.jsonl"))
+    i = next(i for i, r in enumerate(recs) if r["kind"] == "resize_end" and r["phase"] == "shrink")
+    j = next(j for j, r in enumerate(recs) if r["kind"] == "resize_start" and r["phase"] == "expand" and r["cycle"] == recs[i]["cycle"])
+    recs.insert(i, recs.pop(j))  # expand starts before the shrink returned
+    found = check_log(reseq(recs), ["resize_order"])
+    assert any("still running" in v.message or "T1 < T2" in v.message for v in found)
+
+
+def test_resize_order_fires_when_waiter_signalled_before_expand_returns():
+    recs = decisions()
+    i = next(i for i, r in enumerate(recs) if r["kind"] == "resize_end" and r["phase"] == "expand")
+    j = next(j for j, r in enumerate(recs) if j > i and r["kind"] == "signalled" and r["cycle"] == recs[i]["cycle"])
+    recs.insert(i, recs.pop(j))
+    assert any("T2 < T3" in v.message for v in check_log(reseq(recs), ["resize_order"]))
+
+
+def test_no_readd_in_cycle_fires():
+    recs = decisions(os.path.join(ROOT, "examples", "traces", "gap_ratio_3pipelines.jsonl"))
+    plan = next(r for r in recs if r["kind"] == "plan" and r["shrinks"] and r["expands"])
+    shrunk = plan["shrinks"][0]
+    plan["expands"].append({"cluster_id": shrunk["cluster_id"], "has_pending_request": False, "bundles": list(shrunk["bundles"])})
+    assert check_log(recs, ["no_readd_in_cycle"])
+
+
+# ---------------------------------------------------------------- pipeline effects
+
+def eff(seq, kind, pid, name, scope="expand", step=None, **args):
+    r = {"seq": seq, "t": float(seq), "kind": kind, "pipeline_id": pid, "effect": name, "args": args, "scope": scope}
+    if step is not None:
+        r["step"] = step
+    return r
+
+
+def expand_trace(*, skip=None, swap=None):
+    seq = iter(range(1, 1000))
+    names = [("BuildCache", {"version": 3}, "step"), ("Wake", {"ranks": [1]}, "expand"),
+             ("SyncFromCache", {"ranks": [1], "version": 3, "path": "expand"}, "expand"),
+             ("Finalize", {"ranks": [1]}, "expand"), ("PublishVersion", {"version": 3, "path": "expand"}, "expand"),
+             ("Activate", {"ranks": [1]}, "expand")]
+    names = [n for n in names if n[0] != skip]
+    if swap:
+        a, b = [i for i, n in enumerate(names) if n[0] in swap]
+        names[a], names[b] = names[b], names[a]
+    out = []
+    for name, args, scope in names:
+        out.append(eff(next(seq), "effect_start", "p", name, scope, **args))
+        out.append(eff(next(seq), "effect_end", "p", name, scope, **args))
+    return out
+
+
+def test_sound_expand_sequence_passes():
+    assert check_log(expand_trace()) == []
+
+
+@pytest.mark.parametrize("skip,expected", [("SyncFromCache", "without a sync"), ("Finalize", "before finalize"),
+                                           ("PublishVersion", "while published is")])
+def test_activate_after_sync_fires_when_a_step_is_missing(skip, expected):
+    found = check_log(expand_trace(skip=skip), ["activate_after_sync"])
+    assert found and expected in found[0].message
+
+
+def test_versions_fire_on_publish_before_sync():
+    found = check_log(expand_trace(swap=("SyncFromCache", "PublishVersion")), ["versions"])
+    assert found and "before the sync" in found[0].message
+
+
+def test_versions_fire_on_version_going_back_and_unbuilt_publish():
+    recs = expand_trace()
+    recs += [eff(100, "effect_end", "p", "BuildCache", "step", version=2)]
+    recs += [eff(101, "effect_start", "p", "PublishVersion", "step", version=7, path="active")]
+    msgs = [v.message for v in check_log(recs, ["versions"])]
+    assert any("built after" in m for m in msgs) and any("cache holds 2" in m for m in msgs)
+
+
+def test_release_after_publish_fires_when_train_released_early():
+    recs = [
+        eff(1, "effect_end", "p", "BuildCache", "step", 0, version=1),
+        eff(2, "effect_start", "p", "ReleaseGpus", "step", 0, cluster="actor_train", global_step=0),
+        eff(3, "effect_start", "p", "PublishVersion", "step", 0, version=1, path="active"),
+        eff(4, "effect_end", "p", "PublishVersion", "step", 0, version=1, path="active"),
+    ]
+    found = check_log(recs, ["release_after_publish"])
+    assert found and "before active refresh" in found[0].message
+    good = [recs[0], recs[2], recs[3], recs[1]]
+    assert check_log(reseq(good), ["release_after_publish"]) == []
+
+
+def test_step_order_fires_when_next_step_starts_early():
+    recs = [
+        eff(1, "effect_start", "p", "Compute", "step", 0, what="train", global_step=0),
+        eff(2, "effect_start", "p", "WaitBatch", "step", 1, global_step=1),
+        eff(3, "effect_end", "p", "Compute", "step", 0, what="train", global_step=0),
+    ]
+    found = check_log(recs, ["step_order"])
+    assert found and "unfinished" in found[0].message
+
+
+def test_every_registered_check_has_a_firing_test_here():
+    here = open(__file__).read()
+    for name in CHECKS:
+        if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
+                    "release_after_publish", "step_order"):
+            assert f'["{name}"]' in here, name
+        else:
+            assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"
