@@ -165,14 +165,48 @@ def _strip(rec: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in rec.items() if k not in IGNORED_IN_COMPARISON}
 
 
+_RESIZE = ("resize_start", "resize_end")
+_PHASE_ORDER = {("resize_start", "shrink"): 0, ("resize_end", "shrink"): 1,
+                ("resize_start", "expand"): 2, ("resize_end", "expand"): 3}
+
+
+def canonical_order(decisions: List[Tuple[Dict[str, Any], Optional[int]]]) -> List[Tuple[Dict[str, Any], Optional[int]]]:
+    """Put each cycle's resize records in one canonical place and order.
+
+    A runtime executes a cycle's resize calls concurrently and over time: their records
+    interleave with each other and with decisions on inputs that arrive meanwhile (the
+    lock gap). Replay executes them instantly at commit. Both are the same decisions, so
+    before comparing, every cycle's resize records move to just before that cycle's first
+    ``signalled``/``commit``/``scheduler_failed`` record, ordered shrink starts, shrink
+    ends, expand starts, expand ends, each by pipeline id.
+    """
+    held: Dict[int, List[Tuple[Dict[str, Any], Optional[int]]]] = {}
+    out: List[Tuple[Dict[str, Any], Optional[int]]] = []
+    for rec, line in decisions:
+        kind = rec["kind"]
+        if kind in _RESIZE:
+            held.setdefault(rec["cycle"], []).append((rec, line))
+            continue
+        cycle = rec.get("cycle")
+        if kind in ("signalled", "commit", "scheduler_failed") and cycle in held:
+            batch = held.pop(cycle)
+            batch.sort(key=lambda x: (_PHASE_ORDER[(x[0]["kind"], x[0]["phase"])], x[0]["pipeline_id"]))
+            out.extend(batch)
+        out.append((rec, line))
+    for cycle in sorted(held):
+        out.extend(held[cycle])
+    return out
+
+
 def compare_decisions(produced: List[Dict[str, Any]], expected: List[Record]) -> Optional[Divergence]:
-    """First position where the decision streams differ, or None."""
-    exp = [r for r in expected if category(r.kind) == "decision"]
-    for i in range(max(len(produced), len(exp))):
-        p = produced[i] if i < len(produced) else None
-        e = exp[i] if i < len(exp) else None
-        if p is None or e is None or _strip(p) != _strip(e.data):
-            return Divergence(i, p, e.data if e else None, e.line if e else None)
+    """First position where the decision streams differ (after :func:`canonical_order`), or None."""
+    exp = canonical_order([(r.data, r.line) for r in expected if category(r.kind) == "decision"])
+    got = canonical_order([(d, None) for d in produced])
+    for i in range(max(len(got), len(exp))):
+        p = got[i][0] if i < len(got) else None
+        e, line = exp[i] if i < len(exp) else (None, None)
+        if p is None or e is None or _strip(p) != _strip(e):
+            return Divergence(i, p, e, line)
     return None
 
 

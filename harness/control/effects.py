@@ -72,6 +72,14 @@ class BuildCache:
 
 
 @dataclass(frozen=True)
+class PromoteCache:
+    """Make a built cache version the active one that syncs read (under the coordinator
+    lock, so no sync is reading while the active pointer moves)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
 class OffloadTraining:
     """Weights, grads and optimizer state leave the GPU."""
 

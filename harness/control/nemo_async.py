@@ -21,6 +21,7 @@ from harness.control.effects import (
     Finalize,
     LockCoordinator,
     OffloadTraining,
+    PromoteCache,
     PublishVersion,
     ReleaseGpus,
     ReloadTrainComm,
@@ -39,6 +40,7 @@ def initialize(ctx: PipelineContext) -> Generator:
     the first GENERATION request (estimate 1 in NeMo) which the expand path serves."""
     yield RequestGpus(ACTOR_TRAIN, Priority.INITIALIZATION)
     yield BuildCache(BASE_VERSION)
+    yield PromoteCache(BASE_VERSION)
     yield OffloadTraining()
     yield DestroyTrainComm()
     yield ReleaseGpus(ACTOR_TRAIN)
@@ -58,14 +60,13 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     yield DestroyTrainComm()
     # after_training: active refresh of the ranks still serving, under the coordinator lock
     yield LockCoordinator("active_refresh")
-    try:
-        ranks = yield ActiveRanks()
-        if ranks:
-            yield SyncFromCache(tuple(ranks), version, "active")
-            yield Finalize(tuple(ranks))
-        yield PublishVersion(version, "active")
-    finally:
-        yield UnlockCoordinator("active_refresh")
+    yield PromoteCache(version)
+    ranks = yield ActiveRanks()
+    if ranks:
+        yield SyncFromCache(tuple(ranks), version, "active")
+        yield Finalize(tuple(ranks))
+    yield PublishVersion(version, "active")
+    yield UnlockCoordinator("active_refresh")
     yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (invariant 10)
     yield BeginProgressBatch(step + 1)
 

@@ -1,7 +1,8 @@
 """The two halves of ``resize_infer``: the order of a shrink and of an expand.
 
 Both run under the coordinator lock, which serializes them against weight syncs (RLix
-``_resize_sync_lock``). The expand order is RLix's "F6 atomic" expand: a woken rank is
+``_resize_sync_lock``). A failure inside either is fatal to the run (RLix fails fast), so
+there is no unwinding here: the runtime stops. The expand order is RLix's "F6 atomic" expand: a woken rank is
 kept off routing until it holds the published version, so no request is ever served by
 stale or missing weights.
 """
@@ -31,27 +32,23 @@ def shrink_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
     checked by the runtime after the sleep (post-sleep residue)."""
     ranks = tuple(sorted(ranks))
     yield LockCoordinator("shrink")
-    try:
-        yield Abort(ranks)
-        yield Drain(ranks)
-        yield Sleep(ranks, ctx.sleep_level)
-    finally:
-        yield UnlockCoordinator("shrink")
+    yield Abort(ranks)
+    yield Drain(ranks)
+    yield Sleep(ranks, ctx.sleep_level)
+    yield UnlockCoordinator("shrink")
 
 
 def expand_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
     """mark → wake (unrouted) → sync from cache → finalize → publish → activate."""
     ranks = tuple(sorted(ranks))
     yield LockCoordinator("expand")
-    try:
-        yield MarkInactive(ranks)
-        yield Wake(ranks)
-        version = ctx.versions.cache_ready
-        if version is None:
-            raise RuntimeError(f"{ctx.pipeline_id}: expand before any cache was built")
-        yield SyncFromCache(ranks, version, "expand")
-        yield Finalize(ranks)
-        yield PublishVersion(version, "expand")
-        yield Activate(ranks)
-    finally:
-        yield UnlockCoordinator("expand")
+    yield MarkInactive(ranks)
+    yield Wake(ranks)
+    version = ctx.versions.active  # the promoted cache, never a half-built latest
+    if version is None:
+        raise RuntimeError(f"{ctx.pipeline_id}: expand before any cache was promoted")
+    yield SyncFromCache(ranks, version, "expand")
+    yield Finalize(ranks)
+    yield PublishVersion(version, "expand")
+    yield Activate(ranks)
+    yield UnlockCoordinator("expand")

@@ -17,6 +17,7 @@ from harness.control.effects import (
     DestroyTrainComm,
     EndProgressBatch,
     OffloadTraining,
+    PromoteCache,
     ReleaseGpus,
     ReleaseThenRequest,
     ReloadTrainComm,
@@ -31,6 +32,7 @@ BASE_VERSION = -1
 def initialize(ctx: PipelineContext) -> Generator:
     yield RequestGpus(ACTOR_TRAIN, Priority.INITIALIZATION)
     yield BuildCache(BASE_VERSION)
+    yield PromoteCache(BASE_VERSION)
     yield OffloadTraining()
     yield DestroyTrainComm()
     yield ReleaseGpus(ACTOR_TRAIN)
@@ -48,6 +50,7 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     yield ReleaseThenRequest(ACTOR_TRAIN, ACTOR_TRAIN, Priority.ACTOR_TRAINING, step)
     yield Compute("train", step)
     yield BuildCache(step)  # ROLL: version = the step's global_step
+    yield PromoteCache(step)  # every rank is asleep: no sync can be reading
     yield OffloadTraining()
     yield DestroyTrainComm()
     yield ReleaseGpus(ACTOR_TRAIN, step)

@@ -8,12 +8,12 @@ simulator trace and a gate trace are checked by the same code.
 EFFECT_KINDS: dict = {
     "effect_start": {
         "required": {"pipeline_id": "str", "effect": "str", "args": "object"},
-        "optional": {"scope": "str", "step": "int?", "cycle": "int?"},
+        "optional": {"scope": "str", "step": "int?", "cycle": "int?", "gpus": "int_list"},
         "doc": "A control-logic effect starts; scope = init|step|shrink|expand, cycle = the scheduler cycle of a resize.",
     },
     "effect_end": {
         "required": {"pipeline_id": "str", "effect": "str", "args": "object"},
-        "optional": {"scope": "str", "step": "int?", "cycle": "int?", "result": "any", "error": "str?"},
+        "optional": {"scope": "str", "step": "int?", "cycle": "int?", "gpus": "int_list", "result": "any", "error": "str?"},
         "doc": "The effect finished (result: its return value, e.g. GPUs granted or ranks refreshed).",
     },
 }

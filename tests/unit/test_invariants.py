@@ -95,7 +95,7 @@ def eff(seq, kind, pid, name, scope="expand", step=None, **args):
 
 def expand_trace(*, skip=None, swap=None):
     seq = iter(range(1, 1000))
-    names = [("BuildCache", {"version": 3}, "step"), ("Wake", {"ranks": [1]}, "expand"),
+    names = [("BuildCache", {"version": 3}, "step"), ("PromoteCache", {"version": 3}, "step"), ("Wake", {"ranks": [1]}, "expand"),
              ("SyncFromCache", {"ranks": [1], "version": 3, "path": "expand"}, "expand"),
              ("Finalize", {"ranks": [1]}, "expand"), ("PublishVersion", {"version": 3, "path": "expand"}, "expand"),
              ("Activate", {"ranks": [1]}, "expand")]
@@ -129,9 +129,11 @@ def test_versions_fire_on_publish_before_sync():
 def test_versions_fire_on_version_going_back_and_unbuilt_publish():
     recs = expand_trace()
     recs += [eff(100, "effect_end", "p", "BuildCache", "step", version=2)]
-    recs += [eff(101, "effect_start", "p", "PublishVersion", "step", version=7, path="active")]
+    recs += [eff(101, "effect_end", "p", "PromoteCache", "step", version=5)]
+    recs += [eff(102, "effect_start", "p", "PublishVersion", "step", version=7, path="active")]
     msgs = [v.message for v in check_log(recs, ["versions"])]
-    assert any("built after" in m for m in msgs) and any("cache holds 2" in m for m in msgs)
+    assert any("built after" in m for m in msgs) and any("latest built is 2" in m for m in msgs)
+    assert any("active cache is 5" in m for m in msgs)
 
 
 def test_release_after_publish_fires_when_train_released_early():

@@ -1,0 +1,35 @@
+"""Record kinds the simulator adds (docs/trace-format.md, "Simulator records").
+
+Every kind here is a *runtime* kind: replay passes over it; the invariants and the
+simulator's outputs (summary table, Perfetto trace, PNG timeline) read it.
+"""
+
+
+def _k(doc: str, required: dict, optional: dict = None) -> dict:
+    return {"required": required, "optional": dict(optional or {}), "doc": doc}
+
+
+SIM_KINDS: dict = {
+    "rank_state": _k("An inference DP rank entered a lifecycle state (asleep|waking|awake_unrouted|synced|routable|draining).",
+                     {"pipeline_id": "str", "dp_rank": "int", "state": "str", "gpus": "int_list"}, {"version": "int?"}),
+    "request_dispatch": _k("A generation request (one trajectory) was routed to a rank.",
+                           {"pipeline_id": "str", "request": "int", "dp_rank": "int"}, {"version": "int?", "attempt": "int"}),
+    "request_done": _k("A generation request finished on a rank.",
+                       {"pipeline_id": "str", "request": "int", "dp_rank": "int", "tokens": "int"}, {"version": "int?"}),
+    "request_abort": _k("A request was aborted by a shrink and goes back to the router (turn-level re-dispatch).",
+                        {"pipeline_id": "str", "request": "int", "dp_rank": "int"}),
+    "batch_consumed": _k("The trainer took a batch for a step; staleness maps age in steps to trajectory count.",
+                         {"pipeline_id": "str", "step": "int", "trajectories": "int", "staleness": "object"}),
+    "vram": _k("Resident bytes on a GPU changed (owner = pipeline/rank, mem = weights|kv_cache|train_state|nccl|staging|cuda_context).",
+               {"gpu": "int", "owner": "str", "mem": "str", "delta": "int", "used": "int"}),
+    "oom": _k("A GPU allocation would exceed capacity: the simulated process dies (fault).",
+              {"gpu": "int", "owner": "str", "mem": "str", "requested": "int", "used": "int", "capacity": "int"}),
+    "refit_bucket": _k("One bucket of a weight sync reached its targets (transport cuda_ipc|cpu_serialize|nccl).",
+                       {"pipeline_id": "str", "version": "int", "bucket": "int", "transport": "str", "dp_ranks": "int_list", "bytes": "int"},
+                       {"path": "str"}),
+    "nccl_group": _k("A dynamic or training NCCL group was created or destroyed.",
+                     {"pipeline_id": "str", "action": "str", "name": "str", "gpus": "int_list"}),
+    "fault_fired": _k("A scenario fault hook fired.", {"name": "str", "pipeline_id": "str"}, {"step": "int?"}),
+    "sim_end": _k("The run ended (reason done|horizon|failed).",
+                  {"reason": "str", "sim_time": "number", "events": "int"}, {"detail": "str"}),
+}

@@ -1,0 +1,100 @@
+"""The simulated cluster: per-GPU VRAM ledger, host-RAM ledger, shared links.
+
+Memory is accounted, not sampled: every allocation names its owner (``ppl1/dp0``,
+``ppl1/train``) and kind (weights, kv_cache, train_state, nccl, staging, cuda_context),
+and an allocation that would exceed a GPU's capacity is an OOM — reported as a fault
+that ends the run, never a silent number. Links (PCIe per GPU, the intra-node fabric,
+each node's NIC) are simpy resources of capacity one: transfers queue on them, so two
+pipelines refitting through the same link slow each other down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import simpy
+
+from simulators.spec import ClusterSpec
+
+MEM_KINDS = ("weights", "kv_cache", "train_state", "nccl", "staging", "cuda_context")
+
+
+class OutOfMemory(RuntimeError):
+    def __init__(self, gpu: int, owner: str, mem: str, requested: int, used: int, capacity: int) -> None:
+        super().__init__(f"OOM on GPU {gpu}: {owner} asked for {requested} B of {mem} with {used} B of {capacity} B in use")
+        self.gpu, self.owner, self.mem = gpu, owner, mem
+        self.requested, self.used, self.capacity = requested, used, capacity
+
+
+Listener = Callable[[int, str, str, int, int], None]  # gpu, owner, mem, delta, used
+
+
+class VramLedger:
+    def __init__(self, num_gpus: int, capacity: int, listener: Optional[Listener] = None) -> None:
+        self.capacity = capacity
+        self.used: List[int] = [0] * num_gpus
+        self.entries: List[Dict[Tuple[str, str], int]] = [dict() for _ in range(num_gpus)]
+        self.peak: List[int] = [0] * num_gpus
+        self.listener = listener
+
+    def alloc(self, gpu: int, owner: str, mem: str, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        if self.used[gpu] + nbytes > self.capacity:
+            raise OutOfMemory(gpu, owner, mem, nbytes, self.used[gpu], self.capacity)
+        key = (owner, mem)
+        self.entries[gpu][key] = self.entries[gpu].get(key, 0) + nbytes
+        self.used[gpu] += nbytes
+        self.peak[gpu] = max(self.peak[gpu], self.used[gpu])
+        if self.listener:
+            self.listener(gpu, owner, mem, nbytes, self.used[gpu])
+
+    def free(self, gpu: int, owner: str, mem: str) -> int:
+        nbytes = self.entries[gpu].pop((owner, mem), 0)
+        if nbytes:
+            self.used[gpu] -= nbytes
+            if self.listener:
+                self.listener(gpu, owner, mem, -nbytes, self.used[gpu])
+        return nbytes
+
+    def held(self, gpu: int, owner: str, mem: Optional[str] = None) -> int:
+        return sum(v for (o, m), v in self.entries[gpu].items() if o == owner and (mem is None or m == mem))
+
+
+class HostRam:
+    """Per-node host RAM for CPU bucket caches (at most two model copies per pipeline)."""
+
+    def __init__(self, nodes: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = [0] * nodes
+        self.entries: List[Dict[str, int]] = [dict() for _ in range(nodes)]
+
+    def set(self, node: int, owner: str, nbytes: int) -> None:
+        old = self.entries[node].get(owner, 0)
+        if self.used[node] - old + nbytes > self.capacity:
+            raise MemoryError(f"host RAM of node {node} exhausted: {owner} needs {nbytes} B")
+        self.entries[node][owner] = nbytes
+        self.used[node] += nbytes - old
+
+
+@dataclass
+class Links:
+    pcie: List[simpy.Resource]
+    intra: List[simpy.Resource]
+    nic: List[simpy.Resource]
+
+
+class SimCluster:
+    def __init__(self, env: simpy.Environment, spec: ClusterSpec, listener: Optional[Listener] = None) -> None:
+        self.spec = spec
+        self.vram = VramLedger(spec.num_gpus, spec.vram_bytes, listener)
+        self.host = HostRam(spec.nodes, spec.host_ram_bytes)
+        self.links = Links(
+            pcie=[simpy.Resource(env, 1) for _ in range(spec.num_gpus)],
+            intra=[simpy.Resource(env, 1) for _ in range(spec.nodes)],
+            nic=[simpy.Resource(env, 1) for _ in range(spec.nodes)],
+        )
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.spec.gpus_per_node

@@ -1,0 +1,394 @@
+"""One simulated pipeline: interprets the harness control logic in simulated time.
+
+``drive`` runs a control generator (``harness.control.nemo_async``, ``roll_sync``,
+``resize.expand_order`` / ``shrink_order``), logging ``effect_start``/``effect_end``
+around every effect and dispatching it to a handler here. Handlers cost modelled time
+(``CostSpec``), move memory in the VRAM ledger, drive rank lifecycles and the router,
+and call the scheduler model through the :class:`~simulators.runtime.Simulation`.
+The order of anything is decided by the control logic, never here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import simpy
+
+from harness.control import nemo_async, roll_sync
+from harness.control.context import PipelineContext
+from harness.control.effects import effect_fields, effect_name
+from harness.control.rank_state import RankLifecycle, RankStateError
+from harness.control.resize import expand_order, shrink_order
+from harness.control.versions import VersionBook, VersionError
+from harness.scheduler.progress import CoordinatorProgress, ProgressReport
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
+from simulators.cluster import OutOfMemory
+from simulators.inference import RankSim, Request, Router
+from simulators.ranks import RankEffects
+from simulators.refit import RefitEffects
+from simulators.runtime import SimFailure, Simulation
+from simulators.spec import PipelineSpec
+from simulators.workload import Collector, ReplayBuffer
+
+TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
+
+
+class PipelineSim(RankEffects, RefitEffects):
+    """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
+    :class:`RefitEffects` (refit.py); scheduler, training and workload effects are here."""
+
+    def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
+        self.sim, self.spec, self.index = sim, spec, index
+        self.env = sim.env
+        self.pid = spec.name
+        self.costs = sim.scenario.costs
+        nemo = spec.type == "nemo_async"
+        self.ctx = PipelineContext(
+            pipeline_id=spec.name, kind=spec.type, steps=spec.steps, sleep_level=spec.sleep_level,
+            step_target=spec.workload.trajectories_per_step,
+            gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
+            versions=VersionBook(clamp_bootstrap=nemo))
+        self.control = nemo_async if nemo else roll_sync
+        self.train_gpus = tuple(sorted(spec.train_gpus))
+        infer = sorted(spec.infer_gpus)
+        tp = spec.infer_tp
+        self.ranks: Dict[int, RankSim] = {
+            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r))
+            for r in range(len(infer) // tp)
+        }
+        w = spec.workload
+        self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
+                             w.batching_half_point, self._log_request, self._on_trajectory)
+        self.router.ranks = self.ranks
+        seed = np.random.SeedSequence([sim.scenario.seed, index])
+        self.collector = Collector(w, "async" if nemo else "sync", np.random.default_rng(seed))
+        self.buffer = ReplayBuffer()
+        self.progress = CoordinatorProgress(self.pid)
+        self.batch_step: Optional[int] = None  # the step whose batch is being collected
+        self.batch_ready = self.env.event()
+        self.lock = simpy.Resource(self.env, 1)
+        self._lock_req: List[Any] = []
+        self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
+        self.train_resident = False
+        self.leaked_train_state = False
+        self.steps_done = 0
+        self.finished = False
+        self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
+        self.weight_bytes = spec.model.weight_bytes
+        self.cache_versions: List[int] = []
+
+    # ------------------------------------------------------------------ lifecycle of the pipeline
+    def main(self):
+        env, sim = self.env, self.sim
+        try:
+            if self.spec.start_s > 0:
+                yield env.timeout(self.spec.start_s)
+            tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: self.spec.infer_tp}
+            maps = {ACTOR_TRAIN: list(self.train_gpus), GENERATION_CLUSTER: sorted(self.spec.infer_gpus)}
+            sim.call("register", {"pipeline_id": self.pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
+                     lambda: sim.model.register(self.pid, tps, maps))
+            sim.call("admit", {"pipeline_id": self.pid}, lambda: sim.model.admit(self.pid))
+            for g in set(self.train_gpus) | set(self.spec.infer_gpus):
+                sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
+            if self.spec.type == "nemo_async":
+                env.spawn(self._watchdog(), "watchdog", self.index)
+            yield from self.drive(self.control.initialize(self.ctx), "init", None)
+            for step in range(self.spec.steps):
+                self.ctx.step = step
+                yield from self.drive(self.control.train_step(self.ctx, step), "step", step)
+                self.steps_done += 1
+            yield from self._finish()
+        except (SimFailure, OutOfMemory, RankStateError, VersionError) as e:
+            sim.fail(f"{self.pid}: {e}")
+            if isinstance(e, OutOfMemory):
+                sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+
+    def _finish(self):
+        """End of run(): drop demand, release GEN ranks (await_release), unregister
+        (debug #64-66), and let the pipeline's processes die (their memory goes with them)."""
+        self.finished = True
+        sim = self.sim
+        if self.progress.clear_stream(mode="train", adapter=None) == "clear":
+            sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
+        alloc = sim.model.state.allocations.get(f"{self.pid}_{GENERATION_CLUSTER}")
+        if alloc is not None and alloc.active_dp_ranks:
+            ticket = sim.call("await_release", {"pipeline_id": self.pid}, lambda: sim.model.await_release(pipeline_id=self.pid))
+            if not ticket.done:
+                yield sim.waiter(ticket.request_id)
+        lock = self.lock.request()  # no resize of ours may still be running when we go
+        yield lock
+        sim.call("unregister", {"pipeline_id": self.pid}, lambda: sim.model.unregister(self.pid))
+        for rank in self.ranks.values():
+            if rank.routable:
+                self.router.deactivate(rank)
+        vram = sim.cluster.vram
+        for g in range(len(vram.used)):
+            for owner, mem in [k for k in vram.entries[g] if k[0].startswith(self.pid + "/")]:
+                vram.free(g, owner, mem)
+        self.lock.release(lock)
+
+    def resize(self, phase: str, ranks: List[int], cycle: int):
+        """A coordinator resize_infer call (runs as its own process)."""
+        try:
+            gen = shrink_order(self.ctx, ranks) if phase == "shrink" else expand_order(self.ctx, ranks)
+            yield from self.drive(gen, phase, None, cycle)
+        except (SimFailure, OutOfMemory, RankStateError, VersionError, RuntimeError) as e:
+            self.sim.fail(f"{self.pid} {phase} {ranks}: {e}")
+            if isinstance(e, OutOfMemory):
+                self.sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+        self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
+
+    # ------------------------------------------------------------------ the interpreter
+    def drive(self, gen, scope: str, step: Optional[int], cycle: Optional[int] = None):
+        result: Any = None
+        while True:
+            try:
+                effect = gen.send(result)
+            except StopIteration:
+                return
+            name = effect_name(effect)
+            args = effect_fields(effect)
+            gpus = self._gpus_of(name, args)
+            extra: Dict[str, Any] = {"scope": scope, "step": step}
+            if cycle is not None:
+                extra["cycle"] = cycle
+            if gpus:
+                extra["gpus"] = gpus
+            self.sim.log.emit("effect_start", self.env.now, pipeline_id=self.pid, effect=name, args=args, **extra)
+            result = yield from getattr(self, "_" + name)(effect)
+            end = dict(extra)
+            if result is not None:
+                end["result"] = list(result) if isinstance(result, (list, tuple)) else result
+            self.sim.log.emit("effect_end", self.env.now, pipeline_id=self.pid, effect=name, args=args, **end)
+
+    def _gpus_of(self, name: str, args: Dict[str, Any]) -> List[int]:
+        if "ranks" in args:
+            return sorted(g for r in args["ranks"] for g in self.ranks[r].gpus)
+        if name in ("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"):
+            return list(self.train_gpus)
+        return []
+
+    # ------------------------------------------------------------------ scheduler effects
+    def _cid(self, cluster: str) -> str:
+        return f"{self.pid}_{cluster}"
+
+    def _wait_ticket(self, ticket):
+        if ticket.done:
+            return ticket.gpus
+        signal = yield self.sim.waiter(ticket.request_id)
+        if signal.error:
+            raise SimFailure(f"request {ticket.request_id} failed: {signal.error}")
+        return signal.gpus
+
+    def _RequestGpus(self, e):
+        cid, sim = self._cid(e.cluster), self.sim
+        fields = {"cluster_id": cid, "priority": e.priority.name}
+        if e.global_step is not None:
+            fields["global_step"] = e.global_step
+        if e.step_target_estimate is not None:
+            fields["step_target_estimate"] = e.step_target_estimate
+        ticket = sim.call("request", fields, lambda: sim.model.request(
+            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
+        gpus = yield from self._wait_ticket(ticket)
+        return gpus
+
+    def _ReleaseGpus(self, e):
+        sim, cid = self.sim, self._cid(e.cluster)
+        fields = {"cluster_id": cid}
+        if e.global_step is not None:
+            fields["global_step"] = e.global_step
+        sim.call("release", fields, lambda: sim.model.release(cid, global_step=e.global_step))
+        return None
+        yield  # pragma: no cover  (makes this a generator)
+
+    def _ReleaseThenRequest(self, e):
+        sim = self.sim
+        rel, req = self._cid(e.release_cluster), self._cid(e.request_cluster)
+        fields = {"release_cluster_id": rel, "request_cluster_id": req, "request_priority": e.priority.name}
+        if e.global_step is not None:
+            fields.update(release_global_step=e.global_step, request_global_step=e.global_step)
+        ticket = sim.call("release_then_request", fields, lambda: sim.model.release_then_request(
+            rel, req, e.priority, release_global_step=e.global_step, request_global_step=e.global_step))
+        gpus = yield from self._wait_ticket(ticket)
+        return gpus
+
+    def _AwaitRelease(self, e):
+        sim = self.sim
+        fields = {"pipeline_id": self.pid}
+        if e.global_step is not None:
+            fields["global_step"] = e.global_step
+        ticket = sim.call("await_release", fields, lambda: sim.model.await_release(pipeline_id=self.pid, global_step=e.global_step))
+        yield from self._wait_ticket(ticket)
+        return None
+
+    # ------------------------------------------------------------------ training effects
+    def _train_share(self) -> int:
+        return int(self.weight_bytes * self.costs.train_state_multiplier / len(self.train_gpus))
+
+    def _ensure_train_resident(self) -> None:
+        if not self.train_resident:
+            for g in self.train_gpus:
+                self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "train_state", self._train_share())
+            self.train_resident = True
+
+    def _ReloadTrainComm(self, e):
+        self._ensure_train_resident()
+        yield self.env.timeout(self.costs.nccl_group_create_s)
+        for g in self.train_gpus:
+            self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes)
+        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus))
+        return None
+
+    def _Compute(self, e):
+        self._ensure_train_resident()
+        c, n = self.costs, self.ctx.step_target
+        if e.what == "train":
+            dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
+        else:
+            dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
+        yield self.env.timeout(dt)
+        return None
+
+    def _BuildCache(self, e):
+        if e.version >= 0 and not self.train_resident:
+            raise SimFailure(f"cache v{e.version} built after offload: parameters have no storage (debug #34/#35)")
+        self._ensure_train_resident()
+        yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)
+        self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
+        self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
+                                  len(self.cache_versions) * self.weight_bytes)
+        self.ctx.versions.cache_built(e.version)
+        return None
+
+    def _PromoteCache(self, e):
+        self.ctx.versions.promote(e.version)
+        return None
+        yield  # pragma: no cover
+
+    def _OffloadTraining(self, e):
+        if self.faults.get("wake_before_offload") == self.ctx.step and not self.leaked_train_state:
+            self.leaked_train_state = True
+            self.sim.emit("fault_fired", name="wake_before_offload", pipeline_id=self.pid, step=self.ctx.step)
+            yield self.env.timeout(0)
+            return None  # training memory stays resident: the next wake on these GPUs must OOM
+        resident = sum(self.sim.cluster.vram.held(g, f"{self.pid}/train", "train_state") for g in self.train_gpus)
+        yield self.env.timeout(resident / self.costs.offload_bytes_per_s)
+        for g in self.train_gpus:
+            self.sim.cluster.vram.free(g, f"{self.pid}/train", "train_state")
+        self.train_resident = False
+        return None
+
+    def _DestroyTrainComm(self, e):
+        yield self.env.timeout(self.costs.nccl_group_destroy_s)
+        for g in self.train_gpus:
+            self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
+        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus))
+        return None
+
+    # ------------------------------------------------------------------ coordinator lock
+    def _LockCoordinator(self, e):
+        req = self.lock.request()
+        yield req
+        self._lock_req.append(req)
+        return None
+
+    def _UnlockCoordinator(self, e):
+        self.lock.release(self._lock_req.pop())
+        return None
+        yield  # pragma: no cover
+
+    # ------------------------------------------------------------------ workload effects
+    def _log_request(self, kind: str, **fields) -> None:
+        self.sim.log.emit(kind, self.env.now, **fields)
+
+    def _current_version(self) -> int:
+        v = self.ctx.versions.published
+        return 0 if v is None else v
+
+    def _on_trajectory(self, req: Request, rank: RankSim) -> None:
+        self.collector.outstanding -= 1
+        self.buffer.add(req.version if req.version is not None else -1, req.rid)
+        self._report_progress(False)
+        self._refill()
+        if not self.batch_ready.triggered:
+            self.batch_ready.succeed()
+
+    def _refill(self) -> None:
+        n = self.collector.refill(len(self.buffer.items))
+        if n > 0 and not self.finished:
+            self.router.submit(self.collector.draw(n))
+
+    def _report_progress(self, new_batch: bool) -> None:
+        if self.finished:
+            return
+        w = self.spec.workload
+        usable = self.buffer.usable(self._current_version(), w.max_trajectory_age_steps)
+        rep = self.progress.update(mode="train", adapter=None, step_target=w.trajectories_per_step,
+                                   collected=usable, new_batch=new_batch)
+        if isinstance(rep, ProgressReport):
+            sim = self.sim
+            sim.call("progress", {"pipeline_id": self.pid, "step_target": rep.step_target, "completed": rep.completed,
+                                  "mode": rep.mode, "new_batch": new_batch},
+                     lambda: sim.model.report_progress(rep))
+
+    def _BeginProgressBatch(self, e):
+        self.batch_step = e.global_step
+        if self.collector.mode == "sync":
+            self.router.submit(self.collector.draw(self.spec.workload.trajectories_per_step))
+        else:
+            self._refill()
+        self._report_progress(True)
+        return None
+        yield  # pragma: no cover
+
+    def _EndProgressBatch(self, e):
+        out = self.progress.clear_stream(mode="train", adapter=None)
+        if out == "clear":
+            sim = self.sim
+            sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
+        return None
+        yield  # pragma: no cover
+
+    def _WaitBatch(self, e):
+        w = self.spec.workload
+        n = w.trajectories_per_step
+        while True:
+            current = self._current_version()
+            hist = self.buffer.take(n, current, w.max_trajectory_age_steps)
+            if hist is not None:
+                break
+            self.batch_ready = self.env.event()
+            self._refill()
+            if self.collector.mode == "sync":
+                # gap-fill: trajectories evicted as too stale are generated again
+                missing = n - self.buffer.usable(current, w.max_trajectory_age_steps) - self.collector.outstanding
+                if missing > 0:
+                    self.router.submit(self.collector.draw(missing))
+            yield self.batch_ready
+        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=n,
+                      staleness={str(k): v for k, v in hist.items()})
+        self._refill()
+        return None
+
+    def _watchdog(self):
+        """NeMo's 2 s GENERATION re-request while no rank is active or waking (debug #27/#32)."""
+        env, sim, cid = self.env, self.sim, self._cid(GENERATION_CLUSTER)
+        while not self.finished and not sim.failure:
+            yield env.timeout(self.costs.watchdog_s)
+            if self.finished or sim.failure or cid not in sim.model.state.allocations:
+                continue
+            busy = any(r.life.state.value != "asleep" for r in self.ranks.values())
+            if busy or sim.model.state.pending_for(cid) is not None:
+                continue
+            try:
+                sim.call("request", {"cluster_id": cid, "priority": Priority.GENERATION.name, "step_target_estimate": 1},
+                         lambda: sim.model.request(cid, Priority.GENERATION, step_target_estimate=1))
+            except SimFailure as exc:
+                sim.fail(f"{self.pid} watchdog: {exc}")
+                return
+
+
+def bucket_count(weight_bytes: int, bucket_bytes: int) -> int:
+    return max(1, math.ceil(weight_bytes / bucket_bytes))

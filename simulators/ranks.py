@@ -1,0 +1,114 @@
+"""Inference-rank effects of a simulated pipeline: wake, finalize, publish, activate,
+abort, drain, sleep — each moving the rank's lifecycle (harness.control.rank_state) and
+its VRAM. Mixed into :class:`simulators.pipeline.PipelineSim`."""
+
+from __future__ import annotations
+
+from typing import List
+
+from harness.control.rank_state import RankState
+
+
+class RankEffects:
+    def _log_rank(self, rank) -> None:
+        self.sim.emit("rank_state", pipeline_id=self.pid, dp_rank=rank.dp_rank, state=rank.life.state.value,
+                      gpus=list(rank.gpus), version=rank.life.weights_version)
+
+    def _owner(self, rank) -> str:
+        return f"{self.pid}/dp{rank.dp_rank}"
+
+    def _ActiveRanks(self, e):
+        return sorted(r for r, rank in self.ranks.items() if rank.routable)
+        yield  # pragma: no cover
+
+    def _MarkInactive(self, e):
+        # RLix marks ranks about to be woken as inactive+preempted; they are asleep and off
+        # routing already, so only a routable rank (a control-logic bug) would change here.
+        for r in e.ranks:
+            if self.ranks[r].routable:
+                raise RuntimeError(f"{self.pid} dp{r}: expand of a rank that is still routable")
+        return None
+        yield  # pragma: no cover
+
+    def _Wake(self, e):
+        vram, c = self.sim.cluster.vram, self.costs
+        tp = self.spec.infer_tp
+        for r in e.ranks:
+            rank = self.ranks[r]
+            rank.life.on("wake")
+            self._log_rank(rank)
+            per_gpu_weights = self.weight_bytes // tp
+            kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu_weights)
+            for g in rank.gpus:
+                vram.alloc(g, self._owner(rank), "weights", per_gpu_weights)
+                vram.alloc(g, self._owner(rank), "kv_cache", kv)
+                if tp > 1:
+                    vram.alloc(g, self._owner(rank), "nccl", c.nccl_buffer_bytes)
+        yield self.env.timeout(c.wake_s)
+        for r in e.ranks:
+            rank = self.ranks[r]
+            rank.life.on("woken")
+            self._log_rank(rank)
+        return None
+
+    def _Finalize(self, e):
+        yield self.env.timeout(self.costs.finalize_s)
+        for r in e.ranks:
+            rank = self.ranks[r]
+            if rank.life.state in (RankState.SYNCED, RankState.ROUTABLE):
+                rank.life.on("finalized")
+            else:
+                rank.life.on("finalized")  # raises: finalize of a rank that holds no synced weights
+        return None
+
+    def _PublishVersion(self, e):
+        self.ctx.versions.publish(e.version)
+        return self.ctx.versions.published
+        yield  # pragma: no cover
+
+    def _Activate(self, e):
+        for r in e.ranks:
+            rank = self.ranks[r]
+            rank.life.on("activated")
+            self._log_rank(rank)
+            self.router.activate(rank)
+        return None
+        yield  # pragma: no cover
+
+    def _Abort(self, e):
+        for r in e.ranks:
+            rank = self.ranks[r]
+            if rank.routable:
+                self.router.deactivate(rank)
+            rank.life.on("abort")
+            self._log_rank(rank)
+        return None
+        yield  # pragma: no cover
+
+    def _Drain(self, e):
+        yield self.env.timeout(self.costs.drain_s)
+        return None
+
+    def _Sleep(self, e):
+        vram, c = self.sim.cluster.vram, self.costs
+        yield self.env.timeout(c.sleep_s)
+        keep_nccl = self.faults.get("keep_nccl_on_sleep") == self.ctx.step
+        residues: List[str] = []
+        for r in e.ranks:
+            rank = self.ranks[r]
+            owner = self._owner(rank)
+            for g in rank.gpus:
+                vram.free(g, owner, "kv_cache")
+                vram.free(g, owner, "weights")
+                if not keep_nccl:
+                    vram.free(g, owner, "nccl")
+                left = vram.held(g, owner)
+                if left > c.post_sleep_threshold_bytes:
+                    residues.append(f"dp{r} keeps {left} B on GPU {g}")
+            rank.life.on("slept", level=e.level)
+            self._log_rank(rank)
+        if keep_nccl:
+            self.sim.emit("fault_fired", name="keep_nccl_on_sleep", pipeline_id=self.pid, step=self.ctx.step)
+        if residues:
+            raise RuntimeError(f"post-sleep VRAM above {c.post_sleep_threshold_bytes} B: {'; '.join(residues)}")
+        return None

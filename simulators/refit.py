@@ -1,0 +1,76 @@
+"""The refit timing model: one weight sync from the CPU bucket cache to target ranks.
+
+Per sync (reference/rlix.md §5.2, nemo_rl.md §1.2-1.3):
+1. comm plan — a target GPU that is the cache owner's GPU takes the same-GPU path
+   (``cpu_serialize``: NCCL cannot group two ranks of one GPU); any other target GPU
+   joins a dynamic NCCL group (owner + targets; created per sync, destroyed after it);
+2. per bucket: stage on the owner's GPU over its PCIe link (H2D), transport (same-GPU:
+   a receiver copy; broadcast: over the intra-node fabric, or the NICs across nodes),
+   load on the receiver; buckets go one after another;
+3. destroy the dynamic group; the lifecycle moves: expand path → ``synced``, active path
+   (ranks serving while they are refreshed) → ``refreshed``.
+
+Links are shared simpy resources, so concurrent syncs of different pipelines contend.
+Mixed into :class:`simulators.pipeline.PipelineSim`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness.control.rank_state import RankState
+
+
+class RefitEffects:
+    def _SyncFromCache(self, e):
+        env, sim, c = self.env, self.sim, self.costs
+        cluster = sim.cluster
+        if e.path == "expand" and self.faults.get("skip_sync_on_expand") == self.ctx.step:
+            sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
+            yield env.timeout(0)
+            return None  # the ranks keep whatever they woke with: activation must be refused
+        owner = self.owner_gpu
+        ipc, bcast = [], []
+        for r in e.ranks:
+            for g in self.ranks[r].gpus:
+                (ipc if g == owner else bcast).append(g)
+        group = None
+        if bcast:
+            group = f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, e.ranks))}"
+            yield env.timeout(c.nccl_group_create_s)
+            sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=group, gpus=[owner] + sorted(bcast))
+        staging_owner = f"{self.pid}/sync"
+        cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes)
+        n = max(1, math.ceil(self.weight_bytes / c.bucket_bytes))
+        node = cluster.node_of(owner)
+        cross_node = any(cluster.node_of(g) != node for g in bcast)
+        for b in range(n):
+            size = min(c.bucket_bytes, self.weight_bytes - b * c.bucket_bytes)
+            with cluster.links.pcie[owner].request() as req:  # H2D staging
+                yield req
+                yield env.timeout(size / cluster.spec.pcie_bytes_per_s)
+            if bcast:
+                link = cluster.links.nic[node] if cross_node else cluster.links.intra[node]
+                bw = cluster.spec.inter_node_bytes_per_s if cross_node else cluster.spec.intra_node_bytes_per_s
+                with link.request() as req:
+                    yield req
+                    yield env.timeout(size / bw)
+            yield env.timeout(size / c.receiver_load_bytes_per_s)
+            if ipc:
+                sim.emit("refit_bucket", pipeline_id=self.pid, version=e.version, bucket=b, transport="cpu_serialize",
+                         dp_ranks=list(e.ranks), bytes=size, path=e.path)
+            if bcast:
+                sim.emit("refit_bucket", pipeline_id=self.pid, version=e.version, bucket=b, transport="nccl",
+                         dp_ranks=list(e.ranks), bytes=size, path=e.path)
+        cluster.vram.free(owner, staging_owner, "staging")
+        if group is not None:
+            yield env.timeout(c.nccl_group_destroy_s)
+            sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=group, gpus=[owner] + sorted(bcast))
+        for r in e.ranks:
+            rank = self.ranks[r]
+            if rank.life.state is RankState.ROUTABLE:
+                rank.life.on("refreshed", version=e.version)
+            else:
+                rank.life.on("synced", version=e.version)
+            self._log_rank(rank)
+        return list(e.ranks)

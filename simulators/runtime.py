@@ -1,0 +1,214 @@
+"""The simulation: scheduler loop, scheduler calls, event log, and the run itself.
+
+One :class:`Simulation` owns the simpy environment, the scheduler model, the simulated
+cluster and the event log. Pipelines (``simulators/pipeline.py``) interpret the
+harness's control logic; whenever they call the scheduler, the call is logged as an
+*input* record first, so the log replays through ``rlharness replay``.
+
+The scheduler loop mirrors RLix's ``_central_scheduling_loop``: a cycle runs when an
+input woke it, or when the 1 s poll finds a background-rebalance trigger. A cycle plans
+(inputs may then arrive in the lock gap), runs every shrink as a coordinator
+``resize_infer`` process and waits for all of them, then every expand, then commits and
+signals the waiters — so T1 < T2 < T3 holds by construction and is checked anyway.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import simpy
+
+from harness.eventlog.writer import EventLog, header_record
+from harness.scheduler.commit import Signal
+from harness.scheduler.model import SchedulerModel
+from harness.scheduler.options import SchedulerOptions
+from harness.scheduler.types import Rejected
+from harness.topology import ClusterTopology
+from simulators.cluster import SimCluster
+from simulators.env import SimEnv
+from simulators.spec import Scenario
+
+
+class SimFailure(RuntimeError):
+    """The simulated system failed (OOM, fail-fast, lifecycle violation): the run ends."""
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    log: EventLog
+    reason: str  # done | horizon | failed
+    detail: str
+    sim_time: float
+    events: int
+    wall_s: float
+
+    @property
+    def records(self) -> List[dict]:
+        return self.log.records
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, *, progress: Optional[Callable[[str], None]] = None) -> None:
+        self.scenario = scenario
+        self.env = SimEnv()
+        c = scenario.cluster
+        options = SchedulerOptions.from_mapping(scenario.scheduler)
+        self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), options)
+        self.log = EventLog(header_record(
+            {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30)},
+            scheduler=options.to_mapping(), source="simulator",
+            meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s}))
+        self.cluster = SimCluster(self.env, c, listener=self._on_vram)
+        self.waiters: Dict[int, simpy.Event] = {}
+        self.wake = self.env.event()
+        self.background: Optional[str] = None
+        self.stop = self.env.event()
+        self.failure: Optional[str] = None
+        self.progress = progress
+        from simulators.pipeline import PipelineSim  # local: pipeline imports this module's types
+
+        self.pipelines = [PipelineSim(self, spec, i) for i, spec in enumerate(scenario.pipelines)]
+        self.by_id = {p.pid: p for p in self.pipelines}
+
+    # ------------------------------------------------------------------ logging
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.log.emit(kind, self.env.now, **{k: v for k, v in fields.items() if v is not None or k in _KEEP_NULL})
+
+    def drain(self) -> None:
+        self.log.extend(self.env.now, self.model.drain())
+
+    def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int) -> None:
+        self.log.emit("vram", self.env.now, gpu=gpu, owner=owner, mem=mem, delta=delta, used=used)
+
+    # ------------------------------------------------------------------ scheduler calls
+    def call(self, input_kind: str, fields: Dict[str, Any], fn: Callable[[], Any]) -> Any:
+        """Log an input record, apply it to the model, log its decisions. A refusal is a
+        bug in the simulated system (or a fault): the run fails."""
+        rec = self.log.emit(input_kind, self.env.now, **fields)
+        try:
+            result = fn()
+        except Rejected as e:
+            self.model.drain()
+            self.log.emit("rejected", self.env.now, input_seq=rec["seq"], input_kind=input_kind, reason=e.reason)
+            raise SimFailure(f"scheduler refused {input_kind}: {e.reason}") from None
+        self.drain()
+        self.wakeup()
+        if self.model.failed:
+            raise SimFailure(f"scheduler failed fast: {self.model.failed}")
+        return result
+
+    def waiter(self, request_id: int) -> simpy.Event:
+        ev = self.env.event()
+        self.waiters[request_id] = ev
+        return ev
+
+    def wakeup(self) -> None:
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def deliver(self, signals: List[Signal]) -> None:
+        for s in signals:
+            ev = self.waiters.pop(s.request_id, None)
+            if ev is not None:
+                ev.succeed(s)
+
+    # ------------------------------------------------------------------ scheduler loop
+    def scheduler_loop(self):
+        env = self.env
+        while True:
+            yield self.wake
+            self.wake = env.event()
+            reason = "wakeup"
+            if self.background is not None:
+                reason, self.background = f"background:{self.background}", None
+            yield from self.cycle(reason)
+
+    def poller(self):
+        """RLix's 1 s poll: a background cycle when no one waits and a trigger holds."""
+        env, poll = self.env, self.scenario.costs.scheduler_poll_s
+        while True:
+            yield env.timeout(poll)
+            reason = self.model.background_rebalance_reason()
+            if reason is not None and not self.wake.triggered:
+                self.background = reason
+                self.wakeup()
+
+    def cycle(self, reason: str):
+        env, model = self.env, self.model
+        self.log.emit("cycle", env.now, phase="plan", reason=reason)
+        cp = model.plan_cycle(reason)
+        self.drain()
+        if cp is None:
+            self.fail(f"scheduler failed fast: {model.failed}")
+            return
+        for phase, calls in (("shrink", cp.shrink_calls), ("expand", cp.expand_calls)):
+            procs = []
+            for call in calls:
+                ranks = call.dp_ranks_to_remove if phase == "shrink" else call.dp_ranks_to_add
+                self.log.emit("resize_start", env.now, cycle=cp.cycle, pipeline_id=call.pipeline_id, phase=phase, dp_ranks=list(ranks))
+                pipe = self.by_id[call.pipeline_id]
+                procs.append(env.spawn(pipe.resize(phase, list(ranks), cp.cycle), "resize", pipe.index))
+            if procs:
+                yield env.all_of(procs)
+            if self.failure:
+                return
+        self.log.emit("cycle", env.now, phase="commit")
+        signals = model.commit_cycle(cp)
+        self.drain()
+        if model.failed:
+            self.fail(f"scheduler failed fast: {model.failed}")
+            return
+        self.deliver(signals)
+
+    # ------------------------------------------------------------------ run
+    def fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            if not self.stop.triggered:
+                self.stop.succeed()
+
+    def run(self) -> RunResult:
+        env = self.env
+        t0 = time.perf_counter()
+        env.spawn(self.scheduler_loop(), "scheduler", 0)
+        env.spawn(self.poller(), "scheduler", 1)
+        mains = [env.spawn(p.main(), "pipeline", p.index) for p in self.pipelines]
+        all_done = env.all_of(mains)
+        horizon = env.timeout(self.scenario.horizon_s)
+        if self.progress is not None:
+            env.spawn(self._progress_reporter(t0), "scheduler", 2)
+        env.run(until=env.any_of([all_done, self.stop, horizon]))
+        if self.failure:
+            reason, detail = "failed", self.failure
+        elif all_done.triggered:
+            reason, detail = "done", f"{len(self.pipelines)} pipeline(s) finished"
+        else:
+            reason, detail = "horizon", f"horizon {self.scenario.horizon_s} s reached"
+        events = env.scheduled_events()
+        self.log.emit("sim_end", env.now, reason=reason, sim_time=env.now, events=events, detail=detail)
+        return RunResult(self.scenario, self.log, reason, detail, env.now, events, time.perf_counter() - t0)
+
+    def _progress_reporter(self, t0: float):
+        """Prints a progress line at most once per wall-second (stderr; not in the log)."""
+        env = self.env
+        last = t0
+        step = max(1.0, self.scenario.horizon_s / 1000.0)
+        while True:
+            yield env.timeout(step)
+            now = time.perf_counter()
+            if now - last >= 1.0:
+                last = now
+                done = sum(p.steps_done for p in self.pipelines)
+                total = sum(p.spec.steps for p in self.pipelines)
+                self.progress(f"  t={env.now:9.1f}s  steps {done}/{total}  events {len(self.log.records)}  wall {now - t0:5.1f}s")
+
+
+_KEEP_NULL = {"version", "result", "error", "cycle", "step"}
+
+
+def print_progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,593 @@
+"""Scenario files: load a YAML scenario into a frozen :class:`~simulators.spec.Scenario`.
+
+A scenario file mirrors the dataclasses of ``simulators/spec.py``::
+
+    name: default
+    description: two NeMo async pipelines time-sharing 2 GPUs with partial overlap
+    seed: 0
+    horizon_s: 3600            # simulated seconds
+    cluster: {nodes: 1, gpus_per_node: 2}          # ClusterSpec fields
+    costs: {wake_s: 0.8}                           # CostSpec fields
+    scheduler: {head_of_line_blocking: true}       # SchedulerOptions fields
+    defaults:                                      # applied to every pipeline first
+      model: {params: 0.5e9}
+      workload: {prompts_per_step: 8}
+    pipelines:
+      - {name: ppl1, type: nemo_async, train_gpus: [0], infer_gpus: [0, 1]}
+      - {name: ppl2, type: nemo_async, train_gpus: [1], infer_gpus: [0, 1],
+         infer_tp: 1, steps: 4, sleep_level: 2, start_s: 0,
+         model: {params: 0.5e9, bytes_per_param: 2}, workload: {...}}
+    faults:
+      - {name: wake_before_offload, pipeline: ppl1, at_step: 1}
+
+Every problem raises :class:`ScenarioError`, whose ``str`` is one line naming the file,
+the field path and the problem (``x.yaml: pipelines[1].infer_gpus: GPU 9 outside the
+cluster (0..7)``); malformed YAML names the line instead (``x.yaml:3: malformed YAML:
+...``). Nothing is half-built: the first problem stops the load.
+
+Topology is checked with the registration rules of :mod:`harness.topology` (the same
+ones the scheduler model applies), plus ``validate_partial_overlap`` for ``nemo_async``
+pipelines and ``train ⊆ infer`` for ``roll_sync`` pipelines.
+
+GPU lists are stored sorted (RLix's canonical order: DP rank r of the inference
+cluster is ``sorted(infer_gpus)[r*tp:(r+1)*tp]``). Numbers given as YAML 1.2 style
+exponents without a dot (``25e9``) are read as floats, not strings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import yaml
+
+from harness.scheduler.options import SchedulerOptions
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
+from harness.topology import (
+    ClusterTopology,
+    TopologyError,
+    build_pipeline_entry,
+    validate_partial_overlap,
+    validate_pipeline_id,
+)
+from simulators.spec import (
+    FAULT_NAMES,
+    PIPELINE_TYPES,
+    ClusterSpec,
+    CostSpec,
+    FaultSpec,
+    ModelSpec,
+    PipelineSpec,
+    Scenario,
+    WorkloadSpec,
+)
+
+__all__ = ["ScenarioError", "load_scenario", "parse_yaml", "scenario_from_mapping", "scenario_to_mapping", "FIELD_RULES"]
+
+
+class ScenarioError(ValueError):
+    """A scenario file or mapping is unusable; ``str`` is a single line.
+
+    ``source`` is the file (or label) the scenario came from, ``path`` the dotted field
+    path (``pipelines[1].infer_gpus``; ``None`` for file-level problems), ``line`` the
+    1-based YAML line for malformed YAML, ``problem`` the bare description.
+    """
+
+    def __init__(self, source: str, path: Optional[str], problem: str, *, line: Optional[int] = None):
+        problem = " ".join(str(problem).split())  # exactly one line, whatever the cause said
+        if line is not None:
+            text = f"{source}:{line}: {problem}"
+        elif path is not None:
+            text = f"{source}: {path}: {problem}"
+        else:
+            text = f"{source}: {problem}"
+        super().__init__(text)
+        self.source = source
+        self.path = path
+        self.problem = problem
+        self.line = line
+
+
+# --------------------------------------------------------------------------------------
+# Field rules: type, bound and unit of every numeric/string field of the spec dataclasses.
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # "int" | "float" | "str"
+    bound: str = ""  # "" | ">0" | ">=0" | ">=1" | "(0,1]"
+    unit: str = ""  # shown in messages
+
+
+def _r(kind: str, bound: str = "", unit: str = "") -> Rule:
+    return Rule(kind, bound, unit)
+
+
+FIELD_RULES: Dict[type, Dict[str, Rule]] = {
+    ClusterSpec: {
+        "nodes": _r("int", ">0", "nodes"),
+        "gpus_per_node": _r("int", ">0", "GPUs"),
+        "vram_bytes": _r("int", ">0", "bytes per GPU"),
+        "host_ram_bytes": _r("int", ">0", "bytes per node"),
+        "pcie_bytes_per_s": _r("float", ">0", "bytes/s per GPU and direction"),
+        "intra_node_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "inter_node_bytes_per_s": _r("float", ">0", "bytes/s per node NIC"),
+    },
+    ModelSpec: {
+        "params": _r("float", ">0", "parameters"),
+        "bytes_per_param": _r("int", ">0", "bytes"),
+    },
+    WorkloadSpec: {
+        "prompts_per_step": _r("int", ">0", "prompt groups"),
+        "generations_per_prompt": _r("int", ">0", "generations"),
+        "decode_tokens_median": _r("float", ">0", "tokens"),
+        "decode_tokens_sigma": _r("float", ">=0", "log-space sigma"),
+        "decode_tokens_max": _r("int", ">0", "tokens"),
+        "max_trajectory_age_steps": _r("int", ">=0", "steps"),
+        "max_concurrent_per_rank": _r("int", ">0", "requests"),
+        "tokens_per_s_per_rank": _r("float", ">0", "tokens/s"),
+        "batching_half_point": _r("float", ">=0", "concurrent requests"),
+    },
+    CostSpec: {
+        "train_s_per_trajectory": _r("float", ">=0", "s"),
+        "train_fixed_s": _r("float", ">=0", "s"),
+        "old_log_probs_s_per_trajectory": _r("float", ">=0", "s"),
+        "offload_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "train_state_multiplier": _r("float", ">=1", "x weight bytes"),
+        "nccl_group_create_s": _r("float", ">=0", "s"),
+        "nccl_group_destroy_s": _r("float", ">=0", "s"),
+        "nccl_buffer_bytes": _r("int", ">=0", "bytes"),
+        "wake_s": _r("float", ">=0", "s"),
+        "sleep_s": _r("float", ">=0", "s"),
+        "drain_s": _r("float", ">=0", "s"),
+        "finalize_s": _r("float", ">=0", "s"),
+        "cache_pack_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "bucket_bytes": _r("int", ">0", "bytes"),
+        "receiver_load_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "kv_cache_fraction": _r("float", "(0,1]", "fraction of free VRAM"),
+        "cuda_context_bytes": _r("int", ">=0", "bytes"),
+        "post_sleep_residue_bytes": _r("int", ">=0", "bytes"),
+        "post_sleep_threshold_bytes": _r("int", ">0", "bytes"),
+        "watchdog_s": _r("float", ">0", "s"),
+        "scheduler_poll_s": _r("float", ">0", "s"),
+    },
+    PipelineSpec: {
+        "name": _r("str"),
+        "type": _r("str"),
+        "infer_tp": _r("int", ">0", "GPUs per DP rank"),
+        "steps": _r("int", ">0", "training steps"),
+        "sleep_level": _r("int"),
+        "start_s": _r("float", ">=0", "s"),
+        # train_gpus, infer_gpus, model, workload: structured, handled by _pipeline()
+    },
+    FaultSpec: {
+        "name": _r("str"),
+        "pipeline": _r("str"),
+        "at_step": _r("int", ">=0", "step"),
+    },
+    Scenario: {
+        "name": _r("str"),
+        "description": _r("str"),
+        "seed": _r("int", ">=0"),
+        "horizon_s": _r("float", ">0", "simulated s"),
+        # cluster, costs, scheduler, pipelines, faults: structured
+    },
+}
+
+_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload")
+_SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
+_PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
+_SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
+_DEFAULTS_SECTIONS = {"model": ModelSpec, "workload": WorkloadSpec}
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return repr(value)
+
+
+def _fmt_num(x: Union[int, float]) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x)) if abs(x) < 1e6 else f"{x:g}"
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+class _Ctx:
+    """Error factory bound to one source label."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, path: Optional[str], problem: str) -> ScenarioError:
+        return ScenarioError(self.source, path, problem)
+
+
+def _check_value(ctx: _Ctx, path: str, value: Any, rule: Rule) -> Any:
+    unit = f" ({rule.unit})" if rule.unit else ""
+    if rule.kind == "str":
+        if not isinstance(value, str):
+            raise ctx.fail(path, f"expected a string, got {_describe(value)}")
+        return value
+    if rule.kind == "int":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ctx.fail(path, f"expected an integer{unit}, got {_describe(value)}")
+        x: Union[int, float] = value
+    else:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ctx.fail(path, f"expected a number{unit}, got {_describe(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ctx.fail(path, f"must be a finite number{unit}, got {value!r}")
+        x = float(value)
+    bad = {
+        ">0": x <= 0,
+        ">=0": x < 0,
+        ">=1": x < 1,
+        "(0,1]": not (0 < x <= 1),
+        "": False,
+    }[rule.bound]
+    if bad:
+        need = {">0": "> 0", ">=0": ">= 0", ">=1": ">= 1", "(0,1]": "in (0, 1]"}[rule.bound]
+        raise ctx.fail(path, f"must be {need}{unit}, got {_fmt_num(value)}")
+    return x
+
+
+def _mapping(ctx: _Ctx, path: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ctx.fail(path, f"expected a mapping, got {_describe(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise ctx.fail(path, f"keys must be strings, got {_describe(key)}")
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _reject_unknown(ctx: _Ctx, path: str, data: Mapping[str, Any], known: Tuple[str, ...]) -> None:
+    for key in data:
+        if key not in known:
+            raise ctx.fail(_join(path, key), f"unknown field; known: {', '.join(sorted(known))}")
+
+
+def _flat_fields(ctx: _Ctx, path: str, data: Mapping[str, Any], cls: type) -> Dict[str, Any]:
+    """Validate the fields of a flat dataclass (all entries in FIELD_RULES) present in ``data``."""
+    rules = FIELD_RULES[cls]
+    data = _mapping(ctx, path, data)
+    _reject_unknown(ctx, path, data, tuple(rules))
+    return {k: _check_value(ctx, _join(path, k), v, rules[k]) for k, v in data.items()}
+
+
+def _gpu_list(ctx: _Ctx, path: str, value: Any, num_gpus: int) -> List[int]:
+    if not isinstance(value, (list, tuple)):
+        raise ctx.fail(path, f"expected a list of GPU ids, got {_describe(value)}")
+    if not value:
+        raise ctx.fail(path, "must list at least one GPU")
+    for i, g in enumerate(value):
+        if not isinstance(g, int) or isinstance(g, bool):
+            raise ctx.fail(f"{path}[{i}]", f"expected an integer GPU id, got {_describe(g)}")
+    outside = sorted({g for g in value if g < 0 or g >= num_gpus})
+    if outside:
+        ids = ", ".join(str(g) for g in outside)
+        noun = "GPU" if len(outside) == 1 else "GPUs"
+        raise ctx.fail(path, f"{noun} {ids} outside the cluster (0..{num_gpus - 1})")
+    return list(value)
+
+
+# --------------------------------------------------------------------------------------
+# Sections
+
+
+def _cluster(ctx: _Ctx, data: Any) -> ClusterSpec:
+    vals = _flat_fields(ctx, "cluster", data, ClusterSpec)
+    return ClusterSpec(**vals)
+
+
+def _costs(ctx: _Ctx, data: Any) -> CostSpec:
+    return CostSpec(**_flat_fields(ctx, "costs", data, CostSpec))
+
+
+def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
+    data = _mapping(ctx, "scheduler", data)
+    known = tuple(f.name for f in fields(SchedulerOptions))
+    _reject_unknown(ctx, "scheduler", data, known)
+    for key, value in data.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ctx.fail(f"scheduler.{key}", f"must be a finite number, got {value!r}")
+        try:
+            SchedulerOptions.from_mapping({key: value})
+        except ValueError as e:
+            raise ctx.fail(f"scheduler.{key}", str(e)) from None
+    opts = SchedulerOptions.from_mapping(data)
+    # Keep only the options the file names (normalized: ints given for floats become floats).
+    return {key: getattr(opts, key) for key in data}
+
+
+def _defaults(ctx: _Ctx, data: Any) -> Dict[str, Dict[str, Any]]:
+    data = _mapping(ctx, "defaults", data)
+    _reject_unknown(ctx, "defaults", data, tuple(_DEFAULTS_SECTIONS))
+    return {k: _flat_fields(ctx, f"defaults.{k}", v, _DEFAULTS_SECTIONS[k]) for k, v in data.items()}
+
+
+def _workload_cross_checks(ctx: _Ctx, path: str, w: WorkloadSpec) -> None:
+    if w.decode_tokens_median > w.decode_tokens_max:
+        raise ctx.fail(
+            f"{path}.decode_tokens_median",
+            f"median {_fmt_num(w.decode_tokens_median)} tokens exceeds decode_tokens_max {w.decode_tokens_max} tokens",
+        )
+
+
+def _topology_path(base: str, e: TopologyError) -> str:
+    if e.rule == "pipeline_id":
+        return f"{base}.name"
+    if e.cluster == GENERATION_CLUSTER and e.rule == "tp_size":
+        return f"{base}.infer_tp"
+    if e.cluster == ACTOR_TRAIN:
+        return f"{base}.train_gpus"
+    if e.cluster == GENERATION_CLUSTER:
+        return f"{base}.infer_gpus"
+    return base
+
+
+def _pipeline(
+    ctx: _Ctx, path: str, data: Any, defaults: Mapping[str, Mapping[str, Any]], topo: ClusterTopology
+) -> PipelineSpec:
+    data = _mapping(ctx, path, data)
+    known = tuple(FIELD_RULES[PipelineSpec]) + _PIPELINE_STRUCTURED
+    _reject_unknown(ctx, path, data, known)
+    for key in _PIPELINE_REQUIRED:
+        if key not in data:
+            raise ctx.fail(_join(path, key), "missing (required)")
+    rules = FIELD_RULES[PipelineSpec]
+    vals: Dict[str, Any] = {k: _check_value(ctx, _join(path, k), data[k], rules[k]) for k in rules if k in data}
+
+    name = vals["name"]
+    try:
+        validate_pipeline_id(name)
+    except TopologyError as e:
+        raise ctx.fail(f"{path}.name", e.problem) from None
+    if vals["type"] not in PIPELINE_TYPES:
+        raise ctx.fail(f"{path}.type", f"unknown pipeline type {vals['type']!r}; known: {', '.join(PIPELINE_TYPES)}")
+    if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
+        raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
+
+    for key, cls in _DEFAULTS_SECTIONS.items():
+        merged = dict(defaults.get(key, {}))
+        if key in data:
+            merged.update(_flat_fields(ctx, f"{path}.{key}", data[key], cls))
+        vals[key] = cls(**merged)
+    _workload_cross_checks(ctx, f"{path}.workload", vals["workload"])
+
+    train = _gpu_list(ctx, f"{path}.train_gpus", data["train_gpus"], topo.num_gpus)
+    infer = _gpu_list(ctx, f"{path}.infer_gpus", data["infer_gpus"], topo.num_gpus)
+    tp = vals.get("infer_tp", 1)
+    try:
+        entry = build_pipeline_entry(
+            name,
+            name,
+            {ACTOR_TRAIN: 1, GENERATION_CLUSTER: tp},
+            {ACTOR_TRAIN: train, GENERATION_CLUSTER: infer},
+            topo,
+        )
+        if vals["type"] == "nemo_async":
+            validate_partial_overlap(entry)
+    except TopologyError as e:
+        raise ctx.fail(_topology_path(path, e), f"{e.problem} (rule: {e.rule})") from None
+    if vals["type"] == "roll_sync":
+        outside = sorted(set(train) - set(infer))
+        if outside:
+            raise ctx.fail(
+                f"{path}.train_gpus",
+                f"train GPUs {outside} are not in infer_gpus (roll_sync needs train ⊆ infer)",
+            )
+    vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
+    vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
+    return PipelineSpec(**vals)
+
+
+def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec]) -> FaultSpec:
+    vals = _flat_fields(ctx, path, data, FaultSpec)
+    for key in ("name", "pipeline"):
+        if key not in vals:
+            raise ctx.fail(f"{path}.{key}", "missing (required)")
+    if vals["name"] not in FAULT_NAMES:
+        raise ctx.fail(f"{path}.name", f"unknown fault {vals['name']!r}; known: {', '.join(FAULT_NAMES)}")
+    pipe = pipelines.get(vals["pipeline"])
+    if pipe is None:
+        raise ctx.fail(f"{path}.pipeline", f"unknown pipeline {vals['pipeline']!r}; known: {', '.join(pipelines)}")
+    at = vals.get("at_step", 0)
+    if at >= pipe.steps:
+        raise ctx.fail(
+            f"{path}.at_step",
+            f"step {at} is never reached: pipeline {pipe.name} runs steps 0..{pipe.steps - 1}",
+        )
+    return FaultSpec(**vals)
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+
+
+def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate a parsed scenario mapping and build the frozen :class:`Scenario`."""
+    ctx = _Ctx(str(source))
+    if data is None:
+        raise ctx.fail("(top level)", "empty scenario; expected a mapping with name, cluster and pipelines")
+    if not isinstance(data, Mapping):
+        raise ctx.fail("(top level)", f"expected a mapping, got {_describe(data)}")
+    data = _mapping(ctx, "(top level)", data)
+    known = tuple(FIELD_RULES[Scenario]) + _SCENARIO_STRUCTURED + ("defaults",)
+    _reject_unknown(ctx, "", data, known)
+    for key in _SCENARIO_REQUIRED:
+        if key not in data:
+            raise ctx.fail(key, "missing (required)")
+    rules = FIELD_RULES[Scenario]
+    vals: Dict[str, Any] = {k: _check_value(ctx, k, data[k], rules[k]) for k in rules if k in data}
+    if not vals["name"]:
+        raise ctx.fail("name", "must be a non-empty string")
+
+    cluster = _cluster(ctx, data["cluster"])
+    topo = ClusterTopology(cluster.nodes, cluster.gpus_per_node)
+    costs = _costs(ctx, data["costs"]) if "costs" in data else CostSpec()
+    scheduler = _scheduler(ctx, data["scheduler"]) if "scheduler" in data else {}
+    defaults = _defaults(ctx, data["defaults"]) if "defaults" in data else {}
+
+    raw_pipes = data["pipelines"]
+    if not isinstance(raw_pipes, list):
+        raise ctx.fail("pipelines", f"expected a list of pipelines, got {_describe(raw_pipes)}")
+    if not raw_pipes:
+        raise ctx.fail("pipelines", "must name at least one pipeline")
+    pipes: Dict[str, PipelineSpec] = {}
+    first_index: Dict[str, int] = {}
+    horizon = vals.get("horizon_s", Scenario.__dataclass_fields__["horizon_s"].default)
+    for i, raw in enumerate(raw_pipes):
+        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo)
+        if p.name in pipes:
+            raise ctx.fail(f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])")
+        if p.start_s >= horizon:
+            raise ctx.fail(f"pipelines[{i}].start_s", f"{_fmt_num(p.start_s)} s is not before horizon_s {_fmt_num(horizon)} s")
+        pipes[p.name] = p
+        first_index[p.name] = i
+
+    faults: List[FaultSpec] = []
+    if "faults" in data:
+        raw_faults = data["faults"]
+        if not isinstance(raw_faults, list):
+            raise ctx.fail("faults", f"expected a list of faults, got {_describe(raw_faults)}")
+        faults = [_fault(ctx, f"faults[{i}]", raw, pipes) for i, raw in enumerate(raw_faults)]
+
+    return Scenario(
+        cluster=cluster,
+        pipelines=tuple(pipes.values()),
+        costs=costs,
+        scheduler=scheduler,
+        faults=tuple(faults),
+        **vals,
+    )
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe loader that rejects duplicate keys and reads ``25e9`` as a float (YAML 1.2)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: Dict[Any, Any] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, "found an unhashable key", key_node.start_mark
+            ) from None
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen[key] = True
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse scenario YAML text; problems raise :class:`ScenarioError` with the line."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        problem = e.problem or e.context or "cannot parse"
+        if mark is not None:
+            raise ScenarioError(source, None, f"malformed YAML: {problem} (column {mark.column + 1})", line=mark.line + 1) from None
+        raise ScenarioError(source, None, f"malformed YAML: {problem}") from None
+    except yaml.YAMLError as e:
+        raise ScenarioError(source, None, f"malformed YAML: {e}") from None
+
+
+def load_scenario(path: Union[str, Path]) -> Scenario:
+    """Read, parse and validate a scenario file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(source, None, f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ScenarioError(source, None, f"cannot read: {e.strerror or e}") from None
+    return scenario_from_mapping(parse_yaml(text, source), source)
+
+
+def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
+    """The fully resolved mapping of ``s`` (no ``defaults`` section; lists, not tuples).
+
+    ``scenario_from_mapping(scenario_to_mapping(s))`` equals ``s`` for any valid ``s``;
+    ``yaml.safe_dump(..., sort_keys=False)`` of it is a loadable scenario file.
+    """
+    pipelines = []
+    for p in s.pipelines:
+        pipelines.append(
+            {
+                "name": p.name,
+                "type": p.type,
+                "train_gpus": list(p.train_gpus),
+                "infer_gpus": list(p.infer_gpus),
+                "infer_tp": p.infer_tp,
+                "steps": p.steps,
+                "sleep_level": p.sleep_level,
+                "start_s": p.start_s,
+                "model": _flat_to_mapping(p.model),
+                "workload": _flat_to_mapping(p.workload),
+            }
+        )
+    return {
+        "name": s.name,
+        "description": s.description,
+        "seed": s.seed,
+        "horizon_s": s.horizon_s,
+        "cluster": _flat_to_mapping(s.cluster),
+        "costs": _flat_to_mapping(s.costs),
+        "scheduler": dict(s.scheduler),
+        "pipelines": pipelines,
+        "faults": [_flat_to_mapping(f) for f in s.faults],
+    }
+
+
+def _check_rules_cover_spec() -> None:
+    """Every field of the spec dataclasses has a rule or a structured handler (import-time guard)."""
+    extra = {PipelineSpec: _PIPELINE_STRUCTURED, Scenario: _SCENARIO_STRUCTURED}
+    for cls, rules in FIELD_RULES.items():
+        names = {f.name for f in fields(cls)}
+        covered = set(rules) | set(extra.get(cls, ()))
+        if names != covered:
+            raise AssertionError(f"FIELD_RULES out of date for {cls.__name__}: {sorted(names ^ covered)}")
+
+
+_check_rules_cover_spec()

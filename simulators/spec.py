@@ -1,0 +1,150 @@
+"""Scenario data model: what a simulation run is made of, with units on every number.
+
+A scenario file (YAML, see ``simulators/scenario.py`` for loading and validation)
+becomes one :class:`Scenario`. Every cost parameter has a documented unit and a default
+taken from the reference measurements where one exists (reference/rlix.md §9,
+nemo_rl.md §7); a later calibration issue fits them to measurements. Sizes are bytes,
+bandwidths bytes/second, times seconds, throughputs tokens/second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: int = 1
+    gpus_per_node: int = 2
+    vram_bytes: int = 80 * GiB  # per GPU
+    host_ram_bytes: int = 1024 * GiB  # per node
+    pcie_bytes_per_s: float = 25e9  # per GPU, each direction (H2D, D2H)
+    intra_node_bytes_per_s: float = 150e9  # GPU-GPU inside a node (NVLink-class)
+    inter_node_bytes_per_s: float = 25e9  # per node NIC
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    params: float = 0.5e9  # parameter count
+    bytes_per_param: int = 2  # bf16 weights
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.params * self.bytes_per_param)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    prompts_per_step: int = 4  # prompt groups per training step
+    generations_per_prompt: int = 2
+    decode_tokens_median: float = 512.0  # tokens; decode lengths are log-normal around this
+    decode_tokens_sigma: float = 0.8  # log-space sigma: the long tail
+    decode_tokens_max: int = 8192
+    max_trajectory_age_steps: int = 1  # async GRPO staleness window
+    max_concurrent_per_rank: int = 64  # batching limit of one DP rank
+    tokens_per_s_per_rank: float = 2400.0  # aggregate decode throughput of a full rank (per TP bundle)
+    batching_half_point: float = 8.0  # concurrency at which a rank reaches half its aggregate throughput
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.prompts_per_step * self.generations_per_prompt
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    """Durations and sizes of the non-generation work (seconds unless stated)."""
+
+    train_s_per_trajectory: float = 0.5  # forward+backward per trajectory on the training cluster
+    train_fixed_s: float = 2.0
+    old_log_probs_s_per_trajectory: float = 0.1
+    offload_bytes_per_s: float = 20e9  # training state GPU -> host
+    train_state_multiplier: float = 8.0  # weights+grads+optimizer resident while training, x weight bytes
+    nccl_group_create_s: float = 1.5  # one dynamic or training NCCL group (rlix.md §9: ~1-2 s)
+    nccl_group_destroy_s: float = 0.05
+    nccl_buffer_bytes: int = 512 * MiB  # communicator buffers resident per group member
+    wake_s: float = 0.8  # vLLM wake_up (rlix.md §9: 0.7-0.9 s)
+    sleep_s: float = 0.3
+    drain_s: float = 0.2  # abort + drain of in-flight requests
+    finalize_s: float = 0.5  # receiver process_weights_after_loading
+    cache_pack_bytes_per_s: float = 8e9  # building the CPU bucket cache (D2H + pack)
+    bucket_bytes: int = 256 * MiB  # explicit bucket size (TASK2 default 256 MiB)
+    receiver_load_bytes_per_s: float = 40e9  # receiver copies a staged bucket into weights
+    kv_cache_fraction: float = 0.9  # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
+    cuda_context_bytes: int = 500 * MiB  # residue per process on a GPU
+    post_sleep_residue_bytes: int = 256 * MiB  # what a sleeping rank keeps (threshold check: < 1 GiB)
+    post_sleep_threshold_bytes: int = 1 * GiB
+    watchdog_s: float = 2.0  # NeMo GEN re-request watchdog period
+    scheduler_poll_s: float = 1.0  # RLix central loop poll (background rebalance)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    type: str  # "nemo_async" | "roll_sync"
+    train_gpus: Tuple[int, ...]
+    infer_gpus: Tuple[int, ...]
+    infer_tp: int = 1
+    model: ModelSpec = field(default_factory=ModelSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    steps: int = 4
+    sleep_level: int = 2
+    start_s: float = 0.0  # when the pipeline registers
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """A fault hook: ``name`` picks the fault, ``pipeline`` and ``at_step`` where it fires."""
+
+    name: str  # e.g. "wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep"
+    pipeline: str
+    at_step: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    cluster: ClusterSpec
+    pipelines: Tuple[PipelineSpec, ...]
+    costs: CostSpec = field(default_factory=CostSpec)
+    seed: int = 0
+    horizon_s: float = 3600.0  # simulated seconds; the run stops here if pipelines are not done
+    scheduler: Dict[str, object] = field(default_factory=dict)  # SchedulerOptions fields
+    faults: Tuple[FaultSpec, ...] = ()
+    description: str = ""
+
+
+PIPELINE_TYPES = ("nemo_async", "roll_sync")
+FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "publish_before_sync")
+
+
+def default_scenario() -> Scenario:
+    """DESIGN default: two nemo_async pipelines on 2 GPUs (ppl1 train [0] infer [0,1];
+    ppl2 train [1] infer [0,1])."""
+    return Scenario(
+        name="default",
+        cluster=ClusterSpec(nodes=1, gpus_per_node=2),
+        pipelines=(
+            PipelineSpec("ppl1", "nemo_async", (0,), (0, 1)),
+            PipelineSpec("ppl2", "nemo_async", (1,), (0, 1)),
+        ),
+        description="two NeMo async pipelines time-sharing 2 GPUs with partial overlap",
+    )
+
+
+def pipeline_names(s: Scenario) -> List[str]:
+    return [p.name for p in s.pipelines]
+
+
+def find_pipeline(s: Scenario, name: str) -> Optional[PipelineSpec]:
+    for p in s.pipelines:
+        if p.name == name:
+            return p
+    return None
