@@ -1,14 +1,16 @@
 """The ``rlharness`` command line.
 
-Bad input of any kind (arguments, files, records) ends with one line
+Bad input of any kind (arguments, files, records, scenarios) ends with one line
 ``error: <what>`` on stderr and exit code 2 — no traceback, no partial output file.
-A replay whose decisions diverge from ``--expect`` exits 1.
+A replay whose decisions diverge from ``--expect`` exits 1; so does a simulation whose
+simulated system failed (OOM, fail-fast) or broke an invariant — a finding, not an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -36,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", metavar="PATH", help="write the decision log (JSONL) here")
     rp.add_argument("--expect", metavar="RECORDED.jsonl", help="compare decisions with a recorded log; exit 1 at the first divergence")
     rp.add_argument("--quiet", action="store_true", help="print no table, only the summary line")
+    sim = sub.add_parser("simulate", help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)")
+    sim.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario YAML (see examples/scenarios/)")
+    sim.add_argument("--seed", type=int, help="override the scenario's seed")
+    sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
+    sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline")
+    sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
     return parser
@@ -67,14 +75,46 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from simulators.run import simulate, with_seed
+    from simulators.runtime import print_progress
+    from simulators.scenario import ScenarioError, load_scenario
+    from simulators.spec import default_scenario
+
+    try:
+        scenario = load_scenario(args.scenario) if args.scenario else default_scenario()
+    except ScenarioError as e:
+        raise UsageError(str(e)) from None
+    if args.seed is not None and args.seed < 0:
+        raise UsageError(f"--seed: must be >= 0, got {args.seed}")
+    scenario = with_seed(scenario, args.seed)
+    out_dir = args.out or os.path.join("runs", scenario.name)
+    if not args.quiet:
+        print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
+              f"seed {scenario.seed}, horizon {scenario.horizon_s:g} s", file=sys.stderr)
+    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress)
+    res = out.result
+    if not args.quiet:
+        print(out.summary)
+    print(f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
+          f"{res.events} events, {len(res.records)} records; invariants: "
+          + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)"))
+    for v in out.violations[:10]:
+        print(f"  violation: {v}")
+    print(f"outputs: {out_dir}/ (events.jsonl, summary.txt, trace.json{'' if args.no_png else ', timeline.png'}, scenario.yaml, violations.txt)")
+    return EXIT_OK if res.reason == "done" and not out.violations else EXIT_DIVERGED
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required (replay, schema); see rlharness --help")
+            raise UsageError("a command is required (simulate, replay, schema); see rlharness --help")
         if args.command == "replay":
             return _cmd_replay(args)
+        if args.command == "simulate":
+            return _cmd_simulate(args)
         if args.command == "schema":
             from harness.eventlog.schema import render
             sys.stdout.write(render())

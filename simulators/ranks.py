@@ -92,7 +92,8 @@ class RankEffects:
     def _Sleep(self, e):
         vram, c = self.sim.cluster.vram, self.costs
         yield self.env.timeout(c.sleep_s)
-        keep_nccl = self.faults.get("keep_nccl_on_sleep") == self.ctx.step
+        at = self.faults.get("keep_nccl_on_sleep")
+        keep_nccl = at is not None and self.ctx.step >= at  # the bug persists once it appears
         residues: List[str] = []
         for r in e.ranks:
             rank = self.ranks[r]

@@ -101,9 +101,17 @@ class PipelineSpec:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """A fault hook: ``name`` picks the fault, ``pipeline`` and ``at_step`` where it fires."""
+    """A fault hook: ``name`` picks the fault, ``pipeline`` and ``at_step`` (0-based) where.
 
-    name: str  # e.g. "wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep"
+    * ``wake_before_offload`` — at that step the training state is not offloaded (the
+      offload is "misordered" after the release): the next wake on those GPUs must OOM.
+    * ``keep_nccl_on_sleep`` — from that step on, a sleeping TP>1 rank keeps its NCCL
+      communicator buffers (RLix Bug 4): residue grows until the post-sleep check or a wake fails.
+    * ``skip_sync_on_expand`` — at that step an expand skips the weight sync: the woken
+      level-2 rank holds no weights and its lifecycle refuses finalize/activation.
+    """
+
+    name: str
     pipeline: str
     at_step: int = 0
 
@@ -122,7 +130,7 @@ class Scenario:
 
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync")
-FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "publish_before_sync")
+FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep")
 
 
 def default_scenario() -> Scenario:

@@ -163,7 +163,37 @@ def test_every_registered_check_has_a_firing_test_here():
     here = open(__file__).read()
     for name in CHECKS:
         if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
-                    "release_after_publish", "step_order"):
+                    "release_after_publish", "step_order", "routing"):
             assert f'["{name}"]' in here, name
         else:
             assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"
+
+
+def routing_trace():
+    rs = lambda seq, st, v=3: {"seq": seq, "t": seq, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": st, "gpus": [0], "version": v}
+    d = lambda seq, req, v=3: {"seq": seq, "t": seq, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": 0, "version": v}
+    done = lambda seq, req: {"seq": seq, "t": seq, "kind": "request_done", "pipeline_id": "p", "request": req, "dp_rank": 0, "tokens": 5}
+    ab = lambda seq, req: {"seq": seq, "t": seq, "kind": "request_abort", "pipeline_id": "p", "request": req, "dp_rank": 0}
+    return rs, d, done, ab
+
+
+def test_routing_sound_trace_with_abort_and_redispatch_passes():
+    rs, d, done, ab = routing_trace()
+    recs = [rs(1, "routable"), d(2, 7), ab(3, 7), rs(4, "draining"), rs(5, "routable"), d(6, 7), done(7, 7)]
+    assert check_log(recs, ["routing"]) == []
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("not_routable", "in state draining"), ("no_weights", "holds no weights"),
+    ("twice_done", "completed twice"), ("twice_dispatch", "dispatched twice"),
+])
+def test_routing_fires(case, expected):
+    rs, d, done, ab = routing_trace()
+    recs = {
+        "not_routable": [rs(1, "draining"), d(2, 1)],
+        "no_weights": [rs(1, "routable", None), d(2, 1, None)],
+        "twice_done": [rs(1, "routable"), d(2, 1), done(3, 1), done(4, 1)],
+        "twice_dispatch": [rs(1, "routable"), d(2, 1), d(3, 1)],
+    }[case]
+    found = check_log(recs, ["routing"])
+    assert found and any(expected in v.message for v in found)

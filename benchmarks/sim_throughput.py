@@ -1,0 +1,96 @@
+"""Simulator throughput (a printed benchmark, not a test).
+
+For the 2-GPU default, the 64-GPU mixed and the 1024-GPU/32-pipeline/100-step scenarios:
+simpy events per wall-second, simulated seconds per wall-second (time compression),
+event-log records, wall time and peak RSS — each scenario in its own subprocess so its
+RSS is its own — and, in the same run, the events/s of a bare simpy loop (processes
+ping-ponging timeouts) for the ratio.
+
+Targets (issue "Discrete-event simulator"): >= 0.5 M events/s, <= 4x slower per event
+than bare simpy, >= 10,000x time compression on the 64-GPU scenario, the 1024-GPU
+scenario under 60 s and 2 GiB RSS.
+
+    python benchmarks/sim_throughput.py [--skip-large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
+
+SCENARIOS = (
+    ("2-GPU default", None),
+    ("64-GPU mixed", "examples/scenarios/mixed_64gpu.yaml"),
+    ("1024-GPU x 32 pipelines x 100 steps", "examples/scenarios/large_1024gpu.yaml"),
+)
+
+
+def bare_simpy(n_events: int = 400_000) -> float:
+    import simpy
+
+    env = simpy.Environment()
+
+    def proc(env, n):
+        for _ in range(n):
+            yield env.timeout(1)
+
+    procs = 100
+    for _ in range(procs):
+        env.process(proc(env, n_events // procs))
+    t0 = time.perf_counter()
+    env.run()
+    dt = time.perf_counter() - t0
+    return n_events / dt
+
+
+def run_one(path):
+    """Child mode: run one scenario, print a JSON line with the figures."""
+    from simulators.runtime import Simulation
+    from simulators.scenario import load_scenario
+    from simulators.spec import default_scenario
+
+    scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
+    t0 = time.perf_counter()
+    res = Simulation(scenario).run()
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"reason": res.reason, "events": res.events, "records": len(res.records), "sim": res.sim_time,
+                      "wall": wall, "rss": rss}))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-large", action="store_true", help="skip the 1024-GPU scenario")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        run_one(args.child or None)
+        return 0
+    bare = bare_simpy()
+    print(f"bare simpy loop: {bare / 1e6:.2f} M events/s\n")
+    print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
+          f"{'sim s/wall s':>12} {'RSS MiB':>8}")
+    for label, path in SCENARIOS:
+        if args.skip_large and path and "1024" in path:
+            continue
+        out = subprocess.run([sys.executable, __file__, "--child", path or ""], capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            print(f"{label:<38} FAILED: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
+            continue
+        d = json.loads(out.stdout.strip().splitlines()[-1])
+        eps = d["events"] / d["wall"]
+        print(f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
+              f"{bare / eps:>6.1f}x {d['sim'] / d['wall']:>12.0f} {d['rss'] / 2**20:>8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""Test-only fault hooks, read from ``RLHARNESS_GATE_TEST_HOOK``.
+
+A gate test must see each gate fail for the right reason, so the tests break the gates
+on purpose through this one environment variable (never through a CLI flag, so nobody
+passes one by accident on a real node). The value is a comma-separated list of specs:
+
+``hang@POINT[:RANK]``   the rank (default: the last one) sleeps forever at POINT
+``raise@POINT[:RANK]``  the rank raises ``RuntimeError`` at POINT
+``corrupt_byte[:N]``    selective_sync: the owner flips one byte of bucket N (default 1)
+``leak_group[:DESC]``   nccl_teardown: teardown skips the group (default the DP group)
+``leak_sync_group``     selective_sync: the dynamic sync group is not destroyed
+
+POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
+
+POINT_HOOKS = ("hang", "raise")
+PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group")
+
+
+class HookSpecError(ValueError):
+    """The hook variable could not be parsed (a usage error, exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str
+    point: Optional[str] = None
+    rank: Optional[int] = None
+    arg: Optional[str] = None
+
+
+def parse_hooks(text: Optional[str]) -> List[Hook]:
+    hooks: List[Hook] = []
+    for raw in (text or "").split(","):
+        spec = raw.strip()
+        if not spec:
+            continue
+        if "@" in spec:
+            name, _, rest = spec.partition("@")
+            if name not in POINT_HOOKS:
+                raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} in {spec!r} (point hooks: {', '.join(POINT_HOOKS)})")
+            point, _, rank_text = rest.partition(":")
+            if not point:
+                raise HookSpecError(f"{ENV_VAR}: hook {spec!r} names no point")
+            rank = None
+            if rank_text:
+                if not rank_text.isdigit():
+                    raise HookSpecError(f"{ENV_VAR}: rank in {spec!r} must be a non-negative integer")
+                rank = int(rank_text)
+            hooks.append(Hook(name=name, point=point, rank=rank))
+        else:
+            name, _, arg = spec.partition(":")
+            if name not in PLAIN_HOOKS:
+                raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} (known: {', '.join(POINT_HOOKS + PLAIN_HOOKS)})")
+            hooks.append(Hook(name=name, arg=arg or None))
+    return hooks
+
+
+class TestHooks:
+    """The parsed hooks of this process, with the two actions point hooks can take."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, hooks: List[Hook], rank: int, world_size: int) -> None:
+        self.hooks = hooks
+        self.rank = rank
+        self.world_size = world_size
+
+    @classmethod
+    def from_env(cls, rank: int, world_size: int) -> "TestHooks":
+        return cls(parse_hooks(os.environ.get(ENV_VAR)), rank, world_size)
+
+    def get(self, name: str) -> Optional[Hook]:
+        for hook in self.hooks:
+            if hook.name == name:
+                return hook
+        return None
+
+    def describe(self) -> List[str]:
+        return [h.name + (f"@{h.point}" if h.point else "") + (f":{h.rank}" if h.rank is not None else "")
+                + (f":{h.arg}" if h.arg else "") for h in self.hooks]
+
+    def matching_point(self, point: str) -> Optional[Hook]:
+        for hook in self.hooks:
+            if hook.point == point:
+                target = self.world_size - 1 if hook.rank is None else hook.rank
+                if target == self.rank:
+                    return hook
+        return None
+
+    @staticmethod
+    def act(hook: Hook) -> None:
+        if hook.name == "raise":
+            raise RuntimeError(f"test hook raise@{hook.point} fired")
+        while True:  # hang: only the watchdog (or a signal) ends this
+            time.sleep(0.5)

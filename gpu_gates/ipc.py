@@ -1,0 +1,87 @@
+"""Same-device bucket transport: CUDA IPC on GPU, ``cpu_serialize`` over tmpfs elsewhere.
+
+A receiver on the sender's own GPU cannot join the broadcast group (NCCL refuses two
+ranks on one device), so it gets each bucket through IPC, as in RLix's comm plan:
+
+* ``cuda_ipc``: the sender shares its staging tensor's CUDA IPC handle (torch's own
+  reducer), the receiver opens it and copies out; the sender keeps the staging buffer
+  alive until the receiver's ACK.
+* ``cpu_serialize``: the sender ``torch.save``s the bucket (metadata + CPU bytes) to a
+  file on ``/dev/shm`` (a temp folder where there is none) and the receiver loads it; the
+  sender deletes the file after the ACK and checks that no file of the sync is left
+  (a tmpfs leak is a host-RAM leak).
+
+Only the small handle or file path travels through the TCP store; the bytes never touch
+a gloo or NCCL group. Messages are pickled (a CUDA IPC handle is a pickled reducer): the
+store belongs to this job only, so nothing outside the job can inject one.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import pickle
+import tempfile
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from harness.refit.bucket_cache import BucketRecord
+
+CUDA_IPC = "cuda_ipc"
+CPU_SERIALIZE = "cpu_serialize"
+FILE_PREFIX = "rlharness_bucket_"
+
+
+def shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def _file_for(sync_id: str, bucket: int, receiver: int) -> str:
+    safe = sync_id.replace("/", "_")
+    return os.path.join(shm_dir(), f"{FILE_PREFIX}{safe}_{bucket}_r{receiver}_{os.getpid()}.pt")
+
+
+def send_bucket(transport: str, record: BucketRecord, staging: torch.Tensor, sync_id: str,
+                bucket: int, receiver: int) -> Tuple[bytes, List[str]]:
+    """Return ``(message for the store, files the sender must delete after the ACK)``."""
+    meta = record.metadata()
+    if transport == CUDA_IPC:
+        from torch.multiprocessing.reductions import reduce_tensor
+        rebuild, args = reduce_tensor(staging)
+        return pickle.dumps({"transport": CUDA_IPC, "meta": meta, "handle": (rebuild, args)}), []
+    path = _file_for(sync_id, bucket, receiver)
+    tmp = path + ".tmp"
+    buf = io.BytesIO()
+    torch.save({"meta": meta, "buffer": staging.detach().to("cpu")}, buf)
+    with open(tmp, "wb") as fh:
+        fh.write(buf.getvalue())
+    os.replace(tmp, path)
+    return pickle.dumps({"transport": CPU_SERIALIZE, "path": path}), [path]
+
+
+def receive_bucket(message: bytes) -> BucketRecord:
+    """Open what :func:`send_bucket` produced and return a record with a private CPU buffer."""
+    payload: Dict[str, Any] = pickle.loads(message)
+    if payload["transport"] == CUDA_IPC:
+        rebuild, args = payload["handle"]
+        shared = rebuild(*args)
+        buffer = shared.to("cpu", copy=True)
+        del shared
+        return BucketRecord.from_metadata(payload["meta"], buffer)
+    blob = torch.load(payload["path"], map_location="cpu", weights_only=True)
+    return BucketRecord.from_metadata(blob["meta"], blob["buffer"].clone())
+
+
+def leftover_files(sync_id: str) -> List[str]:
+    safe = sync_id.replace("/", "_")
+    return sorted(glob.glob(os.path.join(shm_dir(), f"{FILE_PREFIX}{safe}_*")))
+
+
+def remove_files(paths: List[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,307 @@
+"""Shared gate runtime: CLI, process-group setup, checks, watchdog and the report.
+
+A gate module defines a :class:`GateSpec` (its own flags, a world-size check, a ``run``
+body and a rank-0 ``summarize``) and calls :func:`run_gate`. Everything that makes a gate
+safe to run unattended lives here, once:
+
+* every rank arms a watchdog and a SIGTERM listener; a hang or teardown becomes a failed
+  report, never a stuck job;
+* results move through the TCP store, not collectives, so rank 0 can still merge what
+  every live rank knew when some rank is broken;
+* the report is written atomically on every exit path; exit codes: 0 passed,
+  1 failed, 2 usage error, 3 skipped (the node cannot host the requested world).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from gpu_gates import report as rep
+from gpu_gates.context import KEY_PREFIX, GateAbort, GateContext  # noqa: F401 (re-exported for gates)
+from gpu_gates.dist_setup import LaunchEnv, connect_store, device_for, init_world, select_backend
+from gpu_gates.events import merge_events, write_event_log
+from gpu_gates.hooks import HookSpecError, TestHooks
+from gpu_gates.memory import MemoryMeter
+from gpu_gates.watchdog import Watchdog, start_sigterm_listener
+
+__all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
+
+
+@dataclass
+class GateSpec:
+    name: str
+    description: str
+    default_world: int
+    default_cycles: int
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    check_world: Callable[[argparse.Namespace, int], Optional[str]]
+    run: Callable[["GateContext"], None]
+    summarize: Callable[[argparse.Namespace, List[Dict[str, Any]]], Tuple[Dict[str, Any], List[str]]]
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"gpu_gates/{spec.name}.py", description=spec.description,
+        epilog=f"launch: torchrun --nproc-per-node {spec.default_world} gpu_gates/{spec.name}.py [flags]; "
+               "exit codes: 0 passed, 1 failed, 2 usage error, 3 skipped; see docs/gates.md")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="auto = nccl when CUDA has a GPU per local rank, else gloo on CPU")
+    parser.add_argument("--cycles", type=positive_int, default=spec.default_cycles)
+    parser.add_argument("--report", metavar="PATH", help="JSON report (rank 0 merged; .rankN on per-rank failure)")
+    parser.add_argument("--timeout-s", type=positive_float, default=120.0, help="per-rank deadline")
+    parser.add_argument("--event-log", metavar="PATH", help="JSONL event log (default: <report>.events.jsonl)")
+    spec.add_arguments(parser)
+    return parser
+
+
+SECONDARY_MARKERS = ("terminated by SIGTERM", "GateAbort", "never reported", "closed by peer", "reset by peer")
+TIMEOUT_MARKER = "timed out: deadline passed while"
+
+
+def primary_failure(failures: List[str]) -> str:
+    """The failure to headline: a rank's own problem, not a peer's knock-on abort or teardown."""
+    primary = next((f for f in failures if not any(m in f for m in SECONDARY_MARKERS)), failures[0])
+    timeouts = [f for f in failures if TIMEOUT_MARKER in f]
+    if TIMEOUT_MARKER in primary and len(timeouts) > 1:  # show where every stuck rank was
+        where = "; ".join(" ".join(f.split(": ", 1)[-1].replace(TIMEOUT_MARKER, "").split()) for f in timeouts)
+        return f"{len(timeouts)} rank(s) timed out ({where})"
+    return primary
+
+
+class _GateRun:
+    """One rank's whole life: setup, body, and exactly one finish (normal or emergency)."""
+
+    def __init__(self, spec: GateSpec, args: argparse.Namespace, env: LaunchEnv, hooks: TestHooks) -> None:
+        self.spec, self.args, self.env, self.hooks = spec, args, env, hooks
+        self.started = time.time()
+        self.grace = max(2.0, min(5.0, 0.1 * args.timeout_s))
+        extra = self.grace if env.rank == 0 else 0.0
+        self.deadline = time.monotonic() + args.timeout_s + extra
+        self.report_store: Optional[dist.Store] = None
+        self.ctx: Optional[GateContext] = None
+        self.backend: Optional[str] = None
+        self._finish_lock = threading.Lock()
+        self.body_raised = False
+        self.event_log = args.event_log or rep.default_event_log_path(args.report)
+
+    def execute(self) -> int:
+        backend, skip = select_backend(self.args.backend, self.env)
+        skip = skip or self.spec.check_world(self.args, self.env.world_size)
+        if skip:
+            return self._skip(backend or self.args.backend, skip)
+        self.backend = backend
+        device = device_for(backend, self.env)
+        ctx = self.ctx = GateContext(self.spec, self.args, self.env, backend, device, self.hooks, self.deadline)
+        start_sigterm_listener(lambda reason: self.finish(reason))  # before any backend thread exists
+        self.watchdog = Watchdog(self.deadline, lambda reason: self.finish(reason), lambda: f"in phase {ctx.phase!r}")
+        self.watchdog.start()
+        try:
+            ctx.set_phase("init_process_group")
+            ctx.memory = MemoryMeter(device)
+            ctx.store = init_world(backend, self.env, device, ctx.timeout)
+            self.report_store = connect_store(self.env, datetime.timedelta(seconds=30), host=False)
+            self._share_epoch()
+            ctx.emit("gate_start", gate=self.spec.name, backend=backend, world_size=self.env.world_size,
+                     cycles=self.args.cycles, device=str(device))
+            ctx.sample_memory("start")
+            ctx.hook("start")
+            self.spec.run(ctx)
+        except Exception as exc:  # the body failed: record it, tell the others, still report
+            traceback.print_exc(file=sys.stderr)
+            ctx.fail(f"rank {self.env.rank} {type(exc).__name__} in phase {ctx.phase!r}: {exc}")
+            self._post_abort(ctx.failures[-1])
+            self.body_raised = True
+        return self.finish(None)
+
+    # -- finishing -----------------------------------------------------------------------
+    def _share_epoch(self) -> None:
+        key = KEY_PREFIX + "epoch"
+        if self.env.rank == 0:
+            self.report_store.set(key, repr(self.ctx.events.epoch).encode())
+        else:
+            self.ctx.events.epoch = float(self.report_store.get(key).decode())
+
+    def _post_abort(self, message: str) -> None:
+        try:
+            if self.report_store is not None:
+                self.report_store.set(KEY_PREFIX + "abort", message.encode())
+        except Exception:
+            pass
+
+    def finish(self, emergency: Optional[str]) -> int:
+        """Post this rank's result, let rank 0 merge and write, then exit the process."""
+        if not self._finish_lock.acquire(timeout=10.0 if emergency else -1):
+            os._exit(rep.EXIT_FAILED)  # the other finisher is stuck; never hang
+        ctx = self.ctx
+        if emergency:
+            ctx.fail(f"rank {self.env.rank} {emergency}")
+            ctx.emit("gate_abort", reason=emergency)
+            self._post_abort(f"rank {self.env.rank} {emergency}")
+        elif self.env.rank != 0:
+            self.watchdog.stop()  # the bounded waits below take over
+        ctx.emit("gate_end", status=ctx.status)
+        result = ctx.rank_result()
+        result["events"] = ctx.events.records
+        self._post(f"result/{self.env.rank}", result)
+        code = rep.exit_code_for(ctx.status)
+        if self.env.rank == 0:
+            if emergency:
+                window = 1.5
+            elif self.body_raised:
+                # Peers may be stuck in a collective with a failed rank; they post once a
+                # crashed rank's exit (grace + 3 s after its failure) makes torchrun SIGTERM
+                # the job. Wait that long, not until the deadline.
+                window = min(self.grace + 6.0, max(0.5, self.deadline - time.monotonic() - 1.0))
+            else:
+                window = max(0.5, self.deadline - time.monotonic() - 1.0)
+            results = self._collect(result, time.monotonic() + window)
+            report = self._build_report(results)
+            self._write(self.args.report, report)
+            print(rep.summary_text(report), flush=True)
+            self._post("done", {"status": report["status"]})
+            code = rep.exit_code_for(report["status"])
+        else:
+            if ctx.status == rep.FAILED:
+                self._write(self.args.report and rep.rank_report_path(self.args.report, self.env.rank),
+                            self._build_report([result]))
+            # After a crash, leave soon: peers stuck in a collective with this rank are freed
+            # when it exits (torchrun then tears the job down and rank 0 reports). After a
+            # normal finish, wait for rank 0's merged report so its write is never cut short.
+            abrupt = emergency or self.body_raised
+            wait = self.grace + 3.0 if abrupt else self.args.timeout_s + self.grace + 5.0
+            self._wait_done(time.monotonic() + wait)
+        if not emergency and ctx.status != rep.FAILED:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def _post(self, name: str, payload: Dict[str, Any]) -> None:
+        try:
+            self.report_store.set(KEY_PREFIX + name, json.dumps(payload, default=str).encode())
+        except Exception as exc:
+            print(f"rank {self.env.rank}: could not post {name}: {exc}", file=sys.stderr, flush=True)
+
+    def _collect(self, own: Dict[str, Any], until: float) -> List[Optional[Dict[str, Any]]]:
+        """Rank 0: its own result plus whatever the other ranks post before ``until``."""
+        results: List[Optional[Dict[str, Any]]] = [None] * self.env.world_size
+        results[self.env.rank] = json.loads(json.dumps(own, default=str))
+        while self.report_store is not None:
+            for r in range(self.env.world_size):
+                key = f"{KEY_PREFIX}result/{r}"
+                try:
+                    if results[r] is None and self.report_store.check([key]):
+                        results[r] = json.loads(self.report_store.get(key).decode())
+                except Exception:
+                    return results
+            if all(results) or time.monotonic() >= until:
+                break
+            time.sleep(0.02)
+        return results
+
+    def _wait_done(self, until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                if self.report_store.check([KEY_PREFIX + "done"]):
+                    return
+            except Exception:
+                return
+            time.sleep(0.05)
+
+    def _build_report(self, results: List[Optional[Dict[str, Any]]]) -> Dict[str, Any]:
+        present = [r for r in results if r is not None]
+        missing = [i for i, r in enumerate(results) if r is None] if len(results) == self.env.world_size else []
+        failures = [f"rank {r['rank']}: {f}" for r in present for f in r["failures"]]
+        failures += [f"rank {m} never reported (hung, died, or blocked on a failed peer)" for m in missing]
+        records = merge_events([r.pop("events", []) for r in present])
+        try:
+            summary, extra = self.spec.summarize(self.args, present)
+        except Exception as exc:
+            summary, extra = {}, [f"summary failed: {type(exc).__name__}: {exc}"]
+        failures += extra
+        skipped = present and all(r["status"] == rep.SKIPPED for r in present)
+        status = rep.FAILED if failures else (rep.SKIPPED if skipped else rep.PASSED)
+        report = self._base_report(status)
+        report.update(summary=summary, ranks=present, missing_ranks=missing, failures=failures,
+                      message=primary_failure(failures) if failures else (present[0].get("skip_reason") if skipped else "all checks passed"),
+                      events_recorded=len(records))
+        if self.env.rank == 0 and self.event_log and len(results) == self.env.world_size:
+            per_node = max(1, self.env.local_world_size)
+            cluster = {"nodes": max(1, self.env.world_size // per_node), "gpus_per_node": per_node}
+            meta = {"backend": self.backend, "world_size": self.env.world_size, "status": status}
+            error = write_event_log(self.event_log, self.spec.name, records, cluster=cluster, meta=meta)
+            report["event_log"] = None if error else self.event_log
+            if error:
+                report["event_log_error"] = error
+        return report
+
+    def _base_report(self, status: str) -> Dict[str, Any]:
+        try:
+            from importlib.metadata import version
+            megatron = version("megatron-core")
+        except Exception:
+            megatron = None
+        return {"gate": self.spec.name, "status": status, "exit_code": rep.exit_code_for(status),
+                "backend": self.backend, "world_size": self.env.world_size, "cycles": self.args.cycles,
+                "timeout_s": self.args.timeout_s, "hooks": self.hooks.describe(), "torch_version": torch.__version__,
+                "megatron_core_version": megatron, "cuda_available": torch.cuda.is_available(),
+                "started_at": self.started, "elapsed_s": round(time.time() - self.started, 3),
+                "config": {k: v for k, v in vars(self.args).items()}, "reporting_rank": self.env.rank}
+
+    def _write(self, path: Optional[str], report: Dict[str, Any]) -> None:
+        if not path:
+            return
+        try:
+            rep.atomic_write_json(path, report)
+        except Exception as exc:
+            print(f"rank {self.env.rank}: could not write report {path}: {exc}", file=sys.stderr, flush=True)
+
+    def _skip(self, backend: str, reason: str) -> int:
+        if self.env.rank == 0:
+            self.backend = backend
+            report = self._base_report(rep.SKIPPED)
+            report.update(message=f"skipped: {reason}", skip_reason=reason, ranks=[], failures=[], summary={})
+            self._write(self.args.report, report)
+            print(f"gate {self.spec.name}: SKIPPED: {reason}", flush=True)
+        return rep.EXIT_SKIPPED
+
+
+def run_gate(spec: GateSpec, argv: Optional[List[str]] = None) -> int:
+    """Parse flags, then run this rank; returns only for usage errors and skips."""
+    args = build_parser(spec).parse_args(argv)
+    env = LaunchEnv.from_environ()
+    try:
+        hooks = TestHooks.from_env(env.rank, env.world_size)
+    except HookSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return rep.EXIT_USAGE
+    return _GateRun(spec, args, env, hooks).execute()

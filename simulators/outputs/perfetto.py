@@ -1,0 +1,233 @@
+"""Chrome Trace Event Format JSON of a simulator run, for the Perfetto UI (ui.perfetto.dev).
+
+Layout (reference/anchors.md §4):
+
+- one *process* per node ("node n") and, inside it, one *thread* (track) per GPU named
+  "GPU g (node n)". Perfetto cannot draw partially overlapping slices on one track, so
+  work that overlaps on a GPU (a rank generating while its weights are refreshed, two
+  pipelines on one device) goes to extra tracks "GPU g lane k", lanes assigned greedily
+  and deterministically (:func:`simulators.outputs.summary.assign_lanes`);
+- complete events (``"ph": "X"``) for every effect that occupies GPUs (its ``gpus``) and
+  for every routable interval of a DP rank ("generate ppl1 dp0"); ``cat`` is the kind
+  (train, generate, sync, wake_sleep, waiting, other);
+- a "scheduler" process with a "scheduler" track of instant events, one per planned cycle
+  (plan summary in ``args``), a counter "idle GPUs" set after every commit, "resize"
+  tracks for coordinator resize calls and an "events" track for OOMs, fired faults,
+  rejected inputs and scheduler failures;
+- metadata events (``"ph": "M"``) naming processes and threads and fixing their order.
+
+Timestamps and durations are microseconds (simulated seconds x 1e6, to the nanosecond).
+The event list is sorted, and the same records always give the same JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+
+from simulators.outputs.summary import (
+    GpuSlice,
+    all_gpus,
+    assign_lanes,
+    cluster_shape,
+    gpu_slices,
+    run_bounds,
+    scenario_name,
+)
+
+Number = Union[int, float]
+_PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}
+
+
+def _us(t: float) -> Number:
+    """Simulated seconds -> microseconds, rounded to the nanosecond (int when whole)."""
+    ns = round(t * 1e9)
+    return ns // 1000 if ns % 1000 == 0 else ns / 1000
+
+
+def _dur_us(start: float, end: float) -> Number:
+    ns = max(0, round(end * 1e9) - round(start * 1e9))
+    return ns // 1000 if ns % 1000 == 0 else ns / 1000
+
+
+def _canon(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _resize_slices(records: Sequence[Mapping[str, Any]]) -> List[GpuSlice]:
+    """Coordinator resize calls as slices (gpu -1: they belong to the scheduler process)."""
+    _, t_end = run_bounds(records)
+    open_: Dict[Tuple, List[Mapping[str, Any]]] = {}
+    out: List[GpuSlice] = []
+
+    def make(s: Mapping[str, Any], end_t: float, closed: bool) -> GpuSlice:
+        args = {"cycle": s.get("cycle"), "pipeline_id": s.get("pipeline_id"), "phase": s.get("phase"),
+                "dp_ranks": list(s.get("dp_ranks") or ())}
+        if not closed:
+            args["open"] = True
+        label = f"{s.get('phase')} {s.get('pipeline_id')} dp{','.join(str(d) for d in s.get('dp_ranks') or ())}"
+        return GpuSlice(-1, float(s["t"]), end_t, "resize", str(s.get("pipeline_id")), label, args, int(s.get("seq", 0)))
+
+    for r in records:
+        k = r.get("kind")
+        if k not in ("resize_start", "resize_end"):
+            continue
+        key = (r.get("cycle"), r.get("pipeline_id"), r.get("phase"))
+        if k == "resize_start":
+            open_.setdefault(key, []).append(r)
+        elif open_.get(key):
+            out.append(make(open_[key].pop(0), float(r["t"]), True))
+    for key in sorted(open_, key=_canon):
+        for s in open_[key]:
+            out.append(make(s, t_end, False))
+    out.sort(key=GpuSlice.sort_key)
+    return out
+
+
+def _plan_args(plan: Mapping[str, Any]) -> Dict[str, Any]:
+    def ranks(entries: Any) -> Dict[str, List[int]]:
+        out: Dict[str, List[int]] = {}
+        for e in entries or ():
+            out.setdefault(str(e.get("cluster_id")), []).extend(
+                int(b.get("dp_rank")) for b in e.get("bundles") or () if b.get("dp_rank") is not None)
+        return {k: sorted(v) for k, v in sorted(out.items())}
+
+    return {
+        "cycle": plan.get("cycle"),
+        "shrinks": ranks(plan.get("shrinks")),
+        "expands": ranks(plan.get("expands")),
+        "signals": [{"cluster_id": s.get("cluster_id"), "priority": s.get("priority"), "gpus": s.get("gpus")}
+                    for s in plan.get("signals") or ()],
+        "n_shrinks": len(plan.get("shrinks") or ()),
+        "n_expands": len(plan.get("expands") or ()),
+        "n_signals": len(plan.get("signals") or ()),
+    }
+
+
+def chrome_trace(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}."""
+    t0, t1 = run_bounds(records)
+    nodes, gpn = cluster_shape(records)
+    gpus = all_gpus(records)
+    slices = gpu_slices(records)
+    lanes = assign_lanes(slices)
+    n_lanes: Dict[int, int] = {g: 1 for g in gpus}
+    for s, lane in zip(slices, lanes):
+        n_lanes[s.gpu] = max(n_lanes.get(s.gpu, 1), lane + 1)
+
+    node_ids = sorted({g // gpn for g in n_lanes} | set(range(nodes)))
+    node_pid = {n: n + 1 for n in node_ids}
+    sched_pid = max(node_pid.values()) + 1
+
+    meta: List[Dict[str, Any]] = []
+    events: List[Dict[str, Any]] = []
+
+    def m(name: str, pid: int, tid: int, args: Dict[str, Any]) -> None:
+        meta.append({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args})
+
+    for n in node_ids:
+        m("process_name", node_pid[n], 0, {"name": f"node {n}"})
+        m("process_sort_index", node_pid[n], 0, {"sort_index": n + 1})
+    m("process_name", sched_pid, 0, {"name": "scheduler"})
+    m("process_sort_index", sched_pid, 0, {"sort_index": 0})
+
+    # thread ids: sequential over (gpu, lane), then the scheduler's tracks; unique trace-wide
+    tid_of: Dict[Tuple[int, int], int] = {}
+    next_tid = 1
+    for g in sorted(n_lanes):
+        node = g // gpn
+        for lane in range(n_lanes[g]):
+            tid_of[(g, lane)] = next_tid
+            name = f"GPU {g} (node {node})" if lane == 0 else f"GPU {g} lane {lane + 1}"
+            m("thread_name", node_pid[node], next_tid, {"name": name})
+            m("thread_sort_index", node_pid[node], next_tid, {"sort_index": next_tid})
+            next_tid += 1
+
+    for s, lane in zip(slices, lanes):
+        events.append({"name": s.label, "cat": s.kind, "ph": "X", "ts": _us(s.start),
+                       "dur": _dur_us(s.start, s.end), "pid": node_pid[s.gpu // gpn],
+                       "tid": tid_of[(s.gpu, lane)], "args": s.args})
+
+    sched_tid = next_tid
+    events_tid = next_tid + 1
+    m("thread_name", sched_pid, sched_tid, {"name": "scheduler"})
+    m("thread_sort_index", sched_pid, sched_tid, {"sort_index": 0})
+    m("thread_name", sched_pid, events_tid, {"name": "events"})
+    m("thread_sort_index", sched_pid, events_tid, {"sort_index": 1})
+    next_tid += 2
+
+    resizes = _resize_slices(records)
+    resize_lanes = assign_lanes(resizes)
+    resize_tid: Dict[int, int] = {}
+    for lane in sorted(set(resize_lanes)):
+        resize_tid[lane] = next_tid
+        m("thread_name", sched_pid, next_tid, {"name": "resize" if lane == 0 else f"resize lane {lane + 1}"})
+        m("thread_sort_index", sched_pid, next_tid, {"sort_index": 2 + lane})
+        next_tid += 1
+    for s, lane in zip(resizes, resize_lanes):
+        events.append({"name": s.label, "cat": "resize", "ph": "X", "ts": _us(s.start),
+                       "dur": _dur_us(s.start, s.end), "pid": sched_pid, "tid": resize_tid[lane], "args": s.args})
+
+    for r in records:
+        k = r.get("kind")
+        ts = _us(float(r.get("t", t0)))
+        if k == "plan":
+            events.append({"name": f"cycle {r.get('cycle')}", "cat": "scheduler", "ph": "i", "s": "t",
+                           "ts": ts, "pid": sched_pid, "tid": sched_tid, "args": _plan_args(r)})
+        elif k == "commit":
+            events.append({"name": "idle GPUs", "cat": "scheduler", "ph": "C", "ts": ts, "pid": sched_pid,
+                           "tid": sched_tid, "args": {"idle": r.get("idle_gpus")}})
+        elif k in ("oom", "fault_fired", "rejected", "scheduler_failed", "validation_failed"):
+            if k == "oom":
+                name = f"OOM GPU {r.get('gpu')} {r.get('owner')}"
+            elif k == "fault_fired":
+                name = f"fault {r.get('name')} {r.get('pipeline_id')}"
+            else:
+                name = k
+            args = {f: v for f, v in r.items() if f not in ("seq", "t", "kind")}
+            events.append({"name": name, "cat": k, "ph": "i", "s": "p" if k == "oom" else "t", "ts": ts,
+                           "pid": sched_pid, "tid": events_tid, "args": args})
+
+    meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
+    events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"], _PH_ORDER.get(e["ph"], 9), -e.get("dur", 0),
+                               e["name"], _canon(e.get("args"))))
+    return {
+        "traceEvents": meta + events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "generator": "rlharness simulators.outputs.perfetto",
+            "scenario": scenario_name(records) or "",
+            "cluster": {"nodes": nodes, "gpus_per_node": gpn},
+            "sim_start_s": t0,
+            "sim_end_s": t1,
+        },
+    }
+
+
+def dumps_chrome_trace(records: Sequence[Mapping[str, Any]]) -> str:
+    """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact)."""
+    return json.dumps(chrome_trace(records), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def write_chrome_trace(records: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]) -> str:
+    """Write the trace to ``path`` atomically (temp file beside it, then os.replace); returns the path."""
+    path = os.fspath(path)
+    text = dumps_chrome_trace(records)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path

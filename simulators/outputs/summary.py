@@ -1,0 +1,740 @@
+"""The plain-text run summary, and the interval model every output shares.
+
+Everything here is a pure function over a list of event-log record dicts (the records a
+simulator run wrote, ``records[0]`` being the header; docs/trace-format.md). Nothing
+imports the simulator, so a log read back from disk summarizes exactly like one still in
+memory, and the Perfetto trace (:mod:`.perfetto`) and the PNG timeline (:mod:`.timeline`)
+draw the very intervals this module measures.
+
+Definitions (all times are simulated seconds):
+
+- **run** spans the header's ``t`` to the end of the log (``sim_end.sim_time``, or the last
+  record's ``t``); an effect or routable interval still open then is cut there.
+- **effect intervals** pair each ``effect_start`` with its ``effect_end`` (same pipeline,
+  effect, scope, step and cycle; equal ``args`` first, else oldest first). An effect
+  occupies the GPUs in its start record's ``gpus`` (the end record's if the start has none).
+- **generate intervals**: a DP rank is generating from the ``rank_state`` that makes it
+  ``routable`` to its next ``rank_state``, on that record's ``gpus``.
+- effect kinds: train = Compute, OffloadTraining, ReloadTrainComm, DestroyTrainComm,
+  BuildCache; refit = SyncFromCache, Finalize, PublishVersion (the *sync* part) and Wake,
+  Sleep, Abort, Drain (the *wake/sleep* part); waiting = RequestGpus, ReleaseThenRequest,
+  AwaitRelease, WaitBatch, LockCoordinator; every other effect is "other".
+- **pipeline time split**: for each kind, the wall time during which the pipeline had at
+  least one such interval (a union, so concurrent effects are not counted twice); generate
+  = wall time with at least one routable rank. Kinds overlap in time (ranks keep serving
+  while training runs), so the percentages (of the run) need not add up to 100.
+- **step time** of step s: from the first ``effect_start`` with scope "step" of step s to
+  the first of step s+1, or, when there is no step s+1, to the last ``effect_end`` of step s.
+  A step is *done* when every step-scope effect of it ended before the log did; mean and
+  p95 are over done steps, p95 by the nearest-rank method.
+- **GPU utilization** is exclusive: at every instant a GPU counts as train if any train
+  effect occupies it, else refit if any refit effect does, else generate if a routable
+  rank sits on it, else idle (waiting effects count as idle). The four add up to the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+TRAIN_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
+SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
+WAKE_SLEEP_EFFECTS = ("Wake", "Sleep", "Abort", "Drain")
+REFIT_EFFECTS = SYNC_EFFECTS + WAKE_SLEEP_EFFECTS
+WAITING_EFFECTS = ("RequestGpus", "ReleaseThenRequest", "AwaitRelease", "WaitBatch", "LockCoordinator")
+
+#: Fine-grained kinds of a GPU slice (what the timeline colours), and the coarse
+#: category each one counts under in the summary.
+KIND_CATEGORY = {
+    "train": "train",
+    "generate": "generate",
+    "sync": "refit",
+    "wake_sleep": "refit",
+    "waiting": "waiting",
+    "other": "other",
+}
+
+
+def effect_kind(effect: str) -> str:
+    """Fine kind of an effect name: train | sync | wake_sleep | waiting | other."""
+    if effect in TRAIN_EFFECTS:
+        return "train"
+    if effect in SYNC_EFFECTS:
+        return "sync"
+    if effect in WAKE_SLEEP_EFFECTS:
+        return "wake_sleep"
+    if effect in WAITING_EFFECTS:
+        return "waiting"
+    return "other"
+
+
+def effect_category(effect: str) -> str:
+    """Coarse category of an effect name: train | refit | waiting | other."""
+    return KIND_CATEGORY[effect_kind(effect)]
+
+
+# --------------------------------------------------------------------------- run facts
+
+
+def _header(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    if not records or records[0].get("kind") != "header":
+        raise ValueError("an event log starts with its header record")
+    return records[0]
+
+
+def run_bounds(records: Sequence[Mapping[str, Any]]) -> Tuple[float, float]:
+    """(start, end) of the run in simulated seconds."""
+    head = _header(records)
+    t0 = float(head.get("t", 0.0))
+    t1 = t0
+    for r in records:
+        t1 = max(t1, float(r.get("t", t0)))
+        if r.get("kind") == "sim_end":
+            t1 = max(t1, float(r.get("sim_time", t1)))
+    return t0, t1
+
+
+def cluster_shape(records: Sequence[Mapping[str, Any]]) -> Tuple[int, int]:
+    """(nodes, gpus_per_node) from the header."""
+    c = _header(records).get("cluster") or {}
+    nodes = int(c.get("nodes", 1) or 1)
+    gpn = int(c.get("gpus_per_node", 1) or 1)
+    return nodes, gpn
+
+
+def scenario_name(records: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    meta = _header(records).get("meta") or {}
+    name = meta.get("scenario")
+    return None if name is None else str(name)
+
+
+def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
+    """The cluster's GPU ids, plus any id a record names beyond it, sorted."""
+    nodes, gpn = cluster_shape(records)
+    ids = set(range(nodes * gpn))
+    for r in records[1:]:
+        for g in r.get("gpus") or ():
+            if isinstance(g, int):
+                ids.add(g)
+        if r.get("kind") in ("oom", "vram") and isinstance(r.get("gpu"), int):
+            ids.add(r["gpu"])
+    return sorted(ids)
+
+
+def _args_key(args: Any) -> str:
+    return json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+@dataclass(frozen=True)
+class EffectInterval:
+    pipeline_id: str
+    effect: str
+    args: Dict[str, Any]
+    scope: Optional[str]
+    step: Optional[int]
+    cycle: Optional[int]
+    gpus: Tuple[int, ...]
+    start: float
+    end: float
+    open: bool = False  # still running when the log ended
+    error: Optional[str] = None
+    seq: int = 0  # seq of the start record (a stable tie-breaker)
+
+    @property
+    def kind(self) -> str:
+        return effect_kind(self.effect)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class RankInterval:
+    """A DP rank's routable (generating) interval."""
+
+    pipeline_id: str
+    dp_rank: int
+    gpus: Tuple[int, ...]
+    start: float
+    end: float
+    version: Optional[int] = None
+    open: bool = False
+    seq: int = 0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class GpuSlice:
+    """One interval of work on one GPU: what the Perfetto trace and the timeline draw."""
+
+    gpu: int
+    start: float
+    end: float
+    kind: str  # train | generate | sync | wake_sleep | waiting | other
+    pipeline_id: str
+    label: str
+    args: Dict[str, Any] = field(default_factory=dict)
+    seq: int = 0
+
+    def sort_key(self) -> tuple:
+        return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label, _args_key(self.args))
+
+
+def effect_intervals(records: Sequence[Mapping[str, Any]]) -> List[EffectInterval]:
+    """Every effect as an interval, ordered by start (then start seq)."""
+    _, t_end = run_bounds(records)
+    open_: Dict[tuple, List[Mapping[str, Any]]] = defaultdict(list)
+    out: List[EffectInterval] = []
+
+    def make(start_rec: Mapping[str, Any], end_rec: Optional[Mapping[str, Any]]) -> EffectInterval:
+        gpus = start_rec.get("gpus")
+        if not gpus and end_rec is not None:
+            gpus = end_rec.get("gpus")
+        return EffectInterval(
+            pipeline_id=str(start_rec.get("pipeline_id")),
+            effect=str(start_rec.get("effect")),
+            args=dict(start_rec.get("args") or {}),
+            scope=start_rec.get("scope"),
+            step=start_rec.get("step"),
+            cycle=start_rec.get("cycle"),
+            gpus=tuple(sorted(set(gpus or ()))),
+            start=float(start_rec["t"]),
+            end=float(end_rec["t"]) if end_rec is not None else t_end,
+            open=end_rec is None,
+            error=None if end_rec is None else end_rec.get("error"),
+            seq=int(start_rec.get("seq", 0)),
+        )
+
+    for r in records:
+        kind = r.get("kind")
+        if kind not in ("effect_start", "effect_end"):
+            continue
+        key = (r.get("pipeline_id"), r.get("effect"), r.get("scope"), r.get("step"), r.get("cycle"))
+        if kind == "effect_start":
+            open_[key].append(r)
+            continue
+        pending = open_.get(key)
+        if not pending:
+            continue  # an end without a start: nothing to draw
+        want = _args_key(r.get("args"))
+        idx = next((i for i, s in enumerate(pending) if _args_key(s.get("args")) == want), 0)
+        out.append(make(pending.pop(idx), r))
+    for key in sorted(open_, key=lambda k: tuple("" if v is None else str(v) for v in k)):
+        for s in open_[key]:
+            out.append(make(s, None))
+    out.sort(key=lambda iv: (iv.start, iv.seq))
+    return out
+
+
+def rank_intervals(records: Sequence[Mapping[str, Any]]) -> List[RankInterval]:
+    """Routable intervals of every DP rank, ordered by start (then seq)."""
+    _, t_end = run_bounds(records)
+    current: Dict[Tuple[str, int], Mapping[str, Any]] = {}
+    out: List[RankInterval] = []
+
+    def close(start_rec: Mapping[str, Any], end_t: Optional[float]) -> None:
+        out.append(RankInterval(
+            pipeline_id=str(start_rec["pipeline_id"]),
+            dp_rank=int(start_rec["dp_rank"]),
+            gpus=tuple(sorted(set(start_rec.get("gpus") or ()))),
+            start=float(start_rec["t"]),
+            end=t_end if end_t is None else end_t,
+            version=start_rec.get("version"),
+            open=end_t is None,
+            seq=int(start_rec.get("seq", 0)),
+        ))
+
+    for r in records:
+        if r.get("kind") != "rank_state":
+            continue
+        key = (str(r["pipeline_id"]), int(r["dp_rank"]))
+        prev = current.pop(key, None)
+        if prev is not None:
+            close(prev, float(r["t"]))
+        if r.get("state") == "routable":
+            current[key] = r
+    for key in sorted(current):
+        close(current[key], None)
+    out.sort(key=lambda iv: (iv.start, iv.seq))
+    return out
+
+
+def effect_label(iv: EffectInterval) -> str:
+    """Slice name of an effect: ``Compute(train) ppl1 s3``."""
+    base = iv.effect
+    detail = iv.args.get("what") if iv.effect == "Compute" else iv.args.get("path") if iv.effect == "SyncFromCache" else None
+    if detail is not None:
+        base = f"{base}({detail})"
+    text = f"{base} {iv.pipeline_id}"
+    if iv.step is not None:
+        text += f" s{iv.step}"
+    return text
+
+
+def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = True) -> List[GpuSlice]:
+    """Per-GPU work slices from effects (their ``gpus``) and routable ranks, sorted by
+    (gpu, start, longest first, seq)."""
+    out: List[GpuSlice] = []
+    for iv in effect_intervals(records):
+        kind = iv.kind
+        if kind == "other" and not include_other:
+            continue
+        args = {"pipeline_id": iv.pipeline_id, "effect": iv.effect, "args": iv.args, "scope": iv.scope,
+                "step": iv.step, "cycle": iv.cycle, "gpus": list(iv.gpus)}
+        if iv.open:
+            args["open"] = True
+        if iv.error is not None:
+            args["error"] = iv.error
+        for g in iv.gpus:
+            out.append(GpuSlice(g, iv.start, iv.end, kind, iv.pipeline_id, effect_label(iv), args, iv.seq))
+    for rv in rank_intervals(records):
+        args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
+        if rv.open:
+            args["open"] = True
+        label = f"generate {rv.pipeline_id} dp{rv.dp_rank}"
+        for g in rv.gpus:
+            out.append(GpuSlice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
+    out.sort(key=GpuSlice.sort_key)
+    return out
+
+
+def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
+    """Greedy lane per slice (same order as given): within each GPU, slices in (start, end,
+    seq) order take the lowest lane whose previous slice has ended — interval partitioning,
+    so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
+    (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
+    def key(i: int) -> tuple:
+        s = slices[i]
+        return (s.gpu, s.start, s.end, s.seq, s.label, _args_key(s.args))
+
+    order = sorted(range(len(slices)), key=key)
+    lanes = [0] * len(slices)
+    lane_end: Dict[int, List[float]] = defaultdict(list)
+    for i in order:
+        s = slices[i]
+        ends = lane_end[s.gpu]
+        for lane, end in enumerate(ends):
+            if end <= s.start:
+                ends[lane] = s.end
+                lanes[i] = lane
+                break
+        else:
+            ends.append(s.end)
+            lanes[i] = len(ends) - 1
+    return lanes
+
+
+def union_length(spans: Iterable[Tuple[float, float]]) -> float:
+    """Total length covered by a set of [start, end) spans."""
+    total = 0.0
+    cur_s: Optional[float] = None
+    cur_e = 0.0
+    for s, e in sorted(spans):
+        if e <= s:
+            continue
+        if cur_s is None or s > cur_e:
+            if cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    if cur_s is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def p95(values: Sequence[float]) -> Optional[float]:
+    """95th percentile by nearest rank (None for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+# --------------------------------------------------------------------------- summary
+
+
+@dataclass
+class PipelineSummary:
+    pipeline_id: str
+    steps_done: int
+    step_times: List[float]  # seconds, done steps in step order
+    mean_step_s: Optional[float]
+    p95_step_s: Optional[float]
+    generate_s: float
+    train_s: float
+    refit_s: float
+    waiting_s: float
+    requests_done: int = 0
+    requests_aborted: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class GpuSummary:
+    gpu: int
+    node: int
+    train_s: float
+    refit_s: float
+    generate_s: float
+    idle_s: float
+
+
+@dataclass
+class RefitSummary:
+    pipeline_id: str
+    syncs_by_path: Dict[str, int]
+    sync_s_by_path: Dict[str, float]
+    total_sync_s: float
+    mean_sync_s: Optional[float]
+    buckets: int
+    bytes_by_transport: Dict[str, int]
+
+    @property
+    def syncs(self) -> int:
+        return sum(self.syncs_by_path.values())
+
+
+@dataclass
+class SchedulerSummary:
+    cycles: int = 0
+    shrink_ops: int = 0
+    shrink_dp_ranks: int = 0
+    expand_ops: int = 0
+    expand_dp_ranks: int = 0
+    signals: int = 0
+    rejected: int = 0
+    failures: int = 0
+
+
+@dataclass
+class Summary:
+    scenario: Optional[str]
+    t_start: float
+    t_end: float
+    end_reason: Optional[str]
+    nodes: int
+    gpus_per_node: int
+    pipelines: List[PipelineSummary]
+    gpus: List[GpuSummary]
+    refit: List[RefitSummary]
+    staleness: Dict[int, int]  # age in steps -> trajectories, all pipelines
+    staleness_by_pipeline: Dict[str, Dict[int, int]]
+    scheduler: SchedulerSummary
+    ooms: List[Dict[str, Any]]
+    faults: List[Dict[str, Any]]
+
+    @property
+    def duration_s(self) -> float:
+        return self.t_end - self.t_start
+
+
+def _pipeline_ids(records: Sequence[Mapping[str, Any]]) -> List[str]:
+    ids = set()
+    for r in records[1:]:
+        pid = r.get("pipeline_id")
+        if isinstance(pid, str):
+            ids.add(pid)
+    return sorted(ids)
+
+
+def _step_times(effects: Sequence[EffectInterval]) -> Tuple[int, List[float]]:
+    first_start: Dict[int, float] = {}
+    last_end: Dict[int, float] = {}
+    unfinished = set()
+    for iv in effects:
+        if iv.scope != "step" or iv.step is None:
+            continue
+        s = int(iv.step)
+        first_start[s] = min(first_start.get(s, iv.start), iv.start)
+        last_end[s] = max(last_end.get(s, iv.end), iv.end)
+        if iv.open:
+            unfinished.add(s)
+    done = [s for s in sorted(first_start) if s not in unfinished]
+    times = []
+    for s in done:
+        end = first_start[s + 1] if (s + 1) in first_start else last_end[s]
+        times.append(end - first_start[s])
+    return len(done), times
+
+
+def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dict[str, float]:
+    """Seconds of train / refit / generate on one GPU with precedence train > refit >
+    generate; the rest of [t0, t1] is idle."""
+    precedence = ("train", "refit", "generate")
+    events: List[Tuple[float, int, str]] = []
+    for s in slices:
+        cat = KIND_CATEGORY[s.kind]
+        if cat not in precedence:
+            continue
+        a, b = max(s.start, t0), min(s.end, t1)
+        if b > a:
+            events.append((a, 1, cat))
+            events.append((b, -1, cat))
+    events.sort(key=lambda e: (e[0], e[1]))
+    out = {c: 0.0 for c in precedence}
+    active = {c: 0 for c in precedence}
+    prev = None
+    for t, delta, cat in events:
+        if prev is not None and t > prev:
+            for c in precedence:
+                if active[c] > 0:
+                    out[c] += t - prev
+                    break
+        active[cat] += delta
+        prev = t
+    out["idle"] = (t1 - t0) - sum(out[c] for c in precedence)
+    return out
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
+    """Summarize a simulator event log (a list of record dicts, header first)."""
+    t0, t1 = run_bounds(records)
+    nodes, gpn = cluster_shape(records)
+    effects = effect_intervals(records)
+    ranks = rank_intervals(records)
+    slices = gpu_slices(records)
+
+    # ---- pipelines
+    by_pipe_effects: Dict[str, List[EffectInterval]] = defaultdict(list)
+    for iv in effects:
+        by_pipe_effects[iv.pipeline_id].append(iv)
+    by_pipe_ranks: Dict[str, List[RankInterval]] = defaultdict(list)
+    for rv in ranks:
+        by_pipe_ranks[rv.pipeline_id].append(rv)
+    req_done: Dict[str, int] = defaultdict(int)
+    req_abort: Dict[str, int] = defaultdict(int)
+    tokens: Dict[str, int] = defaultdict(int)
+    for r in records:
+        k = r.get("kind")
+        if k == "request_done":
+            req_done[r["pipeline_id"]] += 1
+            tokens[r["pipeline_id"]] += int(r.get("tokens", 0))
+        elif k == "request_abort":
+            req_abort[r["pipeline_id"]] += 1
+
+    pipelines: List[PipelineSummary] = []
+    for pid in _pipeline_ids(records):
+        pe = by_pipe_effects.get(pid, [])
+        done, times = _step_times(pe)
+        spans: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
+        for iv in pe:
+            spans[effect_category(iv.effect)].append((iv.start, iv.end))
+        gen = [(rv.start, rv.end) for rv in by_pipe_ranks.get(pid, [])]
+        pipelines.append(PipelineSummary(
+            pipeline_id=pid,
+            steps_done=done,
+            step_times=times,
+            mean_step_s=(sum(times) / len(times)) if times else None,
+            p95_step_s=p95(times),
+            generate_s=union_length(gen),
+            train_s=union_length(spans["train"]),
+            refit_s=union_length(spans["refit"]),
+            waiting_s=union_length(spans["waiting"]),
+            requests_done=req_done.get(pid, 0),
+            requests_aborted=req_abort.get(pid, 0),
+            tokens=tokens.get(pid, 0),
+        ))
+
+    # ---- GPUs
+    by_gpu: Dict[int, List[GpuSlice]] = defaultdict(list)
+    for s in slices:
+        by_gpu[s.gpu].append(s)
+    gpus: List[GpuSummary] = []
+    for g in all_gpus(records):
+        x = _exclusive_gpu_time(by_gpu.get(g, []), t0, t1)
+        gpus.append(GpuSummary(gpu=g, node=g // gpn, train_s=x["train"], refit_s=x["refit"],
+                               generate_s=x["generate"], idle_s=x["idle"]))
+
+    # ---- refit
+    sync_count: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    sync_secs: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for iv in effects:
+        if iv.effect == "SyncFromCache":
+            path = str(iv.args.get("path", "?"))
+            sync_count[iv.pipeline_id][path] += 1
+            sync_secs[iv.pipeline_id][path] += iv.duration
+    buckets: Dict[str, int] = defaultdict(int)
+    bytes_tr: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in records:
+        if r.get("kind") == "refit_bucket":
+            buckets[r["pipeline_id"]] += 1
+            bytes_tr[r["pipeline_id"]][str(r["transport"])] += int(r["bytes"])
+    refit: List[RefitSummary] = []
+    for pid in sorted(set(sync_count) | set(buckets)):
+        counts = {p: sync_count[pid][p] for p in sorted(sync_count.get(pid, {}))}
+        secs = {p: sync_secs[pid][p] for p in sorted(sync_secs.get(pid, {}))}
+        n = sum(counts.values())
+        total = sum(secs[p] for p in sorted(secs))
+        refit.append(RefitSummary(
+            pipeline_id=pid, syncs_by_path=counts, sync_s_by_path=secs, total_sync_s=total,
+            mean_sync_s=(total / n) if n else None, buckets=buckets.get(pid, 0),
+            bytes_by_transport={k: bytes_tr[pid][k] for k in sorted(bytes_tr.get(pid, {}))},
+        ))
+
+    # ---- staleness
+    merged: Dict[int, int] = defaultdict(int)
+    per_pipe: Dict[str, Dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in records:
+        if r.get("kind") == "batch_consumed":
+            for age, count in (r.get("staleness") or {}).items():
+                merged[int(age)] += int(count)
+                per_pipe[r["pipeline_id"]][int(age)] += int(count)
+    staleness = {a: merged[a] for a in sorted(merged)}
+    staleness_by_pipeline = {p: {a: per_pipe[p][a] for a in sorted(per_pipe[p])} for p in sorted(per_pipe)}
+
+    # ---- scheduler, faults
+    sched = SchedulerSummary()
+    cycles = set()
+    ooms: List[Dict[str, Any]] = []
+    faults: List[Dict[str, Any]] = []
+    end_reason: Optional[str] = None
+    for r in records:
+        k = r.get("kind")
+        if k in ("cycle_start", "plan", "commit") and r.get("cycle") is not None:
+            cycles.add(r["cycle"])
+        if k == "plan":
+            sched.shrink_ops += len(r.get("shrinks") or ())
+            sched.shrink_dp_ranks += sum(len(s.get("bundles") or ()) for s in r.get("shrinks") or ())
+            sched.expand_ops += len(r.get("expands") or ())
+            sched.expand_dp_ranks += sum(len(s.get("bundles") or ()) for s in r.get("expands") or ())
+            sched.signals += len(r.get("signals") or ())
+        elif k == "rejected":
+            sched.rejected += 1
+        elif k in ("scheduler_failed", "validation_failed"):
+            sched.failures += 1
+        elif k == "oom":
+            ooms.append({f: r.get(f) for f in ("t", "gpu", "owner", "mem", "requested", "used", "capacity")})
+        elif k == "fault_fired":
+            faults.append({f: r.get(f) for f in ("t", "name", "pipeline_id", "step")})
+        elif k == "sim_end":
+            end_reason = r.get("reason")
+    sched.cycles = len(cycles)
+
+    return Summary(
+        scenario=scenario_name(records), t_start=t0, t_end=t1, end_reason=end_reason,
+        nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
+        staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
+        ooms=ooms, faults=faults,
+    )
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _s(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _pct(x: float, total: float) -> str:
+    return f"{(100.0 * x / total) if total > 0 else 0.0:.1f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> List[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def fmt(cells: Sequence[str]) -> str:
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)]
+        return "  ".join(parts).rstrip()
+
+    lines = [fmt(headers), "  ".join("-" * w for w in widths)]
+    lines.extend(fmt(r) for r in rows)
+    return lines
+
+
+def _bytes(n: int) -> str:
+    return f"{n} ({n / 2**30:.2f} GiB)"
+
+
+def format_summary(summary: Summary) -> str:
+    """Plain-text tables for a person; fixed decimals, so identical runs print identically."""
+    d = summary.duration_s
+    out: List[str] = []
+    title = "rlharness simulation summary"
+    if summary.scenario:
+        title += f": {summary.scenario}"
+    out.append(title)
+    out.append(f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(d)} s simulated), "
+               f"end: {summary.end_reason or 'no sim_end'}; cluster {summary.nodes} node(s) x "
+               f"{summary.gpus_per_node} GPU(s)")
+
+    out.append("")
+    out.append("Pipelines (time split: wall seconds with any such work, % of the run; kinds overlap)")
+    rows = []
+    for p in summary.pipelines:
+        rows.append([p.pipeline_id, str(p.steps_done), _s(p.mean_step_s), _s(p.p95_step_s),
+                     _s(p.generate_s), _pct(p.generate_s, d), _s(p.train_s), _pct(p.train_s, d),
+                     _s(p.refit_s), _pct(p.refit_s, d), _s(p.waiting_s), _pct(p.waiting_s, d),
+                     str(p.requests_done), str(p.requests_aborted)])
+    out += _table(["pipeline", "steps", "mean step s", "p95 step s", "generate s", "gen %", "train s",
+                   "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort"],
+                  rows, "lrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
+
+    out.append("")
+    out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")
+    rows = []
+    for g in summary.gpus:
+        rows.append([str(g.gpu), str(g.node), _pct(g.train_s, d), _pct(g.generate_s, d),
+                     _pct(g.refit_s, d), _pct(g.idle_s, d)])
+    if summary.gpus:
+        n = len(summary.gpus)
+        tot = [sum(getattr(g, f) for g in summary.gpus) for f in ("train_s", "generate_s", "refit_s", "idle_s")]
+        rows.append(["all", "-"] + [_pct(x, d * n) for x in tot])
+    out += _table(["gpu", "node", "train %", "generate %", "refit %", "idle %"], rows, "rrrrrr")
+
+    out.append("")
+    out.append("Refit")
+    if summary.refit:
+        rows = []
+        for r in summary.refit:
+            paths = ", ".join(f"{p}={n}" for p, n in r.syncs_by_path.items()) or "-"
+            trans = ", ".join(f"{k}={_bytes(v)}" for k, v in r.bytes_by_transport.items()) or "-"
+            rows.append([r.pipeline_id, str(r.syncs), paths, _s(r.total_sync_s), _s(r.mean_sync_s),
+                         str(r.buckets), trans])
+        out += _table(["pipeline", "syncs", "by path", "total sync s", "mean sync s", "buckets",
+                       "bytes by transport"], rows, "lrlrrrl")
+    else:
+        out.append("(no weight syncs)")
+
+    out.append("")
+    total_traj = sum(summary.staleness.values())
+    if total_traj:
+        mean_age = sum(a * c for a, c in summary.staleness.items()) / total_traj
+        out.append(f"Trajectory staleness ({total_traj} trajectories, mean age {mean_age:.3f} steps)")
+        rows = [[str(a), str(c), _pct(c, total_traj)] for a, c in summary.staleness.items()]
+        out += _table(["age (steps)", "trajectories", "%"], rows, "rrr")
+    else:
+        out.append("Trajectory staleness: (no batches consumed)")
+
+    sc = summary.scheduler
+    out.append("")
+    out.append("Scheduler")
+    out += _table(["cycles", "shrinks", "shrunk dp ranks", "expands", "expanded dp ranks", "signals",
+                   "rejected", "failures"],
+                  [[str(sc.cycles), str(sc.shrink_ops), str(sc.shrink_dp_ranks), str(sc.expand_ops),
+                    str(sc.expand_dp_ranks), str(sc.signals), str(sc.rejected), str(sc.failures)]],
+                  "rrrrrrrr")
+
+    if summary.ooms or summary.faults:
+        out.append("")
+        out.append("Faults")
+        for o in summary.ooms:
+            out.append(f"t={_s(o['t'])} s OOM on GPU {o['gpu']}: {o['owner']} {o['mem']} requested "
+                       f"{o['requested']} with {o['used']} of {o['capacity']} bytes used")
+        for f in summary.faults:
+            step = "" if f.get("step") is None else f" step {f['step']}"
+            out.append(f"t={_s(f['t'])} s fault {f['name']} fired in {f['pipeline_id']}{step}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,175 @@
+"""A PNG timeline of a simulator run: one row per GPU, coloured bars by kind of work.
+
+Rows are GPUs (top: GPU 0); work that overlaps on a GPU is split into lanes inside the
+row with the same greedy assignment as the Perfetto trace. Colours give the kind
+(train, generate, refit/sync, wake/sleep, waiting); hatching gives the pipeline (and
+wide bars carry its name). OOMs are red crosses on their GPU, fired faults dotted red
+lines. The x axis is simulated seconds; the title names the scenario.
+
+Rendering uses matplotlib's Agg canvas directly (no pyplot, no global backend switch)
+under matplotlib's default style, with fixed size and dpi and no PNG "Software" tag, so
+the same records always give the same bytes on one matplotlib/Pillow installation.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections import defaultdict
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+
+from simulators.outputs.summary import (
+    all_gpus,
+    assign_lanes,
+    cluster_shape,
+    gpu_slices,
+    run_bounds,
+    scenario_name,
+)
+
+#: kind -> (legend label, colour); the drawing order of the legend.
+KIND_STYLE: Dict[str, Tuple[str, str]] = {
+    "train": ("train", "#1f77b4"),
+    "generate": ("generate", "#2ca02c"),
+    "sync": ("refit / sync", "#ff7f0e"),
+    "wake_sleep": ("wake / sleep", "#9467bd"),
+    "waiting": ("waiting", "#c7c7c7"),
+}
+PIPELINE_HATCHES = ("", "//", "\\\\", "xx", "..", "++", "oo", "**", "--", "||")
+
+_LEFT_IN, _RIGHT_IN, _TOP_IN, _BOTTOM_IN = 1.3, 2.2, 0.5, 0.6
+
+
+def timeline_size_px(records: Sequence[Mapping[str, Any]], *, width_in: float = 12.0,
+                     row_height_in: float = 0.45, dpi: int = 100) -> Tuple[int, int]:
+    """(width, height) in pixels of the PNG :func:`write_timeline_png` writes for these records."""
+    n_rows = len(all_gpus(records))
+    pipelines = {s.pipeline_id for s in gpu_slices(records, include_other=False)}
+    entries = len(KIND_STYLE) + len(pipelines) + 2
+    plot_h = max(n_rows * row_height_in, 0.22 * entries, 1.5)
+    return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
+
+
+def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float = 12.0,
+                        row_height_in: float = 0.45, dpi: int = 100) -> bytes:
+    """PNG bytes of the timeline."""
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    t0, t1 = run_bounds(records)
+    if t1 <= t0:
+        t1 = t0 + 1.0
+    _, gpn = cluster_shape(records)
+    gpus = all_gpus(records)
+    row_of = {g: i for i, g in enumerate(gpus)}
+    slices = [s for s in gpu_slices(records, include_other=False) if s.kind in KIND_STYLE]
+    lanes = assign_lanes(slices)
+    n_lanes: Dict[int, int] = defaultdict(lambda: 1)
+    for s, lane in zip(slices, lanes):
+        n_lanes[s.gpu] = max(n_lanes[s.gpu], lane + 1)
+    pipelines = sorted({s.pipeline_id for s in slices})
+    hatch_of = {p: PIPELINE_HATCHES[i % len(PIPELINE_HATCHES)] for i, p in enumerate(pipelines)}
+    ooms = [r for r in records if r.get("kind") == "oom"]
+    faults = [r for r in records if r.get("kind") == "fault_fired"]
+
+    w_px, h_px = timeline_size_px(records, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
+    w_in, h_in = w_px / dpi, h_px / dpi
+
+    with matplotlib.style.context("default"), matplotlib.rc_context({
+        "svg.hashsalt": "rlharness-timeline",
+        "font.family": "DejaVu Sans",
+        "font.size": 8,
+        "hatch.linewidth": 0.6,
+        "savefig.facecolor": "white",
+        "savefig.edgecolor": "white",
+        "savefig.transparent": False,
+        "path.simplify": False,
+    }):
+        fig = Figure(figsize=(w_in, h_in), dpi=dpi)
+        FigureCanvasAgg(fig)
+        fig.subplots_adjust(left=_LEFT_IN / w_in, right=1 - _RIGHT_IN / w_in,
+                            top=1 - _TOP_IN / h_in, bottom=_BOTTOM_IN / h_in)
+        ax = fig.add_subplot(1, 1, 1)
+
+        # bars, grouped per (gpu, lane, kind, pipeline) into one broken_barh call each
+        groups: Dict[Tuple[int, int, str, str], List[Tuple[float, float]]] = defaultdict(list)
+        span = t1 - t0
+        labels: List[Tuple[float, float, str]] = []
+        pad = 0.08
+        for s, lane in zip(slices, lanes):
+            width = min(s.end, t1) - max(s.start, t0)
+            if width <= 0:
+                continue
+            groups[(s.gpu, lane, s.kind, s.pipeline_id)].append((max(s.start, t0), width))
+            if len(pipelines) > 1 and width >= 0.08 * span:
+                lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
+                y = row_of[s.gpu] + pad + (lane + 0.5) * lane_h
+                labels.append((max(s.start, t0) + width / 2, y, s.pipeline_id))
+        for (g, lane, kind, pid) in sorted(groups):
+            lane_h = (1 - 2 * pad) / n_lanes[g]
+            y0 = row_of[g] + pad + lane * lane_h
+            ax.broken_barh(groups[(g, lane, kind, pid)], (y0, lane_h), facecolors=KIND_STYLE[kind][1],
+                           edgecolor="black", linewidth=0.3, hatch=hatch_of[pid] or None)
+        for x, y, text in sorted(labels):
+            ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
+
+        for r in ooms:
+            g = r.get("gpu")
+            if g in row_of:
+                ax.plot([float(r["t"])], [row_of[g] + 0.5], marker="x", color="red", markersize=9,
+                        markeredgewidth=2, linestyle="none", zorder=5)
+        for r in faults:
+            ax.axvline(float(r["t"]), color="red", linestyle=":", linewidth=1.0, zorder=4)
+
+        ax.set_xlim(t0, t1)
+        ax.set_ylim(len(gpus), 0)
+        ax.set_yticks([i + 0.5 for i in range(len(gpus))])
+        ax.set_yticklabels([f"GPU {g} (node {g // gpn})" for g in gpus])
+        for i in range(1, len(gpus)):
+            ax.axhline(i, color="#dddddd", linewidth=0.5, zorder=0)
+        ax.set_xlabel("simulated time (s)")
+        ax.grid(axis="x", color="#eeeeee", linewidth=0.5)
+        ax.set_axisbelow(True)
+        ax.set_title(f"{scenario_name(records) or 'rlharness run'} - GPU timeline")
+
+        handles: List[Any] = [Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=lbl)
+                              for lbl, c in KIND_STYLE.values()]
+        handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.3, hatch=hatch_of[p] or None,
+                          label=f"pipeline {p}") for p in pipelines]
+        if ooms:
+            handles.append(Line2D([], [], marker="x", color="red", markersize=8, markeredgewidth=2,
+                                  linestyle="none", label="OOM"))
+        if faults:
+            handles.append(Line2D([], [], color="red", linestyle=":", label="fault fired"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def write_timeline_png(records: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike], *,
+                       width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> str:
+    """Render the timeline and write it to ``path`` atomically; returns the path."""
+    data = render_timeline_png(records, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path

@@ -1,0 +1,86 @@
+"""Run a scenario and write its outputs: the one function behind ``rlharness simulate``.
+
+Outputs in the run folder (each file written whole or not at all):
+
+    events.jsonl    the event log (harness schema; replays with ``rlharness replay``)
+    summary.txt     the summary tables, as printed
+    trace.json      Chrome trace-event JSON: open it in the Perfetto UI (ui.perfetto.dev)
+    timeline.png    a picture of who used which GPU when
+    scenario.yaml   the scenario as resolved (defaults filled in, seed applied)
+    violations.txt  the invariant oracle's findings (empty file when there are none)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import yaml
+
+from harness.eventlog.writer import write_atomic
+from harness.invariants import Violation, check_log
+from simulators.outputs.perfetto import write_chrome_trace
+from simulators.outputs.summary import format_summary, summarize
+from simulators.outputs.timeline import write_timeline_png
+from simulators.runtime import RunResult, Simulation
+from simulators.scenario import scenario_to_mapping
+from simulators.spec import Scenario
+
+
+@dataclass
+class SimulationOutput:
+    result: RunResult
+    violations: List[Violation]
+    summary: str
+    files: List[str]
+
+
+def _write_text(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:
+    return scenario if seed is None else dataclasses.replace(scenario, seed=seed)
+
+
+def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
+             progress: Optional[Callable[[str], None]] = None) -> SimulationOutput:
+    result = Simulation(scenario, progress=progress).run()
+    records = result.records
+    violations = check_log(records)
+    summary = format_summary(summarize(records))
+    files: List[str] = []
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "events.jsonl")
+        write_atomic(path, result.log.lines())
+        files.append(path)
+        path = os.path.join(out_dir, "summary.txt")
+        _write_text(path, summary + "\n")
+        files.append(path)
+        path = os.path.join(out_dir, "trace.json")
+        write_chrome_trace(records, path)
+        files.append(path)
+        if png:
+            path = os.path.join(out_dir, "timeline.png")
+            write_timeline_png(records, path)
+            files.append(path)
+        path = os.path.join(out_dir, "scenario.yaml")
+        _write_text(path, yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
+        files.append(path)
+        path = os.path.join(out_dir, "violations.txt")
+        _write_text(path, "".join(f"{v}\n" for v in violations))
+        files.append(path)
+    return SimulationOutput(result, violations, summary, files)

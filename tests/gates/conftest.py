@@ -1,0 +1,126 @@
+"""Launch GPU gates under torchrun on CPU (gloo) and read their JSON reports.
+
+Each launch runs in its own session so a timeout can kill the whole process tree, and
+every launch's command line carries a unique report path, which is how the orphan check
+finds any worker that outlived its launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HOOK_ENV = "RLHARNESS_GATE_TEST_HOOK"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gate: launches a GPU gate under torchrun (gloo on CPU)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_mentioning(text: str) -> List[int]:
+    """Live (non-zombie) processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@dataclass
+class GateRun:
+    returncode: int
+    elapsed_s: float
+    output: str
+    report_path: Path
+    report: Optional[Dict] = None
+    survivors: List[int] = field(default_factory=list)
+    timed_out: bool = False
+
+    def rank_report(self, rank: int) -> Optional[Dict]:
+        path = self.report_path.with_name(f"{self.report_path.stem}.rank{rank}.json")
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def checks(self, name: str) -> List[Dict]:
+        """Every rank's checks called ``name``."""
+        return [c for r in self.report["ranks"] for c in r["checks"] if c["name"] == name]
+
+    @property
+    def event_log(self) -> Path:
+        return self.report_path.with_name(self.report_path.stem + ".events.jsonl")
+
+
+def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
+                timeout_s: float = 60.0, extra_env: Optional[Dict[str, str]] = None) -> GateRun:
+    report = tmp_path / f"{gate}-report.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.pop(HOOK_ENV, None)
+    if hook:
+        env[HOOK_ENV] = hook
+    env.update(extra_env or {})
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in pids_mentioning(str(report)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        output, _ = proc.communicate()
+    elapsed = time.monotonic() - start
+    survivors: List[int] = []
+    for _ in range(40):  # workers may need a moment to be reaped after the launcher exits
+        survivors = pids_mentioning(str(report))
+        if not survivors:
+            break
+        time.sleep(0.05)
+    run = GateRun(proc.returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out)
+    if report.exists():
+        run.report = json.loads(report.read_text())
+    return run
+
+
+@pytest.fixture
+def gate_runner(tmp_path):
+    def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
+        result = launch_gate(tmp_path, gate, nproc, *args, **kwargs)
+        assert not result.timed_out, f"gate launch exceeded its test timeout:\n{result.output[-3000:]}"
+        assert not result.survivors, f"orphan processes survived the gate: {result.survivors}"
+        assert result.report is not None, f"no report written:\n{result.output[-3000:]}"
+        return result
+    return run
+

@@ -1,0 +1,94 @@
+"""Fast, in-process tests of the gate runtime's pieces (no torchrun)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gpu_gates import report as rep  # noqa: E402
+from gpu_gates.dist_setup import LaunchEnv, select_backend  # noqa: E402
+from gpu_gates.hooks import HookSpecError, TestHooks, parse_hooks  # noqa: E402
+from gpu_gates.runtime import primary_failure  # noqa: E402
+from gpu_gates.selective_sync import targets_for  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_hook_parsing_and_rank_targeting():
+    hooks = parse_hooks("hang@sync:2, corrupt_byte:3 ,leak_group")
+    assert [h.name for h in hooks] == ["hang", "corrupt_byte", "leak_group"]
+    assert hooks[0].point == "sync" and hooks[0].rank == 2 and hooks[1].arg == "3"
+    assert TestHooks(hooks, rank=2, world_size=4).matching_point("sync") is hooks[0]
+    assert TestHooks(hooks, rank=1, world_size=4).matching_point("sync") is None
+    default_rank = TestHooks(parse_hooks("raise@x"), rank=3, world_size=4)
+    assert default_rank.matching_point("x") is not None  # default target: the last rank
+
+
+@pytest.mark.parametrize("bad", ["explode", "hang@", "hang@x:one", "corrupt@x"])
+def test_bad_hooks_are_rejected(bad):
+    with pytest.raises(HookSpecError):
+        parse_hooks(bad)
+
+
+def test_raise_hook_raises():
+    hook = parse_hooks("raise@p:0")[0]
+    with pytest.raises(RuntimeError, match="raise@p"):
+        TestHooks.act(hook)
+
+
+def test_primary_failure_prefers_root_cause_and_lists_timeouts():
+    failures = ["rank 0: rank 0 terminated by SIGTERM (...)", "rank 3: bit_exact: cycle 0: 'w' differs"]
+    assert primary_failure(failures).startswith("rank 3: bit_exact")
+    timeouts = ["rank 1: rank 1 timed out: deadline passed while in phase 'a'",
+                "rank 2: rank 2 timed out: deadline passed while in phase 'b'"]
+    message = primary_failure(timeouts)
+    assert message.startswith("2 rank(s) timed out") and "'a'" in message and "'b'" in message
+
+
+def test_atomic_write_and_paths(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    rep.atomic_write_json(str(path), {"status": "passed"})
+    assert json.loads(path.read_text()) == {"status": "passed"}
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+    assert rep.rank_report_path(str(path), 2).endswith("r.rank2.json")
+    assert rep.default_event_log_path(str(path)).endswith("r.events.jsonl")
+    assert rep.exit_code_for("passed") == 0 and rep.exit_code_for("skipped") == 3 and rep.exit_code_for("failed") == 1
+
+
+def test_summary_text_renders_tables():
+    report = {"gate": "g", "status": "failed", "backend": "gloo", "world_size": 2, "elapsed_s": 1.0,
+              "message": "boom", "ranks": [{"rank": 0, "status": "failed", "phase": "p",
+                                            "checks": [{"name": "c", "passed": False}], "failures": ["c: x"]}],
+              "summary": {"modes": {"full": {"status": "failed", "verdict": "1 group survived"}}}}
+    text = rep.summary_text(report)
+    assert "gate g: FAILED" in text and "full: FAILED - 1 group survived" in text and "first failure" in text
+
+
+def test_backend_selection_on_this_node():
+    env = LaunchEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, master_addr="127.0.0.1",
+                    master_port=1, agent_store=True)
+    backend, skip = select_backend("gloo", env)
+    assert (backend, skip) == ("gloo", None)
+    import torch
+    if not torch.cuda.is_available():
+        assert select_backend("auto", env) == ("gloo", None)
+        backend, skip = select_backend("nccl", env)
+        assert backend is None and "nccl requested" in skip
+
+
+def test_targets_alternate():
+    assert [targets_for(c, [2, 3]) for c in range(4)] == [[2, 3], [3], [2], [3]]
+
+
+def test_bad_hook_env_is_a_usage_error_with_one_line():
+    env = dict(os.environ, RLHARNESS_GATE_TEST_HOOK="explode", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(REPO / "gpu_gates" / "selective_sync.py")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "unknown hook 'explode'" in proc.stderr

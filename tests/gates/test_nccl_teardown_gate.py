@@ -1,0 +1,77 @@
+"""Gate 2.5 Part 1 on gloo: teardown leaves no process group behind, and leaks are named."""
+
+import importlib.util
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gate
+
+HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+
+
+def test_full_teardown_with_torch_groups_passes(gate_runner):
+    run = gate_runner("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--cycles", "3")
+    report = run.report
+    assert run.returncode == 0, run.output[-3000:]
+    assert report["status"] == "passed"
+    full = report["summary"]["modes"]["full"]
+    assert full["status"] == "passed" and full["builder"] == "torch" and full["survived"] == []
+    assert full["reinit_ok"] is True
+    assert len(run.checks("groups_released")) == 2 * 3
+    assert all(c["passed"] for c in run.checks("stale_handle_unregistered"))
+    assert all(c["passed"] for c in run.checks("allreduce_tp") + run.checks("allreduce_dp"))
+
+
+def test_leaked_group_is_named(gate_runner):
+    run = gate_runner("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--cycles", "2", hook="leak_group")
+    report = run.report
+    assert report["status"] == "failed" and run.returncode != 0
+    assert "groups_released" in report["message"] and "DATA_PARALLEL_GROUP" in report["message"]
+    full = report["summary"]["modes"]["full"]
+    assert full["status"] == "failed" and full["survived"] == ["DATA_PARALLEL_GROUP"]
+
+
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core not installed")
+def test_megatron_modes_report_what_survived(gate_runner):
+    run = gate_runner("nccl_teardown", 2, "--mode", "both", "--cycles", "2")
+    modes = run.report["summary"]["modes"]
+    assert modes["full"]["status"] == "passed" and modes["full"]["builder"] == "megatron"
+    megatron = modes["megatron"]
+    assert megatron["megatron_core"] == run.report["megatron_core_version"]
+    if megatron["status"] == "failed":  # e.g. 0.16.1: destroy_model_parallel only drops references
+        assert megatron["survived"], "a failed megatron mode must name what survived"
+        assert run.report["status"] == "failed"
+        assert "groups_released: mode megatron" in run.report["message"]
+    else:
+        assert megatron["status"] == "passed" and megatron["survived"] == []
+
+
+def test_megatron_missing_is_an_explicit_skip(gate_runner, tmp_path):
+    fake = tmp_path / "hide_megatron" / "megatron"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'megatron'\")\n")
+    run = gate_runner("nccl_teardown", 2, "--cycles", "1", extra_env={"PYTHONPATH": str(fake.parent)})
+    modes = run.report["summary"]["modes"]
+    assert modes["megatron"]["status"] == "skipped"
+    assert modes["megatron"]["reason"] == "skipped: megatron-core not installed"
+    assert modes["full"]["status"] == "passed" and modes["full"]["builder"] == "torch"
+    assert run.report["status"] == "passed"
+
+
+def test_hang_in_teardown_fails_within_timeout(gate_runner):
+    run = gate_runner("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--timeout-s", "5",
+                      hook="hang@teardown:1", timeout_s=40)
+    report = run.report
+    assert report["status"] == "failed" and run.returncode != 0
+    assert "timed out" in report["message"] or "terminated" in report["message"]
+    hung = next(r for r in report["ranks"] if r["rank"] == 1)
+    assert "test hook hang@teardown" in hung["phase"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this node has CUDA")
+def test_nccl_without_gpu_is_a_skip(gate_runner):
+    run = gate_runner("nccl_teardown", 2, "--backend", "nccl")
+    assert run.report["status"] == "skipped" and run.report["exit_code"] == 3
+    assert "nccl requested" in run.report["message"]

@@ -1,0 +1,96 @@
+"""Gate 2.5 Part 2 on gloo: bit-exact selective sync, both transport paths, and its failures."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gate
+
+
+def test_selective_sync_passes_with_ipc_and_broadcast_paths(gate_runner):
+    run = gate_runner("selective_sync", 4, "--cycles", "3")
+    report = run.report
+    assert run.returncode == 0, run.output[-3000:]
+    assert report["status"] == "passed" and report["exit_code"] == 0
+    assert report["backend"] == "gloo" and report["world_size"] == 4 and report["missing_ranks"] == []
+    cycles = report["summary"]["cycles"]
+    assert list(cycles) == ["cycle 0", "cycle 1", "cycle 2"]
+    # cycle 0: both paths; then targets alternate so each receiver is a non-target once.
+    assert (cycles["cycle 0"]["ipc_ranks"], cycles["cycle 0"]["broadcast_ranks"]) == ([2], [3])
+    assert cycles["cycle 1"]["targets"] == [3] and cycles["cycle 2"]["targets"] == [2]
+    assert all(c["status"] == "passed" and c["buckets"] >= 2 for c in cycles.values())
+    assert report["summary"]["ipc_transport"] == ["cpu_serialize"]
+    bit_exact = run.checks("bit_exact")
+    assert len(bit_exact) == 4 and all(c["passed"] for c in bit_exact)
+    untouched = run.checks("non_target_untouched")
+    assert len(untouched) == 2 and all(c["passed"] for c in untouched)
+    assert all(c["passed"] for c in run.checks("no_group_survives"))
+    assert len(run.checks("no_group_survives")) == 12
+    assert all(c["passed"] for c in run.checks("weights_changed"))
+    assert all(c["passed"] for c in run.checks("sync_group_proper_subset"))
+    cpu_samples = [m for r in report["ranks"] for m in r["memory"]]
+    assert cpu_samples and all(m["informational"] for m in cpu_samples)
+    _check_event_log(run)
+
+
+def _check_event_log(run):
+    """The merged log validates against the harness schema and shows every group destroyed."""
+    records_mod = pytest.importorskip("harness.eventlog.records")
+    assert run.report["event_log"] == str(run.event_log)
+    records = [r.data for r in records_mod.read_records(str(run.event_log))]
+    assert records[0]["kind"] == "header" and records[0]["source"] == "gate:selective_sync"
+    creates = [r for r in records if r["kind"] == "group_create"]
+    destroys = [r for r in records if r["kind"] == "group_destroy"]
+    assert creates and len(creates) == len(destroys)
+    assert all(len(r["members"]) < 4 and 1 not in r["members"] for r in creates)
+    published = [r["version"] for r in records if r["kind"] == "weights_publish"]
+    assert published == [0, 1, 2]
+    times = [(r["t"], r["seq"]) for r in records]
+    assert times == sorted(times)
+
+
+def test_corrupted_byte_fails_naming_tensor_and_bucket(gate_runner):
+    run = gate_runner("selective_sync", 4, "--cycles", "2", hook="corrupt_byte")
+    report = run.report
+    assert run.returncode != 0
+    assert report["status"] == "failed"
+    assert "bit_exact" in report["message"] and "'proj_weight' (bucket 1, float16)" in report["message"]
+    failed = {r["rank"] for r in report["ranks"] if r["status"] == "failed"}
+    assert failed == {2, 3}  # both the IPC and the broadcast receiver saw the damage
+    assert report["summary"]["cycles"]["cycle 0"]["status"] == "failed"
+    assert report["summary"]["cycles"]["cycle 1"]["status"] == "passed"  # the next sync repairs it
+
+
+def test_leaked_sync_group_is_reported(gate_runner):
+    run = gate_runner("selective_sync", 4, "--cycles", "1", hook="leak_sync_group")
+    assert run.report["status"] == "failed"
+    assert "no_group_survives" in run.report["message"]
+    assert "selective_sync_c0" in run.report["message"] and "ranks [0, 3]" in run.report["message"]
+
+
+def test_hung_rank_ends_in_failed_report_within_timeout(gate_runner):
+    run = gate_runner("selective_sync", 4, "--cycles", "2", "--timeout-s", "6", hook="hang@cycle_begin:2",
+                      timeout_s=45)
+    report = run.report
+    assert report["status"] == "failed" and run.returncode != 0
+    assert "timed out" in report["message"]
+    hung = next(r for r in report["ranks"] if r["rank"] == 2)
+    assert "test hook hang@cycle_begin" in hung["phase"]
+    assert report["elapsed_s"] < 6 + 8
+    assert run.rank_report(2) is not None and run.rank_report(2)["status"] == "failed"
+    # gate runner already asserted: no orphan workers, the launch ended before the test timeout
+
+
+def test_too_small_world_is_a_skip_with_reason(gate_runner):
+    run = gate_runner("selective_sync", 2)
+    assert run.report["status"] == "skipped"
+    assert "needs 4+ ranks" in run.report["message"]
+
+
+def test_raising_rank_is_headlined_and_every_rank_reports(gate_runner):
+    run = gate_runner("selective_sync", 4, "--cycles", "1", "--timeout-s", "30", hook="raise@sync:2", timeout_s=45)
+    report = run.report
+    assert report["status"] == "failed"
+    assert report["message"].startswith("rank 2: rank 2 RuntimeError") and "raise@sync" in report["message"]
+    assert report["missing_ranks"] == [] and len(report["ranks"]) == 4
+    assert report["elapsed_s"] < 20  # well before the 30 s deadline: a crash does not wait for the watchdog

@@ -1,0 +1,204 @@
+"""Simulator behaviour on bundled scenarios: step order, overlap serving, versions,
+routing, faults, determinism, and replay of the scheduler part."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+import pytest
+
+from harness.eventlog.records import read_records
+from harness.eventlog.writer import write_atomic
+from harness.invariants import check_log
+from harness.replay import compare_decisions, replay_file
+from simulators.runtime import Simulation
+from simulators.scenario import load_scenario
+from simulators.spec import FaultSpec, default_scenario
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCENARIOS = sorted(glob.glob(os.path.join(ROOT, "examples", "scenarios", "*.yaml")))
+
+
+def scenario(name):
+    return load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
+
+
+_CACHE = {}
+
+
+def run(name):
+    if name not in _CACHE:
+        _CACHE[name] = Simulation(default_scenario() if name == "default" else scenario(name)).run()
+    return _CACHE[name]
+
+
+def effects(records, pid, kind="effect_start"):
+    return [r for r in records if r["kind"] == kind and r.get("pipeline_id") == pid]
+
+
+NEMO_STEP = ["WaitBatch", "RequestGpus", "ReloadTrainComm", "Compute", "BuildCache", "OffloadTraining",
+             "DestroyTrainComm", "LockCoordinator", "PromoteCache", "ActiveRanks", "PublishVersion",
+             "UnlockCoordinator", "ReleaseGpus", "BeginProgressBatch"]
+
+
+def test_default_scenario_completes_with_every_invariant_holding():
+    res = run("default")
+    assert res.reason == "done", res.detail
+    assert check_log(res.records) == []
+
+
+def test_partial_overlap_step_sequence_order():
+    recs = run("tp2_broadcast").records
+    for step in range(4):
+        names = [r["effect"] for r in effects(recs, "ppl1") if r.get("scope") == "step" and r["step"] == step]
+        core = [n for n in names if n not in ("SyncFromCache", "Finalize")]
+        assert core == NEMO_STEP, (step, names)
+        # the active refresh (sync + finalize of the ranks still serving) sits inside the lock
+        i, j = names.index("ActiveRanks"), names.index("PublishVersion")
+        assert names[i + 1:j] == ["SyncFromCache", "Finalize"]
+    # the overlap rank is shrunk between the ACTOR_TRAINING request and its grant
+    req = next(r for r in effects(recs, "ppl1") if r["effect"] == "RequestGpus" and r["args"]["priority"] == "ACTOR_TRAINING")
+    grant = next(r for r in effects(recs, "ppl1", "effect_end") if r["seq"] > req["seq"] and r["effect"] == "RequestGpus")
+    shrinks = [r for r in recs if req["seq"] < r["seq"] < grant["seq"] and r["kind"] == "effect_end" and r["effect"] == "Sleep"]
+    assert shrinks and shrinks[0]["args"]["ranks"] == [0]
+
+
+def test_non_overlap_ranks_keep_serving_during_training():
+    recs = run("tp2_broadcast").records
+    starts = [r for r in effects(recs, "ppl1") if r["effect"] == "Compute"]
+    ends = [r for r in effects(recs, "ppl1", "effect_end") if r["effect"] == "Compute"]
+    served = 0
+    for s, e in zip(starts, ends):
+        done = [r for r in recs if s["seq"] < r["seq"] < e["seq"] and r["kind"] == "request_done"]
+        assert {r["dp_rank"] for r in done} <= {1}, "only the non-overlap rank may serve while training"
+        served += len(done)
+    assert served > 0
+    # and it gets the active refresh over a cross-GPU broadcast (its GPUs are not the owner's)
+    active = [r for r in recs if r["kind"] == "refit_bucket" and r.get("path") == "active"]
+    assert active and {r["transport"] for r in active} == {"nccl"}
+    expand = {r["transport"] for r in recs if r["kind"] == "refit_bucket" and r.get("path") == "expand"}
+    assert expand == {"nccl", "cpu_serialize"}  # rank 0 = GPU 0 (owner, same-GPU path) + GPU 1 (broadcast)
+
+
+def test_no_double_version_bump():
+    for name in ("default", "tp2_broadcast", "roll_dual_4gpu"):
+        recs = run(name).records
+        for pid in {r["pipeline_id"] for r in recs if r["kind"] == "effect_end"}:
+            published = [r["result"] for r in effects(recs, pid, "effect_end") if r["effect"] == "PublishVersion"]
+            built = [r["args"]["version"] for r in effects(recs, pid, "effect_end") if r["effect"] == "BuildCache"]
+            bumps = sum(1 for a, b in zip([None] + published, published) if a is None or b > a)
+            assert published == sorted(published), (name, pid, published)
+            assert bumps <= len(built), (name, pid, published, built)
+
+
+def test_expand_never_routes_before_publish():
+    for name in ("default", "gap_ratio_3pipelines", "tp2_broadcast", "mixed_64gpu"):
+        recs = run(name).records
+        assert check_log(recs, ["activate_after_sync", "routing"]) == [], name
+        # every dispatch goes to a rank that was activated after a publish of its version
+        last_pub, active_v = {}, {}
+        for r in recs:
+            if r["kind"] == "effect_end" and r["effect"] == "PublishVersion":
+                last_pub[r["pipeline_id"]] = r["result"]
+            elif r["kind"] == "rank_state" and r["state"] == "routable":
+                assert r["pipeline_id"] in last_pub, (name, r)
+
+
+def test_level2_rank_never_serves_before_a_sync():
+    base = default_scenario()
+    s = dataclasses.replace(base, faults=(FaultSpec("skip_sync_on_expand", "ppl1", 1),))
+    res = Simulation(s).run()
+    assert res.reason == "failed"
+    assert "finalized" in res.detail and "ppl1 dp" in res.detail  # refused by the rank lifecycle
+    fired = [r for r in res.records if r["kind"] == "fault_fired"]
+    assert fired and fired[0]["name"] == "skip_sync_on_expand"
+    # no request was ever served by a rank without weights
+    assert check_log(res.records, ["routing"]) == []
+
+
+def test_oom_detected_when_wake_meets_resident_training_memory():
+    res = run("oom_wake_before_offload")
+    assert res.reason == "failed" and "OOM on GPU" in res.detail
+    oom = [r for r in res.records if r["kind"] == "oom"]
+    assert len(oom) == 1 and oom[0]["mem"] in ("kv_cache", "weights")
+    fired = next(r for r in res.records if r["kind"] == "fault_fired")
+    assert fired["name"] == "wake_before_offload" and fired["seq"] < oom[0]["seq"]
+    # the leaked training state is still on the GPU that ran out
+    train = [r for r in res.records if r["kind"] == "vram" and r["gpu"] == oom[0]["gpu"] and r["mem"] == "train_state"]
+    assert sum(r["delta"] for r in train) > 0
+
+
+def test_without_the_fault_the_same_topology_does_not_oom():
+    s = dataclasses.replace(scenario("oom_wake_before_offload"), faults=())
+    res = Simulation(s).run()
+    assert res.reason == "done" and not [r for r in res.records if r["kind"] == "oom"]
+
+
+def test_keep_nccl_on_sleep_fails_the_post_sleep_check():
+    base = scenario("tp2_broadcast")
+    costs = dataclasses.replace(base.costs, post_sleep_threshold_bytes=768 << 20)  # below two kept communicators
+    s = dataclasses.replace(base, costs=costs, faults=(FaultSpec("keep_nccl_on_sleep", "ppl1", 0),))
+    res = Simulation(s).run()
+    assert res.reason == "failed" and "post-sleep VRAM" in res.detail and "dp0" in res.detail
+    clean = Simulation(dataclasses.replace(base, costs=costs)).run()
+    assert clean.reason == "done"  # the same threshold passes when sleep frees the communicators
+
+
+@pytest.mark.parametrize("path", [p for p in SCENARIOS if "1024" not in p], ids=os.path.basename)
+def test_same_scenario_and_seed_give_byte_identical_event_logs(path, tmp_path):
+    s = load_scenario(path)
+    a = list(Simulation(s).run().log.lines())
+    b = list(Simulation(s).run().log.lines())
+    assert a == b
+
+
+@pytest.mark.slow
+def test_large_scenario_is_deterministic_over_its_first_300_simulated_seconds():
+    s = dataclasses.replace(scenario("large_1024gpu"), horizon_s=300.0)
+    a = list(Simulation(s).run().log.lines())
+    b = list(Simulation(s).run().log.lines())
+    assert a == b and len(a) > 10_000
+
+
+def test_a_different_seed_changes_the_run():
+    s = default_scenario()
+    a = list(Simulation(s).run().log.lines())
+    b = list(Simulation(dataclasses.replace(s, seed=1)).run().log.lines())
+    assert a != b
+
+
+def test_default_event_log_replays_without_divergence(tmp_path):
+    res = run("default")
+    path = str(tmp_path / "events.jsonl")
+    write_atomic(path, res.log.lines())
+    replayed = replay_file(path)
+    assert replayed.rejected == 0
+    assert compare_decisions(replayed.decisions, read_records(path)) is None
+
+
+def test_replay_detects_a_tampered_simulator_log(tmp_path):
+    res = run("default")
+    lines = list(res.log.lines())
+    import json
+    for i, line in enumerate(lines):
+        d = json.loads(line)
+        if d["kind"] == "plan" and d["expands"]:
+            d["expands"][0]["bundles"][0]["gpus"] = [1 - d["expands"][0]["bundles"][0]["gpus"][0]]
+            lines[i] = json.dumps(d)
+            break
+    path = str(tmp_path / "events.jsonl")
+    write_atomic(path, lines)
+    assert compare_decisions(replay_file(path).decisions, read_records(path)) is not None
+
+
+def test_every_bundled_scenario_runs_to_its_expected_end():
+    for path in SCENARIOS:
+        if "1024" in path:
+            continue
+        name = os.path.basename(path)[:-5]
+        res = run(name)
+        expected = "failed" if name.startswith("oom") else "done"
+        assert res.reason == expected, (name, res.detail)
+        assert check_log(res.records) == [], name
