@@ -9,6 +9,7 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``corrupt_byte[:N]``    selective_sync: the owner flips one byte of bucket N (default 1)
 ``leak_group[:DESC]``   nccl_teardown: teardown skips the group (default the DP group)
 ``leak_sync_group``     selective_sync: the dynamic sync group is not destroyed
+``swap_resize_order``   dual_pipeline: a cycle runs its expands before its shrinks
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -23,7 +24,7 @@ from typing import List, Optional
 ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise")
-PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group")
+PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order")
 
 
 class HookSpecError(ValueError):

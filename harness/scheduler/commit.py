@@ -141,8 +141,10 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
     for cid, req in list(state.planned_releases.items()):
         pid, _ = parse_cluster_id(cid)
         executed = set(req.dp_ranks_to_remove) <= cp.shrunk_ranks.get(pid, set()) if req.dp_ranks_to_remove else True
-        if not executed and not opts.ack_unplanned_releases:
-            continue  # fixed variant: wait for a cycle that actually shrinks it
+        if not opts.ack_unplanned_releases:
+            alloc = state.allocations.get(cid)
+            if alloc is not None and alloc.active_dp_ranks:
+                continue  # fixed variant: ack only once the cluster really is at zero
         del state.planned_releases[cid]
         out.append(Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], cycle,
                           shrink_executed=executed))

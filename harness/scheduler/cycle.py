@@ -64,13 +64,17 @@ def _merge_shrink(plan: ExecutionPlan, cluster_id: str, ranks) -> bool:
     return fresh
 
 
-def _phase_planned_releases(state: SchedulerState, plan: ExecutionPlan, available: Set[int]) -> None:
+def _phase_planned_releases(state: SchedulerState, plan: ExecutionPlan, available: Set[int],
+                            opts: SchedulerOptions) -> None:
     for cid, req in list(state.planned_releases.items()):
         alloc = state.allocations.get(cid)
         if alloc is None:
             raise CycleFailure(f"await_release_gpus for unknown cluster_id {cid!r}")
         if alloc.priority != Priority.GENERATION:
             raise CycleFailure(f"await_release_gpus is only supported for GENERATION clusters, got {cid!r}")
+        if not opts.ack_unplanned_releases:
+            # fixed variant: shrink what is active now, not what was active at the call
+            req.dp_ranks_to_remove = sorted(alloc.active_dp_ranks)
         if not req.dp_ranks_to_remove:
             continue  # acked at commit like every other planned release
         pid, _ = parse_cluster_id(cid)
@@ -159,7 +163,10 @@ def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set
     estimates: Dict[str, Optional[int]] = {}
     for p in pending_gen:
         estimates.setdefault(p.cluster_id, p.step_target_estimate)
+    # fixed variant: a cluster waiting to reach zero is never expanded in the meantime
+    frozen = set() if opts.ack_unplanned_releases else set(state.planned_releases)
     return gap_ratio_plan(plan, GapRatioInputs(
+        frozen=frozen,
         registry=state.registry, allocations=state.allocations, non_gen_reserved=set(reserved),
         idle=set(available), pending_gen=estimates, progress_totals=state.progress.totals,
         epsilon=opts.epsilon, max_iterations=opts.max_gap_iterations, max_activations=opts.max_gap_activations,
@@ -195,7 +202,7 @@ def plan_cycle(state: SchedulerState, opts: SchedulerOptions, *, reason: str) ->
     state.cycle_counter += 1
     plan = ExecutionPlan()
     available = set(state.idle_gpus)
-    _phase_planned_releases(state, plan, available)
+    _phase_planned_releases(state, plan, available, opts)
     reserved: Set[int] = set()
     for alloc in state.allocations.values():
         if alloc.priority != Priority.GENERATION:

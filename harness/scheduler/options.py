@@ -18,7 +18,9 @@ from harness.scheduler.planner import MAX_GAP_ACTIVATIONS, MAX_GAP_ITERATIONS
 class SchedulerOptions:
     # Phase 6 acks every pending planned release, including one that arrived in the lock
     # gap and whose shrink was never planned ("premature planned-release ack").
-    # False = ack only releases whose ranks were shrunk by the committed plan.
+    # False = exact planned releases: the ranks to shrink are re-read at planning time,
+    # a releasing cluster is never expanded meanwhile, and the ack comes only once the
+    # cluster has no active rank left.
     ack_unplanned_releases: bool = True
     # Phase 2 keeps GEN shrinks it added for a non-GEN request that still cannot be
     # granted (GEN preempted for nothing). True = roll those shrinks back.

@@ -99,6 +99,7 @@ class GapRatioInputs:
     epsilon: float = 0.0
     gpu_pipelines: Optional[Mapping[int, List[str]]] = None  # GPU -> pipelines mapping it (registry order)
     neighbours: Optional[Mapping[str, Set[str]]] = None  # pipeline -> pipelines sharing an infer GPU
+    frozen: Set[str] = field(default_factory=set)  # clusters that may not receive (not RLix: a fixed variant)
     max_iterations: int = MAX_GAP_ITERATIONS
     max_activations: int = MAX_GAP_ACTIVATIONS
 
@@ -151,11 +152,11 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         current = set(alloc.active_dp_ranks) if alloc is not None and alloc.priority == Priority.GENERATION else set()
         current -= removed_by_plan.get(cid, set())
         in_allocs = cid in inp.allocations
-        eligible = cid not in plan.clusters_to_remove and (has_pending or bool(current) or in_allocs)
+        eligible = cid not in plan.clusters_to_remove and cid not in inp.frozen and (has_pending or bool(current) or in_allocs)
         states.append(_PipelineState(
             index=len(states), pipeline_id=pid, cluster_id=cid, tp=cfg.tp_size, mapping=cfg.device_mapping,
             remaining=remaining, percent_remaining=percent, eligible=eligible,
-            commit_ok=cid not in plan.clusters_to_remove and (has_pending or in_allocs),
+            commit_ok=cid not in plan.clusters_to_remove and cid not in inp.frozen and (has_pending or in_allocs),
             has_pending=has_pending, cfg=cfg, active_set=current, donatable=sorted(current),
             blocked_inactive=len(removed_by_plan.get(cid, ())),
         ))

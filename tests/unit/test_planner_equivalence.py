@@ -30,7 +30,14 @@ from harness.scheduler.types import (
     Priority,
     ShrinkOp,
 )
-from oracle_gap_ratio import OracleLimitExceeded, oracle_gap_ratio
+try:
+    from oracle_gap_ratio import OracleLimitExceeded, oracle_gap_ratio
+except ImportError:  # e.g. --import-mode=importlib: the test directory is not on sys.path
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from oracle_gap_ratio import OracleLimitExceeded, oracle_gap_ratio
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -9,7 +9,9 @@ after every step the ownership invariants of reference/rlix.md §2.3/§2.6 must 
 
 * GPU conservation and single ownership: idle ∪ allocated = all GPUs, pairwise disjoint;
 * every plan passed validation (no ``validation_failed`` record, no fail-fast other than
-  the by-design ones: an ``await_release_gpus`` whose cluster was released meanwhile);
+  the by-design ones: an ``await_release_gpus`` whose cluster was released meanwhile, and
+  RLix's identical crash when a pipeline is unregistered and registered again inside the
+  lock gap — after either the machine starts a fresh model);
 * non-GEN grants are whole device mappings; GEN allocations are whole TP bundles of the
   registered mapping below max_dp;
 * no dp rank is both removed and added in one cycle;
@@ -403,3 +405,49 @@ def test_reregistration_inside_the_lock_gap_fails_fast_like_rlix():
     assert m.failed is not None and m.failed.startswith("Planned allocation has no pending waiter")
     with pytest.raises(Rejected):
         m.request("p_actor_train", Priority.ACTOR_TRAINING)
+
+
+# ----------------------------------------------------------------------------- known bug (fixed variant)
+# SchedulerOptions(ack_unplanned_releases=False) keeps a planned release that arrived in
+# the lock gap until a cycle really shrinks it. But PlannedRelease.dp_ranks_to_remove is
+# the active-rank list snapshotted when await_release was called, and the commit of the
+# cycle that was open at that moment can change the active ranks before the release is
+# planned. Found by this state machine run with that option.
+
+def _fixed_variant(train: List[int]) -> SchedulerModel:
+    from harness.scheduler import SchedulerOptions
+
+    m = SchedulerModel(ClusterTopology(1, 2), SchedulerOptions(ack_unplanned_releases=False))
+    m.register("p", {"actor_infer": 1, "actor_train": 1}, {"actor_infer": [0, 1], "actor_train": train})
+    m.admit("p")
+    m.request("p_actor_infer", GEN, step_target_estimate=4)
+    m.run_cycle()                                                    # p active ranks {0, 1}
+    return m
+
+
+def test_fixed_variant_planned_release_after_gap_shrink_is_planned_validly():
+    m = _fixed_variant(train=[0])
+    m.request("p_actor_train", Priority.ACTOR_TRAINING)
+    cp = m.plan_cycle()                                              # preempts rank 0 for training
+    m.await_release(pipeline_id="p")                                 # lock gap: snapshot ranks [0, 1]
+    m.commit_cycle(cp)                                               # rank 0 shrunk; release kept (not executed)
+    m.run_cycle()                                                    # Phase 0.5 shrinks [0, 1]; 0 is inactive
+    assert m.failed is None, m.failed                                # (fixed bug: was condition 5 fail-fast)
+    acks = [r for r in m.drain() if r["kind"] == "signalled" and r["waiter"] == "planned_release"]
+    assert acks and acks[-1]["error"] is None
+    assert not m.state.allocations["p_actor_infer"].active_dp_ranks
+
+
+def test_fixed_variant_planned_release_after_gap_expand_shrinks_to_zero():
+    m = _fixed_variant(train=[1])
+    m.request("p_actor_train", Priority.ACTOR_TRAINING)
+    m.run_cycle()                                                    # training preempts rank 1
+    m.release("p_actor_train")
+    m.report_progress(ProgressReport("p", 8, 0.0))
+    cp = m.plan_cycle()                                              # re-expands rank 1
+    assert [e.dp_rank_to_gpus for e in cp.plan.expands] == [{1: [1]}]
+    m.await_release(pipeline_id="p")                                 # lock gap: snapshot ranks [0]
+    m.commit_cycle(cp)                                               # rank 1 active again; release kept
+    signals = m.run_cycle()                                          # shrinks [0] only, then acks
+    assert [(s.kind, s.shrink_executed) for s in signals] == [("planned_release", True)]
+    assert not m.state.allocations["p_actor_infer"].active_dp_ranks  # (fixed bug: rank 1 stayed active)

@@ -1,0 +1,490 @@
+"""Gate 4 driver: the harness scheduler model and control logic, in real time.
+
+Runs in a thread of rank 0. It owns one :class:`~harness.scheduler.model.SchedulerModel`
+(the same object the simulator drives) and interprets the same control generators as
+the simulator (``harness.control.nemo_async``, ``resize.expand_order``/``shrink_order``),
+turning each effect into a command for the worker process that must do it. Threads:
+
+* one per pipeline, running initialize → train_step × N → finish;
+* the scheduler loop (RLix's central loop: wake on input, plan, run every shrink and wait,
+  then every expand, commit, signal), each resize call in its own thread;
+* a GENERATION watchdog per pipeline (NeMo's re-request while nothing is active).
+
+Everything is logged in the harness event-log schema (scheduler inputs, decisions,
+``effect_start``/``effect_end``, ``rank_state``), so the invariant oracle in
+``harness.invariants`` checks this run with exactly the code that checks simulations.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from harness.control import nemo_async
+from harness.control.context import PipelineContext
+from harness.control.effects import effect_fields, effect_name
+from harness.control.rank_state import RankLifecycle
+from harness.control.resize import expand_order, shrink_order
+from harness.control.versions import VersionBook
+from harness.eventlog.writer import EventLog, header_record
+from harness.scheduler.commit import Signal
+from harness.scheduler.model import SchedulerModel
+from harness.scheduler.progress import CoordinatorProgress, ProgressReport
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority, Rejected
+from harness.topology import ClusterTopology
+from gpu_gates.dual_worker import ROLES, rank_of
+
+PIPELINES = ("ppl1", "ppl2")
+TRAIN_GPU = {"ppl1": 0, "ppl2": 1}
+INFER_GPUS = (0, 1)
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+class Channel:
+    """Ordered command/reply exchange with one worker through the store."""
+
+    def __init__(self, ctx, rank: int) -> None:
+        self.ctx, self.rank, self.n, self.lock = ctx, rank, 0, threading.Lock()
+
+    def call(self, op: str, **args: Any) -> Any:
+        with self.lock:
+            i, self.n = self.n, self.n + 1
+            self.ctx.put(f"dual/cmd/{self.rank}/{i}", json.dumps({"op": op, "args": args}).encode())
+            reply = json.loads(self.ctx.wait_get(f"dual/res/{self.rank}/{i}", f"rank {self.rank} finishing {op}"))
+        if not reply["ok"]:
+            raise DriverError(reply["error"])
+        return reply["result"]
+
+
+class Driver:
+    def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None]) -> None:
+        self.ctx = ctx
+        self.steps = steps
+        self.bucket_size = bucket_size
+        self.swap = swap_resize_order
+        self.own_rank_serve = own_rank_serve
+        self.t0 = time.monotonic()
+        self.model = SchedulerModel(ClusterTopology(1, 2))
+        self.lock = threading.RLock()  # model + log
+        self.log = EventLog(header_record({"nodes": 1, "gpus_per_node": 2}, source="gate:dual_pipeline",
+                                          meta={"backend": ctx.backend, "steps": steps}))
+        self.channels = {r: Channel(ctx, r) for r in ROLES}
+        self.waiters: Dict[int, Tuple[threading.Event, List[Signal]]] = {}
+        self.wake = threading.Event()
+        self.errors: List[str] = []
+        self.done = threading.Event()
+        self.ctxs = {p: PipelineContext(p, "nemo_async", steps, sleep_level=2, step_target=4, gen_estimate=1,
+                                        versions=VersionBook(clamp_bootstrap=True)) for p in PIPELINES}
+        self.life = {(p, d): RankLifecycle(p, d) for p in PIPELINES for d in (0, 1)}
+        self.routable: Dict[str, set] = {p: set() for p in PIPELINES}
+        self.coord_lock = {p: threading.Lock() for p in PIPELINES}
+        self.finished = {p: False for p in PIPELINES}
+        self.steps_done = {p: 0 for p in PIPELINES}
+        self.sync_n = 0
+        self.digest_failures: List[str] = []
+        self._early: Dict[int, List[Signal]] = {}  # signals that beat their waiter's registration
+        self.progress = {p: CoordinatorProgress(p) for p in PIPELINES}
+        # Choreography of step 0, so every run contains a donor-shrink + recipient-expand
+        # cycle (what T1 < T2 < T3 is about): ppl2 asks for GENERATION only once ppl1 holds
+        # both GPUs, and ppl1's first batch completes only after ppl2 has asked.
+        self.ppl2_asked = threading.Event()
+
+    # ------------------------------------------------------------------ log + model
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 6)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        with self.lock:
+            self.log.emit(kind, self.now(), **fields)
+
+    def call_model(self, kind: str, fields: Dict[str, Any], fn: Callable[[], Any]) -> Any:
+        with self.lock:
+            rec = self.log.emit(kind, self.now(), **fields)
+            try:
+                out = fn()
+            except Rejected as e:
+                self.model.drain()
+                self.log.emit("rejected", self.now(), input_seq=rec["seq"], input_kind=kind, reason=e.reason)
+                raise DriverError(f"scheduler refused {kind}: {e.reason}") from None
+            self.log.extend(self.now(), self.model.drain())
+        self.wake.set()
+        return out
+
+    def wait_ticket(self, ticket) -> List[int]:
+        if ticket.done:
+            return ticket.gpus
+        with self.lock:
+            ev, slot = threading.Event(), []
+            self.waiters[ticket.request_id] = (ev, slot)
+            for s in self._early.pop(ticket.request_id, []):
+                slot.append(s)
+                ev.set()
+        while not ev.wait(0.05):
+            if self.errors:
+                raise DriverError("aborted: " + self.errors[0])
+        sig = slot[0]
+        if sig.error:
+            raise DriverError(f"request {ticket.request_id} failed: {sig.error}")
+        return sig.gpus
+
+    def deliver(self, signals: List[Signal]) -> None:
+        with self.lock:
+            for s in signals:
+                w = self.waiters.pop(s.request_id, None)
+                if w is None:
+                    self._early.setdefault(s.request_id, []).append(s)
+                    continue
+                w[1].append(s)
+                w[0].set()
+
+    # ------------------------------------------------------------------ scheduler loop
+    def scheduler_loop(self) -> None:
+        last_poll = time.monotonic()
+        while not self.done.is_set():
+            woke = self.wake.wait(0.05)
+            reason = "wakeup"
+            if woke:
+                self.wake.clear()
+            else:
+                if time.monotonic() - last_poll < 1.0:
+                    continue
+                last_poll = time.monotonic()
+                with self.lock:
+                    bg = self.model.background_rebalance_reason()
+                if bg is None:
+                    continue
+                reason = f"background:{bg}"
+            self.cycle(reason)
+
+    def cycle(self, reason: str) -> None:
+        with self.lock:
+            self.log.emit("cycle", self.now(), phase="plan", reason=reason)
+            cp = self.model.plan_cycle(reason)
+            self.log.extend(self.now(), self.model.drain())
+        if cp is None:
+            raise DriverError(f"scheduler failed fast: {self.model.failed}")
+        phases = [("shrink", cp.shrink_calls), ("expand", cp.expand_calls)]
+        if self.swap:  # test hook: the bug the T1 < T2 < T3 check must catch
+            phases.reverse()
+        for phase, calls in phases:
+            threads = []
+            for call in calls:
+                ranks = call.dp_ranks_to_remove if phase == "shrink" else call.dp_ranks_to_add
+                self.emit("resize_start", cycle=cp.cycle, pipeline_id=call.pipeline_id, phase=phase, dp_ranks=list(ranks))
+                gen = (shrink_order if phase == "shrink" else expand_order)(self.ctxs[call.pipeline_id], ranks)
+                th = threading.Thread(target=self._resize, args=(call.pipeline_id, phase, list(ranks), cp.cycle, gen), daemon=True)
+                th.start()
+                threads.append(th)
+            for th in threads:
+                th.join()
+            if self.errors:
+                return
+        with self.lock:
+            self.log.emit("cycle", self.now(), phase="commit")
+            signals = self.model.commit_cycle(cp)
+            self.log.extend(self.now(), self.model.drain())
+        if self.model.failed:
+            raise DriverError(f"scheduler failed fast: {self.model.failed}")
+        self.deliver(signals)
+
+    def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int, gen) -> None:
+        try:
+            self.drive(pid, gen, phase, None, cycle)
+        except Exception as exc:
+            self.fail(f"{pid} {phase} {ranks}: {exc}")
+        self.emit("resize_end", cycle=cycle, pipeline_id=pid, phase=phase, dp_ranks=ranks)
+
+    # ------------------------------------------------------------------ pipelines
+    def pipeline_main(self, pid: str) -> None:
+        ctx = self.ctxs[pid]
+        try:
+            tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: 1}
+            maps = {ACTOR_TRAIN: [TRAIN_GPU[pid]], GENERATION_CLUSTER: list(INFER_GPUS)}
+            self.call_model("register", {"pipeline_id": pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
+                            lambda: self.model.register(pid, tps, maps))
+            self.call_model("admit", {"pipeline_id": pid}, lambda: self.model.admit(pid))
+            self.drive(pid, nemo_async.initialize(ctx), "init", None)
+            for step in range(self.steps):
+                ctx.step = step
+                self.drive(pid, nemo_async.train_step(ctx, step), "step", step)
+                self.steps_done[pid] += 1
+            self.finish(pid)
+        except Exception as exc:
+            self.fail(f"{pid}: {exc}")
+
+    def finish(self, pid: str) -> None:
+        self.finished[pid] = True
+        alloc = self.model.state.allocations.get(f"{pid}_{GENERATION_CLUSTER}")
+        if alloc is not None and alloc.active_dp_ranks:
+            self.wait_ticket(self.call_model("await_release", {"pipeline_id": pid},
+                                             lambda: self.model.await_release(pipeline_id=pid)))
+        with self.coord_lock[pid]:
+            self.call_model("unregister", {"pipeline_id": pid}, lambda: self.model.unregister(pid))
+
+    def watchdog(self, pid: str) -> None:
+        cid = f"{pid}_{GENERATION_CLUSTER}"
+        while not self.done.is_set() and not self.finished[pid]:
+            time.sleep(0.2)
+            with self.lock:
+                if self.finished[pid] or cid not in self.model.state.allocations:
+                    continue
+                busy = any(self.life[(pid, d)].state.value != "asleep" for d in (0, 1))
+                if busy or self.model.state.pending_for(cid) is not None or self.model.failed:
+                    continue
+            try:
+                self.call_model("request", {"cluster_id": cid, "priority": "GENERATION", "step_target_estimate": 1},
+                                lambda: self.model.request(cid, Priority.GENERATION, step_target_estimate=1))
+            except DriverError as exc:
+                self.fail(f"{pid} watchdog: {exc}")
+                return
+
+    def fail(self, message: str) -> None:
+        with self.lock:
+            self.errors.append(message)
+        self.done.set()
+        try:  # release every worker waiting on a command or a peer: they report and exit
+            from gpu_gates.context import KEY_PREFIX
+            self.ctx.store.set(KEY_PREFIX + "abort", f"driver: {message}".encode())
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ the interpreter
+    def drive(self, pid: str, gen, scope: str, step: Optional[int], cycle: Optional[int] = None) -> None:
+        result: Any = None
+        while True:
+            if self.errors:
+                raise DriverError("aborted: " + self.errors[0])
+            try:
+                effect = gen.send(result)
+            except StopIteration:
+                return
+            name, args = effect_name(effect), effect_fields(effect)
+            extra: Dict[str, Any] = {"scope": scope, "step": step}
+            if cycle is not None:
+                extra["cycle"] = cycle
+            gpus = self._gpus(pid, name, args)
+            if gpus:
+                extra["gpus"] = gpus
+            self.emit("effect_start", pipeline_id=pid, effect=name, args=args, **extra)
+            result = getattr(self, "_" + name)(pid, effect)
+            end = dict(extra)
+            if result is not None:
+                end["result"] = result
+            self.emit("effect_end", pipeline_id=pid, effect=name, args=args, **end)
+
+    def _gpus(self, pid: str, name: str, args: Dict[str, Any]) -> List[int]:
+        if "ranks" in args:
+            return sorted(ROLES[rank_of(pid, "infer", d)][3] for d in args["ranks"])
+        if name in ("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"):
+            return [TRAIN_GPU[pid]]
+        return []
+
+    def _trainer(self, pid: str) -> Channel:
+        return self.channels[rank_of(pid, "trainer")]
+
+    def _infer(self, pid: str, dp: int) -> Channel:
+        return self.channels[rank_of(pid, "infer", dp)]
+
+    def _rank_state(self, pid: str, dp: int, event: str, **kw: Any) -> None:
+        life = self.life[(pid, dp)]
+        life.on(event, **kw)
+        self.emit("rank_state", pipeline_id=pid, dp_rank=dp, state=life.state.value,
+                  gpus=[ROLES[rank_of(pid, "infer", dp)][3]], version=life.weights_version)
+
+    # scheduler effects
+    def _RequestGpus(self, pid, e):
+        cid = f"{pid}_{e.cluster}"
+        if pid == "ppl2" and e.priority == Priority.GENERATION and not self.ppl2_asked.is_set():
+            self._wait_until(lambda: len(self.routable["ppl1"]) == 2, 20.0)
+            self.ppl2_asked.set()
+        fields = {"cluster_id": cid, "priority": e.priority.name}
+        if e.global_step is not None:
+            fields["global_step"] = e.global_step
+        if e.step_target_estimate is not None:
+            fields["step_target_estimate"] = e.step_target_estimate
+        return self.wait_ticket(self.call_model("request", fields, lambda: self.model.request(
+            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate)))
+
+    def _ReleaseGpus(self, pid, e):
+        cid = f"{pid}_{e.cluster}"
+        fields = {"cluster_id": cid} if e.global_step is None else {"cluster_id": cid, "global_step": e.global_step}
+        self.call_model("release", fields, lambda: self.model.release(cid, global_step=e.global_step))
+
+    # training effects
+    def _ReloadTrainComm(self, pid, e):
+        return self._trainer(pid).call("reload_comm", step=self.ctxs[pid].step)
+
+    def _Compute(self, pid, e):
+        return self._trainer(pid).call("train", step=e.global_step)
+
+    def _BuildCache(self, pid, e):
+        self._trainer(pid).call("build_cache", version=e.version, bucket_size=self.bucket_size)
+        self.ctxs[pid].versions.cache_built(e.version)
+
+    def _PromoteCache(self, pid, e):
+        self._trainer(pid).call("promote", version=e.version)
+        self.ctxs[pid].versions.promote(e.version)
+
+    def _OffloadTraining(self, pid, e):
+        self._trainer(pid).call("offload")
+
+    def _DestroyTrainComm(self, pid, e):
+        return self._trainer(pid).call("destroy_comm")
+
+    def _LockCoordinator(self, pid, e):
+        self.coord_lock[pid].acquire()
+
+    def _UnlockCoordinator(self, pid, e):
+        self.coord_lock[pid].release()
+
+    # inference + refit effects
+    def _ActiveRanks(self, pid, e):
+        return sorted(self.routable[pid])
+
+    def _MarkInactive(self, pid, e):
+        if set(e.ranks) & self.routable[pid]:
+            raise DriverError(f"{pid}: expand of ranks {sorted(set(e.ranks) & self.routable[pid])} that are still routable")
+
+    def _Wake(self, pid, e):
+        for d in e.ranks:
+            self._rank_state(pid, d, "wake")
+            self._infer(pid, d).call("wake", level=self.ctxs[pid].sleep_level)
+            self._rank_state(pid, d, "woken")
+
+    def _SyncFromCache(self, pid, e):
+        owner = rank_of(pid, "trainer")
+        owner_gpu = ROLES[owner][3]
+        ipc_ranks, bcast_ranks = [], []
+        for d in e.ranks:
+            r = rank_of(pid, "infer", d)
+            (ipc_ranks if ROLES[r][3] == owner_gpu else bcast_ranks).append(r)
+        with self.lock:
+            self.sync_n += 1
+            sync_id = f"{pid}_s{self.sync_n}_v{e.version}"
+        members = sorted([owner] + bcast_ranks)
+        results: Dict[int, Any] = {}
+        errors: List[str] = []
+
+        def run(rank: int, fn: Callable[[], Any]) -> None:
+            try:
+                results[rank] = fn()
+            except Exception as exc:
+                errors.append(str(exc))
+
+        threads = [threading.Thread(target=run, args=(owner, lambda: self.channels[owner].call(
+            "sync_send", sync_id=sync_id, version=e.version, ipc_ranks=ipc_ranks, bcast_ranks=bcast_ranks)), daemon=True)]
+        for r in ipc_ranks + bcast_ranks:
+            threads.append(threading.Thread(target=run, args=(r, lambda r=r: self.channels[r].call(
+                "sync_recv", sync_id=sync_id, version=e.version, owner=owner, via_ipc=r in ipc_ranks, members=members)), daemon=True))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise DriverError("; ".join(errors))
+        for d in e.ranks:
+            self._rank_state(pid, d, "refreshed" if d in self.routable[pid] else "synced", version=e.version)
+        return {"ipc": ipc_ranks, "broadcast": bcast_ranks}
+
+    def _Finalize(self, pid, e):
+        for d in e.ranks:
+            out = self._infer(pid, d).call("finalize", version=self.ctxs[pid].versions.active)
+            if not out["ok"]:
+                self.digest_failures.append(f"{pid} dp{d}: tensors {out['mismatched']} differ from the owner's version "
+                                            f"{self.ctxs[pid].versions.active}")
+                raise DriverError(self.digest_failures[-1])
+            self._rank_state(pid, d, "finalized")
+
+    def _PublishVersion(self, pid, e):
+        self.ctxs[pid].versions.publish(e.version)
+        return self.ctxs[pid].versions.published
+
+    def _Activate(self, pid, e):
+        for d in e.ranks:
+            self._rank_state(pid, d, "activated")
+            self.routable[pid].add(d)
+
+    def _Abort(self, pid, e):
+        for d in e.ranks:
+            self.routable[pid].discard(d)
+            self._infer(pid, d).call("abort")
+            self._rank_state(pid, d, "abort")
+
+    def _Drain(self, pid, e):
+        return None
+
+    def _Sleep(self, pid, e):
+        for d in e.ranks:
+            self._infer(pid, d).call("sleep", level=e.level)
+            self._rank_state(pid, d, "slept", level=e.level)
+
+    # workload effects
+    def _report(self, pid: str, collected: int, new_batch: bool) -> None:
+        """Progress through the coordinator's 2 % buckets, as the scheduler sees it."""
+        rep = self.progress[pid].update(mode="train", adapter=None, step_target=self.ctxs[pid].step_target,
+                                        collected=collected, new_batch=new_batch)
+        if isinstance(rep, ProgressReport):
+            self.call_model("progress", {"pipeline_id": pid, "step_target": rep.step_target, "completed": rep.completed,
+                                         "mode": rep.mode, "new_batch": new_batch},
+                            lambda: self.model.report_progress(rep))
+
+    def _wait_until(self, cond: Callable[[], bool], limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        while not cond() and time.monotonic() < end and not self.errors:
+            time.sleep(0.01)
+
+    def _WaitBatch(self, pid, e):
+        """Generate a batch on the routable ranks; routing blocks while none is routable."""
+        if pid == "ppl1" and e.global_step == 0:
+            self._wait_until(self.ppl2_asked.is_set, 20.0)
+        generated, target = 0, self.ctxs[pid].step_target
+        while generated < target:
+            if self.errors:
+                raise DriverError("aborted: " + self.errors[0])
+            with self.coord_lock[pid]:  # ranks do not change while we pick them
+                ranks = sorted(self.routable[pid])
+                for d in ranks:
+                    self._infer(pid, d).call("generate", tokens=4)
+                    generated += 1
+            if ranks:
+                self._report(pid, min(generated, target), False)
+                time.sleep(0.01)  # rollout takes time: give the scheduler room to rebalance
+            else:
+                time.sleep(0.02)
+        return generated
+
+    def _BeginProgressBatch(self, pid, e):
+        self._report(pid, 0, True)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        threads = [threading.Thread(target=self.scheduler_main, daemon=True)]
+        threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True) for p in PIPELINES]
+        threads += [threading.Thread(target=self.watchdog, args=(p,), daemon=True) for p in PIPELINES]
+        for th in threads:
+            th.start()
+        for th in threads[1:3]:
+            while th.is_alive() and not self.errors:
+                th.join(0.1)
+        self.done.set()
+        threads[0].join(5.0)
+        for r, ch in self.channels.items():
+            if r != self.ctx.rank:
+                try:
+                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", json.dumps({"op": "stop"}).encode())
+                except Exception:
+                    pass
+        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", json.dumps({"op": "stop"}).encode())
+
+    def scheduler_main(self) -> None:
+        try:
+            self.scheduler_loop()
+        except Exception as exc:
+            traceback.print_exc()
+            self.fail(f"scheduler loop: {exc}")

@@ -1,0 +1,231 @@
+"""Gate 4 workers: a real process per trainer and per inference DP rank.
+
+Each worker executes commands the driver (rank 0's driver thread) posts through the TCP
+store, one at a time, in order: ``dual/cmd/<rank>/<i>`` → ``dual/res/<rank>/<i>``. The
+commands are what the harness control logic's effects become on real hardware: a real
+training step on a small mixed-dtype model, a real CPU bucket cache, a real dynamic
+process group per sync (owner + broadcast targets, created with local synchronization so
+only its members take part, destroyed after the sync), IPC for targets declared on the
+owner's device, and SHA-256 digests compared bit for bit on the receivers.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from gpu_gates import ipc
+from gpu_gates.runtime import GateContext
+from gpu_gates.tiny_model import TinyModel
+from harness.refit.bucket_cache import BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket
+
+class SyncGroup:
+    """A process group for one sync only: owner + broadcast targets, on a fresh store prefix.
+
+    ``dist.new_group`` cannot serve here: its groups are world-collective (every rank must
+    call it, in the same order — impossible while two pipelines sync concurrently), and
+    with ``use_local_synchronization`` its name is derived from the member set alone, so a
+    second sync between the same ranks finds the first one's rendezvous keys in the store
+    and connects to closed ports. A backend object on a unique ``PrefixStore`` is created
+    by the members only, used bucket by bucket, and shut down after the sync.
+    """
+
+    def __init__(self, ctx: GateContext, sync_id: str, members: List[int]) -> None:
+        self.members = members
+        self.name = f"sync:{sync_id}"
+        store = dist.PrefixStore(f"rlharness_dual/{sync_id}/", ctx.store)
+        me = members.index(ctx.rank)
+        if ctx.device.type == "cuda":
+            self.pg = dist.ProcessGroupNCCL(store, me, len(members))
+        else:
+            self.pg = dist.ProcessGroupGloo(store, me, len(members), ctx.timeout)
+        ctx.emit("group_create", name=self.name, members=members, desc=sync_id, purpose="sync")
+        self.ctx = ctx
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self.pg.broadcast(tensor, self.members.index(src)).wait()
+
+    def close(self) -> None:
+        try:
+            self.pg.shutdown()
+        except Exception:  # gloo may have nothing to shut down on some versions
+            pass
+        self.pg = None
+        self.ctx.emit("group_destroy", name=self.name, desc=self.name, members=self.members)
+
+
+# rank -> (pipeline, role, dp rank or None, logical GPU)
+ROLES = {
+    0: ("ppl1", "trainer", None, 0),
+    1: ("ppl1", "infer", 0, 0),
+    2: ("ppl1", "infer", 1, 1),
+    3: ("ppl2", "trainer", None, 1),
+    4: ("ppl2", "infer", 0, 0),
+    5: ("ppl2", "infer", 1, 1),
+}
+TRAIN_SEEDS = {"ppl1": 11, "ppl2": 22}  # different weights: a cross-pipeline mix-up cannot pass
+WORLD = len(ROLES)
+
+
+def rank_of(pipeline: str, role: str, dp: Optional[int] = None) -> int:
+    for r, (p, ro, d, _) in ROLES.items():
+        if p == pipeline and ro == role and d == dp:
+            return r
+    raise KeyError((pipeline, role, dp))
+
+
+class Worker:
+    def __init__(self, ctx: GateContext) -> None:
+        self.ctx = ctx
+        self.pipeline, self.role, self.dp, self.gpu = ROLES[ctx.rank]
+        self.model: Optional[TinyModel] = None
+        self.cache: Optional[VersionedBucketCache] = None
+        self.train_group: Any = None
+        self.held_version: Optional[int] = None
+        self.transport = ipc.CUDA_IPC if ctx.device.type == "cuda" else ipc.CPU_SERIALIZE
+        if self.role == "trainer":
+            self.model = TinyModel(TRAIN_SEEDS[self.pipeline]).to(ctx.device)
+            self.cache = VersionedBucketCache()
+
+    # ------------------------------------------------------------------ command loop
+    def serve(self) -> None:
+        ctx, i = self.ctx, 0
+        while True:
+            ctx.set_phase(f"{self.pipeline} {self.role}{'' if self.dp is None else f' dp{self.dp}'}: waiting for command {i}")
+            msg = json.loads(ctx.wait_get(f"dual/cmd/{ctx.rank}/{i}", f"command {i} from the driver"))
+            if msg["op"] == "stop":
+                return
+            ctx.set_phase(f"{self.pipeline} rank {ctx.rank}: {msg['op']}")
+            ctx.hook(msg["op"])
+            try:
+                result = getattr(self, "op_" + msg["op"])(**msg.get("args", {}))
+                reply = {"ok": True, "result": result}
+            except Exception as exc:  # reported to the driver, which fails the gate with it
+                reply = {"ok": False, "error": f"rank {ctx.rank} {msg['op']}: {type(exc).__name__}: {exc}"}
+                ctx.fail(reply["error"])
+            ctx.put(f"dual/res/{ctx.rank}/{i}", json.dumps(reply).encode())
+            i += 1
+
+    # ------------------------------------------------------------------ trainer side
+    def op_reload_comm(self, step: int) -> str:
+        """Re-create the trainer's (here single-member) training group for this step."""
+        self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank])
+        return self.train_group.name
+
+    def op_destroy_comm(self) -> Optional[str]:
+        if self.train_group is None:
+            return None
+        name = self.train_group.name
+        self.train_group.close()
+        self.train_group = None
+        return name
+
+    def op_train(self, step: int) -> str:
+        self.model.train_step(step, TRAIN_SEEDS[self.pipeline])
+        return f"step {step}"
+
+    def op_build_cache(self, version: int, bucket_size: int) -> Dict[str, Any]:
+        named = [(n, t.detach().cpu()) for n, t in self.model.named_state()]
+        buckets = build_buckets(named, bucket_size)
+        self.cache.build_latest(version, buckets)
+        digests = state_digests(named)
+        manifest = {"version": version, "buckets": [b.metadata() for b in buckets], "digests": digests}
+        self.ctx.put(f"dual/{self.pipeline}/manifest/{version}", json.dumps(manifest).encode())
+        self.ctx.emit("cache_build", version=version, buckets=len(buckets), bytes=sum(b.used_bytes for b in buckets))
+        return {"buckets": len(buckets)}
+
+    def op_promote(self, version: int) -> int:
+        self.cache.promote(version)
+        self.ctx.emit("cache_promote", version=version)
+        return version
+
+    def op_offload(self) -> int:
+        if self.ctx.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+            self.model.to(self.ctx.device)  # the next step onloads again; the sample shows the release
+        return self.cache.latest_version if self.cache.latest_version is not None else -1
+
+    def op_sync_send(self, sync_id: str, version: int, ipc_ranks: List[int], bcast_ranks: List[int]) -> Dict[str, Any]:
+        ctx = self.ctx
+        group = SyncGroup(ctx, sync_id, sorted([ctx.rank] + bcast_ranks)) if bcast_ranks else None
+        targets = sorted(ipc_ranks + bcast_ranks)
+        ctx.emit("sync_start", version=version, targets=targets, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks)
+        sent = 0
+        with self.cache.reading() as buckets:
+            if self.cache.active_version != version:
+                raise RuntimeError(f"sync of version {version} but the active cache is {self.cache.active_version}")
+            for i, record in enumerate(buckets):
+                staging = record.buffer.to(ctx.device, copy=True)
+                files: List[str] = []
+                for r in ipc_ranks:
+                    message, made = ipc.send_bucket(self.transport, record, staging, sync_id, i, r)
+                    files += made
+                    ctx.put(f"dual/{sync_id}/b{i}/r{r}", message)
+                if group is not None:
+                    group.broadcast(staging, src=ctx.rank)
+                for r in targets:
+                    ctx.wait_get(f"dual/{sync_id}/ack{i}/r{r}", f"ACK of bucket {i} from rank {r}")
+                ipc.remove_files(files)
+                for path, ranks in (("ipc", ipc_ranks), ("broadcast", bcast_ranks)):
+                    if ranks:
+                        ctx.emit("bucket_send", version=version, bucket=i, bytes=record.used_bytes, path=path, targets=ranks)
+                sent += record.used_bytes
+        if group is not None:
+            group.close()
+        ctx.emit("sync_end", version=version, ok=True)
+        return {"bytes": sent, "buckets": len(buckets)}
+
+    # ------------------------------------------------------------------ inference side
+    def op_wake(self, level: int) -> Optional[int]:
+        # level 2 dropped the weights: the woken rank holds garbage until a sync
+        self.model = TinyModel(1000 + self.ctx.rank).to(self.ctx.device)
+        self.held_version = None
+        return self.held_version
+
+    def op_sync_recv(self, sync_id: str, version: int, owner: int, via_ipc: bool, members: List[int]) -> int:
+        ctx = self.ctx
+        manifest = json.loads(ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
+        group = None if via_ipc else SyncGroup(ctx, sync_id, members)
+        for i, meta in enumerate(manifest["buckets"]):
+            if via_ipc:
+                record = ipc.receive_bucket(ctx.wait_get(f"dual/{sync_id}/b{i}/r{ctx.rank}", f"IPC bucket {i}"))
+            else:
+                buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
+                group.broadcast(buffer, src=owner)
+                record = BucketRecord.from_metadata(meta, buffer.cpu())
+            self.model.load_named(unpack_bucket(record))
+            ctx.put(f"dual/{sync_id}/ack{i}/r{ctx.rank}", b"1")
+            ctx.emit("bucket_recv", version=version, bucket=i, bytes=record.used_bytes, path="ipc" if via_ipc else "broadcast")
+        if group is not None:
+            group.close()
+        self.held_version = version
+        return version
+
+    def op_finalize(self, version: int) -> Dict[str, Any]:
+        manifest = json.loads(self.ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
+        mine = state_digests((n, t.detach().cpu()) for n, t in self.model.named_state())
+        bad = sorted(n for n, d in manifest["digests"].items() if mine.get(n) != d)
+        self.ctx.emit("digest_check", version=version, ok=not bad, mismatches=len(bad), target=True)
+        return {"ok": not bad, "mismatched": bad, "held": self.held_version}
+
+    def op_generate(self, tokens: int) -> Optional[int]:
+        if self.model is None:
+            raise RuntimeError("generate on a sleeping rank")
+        x = self.model.norm.detach()
+        for _ in range(tokens):  # a stand-in decode loop: real compute on the served weights
+            x = torch.tanh(self.model.head.float() @ x[: self.model.head.shape[1]].float()).repeat(2)[: x.numel()]
+        return self.held_version
+
+    def op_abort(self) -> None:
+        return None
+
+    def op_sleep(self, level: int) -> None:
+        self.model = None
+        self.held_version = None
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return None
