@@ -48,3 +48,28 @@ def versions(records: Records) -> List[Violation]:
                 out.append(Violation("versions", r["seq"], f"{pid}: published version goes back from {published[pid]} to {value}"))
             published[pid] = max(value, published.get(pid, value))
     return out
+
+
+@invariant("stale_serving")
+def stale_serving(records: Records) -> List[Violation]:
+    """No request is dispatched to weights older than the pipeline's published version,
+    except while an active refresh is in flight (the tolerated mislabel window)."""
+    out: List[Violation] = []
+    published: Dict[str, int] = {}
+    refreshing: Dict[str, int] = {}
+    reported = set()
+    for r in records:
+        k = r["kind"]
+        if k in ("effect_start", "effect_end") and r["effect"] == "SyncFromCache" and r["args"]["path"] == "active":
+            refreshing[r["pipeline_id"]] = refreshing.get(r["pipeline_id"], 0) + (1 if k == "effect_start" else -1)
+        elif k == "effect_end" and r["effect"] == "PublishVersion" and not r.get("error"):
+            published[r["pipeline_id"]] = max(r["args"]["version"], 0, published.get(r["pipeline_id"], 0))
+        elif k == "request_dispatch" and r.get("version") is not None:
+            pid = r["pipeline_id"]
+            if pid in published and max(r["version"], 0) < published[pid] and not refreshing.get(pid):
+                key = (pid, r["dp_rank"], r["version"], published[pid])
+                if key not in reported:
+                    reported.add(key)
+                    out.append(Violation("stale_serving", r["seq"],
+                                         f"{pid} dp{r['dp_rank']} serves version {r['version']} while version {published[pid]} is published"))
+    return out

@@ -163,7 +163,7 @@ def test_every_registered_check_has_a_firing_test_here():
     here = open(__file__).read()
     for name in CHECKS:
         if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
-                    "release_after_publish", "step_order", "routing"):
+                    "release_after_publish", "step_order", "routing", "stale_serving"):
             assert f'["{name}"]' in here, name
         else:
             assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"
@@ -197,3 +197,16 @@ def test_routing_fires(case, expected):
     }[case]
     found = check_log(recs, ["routing"])
     assert found and any(expected in v.message for v in found)
+
+
+def test_stale_serving_fires_outside_an_active_refresh_only():
+    rs, d, done, ab = routing_trace()
+    pub = {"seq": 2, "t": 2, "kind": "effect_end", "pipeline_id": "p", "effect": "PublishVersion",
+           "args": {"version": 4, "path": "expand"}, "scope": "expand", "result": 4}
+    recs = [rs(1, "routable", 3), pub, d(3, 1, 3)]
+    found = check_log(reseq(recs), ["stale_serving"])
+    assert found and "serves version 3 while version 4 is published" in found[0].message
+    sync = lambda kind: {"seq": 0, "t": 0, "kind": kind, "pipeline_id": "p", "effect": "SyncFromCache",
+                         "args": {"ranks": [0], "version": 4, "path": "active"}, "scope": "step"}
+    in_flight = [rs(1, "routable", 3), pub, sync("effect_start"), d(3, 1, 3), sync("effect_end")]
+    assert check_log(reseq(in_flight), ["stale_serving"]) == []
