@@ -10,8 +10,6 @@ rank 0 never gets to merge.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -30,22 +28,8 @@ def exit_code_for(status: str) -> int:
 
 
 def atomic_write_json(path: str, payload: Dict[str, Any]) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2, sort_keys=True, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from harness.eventlog.writer import atomic_write
+    atomic_write(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def rank_report_path(path: str, rank: int) -> str:

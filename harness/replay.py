@@ -11,7 +11,7 @@ runtime that recorded the log.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from harness.eventlog.kinds import category

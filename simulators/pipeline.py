@@ -11,7 +11,7 @@ The order of anything is decided by the control logic, never here.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import simpy

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import yaml
 
-from harness.eventlog.writer import write_atomic
+from harness.eventlog.writer import atomic_write, write_atomic
 from harness.invariants import Violation, check_log
 from simulators.outputs.perfetto import write_chrome_trace
 from simulators.outputs.summary import format_summary, summarize
@@ -39,16 +38,7 @@ class SimulationOutput:
 
 
 def _write_text(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, text)
 
 
 def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:

@@ -61,16 +61,20 @@ class EventLog:
             yield dumps(rec)
 
 
-def write_atomic(path: str, lines: Iterable[str]) -> None:
-    """Write lines to ``path`` via a temp file + rename; nothing is left on failure."""
+def atomic_write(path: str, data: "str | bytes") -> str:
+    """Write ``data`` to ``path`` through a temp file beside it and a rename, so a reader
+    (or a crash) never sees a half-written file; returns the path. The one place every
+    output of rlharness (logs, reports, traces, pictures) is written."""
+    path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".jsonl", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line)
-                fh.write("\n")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -78,6 +82,12 @@ def write_atomic(path: str, lines: Iterable[str]) -> None:
         except OSError:
             pass
         raise
+    return path
+
+
+def write_atomic(path: str, lines: Iterable[str]) -> None:
+    """Write JSONL lines atomically (see :func:`atomic_write`)."""
+    atomic_write(path, "".join(line + "\n" for line in lines))
 
 
 class EventLogWriter:

@@ -15,7 +15,6 @@ def routing(records: Records) -> List[Violation]:
     version: Dict[Tuple[str, int], object] = {}
     inflight: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank
     done: Set[Tuple[str, int]] = set()
-    ended = False
     for r in records:
         k = r["kind"]
         if k == "rank_state":
@@ -44,6 +43,4 @@ def routing(records: Records) -> List[Violation]:
             req = (r["pipeline_id"], r["request"])
             if inflight.pop(req, None) is None:
                 out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} aborted while not running"))
-        elif k == "sim_end":
-            ended = r["reason"] == "done"
     return out

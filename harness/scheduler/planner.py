@@ -284,7 +284,6 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         return best
 
     def activate(s: _PipelineState, rank: int, picked: List[Tuple[_PipelineState, int]]) -> None:
-        nonlocal idle
         bundle = s.bundle(rank)
         freed: Set[int] = set()
         for ds, dr in picked:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 from simulators.outputs.summary import (
@@ -213,21 +212,5 @@ def dumps_chrome_trace(records: Sequence[Mapping[str, Any]]) -> str:
 
 def write_chrome_trace(records: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]) -> str:
     """Write the trace to ``path`` atomically (temp file beside it, then os.replace); returns the path."""
-    path = os.fspath(path)
-    text = dumps_chrome_trace(records)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    from harness.eventlog.writer import atomic_write
+    return atomic_write(os.fspath(path), dumps_chrome_trace(records))

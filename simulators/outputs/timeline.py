@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from collections import defaultdict
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
@@ -157,19 +156,5 @@ def write_timeline_png(records: Sequence[Mapping[str, Any]], path: Union[str, os
                        width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> str:
     """Render the timeline and write it to ``path`` atomically; returns the path."""
     data = render_timeline_png(records, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    from harness.eventlog.writer import atomic_write
+    return atomic_write(os.fspath(path), data)
