@@ -5,7 +5,8 @@ Memory is accounted, not sampled: every allocation names its owner (``ppl1/dp0``
 and an allocation that would exceed a GPU's capacity is an OOM — reported as a fault
 that ends the run, never a silent number. Links (PCIe per GPU, the intra-node fabric,
 each node's NIC) are simpy resources of capacity one: transfers queue on them, so two
-pipelines refitting through the same link slow each other down.
+pipelines refitting through the same link slow each other down. PCIe is two resources
+per GPU, one per direction (host→device staging, device→host cache builds and offloads).
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class HostRam:
 
 @dataclass
 class Links:
-    pcie: List[simpy.Resource]
+    h2d: List[simpy.Resource]  # per GPU, host -> device
+    d2h: List[simpy.Resource]  # per GPU, device -> host
     intra: List[simpy.Resource]
     nic: List[simpy.Resource]
 
@@ -91,7 +93,8 @@ class SimCluster:
         self.vram = VramLedger(spec.num_gpus, spec.vram_bytes, listener)
         self.host = HostRam(spec.nodes, spec.host_ram_bytes)
         self.links = Links(
-            pcie=[simpy.Resource(env, 1) for _ in range(spec.num_gpus)],
+            h2d=[simpy.Resource(env, 1) for _ in range(spec.num_gpus)],
+            d2h=[simpy.Resource(env, 1) for _ in range(spec.num_gpus)],
             intra=[simpy.Resource(env, 1) for _ in range(spec.nodes)],
             nic=[simpy.Resource(env, 1) for _ in range(spec.nodes)],
         )

@@ -255,7 +255,11 @@ class PipelineSim(RankEffects, RefitEffects):
         if e.version >= 0 and not self.train_resident:
             raise SimFailure(f"cache v{e.version} built after offload: parameters have no storage (debug #34/#35)")
         self._ensure_train_resident()
-        yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)
+        cluster = self.sim.cluster
+        with cluster.links.d2h[self.owner_gpu].request() as req:  # parameters leave the GPU
+            yield req
+            yield self.env.timeout(self.weight_bytes / cluster.spec.pcie_bytes_per_s)
+        yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)  # pack into buckets
         self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
         self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
                                   len(self.cache_versions) * self.weight_bytes)
@@ -273,8 +277,14 @@ class PipelineSim(RankEffects, RefitEffects):
             self.sim.emit("fault_fired", name="wake_before_offload", pipeline_id=self.pid, step=self.ctx.step)
             yield self.env.timeout(0)
             return None  # training memory stays resident: the next wake on these GPUs must OOM
-        resident = sum(self.sim.cluster.vram.held(g, f"{self.pid}/train", "train_state") for g in self.train_gpus)
-        yield self.env.timeout(resident / self.costs.offload_bytes_per_s)
+        cluster = self.sim.cluster
+        share = cluster.vram.held(self.train_gpus[0], f"{self.pid}/train", "train_state")
+        rate = min(self.costs.offload_bytes_per_s, cluster.spec.pcie_bytes_per_s)
+        reqs = [cluster.links.d2h[g].request() for g in self.train_gpus]  # every trainer offloads at once
+        yield self.env.all_of(reqs)
+        yield self.env.timeout(share / rate)
+        for g, req in zip(self.train_gpus, reqs):
+            cluster.links.d2h[g].release(req)
         for g in self.train_gpus:
             self.sim.cluster.vram.free(g, f"{self.pid}/train", "train_state")
         self.train_resident = False

@@ -6,7 +6,9 @@ Per sync (reference/rlix.md §5.2, nemo_rl.md §1.2-1.3):
    joins a dynamic NCCL group (owner + targets; created per sync, destroyed after it);
 2. per bucket: stage on the owner's GPU over its PCIe link (H2D), transport (same-GPU:
    a receiver copy; broadcast: over the intra-node fabric, or the NICs across nodes),
-   load on the receiver; buckets go one after another;
+   load on the receiver. Two staging buffers ping-pong (nemo_rl.md §1.2): bucket b+1 is
+   staged while the receivers load bucket b, and at most one bucket is un-ACKed — b+1 is
+   sent only after b's ACK;
 3. destroy the dynamic group; the lifecycle moves: expand path → ``synced``, active path
    (ranks serving while they are refreshed) → ``refreshed``.
 
@@ -40,28 +42,32 @@ class RefitEffects:
             yield env.timeout(c.nccl_group_create_s)
             sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=group, gpus=[owner] + sorted(bcast))
         staging_owner = f"{self.pid}/sync"
-        cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes)
         n = max(1, math.ceil(self.weight_bytes / c.bucket_bytes))
+        cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(n, 2))  # two ping-pong buffers
         node = cluster.node_of(owner)
         cross_node = any(cluster.node_of(g) != node for g in bcast)
+        unacked = None  # (bucket, size) sent and still being loaded by the receivers
+        load_end = env.now
         for b in range(n):
             size = min(c.bucket_bytes, self.weight_bytes - b * c.bucket_bytes)
-            with cluster.links.pcie[owner].request() as req:  # H2D staging
+            with cluster.links.h2d[owner].request() as req:  # staging overlaps the previous bucket's load
                 yield req
                 yield env.timeout(size / cluster.spec.pcie_bytes_per_s)
+            if unacked is not None:  # at most one un-ACKed group: wait for ACK(b-1) before sending b
+                if load_end > env.now:
+                    yield env.timeout(load_end - env.now)
+                self._bucket_acked(e, ipc, bcast, *unacked)
             if bcast:
                 link = cluster.links.nic[node] if cross_node else cluster.links.intra[node]
                 bw = cluster.spec.inter_node_bytes_per_s if cross_node else cluster.spec.intra_node_bytes_per_s
                 with link.request() as req:
                     yield req
                     yield env.timeout(size / bw)
-            yield env.timeout(size / c.receiver_load_bytes_per_s)
-            if ipc:
-                sim.emit("refit_bucket", pipeline_id=self.pid, version=e.version, bucket=b, transport="cpu_serialize",
-                         dp_ranks=list(e.ranks), bytes=size, path=e.path)
-            if bcast:
-                sim.emit("refit_bucket", pipeline_id=self.pid, version=e.version, bucket=b, transport="nccl",
-                         dp_ranks=list(e.ranks), bytes=size, path=e.path)
+            load_end = env.now + size / c.receiver_load_bytes_per_s
+            unacked = (b, size)
+        if load_end > env.now:
+            yield env.timeout(load_end - env.now)
+        self._bucket_acked(e, ipc, bcast, *unacked)  # then the final "complete" message
         cluster.vram.free(owner, staging_owner, "staging")
         if group is not None:
             yield env.timeout(c.nccl_group_destroy_s)
@@ -74,3 +80,9 @@ class RefitEffects:
                 rank.life.on("synced", version=e.version)
             self._log_rank(rank)
         return list(e.ranks)
+
+    def _bucket_acked(self, e, ipc, bcast, bucket: int, size: int) -> None:
+        for transport, targets in (("cpu_serialize", ipc), ("nccl", bcast)):
+            if targets:
+                self.sim.emit("refit_bucket", pipeline_id=self.pid, version=e.version, bucket=bucket,
+                              transport=transport, dp_ranks=list(e.ranks), bytes=size, path=e.path)
