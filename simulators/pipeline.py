@@ -75,6 +75,7 @@ class PipelineSim(RankEffects, RefitEffects):
         self.leaked_train_state = False
         self.steps_done = 0
         self.finished = False
+        self.gone = False  # unregistered and torn down: its coordinator is dead
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.weight_bytes = spec.model.weight_bytes
         self.cache_versions: List[int] = []
@@ -120,6 +121,7 @@ class PipelineSim(RankEffects, RefitEffects):
         lock = self.lock.request()  # no resize of ours may still be running when we go
         yield lock
         sim.call("unregister", {"pipeline_id": self.pid}, lambda: sim.model.unregister(self.pid))
+        self.gone = True
         for rank in self.ranks.values():
             if rank.routable:
                 self.router.deactivate(rank)
@@ -130,7 +132,12 @@ class PipelineSim(RankEffects, RefitEffects):
         self.lock.release(lock)
 
     def resize(self, phase: str, ranks: List[int], cycle: int):
-        """A coordinator resize_infer call (runs as its own process)."""
+        """A coordinator resize_infer call (runs as its own process). A call that reaches a
+        pipeline already torn down is what RLix sees as a dead coordinator: tolerated, no-op."""
+        if self.gone:
+            self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
+            return
+            yield  # pragma: no cover
         try:
             gen = shrink_order(self.ctx, ranks) if phase == "shrink" else expand_order(self.ctx, ranks)
             yield from self.drive(gen, phase, None, cycle)
