@@ -64,6 +64,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     cycles = sum(1 for d in result.decisions if d["kind"] == "commit")
     print(f"replayed {args.trace}: {cycles} cycles committed, {len(result.decisions)} decisions, {result.rejected} inputs rejected"
           + (f"; decision log: {args.out}" if args.out else ""))
+    from harness.invariants import check_log
+    violations = check_log(result.log.records)
+    print("invariants: all hold" if not violations else f"invariants: {len(violations)} violation(s)")
+    for v in violations[:10]:
+        print(f"  violation: {v}")
     if expected is not None:
         div = compare_decisions(result.decisions, expected)
         if div is not None:

@@ -160,3 +160,15 @@ def step_order(records: Records) -> List[Violation]:
         else:
             opened[step] = opened.get(step, 0) - 1
     return out
+
+
+@invariant("planned_release_ack")
+def planned_release_ack(records: Records) -> List[Violation]:
+    """An ``await_release`` is acked only after a cycle actually shrank its ranks (RLix acks
+    every pending planned release at commit — the premature ack of the lock gap)."""
+    out: List[Violation] = []
+    for r in records:
+        if r["kind"] == "signalled" and r["waiter"] == "planned_release" and r.get("shrink_executed") is False and not r["error"]:
+            out.append(Violation("planned_release_ack", r["seq"],
+                                 f"await_release of {r['cluster_id']} acked in cycle {r['cycle']} although no shrink of its ranks ran"))
+    return out

@@ -188,3 +188,13 @@ def test_cli_usage_errors_are_one_line(tmp_path):
 def test_console_script_is_installed():
     proc = subprocess.run(["rlharness", "replay", EXAMPLES[0], "--quiet"], capture_output=True, text=True)
     assert proc.returncode == 0 and "cycles committed" in proc.stdout
+
+
+def test_replay_runs_the_invariant_oracle_on_its_decisions(capsys):
+    trace = [p for p in EXAMPLES if p.endswith("gap_ratio_3pipelines.jsonl")][0]
+    assert main(["replay", trace, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "invariants: 1 violation(s)" in out and "planned_release_ack" in out
+    other = [p for p in EXAMPLES if p.endswith("partial_overlap_2gpu.jsonl")][0]
+    assert main(["replay", other, "--quiet"]) == 0
+    assert "invariants: all hold" in capsys.readouterr().out

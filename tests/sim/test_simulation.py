@@ -203,7 +203,7 @@ EXPECTED_FINDINGS = {
     "oom_wake_before_offload": ("failed", set()),
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
-    "mixed_64gpu": ("done", {"stale_serving"}),
+    "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
 }
 
 
