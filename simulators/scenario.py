@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -91,91 +91,8 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-# --------------------------------------------------------------------------------------
-# Field rules: type, bound and unit of every numeric/string field of the spec dataclasses.
+from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the field table lives there)
 
-
-@dataclass(frozen=True)
-class Rule:
-    kind: str  # "int" | "float" | "str"
-    bound: str = ""  # "" | ">0" | ">=0" | ">=1" | "(0,1]"
-    unit: str = ""  # shown in messages
-
-
-def _r(kind: str, bound: str = "", unit: str = "") -> Rule:
-    return Rule(kind, bound, unit)
-
-
-FIELD_RULES: Dict[type, Dict[str, Rule]] = {
-    ClusterSpec: {
-        "nodes": _r("int", ">0", "nodes"),
-        "gpus_per_node": _r("int", ">0", "GPUs"),
-        "vram_bytes": _r("int", ">0", "bytes per GPU"),
-        "host_ram_bytes": _r("int", ">0", "bytes per node"),
-        "pcie_bytes_per_s": _r("float", ">0", "bytes/s per GPU and direction"),
-        "intra_node_bytes_per_s": _r("float", ">0", "bytes/s"),
-        "inter_node_bytes_per_s": _r("float", ">0", "bytes/s per node NIC"),
-    },
-    ModelSpec: {
-        "params": _r("float", ">0", "parameters"),
-        "bytes_per_param": _r("int", ">0", "bytes"),
-    },
-    WorkloadSpec: {
-        "prompts_per_step": _r("int", ">0", "prompt groups"),
-        "generations_per_prompt": _r("int", ">0", "generations"),
-        "decode_tokens_median": _r("float", ">0", "tokens"),
-        "decode_tokens_sigma": _r("float", ">=0", "log-space sigma"),
-        "decode_tokens_max": _r("int", ">0", "tokens"),
-        "max_trajectory_age_steps": _r("int", ">=0", "steps"),
-        "max_concurrent_per_rank": _r("int", ">0", "requests"),
-        "tokens_per_s_per_rank": _r("float", ">0", "tokens/s"),
-        "batching_half_point": _r("float", ">=0", "concurrent requests"),
-    },
-    CostSpec: {
-        "train_s_per_trajectory": _r("float", ">=0", "s"),
-        "train_fixed_s": _r("float", ">=0", "s"),
-        "old_log_probs_s_per_trajectory": _r("float", ">=0", "s"),
-        "offload_bytes_per_s": _r("float", ">0", "bytes/s"),
-        "train_state_multiplier": _r("float", ">=1", "x weight bytes"),
-        "nccl_group_create_s": _r("float", ">=0", "s"),
-        "nccl_group_destroy_s": _r("float", ">=0", "s"),
-        "nccl_buffer_bytes": _r("int", ">=0", "bytes"),
-        "wake_s": _r("float", ">=0", "s"),
-        "sleep_s": _r("float", ">=0", "s"),
-        "drain_s": _r("float", ">=0", "s"),
-        "finalize_s": _r("float", ">=0", "s"),
-        "cache_pack_bytes_per_s": _r("float", ">0", "bytes/s"),
-        "bucket_bytes": _r("int", ">0", "bytes"),
-        "receiver_load_bytes_per_s": _r("float", ">0", "bytes/s"),
-        "kv_cache_fraction": _r("float", "(0,1]", "fraction of free VRAM"),
-        "cuda_context_bytes": _r("int", ">=0", "bytes"),
-        "post_sleep_residue_bytes": _r("int", ">=0", "bytes"),
-        "post_sleep_threshold_bytes": _r("int", ">0", "bytes"),
-        "watchdog_s": _r("float", ">0", "s"),
-        "scheduler_poll_s": _r("float", ">0", "s"),
-    },
-    PipelineSpec: {
-        "name": _r("str"),
-        "type": _r("str"),
-        "infer_tp": _r("int", ">0", "GPUs per DP rank"),
-        "steps": _r("int", ">0", "training steps"),
-        "sleep_level": _r("int"),
-        "start_s": _r("float", ">=0", "s"),
-        # train_gpus, infer_gpus, model, workload: structured, handled by _pipeline()
-    },
-    FaultSpec: {
-        "name": _r("str"),
-        "pipeline": _r("str"),
-        "at_step": _r("int", ">=0", "step"),
-    },
-    Scenario: {
-        "name": _r("str"),
-        "description": _r("str"),
-        "seed": _r("int", ">=0"),
-        "horizon_s": _r("float", ">0", "simulated s"),
-        # cluster, costs, scheduler, pipelines, faults: structured
-    },
-}
 
 _PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
