@@ -93,7 +93,7 @@ class PipelineSim(RankEffects, RefitEffects):
             sim.call("admit", {"pipeline_id": self.pid}, lambda: sim.model.admit(self.pid))
             for g in set(self.train_gpus) | set(self.spec.infer_gpus):
                 sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
-            if self.spec.type == "nemo_async":
+            if self.spec.type == "nemo_async" and "no_gen_watchdog" not in self.faults:
                 env.spawn(self._watchdog(), "watchdog", self.index)
             yield from self.drive(self.control.initialize(self.ctx), "init", None)
             for step in range(self.spec.steps):
@@ -111,7 +111,7 @@ class PipelineSim(RankEffects, RefitEffects):
         (debug #64-66), and let the pipeline's processes die (their memory goes with them)."""
         self.finished = True
         sim = self.sim
-        if self.progress.clear_stream(mode="train", adapter=None) == "clear":
+        if self.progress.clear_stream(mode="train", adapter=None) == "clear" and "noop_progress_hooks" not in self.faults:
             sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
         alloc = sim.model.state.allocations.get(f"{self.pid}_{GENERATION_CLUSTER}")
         if alloc is not None and alloc.active_dp_ranks:
@@ -165,6 +165,14 @@ class PipelineSim(RankEffects, RefitEffects):
                 extra["gpus"] = gpus
             self.sim.log.emit("effect_start", self.env.now, pipeline_id=self.pid, effect=name, args=args, **extra)
             result = yield from getattr(self, "_" + name)(effect)
+            if self.gone and scope in ("shrink", "expand"):
+                # the pipeline was torn down while this resize waited for the coordinator
+                # lock: RLix's dead-coordinator case, tolerated — nothing more happens
+                if self._lock_req:
+                    self.lock.release(self._lock_req.pop())
+                self.sim.log.emit("effect_end", self.env.now, pipeline_id=self.pid, effect=name, args=args,
+                                  error="coordinator gone (pipeline unregistered)", **extra)
+                return
             end = dict(extra)
             if result is not None:
                 end["result"] = list(result) if isinstance(result, (list, tuple)) else result
@@ -338,7 +346,7 @@ class PipelineSim(RankEffects, RefitEffects):
             self.router.submit(self.collector.draw(n))
 
     def _report_progress(self, new_batch: bool) -> None:
-        if self.finished:
+        if self.finished or "noop_progress_hooks" in self.faults:
             return
         w = self.spec.workload
         usable = self.buffer.usable(self._current_version(), w.max_trajectory_age_steps)
@@ -362,7 +370,7 @@ class PipelineSim(RankEffects, RefitEffects):
 
     def _EndProgressBatch(self, e):
         out = self.progress.clear_stream(mode="train", adapter=None)
-        if out == "clear":
+        if out == "clear" and "noop_progress_hooks" not in self.faults:
             sim = self.sim
             sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
         return None

@@ -109,6 +109,11 @@ class FaultSpec:
       communicator buffers (RLix Bug 4): residue grows until the post-sleep check or a wake fails.
     * ``skip_sync_on_expand`` — at that step an expand skips the weight sync: the woken
       level-2 rank holds no weights and its lifecycle refuses finalize/activation.
+    * ``noop_progress_hooks`` — (whole run) the pipeline sends no progress reports, as the
+      NeMo code's hooks do (rlix.md §2.5): demand reaches the scheduler only through
+      GENERATION requests and their ``step_target_estimate``.
+    * ``no_gen_watchdog`` — (whole run) no NeMo GENERATION re-request watchdog: after a
+      preemption to zero nobody asks again (debug #32, "one-shot GENERATION").
     """
 
     name: str
@@ -130,7 +135,8 @@ class Scenario:
 
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync")
-FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep")
+FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
+               "no_gen_watchdog")
 
 
 def default_scenario() -> Scenario:

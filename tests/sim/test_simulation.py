@@ -204,6 +204,8 @@ EXPECTED_FINDINGS = {
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
     "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
+    # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
+    "starve_one_shot_generation": ("horizon", {"liveness"}),
 }
 
 
@@ -223,3 +225,17 @@ def test_stale_serving_disappears_with_exact_planned_releases():
     fixed = dataclasses.replace(s, scheduler={**s.scheduler, "ack_unplanned_releases": False})
     res = Simulation(fixed).run()
     assert res.reason == "done" and check_log(res.records) == []
+
+
+def test_one_shot_generation_starves_without_the_watchdog_and_completes_with_it():
+    s = scenario("starve_one_shot_generation")
+    res = run("starve_one_shot_generation")
+    stuck = [v.message for v in check_log(res.records, ["liveness"])]
+    assert res.reason == "horizon" and any("stuck in WaitBatch" in m for m in stuck), stuck
+    with_watchdog = dataclasses.replace(s, faults=tuple(f for f in s.faults if f.name != "no_gen_watchdog"))
+    res = Simulation(with_watchdog).run()
+    assert res.reason == "done" and check_log(res.records) == []
+    # the watchdog is what re-requested GENERATION: estimate-1 requests after the first
+    gen = [r for r in res.records if r["kind"] == "request" and r["priority"] == "GENERATION"]
+    assert len(gen) > 2 and all(r.get("step_target_estimate") == 1 for r in gen)
+    assert not [r for r in res.records if r["kind"] == "progress"]  # demand came from requests alone

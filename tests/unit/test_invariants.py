@@ -180,7 +180,8 @@ def test_every_registered_check_has_a_firing_test_here():
     here = open(__file__).read()
     for name in CHECKS:
         if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
-                    "release_after_publish", "step_order", "routing", "stale_serving", "planned_release_ack"):
+                    "release_after_publish", "step_order", "routing", "stale_serving", "planned_release_ack",
+                    "liveness"):
             assert f'["{name}"]' in here, name
         else:
             assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"
@@ -227,3 +228,18 @@ def test_stale_serving_fires_outside_an_active_refresh_only():
                          "args": {"ranks": [0], "version": 4, "path": "active"}, "scope": "step"}
     in_flight = [rs(1, "routable", 3), pub, sync("effect_start"), d(3, 1, 3), sync("effect_end")]
     assert check_log(reseq(in_flight), ["stale_serving"]) == []
+
+
+def test_liveness_names_waiters_and_stuck_effects_at_the_horizon():
+    recs = [
+        {"seq": 1, "t": 1, "kind": "enqueued", "request_id": 7, "cluster_id": "p_actor_infer", "priority": "GENERATION"},
+        {"seq": 2, "t": 2, "kind": "effect_start", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
+        {"seq": 3, "t": 9, "kind": "sim_end", "reason": "horizon", "sim_time": 9.0, "events": 10},
+    ]
+    msgs = [v.message for v in check_log(recs, ["liveness"])]
+    assert any("request 7" in m for m in msgs) and any("stuck in WaitBatch of step 3" in m for m in msgs)
+    done = recs[:2] + [{"seq": 3, "t": 3, "kind": "signalled", "request_id": 7, "waiter": "request", "cluster_id": "p_actor_infer",
+                        "priority": "GENERATION", "gpus": [0], "cycle": 1, "error": None},
+                       {"seq": 4, "t": 4, "kind": "effect_end", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
+                       {"seq": 5, "t": 5, "kind": "sim_end", "reason": "done", "sim_time": 5.0, "events": 10}]
+    assert check_log(done, ["liveness"]) == []
