@@ -10,7 +10,6 @@ The order of anything is decided by the control logic, never here.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -414,6 +413,3 @@ class PipelineSim(RankEffects, RefitEffects):
                 sim.fail(f"{self.pid} watchdog: {exc}")
                 return
 
-
-def bucket_count(weight_bytes: int, bucket_bytes: int) -> int:
-    return max(1, math.ceil(weight_bytes / bucket_bytes))

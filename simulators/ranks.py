@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import List
 
-from harness.control.rank_state import RankState
 
 
 class RankEffects:
@@ -54,11 +53,8 @@ class RankEffects:
     def _Finalize(self, e):
         yield self.env.timeout(self.costs.finalize_s)
         for r in e.ranks:
-            rank = self.ranks[r]
-            if rank.life.state in (RankState.SYNCED, RankState.ROUTABLE):
-                rank.life.on("finalized")
-            else:
-                rank.life.on("finalized")  # raises: finalize of a rank that holds no synced weights
+            # refused by the lifecycle unless the rank holds synced weights (SYNCED/ROUTABLE)
+            self.ranks[r].life.on("finalized")
         return None
 
     def _PublishVersion(self, e):
