@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Generator
 
 from harness.control.context import PipelineContext
+from harness.control.init import initialize_training
 from harness.control.effects import (
     ActiveRanks,
     BeginProgressBatch,
@@ -32,18 +33,10 @@ from harness.control.effects import (
 )
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 
-BASE_VERSION = -1
-
-
 def initialize(ctx: PipelineContext) -> Generator:
-    """Init: load training weights, build the base cache (v=-1), offload, release; then
-    the first GENERATION request (estimate 1 in NeMo) which the expand path serves."""
-    yield RequestGpus(ACTOR_TRAIN, Priority.INITIALIZATION)
-    yield BuildCache(BASE_VERSION)
-    yield PromoteCache(BASE_VERSION)
-    yield OffloadTraining()
-    yield DestroyTrainComm()
-    yield ReleaseGpus(ACTOR_TRAIN)
+    """Init (base cache v=-1, release), then the first GENERATION request (estimate 1 in
+    NeMo), which the expand path serves."""
+    yield from initialize_training(ctx)
     yield BeginProgressBatch(0)
     yield RequestGpus(GENERATION_CLUSTER, Priority.GENERATION, 0, ctx.gen_estimate or 1)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Generator
 
 from harness.control.context import PipelineContext
+from harness.control.init import initialize_training
 from harness.control.effects import (
     AwaitRelease,
     BeginProgressBatch,
@@ -26,16 +27,8 @@ from harness.control.effects import (
 )
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 
-BASE_VERSION = -1
-
-
 def initialize(ctx: PipelineContext) -> Generator:
-    yield RequestGpus(ACTOR_TRAIN, Priority.INITIALIZATION)
-    yield BuildCache(BASE_VERSION)
-    yield PromoteCache(BASE_VERSION)
-    yield OffloadTraining()
-    yield DestroyTrainComm()
-    yield ReleaseGpus(ACTOR_TRAIN)
+    yield from initialize_training(ctx)
 
 
 def train_step(ctx: PipelineContext, step: int) -> Generator:
