@@ -6,7 +6,7 @@ Layout (reference/anchors.md §4):
   "GPU g (node n)". Perfetto cannot draw partially overlapping slices on one track, so
   work that overlaps on a GPU (a rank generating while its weights are refreshed, two
   pipelines on one device) goes to extra tracks "GPU g lane k", lanes assigned greedily
-  and deterministically (:func:`simulators.outputs.summary.assign_lanes`);
+  and deterministically (:func:`simulators.outputs.intervals.assign_lanes`);
 - complete events (``"ph": "X"``) for every effect that occupies GPUs (its ``gpus``) and
   for every routable interval of a DP rank ("generate ppl1 dp0"); ``cat`` is the kind
   (train, generate, sync, wake_sleep, waiting, other);
@@ -26,7 +26,7 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from simulators.outputs.summary import (
+from simulators.outputs.intervals import (
     GpuSlice,
     all_gpus,
     assign_lanes,

@@ -1,4 +1,4 @@
-"""The plain-text run summary, and the interval model every output shares.
+"""The plain-text run summary.
 
 Everything here is a pure function over a list of event-log record dicts (the records a
 simulator run wrote, ``records[0]`` being the header; docs/trace-format.md). Nothing
@@ -34,335 +34,34 @@ Definitions (all times are simulated seconds):
 
 from __future__ import annotations
 
-import json
-import math
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-TRAIN_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
-SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
-WAKE_SLEEP_EFFECTS = ("Wake", "Sleep", "Abort", "Drain")
-REFIT_EFFECTS = SYNC_EFFECTS + WAKE_SLEEP_EFFECTS
-WAITING_EFFECTS = ("RequestGpus", "ReleaseThenRequest", "AwaitRelease", "WaitBatch", "LockCoordinator")
-
-#: Fine-grained kinds of a GPU slice (what the timeline colours), and the coarse
-#: category each one counts under in the summary.
-KIND_CATEGORY = {
-    "train": "train",
-    "generate": "generate",
-    "sync": "refit",
-    "wake_sleep": "refit",
-    "waiting": "waiting",
-    "other": "other",
-}
-
-
-def effect_kind(effect: str) -> str:
-    """Fine kind of an effect name: train | sync | wake_sleep | waiting | other."""
-    if effect in TRAIN_EFFECTS:
-        return "train"
-    if effect in SYNC_EFFECTS:
-        return "sync"
-    if effect in WAKE_SLEEP_EFFECTS:
-        return "wake_sleep"
-    if effect in WAITING_EFFECTS:
-        return "waiting"
-    return "other"
-
-
-def effect_category(effect: str) -> str:
-    """Coarse category of an effect name: train | refit | waiting | other."""
-    return KIND_CATEGORY[effect_kind(effect)]
-
-
-# --------------------------------------------------------------------------- run facts
-
-
-def _header(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    if not records or records[0].get("kind") != "header":
-        raise ValueError("an event log starts with its header record")
-    return records[0]
-
-
-def run_bounds(records: Sequence[Mapping[str, Any]]) -> Tuple[float, float]:
-    """(start, end) of the run in simulated seconds."""
-    head = _header(records)
-    t0 = float(head.get("t", 0.0))
-    t1 = t0
-    for r in records:
-        t1 = max(t1, float(r.get("t", t0)))
-        if r.get("kind") == "sim_end":
-            t1 = max(t1, float(r.get("sim_time", t1)))
-    return t0, t1
-
-
-def cluster_shape(records: Sequence[Mapping[str, Any]]) -> Tuple[int, int]:
-    """(nodes, gpus_per_node) from the header."""
-    c = _header(records).get("cluster") or {}
-    nodes = int(c.get("nodes", 1) or 1)
-    gpn = int(c.get("gpus_per_node", 1) or 1)
-    return nodes, gpn
-
-
-def scenario_name(records: Sequence[Mapping[str, Any]]) -> Optional[str]:
-    meta = _header(records).get("meta") or {}
-    name = meta.get("scenario")
-    return None if name is None else str(name)
-
-
-def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
-    """The cluster's GPU ids, plus any id a record names beyond it, sorted."""
-    nodes, gpn = cluster_shape(records)
-    ids = set(range(nodes * gpn))
-    for r in records[1:]:
-        for g in r.get("gpus") or ():
-            if isinstance(g, int):
-                ids.add(g)
-        if r.get("kind") in ("oom", "vram") and isinstance(r.get("gpu"), int):
-            ids.add(r["gpu"])
-    return sorted(ids)
-
-
-def _args_key(args: Any) -> str:
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
-
-
-# --------------------------------------------------------------------------- intervals
-
-
-@dataclass(frozen=True)
-class EffectInterval:
-    pipeline_id: str
-    effect: str
-    args: Dict[str, Any]
-    scope: Optional[str]
-    step: Optional[int]
-    cycle: Optional[int]
-    gpus: Tuple[int, ...]
-    start: float
-    end: float
-    open: bool = False  # still running when the log ended
-    error: Optional[str] = None
-    seq: int = 0  # seq of the start record (a stable tie-breaker)
-
-    @property
-    def kind(self) -> str:
-        return effect_kind(self.effect)
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class RankInterval:
-    """A DP rank's routable (generating) interval."""
-
-    pipeline_id: str
-    dp_rank: int
-    gpus: Tuple[int, ...]
-    start: float
-    end: float
-    version: Optional[int] = None
-    open: bool = False
-    seq: int = 0
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class GpuSlice:
-    """One interval of work on one GPU: what the Perfetto trace and the timeline draw."""
-
-    gpu: int
-    start: float
-    end: float
-    kind: str  # train | generate | sync | wake_sleep | waiting | other
-    pipeline_id: str
-    label: str
-    args: Dict[str, Any] = field(default_factory=dict)
-    seq: int = 0
-
-    def sort_key(self) -> tuple:
-        return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label, _args_key(self.args))
-
-
-def effect_intervals(records: Sequence[Mapping[str, Any]]) -> List[EffectInterval]:
-    """Every effect as an interval, ordered by start (then start seq)."""
-    _, t_end = run_bounds(records)
-    open_: Dict[tuple, List[Mapping[str, Any]]] = defaultdict(list)
-    out: List[EffectInterval] = []
-
-    def make(start_rec: Mapping[str, Any], end_rec: Optional[Mapping[str, Any]]) -> EffectInterval:
-        gpus = start_rec.get("gpus")
-        if not gpus and end_rec is not None:
-            gpus = end_rec.get("gpus")
-        return EffectInterval(
-            pipeline_id=str(start_rec.get("pipeline_id")),
-            effect=str(start_rec.get("effect")),
-            args=dict(start_rec.get("args") or {}),
-            scope=start_rec.get("scope"),
-            step=start_rec.get("step"),
-            cycle=start_rec.get("cycle"),
-            gpus=tuple(sorted(set(gpus or ()))),
-            start=float(start_rec["t"]),
-            end=float(end_rec["t"]) if end_rec is not None else t_end,
-            open=end_rec is None,
-            error=None if end_rec is None else end_rec.get("error"),
-            seq=int(start_rec.get("seq", 0)),
-        )
-
-    for r in records:
-        kind = r.get("kind")
-        if kind not in ("effect_start", "effect_end"):
-            continue
-        key = (r.get("pipeline_id"), r.get("effect"), r.get("scope"), r.get("step"), r.get("cycle"))
-        if kind == "effect_start":
-            open_[key].append(r)
-            continue
-        pending = open_.get(key)
-        if not pending:
-            continue  # an end without a start: nothing to draw
-        want = _args_key(r.get("args"))
-        idx = next((i for i, s in enumerate(pending) if _args_key(s.get("args")) == want), 0)
-        out.append(make(pending.pop(idx), r))
-    for key in sorted(open_, key=lambda k: tuple("" if v is None else str(v) for v in k)):
-        for s in open_[key]:
-            out.append(make(s, None))
-    out.sort(key=lambda iv: (iv.start, iv.seq))
-    return out
-
-
-def rank_intervals(records: Sequence[Mapping[str, Any]]) -> List[RankInterval]:
-    """Routable intervals of every DP rank, ordered by start (then seq)."""
-    _, t_end = run_bounds(records)
-    current: Dict[Tuple[str, int], Mapping[str, Any]] = {}
-    out: List[RankInterval] = []
-
-    def close(start_rec: Mapping[str, Any], end_t: Optional[float]) -> None:
-        out.append(RankInterval(
-            pipeline_id=str(start_rec["pipeline_id"]),
-            dp_rank=int(start_rec["dp_rank"]),
-            gpus=tuple(sorted(set(start_rec.get("gpus") or ()))),
-            start=float(start_rec["t"]),
-            end=t_end if end_t is None else end_t,
-            version=start_rec.get("version"),
-            open=end_t is None,
-            seq=int(start_rec.get("seq", 0)),
-        ))
-
-    for r in records:
-        if r.get("kind") != "rank_state":
-            continue
-        key = (str(r["pipeline_id"]), int(r["dp_rank"]))
-        prev = current.pop(key, None)
-        if prev is not None:
-            close(prev, float(r["t"]))
-        if r.get("state") == "routable":
-            current[key] = r
-    for key in sorted(current):
-        close(current[key], None)
-    out.sort(key=lambda iv: (iv.start, iv.seq))
-    return out
-
-
-def effect_label(iv: EffectInterval) -> str:
-    """Slice name of an effect: ``Compute(train) ppl1 s3``."""
-    base = iv.effect
-    detail = iv.args.get("what") if iv.effect == "Compute" else iv.args.get("path") if iv.effect == "SyncFromCache" else None
-    if detail is not None:
-        base = f"{base}({detail})"
-    text = f"{base} {iv.pipeline_id}"
-    if iv.step is not None:
-        text += f" s{iv.step}"
-    return text
-
-
-def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = True) -> List[GpuSlice]:
-    """Per-GPU work slices from effects (their ``gpus``) and routable ranks, sorted by
-    (gpu, start, longest first, seq)."""
-    out: List[GpuSlice] = []
-    for iv in effect_intervals(records):
-        kind = iv.kind
-        if kind == "other" and not include_other:
-            continue
-        args = {"pipeline_id": iv.pipeline_id, "effect": iv.effect, "args": iv.args, "scope": iv.scope,
-                "step": iv.step, "cycle": iv.cycle, "gpus": list(iv.gpus)}
-        if iv.open:
-            args["open"] = True
-        if iv.error is not None:
-            args["error"] = iv.error
-        for g in iv.gpus:
-            out.append(GpuSlice(g, iv.start, iv.end, kind, iv.pipeline_id, effect_label(iv), args, iv.seq))
-    for rv in rank_intervals(records):
-        args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
-        if rv.open:
-            args["open"] = True
-        label = f"generate {rv.pipeline_id} dp{rv.dp_rank}"
-        for g in rv.gpus:
-            out.append(GpuSlice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
-    out.sort(key=GpuSlice.sort_key)
-    return out
-
-
-def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
-    """Greedy lane per slice (same order as given): within each GPU, slices in (start, end,
-    seq) order take the lowest lane whose previous slice has ended — interval partitioning,
-    so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
-    (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
-    def key(i: int) -> tuple:
-        s = slices[i]
-        return (s.gpu, s.start, s.end, s.seq, s.label, _args_key(s.args))
-
-    order = sorted(range(len(slices)), key=key)
-    lanes = [0] * len(slices)
-    lane_end: Dict[int, List[float]] = defaultdict(list)
-    for i in order:
-        s = slices[i]
-        ends = lane_end[s.gpu]
-        for lane, end in enumerate(ends):
-            if end <= s.start:
-                ends[lane] = s.end
-                lanes[i] = lane
-                break
-        else:
-            ends.append(s.end)
-            lanes[i] = len(ends) - 1
-    return lanes
-
-
-def union_length(spans: Iterable[Tuple[float, float]]) -> float:
-    """Total length covered by a set of [start, end) spans."""
-    total = 0.0
-    cur_s: Optional[float] = None
-    cur_e = 0.0
-    for s, e in sorted(spans):
-        if e <= s:
-            continue
-        if cur_s is None or s > cur_e:
-            if cur_s is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        elif e > cur_e:
-            cur_e = e
-    if cur_s is not None:
-        total += cur_e - cur_s
-    return total
-
-
-def p95(values: Sequence[float]) -> Optional[float]:
-    """95th percentile by nearest rank (None for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
-
-
-# --------------------------------------------------------------------------- summary
-
+from simulators.outputs.intervals import (  # noqa: F401  (re-exported: the outputs' shared vocabulary)
+    KIND_CATEGORY,
+    REFIT_EFFECTS,
+    SYNC_EFFECTS,
+    TRAIN_EFFECTS,
+    WAITING_EFFECTS,
+    WAKE_SLEEP_EFFECTS,
+    EffectInterval,
+    GpuSlice,
+    RankInterval,
+    all_gpus,
+    assign_lanes,
+    cluster_shape,
+    effect_category,
+    effect_intervals,
+    effect_kind,
+    effect_label,
+    gpu_slices,
+    p95,
+    rank_intervals,
+    run_bounds,
+    scenario_name,
+    union_length,
+)
 
 @dataclass
 class PipelineSummary:

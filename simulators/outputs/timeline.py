@@ -18,7 +18,7 @@ import os
 from collections import defaultdict
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from simulators.outputs.summary import (
+from simulators.outputs.intervals import (
     all_gpus,
     assign_lanes,
     cluster_shape,
