@@ -30,6 +30,7 @@ from harness.control.rank_state import RankLifecycle
 from harness.control.resize import expand_order, shrink_order
 from harness.control.versions import VersionBook
 from harness.eventlog.writer import EventLog, header_record
+from harness.refit.comm_plan import build_comm_plan
 from harness.scheduler.commit import Signal
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.progress import CoordinatorProgress, ProgressReport
@@ -359,11 +360,9 @@ class Driver:
 
     def _SyncFromCache(self, pid, e):
         owner = rank_of(pid, "trainer")
-        owner_gpu = ROLES[owner][3]
-        ipc_ranks, bcast_ranks = [], []
-        for d in e.ranks:
-            r = rank_of(pid, "infer", d)
-            (ipc_ranks if ROLES[r][3] == owner_gpu else bcast_ranks).append(r)
+        plan = build_comm_plan((0, ROLES[owner][3]), {d: [(0, ROLES[rank_of(pid, "infer", d)][3])] for d in e.ranks})
+        ipc_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.ipc)]
+        bcast_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.broadcast)]
         with self.lock:
             self.sync_n += 1
             sync_id = f"{pid}_s{self.sync_n}_v{e.version}"

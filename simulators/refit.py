@@ -1,9 +1,10 @@
 """The refit timing model: one weight sync from the CPU bucket cache to target ranks.
 
 Per sync (reference/rlix.md §5.2, nemo_rl.md §1.2-1.3):
-1. comm plan — a target GPU that is the cache owner's GPU takes the same-GPU path
-   (``cpu_serialize``: NCCL cannot group two ranks of one GPU); any other target GPU
-   joins a dynamic NCCL group (owner + targets; created per sync, destroyed after it);
+1. comm plan (``harness.refit.comm_plan``, the same one the gates use) — a target GPU
+   that is the cache owner's GPU takes the same-GPU path (``cpu_serialize``: NCCL cannot
+   group two ranks of one GPU); any other target GPU joins a dynamic NCCL group (owner +
+   targets; created per sync, destroyed after it);
 2. per bucket: stage on the owner's GPU over its PCIe link (H2D), transport (same-GPU:
    a receiver copy; broadcast: over the intra-node fabric, or the NICs across nodes),
    load on the receiver. Two staging buffers ping-pong (nemo_rl.md §1.2): bucket b+1 is
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 
 from harness.control.rank_state import RankState
+from harness.refit.comm_plan import build_comm_plan
 
 
 class RefitEffects:
@@ -32,10 +34,10 @@ class RefitEffects:
             yield env.timeout(0)
             return None  # the ranks keep whatever they woke with: activation must be refused
         owner = self.owner_gpu
-        ipc, bcast = [], []
-        for r in e.ranks:
-            for g in self.ranks[r].gpus:
-                (ipc if g == owner else bcast).append(g)
+        device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
+        plan = build_comm_plan(device(owner), {r: [device(g) for g in self.ranks[r].gpus] for r in e.ranks})
+        ipc = [self.ranks[r].gpus[lr] for r in sorted(plan.ipc) for lr in plan.ipc[r]]
+        bcast = [self.ranks[r].gpus[lr] for r in sorted(plan.broadcast) for lr in plan.broadcast[r]]
         group = None
         if bcast:
             group = f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, e.ranks))}"
