@@ -16,10 +16,10 @@ completions. Within one process, program order decides (the insertion counter).
 from __future__ import annotations
 
 from heapq import heappush
-from typing import Any, Generator, Tuple
+from typing import Any, Dict, Generator, Tuple
 
 import simpy
-from simpy.core import NORMAL
+from simpy.core import NORMAL, URGENT
 from simpy.events import Process
 
 ORDER = {
@@ -33,16 +33,26 @@ ORDER = {
 ROOT_KEY: Tuple[int, ...] = (-1,)
 
 
+def _keyed_prios(key: Tuple[int, ...]) -> Dict[int, Tuple[int, Tuple[int, ...]]]:
+    """The heap priorities (simpy priority, order key) of one process, built once."""
+    return {URGENT: (URGENT, key), NORMAL: (NORMAL, key)}
+
+
+_ROOT_PRIOS = _keyed_prios(ROOT_KEY)
+
+
 class SimEnv(simpy.Environment):
     """simpy.Environment whose same-time tie-break is the scheduling process's key."""
 
     def schedule(self, event: Any, priority: Any = NORMAL, delay: float = 0) -> None:
-        proc = self._active_proc
-        key = getattr(proc, "order_key", ROOT_KEY) if proc is not None else ROOT_KEY
         if isinstance(priority, tuple):  # already keyed (re-schedule)
             prio = priority
         else:
-            prio = (int(priority), key)
+            proc = self._active_proc
+            prios = getattr(proc, "order_prios", _ROOT_PRIOS) if proc is not None else _ROOT_PRIOS
+            prio = prios.get(priority)
+            if prio is None:
+                prio = (int(priority), getattr(proc, "order_key", ROOT_KEY) if proc is not None else ROOT_KEY)
         heappush(self._queue, (self._now + delay, prio, next(self._eid), event))
 
     def spawn(self, generator: Generator, kind: str, *ids: int) -> Process:
@@ -58,5 +68,6 @@ class SimEnv(simpy.Environment):
 class _KeyedProcess(Process):
     def __init__(self, env: SimEnv, generator: Generator, key: Tuple[int, ...]) -> None:
         self.order_key = key  # set before Process.__init__ schedules the Initialize event
+        self.order_prios = _keyed_prios(key)
         super().__init__(env, generator)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from harness.control.rank_state import RankLifecycle, RankState
@@ -37,6 +38,9 @@ class RankSim:
     gpus: Tuple[int, ...]
     life: RankLifecycle
     inflight: Dict[int, Tuple[Request, float]] = field(default_factory=dict)
+    # min-heap of (due time, request id) over ``inflight``, so the serve loop finds the
+    # next completion without scanning; entries no longer in ``inflight`` are skipped
+    dues: List[Tuple[float, int]] = field(default_factory=list)
     kick: Optional[object] = None  # simpy Event the serve loop waits on
     serving_proc: Optional[object] = None
 
@@ -81,6 +85,7 @@ class Router:
             self.order.remove(rank.dp_rank)
         aborted = [req for req, _ in sorted(rank.inflight.values(), key=lambda x: x[0].rid)]
         rank.inflight.clear()
+        rank.dues.clear()
         for req in reversed(aborted):
             req.attempt += 1
             self.queue.appendleft(req)
@@ -113,7 +118,9 @@ class Router:
         c = len(rank.inflight)
         duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
         req.version = rank.life.weights_version
-        rank.inflight[req.rid] = (req, self.env.now + duration)
+        due = self.env.now + duration
+        rank.inflight[req.rid] = (req, due)
+        heappush(rank.dues, (due, req.rid))
         self.log("request_dispatch", pipeline_id=self.pipeline_id, request=req.rid, dp_rank=rank.dp_rank,
                  version=req.version, attempt=req.attempt)
         self._kick(rank)
@@ -123,17 +130,17 @@ class Router:
             rank.kick.succeed()
 
     def _serve(self, rank: RankSim):
-        env = self.env
-        while rank.routable:
+        env, life = self.env, rank.life
+        while life.state is RankState.ROUTABLE:  # rank.routable
             if rank.kick.triggered:
                 rank.kick = env.event()
             if rank.inflight:
-                due = min(t for _, t in rank.inflight.values())
-                if due > env.now:
-                    yield env.any_of([env.timeout(due - env.now), rank.kick])
+                now = env.now
+                due = _next_due(rank)
+                if due > now:
+                    yield env.any_of([env.timeout(due - now), rank.kick])
                     continue
-                done = sorted((req for req, t in rank.inflight.values() if t <= env.now), key=lambda r: r.rid)
-                for req in done:
+                for req in _pop_due(rank, now):
                     del rank.inflight[req.rid]
                     self.completed += 1
                     self.log("request_done", pipeline_id=self.pipeline_id, request=req.rid, dp_rank=rank.dp_rank,
@@ -142,3 +149,27 @@ class Router:
                 self.dispatch()
             else:
                 yield rank.kick
+
+
+def _live(rank: RankSim, due: float, rid: int) -> bool:
+    entry = rank.inflight.get(rid)
+    return entry is not None and entry[1] == due
+
+
+def _next_due(rank: RankSim) -> float:
+    """The earliest due time in flight (== min over ``rank.inflight``; it must be non-empty)."""
+    dues = rank.dues
+    while not _live(rank, *dues[0]):
+        heappop(dues)
+    return dues[0][0]
+
+
+def _pop_due(rank: RankSim, now: float) -> List[Request]:
+    """The requests in flight due by ``now``, by request id; their heap entries are popped
+    (the caller removes them from ``inflight``)."""
+    dues, done = rank.dues, {}
+    while dues and dues[0][0] <= now:
+        due, rid = heappop(dues)
+        if _live(rank, due, rid):
+            done[rid] = rank.inflight[rid][0]
+    return [done[rid] for rid in sorted(done)]

@@ -28,22 +28,38 @@ from simulators.spec import WorkloadSpec
 class ReplayBuffer:
     items: List[Tuple[int, int]] = field(default_factory=list)  # (version, request id), FIFO
     evicted: int = 0
+    # version -> how many items carry it; kept in step with ``items`` by add/take so that
+    # ``usable`` (called on every completion) is O(versions) instead of O(items)
+    versions: Counter = field(default_factory=Counter, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.versions.update(v for v, _ in self.items)
 
     def add(self, version: int, rid: int) -> None:
         self.items.append((version, rid))
+        self.versions[version] += 1
 
     def usable(self, current: int, max_age: int) -> int:
-        return sum(1 for v, _ in self.items if v >= current - max_age)
+        oldest = current - max_age
+        return sum(c for v, c in self.versions.items() if v >= oldest)
 
     def take(self, n: int, current: int, max_age: int) -> Optional[Dict[int, int]]:
         """Evict stale trajectories; if n usable remain, consume the oldest n and return
         the staleness histogram {age in steps: count}; else None (training waits)."""
-        keep = [(v, r) for v, r in self.items if v >= current - max_age]
-        self.evicted += len(self.items) - len(keep)
-        self.items = keep
-        if len(keep) < n:
+        oldest = current - max_age
+        stale = [v for v in self.versions if v < oldest]
+        if stale:
+            keep = [(v, r) for v, r in self.items if v >= oldest]
+            self.evicted += len(self.items) - len(keep)
+            self.items = keep
+            for v in stale:
+                del self.versions[v]
+        if len(self.items) < n:
             return None
-        batch, self.items = keep[:n], keep[n:]
+        batch, self.items = self.items[:n], self.items[n:]
+        self.versions.subtract(v for v, _ in batch)
+        for v in [v for v, c in self.versions.items() if c <= 0]:
+            del self.versions[v]
         return dict(sorted(Counter(current - v for v, _ in batch).items()))
 
 
@@ -54,13 +70,14 @@ class Collector:
         self.rng = rng
         self.next_rid = 0
         self.outstanding = 0  # submitted and not yet completed
+        self._log_median = np.log(spec.decode_tokens_median)  # the spec is frozen
 
     def draw(self, n: int) -> List[Request]:
         s = self.spec
-        lengths = np.exp(np.log(s.decode_tokens_median) + s.decode_tokens_sigma * self.rng.standard_normal(n))
+        lengths = np.exp(self._log_median + s.decode_tokens_sigma * self.rng.standard_normal(n))
         out = []
-        for x in lengths:
-            out.append(Request(self.next_rid, int(min(max(1.0, round(float(x))), s.decode_tokens_max))))
+        for x in lengths.tolist():  # Python floats: the same values, cheaper to round
+            out.append(Request(self.next_rid, int(min(max(1.0, round(x)), s.decode_tokens_max))))
             self.next_rid += 1
         self.outstanding += n
         return out

@@ -187,14 +187,21 @@ def effect_name(effect: Any) -> str:
     return type(effect).__name__
 
 
+_FIELD_NAMES: Dict[type, Tuple[str, ...]] = {}  # effect class -> its field names (fixed per class)
+
+
 def effect_fields(effect: Any) -> Dict[str, Any]:
     """Log fields of an effect: enums by name, tuples as lists."""
     out: Dict[str, Any] = {}
-    for f in fields(effect):
-        v = getattr(effect, f.name)
+    cls = type(effect)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(effect))
+    for name in names:
+        v = getattr(effect, name)
         if isinstance(v, Priority):
             v = v.name
         elif isinstance(v, tuple):
             v = list(v)
-        out[f.name] = v
+        out[name] = v
     return out

@@ -43,9 +43,8 @@ class EventLog:
     def emit(self, kind: str, t: float, **fields: Any) -> Dict[str, Any]:
         if kind not in ALL_KINDS:
             raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
-        self._seq += 1
-        rec: Dict[str, Any] = {"seq": self._seq, "t": t, "kind": kind}
-        rec.update(fields)
+        self._seq = seq = self._seq + 1
+        rec: Dict[str, Any] = {"seq": seq, "t": t, "kind": kind, **fields}
         self.records.append(rec)
         return rec
 

@@ -84,12 +84,18 @@ def _phase_planned_releases(state: SchedulerState, plan: ExecutionPlan, availabl
         _merge_shrink(plan, cid, req.dp_ranks_to_remove)
 
 
+_NON_GENERATION = tuple(Priority(p) for p in range(int(Priority.INITIALIZATION), int(Priority.GENERATION)))
+
+
 def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int],
                           reserved: Set[int], opts: SchedulerOptions) -> None:
     targets: Set[str] = set()
     blocked = False
-    for prio in range(int(Priority.INITIALIZATION), int(Priority.GENERATION)):
-        for pending in list(state.pending[Priority(prio)]):
+    for prio in _NON_GENERATION:
+        bucket = state.pending[prio]
+        if not bucket:
+            continue
+        for pending in list(bucket):
             cid = pending.cluster_id
             if cid in targets:
                 raise CycleFailure(f"Duplicate pending allocation planned for cluster_id={cid!r}")
@@ -112,7 +118,7 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
                 available.difference_update(needed)
                 reserved.update(needed)
                 targets.add(cid)
-                plan.signals.append(SignalOp(cid, sorted(needed), Priority(prio), pending.lora_name,
+                plan.signals.append(SignalOp(cid, sorted(needed), prio, pending.lora_name,
                                              entry.clusters[name].tp_size))
             else:
                 if snapshot is not None:

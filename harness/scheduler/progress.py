@@ -56,8 +56,13 @@ class ProgressStore:
         if not isinstance(rep.step_target, int) or rep.step_target <= 0:
             raise Rejected(f"step_target_trajectories must be > 0, got {rep.step_target!r}")
         per_mode = self._reports.setdefault(rep.pipeline_id, {})
-        has_full = any(FULL_FINETUNE_STREAM in streams for streams in per_mode.values())
-        has_lora = any(k != FULL_FINETUNE_STREAM for streams in per_mode.values() for k in streams)
+        has_full = has_lora = False
+        for streams in per_mode.values():
+            for k in streams:
+                if k == FULL_FINETUNE_STREAM:
+                    has_full = True
+                else:
+                    has_lora = True
         if rep.adapter is None:
             if has_lora:
                 raise Rejected(f"pipeline {rep.pipeline_id} already reports LoRA streams; a full-finetune report is a source-type mismatch")
@@ -140,9 +145,11 @@ class CoordinatorProgress:
 
     def aggregate(self) -> Tuple[int, float, float, int]:
         """(total_required, total_completed, total_collected, bucket)."""
-        required = sum(s.step_target for s in self._streams.values())
-        completed = sum(min(max(0.0, s.collected), s.step_target) for s in self._streams.values())
-        collected = sum(s.collected for s in self._streams.values())
+        required = completed = collected = 0  # one pass, same summation order as sum()
+        for s in self._streams.values():
+            required += s.step_target
+            completed += min(max(0.0, s.collected), s.step_target)
+            collected += s.collected
         ratio = min(completed / required, 1.0) if required > 0 else 0.0
         return required, completed, collected, int(math.floor(ratio * BUCKETS))
 

@@ -52,6 +52,18 @@ def _dups(ids):
     return sorted(dup)
 
 
+def _first_double_owned(sim: Mapping[str, ClusterAllocation]):
+    """(gpu, first owner, second owner) of the first GPU found in two allocations, or None."""
+    owners: Dict[int, str] = {}
+    double_owned = None
+    for cid, alloc in sim.items():
+        for g in alloc.gpu_ids:
+            if g in owners and double_owned is None:
+                double_owned = (g, owners[g], cid)
+            owners[g] = cid
+    return double_owned
+
+
 def validate_plan(
     plan: ExecutionPlan,
     *,
@@ -201,14 +213,13 @@ def validate_plan(
 
     full_universe = (set(universe) | idle_gpus | allocated) if universe else (set(idle_gpus) | allocated)
     final_allocated: Set[int] = set()
-    owners: Dict[int, str] = {}
-    double_owned = None
-    for cid, alloc in sim.items():
-        for g in alloc.gpu_ids:
-            if g in owners and double_owned is None:
-                double_owned = (g, owners[g], cid)
-            owners[g] = cid
+    held = 0
+    for alloc in sim.values():
         final_allocated.update(alloc.gpu_ids)
+        held += len(alloc.gpu_ids)
+    # a GPU is held twice iff the lists hold more entries than their union; only then is
+    # the per-GPU owner scan (which names the first double-owned GPU) needed
+    double_owned = _first_double_owned(sim) if held != len(final_allocated) else None
     if (final_allocated | idle) != full_universe:
         raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(full_universe - (final_allocated | idle)), "extra": sorted((final_allocated | idle) - full_universe)})
     if final_allocated & idle:

@@ -355,7 +355,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str) ->
 
 
 def _bytes(n: int) -> str:
-    return f"{n} ({n / 2**30:.2f} GiB)"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n} ({n / size:.2f} {unit})"
+    return f"{n} B"
 
 
 def format_summary(summary: Summary) -> str:

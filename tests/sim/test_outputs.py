@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-import matplotlib  # a hard dependency of the outputs: fail, do not skip, when it is missing
+import matplotlib  # noqa: F401  (a hard dependency of the outputs: fail, do not skip, when missing)
 
 from harness.control import effects as effects_mod
 from harness.eventlog.records import read_records
