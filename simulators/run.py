@@ -49,28 +49,28 @@ def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
              progress: Optional[Callable[[str], None]] = None) -> SimulationOutput:
     result = Simulation(scenario, progress=progress).run()
     records = result.records
+    # writing the outputs of a long run takes a while too: say what is happening
+    long_run = progress is not None and (result.wall_s > 2.0 or len(records) > 200_000)
+    say = progress if long_run else (lambda _line: None)
+    say(f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; checking invariants on {len(records)} records")
     violations = check_log(records)
+    say("  summarizing")
     summary = format_summary(summarize(records))
     files: List[str] = []
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "events.jsonl")
-        write_atomic(path, result.log.lines())
-        files.append(path)
-        path = os.path.join(out_dir, "summary.txt")
-        _write_text(path, summary + "\n")
-        files.append(path)
-        path = os.path.join(out_dir, "trace.json")
-        write_chrome_trace(records, path)
-        files.append(path)
-        if png:
-            path = os.path.join(out_dir, "timeline.png")
-            write_timeline_png(records, path)
+
+        def out(name: str) -> str:
+            path = os.path.join(out_dir, name)
             files.append(path)
-        path = os.path.join(out_dir, "scenario.yaml")
-        _write_text(path, yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
-        files.append(path)
-        path = os.path.join(out_dir, "violations.txt")
-        _write_text(path, "".join(f"{v}\n" for v in violations))
-        files.append(path)
+            say(f"  writing {path}")
+            return path
+
+        write_atomic(out("events.jsonl"), result.log.lines())
+        _write_text(out("summary.txt"), summary + "\n")
+        write_chrome_trace(records, out("trace.json"))
+        if png:
+            write_timeline_png(records, out("timeline.png"))
+        _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
+        _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
     return SimulationOutput(result, violations, summary, files)

@@ -38,6 +38,12 @@ KIND_STYLE: Dict[str, Tuple[str, str]] = {
 PIPELINE_HATCHES = ("", "//", "\\\\", "xx", "..", "++", "oo", "**", "--", "||")
 
 _LEFT_IN, _RIGHT_IN, _TOP_IN, _BOTTOM_IN = 1.3, 2.2, 0.5, 0.6
+MAX_PLOT_IN = 20.0  # a big cluster is squeezed into this height instead of growing without end
+DENSE_ROWS = 64  # above this many GPUs: thin rows, no hatching or labels, node ticks only
+
+
+def _row_height(n_rows: int, row_height_in: float) -> float:
+    return min(row_height_in, MAX_PLOT_IN / max(n_rows, 1))
 
 
 def timeline_size_px(records: Sequence[Mapping[str, Any]], *, width_in: float = 12.0,
@@ -46,7 +52,7 @@ def timeline_size_px(records: Sequence[Mapping[str, Any]], *, width_in: float = 
     n_rows = len(all_gpus(records))
     pipelines = {s.pipeline_id for s in gpu_slices(records, include_other=False)}
     entries = len(KIND_STYLE) + len(pipelines) + 2
-    plot_h = max(n_rows * row_height_in, 0.22 * entries, 1.5)
+    plot_h = max(n_rows * _row_height(n_rows, row_height_in), 0.22 * entries, 1.5)
     return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
 
 
@@ -56,6 +62,7 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -95,25 +102,27 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
                             top=1 - _TOP_IN / h_in, bottom=_BOTTOM_IN / h_in)
         ax = fig.add_subplot(1, 1, 1)
 
-        # bars, grouped per (gpu, lane, kind, pipeline) into one broken_barh call each
-        groups: Dict[Tuple[int, int, str, str], List[Tuple[float, float]]] = defaultdict(list)
+        # bars: one PolyCollection per (kind, pipeline) — a handful of draw calls whatever
+        # the number of bars, which keeps a 1024-GPU run's picture quick to render
+        dense = len(gpus) > DENSE_ROWS
+        groups: Dict[Tuple[str, str], List[List[Tuple[float, float]]]] = defaultdict(list)
         span = t1 - t0
         labels: List[Tuple[float, float, str]] = []
-        pad = 0.08
+        pad = 0.0 if dense else 0.08
         for s, lane in zip(slices, lanes):
             width = min(s.end, t1) - max(s.start, t0)
             if width <= 0:
                 continue
-            groups[(s.gpu, lane, s.kind, s.pipeline_id)].append((max(s.start, t0), width))
-            if len(pipelines) > 1 and width >= 0.08 * span:
-                lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
-                y = row_of[s.gpu] + pad + (lane + 0.5) * lane_h
-                labels.append((max(s.start, t0) + width / 2, y, s.pipeline_id))
-        for (g, lane, kind, pid) in sorted(groups):
-            lane_h = (1 - 2 * pad) / n_lanes[g]
-            y0 = row_of[g] + pad + lane * lane_h
-            ax.broken_barh(groups[(g, lane, kind, pid)], (y0, lane_h), facecolors=KIND_STYLE[kind][1],
-                           edgecolor="black", linewidth=0.3, hatch=hatch_of[pid] or None)
+            lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
+            y0 = row_of[s.gpu] + pad + lane * lane_h
+            x0 = max(s.start, t0)
+            groups[(s.kind, s.pipeline_id)].append([(x0, y0), (x0, y0 + lane_h), (x0 + width, y0 + lane_h), (x0 + width, y0)])
+            if not dense and len(pipelines) > 1 and width >= 0.08 * span:
+                labels.append((x0 + width / 2, y0 + lane_h / 2, s.pipeline_id))
+        for kind, pid in sorted(groups):
+            ax.add_collection(PolyCollection(
+                groups[(kind, pid)], facecolors=KIND_STYLE[kind][1], edgecolors="black",
+                linewidths=0.0 if dense else 0.3, hatch=None if dense else (hatch_of[pid] or None)))
         for x, y, text in sorted(labels):
             ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
 
@@ -127,10 +136,16 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
 
         ax.set_xlim(t0, t1)
         ax.set_ylim(len(gpus), 0)
-        ax.set_yticks([i + 0.5 for i in range(len(gpus))])
-        ax.set_yticklabels([f"GPU {g} (node {g // gpn})" for g in gpus])
-        for i in range(1, len(gpus)):
-            ax.axhline(i, color="#dddddd", linewidth=0.5, zorder=0)
+        if dense:  # one tick and one separator per node
+            firsts = [i for i, g in enumerate(gpus) if i == 0 or g // gpn != gpus[i - 1] // gpn]
+            ax.set_yticks(firsts)
+            ax.set_yticklabels([f"node {gpus[i] // gpn}" for i in firsts], fontsize=max(2, min(8, 400 // max(len(firsts), 1))))
+            ax.hlines(firsts[1:], t0, t1, colors="#dddddd", linewidth=0.3, zorder=0)
+        else:
+            ax.set_yticks([i + 0.5 for i in range(len(gpus))])
+            ax.set_yticklabels([f"GPU {g} (node {g // gpn})" for g in gpus])
+            for i in range(1, len(gpus)):
+                ax.axhline(i, color="#dddddd", linewidth=0.5, zorder=0)
         ax.set_xlabel("simulated time (s)")
         ax.grid(axis="x", color="#eeeeee", linewidth=0.5)
         ax.set_axisbelow(True)
@@ -138,8 +153,9 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
 
         handles: List[Any] = [Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=lbl)
                               for lbl, c in KIND_STYLE.values()]
-        handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.3, hatch=hatch_of[p] or None,
-                          label=f"pipeline {p}") for p in pipelines]
+        if not dense:  # dense pictures draw no hatching, so pipelines get no legend entry
+            handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.3, hatch=hatch_of[p] or None,
+                              label=f"pipeline {p}") for p in pipelines]
         if ooms:
             handles.append(Line2D([], [], marker="x", color="red", markersize=8, markeredgewidth=2,
                                   linestyle="none", label="OOM"))
