@@ -179,7 +179,9 @@ class Simulation:
         mains = [env.spawn(p.main(), "pipeline", p.index) for p in self.pipelines]
         all_done = env.all_of(mains)
         horizon = env.timeout(self.scenario.horizon_s)
+        self._progress_events = 0  # the progress printer's own events are not the run's
         if self.progress is not None:
+            self._progress_events += 1  # its Initialize event
             env.spawn(self._progress_reporter(t0), "scheduler", 2)
         env.run(until=env.any_of([all_done, self.stop, horizon]))
         if self.failure:
@@ -188,7 +190,7 @@ class Simulation:
             reason, detail = "done", f"{len(self.pipelines)} pipeline(s) finished"
         else:
             reason, detail = "horizon", f"horizon {self.scenario.horizon_s} s reached"
-        events = env.scheduled_events()
+        events = env.scheduled_events() - self._progress_events
         self.log.emit("sim_end", env.now, reason=reason, sim_time=env.now, events=events, detail=detail)
         return RunResult(self.scenario, self.log, reason, detail, env.now, events, time.perf_counter() - t0)
 
@@ -198,6 +200,7 @@ class Simulation:
         last = t0
         step = max(1.0, self.scenario.horizon_s / 1000.0)
         while True:
+            self._progress_events += 1
             yield env.timeout(step)
             now = time.perf_counter()
             if now - last >= 1.0:

@@ -239,3 +239,11 @@ def test_one_shot_generation_starves_without_the_watchdog_and_completes_with_it(
     gen = [r for r in res.records if r["kind"] == "request" and r["priority"] == "GENERATION"]
     assert len(gen) > 2 and all(r.get("step_target_estimate") == 1 for r in gen)
     assert not [r for r in res.records if r["kind"] == "progress"]  # demand came from requests alone
+
+
+def test_progress_printing_does_not_change_the_event_log():
+    s = default_scenario()
+    quiet = list(Simulation(s).run().log.lines())
+    lines = []
+    loud = list(Simulation(s, progress=lines.append).run().log.lines())
+    assert quiet == loud
