@@ -160,19 +160,10 @@ class Worker:
                 raise RuntimeError(f"sync of version {version} but the active cache is {self.cache.active_version}")
             for i, record in enumerate(buckets):
                 staging = record.buffer.to(ctx.device, copy=True)
-                files: List[str] = []
-                for r in ipc_ranks:
-                    message, made = ipc.send_bucket(self.transport, record, staging, sync_id, i, r)
-                    files += made
-                    ctx.put(f"dual/{sync_id}/b{i}/r{r}", message)
-                if group is not None:
-                    group.broadcast(staging, src=ctx.rank)
-                for r in targets:
-                    ctx.wait_get(f"dual/{sync_id}/ack{i}/r{r}", f"ACK of bucket {i} from rank {r}")
-                ipc.remove_files(files)
-                for path, ranks in (("ipc", ipc_ranks), ("broadcast", bcast_ranks)):
-                    if ranks:
-                        ctx.emit("bucket_send", version=version, bucket=i, bytes=record.used_bytes, path=path, targets=ranks)
+                ipc.send_bucket_to_targets(
+                    ctx, self.transport, record, staging, key_prefix=f"dual/{sync_id}", sync_id=sync_id, bucket=i,
+                    version=version, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks,
+                    broadcast=None if group is None else (lambda t: group.broadcast(t, src=ctx.rank)))
                 sent += record.used_bytes
         if group is not None:
             group.close()

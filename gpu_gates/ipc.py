@@ -23,7 +23,7 @@ import io
 import os
 import pickle
 import tempfile
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -85,3 +85,24 @@ def remove_files(paths: List[str]) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+def send_bucket_to_targets(ctx: Any, transport: str, record: BucketRecord, staging: torch.Tensor, *,
+                           key_prefix: str, sync_id: str, bucket: int, version: int, ipc_ranks: List[int],
+                           broadcast_ranks: List[int], broadcast: Optional[Callable[[torch.Tensor], None]]) -> None:
+    """One bucket of a selective sync, owner side: hand it to the IPC receivers through the
+    store, broadcast it to the group, wait for every target's ACK, drop the tmpfs files,
+    record the send. Both refit gates speak exactly this protocol."""
+    files: List[str] = []
+    for r in ipc_ranks:
+        message, made = send_bucket(transport, record, staging, sync_id, bucket, r)
+        files += made
+        ctx.put(f"{key_prefix}/b{bucket}/r{r}", message)
+    if broadcast is not None:
+        broadcast(staging)
+    for r in sorted(ipc_ranks + broadcast_ranks):
+        ctx.wait_get(f"{key_prefix}/ack{bucket}/r{r}", f"ACK of bucket {bucket} from rank {r}")
+    remove_files(files)
+    for path, ranks in (("ipc", ipc_ranks), ("broadcast", broadcast_ranks)):
+        if ranks:
+            ctx.emit("bucket_send", version=version, bucket=bucket, bytes=record.used_bytes, path=path, targets=ranks)

@@ -135,19 +135,10 @@ def owner_send(ctx: GateContext, st: SyncState, cycle: int, targets: List[int], 
             staging = record.buffer.to(ctx.device, copy=True)  # per-bucket staging copy
             if corrupt is not None and cycle == 0 and i == min(corrupt_bucket, len(buckets) - 1):
                 staging[record.offsets[0]] ^= 0xFF  # test hook: damage the first byte of the first tensor
-            files: List[str] = []
-            for r in ipc_ranks:
-                message, made = ipc.send_bucket(st.transport, record, staging, sync_id, i, r)
-                files += made
-                ctx.put(f"sync{cycle}/b{i}/r{r}", message)
-            if group is not None:
-                dist.broadcast(staging, src=OWNER, group=group)
-            for r in targets:
-                ctx.wait_get(f"sync{cycle}/ack{i}/r{r}", f"ACK of bucket {i} from rank {r}")
-            ipc.remove_files(files)
-            for path, ranks in (("ipc", ipc_ranks), ("broadcast", [r for r in targets if r not in ipc_ranks])):
-                if ranks:
-                    ctx.emit("bucket_send", version=cycle, bucket=i, bytes=record.used_bytes, path=path, targets=ranks)
+            ipc.send_bucket_to_targets(
+                ctx, st.transport, record, staging, key_prefix=f"sync{cycle}", sync_id=sync_id, bucket=i,
+                version=cycle, ipc_ranks=ipc_ranks, broadcast_ranks=[r for r in targets if r not in ipc_ranks],
+                broadcast=None if group is None else (lambda t: dist.broadcast(t, src=OWNER, group=group)))
             sent += record.used_bytes
             del staging
         if ctx.device.type == "cuda":
