@@ -151,6 +151,14 @@ class Worker:
 
     def op_sync_send(self, sync_id: str, version: int, ipc_ranks: List[int], bcast_ranks: List[int]) -> Dict[str, Any]:
         ctx = self.ctx
+        # Rank 0 hosts the driver thread that posts the receivers' sync_recv commands, and
+        # the gloo/NCCL group constructor blocks in its rendezvous *holding the GIL*: had
+        # the owner entered it before those commands were posted, rank 0's driver would be
+        # frozen and the receivers would never join (seen on a loaded CI machine). Waiting
+        # in Python (GIL released) until every broadcast target has started its receive
+        # closes that window for every rank, not only rank 0.
+        for r in bcast_ranks:
+            ctx.wait_get(f"dual/{sync_id}/ready/r{r}", f"rank {r} to start receiving {sync_id}")
         group = SyncGroup(ctx, sync_id, sorted([ctx.rank] + bcast_ranks)) if bcast_ranks else None
         targets = sorted(ipc_ranks + bcast_ranks)
         ctx.emit("sync_start", version=version, targets=targets, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks)
@@ -179,6 +187,7 @@ class Worker:
 
     def op_sync_recv(self, sync_id: str, version: int, owner: int, via_ipc: bool, members: List[int]) -> int:
         ctx = self.ctx
+        ctx.put(f"dual/{sync_id}/ready/r{ctx.rank}", b"1")  # the owner waits for this before its group rendezvous
         manifest = json.loads(ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
         group = None if via_ipc else SyncGroup(ctx, sync_id, members)
         for i, meta in enumerate(manifest["buckets"]):

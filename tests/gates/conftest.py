@@ -76,7 +76,7 @@ class GateRun:
 
 
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
-                timeout_s: float = 60.0, extra_env: Optional[Dict[str, str]] = None) -> GateRun:
+                timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None) -> GateRun:
     report = tmp_path / f"{gate}-report.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
