@@ -12,7 +12,7 @@ import argparse
 import datetime
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,10 @@ class GateContext:
         self.data: Dict[str, Any] = {}
         self.memory_samples: List[Dict[str, Any]] = []
         self.skip_reason: Optional[str] = None
+        # Called (each guarded) when this rank is finished by its watchdog or SIGTERM while
+        # the body is still running: a gate saves what it has so far (partial logs, what
+        # each of its threads was doing) so a timeout report says where things stood.
+        self.salvage: List[Callable[[], None]] = []
 
     # -- progress and verdicts -------------------------------------------------------
     def set_phase(self, phase: str) -> None:
@@ -102,17 +106,24 @@ class GateContext:
     def key(self, name: str) -> str:
         return f"{KEY_PREFIX}ctl/{name}"
 
-    def put(self, name: str, value: bytes) -> None:
-        self.store.set(self.key(name), value)
+    def put(self, name: str, value: bytes, store: Optional[dist.Store] = None) -> None:
+        (store or self.store).set(self.key(name), value)
 
-    def wait_get(self, name: str, what: str) -> bytes:
-        """Poll for a key until it appears, another rank aborts, or the deadline nears."""
+    def wait_get(self, name: str, what: str, store: Optional[dist.Store] = None) -> bytes:
+        """Poll for a key until it appears, another rank aborts, or the deadline nears.
+
+        ``store`` is another client connection to the same store. One client serializes
+        its operations: while one thread of a process blocks in a store wait on it (a
+        gloo rendezvous does), every other thread's set/get on that client waits too. A
+        thread that must keep talking meanwhile (gate 4's driver) uses its own client.
+        """
+        store = store or self.store
         key = self.key(name)
         while True:
-            if self.store.check([key]):
-                return self.store.get(key)
-            if self.store.check([KEY_PREFIX + "abort"]):
-                raise GateAbort(f"gave up waiting for {what}: {self.store.get(KEY_PREFIX + 'abort').decode()}")
+            if store.check([key]):
+                return store.get(key)
+            if store.check([KEY_PREFIX + "abort"]):
+                raise GateAbort(f"gave up waiting for {what}: {store.get(KEY_PREFIX + 'abort').decode()}")
             if self.remaining_s() < 1.0:
                 raise TimeoutError(f"timed out waiting for {what}")
             time.sleep(0.005)

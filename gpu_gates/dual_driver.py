@@ -36,6 +36,7 @@ from harness.scheduler.model import SchedulerModel
 from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority, Rejected
 from harness.topology import ClusterTopology
+from gpu_gates.dist_setup import connect_store
 from gpu_gates.dual_worker import ROLES, rank_of
 
 PIPELINES = ("ppl1", "ppl2")
@@ -50,14 +51,15 @@ class DriverError(RuntimeError):
 class Channel:
     """Ordered command/reply exchange with one worker through the store."""
 
-    def __init__(self, ctx, rank: int) -> None:
-        self.ctx, self.rank, self.n, self.lock = ctx, rank, 0, threading.Lock()
+    def __init__(self, ctx, store, rank: int) -> None:
+        self.ctx, self.store, self.rank, self.n, self.lock = ctx, store, rank, 0, threading.Lock()
 
     def call(self, op: str, **args: Any) -> Any:
         with self.lock:
             i, self.n = self.n, self.n + 1
-            self.ctx.put(f"dual/cmd/{self.rank}/{i}", json.dumps({"op": op, "args": args}).encode())
-            reply = json.loads(self.ctx.wait_get(f"dual/res/{self.rank}/{i}", f"rank {self.rank} finishing {op}"))
+            self.ctx.put(f"dual/cmd/{self.rank}/{i}", json.dumps({"op": op, "args": args}).encode(), store=self.store)
+            reply = json.loads(self.ctx.wait_get(f"dual/res/{self.rank}/{i}", f"rank {self.rank} finishing {op}",
+                                                 store=self.store))
         if not reply["ok"]:
             raise DriverError(reply["error"])
         return reply["result"]
@@ -75,7 +77,11 @@ class Driver:
         self.lock = threading.RLock()  # model + log
         self.log = EventLog(header_record({"nodes": 1, "gpus_per_node": 2}, source="gate:dual_pipeline",
                                           meta={"backend": ctx.backend, "steps": steps}))
-        self.channels = {r: Channel(ctx, r) for r in ROLES}
+        # The driver's own store connection: rank 0's worker (main thread) blocks on its
+        # client in every group rendezvous, and the commands that let the peers join must
+        # not queue behind that wait (see GateContext.wait_get).
+        self.store = connect_store(ctx.env, ctx.timeout, host=False)
+        self.channels = {r: Channel(ctx, self.store, r) for r in ROLES}
         self.waiters: Dict[int, Tuple[threading.Event, List[Signal]]] = {}
         self.wake = threading.Event()
         self.errors: List[str] = []
@@ -95,6 +101,7 @@ class Driver:
         # cycle (what T1 < T2 < T3 is about): ppl2 asks for GENERATION only once ppl1 holds
         # both GPUs, and ppl1's first batch completes only after ppl2 has asked.
         self.ppl2_asked = threading.Event()
+        self.activity: Dict[str, str] = {}  # interpreter -> the effect it is executing (for timeout reports)
 
     # ------------------------------------------------------------------ log + model
     def now(self) -> float:
@@ -251,7 +258,7 @@ class Driver:
         self.done.set()
         try:  # release every worker waiting on a command or a peer: they report and exit
             from gpu_gates.context import KEY_PREFIX
-            self.ctx.store.set(KEY_PREFIX + "abort", f"driver: {message}".encode())
+            self.store.set(KEY_PREFIX + "abort", f"driver: {message}".encode())
         except Exception:
             pass
 
@@ -264,8 +271,11 @@ class Driver:
             try:
                 effect = gen.send(result)
             except StopIteration:
+                self.activity.pop(f"{pid} {scope}" + ("" if cycle is None else f" (cycle {cycle})"), None)
                 return
             name, args = effect_name(effect), effect_fields(effect)
+            who = f"{pid} {scope}" + ("" if cycle is None else f" (cycle {cycle})")
+            self.activity[who] = f"{name} {args}" + ("" if step is None else f" in step {step}")
             extra: Dict[str, Any] = {"scope": scope, "step": step}
             if cycle is not None:
                 extra["cycle"] = cycle
@@ -476,10 +486,11 @@ class Driver:
         for r, ch in self.channels.items():
             if r != self.ctx.rank:
                 try:
-                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", json.dumps({"op": "stop"}).encode())
+                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", json.dumps({"op": "stop"}).encode(), store=self.store)
                 except Exception:
                     pass
-        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", json.dumps({"op": "stop"}).encode())
+        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", json.dumps({"op": "stop"}).encode(),
+                     store=self.store)
 
     def scheduler_main(self) -> None:
         try:

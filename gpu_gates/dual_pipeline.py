@@ -105,9 +105,29 @@ def run(ctx: GateContext) -> None:
 
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
                     swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve)
+
+    def salvage() -> None:
+        """The run ended early (timeout, a failed peer): keep the partial driver log and
+        what each interpreter was executing, so the report shows where things stood."""
+        got = driver.lock.acquire(timeout=1.0)
+        try:
+            records = list(driver.log.records)
+        finally:
+            if got:
+                driver.lock.release()
+        ctx.data.update(driver_activity=dict(driver.activity), records=len(records), outputs=_outputs(ctx, records),
+                        steps_done=dict(driver.steps_done))
+
+    ctx.salvage.append(salvage)
     thread = threading.Thread(target=driver.run, daemon=True)
     thread.start()
-    worker.serve()  # rank 0 is also ppl1's trainer: serve until the driver says stop
+    try:
+        worker.serve()  # rank 0 is also ppl1's trainer: serve until the driver says stop
+    except BaseException:
+        ctx.salvage.remove(salvage)  # once, here, not again on an emergency finish
+        salvage()
+        raise
+    ctx.salvage.remove(salvage)
     thread.join(10.0)
     ctx.set_phase("verify")
     records = driver.log.records
@@ -130,7 +150,8 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     d = next((r.get("data") or {} for r in results if r["rank"] == 0), {})
     return {"steps_done": d.get("steps_done"), "published_versions": d.get("published"), "cycles": d.get("cycles"),
             "resize_order": d.get("order", [])[:20], "driver_records": d.get("records"),
-            "outputs": d.get("outputs", {}), "violations": d.get("violations", [])}, []
+            "outputs": d.get("outputs", {}), "violations": d.get("violations", []),
+            "driver_activity": d.get("driver_activity", {})}, []
 
 
 SPEC = GateSpec(name="dual_pipeline", description=__doc__.splitlines()[0], default_world=WORLD, default_cycles=1,

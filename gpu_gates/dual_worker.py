@@ -151,12 +151,10 @@ class Worker:
 
     def op_sync_send(self, sync_id: str, version: int, ipc_ranks: List[int], bcast_ranks: List[int]) -> Dict[str, Any]:
         ctx = self.ctx
-        # Rank 0 hosts the driver thread that posts the receivers' sync_recv commands, and
-        # the gloo/NCCL group constructor blocks in its rendezvous *holding the GIL*: had
-        # the owner entered it before those commands were posted, rank 0's driver would be
-        # frozen and the receivers would never join (seen on a loaded CI machine). Waiting
-        # in Python (GIL released) until every broadcast target has started its receive
-        # closes that window for every rank, not only rank 0.
+        # Enter the group rendezvous only once every broadcast target has started its
+        # receive: the rendezvous is a blocking store wait that sees no abort key, so an
+        # owner must not sit in it for a receiver that never got (or failed before) its
+        # command; this wait polls the abort key and the deadline instead.
         for r in bcast_ranks:
             ctx.wait_get(f"dual/{sync_id}/ready/r{r}", f"rank {r} to start receiving {sync_id}")
         group = SyncGroup(ctx, sync_id, sorted([ctx.rank] + bcast_ranks)) if bcast_ranks else None

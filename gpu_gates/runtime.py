@@ -162,6 +162,11 @@ class _GateRun:
         if emergency:
             ctx.fail(f"rank {self.env.rank} {emergency}")
             ctx.emit("gate_abort", reason=emergency)
+            for salvage in ctx.salvage:
+                try:
+                    salvage()
+                except Exception as exc:  # a salvage must never stop the report
+                    ctx.data.setdefault("salvage_errors", []).append(f"{type(exc).__name__}: {exc}")
             self._post_abort(f"rank {self.env.rank} {emergency}")
         elif self.env.rank != 0:
             self.watchdog.stop()  # the bounded waits below take over

@@ -61,6 +61,11 @@ def test_hung_worker_ends_in_a_failed_report_within_its_timeout(gate_runner):
     assert run.report["status"] == "failed"
     assert "timed out" in run.report["message"] or "never reported" in run.report["message"]
     assert run.elapsed_s < 40
+    # the report says where the driver stood and keeps its partial log
+    summary = run.report["summary"]
+    assert any("SyncFromCache" in what for what in summary["driver_activity"].values()), summary["driver_activity"]
+    records = _driver_records(run.report)
+    assert any(r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" for r in records)
 
 
 def test_wrong_world_size_is_a_skip_with_reason(gate_runner):
