@@ -85,6 +85,7 @@ def _phase_planned_releases(state: SchedulerState, plan: ExecutionPlan, availabl
 
 
 _NON_GENERATION = tuple(Priority(p) for p in range(int(Priority.INITIALIZATION), int(Priority.GENERATION)))
+_GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per cycle
 
 
 def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int],
@@ -155,32 +156,36 @@ def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set
     shrinking: Dict[str, Set[int]] = {}
     for op in plan.shrinks:
         shrinking.setdefault(op.cluster_id, set()).update(op.dp_ranks_to_remove)
-    pending_gen = state.pending[Priority.GENERATION]
+    pending_gen = state.pending[_GENERATION]
     for pending in pending_gen:
         pid, name = parse_cluster_id(pending.cluster_id)
         if name != GENERATION_CLUSTER or pid not in state.registry:
             continue
         alloc = state.allocations.get(pending.cluster_id)
-        if alloc is None or alloc.priority != Priority.GENERATION:
+        if alloc is None or alloc.priority != _GENERATION:
             continue
         if alloc.active_dp_ranks - shrinking.get(pending.cluster_id, set()):
             # Wake-only signal: at least one worker stays active (RLix e589866).
-            plan.signals.append(SignalOp(pending.cluster_id, [], Priority.GENERATION, None, 0))
+            plan.signals.append(SignalOp(pending.cluster_id, [], _GENERATION, None, 0))
     estimates: Dict[str, Optional[int]] = {}
     for p in pending_gen:
         estimates.setdefault(p.cluster_id, p.step_target_estimate)
     # fixed variant: a cluster waiting to reach zero is never expanded in the meantime
     frozen = set() if opts.ack_unplanned_releases else set(state.planned_releases)
+    # ``available`` and ``reserved`` are this cycle's own sets, not read after this call,
+    # and the planner copies the idle set it mutates: they are handed over uncopied.
     return gap_ratio_plan(plan, GapRatioInputs(
         frozen=frozen,
-        registry=state.registry, allocations=state.allocations, non_gen_reserved=set(reserved),
-        idle=set(available), pending_gen=estimates, progress_totals=state.progress.totals,
+        registry=state.registry, allocations=state.allocations, non_gen_reserved=reserved,
+        idle=available, pending_gen=estimates, progress_totals=state.progress.totals,
         epsilon=opts.epsilon, max_iterations=opts.max_gap_iterations, max_activations=opts.max_gap_activations,
-        gpu_pipelines=state.gpu_pipelines(), neighbours=state.neighbours(),
+        gpu_pipelines=state.gpu_pipelines(), neighbours=state.neighbours(), gen_clusters=state.gen_clusters(),
     ))
 
 
 def _resize_calls(plan: ExecutionPlan) -> Tuple[List[ResizeCall], List[ResizeCall], Dict[str, Set[int]]]:
+    if not (plan.shrinks or plan.expands):
+        return [], [], {}  # what the loops below produce for a plan with neither
     removes: Dict[str, Set[int]] = {}
     adds: Dict[str, Set[int]] = {}
     for op in plan.shrinks:
@@ -211,7 +216,7 @@ def plan_cycle(state: SchedulerState, opts: SchedulerOptions, *, reason: str) ->
     _phase_planned_releases(state, plan, available, opts)
     reserved: Set[int] = set()
     for alloc in state.allocations.values():
-        if alloc.priority != Priority.GENERATION:
+        if alloc.priority != _GENERATION:
             reserved.update(alloc.gpu_ids)
     _phase_non_generation(state, plan, available, reserved, opts)
     gap = _phase_generation(state, plan, available, reserved, opts)

@@ -90,6 +90,9 @@ def signal_record(s: Signal) -> Dict[str, Any]:
     return rec
 
 
+_GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per poll
+
+
 class SchedulerModel:
     def __init__(self, topology: ClusterTopology, options: Optional[SchedulerOptions] = None) -> None:
         self.topology = topology
@@ -350,7 +353,7 @@ class SchedulerModel:
             return None
         rows = []
         for cid, alloc in st.allocations.items():
-            if alloc.priority != Priority.GENERATION:
+            if alloc.priority != _GENERATION:
                 continue
             pid, name = parse_cluster_id(cid)
             if name != GENERATION_CLUSTER or pid not in st.registry:

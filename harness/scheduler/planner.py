@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from harness.scheduler.types import (
     ClusterAllocation,
@@ -39,6 +39,7 @@ from harness.scheduler.types import (
 
 MAX_GAP_ITERATIONS = 10_000
 MAX_GAP_ACTIVATIONS = 1_000
+_GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per pipeline
 
 
 class PlannerLimitExceeded(RuntimeError):
@@ -49,40 +50,55 @@ def round_half_up(value: float) -> int:
     return int(math.floor(value + 0.5))
 
 
-@dataclass
 class _PipelineState:
-    index: int  # position in registry order: the stable tie-break RLix gets from sorted()
-    pipeline_id: str
-    cluster_id: str
-    tp: int
-    mapping: Tuple[int, ...]
-    remaining: float
-    percent_remaining: float
-    eligible: bool  # RLix _receiver_eligible; static within one cycle
-    commit_ok: bool  # RLix's re-check before committing (pending or allocation entry)
-    has_pending: bool
-    cfg: ClusterConfig
-    active_set: Set[int]  # active ranks (snapshot minus shrinks, plus activations)
-    donatable: List[int]  # snapshot-active ranks still active, ascending (donor order)
-    blocked_inactive: int  # inactive ranks that are protected this cycle (shrunk or donated)
-    target_ratio: float = 0.0
-    target_gpu_count: int = 0
-    gap: float = 0.0
-    free_heap: Optional[List[int]] = None  # lazily built
-    failed_at: int = -1  # iteration of the last slow-path failure (memo, see below)
+    """One pipeline as one planner call sees it (rebuilt every call, so a slots class)."""
+
+    __slots__ = ("index", "pipeline_id", "cluster_id", "tp", "mapping", "remaining", "percent_remaining",
+                 "eligible", "commit_ok", "has_pending", "cfg", "active_set", "donatable", "blocked_inactive",
+                 "max_dp", "target_ratio", "target_gpu_count", "gap", "free_heap", "failed_at", "version")
+
+    def __init__(self, index: int, pipeline_id: str, cluster_id: str, cfg: ClusterConfig, remaining: float,
+                 percent_remaining: float, eligible: bool, commit_ok: bool, has_pending: bool,
+                 active_set: Set[int], blocked_inactive: int) -> None:
+        self.index = index  # position in registry order: the stable tie-break RLix gets from sorted()
+        self.pipeline_id = pipeline_id
+        self.cluster_id = cluster_id
+        self.cfg = cfg
+        self.tp = cfg.tp_size
+        self.mapping = cfg.device_mapping
+        self.max_dp = cfg.max_dp_workers
+        self.remaining = remaining
+        self.percent_remaining = percent_remaining
+        self.eligible = eligible  # RLix _receiver_eligible; static within one cycle
+        self.commit_ok = commit_ok  # RLix's re-check before committing (pending or allocation entry)
+        self.has_pending = has_pending
+        self.active_set = active_set  # active ranks (snapshot minus shrinks, plus activations)
+        # snapshot-active ranks still active (donor candidates); set once the loop is reached
+        self.donatable: Set[int] = set()
+        self.blocked_inactive = blocked_inactive  # inactive ranks protected this cycle (shrunk or donated)
+        self.target_ratio = 0.0
+        self.target_gpu_count = 0
+        self.gap = 0.0
+        self.free_heap: Optional[List[int]] = None  # lazily built
+        self.failed_at = -1  # iteration of the last slow-path failure (memo, see below)
+        self.version = 0  # bumped on every re-key; older heap entries are stale
 
     @property
     def active(self) -> int:
         return len(self.active_set)
 
     def inactive_sorted(self) -> List[int]:
-        return [r for r in range(self.cfg.max_dp_workers) if r not in self.active_set]
+        return [r for r in range(self.max_dp) if r not in self.active_set]
 
     def has_available_inactive(self) -> bool:
-        return self.cfg.max_dp_workers - len(self.active_set) - self.blocked_inactive > 0
+        return self.max_dp - len(self.active_set) - self.blocked_inactive > 0
 
     def owned(self) -> Set[int]:
-        return {g for r in self.active_set for g in self.bundle(r)}
+        out: Set[int] = set()
+        mapping, tp = self.mapping, self.tp
+        for r in self.active_set:
+            out.update(mapping[r * tp : (r + 1) * tp])
+        return out
 
     def bundle(self, rank: int) -> Tuple[int, ...]:
         return self.mapping[rank * self.tp : (rank + 1) * self.tp]
@@ -100,6 +116,9 @@ class GapRatioInputs:
     gpu_pipelines: Optional[Mapping[int, List[str]]] = None  # GPU -> pipelines mapping it (registry order)
     neighbours: Optional[Mapping[str, Set[str]]] = None  # pipeline -> pipelines sharing an infer GPU
     frozen: Set[str] = field(default_factory=set)  # clusters that may not receive (not RLix: a fixed variant)
+    # (pipeline id, its actor_infer cluster id, that cluster's config) in registry order;
+    # the model caches it across cycles (it changes only with the registry), built here otherwise
+    gen_clusters: Optional[Sequence[Tuple[str, str, ClusterConfig]]] = None
     max_iterations: int = MAX_GAP_ITERATIONS
     max_activations: int = MAX_GAP_ACTIVATIONS
 
@@ -119,6 +138,12 @@ def _pending_estimate(est: Optional[int]) -> Optional[float]:
     return float(val) if val > 0 else None
 
 
+def _check_bounds(inp: GapRatioInputs, iterations: int, activations: int) -> None:
+    if iterations > inp.max_iterations or activations > inp.max_activations:
+        raise PlannerLimitExceeded(
+            f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)")
+
+
 def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     """Add GENERATION shrink/expand ops to ``plan``; return the GPUs left idle."""
     eps = inp.epsilon
@@ -132,13 +157,19 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             protected.update((pid, r) for r in ranks)
 
     states: List[_PipelineState] = []
-    for pid, entry in inp.registry.items():
-        cfg = entry.infer
-        cid = generation_cluster_id(pid)
-        has_pending = cid in inp.pending_gen
+    pending_gen, allocations = inp.pending_gen, inp.allocations
+    closed = plan.clusters_to_remove
+    frozen = inp.frozen
+    weights: List[float] = []  # remaining * tp of the eligible pipelines, in registry order
+    active_gpus = 0
+    gen_clusters = inp.gen_clusters
+    if gen_clusters is None:
+        gen_clusters = [(pid, generation_cluster_id(pid), entry.infer) for pid, entry in inp.registry.items()]
+    for pid, cid, cfg in gen_clusters:
+        has_pending = cid in pending_gen
         remaining, step_target = inp.progress_totals(pid)
         if step_target <= 0.0:
-            est = _pending_estimate(inp.pending_gen.get(cid)) if has_pending else None
+            est = _pending_estimate(pending_gen.get(cid)) if has_pending else None
             if est is None:
                 continue  # no reports and no estimate: RLix skips the pipeline entirely
             remaining = step_target = est
@@ -148,43 +179,71 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         if has_pending:
             remaining += step_target  # demand inflation for a pipeline waiting to start
             percent = remaining / step_target
-        alloc = inp.allocations.get(cid)
-        current = set(alloc.active_dp_ranks) if alloc is not None and alloc.priority == Priority.GENERATION else set()
-        current -= removed_by_plan.get(cid, set())
-        in_allocs = cid in inp.allocations
-        eligible = cid not in plan.clusters_to_remove and cid not in inp.frozen and (has_pending or bool(current) or in_allocs)
-        states.append(_PipelineState(
-            index=len(states), pipeline_id=pid, cluster_id=cid, tp=cfg.tp_size, mapping=cfg.device_mapping,
-            remaining=remaining, percent_remaining=percent, eligible=eligible,
-            commit_ok=cid not in plan.clusters_to_remove and cid not in inp.frozen and (has_pending or in_allocs),
-            has_pending=has_pending, cfg=cfg, active_set=current, donatable=sorted(current),
-            blocked_inactive=len(removed_by_plan.get(cid, ())),
-        ))
+        alloc = allocations.get(cid)
+        current = set(alloc.active_dp_ranks) if alloc is not None and alloc.priority == _GENERATION else set()
+        removed = removed_by_plan.get(cid)
+        if removed:
+            current -= removed
+        in_allocs = cid in allocations
+        open_ = cid not in closed and cid not in frozen
+        eligible = open_ and (has_pending or bool(current) or in_allocs)
+        s = _PipelineState(len(states), pid, cid, cfg, remaining, percent, eligible,
+                           open_ and (has_pending or in_allocs), has_pending, current,
+                           len(removed) if removed else 0)
+        states.append(s)
+        if eligible:
+            weights.append(remaining * s.tp)
+        active_gpus += len(current) * s.tp
 
     idle = set(inp.idle)
     if not idle.isdisjoint(inp.non_gen_reserved):
         raise RuntimeError("idle GPUs given to the planner overlap non-GEN reserved GPUs")
     result = GapRatioResult(idle=idle)
-    total_weight = sum(s.remaining * s.tp for s in states if s.eligible)
-    budget_gpus = len(idle) + sum(s.active * s.tp for s in states)
+    total_weight = sum(weights)  # sum() over the same sequence RLix sums: the same float
+    budget_gpus = len(idle) + active_gpus
     if budget_gpus == 0:
         return result
+    targets = result.targets
+    could_win = False  # some pipeline is a possible first winner (see the early exit below)
     for s in states:
+        tp = s.tp
         if s.eligible and total_weight != 0:
-            s.target_ratio = (s.remaining * s.tp) / total_weight
-            s.target_gpu_count = max(round_half_up((s.target_ratio * budget_gpus) / s.tp) * s.tp, s.tp)
-        result.targets[s.pipeline_id] = s.target_gpu_count
+            s.target_ratio = (s.remaining * tp) / total_weight
+            s.target_gpu_count = max(round_half_up((s.target_ratio * budget_gpus) / tp) * tp, tp)
+        targets[s.pipeline_id] = s.target_gpu_count
+        n_active = len(s.active_set)
+        s.gap = s.target_ratio - (n_active * tp) / budget_gpus
+        if (s.commit_ok and s.max_dp - n_active - s.blocked_inactive > 0  # has_available_inactive()
+                and s.gap > eps and s.eligible and n_active * tp < s.target_gpu_count and s.target_ratio > 0):
+            could_win = True  # the second line is acceptor_key(s) is not None
+    # Early exit, exactly equivalent to running the loop below: iteration 1 can only pick
+    # an acceptor (acceptor_key not None) that has an available inactive rank and passes the
+    # commit re-check; nothing changes before a first winner, so if no pipeline is all three
+    # the loop ends after one iteration with no op added and ``idle`` untouched. This is the
+    # common cycle (every grower at its maximum, or no grower), and it skips the heap setup.
+    if not could_win:
+        _check_bounds(inp, 1, 0)
+        result.iterations = 1
+        return result
     reserved = inp.non_gen_reserved
+    for s in states:
+        s.donatable = set(s.active_set)  # no activation yet: active_set is still the snapshot
 
+    # (len(s.active_set) is s.active, spelled out in these per-iteration helpers)
     def refresh_gap(s: _PipelineState) -> None:
-        s.gap = s.target_ratio - (s.active * s.tp) / budget_gpus
+        s.gap = s.target_ratio - (len(s.active_set) * s.tp) / budget_gpus
 
     def shrink_budget(s: _PipelineState) -> int:
-        floor = max(1, s.target_gpu_count // s.tp) if (s.eligible and s.target_gpu_count > 0) else 0
-        return max(0, s.active - floor)
+        floor = 0
+        if s.eligible and s.target_gpu_count > 0:
+            floor = s.target_gpu_count // s.tp
+            if floor < 1:
+                floor = 1
+        spare = len(s.active_set) - floor
+        return spare if spare > 0 else 0
 
     def acceptor_key(s: _PipelineState):
-        if not (s.gap > eps and s.eligible and s.active * s.tp < s.target_gpu_count and s.target_ratio > 0):
+        if not (s.gap > eps and s.eligible and len(s.active_set) * s.tp < s.target_gpu_count and s.target_ratio > 0):
             return None
         return (-(s.gap / s.target_ratio), -s.gap, s.pipeline_id)
 
@@ -197,7 +256,6 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             for g in entry.infer.device_mapping:
                 gpu_pipelines.setdefault(g, []).append(pid)
     by_id = {s.pipeline_id: s for s in states}
-    donatable_sets = {s.pipeline_id: set(s.donatable) for s in states}
 
     def owner(g: int) -> Optional[Tuple[_PipelineState, int]]:
         """The still-donatable worker holding GPU g, if any (ownership is unique)."""
@@ -205,7 +263,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             st = by_id.get(pid)
             if st is not None:
                 r = st.cfg.rank_of_gpu[g]
-                if r in donatable_sets[pid]:
+                if r in st.donatable:
                     return st, r
         return None
 
@@ -226,7 +284,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         if r in s.active_set or (s.pipeline_id, r) in protected:
             return False
         b = s.bundle(r)
-        return all(g in idle for g in b) and not any(g in reserved for g in b)
+        return idle.issuperset(b) and reserved.isdisjoint(b)
 
     def lowest_free(s: _PipelineState) -> Optional[int]:
         if s.free_heap is None:
@@ -251,7 +309,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             if (s.pipeline_id, r) in protected:
                 continue
             b = s.bundle(r)
-            if any(g in reserved for g in b):
+            if not reserved.isdisjoint(b):
                 continue
             missing = {g for g in b if g not in idle}
             picked: List[Tuple[_PipelineState, int]] = []
@@ -293,7 +351,6 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             elif dr not in op.dp_ranks_to_remove:
                 op.dp_ranks_to_remove.append(dr)
             ds.donatable.remove(dr)
-            donatable_sets[ds.pipeline_id].discard(dr)
             ds.active_set.discard(dr)
             ds.blocked_inactive += 1
             protected.add((ds.pipeline_id, dr))
@@ -315,16 +372,13 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
                     if qs.free_heap is not None and is_free(qs, qr):
                         heapq.heappush(qs.free_heap, qr)
 
-    for s in states:
-        refresh_gap(s)
     heap: List[Tuple[tuple, int, int]] = []
-    version = {s.pipeline_id: 0 for s in states}
 
     def push(s: _PipelineState) -> None:
-        version[s.pipeline_id] += 1
+        s.version += 1
         key = acceptor_key(s)
         if key is not None:
-            heapq.heappush(heap, (key, s.index, version[s.pipeline_id]))
+            heapq.heappush(heap, (key, s.index, s.version))
 
     for s in states:
         push(s)
@@ -346,9 +400,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     iterations = activations = 0
     while True:
         iterations += 1
-        if iterations > inp.max_iterations or activations > inp.max_activations:
-            raise PlannerLimitExceeded(
-                f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)")
+        _check_bounds(inp, iterations, activations)
         tried: List[Tuple[tuple, int, int]] = []
         winner = None
         donor_pids: Optional[Set[str]] = None  # pipelines able to donate now; computed on the first slow path
@@ -356,7 +408,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             entry = heapq.heappop(heap)
             _key, idx, ver = entry
             s = states[idx]
-            if version[s.pipeline_id] != ver:
+            if s.version != ver:
                 continue  # stale key
             tried.append(entry)
             if not s.has_available_inactive():

@@ -103,10 +103,14 @@ class ProgressStore:
         return bool(self._reports.get(pipeline_id))
 
 
-@dataclass
 class _Stream:
-    step_target: int
-    collected: float
+    """One reporter stream's latest raw numbers (updated in place: the coordinator owns it)."""
+
+    __slots__ = ("step_target", "collected")
+
+    def __init__(self, step_target: int, collected: float) -> None:
+        self.step_target = step_target
+        self.collected = collected
 
 
 class CoordinatorProgress:
@@ -132,7 +136,13 @@ class CoordinatorProgress:
             raise Rejected("reporter sent a wire-level 'remaining'; reporters send raw 'collected'")
         if step_target <= 0:
             raise Rejected(f"step_target must be > 0, got {step_target}")
-        self._streams[self.stream_key(mode, adapter)] = _Stream(step_target, collected)
+        key = self.stream_key(mode, adapter)
+        stream = self._streams.get(key)
+        if stream is None:
+            self._streams[key] = _Stream(step_target, collected)
+        else:  # same dict position and values as storing a fresh _Stream under the key
+            stream.step_target = step_target
+            stream.collected = collected
         return self._emit(force=new_batch)
 
     def clear_stream(self, *, mode: str, adapter: Optional[str]):
@@ -147,11 +157,20 @@ class CoordinatorProgress:
         """(total_required, total_completed, total_collected, bucket)."""
         required = completed = collected = 0  # one pass, same summation order as sum()
         for s in self._streams.values():
-            required += s.step_target
-            completed += min(max(0.0, s.collected), s.step_target)
-            collected += s.collected
-        ratio = min(completed / required, 1.0) if required > 0 else 0.0
-        return required, completed, collected, int(math.floor(ratio * BUCKETS))
+            raw, target = s.collected, s.step_target
+            required += target
+            # min(max(0.0, raw), target) without the builtin calls: the same operand is
+            # picked (max keeps 0.0 unless raw > 0.0; min keeps the value unless target < it)
+            done = raw if raw > 0.0 else 0.0
+            completed += target if target < done else done
+            collected += raw
+        if required > 0:
+            ratio = completed / required
+            if 1.0 < ratio:  # min(ratio, 1.0)
+                ratio = 1.0
+        else:
+            ratio = 0.0
+        return required, completed, collected, math.floor(ratio * BUCKETS)  # floor of a float is an int
 
     def _emit(self, *, force: bool):
         required, completed, _collected, bucket = self.aggregate()

@@ -8,10 +8,18 @@ keeps plain insertion-ordered dicts and mutates them exactly where RLix does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from harness.scheduler.progress import ProgressStore
-from harness.scheduler.types import ClusterAllocation, PendingRequest, PipelineEntry, PlannedRelease, Priority
+from harness.scheduler.types import (
+    ClusterAllocation,
+    ClusterConfig,
+    PendingRequest,
+    PipelineEntry,
+    PlannedRelease,
+    Priority,
+    generation_cluster_id,
+)
 
 
 @dataclass
@@ -29,6 +37,7 @@ class SchedulerState:
     universe_cache: Optional[Set[int]] = None
     gpu_pipelines_cache: Optional[Dict[int, List[str]]] = None
     neighbours_cache: Optional[Dict[str, Set[str]]] = None
+    gen_clusters_cache: Optional[List[Tuple[str, str, ClusterConfig]]] = None
 
     def __post_init__(self) -> None:
         if not self.idle_gpus:
@@ -48,6 +57,7 @@ class SchedulerState:
         self.universe_cache = None
         self.gpu_pipelines_cache = None
         self.neighbours_cache = None
+        self.gen_clusters_cache = None
 
     def gpu_pipelines(self) -> Dict[int, List[str]]:
         """GPU -> pipelines whose actor_infer maps it, in registry order (cached)."""
@@ -58,6 +68,18 @@ class SchedulerState:
                     index.setdefault(g, []).append(pid)
             self.gpu_pipelines_cache = index
         return self.gpu_pipelines_cache
+
+    def gen_clusters(self) -> List[Tuple[str, str, ClusterConfig]]:
+        """(pipeline id, actor_infer cluster id, its config) in registry order.
+
+        Cached like the indexes above: it depends only on the registry's keys and entries,
+        and ``register``/``unregister`` (the only registry writers) call
+        :meth:`registry_changed`, which drops it.
+        """
+        if self.gen_clusters_cache is None:
+            self.gen_clusters_cache = [(pid, generation_cluster_id(pid), entry.infer)
+                                       for pid, entry in self.registry.items()]
+        return self.gen_clusters_cache
 
     def neighbours(self) -> Dict[str, Set[str]]:
         """Pipeline -> pipelines whose actor_infer mapping shares a GPU with it (cached)."""

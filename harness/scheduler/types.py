@@ -90,12 +90,25 @@ def validate_cluster_id(cluster_id: object) -> None:
 
 
 def parse_cluster_id(cluster_id: str) -> Tuple[str, str]:
-    """Split ``{pipeline_id}_{cluster_name}`` by its known suffix (pipeline ids contain '_')."""
+    """Split ``{pipeline_id}_{cluster_name}`` by its known suffix (pipeline ids contain '_').
+
+    Every cycle parses the same few ids, so strings go through a memo (a pure function of
+    the string; an invalid id raises every time, as exceptions are not cached).
+    """
+    if type(cluster_id) is str:
+        return _parse_cluster_id_memo(cluster_id)
+    return _parse_cluster_id(cluster_id)
+
+
+def _parse_cluster_id(cluster_id: str) -> Tuple[str, str]:
     for name in GPU_CLUSTER_NAMES:
         suffix = "_" + name
         if cluster_id.endswith(suffix) and len(cluster_id) > len(suffix):
             return cluster_id[: -len(suffix)], name
     raise ValueError(f"cluster_id {cluster_id!r} does not end in a GPU cluster name ({', '.join(GPU_CLUSTER_NAMES)})")
+
+
+_parse_cluster_id_memo = functools.lru_cache(maxsize=4096)(_parse_cluster_id)
 
 
 def is_generation_cluster(cluster_id: str) -> bool:

@@ -64,6 +64,26 @@ def _first_double_owned(sim: Mapping[str, ClusterAllocation]):
     return double_owned
 
 
+def _validate_unchanged(allocations: Mapping[str, ClusterAllocation], allocated: Set[int], held: int,
+                        idle_gpus: Set[int], universe: Set[int]) -> None:
+    """The end-of-plan checks (8, 4, 10) for an empty plan, the common cycle.
+
+    With no op, conditions 1, 2, 3, 5, 6, 7, 9 and 11 have nothing to check and the
+    simulated state is the entry state: final allocated == ``allocated`` (whose overlap
+    with idle, the final condition 4, was already refused on entry) and the universe
+    check reduces to "every universe GPU is idle or allocated" (nothing can be extra,
+    as the full universe includes idle and allocated). Same conditions, same order, same
+    error contexts as the general path below.
+    """
+    covered = allocated | idle_gpus
+    if universe and not covered.issuperset(universe):
+        full_universe = covered | universe
+        raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(full_universe - covered), "extra": []})
+    if held != len(allocated):
+        g, a, b = _first_double_owned(allocations)
+        raise PlanValidationError("GPU owned by two clusters", 10, {"gpu": g, "cluster_a": a, "cluster_b": b})
+
+
 def validate_plan(
     plan: ExecutionPlan,
     *,
@@ -79,10 +99,15 @@ def validate_plan(
     condition 8.
     """
     allocated: Set[int] = set()
+    held = 0
     for alloc in allocations.values():
         allocated.update(alloc.gpu_ids)
+        held += len(alloc.gpu_ids)
     if not allocated.isdisjoint(idle_gpus):
         raise PlanValidationError("idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(allocated & idle_gpus)})
+    if not (plan.shrinks or plan.signals or plan.expands or plan.clusters_to_remove):
+        _validate_unchanged(allocations, allocated, held, idle_gpus, universe)
+        return
 
     for label, ids in (
         ("shrink", [op.cluster_id for op in plan.shrinks]),
