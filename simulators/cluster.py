@@ -4,9 +4,10 @@ Memory is accounted, not sampled: every allocation names its owner (``ppl1/dp0``
 ``ppl1/train``) and kind (weights, kv_cache, train_state, nccl, staging, cuda_context),
 and an allocation that would exceed a GPU's capacity is an OOM — reported as a fault
 that ends the run, never a silent number. Links (PCIe per GPU, the intra-node fabric,
-each node's NIC) are simpy resources of capacity one: transfers queue on them, so two
-pipelines refitting through the same link slow each other down. PCIe is two resources
-per GPU, one per direction (host→device staging, device→host cache builds and offloads).
+each node's NIC) are resources of capacity one (:class:`~simulators.env.Link`, a lean
+``simpy.Resource``): transfers queue on them, so two pipelines refitting through the
+same link slow each other down. PCIe is two resources per GPU, one per direction
+(host→device staging, device→host cache builds and offloads).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import simpy
 
+from simulators.env import Link
 from simulators.spec import ClusterSpec
 
 MEM_KINDS = ("weights", "kv_cache", "train_state", "nccl", "staging", "cuda_context")
@@ -60,7 +62,9 @@ class VramLedger:
         return nbytes
 
     def held(self, gpu: int, owner: str, mem: Optional[str] = None) -> int:
-        return sum(v for (o, m), v in self.entries[gpu].items() if o == owner and (mem is None or m == mem))
+        if mem is not None:  # entries are keyed by (owner, mem): at most one matches
+            return self.entries[gpu].get((owner, mem), 0)
+        return sum(v for (o, m), v in self.entries[gpu].items() if o == owner)
 
 
 class HostRam:
@@ -81,10 +85,10 @@ class HostRam:
 
 @dataclass
 class Links:
-    h2d: List[simpy.Resource]  # per GPU, host -> device
-    d2h: List[simpy.Resource]  # per GPU, device -> host
-    intra: List[simpy.Resource]
-    nic: List[simpy.Resource]
+    h2d: List[Link]  # per GPU, host -> device
+    d2h: List[Link]  # per GPU, device -> host
+    intra: List[Link]
+    nic: List[Link]
 
 
 class SimCluster:
@@ -93,10 +97,10 @@ class SimCluster:
         self.vram = VramLedger(spec.num_gpus, spec.vram_bytes, listener)
         self.host = HostRam(spec.nodes, spec.host_ram_bytes)
         self.links = Links(
-            h2d=[simpy.Resource(env, 1) for _ in range(spec.num_gpus)],
-            d2h=[simpy.Resource(env, 1) for _ in range(spec.num_gpus)],
-            intra=[simpy.Resource(env, 1) for _ in range(spec.nodes)],
-            nic=[simpy.Resource(env, 1) for _ in range(spec.nodes)],
+            h2d=[Link(env, 1) for _ in range(spec.num_gpus)],
+            d2h=[Link(env, 1) for _ in range(spec.num_gpus)],
+            intra=[Link(env, 1) for _ in range(spec.nodes)],
+            nic=[Link(env, 1) for _ in range(spec.nodes)],
         )
 
     def node_of(self, gpu: int) -> int:

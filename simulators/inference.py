@@ -20,10 +20,10 @@ from heapq import heappop, heappush
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from harness.control.rank_state import RankLifecycle, RankState
-from simulators.env import SimEnv
+from simulators.env import FirstOf, SimEnv
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     rid: int
     tokens: int
@@ -50,10 +50,12 @@ class RankSim:
 
 
 class Router:
-    """Round-robin over routable ranks; blocks (queues) while none is routable."""
+    """Round-robin over routable ranks; blocks (queues) while none is routable.
+
+    ``log(record)`` appends a whole record to the event log (``EventLog.add``)."""
 
     def __init__(self, env: SimEnv, pipeline_id: str, pipe_index: int, max_concurrent: int,
-                 tokens_per_s: float, half_point: float, log: Callable[..., None],
+                 tokens_per_s: float, half_point: float, log: Callable[[dict], object],
                  on_done: Callable[[Request, RankSim], None]) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
@@ -89,7 +91,8 @@ class Router:
         for req in reversed(aborted):
             req.attempt += 1
             self.queue.appendleft(req)
-            self.log("request_abort", pipeline_id=self.pipeline_id, request=req.rid, dp_rank=rank.dp_rank)
+            self.log({"seq": 0, "t": self.env.now, "kind": "request_abort", "pipeline_id": self.pipeline_id,
+                      "request": req.rid, "dp_rank": rank.dp_rank})
         self.aborted += len(aborted)
         self._kick(rank)
         self.dispatch()
@@ -101,15 +104,17 @@ class Router:
 
     # -------------------------------------------------------------- dispatch
     def dispatch(self) -> None:
-        if not self.order:
+        order, queue = self.order, self.queue
+        if not order or not queue:
             return
-        n = len(self.order)
-        while self.queue:
+        n, ranks, cap = len(order), self.ranks, self.max_concurrent
+        while queue:
+            rr = self._rr
             for probe in range(n):
-                rank = self.ranks[self.order[(self._rr + probe) % n]]
-                if len(rank.inflight) < self.max_concurrent:
-                    self._rr = (self._rr + probe + 1) % n
-                    self._start(rank, self.queue.popleft())
+                rank = ranks[order[(rr + probe) % n]]
+                if len(rank.inflight) < cap:
+                    self._rr = (rr + probe + 1) % n
+                    self._start(rank, queue.popleft())
                     break
             else:
                 return  # every routable rank is full
@@ -117,59 +122,67 @@ class Router:
     def _start(self, rank: RankSim, req: Request) -> None:
         c = len(rank.inflight)
         duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
-        req.version = rank.life.weights_version
-        due = self.env.now + duration
-        rank.inflight[req.rid] = (req, due)
-        heappush(rank.dues, (due, req.rid))
-        self.log("request_dispatch", pipeline_id=self.pipeline_id, request=req.rid, dp_rank=rank.dp_rank,
-                 version=req.version, attempt=req.attempt)
-        self._kick(rank)
+        req.version = version = rank.life.weights_version
+        now = self.env.now
+        due = now + duration
+        rid = req.rid
+        rank.inflight[rid] = (req, due)
+        heappush(rank.dues, (due, rid))
+        self.log({"seq": 0, "t": now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id, "request": rid,
+                  "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
+        kick = rank.kick  # _kick, inlined
+        if kick is not None and not kick.triggered:
+            kick.succeed()
 
     def _kick(self, rank: RankSim) -> None:
         if rank.kick is not None and not rank.kick.triggered:
             rank.kick.succeed()
 
     def _serve(self, rank: RankSim):
-        env, life = self.env, rank.life
-        while life.state is RankState.ROUTABLE:  # rank.routable
+        env, life, inflight = self.env, rank.life, rank.inflight
+        log, on_done, pid, dp = self.log, self.on_done, self.pipeline_id, rank.dp_rank
+        ROUTABLE = RankState.ROUTABLE
+        while life.state is ROUTABLE:  # rank.routable
             if rank.kick.triggered:
                 rank.kick = env.event()
-            if rank.inflight:
+            if inflight:  # the same dict for the rank's life: deactivate() clears it in place
                 now = env.now
                 due = _next_due(rank)
                 if due > now:
-                    yield env.any_of([env.timeout(due - now), rank.kick])
+                    # == env.any_of([timeout, kick]): same events, same order (see FirstOf)
+                    yield FirstOf(env, env.timeout(due - now), rank.kick)
                     continue
                 for req in _pop_due(rank, now):
-                    del rank.inflight[req.rid]
+                    del inflight[req.rid]
                     self.completed += 1
-                    self.log("request_done", pipeline_id=self.pipeline_id, request=req.rid, dp_rank=rank.dp_rank,
-                             tokens=req.tokens, version=req.version)
-                    self.on_done(req, rank)
+                    log({"seq": 0, "t": now, "kind": "request_done", "pipeline_id": pid, "request": req.rid,
+                         "dp_rank": dp, "tokens": req.tokens, "version": req.version})
+                    on_done(req, rank)
                 self.dispatch()
             else:
                 yield rank.kick
 
 
-def _live(rank: RankSim, due: float, rid: int) -> bool:
-    entry = rank.inflight.get(rid)
-    return entry is not None and entry[1] == due
-
-
 def _next_due(rank: RankSim) -> float:
     """The earliest due time in flight (== min over ``rank.inflight``; it must be non-empty)."""
-    dues = rank.dues
-    while not _live(rank, *dues[0]):
+    dues, inflight = rank.dues, rank.inflight
+    while True:
+        due, rid = dues[0]
+        entry = inflight.get(rid)  # a heap entry is live while inflight holds it with that due
+        if entry is not None and entry[1] == due:
+            return due
         heappop(dues)
-    return dues[0][0]
 
 
 def _pop_due(rank: RankSim, now: float) -> List[Request]:
     """The requests in flight due by ``now``, by request id; their heap entries are popped
     (the caller removes them from ``inflight``)."""
-    dues, done = rank.dues, {}
+    dues, inflight, done = rank.dues, rank.inflight, {}
     while dues and dues[0][0] <= now:
         due, rid = heappop(dues)
-        if _live(rank, due, rid):
-            done[rid] = rank.inflight[rid][0]
+        entry = inflight.get(rid)  # live entries only (as in _next_due)
+        if entry is not None and entry[1] == due:
+            done[rid] = entry[0]
+    if len(done) == 1:
+        return list(done.values())
     return [done[rid] for rid in sorted(done)]

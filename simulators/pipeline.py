@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 import numpy as np
-import simpy
 
 from harness.control import nemo_async, roll_sync
 from harness.control.context import PipelineContext
@@ -24,6 +23,7 @@ from harness.control.versions import VersionBook, VersionError
 from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 from simulators.cluster import OutOfMemory
+from simulators.env import Link
 from simulators.inference import RankSim, Request, Router
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
@@ -59,7 +59,7 @@ class PipelineSim(RankEffects, RefitEffects):
         }
         w = spec.workload
         self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
-                             w.batching_half_point, self._log_request, self._on_trajectory)
+                             w.batching_half_point, sim.log.add, self._on_trajectory)
         self.router.ranks = self.ranks
         seed = np.random.SeedSequence([sim.scenario.seed, index])
         self.collector = Collector(w, "async" if nemo else "sync", np.random.default_rng(seed))
@@ -67,7 +67,7 @@ class PipelineSim(RankEffects, RefitEffects):
         self.progress = CoordinatorProgress(self.pid)
         self.batch_step: Optional[int] = None  # the step whose batch is being collected
         self.batch_ready = self.env.event()
-        self.lock = simpy.Resource(self.env, 1)
+        self.lock = Link(self.env, 1)  # == simpy.Resource(env, 1), cheaper (see Link)
         self._lock_req: List[Any] = []
         self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
         self.train_resident = False
@@ -76,6 +76,7 @@ class PipelineSim(RankEffects, RefitEffects):
         self.finished = False
         self.gone = False  # unregistered and torn down: its coordinator is dead
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
+        self.progress_hooks = "noop_progress_hooks" not in self.faults
         self.weight_bytes = spec.model.weight_bytes
         self.cache_versions: List[int] = []
 
@@ -148,39 +149,54 @@ class PipelineSim(RankEffects, RefitEffects):
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, gen, scope: str, step: Optional[int], cycle: Optional[int] = None):
+        log, env, pid = self.sim.log, self.env, self.pid
+        resize_scope = scope in ("shrink", "expand")
+        send = gen.send
         result: Any = None
         while True:
             try:
-                effect = gen.send(result)
+                effect = send(result)
             except StopIteration:
                 return
             name = effect_name(effect)
             args = effect_fields(effect)
             gpus = self._gpus_of(name, args)
-            extra: Dict[str, Any] = {"scope": scope, "step": step}
+            # record fields: pipeline_id, effect, args, scope, step[, cycle][, gpus]
+            start: Dict[str, Any] = {"seq": 0, "t": env.now, "kind": "effect_start", "pipeline_id": pid,
+                                     "effect": name, "args": args, "scope": scope, "step": step}
             if cycle is not None:
-                extra["cycle"] = cycle
+                start["cycle"] = cycle
             if gpus:
-                extra["gpus"] = gpus
-            self.sim.log.emit("effect_start", self.env.now, pipeline_id=self.pid, effect=name, args=args, **extra)
+                start["gpus"] = gpus
+            log.add(start)
             result = yield from getattr(self, "_" + name)(effect)
-            if self.gone and scope in ("shrink", "expand"):
+            if self.gone and resize_scope:
                 # the pipeline was torn down while this resize waited for the coordinator
                 # lock: RLix's dead-coordinator case, tolerated — nothing more happens
                 if self._lock_req:
                     self.lock.release(self._lock_req.pop())
-                self.sim.log.emit("effect_end", self.env.now, pipeline_id=self.pid, effect=name, args=args,
-                                  error="coordinator gone (pipeline unregistered)", **extra)
+                extra: Dict[str, Any] = {"scope": scope, "step": step}
+                if cycle is not None:
+                    extra["cycle"] = cycle
+                if gpus:
+                    extra["gpus"] = gpus
+                log.emit("effect_end", env.now, pipeline_id=pid, effect=name, args=args,
+                         error="coordinator gone (pipeline unregistered)", **extra)
                 return
-            end = dict(extra)
+            end = start.copy()  # same keys in the same order; "seq"/"t"/"kind" values replaced
+            end["t"] = env.now
+            end["kind"] = "effect_end"
             if result is not None:
                 end["result"] = list(result) if isinstance(result, (list, tuple)) else result
-            self.sim.log.emit("effect_end", self.env.now, pipeline_id=self.pid, effect=name, args=args, **end)
+            log.add(end)
+
+    _TRAIN_EFFECTS = frozenset(("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"))
 
     def _gpus_of(self, name: str, args: Dict[str, Any]) -> List[int]:
         if "ranks" in args:
-            return sorted(g for r in args["ranks"] for g in self.ranks[r].gpus)
-        if name in ("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"):
+            ranks = self.ranks
+            return sorted([g for r in args["ranks"] for g in ranks[r].gpus])
+        if name in self._TRAIN_EFFECTS:
             return list(self.train_gpus)
         return []
 
@@ -324,9 +340,6 @@ class PipelineSim(RankEffects, RefitEffects):
         yield  # pragma: no cover
 
     # ------------------------------------------------------------------ workload effects
-    def _log_request(self, kind: str, **fields) -> None:
-        self.sim.log.emit(kind, self.env.now, **fields)
-
     def _current_version(self) -> int:
         v = self.ctx.versions.published
         return 0 if v is None else v
@@ -345,10 +358,11 @@ class PipelineSim(RankEffects, RefitEffects):
             self.router.submit(self.collector.draw(n))
 
     def _report_progress(self, new_batch: bool) -> None:
-        if self.finished or "noop_progress_hooks" in self.faults:
+        if self.finished or not self.progress_hooks:
             return
         w = self.spec.workload
-        usable = self.buffer.usable(self._current_version(), w.max_trajectory_age_steps)
+        v = self.ctx.versions.published  # _current_version(), inlined (once per completion)
+        usable = self.buffer.usable(0 if v is None else v, w.max_trajectory_age_steps)
         rep = self.progress.update(mode="train", adapter=None, step_target=w.trajectories_per_step,
                                    collected=usable, new_batch=new_batch)
         if isinstance(rep, ProgressReport):

@@ -10,8 +10,10 @@ from typing import List
 
 class RankEffects:
     def _log_rank(self, rank) -> None:
-        self.sim.emit("rank_state", pipeline_id=self.pid, dp_rank=rank.dp_rank, state=rank.life.state.value,
-                      gpus=list(rank.gpus), version=rank.life.weights_version)
+        # sim.emit() without its None filter: no field here can be None but version, which it keeps
+        self.sim.log.add({"seq": 0, "t": self.env.now, "kind": "rank_state", "pipeline_id": self.pid,
+                          "dp_rank": rank.dp_rank, "state": rank.life.state.value, "gpus": list(rank.gpus),
+                          "version": rank.life.weights_version})
 
     def _owner(self, rank) -> str:
         return f"{self.pid}/dp{rank.dp_rank}"

@@ -85,6 +85,7 @@ class RefitEffects:
 
     def _bucket_acked(self, e, ipc, bcast, bucket: int, size: int) -> None:
         for transport, targets in (("cpu_serialize", ipc), ("nccl", bcast)):
-            if targets:
-                self.sim.emit("refit_bucket", pipeline_id=self.pid, version=e.version, bucket=bucket,
-                              transport=transport, dp_ranks=list(e.ranks), bytes=size, path=e.path)
+            if targets:  # sim.emit() minus its None filter: only version may be None, and it is kept
+                self.sim.log.add({"seq": 0, "t": self.env.now, "kind": "refit_bucket", "pipeline_id": self.pid,
+                                  "version": e.version, "bucket": bucket, "transport": transport,
+                                  "dp_ranks": list(e.ranks), "bytes": size, "path": e.path})

@@ -76,19 +76,20 @@ class Simulation:
 
     # ------------------------------------------------------------------ logging
     def emit(self, kind: str, **fields: Any) -> None:
-        self.log.emit(kind, self.env.now, **{k: v for k, v in fields.items() if v is not None or k in _KEEP_NULL})
+        self.log.append(kind, self.env.now, {k: v for k, v in fields.items() if v is not None or k in _KEEP_NULL})
 
     def drain(self) -> None:
         self.log.extend(self.env.now, self.model.drain())
 
     def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int) -> None:
-        self.log.emit("vram", self.env.now, gpu=gpu, owner=owner, mem=mem, delta=delta, used=used)
+        self.log.add({"seq": 0, "t": self.env.now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
+                      "delta": delta, "used": used})
 
     # ------------------------------------------------------------------ scheduler calls
     def call(self, input_kind: str, fields: Dict[str, Any], fn: Callable[[], Any]) -> Any:
         """Log an input record, apply it to the model, log its decisions. A refusal is a
         bug in the simulated system (or a fault): the run fails."""
-        rec = self.log.emit(input_kind, self.env.now, **fields)
+        rec = self.log.append(input_kind, self.env.now, fields)
         try:
             result = fn()
         except Rejected as e:

@@ -41,7 +41,11 @@ class ReplayBuffer:
 
     def usable(self, current: int, max_age: int) -> int:
         oldest = current - max_age
-        return sum(c for v, c in self.versions.items() if v >= oldest)
+        n = 0
+        for v, c in self.versions.items():
+            if v >= oldest:
+                n += c
+        return n
 
     def take(self, n: int, current: int, max_age: int) -> Optional[Dict[int, int]]:
         """Evict stale trajectories; if n usable remain, consume the oldest n and return
@@ -75,10 +79,14 @@ class Collector:
     def draw(self, n: int) -> List[Request]:
         s = self.spec
         lengths = np.exp(self._log_median + s.decode_tokens_sigma * self.rng.standard_normal(n))
-        out = []
-        for x in lengths.tolist():  # Python floats: the same values, cheaper to round
-            out.append(Request(self.next_rid, int(min(max(1.0, round(x)), s.decode_tokens_max))))
-            self.next_rid += 1
+        hi = s.decode_tokens_max
+        if n <= 4:  # async refills draw one or two at a time: numpy calls cost more than they save
+            tokens = [int(min(max(1.0, round(x)), hi)) for x in lengths.tolist()]
+        else:  # the same values, vectorized (np.rint rounds half to even exactly as round() does)
+            tokens = np.minimum(np.maximum(1.0, np.rint(lengths)), hi).astype(np.int64).tolist()
+        rid = self.next_rid
+        out = [Request(rid + i, t) for i, t in enumerate(tokens)]
+        self.next_rid = rid + len(out)
         self.outstanding += n
         return out
 

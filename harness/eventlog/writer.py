@@ -48,12 +48,40 @@ class EventLog:
         self.records.append(rec)
         return rec
 
+    def append(self, kind: str, t: float, fields: Dict[str, Any]) -> Dict[str, Any]:
+        """:meth:`emit` with the fields as a dict (hot callers: no kwargs re-packing).
+        The record is a new dict; ``fields`` itself is not kept."""
+        if kind not in ALL_KINDS:
+            raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+        self._seq = seq = self._seq + 1
+        rec: Dict[str, Any] = {"seq": seq, "t": t, "kind": kind, **fields}
+        self.records.append(rec)
+        return rec
+
+    def add(self, rec: Dict[str, Any]) -> Dict[str, Any]:
+        """Append a record the caller built whole, ``{"seq": 0, "t": t, "kind": kind, ...}``
+        (keys in their final order), stamping its seq: the hottest producers use it so a
+        record is one dict built once. The dict becomes the record (do not reuse it)."""
+        kind = rec["kind"]
+        if kind not in ALL_KINDS:
+            raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+        self._seq = rec["seq"] = self._seq + 1
+        self.records.append(rec)
+        return rec
+
     def extend(self, t: float, decisions: Iterable[Dict[str, Any]]) -> None:
         """Stamp and append records produced without seq/t (e.g. the scheduler outbox)."""
+        records = self.records
         for d in decisions:
-            fields = dict(d)
-            kind = fields.pop("kind")
-            self.emit(kind, t, **fields)
+            kind = d["kind"]
+            if kind not in ALL_KINDS:
+                raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+            if "t" in d:  # as emit(kind, t, **fields) would refuse it
+                raise TypeError("a decision may not carry its own 't'")
+            self._seq = seq = self._seq + 1
+            # "kind" is already in place, so unpacking ``d`` keeps the key order
+            # seq, t, kind, then d's other fields in their order (as emit would)
+            records.append({"seq": seq, "t": t, "kind": kind, **d})
 
     def lines(self) -> Iterable[str]:
         for rec in self.records:
