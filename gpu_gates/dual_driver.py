@@ -66,8 +66,10 @@ class Channel:
 
 
 class Driver:
-    def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None]) -> None:
+    def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
+                 late_receivers_s: float = 0.0) -> None:
         self.ctx = ctx
+        self.late_receivers_s = late_receivers_s  # test hook: receivers' commands posted after the owner's
         self.steps = steps
         self.bucket_size = bucket_size
         self.swap = swap_resize_order
@@ -391,7 +393,9 @@ class Driver:
         for r in ipc_ranks + bcast_ranks:
             threads.append(threading.Thread(target=run, args=(r, lambda r=r: self.channels[r].call(
                 "sync_recv", sync_id=sync_id, version=e.version, owner=owner, via_ipc=r in ipc_ranks, members=members)), daemon=True))
-        for th in threads:
+        for i, th in enumerate(threads):
+            if i == 1 and self.late_receivers_s:
+                time.sleep(self.late_receivers_s)
             th.start()
         for th in threads:
             th.join()

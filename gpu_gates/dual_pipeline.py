@@ -94,6 +94,16 @@ def _order_evidence(records: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def _late_receivers_s(ctx: GateContext) -> float:
+    hook = ctx.hooks.get("late_receivers")
+    if hook is None:
+        return 0.0
+    try:
+        return float(hook.arg) if hook.arg else 1.0
+    except ValueError:
+        raise ValueError(f"late_receivers hook: {hook.arg!r} is not a number of seconds") from None
+
+
 def run(ctx: GateContext) -> None:
     worker = Worker(ctx)
     ctx.data.update(role=f"{worker.pipeline} {worker.role}" + ("" if worker.dp is None else f" dp{worker.dp}"))
@@ -104,7 +114,8 @@ def run(ctx: GateContext) -> None:
     from harness.invariants import check_log
 
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
-                    swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve)
+                    swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve,
+                    late_receivers_s=_late_receivers_s(ctx))
 
     def salvage() -> None:
         """The run ended early (timeout, a failed peer): keep the partial driver log and

@@ -10,6 +10,9 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``leak_group[:DESC]``   nccl_teardown: teardown skips the group (default the DP group)
 ``leak_sync_group``     selective_sync: the dynamic sync group is not destroyed
 ``swap_resize_order``   dual_pipeline: a cycle runs its expands before its shrinks
+``late_receivers[:S]``  dual_pipeline: the driver posts a sync's receive commands S seconds
+                        (default 1) after the owner's send command — the ordering that a
+                        loaded machine produces now and then, made certain
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -24,7 +27,7 @@ from typing import List, Optional
 ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise")
-PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order")
+PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers")
 
 
 class HookSpecError(ValueError):

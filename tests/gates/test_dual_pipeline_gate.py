@@ -56,6 +56,14 @@ def test_expand_before_shrink_is_caught_by_the_order_check(gate_runner):
     assert "T1 < T2 broken" in run.report["message"] or "shrink of" in run.report["message"]
 
 
+def test_receivers_posted_after_the_owner_still_complete_every_sync(gate_runner):
+    # What a loaded CI machine once did: the owner entered its group rendezvous before the
+    # driver had posted the receivers' commands, and the run hung to its timeout.
+    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="late_receivers:0.5")
+    assert run.report["status"] == "passed", run.report["message"]
+    assert run.report["summary"]["steps_done"] == {"ppl1": 3, "ppl2": 3}
+
+
 def test_hung_worker_ends_in_a_failed_report_within_its_timeout(gate_runner):
     run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "8", hook="hang@sync_recv:2", timeout_s=45)
     assert run.report["status"] == "failed"
