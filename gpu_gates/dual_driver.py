@@ -3,7 +3,8 @@
 Runs in a thread of rank 0. It owns one :class:`~harness.scheduler.model.SchedulerModel`
 (the same object the simulator drives) and interprets the same control generators as
 the simulator (``harness.control.nemo_async``, ``resize.expand_order``/``shrink_order``),
-turning each effect into a command for the worker process that must do it. Threads:
+turning each effect into a command for the worker process that must do it (the
+per-effect handlers are in ``gpu_gates.dual_effects``). Threads:
 
 * one per pipeline, running initialize → train_step × N → finish;
 * the scheduler loop (RLix's central loop: wake on input, plan, run every shrink and wait,
@@ -30,23 +31,14 @@ from harness.control.rank_state import RankLifecycle
 from harness.control.resize import expand_order, shrink_order
 from harness.control.versions import VersionBook
 from harness.eventlog.writer import EventLog, header_record
-from harness.refit.comm_plan import build_comm_plan
 from harness.scheduler.commit import Signal
 from harness.scheduler.model import SchedulerModel
-from harness.scheduler.progress import CoordinatorProgress, ProgressReport
+from harness.scheduler.progress import CoordinatorProgress
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority, Rejected
 from harness.topology import ClusterTopology
 from gpu_gates.dist_setup import connect_store
+from gpu_gates.dual_effects import INFER_GPUS, PIPELINES, TRAIN_GPU, DriverEffects, DriverError
 from gpu_gates.dual_worker import ROLES, rank_of
-
-PIPELINES = ("ppl1", "ppl2")
-TRAIN_GPU = {"ppl1": 0, "ppl2": 1}
-INFER_GPUS = (0, 1)
-
-
-class DriverError(RuntimeError):
-    pass
-
 
 class Channel:
     """Ordered command/reply exchange with one worker through the store."""
@@ -65,7 +57,7 @@ class Channel:
         return reply["result"]
 
 
-class Driver:
+class Driver(DriverEffects):
     def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
                  late_receivers_s: float = 0.0) -> None:
         self.ctx = ctx
@@ -309,171 +301,6 @@ class Driver:
         life.on(event, **kw)
         self.emit("rank_state", pipeline_id=pid, dp_rank=dp, state=life.state.value,
                   gpus=[ROLES[rank_of(pid, "infer", dp)][3]], version=life.weights_version)
-
-    # scheduler effects
-    def _RequestGpus(self, pid, e):
-        cid = f"{pid}_{e.cluster}"
-        if pid == "ppl2" and e.priority == Priority.GENERATION and not self.ppl2_asked.is_set():
-            self._wait_until(lambda: len(self.routable["ppl1"]) == 2, 20.0)
-            self.ppl2_asked.set()
-        fields = {"cluster_id": cid, "priority": e.priority.name}
-        if e.global_step is not None:
-            fields["global_step"] = e.global_step
-        if e.step_target_estimate is not None:
-            fields["step_target_estimate"] = e.step_target_estimate
-        return self.wait_ticket(self.call_model("request", fields, lambda: self.model.request(
-            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate)))
-
-    def _ReleaseGpus(self, pid, e):
-        cid = f"{pid}_{e.cluster}"
-        fields = {"cluster_id": cid} if e.global_step is None else {"cluster_id": cid, "global_step": e.global_step}
-        self.call_model("release", fields, lambda: self.model.release(cid, global_step=e.global_step))
-
-    # training effects
-    def _ReloadTrainComm(self, pid, e):
-        return self._trainer(pid).call("reload_comm", step=self.ctxs[pid].step)
-
-    def _Compute(self, pid, e):
-        return self._trainer(pid).call("train", step=e.global_step)
-
-    def _BuildCache(self, pid, e):
-        self._trainer(pid).call("build_cache", version=e.version, bucket_size=self.bucket_size)
-        self.ctxs[pid].versions.cache_built(e.version)
-
-    def _PromoteCache(self, pid, e):
-        self._trainer(pid).call("promote", version=e.version)
-        self.ctxs[pid].versions.promote(e.version)
-
-    def _OffloadTraining(self, pid, e):
-        self._trainer(pid).call("offload")
-
-    def _DestroyTrainComm(self, pid, e):
-        return self._trainer(pid).call("destroy_comm")
-
-    def _LockCoordinator(self, pid, e):
-        self.coord_lock[pid].acquire()
-
-    def _UnlockCoordinator(self, pid, e):
-        self.coord_lock[pid].release()
-
-    # inference + refit effects
-    def _ActiveRanks(self, pid, e):
-        return sorted(self.routable[pid])
-
-    def _MarkInactive(self, pid, e):
-        if set(e.ranks) & self.routable[pid]:
-            raise DriverError(f"{pid}: expand of ranks {sorted(set(e.ranks) & self.routable[pid])} that are still routable")
-
-    def _Wake(self, pid, e):
-        for d in e.ranks:
-            self._rank_state(pid, d, "wake")
-            self._infer(pid, d).call("wake", level=self.ctxs[pid].sleep_level)
-            self._rank_state(pid, d, "woken")
-
-    def _SyncFromCache(self, pid, e):
-        owner = rank_of(pid, "trainer")
-        plan = build_comm_plan((0, ROLES[owner][3]), {d: [(0, ROLES[rank_of(pid, "infer", d)][3])] for d in e.ranks})
-        ipc_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.ipc)]
-        bcast_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.broadcast)]
-        with self.lock:
-            self.sync_n += 1
-            sync_id = f"{pid}_s{self.sync_n}_v{e.version}"
-        members = sorted([owner] + bcast_ranks)
-        results: Dict[int, Any] = {}
-        errors: List[str] = []
-
-        def run(rank: int, fn: Callable[[], Any]) -> None:
-            try:
-                results[rank] = fn()
-            except Exception as exc:
-                errors.append(str(exc))
-
-        threads = [threading.Thread(target=run, args=(owner, lambda: self.channels[owner].call(
-            "sync_send", sync_id=sync_id, version=e.version, ipc_ranks=ipc_ranks, bcast_ranks=bcast_ranks)), daemon=True)]
-        for r in ipc_ranks + bcast_ranks:
-            threads.append(threading.Thread(target=run, args=(r, lambda r=r: self.channels[r].call(
-                "sync_recv", sync_id=sync_id, version=e.version, owner=owner, via_ipc=r in ipc_ranks, members=members)), daemon=True))
-        for i, th in enumerate(threads):
-            if i == 1 and self.late_receivers_s:
-                time.sleep(self.late_receivers_s)
-            th.start()
-        for th in threads:
-            th.join()
-        if errors:
-            raise DriverError("; ".join(errors))
-        for d in e.ranks:
-            self._rank_state(pid, d, "refreshed" if d in self.routable[pid] else "synced", version=e.version)
-        return {"ipc": ipc_ranks, "broadcast": bcast_ranks}
-
-    def _Finalize(self, pid, e):
-        for d in e.ranks:
-            out = self._infer(pid, d).call("finalize", version=self.ctxs[pid].versions.active)
-            if not out["ok"]:
-                self.digest_failures.append(f"{pid} dp{d}: tensors {out['mismatched']} differ from the owner's version "
-                                            f"{self.ctxs[pid].versions.active}")
-                raise DriverError(self.digest_failures[-1])
-            self._rank_state(pid, d, "finalized")
-
-    def _PublishVersion(self, pid, e):
-        self.ctxs[pid].versions.publish(e.version)
-        return self.ctxs[pid].versions.published
-
-    def _Activate(self, pid, e):
-        for d in e.ranks:
-            self._rank_state(pid, d, "activated")
-            self.routable[pid].add(d)
-
-    def _Abort(self, pid, e):
-        for d in e.ranks:
-            self.routable[pid].discard(d)
-            self._infer(pid, d).call("abort")
-            self._rank_state(pid, d, "abort")
-
-    def _Drain(self, pid, e):
-        return None
-
-    def _Sleep(self, pid, e):
-        for d in e.ranks:
-            self._infer(pid, d).call("sleep", level=e.level)
-            self._rank_state(pid, d, "slept", level=e.level)
-
-    # workload effects
-    def _report(self, pid: str, collected: int, new_batch: bool) -> None:
-        """Progress through the coordinator's 2 % buckets, as the scheduler sees it."""
-        rep = self.progress[pid].update(mode="train", adapter=None, step_target=self.ctxs[pid].step_target,
-                                        collected=collected, new_batch=new_batch)
-        if isinstance(rep, ProgressReport):
-            self.call_model("progress", {"pipeline_id": pid, "step_target": rep.step_target, "completed": rep.completed,
-                                         "mode": rep.mode, "new_batch": new_batch},
-                            lambda: self.model.report_progress(rep))
-
-    def _wait_until(self, cond: Callable[[], bool], limit_s: float) -> None:
-        end = time.monotonic() + limit_s
-        while not cond() and time.monotonic() < end and not self.errors:
-            time.sleep(0.01)
-
-    def _WaitBatch(self, pid, e):
-        """Generate a batch on the routable ranks; routing blocks while none is routable."""
-        if pid == "ppl1" and e.global_step == 0:
-            self._wait_until(self.ppl2_asked.is_set, 20.0)
-        generated, target = 0, self.ctxs[pid].step_target
-        while generated < target:
-            if self.errors:
-                raise DriverError("aborted: " + self.errors[0])
-            with self.coord_lock[pid]:  # ranks do not change while we pick them
-                ranks = sorted(self.routable[pid])
-                for d in ranks:
-                    self._infer(pid, d).call("generate", tokens=4)
-                    generated += 1
-            if ranks:
-                self._report(pid, min(generated, target), False)
-                time.sleep(0.01)  # rollout takes time: give the scheduler room to rebalance
-            else:
-                time.sleep(0.02)
-        return generated
-
-    def _BeginProgressBatch(self, pid, e):
-        self._report(pid, 0, True)
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:

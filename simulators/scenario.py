@@ -37,12 +37,13 @@ exponents without a dot (``25e9``) are read as floats, not strings.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
+
+from simulators.scenario_yaml import strict_safe_load
 
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
@@ -399,43 +400,10 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     )
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe loader that rejects duplicate keys and reads ``25e9`` as a float (YAML 1.2)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> Dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: Dict[Any, Any] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, "found an unhashable key", key_node.start_mark
-            ) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen[key] = True
-    return loader.construct_mapping(node, deep=True)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def parse_yaml(text: str, source: str) -> Any:
     """Parse scenario YAML text; problems raise :class:`ScenarioError` with the line."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        return strict_safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         problem = e.problem or e.context or "cannot parse"
