@@ -33,6 +33,11 @@ def header_record(cluster: Dict[str, Any], *, scheduler: Optional[Dict[str, Any]
     return rec
 
 
+def _require_registered(kind: str) -> None:
+    if kind not in ALL_KINDS:
+        raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+
+
 class EventLog:
     """An in-memory log that stamps seq numbers; ``records`` is the list written out."""
 
@@ -41,18 +46,12 @@ class EventLog:
         self._seq = header["seq"]
 
     def emit(self, kind: str, t: float, **fields: Any) -> Dict[str, Any]:
-        if kind not in ALL_KINDS:
-            raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
-        self._seq = seq = self._seq + 1
-        rec: Dict[str, Any] = {"seq": seq, "t": t, "kind": kind, **fields}
-        self.records.append(rec)
-        return rec
+        return self.append(kind, t, fields)
 
     def append(self, kind: str, t: float, fields: Dict[str, Any]) -> Dict[str, Any]:
         """:meth:`emit` with the fields as a dict (hot callers: no kwargs re-packing).
         The record is a new dict; ``fields`` itself is not kept."""
-        if kind not in ALL_KINDS:
-            raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+        _require_registered(kind)
         self._seq = seq = self._seq + 1
         rec: Dict[str, Any] = {"seq": seq, "t": t, "kind": kind, **fields}
         self.records.append(rec)
@@ -62,9 +61,7 @@ class EventLog:
         """Append a record the caller built whole, ``{"seq": 0, "t": t, "kind": kind, ...}``
         (keys in their final order), stamping its seq: the hottest producers use it so a
         record is one dict built once. The dict becomes the record (do not reuse it)."""
-        kind = rec["kind"]
-        if kind not in ALL_KINDS:
-            raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+        _require_registered(rec["kind"])
         self._seq = rec["seq"] = self._seq + 1
         self.records.append(rec)
         return rec
@@ -74,8 +71,7 @@ class EventLog:
         records = self.records
         for d in decisions:
             kind = d["kind"]
-            if kind not in ALL_KINDS:
-                raise KeyError(f"record kind {kind!r} is not registered in harness.eventlog.kinds")
+            _require_registered(kind)
             if "t" in d:  # as emit(kind, t, **fields) would refuse it
                 raise TypeError("a decision may not carry its own 't'")
             self._seq = seq = self._seq + 1
