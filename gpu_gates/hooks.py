@@ -65,6 +65,13 @@ def parse_hooks(text: Optional[str]) -> List[Hook]:
             name, _, arg = spec.partition(":")
             if name not in PLAIN_HOOKS:
                 raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} (known: {', '.join(POINT_HOOKS + PLAIN_HOOKS)})")
+            if name == "late_receivers" and arg:
+                try:
+                    ok = float(arg) > 0
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise HookSpecError(f"{ENV_VAR}: late_receivers takes a positive number of seconds, got {arg!r}")
             hooks.append(Hook(name=name, arg=arg or None))
     return hooks
 

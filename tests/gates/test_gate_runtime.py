@@ -29,7 +29,7 @@ def test_hook_parsing_and_rank_targeting():
     assert default_rank.matching_point("x") is not None  # default target: the last rank
 
 
-@pytest.mark.parametrize("bad", ["explode", "hang@", "hang@x:one", "corrupt@x"])
+@pytest.mark.parametrize("bad", ["explode", "hang@", "hang@x:one", "corrupt@x", "late_receivers:soon", "late_receivers:-1"])
 def test_bad_hooks_are_rejected(bad):
     with pytest.raises(HookSpecError):
         parse_hooks(bad)
