@@ -9,15 +9,22 @@ and an event is keyed by the process that scheduled it:
     (time, (simpy priority, order_key of the scheduling process), insertion counter)
 
 Keys, smallest first (see ``ORDER``): the scheduler loop, then pipelines by their index
-in the scenario, then coordinator resize calls, then inference ranks, then request
-completions. Within one process, program order decides (the insertion counter).
+in the scenario, then coordinator resize calls, then the GENERATION watchdogs, the
+collectors, and last the inference ranks (request completions). Within one process,
+program order decides (the insertion counter).
 
-Because the log depends on every event's key, the two lean stand-ins here
-(:class:`FirstOf` for ``any_of``, :class:`Link` for ``simpy.Resource``) schedule exactly
-the events simpy's would, from the same process, in the same order: same keys, same log.
-They exist for speed (about 8 % of a 64-GPU run, measured) and lean on simpy 4's event
-internals (``_ok``, ``_value``, ``PENDING``), hence the ``simpy<5`` pin; the byte-identical
-log tests would catch a simpy change that broke them.
+Not everything keyed is a process: an :class:`Actor` is a key without a generator, and a
+:class:`Timer` runs one callback on an actor's behalf after a delay — events it schedules
+carry the actor's key, as if a process with that key had run the same code. Request
+completions are timers (one event each) rather than a serving process per rank, which
+would spend three or four events per completion waking up and re-arming.
+
+Because the log depends on every event's key, the lean stand-in :class:`Link` (for
+``simpy.Resource``) schedules exactly the events simpy's would, from the same process, in
+the same order: same keys, same log. It and :class:`Timer` exist for speed and lean on
+simpy 4's event internals (``_ok``, ``_value``, ``PENDING``, ``_queue``, ``_eid``,
+``_active_proc``), hence the ``simpy<5`` pin; ``tests/sim/test_env.py`` pins what they
+must do.
 """
 
 from __future__ import annotations
@@ -46,6 +53,16 @@ def _keyed_prios(key: Tuple[int, ...]) -> Dict[int, Tuple[int, Tuple[int, ...]]]
 
 
 _ROOT_PRIOS = _keyed_prios(ROOT_KEY)
+
+
+class Actor:
+    """An order key without a process: what a :class:`Timer` runs on behalf of."""
+
+    __slots__ = ("order_key", "order_prios")
+
+    def __init__(self, kind: str, *ids: int) -> None:
+        self.order_key = (ORDER[kind], *ids)
+        self.order_prios = _keyed_prios(self.order_key)
 
 
 class SimEnv(simpy.Environment):
@@ -79,44 +96,6 @@ def _slow_prio(proc: Any, priority: Any) -> Tuple[int, Tuple[int, ...]]:
     if prio is None:
         prio = (int(priority), getattr(proc, "order_key", ROOT_KEY) if proc is not None else ROOT_KEY)
     return prio
-
-
-class FirstOf(Event):
-    """``env.any_of([a, b])`` for two events whose value nobody reads, minus the
-    ConditionValue bookkeeping. It is triggered (so scheduled: one event, with the same
-    priority and counter position) exactly when simpy's AnyOf would be — by the first of
-    ``a``/``b`` to be processed, or at once if one already was — and, when processed,
-    detaches its check from the other event, as Condition._build_value does."""
-
-    def __init__(self, env: SimEnv, a: Event, b: Event) -> None:
-        self.env = env
-        self.callbacks = [self._detach]
-        self._value = PENDING
-        self._events = (a, b)
-        check = self._check
-        for ev in (a, b):
-            if ev.callbacks is None:
-                check(ev)
-            else:
-                ev.callbacks.append(check)
-
-    def _check(self, event: Event) -> None:
-        if self._value is not PENDING:
-            return
-        if not event._ok:
-            event._defused = True
-            self.fail(event._value)
-        else:
-            self._ok = True
-            self._value = None
-            self.env.schedule(self)
-
-    def _detach(self, _event: Event) -> None:
-        check = self._check
-        for ev in self._events:
-            cbs = ev.callbacks
-            if cbs and check in cbs:
-                cbs.remove(check)
 
 
 class Link:
@@ -186,6 +165,31 @@ class LinkRelease(Event):
         except ValueError:
             pass
         self.succeed()
+
+
+class Timer(Event):
+    """``fn(arg)`` after ``delay``, run for ``actor``: one event, keyed like a timeout the
+    actor's process would have scheduled. While ``fn`` runs the actor stands in as the
+    active process, so what ``fn`` schedules is keyed by the actor too (simpy itself only
+    reads ``_active_proc`` to interrupt and to resume processes, which ``fn`` does not)."""
+
+    __slots__ = ("actor", "fn", "arg")
+
+    def __init__(self, env: SimEnv, delay: float, actor: Actor, fn: Any, arg: Any) -> None:
+        self.env = env
+        self.callbacks = [self._fire]
+        self._ok = True
+        self._value = None
+        self.actor, self.fn, self.arg = actor, fn, arg
+        heappush(env._queue, (env._now + delay, actor.order_prios[NORMAL], next(env._eid), self))
+
+    def _fire(self, _event: Event) -> None:
+        env = self.env
+        env._active_proc = self.actor
+        try:
+            self.fn(self.arg)
+        finally:
+            env._active_proc = None
 
 
 class _KeyedProcess(Process):

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from harness.control.rank_state import RankLifecycle, RankState
-from simulators.env import FirstOf, SimEnv
+from simulators.env import Actor, SimEnv, Timer
 
 
 @dataclass(slots=True)
@@ -37,12 +36,10 @@ class RankSim:
     dp_rank: int
     gpus: Tuple[int, ...]
     life: RankLifecycle
-    inflight: Dict[int, Tuple[Request, float]] = field(default_factory=dict)
-    # min-heap of (due time, request id) over ``inflight``, so the serve loop finds the
-    # next completion without scanning; entries no longer in ``inflight`` are skipped
-    dues: List[Tuple[float, int]] = field(default_factory=list)
-    kick: Optional[object] = None  # simpy Event the serve loop waits on
-    serving_proc: Optional[object] = None
+    # request id -> the Timer that completes it; a timer no longer here (aborted, or
+    # superseded by a re-dispatch) finds itself stale when it fires and does nothing
+    inflight: Dict[int, Timer] = field(default_factory=dict)
+    actor: Optional[Actor] = None  # the order key its completions run under (set by the router)
 
     @property
     def routable(self) -> bool:
@@ -77,24 +74,22 @@ class Router:
         if rank.dp_rank not in self.order:
             self.order.append(rank.dp_rank)
             self.order.sort()
-        rank.kick = self.env.event()
-        rank.serving_proc = self.env.spawn(self._serve(rank), "rank", self.pipe_index, rank.dp_rank)
+        if rank.actor is None:
+            rank.actor = Actor("rank", self.pipe_index, rank.dp_rank)
         self.dispatch()
 
     def deactivate(self, rank: RankSim) -> List[Request]:
         """Take the rank off routing; abort its in-flight requests back to the queue head."""
         if rank.dp_rank in self.order:
             self.order.remove(rank.dp_rank)
-        aborted = [req for req, _ in sorted(rank.inflight.values(), key=lambda x: x[0].rid)]
-        rank.inflight.clear()
-        rank.dues.clear()
+        aborted = [rank.inflight[rid].arg[1] for rid in sorted(rank.inflight)]
+        rank.inflight.clear()  # their timers are now stale
         for req in reversed(aborted):
             req.attempt += 1
             self.queue.appendleft(req)
             self.log({"seq": 0, "t": self.env.now, "kind": "request_abort", "pipeline_id": self.pipeline_id,
                       "request": req.rid, "dp_rank": rank.dp_rank})
         self.aborted += len(aborted)
-        self._kick(rank)
         self.dispatch()
         return aborted
 
@@ -123,66 +118,22 @@ class Router:
         c = len(rank.inflight)
         duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
         req.version = version = rank.life.weights_version
-        now = self.env.now
-        due = now + duration
         rid = req.rid
-        rank.inflight[rid] = (req, due)
-        heappush(rank.dues, (due, rid))
-        self.log({"seq": 0, "t": now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id, "request": rid,
-                  "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
-        kick = rank.kick  # _kick, inlined
-        if kick is not None and not kick.triggered:
-            kick.succeed()
+        rank.inflight[rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
+        self.log({"seq": 0, "t": self.env.now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
+                  "request": rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
 
-    def _kick(self, rank: RankSim) -> None:
-        if rank.kick is not None and not rank.kick.triggered:
-            rank.kick.succeed()
-
-    def _serve(self, rank: RankSim):
-        env, life, inflight = self.env, rank.life, rank.inflight
-        log, on_done, pid, dp = self.log, self.on_done, self.pipeline_id, rank.dp_rank
-        ROUTABLE = RankState.ROUTABLE
-        while life.state is ROUTABLE:  # rank.routable
-            if rank.kick.triggered:
-                rank.kick = env.event()
-            if inflight:  # the same dict for the rank's life: deactivate() clears it in place
-                now = env.now
-                due = _next_due(rank)
-                if due > now:
-                    # == env.any_of([timeout, kick]): same events, same order (see FirstOf)
-                    yield FirstOf(env, env.timeout(due - now), rank.kick)
-                    continue
-                for req in _pop_due(rank, now):
-                    del inflight[req.rid]
-                    self.completed += 1
-                    log({"seq": 0, "t": now, "kind": "request_done", "pipeline_id": pid, "request": req.rid,
-                         "dp_rank": dp, "tokens": req.tokens, "version": req.version})
-                    on_done(req, rank)
-                self.dispatch()
-            else:
-                yield rank.kick
-
-
-def _next_due(rank: RankSim) -> float:
-    """The earliest due time in flight (== min over ``rank.inflight``; it must be non-empty)."""
-    dues, inflight = rank.dues, rank.inflight
-    while True:
-        due, rid = dues[0]
-        entry = inflight.get(rid)  # a heap entry is live while inflight holds it with that due
-        if entry is not None and entry[1] == due:
-            return due
-        heappop(dues)
-
-
-def _pop_due(rank: RankSim, now: float) -> List[Request]:
-    """The requests in flight due by ``now``, by request id; their heap entries are popped
-    (the caller removes them from ``inflight``)."""
-    dues, inflight, done = rank.dues, rank.inflight, {}
-    while dues and dues[0][0] <= now:
-        due, rid = heappop(dues)
-        entry = inflight.get(rid)  # live entries only (as in _next_due)
-        if entry is not None and entry[1] == due:
-            done[rid] = entry[0]
-    if len(done) == 1:
-        return list(done.values())
-    return [done[rid] for rid in sorted(done)]
+    def _complete(self, arg: Tuple[RankSim, Request]) -> None:
+        """A completion timer fired: the request is done unless it was aborted meanwhile
+        (then its rid is gone from ``inflight`` or holds a newer timer)."""
+        rank, req = arg
+        inflight = rank.inflight
+        timer = inflight.get(req.rid)
+        if timer is None or timer.arg is not arg:
+            return
+        del inflight[req.rid]
+        self.completed += 1
+        self.log({"seq": 0, "t": self.env.now, "kind": "request_done", "pipeline_id": self.pipeline_id,
+                  "request": req.rid, "dp_rank": rank.dp_rank, "tokens": req.tokens, "version": req.version})
+        self.on_done(req, rank)
+        self.dispatch()
