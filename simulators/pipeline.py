@@ -349,8 +349,22 @@ class PipelineSim(RankEffects, RefitEffects):
         self.buffer.add(req.version if req.version is not None else -1, req.rid)
         self._report_progress(False)
         self._refill()
-        if not self.batch_ready.triggered:
+        if not self.batch_ready.triggered and self._wait_batch_has_work():
             self.batch_ready.succeed()
+
+    def _wait_batch_has_work(self) -> bool:
+        """Whether a waiting :meth:`_WaitBatch` would do anything if woken now: evict stale
+        trajectories, take a batch, or (sync) gap-fill. Otherwise its wake would only re-arm
+        (the refill it does was just done by the completion), so it is not woken: one
+        wake per batch instead of one per trajectory."""
+        w = self.spec.workload
+        v = self.ctx.versions.published
+        buffer = self.buffer
+        usable = buffer.usable(0 if v is None else v, w.max_trajectory_age_steps)
+        n = w.trajectories_per_step
+        if usable < len(buffer.items) or usable >= n:  # stale items to evict, or a batch
+            return True
+        return self.collector.mode == "sync" and n - usable - self.collector.outstanding > 0
 
     def _refill(self) -> None:
         n = self.collector.refill(len(self.buffer.items))
