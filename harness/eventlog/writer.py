@@ -16,8 +16,9 @@ from typing import Any, Dict, Iterable, List, Optional
 from harness.eventlog.kinds import ALL_KINDS, SCHEMA_NAME, SCHEMA_VERSION
 
 
-def dumps(record: Dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# Built once: json.dumps with arguments builds a new encoder on every call (a third of
+# the time it takes to write a million-record log).
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 def header_record(cluster: Dict[str, Any], *, scheduler: Optional[Dict[str, Any]] = None,

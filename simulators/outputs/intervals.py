@@ -98,8 +98,35 @@ def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
     return sorted(ids)
 
 
-def _args_key(args: Any) -> str:
-    return json.dumps(args, sort_keys=True, separators=(",", ":"), default=str)
+# One encoder, built once: json.dumps with arguments builds a new JSONEncoder per call,
+# which dominated the outputs of a long run (hundreds of thousands of sort keys).
+canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
+_args_key = canonical_json
+
+
+class CanonKey:
+    """A sort-key element ordered by the canonical JSON of ``obj``, encoded only if a sort
+    ever compares it — it is the last tie-breaker, which a simulator log (unique seqs)
+    never reaches, so most keys are never encoded. Same order as the encoded strings."""
+
+    __slots__ = ("obj", "_text")
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self._text: Optional[str] = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = canonical_json(self.obj)
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CanonKey) and self.text() == other.text()
+
+    def __lt__(self, other: "CanonKey") -> bool:
+        return self.text() < other.text()
+
+    __hash__ = None  # type: ignore[assignment]  # compared, never hashed
 
 
 # --------------------------------------------------------------------------- intervals
@@ -161,7 +188,7 @@ class GpuSlice:
     seq: int = 0
 
     def sort_key(self) -> tuple:
-        return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label, _args_key(self.args))
+        return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label, CanonKey(self.args))
 
 
 def effect_intervals(records: Sequence[Mapping[str, Any]]) -> List[EffectInterval]:
@@ -200,8 +227,11 @@ def effect_intervals(records: Sequence[Mapping[str, Any]]) -> List[EffectInterva
         pending = open_.get(key)
         if not pending:
             continue  # an end without a start: nothing to draw
-        want = _args_key(r.get("args"))
-        idx = next((i for i, s in enumerate(pending) if _args_key(s.get("args")) == want), 0)
+        if len(pending) == 1:
+            idx = 0  # the only candidate (also what the search below falls back to)
+        else:
+            want = _args_key(r.get("args"))
+            idx = next((i for i, s in enumerate(pending) if _args_key(s.get("args")) == want), 0)
         out.append(make(pending.pop(idx), r))
     for key in sorted(open_, key=lambda k: tuple("" if v is None else str(v) for v in k)):
         for s in open_[key]:
@@ -289,7 +319,7 @@ def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
     (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
     def key(i: int) -> tuple:
         s = slices[i]
-        return (s.gpu, s.start, s.end, s.seq, s.label, _args_key(s.args))
+        return (s.gpu, s.start, s.end, s.seq, s.label, CanonKey(s.args))
 
     order = sorted(range(len(slices)), key=key)
     lanes = [0] * len(slices)

@@ -27,9 +27,11 @@ import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 from simulators.outputs.intervals import (
+    CanonKey,
     GpuSlice,
     all_gpus,
     assign_lanes,
+    canonical_json,
     cluster_shape,
     gpu_slices,
     run_bounds,
@@ -49,10 +51,6 @@ def _us(t: float) -> Number:
 def _dur_us(start: float, end: float) -> Number:
     ns = max(0, round(end * 1e9) - round(start * 1e9))
     return ns // 1000 if ns % 1000 == 0 else ns / 1000
-
-
-def _canon(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _resize_slices(records: Sequence[Mapping[str, Any]]) -> List[GpuSlice]:
@@ -78,7 +76,7 @@ def _resize_slices(records: Sequence[Mapping[str, Any]]) -> List[GpuSlice]:
             open_.setdefault(key, []).append(r)
         elif open_.get(key):
             out.append(make(open_[key].pop(0), float(r["t"]), True))
-    for key in sorted(open_, key=_canon):
+    for key in sorted(open_, key=canonical_json):
         for s in open_[key]:
             out.append(make(s, t_end, False))
     out.sort(key=GpuSlice.sort_key)
@@ -191,7 +189,7 @@ def chrome_trace(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
 
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
     events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"], _PH_ORDER.get(e["ph"], 9), -e.get("dur", 0),
-                               e["name"], _canon(e.get("args"))))
+                               e["name"], CanonKey(e.get("args"))))
     return {
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
