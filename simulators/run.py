@@ -21,6 +21,7 @@ import yaml
 
 from harness.eventlog.writer import atomic_write, write_atomic
 from harness.invariants import Violation, check_log
+from simulators.outputs.intervals import RunView
 from simulators.outputs.perfetto import write_chrome_trace
 from simulators.outputs.summary import format_summary, summarize
 from simulators.outputs.timeline import write_timeline_png
@@ -55,7 +56,8 @@ def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
     say(f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; checking invariants on {len(records)} records")
     violations = check_log(records)
     say("  summarizing")
-    summary = format_summary(summarize(records))
+    view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
+    summary = format_summary(summarize(view))
     files: List[str] = []
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
@@ -68,9 +70,9 @@ def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
 
         write_atomic(out("events.jsonl"), result.log.lines())
         _write_text(out("summary.txt"), summary + "\n")
-        write_chrome_trace(records, out("trace.json"))
+        write_chrome_trace(view, out("trace.json"))
         if png:
-            write_timeline_png(records, out("timeline.png"))
+            write_timeline_png(view, out("timeline.png"))
         _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
         _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
     return SimulationOutput(result, violations, summary, files)

@@ -12,7 +12,8 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from functools import cached_property
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 TRAIN_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
 SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
@@ -191,9 +192,11 @@ class GpuSlice:
         return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label, CanonKey(self.args))
 
 
-def effect_intervals(records: Sequence[Mapping[str, Any]]) -> List[EffectInterval]:
-    """Every effect as an interval, ordered by start (then start seq)."""
-    _, t_end = run_bounds(records)
+def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[EffectInterval]:
+    """Every effect as an interval, ordered by start (then start seq); one still open is
+    cut at ``t_end`` (default: the end of the run)."""
+    if t_end is None:
+        _, t_end = run_bounds(records)
     open_: Dict[tuple, List[Mapping[str, Any]]] = defaultdict(list)
     out: List[EffectInterval] = []
 
@@ -240,9 +243,11 @@ def effect_intervals(records: Sequence[Mapping[str, Any]]) -> List[EffectInterva
     return out
 
 
-def rank_intervals(records: Sequence[Mapping[str, Any]]) -> List[RankInterval]:
-    """Routable intervals of every DP rank, ordered by start (then seq)."""
-    _, t_end = run_bounds(records)
+def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[RankInterval]:
+    """Routable intervals of every DP rank, ordered by start (then seq); one still open is
+    cut at ``t_end`` (default: the end of the run)."""
+    if t_end is None:
+        _, t_end = run_bounds(records)
     current: Dict[Tuple[str, int], Mapping[str, Any]] = {}
     out: List[RankInterval] = []
 
@@ -288,8 +293,14 @@ def effect_label(iv: EffectInterval) -> str:
 def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = True) -> List[GpuSlice]:
     """Per-GPU work slices from effects (their ``gpus``) and routable ranks, sorted by
     (gpu, start, longest first, seq)."""
+    return slices_of(effect_intervals(records), rank_intervals(records), include_other=include_other)
+
+
+def slices_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *,
+              include_other: bool = True) -> List[GpuSlice]:
+    """:func:`gpu_slices` from intervals already derived."""
     out: List[GpuSlice] = []
-    for iv in effect_intervals(records):
+    for iv in effects:
         kind = iv.kind
         if kind == "other" and not include_other:
             continue
@@ -301,7 +312,7 @@ def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = Tr
             args["error"] = iv.error
         for g in iv.gpus:
             out.append(GpuSlice(g, iv.start, iv.end, kind, iv.pipeline_id, effect_label(iv), args, iv.seq))
-    for rv in rank_intervals(records):
+    for rv in ranks:
         args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
         if rv.open:
             args["open"] = True
@@ -310,6 +321,62 @@ def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = Tr
             out.append(GpuSlice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
     out.sort(key=GpuSlice.sort_key)
     return out
+
+
+class RunView:
+    """A log and what the outputs derive from it, each derived once, on first use.
+
+    The summary, the Perfetto trace and the PNG each need the run's bounds, GPUs, effect
+    and rank intervals and GPU slices; given a view instead of the records, the three
+    outputs of one run share one derivation instead of repeating it (a 1024-GPU run's
+    log has over a million records). Treat the records as frozen once viewed.
+    """
+
+    def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
+        _header(records)
+        self.records = records
+
+    @cached_property
+    def bounds(self) -> Tuple[float, float]:
+        return run_bounds(self.records)
+
+    @cached_property
+    def shape(self) -> Tuple[int, int]:
+        return cluster_shape(self.records)
+
+    @cached_property
+    def gpus(self) -> List[int]:
+        return all_gpus(self.records)
+
+    @cached_property
+    def scenario(self) -> Optional[str]:
+        return scenario_name(self.records)
+
+    @cached_property
+    def effects(self) -> List[EffectInterval]:
+        return effect_intervals(self.records, self.bounds[1])
+
+    @cached_property
+    def ranks(self) -> List[RankInterval]:
+        return rank_intervals(self.records, self.bounds[1])
+
+    @cached_property
+    def slices(self) -> List[GpuSlice]:
+        """:func:`gpu_slices` with every kind."""
+        return slices_of(self.effects, self.ranks)
+
+    @cached_property
+    def work_slices(self) -> List[GpuSlice]:
+        """:func:`gpu_slices` without kind "other" (the same order: a filtered sorted list)."""
+        return [s for s in self.slices if s.kind != "other"]
+
+
+Log = Union[Sequence[Mapping[str, Any]], RunView]
+
+
+def as_view(log: Log) -> RunView:
+    """The view of ``log``: itself if it is one, else a new view of the records."""
+    return log if isinstance(log, RunView) else RunView(log)
 
 
 def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:

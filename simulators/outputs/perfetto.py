@@ -29,13 +29,10 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 from simulators.outputs.intervals import (
     CanonKey,
     GpuSlice,
-    all_gpus,
+    Log,
+    as_view,
     assign_lanes,
     canonical_json,
-    cluster_shape,
-    gpu_slices,
-    run_bounds,
-    scenario_name,
 )
 
 Number = Union[int, float]
@@ -53,9 +50,9 @@ def _dur_us(start: float, end: float) -> Number:
     return ns // 1000 if ns % 1000 == 0 else ns / 1000
 
 
-def _resize_slices(records: Sequence[Mapping[str, Any]]) -> List[GpuSlice]:
-    """Coordinator resize calls as slices (gpu -1: they belong to the scheduler process)."""
-    _, t_end = run_bounds(records)
+def _resize_slices(records: Sequence[Mapping[str, Any]], t_end: float) -> List[GpuSlice]:
+    """Coordinator resize calls as slices (gpu -1: they belong to the scheduler process);
+    one still open is cut at ``t_end``."""
     open_: Dict[Tuple, List[Mapping[str, Any]]] = {}
     out: List[GpuSlice] = []
 
@@ -103,12 +100,15 @@ def _plan_args(plan: Mapping[str, Any]) -> Dict[str, Any]:
     }
 
 
-def chrome_trace(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}."""
-    t0, t1 = run_bounds(records)
-    nodes, gpn = cluster_shape(records)
-    gpus = all_gpus(records)
-    slices = gpu_slices(records)
+def chrome_trace(log: Log) -> Dict[str, Any]:
+    """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}.
+    ``log``: the records (header first) or a :class:`RunView` of them."""
+    view = as_view(log)
+    records = view.records
+    t0, t1 = view.bounds
+    nodes, gpn = view.shape
+    gpus = view.gpus
+    slices = view.slices
     lanes = assign_lanes(slices)
     n_lanes: Dict[int, int] = {g: 1 for g in gpus}
     for s, lane in zip(slices, lanes):
@@ -155,7 +155,7 @@ def chrome_trace(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     m("thread_sort_index", sched_pid, events_tid, {"sort_index": 1})
     next_tid += 2
 
-    resizes = _resize_slices(records)
+    resizes = _resize_slices(records, t1)
     resize_lanes = assign_lanes(resizes)
     resize_tid: Dict[int, int] = {}
     for lane in sorted(set(resize_lanes)):
@@ -195,7 +195,7 @@ def chrome_trace(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         "displayTimeUnit": "ms",
         "otherData": {
             "generator": "rlharness simulators.outputs.perfetto",
-            "scenario": scenario_name(records) or "",
+            "scenario": view.scenario or "",
             "cluster": {"nodes": nodes, "gpus_per_node": gpn},
             "sim_start_s": t0,
             "sim_end_s": t1,
@@ -203,12 +203,12 @@ def chrome_trace(records: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     }
 
 
-def dumps_chrome_trace(records: Sequence[Mapping[str, Any]]) -> str:
+def dumps_chrome_trace(log: Log) -> str:
     """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact)."""
-    return json.dumps(chrome_trace(records), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return json.dumps(chrome_trace(log), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def write_chrome_trace(records: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike]) -> str:
+def write_chrome_trace(log: Log, path: Union[str, os.PathLike]) -> str:
     """Write the trace to ``path`` atomically (temp file beside it, then os.replace); returns the path."""
     from harness.eventlog.writer import atomic_write
-    return atomic_write(os.fspath(path), dumps_chrome_trace(records))
+    return atomic_write(os.fspath(path), dumps_chrome_trace(log))

@@ -47,8 +47,10 @@ from simulators.outputs.intervals import (  # noqa: F401  (re-exported: the outp
     WAKE_SLEEP_EFFECTS,
     EffectInterval,
     GpuSlice,
+    Log,
     RankInterval,
     all_gpus,
+    as_view,
     assign_lanes,
     cluster_shape,
     effect_category,
@@ -196,13 +198,16 @@ def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dic
     return out
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
-    """Summarize a simulator event log (a list of record dicts, header first)."""
-    t0, t1 = run_bounds(records)
-    nodes, gpn = cluster_shape(records)
-    effects = effect_intervals(records)
-    ranks = rank_intervals(records)
-    slices = gpu_slices(records)
+def summarize(log: Log) -> Summary:
+    """Summarize a simulator event log (a list of record dicts, header first, or a
+    :class:`RunView` of one)."""
+    view = as_view(log)
+    records = view.records
+    t0, t1 = view.bounds
+    nodes, gpn = view.shape
+    effects = view.effects
+    ranks = view.ranks
+    slices = view.slices
 
     # ---- pipelines
     by_pipe_effects: Dict[str, List[EffectInterval]] = defaultdict(list)
@@ -250,7 +255,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
     for s in slices:
         by_gpu[s.gpu].append(s)
     gpus: List[GpuSummary] = []
-    for g in all_gpus(records):
+    for g in view.gpus:
         x = _exclusive_gpu_time(by_gpu.get(g, []), t0, t1)
         gpus.append(GpuSummary(gpu=g, node=g // gpn, train_s=x["train"], refit_s=x["refit"],
                                generate_s=x["generate"], idle_s=x["idle"]))
@@ -321,7 +326,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
     sched.cycles = len(cycles)
 
     return Summary(
-        scenario=scenario_name(records), t_start=t0, t_end=t1, end_reason=end_reason,
+        scenario=view.scenario, t_start=t0, t_end=t1, end_reason=end_reason,
         nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
         ooms=ooms, faults=faults,

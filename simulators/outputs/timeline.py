@@ -16,16 +16,11 @@ from __future__ import annotations
 import io
 import os
 from collections import defaultdict
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, List, Tuple, Union
 
-from simulators.outputs.intervals import (
-    all_gpus,
-    assign_lanes,
-    cluster_shape,
-    gpu_slices,
-    run_bounds,
-    scenario_name,
-)
+import numpy as np
+
+from simulators.outputs.intervals import Log, as_view, assign_lanes
 
 #: kind -> (legend label, colour); the drawing order of the legend.
 KIND_STYLE: Dict[str, Tuple[str, str]] = {
@@ -46,19 +41,20 @@ def _row_height(n_rows: int, row_height_in: float) -> float:
     return min(row_height_in, MAX_PLOT_IN / max(n_rows, 1))
 
 
-def timeline_size_px(records: Sequence[Mapping[str, Any]], *, width_in: float = 12.0,
+def timeline_size_px(log: Log, *, width_in: float = 12.0,
                      row_height_in: float = 0.45, dpi: int = 100) -> Tuple[int, int]:
-    """(width, height) in pixels of the PNG :func:`write_timeline_png` writes for these records."""
-    n_rows = len(all_gpus(records))
-    pipelines = {s.pipeline_id for s in gpu_slices(records, include_other=False)}
+    """(width, height) in pixels of the PNG :func:`write_timeline_png` writes for this log."""
+    view = as_view(log)
+    n_rows = len(view.gpus)
+    pipelines = {s.pipeline_id for s in view.work_slices}
     entries = len(KIND_STYLE) + len(pipelines) + 2
     plot_h = max(n_rows * _row_height(n_rows, row_height_in), 0.22 * entries, 1.5)
     return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
 
 
-def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float = 12.0,
+def render_timeline_png(log: Log, *, width_in: float = 12.0,
                         row_height_in: float = 0.45, dpi: int = 100) -> bytes:
-    """PNG bytes of the timeline."""
+    """PNG bytes of the timeline of ``log`` (the records, header first, or a RunView)."""
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -67,13 +63,15 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    t0, t1 = run_bounds(records)
+    view = as_view(log)
+    records = view.records
+    t0, t1 = view.bounds
     if t1 <= t0:
         t1 = t0 + 1.0
-    _, gpn = cluster_shape(records)
-    gpus = all_gpus(records)
+    _, gpn = view.shape
+    gpus = view.gpus
     row_of = {g: i for i, g in enumerate(gpus)}
-    slices = [s for s in gpu_slices(records, include_other=False) if s.kind in KIND_STYLE]
+    slices = [s for s in view.work_slices if s.kind in KIND_STYLE]
     lanes = assign_lanes(slices)
     n_lanes: Dict[int, int] = defaultdict(lambda: 1)
     for s, lane in zip(slices, lanes):
@@ -83,7 +81,7 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
     ooms = [r for r in records if r.get("kind") == "oom"]
     faults = [r for r in records if r.get("kind") == "fault_fired"]
 
-    w_px, h_px = timeline_size_px(records, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
+    w_px, h_px = timeline_size_px(view, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
     w_in, h_in = w_px / dpi, h_px / dpi
 
     with matplotlib.style.context("default"), matplotlib.rc_context({
@@ -121,7 +119,8 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
                 labels.append((x0 + width / 2, y0 + lane_h / 2, s.pipeline_id))
         for kind, pid in sorted(groups):
             ax.add_collection(PolyCollection(
-                groups[(kind, pid)], facecolors=KIND_STYLE[kind][1], edgecolors="black",
+                # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
+                np.asarray(groups[(kind, pid)], dtype=float), facecolors=KIND_STYLE[kind][1], edgecolors="black",
                 linewidths=0.0 if dense else 0.3, hatch=None if dense else (hatch_of[pid] or None)))
         for x, y, text in sorted(labels):
             ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
@@ -149,7 +148,7 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
         ax.set_xlabel("simulated time (s)")
         ax.grid(axis="x", color="#eeeeee", linewidth=0.5)
         ax.set_axisbelow(True)
-        ax.set_title(f"{scenario_name(records) or 'rlharness run'} - GPU timeline")
+        ax.set_title(f"{view.scenario or 'rlharness run'} - GPU timeline")
 
         handles: List[Any] = [Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=lbl)
                               for lbl, c in KIND_STYLE.values()]
@@ -168,9 +167,9 @@ def render_timeline_png(records: Sequence[Mapping[str, Any]], *, width_in: float
     return buf.getvalue()
 
 
-def write_timeline_png(records: Sequence[Mapping[str, Any]], path: Union[str, os.PathLike], *,
+def write_timeline_png(log: Log, path: Union[str, os.PathLike], *,
                        width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> str:
     """Render the timeline and write it to ``path`` atomically; returns the path."""
-    data = render_timeline_png(records, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
+    data = render_timeline_png(log, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
     from harness.eventlog.writer import atomic_write
     return atomic_write(os.fspath(path), data)
