@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 TRAIN_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
 SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
@@ -130,6 +130,25 @@ class CanonKey:
     __hash__ = None  # type: ignore[assignment]  # compared, never hashed
 
 
+def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Callable[[Any], Any]) -> None:
+    """Sort ``items`` in place (stably) by ``key(x) + (CanonKey(canon_of(x)),)``, without
+    building the CanonKey: sort by ``key``, then re-sort each run of equal keys by the
+    canonical JSON. Same order; a simulator log (unique seqs) has no such runs."""
+    keys = [key(x) for x in items]
+    order = sorted(range(len(items)), key=keys.__getitem__)
+    out = [items[i] for i in order]
+    i, n = 0, len(order)
+    while i < n:
+        j = i + 1
+        k = keys[order[i]]
+        while j < n and keys[order[j]] == k:
+            j += 1
+        if j - i > 1:
+            out[i:j] = sorted(out[i:j], key=lambda x: canonical_json(canon_of(x)))
+        i = j
+    items[:] = out
+
+
 # --------------------------------------------------------------------------- intervals
 
 
@@ -189,7 +208,21 @@ class GpuSlice:
     seq: int = 0
 
     def sort_key(self) -> tuple:
-        return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label, CanonKey(self.args))
+        """The slice order: (gpu, start, longest first, seq, label, args); :func:`sort_slices`
+        sorts by it without encoding the args unless everything before them ties."""
+        return self._order() + (CanonKey(self.args),)
+
+    def _order(self) -> tuple:
+        return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label)
+
+
+def sort_slices(slices: List[GpuSlice]) -> None:
+    """``slices.sort(key=GpuSlice.sort_key)``, faster (see :func:`sort_canon_last`)."""
+    sort_canon_last(slices, GpuSlice._order, _slice_args)
+
+
+def _slice_args(s: GpuSlice) -> Dict[str, Any]:
+    return s.args
 
 
 def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[EffectInterval]:
@@ -319,7 +352,7 @@ def slices_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], 
         label = f"generate {rv.pipeline_id} dp{rv.dp_rank}"
         for g in rv.gpus:
             out.append(GpuSlice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
-    out.sort(key=GpuSlice.sort_key)
+    sort_slices(out)
     return out
 
 
@@ -386,9 +419,10 @@ def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
     (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
     def key(i: int) -> tuple:
         s = slices[i]
-        return (s.gpu, s.start, s.end, s.seq, s.label, CanonKey(s.args))
+        return (s.gpu, s.start, s.end, s.seq, s.label)  # then the args (sort_canon_last)
 
-    order = sorted(range(len(slices)), key=key)
+    order = list(range(len(slices)))
+    sort_canon_last(order, key, lambda i: slices[i].args)
     lanes = [0] * len(slices)
     lane_end: Dict[int, List[float]] = defaultdict(list)
     for i in order:

@@ -27,12 +27,13 @@ import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 from simulators.outputs.intervals import (
-    CanonKey,
     GpuSlice,
     Log,
     as_view,
     assign_lanes,
     canonical_json,
+    sort_canon_last,
+    sort_slices,
 )
 
 Number = Union[int, float]
@@ -76,7 +77,7 @@ def _resize_slices(records: Sequence[Mapping[str, Any]], t_end: float) -> List[G
     for key in sorted(open_, key=canonical_json):
         for s in open_[key]:
             out.append(make(s, t_end, False))
-    out.sort(key=GpuSlice.sort_key)
+    sort_slices(out)
     return out
 
 
@@ -188,8 +189,8 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
                            "pid": sched_pid, "tid": events_tid, "args": args})
 
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
-    events.sort(key=lambda e: (e["ts"], e["pid"], e["tid"], _PH_ORDER.get(e["ph"], 9), -e.get("dur", 0),
-                               e["name"], CanonKey(e.get("args"))))
+    sort_canon_last(events, lambda e: (e["ts"], e["pid"], e["tid"], _PH_ORDER.get(e["ph"], 9), -e.get("dur", 0),
+                                       e["name"]), lambda e: e.get("args"))
     return {
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",

@@ -370,6 +370,36 @@ def test_lanes_are_greedy_and_stable():
     assert names == ["GPU 0 (node 0)", "GPU 0 lane 2", "GPU 0 lane 3"]
 
 
+def test_slice_sort_breaks_full_ties_by_canonical_args_like_the_sort_key():
+    import random
+
+    from simulators.outputs.intervals import GpuSlice, sort_slices
+
+    # seq 0 everywhere (a hand-made log): several slices tie on everything but their args
+    base = [GpuSlice(g, start, start + 1.0, "train", "p", "Compute p", {"k": k, "x": [k, g]}, 0)
+            for g in (1, 0) for start in (2.0, 0.0) for k in (3, 1, 2, 1)]
+    rng = random.Random(7)
+    for _ in range(20):
+        shuffled = base[:]
+        rng.shuffle(shuffled)
+        got = shuffled[:]
+        sort_slices(got)
+        assert got == sorted(shuffled, key=GpuSlice.sort_key)
+    sort_slices(base)
+    assert [(s.gpu, s.start, s.args["k"]) for s in base[:4]] == [(0, 0.0, 1), (0, 0.0, 1), (0, 0.0, 2), (0, 0.0, 3)]
+
+
+def test_a_shared_run_view_gives_every_output_what_the_records_give(tmp_path):
+    from simulators.outputs.intervals import RunView
+
+    records = build_log()
+    view = RunView(records)
+    assert format_summary(summarize(view)) == format_summary(summarize(records))
+    assert dumps_chrome_trace(view) == dumps_chrome_trace(records)
+    assert render_timeline_png(view) == render_timeline_png(records)
+    assert view.work_slices == gpu_slices(records, include_other=False)
+
+
 # ------------------------------------------------------------------------ PNG
 
 
