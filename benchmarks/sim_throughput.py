@@ -1,10 +1,16 @@
 """Simulator throughput (a printed benchmark, not a test).
 
 For the 2-GPU default, the 64-GPU mixed and the 1024-GPU/32-pipeline/100-step scenarios:
-simpy events per wall-second, simulated seconds per wall-second (time compression),
-event-log records, wall time and peak RSS — each scenario in its own subprocess so its
-RSS is its own — and, in the same run, the events/s of a bare simpy loop (processes
-ping-ponging timeouts) for the ratio.
+simpy events per wall-second, event-log records per wall-second, simulated seconds per
+wall-second (time compression), wall time and peak RSS of the run — each scenario in its
+own subprocess so its RSS is its own — then the wall time and peak RSS of writing every
+output ``rlharness simulate`` writes (invariant check, summary, events.jsonl, trace.json,
+timeline.png) into a temporary folder; and, in the same run, the events/s of a bare simpy
+loop (processes ping-ponging timeouts) for the ratio.
+
+events/s counts simpy events, so modelling the same run with fewer events (one timer per
+request completion instead of a serving process's wake-ups) lowers it while the run gets
+faster; records/s and the time compression measure the model's work per wall-second.
 
 Targets (issue "Discrete-event simulator"): >= 0.5 M events/s, <= 4x slower per event
 than bare simpy, >= 10,000x time compression on the 64-GPU scenario, the 1024-GPU
@@ -51,7 +57,7 @@ def bare_simpy(n_events: int = 400_000) -> float:
     return n_events / dt
 
 
-def run_one(path):
+def run_one(path, with_outputs):
     """Child mode: run one scenario, print a JSON line with the figures."""
     from simulators.runtime import Simulation
     from simulators.scenario import load_scenario
@@ -63,33 +69,49 @@ def run_one(path):
     res = Simulation(scenario).run()
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out_wall = out_rss = None
+    if with_outputs:
+        import tempfile
+
+        from simulators.run import write_outputs
+
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            write_outputs(res, tmp)
+            out_wall = time.perf_counter() - t0
+        out_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"reason": res.reason, "events": res.events, "records": len(res.records), "sim": res.sim_time,
-                      "wall": wall, "rss": rss}))
+                      "wall": wall, "rss": rss, "out_wall": out_wall, "out_rss": out_rss}))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-large", action="store_true", help="skip the 1024-GPU scenario")
+    ap.add_argument("--no-outputs", action="store_true", help="time the runs only, not the writing of their outputs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
-        run_one(args.child or None)
+        run_one(args.child or None, not args.no_outputs)
         return 0
     bare = bare_simpy()
     print(f"bare simpy loop: {bare / 1e6:.2f} M events/s\n")
     print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
-          f"{'sim s/wall s':>12} {'RSS MiB':>8}")
+          f"{'records/s':>10} {'sim s/wall s':>12} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
     for label, path in SCENARIOS:
         if args.skip_large and path and "1024" in path:
             continue
-        out = subprocess.run([sys.executable, __file__, "--child", path or ""], capture_output=True, text=True, cwd=ROOT)
+        cmd = [sys.executable, __file__, "--child", path or ""] + (["--no-outputs"] if args.no_outputs else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             print(f"{label:<38} FAILED: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
             continue
         d = json.loads(out.stdout.strip().splitlines()[-1])
         eps = d["events"] / d["wall"]
+        outputs = "-" if d["out_wall"] is None else f"{d['out_wall']:.2f}"
+        out_rss = "-" if d["out_rss"] is None else f"{d['out_rss'] / 2**20:.0f}"
         print(f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
-              f"{bare / eps:>6.1f}x {d['sim'] / d['wall']:>12.0f} {d['rss'] / 2**20:>8.0f}")
+              f"{bare / eps:>6.1f}x {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
+              f"{d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
     return 0
 
 

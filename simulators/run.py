@@ -49,6 +49,14 @@ def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:
 def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
              progress: Optional[Callable[[str], None]] = None) -> SimulationOutput:
     result = Simulation(scenario, progress=progress).run()
+    return write_outputs(result, out_dir, png=png, progress=progress)
+
+
+def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True,
+                  progress: Optional[Callable[[str], None]] = None) -> SimulationOutput:
+    """Check the invariants and summarize a finished run; with ``out_dir``, write the
+    outputs listed above into it."""
+    scenario = result.scenario
     records = result.records
     # writing the outputs of a long run takes a while too: say what is happening
     long_run = progress is not None and (result.wall_s > 2.0 or len(records) > 200_000)
