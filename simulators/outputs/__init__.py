@@ -9,13 +9,17 @@
 
 All are pure functions of the records (no simulator imports), deterministic for equal
 input, so a log read back from a JSONL file gives the same outputs as the live run.
+Each also accepts a :class:`RunView` of the records: several outputs of one log given the
+same view derive its intervals once instead of once each.
 """
 
+from simulators.outputs.intervals import RunView
 from simulators.outputs.perfetto import chrome_trace, write_chrome_trace
 from simulators.outputs.summary import Summary, format_summary, summarize
 from simulators.outputs.timeline import render_timeline_png, write_timeline_png
 
 __all__ = [
+    "RunView",
     "Summary",
     "chrome_trace",
     "format_summary",

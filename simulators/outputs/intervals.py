@@ -8,12 +8,13 @@ summary module's docstring.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from simulators.outputs.canonical_order import CanonKey, canonical_json, sort_canon_last
 
 TRAIN_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
 SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
@@ -99,54 +100,6 @@ def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
     return sorted(ids)
 
 
-# One encoder, built once: json.dumps with arguments builds a new JSONEncoder per call,
-# which dominated the outputs of a long run (hundreds of thousands of sort keys).
-canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
-_args_key = canonical_json
-
-
-class CanonKey:
-    """A sort-key element ordered by the canonical JSON of ``obj``, encoded only if a sort
-    ever compares it — it is the last tie-breaker, which a simulator log (unique seqs)
-    never reaches, so most keys are never encoded. Same order as the encoded strings."""
-
-    __slots__ = ("obj", "_text")
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-        self._text: Optional[str] = None
-
-    def text(self) -> str:
-        if self._text is None:
-            self._text = canonical_json(self.obj)
-        return self._text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CanonKey) and self.text() == other.text()
-
-    def __lt__(self, other: "CanonKey") -> bool:
-        return self.text() < other.text()
-
-    __hash__ = None  # type: ignore[assignment]  # compared, never hashed
-
-
-def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Callable[[Any], Any]) -> None:
-    """Sort ``items`` in place (stably) by ``key(x) + (CanonKey(canon_of(x)),)``, without
-    building the CanonKey: sort by ``key``, then re-sort each run of equal keys by the
-    canonical JSON. Same order; a simulator log (unique seqs) has no such runs."""
-    keys = [key(x) for x in items]
-    order = sorted(range(len(items)), key=keys.__getitem__)
-    out = [items[i] for i in order]
-    i, n = 0, len(order)
-    while i < n:
-        j = i + 1
-        k = keys[order[i]]
-        while j < n and keys[order[j]] == k:
-            j += 1
-        if j - i > 1:
-            out[i:j] = sorted(out[i:j], key=lambda x: canonical_json(canon_of(x)))
-        i = j
-    items[:] = out
 
 
 # --------------------------------------------------------------------------- intervals
@@ -266,8 +219,8 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
         if len(pending) == 1:
             idx = 0  # the only candidate (also what the search below falls back to)
         else:
-            want = _args_key(r.get("args"))
-            idx = next((i for i, s in enumerate(pending) if _args_key(s.get("args")) == want), 0)
+            want = canonical_json(r.get("args"))
+            idx = next((i for i, s in enumerate(pending) if canonical_json(s.get("args")) == want), 0)
         out.append(make(pending.pop(idx), r))
     for key in sorted(open_, key=lambda k: tuple("" if v is None else str(v) for v in k)):
         for s in open_[key]:

@@ -26,15 +26,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
-from simulators.outputs.intervals import (
-    GpuSlice,
-    Log,
-    as_view,
-    assign_lanes,
-    canonical_json,
-    sort_canon_last,
-    sort_slices,
-)
+from simulators.outputs.canonical_order import canonical_json, sort_canon_last
+from simulators.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort_slices
 
 Number = Union[int, float]
 _PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}

@@ -1,0 +1,61 @@
+"""A total, deterministic order for output records: cheap keys first, canonical JSON last.
+
+Outputs sort slices and trace events by a tuple of plain fields, and break what is left
+of a tie by the canonical JSON of their arguments (sorted keys, compact), so equal logs
+always give equal files. Encoding that JSON for every item was most of the cost of the
+outputs of a long run, and it almost never decides anything (a simulator log's seqs are
+unique), so here it is encoded only where the cheap key ties.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, List, Optional
+
+# One encoder, built once: json.dumps with arguments builds a new JSONEncoder per call,
+# which dominated the outputs of a long run (hundreds of thousands of sort keys).
+canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str).encode
+
+
+class CanonKey:
+    """A sort-key element ordered by the canonical JSON of ``obj``, encoded only if a sort
+    ever compares it — it is the last tie-breaker, which a simulator log (unique seqs)
+    never reaches, so most keys are never encoded. Same order as the encoded strings."""
+
+    __slots__ = ("obj", "_text")
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self._text: Optional[str] = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = canonical_json(self.obj)
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CanonKey) and self.text() == other.text()
+
+    def __lt__(self, other: "CanonKey") -> bool:
+        return self.text() < other.text()
+
+    __hash__ = None  # type: ignore[assignment]  # compared, never hashed
+
+
+def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Callable[[Any], Any]) -> None:
+    """Sort ``items`` in place (stably) by ``key(x) + (CanonKey(canon_of(x)),)``, without
+    building the CanonKey: sort by ``key``, then re-sort each run of equal keys by the
+    canonical JSON. Same order; a simulator log (unique seqs) has no such runs."""
+    keys = [key(x) for x in items]
+    order = sorted(range(len(items)), key=keys.__getitem__)
+    out = [items[i] for i in order]
+    i, n = 0, len(order)
+    while i < n:
+        j = i + 1
+        k = keys[order[i]]
+        while j < n and keys[order[j]] == k:
+            j += 1
+        if j - i > 1:
+            out[i:j] = sorted(out[i:j], key=lambda x: canonical_json(canon_of(x)))
+        i = j
+    items[:] = out
