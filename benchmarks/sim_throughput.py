@@ -3,7 +3,8 @@
 For the 2-GPU default, the 64-GPU mixed and the 1024-GPU/32-pipeline/100-step scenarios:
 simpy events per wall-second, event-log records per wall-second, simulated seconds per
 wall-second (time compression), wall time and peak RSS of the run — each scenario in its
-own subprocess so its RSS is its own — then the wall time and peak RSS of writing every
+own subprocess so its RSS is its own — the share of wall time spent inside the scheduler
+model (measured on a second, instrumented run), then the wall time and peak RSS of writing every
 output ``rlharness simulate`` writes (invariant check, summary, events.jsonl, trace.json,
 timeline.png) into a temporary folder; and, in the same run, the events/s of a bare simpy
 loop (processes ping-ponging timeouts) for the ratio.
@@ -57,6 +58,44 @@ def bare_simpy(n_events: int = 400_000) -> float:
     return n_events / dt
 
 
+# The scheduler model's entry points the simulator calls (inputs, cycles, the 1 s poll).
+_SCHEDULER_CALLS = ("register", "admit", "unregister", "request", "release", "release_then_request",
+                    "await_release", "report_progress", "clear_progress", "plan_cycle", "commit_cycle",
+                    "background_rebalance_reason", "drain")
+
+
+def _scheduler_share(scenario) -> float:
+    """Fraction of a second, instrumented run's wall time spent inside the scheduler
+    model (RLix's decisions, reproduced exactly): the part of the cost that is the
+    scheduler's, not the simulator's. The timers add a little to both sides."""
+    from harness.scheduler.model import SchedulerModel
+    from simulators.runtime import Simulation
+
+    spent = [0.0]
+    clock = time.perf_counter
+    saved = {name: getattr(SchedulerModel, name) for name in _SCHEDULER_CALLS}
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += clock() - t
+        return wrapper
+
+    for name, fn in saved.items():
+        setattr(SchedulerModel, name, timed(fn))
+    try:
+        t0 = clock()
+        Simulation(scenario).run()
+        wall = clock() - t0
+    finally:
+        for name, fn in saved.items():
+            setattr(SchedulerModel, name, fn)
+    return spent[0] / wall
+
+
 def run_one(path, with_outputs):
     """Child mode: run one scenario, print a JSON line with the figures."""
     from simulators.runtime import Simulation
@@ -69,6 +108,7 @@ def run_one(path, with_outputs):
     res = Simulation(scenario).run()
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    sched_share = _scheduler_share(scenario)
     out_wall = out_rss = None
     if with_outputs:
         import tempfile
@@ -81,7 +121,8 @@ def run_one(path, with_outputs):
             out_wall = time.perf_counter() - t0
         out_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"reason": res.reason, "events": res.events, "records": len(res.records), "sim": res.sim_time,
-                      "wall": wall, "rss": rss, "out_wall": out_wall, "out_rss": out_rss}))
+                      "wall": wall, "rss": rss, "out_wall": out_wall, "out_rss": out_rss,
+                      "sched_share": sched_share}))
 
 
 def main(argv=None) -> int:
@@ -96,7 +137,7 @@ def main(argv=None) -> int:
     bare = bare_simpy()
     print(f"bare simpy loop: {bare / 1e6:.2f} M events/s\n")
     print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
-          f"{'records/s':>10} {'sim s/wall s':>12} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
+          f"{'records/s':>10} {'sim s/wall s':>12} {'scheduler':>9} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
     for label, path in SCENARIOS:
         if args.skip_large and path and "1024" in path:
             continue
@@ -111,7 +152,7 @@ def main(argv=None) -> int:
         out_rss = "-" if d["out_rss"] is None else f"{d['out_rss'] / 2**20:.0f}"
         print(f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
               f"{bare / eps:>6.1f}x {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
-              f"{d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
+              f"{d['sched_share']:>8.0%} {d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
     return 0
 
 
