@@ -9,8 +9,8 @@ and an event is keyed by the process that scheduled it:
     (time, (simpy priority, order_key of the scheduling process), insertion counter)
 
 Keys, smallest first (see ``ORDER``): the scheduler loop, then pipelines by their index
-in the scenario, then coordinator resize calls, then the GENERATION watchdogs, the
-collectors, and last the inference ranks (request completions). Within one process,
+in the scenario, then coordinator resize calls, then the GENERATION watchdogs, and last
+the inference ranks (their request completions). Within one process,
 program order decides (the insertion counter).
 
 Not everything keyed is a process: an :class:`Actor` is a key without a generator, and a
@@ -41,7 +41,6 @@ ORDER = {
     "pipeline": 1,
     "resize": 2,
     "watchdog": 3,
-    "collector": 4,
     "rank": 5,
 }
 ROOT_KEY: Tuple[int, ...] = (-1,)
