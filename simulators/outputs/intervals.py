@@ -100,8 +100,6 @@ def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
     return sorted(ids)
 
 
-
-
 # --------------------------------------------------------------------------- intervals
 
 
