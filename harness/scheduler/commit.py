@@ -138,6 +138,14 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
         if state.pending_in(Priority.GENERATION, cid) is not None:
             _signal(state, out, cycle, cid, Priority.GENERATION, sorted(state.allocations[cid].gpu_ids))
 
+    if state.planned_releases:  # rarely any: skip the snapshot copy below
+        _ack_planned_releases(state, cp, opts, out)
+    return CommitResult(out, skipped)
+
+
+def _ack_planned_releases(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions, out: List[Signal]) -> None:
+    """Ack the planned releases (RLix acks every pending one; the fixed variant waits for zero)."""
+    cycle = cp.cycle
     for cid, req in list(state.planned_releases.items()):
         pid, _ = parse_cluster_id(cid)
         executed = set(req.dp_ranks_to_remove) <= cp.shrunk_ranks.get(pid, set()) if req.dp_ranks_to_remove else True
@@ -148,4 +156,3 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
         del state.planned_releases[cid]
         out.append(Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], cycle,
                           shrink_executed=executed))
-    return CommitResult(out, skipped)

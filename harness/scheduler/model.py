@@ -56,21 +56,25 @@ class Ticket:
     gpus: List[int]
 
 
+def _shrunk_bundle(state: SchedulerState, cluster_id: str, rank: int) -> List[int]:
+    alloc = state.allocations.get(cluster_id)
+    if alloc is not None and rank in alloc.dp_rank_to_gpus:
+        return list(alloc.dp_rank_to_gpus[rank])
+    return state.registry[parse_cluster_id(cluster_id)[0]].infer.bundle(rank)
+
+
 def plan_record(cp: CyclePlan, state: SchedulerState) -> Dict[str, Any]:
-    """The decision record of a plan, with every dp rank's GPU bundle spelled out."""
+    """The decision record of a plan, with every dp rank's GPU bundle spelled out.
+
+    Its key order is the event log's ("kind" first), so the model appends it as is.
+    """
     plan = cp.plan
-
-    def shrunk_bundle(cluster_id: str, rank: int) -> List[int]:
-        alloc = state.allocations.get(cluster_id)
-        if alloc is not None and rank in alloc.dp_rank_to_gpus:
-            return list(alloc.dp_rank_to_gpus[rank])
-        return state.registry[parse_cluster_id(cluster_id)[0]].infer.bundle(rank)
-
     return {
         "kind": "plan",
         "cycle": cp.cycle,
         "shrinks": [{"cluster_id": op.cluster_id,
-                     "bundles": [{"dp_rank": r, "gpus": shrunk_bundle(op.cluster_id, r)} for r in op.dp_ranks_to_remove]}
+                     "bundles": [{"dp_rank": r, "gpus": _shrunk_bundle(state, op.cluster_id, r)}
+                                 for r in op.dp_ranks_to_remove]}
                     for op in plan.shrinks],
         "signals": [{"cluster_id": op.cluster_id, "priority": op.priority.name, "gpus": list(op.gpus)} for op in plan.signals],
         "expands": [
@@ -108,9 +112,7 @@ class SchedulerModel:
         return out
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        rec = {"kind": kind}
-        rec.update(fields)
-        self._outbox.append(rec)
+        self._outbox.append({"kind": kind, **fields})
 
     def _check_alive(self) -> None:
         if self.failed is not None:
@@ -282,7 +284,10 @@ class SchedulerModel:
         if self._open_cycle is not None:
             raise Rejected(f"cycle {self._open_cycle.cycle} is still open; commit it first (cycles are serial)")
         cycle = self.state.cycle_counter + 1
-        self._emit("cycle_start", cycle=cycle, reason=reason)
+        # Records of the per-cycle path are appended as built (what _emit builds, without
+        # the keyword packing): plan_record and signal_record already put "kind" first.
+        outbox = self._outbox
+        outbox.append({"kind": "cycle_start", "cycle": cycle, "reason": reason})
         try:
             cp = plan_cycle(self.state, self.options, reason=reason)
         except PlanValidationError as e:
@@ -292,7 +297,7 @@ class SchedulerModel:
         except (CycleFailure, PlannerLimitExceeded) as e:
             self._fail(str(e), cycle=cycle)
             return None
-        self._emit(**plan_record(cp, self.state))
+        outbox.append(plan_record(cp, self.state))
         self._open_cycle = cp
         return cp
 
@@ -307,10 +312,11 @@ class SchedulerModel:
         except CycleFailure as e:
             self._fail(str(e), cycle=cp.cycle)
             return []
+        outbox = self._outbox
         for s in result.signals:
-            self._emit(**signal_record(s))
-        self._emit("commit", cycle=cp.cycle, idle_gpus=len(self.state.idle_gpus),
-                   skipped_stale=result.skipped_stale)
+            outbox.append(signal_record(s))
+        outbox.append({"kind": "commit", "cycle": cp.cycle, "idle_gpus": len(self.state.idle_gpus),
+                       "skipped_stale": result.skipped_stale})
         return result.signals
 
     def resize_records(self, cp: CyclePlan, phase: str, edge: str) -> None:

@@ -13,6 +13,9 @@ quadratic in cluster size; here
   shrink always beats one that does — is found without scoring every rank;
 * donors are found through a GPU → active-worker index instead of scanning every donor's
   workers for each candidate.
+* most calls add nothing: pipelines are first read into plain rows
+  (``harness.scheduler.demand``) and the loop's state is only built when no early exit
+  can prove that the loop would end at once with no op.
 
 Anything that is not the common case falls back to scoring every candidate exactly as
 RLix does. ``tests/unit/test_planner_equivalence.py`` pins the equivalence against a
@@ -26,28 +29,22 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from harness.scheduler.demand import demand_rows, gpu_pipeline_index, no_first_winner
 from harness.scheduler.types import (
     ClusterAllocation,
     ClusterConfig,
     ExecutionPlan,
     ExpandOp,
     PipelineEntry,
-    Priority,
     ShrinkOp,
-    generation_cluster_id,
 )
 
 MAX_GAP_ITERATIONS = 10_000
 MAX_GAP_ACTIVATIONS = 1_000
-_GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per pipeline
 
 
 class PlannerLimitExceeded(RuntimeError):
     """RLix raises (and fails the whole system fast) when the loop exceeds its bounds."""
-
-
-def round_half_up(value: float) -> int:
-    return int(math.floor(value + 0.5))
 
 
 class _PipelineState:
@@ -131,17 +128,26 @@ class GapRatioResult:
     targets: Dict[str, int] = field(default_factory=dict)
 
 
-def _pending_estimate(est: Optional[int]) -> Optional[float]:
-    if est is None:
-        return None
-    val = int(est)
-    return float(val) if val > 0 else None
-
-
 def _check_bounds(inp: GapRatioInputs, iterations: int, activations: int) -> None:
     if iterations > inp.max_iterations or activations > inp.max_activations:
         raise PlannerLimitExceeded(
             f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)")
+
+
+def _pipeline_states(rows, fractions) -> List[_PipelineState]:
+    """The mutable per-pipeline state of the activation loop, for the cycles that reach it."""
+    states: List[_PipelineState] = []
+    for (pid, cid, cfg, remaining, percent, eligible, commit_ok, has_pending, active, removed, _n), \
+            (ratio, count, gap) in zip(rows, fractions):
+        current = set(active)
+        if removed:
+            current -= removed
+        s = _PipelineState(len(states), pid, cid, cfg, remaining, percent, eligible, commit_ok, has_pending,
+                           current, len(removed) if removed else 0)
+        s.target_ratio, s.target_gpu_count, s.gap = ratio, count, gap
+        s.donatable = set(current)  # no activation yet: active_set is still the snapshot
+        states.append(s)
+    return states
 
 
 def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
@@ -150,84 +156,53 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     removed_by_plan: Dict[str, Set[int]] = {}
     for op in plan.shrinks:
         removed_by_plan.setdefault(op.cluster_id, set()).update(op.dp_ranks_to_remove)
-    protected: Set[Tuple[str, int]] = set()
-    for cid, ranks in removed_by_plan.items():
-        if cid.endswith("_actor_infer"):
-            pid = cid[: -len("_actor_infer")]
-            protected.update((pid, r) for r in ranks)
+    rows, weights, active_gpus = demand_rows(plan, inp, removed_by_plan)
 
-    states: List[_PipelineState] = []
-    pending_gen, allocations = inp.pending_gen, inp.allocations
-    closed = plan.clusters_to_remove
-    frozen = inp.frozen
-    weights: List[float] = []  # remaining * tp of the eligible pipelines, in registry order
-    active_gpus = 0
-    gen_clusters = inp.gen_clusters
-    if gen_clusters is None:
-        gen_clusters = [(pid, generation_cluster_id(pid), entry.infer) for pid, entry in inp.registry.items()]
-    for pid, cid, cfg in gen_clusters:
-        has_pending = cid in pending_gen
-        remaining, step_target = inp.progress_totals(pid)
-        if step_target <= 0.0:
-            est = _pending_estimate(pending_gen.get(cid)) if has_pending else None
-            if est is None:
-                continue  # no reports and no estimate: RLix skips the pipeline entirely
-            remaining = step_target = est
-            percent = 1.0
-        else:
-            percent = remaining / step_target
-        if has_pending:
-            remaining += step_target  # demand inflation for a pipeline waiting to start
-            percent = remaining / step_target
-        alloc = allocations.get(cid)
-        current = set(alloc.active_dp_ranks) if alloc is not None and alloc.priority == _GENERATION else set()
-        removed = removed_by_plan.get(cid)
-        if removed:
-            current -= removed
-        in_allocs = cid in allocations
-        open_ = cid not in closed and cid not in frozen
-        eligible = open_ and (has_pending or bool(current) or in_allocs)
-        s = _PipelineState(len(states), pid, cid, cfg, remaining, percent, eligible,
-                           open_ and (has_pending or in_allocs), has_pending, current,
-                           len(removed) if removed else 0)
-        states.append(s)
-        if eligible:
-            weights.append(remaining * s.tp)
-        active_gpus += len(current) * s.tp
-
-    idle = set(inp.idle)
+    idle = inp.idle
     if not idle.isdisjoint(inp.non_gen_reserved):
         raise RuntimeError("idle GPUs given to the planner overlap non-GEN reserved GPUs")
-    result = GapRatioResult(idle=idle)
+    # The caller's set is only read until an exit before the loop, which then hands it back
+    # as ``result.idle`` uncopied (nothing changed it); the loop works on a copy.
+    result = GapRatioResult(idle)
     total_weight = sum(weights)  # sum() over the same sequence RLix sums: the same float
     budget_gpus = len(idle) + active_gpus
     if budget_gpus == 0:
         return result
     targets = result.targets
-    could_win = False  # some pipeline is a possible first winner (see the early exit below)
-    for s in states:
-        tp = s.tp
-        if s.eligible and total_weight != 0:
-            s.target_ratio = (s.remaining * tp) / total_weight
-            s.target_gpu_count = max(round_half_up((s.target_ratio * budget_gpus) / tp) * tp, tp)
-        targets[s.pipeline_id] = s.target_gpu_count
-        n_active = len(s.active_set)
-        s.gap = s.target_ratio - (n_active * tp) / budget_gpus
-        if (s.commit_ok and s.max_dp - n_active - s.blocked_inactive > 0  # has_available_inactive()
-                and s.gap > eps and s.eligible and n_active * tp < s.target_gpu_count and s.target_ratio > 0):
-            could_win = True  # the second line is acceptor_key(s) is not None
+    fractions = []  # (target_ratio, target_gpu_count, gap) per row
+    contenders: List[int] = []  # rows that are possible first winners (see the early exit below)
+    for (pid, _cid, cfg, remaining, _pc, eligible, commit_ok, _hp, _act, removed, n_active) in rows:
+        tp = cfg.tp_size
+        ratio, count = 0.0, 0
+        if eligible and total_weight != 0:
+            ratio = (remaining * tp) / total_weight
+            count = math.floor((ratio * budget_gpus) / tp + 0.5) * tp  # RLix's round-half-up, in bundles
+            if count < tp:
+                count = tp
+        targets[pid] = count
+        gap = ratio - (n_active * tp) / budget_gpus
+        fractions.append((ratio, count, gap))
+        if (commit_ok and len(cfg.device_mapping) // tp - n_active - (len(removed) if removed else 0) > 0
+                and gap > eps and eligible and n_active * tp < count and ratio > 0):
+            contenders.append(len(fractions) - 1)  # has_available_inactive(), commit_ok, acceptor_key(s) is not None
     # Early exit, exactly equivalent to running the loop below: iteration 1 can only pick
     # an acceptor (acceptor_key not None) that has an available inactive rank and passes the
     # commit re-check; nothing changes before a first winner, so if no pipeline is all three
     # the loop ends after one iteration with no op added and ``idle`` untouched. This is the
     # common cycle (every grower at its maximum, or no grower), and it skips the heap setup.
-    if not could_win:
+    # The second common cycle has growers that cannot get a bundle: see no_first_winner.
+    if not contenders or no_first_winner(inp, rows, fractions, contenders, idle):
         _check_bounds(inp, 1, 0)
         result.iterations = 1
         return result
+    idle = set(idle)
+    states = _pipeline_states(rows, fractions)
+    protected: Set[Tuple[str, int]] = set()
+    for cid, ranks in removed_by_plan.items():
+        if cid.endswith("_actor_infer"):
+            pid = cid[: -len("_actor_infer")]
+            protected.update((pid, r) for r in ranks)
     reserved = inp.non_gen_reserved
-    for s in states:
-        s.donatable = set(s.active_set)  # no activation yet: active_set is still the snapshot
 
     # (len(s.active_set) is s.active, spelled out in these per-iteration helpers)
     def refresh_gap(s: _PipelineState) -> None:
@@ -247,14 +222,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             return None
         return (-(s.gap / s.target_ratio), -s.gap, s.pipeline_id)
 
-    # GPU -> pipelines whose actor_infer mapping holds it, in registry order. The model
-    # caches it across cycles (it changes only with the registry); built here otherwise.
-    gpu_pipelines = inp.gpu_pipelines
-    if gpu_pipelines is None:
-        gpu_pipelines = {}
-        for pid, entry in inp.registry.items():
-            for g in entry.infer.device_mapping:
-                gpu_pipelines.setdefault(g, []).append(pid)
+    gpu_pipelines = gpu_pipeline_index(inp)
     by_id = {s.pipeline_id: s for s in states}
 
     def owner(g: int) -> Optional[Tuple[_PipelineState, int]]:
@@ -388,6 +356,10 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     # X's mapping changing its gap or budget (a receiver or a donor). ``dirty`` collects
     # those GPUs per iteration; a memoized failure is reused while none touch X's mapping.
     dirty_since: List[Set[int]] = []  # dirty_since[i] = GPUs changed after iteration i+1
+    # still_failed(X) reads only the entries from X's failing iteration on, so the
+    # entries of the iterations before the first failure are never read: they are
+    # left empty rather than computed (the owned() unions are the costly part).
+    first_failure_seen = False
 
     def still_failed(s: _PipelineState, iteration: int) -> bool:
         if s.failed_at < 0:
@@ -425,6 +397,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
                 best = score_candidates(s, shrink_budget)
                 if best is None:
                     s.failed_at = iterations
+                    first_failure_seen = True
                     continue
                 _score, rank, picked = best
             if not s.commit_ok:
@@ -443,11 +416,14 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
             changed[ds.pipeline_id] = ds
         # GPUs whose owner, idleness or protection changed, plus every GPU of a pipeline
         # whose gap/budget changed (donated bundles include any idle leftovers).
-        dirty: Set[int] = set(s.bundle(rank))
-        for ds, dr in picked:
-            dirty.update(ds.bundle(dr))
+        dirty: Set[int] = set()
+        if first_failure_seen:
+            dirty.update(s.bundle(rank))
+            for ds, dr in picked:
+                dirty.update(ds.bundle(dr))
         for c in changed.values():
-            dirty |= c.owned()
+            if first_failure_seen:
+                dirty |= c.owned()
             refresh_gap(c)
             push(c)
         dirty_since.append(dirty)

@@ -36,12 +36,6 @@ class ProgressReport:
     adapter: Optional[str] = None
 
 
-def _remaining_and_required(step_target: int, completed: float) -> Tuple[float, float]:
-    target = float(max(int(step_target), 1))
-    done = min(max(0.0, float(completed)), target)
-    return max(target - done, 0.0), target
-
-
 class ProgressStore:
     """Scheduler-side store: latest report per (pipeline, mode, stream)."""
 
@@ -92,10 +86,23 @@ class ProgressStore:
         rem = req = 0.0
         for streams in self._reports.get(pipeline_id, {}).values():
             for r in streams.values():
-                a, b = _remaining_and_required(r.step_target, r.completed)
-                rem += a
-                req += b
-        result = (max(0.0, rem), req)
+                # Per stream: target = float(max(int(step_target), 1)), done = min(max(0.0,
+                # completed), target), remaining = max(target - done, 0.0). Spelled with
+                # comparisons that pick the same operand as those builtins (max keeps its
+                # first argument unless the second is greater, min unless it is smaller),
+                # so -0.0 and NaN come out the same; this runs after every report.
+                target = int(r.step_target)
+                target = float(target if not 1 > target else 1)
+                done = float(r.completed)
+                done = done if done > 0.0 else 0.0
+                if target < done:
+                    done = target
+                remaining = target - done
+                if 0.0 > remaining:
+                    remaining = 0.0
+                rem += remaining
+                req += target
+        result = (rem if rem > 0.0 else 0.0, req)  # max(0.0, rem)
         self._totals[pipeline_id] = result
         return result
 
@@ -143,7 +150,7 @@ class CoordinatorProgress:
         else:  # same dict position and values as storing a fresh _Stream under the key
             stream.step_target = step_target
             stream.collected = collected
-        return self._emit(force=new_batch)
+        return self._emit(new_batch)
 
     def clear_stream(self, *, mode: str, adapter: Optional[str]):
         if self._streams.pop(self.stream_key(mode, adapter), None) is None:
@@ -151,7 +158,7 @@ class CoordinatorProgress:
         if not self._streams:
             self._last_bucket = None
             return "clear"
-        return self._emit(force=True)
+        return self._emit(True)
 
     def aggregate(self) -> Tuple[int, float, float, int]:
         """(total_required, total_completed, total_collected, bucket)."""
@@ -172,10 +179,10 @@ class CoordinatorProgress:
             ratio = 0.0
         return required, completed, collected, math.floor(ratio * BUCKETS)  # floor of a float is an int
 
-    def _emit(self, *, force: bool):
+    def _emit(self, force: bool):  # positional: called on every update
         required, completed, _collected, bucket = self.aggregate()
         if not force and bucket == self._last_bucket:
             return None
         self._last_bucket = bucket
         # The aggregate is forwarded as one full-finetune stream in mode "aggregated".
-        return ProgressReport(self.pipeline_id, required, completed, mode="aggregated", adapter=None)
+        return ProgressReport(self.pipeline_id, required, completed, "aggregated", None)  # mode, adapter

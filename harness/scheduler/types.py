@@ -176,14 +176,15 @@ class ClusterAllocation:
     timestamp: Optional[float] = None
 
     def copy(self) -> "ClusterAllocation":
+        # positional, in field order (plan validation copies every allocation a plan touches)
         return ClusterAllocation(
-            cluster_id=self.cluster_id,
-            gpu_ids=list(self.gpu_ids),
-            priority=self.priority,
-            active_dp_ranks=set(self.active_dp_ranks),
-            dp_rank_to_gpus={k: list(v) for k, v in self.dp_rank_to_gpus.items()},
-            global_step=self.global_step,
-            timestamp=self.timestamp,
+            self.cluster_id,
+            list(self.gpu_ids),
+            self.priority,
+            set(self.active_dp_ranks),
+            {k: list(v) for k, v in self.dp_rank_to_gpus.items()},
+            self.global_step,
+            self.timestamp,
         )
 
 

@@ -169,6 +169,7 @@ def validate_plan(
             alloc.dp_rank_to_gpus = build_dp_rank_mapping(alloc.gpu_ids, _config(registry, op.cluster_id).tp_size)
         if not set(op.dp_ranks_to_remove) <= alloc.active_dp_ranks:
             raise PlanValidationError("shrink removes inactive dp ranks", 5, {"cluster_id": op.cluster_id, "active": sorted(alloc.active_dp_ranks), "remove": list(op.dp_ranks_to_remove)})
+        shrunk: Set[int] = set()
         for rank in op.dp_ranks_to_remove:
             bundle = set(alloc.dp_rank_to_gpus.get(rank) or ())
             if not bundle:
@@ -176,7 +177,9 @@ def validate_plan(
             free(op.cluster_id, bundle)
             alloc.active_dp_ranks.discard(rank)
             alloc.dp_rank_to_gpus.pop(rank, None)
-            alloc.gpu_ids = [g for g in alloc.gpu_ids if g not in bundle]
+            shrunk |= bundle
+        # one pass with the union leaves the list that filtering rank by rank would
+        alloc.gpu_ids = [g for g in alloc.gpu_ids if g not in shrunk]
 
     for cid in sorted(plan.clusters_to_remove):
         alloc = sim.pop(cid, None)
@@ -236,7 +239,7 @@ def validate_plan(
             alloc.active_dp_ranks.add(rank)
         alloc.gpu_ids = sorted(set(alloc.gpu_ids) | seen)
 
-    full_universe = (set(universe) | idle_gpus | allocated) if universe else (set(idle_gpus) | allocated)
+    full_universe = (universe | idle_gpus | allocated) if universe else (idle_gpus | allocated)  # new sets
     final_allocated: Set[int] = set()
     held = 0
     for alloc in sim.values():
@@ -247,7 +250,7 @@ def validate_plan(
     double_owned = _first_double_owned(sim) if held != len(final_allocated) else None
     if (final_allocated | idle) != full_universe:
         raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(full_universe - (final_allocated | idle)), "extra": sorted((final_allocated | idle) - full_universe)})
-    if final_allocated & idle:
+    if not final_allocated.isdisjoint(idle):
         raise PlanValidationError("final idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(final_allocated & idle)})
     if double_owned is not None:
         g, a, b = double_owned
