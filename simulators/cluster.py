@@ -44,21 +44,23 @@ class VramLedger:
     def alloc(self, gpu: int, owner: str, mem: str, nbytes: int) -> None:
         if nbytes <= 0:
             return
-        if self.used[gpu] + nbytes > self.capacity:
+        used = self.used[gpu] + nbytes
+        if used > self.capacity:
             raise OutOfMemory(gpu, owner, mem, nbytes, self.used[gpu], self.capacity)
-        key = (owner, mem)
-        self.entries[gpu][key] = self.entries[gpu].get(key, 0) + nbytes
-        self.used[gpu] += nbytes
-        self.peak[gpu] = max(self.peak[gpu], self.used[gpu])
+        entries, key = self.entries[gpu], (owner, mem)
+        entries[key] = entries.get(key, 0) + nbytes
+        self.used[gpu] = used
+        if used > self.peak[gpu]:
+            self.peak[gpu] = used
         if self.listener:
-            self.listener(gpu, owner, mem, nbytes, self.used[gpu])
+            self.listener(gpu, owner, mem, nbytes, used)
 
     def free(self, gpu: int, owner: str, mem: str) -> int:
         nbytes = self.entries[gpu].pop((owner, mem), 0)
         if nbytes:
-            self.used[gpu] -= nbytes
+            self.used[gpu] = used = self.used[gpu] - nbytes
             if self.listener:
-                self.listener(gpu, owner, mem, -nbytes, self.used[gpu])
+                self.listener(gpu, owner, mem, -nbytes, used)
         return nbytes
 
     def held(self, gpu: int, owner: str, mem: Optional[str] = None) -> int:

@@ -24,7 +24,8 @@ Because the log depends on every event's key, the lean stand-in :class:`Link` (f
 the same order: same keys, same log. It and :class:`Timer` exist for speed and lean on
 simpy 4's event internals (``_ok``, ``_value``, ``PENDING``, ``_queue``, ``_eid``,
 ``_active_proc``), hence the ``simpy<5`` pin; ``tests/sim/test_env.py`` pins what they
-must do.
+must do. The hottest record builders read ``env._now`` (the field behind the ``now``
+property, without the property call) for the same reason.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from heapq import heappush
 from typing import Any, Dict, Generator, List, Tuple
 
 import simpy
-from simpy.core import NORMAL, URGENT
+from simpy.core import NORMAL, URGENT, BoundClass
 from simpy.events import PENDING, Event, Process
 
 ORDER = {
@@ -66,6 +67,15 @@ class Actor:
 
 class SimEnv(simpy.Environment):
     """simpy.Environment whose same-time tie-break is the scheduling process's key."""
+
+    def __init__(self, initial_time: float = 0) -> None:
+        super().__init__(initial_time)
+        # simpy binds its event factories (timeout, event, all_of, ...) to the instance
+        # once, but only those in the instance's own class dict: a subclass like this one
+        # would build a bound method on every env.timeout(...) call. Bind them here.
+        for name, attr in vars(simpy.Environment).items():
+            if type(attr) is BoundClass:
+                setattr(self, name, getattr(self, name))
 
     def schedule(self, event: Any, priority: Any = NORMAL, delay: float = 0) -> None:
         # Hot path (every simpy event): a keyed process (or none) and URGENT/NORMAL. A
@@ -127,7 +137,9 @@ class Link:
         if queue and len(self.users) < self.capacity:
             req = queue.pop(0)
             self.users.append(req)
-            req.succeed()
+            req._ok = True  # req.succeed(), inlined: a queued request is pending by construction
+            req._value = None
+            self._env.schedule(req)
 
 
 class LinkRequest(Event):
@@ -138,8 +150,16 @@ class LinkRequest(Event):
         self.callbacks = []
         self._value = PENDING
         self.resource = link
-        link.queue.append(self)
-        link._grant_head()
+        if not link.queue and len(link.users) < link.capacity:
+            # it would head the queue and a slot is free: granted now (what _grant_head
+            # would do after queueing it, without the queue round trip)
+            link.users.append(self)
+            self._ok = True
+            self._value = None
+            link._env.schedule(self)
+        else:
+            link.queue.append(self)
+            link._grant_head()  # a slot freed by a release not yet processed goes to the head
 
     def __enter__(self) -> "LinkRequest":
         return self
@@ -163,7 +183,9 @@ class LinkRelease(Event):
             link.users.remove(request)
         except ValueError:
             pass
-        self.succeed()
+        self._ok = True  # self.succeed(), inlined: a new event is pending
+        self._value = None
+        link._env.schedule(self)
 
 
 class Timer(Event):
@@ -176,19 +198,21 @@ class Timer(Event):
 
     def __init__(self, env: SimEnv, delay: float, actor: Actor, fn: Any, arg: Any) -> None:
         self.env = env
-        self.callbacks = [self._fire]
+        self.callbacks = [_fire_timer]  # a plain function: no bound method built per timer
         self._ok = True
         self._value = None
         self.actor, self.fn, self.arg = actor, fn, arg
         heappush(env._queue, (env._now + delay, actor.order_prios[NORMAL], next(env._eid), self))
 
-    def _fire(self, _event: Event) -> None:
-        env = self.env
-        env._active_proc = self.actor
-        try:
-            self.fn(self.arg)
-        finally:
-            env._active_proc = None
+
+def _fire_timer(timer: Timer) -> None:
+    """A :class:`Timer`'s one callback (simpy calls it with the processed event itself)."""
+    env = timer.env
+    env._active_proc = timer.actor
+    try:
+        timer.fn(timer.arg)
+    finally:
+        env._active_proc = None
 
 
 class _KeyedProcess(Process):

@@ -87,7 +87,7 @@ class Router:
         for req in reversed(aborted):
             req.attempt += 1
             self.queue.appendleft(req)
-            self.log({"seq": 0, "t": self.env.now, "kind": "request_abort", "pipeline_id": self.pipeline_id,
+            self.log({"seq": 0, "t": self.env._now, "kind": "request_abort", "pipeline_id": self.pipeline_id,
                       "request": req.rid, "dp_rank": rank.dp_rank})
         self.aborted += len(aborted)
         self.dispatch()
@@ -120,7 +120,7 @@ class Router:
         req.version = version = rank.life.weights_version
         rid = req.rid
         rank.inflight[rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
-        self.log({"seq": 0, "t": self.env.now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
+        self.log({"seq": 0, "t": self.env._now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
                   "request": rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
 
     def _complete(self, arg: Tuple[RankSim, Request]) -> None:
@@ -133,7 +133,7 @@ class Router:
             return
         del inflight[req.rid]
         self.completed += 1
-        self.log({"seq": 0, "t": self.env.now, "kind": "request_done", "pipeline_id": self.pipeline_id,
+        self.log({"seq": 0, "t": self.env._now, "kind": "request_done", "pipeline_id": self.pipeline_id,
                   "request": req.rid, "dp_rank": rank.dp_rank, "tokens": req.tokens, "version": req.version})
         self.on_done(req, rank)
         self.dispatch()

@@ -10,20 +10,22 @@ The order of anything is decided by the control logic, never here.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import dataclasses
+import inspect
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from harness.control import nemo_async, roll_sync
 from harness.control.context import PipelineContext
-from harness.control.effects import effect_fields, effect_name
+from harness.control.effects import effect_fields
 from harness.control.rank_state import RankLifecycle, RankStateError
 from harness.control.resize import expand_order, shrink_order
 from harness.control.versions import VersionBook, VersionError
 from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 from simulators.cluster import OutOfMemory
-from simulators.env import Link
+from simulators.env import Actor, Link, Timer
 from simulators.inference import RankSim, Request, Router
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
@@ -94,7 +96,7 @@ class PipelineSim(RankEffects, RefitEffects):
             for g in set(self.train_gpus) | set(self.spec.infer_gpus):
                 sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
             if self.spec.type == "nemo_async" and "no_gen_watchdog" not in self.faults:
-                env.spawn(self._watchdog(), "watchdog", self.index)
+                self._start_watchdog()
             yield from self.drive(self.control.initialize(self.ctx), "init", None)
             for step in range(self.spec.steps):
                 self.ctx.step = step
@@ -149,27 +151,43 @@ class PipelineSim(RankEffects, RefitEffects):
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, gen, scope: str, step: Optional[int], cycle: Optional[int] = None):
+        """Interpret ``gen``: log ``effect_start``, run the effect's handler, log ``effect_end``.
+
+        A handler is ``_<EffectName>``: a generator function when the effect takes simulated
+        time (``yield from`` it), a plain function when it completes at once (just call it:
+        no generator to build and unwind). How to handle an effect class is looked up once
+        (:func:`_handling_of`), not per effect."""
         log, env, pid = self.sim.log, self.env, self.pid
         resize_scope = scope in ("shrink", "expand")
         send = gen.send
+        handlings = _HANDLINGS.setdefault(type(self), {})
         result: Any = None
         while True:
             try:
                 effect = send(result)
             except StopIteration:
                 return
-            name = effect_name(effect)
+            handling = handlings.get(type(effect)) or _handling_of(handlings, type(effect), type(self))
+            name, handler, takes_time, gpus_from = handling
             args = effect_fields(effect)
-            gpus = self._gpus_of(name, args)
             # record fields: pipeline_id, effect, args, scope, step[, cycle][, gpus]
-            start: Dict[str, Any] = {"seq": 0, "t": env.now, "kind": "effect_start", "pipeline_id": pid,
+            start: Dict[str, Any] = {"seq": 0, "t": env._now, "kind": "effect_start", "pipeline_id": pid,
                                      "effect": name, "args": args, "scope": scope, "step": step}
             if cycle is not None:
                 start["cycle"] = cycle
+            gpus = None
+            if gpus_from is _GPUS_OF_RANKS:
+                ranks = self.ranks
+                gpus = sorted([g for r in effect.ranks for g in ranks[r].gpus])
+            elif gpus_from is _GPUS_OF_TRAINER:
+                gpus = list(self.train_gpus)
             if gpus:
                 start["gpus"] = gpus
             log.add(start)
-            result = yield from getattr(self, "_" + name)(effect)
+            if takes_time:
+                result = yield from handler(self, effect)
+            else:
+                result = handler(self, effect)
             if self.gone and resize_scope:
                 # the pipeline was torn down while this resize waited for the coordinator
                 # lock: RLix's dead-coordinator case, tolerated — nothing more happens
@@ -184,21 +202,11 @@ class PipelineSim(RankEffects, RefitEffects):
                          error="coordinator gone (pipeline unregistered)", **extra)
                 return
             end = start.copy()  # same keys in the same order; "seq"/"t"/"kind" values replaced
-            end["t"] = env.now
+            end["t"] = env._now
             end["kind"] = "effect_end"
             if result is not None:
                 end["result"] = list(result) if isinstance(result, (list, tuple)) else result
             log.add(end)
-
-    _TRAIN_EFFECTS = frozenset(("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"))
-
-    def _gpus_of(self, name: str, args: Dict[str, Any]) -> List[int]:
-        if "ranks" in args:
-            ranks = self.ranks
-            return sorted([g for r in args["ranks"] for g in ranks[r].gpus])
-        if name in self._TRAIN_EFFECTS:
-            return list(self.train_gpus)
-        return []
 
     # ------------------------------------------------------------------ scheduler effects
     def _cid(self, cluster: str) -> str:
@@ -231,7 +239,6 @@ class PipelineSim(RankEffects, RefitEffects):
             fields["global_step"] = e.global_step
         sim.call("release", fields, lambda: sim.model.release(cid, global_step=e.global_step))
         return None
-        yield  # pragma: no cover  (makes this a generator)
 
     def _ReleaseThenRequest(self, e):
         sim = self.sim
@@ -299,7 +306,6 @@ class PipelineSim(RankEffects, RefitEffects):
     def _PromoteCache(self, e):
         self.ctx.versions.promote(e.version)
         return None
-        yield  # pragma: no cover
 
     def _OffloadTraining(self, e):
         if self.faults.get("wake_before_offload") == self.ctx.step and not self.leaked_train_state:
@@ -337,7 +343,6 @@ class PipelineSim(RankEffects, RefitEffects):
     def _UnlockCoordinator(self, e):
         self.lock.release(self._lock_req.pop())
         return None
-        yield  # pragma: no cover
 
     # ------------------------------------------------------------------ workload effects
     def _current_version(self) -> int:
@@ -347,22 +352,25 @@ class PipelineSim(RankEffects, RefitEffects):
     def _on_trajectory(self, req: Request, rank: RankSim) -> None:
         self.collector.outstanding -= 1
         self.buffer.add(req.version if req.version is not None else -1, req.rid)
-        self._report_progress(False)
+        # counted once: nothing below (a report, a refill) changes the buffer or the version
+        usable = self._usable()
+        self._report_progress(False, usable)
         self._refill()
-        if not self.batch_ready.triggered and self._wait_batch_has_work():
+        if not self.batch_ready.triggered and self._wait_batch_has_work(usable):
             self.batch_ready.succeed()
 
-    def _wait_batch_has_work(self) -> bool:
-        """Whether a waiting :meth:`_WaitBatch` would do anything if woken now: evict stale
-        trajectories, take a batch, or (sync) gap-fill. Otherwise its wake would only re-arm
-        (the refill it does was just done by the completion), so it is not woken: one
-        wake per batch instead of one per trajectory."""
-        w = self.spec.workload
+    def _usable(self) -> int:
+        """Buffered trajectories young enough for the published version."""
         v = self.ctx.versions.published
-        buffer = self.buffer
-        usable = buffer.usable(0 if v is None else v, w.max_trajectory_age_steps)
-        n = w.trajectories_per_step
-        if usable < len(buffer.items) or usable >= n:  # stale items to evict, or a batch
+        return self.buffer.usable(0 if v is None else v, self.spec.workload.max_trajectory_age_steps)
+
+    def _wait_batch_has_work(self, usable: int) -> bool:
+        """Whether a waiting :meth:`_WaitBatch` would do anything if woken now (``usable``:
+        :meth:`_usable`): evict stale trajectories, take a batch, or (sync) gap-fill.
+        Otherwise its wake would only re-arm (the refill it does was just done by the
+        completion), so it is not woken: one wake per batch instead of one per trajectory."""
+        n = self.spec.workload.trajectories_per_step
+        if usable < len(self.buffer.items) or usable >= n:  # stale items to evict, or a batch
             return True
         return self.collector.mode == "sync" and n - usable - self.collector.outstanding > 0
 
@@ -371,19 +379,18 @@ class PipelineSim(RankEffects, RefitEffects):
         if n > 0 and not self.finished:
             self.router.submit(self.collector.draw(n))
 
-    def _report_progress(self, new_batch: bool) -> None:
+    def _report_progress(self, new_batch: bool, usable: int) -> None:
+        """Report ``usable`` (:meth:`_usable`) as collected; the coordinator forwards it
+        to the scheduler when its 2 % bucket moves (or a new batch forces it)."""
         if self.finished or not self.progress_hooks:
             return
-        w = self.spec.workload
-        v = self.ctx.versions.published  # _current_version(), inlined (once per completion)
-        usable = self.buffer.usable(0 if v is None else v, w.max_trajectory_age_steps)
-        rep = self.progress.update(mode="train", adapter=None, step_target=w.trajectories_per_step,
+        rep = self.progress.update(mode="train", adapter=None, step_target=self.spec.workload.trajectories_per_step,
                                    collected=usable, new_batch=new_batch)
         if isinstance(rep, ProgressReport):
             sim = self.sim
             sim.call("progress", {"pipeline_id": self.pid, "step_target": rep.step_target, "completed": rep.completed,
                                   "mode": rep.mode, "new_batch": new_batch},
-                     lambda: sim.model.report_progress(rep))
+                     sim.model.report_progress, rep)
 
     def _BeginProgressBatch(self, e):
         self.batch_step = e.global_step
@@ -391,9 +398,8 @@ class PipelineSim(RankEffects, RefitEffects):
             self.router.submit(self.collector.draw(self.spec.workload.trajectories_per_step))
         else:
             self._refill()
-        self._report_progress(True)
+        self._report_progress(True, self._usable())
         return None
-        yield  # pragma: no cover
 
     def _EndProgressBatch(self, e):
         out = self.progress.clear_stream(mode="train", adapter=None)
@@ -401,7 +407,6 @@ class PipelineSim(RankEffects, RefitEffects):
             sim = self.sim
             sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
         return None
-        yield  # pragma: no cover
 
     def _WaitBatch(self, e):
         w = self.spec.workload
@@ -424,20 +429,53 @@ class PipelineSim(RankEffects, RefitEffects):
         self._refill()
         return None
 
-    def _watchdog(self):
-        """NeMo's 2 s GENERATION re-request while no rank is active or waking (debug #27/#32)."""
-        env, sim, cid = self.env, self.sim, self._cid(GENERATION_CLUSTER)
-        while not self.finished and not sim.failure:
-            yield env.timeout(self.costs.watchdog_s)
-            if self.finished or sim.failure or cid not in sim.model.state.allocations:
-                continue
-            busy = any(r.life.state.value != "asleep" for r in self.ranks.values())
-            if busy or sim.model.state.pending_for(cid) is not None:
-                continue
-            try:
-                sim.call("request", {"cluster_id": cid, "priority": Priority.GENERATION.name, "step_target_estimate": 1},
-                         lambda: sim.model.request(cid, Priority.GENERATION, step_target_estimate=1))
-            except SimFailure as exc:
-                sim.fail(f"{self.pid} watchdog: {exc}")
-                return
+    def _start_watchdog(self) -> None:
+        """NeMo's 2 s GENERATION re-request while no rank is active or waking (debug #27/#32).
 
+        A :class:`~simulators.env.Timer` chain run for the ``("watchdog", index)`` actor: each
+        tick is the one event a watchdog process's timeout would be, with the same key (so
+        the same order), without resuming a process per tick."""
+        self._watchdog_actor = Actor("watchdog", self.index)
+        self._watchdog_rearm()
+
+    def _watchdog_rearm(self) -> None:
+        if not self.finished and not self.sim.failure:
+            Timer(self.env, self.costs.watchdog_s, self._watchdog_actor, self._watchdog_tick, None)
+
+    def _watchdog_tick(self, _arg: Any) -> None:
+        sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
+        if not (self.finished or sim.failure or cid not in sim.model.state.allocations):
+            busy = any(r.life.state.value != "asleep" for r in self.ranks.values())
+            if not busy and sim.model.state.pending_for(cid) is None:
+                try:
+                    sim.call("request", {"cluster_id": cid, "priority": Priority.GENERATION.name, "step_target_estimate": 1},
+                             lambda: sim.model.request(cid, Priority.GENERATION, step_target_estimate=1))
+                except SimFailure as exc:
+                    sim.fail(f"{self.pid} watchdog: {exc}")
+                    return
+        self._watchdog_rearm()
+
+
+# ---------------------------------------------------------------------- effect dispatch
+_GPUS_OF_RANKS = "ranks"  # the effect names inference ranks: their GPUs
+_GPUS_OF_TRAINER = "trainer"  # a training-cluster effect: the trainer's GPUs
+_TRAIN_EFFECTS = frozenset(("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"))
+
+# interpreter class -> effect class -> (name, handler, takes simulated time, where the
+# record's "gpus" come from); per interpreter class, as a subclass may override handlers
+_HANDLINGS: Dict[type, Dict[type, Tuple[str, Any, bool, Optional[str]]]] = {}
+
+
+def _handling_of(handlings: Dict[type, Any], effect_cls: type, sim_cls: type) -> Tuple[str, Any, bool, Optional[str]]:
+    """How ``sim_cls`` handles ``effect_cls`` (worked out on its first effect, then kept)."""
+    name = effect_cls.__name__  # == effect_name(effect)
+    handler = getattr(sim_cls, "_" + name)
+    if "ranks" in {f.name for f in dataclasses.fields(effect_cls)}:
+        gpus_from: Optional[str] = _GPUS_OF_RANKS
+    elif name in _TRAIN_EFFECTS:
+        gpus_from = _GPUS_OF_TRAINER
+    else:
+        gpus_from = None
+    handling = (name, handler, inspect.isgeneratorfunction(handler), gpus_from)
+    handlings[effect_cls] = handling
+    return handling

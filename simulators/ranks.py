@@ -1,18 +1,24 @@
 """Inference-rank effects of a simulated pipeline: wake, finalize, publish, activate,
 abort, drain, sleep — each moving the rank's lifecycle (harness.control.rank_state) and
-its VRAM. Mixed into :class:`simulators.pipeline.PipelineSim`."""
+its VRAM. Mixed into :class:`simulators.pipeline.PipelineSim`. A handler of an effect that
+takes simulated time is a generator; one that completes at once is a plain method (see
+``PipelineSim.drive``)."""
 
 from __future__ import annotations
 
 from typing import List
 
+from harness.control.rank_state import RankState
+
+# a state's log name; an enum's .value is a descriptor call, a dict lookup is cheaper
+_STATE_NAME = {state: state.value for state in RankState}
 
 
 class RankEffects:
     def _log_rank(self, rank) -> None:
         # sim.emit() without its None filter: no field here can be None but version, which it keeps
-        self.sim.log.add({"seq": 0, "t": self.env.now, "kind": "rank_state", "pipeline_id": self.pid,
-                          "dp_rank": rank.dp_rank, "state": rank.life.state.value, "gpus": list(rank.gpus),
+        self.sim.log.add({"seq": 0, "t": self.env._now, "kind": "rank_state", "pipeline_id": self.pid,
+                          "dp_rank": rank.dp_rank, "state": _STATE_NAME[rank.life.state], "gpus": list(rank.gpus),
                           "version": rank.life.weights_version})
 
     def _owner(self, rank) -> str:
@@ -20,7 +26,6 @@ class RankEffects:
 
     def _ActiveRanks(self, e):
         return sorted(r for r, rank in self.ranks.items() if rank.routable)
-        yield  # pragma: no cover
 
     def _MarkInactive(self, e):
         # RLix marks ranks about to be woken as inactive+preempted; they are asleep and off
@@ -29,22 +34,22 @@ class RankEffects:
             if self.ranks[r].routable:
                 raise RuntimeError(f"{self.pid} dp{r}: expand of a rank that is still routable")
         return None
-        yield  # pragma: no cover
 
     def _Wake(self, e):
         vram, c = self.sim.cluster.vram, self.costs
         tp = self.spec.infer_tp
+        per_gpu_weights = self.weight_bytes // tp
+        kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu_weights)
         for r in e.ranks:
             rank = self.ranks[r]
             rank.life.on("wake")
             self._log_rank(rank)
-            per_gpu_weights = self.weight_bytes // tp
-            kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu_weights)
+            owner = self._owner(rank)
             for g in rank.gpus:
-                vram.alloc(g, self._owner(rank), "weights", per_gpu_weights)
-                vram.alloc(g, self._owner(rank), "kv_cache", kv)
+                vram.alloc(g, owner, "weights", per_gpu_weights)
+                vram.alloc(g, owner, "kv_cache", kv)
                 if tp > 1:
-                    vram.alloc(g, self._owner(rank), "nccl", c.nccl_buffer_bytes)
+                    vram.alloc(g, owner, "nccl", c.nccl_buffer_bytes)
         yield self.env.timeout(c.wake_s)
         for r in e.ranks:
             rank = self.ranks[r]
@@ -62,7 +67,6 @@ class RankEffects:
     def _PublishVersion(self, e):
         self.ctx.versions.publish(e.version)
         return self.ctx.versions.published
-        yield  # pragma: no cover
 
     def _Activate(self, e):
         for r in e.ranks:
@@ -71,7 +75,6 @@ class RankEffects:
             self._log_rank(rank)
             self.router.activate(rank)
         return None
-        yield  # pragma: no cover
 
     def _Abort(self, e):
         for r in e.ranks:
@@ -81,7 +84,6 @@ class RankEffects:
             rank.life.on("abort")
             self._log_rank(rank)
         return None
-        yield  # pragma: no cover
 
     def _Drain(self, e):
         yield self.env.timeout(self.costs.drain_s)

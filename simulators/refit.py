@@ -48,28 +48,35 @@ class RefitEffects:
         cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(n, 2))  # two ping-pong buffers
         node = cluster.node_of(owner)
         cross_node = any(cluster.node_of(g) != node for g in bcast)
+        # per-bucket loop invariants, looked up once
+        bucket_bytes, load_rate = c.bucket_bytes, c.receiver_load_bytes_per_s
+        staging_link, pcie_rate = cluster.links.h2d[owner], cluster.spec.pcie_bytes_per_s
+        if cross_node:
+            fabric, fabric_rate = cluster.links.nic[node], cluster.spec.inter_node_bytes_per_s
+        else:
+            fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
+        acked = self._bucket_acked
+        timeout = env.timeout
         unacked = None  # (bucket, size) sent and still being loaded by the receivers
         load_end = env.now
         for b in range(n):
-            size = min(c.bucket_bytes, self.weight_bytes - b * c.bucket_bytes)
-            with cluster.links.h2d[owner].request() as req:  # staging overlaps the previous bucket's load
+            size = min(bucket_bytes, self.weight_bytes - b * bucket_bytes)
+            with staging_link.request() as req:  # staging overlaps the previous bucket's load
                 yield req
-                yield env.timeout(size / cluster.spec.pcie_bytes_per_s)
+                yield timeout(size / pcie_rate)
             if unacked is not None:  # at most one un-ACKed group: wait for ACK(b-1) before sending b
                 if load_end > env.now:
-                    yield env.timeout(load_end - env.now)
-                self._bucket_acked(e, ipc, bcast, *unacked)
+                    yield timeout(load_end - env.now)
+                acked(e, ipc, bcast, *unacked)
             if bcast:
-                link = cluster.links.nic[node] if cross_node else cluster.links.intra[node]
-                bw = cluster.spec.inter_node_bytes_per_s if cross_node else cluster.spec.intra_node_bytes_per_s
-                with link.request() as req:
+                with fabric.request() as req:
                     yield req
-                    yield env.timeout(size / bw)
-            load_end = env.now + size / c.receiver_load_bytes_per_s
+                    yield timeout(size / fabric_rate)
+            load_end = env.now + size / load_rate
             unacked = (b, size)
         if load_end > env.now:
-            yield env.timeout(load_end - env.now)
-        self._bucket_acked(e, ipc, bcast, *unacked)  # then the final "complete" message
+            yield timeout(load_end - env.now)
+        acked(e, ipc, bcast, *unacked)  # then the final "complete" message
         cluster.vram.free(owner, staging_owner, "staging")
         if group is not None:
             yield env.timeout(c.nccl_group_destroy_s)
@@ -86,6 +93,6 @@ class RefitEffects:
     def _bucket_acked(self, e, ipc, bcast, bucket: int, size: int) -> None:
         for transport, targets in (("cpu_serialize", ipc), ("nccl", bcast)):
             if targets:  # sim.emit() minus its None filter: only version may be None, and it is kept
-                self.sim.log.add({"seq": 0, "t": self.env.now, "kind": "refit_bucket", "pipeline_id": self.pid,
+                self.sim.log.add({"seq": 0, "t": self.env._now, "kind": "refit_bucket", "pipeline_id": self.pid,
                                   "version": e.version, "bucket": bucket, "transport": transport,
                                   "dp_ranks": list(e.ranks), "bytes": size, "path": e.path})

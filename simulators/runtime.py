@@ -29,7 +29,7 @@ from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.types import Rejected
 from harness.topology import ClusterTopology
 from simulators.cluster import SimCluster
-from simulators.env import SimEnv
+from simulators.env import Actor, SimEnv, Timer
 from simulators.spec import Scenario
 
 
@@ -66,6 +66,7 @@ class Simulation:
         self.cluster = SimCluster(self.env, c, listener=self._on_vram)
         self.waiters: Dict[int, simpy.Event] = {}
         self.wake = self.env.event()
+        self._poll_actor = Actor("scheduler", 1)  # the key the 1 s poll runs under (see poll)
         self.background: Optional[str] = None
         self.stop = self.env.event()
         self.failure: Optional[str] = None
@@ -80,27 +81,29 @@ class Simulation:
         self.log.append(kind, self.env.now, {k: v for k, v in fields.items() if v is not None or k in _KEEP_NULL})
 
     def drain(self) -> None:
-        self.log.extend(self.env.now, self.model.drain())
+        self.log.extend(self.env._now, self.model.drain())
 
     def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int) -> None:
-        self.log.add({"seq": 0, "t": self.env.now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
+        self.log.add({"seq": 0, "t": self.env._now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
                       "delta": delta, "used": used})
 
     # ------------------------------------------------------------------ scheduler calls
-    def call(self, input_kind: str, fields: Dict[str, Any], fn: Callable[[], Any]) -> Any:
-        """Log an input record, apply it to the model, log its decisions. A refusal is a
-        bug in the simulated system (or a fault): the run fails."""
-        rec = self.log.append(input_kind, self.env.now, fields)
+    def call(self, input_kind: str, fields: Dict[str, Any], fn: Callable[..., Any], *args: Any) -> Any:
+        """Log an input record, apply it to the model (``fn(*args)``), log its decisions. A
+        refusal is a bug in the simulated system (or a fault): the run fails."""
+        log, model, now = self.log, self.model, self.env._now
+        rec = log.append(input_kind, now, fields)
         try:
-            result = fn()
+            result = fn(*args)
         except Rejected as e:
-            self.model.drain()
-            self.log.emit("rejected", self.env.now, input_seq=rec["seq"], input_kind=input_kind, reason=e.reason)
+            model.drain()
+            log.emit("rejected", now, input_seq=rec["seq"], input_kind=input_kind, reason=e.reason)
             raise SimFailure(f"scheduler refused {input_kind}: {e.reason}") from None
-        self.drain()
-        self.wakeup()
-        if self.model.failed:
-            raise SimFailure(f"scheduler failed fast: {self.model.failed}")
+        log.extend(now, model.drain())  # self.drain() and self.wakeup(), inlined (hot path)
+        if not self.wake.triggered:
+            self.wake.succeed()
+        if model.failed:
+            raise SimFailure(f"scheduler failed fast: {model.failed}")
         return result
 
     def waiter(self, request_id: int) -> simpy.Event:
@@ -129,21 +132,25 @@ class Simulation:
                 reason, self.background = f"background:{self.background}", None
             yield from self.cycle(reason)
 
-    def poller(self):
-        """RLix's 1 s poll: a background cycle when no one waits and a trigger holds."""
-        env, poll = self.env, self.scenario.costs.scheduler_poll_s
-        while True:
-            yield env.timeout(poll)
+    def poll(self, _arg: Any = None) -> None:
+        """RLix's 1 s poll: a background cycle when no one waits and a trigger holds.
+
+        A :class:`~simulators.env.Timer` chain run for the ``("scheduler", 1)`` actor: each
+        tick is the one event a polling process's timeout would be, with the same key, so
+        the same order, without resuming a process per tick. The trigger (a pure read of
+        the model) is only computed when a wake-up is not already under way."""
+        if not self.wake.triggered:
             reason = self.model.background_rebalance_reason()
-            if reason is not None and not self.wake.triggered:
+            if reason is not None:
                 self.background = reason
                 self.wakeup()
+        Timer(self.env, self.scenario.costs.scheduler_poll_s, self._poll_actor, self.poll, None)
 
     def cycle(self, reason: str):
-        env, model = self.env, self.model
-        self.log.emit("cycle", env.now, phase="plan", reason=reason)
+        env, model, log = self.env, self.model, self.log
+        log.add({"seq": 0, "t": env._now, "kind": "cycle", "phase": "plan", "reason": reason})
         cp = model.plan_cycle(reason)
-        self.drain()
+        log.extend(env._now, model.drain())
         if cp is None:
             self.fail(f"scheduler failed fast: {model.failed}")
             return
@@ -158,9 +165,9 @@ class Simulation:
                 yield env.all_of(procs)
             if self.failure:
                 return
-        self.log.emit("cycle", env.now, phase="commit")
+        log.add({"seq": 0, "t": env._now, "kind": "cycle", "phase": "commit"})
         signals = model.commit_cycle(cp)
-        self.drain()
+        log.extend(env._now, model.drain())
         if model.failed:
             self.fail(f"scheduler failed fast: {model.failed}")
             return
@@ -177,7 +184,7 @@ class Simulation:
         env = self.env
         t0 = time.perf_counter()
         env.spawn(self.scheduler_loop(), "scheduler", 0)
-        env.spawn(self.poller(), "scheduler", 1)
+        Timer(env, self.scenario.costs.scheduler_poll_s, self._poll_actor, self.poll, None)
         mains = [env.spawn(p.main(), "pipeline", p.index) for p in self.pipelines]
         all_done = env.all_of(mains)
         horizon = env.timeout(self.scenario.horizon_s)

@@ -199,9 +199,13 @@ def effect_fields(effect: Any) -> Dict[str, Any]:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(effect))
     for name in names:
         v = getattr(effect, name)
-        if isinstance(v, Priority):
-            v = v.name
-        elif isinstance(v, tuple):
+        value_type = type(v)
+        if value_type is tuple:
             v = list(v)
+        elif value_type is not int and value_type is not str and v is not None:  # common: kept as is
+            if isinstance(v, Priority):
+                v = v.name
+            elif isinstance(v, tuple):
+                v = list(v)
         out[name] = v
     return out

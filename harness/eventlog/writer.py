@@ -52,7 +52,8 @@ class EventLog:
     def append(self, kind: str, t: float, fields: Dict[str, Any]) -> Dict[str, Any]:
         """:meth:`emit` with the fields as a dict (hot callers: no kwargs re-packing).
         The record is a new dict; ``fields`` itself is not kept."""
-        _require_registered(kind)
+        if kind not in ALL_KINDS:  # the check of _require_registered, inlined (hot path)
+            _require_registered(kind)
         self._seq = seq = self._seq + 1
         rec: Dict[str, Any] = {"seq": seq, "t": t, "kind": kind, **fields}
         self.records.append(rec)
@@ -62,7 +63,8 @@ class EventLog:
         """Append a record the caller built whole, ``{"seq": 0, "t": t, "kind": kind, ...}``
         (keys in their final order), stamping its seq: the hottest producers use it so a
         record is one dict built once. The dict becomes the record (do not reuse it)."""
-        _require_registered(rec["kind"])
+        if rec["kind"] not in ALL_KINDS:  # the check of _require_registered, inlined (hot path)
+            _require_registered(rec["kind"])
         self._seq = rec["seq"] = self._seq + 1
         self.records.append(rec)
         return rec
@@ -72,7 +74,8 @@ class EventLog:
         records = self.records
         for d in decisions:
             kind = d["kind"]
-            _require_registered(kind)
+            if kind not in ALL_KINDS:  # the check of _require_registered, inlined (hot path)
+                _require_registered(kind)
             if "t" in d:  # as emit(kind, t, **fields) would refuse it
                 raise TypeError("a decision may not carry its own 't'")
             self._seq = seq = self._seq + 1
