@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.control import nemo_async, roll_sync
 from harness.control.context import PipelineContext
-from harness.control.effects import effect_fields
+from harness.control.effects import TRAINER_EFFECTS, effect_fields
 from harness.control.rank_state import RankLifecycle, RankStateError
 from harness.control.resize import expand_order, shrink_order
 from harness.control.versions import VersionBook, VersionError
@@ -459,7 +459,6 @@ class PipelineSim(RankEffects, RefitEffects):
 # ---------------------------------------------------------------------- effect dispatch
 _GPUS_OF_RANKS = "ranks"  # the effect names inference ranks: their GPUs
 _GPUS_OF_TRAINER = "trainer"  # a training-cluster effect: the trainer's GPUs
-_TRAIN_EFFECTS = frozenset(("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"))
 
 # interpreter class -> effect class -> (name, handler, takes simulated time, where the
 # record's "gpus" come from); per interpreter class, as a subclass may override handlers
@@ -472,7 +471,7 @@ def _handling_of(handlings: Dict[type, Any], effect_cls: type, sim_cls: type) ->
     handler = getattr(sim_cls, "_" + name)
     if "ranks" in {f.name for f in dataclasses.fields(effect_cls)}:
         gpus_from: Optional[str] = _GPUS_OF_RANKS
-    elif name in _TRAIN_EFFECTS:
+    elif name in TRAINER_EFFECTS:
         gpus_from = _GPUS_OF_TRAINER
     else:
         gpus_from = None

@@ -150,7 +150,7 @@ class Simulation:
         env, model, log = self.env, self.model, self.log
         log.add({"seq": 0, "t": env._now, "kind": "cycle", "phase": "plan", "reason": reason})
         cp = model.plan_cycle(reason)
-        log.extend(env._now, model.drain())
+        self.drain()
         if cp is None:
             self.fail(f"scheduler failed fast: {model.failed}")
             return
@@ -167,7 +167,7 @@ class Simulation:
                 return
         log.add({"seq": 0, "t": env._now, "kind": "cycle", "phase": "commit"})
         signals = model.commit_cycle(cp)
-        log.extend(env._now, model.drain())
+        self.drain()
         if model.failed:
             self.fail(f"scheduler failed fast: {model.failed}")
             return

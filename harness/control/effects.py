@@ -183,6 +183,11 @@ class EndProgressBatch:
     global_step: int
 
 
+#: Effects that run on the training cluster (its GPUs are the trainer's): the simulator
+#: places them there and the outputs count them as training time.
+TRAINER_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
+
+
 def effect_name(effect: Any) -> str:
     return type(effect).__name__
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from harness.control.effects import TRAINER_EFFECTS
 from simulators.outputs.canonical_order import CanonKey, canonical_json, sort_canon_last
 
-TRAIN_EFFECTS = ("Compute", "OffloadTraining", "ReloadTrainComm", "DestroyTrainComm", "BuildCache")
+TRAIN_EFFECTS = TRAINER_EFFECTS
 SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
 WAKE_SLEEP_EFFECTS = ("Wake", "Sleep", "Abort", "Drain")
 REFIT_EFFECTS = SYNC_EFFECTS + WAKE_SLEEP_EFFECTS
