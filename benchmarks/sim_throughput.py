@@ -13,6 +13,11 @@ events/s counts simpy events, so modelling the same run with fewer events (one t
 request completion instead of a serving process's wake-ups) lowers it while the run gets
 faster; records/s and the time compression measure the model's work per wall-second.
 
+"loop+log" is the ceiling no model logic can beat: the events/s of the bare loop when
+each event also appends the scenario's records-per-event to an event log (the per-record
+cost is measured alongside, with the same loop appending one record per event). It
+separates what the event loop and the log cost from what the model itself costs.
+
 Targets (issue "Discrete-event simulator"): >= 0.5 M events/s, <= 4x slower per event
 than bare simpy, >= 10,000x time compression on the 64-GPU scenario, the 1024-GPU
 scenario under 60 s and 2 GiB RSS.
@@ -40,18 +45,26 @@ SCENARIOS = (
 )
 
 
-def bare_simpy(n_events: int = 400_000) -> float:
+def bare_simpy(n_events: int = 400_000, *, log_records: bool = False) -> float:
+    """Events/s of 100 processes ping-ponging timeouts; with ``log_records`` each event
+    also appends one record (the shape of a request completion) to an :class:`EventLog`."""
     import simpy
 
-    env = simpy.Environment()
+    from harness.eventlog.writer import EventLog, header_record
 
-    def proc(env, n):
-        for _ in range(n):
+    env = simpy.Environment()
+    log = EventLog(header_record({"nodes": 1, "gpus_per_node": 1}))
+
+    def proc(env, n, rank):
+        for rid in range(n):
             yield env.timeout(1)
+            if log_records:
+                log.add({"seq": 0, "t": env._now, "kind": "request_done", "pipeline_id": "p0", "rank": rank,
+                         "rid": rid, "tokens": 512})
 
     procs = 100
-    for _ in range(procs):
-        env.process(proc(env, n_events // procs))
+    for rank in range(procs):
+        env.process(proc(env, n_events // procs, rank))
     t0 = time.perf_counter()
     env.run()
     dt = time.perf_counter() - t0
@@ -130,14 +143,22 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-large", action="store_true", help="skip the 1024-GPU scenario")
     ap.add_argument("--no-outputs", action="store_true", help="time the runs only, not the writing of their outputs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.bare:  # child mode: the bare loop's events/s and the cost of one log record
+        bare = bare_simpy()
+        print(json.dumps([bare, max(0.0, 1 / bare_simpy(log_records=True) - 1 / bare)]))
+        return 0
     if args.child is not None:
         run_one(args.child or None, not args.no_outputs)
         return 0
-    bare = bare_simpy()
-    print(f"bare simpy loop: {bare / 1e6:.2f} M events/s\n")
+    # in a child too: the logging loop's memory would otherwise be inherited by every
+    # scenario child forked after it, and counted in their peak RSS
+    out = subprocess.run([sys.executable, __file__, "--bare"], capture_output=True, text=True, cwd=ROOT, check=True)
+    bare, per_record_s = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"bare simpy loop: {bare / 1e6:.2f} M events/s; one event-log record costs {per_record_s * 1e6:.2f} µs more\n")
     print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
-          f"{'records/s':>10} {'sim s/wall s':>12} {'scheduler':>9} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
+          f"{'loop+log':>9} {'records/s':>10} {'sim s/wall s':>12} {'scheduler':>9} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
     for label, path in SCENARIOS:
         if args.skip_large and path and "1024" in path:
             continue
@@ -148,10 +169,11 @@ def main(argv=None) -> int:
             continue
         d = json.loads(out.stdout.strip().splitlines()[-1])
         eps = d["events"] / d["wall"]
+        ceiling = 1 / (1 / bare + d["records"] / d["events"] * per_record_s)  # loop+log: see the module doc
         outputs = "-" if d["out_wall"] is None else f"{d['out_wall']:.2f}"
         out_rss = "-" if d["out_rss"] is None else f"{d['out_rss'] / 2**20:.0f}"
         print(f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
-              f"{bare / eps:>6.1f}x {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
+              f"{bare / eps:>6.1f}x {ceiling:>9.0f} {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
               f"{d['sched_share']:>8.0%} {d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
     return 0
 
