@@ -2,12 +2,14 @@
 
 For the 2-GPU default, the 64-GPU mixed and the 1024-GPU/32-pipeline/100-step scenarios:
 simpy events per wall-second, event-log records per wall-second, simulated seconds per
-wall-second (time compression), wall time and peak RSS of the run — each scenario in its
-own subprocess so its RSS is its own — the share of wall time spent inside the scheduler
-model (measured on a second, instrumented run), then the wall time and peak RSS of writing every
-output ``rlharness simulate`` writes (invariant check, summary, events.jsonl, trace.json,
-timeline.png) into a temporary folder; and, in the same run, the events/s of a bare simpy
-loop (processes ping-ponging timeouts) for the ratio.
+wall-second (time compression), wall time (best of up to 7 runs when a run takes under
+0.5 s) and peak RSS of the run — each scenario in its own subprocess so its RSS is its
+own — the share of wall time spent inside the scheduler model (measured on another,
+instrumented run), then the wall time and peak RSS of writing every output ``rlharness
+simulate`` writes (invariant check, summary, events.jsonl, trace.json, timeline.png)
+into a temporary folder; and, in the same run, the events/s of a bare simpy loop
+(processes ping-ponging timeouts) for the ratio. The last lines set each target against
+its figure.
 
 events/s counts simpy events, so modelling the same run with fewer events (one timer per
 request completion instead of a serving process's wake-ups) lowers it while the run gets
@@ -28,6 +30,7 @@ scenario under 60 s and 2 GiB RSS.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -109,6 +112,9 @@ def _scheduler_share(scenario) -> float:
     return spent[0] / wall
 
 
+_REPEATS = 7  # runs of a scenario that takes under 0.5 s; the best wall time is reported
+
+
 def run_one(path, with_outputs):
     """Child mode: run one scenario, print a JSON line with the figures."""
     from simulators.runtime import Simulation
@@ -117,9 +123,15 @@ def run_one(path, with_outputs):
 
     scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
     Simulation(default_scenario()).run()  # warm-up: imports and first-call costs are not the run's
-    t0 = time.perf_counter()
-    res = Simulation(scenario).run()
-    wall = time.perf_counter() - t0
+    wall = float("inf")
+    for _ in range(_REPEATS):  # a short run is repeated and its best time kept: one is noise
+        res = None  # the previous run (a cycle of objects holding its log) is freed before this one
+        gc.collect()
+        t0 = time.perf_counter()
+        res = Simulation(scenario).run()
+        wall = min(wall, time.perf_counter() - t0)
+        if wall > 0.5:
+            break
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sched_share = _scheduler_share(scenario)
     out_wall = out_rss = None
@@ -159,6 +171,7 @@ def main(argv=None) -> int:
     print(f"bare simpy loop: {bare / 1e6:.2f} M events/s; one event-log record costs {per_record_s * 1e6:.2f} µs more\n")
     print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
           f"{'loop+log':>9} {'records/s':>10} {'sim s/wall s':>12} {'scheduler':>9} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
+    figures = {}
     for label, path in SCENARIOS:
         if args.skip_large and path and "1024" in path:
             continue
@@ -175,7 +188,27 @@ def main(argv=None) -> int:
         print(f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
               f"{bare / eps:>6.1f}x {ceiling:>9.0f} {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
               f"{d['sched_share']:>8.0%} {d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
+        figures[path] = dict(d, eps=eps)
+    print_targets(figures, bare)
     return 0
+
+
+def print_targets(figures, bare) -> None:
+    """Each target of the issue against this run's figure (skipped: scenario not run or failed)."""
+    mid, large = figures.get(SCENARIOS[1][1]), figures.get(SCENARIOS[2][1])
+    rows = []
+    if mid is not None:
+        rows += [("64-GPU events/s >= 0.5 M", f"{mid['eps'] / 1e6:.3f} M", mid["eps"] >= 0.5e6),
+                 ("64-GPU per event <= 4x bare simpy", f"{bare / mid['eps']:.1f}x", bare / mid["eps"] <= 4),
+                 ("64-GPU time compression >= 10,000x", f"{mid['sim'] / mid['wall']:,.0f}x",
+                  mid["sim"] / mid["wall"] >= 10_000)]
+    if large is not None:
+        rows += [("1024-GPU run < 60 s", f"{large['wall']:.1f} s", large["wall"] < 60),
+                 ("1024-GPU run < 2 GiB RSS", f"{large['rss'] / 2**20:.0f} MiB", large["rss"] < 2 * 2**30)]
+    if rows:
+        print("\ntargets:")
+        for what, got, met in rows:
+            print(f"  {what:<36} {got:>10}  {'met' if met else 'NOT met'}")
 
 
 if __name__ == "__main__":
