@@ -151,6 +151,23 @@ def test_keep_nccl_on_sleep_fails_the_post_sleep_check():
     assert clean.reason == "done"  # the same threshold passes when sleep frees the communicators
 
 
+def test_nccl_buffers_kept_on_sleep_accumulate_until_training_runs_out_of_memory():
+    res = run("nccl_kept_on_sleep")
+    assert res.reason == "failed" and "OOM on GPU 0" in res.detail, res.detail
+    oom = next(r for r in res.records if r["kind"] == "oom")
+    assert (oom["gpu"], oom["owner"], oom["mem"]) == (0, "ppl1/train", "nccl")
+    fired = [r for r in res.records if r["kind"] == "fault_fired" and r["name"] == "keep_nccl_on_sleep"]
+    assert len(fired) >= 2 and fired[-1]["seq"] < oom["seq"]
+    # what the sleeping rank still holds on GPU 0: one set of buffers per sleep that kept them
+    leaked = sum(r["delta"] for r in res.records
+                 if r["kind"] == "vram" and r["gpu"] == 0 and r["owner"] == "ppl1/dp0" and r["mem"] == "nccl")
+    nccl = res.scenario.costs.nccl_buffer_bytes
+    assert leaked == len(fired) * nccl
+    assert oom["used"] + oom["requested"] > oom["capacity"] >= oom["used"] - leaked + oom["requested"]
+    clean = Simulation(dataclasses.replace(res.scenario, faults=())).run()
+    assert clean.reason == "done" and check_log(clean.records) == []
+
+
 @pytest.mark.parametrize("path", [p for p in SCENARIOS if "1024" not in p], ids=os.path.basename)
 def test_same_scenario_and_seed_give_byte_identical_event_logs(path, tmp_path):
     s = load_scenario(path)
@@ -201,6 +218,7 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 # Scenarios that reproduce a failure mode, and the invariant that catches it.
 EXPECTED_FINDINGS = {
     "oom_wake_before_offload": ("failed", set()),
+    "nccl_kept_on_sleep": ("failed", set()),  # RLix Bug 4: leaked communicator buffers end in an OOM
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
     "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
