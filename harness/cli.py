@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
     sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline")
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
+    sim.add_argument("--check-determinism", action="store_true",
+                     help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
     return parser
@@ -107,7 +109,29 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     for v in out.violations[:10]:
         print(f"  violation: {v}")
     print(f"outputs: {out_dir}/ (events.jsonl, summary.txt, trace.json{'' if args.no_png else ', timeline.png'}, scenario.yaml, violations.txt)")
-    return EXIT_OK if res.reason == "done" and not out.violations else EXIT_DIVERGED
+    deterministic = _check_determinism(res, args) if args.check_determinism else True
+    return EXIT_OK if res.reason == "done" and not out.violations and deterministic else EXIT_DIVERGED
+
+
+def _check_determinism(res, args: argparse.Namespace) -> bool:
+    from simulators.determinism import check_determinism
+
+    if not args.quiet:
+        print("checking determinism: the same run again in a fresh process", file=sys.stderr)
+    try:
+        check = check_determinism(res, args.scenario)
+    except RuntimeError as e:
+        print(f"determinism: NOT CHECKED: {e}")
+        return False
+    where = f"a fresh process (PYTHONHASHSEED={check.hash_seed})"
+    div = check.divergence
+    if div is None:
+        print(f"determinism: {check.records} records byte-identical in {where}")
+        return True
+    print(f"determinism: DIVERGED in {where} at events.jsonl line {div.line}:")
+    print(f"  this run:  {div.ours if div.ours is not None else '<log ended>'}")
+    print(f"  fresh run: {div.theirs if div.theirs is not None else '<log ended>'}")
+    return False
 
 
 def main(argv: Optional[List[str]] = None) -> int:
