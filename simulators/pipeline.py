@@ -115,6 +115,9 @@ class PipelineSim(RankEffects, RefitEffects):
         sim = self.sim
         if self.progress.clear_stream(mode="train", adapter=None) == "clear" and "noop_progress_hooks" not in self.faults:
             sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
+        if "keep_gen_on_finish" in self.faults:  # MILES B-13: the allocation lives until shutdown
+            sim.emit("fault_fired", name="keep_gen_on_finish", pipeline_id=self.pid, step=self.ctx.step)
+            return
         alloc = sim.model.state.allocations.get(f"{self.pid}_{GENERATION_CLUSTER}")
         if alloc is not None and alloc.active_dp_ranks:
             ticket = sim.call("await_release", {"pipeline_id": self.pid}, lambda: sim.model.await_release(pipeline_id=self.pid))

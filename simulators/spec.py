@@ -106,7 +106,7 @@ class FaultSpec:
     * ``wake_before_offload`` — at that step the training state is not offloaded (the
       offload is "misordered" after the release): the next wake on those GPUs must OOM.
     * ``keep_nccl_on_sleep`` — from that step on, a sleeping TP>1 rank keeps its NCCL
-      communicator buffers (RLix Bug 4): residue grows until the post-sleep check or a wake fails.
+      communicator buffers (RLix Bug 4): residue grows until the post-sleep check or an allocation fails.
     * ``skip_sync_on_expand`` — at that step an expand skips the weight sync: the woken
       level-2 rank holds no weights and its lifecycle refuses finalize/activation.
     * ``noop_progress_hooks`` — (whole run) the pipeline sends no progress reports, as the
@@ -114,6 +114,9 @@ class FaultSpec:
       GENERATION requests and their ``step_target_estimate``.
     * ``no_gen_watchdog`` — (whole run) no NeMo GENERATION re-request watchdog: after a
       preemption to zero nobody asks again (debug #32, "one-shot GENERATION").
+    * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
+      GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
+      shutdown (MILES B-13), and a peer that needs those GPUs can starve.
     """
 
     name: str
@@ -136,7 +139,7 @@ class Scenario:
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
-               "no_gen_watchdog")
+               "no_gen_watchdog", "keep_gen_on_finish")
 
 
 def default_scenario() -> Scenario:

@@ -221,6 +221,8 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 EXPECTED_FINDINGS = {
     "oom_wake_before_offload": ("failed", set()),
     "nccl_kept_on_sleep": ("failed", set()),  # RLix Bug 4: leaked communicator buffers end in an OOM
+    # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
+    "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
     "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
@@ -259,6 +261,21 @@ def test_one_shot_generation_starves_without_the_watchdog_and_completes_with_it(
     gen = [r for r in res.records if r["kind"] == "request" and r["priority"] == "GENERATION"]
     assert len(gen) > 2 and all(r.get("step_target_estimate") == 1 for r in gen)
     assert not [r for r in res.records if r["kind"] == "progress"]  # demand came from requests alone
+
+
+def test_a_finished_pipeline_that_keeps_its_gen_ranks_starves_its_tp2_peer():
+    res = run("finished_pipeline_keeps_gen")
+    stuck = [v.message for v in check_log(res.records, ["liveness"])]
+    assert res.reason == "horizon" and any(m.startswith("ppl2 stuck in WaitBatch") for m in stuck), stuck
+    assert not any(m.startswith("ppl1") for m in stuck)  # ppl1 itself finished all its steps
+    # ppl1 never released nor unregistered, and still holds GEN ranks in both of ppl2's bundles
+    assert not [r for r in res.records if r.get("pipeline_id") == "ppl1" and r["kind"] in ("await_release", "unregister")]
+    last = {r["dp_rank"]: r for r in res.records if r["kind"] == "rank_state" and r["pipeline_id"] == "ppl1"}
+    held = {g for r in last.values() if r["state"] == "routable" for g in r["gpus"]}
+    assert held & {0, 1} and held & {2, 3}, last  # ppl2's TP=2 bundles are [0, 1] and [2, 3]
+    s = scenario("finished_pipeline_keeps_gen")
+    clean = Simulation(dataclasses.replace(s, faults=())).run()
+    assert clean.reason == "done" and check_log(clean.records) == []
 
 
 def test_progress_printing_does_not_change_the_event_log():
