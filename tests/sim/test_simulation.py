@@ -16,7 +16,7 @@ from harness.replay import compare_decisions, replay_file
 from simulators.determinism import check_determinism
 from simulators.runtime import Simulation
 from simulators.scenario import load_scenario
-from simulators.spec import FaultSpec, default_scenario
+from simulators.spec import CostSpec, FaultSpec, default_scenario
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCENARIOS = sorted(glob.glob(os.path.join(ROOT, "examples", "scenarios", "*.yaml")))
@@ -221,6 +221,7 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 EXPECTED_FINDINGS = {
     "oom_wake_before_offload": ("failed", set()),
     "nccl_kept_on_sleep": ("failed", set()),  # RLix Bug 4: leaked communicator buffers end in an OOM
+    "whole_model_sync_bucket": ("failed", set()),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
@@ -261,6 +262,23 @@ def test_one_shot_generation_starves_without_the_watchdog_and_completes_with_it(
     gen = [r for r in res.records if r["kind"] == "request" and r["priority"] == "GENERATION"]
     assert len(gen) > 2 and all(r.get("step_target_estimate") == 1 for r in gen)
     assert not [r for r in res.records if r["kind"] == "progress"]  # demand came from requests alone
+
+
+def test_a_whole_model_sync_bucket_runs_out_of_memory_next_to_the_live_kv_cache():
+    res = run("whole_model_sync_bucket")
+    assert res.reason == "failed" and "OOM on GPU 0" in res.detail, res.detail
+    oom = next(r for r in res.records if r["kind"] == "oom")
+    weights = res.scenario.pipelines[0].model.weight_bytes
+    assert (oom["owner"], oom["mem"], oom["requested"]) == ("ppl1/sync", "staging", weights)
+    resident = {}
+    for r in res.records:
+        if r["kind"] == "vram" and r["gpu"] == oom["gpu"]:
+            resident[(r["owner"], r["mem"])] = resident.get((r["owner"], r["mem"]), 0) + r["delta"]
+    kv = sum(v for (owner, mem), v in resident.items() if mem == "kv_cache")
+    assert kv > 0 and oom["used"] + 2 * CostSpec().bucket_bytes <= oom["capacity"]
+    # the default bucket size (two ping-pong buffers of 256 MiB) fits beside the same KV cache
+    clean = Simulation(dataclasses.replace(res.scenario, costs=CostSpec())).run()
+    assert clean.reason == "done" and check_log(clean.records) == []
 
 
 def test_a_finished_pipeline_that_keeps_its_gen_ranks_starves_its_tp2_peer():
