@@ -292,6 +292,10 @@ class PipelineSim(RankEffects, RefitEffects):
         return None
 
     def _BuildCache(self, e):
+        if self.faults.get("cache_after_offload") == self.ctx.step and self.train_resident:
+            # the misordered hook: training offloads first, the cache is built from what is left
+            self.sim.emit("fault_fired", name="cache_after_offload", pipeline_id=self.pid, step=self.ctx.step)
+            yield from self._offload_train_state()
         if e.version >= 0 and not self.train_resident:
             raise SimFailure(f"cache v{e.version} built after offload: parameters have no storage (debug #34/#35)")
         self._ensure_train_resident()
@@ -316,6 +320,10 @@ class PipelineSim(RankEffects, RefitEffects):
             self.sim.emit("fault_fired", name="wake_before_offload", pipeline_id=self.pid, step=self.ctx.step)
             yield self.env.timeout(0)
             return None  # training memory stays resident: the next wake on these GPUs must OOM
+        yield from self._offload_train_state()
+        return None
+
+    def _offload_train_state(self):
         cluster = self.sim.cluster
         share = cluster.vram.held(self.train_gpus[0], f"{self.pid}/train", "train_state")
         rate = min(self.costs.offload_bytes_per_s, cluster.spec.pcie_bytes_per_s)
@@ -327,7 +335,6 @@ class PipelineSim(RankEffects, RefitEffects):
         for g in self.train_gpus:
             self.sim.cluster.vram.free(g, f"{self.pid}/train", "train_state")
         self.train_resident = False
-        return None
 
     def _DestroyTrainComm(self, e):
         yield self.env.timeout(self.costs.nccl_group_destroy_s)

@@ -114,6 +114,9 @@ class FaultSpec:
       GENERATION requests and their ``step_target_estimate``.
     * ``no_gen_watchdog`` — (whole run) no NeMo GENERATION re-request watchdog: after a
       preemption to zero nobody asks again (debug #32, "one-shot GENERATION").
+    * ``cache_after_offload`` — at that step the CPU bucket cache is built after training
+      offloaded (debug #34/#35: the hook ran too late): the build finds parameters without
+      storage and the pipeline crashes.
     * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
       GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
       shutdown (MILES B-13), and a peer that needs those GPUs can starve.
@@ -139,7 +142,7 @@ class Scenario:
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
-               "no_gen_watchdog", "keep_gen_on_finish")
+               "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload")
 
 
 def default_scenario() -> Scenario:

@@ -221,6 +221,7 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 EXPECTED_FINDINGS = {
     "oom_wake_before_offload": ("failed", set()),
     "nccl_kept_on_sleep": ("failed", set()),  # RLix Bug 4: leaked communicator buffers end in an OOM
+    "cache_built_after_offload": ("failed", set()),  # debug #34/#35: the build finds no parameters
     "whole_model_sync_bucket": ("failed", set()),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
@@ -262,6 +263,20 @@ def test_one_shot_generation_starves_without_the_watchdog_and_completes_with_it(
     gen = [r for r in res.records if r["kind"] == "request" and r["priority"] == "GENERATION"]
     assert len(gen) > 2 and all(r.get("step_target_estimate") == 1 for r in gen)
     assert not [r for r in res.records if r["kind"] == "progress"]  # demand came from requests alone
+
+
+def test_a_cache_built_after_the_offload_crashes_the_pipeline():
+    res = run("cache_built_after_offload")
+    assert res.reason == "failed" and "ppl1: cache v2 built after offload" in res.detail, res.detail
+    fired = next(r for r in res.records if r["kind"] == "fault_fired")
+    assert (fired["name"], fired["pipeline_id"], fired["step"]) == ("cache_after_offload", "ppl1", 1)
+    build = [r for r in effects(res.records, "ppl1") if r["effect"] == "BuildCache"]
+    assert len(build) == 3 and build[-1]["seq"] < fired["seq"]  # init, step 0, then the failing one
+    freed = [r for r in res.records if r["kind"] == "vram" and r["owner"] == "ppl1/train"
+             and r["mem"] == "train_state" and r["seq"] > fired["seq"]]
+    assert freed and all(r["delta"] < 0 for r in freed)  # the offload ran before the build read anything
+    clean = Simulation(dataclasses.replace(res.scenario, faults=())).run()
+    assert clean.reason == "done" and check_log(clean.records) == []
 
 
 def test_a_whole_model_sync_bucket_runs_out_of_memory_next_to_the_live_kv_cache():
