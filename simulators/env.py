@@ -43,6 +43,7 @@ ORDER = {
     "resize": 2,
     "watchdog": 3,
     "rank": 5,
+    "timeout": 6,  # RLix's timeouts (simulators/timeouts.py): a wait ending at its limit is in time
 }
 ROOT_KEY: Tuple[int, ...] = (-1,)
 

@@ -31,6 +31,7 @@ from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
 from simulators.runtime import SimFailure, Simulation
 from simulators.spec import PipelineSpec
+from simulators.timeouts import Deadlines
 from simulators.workload import Collector, ReplayBuffer
 
 TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
@@ -81,6 +82,7 @@ class PipelineSim(RankEffects, RefitEffects):
         self.progress_hooks = "noop_progress_hooks" not in self.faults
         self.weight_bytes = spec.model.weight_bytes
         self.cache_versions: List[int] = []
+        self.deadlines = Deadlines(sim, self.pid, index)
 
     # ------------------------------------------------------------------ lifecycle of the pipeline
     def main(self):
@@ -121,8 +123,7 @@ class PipelineSim(RankEffects, RefitEffects):
         alloc = sim.model.state.allocations.get(f"{self.pid}_{GENERATION_CLUSTER}")
         if alloc is not None and alloc.active_dp_ranks:
             ticket = sim.call("await_release", {"pipeline_id": self.pid}, lambda: sim.model.await_release(pipeline_id=self.pid))
-            if not ticket.done:
-                yield sim.waiter(ticket.request_id)
+            yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
         lock = self.lock.request()  # no resize of ours may still be running when we go
         yield lock
         sim.call("unregister", {"pipeline_id": self.pid}, lambda: sim.model.unregister(self.pid))
@@ -215,10 +216,14 @@ class PipelineSim(RankEffects, RefitEffects):
     def _cid(self, cluster: str) -> str:
         return f"{self.pid}_{cluster}"
 
-    def _wait_ticket(self, ticket):
+    def _wait_ticket(self, ticket, timeout: Optional[Tuple[str, float]] = None):
+        """Wait for a scheduler ticket; ``timeout`` = (what, limit) arms an RLix deadline."""
         if ticket.done:
             return ticket.gpus
-        signal = yield self.sim.waiter(ticket.request_id)
+        waiter = self.sim.waiter(ticket.request_id)
+        if timeout is not None:
+            self.deadlines.arm(*timeout, lambda: waiter.triggered)
+        signal = yield waiter
         if signal.error:
             raise SimFailure(f"request {ticket.request_id} failed: {signal.error}")
         return signal.gpus
@@ -260,7 +265,7 @@ class PipelineSim(RankEffects, RefitEffects):
         if e.global_step is not None:
             fields["global_step"] = e.global_step
         ticket = sim.call("await_release", fields, lambda: sim.model.await_release(pipeline_id=self.pid, global_step=e.global_step))
-        yield from self._wait_ticket(ticket)
+        yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
         return None
 
     # ------------------------------------------------------------------ training effects
@@ -346,6 +351,8 @@ class PipelineSim(RankEffects, RefitEffects):
     # ------------------------------------------------------------------ coordinator lock
     def _LockCoordinator(self, e):
         req = self.lock.request()
+        if not req.triggered:  # held by a resize or a sync: RLix's acquire has a deadline
+            self.deadlines.arm("resize_sync_lock", self.costs.resize_lock_timeout_s, lambda: req.triggered)
         yield req
         self._lock_req.append(req)
         return None

@@ -33,6 +33,8 @@ class RefitEffects:
             sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
             yield env.timeout(0)
             return None  # the ranks keep whatever they woke with: activation must be refused
+        finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
+        self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
         owner = self.owner_gpu
         device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
         plan = build_comm_plan(device(owner), {r: [device(g) for g in self.ranks[r].gpus] for r in e.ranks})
@@ -88,6 +90,7 @@ class RefitEffects:
             else:
                 rank.life.on("synced", version=e.version)
             self._log_rank(rank)
+        finished.append(True)
         return list(e.ranks)
 
     def _bucket_acked(self, e, ipc, bcast, bucket: int, size: int) -> None:

@@ -70,6 +70,9 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "post_sleep_threshold_bytes": _r("int", ">0", "bytes"),
         "watchdog_s": _r("float", ">0", "s"),
         "scheduler_poll_s": _r("float", ">0", "s"),
+        "await_release_timeout_s": _r("float", ">0", "s"),
+        "resize_lock_timeout_s": _r("float", ">0", "s"),
+        "selective_sync_timeout_s": _r("float", ">0", "s"),
     },
     PipelineSpec: {
         "name": _r("str"),

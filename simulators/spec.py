@@ -83,6 +83,10 @@ class CostSpec:
     post_sleep_threshold_bytes: int = 1 * GiB
     watchdog_s: float = 2.0  # NeMo GEN re-request watchdog period
     scheduler_poll_s: float = 1.0  # RLix central loop poll (background rebalance)
+    # RLix's timeouts; each expiry is a fail-fast shutdown of the run (simulators/timeouts.py)
+    await_release_timeout_s: float = 300.0  # RLIX_NOTIFY_READY_TIMEOUT_S: planned shrink-to-zero
+    resize_lock_timeout_s: float = 180.0  # RLIX_RESIZE_LOCK_TIMEOUT_S: coordinator lock acquire
+    selective_sync_timeout_s: float = 150.0  # ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S: one weight sync
 
 
 @dataclass(frozen=True)

@@ -170,11 +170,13 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
         elif k == "commit":
             events.append({"name": "idle GPUs", "cat": "scheduler", "ph": "C", "ts": ts, "pid": sched_pid,
                            "tid": sched_tid, "args": {"idle": r.get("idle_gpus")}})
-        elif k in ("oom", "fault_fired", "rejected", "scheduler_failed", "validation_failed"):
+        elif k in ("oom", "fault_fired", "timeout", "rejected", "scheduler_failed", "validation_failed"):
             if k == "oom":
                 name = f"OOM GPU {r.get('gpu')} {r.get('owner')}"
             elif k == "fault_fired":
                 name = f"fault {r.get('name')} {r.get('pipeline_id')}"
+            elif k == "timeout":
+                name = f"timeout {r.get('what')} {r.get('pipeline_id')}"
             else:
                 name = k
             args = {f: v for f, v in r.items() if f not in ("seq", "t", "kind")}

@@ -134,6 +134,7 @@ class Summary:
     scheduler: SchedulerSummary
     ooms: List[Dict[str, Any]]
     faults: List[Dict[str, Any]]
+    timeouts: List[Dict[str, Any]]  # RLix timeouts that expired
 
     @property
     def duration_s(self) -> float:
@@ -302,6 +303,7 @@ def summarize(log: Log) -> Summary:
     cycles = set()
     ooms: List[Dict[str, Any]] = []
     faults: List[Dict[str, Any]] = []
+    timeouts: List[Dict[str, Any]] = []
     end_reason: Optional[str] = None
     for r in records:
         k = r.get("kind")
@@ -321,6 +323,8 @@ def summarize(log: Log) -> Summary:
             ooms.append({f: r.get(f) for f in ("t", "gpu", "owner", "mem", "requested", "used", "capacity")})
         elif k == "fault_fired":
             faults.append({f: r.get(f) for f in ("t", "name", "pipeline_id", "step")})
+        elif k == "timeout":
+            timeouts.append({f: r.get(f) for f in ("t", "what", "pipeline_id", "limit_s", "since")})
         elif k == "sim_end":
             end_reason = r.get("reason")
     sched.cycles = len(cycles)
@@ -329,7 +333,7 @@ def summarize(log: Log) -> Summary:
         scenario=view.scenario, t_start=t0, t_end=t1, end_reason=end_reason,
         nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
-        ooms=ooms, faults=faults,
+        ooms=ooms, faults=faults, timeouts=timeouts,
     )
 
 
@@ -435,7 +439,7 @@ def format_summary(summary: Summary) -> str:
                     str(sc.expand_dp_ranks), str(sc.signals), str(sc.rejected), str(sc.failures)]],
                   "rrrrrrrr")
 
-    if summary.ooms or summary.faults:
+    if summary.ooms or summary.faults or summary.timeouts:
         out.append("")
         out.append("Faults")
         for o in summary.ooms:
@@ -444,4 +448,7 @@ def format_summary(summary: Summary) -> str:
         for f in summary.faults:
             step = "" if f.get("step") is None else f" step {f['step']}"
             out.append(f"t={_s(f['t'])} s fault {f['name']} fired in {f['pipeline_id']}{step}")
+        for x in summary.timeouts:
+            out.append(f"t={_s(x['t'])} s timeout: {x['what']} of {x['pipeline_id']} waited since "
+                       f"t={_s(x['since'])} s, past its {x['limit_s']:g} s limit")
     return "\n".join(out) + "\n"

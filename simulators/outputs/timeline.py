@@ -4,7 +4,8 @@ Rows are GPUs (top: GPU 0); work that overlaps on a GPU is split into lanes insi
 row with the same greedy assignment as the Perfetto trace. Colours give the kind
 (train, generate, refit/sync, wake/sleep, waiting); hatching gives the pipeline (and
 wide bars carry its name). OOMs are red crosses on their GPU, fired faults dotted red
-lines. The x axis is simulated seconds; the title names the scenario.
+lines, expired RLix timeouts dashed red lines. The x axis is simulated seconds; the
+title names the scenario.
 
 Rendering uses matplotlib's Agg canvas directly (no pyplot, no global backend switch)
 under matplotlib's default style, with fixed size and dpi and no PNG "Software" tag, so
@@ -80,6 +81,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     hatch_of = {p: PIPELINE_HATCHES[i % len(PIPELINE_HATCHES)] for i, p in enumerate(pipelines)}
     ooms = [r for r in records if r.get("kind") == "oom"]
     faults = [r for r in records if r.get("kind") == "fault_fired"]
+    timeouts = [r for r in records if r.get("kind") == "timeout"]
 
     w_px, h_px = timeline_size_px(view, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
     w_in, h_in = w_px / dpi, h_px / dpi
@@ -132,6 +134,8 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
                         markeredgewidth=2, linestyle="none", zorder=5)
         for r in faults:
             ax.axvline(float(r["t"]), color="red", linestyle=":", linewidth=1.0, zorder=4)
+        for r in timeouts:
+            ax.axvline(float(r["t"]), color="red", linestyle="--", linewidth=1.0, zorder=4)
 
         ax.set_xlim(t0, t1)
         ax.set_ylim(len(gpus), 0)
@@ -160,6 +164,8 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
                                   linestyle="none", label="OOM"))
         if faults:
             handles.append(Line2D([], [], color="red", linestyle=":", label="fault fired"))
+        if timeouts:
+            handles.append(Line2D([], [], color="red", linestyle="--", label="RLix timeout"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
 
         buf = io.BytesIO()
