@@ -83,6 +83,7 @@ class PipelineSim(RankEffects, RefitEffects):
         self.weight_bytes = spec.model.weight_bytes
         self.cache_versions: List[int] = []
         self.deadlines = Deadlines(sim, self.pid, index)
+        self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
 
     # ------------------------------------------------------------------ lifecycle of the pipeline
     def main(self):

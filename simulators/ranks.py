@@ -77,16 +77,34 @@ class RankEffects:
         return None
 
     def _Abort(self, e):
+        aborted = 0
         for r in e.ranks:
             rank = self.ranks[r]
             if rank.routable:
-                self.router.deactivate(rank)
+                aborted += len(self.router.deactivate(rank))
             rank.life.on("abort")
             self._log_rank(rank)
+        at = self.faults.get("abort_never_wakes")
+        # the next Drain (same shrink, under the coordinator lock) waits on these forever
+        self._abort_hung = aborted if at is not None and self.ctx.step >= at else 0
         return None
 
     def _Drain(self, e):
-        yield self.env.timeout(self.costs.drain_s)
+        """Wait until the aborted requests have left the engine (``num_requests_running == 0``),
+        under RLix's ``rebalance_on_shrink`` deadline. The deadline is armed only when the
+        drain hangs or lasts at least the limit: a shorter drain can never meet it."""
+        c = self.costs
+        hung = self._abort_hung
+        if hung or c.drain_s >= c.shrink_drain_timeout_s:
+            drained = []
+            self.deadlines.arm("shrink_drain", c.shrink_drain_timeout_s, lambda: bool(drained))
+            if hung:  # RLix Bug 7: abort_requests never wakes generate(), so nothing ever drains
+                self.sim.emit("fault_fired", name="abort_never_wakes", pipeline_id=self.pid, step=self.ctx.step)
+                yield self.env.event()
+            yield self.env.timeout(c.drain_s)
+            drained.append(True)
+            return None
+        yield self.env.timeout(c.drain_s)
         return None
 
     def _Sleep(self, e):

@@ -87,6 +87,7 @@ class CostSpec:
     await_release_timeout_s: float = 300.0  # RLIX_NOTIFY_READY_TIMEOUT_S: planned shrink-to-zero
     resize_lock_timeout_s: float = 180.0  # RLIX_RESIZE_LOCK_TIMEOUT_S: coordinator lock acquire
     selective_sync_timeout_s: float = 150.0  # ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S: one weight sync
+    shrink_drain_timeout_s: float = 30.0  # rebalance_on_shrink: aborted requests draining out of a rank
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,9 @@ class FaultSpec:
     * ``cache_after_offload`` — at that step the CPU bucket cache is built after training
       offloaded (debug #34/#35: the hook ran too late): the build finds parameters without
       storage and the pipeline crashes.
+    * ``abort_never_wakes`` — from that step on, aborting a shrunk rank's in-flight requests
+      never wakes their ``generate()`` (RLix Bug 7, vLLM 0.19): the drain never completes and
+      the shrink times out.
     * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
       GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
       shutdown (MILES B-13), and a peer that needs those GPUs can starve.
@@ -146,7 +150,7 @@ class Scenario:
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
-               "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload")
+               "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes")
 
 
 def default_scenario() -> Scenario:

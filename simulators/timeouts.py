@@ -1,19 +1,21 @@
 """RLix's timeouts: a wait that outlives its limit shuts the whole system down.
 
-RLix bounds three of the waits the simulator models, and each expiry raises; any such
+RLix bounds four of the waits the simulator models, and each expiry raises; any such
 exception in the scheduler or a pipeline is a fail-fast shutdown of everything
-(rlix.md §1.2, §2.7, §5.2, §9):
+(rlix.md §1.2, §2.7, §5.2, §8, §9):
 
-=================  =======================================  ======  ==============================
-``what``           RLix setting                             limit   the wait
-=================  =======================================  ======  ==============================
-await_release      ``RLIX_NOTIFY_READY_TIMEOUT_S``          300 s   a planned shrink-to-zero (ROLL
-                                                                    step start, end of a run)
-resize_sync_lock   ``RLIX_RESIZE_LOCK_TIMEOUT_S``           180 s   the coordinator lock that
-                                                                    serializes resizes and syncs
+=================  =========================================  ======  ==============================
+``what``           RLix setting                               limit   the wait
+=================  =========================================  ======  ==============================
+await_release      ``RLIX_NOTIFY_READY_TIMEOUT_S``            300 s   a planned shrink-to-zero (ROLL
+                                                                      step start, end of a run)
+resize_sync_lock   ``RLIX_RESIZE_LOCK_TIMEOUT_S``             180 s   the coordinator lock that
+                                                                      serializes resizes and syncs
 selective_sync     ``ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S``  150 s   one weight sync: group setup,
-                                                                    buckets, teardown
-=================  =======================================  ======  ==============================
+                                                                      buckets, teardown
+shrink_drain       ``rebalance_on_shrink``                    30 s    aborted requests leaving the
+                                                                      ranks being shrunk (Bug 7)
+=================  =========================================  ======  ==============================
 
 The limits are cost parameters (``CostSpec.*_timeout_s``), so a scenario can ask what a
 slower link or a bigger model would do to a run RLix would otherwise kill. A deadline

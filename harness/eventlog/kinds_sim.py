@@ -29,7 +29,7 @@ SIM_KINDS: dict = {
                        {"path": "str"}),
     "nccl_group": _k("A dynamic or training NCCL group was created or destroyed.",
                      {"pipeline_id": "str", "action": "str", "name": "str", "gpus": "int_list"}),
-    "timeout": _k("An RLix timeout expired (what = await_release|resize_sync_lock|selective_sync): fail-fast shutdown.",
+    "timeout": _k("An RLix timeout expired (what = await_release|resize_sync_lock|selective_sync|shrink_drain): fail-fast shutdown.",
                   {"pipeline_id": "str", "what": "str", "limit_s": "number", "since": "number"}),
     "fault_fired": _k("A scenario fault hook fired.", {"name": "str", "pipeline_id": "str"}, {"step": "int?"}),
     "sim_end": _k("The run ended (reason done|horizon|failed).",

@@ -390,7 +390,7 @@ def test_fault_unknown_name():
     data["faults"] = [{"name": "explode", "pipeline": "ppl1"}]
     assert error_of(data) == (
         "x.yaml: faults[0].name: unknown fault 'explode'; known: "
-        "wake_before_offload, skip_sync_on_expand, keep_nccl_on_sleep, noop_progress_hooks, no_gen_watchdog, keep_gen_on_finish, cache_after_offload"
+        "wake_before_offload, skip_sync_on_expand, keep_nccl_on_sleep, noop_progress_hooks, no_gen_watchdog, keep_gen_on_finish, cache_after_offload, abort_never_wakes"
     )
 
 

@@ -223,6 +223,7 @@ EXPECTED_FINDINGS = {
     "nccl_kept_on_sleep": ("failed", set()),  # RLix Bug 4: leaked communicator buffers end in an OOM
     "cache_built_after_offload": ("failed", set()),  # debug #34/#35: the build finds no parameters
     "refit_over_slow_interconnect": ("failed", set()),  # RLix's selective-sync timeout (test_timeouts.py)
+    "abort_never_wakes": ("failed", set()),  # RLix Bug 7: the shrink drain times out (test_timeouts.py)
     "whole_model_sync_bucket": ("failed", set()),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),

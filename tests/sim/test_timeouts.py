@@ -87,6 +87,29 @@ def test_a_coordinator_lock_held_past_its_limit_shuts_the_run_down():
     assert lock, "the acquire that timed out is still open when the run ends"
 
 
+def test_aborted_requests_that_never_leave_the_engine_time_the_shrink_drain_out():
+    res = Simulation(scenario("abort_never_wakes")).run()
+    assert res.reason == "failed" and "ppl1: shrink_drain timed out after 30 s" in res.detail, res.detail
+    t = the_timeout(res)
+    fired = next(r for r in res.records if r["kind"] == "fault_fired")
+    assert (fired["name"], fired["step"]) == ("abort_never_wakes", 1) and fired["t"] == t["since"]
+    assert t["t"] == pytest.approx(t["since"] + 30.0)
+    # the shrink that hung had aborted requests in flight, and its drain never ended
+    aborts = [r for r in res.records if r["kind"] == "request_abort" and r["pipeline_id"] == "ppl1" and r["t"] == t["since"]]
+    assert aborts
+    assert [(a, b) for a, b in effect_spans(res.records, "Drain") if a == t["since"]] == [(t["since"], None)]
+    clean = Simulation(dataclasses.replace(res.scenario, faults=())).run()
+    assert clean.reason == "done" and check_log(clean.records) == []
+
+
+def test_a_drain_slower_than_its_limit_times_out_without_any_fault():
+    res = Simulation(with_costs(scenario("roll_dual_4gpu"), drain_s=5.0, shrink_drain_timeout_s=4.0)).run()
+    t = the_timeout(res)
+    assert res.reason == "failed" and t["what"] == "shrink_drain" and t["t"] == pytest.approx(t["since"] + 4.0)
+    in_time = Simulation(with_costs(scenario("roll_dual_4gpu"), drain_s=4.0, shrink_drain_timeout_s=4.0)).run()
+    assert in_time.reason == "done"  # a drain that ends at the very instant of its limit is in time
+
+
 def test_timeout_limits_must_be_positive():
     data = yaml.safe_load(open(os.path.join(ROOT, "examples", "scenarios", "default.yaml")))
     data["costs"] = {"selective_sync_timeout_s": 0}
