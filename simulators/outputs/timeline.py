@@ -137,7 +137,9 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         for r in timeouts:
             ax.axvline(float(r["t"]), color="red", linestyle="--", linewidth=1.0, zorder=4)
 
-        ax.set_xlim(t0, t1)
+        # a run that ends on a failure has its marker at the last instant: leave room for it
+        ends_on_marker = any(float(r["t"]) >= t1 for r in ooms + faults + timeouts)
+        ax.set_xlim(t0, t1 + 0.015 * (t1 - t0) if ends_on_marker else t1)
         ax.set_ylim(len(gpus), 0)
         if dense:  # one tick and one separator per node
             firsts = [i for i, g in enumerate(gpus) if i == 0 or g // gpn != gpus[i - 1] // gpn]
