@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional
+from itertools import islice
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from harness.eventlog.kinds import ALL_KINDS, SCHEMA_NAME, SCHEMA_VERSION
 
@@ -88,17 +89,22 @@ class EventLog:
             yield dumps(rec)
 
 
-def atomic_write(path: str, data: "str | bytes") -> str:
+def atomic_write(path: str, data: "str | bytes | Iterable[str]") -> str:
     """Write ``data`` to ``path`` through a temp file beside it and a rename, so a reader
     (or a crash) never sees a half-written file; returns the path. The one place every
-    output of rlharness (logs, reports, traces, pictures) is written."""
+    output of rlharness (logs, reports, traces, pictures) is written. ``data`` may be
+    an iterable of text chunks, written as they come (a long log is never one string)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if isinstance(data, (str, bytes)):
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            else:
+                for chunk in data:
+                    fh.write(chunk.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
@@ -113,8 +119,20 @@ def atomic_write(path: str, data: "str | bytes") -> str:
 
 
 def write_atomic(path: str, lines: Iterable[str]) -> None:
-    """Write JSONL lines atomically (see :func:`atomic_write`)."""
-    atomic_write(path, "".join(line + "\n" for line in lines))
+    """Write JSONL lines atomically (see :func:`atomic_write`), a few thousand at a time:
+    a million-record log joined into one string, then encoded, held both copies at once
+    (about 0.6 GB for the 1024-GPU scenario)."""
+    atomic_write(path, _line_chunks(lines))
+
+
+def _line_chunks(lines: Iterable[str], per_chunk: int = 4096) -> Iterator[str]:
+    it = iter(lines)
+    while True:
+        chunk = list(islice(it, per_chunk))
+        if not chunk:
+            return
+        chunk.append("")  # the last line's newline
+        yield "\n".join(chunk)
 
 
 class EventLogWriter:

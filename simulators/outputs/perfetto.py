@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
 
 from simulators.outputs.canonical_order import canonical_json, sort_canon_last
 from simulators.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort_slices
@@ -199,12 +199,31 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
     }
 
 
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+_EVENTS_PER_CHUNK = 4096
+
+
+def iter_chrome_trace(log: Log) -> Iterator[str]:
+    """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact) in chunks whose
+    concatenation is exactly ``json.dumps`` of the whole: a 1024-GPU run's trace is a few
+    hundred MB of text that is never held as one string (and again as its bytes)."""
+    trace = chrome_trace(log)
+    events = trace.pop("traceEvents")
+    head = _ENCODE(trace)
+    assert all(key < "traceEvents" for key in trace)  # so it is the last key: head is "{...}"
+    yield head[:-1] + ',"traceEvents":['
+    for i in range(0, len(events), _EVENTS_PER_CHUNK):
+        body = _ENCODE(events[i:i + _EVENTS_PER_CHUNK])[1:-1]  # one C-level call per chunk
+        yield body if i == 0 else "," + body
+    yield "]}"
+
+
 def dumps_chrome_trace(log: Log) -> str:
     """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact)."""
-    return json.dumps(chrome_trace(log), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return "".join(iter_chrome_trace(log))
 
 
 def write_chrome_trace(log: Log, path: Union[str, os.PathLike]) -> str:
     """Write the trace to ``path`` atomically (temp file beside it, then os.replace); returns the path."""
     from harness.eventlog.writer import atomic_write
-    return atomic_write(os.fspath(path), dumps_chrome_trace(log))
+    return atomic_write(os.fspath(path), iter_chrome_trace(log))
