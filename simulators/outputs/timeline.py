@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+from array import array
 from collections import defaultdict
 from typing import Any, Dict, List, Tuple, Union
 
@@ -105,7 +106,9 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         # bars: one PolyCollection per (kind, pipeline) — a handful of draw calls whatever
         # the number of bars, which keeps a 1024-GPU run's picture quick to render
         dense = len(gpus) > DENSE_ROWS
-        groups: Dict[Tuple[str, str], List[List[Tuple[float, float]]]] = defaultdict(list)
+        # per (kind, pipeline): the bars' x0, x1, y0, y1 as packed doubles (a 1024-GPU run has
+        # ~10^6 bars: four floats each instead of a list of four tuples)
+        groups: Dict[Tuple[str, str], Tuple[array, ...]] = defaultdict(lambda: tuple(array("d") for _ in range(4)))
         span = t1 - t0
         labels: List[Tuple[float, float, str]] = []
         pad = 0.0 if dense else 0.08
@@ -116,13 +119,17 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
             lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
             y0 = row_of[s.gpu] + pad + lane * lane_h
             x0 = max(s.start, t0)
-            groups[(s.kind, s.pipeline_id)].append([(x0, y0), (x0, y0 + lane_h), (x0 + width, y0 + lane_h), (x0 + width, y0)])
+            xs0, xs1, ys0, ys1 = groups[(s.kind, s.pipeline_id)]
+            xs0.append(x0)
+            xs1.append(x0 + width)
+            ys0.append(y0)
+            ys1.append(y0 + lane_h)
             if not dense and len(pipelines) > 1 and width >= 0.08 * span:
                 labels.append((x0 + width / 2, y0 + lane_h / 2, s.pipeline_id))
         for kind, pid in sorted(groups):
             ax.add_collection(PolyCollection(
                 # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
-                np.asarray(groups[(kind, pid)], dtype=float), facecolors=KIND_STYLE[kind][1], edgecolors="black",
+                _bar_vertices(*groups[(kind, pid)]), facecolors=KIND_STYLE[kind][1], edgecolors="black",
                 linewidths=0.0 if dense else 0.3, hatch=None if dense else (hatch_of[pid] or None)))
         for x, y, text in sorted(labels):
             ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
@@ -173,6 +180,18 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
+
+
+def _bar_vertices(x0: array, x1: array, y0: array, y1: array) -> np.ndarray:
+    """(n, 4, 2) corners of n bars, in the order (x0,y0) (x0,y1) (x1,y1) (x1,y0)."""
+    xs0, xs1 = np.frombuffer(x0, dtype=float), np.frombuffer(x1, dtype=float)
+    ys0, ys1 = np.frombuffer(y0, dtype=float), np.frombuffer(y1, dtype=float)
+    verts = np.empty((len(xs0), 4, 2))
+    verts[:, 0, 0] = verts[:, 1, 0] = xs0
+    verts[:, 2, 0] = verts[:, 3, 0] = xs1
+    verts[:, 0, 1] = verts[:, 3, 1] = ys0
+    verts[:, 1, 1] = verts[:, 2, 1] = ys1
+    return verts
 
 
 def write_timeline_png(log: Log, path: Union[str, os.PathLike], *,
