@@ -95,16 +95,14 @@ class RankEffects:
         drain hangs or lasts at least the limit: a shorter drain can never meet it."""
         c = self.costs
         hung = self._abort_hung
+        drained = []
         if hung or c.drain_s >= c.shrink_drain_timeout_s:
-            drained = []
             self.deadlines.arm("shrink_drain", c.shrink_drain_timeout_s, lambda: bool(drained))
-            if hung:  # RLix Bug 7: abort_requests never wakes generate(), so nothing ever drains
-                self.sim.emit("fault_fired", name="abort_never_wakes", pipeline_id=self.pid, step=self.ctx.step)
-                yield self.env.event()
-            yield self.env.timeout(c.drain_s)
-            drained.append(True)
-            return None
+        if hung:  # RLix Bug 7: abort_requests never wakes generate(), so nothing ever drains
+            self.sim.emit("fault_fired", name="abort_never_wakes", pipeline_id=self.pid, step=self.ctx.step)
+            yield self.env.event()
         yield self.env.timeout(c.drain_s)
+        drained.append(True)
         return None
 
     def _Sleep(self, e):
