@@ -63,10 +63,10 @@ def _outputs(ctx: GateContext, records: List[Dict[str, Any]]) -> Dict[str, Any]:
     write_atomic(stem + ".driver.jsonl", (dumps(r) for r in records))
     out["driver_log"] = stem + ".driver.jsonl"
     try:
-        from simulators.outputs.perfetto import write_chrome_trace
+        from harness.outputs.perfetto import write_chrome_trace
         write_chrome_trace(records, stem + ".trace.json")
         out["perfetto"] = stem + ".trace.json"
-        from simulators.outputs.timeline import write_timeline_png
+        from harness.outputs.timeline import write_timeline_png
         write_timeline_png(records, stem + ".timeline.png")
         out["png"] = stem + ".timeline.png"
     except ImportError as exc:  # matplotlib is optional on GPU nodes

@@ -21,10 +21,10 @@ import yaml
 
 from harness.eventlog.writer import atomic_write, write_atomic
 from harness.invariants import Violation, check_log
-from simulators.outputs.intervals import RunView
-from simulators.outputs.perfetto import write_chrome_trace
-from simulators.outputs.summary import format_summary, summarize
-from simulators.outputs.timeline import write_timeline_png
+from harness.outputs.intervals import RunView
+from harness.outputs.perfetto import write_chrome_trace
+from harness.outputs.summary import format_summary, summarize
+from harness.outputs.timeline import write_timeline_png
 from simulators.runtime import RunResult, Simulation
 from simulators.scenario import scenario_to_mapping
 from simulators.spec import Scenario

@@ -6,7 +6,7 @@ Layout (reference/anchors.md §4):
   "GPU g (node n)". Perfetto cannot draw partially overlapping slices on one track, so
   work that overlaps on a GPU (a rank generating while its weights are refreshed, two
   pipelines on one device) goes to extra tracks "GPU g lane k", lanes assigned greedily
-  and deterministically (:func:`simulators.outputs.intervals.assign_lanes`);
+  and deterministically (:func:`harness.outputs.intervals.assign_lanes`);
 - complete events (``"ph": "X"``) for every effect that occupies GPUs (its ``gpus``) and
   for every routable interval of a DP rank ("generate ppl1 dp0"); ``cat`` is the kind
   (train, generate, sync, wake_sleep, waiting, other);
@@ -26,8 +26,8 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
 
-from simulators.outputs.canonical_order import canonical_json, sort_canon_last
-from simulators.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort_slices
+from harness.outputs.canonical_order import canonical_json, sort_canon_last
+from harness.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort_slices
 
 Number = Union[int, float]
 _PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}
@@ -190,7 +190,7 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
         "otherData": {
-            "generator": "rlharness simulators.outputs.perfetto",
+            "generator": "rlharness harness.outputs.perfetto",
             "scenario": view.scenario or "",
             "cluster": {"nodes": nodes, "gpus_per_node": gpn},
             "sim_start_s": t0,

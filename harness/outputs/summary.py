@@ -38,7 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from simulators.outputs.intervals import (  # noqa: F401  (re-exported: the outputs' shared vocabulary)
+from harness.outputs.intervals import (  # noqa: F401  (re-exported: the outputs' shared vocabulary)
     KIND_CATEGORY,
     REFIT_EFFECTS,
     SYNC_EFFECTS,

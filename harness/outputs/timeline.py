@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Tuple, Union
 
 import numpy as np
 
-from simulators.outputs.intervals import Log, as_view, assign_lanes
+from harness.outputs.intervals import Log, as_view, assign_lanes
 
 #: kind -> (legend label, colour); the drawing order of the legend.
 KIND_STYLE: Dict[str, Tuple[str, str]] = {

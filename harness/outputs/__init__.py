@@ -13,10 +13,10 @@ Each also accepts a :class:`RunView` of the records: several outputs of one log 
 same view derive its intervals once instead of once each.
 """
 
-from simulators.outputs.intervals import RunView
-from simulators.outputs.perfetto import chrome_trace, write_chrome_trace
-from simulators.outputs.summary import Summary, format_summary, summarize
-from simulators.outputs.timeline import render_timeline_png, write_timeline_png
+from harness.outputs.intervals import RunView
+from harness.outputs.perfetto import chrome_trace, write_chrome_trace
+from harness.outputs.summary import Summary, format_summary, summarize
+from harness.outputs.timeline import render_timeline_png, write_timeline_png
 
 __all__ = [
     "RunView",

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from harness.control.effects import TRAINER_EFFECTS
-from simulators.outputs.canonical_order import CanonKey, canonical_json, sort_canon_last
+from harness.outputs.canonical_order import CanonKey, canonical_json, sort_canon_last
 
 TRAIN_EFFECTS = TRAINER_EFFECTS
 SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
