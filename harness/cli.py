@@ -4,6 +4,8 @@ Bad input of any kind (arguments, files, records, scenarios) ends with one line
 ``error: <what>`` on stderr and exit code 2 — no traceback, no partial output file.
 A replay whose decisions diverge from ``--expect`` exits 1; so does a simulation whose
 simulated system failed (OOM, fail-fast) or broke an invariant — a finding, not an error.
+A simulation cut by its horizon is an outcome of its own: exit 0 unless the oracle found a
+stall (``liveness``) or another violation.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(f"  violation: {v}")
     print(f"outputs: {out_dir}/ (events.jsonl, summary.txt, trace.json{'' if args.no_png else ', timeline.png'}, scenario.yaml, violations.txt)")
     deterministic = _check_determinism(res, args) if args.check_determinism else True
-    return EXIT_OK if res.reason == "done" and not out.violations and deterministic else EXIT_DIVERGED
+    ended_well = res.reason in ("done", "horizon")  # a horizon stall is a liveness violation
+    return EXIT_OK if ended_well and not out.violations and deterministic else EXIT_DIVERGED
 
 
 def _check_determinism(res, args: argparse.Namespace) -> bool:

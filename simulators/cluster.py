@@ -69,20 +69,41 @@ class VramLedger:
         return sum(v for (o, m), v in self.entries[gpu].items() if o == owner)
 
 
-class HostRam:
-    """Per-node host RAM for CPU bucket caches (at most two model copies per pipeline)."""
+class HostOutOfMemory(RuntimeError):
+    """A host-RAM charge would exceed the node's RAM: a modelled failure (the process is
+    killed), reported as a ``host_oom`` record and a failed run, never Python's MemoryError."""
 
-    def __init__(self, nodes: int, capacity: int) -> None:
+    def __init__(self, node: int, owner: str, requested: int, used: int, capacity: int) -> None:
+        super().__init__(f"host RAM of node {node} exhausted: {owner} needs {requested} B more "
+                         f"with {used} B of {capacity} B in use")
+        self.node, self.owner, self.requested, self.used, self.capacity = node, owner, requested, used, capacity
+
+
+HostListener = Callable[[int, str, int, int], None]  # node, owner, delta, used
+
+
+class HostRam:
+    """Per-node host RAM: CPU bucket caches (at most two model copies per pipeline) and the
+    weights a level-1 sleep keeps in host memory. Every change is reported to ``listener``
+    (the ``host_ram`` record), so the ledger can be re-derived from the log alone."""
+
+    def __init__(self, nodes: int, capacity: int, listener: Optional[HostListener] = None) -> None:
         self.capacity = capacity
         self.used = [0] * nodes
         self.entries: List[Dict[str, int]] = [dict() for _ in range(nodes)]
+        self.listener = listener
 
     def set(self, node: int, owner: str, nbytes: int) -> None:
         old = self.entries[node].get(owner, 0)
-        if self.used[node] - old + nbytes > self.capacity:
-            raise MemoryError(f"host RAM of node {node} exhausted: {owner} needs {nbytes} B")
-        self.entries[node][owner] = nbytes
+        if nbytes > old and self.used[node] - old + nbytes > self.capacity:
+            raise HostOutOfMemory(node, owner, nbytes - old, self.used[node], self.capacity)
+        if nbytes:
+            self.entries[node][owner] = nbytes
+        else:
+            self.entries[node].pop(owner, None)
         self.used[node] += nbytes - old
+        if nbytes != old and self.listener:
+            self.listener(node, owner, nbytes - old, self.used[node])
 
 
 @dataclass
@@ -94,10 +115,11 @@ class Links:
 
 
 class SimCluster:
-    def __init__(self, env: simpy.Environment, spec: ClusterSpec, listener: Optional[Listener] = None) -> None:
+    def __init__(self, env: simpy.Environment, spec: ClusterSpec, listener: Optional[Listener] = None,
+                 host_listener: Optional[HostListener] = None) -> None:
         self.spec = spec
         self.vram = VramLedger(spec.num_gpus, spec.vram_bytes, listener)
-        self.host = HostRam(spec.nodes, spec.host_ram_bytes)
+        self.host = HostRam(spec.nodes, spec.host_ram_bytes, host_listener)
         self.links = Links(
             h2d=[Link(env, 1) for _ in range(spec.num_gpus)],
             d2h=[Link(env, 1) for _ in range(spec.num_gpus)],

@@ -24,7 +24,7 @@ from harness.control.resize import expand_order, shrink_order
 from harness.control.versions import VersionBook, VersionError
 from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
-from simulators.cluster import OutOfMemory
+from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.env import Actor, Link, Timer
 from simulators.inference import RankSim, Request, Router
 from simulators.ranks import RankEffects
@@ -106,10 +106,18 @@ class PipelineSim(RankEffects, RefitEffects):
                 yield from self.drive(self.control.train_step(self.ctx, step), "step", step)
                 self.steps_done += 1
             yield from self._finish()
-        except (SimFailure, OutOfMemory, RankStateError, VersionError) as e:
-            sim.fail(f"{self.pid}: {e}")
-            if isinstance(e, OutOfMemory):
-                sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+        except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError) as e:
+            self._failed(self.pid, e)
+
+    def _failed(self, where: str, e: Exception) -> None:
+        """The simulated system failed: end the run, with an ``oom`` / ``host_oom`` record
+        when memory ran out (a modelled failure, never an exception escaping the run)."""
+        sim = self.sim
+        sim.fail(f"{where}: {e}")
+        if isinstance(e, OutOfMemory):
+            sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+        elif isinstance(e, HostOutOfMemory):
+            sim.emit("host_oom", node=e.node, owner=e.owner, requested=e.requested, used=e.used, capacity=e.capacity)
 
     def _finish(self):
         """End of run(): drop demand, release GEN ranks (await_release), unregister
@@ -129,14 +137,30 @@ class PipelineSim(RankEffects, RefitEffects):
         yield lock
         sim.call("unregister", {"pipeline_id": self.pid}, lambda: sim.model.unregister(self.pid))
         self.gone = True
-        for rank in self.ranks.values():
-            if rank.routable:
-                self.router.deactivate(rank)
+        self._stop_ranks()
         vram = sim.cluster.vram
         for g in range(len(vram.used)):
             for owner, mem in [k for k in vram.entries[g] if k[0].startswith(self.pid + "/")]:
                 vram.free(g, owner, mem)
+        host = sim.cluster.host
+        for node in range(len(host.used)):
+            for owner in [o for o in host.entries[node] if o.startswith(self.pid + "/")]:
+                host.set(node, owner, 0)
         self.lock.release(lock)
+
+    def _stop_ranks(self) -> None:
+        """The unregistered pipeline's engines exit: every rank leaves routing (its in-flight
+        requests are aborted and dropped with the queue: nobody will collect them) and is
+        logged ``stopped``, so no output counts it as generating after the unregister."""
+        self.router.order.clear()  # first off routing, all of them: nothing is re-dispatched
+        for rank in self.ranks.values():
+            if rank.routable:
+                self.router.deactivate(rank)
+        self.router.queue.clear()
+        for rank in self.ranks.values():
+            if rank.life.state.value != "asleep":
+                rank.life.on("shutdown")
+                self._log_rank(rank)
 
     def resize(self, phase: str, ranks: List[int], cycle: int):
         """A coordinator resize_infer call (runs as its own process). A call that reaches a
@@ -148,10 +172,8 @@ class PipelineSim(RankEffects, RefitEffects):
         try:
             gen = shrink_order(self.ctx, ranks) if phase == "shrink" else expand_order(self.ctx, ranks)
             yield from self.drive(gen, phase, None, cycle)
-        except (SimFailure, OutOfMemory, RankStateError, VersionError, RuntimeError) as e:
-            self.sim.fail(f"{self.pid} {phase} {ranks}: {e}")
-            if isinstance(e, OutOfMemory):
-                self.sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+        except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError) as e:
+            self._failed(f"{self.pid} {phase} {ranks}", e)
         self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
 
     # ------------------------------------------------------------------ the interpreter

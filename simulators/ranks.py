@@ -50,7 +50,14 @@ class RankEffects:
                 vram.alloc(g, owner, "kv_cache", kv)
                 if tp > 1:
                     vram.alloc(g, owner, "nccl", c.nccl_buffer_bytes)
-        yield self.env.timeout(c.wake_s)
+        # a level-1 sleeper copies its weights back from host RAM (H2D, all GPUs of all
+        # ranks at once); a level-2 sleeper has nothing to copy: its weights come by sync
+        kept = [self.ranks[r] for r in e.ranks if self.ranks[r].life.host_version is not None]
+        copy_s = per_gpu_weights / self.sim.cluster.spec.pcie_bytes_per_s if kept else 0.0
+        yield self.env.timeout(c.wake_s + copy_s)
+        host = self.sim.cluster.host
+        for rank in kept:
+            host.set(self.sim.cluster.node_of(rank.gpus[0]), self._owner(rank), 0)
         for r in e.ranks:
             rank = self.ranks[r]
             rank.life.on("woken")
@@ -107,7 +114,16 @@ class RankEffects:
 
     def _Sleep(self, e):
         vram, c = self.sim.cluster.vram, self.costs
-        yield self.env.timeout(c.sleep_s)
+        if e.level == 1:
+            # level 1 keeps the weights in host RAM: charged before VRAM is freed (a full
+            # node fails the sleep), and the D2H copy lengthens the sleep
+            cluster = self.sim.cluster
+            for r in e.ranks:
+                rank = self.ranks[r]
+                cluster.host.set(cluster.node_of(rank.gpus[0]), self._owner(rank), self.weight_bytes)
+            yield self.env.timeout(c.sleep_s + self.weight_bytes // self.spec.infer_tp / cluster.spec.pcie_bytes_per_s)
+        else:
+            yield self.env.timeout(c.sleep_s)
         at = self.faults.get("keep_nccl_on_sleep")
         keep_nccl = at is not None and self.ctx.step >= at  # the bug persists once it appears
         residues: List[str] = []

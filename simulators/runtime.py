@@ -63,7 +63,7 @@ class Simulation:
             {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30)},
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s}))
-        self.cluster = SimCluster(self.env, c, listener=self._on_vram)
+        self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self.wake = self.env.event()
         self._poll_actor = Actor("scheduler", 1)  # the key the 1 s poll runs under (see poll)
@@ -85,6 +85,10 @@ class Simulation:
 
     def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int) -> None:
         self.log.add({"seq": 0, "t": self.env._now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
+                      "delta": delta, "used": used})
+
+    def _on_host_ram(self, node: int, owner: str, delta: int, used: int) -> None:
+        self.log.add({"seq": 0, "t": self.env._now, "kind": "host_ram", "node": node, "owner": owner,
                       "delta": delta, "used": used})
 
     # ------------------------------------------------------------------ scheduler calls

@@ -4,6 +4,7 @@
     synced --finalized--> synced(finalized) --activated--> routable
     routable --abort--> draining --slept--> asleep
     routable --refreshed--> routable        (active refresh while serving)
+    any state --shutdown--> stopped          (the pipeline unregistered: its engines exit)
 
 A rank may only serve requests in ``routable``. Sleep level 1 keeps weights in host RAM
 (copied back on wake: the rank wakes holding its old version); level 2 drops them (the
@@ -26,6 +27,7 @@ class RankState(enum.Enum):
     SYNCED = "synced"
     ROUTABLE = "routable"
     DRAINING = "draining"
+    STOPPED = "stopped"  # terminal: the engine process exited with its pipeline
 
 
 class RankStateError(RuntimeError):
@@ -59,6 +61,13 @@ class RankLifecycle:
     finalized: bool = False
 
     def on(self, event: str, *, version: Optional[int] = None, level: Optional[int] = None) -> RankState:
+        if event == "shutdown" and self.state is not RankState.STOPPED:
+            # a finished pipeline's engines exit whatever they were doing: nothing stays
+            # routable, nothing stays resident (RLix: run() returns, the actors die)
+            self.weights_version = self.host_version = None
+            self.finalized = False
+            self.state = RankState.STOPPED
+            return self.state
         nxt = _TRANSITIONS.get((self.state, event))
         if nxt is None:
             raise RankStateError(f"{self.pipeline_id} dp{self.dp_rank}: '{event}' is not allowed in state {self.state.value}")

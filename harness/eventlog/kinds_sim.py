@@ -10,7 +10,7 @@ def _k(doc: str, required: dict, optional: dict = None) -> dict:
 
 
 SIM_KINDS: dict = {
-    "rank_state": _k("An inference DP rank entered a lifecycle state (asleep|waking|awake_unrouted|synced|routable|draining).",
+    "rank_state": _k("An inference DP rank entered a lifecycle state (asleep|waking|awake_unrouted|synced|routable|draining|stopped).",
                      {"pipeline_id": "str", "dp_rank": "int", "state": "str", "gpus": "int_list"}, {"version": "int?"}),
     "request_dispatch": _k("A generation request (one trajectory) was routed to a rank.",
                            {"pipeline_id": "str", "request": "int", "dp_rank": "int"}, {"version": "int?", "attempt": "int"}),
@@ -32,6 +32,10 @@ SIM_KINDS: dict = {
     "timeout": _k("An RLix timeout expired (what = await_release|resize_sync_lock|selective_sync|shrink_drain): fail-fast shutdown.",
                   {"pipeline_id": "str", "what": "str", "limit_s": "number", "since": "number"}),
     "fault_fired": _k("A scenario fault hook fired.", {"name": "str", "pipeline_id": "str"}, {"step": "int?"}),
+    "host_ram": _k("Host RAM held on a node changed (owner = pipeline/cache for the CPU bucket cache, pipeline/dpN for weights a level-1 sleep keeps).",
+                   {"node": "int", "owner": "str", "delta": "int", "used": "int"}),
+    "host_oom": _k("A host-RAM charge would exceed the node's RAM: the simulated process is killed and the run fails.",
+                   {"node": "int", "owner": "str", "requested": "int", "used": "int", "capacity": "int"}),
     "sim_end": _k("The run ended (reason done|horizon|failed).",
                   {"reason": "str", "sim_time": "number", "events": "int"}, {"detail": "str"}),
 }

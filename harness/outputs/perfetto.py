@@ -170,9 +170,11 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
         elif k == "commit":
             events.append({"name": "idle GPUs", "cat": "scheduler", "ph": "C", "ts": ts, "pid": sched_pid,
                            "tid": sched_tid, "args": {"idle": r.get("idle_gpus")}})
-        elif k in ("oom", "fault_fired", "timeout", "rejected", "scheduler_failed", "validation_failed"):
+        elif k in ("oom", "host_oom", "fault_fired", "timeout", "rejected", "scheduler_failed", "validation_failed"):
             if k == "oom":
                 name = f"OOM GPU {r.get('gpu')} {r.get('owner')}"
+            elif k == "host_oom":
+                name = f"host OOM node {r.get('node')} {r.get('owner')}"
             elif k == "fault_fired":
                 name = f"fault {r.get('name')} {r.get('pipeline_id')}"
             elif k == "timeout":

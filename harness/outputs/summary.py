@@ -321,6 +321,8 @@ def summarize(log: Log) -> Summary:
             sched.failures += 1
         elif k == "oom":
             ooms.append({f: r.get(f) for f in ("t", "gpu", "owner", "mem", "requested", "used", "capacity")})
+        elif k == "host_oom":
+            ooms.append({f: r.get(f) for f in ("t", "node", "owner", "requested", "used", "capacity")})
         elif k == "fault_fired":
             faults.append({f: r.get(f) for f in ("t", "name", "pipeline_id", "step")})
         elif k == "timeout":
@@ -443,7 +445,8 @@ def format_summary(summary: Summary) -> str:
         out.append("")
         out.append("Faults")
         for o in summary.ooms:
-            out.append(f"t={_s(o['t'])} s OOM on GPU {o['gpu']}: {o['owner']} {o['mem']} requested "
+            where = f"host RAM of node {o['node']}: {o['owner']}" if "node" in o else f"GPU {o['gpu']}: {o['owner']} {o['mem']}"
+            out.append(f"t={_s(o['t'])} s OOM on {where} requested "
                        f"{o['requested']} with {o['used']} of {o['capacity']} bytes used")
         for f in summary.faults:
             step = "" if f.get("step") is None else f" step {f['step']}"

@@ -234,10 +234,17 @@ def test_liveness_names_waiters_and_stuck_effects_at_the_horizon():
     recs = [
         {"seq": 1, "t": 1, "kind": "enqueued", "request_id": 7, "cluster_id": "p_actor_infer", "priority": "GENERATION"},
         {"seq": 2, "t": 2, "kind": "effect_start", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
-        {"seq": 3, "t": 9, "kind": "sim_end", "reason": "horizon", "sim_time": 9.0, "events": 10},
+        {"seq": 3, "t": 400, "kind": "sim_end", "reason": "horizon", "sim_time": 400.0, "events": 10},
     ]
     msgs = [v.message for v in check_log(recs, ["liveness"])]
     assert any("request 7" in m for m in msgs) and any("stuck in WaitBatch of step 3" in m for m in msgs)
+    # the same waiters at a horizon only 9 s in: the run was cut, nothing has stalled yet
+    early = recs[:2] + [dict(recs[2], t=9, sim_time=9.0)]
+    assert check_log(early, ["liveness"]) == []
+    # ... nor when the waiting pipeline was still completing requests in the last window
+    moving = recs[:2] + [{"seq": 3, "t": 250, "kind": "request_done", "pipeline_id": "p", "request": 1, "dp_rank": 0,
+                          "tokens": 5, "version": 0}, dict(recs[2], seq=4)]
+    assert check_log(moving, ["liveness"]) == []
     done = recs[:2] + [{"seq": 3, "t": 3, "kind": "signalled", "request_id": 7, "waiter": "request", "cluster_id": "p_actor_infer",
                         "priority": "GENERATION", "gpus": [0], "cycle": 1, "error": None},
                        {"seq": 4, "t": 4, "kind": "effect_end", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
