@@ -2,8 +2,9 @@
 
 Bad input of any kind (arguments, files, records, scenarios) ends with one line
 ``error: <what>`` on stderr and exit code 2 — no traceback, no partial output file.
-A replay whose decisions diverge from ``--expect`` exits 1; so does a simulation whose
-simulated system failed (OOM, fail-fast) or broke an invariant — a finding, not an error.
+A replay whose decisions diverge from ``--expect`` exits 1; so does a replay or a
+``check`` whose log breaks an invariant, and a simulation whose simulated system failed
+(OOM, fail-fast) or broke an invariant — a finding, not an error.
 A simulation cut by its horizon is an outcome of its own: exit 0 unless the oracle found a
 stall (``liveness``) or another violation.
 """
@@ -48,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
     sim.add_argument("--check-determinism", action="store_true",
                      help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
+    ck = sub.add_parser("check", help="run every invariant check on event logs (exit 1 on a violation)")
+    ck.add_argument("logs", metavar="LOG", nargs="+", help="event log(s): simulator, gate, replay output or scheduler trace")
+    ck.add_argument("--check", dest="names", metavar="NAME", action="append", help="run only this check (repeatable)")
+    ck.add_argument("--context", type=int, default=2, metavar="N", help="records shown either side of a violation (default 2)")
+    ck.add_argument("--max-shown", type=int, default=10, metavar="N", help="violations shown per log (default 10)")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
     return parser
@@ -68,11 +74,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     cycles = sum(1 for d in result.decisions if d["kind"] == "commit")
     print(f"replayed {args.trace}: {cycles} cycles committed, {len(result.decisions)} decisions, {result.rejected} inputs rejected"
           + (f"; decision log: {args.out}" if args.out else ""))
-    from harness.invariants import check_log
-    violations = check_log(result.log.records)
-    print("invariants: all hold" if not violations else f"invariants: {len(violations)} violation(s)")
-    for v in violations[:10]:
-        print(f"  violation: {v}")
+    from harness.check import oracle_log, render, run_oracle
+    log = oracle_log(read_records(args.trace), args.trace)  # the whole input log, not only the replayed decisions
+    rows = run_oracle(log.records)
+    violations = [v for r in rows for v in r.violations]
+    if args.quiet:
+        print("invariants: all hold" if not violations else f"invariants: {len(violations)} violation(s)")
+        for v in violations[:10]:
+            print(f"  violation: {v}")
+    else:
+        print(render(args.trace, log, rows))
     if expected is not None:
         div = compare_decisions(result.decisions, expected)
         if div is not None:
@@ -81,7 +92,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
             return EXIT_DIVERGED
         print(f"matches {args.expect}: {len(result.decisions)} decisions identical")
-    return EXIT_OK
+    return EXIT_DIVERGED if violations else EXIT_OK
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -142,11 +153,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required (simulate, replay, schema); see rlharness --help")
+            raise UsageError("a command is required (simulate, replay, check, schema); see rlharness --help")
         if args.command == "replay":
             return _cmd_replay(args)
         if args.command == "simulate":
             return _cmd_simulate(args)
+        if args.command == "check":
+            from harness.check import run_check
+            return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0))
         if args.command == "schema":
             from harness.eventlog.schema import render
             sys.stdout.write(render())

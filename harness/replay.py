@@ -33,6 +33,10 @@ class ReplayResult:
     model: SchedulerModel
     open_cycle: Optional[int] = None
     rejected: int = 0
+    # with merge=True: the input log with its recorded decisions replaced by the model's,
+    # each input followed by the decisions it produced (seq renumbered) — what the oracle
+    # reads for a scheduler trace that carries no decisions of its own
+    merged: Optional[List[Dict[str, Any]]] = None
 
     @property
     def decisions(self) -> List[Dict[str, Any]]:
@@ -128,7 +132,7 @@ class _Feeder:
             self.open = m.plan_cycle(reason)
 
 
-def replay_records(records: List[Record], path: str) -> ReplayResult:
+def replay_records(records: List[Record], path: str, *, merge: bool = False) -> ReplayResult:
     head = records[0]
     where = f"{path}:{head.line}"
     cluster = head.data["cluster"]
@@ -142,17 +146,34 @@ def replay_records(records: List[Record], path: str) -> ReplayResult:
                                  meta={"input": os.path.basename(path)}))
     feeder = _Feeder(model, path)
     result = ReplayResult(log=log, model=model)
+    merged: Optional[List[Dict[str, Any]]] = [dict(head.data)] if merge else None
     for rec in records[1:]:
-        if category(rec.kind) != "input":
+        cat = category(rec.kind)
+        if merged is not None and cat != "decision":
+            input_at = len(merged)  # == its seq once renumbered
+            merged.append(dict(rec.data))
+        if cat != "input":
             continue
+        before = len(log.records)
         try:
             feeder.feed(rec)
         except Rejected as e:
-            model.drain()  # a refused call emits nothing but the rejection
+            # What the call changed before it was refused is logged: release_then_request
+            # releases (RLix keeps the release) and then refuses a duplicate request, and
+            # a state change that happened must be in the log whatever is refused after it.
+            log.extend(rec.t, model.drain())
             log.emit("rejected", rec.t, input_seq=rec.seq, input_kind=rec.kind, reason=e.reason)
             result.rejected += 1
-            continue
-        log.extend(rec.t, model.drain())
+        else:
+            log.extend(rec.t, model.drain())
+        if merged is not None:
+            for d in log.records[before:]:
+                # a rejection names its input by the input's place in the merged log
+                merged.append({**d, "input_seq": input_at} if d["kind"] == "rejected" else dict(d))
+    if merged is not None:
+        for seq, d in enumerate(merged):
+            d["seq"] = seq
+        result.merged = merged
     result.open_cycle = feeder.open.cycle if feeder.open is not None else None
     return result
 

@@ -100,7 +100,7 @@ class Simulation:
         try:
             result = fn(*args)
         except Rejected as e:
-            model.drain()
+            log.extend(now, model.drain())  # what happened before the refusal (a release) stays logged
             log.emit("rejected", now, input_seq=rec["seq"], input_kind=input_kind, reason=e.reason)
             raise SimFailure(f"scheduler refused {input_kind}: {e.reason}") from None
         log.extend(now, model.drain())  # self.drain() and self.wakeup(), inlined (hot path)

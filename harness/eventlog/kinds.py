@@ -83,6 +83,8 @@ DECISION_KINDS: Dict[str, dict] = {
     "resize_end": {"required": {"cycle": "int", "pipeline_id": "str", "phase": "str", "dp_ranks": "int_list"}, "optional": {}, "doc": "A resize_infer call returned."},
     "signalled": {
         "required": {"request_id": "int", "waiter": "str", "cluster_id": "str", "priority": "str?", "gpus": "int_list", "cycle": "int?", "error": "str?"},
+        # shrink_executed: written by earlier versions (the model's word on its own ack); still
+        # read without error, never written, and no check reads it
         "optional": {"shrink_executed": "bool"},
         "doc": "A blocked call returns: waiter request|planned_release; cycle null = returned at once or by unregister.",
     },

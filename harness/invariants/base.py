@@ -1,9 +1,16 @@
-"""Invariant plumbing: a violation type and the registry every check joins."""
+"""Invariant plumbing: a violation type and the registry every check joins.
+
+A check is a function ``records -> [Violation]`` registered under a stable name with
+:func:`invariant`. It may declare the record kinds it ``reads``: ``rlharness check``
+then reports how many records it examined and calls it "not applicable" on a log that
+has none of them (a gate log has no scheduler plans, a replay output no VRAM ledger).
+A check registered without ``reads`` is taken to read every record.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence
 
 Records = Sequence[dict]
 
@@ -19,17 +26,27 @@ class Violation:
 
 
 CHECKS: Dict[str, Callable[[Records], List[Violation]]] = {}
+READS: Dict[str, Optional[FrozenSet[str]]] = {}  # check name -> record kinds it reads (None: all)
 
 
-def invariant(name: str):
+def invariant(name: str, reads: Optional[Iterable[str]] = None):
     """Register a check under a stable name (used in reports and ``--check`` filters)."""
 
     def wrap(fn: Callable[[Records], List[Violation]]):
         CHECKS[name] = fn
+        READS[name] = frozenset(reads) if reads is not None else None
         fn.invariant_name = name  # type: ignore[attr-defined]
         return fn
 
     return wrap
+
+
+def examined(name: str, records: Records) -> int:
+    """How many records of ``records`` the check ``name`` reads (all, if it declared none)."""
+    kinds = READS.get(name)
+    if kinds is None:
+        return len(records)
+    return sum(1 for r in records if r["kind"] in kinds)
 
 
 def effects(records: Records, kind: str, name: str):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
+from harness.invariants.allocations import DecisionWalk
 from harness.invariants.base import Records, Violation, invariant
 
 
-@invariant("resize_order")
+@invariant("resize_order", reads=("resize_start", "resize_end", "signalled", "commit"))
 def resize_order(records: Records) -> List[Violation]:
     """T1 < T2 < T3: every shrink of a cycle returns before any expand of it starts, and a
     waiter of that cycle is signalled only after all its expands returned."""
@@ -55,7 +56,7 @@ def open_shrinks(open_calls, cycle: int) -> Set[int]:
     return {cycle for key in open_calls if key[0] == cycle and key[2] == "shrink"}
 
 
-@invariant("no_readd_in_cycle")
+@invariant("no_readd_in_cycle", reads=("plan",))
 def no_readd_in_cycle(records: Records) -> List[Violation]:
     out: List[Violation] = []
     for r in records:
@@ -69,7 +70,7 @@ def no_readd_in_cycle(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("activate_after_sync")
+@invariant("activate_after_sync", reads=("effect_start", "effect_end"))
 def activate_after_sync(records: Records) -> List[Violation]:
     """A rank becomes routable only after, since its last wake: a sync, a finalize after
     that sync, and a publish of the synced version."""
@@ -112,7 +113,7 @@ def _is_train(args: dict) -> bool:
     return args.get("cluster") == "actor_train" or args.get("release_cluster") == "actor_train"
 
 
-@invariant("release_after_publish")
+@invariant("release_after_publish", reads=("effect_start", "effect_end"))
 def release_after_publish(records: Records) -> List[Violation]:
     """A pipeline that refreshes active ranks releases actor_train only after the refresh
     and the publish of the cache it just built."""
@@ -138,7 +139,7 @@ def release_after_publish(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("step_order")
+@invariant("step_order", reads=("effect_start", "effect_end"))
 def step_order(records: Records) -> List[Violation]:
     """No effect of step s+1 starts before every effect of step s has ended."""
     out: List[Violation] = []
@@ -162,13 +163,48 @@ def step_order(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("planned_release_ack")
+@invariant("planned_release_ack", reads=("signalled", "plan", "commit", "released"))
 def planned_release_ack(records: Records) -> List[Violation]:
-    """An ``await_release`` is acked only after a cycle actually shrank its ranks (RLix acks
-    every pending planned release at commit — the premature ack of the lock gap)."""
+    """An ``await_release`` returns only when its GENERATION cluster is at zero.
+
+    Read from the decisions alone: the cluster's holdings are rebuilt from plans applied
+    at commit and from releases (:mod:`harness.invariants.allocations`), and an ack of a
+    cycle is judged against the holdings after that cycle's commit; an ack returned at
+    once against the holdings of the moment. RLix acks every pending planned release at
+    commit, so it acks one that arrived in the lock gap (never shrunk) and one whose
+    cluster the gap-ratio planner re-expanded in the same cycle."""
     out: List[Violation] = []
-    for r in records:
-        if r["kind"] == "signalled" and r["waiter"] == "planned_release" and r.get("shrink_executed") is False and not r["error"]:
+
+    class Walk(DecisionWalk):
+        acks: Dict[int, List[dict]] = {}
+
+        def on_record(self, r: dict) -> None:
+            if r["kind"] != "signalled" or r["waiter"] != "planned_release" or r["error"]:
+                return
+            if r["cycle"] is None:
+                self.judge(r, "at once", None)
+            else:
+                self.acks.setdefault(r["cycle"], []).append(r)
+
+        def after_commit(self, plan: dict, commit: dict) -> None:
+            for r in self.acks.pop(commit["cycle"], []):
+                self.judge(r, f"in cycle {commit['cycle']}", plan)
+
+        def judge(self, r: dict, when: str, plan) -> None:
+            cid = r["cluster_id"]
+            held = self.h.held(cid)
+            if not held:
+                return
+            ranks = sorted(self.h.ranks.get(cid, {}))
+            what = ""
+            if plan is not None:
+                shrunk = sorted(b["dp_rank"] for s in plan["shrinks"] if s["cluster_id"] == cid for b in s["bundles"])
+                grown = sorted(b["dp_rank"] for e in plan["expands"] if e["cluster_id"] == cid for b in e["bundles"])
+                what = f"; the cycle shrank dp {shrunk or 'none'} and expanded dp {grown or 'none'}"
             out.append(Violation("planned_release_ack", r["seq"],
-                                 f"await_release of {r['cluster_id']} acked in cycle {r['cycle']} although no shrink of its ranks ran"))
+                                 f"await_release of {cid} acked {when} while it still holds dp ranks {ranks} (GPUs {held}){what}"))
+
+    walk = Walk(records)
+    walk.acks = {}
+    walk.run()
     return out

@@ -8,7 +8,7 @@ from typing import Dict, List, Set, Tuple
 from harness.invariants.base import Records, Violation, invariant
 
 
-@invariant("routing")
+@invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
 def routing(records: Records) -> List[Violation]:
     out: List[Violation] = []
     state: Dict[Tuple[str, int], str] = {}
@@ -55,7 +55,8 @@ STALL_WINDOW_S = 300.0
 _PROGRESS_KINDS = ("request_done", "batch_consumed", "effect_end")
 
 
-@invariant("liveness")
+@invariant("liveness", reads=("effect_start", "effect_end", "enqueued", "release_pending", "signalled", "sim_end",
+                               "register", "request_done", "batch_consumed"))
 def liveness(records: Records) -> List[Violation]:
     """Every pending request and planned release is eventually signalled (or errored) (invariant 17).
 

@@ -37,6 +37,14 @@ def two_gpu_register(seq0=1):
     ]
 
 
+# traces whose replay finds a violation (exit 1): RLix's premature planned-release ack
+WITH_FINDINGS = {"gap_ratio_3pipelines.jsonl", "roll_dual_4gpu.jsonl"}
+
+
+def exit_code(trace):
+    return 1 if os.path.basename(trace) in WITH_FINDINGS else 0
+
+
 def test_examples_ship_three_traces():
     names = {os.path.basename(p) for p in EXAMPLES}
     assert {"partial_overlap_2gpu.jsonl", "roll_dual_4gpu.jsonl", "gap_ratio_3pipelines.jsonl"} <= names
@@ -45,8 +53,8 @@ def test_examples_ship_three_traces():
 @pytest.mark.parametrize("trace", EXAMPLES, ids=os.path.basename)
 def test_replay_twice_gives_byte_identical_decision_logs(trace, tmp_path, capsys):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert main(["replay", trace, "--out", str(a), "--quiet"]) == 0
-    assert main(["replay", trace, "--out", str(b), "--quiet"]) == 0
+    assert main(["replay", trace, "--out", str(a), "--quiet"]) == exit_code(trace)
+    assert main(["replay", trace, "--out", str(b), "--quiet"]) == exit_code(trace)
     assert a.read_bytes() == b.read_bytes()
     kinds = [json.loads(line)["kind"] for line in a.read_text().splitlines()]
     assert kinds[0] == "header" and "plan" in kinds and "commit" in kinds
@@ -55,8 +63,8 @@ def test_replay_twice_gives_byte_identical_decision_logs(trace, tmp_path, capsys
 @pytest.mark.parametrize("trace", EXAMPLES, ids=os.path.basename)
 def test_replay_matches_its_own_decision_log(trace, tmp_path, capsys):
     out = tmp_path / "d.jsonl"
-    assert main(["replay", trace, "--out", str(out), "--quiet"]) == 0
-    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == 0
+    assert main(["replay", trace, "--out", str(out), "--quiet"]) == exit_code(trace)
+    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == exit_code(trace)
     assert "decisions identical" in capsys.readouterr().out
 
 
@@ -186,15 +194,38 @@ def test_cli_usage_errors_are_one_line(tmp_path):
 
 
 def test_console_script_is_installed():
-    proc = subprocess.run(["rlharness", "replay", EXAMPLES[0], "--quiet"], capture_output=True, text=True)
+    clean = [p for p in EXAMPLES if os.path.basename(p) not in WITH_FINDINGS][0]
+    proc = subprocess.run(["rlharness", "replay", clean, "--quiet"], capture_output=True, text=True)
     assert proc.returncode == 0 and "cycles committed" in proc.stdout
 
 
-def test_replay_runs_the_invariant_oracle_on_its_decisions(capsys):
+def test_replay_runs_the_invariant_oracle_and_exits_1_on_a_violation(capsys):
     trace = [p for p in EXAMPLES if p.endswith("gap_ratio_3pipelines.jsonl")][0]
-    assert main(["replay", trace, "--quiet"]) == 0
+    assert main(["replay", trace, "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "invariants: 1 violation(s)" in out and "planned_release_ack" in out
     other = [p for p in EXAMPLES if p.endswith("partial_overlap_2gpu.jsonl")][0]
     assert main(["replay", other, "--quiet"]) == 0
     assert "invariants: all hold" in capsys.readouterr().out
+
+
+def test_a_refused_release_then_request_keeps_its_release_in_the_decision_log(tmp_path, capsys):
+    """The release of release_then_request sticks when the request half is refused (a
+    duplicate pending request): the ``released`` record must be logged, or the next
+    grant of that GPU looks like a double grant to the oracle."""
+    trace = write_trace(tmp_path / "t.jsonl", [HEADER] + two_gpu_register() + [
+        rec(3, "request", cluster_id="p1_actor_train", priority="ACTOR_TRAINING"),
+        rec(4, "cycle"),
+        rec(5, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=1),
+        rec(6, "release_then_request", release_cluster_id="p1_actor_train", request_cluster_id="p1_actor_infer",
+            request_priority="GENERATION"),
+        rec(7, "cycle"),
+    ])
+    out = tmp_path / "d.jsonl"
+    assert main(["replay", trace, "--out", str(out)]) == 0, capsys.readouterr().out
+    kinds = [(r["kind"], r.get("cluster_id"), r.get("reason")) for r in map(json.loads, out.read_text().splitlines())]
+    i = kinds.index(("released", "p1_actor_train", "release"))
+    assert kinds[i + 1][0] == "rejected"
+    from harness.invariants import check_log
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert check_log(records) == []

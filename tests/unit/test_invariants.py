@@ -25,8 +25,12 @@ def reseq(records):
     return records
 
 
-# the gap-ratio trace lands an await_release in a lock gap on purpose: RLix acks it prematurely
-TRACE_FINDINGS = {"gap_ratio_3pipelines.jsonl": {"planned_release_ack"}}
+# The gap-ratio trace lands an await_release in a lock gap on purpose: RLix acks it
+# prematurely. In the ROLL trace RLix acks ft_000000000002's await_release in the cycle
+# whose gap-ratio plan re-expands the same cluster onto GPUs 0-1 (cycles 10, 23, 36):
+# the pipeline is not at zero when await_release returns.
+TRACE_FINDINGS = {"gap_ratio_3pipelines.jsonl": {"planned_release_ack"},
+                  "roll_dual_4gpu.jsonl": {"planned_release_ack"}}
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=os.path.basename)
@@ -45,6 +49,33 @@ def test_planned_release_ack_fires_on_premature_ack_and_not_with_exact_releases(
     records[0].data["scheduler"] = {"ack_unplanned_releases": False}
     fixed = replay_records(records, path).log.records
     assert check_log(fixed, ["planned_release_ack"]) == []
+
+
+def test_planned_release_ack_fires_at_cycle_23_of_the_roll_trace_and_not_with_exact_releases():
+    from harness.eventlog.records import read_records
+    from harness.replay import replay_records
+    path = os.path.join(ROOT, "examples", "traces", "roll_dual_4gpu.jsonl")
+    found = check_log(decisions(path), ["planned_release_ack"])
+    assert any("acked in cycle 23 while it still holds dp ranks [0, 1]" in v.message for v in found), found
+    records = read_records(path)
+    records[0].data["scheduler"] = {"ack_unplanned_releases": False}
+    assert check_log(replay_records(records, path).log.records) == []
+
+
+def test_planned_release_ack_ignores_the_models_own_flag():
+    """The check reads holdings, never ``shrink_executed``: flipping the flag the model
+    writes about itself changes nothing either way."""
+    path = os.path.join(ROOT, "examples", "traces", "roll_dual_4gpu.jsonl")
+    recs = decisions(path)
+    acks = [r for r in recs if r["kind"] == "signalled" and r["waiter"] == "planned_release"]
+    for r in acks:
+        r["shrink_executed"] = True
+    assert len(check_log(recs, ["planned_release_ack"])) == 3
+    sound = decisions()
+    for r in sound:
+        if r["kind"] == "signalled" and r["waiter"] == "planned_release":
+            r["shrink_executed"] = False
+    assert check_log(sound, ["planned_release_ack"]) == []
 
 
 def test_unknown_invariant_name_is_an_error():
@@ -228,6 +259,16 @@ def test_stale_serving_fires_outside_an_active_refresh_only():
                          "args": {"ranks": [0], "version": 4, "path": "active"}, "scope": "step"}
     in_flight = [rs(1, "routable", 3), pub, sync("effect_start"), d(3, 1, 3), sync("effect_end")]
     assert check_log(reseq(in_flight), ["stale_serving"]) == []
+
+
+def test_stale_serving_flags_a_roll_rank_serving_the_base_version_after_version_0():
+    """ROLL's base version is -1 and its first trained version 0: no NeMo clamp."""
+    rs, d, done, ab = routing_trace()
+    pub = lambda seq, v: {"seq": seq, "t": seq, "kind": "effect_end", "pipeline_id": "p", "effect": "PublishVersion",
+                          "args": {"version": v, "path": "expand"}, "scope": "expand", "result": v}
+    recs = [pub(1, -1), rs(2, "routable", -1), d(3, 1, -1), pub(4, 0), d(5, 2, -1)]
+    found = check_log(reseq(recs), ["stale_serving"])
+    assert [v.seq for v in found] == [4] and "serves version -1 while version 0 is published" in found[0].message
 
 
 def test_liveness_names_waiters_and_stuck_effects_at_the_horizon():
