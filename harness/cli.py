@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--check", dest="names", metavar="NAME", action="append", help="run only this check (repeatable)")
     ck.add_argument("--context", type=int, default=2, metavar="N", help="records shown either side of a violation (default 2)")
     ck.add_argument("--max-shown", type=int, default=10, metavar="N", help="violations shown per log (default 10)")
+    from simulators.fuzz.cli import add_parser as add_fuzz_parser
+
+    add_fuzz_parser(sub, UsageError)
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
     return parser
@@ -161,6 +164,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "check":
             from harness.check import run_check
             return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0))
+        if args.command == "fuzz":
+            from simulators.fuzz.cli import cmd_fuzz
+
+            return cmd_fuzz(args, UsageError)
         if args.command == "schema":
             from harness.eventlog.schema import render
             sys.stdout.write(render())

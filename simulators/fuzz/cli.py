@@ -1,0 +1,89 @@
+"""``rlharness fuzz``: the command behind a sweep (arguments, progress, table, exit code).
+
+Exit codes: 0 when every signature found is allowed by ``--expect`` (or none was found),
+1 when a signature outside the allow-list appeared (a finding), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable
+
+from harness.eventlog.writer import atomic_write
+
+MAX_SEEDS = 1_000_000
+MAX_WORKERS = 256
+
+
+def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
+    fz = sub.add_parser("fuzz", help="swarm-test the simulator: one generated scenario and fault mix per seed")
+    fz.add_argument("--seeds", type=int, required=True, metavar="N", help="how many seeds to run")
+    fz.add_argument("--start", type=int, default=0, metavar="S", help="first seed (default 0)")
+    where = fz.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="K", help="local worker processes (default: CPU count)")
+    where.add_argument("--ray", metavar="ADDRESS",
+                       help="run the seeds as tasks on a Ray cluster ('auto', ray://HOST:PORT, or 'local' for a local Ray)")
+    fz.add_argument("--ray-cpus", type=int, metavar="K", help="CPUs of a --ray local instance (default: CPU count)")
+    fz.add_argument("--out", metavar="DIR", default=os.path.join("runs", "fuzz"),
+                    help="results.json, signatures.txt and minimized/ go here (default runs/fuzz)")
+    fz.add_argument("--check-determinism", action="store_true",
+                    help="run each seed again in a fresh process under another PYTHONHASHSEED; a divergence is a finding")
+    fz.add_argument("--time-budget", type=float, default=120.0, metavar="SECONDS",
+                    help="wall seconds one seed may take before it is recorded as 'timeout' (default 120)")
+    fz.add_argument("--expect", metavar="FILE",
+                    help="allowed signatures, one per line (fnmatch patterns; lines starting with # are comments); others exit 1")
+    fz.add_argument("--no-minimize", action="store_true", help="skip writing minimized reproducers")
+    fz.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def _validate(args: argparse.Namespace, usage_error) -> None:
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        raise usage_error(f"--seeds: must be between 1 and {MAX_SEEDS}, got {args.seeds}")
+    if not 0 <= args.start <= 2**63 - 1 - args.seeds:
+        raise usage_error(f"--start: must be >= 0 and leave room for --seeds, got {args.start}")
+    for flag, value in (("--workers", args.workers), ("--ray-cpus", args.ray_cpus)):
+        if value is not None and not 1 <= value <= MAX_WORKERS:
+            raise usage_error(f"{flag}: must be between 1 and {MAX_WORKERS}, got {value}")
+    if args.ray_cpus is not None and args.ray != "local":
+        raise usage_error("--ray-cpus: only with --ray local (a cluster has its own CPUs)")
+    if not 0 < args.time_budget <= 86400:
+        raise usage_error(f"--time-budget: must be in (0, 86400] seconds, got {args.time_budget:g}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise usage_error(f"--out: {args.out} exists and is not a directory")
+    results = os.path.join(args.out, "results.json")
+    if os.path.isdir(results):
+        raise usage_error(f"--out: {results} is a directory")
+
+
+def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
+    from simulators.fuzz.sweep import Progress, SweepConfig, format_table, read_expect, results_json, run_sweep
+
+    _validate(args, usage_error)
+    expect = []
+    if args.expect:
+        try:
+            expect = read_expect(args.expect)
+        except (OSError, UnicodeDecodeError) as e:
+            raise usage_error(f"--expect: {args.expect}: {getattr(e, 'strerror', None) or e}") from None
+    cpus = os.cpu_count() or 1
+    cfg = SweepConfig(seeds=args.seeds, start=args.start, workers=args.workers or args.ray_cpus or cpus,
+                      ray_address=args.ray, out_dir=args.out, check_determinism=args.check_determinism,
+                      time_budget_s=args.time_budget, expect=expect)
+    os.makedirs(args.out, exist_ok=True)
+    if not args.quiet:
+        where = f"Ray at {args.ray}" if args.ray else f"{cfg.workers} local worker(s)"
+        print(f"fuzzing seeds {cfg.start}..{cfg.start + cfg.seeds - 1} on {where}"
+              + (", each checked for determinism" if cfg.check_determinism else ""), file=sys.stderr)
+    sweep = run_sweep(cfg, None if args.quiet else Progress(cfg.seeds), minimize_findings=not args.no_minimize)
+    atomic_write(os.path.join(args.out, "results.json"), results_json(sweep.results))
+    table = format_table(sweep)
+    atomic_write(os.path.join(args.out, "signatures.txt"), table + "\n")
+    print(table)
+    print(f"results: {os.path.join(args.out, 'results.json')}")
+    if sweep.unexpected:
+        print(f"{len(sweep.unexpected)} signature(s) not in the allow-list"
+              + (f" {args.expect}" if args.expect else " (none given: --expect FILE)"))
+        return 1
+    return 0

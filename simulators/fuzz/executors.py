@@ -1,0 +1,167 @@
+"""Where the seeds of a sweep run: local worker processes, or tasks on a Ray cluster.
+
+Both executors run :func:`isolated_seed`: the seed in a child process of its own with a
+wall-clock budget, so that a seed which hangs or kills its process becomes a result
+(``timeout``, ``crashed``) carrying its seed, and the sweep goes on. Results are yielded
+as seeds complete; the sweep sorts them by seed, so completion order never shows.
+
+Local: one forked child per seed, at most ``workers`` at a time, all waited on from one
+thread (no fork from a multi-threaded parent). Ray: the same function as a Ray task (it
+forks inside the Ray worker), so a Ray cluster adds machines without changing a result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from multiprocessing.connection import wait
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional
+
+from simulators.fuzz.seed_run import run_seed
+
+_GRACE_S = 5.0  # beyond the budget, for a child to hand over a finished result
+
+Result = Dict[str, Any]
+
+
+def _context():
+    # fork is cheap (the parent has imported the simulator already) and available on the
+    # platforms the harness runs on; elsewhere fall back to spawn
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def crashed(seed: int, e: BaseException) -> Result:
+    """The result of a seed whose run raised: the exception's type is the signature."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
+    return {"seed": seed, "status": "crashed", "signature": f"crashed:{type(e).__name__}",
+            "detail": f"{type(e).__name__}: {e}{where}"}
+
+
+def _child(conn, job: "Job") -> None:
+    try:
+        res = job.fn(*job.args)
+    except BaseException as e:  # an exception escaping the simulator is a finding, not a sweep error
+        res = crashed(job.seed, e)
+    conn.send(res)
+    conn.close()
+
+
+def _lost(seed: int, status: str, detail: str) -> Result:
+    return {"seed": seed, "status": status, "signature": status, "detail": detail}
+
+
+class Job(NamedTuple):
+    """``fn(*args)`` for ``seed``, run in a child process; returns a result dict."""
+
+    seed: int
+    fn: Callable[..., Result]
+    args: tuple
+
+
+def seed_job(seed: int, check_determinism: bool, budget: Optional[float]) -> Job:
+    return Job(seed, _run_seed, (seed, check_determinism, budget))
+
+
+def _run_seed(seed: int, check_determinism: bool, budget: Optional[float]) -> Result:
+    return run_seed(seed, check_determinism=check_determinism, time_budget_s=budget)
+
+
+class _Running:
+    def __init__(self, ctx, job: Job, budget: Optional[float], now: float) -> None:
+        self.seed = job.seed
+        self.recv, send = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_child, args=(send, job), daemon=True)
+        self.proc.start()
+        send.close()
+        self.deadline = None if budget is None else now + budget + _GRACE_S
+
+    def finish(self) -> Result:
+        try:
+            res = self.recv.recv()
+        except (EOFError, OSError):
+            self.proc.join(1.0)
+            code = self.proc.exitcode
+            res = _lost(self.seed, "crashed", f"the seed's process died (exit code {code}) without a result")
+        self.proc.join(5.0)
+        self.recv.close()
+        return res
+
+    def kill(self, budget: float) -> Result:
+        self.proc.kill()
+        self.proc.join(5.0)
+        self.recv.close()
+        return _lost(self.seed, "timeout", f"over its time budget of {budget:g} s")
+
+
+def run_isolated(jobs: Iterable[Job], *, workers: int, budget: Optional[float],
+                 clock: Callable[[], float]) -> Iterator[Result]:
+    """Run each job in a forked child, ``workers`` at a time; yield results as they end."""
+    ctx = _context()
+    pending = list(jobs)
+    pending.reverse()
+    running: List[_Running] = []
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                running.append(_Running(ctx, pending.pop(), budget, clock()))
+            deadlines = [r.deadline for r in running if r.deadline is not None]
+            timeout = max(0.0, min(deadlines) - clock()) if deadlines else None
+            ready = wait([r.recv for r in running], timeout=timeout)
+            now = clock()
+            for r in list(running):
+                if r.recv in ready:
+                    running.remove(r)
+                    yield r.finish()
+                elif r.deadline is not None and now >= r.deadline:
+                    running.remove(r)
+                    yield r.kill(budget)
+    finally:
+        for r in running:  # interrupted: no orphans
+            r.proc.kill()
+            r.proc.join(5.0)
+
+
+def isolated_seed(seed: int, check_determinism: bool, budget: Optional[float]) -> Result:
+    """One seed in a child process of its own (the unit of work of a Ray task)."""
+    import time
+
+    return next(run_isolated([seed_job(seed, check_determinism, budget)], workers=1, budget=budget,
+                             clock=time.monotonic))
+
+
+def run_on_ray(seeds: Iterable[int], *, address: str, workers: int, check_determinism: bool,
+               budget: Optional[float]) -> Iterator[Result]:
+    """Run each seed as a Ray task (``address``: a cluster, or ``local`` to start a local
+    Ray with ``workers`` CPUs); yield results as they end.
+
+    The nodes must have rlharness importable (installed, or the same checkout on the same
+    path, as a local cluster has)."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--ray needs Ray: pip install 'rlharness[fuzz]' (or pip install ray)") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address == "local":
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+    task = ray.remote(num_cpus=1, max_retries=0)(isolated_seed)
+    seeds = list(seeds)
+    refs = {task.remote(s, check_determinism, budget): s for s in seeds}
+    try:
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                seed = refs.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as e:  # the Ray worker died (OOM killer, node lost)
+                    yield _lost(seed, "crashed", f"the Ray task died: {type(e).__name__}")
+    finally:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()

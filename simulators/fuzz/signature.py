@@ -1,0 +1,81 @@
+"""What a run found, named so that two seeds that found the same thing share the name.
+
+A signature keeps what a finding *is* and drops what only names where it happened in one
+seed: pipeline names become their types (the pipeline's role), GPU ids, ranks, sizes and
+times are dropped. It is read from the log, never from what the simulator says about its
+own correctness: the first violated invariant (the oracle's check name) or the record
+that ended the run (an OOM and the kind of memory, an RLix timeout and what timed out, a
+plan-validation failure and its condition), whichever comes first in the log. Faults the
+scenario injected and that fired are appended: ``oom:weights +wake_before_offload`` is
+the expected result of that fault, while the same OOM without a fault is a bug.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from harness.invariants import Violation
+
+CLEAN = "clean"
+_FAILURE_KINDS = ("oom", "timeout", "validation_failed", "scheduler_failed")
+
+
+def _roles(text: str, types: Dict[str, str]) -> List[str]:
+    """Types of the pipelines a text names (whole-word matches), sorted, unique."""
+    found = {t for name, t in types.items() if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)}
+    return sorted(found)
+
+
+def _with_roles(head: str, roles: Sequence[str]) -> str:
+    return f"{head}[{','.join(roles)}]" if roles else head
+
+
+def _normalized(detail: str, types: Dict[str, str]) -> str:
+    """A failure message without names and numbers: pipeline names -> types, digits -> N."""
+    for name in sorted(types, key=len, reverse=True):
+        detail = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", types[name], detail)
+    detail = re.sub(r"\[[\d, ]*\]", "[..]", detail)
+    detail = re.sub(r"\d+(\.\d+)?", "N", detail)
+    return re.sub(r"\s+", " ", detail).strip()
+
+
+def _failure(records: Sequence[dict], types: Dict[str, str]) -> Optional[tuple]:
+    """(seq, signature) of the record that ended a failed run, or None."""
+    end = records[-1] if records and records[-1]["kind"] == "sim_end" else None
+    for r in records:
+        kind = r["kind"]
+        if kind not in _FAILURE_KINDS:
+            continue
+        roles = _roles(str(r.get("owner", r.get("pipeline_id", ""))), types)
+        if kind == "oom":
+            return r["seq"], _with_roles(f"oom:{r['mem']}", roles)
+        if kind == "timeout":
+            return r["seq"], _with_roles(f"timeout:{r['what']}", roles)
+        if kind == "validation_failed":
+            return r["seq"], f"plan_validation:condition_{r['condition']}"
+        return r["seq"], "scheduler_failed:" + _normalized(str(r.get("reason", "")), types)
+    if end is not None and end.get("reason") == "failed":
+        return end["seq"], "failed:" + _normalized(str(end.get("detail", "")), types)
+    if end is not None and end.get("reason") == "horizon":
+        return end["seq"], "horizon"
+    return None
+
+
+def signature(records: Sequence[dict], violations: Iterable[Violation], types: Dict[str, str]) -> str:
+    """The run's signature: ``clean`` or the first finding in log order (+ fired faults).
+
+    ``types`` maps each pipeline name of the scenario to its type."""
+    firsts = sorted(violations, key=lambda v: (v.seq, v.invariant))
+    candidates = []
+    if firsts:
+        v = firsts[0]
+        candidates.append((v.seq, _with_roles(v.invariant, _roles(v.message, types))))
+    failure = _failure(records, types)
+    if failure is not None:
+        candidates.append(failure)
+    if not candidates:
+        return CLEAN
+    head = min(candidates)[1]
+    fired = sorted({r["name"] for r in records if r["kind"] == "fault_fired"})
+    return head + "".join(f" +{name}" for name in fired)

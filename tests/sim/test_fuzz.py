@@ -1,0 +1,232 @@
+"""``rlharness fuzz``: the seed -> scenario generator, signatures, isolation of seeds that
+crash or hang, minimized reproducers, and results independent of the executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.invariants import Violation
+from simulators.fuzz import executors
+from simulators.fuzz.executors import Job, run_isolated, seed_job
+from simulators.fuzz.generate import scenario_for_seed, scenario_mapping
+from simulators.fuzz.minimize import minimize
+from simulators.fuzz.seed_run import run_scenario, run_seed
+from simulators.fuzz.signature import CLEAN, signature
+from simulators.fuzz.sweep import SweepConfig, results_json, run_sweep
+from simulators.scenario import load_scenario
+from simulators.spec import PIPELINE_TYPES
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+# ---------------------------------------------------------------- generator
+
+def test_every_seed_gives_a_valid_scenario_and_the_same_one_twice():
+    seen_types, tps, nodes, faults = set(), set(), set(), 0
+    for seed in range(400):
+        s = scenario_for_seed(seed)  # raises ScenarioError if the generator broke a rule
+        assert scenario_mapping(seed) == scenario_mapping(seed)
+        assert s.seed == seed
+        seen_types.update(p.type for p in s.pipelines)
+        tps.update(p.infer_tp for p in s.pipelines)
+        nodes.add(s.cluster.nodes)
+        faults += bool(s.faults)
+    assert seen_types == {"nemo_async", "roll_sync"} and set(PIPELINE_TYPES) >= seen_types
+    assert tps == {1, 2} and nodes == {1, 2}
+    assert 100 < faults < 300  # about half the seeds carry a fault mix
+
+
+def test_partial_overlap_is_drawn_for_nemo_pipelines():
+    overlaps = 0
+    for seed in range(100):
+        for p in scenario_for_seed(seed).pipelines:
+            assert set(p.train_gpus) <= set(p.infer_gpus)
+            if p.type == "nemo_async":
+                assert len(set(p.infer_gpus) - set(p.train_gpus)) >= p.infer_tp
+                overlaps += 1
+    assert overlaps > 20
+
+
+# ---------------------------------------------------------------- signatures
+
+TYPES = {"p0": "nemo_async", "p1": "roll_sync"}
+
+
+def _rec(seq, kind, **fields):
+    return {"seq": seq, "t": float(seq), "kind": kind, **fields}
+
+
+def test_a_clean_run_has_the_clean_signature():
+    records = [_rec(0, "header"), _rec(5, "sim_end", reason="done", sim_time=5.0, events=9, detail="")]
+    assert signature(records, [], TYPES) == CLEAN
+
+
+def test_the_first_finding_in_log_order_names_the_signature_with_roles_not_names():
+    records = [_rec(0, "header"),
+               _rec(3, "oom", gpu=1, owner="p1/dp0", mem="kv_cache", requested=1, used=1, capacity=1),
+               _rec(4, "sim_end", reason="failed", sim_time=4.0, events=9, detail="p1: OOM")]
+    late = Violation("stale_serving", 4, "p0 dp1 serves version 2 after 3 was published")
+    early = Violation("stale_serving", 2, "p0 dp1 serves version 2 after 3 was published")
+    assert signature(records, [late], TYPES) == "oom:kv_cache[roll_sync]"
+    assert signature(records, [early], TYPES) == "stale_serving[nemo_async]"
+
+
+def test_fired_faults_are_part_of_the_signature_and_numbers_are_dropped():
+    records = [_rec(0, "header"), _rec(1, "fault_fired", name="cache_after_offload", pipeline_id="p0"),
+               _rec(2, "sim_end", reason="failed", sim_time=2.0, events=3, detail="p0: cache v3 built on GPU [0, 1]")]
+    assert signature(records, [], TYPES) == "failed:nemo_async: cache vN built on GPU [..] +cache_after_offload"
+
+
+def test_timeouts_and_horizon_have_their_own_signatures():
+    timeout = [_rec(0, "header"), _rec(1, "timeout", pipeline_id="p0", what="shrink_drain", limit_s=30, since=1.0),
+               _rec(2, "sim_end", reason="failed", sim_time=31.0, events=3, detail="timeout")]
+    assert signature(timeout, [], TYPES) == "timeout:shrink_drain[nemo_async]"
+    horizon = [_rec(0, "header"), _rec(1, "sim_end", reason="horizon", sim_time=9.0, events=3, detail="")]
+    assert signature(horizon, [], TYPES) == "horizon"
+
+
+# ---------------------------------------------------------------- one seed
+
+def test_a_seed_result_depends_on_the_seed_alone():
+    a, b = run_seed(1), run_seed(1)
+    assert a == b
+    assert set(a) >= {"seed", "status", "signature", "reason", "log_sha256", "scenario"}
+    assert "wall" not in json.dumps(a)
+
+
+def test_check_determinism_compares_with_a_fresh_process(tmp_path, monkeypatch):
+    assert run_seed(1, check_determinism=True)["determinism"] == {"status": "identical"}
+    # Only the fresh process imports this sitecustomize: its requests decode one token more.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+        import simulators.workload as workload
+        _draw = workload.Collector.draw
+        def draw(self, n):
+            requests = _draw(self, n)
+            for r in requests:
+                r.tokens += 1
+            return requests
+        workload.Collector.draw = draw
+    """))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), ROOT]))
+    res = run_seed(1, check_determinism=True)
+    det = res["determinism"]
+    assert det["status"] == "diverged" and res["signature"] == "nondeterministic"
+    assert det["line"] > 1 and det["ours"] != det["theirs"] and '"kind":"request_' in det["ours"]
+
+
+# ---------------------------------------------------------------- isolation
+
+def _raise(seed):
+    raise ZeroDivisionError("boom")
+
+
+def _die(seed):
+    os._exit(7)
+
+
+def _hang(seed):
+    time.sleep(600)
+
+
+def test_a_seed_that_raises_dies_or_hangs_becomes_a_result_and_the_sweep_goes_on():
+    jobs = [Job(1, _raise, (1,)), Job(2, _die, (2,)), Job(3, _hang, (3,)), seed_job(4, False, 60.0)]
+    t0 = time.monotonic()
+    results = {r["seed"]: r for r in run_isolated(jobs, workers=4, budget=1.0, clock=time.monotonic)}
+    assert time.monotonic() - t0 < 60
+    assert results[1]["status"] == "crashed" and results[1]["signature"] == "crashed:ZeroDivisionError"
+    assert "boom" in results[1]["detail"]
+    assert results[2]["status"] == "crashed" and "exit code 7" in results[2]["detail"]
+    assert results[3]["status"] == "timeout" and "1 s" in results[3]["detail"]
+    assert results[4]["status"] in ("clean", "finding")
+
+
+def test_no_child_process_outlives_the_sweep():
+    import multiprocessing
+
+    list(run_isolated([Job(1, _hang, (1,))], workers=1, budget=0.5, clock=time.monotonic))
+    assert multiprocessing.active_children() == []
+
+
+# ---------------------------------------------------------------- minimization
+
+def test_minimize_keeps_only_what_the_signature_needs():
+    seed = next(s for s in range(200) if len(scenario_mapping(s)["pipelines"]) == 4 and scenario_mapping(s).get("faults"))
+    big = scenario_mapping(seed)
+    fault = big["faults"][0]["name"]
+
+    def fake_signature(m):  # the "finding" is: this fault is in the scenario
+        return "x" if any(f["name"] == fault for f in m.get("faults", [])) else "clean"
+
+    small, runs = minimize(big, "x", signature_fn=fake_signature, max_runs=500)
+    assert len(small["pipelines"]) == 1 and [f["name"] for f in small["faults"]] == [fault]
+    p = small["pipelines"][0]
+    assert p["steps"] == small["faults"][0]["at_step"] + 1
+    assert p["workload"]["prompts_per_step"] == 1 and "scheduler" not in small and "costs" not in small
+    assert runs <= 500
+
+
+def test_a_minimized_reproducer_reproduces_its_finding(tmp_path):
+    cfg = SweepConfig(seeds=12, workers=2, out_dir=str(tmp_path), time_budget_s=60)
+    sweep = run_sweep(cfg)
+    written = [f for f in sweep.findings if f.minimized]
+    assert written, [f.signature for f in sweep.findings]
+    for f in written:
+        scenario = load_scenario(f.minimized)
+        assert run_scenario(scenario)["signature"] == f.signature
+        original = scenario_for_seed(f.smallest_seed)
+        assert scenario.cluster.num_gpus <= original.cluster.num_gpus
+        assert len(scenario.pipelines) <= len(original.pipelines)
+
+
+# ---------------------------------------------------------------- executors and CLI
+
+def test_results_are_byte_identical_whatever_the_worker_count_and_completion_order():
+    one = results_json(run_sweep(SweepConfig(seeds=10, workers=1), minimize_findings=False).results)
+    two = results_json(run_sweep(SweepConfig(seeds=10, workers=3), minimize_findings=False).results)
+    assert one == two
+
+
+@pytest.mark.slow
+def test_results_on_a_local_ray_instance_equal_the_local_ones():
+    ray = pytest.importorskip("ray")
+    local = results_json(run_sweep(SweepConfig(seeds=6, workers=2), minimize_findings=False).results)
+    on_ray = results_json(run_sweep(SweepConfig(seeds=6, workers=2, ray_address="local"), minimize_findings=False).results)
+    assert local == on_ray
+    assert not ray.is_initialized()
+
+
+def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["fuzz", "--seeds", "6", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize"])
+    text = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert [r["seed"] for r in results] == list(range(6))
+    findings = {r["signature"] for r in results} - {CLEAN}
+    assert (rc == 1) == bool(findings), text
+    assert (out / "signatures.txt").read_text().strip() == text.split("\nresults:")[0].strip()
+    allow = tmp_path / "allow.txt"
+    allow.write_text("# everything this range finds\n" + "".join(f"{s}\n" for s in findings))
+    assert main(["fuzz", "--seeds", "6", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize",
+                 "--expect", str(allow)]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fuzz", "--seeds", "0"], "--seeds: must be between 1 and"),
+    (["fuzz", "--seeds", "5", "--workers", "0"], "--workers: must be between 1 and"),
+    (["fuzz", "--seeds", "5", "--time-budget", "-1"], "--time-budget: must be in"),
+    (["fuzz", "--seeds", "5", "--ray-cpus", "2"], "--ray-cpus: only with --ray local"),
+    (["fuzz", "--seeds", "5", "--expect", "/nonexistent/allow.txt"], "--expect: /nonexistent/allow.txt"),
+])
+def test_bad_fuzz_arguments_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    assert main(argv + ["--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
