@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     from simulators.fuzz.cli import add_parser as add_fuzz_parser
 
     add_fuzz_parser(sub, UsageError)
+    imp = sub.add_parser("import", help="convert a real system's log into a replayable input trace")
+    imp_sub = imp.add_subparsers(dest="source", metavar="SOURCE", parser_class=_Parser)
+    rl = imp_sub.add_parser("rlix-log", help="RLix's [RLIX_SCHED_LOG] stdout lines (reference/rlix.md §3)")
+    rl.add_argument("log", metavar="LOG", help="RLix stdout (other lines are passed over)")
+    rl.add_argument("--topology", required=True, metavar="TOPOLOGY.yaml",
+                    help="cluster and pipeline registrations, which RLix's log does not carry (docs/trace-format.md)")
+    rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
+    rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
     return parser
@@ -151,6 +159,24 @@ def _check_determinism(res, args: argparse.Namespace) -> bool:
     return False
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from harness.importers.rlix_log import import_rlix_log
+
+    if args.source != "rlix-log":
+        raise UsageError("import: a source is required (rlix-log)")
+    if not 0 < args.poll_s <= 3600:
+        raise UsageError(f"--poll-s: must be in (0, 3600] seconds, got {args.poll_s:g}")
+    if os.path.abspath(args.out) in (os.path.abspath(args.log), os.path.abspath(args.topology)):
+        raise UsageError(f"--out: {args.out} is an input of this command")
+    res = import_rlix_log(args.log, args.topology, poll_s=args.poll_s)
+    write_atomic(args.out, res.log.lines())
+    for note in res.notes:
+        print(f"  note: {note}")
+    print(f"imported {args.log}: {res.inputs} inputs from RLix's log, {res.poll_cycles} poll cycle(s) added, "
+          f"{len(res.notes)} note(s); trace: {args.out} (rlharness replay {args.out})")
+    return EXIT_OK
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     try:
@@ -164,6 +190,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "check":
             from harness.check import run_check
             return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0))
+        if args.command == "import":
+            return _cmd_import(args)
         if args.command == "fuzz":
             from simulators.fuzz.cli import cmd_fuzz
 

@@ -1,0 +1,1 @@
+"""Importers: logs of real systems turned into replayable rlharness input traces."""
