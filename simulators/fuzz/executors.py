@@ -60,12 +60,8 @@ class Job(NamedTuple):
     args: tuple
 
 
-def seed_job(seed: int, check_determinism: bool, budget: Optional[float]) -> Job:
-    return Job(seed, _run_seed, (seed, check_determinism, budget))
-
-
-def _run_seed(seed: int, check_determinism: bool, budget: Optional[float]) -> Result:
-    return run_seed(seed, check_determinism=check_determinism, time_budget_s=budget)
+def seed_job(seed: int) -> Job:
+    return Job(seed, run_seed, (seed,))
 
 
 class _Running:
@@ -123,17 +119,15 @@ def run_isolated(jobs: Iterable[Job], *, workers: int, budget: Optional[float],
             r.proc.join(5.0)
 
 
-def isolated_seed(seed: int, check_determinism: bool, budget: Optional[float]) -> Result:
-    """One seed in a child process of its own (the unit of work of a Ray task)."""
+def isolated_job(job: Job, budget: Optional[float]) -> Result:
+    """One job in a child process of its own (the unit of work of a Ray task)."""
     import time
 
-    return next(run_isolated([seed_job(seed, check_determinism, budget)], workers=1, budget=budget,
-                             clock=time.monotonic))
+    return next(run_isolated([job], workers=1, budget=budget, clock=time.monotonic))
 
 
-def run_on_ray(seeds: Iterable[int], *, address: str, workers: int, check_determinism: bool,
-               budget: Optional[float]) -> Iterator[Result]:
-    """Run each seed as a Ray task (``address``: a cluster, or ``local`` to start a local
+def run_on_ray(jobs: Iterable[Job], *, address: str, workers: int, budget: Optional[float]) -> Iterator[Result]:
+    """Run each job as a Ray task (``address``: a cluster, or ``local`` to start a local
     Ray with ``workers`` CPUs); yield results as they end.
 
     The nodes must have rlharness importable (installed, or the same checkout on the same
@@ -142,15 +136,14 @@ def run_on_ray(seeds: Iterable[int], *, address: str, workers: int, check_determ
         import ray
     except ImportError:
         raise RuntimeError("--ray needs Ray: pip install 'rlharness[fuzz]' (or pip install ray)") from None
-    started_here = not ray.is_initialized()
+    started_here = not ray.is_initialized()  # a caller's Ray (tests, benchmarks) is left running
     if started_here:
         if address == "local":
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
-    task = ray.remote(num_cpus=1, max_retries=0)(isolated_seed)
-    seeds = list(seeds)
-    refs = {task.remote(s, check_determinism, budget): s for s in seeds}
+    task = ray.remote(num_cpus=1, max_retries=0)(isolated_job)
+    refs = {task.remote(job, budget): job.seed for job in jobs}
     try:
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)

@@ -5,17 +5,19 @@ Ray task). Its result is a plain dict that depends on the seed alone — no wall
 host names, no process ids — so a sweep's results are byte-identical whichever executor
 ran it and in whatever order the seeds completed.
 
-    python -m simulators.fuzz.seed_run SEED OUT.jsonl   (the determinism check's fresh process)
+    python -m simulators.fuzz.seed_run --hashes SEED...      (the determinism pass's fresh process)
+    python -m simulators.fuzz.seed_run --log SEED OUT.jsonl  (a divergent seed's log, to locate it)
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from harness.invariants import check_log
 from simulators.determinism import first_divergence, other_hash_seed
@@ -35,20 +37,13 @@ def scenario_size(s: Scenario) -> tuple:
             sum(p.workload.trajectories_per_step for p in s.pipelines))
 
 
-def run_scenario(scenario: Scenario, lines: Optional[list] = None) -> Dict[str, Any]:
-    """Simulate one scenario and describe what it found (the seed-independent part); the
-    log's lines are appended to ``lines`` when one is given."""
+def run_scenario(scenario: Scenario) -> Dict[str, Any]:
+    """Simulate one scenario and describe what it found (the seed-independent part)."""
     result = Simulation(scenario).run()
     records = result.records
     violations = check_log(records)
     types = {p.name: p.type for p in scenario.pipelines}
     sig = signature(records, violations, types)
-    digest = hashlib.sha256()
-    for line in result.log.lines():
-        if lines is not None:
-            lines.append(line)
-        digest.update(line.encode("utf-8"))
-        digest.update(b"\n")
     return {
         "status": "clean" if sig == CLEAN else "finding",
         "signature": sig,
@@ -58,7 +53,7 @@ def run_scenario(scenario: Scenario, lines: Optional[list] = None) -> Dict[str, 
         "records": len(records),
         "violations": len(violations),
         "first_violations": [str(v) for v in violations[:_KEPT_VIOLATIONS]],
-        "log_sha256": digest.hexdigest(),
+        "log_sha256": _sha(result.log.lines()),
     }
 
 
@@ -71,51 +66,78 @@ def _describe(s: Scenario) -> Dict[str, Any]:
     }
 
 
-def fresh_log(seed: int, hash_seed: str, path: str, timeout_s: Optional[float]) -> None:
-    """Run ``seed`` in a fresh interpreter under ``hash_seed``, its log written to ``path``."""
-    env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-    cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", str(seed), path]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+def _sha(lines) -> str:
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def fresh_hashes(seeds: List[int], timeout_s: Optional[float]) -> Dict[str, Any]:
+    """The log hash of each seed, computed in one fresh interpreter under another
+    ``PYTHONHASHSEED`` (one interpreter start for a chunk of seeds, not one per seed).
+
+    Returns ``{"seed": first seed, "hashes": {seed: sha}}`` or ``{"seed": ..., "error": why}``."""
+    env = dict(os.environ, PYTHONHASHSEED=other_hash_seed(os.environ.get("PYTHONHASHSEED")))
+    cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", "--hashes", *map(str, seeds)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"seed": seeds[0], "error": f"the fresh process took over {timeout_s:g} s"}
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise RuntimeError(f"the fresh run failed: {last}")
+        return {"seed": seeds[0], "error": f"the fresh process failed: {last}"}
+    return {"seed": seeds[0], "hashes": {int(k): v for k, v in json.loads(proc.stdout).items()}}
 
 
-def _determinism(seed: int, lines, timeout_s: Optional[float]) -> Dict[str, Any]:
-    hash_seed = other_hash_seed(os.environ.get("PYTHONHASHSEED"))
+def divergence(seed: int, timeout_s: Optional[float]) -> Dict[str, Any]:
+    """Where the logs of ``seed`` first differ: this process against a fresh one."""
+    lines = list(Simulation(scenario_for_seed(seed)).run().log.lines())
+    env = dict(os.environ, PYTHONHASHSEED=other_hash_seed(os.environ.get("PYTHONHASHSEED")))
     with tempfile.TemporaryDirectory(prefix="rlharness-fuzz-") as tmp:
         path = os.path.join(tmp, "events.jsonl")
+        cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", "--log", str(seed), path]
         try:
-            fresh_log(seed, hash_seed, path, timeout_s)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            return {"status": "not_checked", "why": str(e).splitlines()[-1]}
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "not_checked", "why": f"the fresh process took over {timeout_s:g} s"}
+        if proc.returncode != 0:
+            return {"status": "not_checked", "why": "the fresh process failed"}
         with open(path, encoding="utf-8") as fh:
             div = first_divergence(lines, (line.rstrip("\n") for line in fh))
-    if div is None:
-        return {"status": "identical"}
+    if div is None:  # the hashes differed, the logs do not: the difference came and went
+        return {"status": "diverged", "line": None, "ours": None, "theirs": None}
     return {"status": "diverged", "line": div.line, "ours": div.ours, "theirs": div.theirs}
 
 
-def run_seed(seed: int, *, check_determinism: bool = False, time_budget_s: Optional[float] = None) -> Dict[str, Any]:
+def run_seed(seed: int) -> Dict[str, Any]:
     """Everything a sweep records about one seed. An exception escaping the simulator is
     the caller's to turn into a ``crashed`` result (see :mod:`simulators.fuzz.executors`)."""
     scenario = scenario_for_seed(seed)
     out: Dict[str, Any] = {"seed": seed, "scenario": _describe(scenario)}
-    lines: Optional[list] = [] if check_determinism else None
-    out.update(run_scenario(scenario, lines))
-    if check_determinism:
-        out["determinism"] = _determinism(seed, lines, time_budget_s)
-        if out["determinism"]["status"] == "diverged":
-            out["status"] = "finding"
-            out["signature"] = "nondeterministic"
+    out.update(run_scenario(scenario))
     return out
 
 
-def _fresh_main(seed: int, path: str) -> None:
+def _hashes_main(seeds: List[int]) -> None:
+    out = {}
+    for seed in seeds:
+        try:
+            out[str(seed)] = _sha(Simulation(scenario_for_seed(seed)).run().log.lines())
+        except Exception as e:  # the primary run crashed too, or it did not: either way a difference
+            out[str(seed)] = f"raised {type(e).__name__}"
+    sys.stdout.write(json.dumps(out))
+
+
+def _log_main(seed: int, path: str) -> None:
     from harness.eventlog.writer import write_atomic
 
     write_atomic(path, Simulation(scenario_for_seed(seed)).run().log.lines())
 
 
 if __name__ == "__main__":
-    _fresh_main(int(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "--hashes":
+        _hashes_main([int(a) for a in sys.argv[2:]])
+    else:
+        _log_main(int(sys.argv[2]), sys.argv[3])

@@ -26,6 +26,7 @@ from harness.eventlog.writer import atomic_write
 from simulators.fuzz.executors import Job, Result, run_isolated, run_on_ray, seed_job
 from simulators.fuzz.generate import scenario_mapping
 from simulators.fuzz.minimize import minimize
+from simulators.fuzz.seed_run import divergence, fresh_hashes
 from simulators.fuzz.signature import CLEAN
 
 
@@ -139,11 +140,51 @@ def _findings(results: List[Result], expect: List[str]) -> List[Finding]:
     return sorted(out, key=lambda f: (-f.count, f.signature))
 
 
-def _execute(jobs: List[Job], cfg: SweepConfig) -> Iterable[Result]:
+def _execute(jobs: List[Job], cfg: SweepConfig, budget: float) -> Iterable[Result]:
     if cfg.ray_address is not None:
-        return run_on_ray([j.seed for j in jobs], address=cfg.ray_address, workers=cfg.workers,
-                          check_determinism=cfg.check_determinism, budget=cfg.time_budget_s)
-    return run_isolated(jobs, workers=cfg.workers, budget=cfg.time_budget_s, clock=time.monotonic)
+        return run_on_ray(jobs, address=cfg.ray_address, workers=cfg.workers, budget=budget)
+    return run_isolated(jobs, workers=cfg.workers, budget=budget, clock=time.monotonic)
+
+
+_CHUNK = 10  # seeds per fresh interpreter in the determinism pass
+
+
+def _check_determinism(results: List[Result], cfg: SweepConfig, progress: Optional[Progress]) -> None:
+    """Each seed again in fresh interpreters under another PYTHONHASHSEED (a chunk of seeds
+    per interpreter: one start-up per chunk, not per seed); where a log hash differs,
+    locate the first divergent record. Adds ``determinism`` to every result."""
+    ran = [r for r in results if "log_sha256" in r]
+    for r in results:
+        if "log_sha256" not in r:
+            r["determinism"] = {"status": "not_checked", "why": f"the run {r['status']}"}
+    if progress is not None:
+        progress.say(f"checking determinism of {len(ran)} seed(s) in fresh processes ...")
+    seeds = [r["seed"] for r in ran]
+    chunks = [seeds[i:i + _CHUNK] for i in range(0, len(seeds), _CHUNK)]
+    budget = cfg.time_budget_s * _CHUNK
+    jobs = [Job(c[0], fresh_hashes, (c, budget)) for c in chunks]
+    fresh: Dict[int, str] = {}
+    why: Dict[int, str] = {}
+    for res, chunk in _zip_chunks(_execute(jobs, cfg, budget + 10.0), chunks):
+        if "hashes" in res:
+            fresh.update(res["hashes"])
+        else:
+            why.update({s: res.get("error") or res.get("detail", res["status"]) for s in chunk})
+    for r in ran:
+        seed = r["seed"]
+        if seed in why:
+            r["determinism"] = {"status": "not_checked", "why": why[seed]}
+        elif fresh.get(seed) == r["log_sha256"]:
+            r["determinism"] = {"status": "identical"}
+        else:
+            r["determinism"] = divergence(seed, cfg.time_budget_s)
+            r["status"], r["signature"] = "finding", "nondeterministic"
+
+
+def _zip_chunks(results: Iterable[Result], chunks: List[List[int]]):
+    by_first = {c[0]: c for c in chunks}
+    for res in results:
+        yield res, by_first[res["seed"]]
 
 
 def results_json(results: List[Result]) -> str:
@@ -155,11 +196,13 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None,
     t0 = time.monotonic()
     seeds = range(cfg.start, cfg.start + cfg.seeds)
     results: List[Result] = []
-    for res in _execute([seed_job(s, cfg.check_determinism, cfg.time_budget_s) for s in seeds], cfg):
+    for res in _execute([seed_job(s) for s in seeds], cfg, cfg.time_budget_s):
         results.append(res)
         if progress is not None:
             progress.add(res)
     results.sort(key=lambda r: r["seed"])
+    if cfg.check_determinism:
+        _check_determinism(results, cfg, progress)
     findings = _findings(results, cfg.expect)
     # a seed that crashed or ran out of time is reported as it is: shrinking it would
     # crash or hang again, once per candidate

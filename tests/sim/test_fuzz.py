@@ -102,7 +102,8 @@ def test_a_seed_result_depends_on_the_seed_alone():
 
 
 def test_check_determinism_compares_with_a_fresh_process(tmp_path, monkeypatch):
-    assert run_seed(1, check_determinism=True)["determinism"] == {"status": "identical"}
+    cfg = SweepConfig(seeds=3, workers=2, check_determinism=True)
+    assert [r["determinism"] for r in run_sweep(cfg, minimize_findings=False).results] == [{"status": "identical"}] * 3
     # Only the fresh process imports this sitecustomize: its requests decode one token more.
     site = tmp_path / "site"
     site.mkdir()
@@ -117,7 +118,7 @@ def test_check_determinism_compares_with_a_fresh_process(tmp_path, monkeypatch):
         workload.Collector.draw = draw
     """))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), ROOT]))
-    res = run_seed(1, check_determinism=True)
+    res = run_sweep(cfg, minimize_findings=False).results[1]
     det = res["determinism"]
     assert det["status"] == "diverged" and res["signature"] == "nondeterministic"
     assert det["line"] > 1 and det["ours"] != det["theirs"] and '"kind":"request_' in det["ours"]
@@ -138,7 +139,7 @@ def _hang(seed):
 
 
 def test_a_seed_that_raises_dies_or_hangs_becomes_a_result_and_the_sweep_goes_on():
-    jobs = [Job(1, _raise, (1,)), Job(2, _die, (2,)), Job(3, _hang, (3,)), seed_job(4, False, 60.0)]
+    jobs = [Job(1, _raise, (1,)), Job(2, _die, (2,)), Job(3, _hang, (3,)), seed_job(4)]
     t0 = time.monotonic()
     results = {r["seed"]: r for r in run_isolated(jobs, workers=4, budget=1.0, clock=time.monotonic)}
     assert time.monotonic() - t0 < 60
