@@ -5,7 +5,11 @@ gates obey); this module adds what only a simulation needs: requests in flight, 
 batching model, and round-robin routing over routable ranks. Routing never fails: while
 no rank is routable, requests wait in the router's queue (RLix polls every 50 ms; here
 the router is woken by activation). A shrink aborts a rank's in-flight requests and
-puts them back at the head of the queue — turn-level re-dispatch, nothing lost.
+puts them back at the head of the queue — turn-level re-dispatch — up to
+``max_attempts`` dispatches per request (NeMo's ``_async_generate_base``: min(3, dp_size);
+``None``: no limit, ROLL's request migration). A request aborted on its last attempt
+raises ``ShardPreemptedError`` into its rollout worker, which drops the prompt group
+(``request_failed``) and reopens its slot (``on_give_up``).
 
 Batching model: a rank decoding ``c`` sequences at once delivers an aggregate
 ``T·c/(c + h)`` tokens/s (T = ``tokens_per_s_per_rank``, h = ``batching_half_point``), so
@@ -53,7 +57,8 @@ class Router:
 
     def __init__(self, env: SimEnv, pipeline_id: str, pipe_index: int, max_concurrent: int,
                  tokens_per_s: float, half_point: float, log: Callable[[dict], object],
-                 on_done: Callable[[Request, RankSim], None]) -> None:
+                 on_done: Callable[[Request, RankSim], None], max_attempts: Optional[int] = None,
+                 on_give_up: Optional[Callable[[Request], None]] = None) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
         self.pipe_index = pipe_index
@@ -62,6 +67,8 @@ class Router:
         self.half_point = half_point
         self.log = log
         self.on_done = on_done
+        self.max_attempts = max_attempts
+        self.on_give_up = on_give_up
         self.queue: Deque[Request] = deque()
         self.ranks: Dict[int, RankSim] = {}
         self.order: List[int] = []  # routable ranks in activation order (round robin)
@@ -84,12 +91,21 @@ class Router:
             self.order.remove(rank.dp_rank)
         aborted = [rank.inflight[rid].arg[1] for rid in sorted(rank.inflight)]
         rank.inflight.clear()  # their timers are now stale
+        given_up = []
         for req in reversed(aborted):
             req.attempt += 1
-            self.queue.appendleft(req)
             self.log({"seq": 0, "t": self.env._now, "kind": "request_abort", "pipeline_id": self.pipeline_id,
                       "request": req.rid, "dp_rank": rank.dp_rank})
+            if self.max_attempts is not None and req.attempt >= self.max_attempts:
+                given_up.append(req)
+                continue
+            self.queue.appendleft(req)
         self.aborted += len(aborted)
+        for req in reversed(given_up):  # in dispatch order
+            self.log({"seq": 0, "t": self.env._now, "kind": "request_failed", "pipeline_id": self.pipeline_id,
+                      "request": req.rid, "attempts": req.attempt, "error": "ShardPreemptedError"})
+            if self.on_give_up is not None:
+                self.on_give_up(req)
         self.dispatch()
         return aborted
 

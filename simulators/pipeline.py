@@ -61,8 +61,10 @@ class PipelineSim(RankEffects, RefitEffects):
             for r in range(len(infer) // tp)
         }
         w = spec.workload
+        # NeMo re-dispatches a preempted turn at most min(3, dp_size) times; ROLL migrates without limit
+        attempts = min(3, len(infer) // tp) if nemo else None
         self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
-                             w.batching_half_point, sim.log.add, self._on_trajectory)
+                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up)
         self.router.ranks = self.ranks
         seed = np.random.SeedSequence([sim.scenario.seed, index])
         self.collector = Collector(w, "async" if nemo else "sync", np.random.default_rng(seed))
@@ -153,6 +155,7 @@ class PipelineSim(RankEffects, RefitEffects):
         requests are aborted and dropped with the queue: nobody will collect them) and is
         logged ``stopped``, so no output counts it as generating after the unregister."""
         self.router.order.clear()  # first off routing, all of them: nothing is re-dispatched
+        self.router.max_attempts = None  # ... nor given up: the engines exit, no rollout is left
         for rank in self.ranks.values():
             if rank.routable:
                 self.router.deactivate(rank)
@@ -398,6 +401,13 @@ class PipelineSim(RankEffects, RefitEffects):
         self._refill()
         if not self.batch_ready.triggered and self._wait_batch_has_work(usable):
             self.batch_ready.succeed()
+
+    def _on_give_up(self, req: Request) -> None:
+        """A rollout gave up on a request preempted on every attempt: the prompt group is
+        dropped (NeMo's prompt-group worker logs the error and reopens its slot) and the
+        collector generates a replacement."""
+        self.collector.outstanding -= 1
+        self._refill()
 
     def _usable(self) -> int:
         """Buffered trajectories young enough for the published version."""

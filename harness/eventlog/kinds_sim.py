@@ -18,6 +18,8 @@ SIM_KINDS: dict = {
                        {"pipeline_id": "str", "request": "int", "dp_rank": "int", "tokens": "int"}, {"version": "int?"}),
     "request_abort": _k("A request was aborted by a shrink and goes back to the router (turn-level re-dispatch).",
                         {"pipeline_id": "str", "request": "int", "dp_rank": "int"}),
+    "request_failed": _k("A request aborted on its last allowed attempt (NeMo: min(3, dp_size)) failed with ShardPreemptedError; its rollout drops it.",
+                         {"pipeline_id": "str", "request": "int", "attempts": "int", "error": "str"}),
     "batch_consumed": _k("The trainer took a batch for a step; staleness maps age in steps to trajectory count.",
                          {"pipeline_id": "str", "step": "int", "trajectories": "int", "staleness": "object"}),
     "vram": _k("Resident bytes on a GPU changed (owner = pipeline/rank, mem = weights|kv_cache|train_state|nccl|staging|cuda_context).",

@@ -78,6 +78,7 @@ class PipelineSummary:
     waiting_s: float
     requests_done: int = 0
     requests_aborted: int = 0
+    requests_failed: int = 0  # given up after their last re-dispatch attempt (request_failed)
     tokens: int = 0
 
 
@@ -219,6 +220,7 @@ def summarize(log: Log) -> Summary:
         by_pipe_ranks[rv.pipeline_id].append(rv)
     req_done: Dict[str, int] = defaultdict(int)
     req_abort: Dict[str, int] = defaultdict(int)
+    req_failed: Dict[str, int] = defaultdict(int)
     tokens: Dict[str, int] = defaultdict(int)
     for r in records:
         k = r.get("kind")
@@ -227,6 +229,8 @@ def summarize(log: Log) -> Summary:
             tokens[r["pipeline_id"]] += int(r.get("tokens", 0))
         elif k == "request_abort":
             req_abort[r["pipeline_id"]] += 1
+        elif k == "request_failed":
+            req_failed[r["pipeline_id"]] += 1
 
     pipelines: List[PipelineSummary] = []
     for pid in _pipeline_ids(records):
@@ -248,6 +252,7 @@ def summarize(log: Log) -> Summary:
             waiting_s=union_length(spans["waiting"]),
             requests_done=req_done.get(pid, 0),
             requests_aborted=req_abort.get(pid, 0),
+            requests_failed=req_failed.get(pid, 0),
             tokens=tokens.get(pid, 0),
         ))
 
@@ -391,10 +396,10 @@ def format_summary(summary: Summary) -> str:
         rows.append([p.pipeline_id, str(p.steps_done), _s(p.mean_step_s), _s(p.p95_step_s),
                      _s(p.generate_s), _pct(p.generate_s, d), _s(p.train_s), _pct(p.train_s, d),
                      _s(p.refit_s), _pct(p.refit_s, d), _s(p.waiting_s), _pct(p.waiting_s, d),
-                     str(p.requests_done), str(p.requests_aborted)])
+                     str(p.requests_done), str(p.requests_aborted), str(p.requests_failed)])
     out += _table(["pipeline", "steps", "mean step s", "p95 step s", "generate s", "gen %", "train s",
-                   "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort"],
-                  rows, "lrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
+                   "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort",
+                   "req failed"], rows, "lrrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
 
     out.append("")
     out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")

@@ -112,3 +112,19 @@ def test_sleep_level_1_keeps_weights_in_host_ram_and_copies_them_back_on_wake():
     level2 = wake_s(Simulation(base).run().records)
     copy = weights / base.cluster.pcie_bytes_per_s
     assert min(level2) < max(wake_s(res.records)) and any(abs(w - (min(level2) + copy)) < 1e-9 for w in wake_s(res.records))
+
+
+def test_nemo_gives_up_a_request_after_min_3_dp_size_attempts_and_the_collector_replaces_it():
+    res = Simulation(default_scenario()).run()  # two nemo_async pipelines, dp_size 2 each
+    assert res.reason == "done" and check_log(res.records) == []
+    failed = [r for r in res.records if r["kind"] == "request_failed"]
+    assert failed and {(r["attempts"], r["error"]) for r in failed} == {(2, "ShardPreemptedError")}
+    limit = 2  # min(3, dp_size)
+    assert max(r["attempt"] for r in res.records if r["kind"] == "request_dispatch") == limit - 1
+    for f in failed:  # the failed request was aborted just before and never runs again
+        later = [r for r in res.records if r["seq"] > f["seq"] and r.get("pipeline_id") == f["pipeline_id"]
+                 and r.get("request") == f["request"] and r["kind"] in ("request_dispatch", "request_done")]
+        assert not later
+    # ROLL migrates aborted requests without a limit: nothing fails there
+    roll = Simulation(scenario("roll_dual_4gpu")).run()
+    assert not [r for r in roll.records if r["kind"] == "request_failed"]
