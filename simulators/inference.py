@@ -32,6 +32,7 @@ class Request:
     tokens: int
     attempt: int = 0
     version: Optional[int] = None  # weights version of the rank it was (last) dispatched to
+    stuck: bool = False  # fault stuck_request: a straggler that never finishes, wherever it runs
 
 
 @dataclass
@@ -133,6 +134,8 @@ class Router:
     def _start(self, rank: RankSim, req: Request) -> None:
         c = len(rank.inflight)
         duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
+        if req.stuck:
+            duration = float("inf")
         req.version = version = rank.life.weights_version
         rid = req.rid
         rank.inflight[rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))

@@ -26,6 +26,7 @@ from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.env import Actor, Link, Timer
+from simulators.field_faults import FieldFaults
 from simulators.inference import RankSim, Request, Router
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
@@ -37,9 +38,10 @@ from simulators.workload import Collector, ReplayBuffer
 TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
 
 
-class PipelineSim(RankEffects, RefitEffects):
+class PipelineSim(RankEffects, RefitEffects, FieldFaults):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
-    :class:`RefitEffects` (refit.py); scheduler, training and workload effects are here."""
+    :class:`RefitEffects` (refit.py), the field-report fault hooks from :class:`FieldFaults`
+    (field_faults.py); scheduler, training and workload effects are here."""
 
     def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
         self.sim, self.spec, self.index = sim, spec, index
@@ -86,6 +88,8 @@ class PipelineSim(RankEffects, RefitEffects):
         self.cache_versions: List[int] = []
         self.deadlines = Deadlines(sim, self.pid, index)
         self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
+        # one-shot field-report faults (field_faults.py) that already fired
+        self._straggled = self._crashed = self._params_left = self._estimate_dropped = self._expand_failed = False
 
     # ------------------------------------------------------------------ lifecycle of the pipeline
     def main(self):
@@ -175,6 +179,8 @@ class PipelineSim(RankEffects, RefitEffects):
         try:
             gen = shrink_order(self.ctx, ranks) if phase == "shrink" else expand_order(self.ctx, ranks)
             yield from self.drive(gen, phase, None, cycle)
+            if phase == "expand" and not self.gone:
+                self._maybe_crash_after_refit()
         except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError) as e:
             self._failed(f"{self.pid} {phase} {ranks}", e)
         self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
@@ -261,8 +267,11 @@ class PipelineSim(RankEffects, RefitEffects):
             fields["global_step"] = e.global_step
         if e.step_target_estimate is not None:
             fields["step_target_estimate"] = e.step_target_estimate
+        estimate = self._gen_estimate(e.cluster, e.step_target_estimate)
+        if estimate is None:
+            fields.pop("step_target_estimate", None)
         ticket = sim.call("request", fields, lambda: sim.model.request(
-            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
+            cid, e.priority, global_step=e.global_step, step_target_estimate=estimate))
         gpus = yield from self._wait_ticket(ticket)
         return gpus
 
@@ -352,6 +361,7 @@ class PipelineSim(RankEffects, RefitEffects):
             yield self.env.timeout(0)
             return None  # training memory stays resident: the next wake on these GPUs must OOM
         yield from self._offload_train_state()
+        self._leave_params_on_gpu()
         return None
 
     def _offload_train_state(self):
@@ -427,7 +437,7 @@ class PipelineSim(RankEffects, RefitEffects):
     def _refill(self) -> None:
         n = self.collector.refill(len(self.buffer.items))
         if n > 0 and not self.finished:
-            self.router.submit(self.collector.draw(n))
+            self.router.submit(self._mark_straggler(self.collector.draw(n), self.ctx.step))
 
     def _report_progress(self, new_batch: bool, usable: int) -> None:
         """Report ``usable`` (:meth:`_usable`) as collected; the coordinator forwards it
@@ -444,8 +454,10 @@ class PipelineSim(RankEffects, RefitEffects):
 
     def _BeginProgressBatch(self, e):
         self.batch_step = e.global_step
+        self._collector_epoch_end(e.global_step)
         if self.collector.mode == "sync":
-            self.router.submit(self.collector.draw(self.spec.workload.trajectories_per_step))
+            self.router.submit(self._mark_straggler(self.collector.draw(self.spec.workload.trajectories_per_step),
+                                                    e.global_step))
         else:
             self._refill()
         self._report_progress(True, self._usable())
@@ -498,8 +510,12 @@ class PipelineSim(RankEffects, RefitEffects):
             busy = any(r.life.state.value != "asleep" for r in self.ranks.values())
             if not busy and sim.model.state.pending_for(cid) is None:
                 try:
-                    sim.call("request", {"cluster_id": cid, "priority": Priority.GENERATION.name, "step_target_estimate": 1},
-                             lambda: sim.model.request(cid, Priority.GENERATION, step_target_estimate=1))
+                    estimate = self._gen_estimate(GENERATION_CLUSTER, 1)
+                    fields = {"cluster_id": cid, "priority": Priority.GENERATION.name}
+                    if estimate is not None:
+                        fields["step_target_estimate"] = estimate
+                    sim.call("request", fields,
+                             lambda: sim.model.request(cid, Priority.GENERATION, step_target_estimate=estimate))
                 except SimFailure as exc:
                     sim.fail(f"{self.pid} watchdog: {exc}")
                     return

@@ -29,6 +29,8 @@ class RefitEffects:
     def _SyncFromCache(self, e):
         env, sim, c = self.env, self.sim, self.costs
         cluster = sim.cluster
+        if e.path == "expand":
+            self._maybe_fail_expand_sync()
         if e.path == "expand" and self.faults.get("skip_sync_on_expand") == self.ctx.step:
             sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
             yield env.timeout(0)
@@ -80,7 +82,7 @@ class RefitEffects:
             yield timeout(load_end - env.now)
         acked(e, ipc, bcast, *unacked)  # then the final "complete" message
         cluster.vram.free(owner, staging_owner, "staging")
-        if group is not None:
+        if group is not None and not self._strand_sync_group(group, [owner] + sorted(bcast)):
             yield env.timeout(c.nccl_group_destroy_s)
             sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=group, gpus=[owner] + sorted(bcast))
         for r in e.ranks:

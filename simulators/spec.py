@@ -128,6 +128,29 @@ class FaultSpec:
     * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
       GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
       shutdown (MILES B-13), and a peer that needs those GPUs can starve.
+
+
+    Reproductions of user-reported failures (``simulators/field_faults.py``):
+
+    * ``collector_dies`` — (NeMo RL #2899) from the batch of that step on, the trajectory
+      collector is dead (it died at a dataset epoch end): nothing is generated, the
+      trainer waits for a batch forever.
+    * ``engines_crash_after_refit`` — (NeMo RL #3488) after the first expand (wake → sync
+      → publish → activate) at or after that step every engine of the pipeline dies
+      silently: nothing routable, in-flight requests gone, the trainer polls an empty buffer.
+    * ``stuck_request`` — (NeMo RL #3238) the first request drawn at or after that step
+      never finishes, wherever it is dispatched: a straggler that wedges a synchronous step.
+    * ``offload_keeps_params`` — (NeMo RL #2775) the training offload of that step leaves
+      the parameters on the training GPUs: the next wake there runs out of memory.
+    * ``strand_sync_group`` — (NeMo RL #3591) from that step on, a weight sync's dynamic
+      NCCL group is never destroyed when the next one is built: stranded communicators keep
+      their buffers until an allocation fails.
+    * ``no_gen_estimate`` — (whole run; RLix debug #27) GENERATION requests carry no
+      ``step_target_estimate``; with ``noop_progress_hooks`` the planner sees no demand and
+      the request blocks forever.
+    * ``expand_sync_fails`` — at the first expand at or after that step the weight sync
+      fails at a receiver: the woken ranks are left awake and unroutable (no rollback) and
+      RLix fails fast.
     """
 
     name: str
@@ -150,7 +173,9 @@ class Scenario:
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
-               "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes")
+               "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
+               "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",
+               "strand_sync_group", "no_gen_estimate", "expand_sync_fails")
 
 
 def default_scenario() -> Scenario:

@@ -74,9 +74,12 @@ class Collector:
         self.rng = rng
         self.next_rid = 0
         self.outstanding = 0  # submitted and not yet completed
+        self.dead = False  # fault collector_dies: nothing is drawn any more
         self._log_median = np.log(spec.decode_tokens_median)  # the spec is frozen
 
     def draw(self, n: int) -> List[Request]:
+        if self.dead:
+            return []
         s = self.spec
         lengths = np.exp(self._log_median + s.decode_tokens_sigma * self.rng.standard_normal(n))
         hi = s.decode_tokens_max

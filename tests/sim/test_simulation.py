@@ -232,6 +232,14 @@ EXPECTED_FINDINGS = {
     "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
     # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
     "starve_one_shot_generation": ("horizon", {"liveness"}),
+    # failures users reported (tests/sim/test_field_failures.py)
+    "collector_dies_at_epoch_end": ("horizon", {"liveness"}),  # NeMo RL #2899
+    "engines_crash_after_refit": ("horizon", {"liveness"}),  # NeMo RL #3488
+    "stuck_rollout_straggler": ("horizon", {"liveness"}),  # NeMo RL #3238
+    "offload_keeps_params": ("failed", set()),  # NeMo RL #2775: OOM on the next wake
+    "stranded_sync_group": ("failed", set()),  # NeMo RL #3591: stranded communicators OOM
+    "gen_request_without_demand": ("horizon", {"liveness"}),  # RLix debug #27
+    "expand_fails_midway": ("failed", set()),  # no rollback, fail-fast
 }
 
 

@@ -1,0 +1,125 @@
+"""Failure modes users reported, each reproduced by a bundled scenario (a fault hook of
+``simulators/field_faults.py``): the named check or failure kind catches it from the log,
+and the same scenario without the fault (the fixed behaviour) runs clean."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from harness.invariants import check_log
+from simulators.runtime import Simulation
+from simulators.scenario import load_scenario
+
+SCENARIOS = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "scenarios")
+
+
+def run(name, **replace):
+    s = load_scenario(os.path.join(SCENARIOS, name + ".yaml"))
+    return Simulation(dataclasses.replace(s, **replace) if replace else s).run()
+
+
+def fired(res):
+    return [(r["name"], r["pipeline_id"]) for r in res.records if r["kind"] == "fault_fired"]
+
+
+def last_states(res, pid):
+    return {r["dp_rank"]: r for r in res.records if r["kind"] == "rank_state" and r["pipeline_id"] == pid}
+
+
+def liveness_messages(res):
+    found = check_log(res.records)
+    assert {v.invariant for v in found} == {"liveness"}, found  # that check and no unrelated one
+    return [v.message for v in found]
+
+
+def test_collector_dying_at_an_epoch_end_leaves_the_trainer_waiting_forever():  # NeMo RL #2899
+    res = run("collector_dies_at_epoch_end")
+    assert res.reason == "horizon" and ("collector_dies", "ppl1") in fired(res)
+    msgs = liveness_messages(res)
+    assert any(m.startswith("ppl1 stuck in WaitBatch") for m in msgs) and not any(m.startswith("ppl2") for m in msgs)
+    # what the collector had drawn before it died drained out; nothing followed
+    t_dead = next(r["t"] for r in res.records if r["kind"] == "fault_fired")
+    last = max(r["t"] for r in res.records if r["kind"] == "request_dispatch" and r["pipeline_id"] == "ppl1")
+    assert t_dead < res.sim_time - 300 and last < res.sim_time - 300
+
+
+def test_engines_crashing_after_a_refit_leave_the_trainer_polling_an_empty_buffer():  # NeMo RL #3488
+    res = run("engines_crash_after_refit")
+    assert res.reason == "horizon" and ("engines_crash_after_refit", "ppl1") in fired(res)
+    msgs = liveness_messages(res)
+    assert any(m.startswith("ppl1 stuck in WaitBatch") for m in msgs)
+    crash = next(r for r in res.records if r["kind"] == "fault_fired")
+    stopped = [r for r in res.records if r["kind"] == "rank_state" and r["pipeline_id"] == "ppl1"
+               and r["state"] == "stopped"]
+    assert stopped and all(r["seq"] > crash["seq"] for r in stopped)
+    assert not [r for r in res.records if r["seq"] > crash["seq"] and r["kind"] == "request_done" and r["pipeline_id"] == "ppl1"]
+
+
+def test_one_stuck_straggler_wedges_a_synchronous_step():  # NeMo RL #3238
+    res = run("stuck_rollout_straggler")
+    assert res.reason == "horizon" and ("stuck_request", "ppl1") in fired(res)
+    msgs = liveness_messages(res)
+    assert any(m.startswith("ppl1 stuck in WaitBatch of step 1") for m in msgs), msgs
+    # every other trajectory of ppl1's batch finished: one straggler is all it takes
+    done = {r["request"] for r in res.records if r["kind"] == "request_done" and r["pipeline_id"] == "ppl1"}
+    drawn = {r["request"] for r in res.records if r["kind"] == "request_dispatch" and r["pipeline_id"] == "ppl1"}
+    assert len(drawn - done) == 1
+
+
+def test_parameters_left_on_the_gpu_by_the_offload_make_the_next_wake_oom():  # NeMo RL #2775
+    res = run("offload_keeps_params")
+    assert res.reason == "failed" and check_log(res.records) == []
+    assert ("offload_keeps_params", "ppl1") in fired(res)
+    oom = next(r for r in res.records if r["kind"] == "oom")
+    assert oom["gpu"] == 0 and oom["owner"] == "ppl1/dp0"
+    left = sum(r["delta"] for r in res.records if r["kind"] == "vram" and r["gpu"] == 0
+               and r["owner"] == "ppl1/train" and r["mem"] == "weights")
+    assert left == res.scenario.pipelines[0].model.weight_bytes and oom["used"] >= left
+
+
+def test_stranded_weight_sync_communicators_pile_up_until_an_allocation_fails():  # NeMo RL #3591
+    res = run("stranded_sync_group")
+    assert res.reason == "failed" and "OOM on GPU" in res.detail
+    oom = next(r for r in res.records if r["kind"] == "oom")
+    assert oom["owner"].startswith("ppl1/stranded:")
+    groups = {}
+    for r in res.records:
+        if r["kind"] == "nccl_group" and "/sync/" in r["name"]:
+            groups[r["name"]] = r["action"]
+    assert groups and all(a == "create" for a in groups.values())  # never destroyed
+
+
+def test_a_generation_request_without_estimate_or_progress_blocks_forever():  # RLix debug #27
+    res = run("gen_request_without_demand")
+    assert res.reason == "horizon" and ("no_gen_estimate", "ppl1") in fired(res)
+    msgs = liveness_messages(res)
+    assert any("request of ppl1_actor_infer at GENERATION" in m for m in msgs)
+    assert any(m.startswith("ppl1 stuck in RequestGpus") for m in msgs)
+    gen = [r for r in res.records if r["kind"] == "request" and r["cluster_id"] == "ppl1_actor_infer"]
+    assert gen and all("step_target_estimate" not in r for r in gen)
+    assert not [r for r in res.records if r["kind"] == "progress" and r["pipeline_id"] == "ppl1"]
+
+
+def test_an_expand_that_fails_at_its_sync_strands_the_woken_ranks_and_fails_fast():
+    res = run("expand_fails_midway")
+    assert res.reason == "failed" and "no rollback" in res.detail
+    last = last_states(res, "ppl1")
+    stranded = [r for r in last.values() if r["state"] == "awake_unrouted"]
+    assert stranded  # woken, never synced nor activated, still holding memory
+    for r in stranded:
+        held = sum(v["delta"] for v in res.records if v["kind"] == "vram" and v["owner"] == f"ppl1/dp{r['dp_rank']}")
+        assert held > 0
+
+
+@pytest.mark.parametrize("name", ["collector_dies_at_epoch_end", "engines_crash_after_refit", "stuck_rollout_straggler",
+                                  "offload_keeps_params", "stranded_sync_group", "gen_request_without_demand",
+                                  "expand_fails_midway"])
+def test_without_its_fault_the_scenario_runs_clean(name):
+    s = load_scenario(os.path.join(SCENARIOS, name + ".yaml"))
+    fixed = [f for f in s.faults if f.name not in ("noop_progress_hooks",)]  # NeMo's real hooks stay
+    keep = tuple(f for f in s.faults if f not in fixed)
+    res = Simulation(dataclasses.replace(s, faults=keep)).run()
+    assert res.reason == "done" and check_log(res.records) == [], (name, res.detail)
