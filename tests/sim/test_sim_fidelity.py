@@ -12,6 +12,7 @@ import os
 from harness.cli import main
 from harness.invariants import check_log
 from harness.outputs.intervals import rank_intervals
+from harness.outputs.perfetto import chrome_trace
 from harness.outputs.summary import summarize
 from simulators.runtime import Simulation
 from simulators.scenario import load_scenario
@@ -48,6 +49,9 @@ def test_a_finished_pipeline_stops_generating_and_its_gpus_go_idle_or_to_others(
     for g in (4, 5, 7):  # p0's long-lived GEN GPUs: no longer ~97 % generating to the end
         gpu = next(x for x in s.gpus if x.gpu == g)
         assert gpu.generate_s / (s.t_end - s.t_start) < 0.5, (g, gpu)
+    # the Perfetto trace draws the same: no generate slice of p0 outlives its unregister
+    gen = [e for e in chrome_trace(recs)["traceEvents"] if e.get("cat") == "generate" and " p0 " in f" {e['name']} "]
+    assert gen and max(e["ts"] + e["dur"] for e in gen) <= gone["p0"]["t"] * 1e6 + 1
 
 
 def test_reaching_the_horizon_while_progressing_is_not_a_liveness_violation(tmp_path):
