@@ -2,14 +2,15 @@
 
 Runs in a thread of rank 0. It owns one :class:`~harness.scheduler.model.SchedulerModel`
 (the same object the simulator drives) and interprets the same control generators as
-the simulator (``harness.control.nemo_async``, ``resize.expand_order``/``shrink_order``),
-turning each effect into a command for the worker process that must do it (the
-per-effect handlers are in ``gpu_gates.dual_effects``). Threads:
+the simulator, with the same interpreter loops (``harness.control.interpret``), turning
+each effect into a command for the worker process that must do it (the per-effect
+handlers are in ``gpu_gates.dual_effects``). Threads:
 
-* one per pipeline, running initialize → train_step × N → finish;
-* the scheduler loop (RLix's central loop: wake on input, plan, run every shrink and wait,
-  then every expand, commit, signal), each resize call in its own thread;
-* a GENERATION watchdog per pipeline (NeMo's re-request while nothing is active).
+* one per pipeline, running ``harness.control.lifecycle.pipeline_run`` (register → …
+  → initialize → train_step × N → finish: clear progress, planned release, unregister);
+* the scheduler loop (when a cycle runs: on input, or the 1 s background poll), each
+  cycle ``harness.control.cycle.execute_cycle``, each resize call in its own thread;
+* a GENERATION watchdog per pipeline, ticking ``harness.control.watchdog.watchdog_tick``.
 
 Everything is logged in the harness event-log schema (scheduler inputs, decisions,
 ``effect_start``/``effect_end``, ``rank_state``), so the invariant oracle in
@@ -22,23 +23,48 @@ import json
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
-from harness.control import nemo_async
 from harness.control.context import PipelineContext
-from harness.control.effects import effect_fields, effect_name
+from harness.control.cycle import execute_cycle, resize_call
+from harness.control.effects import TRAINER_EFFECTS, effect_fields
+from harness.control.interpret import drive, interpret, run_blocking
+from harness.control.lifecycle import pipeline_run
 from harness.control.rank_state import RankLifecycle
-from harness.control.resize import expand_order, shrink_order
+from harness.control.run_effects import RunResizes
 from harness.control.versions import VersionBook
+from harness.control.reporting import request_fields
+from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.eventlog.writer import EventLog, header_record
 from harness.scheduler.commit import Signal
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.progress import CoordinatorProgress
-from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority, Rejected
+from harness.scheduler.types import GENERATION_CLUSTER, Rejected
 from harness.topology import ClusterTopology
 from gpu_gates.dist_setup import connect_store
-from gpu_gates.dual_effects import INFER_GPUS, PIPELINES, TRAIN_GPU, DriverEffects, DriverError
+from gpu_gates.dual_effects import PIPELINES, TRAIN_GPU, DriverEffects, DriverError
+from gpu_gates.dual_lifecycle import LifecycleEffects
 from gpu_gates.dual_worker import ROLES, rank_of
+
+def swapped_resize_phases(gen: Generator) -> Generator:
+    """Test hook ``swap_resize_order``: a cycle whose expands run before its shrinks — the
+    bug the T1 < T2 < T3 check must catch. It rewrites the cycle generator's effects and
+    leaves the generator itself (the order every runtime uses) as it is."""
+    held: Optional[RunResizes] = None
+    result: Any = None
+    while True:
+        try:
+            effect = gen.send(result)
+        except StopIteration:
+            return
+        if isinstance(effect, RunResizes) and effect.phase == "shrink":
+            held, result = effect, True  # postponed until after the expands
+            continue
+        result = yield effect
+        if isinstance(effect, RunResizes) and held is not None and result:
+            result = yield held
+            held = None
+
 
 class Channel:
     """Ordered command/reply exchange with one worker through the store."""
@@ -57,7 +83,7 @@ class Channel:
         return reply["result"]
 
 
-class Driver(DriverEffects):
+class Driver(DriverEffects, LifecycleEffects):
     def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
                  late_receivers_s: float = 0.0) -> None:
         self.ctx = ctx
@@ -86,6 +112,7 @@ class Driver(DriverEffects):
         self.routable: Dict[str, set] = {p: set() for p in PIPELINES}
         self.coord_lock = {p: threading.Lock() for p in PIPELINES}
         self.finished = {p: False for p in PIPELINES}
+        self.gone = {p: False for p in PIPELINES}  # unregistered: its coordinator is dead
         self.steps_done = {p: 0 for p in PIPELINES}
         self.sync_n = 0
         self.digest_failures: List[str] = []
@@ -165,83 +192,82 @@ class Driver(DriverEffects):
             self.cycle(reason)
 
     def cycle(self, reason: str) -> None:
+        """One cycle, in the order ``harness.control.cycle.execute_cycle`` defines."""
+        gen = execute_cycle(reason)
+        if self.swap:
+            gen = swapped_resize_phases(gen)
+        run_blocking(interpret(gen, self._handle_cycle))
+
+    def _handle_cycle(self, effect: Any) -> Any:
+        return getattr(self, "_" + type(effect).__name__)(effect)
+
+    def _PlanCycle(self, e) -> Any:
         with self.lock:
-            self.log.emit("cycle", self.now(), phase="plan", reason=reason)
-            cp = self.model.plan_cycle(reason)
+            self.log.emit("cycle", self.now(), phase="plan", reason=e.reason)
+            plan = self.model.plan_cycle(e.reason)
             self.log.extend(self.now(), self.model.drain())
-        if cp is None:
-            raise DriverError(f"scheduler failed fast: {self.model.failed}")
-        phases = [("shrink", cp.shrink_calls), ("expand", cp.expand_calls)]
-        if self.swap:  # test hook: the bug the T1 < T2 < T3 check must catch
-            phases.reverse()
-        for phase, calls in phases:
-            threads = []
-            for call in calls:
-                ranks = call.dp_ranks_to_remove if phase == "shrink" else call.dp_ranks_to_add
-                self.emit("resize_start", cycle=cp.cycle, pipeline_id=call.pipeline_id, phase=phase, dp_ranks=list(ranks))
-                gen = (shrink_order if phase == "shrink" else expand_order)(self.ctxs[call.pipeline_id], ranks)
-                th = threading.Thread(target=self._resize, args=(call.pipeline_id, phase, list(ranks), cp.cycle, gen), daemon=True)
-                th.start()
-                threads.append(th)
-            for th in threads:
-                th.join()
-            if self.errors:
-                return
+        return plan
+
+    def _SchedulerFailed(self, e) -> None:
+        raise DriverError(f"scheduler failed fast: {self.model.failed}")
+
+    def _RunResizes(self, e) -> bool:
+        """Every call of the phase in its own thread (a coordinator call); joins them all."""
+        threads = []
+        for pid, ranks in e.calls:
+            self.emit("resize_start", cycle=e.cycle, pipeline_id=pid, phase=e.phase, dp_ranks=list(ranks))
+            th = threading.Thread(target=self._resize, args=(pid, e.phase, list(ranks), e.cycle), daemon=True)
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join()
+        return not self.errors
+
+    def _CommitCycle(self, e) -> Optional[List[Signal]]:
         with self.lock:
             self.log.emit("cycle", self.now(), phase="commit")
-            signals = self.model.commit_cycle(cp)
+            signals = self.model.commit_cycle(e.plan)
             self.log.extend(self.now(), self.model.drain())
-        if self.model.failed:
-            raise DriverError(f"scheduler failed fast: {self.model.failed}")
-        self.deliver(signals)
+        return None if self.model.failed else signals
 
-    def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int, gen) -> None:
+    def _SignalWaiters(self, e) -> None:
+        self.deliver(list(e.signals))
+
+    def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int) -> None:
         try:
-            self.drive(pid, gen, phase, None, cycle)
+            run_blocking(interpret(resize_call(self.ctxs[pid], phase, ranks, cycle), self._handler(pid)))
         except Exception as exc:
             self.fail(f"{pid} {phase} {ranks}: {exc}")
         self.emit("resize_end", cycle=cycle, pipeline_id=pid, phase=phase, dp_ranks=ranks)
 
     # ------------------------------------------------------------------ pipelines
     def pipeline_main(self, pid: str) -> None:
-        ctx = self.ctxs[pid]
         try:
-            tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: 1}
-            maps = {ACTOR_TRAIN: [TRAIN_GPU[pid]], GENERATION_CLUSTER: list(INFER_GPUS)}
-            self.call_model("register", {"pipeline_id": pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
-                            lambda: self.model.register(pid, tps, maps))
-            self.call_model("admit", {"pipeline_id": pid}, lambda: self.model.admit(pid))
-            self.drive(pid, nemo_async.initialize(ctx), "init", None)
-            for step in range(self.steps):
-                ctx.step = step
-                self.drive(pid, nemo_async.train_step(ctx, step), "step", step)
-                self.steps_done[pid] += 1
-            self.finish(pid)
+            run_blocking(interpret(pipeline_run(self.ctxs[pid]), self._handler(pid)))
         except Exception as exc:
             self.fail(f"{pid}: {exc}")
 
-    def finish(self, pid: str) -> None:
-        self.finished[pid] = True
-        alloc = self.model.state.allocations.get(f"{pid}_{GENERATION_CLUSTER}")
-        if alloc is not None and alloc.active_dp_ranks:
-            self.wait_ticket(self.call_model("await_release", {"pipeline_id": pid},
-                                             lambda: self.model.await_release(pipeline_id=pid)))
-        with self.coord_lock[pid]:
-            self.call_model("unregister", {"pipeline_id": pid}, lambda: self.model.unregister(pid))
+    def _handler(self, pid: str) -> Callable[[Any], Any]:
+        """Run-level effects of one pipeline: ``_<Name>(pid, effect)``."""
+        return lambda effect: getattr(self, "_" + type(effect).__name__)(pid, effect)
 
     def watchdog(self, pid: str) -> None:
+        """NeMo's GENERATION re-request, ticked every 0.2 s (2 s in NeMo)."""
         cid = f"{pid}_{GENERATION_CLUSTER}"
-        while not self.done.is_set() and not self.finished[pid]:
+        while True:
             time.sleep(0.2)
             with self.lock:
-                if self.finished[pid] or cid not in self.model.state.allocations:
-                    continue
-                busy = any(self.life[(pid, d)].state.value != "asleep" for d in (0, 1))
-                if busy or self.model.state.pending_for(cid) is not None or self.model.failed:
-                    continue
+                stopped = self.done.is_set() or bool(self.model.failed)
+                if not watchdog_alive(self.finished[pid], stopped):
+                    return
+                registered = cid in self.model.state.allocations
+                e = watchdog_tick(self.finished[pid], stopped, registered, [self.life[(pid, d)].state for d in (0, 1)],
+                                  registered and self.model.state.pending_for(cid) is not None)
+            if e is None:
+                continue
             try:
-                self.call_model("request", {"cluster_id": cid, "priority": "GENERATION", "step_target_estimate": 1},
-                                lambda: self.model.request(cid, Priority.GENERATION, step_target_estimate=1))
+                self.call_model("request", request_fields(cid, e), lambda: self.model.request(
+                    cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
             except DriverError as exc:
                 self.fail(f"{pid} watchdog: {exc}")
                 return
@@ -258,35 +284,38 @@ class Driver(DriverEffects):
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, pid: str, gen, scope: str, step: Optional[int], cycle: Optional[int] = None) -> None:
-        result: Any = None
-        while True:
-            if self.errors:
-                raise DriverError("aborted: " + self.errors[0])
-            try:
-                effect = gen.send(result)
-            except StopIteration:
-                self.activity.pop(f"{pid} {scope}" + ("" if cycle is None else f" (cycle {cycle})"), None)
-                return
-            name, args = effect_name(effect), effect_fields(effect)
-            who = f"{pid} {scope}" + ("" if cycle is None else f" (cycle {cycle})")
-            self.activity[who] = f"{name} {args}" + ("" if step is None else f" in step {step}")
-            extra: Dict[str, Any] = {"scope": scope, "step": step}
-            if cycle is not None:
-                extra["cycle"] = cycle
-            gpus = self._gpus(pid, name, args)
-            if gpus:
-                extra["gpus"] = gpus
-            self.emit("effect_start", pipeline_id=pid, effect=name, args=args, **extra)
-            result = getattr(self, "_" + name)(pid, effect)
-            end = dict(extra)
-            if result is not None:
-                end["result"] = result
-            self.emit("effect_end", pipeline_id=pid, effect=name, args=args, **end)
+        """Interpret a step or resize generator with the shared logged loop
+        (``harness.control.interpret.drive``); ``activity`` says what each is executing."""
+        who = f"{pid} {scope}" + ("" if cycle is None else f" (cycle {cycle})")
+        handlings: Dict[type, Any] = {}
 
-    def _gpus(self, pid: str, name: str, args: Dict[str, Any]) -> List[int]:
-        if "ranks" in args:
-            return sorted(ROLES[rank_of(pid, "infer", d)][3] for d in args["ranks"])
-        if name in ("Compute", "ReloadTrainComm", "DestroyTrainComm", "OffloadTraining", "BuildCache"):
+        def handling_of(effect_cls: type) -> Any:
+            handling = handlings.get(effect_cls)
+            if handling is None:
+                name, handler = effect_cls.__name__, getattr(self, "_" + effect_cls.__name__)
+
+                def call(effect: Any) -> Any:
+                    self.activity[who] = f"{name} {effect_fields(effect)}" + ("" if step is None else f" in step {step}")
+                    return handler(pid, effect)
+                handling = handlings[effect_cls] = (name, call, False, lambda effect: self._gpus(pid, effect))
+            return handling
+
+        run_blocking(drive(gen, handling_of, self._add, self.now, pid, scope, step, cycle, guard=self._guard))
+        self.activity.pop(who, None)
+
+    def _add(self, record: Dict[str, Any]) -> None:
+        with self.lock:  # stamped under the lock: seq and t rise together across threads
+            record["t"] = self.now()
+            self.log.add(record)
+
+    def _guard(self) -> None:
+        if self.errors:
+            raise DriverError("aborted: " + self.errors[0])
+
+    def _gpus(self, pid: str, effect: Any) -> List[int]:
+        if hasattr(effect, "ranks"):
+            return sorted(ROLES[rank_of(pid, "infer", d)][3] for d in effect.ranks)
+        if type(effect).__name__ in TRAINER_EFFECTS:
             return [TRAIN_GPU[pid]]
         return []
 
@@ -306,7 +335,6 @@ class Driver(DriverEffects):
     def run(self) -> None:
         threads = [threading.Thread(target=self.scheduler_main, daemon=True)]
         threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True) for p in PIPELINES]
-        threads += [threading.Thread(target=self.watchdog, args=(p,), daemon=True) for p in PIPELINES]
         for th in threads:
             th.start()
         for th in threads[1:3]:

@@ -14,8 +14,9 @@ import time
 from typing import Any, Callable, Dict, List
 
 from gpu_gates.dual_worker import ROLES, rank_of
+from harness.control.reporting import progress_input, request_fields
+from harness.control.resize import COORDINATOR_GONE
 from harness.refit.comm_plan import build_comm_plan
-from harness.scheduler.progress import ProgressReport
 from harness.scheduler.types import Priority
 
 PIPELINES = ("ppl1", "ppl2")
@@ -34,20 +35,20 @@ class DriverEffects:
     def _RequestGpus(self, pid, e):
         cid = f"{pid}_{e.cluster}"
         if pid == "ppl2" and e.priority == Priority.GENERATION and not self.ppl2_asked.is_set():
-            self._wait_until(lambda: len(self.routable["ppl1"]) == 2, 20.0)
+            self._wait_until(lambda: len(self.routable["ppl1"]) == 2, 20.0, "ppl1 to hold both GPUs")
             self.ppl2_asked.set()
-        fields = {"cluster_id": cid, "priority": e.priority.name}
-        if e.global_step is not None:
-            fields["global_step"] = e.global_step
-        if e.step_target_estimate is not None:
-            fields["step_target_estimate"] = e.step_target_estimate
-        return self.wait_ticket(self.call_model("request", fields, lambda: self.model.request(
+        return self.wait_ticket(self.call_model("request", request_fields(cid, e), lambda: self.model.request(
             cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate)))
 
     def _ReleaseGpus(self, pid, e):
         cid = f"{pid}_{e.cluster}"
         fields = {"cluster_id": cid} if e.global_step is None else {"cluster_id": cid, "global_step": e.global_step}
         self.call_model("release", fields, lambda: self.model.release(cid, global_step=e.global_step))
+
+    def _AwaitRelease(self, pid, e):
+        fields = {"pipeline_id": pid} if e.global_step is None else {"pipeline_id": pid, "global_step": e.global_step}
+        self.wait_ticket(self.call_model("await_release", fields, lambda: self.model.await_release(
+            pipeline_id=pid, global_step=e.global_step)))
 
     # training effects
     def _ReloadTrainComm(self, pid, e):
@@ -72,6 +73,9 @@ class DriverEffects:
 
     def _LockCoordinator(self, pid, e):
         self.coord_lock[pid].acquire()
+        if self.gone[pid]:  # the pipeline unregistered while this call waited: its coordinator is gone
+            self.coord_lock[pid].release()
+            return COORDINATOR_GONE
 
     def _UnlockCoordinator(self, pid, e):
         self.coord_lock[pid].release()
@@ -160,22 +164,25 @@ class DriverEffects:
     # workload effects
     def _report(self, pid: str, collected: int, new_batch: bool) -> None:
         """Progress through the coordinator's 2 % buckets, as the scheduler sees it."""
-        rep = self.progress[pid].update(mode="train", adapter=None, step_target=self.ctxs[pid].step_target,
-                                        collected=collected, new_batch=new_batch)
-        if isinstance(rep, ProgressReport):
-            self.call_model("progress", {"pipeline_id": pid, "step_target": rep.step_target, "completed": rep.completed,
-                                         "mode": rep.mode, "new_batch": new_batch},
-                            lambda: self.model.report_progress(rep))
+        out = progress_input(self.progress[pid], pid, self.ctxs[pid].step_target, collected, new_batch)
+        if out is not None:
+            self.call_model("progress", out[0], lambda: self.model.report_progress(out[1]))
 
-    def _wait_until(self, cond: Callable[[], bool], limit_s: float) -> None:
+    def _wait_until(self, cond: Callable[[], bool], limit_s: float, what: str) -> None:
+        """Wait for the choreography's condition; never give up silently: a wait that
+        runs out is a driver error (the gate fails with what it waited for)."""
         end = time.monotonic() + limit_s
-        while not cond() and time.monotonic() < end and not self.errors:
+        while not cond():
+            if self.errors:
+                raise DriverError("aborted: " + self.errors[0])
+            if time.monotonic() >= end:
+                raise DriverError(f"gave up after {limit_s:g} s waiting for {what}")
             time.sleep(0.01)
 
     def _WaitBatch(self, pid, e):
         """Generate a batch on the routable ranks; routing blocks while none is routable."""
         if pid == "ppl1" and e.global_step == 0:
-            self._wait_until(self.ppl2_asked.is_set, 20.0)
+            self._wait_until(self.ppl2_asked.is_set, 20.0, "ppl2 to ask for GENERATION")
         generated, target = 0, self.ctxs[pid].step_target
         while generated < target:
             if self.errors:

@@ -151,7 +151,7 @@ def run(ctx: GateContext) -> None:
     ctx.check("no_digest_mismatch", not driver.digest_failures, "; ".join(driver.digest_failures))
     ctx.data.update(steps_done=driver.steps_done, published=published, cycles=driver.model.state.cycle_counter,
                     order=_order_evidence(records), records=len(records), outputs=_outputs(ctx, records),
-                    violations=[str(v) for v in violations[:20]])
+                    violations=[str(v) for v in violations[:20]], driver_activity=dict(driver.activity))
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from harness.control import nemo_async, roll_sync
 from harness.control.context import PipelineContext
-from harness.control.effects import TRAINER_EFFECTS, effect_fields
+from harness.control.cycle import resize_call
+from harness.control.effects import TRAINER_EFFECTS
+from harness.control.interpret import HALT, Handling, drive, interpret
+from harness.control.lifecycle import pipeline_run
 from harness.control.rank_state import RankLifecycle, RankStateError
-from harness.control.resize import expand_order, shrink_order
+from harness.control.resize import COORDINATOR_GONE
+from harness.control.reporting import clear_progress_due, progress_input, request_fields
 from harness.control.versions import VersionBook, VersionError
-from harness.scheduler.progress import CoordinatorProgress, ProgressReport
-from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
+from harness.control.watchdog import watchdog_alive, watchdog_tick
+from harness.scheduler.progress import CoordinatorProgress
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
@@ -54,7 +58,6 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
             step_target=spec.workload.trajectories_per_step,
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
             versions=VersionBook(clamp_bootstrap=nemo))
-        self.control = nemo_async if nemo else roll_sync
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
@@ -76,6 +79,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.batch_ready = self.env.event()
         self.lock = Link(self.env, 1)  # == simpy.Resource(env, 1), cheaper (see Link)
         self._lock_req: List[Any] = []
+        self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
         self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
         self.train_resident = False
         self.leaked_train_state = False
@@ -93,25 +97,12 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
 
     # ------------------------------------------------------------------ lifecycle of the pipeline
     def main(self):
-        env, sim = self.env, self.sim
+        """The pipeline's process: ``harness.control.lifecycle.pipeline_run`` (the gate's
+        driver runs the same generator), after the scenario's start delay."""
         try:
             if self.spec.start_s > 0:
-                yield env.timeout(self.spec.start_s)
-            tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: self.spec.infer_tp}
-            maps = {ACTOR_TRAIN: list(self.train_gpus), GENERATION_CLUSTER: sorted(self.spec.infer_gpus)}
-            sim.call("register", {"pipeline_id": self.pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
-                     lambda: sim.model.register(self.pid, tps, maps))
-            sim.call("admit", {"pipeline_id": self.pid}, lambda: sim.model.admit(self.pid))
-            for g in set(self.train_gpus) | set(self.spec.infer_gpus):
-                sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
-            if self.spec.type == "nemo_async" and "no_gen_watchdog" not in self.faults:
-                self._start_watchdog()
-            yield from self.drive(self.control.initialize(self.ctx), "init", None)
-            for step in range(self.spec.steps):
-                self.ctx.step = step
-                yield from self.drive(self.control.train_step(self.ctx, step), "step", step)
-                self.steps_done += 1
-            yield from self._finish()
+                yield self.env.timeout(self.spec.start_s)
+            yield from interpret(pipeline_run(self.ctx), self._handle)
         except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError) as e:
             self._failed(self.pid, e)
 
@@ -125,25 +116,82 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         elif isinstance(e, HostOutOfMemory):
             sim.emit("host_oom", node=e.node, owner=e.owner, requested=e.requested, used=e.used, capacity=e.capacity)
 
-    def _finish(self):
-        """End of run(): drop demand, release GEN ranks (await_release), unregister
-        (debug #64-66), and let the pipeline's processes die (their memory goes with them)."""
-        self.finished = True
+    def resize(self, phase: str, ranks: List[int], cycle: int):
+        """A coordinator resize_infer call (runs as its own process):
+        ``harness.control.cycle.resize_call``, then its ``resize_end`` record."""
+        try:
+            yield from interpret(resize_call(self.ctx, phase, ranks, cycle), self._handle)
+            if phase == "expand" and not self.gone:
+                self._maybe_crash_after_refit()
+        except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError) as e:
+            self._failed(f"{self.pid} {phase} {ranks}", e)
+        self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
+
+    def _handle(self, effect: Any) -> Any:
+        """A run-level effect (``harness.control.run_effects``): its ``_<Name>`` handler."""
+        return getattr(self, "_" + type(effect).__name__)(effect)
+
+    def _Register(self, e):
         sim = self.sim
-        if self.progress.clear_stream(mode="train", adapter=None) == "clear" and "noop_progress_hooks" not in self.faults:
-            sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
-        if "keep_gen_on_finish" in self.faults:  # MILES B-13: the allocation lives until shutdown
-            sim.emit("fault_fired", name="keep_gen_on_finish", pipeline_id=self.pid, step=self.ctx.step)
+        tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: self.spec.infer_tp}
+        maps = {ACTOR_TRAIN: list(self.train_gpus), GENERATION_CLUSTER: sorted(self.spec.infer_gpus)}
+        sim.call("register", {"pipeline_id": self.pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
+                 lambda: sim.model.register(self.pid, tps, maps))
+
+    def _Admit(self, e):
+        sim = self.sim
+        sim.call("admit", {"pipeline_id": self.pid}, lambda: sim.model.admit(self.pid))
+
+    def _StartWorkers(self, e):
+        for g in set(self.train_gpus) | set(self.spec.infer_gpus):
+            self.sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
+
+    def _StartWatchdog(self, e):
+        """NeMo's GENERATION re-request (``harness.control.watchdog``), every ``watchdog_s``.
+
+        A :class:`~simulators.env.Timer` chain run for the ``("watchdog", index)`` actor: each
+        tick is the one event a watchdog process's timeout would be, with the same key (so
+        the same order), without resuming a process per tick."""
+        if "no_gen_watchdog" in self.faults:
             return
-        alloc = sim.model.state.allocations.get(f"{self.pid}_{GENERATION_CLUSTER}")
-        if alloc is not None and alloc.active_dp_ranks:
-            ticket = sim.call("await_release", {"pipeline_id": self.pid}, lambda: sim.model.await_release(pipeline_id=self.pid))
-            yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
-        lock = self.lock.request()  # no resize of ours may still be running when we go
-        yield lock
+        self._watchdog_actor = Actor("watchdog", self.index)
+        self._watchdog_rearm()
+
+    def _RunControl(self, e):
+        return self.drive(e.gen, e.scope, e.step, e.cycle)
+
+    def _StepDone(self, e):
+        self.steps_done += 1
+
+    def _MarkFinished(self, e):
+        self.finished = True
+
+    def _ClearProgress(self, e):
+        if clear_progress_due(self.progress) and self.progress_hooks:
+            sim = self.sim
+            sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
+
+    def _GenerationHeld(self, e):
+        if "keep_gen_on_finish" in self.faults:  # MILES B-13: the allocation lives until shutdown
+            self.sim.emit("fault_fired", name="keep_gen_on_finish", pipeline_id=self.pid, step=self.ctx.step)
+            return HALT
+        alloc = self.sim.model.state.allocations.get(self._cid(GENERATION_CLUSTER))
+        return alloc is not None and bool(alloc.active_dp_ranks)
+
+    def _HoldCoordinator(self, e):
+        req = self.lock.request()
+        yield req
+        self._lock_req.append(req)
+
+    def _Unregister(self, e):
+        sim = self.sim
         sim.call("unregister", {"pipeline_id": self.pid}, lambda: sim.model.unregister(self.pid))
         self.gone = True
+
+    def _Teardown(self, e):
+        """The pipeline's processes die: their ranks stop, their memory (VRAM, host RAM) goes."""
         self._stop_ranks()
+        sim = self.sim
         vram = sim.cluster.vram
         for g in range(len(vram.used)):
             for owner, mem in [k for k in vram.entries[g] if k[0].startswith(self.pid + "/")]:
@@ -152,7 +200,6 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         for node in range(len(host.used)):
             for owner in [o for o in host.entries[node] if o.startswith(self.pid + "/")]:
                 host.set(node, owner, 0)
-        self.lock.release(lock)
 
     def _stop_ranks(self) -> None:
         """The unregistered pipeline's engines exit: every rank leaves routing (its in-flight
@@ -169,80 +216,30 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
                 rank.life.on("shutdown")
                 self._log_rank(rank)
 
-    def resize(self, phase: str, ranks: List[int], cycle: int):
-        """A coordinator resize_infer call (runs as its own process). A call that reaches a
-        pipeline already torn down is what RLix sees as a dead coordinator: tolerated, no-op."""
-        if self.gone:
-            self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
-            return
-            yield  # pragma: no cover
-        try:
-            gen = shrink_order(self.ctx, ranks) if phase == "shrink" else expand_order(self.ctx, ranks)
-            yield from self.drive(gen, phase, None, cycle)
-            if phase == "expand" and not self.gone:
-                self._maybe_crash_after_refit()
-        except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError) as e:
-            self._failed(f"{self.pid} {phase} {ranks}", e)
-        self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
+    def _FreeCoordinator(self, e):
+        self.lock.release(self._lock_req.pop())
+
+    def _CoordinatorAlive(self, e):
+        return not self.gone
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, gen, scope: str, step: Optional[int], cycle: Optional[int] = None):
-        """Interpret ``gen``: log ``effect_start``, run the effect's handler, log ``effect_end``.
+        """Interpret a step or resize generator with the shared logged loop
+        (``harness.control.interpret.drive``): ``effect_start``, the handler, ``effect_end``.
 
         A handler is ``_<EffectName>``: a generator function when the effect takes simulated
-        time (``yield from`` it), a plain function when it completes at once (just call it:
-        no generator to build and unwind). How to handle an effect class is looked up once
-        (:func:`_handling_of`), not per effect."""
-        log, env, pid = self.sim.log, self.env, self.pid
-        resize_scope = scope in ("shrink", "expand")
-        send = gen.send
-        handlings = _HANDLINGS.setdefault(type(self), {})
-        result: Any = None
-        while True:
-            try:
-                effect = send(result)
-            except StopIteration:
-                return
-            handling = handlings.get(type(effect)) or _handling_of(handlings, type(effect), type(self))
-            name, handler, takes_time, gpus_from = handling
-            args = effect_fields(effect)
-            # record fields: pipeline_id, effect, args, scope, step[, cycle][, gpus]
-            start: Dict[str, Any] = {"seq": 0, "t": env._now, "kind": "effect_start", "pipeline_id": pid,
-                                     "effect": name, "args": args, "scope": scope, "step": step}
-            if cycle is not None:
-                start["cycle"] = cycle
-            gpus = None
-            if gpus_from is _GPUS_OF_RANKS:
-                ranks = self.ranks
-                gpus = sorted([g for r in effect.ranks for g in ranks[r].gpus])
-            elif gpus_from is _GPUS_OF_TRAINER:
-                gpus = list(self.train_gpus)
-            if gpus:
-                start["gpus"] = gpus
-            log.add(start)
-            if takes_time:
-                result = yield from handler(self, effect)
-            else:
-                result = handler(self, effect)
-            if self.gone and resize_scope:
-                # the pipeline was torn down while this resize waited for the coordinator
-                # lock: RLix's dead-coordinator case, tolerated — nothing more happens
-                if self._lock_req:
-                    self.lock.release(self._lock_req.pop())
-                extra: Dict[str, Any] = {"scope": scope, "step": step}
-                if cycle is not None:
-                    extra["cycle"] = cycle
-                if gpus:
-                    extra["gpus"] = gpus
-                log.emit("effect_end", env.now, pipeline_id=pid, effect=name, args=args,
-                         error="coordinator gone (pipeline unregistered)", **extra)
-                return
-            end = start.copy()  # same keys in the same order; "seq"/"t"/"kind" values replaced
-            end["t"] = env._now
-            end["kind"] = "effect_end"
-            if result is not None:
-                end["result"] = list(result) if isinstance(result, (list, tuple)) else result
-            log.add(end)
+        time, a plain function when it completes at once. How this pipeline handles an
+        effect class is worked out once (:meth:`_handling_of`), not per effect."""
+        return drive(gen, self._handling_of, self.sim.log.add, self._now, self.pid, scope, step, cycle)
+
+    def _now(self) -> float:
+        return self.env._now
+
+    def _handling_of(self, effect_cls: type):
+        handling = self._handlings.get(effect_cls)
+        if handling is None:
+            handling = self._handlings[effect_cls] = _handling_of(self, effect_cls)
+        return handling
 
     # ------------------------------------------------------------------ scheduler effects
     def _cid(self, cluster: str) -> str:
@@ -262,16 +259,11 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
 
     def _RequestGpus(self, e):
         cid, sim = self._cid(e.cluster), self.sim
-        fields = {"cluster_id": cid, "priority": e.priority.name}
-        if e.global_step is not None:
-            fields["global_step"] = e.global_step
-        if e.step_target_estimate is not None:
-            fields["step_target_estimate"] = e.step_target_estimate
-        estimate = self._gen_estimate(e.cluster, e.step_target_estimate)
-        if estimate is None:
-            fields.pop("step_target_estimate", None)
-        ticket = sim.call("request", fields, lambda: sim.model.request(
-            cid, e.priority, global_step=e.global_step, step_target_estimate=estimate))
+        estimate = self._gen_estimate(e.cluster, e.step_target_estimate)  # a field fault may drop it
+        if estimate != e.step_target_estimate:
+            e = dataclasses.replace(e, step_target_estimate=estimate)
+        ticket = sim.call("request", request_fields(cid, e), lambda: sim.model.request(
+            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
         gpus = yield from self._wait_ticket(ticket)
         return gpus
 
@@ -390,6 +382,9 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         if not req.triggered:  # held by a resize or a sync: RLix's acquire has a deadline
             self.deadlines.arm("resize_sync_lock", self.costs.resize_lock_timeout_s, lambda: req.triggered)
         yield req
+        if self.gone:  # the pipeline unregistered while this call waited: its coordinator is gone
+            self.lock.release(req)
+            return COORDINATOR_GONE
         self._lock_req.append(req)
         return None
 
@@ -444,13 +439,10 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         to the scheduler when its 2 % bucket moves (or a new batch forces it)."""
         if self.finished or not self.progress_hooks:
             return
-        rep = self.progress.update(mode="train", adapter=None, step_target=self.spec.workload.trajectories_per_step,
-                                   collected=usable, new_batch=new_batch)
-        if isinstance(rep, ProgressReport):
+        out = progress_input(self.progress, self.pid, self.spec.workload.trajectories_per_step, usable, new_batch)
+        if out is not None:
             sim = self.sim
-            sim.call("progress", {"pipeline_id": self.pid, "step_target": rep.step_target, "completed": rep.completed,
-                                  "mode": rep.mode, "new_batch": new_batch},
-                     sim.model.report_progress, rep)
+            sim.call("progress", out[0], sim.model.report_progress, out[1])
 
     def _BeginProgressBatch(self, e):
         self.batch_step = e.global_step
@@ -464,8 +456,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         return None
 
     def _EndProgressBatch(self, e):
-        out = self.progress.clear_stream(mode="train", adapter=None)
-        if out == "clear" and "noop_progress_hooks" not in self.faults:
+        if clear_progress_due(self.progress) and self.progress_hooks:
             sim = self.sim
             sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
         return None
@@ -491,56 +482,44 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self._refill()
         return None
 
-    def _start_watchdog(self) -> None:
-        """NeMo's 2 s GENERATION re-request while no rank is active or waking (debug #27/#32).
-
-        A :class:`~simulators.env.Timer` chain run for the ``("watchdog", index)`` actor: each
-        tick is the one event a watchdog process's timeout would be, with the same key (so
-        the same order), without resuming a process per tick."""
-        self._watchdog_actor = Actor("watchdog", self.index)
-        self._watchdog_rearm()
-
     def _watchdog_rearm(self) -> None:
-        if not self.finished and not self.sim.failure:
+        if watchdog_alive(self.finished, self.sim.failure is not None):
             Timer(self.env, self.costs.watchdog_s, self._watchdog_actor, self._watchdog_tick, None)
 
     def _watchdog_tick(self, _arg: Any) -> None:
         sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
-        if not (self.finished or sim.failure or cid not in sim.model.state.allocations):
-            busy = any(r.life.state.value != "asleep" for r in self.ranks.values())
-            if not busy and sim.model.state.pending_for(cid) is None:
-                try:
-                    estimate = self._gen_estimate(GENERATION_CLUSTER, 1)
-                    fields = {"cluster_id": cid, "priority": Priority.GENERATION.name}
-                    if estimate is not None:
-                        fields["step_target_estimate"] = estimate
-                    sim.call("request", fields,
-                             lambda: sim.model.request(cid, Priority.GENERATION, step_target_estimate=estimate))
-                except SimFailure as exc:
-                    sim.fail(f"{self.pid} watchdog: {exc}")
-                    return
+        state = sim.model.state
+        registered = cid in state.allocations
+        e = watchdog_tick(self.finished, sim.failure is not None, registered,
+                          [r.life.state for r in self.ranks.values()], registered and state.pending_for(cid) is not None)
+        if e is not None:
+            try:
+                estimate = self._gen_estimate(GENERATION_CLUSTER, e.step_target_estimate)  # a field fault may drop it
+                if estimate != e.step_target_estimate:
+                    e = dataclasses.replace(e, step_target_estimate=estimate)
+                sim.call("request", request_fields(cid, e), lambda: sim.model.request(
+                    cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
+            except SimFailure as exc:
+                sim.fail(f"{self.pid} watchdog: {exc}")
+                return
         self._watchdog_rearm()
 
 
 # ---------------------------------------------------------------------- effect dispatch
-_GPUS_OF_RANKS = "ranks"  # the effect names inference ranks: their GPUs
-_GPUS_OF_TRAINER = "trainer"  # a training-cluster effect: the trainer's GPUs
-
-# interpreter class -> effect class -> (name, handler, takes simulated time, where the
-# record's "gpus" come from); per interpreter class, as a subclass may override handlers
-_HANDLINGS: Dict[type, Dict[type, Tuple[str, Any, bool, Optional[str]]]] = {}
-
-
-def _handling_of(handlings: Dict[type, Any], effect_cls: type, sim_cls: type) -> Tuple[str, Any, bool, Optional[str]]:
-    """How ``sim_cls`` handles ``effect_cls`` (worked out on its first effect, then kept)."""
+def _handling_of(sim: "PipelineSim", effect_cls: type) -> Handling:
+    """How ``sim`` handles ``effect_cls``: (name, bound handler, takes simulated time, the
+    record's "gpus" of an effect). Worked out on the class's first effect, then kept."""
     name = effect_cls.__name__  # == effect_name(effect)
-    handler = getattr(sim_cls, "_" + name)
+    handler = getattr(sim, "_" + name)
+    gpus_of: Optional[Callable[[Any], List[int]]] = None
     if "ranks" in {f.name for f in dataclasses.fields(effect_cls)}:
-        gpus_from: Optional[str] = _GPUS_OF_RANKS
+        ranks = sim.ranks  # the effect names inference ranks: their GPUs
+
+        def gpus_of(effect: Any) -> List[int]:
+            return sorted([g for r in effect.ranks for g in ranks[r].gpus])
     elif name in TRAINER_EFFECTS:
-        gpus_from = _GPUS_OF_TRAINER
-    else:
-        gpus_from = None
-    handling = (name, handler, inspect.isgeneratorfunction(handler), gpus_from)
-    handlings[effect_cls] = handling
-    return handling
+        train_gpus = sim.train_gpus  # a training-cluster effect: the trainer's GPUs
+
+        def gpus_of(effect: Any) -> List[int]:
+            return list(train_gpus)
+    return (name, handler, inspect.isgeneratorfunction(handler), gpus_of)

@@ -9,7 +9,9 @@ The scheduler loop mirrors RLix's ``_central_scheduling_loop``: a cycle runs whe
 input woke it, or when the 1 s poll finds a background-rebalance trigger. A cycle plans
 (inputs may then arrive in the lock gap), runs every shrink as a coordinator
 ``resize_infer`` process and waits for all of them, then every expand, then commits and
-signals the waiters — so T1 < T2 < T3 holds by construction and is checked anyway.
+signals the waiters — the order ``harness.control.cycle.execute_cycle`` defines (the
+gate's driver runs the same generator), so T1 < T2 < T3 holds by construction and is
+checked anyway.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import simpy
 
+from harness.control.cycle import execute_cycle
+from harness.control.interpret import interpret
+from harness.control.run_effects import CommitCycle, PlanCycle, RunResizes, SchedulerFailed, SignalWaiters
 from harness.eventlog.writer import EventLog, header_record
 from harness.scheduler.commit import Signal
 from harness.scheduler.model import SchedulerModel
@@ -151,31 +156,41 @@ class Simulation:
         Timer(self.env, self.scenario.costs.scheduler_poll_s, self._poll_actor, self.poll, None)
 
     def cycle(self, reason: str):
-        env, model, log = self.env, self.model, self.log
-        log.add({"seq": 0, "t": env._now, "kind": "cycle", "phase": "plan", "reason": reason})
-        cp = model.plan_cycle(reason)
+        """One cycle, in the order ``harness.control.cycle.execute_cycle`` defines."""
+        yield from interpret(execute_cycle(reason), self._handle)
+
+    def _handle(self, effect: Any) -> Any:
+        return getattr(self, "_" + type(effect).__name__)(effect)
+
+    def _PlanCycle(self, e: PlanCycle) -> Any:
+        self.log.add({"seq": 0, "t": self.env._now, "kind": "cycle", "phase": "plan", "reason": e.reason})
+        plan = self.model.plan_cycle(e.reason)
         self.drain()
-        if cp is None:
-            self.fail(f"scheduler failed fast: {model.failed}")
-            return
-        for phase, calls in (("shrink", cp.shrink_calls), ("expand", cp.expand_calls)):
-            procs = []
-            for call in calls:
-                ranks = call.dp_ranks_to_remove if phase == "shrink" else call.dp_ranks_to_add
-                self.log.emit("resize_start", env.now, cycle=cp.cycle, pipeline_id=call.pipeline_id, phase=phase, dp_ranks=list(ranks))
-                pipe = self.by_id[call.pipeline_id]
-                procs.append(env.spawn(pipe.resize(phase, list(ranks), cp.cycle), "resize", pipe.index))
-            if procs:
-                yield env.all_of(procs)
-            if self.failure:
-                return
-        log.add({"seq": 0, "t": env._now, "kind": "cycle", "phase": "commit"})
-        signals = model.commit_cycle(cp)
+        return plan
+
+    def _SchedulerFailed(self, e: SchedulerFailed) -> None:
+        self.fail(f"scheduler failed fast: {self.model.failed}")
+
+    def _RunResizes(self, e: RunResizes):
+        """Every call of the phase as its own coordinator process; returns when all have."""
+        env = self.env
+        procs = []
+        for pid, ranks in e.calls:
+            self.log.emit("resize_start", env.now, cycle=e.cycle, pipeline_id=pid, phase=e.phase, dp_ranks=list(ranks))
+            pipe = self.by_id[pid]
+            procs.append(env.spawn(pipe.resize(e.phase, list(ranks), e.cycle), "resize", pipe.index))
+        if procs:
+            yield env.all_of(procs)
+        return not self.failure
+
+    def _CommitCycle(self, e: CommitCycle) -> Optional[List[Signal]]:
+        self.log.add({"seq": 0, "t": self.env._now, "kind": "cycle", "phase": "commit"})
+        signals = self.model.commit_cycle(e.plan)
         self.drain()
-        if model.failed:
-            self.fail(f"scheduler failed fast: {model.failed}")
-            return
-        self.deliver(signals)
+        return None if self.model.failed else signals
+
+    def _SignalWaiters(self, e: SignalWaiters) -> None:
+        self.deliver(e.signals)
 
     # ------------------------------------------------------------------ run
     def fail(self, reason: str) -> None:

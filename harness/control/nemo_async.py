@@ -33,6 +33,10 @@ from harness.control.effects import (
 )
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 
+#: NeMo re-requests GENERATION while no rank is active (``harness.control.watchdog``)
+GENERATION_WATCHDOG = True
+
+
 def initialize(ctx: PipelineContext) -> Generator:
     """Init (base cache v=-1, release), then the first GENERATION request (estimate 1 in
     NeMo), which the expand path serves."""

@@ -2,7 +2,9 @@
 
 Both run under the coordinator lock, which serializes them against weight syncs (RLix
 ``_resize_sync_lock``). A failure inside either is fatal to the run (RLix fails fast), so
-there is no unwinding here: the runtime stops. The expand order is RLix's "F6 atomic" expand: a woken rank is
+there is no unwinding here: the runtime stops. A coordinator that is gone (its pipeline
+unregistered while the call waited for the lock) refuses the lock: the call does nothing
+(RLix's dead-coordinator case, tolerated). The expand order is RLix's "F6 atomic" expand: a woken rank is
 kept off routing until it holds the published version, so no request is ever served by
 stale or missing weights.
 """
@@ -25,13 +27,18 @@ from harness.control.effects import (
     UnlockCoordinator,
     Wake,
 )
+from harness.control.interpret import Refused
+
+#: What ``LockCoordinator`` answers when the pipeline unregistered while the call waited
+COORDINATOR_GONE = Refused("coordinator gone (pipeline unregistered)")
 
 
 def shrink_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
     """abort in-flight requests → drain → sleep (level from the pipeline); VRAM is
     checked by the runtime after the sleep (post-sleep residue)."""
     ranks = tuple(sorted(ranks))
-    yield LockCoordinator("shrink")
+    if type((yield LockCoordinator("shrink"))) is Refused:
+        return  # the coordinator is gone: the lock is not held, nothing happens
     yield Abort(ranks)
     yield Drain(ranks)
     yield Sleep(ranks, ctx.sleep_level)
@@ -41,7 +48,8 @@ def shrink_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
 def expand_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
     """mark → wake (unrouted) → sync from cache → finalize → publish → activate."""
     ranks = tuple(sorted(ranks))
-    yield LockCoordinator("expand")
+    if type((yield LockCoordinator("expand"))) is Refused:
+        return  # the coordinator is gone: the lock is not held, nothing happens
     yield MarkInactive(ranks)
     yield Wake(ranks)
     version = ctx.versions.active  # the promoted cache, never a half-built latest
