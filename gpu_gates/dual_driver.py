@@ -33,7 +33,7 @@ from harness.control.lifecycle import pipeline_run
 from harness.control.rank_state import RankLifecycle
 from harness.control.run_effects import RunResizes
 from harness.control.versions import VersionBook
-from harness.control.reporting import request_fields
+from harness.control.reporting import request_input
 from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.eventlog.writer import EventLog, header_record
 from harness.scheduler.commit import Signal
@@ -260,14 +260,12 @@ class Driver(DriverEffects, LifecycleEffects):
                 stopped = self.done.is_set() or bool(self.model.failed)
                 if not watchdog_alive(self.finished[pid], stopped):
                     return
-                registered = cid in self.model.state.allocations
-                e = watchdog_tick(self.finished[pid], stopped, registered, [self.life[(pid, d)].state for d in (0, 1)],
-                                  registered and self.model.state.pending_for(cid) is not None)
+                e = watchdog_tick(self.finished[pid], stopped, self.model.state, cid,
+                                  [self.life[(pid, d)].state for d in (0, 1)])
             if e is None:
                 continue
             try:
-                self.call_model("request", request_fields(cid, e), lambda: self.model.request(
-                    cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
+                self.call_model("request", *request_input(self.model, cid, e))
             except DriverError as exc:
                 self.fail(f"{pid} watchdog: {exc}")
                 return

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Dict, List
 
 from gpu_gates.dual_worker import ROLES, rank_of
-from harness.control.reporting import progress_input, request_fields
+from harness.control.reporting import progress_input, request_input
 from harness.control.resize import COORDINATOR_GONE
 from harness.refit.comm_plan import build_comm_plan
 from harness.scheduler.types import Priority
@@ -37,8 +37,7 @@ class DriverEffects:
         if pid == "ppl2" and e.priority == Priority.GENERATION and not self.ppl2_asked.is_set():
             self._wait_until(lambda: len(self.routable["ppl1"]) == 2, 20.0, "ppl1 to hold both GPUs")
             self.ppl2_asked.set()
-        return self.wait_ticket(self.call_model("request", request_fields(cid, e), lambda: self.model.request(
-            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate)))
+        return self.wait_ticket(self.call_model("request", *request_input(self.model, cid, e)))
 
     def _ReleaseGpus(self, pid, e):
         cid = f"{pid}_{e.cluster}"

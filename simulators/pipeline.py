@@ -23,7 +23,7 @@ from harness.control.interpret import HALT, Handling, drive, interpret
 from harness.control.lifecycle import pipeline_run
 from harness.control.rank_state import RankLifecycle, RankStateError
 from harness.control.resize import COORDINATOR_GONE
-from harness.control.reporting import clear_progress_due, progress_input, request_fields
+from harness.control.reporting import clear_progress_due, progress_input, request_input
 from harness.control.versions import VersionBook, VersionError
 from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.scheduler.progress import CoordinatorProgress
@@ -262,8 +262,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         estimate = self._gen_estimate(e.cluster, e.step_target_estimate)  # a field fault may drop it
         if estimate != e.step_target_estimate:
             e = dataclasses.replace(e, step_target_estimate=estimate)
-        ticket = sim.call("request", request_fields(cid, e), lambda: sim.model.request(
-            cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
+        ticket = sim.call("request", *request_input(sim.model, cid, e))
         gpus = yield from self._wait_ticket(ticket)
         return gpus
 
@@ -488,17 +487,14 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
 
     def _watchdog_tick(self, _arg: Any) -> None:
         sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
-        state = sim.model.state
-        registered = cid in state.allocations
-        e = watchdog_tick(self.finished, sim.failure is not None, registered,
-                          [r.life.state for r in self.ranks.values()], registered and state.pending_for(cid) is not None)
+        e = watchdog_tick(self.finished, sim.failure is not None, sim.model.state, cid,
+                          [r.life.state for r in self.ranks.values()])
         if e is not None:
             try:
                 estimate = self._gen_estimate(GENERATION_CLUSTER, e.step_target_estimate)  # a field fault may drop it
                 if estimate != e.step_target_estimate:
                     e = dataclasses.replace(e, step_target_estimate=estimate)
-                sim.call("request", request_fields(cid, e), lambda: sim.model.request(
-                    cid, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate))
+                sim.call("request", *request_input(sim.model, cid, e))
             except SimFailure as exc:
                 sim.fail(f"{self.pid} watchdog: {exc}")
                 return

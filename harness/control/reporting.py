@@ -9,9 +9,10 @@ record fields plus the call — so the simulator and the gates send the same inp
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from harness.control.effects import RequestGpus
+from harness.scheduler.model import SchedulerModel
 from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 
 MODE, ADAPTER = "train", None  # full fine-tuning: one stream per pipeline
@@ -34,11 +35,13 @@ def clear_progress_due(progress: CoordinatorProgress) -> bool:
     return progress.clear_stream(mode=MODE, adapter=ADAPTER) == "clear"
 
 
-def request_fields(cluster_id: str, e: RequestGpus) -> Dict[str, Any]:
-    """The ``request`` input record of a :class:`RequestGpus` (absent fields omitted)."""
+def request_input(model: SchedulerModel, cluster_id: str, e: RequestGpus) -> Tuple[Dict[str, Any], Callable[[], Any]]:
+    """A :class:`RequestGpus` as a scheduler input: (the ``request`` record's fields,
+    absent ones omitted; the call that applies it to ``model``, returning the ticket)."""
     fields: Dict[str, Any] = {"cluster_id": cluster_id, "priority": e.priority.name}
     if e.global_step is not None:
         fields["global_step"] = e.global_step
     if e.step_target_estimate is not None:
         fields["step_target_estimate"] = e.step_target_estimate
-    return fields
+    return fields, lambda: model.request(cluster_id, e.priority, global_step=e.global_step,
+                                         step_target_estimate=e.step_target_estimate)
