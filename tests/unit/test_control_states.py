@@ -17,7 +17,7 @@ from harness.scheduler.types import Priority
 from harness.topology import ClusterTopology
 
 S = RankState
-EVENTS = ("wake", "woken", "synced", "refreshed", "finalized", "activated", "abort", "slept")
+EVENTS = ("wake", "woken", "synced", "refreshed", "finalized", "activated", "abort", "slept", "shutdown")
 
 # The documented table (rank_state.py), written out here independently: a change to the
 # table in the module — a transition added, dropped or redirected — fails this test.
@@ -35,6 +35,8 @@ LEGAL = {
     (S.ROUTABLE, "abort"): S.DRAINING,
     (S.DRAINING, "slept"): S.ASLEEP,
 }
+# the pipeline unregistered: its engines exit from wherever they are; stopped is terminal
+LEGAL.update({(state, "shutdown"): S.STOPPED for state in RankState if state is not S.STOPPED})
 
 
 def rank_in(state: RankState, *, finalized: bool = True) -> RankLifecycle:
@@ -49,10 +51,13 @@ def test_every_rank_transition_is_legal_exactly_when_the_table_says(state, event
     if (state, event) in LEGAL:
         assert life.on(event, version=3, level=2) is LEGAL[(state, event)]
         assert life.state is LEGAL[(state, event)]
+        if event == "shutdown":
+            assert life.weights_version is None and life.host_version is None and not life.finalized
     else:
         with pytest.raises(RankStateError, match=f"'{event}' is not allowed in state {state.value}"):
             life.on(event, version=3, level=2)
         assert life.state is state  # a refused event changes nothing
+    assert len(LEGAL) == 12 + len(RankState) - 1
 
 
 def test_activation_needs_finalize_after_the_last_sync():
