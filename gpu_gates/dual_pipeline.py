@@ -53,12 +53,14 @@ def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
     return None
 
 
-def _outputs(ctx: GateContext, records: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _outputs(ctx: GateContext, records: List[Dict[str, Any]], out: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Write the driver log, then the Perfetto trace and the PNG, naming each in ``out``
+    as soon as it exists (a report posted meanwhile lists what is already there)."""
+    out = {} if out is None else out
     report = ctx.args.report
     if not report:
-        return {}
+        return out
     stem = report[:-5] if report.endswith(".json") else report
-    out: Dict[str, Any] = {}
     from harness.eventlog.writer import dumps, write_atomic
     write_atomic(stem + ".driver.jsonl", (dumps(r) for r in records))
     out["driver_log"] = stem + ".driver.jsonl"
@@ -123,8 +125,12 @@ def run(ctx: GateContext) -> None:
         finally:
             if got:
                 driver.lock.release()
-        ctx.data.update(driver_activity=dict(driver.activity), records=len(records), outputs=_outputs(ctx, records),
-                        steps_done=dict(driver.steps_done))
+        # what the run reached first (cheap), then the output files (slow: a PNG): a
+        # deadline that finishes this rank meanwhile still reports where things stood
+        out: Dict[str, Any] = {}
+        ctx.data.update(driver_activity=dict(driver.activity), records=len(records), steps_done=dict(driver.steps_done),
+                        outputs=out)
+        _outputs(ctx, records, out)
 
     ctx.salvage.append(salvage)
     thread = threading.Thread(target=driver.run, daemon=True)
@@ -145,8 +151,9 @@ def run(ctx: GateContext) -> None:
         ctx.check(f"invariant:{name}", not found, "; ".join(str(v) for v in found[:3]))
     for err in driver.errors:
         ctx.fail(f"driver: {err}")
-    for pid, n in driver.steps_done.items():
-        ctx.check("steps_done", n >= ctx.args.steps, f"{pid} finished {n} of {ctx.args.steps} steps")
+    if not driver.errors:  # after a driver error the missing steps are its consequence, not news
+        for pid, n in driver.steps_done.items():
+            ctx.check("steps_done", n >= ctx.args.steps, f"{pid} finished {n} of {ctx.args.steps} steps")
     published = {pid: driver.ctxs[pid].versions.published for pid in driver.ctxs}
     ctx.check("no_digest_mismatch", not driver.digest_failures, "; ".join(driver.digest_failures))
     ctx.data.update(steps_done=driver.steps_done, published=published, cycles=driver.model.state.cycle_counter,
