@@ -33,7 +33,7 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
     fz.add_argument("--time-budget", type=float, default=120.0, metavar="SECONDS",
                     help="wall seconds one seed may take before it is recorded as 'timeout' (default 120)")
     fz.add_argument("--expect", metavar="FILE",
-                    help="allowed signatures, one per line (fnmatch patterns; lines starting with # are comments); others exit 1")
+                    help="allowed signatures, one per line (* and ? are wildcards; lines starting with # are comments); others exit 1")
     fz.add_argument("--no-minimize", action="store_true", help="skip writing minimized reproducers")
     fz.add_argument("--quiet", action="store_true", help="no progress line")
 

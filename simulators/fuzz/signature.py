@@ -6,7 +6,7 @@ times are dropped. It is read from the log, never from what the simulator says a
 own correctness: the first violated invariant (the oracle's check name) or the record
 that ended the run (an OOM and the kind of memory, an RLix timeout and what timed out, a
 plan-validation failure and its condition), whichever comes first in the log. Faults the
-scenario injected and that fired are appended: ``oom:weights +wake_before_offload`` is
+scenario injected and that fired before that point are appended: ``oom:weights +wake_before_offload`` is
 the expected result of that fault, while the same OOM without a fault is a bug.
 """
 
@@ -76,6 +76,7 @@ def signature(records: Sequence[dict], violations: Iterable[Violation], types: D
         candidates.append(failure)
     if not candidates:
         return CLEAN
-    head = min(candidates)[1]
-    fired = sorted({r["name"] for r in records if r["kind"] == "fault_fired"})
+    at, head = min(candidates)
+    # only a fault that fired before the finding can have caused it
+    fired = sorted({r["name"] for r in records if r["kind"] == "fault_fired" and r["seq"] <= at})
     return head + "".join(f" +{name}" for name in fired)

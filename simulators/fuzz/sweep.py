@@ -67,7 +67,7 @@ class SweepResult:
 
 
 def read_expect(path: str) -> List[str]:
-    """Allowed signatures, one per line (fnmatch patterns allowed); a line whose first
+    """Allowed signatures, one per line (``*`` and ``?`` are wildcards); a line whose first
     non-blank character is ``#`` is a comment (signatures may contain ``#`` themselves)."""
     with open(path, encoding="utf-8") as fh:
         lines = [line.strip() for line in fh]
@@ -75,7 +75,9 @@ def read_expect(path: str) -> List[str]:
 
 
 def _is_expected(sig: str, patterns: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(sig, p) for p in patterns)
+    """``*`` and ``?`` are wildcards; everything else is literal (signatures hold ``[..]``,
+    which fnmatch would read as a character class)."""
+    return any(fnmatch.fnmatchcase(sig, p.replace("[", "[[]")) for p in patterns)
 
 
 class Progress:
