@@ -132,3 +132,14 @@ def test_nemo_gives_up_a_request_after_min_3_dp_size_attempts_and_the_collector_
     # ROLL migrates aborted requests without a limit: nothing fails there
     roll = Simulation(scenario("roll_dual_4gpu")).run()
     assert not [r for r in roll.records if r["kind"] == "request_failed"]
+
+
+def test_simulate_exits_0_on_a_horizon_without_a_stall_and_1_on_a_stall(tmp_path, capsys):
+    text = open(os.path.join(SCENARIOS, "default.yaml")).read()
+    cut = tmp_path / "cut.yaml"
+    cut.write_text(text.replace("horizon_s: 3600", "horizon_s: 120").replace("steps: 4", "steps: 1000"))
+    assert main(["simulate", str(cut), "--quiet", "--no-png", "--out", str(tmp_path / "a")]) == 0
+    assert "default: horizon (horizon 120.0 s reached)" in capsys.readouterr().out
+    stall = os.path.join(SCENARIOS, "starve_one_shot_generation.yaml")
+    assert main(["simulate", stall, "--quiet", "--no-png", "--out", str(tmp_path / "b")]) == 1
+    assert "[liveness]" in capsys.readouterr().out
