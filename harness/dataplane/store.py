@@ -1,0 +1,156 @@
+"""Row stores: where (sample, field) rows live. One interface, several backends.
+
+A row store knows nothing of schemas' meaning or padding; the client (client.py) encodes
+and validates, then calls these primitives. ``InProcessStore`` is a dict in this process
+(also servable to other processes, see served.py); ``TransferQueueStore`` (tq_store.py)
+is the real TransferQueue on Ray. ``RefuseOverwrite`` wraps any store with Mooncake's
+no-upsert rule: a second write of a (sample, field) is refused with the ``-601`` class
+error instead of silently replacing the row, which is how a duplicate writer shows up.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from harness.dataplane.errors import DataPlaneInputError, DuplicateWriteError
+
+Rows = Dict[str, List[torch.Tensor]]
+
+
+class RowStore(ABC):
+    """Backend primitives; every call is all-or-nothing for its batch."""
+
+    @abstractmethod
+    def register(self, partition_id: str, schema: dict, tasks: Sequence[str]) -> None: ...
+
+    @abstractmethod
+    def partition(self, partition_id: str) -> Optional[Tuple[dict, List[str]]]:
+        """(schema JSON, consumer tasks) of a registered partition, or None."""
+
+    @abstractmethod
+    def samples(self, partition_id: str, sample_ids: Sequence[str]) -> Dict[str, Tuple[dict, Set[str]]]:
+        """For each of ``sample_ids`` the store holds: (tags, produced fields)."""
+
+    @abstractmethod
+    def write(self, partition_id: str, sample_ids: Sequence[str], rows: Rows, tags: List[dict], writer: str) -> None: ...
+
+    @abstractmethod
+    def read(self, partition_id: str, sample_ids: Sequence[str], fields: Sequence[str]) -> Rows: ...
+
+    @abstractmethod
+    def drop(self, partition_id: str, sample_ids: Optional[Sequence[str]]) -> None:
+        """Remove samples, or (None) the whole partition including its registration."""
+
+    def close(self) -> None:
+        pass
+
+
+class InProcessStore(RowStore):
+    """A dict of partitions guarded by a lock; ``writes`` is its ledger of every row write."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._partitions: Dict[str, Tuple[dict, List[str]]] = {}
+        self._rows: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}
+        self._tags: Dict[str, Dict[str, dict]] = {}
+        self.writes: List[Tuple[str, str, str, str]] = []  # (writer, partition, sample, field)
+
+    def register(self, partition_id, schema, tasks):
+        with self._lock:
+            held = self._partitions.get(partition_id)
+            if held is not None and held != (schema, list(tasks)):
+                raise DataPlaneInputError(f"partition_id: {partition_id!r} is already registered with a different schema or tasks")
+            self._partitions[partition_id] = (schema, list(tasks))
+            self._rows.setdefault(partition_id, {})
+            self._tags.setdefault(partition_id, {})
+
+    def partition(self, partition_id):
+        with self._lock:
+            return self._partitions.get(partition_id)
+
+    def samples(self, partition_id, sample_ids):
+        with self._lock:
+            rows, tags = self._rows.get(partition_id, {}), self._tags.get(partition_id, {})
+            return {s: (dict(tags[s]), set(rows[s])) for s in sample_ids if s in tags}
+
+    def write(self, partition_id, sample_ids, rows, tags, writer):
+        with self._lock:
+            self._write_locked(partition_id, sample_ids, rows, tags, writer)
+
+    def _write_locked(self, partition_id, sample_ids, rows, tags, writer):
+        if partition_id not in self._partitions:
+            raise DataPlaneInputError(f"partition_id: {partition_id!r} is not registered")
+        part_rows, part_tags = self._rows[partition_id], self._tags[partition_id]
+        for i, s in enumerate(sample_ids):  # everything below is plain dict updates: cannot fail half-way
+            part_tags[s] = dict(tags[i])
+            sample_rows = part_rows.setdefault(s, {})
+            for name, field_rows in rows.items():
+                sample_rows[name] = field_rows[i]
+                self.writes.append((writer, partition_id, s, name))
+
+    def read(self, partition_id, sample_ids, fields):
+        with self._lock:
+            part = self._rows[partition_id]
+            return {f: [part[s][f] for s in sample_ids] for f in fields}
+
+    def drop(self, partition_id, sample_ids):
+        with self._lock:
+            if sample_ids is None:
+                self._partitions.pop(partition_id, None)
+                self._rows.pop(partition_id, None)
+                self._tags.pop(partition_id, None)
+                return
+            for s in sample_ids:
+                self._rows.get(partition_id, {}).pop(s, None)
+                self._tags.get(partition_id, {}).pop(s, None)
+
+    def write_ledger(self) -> List[Tuple[str, str, str, str]]:
+        with self._lock:
+            return list(self.writes)
+
+
+class RefuseOverwrite(RowStore):
+    """Mooncake's semantics over any store: no upsert; a rewrite of a row raises -601.
+
+    Plain TransferQueue (and the in-process store) silently overwrite, so a duplicate
+    writer leaves no trace in the data; wrapping the store injects the refusal that real
+    Mooncake would give. The conflict check and the write happen under one lock so two
+    racing writers cannot both pass it (within one process or one served store).
+    """
+
+    def __init__(self, inner: RowStore) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+
+    def register(self, partition_id, schema, tasks):
+        self.inner.register(partition_id, schema, tasks)
+
+    def partition(self, partition_id):
+        return self.inner.partition(partition_id)
+
+    def samples(self, partition_id, sample_ids):
+        return self.inner.samples(partition_id, sample_ids)
+
+    def write(self, partition_id, sample_ids, rows, tags, writer):
+        with self._lock:
+            held = self.inner.samples(partition_id, sample_ids)
+            conflicts = [(s, f) for s in sample_ids if s in held for f in rows if f in held[s][1]]
+            if conflicts:
+                raise DuplicateWriteError(partition_id, conflicts, writer)
+            self.inner.write(partition_id, sample_ids, rows, tags, writer)
+
+    def read(self, partition_id, sample_ids, fields):
+        return self.inner.read(partition_id, sample_ids, fields)
+
+    def drop(self, partition_id, sample_ids):
+        self.inner.drop(partition_id, sample_ids)
+
+    def close(self):
+        self.inner.close()
+
+    def write_ledger(self):
+        return self.inner.write_ledger()  # type: ignore[attr-defined]
