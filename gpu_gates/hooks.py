@@ -13,6 +13,8 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``late_receivers[:S]``  dual_pipeline: the driver posts a sync's receive commands S seconds
                         (default 1) after the owner's send command — the ordering that a
                         loaded machine produces now and then, made certain
+``leader_gate_off``     dataplane_writeback: every TP sibling writes back, not only the
+                        replica leader (the -601 duplicate-writer bug)
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -27,7 +29,8 @@ from typing import List, Optional
 ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise")
-PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers")
+PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
+               "leader_gate_off")
 
 
 class HookSpecError(ValueError):

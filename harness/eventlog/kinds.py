@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Dict
 
+from harness.eventlog.kinds_dataplane import DATAPLANE_KINDS
 from harness.eventlog.kinds_gate import GATE_KINDS
 from harness.eventlog.kinds_runtime import EFFECT_KINDS
 from harness.eventlog.kinds_sim import SIM_KINDS
@@ -93,7 +94,7 @@ DECISION_KINDS: Dict[str, dict] = {
     "scheduler_failed": {"required": {"cycle": "int?", "reason": "str"}, "optional": {}, "doc": "Fail-fast: every waiter is errored, later inputs are rejected."},
 }
 
-RUNTIME_KINDS: Dict[str, dict] = {**EFFECT_KINDS, **SIM_KINDS, **GATE_KINDS}
+RUNTIME_KINDS: Dict[str, dict] = {**EFFECT_KINDS, **SIM_KINDS, **GATE_KINDS, **DATAPLANE_KINDS}
 
 ALL_KINDS: Dict[str, dict] = {**HEADER, **INPUT_KINDS, **DECISION_KINDS, **RUNTIME_KINDS}
 

@@ -207,12 +207,23 @@ def test_step_order_fires_when_next_step_starts_early():
     assert found and "unfinished" in found[0].message
 
 
+def test_data_plane_fires_on_driver_bulk_and_second_writer():
+    """More cases, on logs written by real clients: tests/dataplane/test_invariant_dataplane.py."""
+    hop = lambda seq, actor, role, hop, n: {"seq": seq, "t": seq, "kind": "dp_transfer", "actor": actor, "role": role,  # noqa: E731
+                                            "partition": "p", "hop": hop, "samples": ["a"], "fields": ["x"], "bytes": n}
+    recs = [hop(1, "rollout", "producer", "producer_to_store", 8), hop(2, "driver", "driver", "driver_meta", 90),
+            hop(3, "driver", "driver", "store_to_driver", 8), hop(4, "dp0/tp1", "worker", "worker_to_store", 8)]
+    found = check_log(recs, ["data_plane"])
+    assert [v.seq for v in found] == [3, 4] and "driver held bulk" in found[0].message and "-601" in found[1].message
+    assert check_log(recs[:2], ["data_plane"]) == []
+
+
 def test_every_registered_check_has_a_firing_test_here():
     here = open(__file__).read()
     for name in CHECKS:
         if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
                     "release_after_publish", "step_order", "routing", "stale_serving", "planned_release_ack",
-                    "liveness"):
+                    "liveness", "data_plane"):
             assert f'["{name}"]' in here, name
         else:
             assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"

@@ -1,0 +1,52 @@
+"""Leader-only write-back under torchrun (gloo, DP 2 x TP 2): clean with the leader gate,
+a -601-class finding without it, whether the store refuses the rewrite or overwrites."""
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from harness.invariants import check_log  # noqa: E402
+
+pytestmark = pytest.mark.gate
+
+
+def oracle(run):
+    records = [json.loads(line) for line in run.event_log.read_text().splitlines()]
+    return records, [str(v) for v in check_log(records, ["data_plane"])]
+
+
+def test_leader_gate_on_gives_one_write_per_sample_field_per_replica(gate_runner):
+    run = gate_runner("dataplane_writeback", 4, "--tp", "2", "--cycles", "2")
+    assert run.returncode == 0 and run.report["status"] == "passed", run.output[-3000:]
+    s = run.report["summary"]
+    assert (s["dp"], s["tp"], s["leader_gate"], s["refused_writes"]) == (2, 2, True, 0)
+    assert s["ledger_writes"] == s["ledger_keys"] == 16 and s["ledger_max_writes_per_key"] == 1
+    assert s["ledger_writers"] == ["dp0/tp0", "dp1/tp0"]
+    assert len(run.checks("broadcast_matches_put")) == 4 * 2 and all(c["passed"] for c in run.checks("broadcast_matches_put"))
+    records, violations = oracle(run)
+    assert violations == []
+    hops = {r["hop"] for r in records if r["kind"] == "dp_transfer"}
+    assert hops == {"producer_to_store", "driver_meta", "store_to_worker", "leader_to_siblings", "worker_to_store"}
+    # the siblings never read the store: only the two leaders did
+    assert sorted(r["actor"] for r in records if r.get("hop") == "store_to_worker") == ["dp0/tp0", "dp0/tp0", "dp1/tp0", "dp1/tp0"]
+    assert sum(r["bytes"] for r in records if r["kind"] == "dp_transfer" and r["role"] == "driver" and r["hop"] != "driver_meta") == 0
+
+
+def test_gate_off_with_a_refusing_store_is_reported_as_601(gate_runner):
+    run = gate_runner("dataplane_writeback", 4, "--overwrite", "refuse", hook="leader_gate_off")
+    assert run.returncode == 1 and run.report["status"] == "failed"
+    assert "-601 ILLEGAL_CLIENT class" in run.report["message"], run.report["message"]
+    assert run.report["summary"]["refused_writes"] == 4  # one sibling per replica per step
+    _, violations = oracle(run)
+    assert violations and all("-601 class" in v for v in violations)
+
+
+def test_gate_off_with_a_silently_overwriting_store_is_still_caught(gate_runner):
+    run = gate_runner("dataplane_writeback", 4, "--overwrite", "upsert", hook="leader_gate_off")
+    assert run.returncode == 1 and run.report["status"] == "failed"
+    assert "one_write_per_sample_field" in run.report["message"] and "-601 class" in run.report["message"]
+    assert run.report["summary"]["ledger_max_writes_per_key"] == 2
+    _, violations = oracle(run)
+    assert any("wrote 4 row(s) already written" in v for v in violations)
