@@ -157,7 +157,8 @@ def _verify(ctx, store, step, ids, input_ids, lengths, dp_size, tp) -> None:
     ctx.check("one_write_per_sample_field", not dupes and not missing,
               f"step {step}: " + (f"-601 class: duplicate writes {dict(sorted(dupes.items()))} by {writers}" if dupes
                                   else f"no write-back for {missing}"))
-    ctx.check("only_leaders_wrote", all(w.endswith("/tp0") for w in writers), f"step {step}: writers {writers}")
+    ctx.check("only_leaders_wrote", all(w.endswith("/tp0") for w in writers),
+              f"step {step}: -601 class: non-leader writers among {writers}")
     stored = store.read(PARTITION, ids, ["logprobs"])["logprobs"] if not missing else []
     ok = len(stored) == len(ids) and all(
         torch.equal(row, logprob_fn(input_ids[i, :lengths[i]])) for i, row in enumerate(stored))
