@@ -24,7 +24,7 @@ def _who(r: dict) -> str:
     return f"{r['actor']}" + (f" (dp {dp})" if dp is not None else "")
 
 
-@invariant(NAME)
+@invariant(NAME, reads=("dp_transfer", "dp_write_refused", "dp_clear"))
 def data_plane(records: Records) -> List[Violation]:
     out: List[Violation] = []
     written: Dict[Tuple[str, str, str], dict] = {}
