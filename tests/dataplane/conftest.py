@@ -1,12 +1,14 @@
 """Backends for the data-plane contract suite: the in-process store and TransferQueue.
 
-TransferQueue runs on ONE local Ray per pytest session (per xdist worker): starting Ray
-and TQ costs seconds, so the fixture is session-scoped and every TQ test carries the
+TransferQueue runs on ONE local Ray (per xdist worker): starting Ray and TQ costs
+seconds, so the fixture is module-scoped and the TQ tests live in one module
+(test_contract.py). Ray starts with its first TQ test and is shut down after its last, so
+later tests that start their own Ray (the fuzz executor's) find none running. Every TQ
+test carries the
 ``transferqueue`` marker and the ``xdist_group`` "transferqueue" (with ``--dist
 loadgroup`` they all land on one worker). Ray gets more logical CPUs than the machine has
 cores because TQ's controller and each storage unit reserve one, and with too few its init
-waits forever; every wait is bounded. Ray is shut down at session end and nothing is left
-in /dev/shm.
+waits forever; every wait is bounded. Nothing is left in /dev/shm.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _shm_entries():
         return set()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tq_store():
     pytest.importorskip("transfer_queue")
     ray = pytest.importorskip("ray")
