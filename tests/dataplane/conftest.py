@@ -46,7 +46,7 @@ def tq_store():
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="rlharness-tests",
              configure_logging=False)
     try:
-        store = TransferQueueStore.start(num_storage_units=1, timeout_s=90)
+        store = TransferQueueStore.start(num_storage_units=1, timeout_s=180)
     except BaseException:
         ray.shutdown()
         raise
