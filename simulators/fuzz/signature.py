@@ -58,8 +58,19 @@ def _failure(records: Sequence[dict], types: Dict[str, str]) -> Optional[tuple]:
     if end is not None and end.get("reason") == "failed":
         return end["seq"], "failed:" + _normalized(str(end.get("detail", "")), types)
     if end is not None and end.get("reason") == "horizon":
-        return end["seq"], "horizon"
+        return end["seq"], _horizon(records, types)
     return None
+
+
+def _horizon(records: Sequence[dict], types: Dict[str, str]) -> str:
+    """``horizon:never_trained[...]`` when some pipeline never consumed a batch (a stall
+    before its first step), else ``horizon:unfinished[...]`` (the pipelines still running)."""
+    trained = {r["pipeline_id"] for r in records if r["kind"] == "batch_consumed"}
+    gone = {r["pipeline_id"] for r in records if r["kind"] == "unregister"}
+    never = sorted({types[p] for p in types if p not in trained and p not in gone})
+    if never:
+        return _with_roles("horizon:never_trained", never)
+    return _with_roles("horizon:unfinished", sorted({types[p] for p in types if p not in gone}))
 
 
 def signature(records: Sequence[dict], violations: Iterable[Violation], types: Dict[str, str]) -> str:

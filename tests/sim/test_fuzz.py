@@ -91,8 +91,11 @@ def test_timeouts_and_horizon_have_their_own_signatures():
     timeout = [_rec(0, "header"), _rec(1, "timeout", pipeline_id="p0", what="shrink_drain", limit_s=30, since=1.0),
                _rec(2, "sim_end", reason="failed", sim_time=31.0, events=3, detail="timeout")]
     assert signature(timeout, [], TYPES) == "timeout:shrink_drain[nemo_async]"
-    horizon = [_rec(0, "header"), _rec(1, "sim_end", reason="horizon", sim_time=9.0, events=3, detail="")]
-    assert signature(horizon, [], TYPES) == "horizon"
+    horizon = [_rec(0, "header"), _rec(1, "batch_consumed", pipeline_id="p1", step=0, trajectories=1, staleness={}),
+               _rec(2, "sim_end", reason="horizon", sim_time=9.0, events=3, detail="")]
+    assert signature(horizon, [], TYPES) == "horizon:never_trained[nemo_async]"
+    horizon[1]["pipeline_id"] = "p0"
+    assert signature(horizon, [], {"p0": "nemo_async"}) == "horizon:unfinished[nemo_async]"
 
 
 # ---------------------------------------------------------------- one seed
@@ -234,3 +237,10 @@ def test_bad_fuzz_arguments_are_one_line_and_exit_2(argv, message, capsys, tmp_p
     assert main(argv + ["--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_the_shipped_reproducer_shows_its_finding():
+    scenario = load_scenario(os.path.join(ROOT, "examples", "fuzz", "nemo_age0_never_trains.yaml"))
+    res = run_scenario(scenario)
+    assert res["signature"] == "horizon:never_trained[nemo_async]"
+    assert run_seed(4)["signature"] == res["signature"]  # the seed it was minimized from
