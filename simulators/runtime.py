@@ -77,8 +77,10 @@ class Simulation:
         self.failure: Optional[str] = None
         self.progress = progress
         from simulators.pipeline import PipelineSim  # local: pipeline imports this module's types
+        from simulators.single_controller import SingleControllerSim
 
-        self.pipelines = [PipelineSim(self, spec, i) for i, spec in enumerate(scenario.pipelines)]
+        self.pipelines = [(SingleControllerSim if spec.type == "single_controller" else PipelineSim)(self, spec, i)
+                          for i, spec in enumerate(scenario.pipelines)]
         self.by_id = {p.pid: p for p in self.pipelines}
 
     # ------------------------------------------------------------------ logging

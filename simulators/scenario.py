@@ -63,6 +63,7 @@ from simulators.spec import (
     ModelSpec,
     PipelineSpec,
     Scenario,
+    StreamingSpec,
     WorkloadSpec,
 )
 
@@ -93,13 +94,14 @@ class ScenarioError(ValueError):
 
 
 from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the field table lives there)
+from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
-_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload")
+_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
-_DEFAULTS_SECTIONS = {"model": ModelSpec, "workload": WorkloadSpec}
+_DEFAULTS_SECTIONS = {"model": ModelSpec, "workload": WorkloadSpec, "streaming": StreamingSpec}
 
 
 # --------------------------------------------------------------------------------------
@@ -291,6 +293,12 @@ def _pipeline(
             merged.update(_flat_fields(ctx, f"{path}.{key}", data[key], cls))
         vals[key] = cls(**merged)
     _workload_cross_checks(ctx, f"{path}.workload", vals["workload"])
+    if vals["type"] == "single_controller":
+        problem = streaming_problem(vals["streaming"], vals["workload"])
+        if problem is not None:
+            raise ctx.fail(f"{path}.streaming.{problem[0]}", problem[1])
+    elif "streaming" in data:
+        raise ctx.fail(f"{path}.streaming", f"only a single_controller pipeline streams (this one is {vals['type']})")
 
     train = _gpu_list(ctx, f"{path}.train_gpus", data["train_gpus"], topo.num_gpus)
     infer = _gpu_list(ctx, f"{path}.infer_gpus", data["infer_gpus"], topo.num_gpus)
@@ -307,6 +315,9 @@ def _pipeline(
             validate_partial_overlap(entry)
     except TopologyError as e:
         raise ctx.fail(_topology_path(path, e), f"{e.problem} (rule: {e.rule})") from None
+    if vals["type"] == "single_controller" and set(train) & set(infer):
+        raise ctx.fail(f"{path}.train_gpus", f"train GPUs {sorted(set(train) & set(infer))} are also infer_gpus "
+                       "(the single controller is non-colocated)")
     if vals["type"] == "roll_sync":
         outside = sorted(set(train) - set(infer))
         if outside:
@@ -452,6 +463,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "workload": _flat_to_mapping(p.workload),
             }
         )
+        if p.type == "single_controller":
+            pipelines[-1]["streaming"] = _flat_to_mapping(p.streaming)
     return {
         "name": s.name,
         "description": s.description,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-from simulators.spec import ClusterSpec, CostSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, WorkloadSpec
+from simulators.spec import ClusterSpec, CostSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,24 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "selective_sync_timeout_s": _r("float", ">0", "s"),
         "shrink_drain_timeout_s": _r("float", ">0", "s"),
     },
+    StreamingSpec: {
+        "sampler": _r("str"),
+        "window": _r("int", ">=0", "versions"),
+        "freshest_first": _r("int", ">=0"),
+        "custom_target": _r("str"),
+        "min_groups_for_streaming_train": _r("int", ">=1", "prompt groups"),
+        "max_inflight_prompts": _r("int", ">=1", "prompts"),
+        "max_buffered_rollouts": _r("int", ">=1", "prompt groups"),
+        "microbatch_groups": _r("int", ">=1", "prompt groups"),
+        "infra_failure_rate": _r("float", ">=0", "probability per attempt"),
+        "data_failure_rate": _r("float", ">=0", "probability per attempt"),
+        "max_infra_attempts_per_prompt": _r("int", ">=1", "attempts"),
+        "max_data_attempts_per_prompt": _r("int", ">=1", "attempts"),
+        "train_s_per_microbatch": _r("float", ">=0", "s"),
+        "watchdog_interval_s": _r("float", ">0", "s"),
+        "stall_timeout_s": _r("float", ">0", "s"),
+        "stall_action": _r("str"),
+    },
     PipelineSpec: {
         "name": _r("str"),
         "type": _r("str"),
@@ -82,7 +100,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),
-        # train_gpus, infer_gpus, model, workload: structured, handled by _pipeline()
+        # train_gpus, infer_gpus, model, workload, streaming: structured, handled by _pipeline()
     },
     FaultSpec: {
         "name": _r("str"),

@@ -91,9 +91,33 @@ class CostSpec:
 
 
 @dataclass(frozen=True)
+class StreamingSpec:
+    """The single controller's ``async_rl`` knobs (``type: single_controller`` only;
+    reference/nemo_rl.md §2.2). ``min_groups_for_streaming_train`` = ``prompts_per_step``
+    is the non-streaming controller: the trainer waits for a whole batch."""
+
+    sampler: str = "in_order"  # in_order | weight_fifo | windowed | ready_first | custom
+    window: int = 1  # staleness window / lookahead, in versions
+    freshest_first: int = 0  # windowed: 1 = newest start version first
+    custom_target: str = ""  # "module:Class" when sampler is custom
+    min_groups_for_streaming_train: int = 1
+    max_inflight_prompts: int = 32
+    max_buffered_rollouts: int = 64
+    microbatch_groups: int = 1  # prompt groups per train_microbatch
+    infra_failure_rate: float = 0.0  # chance one rollout attempt fails for an infrastructure reason
+    data_failure_rate: float = 0.0  # chance one rollout attempt fails for a data reason
+    max_infra_attempts_per_prompt: int = 3
+    max_data_attempts_per_prompt: int = 2
+    train_s_per_microbatch: float = 0.1  # fixed cost of one train_microbatch call (launch, no_sync bookkeeping)
+    watchdog_interval_s: float = 30.0
+    stall_timeout_s: float = 600.0
+    stall_action: str = "warn"  # warn | abort
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
-    type: str  # "nemo_async" | "roll_sync"
+    type: str  # "nemo_async" | "roll_sync" | "single_controller"
     train_gpus: Tuple[int, ...]
     infer_gpus: Tuple[int, ...]
     infer_tp: int = 1
@@ -102,6 +126,7 @@ class PipelineSpec:
     steps: int = 4
     sleep_level: int = 2
     start_s: float = 0.0  # when the pipeline registers
+    streaming: StreamingSpec = field(default_factory=StreamingSpec)  # single_controller only
 
 
 @dataclass(frozen=True)
@@ -125,6 +150,9 @@ class FaultSpec:
     * ``abort_never_wakes`` — from that step on, aborting a shrunk rank's in-flight requests
       never wakes their ``generate()`` (RLix Bug 7, vLLM 0.19): the drain never completes and
       the shrink times out.
+    * ``lost_finish`` — (single_controller) at that step the driver's ``finish_train_step``
+      never reaches the trainer, but the driver ticks its version and syncs anyway: the
+      next ``begin_train_step`` finds the step still open (invariant 15).
     * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
       GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
       shutdown (MILES B-13), and a peer that needs those GPUs can starve.
@@ -171,11 +199,11 @@ class Scenario:
     description: str = ""
 
 
-PIPELINE_TYPES = ("nemo_async", "roll_sync")
+PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
                "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
                "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",
-               "strand_sync_group", "no_gen_estimate", "expand_sync_fails")
+               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish")
 
 
 def default_scenario() -> Scenario:

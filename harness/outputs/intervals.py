@@ -15,10 +15,12 @@ from functools import cached_property
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from harness.control.effects import TRAINER_EFFECTS
+from harness.control.streaming_effects import STREAMING_TRAINER_EFFECTS
 from harness.outputs.canonical_order import CanonKey, canonical_json, sort_canon_last
 
-TRAIN_EFFECTS = TRAINER_EFFECTS
-SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion")
+TRAIN_EFFECTS = TRAINER_EFFECTS + STREAMING_TRAINER_EFFECTS
+SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion", "SyncWeights")
+GENERATE_EFFECTS = ("Generate",)  # a single controller's rollout on its inference ranks
 WAKE_SLEEP_EFFECTS = ("Wake", "Sleep", "Abort", "Drain")
 REFIT_EFFECTS = SYNC_EFFECTS + WAKE_SLEEP_EFFECTS
 WAITING_EFFECTS = ("RequestGpus", "ReleaseThenRequest", "AwaitRelease", "WaitBatch", "LockCoordinator")
@@ -36,11 +38,13 @@ KIND_CATEGORY = {
 
 
 def effect_kind(effect: str) -> str:
-    """Fine kind of an effect name: train | sync | wake_sleep | waiting | other."""
+    """Fine kind of an effect name: train | sync | generate | wake_sleep | waiting | other."""
     if effect in TRAIN_EFFECTS:
         return "train"
     if effect in SYNC_EFFECTS:
         return "sync"
+    if effect in GENERATE_EFFECTS:
+        return "generate"
     if effect in WAKE_SLEEP_EFFECTS:
         return "wake_sleep"
     if effect in WAITING_EFFECTS:

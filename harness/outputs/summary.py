@@ -35,9 +35,10 @@ Definitions (all times are simulated seconds):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from harness.outputs.streaming_summary import StreamingRow, streaming_lines, streaming_rows
 from harness.outputs.intervals import (  # noqa: F401  (re-exported: the outputs' shared vocabulary)
     KIND_CATEGORY,
     REFIT_EFFECTS,
@@ -136,6 +137,7 @@ class Summary:
     ooms: List[Dict[str, Any]]
     faults: List[Dict[str, Any]]
     timeouts: List[Dict[str, Any]]  # RLix timeouts that expired
+    streaming: List[StreamingRow] = field(default_factory=list)  # single controllers
 
     @property
     def duration_s(self) -> float:
@@ -239,7 +241,7 @@ def summarize(log: Log) -> Summary:
         spans: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
         for iv in pe:
             spans[effect_category(iv.effect)].append((iv.start, iv.end))
-        gen = [(rv.start, rv.end) for rv in by_pipe_ranks.get(pid, [])]
+        gen = [(rv.start, rv.end) for rv in by_pipe_ranks.get(pid, [])] + spans["generate"]
         pipelines.append(PipelineSummary(
             pipeline_id=pid,
             steps_done=done,
@@ -341,6 +343,7 @@ def summarize(log: Log) -> Summary:
         nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
         ooms=ooms, faults=faults, timeouts=timeouts,
+        streaming=streaming_rows(records, {p.pipeline_id: p.mean_step_s for p in pipelines}),
     )
 
 
@@ -400,6 +403,7 @@ def format_summary(summary: Summary) -> str:
     out += _table(["pipeline", "steps", "mean step s", "p95 step s", "generate s", "gen %", "train s",
                    "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort",
                    "req failed"], rows, "lrrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
+    out += streaming_lines(summary.streaming, _table)
 
     out.append("")
     out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")

@@ -16,6 +16,7 @@ import pytest
 import matplotlib  # noqa: F401  (a hard dependency of the outputs: fail, do not skip, when missing)
 
 from harness.control import effects as effects_mod
+from harness.control import streaming_effects as streaming_effects_mod
 from harness.eventlog.records import read_records
 from harness.outputs import chrome_trace, format_summary, summarize, write_chrome_trace, write_timeline_png
 from harness.outputs.perfetto import dumps_chrome_trace
@@ -148,7 +149,7 @@ def test_fixture_is_a_valid_event_log(tmp_path):
 
 def test_effect_kinds_name_real_effect_classes():
     for name in TRAIN_EFFECTS + REFIT_EFFECTS + WAITING_EFFECTS:
-        assert isinstance(getattr(effects_mod, name, None), type), name
+        assert isinstance(getattr(effects_mod, name, None) or getattr(streaming_effects_mod, name, None), type), name
 
 
 def test_helpers():

@@ -275,7 +275,7 @@ def test_unknown_nested_key():
     assert error_of(data).startswith("x.yaml: cluster.gpus: unknown field; known: gpus_per_node, ")
     data = base()
     data["defaults"] = {"costs": {}}
-    assert error_of(data) == "x.yaml: defaults.costs: unknown field; known: model, workload"
+    assert error_of(data) == "x.yaml: defaults.costs: unknown field; known: model, streaming, workload"
 
 
 def test_missing_required():
@@ -364,7 +364,7 @@ def test_sleep_level():
 def test_unknown_pipeline_type():
     data = base()
     data["pipelines"][1]["type"] = "nemo_sync"
-    assert error_of(data) == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync"
+    assert error_of(data) == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync, single_controller"
 
 
 def test_duplicate_pipeline_name():
@@ -392,7 +392,7 @@ def test_fault_unknown_name():
         "x.yaml: faults[0].name: unknown fault 'explode'; known: "
         "wake_before_offload, skip_sync_on_expand, keep_nccl_on_sleep, noop_progress_hooks, no_gen_watchdog, keep_gen_on_finish, cache_after_offload, abort_never_wakes, "
         "collector_dies, engines_crash_after_refit, stuck_request, offload_keeps_params, strand_sync_group, "
-        "no_gen_estimate, expand_sync_fails"
+        "no_gen_estimate, expand_sync_fails, lost_finish"
     )
 
 

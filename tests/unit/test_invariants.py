@@ -218,6 +218,11 @@ def test_data_plane_fires_on_driver_bulk_and_second_writer():
     assert check_log(recs[:2], ["data_plane"]) == []
 
 
+# checks whose firing tests live with their subsystem
+OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
+              "streaming_step": "tests/streaming/test_streaming_invariants.py"}
+
+
 def test_every_registered_check_has_a_firing_test_here():
     here = open(__file__).read()
     for name in CHECKS:
@@ -225,6 +230,8 @@ def test_every_registered_check_has_a_firing_test_here():
                     "release_after_publish", "step_order", "routing", "stale_serving", "planned_release_ack",
                     "liveness", "data_plane"):
             assert f'["{name}"]' in here, name
+        elif name in OWN_SUITES:
+            assert f'"{name}"' in open(os.path.join(ROOT, OWN_SUITES[name])).read(), name
         else:
             assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"
 

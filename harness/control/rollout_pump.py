@@ -1,0 +1,93 @@
+"""The single controller's rollout pump and stall watchdog, as control logic (NeMo RL
+``_rollout_pump`` / ``generate_and_push`` / ``_stall_watchdog_pump``, reference/nemo_rl.md §2.2).
+
+Per admitted batch (the sampler's gate; in_order stamps the target step), per prompt:
+a buffer slot (``max_buffered_rollouts``), an in-flight slot (``max_inflight_prompts``),
+no weight sync in progress, then the prompt's rollout runs concurrently. A rollout is
+reserve (in the pump, with the permit) -> generate -> commit; a failed attempt removes
+its group and is classified:
+INFRA retries with capped exponential backoff, DATA retries without; past the attempt
+limit the prompt is skipped (its step trains on fewer groups). A rollout aborted by the
+train pump (the sampler can no longer select it) just gives its slots back.
+"""
+
+from __future__ import annotations
+
+from typing import Generator, Optional
+
+from harness.control.streaming_effects import (
+    AcquireCapacity,
+    AcquireInflight,
+    AdmitBatch,
+    AwaitRolloutPermitted,
+    Backoff,
+    Commit,
+    Generate,
+    ReleaseCapacity,
+    ReleaseInflight,
+    RemoveGroup,
+    Reserve,
+    SkipPrompt,
+    StallDetected,
+    StartRollout,
+    WatchdogTick,
+)
+from harness.streaming.controller import StreamingConfig
+
+
+def run(cfg: StreamingConfig) -> Generator:
+    """Admit batches forever; the runtime stops the pump when the train pump is done."""
+    prompt_id = 0
+    while True:
+        batch, target_step = yield AdmitBatch()
+        for _ in range(cfg.groups_per_step):
+            yield AcquireCapacity()
+            yield AcquireInflight()
+            yield AwaitRolloutPermitted()
+            # reserved right here, in the same turn as the permit: the group's start
+            # version is the one generation runs now, never one a sync is replacing
+            group_id, _start_version = yield Reserve(prompt_id, target_step)
+            yield StartRollout(prompt_id, batch, target_step, group_id)
+            prompt_id += 1
+
+
+def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optional[int], group_id: int) -> Generator:
+    infra = data = 0
+    attempt = 0
+    while True:
+        if attempt:  # a retry is a new dispatch: it waits out a weight sync, then reserves afresh
+            yield AwaitRolloutPermitted()
+            group_id, _start_version = yield Reserve(prompt_id, target_step)
+        outcome = yield Generate(group_id, prompt_id, attempt)
+        attempt += 1
+        if outcome == "ok":
+            yield Commit(group_id)
+            yield ReleaseInflight()  # the slot in the buffer stays held until clear/evict
+            return
+        yield RemoveGroup(group_id, outcome)
+        if outcome == "aborted":
+            break
+        if outcome == "infra":
+            infra += 1
+            if infra >= cfg.max_infra_attempts_per_prompt:
+                yield SkipPrompt(prompt_id, batch, f"infra failure x{infra}")
+                break
+            yield Backoff(min(cfg.backoff_s * 2 ** (infra - 1), cfg.max_backoff_s))
+        else:
+            data += 1
+            if data >= cfg.max_data_attempts_per_prompt:
+                yield SkipPrompt(prompt_id, batch, f"data failure x{data}")
+                break
+    yield ReleaseInflight()
+    yield ReleaseCapacity()
+
+
+def stall_watchdog(cfg: StreamingConfig) -> Generator:
+    """Every interval: no progress (commit or trained group) for ``stall_timeout_s`` is a
+    stall; ``warn`` logs it and goes on, ``abort`` ends the run."""
+    while True:
+        idle = yield WatchdogTick(cfg.watchdog_interval_s)
+        if idle >= cfg.stall_timeout_s:
+            yield StallDetected(idle, cfg.stall_action)
+            if cfg.stall_action == "abort":
+                return "stalled"

@@ -1,0 +1,10 @@
+"""Streaming single-controller training (NeMo RL's SingleController, reference/nemo_rl.md §2.2-2.3).
+
+* ``buffer``: the reserve -> commit -> remove_group rollout buffer with capacity accounting;
+* ``samplers``: the ``PromptGroupSampler`` protocol and its four built-ins (+ ``custom``);
+* ``split_step``: the split train API's state machine (begin / microbatch / finish / abort);
+* ``controller``: the state the train and rollout pumps share, with the setup checks.
+
+None of this has a clock or touches a device: the pumps in ``harness.control`` drive it
+and both runtimes (the simulator and the real CPU runtime) interpret the pumps.
+"""

@@ -1,0 +1,156 @@
+"""The single controller's shared state: what the train pump, the rollout pump and the
+stall watchdog read and change (NeMo RL ``SingleControllerActor``, reference/nemo_rl.md §2.2).
+
+One object per pipeline, owned by the runtime that interprets the pumps; the pumps never
+touch it directly (they yield effects and the runtime calls the methods here), so the
+same accounting runs in the simulator and in the real CPU runtime. Blocking effects are
+``try_*`` methods that return ``None`` while the caller must wait; a runtime re-tries
+them when something changed (:attr:`ControllerState.changes` counts changes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from harness.streaming.buffer import GroupEntry, RolloutBuffer
+from harness.streaming.samplers import Admission, PromptGroupSampler, make_sampler
+
+
+class CapacityDeadlock(ValueError):
+    """Setup refuses a buffer too small for a gated sampler: it would deadlock."""
+
+
+@dataclass(frozen=True)
+class StreamingConfig:
+    """The ``async_rl`` knobs of the single controller (defaults as NeMo's where it has them)."""
+
+    groups_per_step: int = 4  # num_prompts_per_step
+    generations_per_prompt: int = 2
+    sampler: str = "in_order"
+    window: int = 1  # max_lookahead_versions / max_staleness_versions / window
+    freshest_first: bool = False
+    custom_target: str = ""  # "module:Class" for sampler custom
+    min_groups_for_streaming_train: int = 1  # groups_per_step: train only on a full batch
+    max_inflight_prompts: int = 32
+    max_buffered_rollouts: int = 64
+    microbatch_groups: int = 1  # groups per train_microbatch call
+    max_infra_attempts_per_prompt: int = 3
+    max_data_attempts_per_prompt: int = 2
+    backoff_s: float = 0.5
+    max_backoff_s: float = 4.0
+    watchdog_interval_s: float = 30.0
+    stall_timeout_s: float = 600.0
+    stall_action: str = "warn"  # warn | abort
+
+
+def check_capacity(sampler: PromptGroupSampler, groups_per_step: int, max_buffered_rollouts: int) -> None:
+    """Reject at setup a gated sampler whose buffer cannot hold ``window + 1`` batches:
+    it admits that many batches ahead, they fill every slot, and the batch the trainer
+    needs next can never be reserved (the reference's setup raise, §2.2)."""
+    need = sampler.required_buffer_capacity(groups_per_step)
+    if max_buffered_rollouts < need:
+        raise CapacityDeadlock(
+            f"max_buffered_rollouts {max_buffered_rollouts} is below the {need} groups the {sampler.name} sampler "
+            f"needs (groups_per_step {groups_per_step} x (window {sampler.window} + 1)): admitted batches would fill "
+            f"the buffer and the step the trainer waits for could never be reserved (deadlock)")
+
+
+class ControllerState:
+    def __init__(self, cfg: StreamingConfig, sampler: Optional[PromptGroupSampler] = None) -> None:
+        self.cfg = cfg
+        self.sampler = sampler or make_sampler(cfg.sampler, cfg.window, freshest_first=cfg.freshest_first,
+                                               target=cfg.custom_target)
+        check_capacity(self.sampler, cfg.groups_per_step, cfg.max_buffered_rollouts)
+        self.buffer = RolloutBuffer(cfg.max_buffered_rollouts)
+        self.trainer_version = 0  # the driver's view, moved by FinishTrainStep
+        self.weight_version = 0  # what generation runs, moved by ResumeRollouts
+        self.rollouts_permitted = True
+        self.capacity_held = 0  # prompts holding a buffer slot (semaphore max_buffered_rollouts)
+        self.inflight = 0  # prompts generating (semaphore max_inflight_prompts)
+        self.dropped: Dict[int, int] = {}  # batch (step) -> prompts skipped after their retries
+        self.aborted: List[int] = []  # group ids aborted in flight
+        self.changes = 0
+        self.stopped = False
+
+    def changed(self) -> None:
+        self.changes += 1
+
+    # ---- rollout side
+    def try_admit(self) -> Optional[Admission]:
+        adm = self.sampler.admit(self.trainer_version)
+        if adm is not None:
+            self.changed()
+        return adm
+
+    def try_acquire_capacity(self) -> Optional[bool]:
+        if self.capacity_held >= self.cfg.max_buffered_rollouts:
+            return None
+        self.capacity_held += 1
+        return True
+
+    def release_capacity(self) -> None:
+        self.capacity_held -= 1
+        self.changed()
+
+    def try_acquire_inflight(self) -> Optional[bool]:
+        if self.inflight >= self.cfg.max_inflight_prompts:
+            return None
+        self.inflight += 1
+        return True
+
+    def release_inflight(self) -> None:
+        self.inflight -= 1
+        self.changed()
+
+    def try_rollout_permitted(self) -> Optional[bool]:
+        return True if self.rollouts_permitted else None
+
+    def reserve(self, prompt_id: int, target_step: Optional[int]) -> Tuple[int, int]:
+        gid = self.buffer.reserve(prompt_id, self.weight_version, target_step, size=self.cfg.generations_per_prompt)
+        if gid is None:  # the capacity semaphore is acquired first: this is a runtime bug
+            raise RuntimeError(f"buffer full ({self.buffer.used}/{self.buffer.capacity}) at reserve: capacity accounting broken")
+        self.changed()
+        return gid, self.weight_version
+
+    def commit(self, group_id: int) -> GroupEntry:
+        entry = self.buffer.commit(group_id, self.weight_version)
+        self.changed()
+        return entry
+
+    def remove_group(self, group_id: int) -> bool:
+        gone = self.buffer.remove_group(group_id)
+        self.changed()
+        return gone
+
+    def skip_prompt(self, batch: int) -> None:
+        self.dropped[batch] = self.dropped.get(batch, 0) + 1
+        self.changed()
+
+    # ---- train side
+    def step_target(self, step: int) -> int:
+        return self.cfg.groups_per_step - self.dropped.get(step, 0)
+
+    def evict(self) -> List[int]:
+        gone = [e.group_id for e in self.sampler.evict(self.buffer, self.trainer_version)]
+        for gid in gone:
+            self.buffer.remove_group(gid)
+            self.capacity_held -= 1
+        if gone:
+            self.changed()
+        return gone
+
+    def try_select(self, min_groups: int, max_groups: int) -> Optional[List[GroupEntry]]:
+        picked = self.sampler.select(self.buffer, self.trainer_version, min_groups, max_groups)
+        return picked or None
+
+    def clear(self, group_ids) -> None:
+        """clear_samples: the consumed groups leave the buffer and free their slots."""
+        for gid in group_ids:
+            if self.buffer.remove_group(gid):
+                self.capacity_held -= 1
+        self.changed()
+
+    def stale_inflight(self) -> List[int]:
+        return [e.group_id for e in self.buffer.inflight()
+                if self.sampler.should_abort_inflight(e, self.trainer_version)]
