@@ -34,8 +34,8 @@ from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
 from harness.control.effects import effect_fields
 from harness.eventlog.writer import EventLog, header_record
-from harness.streaming.apply import NOT_INSTANT, apply_instant, is_blocking, try_blocking
-from harness.streaming.controller import ControllerState, StreamingConfig
+from harness.streaming.apply import FINISHED, NOT_INSTANT, apply_instant, is_blocking, next_effect, try_blocking
+from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from gpu_gates.split_trainer import Batch, SplitTrainer, make_batch
 
 
@@ -109,11 +109,7 @@ class StreamingRuntime:
         self._t0 = time.monotonic()
         self._changed = asyncio.Event()
         cfg = self.cfg
-        self.emit("streaming_setup", pipeline_id=self.pid, sampler=cfg.sampler, window=cfg.window,
-                  max_age=None if cfg.sampler in ("ready_first", "custom") else cfg.window,
-                  groups_per_step=cfg.groups_per_step, max_buffered_rollouts=cfg.max_buffered_rollouts,
-                  min_groups_for_streaming_train=cfg.min_groups_for_streaming_train,
-                  max_inflight_prompts=cfg.max_inflight_prompts)
+        self.emit("streaming_setup", pipeline_id=self.pid, **setup_fields(cfg))
         self.gen.load(dict(self.trainer.model.named_parameters()), self.trainer.version)
         train = asyncio.ensure_future(self._train())
         pumps = [asyncio.ensure_future(self.drive(rollout_pump.run(cfg), "rollout")),
@@ -152,13 +148,9 @@ class StreamingRuntime:
         st = self.state
         result: Any = None
         while True:
-            if st.stopped and scope != "step":
-                gen.close()
-                return None
-            try:
-                effect = gen.send(result)
-            except StopIteration as stop:
-                return stop.value
+            effect, value = next_effect(gen, result, st, scope)
+            if effect is FINISHED:
+                return value
             name = type(effect).__name__
             start = {"pipeline_id": self.pid, "effect": name, "args": effect_fields(effect), "scope": scope, "step": step}
             self.log.emit("effect_start", self.now(), **start)

@@ -35,8 +35,8 @@ import numpy as np
 from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
 from harness.control.effects import effect_fields
-from harness.streaming.apply import NOT_INSTANT, apply_instant, is_blocking, try_blocking
-from harness.streaming.controller import ControllerState, StreamingConfig
+from harness.streaming.apply import FINISHED, NOT_INSTANT, apply_instant, is_blocking, next_effect, try_blocking
+from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from harness.streaming.split_step import SplitApiError, SplitStepMachine
 from simulators.cluster import OutOfMemory
 from simulators.env import Link
@@ -111,11 +111,7 @@ class SingleControllerSim:
 
     def _setup(self) -> None:
         sim, c, s = self.sim, self.costs, self.spec
-        sim.emit("streaming_setup", pipeline_id=self.pid, sampler=self.cfg.sampler, window=self.cfg.window,
-                 max_age=None if self.cfg.sampler in ("ready_first", "custom") else self.cfg.window,
-                 groups_per_step=self.cfg.groups_per_step, max_buffered_rollouts=self.cfg.max_buffered_rollouts,
-                 min_groups_for_streaming_train=self.cfg.min_groups_for_streaming_train,
-                 max_inflight_prompts=self.cfg.max_inflight_prompts)
+        sim.emit("streaming_setup", pipeline_id=self.pid, **setup_fields(self.cfg))
         vram = sim.cluster.vram
         weights = s.model.weight_bytes
         for g in self.train_gpus:
@@ -165,13 +161,9 @@ class SingleControllerSim:
         log, env, pid, st = self.sim.log, self.env, self.pid, self.state
         result: Any = None
         while True:
-            if st.stopped and scope != "step":
-                gen.close()
-                return None
-            try:
-                effect = gen.send(result)
-            except StopIteration as stop:
-                return stop.value
+            effect, value = next_effect(gen, result, st, scope)
+            if effect is FINISHED:
+                return value
             name = type(effect).__name__
             start: Dict[str, Any] = {"seq": 0, "t": env._now, "kind": "effect_start", "pipeline_id": pid,
                                      "effect": name, "args": effect_fields(effect), "scope": scope, "step": step}

@@ -91,3 +91,19 @@ def is_blocking(effect: Any) -> bool:
 
 
 NOT_INSTANT = _NO_RESULT
+
+#: :func:`next_effect` says the generator is finished (its return value comes with it).
+FINISHED = object()
+
+
+def next_effect(gen, result: Any, st: ControllerState, scope: str) -> Tuple[Any, Any]:
+    """Resume a pump with the last effect's result: ``(effect, None)``, or ``(FINISHED,
+    return value)`` when it returned — or when the controller stopped, which closes every
+    pump but the train pump (NeMo: the first pump to finish decides, the rest are cancelled)."""
+    if st.stopped and scope != "step":
+        gen.close()
+        return FINISHED, None
+    try:
+        return gen.send(result), None
+    except StopIteration as stop:
+        return FINISHED, stop.value

@@ -56,6 +56,18 @@ def check_capacity(sampler: PromptGroupSampler, groups_per_step: int, max_buffer
             f"the buffer and the step the trainer waits for could never be reserved (deadlock)")
 
 
+def setup_fields(cfg: StreamingConfig) -> Dict[str, object]:
+    """Fields of the ``streaming_setup`` record every runtime writes first. ``max_age`` is
+    the staleness bound invariant 14 holds consumption to: the window for the samplers
+    that filter on it, none for ``ready_first`` (anything not from the future) and for a
+    custom sampler (its policy is its own)."""
+    return {"sampler": cfg.sampler, "window": cfg.window,
+            "max_age": None if cfg.sampler in ("ready_first", "custom") else cfg.window,
+            "groups_per_step": cfg.groups_per_step, "max_buffered_rollouts": cfg.max_buffered_rollouts,
+            "min_groups_for_streaming_train": cfg.min_groups_for_streaming_train,
+            "max_inflight_prompts": cfg.max_inflight_prompts}
+
+
 class ControllerState:
     def __init__(self, cfg: StreamingConfig, sampler: Optional[PromptGroupSampler] = None) -> None:
         self.cfg = cfg
