@@ -15,15 +15,13 @@ change their algorithms), so every draw here is built on it.
 from __future__ import annotations
 
 import random
-from typing import Any, Dict, List, Sequence, Tuple, TypeVar
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
 from simulators.scenario import scenario_from_mapping
 from simulators.spec import FAULT_NAMES, PIPELINE_TYPES, Scenario
 
 T = TypeVar("T")
 
-# Pipeline types the generator knows how to draw; a type the simulator adds later joins
-# the swarm once it has a drawing rule here (``_TYPE_RULES``).
 GiB = 1 << 30
 
 
@@ -65,12 +63,28 @@ def _tp_groups(nodes: int, gpus_per_node: int, tp: int) -> List[Tuple[int, ...]]
     return out
 
 
-def _mappings(d: Draw, ptype: str, nodes: int, gpn: int) -> Tuple[int, List[int], List[int]]:
-    """(infer_tp, train_gpus, infer_gpus) satisfying the type's registration rules."""
-    num = nodes * gpn
+def _mappings(d: Draw, ptype: str, nodes: int, gpn: int, taken: Set[int], reserved: Set[int]
+              ) -> Optional[Tuple[int, List[int], List[int]]]:
+    """(infer_tp, train_gpus, infer_gpus) satisfying the type's registration rules, or None
+    when the GPUs left cannot host the type.
+
+    ``taken``: GPUs of earlier pipelines; ``reserved``: GPUs of earlier single controllers.
+    A single controller does not go through the scheduler (it holds its GPUs for the whole
+    run), so it gets GPUs nobody else uses, and later pipelines keep off them."""
     tp = 2 if gpn >= 4 and d.chance(0.3) else 1
     groups = _tp_groups(nodes, gpn, tp)
+    if ptype == "single_controller":
+        free = [grp for grp in groups if not set(grp) & taken]
+        if len(free) < 2:  # one group serves, the GPUs of another train
+            return None
+        dp = d.int(1, min(len(free) - 1, 3))
+        infer = sorted(g for grp in d.subset(free, dp) for g in grp)
+        rest = sorted(g for grp in free for g in grp if g not in infer)
+        return tp, d.subset(rest, d.int(1, min(len(rest), 2))), infer
+    groups = [grp for grp in groups if not set(grp) & reserved]
     min_dp = 2 if ptype == "nemo_async" else 1
+    if len(groups) < min_dp:
+        return None
     dp = d.int(min_dp, min(len(groups), 4))
     infer = sorted(g for grp in d.subset(groups, dp) for g in grp)
     if ptype == "nemo_async":
@@ -79,13 +93,11 @@ def _mappings(d: Draw, ptype: str, nodes: int, gpn: int) -> Tuple[int, List[int]
     else:
         train_max = len(infer)
     k = d.int(1, max(1, min(train_max, 4)))
-    train = d.subset(infer, k)
-    assert num >= len(infer)
-    return tp, train, infer
+    return tp, d.subset(infer, k), infer
 
 
-def _pipeline(d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: int) -> Dict[str, Any]:
-    tp, train, infer = _mappings(d, ptype, nodes, gpn)
+def _pipeline(d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: int,
+              tp: int, train: List[int], infer: List[int]) -> Dict[str, Any]:
     # training holds about 16 bytes a parameter (CostSpec.train_state_multiplier x bf16) on
     # one GPU: a model that cannot train on the drawn GPU would only rediscover that
     params = d.choice([p for p in (0.5e9, 0.5e9, 1.5e9, 3e9) if p * 16 <= 0.7 * vram_gib * GiB])
@@ -107,7 +119,27 @@ def _pipeline(d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: i
             "max_trajectory_age_steps": d.int(0, 2),
         },
     }
+    if ptype == "single_controller":
+        p["streaming"] = _streaming(d, p["workload"]["prompts_per_step"])
     return p
+
+
+def _streaming(d: Draw, groups_per_step: int) -> Dict[str, Any]:
+    """The single controller's knobs, with a buffer large enough for the sampler's window
+    (a smaller one is refused at setup: it would deadlock)."""
+    window = d.int(1, 2)
+    out: Dict[str, Any] = {
+        "sampler": d.choice(["in_order", "weight_fifo", "windowed", "ready_first"]),
+        "window": window,
+        "min_groups_for_streaming_train": d.int(1, groups_per_step),
+        "max_buffered_rollouts": groups_per_step * (window + 1) + d.int(0, 8),
+        "microbatch_groups": d.int(1, 2),
+    }
+    if d.chance(0.2):
+        out["infra_failure_rate"] = d.choice([0.05, 0.2])
+    if d.chance(0.2):
+        out["data_failure_rate"] = d.choice([0.05, 0.2])
+    return out
 
 
 def _costs(d: Draw) -> Dict[str, Any]:
@@ -151,7 +183,22 @@ def scenario_mapping(seed: int) -> Dict[str, Any]:
     vram_gib = d.choice([24, 40, 80, 80])
     types = [t for t in PIPELINE_TYPES if t in _SUPPORTED_TYPES]
     n = d.int(1, 4)
-    pipelines = [_pipeline(d, i, d.choice(types), nodes, gpn, vram_gib) for i in range(n)]
+    pipelines: List[Dict[str, Any]] = []
+    taken: Set[int] = set()
+    reserved: Set[int] = set()
+    for i in range(n):
+        ptype = d.choice(types)
+        drawn = _mappings(d, ptype, nodes, gpn, taken, reserved)
+        if drawn is None:  # the GPUs left cannot host that type: a colocated pipeline instead
+            ptype = "roll_sync"
+            drawn = _mappings(d, ptype, nodes, gpn, taken, reserved)
+        if drawn is None:  # single controllers hold every GPU: no more pipelines
+            break
+        tp, train, infer = drawn
+        pipelines.append(_pipeline(d, i, ptype, nodes, gpn, vram_gib, tp, train, infer))
+        taken.update(train, infer)
+        if ptype == "single_controller":
+            reserved.update(train, infer)
     mapping: Dict[str, Any] = {
         "name": f"fuzz_{seed}",
         "description": f"generated by rlharness fuzz from seed {seed}",
@@ -172,7 +219,9 @@ def scenario_mapping(seed: int) -> Dict[str, Any]:
     return mapping
 
 
-_SUPPORTED_TYPES = ("nemo_async", "roll_sync")
+# Pipeline types the generator knows how to draw (a type the simulator adds joins the
+# swarm with a drawing rule in ``_mappings`` / ``_pipeline``; a test checks none is missing).
+_SUPPORTED_TYPES = ("nemo_async", "roll_sync", "single_controller")
 
 
 def scenario_for_seed(seed: int) -> Scenario:

@@ -38,7 +38,7 @@ def test_every_seed_gives_a_valid_scenario_and_the_same_one_twice():
         tps.update(p.infer_tp for p in s.pipelines)
         nodes.add(s.cluster.nodes)
         faults += bool(s.faults)
-    assert seen_types == {"nemo_async", "roll_sync"} and set(PIPELINE_TYPES) >= seen_types
+    assert seen_types == set(PIPELINE_TYPES)  # every type the simulator supports is drawn
     assert tps == {1, 2} and nodes == {1, 2}
     assert 100 < faults < 300  # about half the seeds carry a fault mix
 
@@ -47,6 +47,11 @@ def test_partial_overlap_is_drawn_for_nemo_pipelines():
     overlaps = 0
     for seed in range(100):
         for p in scenario_for_seed(seed).pipelines:
+            if p.type == "single_controller":  # non-colocated, on GPUs of its own (no scheduler)
+                assert not set(p.train_gpus) & set(p.infer_gpus)
+                others = {g for q in scenario_for_seed(seed).pipelines if q.name != p.name for g in q.train_gpus + q.infer_gpus}
+                assert not (set(p.train_gpus) | set(p.infer_gpus)) & others
+                continue
             assert set(p.train_gpus) <= set(p.infer_gpus)
             if p.type == "nemo_async":
                 assert len(set(p.infer_gpus) - set(p.train_gpus)) >= p.infer_tp
