@@ -29,6 +29,7 @@ from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.scheduler.progress import CoordinatorProgress
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from simulators.cluster import HostOutOfMemory, OutOfMemory
+from simulators.dataplane import DataPlaneSim
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
 from simulators.inference import RankSim, Request, Router
@@ -92,6 +93,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.cache_versions: List[int] = []
         self.deadlines = Deadlines(sim, self.pid, index)
         self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
+        self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)
         # one-shot field-report faults (field_faults.py) that already fired
         self._straggled = self._crashed = self._params_left = self._estimate_dropped = self._expand_failed = False
 
@@ -319,7 +321,14 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
             dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
         else:
             dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
+        dp = self.dataplane if e.what == "train" else None
+        if dp is not None:  # the batch's bulk reaches the workers before they compute
+            batch = self.buffer.last_taken
+            evicted = dp.evicted(batch, [r for _, r in self.buffer.items])
+            yield from dp.before_train(batch)
         yield self.env.timeout(dt)
+        if dp is not None:
+            yield from dp.after_train(evicted)
         return None
 
     def _BuildCache(self, e):
@@ -399,6 +408,8 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
     def _on_trajectory(self, req: Request, rank: RankSim) -> None:
         self.collector.outstanding -= 1
         self.buffer.add(req.version if req.version is not None else -1, req.rid)
+        if self.dataplane is not None:
+            self.dataplane.on_trajectory(req.rid, req.tokens)
         # counted once: nothing below (a report, a refill) changes the buffer or the version
         usable = self._usable()
         self._report_progress(False, usable)

@@ -59,6 +59,7 @@ from simulators.spec import (
     PIPELINE_TYPES,
     ClusterSpec,
     CostSpec,
+    DataPlaneSpec,
     FaultSpec,
     ModelSpec,
     PipelineSpec,
@@ -66,6 +67,7 @@ from simulators.spec import (
     StreamingSpec,
     WorkloadSpec,
 )
+from simulators.dataplane import check_spec as check_data_plane
 
 __all__ = ["ScenarioError", "load_scenario", "parse_yaml", "scenario_from_mapping", "scenario_to_mapping", "FIELD_RULES"]
 
@@ -97,7 +99,7 @@ from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the fiel
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
-_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming")
+_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
@@ -327,7 +329,17 @@ def _pipeline(
             )
     vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
+    if "data_plane" in data:
+        vals["data_plane"] = _data_plane(ctx, f"{path}.data_plane", data["data_plane"], len(train))
     return PipelineSpec(**vals)
+
+
+def _data_plane(ctx: _Ctx, path: str, data: Any, train_gpus: int) -> DataPlaneSpec:
+    spec = DataPlaneSpec(**_flat_fields(ctx, path, data, DataPlaneSpec))
+    problem = check_data_plane(spec, train_gpus)
+    if problem:
+        raise ctx.fail(f"{path}.{problem[0]}", problem[1])
+    return spec
 
 
 def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec]) -> FaultSpec:
@@ -461,6 +473,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "start_s": p.start_s,
                 "model": _flat_to_mapping(p.model),
                 "workload": _flat_to_mapping(p.workload),
+                **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
             }
         )
         if p.type == "single_controller":

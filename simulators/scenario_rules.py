@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-from simulators.spec import ClusterSpec, CostSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec, WorkloadSpec
+from simulators.spec import ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,16 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),
-        # train_gpus, infer_gpus, model, workload, streaming: structured, handled by _pipeline()
+        # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
+    },
+    DataPlaneSpec: {
+        "route": _r("str"),
+        "store_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "store_latency_s": _r("float", ">=0", "s per transfer"),
+        "driver_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "bytes_per_token": _r("int", ">0", "bytes per token"),
+        "writeback_bytes_per_token": _r("int", ">=0", "bytes per token"),
+        "train_tp": _r("int", ">0", "GPUs per training DP replica"),
     },
     FaultSpec: {
         "name": _r("str"),

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from simulators.dataplane import DataPlaneSpec  # noqa: F401  (re-exported: a pipeline section)
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -127,6 +129,7 @@ class PipelineSpec:
     sleep_level: int = 2
     start_s: float = 0.0  # when the pipeline registers
     streaming: StreamingSpec = field(default_factory=StreamingSpec)  # single_controller only
+    data_plane: Optional[DataPlaneSpec] = None  # bulk through a store (simulators/dataplane.py)
 
 
 @dataclass(frozen=True)

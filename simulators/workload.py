@@ -28,6 +28,7 @@ from simulators.spec import WorkloadSpec
 class ReplayBuffer:
     items: List[Tuple[int, int]] = field(default_factory=list)  # (version, request id), FIFO
     evicted: int = 0
+    last_taken: List[int] = field(default_factory=list, compare=False)  # request ids of the last batch
     # version -> how many items carry it; kept in step with ``items`` by add/take so that
     # ``usable`` (called on every completion) is O(versions) instead of O(items)
     versions: Counter = field(default_factory=Counter, init=False, repr=False, compare=False)
@@ -61,6 +62,7 @@ class ReplayBuffer:
         if len(self.items) < n:
             return None
         batch, self.items = self.items[:n], self.items[n:]
+        self.last_taken = [r for _, r in batch]
         self.versions.subtract(v for v, _ in batch)
         for v in [v for v, c in self.versions.items() if c <= 0]:
             del self.versions[v]

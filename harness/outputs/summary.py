@@ -38,6 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from harness.outputs.dataplane import HopTotal, dataplane_totals, format_dataplane
 from harness.outputs.streaming_summary import StreamingRow, streaming_lines, streaming_rows
 from harness.outputs.intervals import (  # noqa: F401  (re-exported: the outputs' shared vocabulary)
     KIND_CATEGORY,
@@ -138,6 +139,7 @@ class Summary:
     faults: List[Dict[str, Any]]
     timeouts: List[Dict[str, Any]]  # RLix timeouts that expired
     streaming: List[StreamingRow] = field(default_factory=list)  # single controllers
+    dataplane: List[HopTotal] = field(default_factory=list)  # bytes per hop (harness/outputs/dataplane.py)
 
     @property
     def duration_s(self) -> float:
@@ -344,6 +346,7 @@ def summarize(log: Log) -> Summary:
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
         ooms=ooms, faults=faults, timeouts=timeouts,
         streaming=streaming_rows(records, {p.pipeline_id: p.mean_step_s for p in pipelines}),
+        dataplane=dataplane_totals(records),
     )
 
 
@@ -449,6 +452,9 @@ def format_summary(summary: Summary) -> str:
                   [[str(sc.cycles), str(sc.shrink_ops), str(sc.shrink_dp_ranks), str(sc.expand_ops),
                     str(sc.expand_dp_ranks), str(sc.signals), str(sc.rejected), str(sc.failures)]],
                   "rrrrrrrr")
+
+    if summary.dataplane:
+        out += format_dataplane(summary.dataplane, _bytes, _table)
 
     if summary.ooms or summary.faults or summary.timeouts:
         out.append("")

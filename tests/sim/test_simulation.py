@@ -230,6 +230,8 @@ EXPECTED_FINDINGS = {
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
     "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
+    # bulk tensors routed through the driver: invariant 16 (the 1-hop rule) fires
+    "dataplane_via_driver": ("done", {"data_plane"}),
     # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
     "starve_one_shot_generation": ("horizon", {"liveness"}),
     # failures users reported (tests/sim/test_field_failures.py)
