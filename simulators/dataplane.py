@@ -23,8 +23,9 @@ contention is deterministic without extra processes. Fetch and write-back run in
 train ``Compute`` effect, so they count as train time in the summary.
 
 Attached to ``nemo_async`` (and any pipeline whose control logic yields ``Compute("train")``
-after a ``WaitBatch``): the ``single_controller`` pipeline type of #12 had not landed
-when this was written.
+after a ``WaitBatch``). The ``single_controller`` type (#12) landed after this was built;
+its effects (``Generate``, ``ComputeLogProbs``, ``TrainMicrobatches``, ``ClearSamples``)
+are the natural hooks, not wired yet.
 """
 
 from __future__ import annotations
