@@ -69,6 +69,13 @@ def test_bad_data_plane_section_names_the_field(section, message):
     assert message in str(info.value), str(info.value)
 
 
+def test_data_plane_on_a_single_controller_is_refused_until_it_is_wired():
+    data = scenario_to_mapping(load_scenario(os.path.join(ROOT, "examples", "scenarios", "dataplane_one_hop.yaml")))
+    data["pipelines"][0].update(type="single_controller", train_gpus=[0, 1, 2, 3], infer_gpus=[4, 5, 6, 7])
+    with pytest.raises(ScenarioError, match="pipelines\\[0\\].data_plane: not modelled for single_controller"):
+        scenario_from_mapping(data, "x.yaml")
+
+
 def test_data_plane_section_round_trips_and_is_optional():
     s = load_scenario(os.path.join(ROOT, "examples", "scenarios", "dataplane_one_hop.yaml"))
     assert scenario_from_mapping(scenario_to_mapping(s), "x.yaml") == s
