@@ -85,8 +85,9 @@ class Channel:
 
 class Driver(DriverEffects, LifecycleEffects):
     def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
-                 late_receivers_s: float = 0.0) -> None:
+                 late_receivers_s: float = 0.0, solo: bool = False) -> None:
         self.ctx = ctx
+        self.solo = solo  # test hook: ppl2 runs after ppl1, no choreography: no GPU ever changes hands
         self.late_receivers_s = late_receivers_s  # test hook: receivers' commands posted after the owner's
         self.steps = steps
         self.bucket_size = bucket_size
@@ -333,8 +334,14 @@ class Driver(DriverEffects, LifecycleEffects):
     def run(self) -> None:
         threads = [threading.Thread(target=self.scheduler_main, daemon=True)]
         threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True) for p in PIPELINES]
-        for th in threads:
+        if self.solo:
+            self.ppl2_asked.set()  # no step-0 choreography
+        threads[0].start()
+        for th in threads[1:3]:
             th.start()
+            if self.solo:  # one pipeline at a time
+                while th.is_alive() and not self.errors:
+                    th.join(0.1)
         for th in threads[1:3]:
             while th.is_alive() and not self.errors:
                 th.join(0.1)

@@ -35,6 +35,7 @@ import argparse  # noqa: E402
 import threading  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
+from gpu_gates import pg_registry  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.dual_worker import WORLD, Worker  # noqa: E402
 
@@ -103,18 +104,37 @@ def _late_receivers_s(ctx: GateContext) -> float:
     return float(hook.arg) if hook.arg else 1.0
 
 
+def _exercised_cycles(records: List[Dict[str, Any]]) -> List[int]:
+    """Cycles that both shrank and expanded ranks: where T1 < T2 < T3 has something to check."""
+    phases: Dict[Any, set] = {}
+    for r in records:
+        if r["kind"] in ("resize_start", "resize_end"):
+            phases.setdefault(r.get("cycle"), set()).add((r["kind"], r["phase"]))
+    need = {("resize_end", "shrink"), ("resize_start", "expand")}
+    return sorted(c for c, seen in phases.items() if need <= seen)
+
+
+def _check_no_group_survives(ctx: GateContext, baseline: Dict[str, Any]) -> None:
+    survivors = [i.label() for n, i in sorted(pg_registry.live_groups().items()) if n not in baseline]
+    ctx.check("no_group_survives", not survivors, f"process group(s) alive at the end of the run: {', '.join(survivors)}")
+
+
 def run(ctx: GateContext) -> None:
     worker = Worker(ctx)
+    baseline = pg_registry.live_groups()
     ctx.data.update(role=f"{worker.pipeline} {worker.role}" + ("" if worker.dp is None else f" dp{worker.dp}"))
     if ctx.rank != 0:
-        worker.serve()
+        try:
+            worker.serve()
+        finally:  # on every exit path: a failed run must not hide a leaked group
+            _check_no_group_survives(ctx, baseline)
         return
     from gpu_gates.dual_driver import Driver
     from harness.invariants import check_log
 
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
                     swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve,
-                    late_receivers_s=_late_receivers_s(ctx))
+                    late_receivers_s=_late_receivers_s(ctx), solo=ctx.hooks.get("solo_pipelines") is not None)
 
     def salvage() -> None:
         """The run ended early (timeout, a failed peer): keep the partial driver log and
@@ -140,10 +160,12 @@ def run(ctx: GateContext) -> None:
     except BaseException:
         ctx.salvage.remove(salvage)  # once, here, not again on an emergency finish
         salvage()
+        _check_no_group_survives(ctx, baseline)
         raise
     ctx.salvage.remove(salvage)
     thread.join(10.0)
     ctx.set_phase("verify")
+    _check_no_group_survives(ctx, baseline)
     records = driver.log.records
     violations = check_log(records, CHECKS)  # first: an order bug is the cause, knock-on errors follow
     for name in CHECKS:
@@ -154,6 +176,10 @@ def run(ctx: GateContext) -> None:
     if not driver.errors:  # after a driver error the missing steps are its consequence, not news
         for pid, n in driver.steps_done.items():
             ctx.check("steps_done", n >= ctx.args.steps, f"{pid} finished {n} of {ctx.args.steps} steps")
+        exercised = _exercised_cycles(records)
+        ctx.check("shrink_expand_cycle", bool(exercised),
+                  "no scheduler cycle both shrank and expanded ranks: the resize-order check had nothing to check")
+        ctx.data["exercised_cycles"] = exercised
     published = {pid: driver.ctxs[pid].versions.published for pid in driver.ctxs}
     ctx.check("no_digest_mismatch", not driver.digest_failures, "; ".join(driver.digest_failures))
     ctx.data.update(steps_done=driver.steps_done, published=published, cycles=driver.model.state.cycle_counter,

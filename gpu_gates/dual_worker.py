@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from gpu_gates import ipc
+from gpu_gates import ipc, pg_registry
 from gpu_gates.runtime import GateContext
 from gpu_gates.tiny_model import TinyModel
 from harness.refit.bucket_cache import BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket
@@ -30,8 +30,15 @@ class SyncGroup:
     with ``use_local_synchronization`` its name is derived from the member set alone, so a
     second sync between the same ranks finds the first one's rendezvous keys in the store
     and connects to closed ports. A backend object on a unique ``PrefixStore`` is created
-    by the members only, used bucket by bucket, and shut down after the sync.
+    by the members only, used bucket by bucket, and destroyed after the sync.
+
+    ``ProcessGroupGloo.shutdown()`` is no proof of anything (on gloo a broadcast still works
+    after it), so the group counts as destroyed only when the backend object is gone: it
+    is tracked by ``pg_registry`` (visible to every leak check) and ``group_destroy`` is
+    logged only once its last reference has dropped.
     """
+
+    _stray: List[Any] = []  # test hook leak_sync_group: the reference a buggy teardown forgets
 
     def __init__(self, ctx: GateContext, sync_id: str, members: List[int]) -> None:
         self.members = members
@@ -42,6 +49,9 @@ class SyncGroup:
             self.pg = dist.ProcessGroupNCCL(store, me, len(members))
         else:
             self.pg = dist.ProcessGroupGloo(store, me, len(members), ctx.timeout)
+        pg_registry.track_direct(self.name, self.pg, members, desc=sync_id)
+        if ctx.hooks.get("leak_sync_group") is not None:
+            SyncGroup._stray.append(self.pg)
         ctx.emit("group_create", name=self.name, members=members, desc=sync_id, purpose="sync")
         self.ctx = ctx
 
@@ -49,11 +59,15 @@ class SyncGroup:
         self.pg.broadcast(tensor, self.members.index(src)).wait()
 
     def close(self) -> None:
+        """Shut the backend down and drop it; log ``group_destroy`` only if it is gone."""
+        pg, self.pg = self.pg, None
         try:
-            self.pg.shutdown()
+            pg.shutdown()  # NCCL: releases the communicator; gloo: may do nothing
         except Exception:  # gloo may have nothing to shut down on some versions
             pass
-        self.pg = None
+        del pg
+        if pg_registry.direct_alive(self.name):
+            raise RuntimeError(f"sync group {self.name} is still alive after its close (a reference survived)")
         self.ctx.emit("group_destroy", name=self.name, desc=self.name, members=self.members)
 
 

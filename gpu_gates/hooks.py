@@ -8,8 +8,13 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``raise@POINT[:RANK]``  the rank raises ``RuntimeError`` at POINT
 ``corrupt_byte[:N]``    selective_sync: the owner flips one byte of bucket N (default 1)
 ``leak_group[:DESC]``   nccl_teardown: teardown skips the group (default the DP group)
-``leak_sync_group``     selective_sync: the dynamic sync group is not destroyed
+``leak_sync_group``     selective_sync, dual_pipeline: the dynamic sync group is not destroyed
+                        (dual_pipeline: a stray reference keeps it alive through its close)
 ``swap_resize_order``   dual_pipeline: a cycle runs its expands before its shrinks
+``solo_pipelines``      dual_pipeline: no step-0 choreography, ppl2 starts after ppl1 is done,
+                        so no cycle moves a GPU between them (the gate must fail)
+``fail_report_write``   any gate: writing the report fails (the exit code must say so)
+``world_sync_group``    selective_sync: the sync group is the whole world, not a subset
 ``late_receivers[:S]``  dual_pipeline: the driver posts a sync's receive commands S seconds
                         (default 1) after the owner's send command — the ordering that a
                         loaded machine produces now and then, made certain
@@ -30,7 +35,7 @@ ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
-               "leader_gate_off")
+               "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines")
 
 
 class HookSpecError(ValueError):

@@ -23,7 +23,7 @@ import io
 import os
 import pickle
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -33,8 +33,18 @@ CUDA_IPC = "cuda_ipc"
 CPU_SERIALIZE = "cpu_serialize"
 FILE_PREFIX = "rlharness_bucket_"
 
+#: tmpfs files this process created and has not removed yet: a rank that finishes on any
+#: path (passed, failed, timed out, SIGTERM) removes them (:func:`remove_own_files`)
+_OWN_FILES: Set[str] = set()
+
+
+SHM_DIR_ENV = "RLHARNESS_SHM_DIR"  # where staging files go instead of /dev/shm (tests use a private folder)
+
 
 def shm_dir() -> str:
+    chosen = os.environ.get(SHM_DIR_ENV)
+    if chosen:
+        return chosen
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
@@ -53,11 +63,13 @@ def send_bucket(transport: str, record: BucketRecord, staging: torch.Tensor, syn
         return pickle.dumps({"transport": CUDA_IPC, "meta": meta, "handle": (rebuild, args)}), []
     path = _file_for(sync_id, bucket, receiver)
     tmp = path + ".tmp"
+    _OWN_FILES.update((path, tmp))
     buf = io.BytesIO()
     torch.save({"meta": meta, "buffer": staging.detach().to("cpu")}, buf)
     with open(tmp, "wb") as fh:
         fh.write(buf.getvalue())
     os.replace(tmp, path)
+    _OWN_FILES.discard(tmp)
     return pickle.dumps({"transport": CPU_SERIALIZE, "path": path}), [path]
 
 
@@ -85,6 +97,15 @@ def remove_files(paths: List[str]) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        _OWN_FILES.discard(path)
+
+
+def remove_own_files() -> List[str]:
+    """Remove every tmpfs file this process created and still owns (a sync cut short by a
+    failure, a timeout or a signal never reached its ACKs). Returns what was removed."""
+    left = sorted(p for p in _OWN_FILES if os.path.exists(p))
+    remove_files(sorted(_OWN_FILES))
+    return left
 
 
 def send_bucket_to_targets(ctx: Any, transport: str, record: BucketRecord, staging: torch.Tensor, *,

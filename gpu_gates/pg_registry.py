@@ -5,12 +5,20 @@ with NCCL, its device buffers) alive. The only ground truth is c10d's own regist
 which is private: newer torch keeps it on ``distributed_c10d._world`` (``pg_map``,
 ``pg_names``, ``pg_group_ranks``), older torch in module globals (``_pg_map``, ...).
 Both are read here, and nothing else in the gates touches c10d internals.
+
+A backend object built directly on a store prefix (gate 4's per-sync groups: see
+``dual_worker.SyncGroup``) is not in c10d's registry at all. Such groups are tracked here
+(:func:`track_direct`) through a weak reference, so :func:`live_groups` lists them too
+while they are alive — and "alive" means the object still exists, not that someone
+called ``shutdown()`` on it (a no-op on gloo: a broadcast still works after it).
 """
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -52,8 +60,34 @@ def group_desc(group: Any) -> Optional[str]:
     return desc if isinstance(desc, str) and desc else None
 
 
+DIRECT_PREFIX = "direct:"
+_DIRECT: Dict[str, Tuple["weakref.ref[Any]", GroupInfo]] = {}
+
+
+def track_direct(name: str, backend: Any, ranks: List[int], desc: Optional[str] = None) -> None:
+    """Count a process-group backend built outside c10d's registry as live while it exists."""
+    _DIRECT[DIRECT_PREFIX + name] = (weakref.ref(backend), GroupInfo(DIRECT_PREFIX + name, desc, sorted(ranks)))
+
+
+def direct_alive(name: str) -> bool:
+    """Whether the tracked backend ``name`` still exists (after a garbage collection: a
+    reference cycle must not count as a leak, a real reference must)."""
+    entry = _DIRECT.get(DIRECT_PREFIX + name)
+    if entry is None or entry[0]() is None:
+        return False
+    gc.collect()
+    return entry[0]() is not None
+
+
+def _live_direct() -> Dict[str, GroupInfo]:
+    for key in [k for k, (ref, _) in _DIRECT.items() if ref() is None]:
+        del _DIRECT[key]
+    return {key: info for key, (_, info) in _DIRECT.items()}
+
+
 def live_groups() -> Dict[str, GroupInfo]:
-    """Every registered group of this rank, keyed by c10d's group name."""
+    """Every live group of this rank: c10d's registered groups keyed by c10d's group name,
+    and the directly built ones keyed ``direct:<name>``."""
     names = _registry("pg_names")
     ranks = _registry("pg_group_ranks")
     out: Dict[str, GroupInfo] = {}
@@ -61,6 +95,7 @@ def live_groups() -> Dict[str, GroupInfo]:
         name = str(names.get(group, id(group)))
         members = sorted(int(r) for r in ranks.get(group, {}))
         out[name] = GroupInfo(name=name, desc=group_desc(group), ranks=members)
+    out.update(_live_direct())
     return out
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from gpu_gates import ipc
 from gpu_gates import report as rep
 from gpu_gates.context import KEY_PREFIX, GateAbort, GateContext  # noqa: F401 (re-exported for gates)
 from gpu_gates.dist_setup import LaunchEnv, connect_store, device_for, init_world, select_backend
@@ -65,8 +66,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+class _RankZeroParser(argparse.ArgumentParser):
+    """An argument parser that speaks only on rank 0: torchrun starts every rank with the
+    same flags, so a bad flag would otherwise print its usage once per rank. Every rank
+    still exits with the usage code."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            super()._print_message(message, file)
+
+
 def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _RankZeroParser(
         prog=f"gpu_gates/{spec.name}.py", description=spec.description,
         epilog=f"launch: torchrun --nproc-per-node {spec.default_world} gpu_gates/{spec.name}.py [flags]; "
                "exit codes: 0 passed, 1 failed, 2 usage error, 3 skipped; see docs/gates.md")
@@ -133,11 +144,19 @@ class _GateRun:
             ctx.hook("start")
             self.spec.run(ctx)
         except Exception as exc:  # the body failed: record it, tell the others, still report
-            traceback.print_exc(file=sys.stderr)
             ctx.fail(f"rank {self.env.rank} {type(exc).__name__} in phase {ctx.phase!r}: {exc}")
             self._post_abort(ctx.failures[-1])
             self.body_raised = True
+            self._print_failure(exc, ctx.failures[-1])
         return self.finish(None)
+
+    def _print_failure(self, exc: Exception, message: str) -> None:
+        """One headline per failing rank, and one traceback at most: a rank that only gave
+        up because a peer failed first (``GateAbort``, a connection the dead peer closed)
+        prints its line, not a traceback."""
+        print(f"rank {self.env.rank} FAILED: {message}", file=sys.stderr, flush=True)
+        if not isinstance(exc, GateAbort) and not any(m in str(exc) for m in SECONDARY_MARKERS):
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
 
     # -- finishing -----------------------------------------------------------------------
     def _share_epoch(self) -> None:
@@ -159,6 +178,9 @@ class _GateRun:
         if not self._finish_lock.acquire(timeout=10.0 if emergency else -1):
             os._exit(rep.EXIT_FAILED)  # the other finisher is stuck; never hang
         ctx = self.ctx
+        removed = ipc.remove_own_files()  # every exit path: a cut-short sync leaves no tmpfs file
+        if removed:
+            ctx.data["tmpfs_removed_at_exit"] = removed
         if emergency:
             ctx.fail(f"rank {self.env.rank} {emergency}")
             ctx.emit("gate_abort", reason=emergency)
@@ -187,10 +209,12 @@ class _GateRun:
                 window = max(0.5, self.deadline - time.monotonic() - 1.0)
             results = self._collect(result, time.monotonic() + window)
             report = self._build_report(results)
-            self._write(self.args.report, report)
+            written = self._write(self.args.report, report)
             print(rep.summary_text(report), flush=True)
             self._post("done", {"status": report["status"]})
             code = rep.exit_code_for(report["status"])
+            if not written and code in (rep.EXIT_PASSED, rep.EXIT_SKIPPED):
+                code = rep.EXIT_FAILED  # a verdict nobody can read is not a pass
         else:
             if ctx.status == rep.FAILED:
                 self._write(self.args.report and rep.rank_report_path(self.args.report, self.env.rank),
@@ -282,27 +306,54 @@ class _GateRun:
                 "started_at": self.started, "elapsed_s": round(time.time() - self.started, 3),
                 "config": {k: v for k, v in vars(self.args).items()}, "reporting_rank": self.env.rank}
 
-    def _write(self, path: Optional[str], report: Dict[str, Any]) -> None:
+    def _write(self, path: Optional[str], report: Dict[str, Any]) -> bool:
+        """Write a report; False (with one clear line on stderr) when it could not be written."""
         if not path:
-            return
+            return True
         try:
+            if self.hooks.get("fail_report_write") is not None:
+                raise OSError("test hook fail_report_write")
             rep.atomic_write_json(path, report)
+            return True
         except Exception as exc:
-            print(f"rank {self.env.rank}: could not write report {path}: {exc}", file=sys.stderr, flush=True)
+            print(f"error: rank {self.env.rank} could not write the report {path}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr, flush=True)
+            return False
 
     def _skip(self, backend: str, reason: str) -> int:
         if self.env.rank == 0:
             self.backend = backend
             report = self._base_report(rep.SKIPPED)
             report.update(message=f"skipped: {reason}", skip_reason=reason, ranks=[], failures=[], summary={})
-            self._write(self.args.report, report)
+            written = self._write(self.args.report, report)
             print(f"gate {self.spec.name}: SKIPPED: {reason}", flush=True)
+            if not written:
+                return rep.EXIT_FAILED
         return rep.EXIT_SKIPPED
+
+
+def _report_path_problem(path: Optional[str]) -> Optional[str]:
+    """Why a report (or event log) could not be written to ``path``, checked before any
+    rank starts work: a run whose verdict cannot be saved is refused up front."""
+    if not path:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{path}: is a directory, not a report file"
+    if not os.path.isdir(folder):
+        return f"{path}: folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"{path}: folder {folder} is not writable"
+    return None
 
 
 def run_gate(spec: GateSpec, argv: Optional[List[str]] = None) -> int:
     """Parse flags, then run this rank; returns only for usage errors and skips."""
-    args = build_parser(spec).parse_args(argv)
+    parser = build_parser(spec)
+    args = parser.parse_args(argv)
+    problem = _report_path_problem(args.report) or _report_path_problem(args.event_log)
+    if problem:
+        parser.error(problem)  # usage error: printed once (rank 0), exit code 2 on every rank
     env = LaunchEnv.from_environ()
     try:
         hooks = TestHooks.from_env(env.rank, env.world_size)

@@ -150,9 +150,16 @@ def owner_send(ctx: GateContext, st: SyncState, cycle: int, targets: List[int], 
 
 
 def receiver_recv(ctx: GateContext, st: SyncState, cycle: int, manifest: Dict[str, Any], via_ipc: bool,
-                  group: Any) -> None:
+                  group: Any, target: bool = True, in_broadcast: bool = False) -> None:
+    """Receive every bucket. A member of the broadcast group that is not a broadcast
+    target (only with a wrong, too large group) must still join each broadcast — a
+    collective needs every member — and drops what it got."""
     for i, meta in enumerate(manifest["buckets"]):
         ctx.set_phase(f"cycle {cycle}: receive bucket {i}")
+        if in_broadcast and (via_ipc or not target):
+            dist.broadcast(torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device), src=OWNER, group=group)
+        if not target:
+            continue
         if via_ipc:
             record = ipc.receive_bucket(ctx.wait_get(f"sync{cycle}/b{i}/r{ctx.rank}", f"IPC bucket {i}"))
         else:
@@ -194,20 +201,24 @@ def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
         owner_build(ctx, st, cycle)
     ctx.set_phase(f"cycle {cycle}: create sync group")
     group, members = None, [OWNER] + bcast_ranks
+    if ctx.hooks.get("world_sync_group") is not None:  # test hook: the bug the subset check must catch
+        members = list(range(ctx.world_size))
     if plan.needs_group:  # every rank calls new_group; only members get a handle
         group = dist.new_group(ranks=members, timeout=ctx.timeout, group_desc=f"selective_sync_c{cycle}")
         if ctx.rank in members:
-            ctx.emit("group_create", name=pg_registry.info_of(group).name, members=members,
+            actual = pg_registry.info_of(group)  # what c10d built, not what we asked for
+            ctx.emit("group_create", name=actual.name, members=actual.ranks,
                      desc=f"selective_sync_c{cycle}", purpose="selective_sync")
-        ctx.check("sync_group_proper_subset", len(members) < ctx.world_size,
-                  f"cycle {cycle}: sync group {members} is the whole world")
+            ctx.check("sync_group_proper_subset", len(actual.ranks) < ctx.world_size,
+                      f"cycle {cycle}: sync group {actual.ranks} is the whole world")
     ctx.hook("sync")
     if ctx.rank == OWNER:
         ctx.emit("sync_start", version=cycle, targets=targets, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks)
         info.update(owner_send(ctx, st, cycle, targets, ipc_ranks, group))
-    elif ctx.rank in targets:
+    elif ctx.rank in targets or ctx.rank in members:
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))
-        receiver_recv(ctx, st, cycle, manifest, ctx.rank in ipc_ranks, group)
+        receiver_recv(ctx, st, cycle, manifest, ctx.rank in ipc_ranks, group, target=ctx.rank in targets,
+                      in_broadcast=group is not None and ctx.rank in members)
     if group is not None and ctx.rank in members:
         ctx.set_phase(f"cycle {cycle}: destroy sync group")
         name = pg_registry.info_of(group).name

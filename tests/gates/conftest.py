@@ -124,3 +124,14 @@ def gate_runner(tmp_path):
         return result
     return run
 
+
+@pytest.fixture
+def gate_launch(tmp_path):
+    """``gate_runner`` for runs that may end without a report (usage errors, a report
+    that cannot be written): no hang and no orphan process is still a must."""
+    def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
+        result = launch_gate(tmp_path, gate, nproc, *args, **kwargs)
+        assert not result.timed_out, f"gate launch exceeded its test timeout:\n{result.output[-3000:]}"
+        assert not result.survivors, f"orphan processes survived the gate: {result.survivors}"
+        return result
+    return run
