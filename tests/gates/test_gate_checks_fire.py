@@ -81,7 +81,6 @@ def test_one_traceback_per_failing_rank_headlined_by_its_message(gate_runner):
     for rank in failed:
         assert run.output.count(f"rank {rank} FAILED:") <= 1
     headline = run.output.index("rank 2 FAILED: rank 2 RuntimeError")
-    assert headline < run.output.index("test hook raise@cycle_begin fired\n")
     assert "raise RuntimeError(f\"test hook raise@" in run.output[headline:]
 
 
