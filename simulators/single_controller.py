@@ -82,6 +82,7 @@ class SingleControllerSim:
         self.step = 0
         self._changed = self.env.event()
         self._seen_changes = 0
+        self._ages: Dict[int, int] = {}  # staleness (versions) -> trajectories trained in the open step
         self._gen_rank: Dict[int, int] = {}  # group id -> rank generating it
         self._aborts: Dict[int, Any] = {}  # group id -> event fired when the train pump aborts it
         self._last_progress = 0.0
@@ -281,6 +282,9 @@ class SingleControllerSim:
 
     def _TrainMicrobatches(self, e):
         c, mb = self.costs, self.cfg.microbatch_groups
+        for g in e.groups:  # age of what is consumed, for the summary's staleness table
+            age = self.trainer.version - self.state.buffer.get(g).start_version
+            self._ages[age] = self._ages.get(age, 0) + self.cfg.generations_per_prompt
         for i in range(0, len(e.groups), mb):
             chunk = e.groups[i:i + mb]
             self.trainer.microbatch()
@@ -296,6 +300,9 @@ class SingleControllerSim:
         else:
             res = self.trainer.finish()
             self._trainer_record("finish", e.step, applied=res.applied, microbatches=res.microbatches)
+        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.step, trajectories=sum(self._ages.values()),
+                      staleness={str(k): v for k, v in sorted(self._ages.items())})
+        self._ages = {}
         self.state.trainer_version += 1  # the driver ticks once finish returns (NeMo trainer_version += 1)
         self.state.changed()
         return self.state.trainer_version

@@ -161,6 +161,8 @@ def test_bundled_streaming_vs_batch_shows_the_step_time_difference():
     summary = summarize(res.records)
     mean = {p.pipeline_id: p.mean_step_s for p in summary.pipelines}
     assert mean["stream"] < mean["batch"]
+    # every trajectory both controllers trained, by age in versions: within the in_order window of 1
+    assert sum(summary.staleness.values()) == 2 * 6 * 8 * 4 and set(summary.staleness) <= {0, 1}
     text = format_summary(summary)
     assert "Streaming single controllers (step time vs the batch controller batch)" in text
     d = mean["stream"] - mean["batch"]
