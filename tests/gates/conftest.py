@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -61,6 +61,7 @@ class GateRun:
     report: Optional[Dict] = None
     survivors: List[int] = field(default_factory=list)
     timed_out: bool = False
+    port: int = 0  # the rendezvous port of the launch that produced this result
 
     def rank_report(self, rank: int) -> Optional[Dict]:
         path = self.report_path.with_name(f"{self.report_path.stem}.rank{rank}.json")
@@ -75,11 +76,31 @@ class GateRun:
         return self.report_path.with_name(self.report_path.stem + ".events.jsonl")
 
 
+def _port_taken(run: "GateRun") -> bool:
+    """The launcher could not bind its rendezvous port: another job (a parallel test
+    worker, another checkout's suite) took it between :func:`free_port` and the bind."""
+    return run.report is None and run.returncode != 0 and ("EADDRINUSE" in run.output or "Address already in use" in run.output)
+
+
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
-                timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None) -> GateRun:
+                timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
+                first_ports: Sequence[int] = ()) -> GateRun:
+    """Launch a gate under torchrun on a free port; a port lost to a concurrent job
+    (the probe closes it before torchrun binds it) is retried on a new one.
+    ``first_ports`` are tried before any free one (a test hands in a port it holds)."""
+    ports = iter(first_ports)
+    for _ in range(3):
+        run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s, extra_env)
+        if not _port_taken(run):
+            break
+    return run
+
+
+def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: Optional[str], timeout_s: float,
+                 extra_env: Optional[Dict[str, str]]) -> GateRun:
     report = tmp_path / f"{gate}-report.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "--master-addr", "127.0.0.1", "--master-port", str(port),
            str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.pop(HOOK_ENV, None)
@@ -108,7 +129,7 @@ def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optiona
         if not survivors:
             break
         time.sleep(0.05)
-    run = GateRun(proc.returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out)
+    run = GateRun(proc.returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out, port=port)
     if report.exists():
         run.report = json.loads(report.read_text())
     return run
