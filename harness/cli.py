@@ -1,12 +1,18 @@
 """The ``rlharness`` command line.
 
-Bad input of any kind (arguments, files, records, scenarios) ends with one line
-``error: <what>`` on stderr and exit code 2 — no traceback, no partial output file.
-A replay whose decisions diverge from ``--expect`` exits 1; so does a replay or a
-``check`` whose log breaks an invariant, and a simulation whose simulated system failed
-(OOM, fail-fast) or broke an invariant — a finding, not an error.
-A simulation cut by its horizon is an outcome of its own: exit 0 unless the oracle found a
-stall (``liveness``) or another violation.
+One exit-code convention for every subcommand, applied here in :func:`main`:
+
+* 0 — done, and nothing was found (a replay matched, every invariant held);
+* 1 — a finding: the simulated system failed (OOM, fail-fast), an invariant broke, a
+  replay diverged from ``--expect``, a determinism check found a difference;
+* 2 — bad input (arguments, files, records, scenarios, output paths): one line
+  ``error: <file/field/argument>: <what>`` on stderr, no traceback, nothing written;
+* 130 — interrupted (Ctrl-C);
+* 141 — the reader of the output went away (``rlharness replay X | head``): a quiet exit.
+
+Every input and output path is checked before any work starts. A subcommand is a parser
+block in :func:`build_parser` (its logic in a module of its own) and a line in
+:data:`COMMANDS`; the error handling above applies to it without more code.
 """
 
 from __future__ import annotations
@@ -15,13 +21,24 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from harness.eventlog.records import InputError, read_records
 from harness.eventlog.writer import write_atomic
+from harness.outputs.paths import OutputPathError, check_output_dir, check_output_file
 from harness.replay import compare_decisions, format_table, replay_file
 
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
+#: violations printed before the list is cut (the count of the rest is printed)
+SHOWN_VIOLATIONS = 20
+
+EXIT_CODES_HELP = """exit codes (every command):
+  0    done, nothing found (every invariant held, a replay matched)
+  1    a finding: the simulated system failed, an invariant broke, a replay diverged
+       (a simulation cut by its horizon is an outcome: 0 unless the oracle finds a stall)
+  2    bad input: one line "error: <where>: <what>" on stderr, nothing written
+  130  interrupted
+  141  the output pipe was closed (e.g. | head); nothing more is printed"""
 
 
 class UsageError(Exception):
@@ -33,23 +50,39 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rlharness")
+    except Exception:  # running from a checkout that was never installed
+        from harness import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rlharness", description="Simulation-backed test harness for RL post-training on shared GPUs.")
+    parser = _Parser(prog="rlharness", description="Simulation-backed test harness for RL post-training on shared GPUs.",
+                     epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"rlharness {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    rp = sub.add_parser("replay", help="replay a scheduler trace through the scheduler model")
+    rp = sub.add_parser("replay", help="replay a scheduler trace through the scheduler model",
+                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("trace", metavar="INPUTS.jsonl", help="event log whose input records are replayed")
     rp.add_argument("--out", metavar="PATH", help="write the decision log (JSONL) here")
     rp.add_argument("--expect", metavar="RECORDED.jsonl", help="compare decisions with a recorded log; exit 1 at the first divergence")
     rp.add_argument("--quiet", action="store_true", help="print no table, only the summary line")
-    sim = sub.add_parser("simulate", help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)")
+    sim = sub.add_parser("simulate", help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)",
+                         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sim.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario YAML (see examples/scenarios/)")
     sim.add_argument("--seed", type=int, help="override the scenario's seed")
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
-    sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline")
+    sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)")
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
     sim.add_argument("--check-determinism", action="store_true",
                      help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
-    ck = sub.add_parser("check", help="run every invariant check on event logs (exit 1 on a violation)")
+    ck = sub.add_parser("check", help="run every invariant check on event logs (exit 1 on a violation)",
+                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ck.add_argument("logs", metavar="LOG", nargs="+", help="event log(s): simulator, gate, replay output or scheduler trace")
     ck.add_argument("--check", dest="names", metavar="NAME", action="append", help="run only this check (repeatable)")
     ck.add_argument("--context", type=int, default=2, metavar="N", help="records shown either side of a violation (default 2)")
@@ -67,10 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
+    from harness import cli_export, cli_validate
+
+    cli_validate.add_parser(sub)
+    cli_export.add_parser(sub)
     return parser
 
 
+def print_violations(violations: Sequence[object], where_all: str) -> None:
+    """The first :data:`SHOWN_VIOLATIONS` violations, then how many more and where all are."""
+    for v in violations[:SHOWN_VIOLATIONS]:
+        print(f"  violation: {v}")
+    rest = len(violations) - SHOWN_VIOLATIONS
+    if rest > 0:
+        print(f"  ... and {rest} more violation(s) ({len(violations)} in all; {where_all})")
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
+    if args.out:
+        check_output_file(args.out, "--out", inputs=[args.trace, args.expect])
     expected = read_records(args.expect) if args.expect else None  # fail on a bad --expect before any output
     result = replay_file(args.trace)
     if not args.quiet:
@@ -91,8 +139,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     violations = [v for r in rows for v in r.violations]
     if args.quiet:
         print("invariants: all hold" if not violations else f"invariants: {len(violations)} violation(s)")
-        for v in violations[:10]:
-            print(f"  violation: {v}")
+        print_violations(violations, "rlharness check lists them with their context")
     else:
         print(render(args.trace, log, rows))
     if expected is not None:
@@ -107,7 +154,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from simulators.run import simulate, with_seed
+    from simulators.run import OUTPUT_FILES, simulate, with_seed
     from simulators.runtime import print_progress
     from simulators.scenario import ScenarioError, load_scenario
     from simulators.spec import default_scenario
@@ -116,13 +163,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario) if args.scenario else default_scenario()
     except ScenarioError as e:
         raise UsageError(str(e)) from None
-    if args.seed is not None and args.seed < 0:
-        raise UsageError(f"--seed: must be >= 0, got {args.seed}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed: must be in 0..2**63-1, got {args.seed}")
     scenario = with_seed(scenario, args.seed)
     out_dir = args.out or os.path.join("runs", scenario.name)
+    check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario])
     if not args.quiet:
         print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
-              f"seed {scenario.seed}, horizon {scenario.horizon_s:g} s", file=sys.stderr)
+              f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s", file=sys.stderr)
     out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress)
     res = out.result
     if not args.quiet:
@@ -130,9 +178,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     print(f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
           f"{res.events} events, {len(res.records)} records; invariants: "
           + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)"))
-    for v in out.violations[:10]:
-        print(f"  violation: {v}")
-    print(f"outputs: {out_dir}/ (events.jsonl, summary.txt, trace.json{'' if args.no_png else ', timeline.png'}, scenario.yaml, violations.txt)")
+    print_violations(out.violations, f"all in {os.path.join(out_dir, 'violations.txt')}")
+    print(f"outputs: {out_dir}/ ({', '.join(os.path.basename(f) for f in out.files)})")
     deterministic = _check_determinism(res, args) if args.check_determinism else True
     ended_well = res.reason in ("done", "horizon")  # a horizon stall is a liveness violation
     return EXIT_OK if ended_well and not out.violations and deterministic else EXIT_DIVERGED
@@ -166,8 +213,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         raise UsageError("import: a source is required (rlix-log)")
     if not 0 < args.poll_s <= 3600:
         raise UsageError(f"--poll-s: must be in (0, 3600] seconds, got {args.poll_s:g}")
-    if os.path.abspath(args.out) in (os.path.abspath(args.log), os.path.abspath(args.topology)):
-        raise UsageError(f"--out: {args.out} is an input of this command")
+    check_output_file(args.out, "--out", inputs=[args.log, args.topology])
     res = import_rlix_log(args.log, args.topology, poll_s=args.poll_s)
     write_atomic(args.out, res.log.lines())
     for note in res.notes:
@@ -177,39 +223,88 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
+def _cmd_fuzz(args: argparse.Namespace) -> int:
+    from simulators.fuzz.cli import cmd_fuzz
+
+    return cmd_fuzz(args, UsageError)
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from harness.eventlog.schema import render
+
+    sys.stdout.write(render())
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from harness.check import run_check
+
+    return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0))
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from harness import cli_validate
+
+    return cli_validate.run(args, UsageError)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from harness import cli_export
+
+    return cli_export.run(args, UsageError)
+
+
+#: subcommand -> its function (argparse namespace -> exit code)
+COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
+    "replay": _cmd_replay,
+    "simulate": _cmd_simulate,
+    "check": _cmd_check,
+    "import": _cmd_import,
+    "fuzz": _cmd_fuzz,
+    "schema": _cmd_schema,
+    "validate": _cmd_validate,
+    "export": _cmd_export,
+}
+
+
+def _error(text: str) -> int:
+    print(f"error: {' '.join(str(text).split())}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _quiet_broken_pipe() -> int:
+    # Python flushes stdout again at exit and would report the broken pipe there: point
+    # stdout at /dev/null first (the pattern the Python docs give for SIGPIPE).
     try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        parser = build_parser()
         args = parser.parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required (simulate, replay, check, schema); see rlharness --help")
-        if args.command == "replay":
-            return _cmd_replay(args)
-        if args.command == "simulate":
-            return _cmd_simulate(args)
-        if args.command == "check":
-            from harness.check import run_check
-            return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0))
-        if args.command == "import":
-            return _cmd_import(args)
-        if args.command == "fuzz":
-            from simulators.fuzz.cli import cmd_fuzz
-
-            return cmd_fuzz(args, UsageError)
-        if args.command == "schema":
-            from harness.eventlog.schema import render
-            sys.stdout.write(render())
-            return EXIT_OK
-        raise UsageError(f"unknown command {args.command!r}")
-    except (UsageError, InputError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+            raise UsageError(f"a command is required ({', '.join(COMMANDS)}); see rlharness --help")
+        command = COMMANDS.get(args.command)
+        if command is None:
+            raise UsageError(f"unknown command {args.command!r}")
+        code = command(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except (UsageError, InputError, OutputPathError) as e:
+        return _error(str(e))
     except OSError as e:
-        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_USAGE
+        where = e.filename or ""
+        return _error(f"{where}: {e.strerror or e}" if where else (e.strerror or str(e)))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
 """Run a scenario and write its outputs: the one function behind ``rlharness simulate``.
 
-Outputs in the run folder (each file written whole or not at all):
+Outputs in the run folder, written together: every output path is checked before the
+run starts (the CLI calls ``check_output_dir``), and the files are staged beside the
+folder and moved in only when all were written, so the folder is complete or untouched
+(:class:`harness.outputs.paths.RunFolder`); an output this run does not make
+(``timeline.png`` after ``--no-png``) is removed so no stale file is left beside new ones:
 
     events.jsonl    the event log (harness schema; replays with ``rlharness replay``)
     summary.txt     the summary tables, as printed
+    summary.json    the same figures, machine-readable (harness.outputs.summary.summary_json)
     trace.json      Chrome trace-event JSON: open it in the Perfetto UI (ui.perfetto.dev)
     timeline.png    a picture of who used which GPU when
     scenario.yaml   the scenario as resolved (defaults filled in, seed applied)
@@ -13,21 +18,27 @@ Outputs in the run folder (each file written whole or not at all):
 from __future__ import annotations
 
 import dataclasses
-import os
+import json
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import yaml
 
 from harness.eventlog.writer import atomic_write, write_atomic
+from harness.outputs.paths import RunFolder
 from harness.invariants import Violation, check_log
 from harness.outputs.intervals import RunView
 from harness.outputs.perfetto import write_chrome_trace
-from harness.outputs.summary import format_summary, summarize
+from harness.outputs.summary import Summary, format_summary, summarize, summary_json
 from harness.outputs.timeline import write_timeline_png
 from simulators.runtime import RunResult, Simulation
 from simulators.scenario import scenario_to_mapping
 from simulators.spec import Scenario
+
+
+#: every file a run folder holds, in the order they are written
+OUTPUT_FILES = ("events.jsonl", "summary.txt", "summary.json", "trace.json", "timeline.png", "scenario.yaml",
+                "violations.txt")
 
 
 @dataclass
@@ -36,6 +47,7 @@ class SimulationOutput:
     violations: List[Violation]
     summary: str
     files: List[str]
+    figures: Optional[Summary] = None  # what ``summary`` and summary.json print
 
 
 def _write_text(path: str, text: str) -> None:
@@ -65,22 +77,22 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
     violations = check_log(records)
     say("  summarizing")
     view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
-    summary = format_summary(summarize(view))
+    figures = summarize(view)
+    summary = format_summary(figures)
     files: List[str] = []
     if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
+        with RunFolder(out_dir, OUTPUT_FILES) as folder:
+            def out(name: str) -> str:
+                say(f"  writing {folder.final(name)}")
+                return folder.path(name)
 
-        def out(name: str) -> str:
-            path = os.path.join(out_dir, name)
-            files.append(path)
-            say(f"  writing {path}")
-            return path
-
-        write_atomic(out("events.jsonl"), result.log.lines())
-        _write_text(out("summary.txt"), summary + "\n")
-        write_chrome_trace(view, out("trace.json"))
-        if png:
-            write_timeline_png(view, out("timeline.png"))
-        _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
-        _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
-    return SimulationOutput(result, violations, summary, files)
+            write_atomic(out("events.jsonl"), result.log.lines())
+            _write_text(out("summary.txt"), summary + "\n")
+            _write_text(out("summary.json"), json.dumps(summary_json(figures), indent=1, allow_nan=False) + "\n")
+            write_chrome_trace(view, out("trace.json"))
+            if png:
+                write_timeline_png(view, out("timeline.png"))
+            _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
+            _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
+        files = folder.files
+    return SimulationOutput(result, violations, summary, files, figures)

@@ -238,7 +238,9 @@ class Simulation:
         """Prints a progress line at most once per wall-second (stderr; not in the log)."""
         env = self.env
         last = t0
-        step = max(1.0, self.scenario.horizon_s / 1000.0)
+        # at most a simulated minute between looks at the clock: a long horizon must not
+        # leave a slow run without a progress line
+        step = min(60.0, max(1.0, self.scenario.horizon_s / 1000.0))
         while True:
             self._progress_events += 1
             yield env.timeout(step)

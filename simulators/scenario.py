@@ -43,7 +43,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
-from simulators.scenario_yaml import strict_safe_load
+from simulators import scenario_limits
+from simulators.scenario_yaml import ScenarioTextError, read_scenario_text, strict_safe_load
 
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
@@ -382,10 +383,10 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
             raise ctx.fail(key, "missing (required)")
     rules = FIELD_RULES[Scenario]
     vals: Dict[str, Any] = {k: _check_value(ctx, k, data[k], rules[k]) for k in rules if k in data}
-    if not vals["name"]:
-        raise ctx.fail("name", "must be a non-empty string")
+    scenario_limits.check_name(ctx.fail, vals["name"])
 
     cluster = _cluster(ctx, data["cluster"])
+    scenario_limits.check_cluster_size(ctx.fail, cluster.nodes, cluster.gpus_per_node)
     topo = ClusterTopology(cluster.nodes, cluster.gpus_per_node)
     costs = _costs(ctx, data["costs"]) if "costs" in data else CostSpec()
     scheduler = _scheduler(ctx, data["scheduler"]) if "scheduler" in data else {}
@@ -396,17 +397,21 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         raise ctx.fail("pipelines", f"expected a list of pipelines, got {_describe(raw_pipes)}")
     if not raw_pipes:
         raise ctx.fail("pipelines", "must name at least one pipeline")
+    horizon = vals.get("horizon_s", Scenario.__dataclass_fields__["horizon_s"].default)
+    scenario_limits.check_scale(ctx.fail, horizon, raw_pipes)
+    trajectories = 0
     pipes: Dict[str, PipelineSpec] = {}
     first_index: Dict[str, int] = {}
-    horizon = vals.get("horizon_s", Scenario.__dataclass_fields__["horizon_s"].default)
     for i, raw in enumerate(raw_pipes):
         p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo)
+        trajectories += scenario_limits.check_pipeline(ctx.fail, f"pipelines[{i}]", p)
         if p.name in pipes:
             raise ctx.fail(f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])")
         if p.start_s >= horizon:
             raise ctx.fail(f"pipelines[{i}].start_s", f"{_fmt_num(p.start_s)} s is not before horizon_s {_fmt_num(horizon)} s")
         pipes[p.name] = p
         first_index[p.name] = i
+    scenario_limits.check_run_total(ctx.fail, trajectories)
 
     faults: List[FaultSpec] = []
     if "faults" in data:
@@ -443,9 +448,9 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
     """Read, parse and validate a scenario file."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ScenarioError(source, None, f"cannot read: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        text = read_scenario_text(path)
+    except ScenarioTextError as e:
+        raise ScenarioError(source, None, f"cannot read: {e}") from None
     except OSError as e:
         raise ScenarioError(source, None, f"cannot read: {e.strerror or e}") from None
     return scenario_from_mapping(parse_yaml(text, source), source)

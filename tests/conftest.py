@@ -10,9 +10,18 @@ one after another there, while the other worker takes the rest of the suite.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 GATE_GROUP = "rlharness-gates"
+
+
+def pytest_configure(config):
+    # The plugin an install registers (entry point pytest11: rlharness); an environment
+    # installed before that entry point existed gets it from this checkout instead.
+    if not config.pluginmanager.has_plugin("rlharness"):
+        config.pluginmanager.register(importlib.import_module("harness.pytest_plugin"), "rlharness")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,9 @@
 """Reading and checking event-log records, with errors that name file, line and field.
 
 Every problem in an input file becomes one :class:`InputError` whose text is
-``<file>:<line>: <what>`` — the CLI prints it as ``error: ...`` and exits 2.
+``<file>:<line>: <what>`` — the CLI prints it as ``error: ...`` and exits 2. Lines are
+read within the limits of :mod:`harness.limits` (line length, nesting, 64-bit integers,
+cluster size) and without duplicate keys (:mod:`harness.eventlog.jsonline`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
+from harness.eventlog.jsonline import JsonLineError, loads, numbered_lines
 from harness.eventlog.kinds import ALL_KINDS, COMMON_FIELDS, SCHEMA_NAME, SCHEMA_VERSION
+from harness.limits import MAX_GPUS, MAX_INT, fmt_limit
 
 
 class InputError(ValueError):
@@ -44,7 +48,7 @@ def _type_ok(value: Any, spec: str) -> bool:
     if base == "any":
         return True
     if base == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool) and -MAX_INT - 1 <= value <= MAX_INT
     if base == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if base == "str":
@@ -85,6 +89,8 @@ def check_record(data: Any, where: str) -> Dict[str, Any]:
     seq = data.get("seq")
     if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
         raise InputError(f"{where}: field 'seq': must be a non-negative integer")
+    if seq > MAX_INT:
+        raise InputError(f"{where}: field 'seq': {len(str(seq))} digits, outside the 64-bit range (the limit)")
     t = data.get("t")
     if not _type_ok(t, "number") or t < 0:
         raise InputError(f"{where}: field 't': must be a non-negative number (seconds)")
@@ -115,6 +121,9 @@ def check_header(rec: Record, where: str) -> None:
         v = cluster.get(key)
         if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
             raise InputError(f"{where}: field 'cluster.{key}': must be a positive integer")
+    if cluster["nodes"] * cluster["gpus_per_node"] > MAX_GPUS:
+        raise InputError(f"{where}: field 'cluster': {cluster['nodes']:,} nodes x {cluster['gpus_per_node']:,} GPUs "
+                         f"exceeds the limit of {fmt_limit(MAX_GPUS)} GPUs")
     extra = set(cluster) - {"nodes", "gpus_per_node", "vram_gib"}
     if extra:
         raise InputError(f"{where}: field 'cluster.{sorted(extra)[0]}': not a cluster field (nodes, gpus_per_node, vram_gib)")
@@ -126,18 +135,18 @@ def read_records(path: str) -> List[Record]:
     prev_seq: Optional[int] = None
     prev_t: Optional[float] = None
     try:
-        fh = open(path, "r", encoding="utf-8")
+        fh = open(path, "rb")
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
     with fh:
-        for lineno, raw in enumerate(_lines(fh, path), start=1):
+        for lineno, raw in _numbered(fh, path):
             where = f"{path}:{lineno}"
             if not raw.strip():
                 continue
             try:
-                data = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{where}: malformed JSON: {e.msg} (column {e.colno})") from None
+                data = loads(raw)
+            except JsonLineError as e:
+                raise InputError(f"{where}: {e}") from None
             check_record(data, where)
             rec = Record(lineno, data)
             if not records and rec.kind != "header":
@@ -157,8 +166,8 @@ def read_records(path: str) -> List[Record]:
     return records
 
 
-def _lines(fh, path: str) -> Iterator[str]:
+def _numbered(fh, path: str):
     try:
-        yield from fh
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
+        yield from numbered_lines(fh, path)
+    except JsonLineError as e:
+        raise InputError(str(e)) from None

@@ -19,9 +19,9 @@ Definitions (all times are simulated seconds):
   BuildCache; refit = SyncFromCache, Finalize, PublishVersion (the *sync* part) and Wake,
   Sleep, Abort, Drain (the *wake/sleep* part); waiting = RequestGpus, ReleaseThenRequest,
   AwaitRelease, WaitBatch, LockCoordinator; every other effect is "other".
-- **pipeline time split**: for each kind, the wall time during which the pipeline had at
+- **pipeline time split**: for each kind, the simulated time during which the pipeline had at
   least one such interval (a union, so concurrent effects are not counted twice); generate
-  = wall time with at least one routable rank. Kinds overlap in time (ranks keep serving
+  = simulated time with at least one routable rank. Kinds overlap in time (ranks keep serving
   while training runs), so the percentages (of the run) need not add up to 100.
 - **step time** of step s: from the first ``effect_start`` with scope "step" of step s to
   the first of step s+1, or, when there is no step s+1, to the last ``effect_end`` of step s.
@@ -396,7 +396,8 @@ def format_summary(summary: Summary) -> str:
                f"{summary.gpus_per_node} GPU(s)")
 
     out.append("")
-    out.append("Pipelines (time split: wall seconds with any such work, % of the run; kinds overlap)")
+    out.append("Pipelines (time split: simulated seconds with any such work, % of the run; kinds overlap;")
+    out.append("  refit s = weight sync, finalize and publish plus wake, sleep, abort and drain of its inference ranks)")
     rows = []
     for p in summary.pipelines:
         rows.append([p.pipeline_id, str(p.steps_done), _s(p.mean_step_s), _s(p.p95_step_s),
@@ -421,7 +422,9 @@ def format_summary(summary: Summary) -> str:
     out += _table(["gpu", "node", "train %", "generate %", "refit %", "idle %"], rows, "rrrrrr")
 
     out.append("")
-    out.append("Refit")
+    out.append("Refit (weight syncs only: total sync s = SyncFromCache time summed over syncs, so")
+    out.append("  concurrent syncs add up; the pipeline table's refit s is a union over time that also")
+    out.append("  counts finalize, publish, wake, sleep and drain)")
     if summary.refit:
         rows = []
         for r in summary.refit:
@@ -459,14 +462,74 @@ def format_summary(summary: Summary) -> str:
     if summary.ooms or summary.faults or summary.timeouts:
         out.append("")
         out.append("Faults")
-        for o in summary.ooms:
-            where = f"host RAM of node {o['node']}: {o['owner']}" if "node" in o else f"GPU {o['gpu']}: {o['owner']} {o['mem']}"
-            out.append(f"t={_s(o['t'])} s OOM on {where} requested "
-                       f"{o['requested']} with {o['used']} of {o['capacity']} bytes used")
-        for f in summary.faults:
-            step = "" if f.get("step") is None else f" step {f['step']}"
-            out.append(f"t={_s(f['t'])} s fault {f['name']} fired in {f['pipeline_id']}{step}")
-        for x in summary.timeouts:
-            out.append(f"t={_s(x['t'])} s timeout: {x['what']} of {x['pipeline_id']} waited since "
-                       f"t={_s(x['since'])} s, past its {x['limit_s']:g} s limit")
+        out += [line for _, _, line in sorted(_fault_lines(summary))]
     return "\n".join(out) + "\n"
+
+
+def _fault_lines(summary: Summary) -> List[Tuple[float, int, str]]:
+    """``(t, order, line)`` of every OOM, fault and timeout: the section reads in time
+    order, with the log's order (OOMs, then faults, then timeouts) among equal times."""
+    lines: List[Tuple[float, int, str]] = []
+    for o in summary.ooms:
+        where = f"host RAM of node {o['node']}: {o['owner']}" if "node" in o else f"GPU {o['gpu']}: {o['owner']} {o['mem']}"
+        lines.append((float(o["t"]), 0, f"t={_s(o['t'])} s OOM on {where} requested "
+                                        f"{o['requested']} with {o['used']} of {o['capacity']} bytes used"))
+    for f in summary.faults:
+        step = "" if f.get("step") is None else f" step {f['step']}"
+        lines.append((float(f["t"]), 1, f"t={_s(f['t'])} s fault {f['name']} fired in {f['pipeline_id']}{step}"))
+    for x in summary.timeouts:
+        lines.append((float(x["t"]), 2, f"t={_s(x['t'])} s timeout: {x['what']} of {x['pipeline_id']} waited since "
+                                        f"t={_s(x['since'])} s, past its {x['limit_s']:g} s limit"))
+    return lines
+
+
+def summary_json(summary: Summary) -> Dict[str, Any]:
+    """The figures of :func:`format_summary` as a JSON-ready mapping (``summary.json``):
+    the same numbers, unrounded, with the units in the key names (``_s`` simulated
+    seconds, ``_pct`` percent of the run)."""
+    d = summary.duration_s
+
+    def pct(x: float, total: float) -> float:
+        return (100.0 * x / total) if total > 0 else 0.0
+
+    n_gpus = len(summary.gpus)
+    return {
+        "scenario": summary.scenario,
+        "time_unit": "simulated seconds",
+        "run": {"start_s": summary.t_start, "end_s": summary.t_end, "simulated_s": d, "end": summary.end_reason,
+                "nodes": summary.nodes, "gpus_per_node": summary.gpus_per_node},
+        "pipelines": [{
+            "pipeline_id": p.pipeline_id, "steps_done": p.steps_done, "step_times_s": p.step_times,
+            "mean_step_s": p.mean_step_s, "p95_step_s": p.p95_step_s,
+            "generate_s": p.generate_s, "generate_pct": pct(p.generate_s, d),
+            "train_s": p.train_s, "train_pct": pct(p.train_s, d),
+            "refit_s": p.refit_s, "refit_pct": pct(p.refit_s, d),
+            "waiting_s": p.waiting_s, "waiting_pct": pct(p.waiting_s, d),
+            "requests_done": p.requests_done, "requests_aborted": p.requests_aborted, "tokens": p.tokens,
+        } for p in summary.pipelines],
+        "gpus": [{
+            "gpu": g.gpu, "node": g.node, "train_pct": pct(g.train_s, d), "generate_pct": pct(g.generate_s, d),
+            "refit_pct": pct(g.refit_s, d), "idle_pct": pct(g.idle_s, d),
+            "train_s": g.train_s, "generate_s": g.generate_s, "refit_s": g.refit_s, "idle_s": g.idle_s,
+        } for g in summary.gpus],
+        "gpus_all": {f"{k}_pct": pct(sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
+                     for k in ("train", "generate", "refit", "idle")} if n_gpus else {},
+        "refit": [{
+            "pipeline_id": r.pipeline_id, "syncs": r.syncs, "syncs_by_path": r.syncs_by_path,
+            "sync_s_by_path": r.sync_s_by_path, "total_sync_s": r.total_sync_s, "mean_sync_s": r.mean_sync_s,
+            "buckets": r.buckets, "bytes_by_transport": r.bytes_by_transport,
+        } for r in summary.refit],
+        "staleness": {
+            "trajectories": sum(summary.staleness.values()),
+            "mean_age_steps": (sum(a * c for a, c in summary.staleness.items()) / sum(summary.staleness.values())
+                               if summary.staleness else None),
+            "by_age": {str(age): count for age, count in summary.staleness.items()},
+            "by_age_pct": {str(age): pct(count, sum(summary.staleness.values())) for age, count in summary.staleness.items()},
+        },
+        "staleness_by_pipeline": {p: {str(a): c for a, c in ages.items()} for p, ages in summary.staleness_by_pipeline.items()},
+        "scheduler": dict(vars(summary.scheduler)),
+        "faults": [{"t": t, "line": line} for t, _, line in sorted(_fault_lines(summary))],
+        "ooms": summary.ooms,
+        "fault_hooks_fired": summary.faults,
+        "timeouts": summary.timeouts,
+    }

@@ -24,14 +24,33 @@ import numpy as np
 
 from harness.outputs.intervals import Log, as_view, assign_lanes
 
-#: kind -> (legend label, colour); the drawing order of the legend.
+#: picture kind -> (legend label, colour), in legend order. Each phase has a colour of its
+#: own (a wake and a sleep are different events; one colour for both hid which was which);
+#: the legend lists only the kinds a picture draws.
 KIND_STYLE: Dict[str, Tuple[str, str]] = {
     "train": ("train", "#1f77b4"),
     "generate": ("generate", "#2ca02c"),
     "sync": ("refit / sync", "#ff7f0e"),
-    "wake_sleep": ("wake / sleep", "#9467bd"),
+    "wake": ("wake", "#9467bd"),
+    "sleep": ("sleep", "#8c564b"),
+    "drain": ("abort / drain", "#e377c2"),
     "waiting": ("waiting", "#c7c7c7"),
 }
+_WAKE_SLEEP_KIND = {"Wake": "wake", "Sleep": "sleep", "Abort": "drain", "Drain": "drain"}
+
+
+def picture_kind(kind: str, label: str) -> str:
+    """The picture's kind of a slice: the wake/sleep kind split by its effect."""
+    if kind != "wake_sleep":
+        return kind
+    return _WAKE_SLEEP_KIND.get(label.split(" ", 1)[0].split("(", 1)[0], "wake")
+
+
+def legend_kinds(drawn: "set[str]") -> List[str]:
+    """The kinds to list in the legend: those drawn, in :data:`KIND_STYLE` order."""
+    return [k for k in KIND_STYLE if k in drawn]
+
+
 PIPELINE_HATCHES = ("", "//", "\\\\", "xx", "..", "++", "oo", "**", "--", "||")
 
 _LEFT_IN, _RIGHT_IN, _TOP_IN, _BOTTOM_IN = 1.3, 2.2, 0.5, 0.6
@@ -49,7 +68,8 @@ def timeline_size_px(log: Log, *, width_in: float = 12.0,
     view = as_view(log)
     n_rows = len(view.gpus)
     pipelines = {s.pipeline_id for s in view.work_slices}
-    entries = len(KIND_STYLE) + len(pipelines) + 2
+    drawn = legend_kinds({picture_kind(s.kind, s.label) for s in view.work_slices})
+    entries = len(drawn) + len(pipelines) + 2
     plot_h = max(n_rows * _row_height(n_rows, row_height_in), 0.22 * entries, 1.5)
     return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
 
@@ -73,7 +93,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     _, gpn = view.shape
     gpus = view.gpus
     row_of = {g: i for i, g in enumerate(gpus)}
-    slices = [s for s in view.work_slices if s.kind in KIND_STYLE]
+    slices = [s for s in view.work_slices if picture_kind(s.kind, s.label) in KIND_STYLE]
     lanes = assign_lanes(slices)
     n_lanes: Dict[int, int] = defaultdict(lambda: 1)
     for s, lane in zip(slices, lanes):
@@ -119,7 +139,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
             lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
             y0 = row_of[s.gpu] + pad + lane * lane_h
             x0 = max(s.start, t0)
-            xs0, xs1, ys0, ys1 = groups[(s.kind, s.pipeline_id)]
+            xs0, xs1, ys0, ys1 = groups[(picture_kind(s.kind, s.label), s.pipeline_id)]
             xs0.append(x0)
             xs1.append(x0 + width)
             ys0.append(y0)
@@ -163,8 +183,8 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         ax.set_axisbelow(True)
         ax.set_title(f"{view.scenario or 'rlharness run'} - GPU timeline")
 
-        handles: List[Any] = [Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=lbl)
-                              for lbl, c in KIND_STYLE.values()]
+        handles: List[Any] = [Patch(facecolor=KIND_STYLE[k][1], edgecolor="black", linewidth=0.3, label=KIND_STYLE[k][0])
+                              for k in legend_kinds({kind for kind, _ in groups})]
         if not dense:  # dense pictures draw no hatching, so pipelines get no legend entry
             handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.3, hatch=hatch_of[p] or None,
                               label=f"pipeline {p}") for p in pipelines]

@@ -1,0 +1,246 @@
+"""Generate ``docs/scenario-reference.md`` from the spec: every field, unit, default, limit.
+
+The reference is derived, never written by hand, from the three places that define a
+scenario: the dataclasses of ``simulators/spec.py`` (fields, defaults and the comment on
+each field), the validation table of ``simulators/scenario_rules.py`` (type, bound, unit)
+and the size limits of ``harness/limits.py``; scheduler options come from
+``harness.scheduler.options.SchedulerOptions``. A test regenerates it and compares, so
+the shipped file cannot fall behind the code::
+
+    python -m simulators.scenario_doc --write     # regenerate docs/scenario-reference.md
+    python -m simulators.scenario_doc --check     # exit 1 if the file is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import io
+import os
+import re
+import sys
+import tokenize
+from typing import Dict, List, Optional, Tuple
+
+from harness import limits
+from harness.scheduler.options import SchedulerOptions
+from simulators import spec
+from simulators.scenario_limits import NAME_RULE
+from simulators.scenario_rules import FIELD_RULES, Rule
+
+DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "scenario-reference.md")
+
+_BOUND_TEXT = {"": "", ">0": "> 0", ">=0": ">= 0", ">=1": ">= 1", "(0,1]": "in (0, 1]"}
+
+#: field path -> the size limit that applies to it (beyond its bound)
+_LIMITS: Dict[str, str] = {
+    "cluster.nodes": f"nodes x gpus_per_node <= {limits.fmt_limit(limits.MAX_GPUS)} GPUs",
+    "cluster.gpus_per_node": f"nodes x gpus_per_node <= {limits.fmt_limit(limits.MAX_GPUS)} GPUs",
+    "horizon_s": f"<= {limits.fmt_limit(limits.MAX_HORIZON_S)} s (30 days)",
+    "name": NAME_RULE,
+    "pipelines": f"<= {limits.fmt_limit(limits.MAX_PIPELINES)} pipelines; steps x trajectories per step summed over "
+                 f"pipelines <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_RUN)}",
+    "pipelines[].steps": f"<= {limits.fmt_limit(limits.MAX_STEPS)}",
+    "workload.prompts_per_step": f"prompts_per_step x generations_per_prompt <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_STEP)}",
+    "workload.generations_per_prompt": f"prompts_per_step x generations_per_prompt <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_STEP)}",
+    "workload.decode_tokens_max": f"<= {limits.fmt_limit(limits.MAX_DECODE_TOKENS)}",
+    "workload.max_concurrent_per_rank": f"<= {limits.fmt_limit(limits.MAX_CONCURRENT_PER_RANK)}",
+}
+
+_ALLOWED = {
+    "pipelines[].sleep_level": "1 (weights kept in host RAM) or 2 (weights dropped)",
+    "pipelines[].type": " or ".join(spec.PIPELINE_TYPES),
+    "faults[].name": "a fault name (list below)",
+    "faults[].pipeline": "a pipeline's name",
+    "faults[].at_step": ">= 0, below the pipeline's steps",
+}
+
+_MEANING = {
+    "name": "the scenario's name; also its run folder, runs/<name>",
+    "description": "free text, shown nowhere but the resolved scenario.yaml",
+    "seed": "random seed of the workload (decode lengths); same scenario + seed = same event log",
+    "pipelines[].name": "pipeline id (RLix's rules: letters, digits, '_' and '-')",
+    "pipelines[].infer_tp": "tensor parallelism of one inference DP rank",
+    "pipelines[].steps": "training steps the pipeline runs",
+    "pipelines[].sleep_level": "vLLM sleep level of the inference ranks",
+    "cluster.nodes": "nodes in the cluster",
+    "cluster.gpus_per_node": "GPUs per node",
+    "faults[].name": "which fault (list below)",
+    "faults[].pipeline": "the pipeline it hits",
+    "faults[].at_step": "the step (0-based) it hits at, or from",
+}
+
+_STRUCTURED = {
+    "cluster": "mapping: the cluster (table below)",
+    "costs": "mapping: cost parameters (table below); every one optional",
+    "scheduler": "mapping: scheduler options (table below); every one optional",
+    "pipelines": "list of mappings: the pipelines (table below); at least one",
+    "faults": "list of mappings: fault hooks (table below)",
+    "train_gpus": "list of GPU ids: the training cluster (one training rank per GPU)",
+    "infer_gpus": "list of GPU ids: the inference cluster; DP rank r is sorted(infer_gpus)[r*tp:(r+1)*tp]",
+    "model": "mapping: the model (table below); overrides `defaults.model`",
+    "workload": "mapping: the workload (table below); overrides `defaults.workload`",
+}
+
+
+def field_comments(cls: type) -> Dict[str, str]:
+    """The comment of each field of a dataclass: its trailing ``# ...`` or, failing that,
+    the comment lines just above it."""
+    source = inspect.getsource(cls)
+    comments: Dict[str, str] = {}
+    pending: List[str] = []
+    line_fields: Dict[int, str] = {}
+    for i, line in enumerate(source.splitlines(), start=1):
+        m = re.match(r"^    (\w+)\s*:", line)
+        if m:
+            line_fields[i] = m.group(1)
+    above: Dict[str, List[str]] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row = tok.start[0]
+            text = tok.string.lstrip("#").strip()
+            if row in line_fields:
+                comments[line_fields[row]] = text
+            else:
+                pending.append(text)
+        elif tok.type in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            continue
+        elif tok.start[0] in line_fields:
+            name = line_fields[tok.start[0]]
+            if pending and name not in above:
+                above[name] = pending
+            pending = []
+        else:
+            pending = []
+    for name, lines in above.items():
+        comments.setdefault(name, " ".join(lines))
+    return comments
+
+
+def _default(cls: type, f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(value):
+            return "(table below)"
+    else:
+        return "required"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return repr(value) if value else '""'
+    if isinstance(value, (dict, tuple, list)) and not value:
+        return "none"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _table(cls: type, prefix: str, limit_prefix: str, extra_rows: Optional[List[Tuple[str, ...]]] = None) -> List[str]:
+    rules: Dict[str, Rule] = FIELD_RULES.get(cls, {})
+    comments = field_comments(cls)
+    rows = ["| field | type | unit | default | allowed | limit | meaning |", "|---|---|---|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        rule = rules.get(f.name)
+        kind = rule.kind if rule else "structured"
+        unit = rule.unit if rule else ""
+        key = f"{limit_prefix}{f.name}"
+        allowed = _ALLOWED.get(key) or (_BOUND_TEXT[rule.bound] if rule else "")
+        meaning = _MEANING.get(key) or comments.get(f.name, "") or _STRUCTURED.get(f.name, "")
+        limit = _LIMITS.get(key, "")
+        if kind == "float" and not limit:
+            limit = "finite"
+        rows.append("| " + " | ".join(_cell(x) for x in (f"`{prefix}{f.name}`", kind, unit, _default(cls, f), allowed, limit, meaning)) + " |")
+    for row in extra_rows or []:
+        rows.append("| " + " | ".join(_cell(x) for x in row) + " |")
+    return rows
+
+
+def _scheduler_table() -> List[str]:
+    comments = field_comments(SchedulerOptions)
+    rows = ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(SchedulerOptions):
+        default = f.default
+        kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else "float"
+        allowed = {"bool": "true / false", "int": "> 0", "float": ">= 0"}[kind]
+        rows.append("| " + " | ".join(_cell(x) for x in (f"`scheduler.{f.name}`", kind, _default(SchedulerOptions, f), allowed,
+                                                           comments.get(f.name, ""))) + " |")
+    return rows
+
+
+def _fault_list() -> List[str]:
+    doc = inspect.getdoc(spec.FaultSpec) or ""
+    bullets = [line for line in doc.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(bullets) if line.startswith("*")), len(bullets))
+    return bullets[start:]
+
+
+def render() -> str:
+    out: List[str] = [
+        "# Scenario reference",
+        "",
+        "<!-- generated by `python -m simulators.scenario_doc --write` from simulators/spec.py, "
+        "simulators/scenario_rules.py and harness/limits.py; do not edit by hand -->",
+        "",
+        "A scenario is a YAML file (examples in [examples/scenarios/](../examples/scenarios)); "
+        "`rlharness validate FILE` checks one without running it. Sizes are bytes, bandwidths "
+        "bytes/second, times simulated seconds. *allowed* is the bound every value must meet, "
+        "*limit* the size limit that keeps a run within memory (exceeding either is one error "
+        "line naming the field, exit code 2). Unknown fields are errors; integers are 64-bit; "
+        f"files are at most {limits.fmt_limit(limits.MAX_SCENARIO_BYTES)} bytes and nest at most "
+        f"{limits.MAX_NESTING} levels.",
+        "",
+        "## Top level",
+        "",
+    ]
+    out += _table(spec.Scenario, "", "", extra_rows=[
+        ("`defaults`", "structured", "", "none", "", "", "mapping with `model` and/or `workload`: applied to every pipeline first"),
+    ])
+    out += ["", "## `cluster`", ""] + _table(spec.ClusterSpec, "cluster.", "cluster.")
+    out += ["", "## `pipelines[]`", ""] + _table(spec.PipelineSpec, "", "pipelines[].")
+    out += ["", "## `model` (in a pipeline or `defaults`)", ""] + _table(spec.ModelSpec, "model.", "model.")
+    out += ["", "## `workload` (in a pipeline or `defaults`)", ""] + _table(spec.WorkloadSpec, "workload.", "workload.")
+    out += ["", "## `costs`", ""] + _table(spec.CostSpec, "costs.", "costs.")
+    out += ["", "## `scheduler`", ""] + _scheduler_table()
+    out += ["", "## `faults[]`", ""] + _table(spec.FaultSpec, "", "faults[].")
+    out += ["", f"Fault names ({', '.join(f'`{n}`' for n in spec.FAULT_NAMES)}):", ""] + _fault_list()
+    out += ["", f"Pipeline types: {', '.join(f'`{t}`' for t in spec.PIPELINE_TYPES)}.", ""]
+    return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulators.scenario_doc", description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", action="store_true", help=f"write {os.path.relpath(DOC_PATH)}")
+    group.add_argument("--check", action="store_true", help="exit 1 if the shipped file differs")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        from harness.eventlog.writer import atomic_write
+
+        atomic_write(DOC_PATH, text)
+        print(f"wrote {DOC_PATH}")
+        return 0
+    if args.check:
+        try:
+            with open(DOC_PATH, encoding="utf-8") as fh:
+                current = fh.read()
+        except OSError:
+            current = None
+        if current != text:
+            print(f"{DOC_PATH} is out of date: run python -m simulators.scenario_doc --write", file=sys.stderr)
+            return 1
+        print(f"{DOC_PATH} is current")
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
