@@ -35,7 +35,7 @@ Definitions (all times are simulated seconds):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from harness.outputs.dataplane import HopTotal, dataplane_totals, format_dataplane
@@ -498,15 +498,11 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "time_unit": "simulated seconds",
         "run": {"start_s": summary.t_start, "end_s": summary.t_end, "simulated_s": d, "end": summary.end_reason,
                 "nodes": summary.nodes, "gpus_per_node": summary.gpus_per_node},
-        "pipelines": [{
-            "pipeline_id": p.pipeline_id, "steps_done": p.steps_done, "step_times_s": p.step_times,
-            "mean_step_s": p.mean_step_s, "p95_step_s": p.p95_step_s,
-            "generate_s": p.generate_s, "generate_pct": pct(p.generate_s, d),
-            "train_s": p.train_s, "train_pct": pct(p.train_s, d),
-            "refit_s": p.refit_s, "refit_pct": pct(p.refit_s, d),
-            "waiting_s": p.waiting_s, "waiting_pct": pct(p.waiting_s, d),
-            "requests_done": p.requests_done, "requests_aborted": p.requests_aborted, "tokens": p.tokens,
-        } for p in summary.pipelines],
+        # every field of the summary's dataclass (a figure added there lands here too),
+        # plus each time's share of the run as printed
+        "pipelines": [{**asdict(p), **{f"{k}_pct": pct(getattr(p, f"{k}_s"), d)
+                                       for k in ("generate", "train", "refit", "waiting")}}
+                      for p in summary.pipelines],
         "gpus": [{
             "gpu": g.gpu, "node": g.node, "train_pct": pct(g.train_s, d), "generate_pct": pct(g.generate_s, d),
             "refit_pct": pct(g.refit_s, d), "idle_pct": pct(g.idle_s, d),
@@ -514,11 +510,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         } for g in summary.gpus],
         "gpus_all": {f"{k}_pct": pct(sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
                      for k in ("train", "generate", "refit", "idle")} if n_gpus else {},
-        "refit": [{
-            "pipeline_id": r.pipeline_id, "syncs": r.syncs, "syncs_by_path": r.syncs_by_path,
-            "sync_s_by_path": r.sync_s_by_path, "total_sync_s": r.total_sync_s, "mean_sync_s": r.mean_sync_s,
-            "buckets": r.buckets, "bytes_by_transport": r.bytes_by_transport,
-        } for r in summary.refit],
+        "refit": [{**asdict(r), "syncs": r.syncs} for r in summary.refit],
         "staleness": {
             "trajectories": sum(summary.staleness.values()),
             "mean_age_steps": (sum(a * c for a, c in summary.staleness.items()) / sum(summary.staleness.values())
@@ -532,4 +524,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "ooms": summary.ooms,
         "fault_hooks_fired": summary.faults,
         "timeouts": summary.timeouts,
+        # sections other runtimes added (single controllers, data plane): every row whole
+        "streaming": [asdict(r) for r in summary.streaming],
+        "dataplane": [asdict(h) for h in summary.dataplane],
     }

@@ -78,6 +78,7 @@ def test_summary_json_has_the_figures_of_summary_txt(tmp_path, capsys):
     assert cells[1] == str(p["steps_done"])
     assert cells[4] == f"{p['generate_s']:.3f}" and cells[5] == f"{p['generate_pct']:.1f}"
     assert cells[8] == f"{p['refit_s']:.3f}" and cells[10] == f"{p['waiting_s']:.3f}"
+    assert cells[12:] == [str(p["requests_done"]), str(p["requests_aborted"]), str(p["requests_failed"])]
     assert f"{data['run']['simulated_s']:.3f} s simulated" in text
     for line in (f["line"] for f in data["faults"]):
         assert line in text

@@ -7,6 +7,8 @@ finds any worker that outlived its launcher.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -89,11 +91,37 @@ def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optiona
     (the probe closes it before torchrun binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds)."""
     ports = iter(first_ports)
-    for _ in range(3):
-        run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s, extra_env)
-        if not _port_taken(run):
-            break
+    with _one_gate_at_a_time(tmp_path):
+        for _ in range(3):
+            run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s, extra_env)
+            if not _port_taken(run):
+                break
     return run
+
+
+@contextlib.contextmanager
+def _one_gate_at_a_time(tmp_path: Path):
+    """Under pytest-xdist, gate launches of one test session run one at a time.
+
+    A gate job is 2-6 processes whose deadlines (a hung rank must end in a failed report
+    within its 15 s timeout) assume the job has the machine's cores; two jobs side by
+    side on a 2-core machine only push each other past them. The other xdist worker goes
+    on with the rest of the suite meanwhile. (xdist's own ``--dist loadgroup`` cannot do
+    this here: with pytest 9.2 its group suffix on the node id no longer takes effect.)
+    The lock lives in the session's base temp folder, shared by its workers only, so
+    other sessions on the machine are not serialized with this one. A test's own
+    deadline clock starts after the lock is taken.
+    """
+    session = next((p for p in tmp_path.parents if p.parent.name.startswith("pytest-of-")), None)
+    if session is None or "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with open(session / "rlharness-gates.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: Optional[str], timeout_s: float,
