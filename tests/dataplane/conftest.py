@@ -36,7 +36,7 @@ def _shm_entries():
 
 
 @pytest.fixture(scope="module")
-def tq_store():
+def tq_store(one_ray_at_a_time):
     pytest.importorskip("transfer_queue")
     ray = pytest.importorskip("ray")
     from harness.dataplane.tq_store import TransferQueueStore

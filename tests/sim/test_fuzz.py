@@ -210,7 +210,7 @@ def test_results_are_byte_identical_whatever_the_worker_count_and_completion_ord
 
 
 @pytest.mark.slow
-def test_results_on_a_local_ray_instance_equal_the_local_ones():
+def test_results_on_a_local_ray_instance_equal_the_local_ones(one_ray_at_a_time):
     ray = pytest.importorskip("ray")
     local = results_json(run_sweep(SweepConfig(seeds=6, workers=2), minimize_findings=False).results)
     on_ray = results_json(run_sweep(SweepConfig(seeds=6, workers=2, ray_address="local"), minimize_findings=False).results)
