@@ -16,6 +16,7 @@ from typing import Dict
 
 from harness.eventlog.kinds_dataplane import DATAPLANE_KINDS
 from harness.eventlog.kinds_gate import GATE_KINDS
+from harness.eventlog.kinds_refit import REFIT_KINDS
 from harness.eventlog.kinds_runtime import EFFECT_KINDS
 from harness.eventlog.kinds_sim import SIM_KINDS
 from harness.eventlog.kinds_streaming import STREAMING_KINDS
@@ -95,7 +96,8 @@ DECISION_KINDS: Dict[str, dict] = {
     "scheduler_failed": {"required": {"cycle": "int?", "reason": "str"}, "optional": {}, "doc": "Fail-fast: every waiter is errored, later inputs are rejected."},
 }
 
-RUNTIME_KINDS: Dict[str, dict] = {**EFFECT_KINDS, **SIM_KINDS, **GATE_KINDS, **DATAPLANE_KINDS, **STREAMING_KINDS}
+RUNTIME_KINDS: Dict[str, dict] = {**EFFECT_KINDS, **SIM_KINDS, **GATE_KINDS, **DATAPLANE_KINDS, **STREAMING_KINDS,
+                                  **REFIT_KINDS}
 
 ALL_KINDS: Dict[str, dict] = {**HEADER, **INPUT_KINDS, **DECISION_KINDS, **RUNTIME_KINDS}
 

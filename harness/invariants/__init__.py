@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional
 
-from harness.invariants import dataplane, ordering, ownership, routing, streaming, versions  # noqa: F401  (registration)
+from harness.invariants import dataplane, ordering, ownership, refit_wire, routing, streaming, versions  # noqa: F401  (registration)
 from harness.invariants.base import CHECKS, Records, Violation
 
 

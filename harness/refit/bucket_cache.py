@@ -25,14 +25,9 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-ALIGNMENT_BYTES = 512
+from harness.refit.stream import ALIGNMENT_BYTES, align_up  # noqa: F401  (one definition of the slot alignment)
 
 NamedTensors = Sequence[Tuple[str, torch.Tensor]]
-
-
-def align_up(value: int, alignment: int = ALIGNMENT_BYTES) -> int:
-    """Round ``value`` up to the next multiple of ``alignment``."""
-    return (value + alignment - 1) // alignment * alignment
 
 
 def element_size(dtype: torch.dtype) -> int:

@@ -220,7 +220,8 @@ def test_data_plane_fires_on_driver_bulk_and_second_writer():
 
 # checks whose firing tests live with their subsystem
 OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
-              "streaming_step": "tests/streaming/test_streaming_invariants.py"}
+              "streaming_step": "tests/streaming/test_streaming_invariants.py",
+              "refit_wire": "tests/unit/test_refit_stream_protocol.py"}
 
 
 def test_every_registered_check_has_a_firing_test_here():

@@ -1,0 +1,481 @@
+"""The refit stream on a real transport: pyzmq REQ/REP over ``ipc://``, ping-pong buffers.
+
+This interprets :mod:`harness.refit.stream` (the protocol) with real sockets and real
+bytes. It lives in ``harness/`` rather than ``gpu_gates/`` because two user surfaces need
+it that must not depend on the gates: ``rlharness calibrate refit`` / ``fidelity refit``
+(the simulator's refit costs are fitted to, and checked against, this transport) and the
+benchmark. The gates import it too.
+
+Topology as in NeMo RL (reference/nemo_rl.md §1.2): the trainer side binds a REQ socket on
+an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a REP.
+``LINGER`` is 0 and every send and receive has a timeout; a timeout becomes a
+:class:`StreamTimeout` that names the peer, the step and the group, and the socket is
+closed (a REQ that missed its reply cannot be reused).
+
+Payload. Only a small JSON header (slots, sizes) travels on the socket. The bytes stay in
+the staging buffers, which the receiver maps:
+
+* GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
+  handle (torch's reducer, pickled); the receiver rebuilds the tensor on its local device
+  index, views the slots at their aligned offsets, loads, synchronizes, then ACKs. **This
+  path has not been run in any session so far (no GPU was available); it is guarded by
+  ``torch.cuda.is_available()``.**
+* CPU: the buffers are files on ``/dev/shm`` mapped by both processes — the faithful CPU
+  analogue of the CUDA-IPC stream (the bytes never go through the socket; nemo_rl.md
+  §1.2 measured the payload-on-the-socket variant at ~7 % of memcpy). The sender owns the
+  files and unlinks them when it releases the buffers and on every exit path; nothing is
+  left in ``/dev/shm``.
+
+The header is JSON; only the CUDA handle is pickled, and it comes from a socket in the
+job's own private directory.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import pickle
+import tempfile
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import zmq
+
+from harness.refit.bucket_cache import dtype_from_name, dtype_name
+from harness.refit import stream as proto
+
+SHM_PREFIX = "rlharness_refit_"
+Emit = Callable[..., None]
+
+
+class StreamTimeout(TimeoutError):
+    """A send or receive of the refit stream ran past its timeout."""
+
+
+class StreamError(RuntimeError):
+    """The socket failed (not a timeout), or the peer broke the protocol."""
+
+
+def shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def leftover_shm(owner_pid: Optional[int] = None) -> List[str]:
+    """Staging files still on disk (all of this module's, or one sender process's)."""
+    prefix = SHM_PREFIX + (f"{owner_pid}_" if owner_pid is not None else "")
+    return sorted(os.path.join(shm_dir(), n) for n in os.listdir(shm_dir()) if n.startswith(prefix))
+
+
+def spec_of(name: str, tensor: torch.Tensor) -> proto.TensorSpec:
+    return proto.TensorSpec(name, tuple(tensor.shape), dtype_name(tensor.dtype), tensor.numel() * tensor.element_size())
+
+
+def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat ``uint8`` view of a tensor's bytes; ``reshape`` copies a non-contiguous one
+    (exporters yield such tensors), as NeMo RL's ``reshape(-1).view(uint8)`` does."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+# ------------------------------------------------------------------ staging buffers
+class ShmBuffer:
+    """A CPU staging buffer: a file on ``/dev/shm`` mapped into this process."""
+
+    def __init__(self, nbytes: int, path: Optional[str] = None, create: bool = True) -> None:
+        self.nbytes = nbytes
+        self.path = path or os.path.join(shm_dir(), f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}")
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, max(nbytes, 1))
+            self._map = mmap.mmap(fd, max(nbytes, 1))
+        finally:
+            os.close(fd)
+        self.owner = create
+        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.tensor = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive somewhere: the mapping goes with it
+                pass
+            self._map = None
+        if self.owner:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+def _cuda_handle(buf: torch.Tensor) -> bytes:
+    from torch.multiprocessing.reductions import reduce_tensor
+    _rebuild, args = reduce_tensor(buf.detach())
+    return pickle.dumps(args)  # the rebuild function is known on the other side
+
+
+def _open_cuda_handle(blob: bytes) -> torch.Tensor:
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+    args = list(pickle.loads(blob))
+    args[6] = torch.cuda.current_device()  # storage_device: the receiver's local index of the same GPU
+    return rebuild_cuda_tensor(*args)
+
+
+@dataclass
+class GroupTiming:
+    group: int
+    buffer: Any
+    bytes: int
+    tensors: int
+    pack_s: float = 0.0
+    ack_wait_s: float = 0.0
+    send_s: float = 0.0
+    pack_interval: Tuple[float, float] = (0.0, 0.0)  # monotonic, comparable across processes on one host
+
+
+@dataclass
+class SendResult:
+    step: int
+    groups: int
+    bytes: int
+    wall_s: float
+    staging_s: float
+    complete_s: float
+    timings: List[GroupTiming] = field(default_factory=list)
+
+
+def _socket(ctx: zmq.Context, kind: int, timeout_s: float) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    ms = max(1, int(timeout_s * 1000))
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, ms)
+    sock.setsockopt(zmq.RCVTIMEO, ms)
+    return sock
+
+
+class _Endpoint:
+    def __init__(self, endpoint: str, peer: str, timeout_s: float, kind: int, bind: bool) -> None:
+        if not endpoint.startswith("ipc://"):
+            raise ValueError(f"refit endpoint must be ipc://, got {endpoint!r}")
+        self.endpoint, self.peer, self.timeout_s = endpoint, peer, float(timeout_s)
+        self._ctx = zmq.Context()
+        self.sock: Optional[zmq.Socket] = _socket(self._ctx, kind, timeout_s)
+        (self.sock.bind if bind else self.sock.connect)(endpoint)
+
+    def _io(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self.sock is None:
+            raise StreamError(f"refit stream to {self.peer}: socket already closed after an earlier failure ({what})")
+        try:
+            return fn()
+        except zmq.Again:
+            self.close()
+            raise StreamTimeout(f"refit stream with {self.peer} ({self.endpoint}): {what}: nothing within "
+                                f"{self.timeout_s:g} s (the peer may be dead)") from None
+        except zmq.ZMQError as exc:
+            self.close()
+            raise StreamError(f"refit stream with {self.peer} ({self.endpoint}): {what}: ZMQ error "
+                              f"errno {exc.errno}: {exc}") from None
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+# ------------------------------------------------------------------ sender
+class RefitSender(_Endpoint):
+    """Trainer side: binds REQ and streams named tensors with ping-pong buffers.
+
+    ``emit(kind, **fields)`` (optional) receives the wire records invariant 18 reads.
+    ``pause_after_group`` is a test hook: seconds to sleep after each send (so a test can
+    kill the receiver mid-stream deterministically)."""
+
+    def __init__(self, endpoint: str, *, peer: str = "receiver", timeout_s: float = 120.0,
+                 device: Optional[torch.device] = None, emit: Optional[Emit] = None,
+                 single_buffer: bool = False) -> None:
+        super().__init__(endpoint, peer, timeout_s, zmq.REQ, bind=True)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.emit = emit or (lambda kind, **f: None)
+        self.single_buffer = single_buffer  # benchmark variant: wait for every ACK before packing the next group
+
+    def stream(self, named: Sequence[Tuple[str, torch.Tensor]], budget_bytes: int, step: int = 0) -> SendResult:
+        specs = [spec_of(n, t) for n, t in named]
+        sources: Deque[Tuple[str, torch.Tensor]] = deque(named)
+        buffers: Dict[Any, Any] = {}
+        res = SendResult(step=step, groups=0, bytes=0, wall_s=0.0, staging_s=0.0, complete_s=0.0)
+        timings: Dict[int, GroupTiming] = {}
+        self._pending, self._complete_t = None, 0.0
+        t0 = time.monotonic()
+        self.emit("refit_stream_begin", step=step, role="sender", peer=self.peer, budget_bytes=budget_bytes,
+                  half_bytes=proto.half_buffer_bytes(budget_bytes), tensors=len(specs))
+        gen = proto.sender(specs, budget_bytes)
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    effect = gen.send(reply)
+                except StopIteration as stop:
+                    res.groups = stop.value
+                    break
+                reply = self._perform(effect, step, sources, buffers, res, timings)
+        finally:
+            gen.close()
+            for buf in buffers.values():
+                if isinstance(buf, ShmBuffer):
+                    buf.close()
+            buffers.clear()
+        res.wall_s = time.monotonic() - t0
+        res.timings = [timings[g] for g in sorted(timings)]
+        return res
+
+    def _perform(self, e: Any, step: int, sources: Deque, buffers: Dict[Any, Any], res: SendResult,
+                 timings: Dict[int, GroupTiming]) -> Any:
+        if isinstance(e, proto.AllocBuffers):
+            t = time.monotonic()
+            for b in (0, 1):
+                buffers[b] = self._alloc(e.half_bytes)
+            res.staging_s += time.monotonic() - t
+        elif isinstance(e, proto.AllocDedicated):
+            t = time.monotonic()
+            buffers[proto.DEDICATED] = self._alloc(e.nbytes)
+            res.staging_s += time.monotonic() - t
+        elif isinstance(e, proto.Pack):
+            if self.single_buffer and isinstance(self._pending, int):
+                self._await(step, self._pending, timings)  # benchmark variant only: no overlap at all
+            t = time.monotonic()
+            dst = self._tensor(buffers[e.buffer])
+            for slot in e.slots:
+                name, src = sources.popleft()
+                if name != slot.name:
+                    raise StreamError(f"refit step {step}: protocol packs {slot.name!r} where the source yields {name!r}")
+                dst[slot.offset: slot.offset + slot.nbytes].copy_(raw_bytes(src), non_blocking=dst.is_cuda)
+            if dst.is_cuda:
+                torch.cuda.current_stream(dst.device).synchronize()
+            end = time.monotonic()
+            timings[e.group] = GroupTiming(e.group, e.buffer, e.used_bytes, len(e.slots), pack_s=end - t,
+                                           pack_interval=(t, end))
+        elif isinstance(e, proto.SendGroup):
+            buf = buffers[e.buffer]
+            header = {"type": "group", "step": step, "group": e.group, "buffer": e.buffer, "used": e.used_bytes,
+                      "slots": [s.to_wire() for s in e.slots]}
+            frames = [b""]
+            if isinstance(buf, ShmBuffer):
+                header["shm"], header["shm_bytes"] = buf.path, buf.nbytes
+            else:
+                frames = [_cuda_handle(buf)]
+            t = time.monotonic()
+            self._io(f"step {step}: sending group {e.group}",
+                     lambda: self.sock.send_multipart([json.dumps(header).encode()] + frames))
+            timings[e.group].send_s = time.monotonic() - t
+            self._pending = e.group
+            res.bytes += e.used_bytes
+            self.emit("refit_group_send", step=step, role="sender", peer=self.peer, group=e.group, buffer=str(e.buffer),
+                      bytes=e.used_bytes, names=[s.name for s in e.slots], offsets=[s.offset for s in e.slots],
+                      sizes=[s.nbytes for s in e.slots])
+        elif isinstance(e, proto.AwaitAck):
+            if e.group == proto.COMPLETE:
+                self._await(step, proto.COMPLETE, timings)
+                res.complete_s = time.monotonic() - self._complete_t
+            elif self._pending == e.group:  # the single-buffer variant may have collected it already
+                self._await(step, e.group, timings)
+        elif isinstance(e, proto.FreeDedicated):
+            buf = buffers.pop(proto.DEDICATED)
+            if isinstance(buf, ShmBuffer):
+                buf.close()
+        elif isinstance(e, proto.ReleaseBuffers):
+            for b in (0, 1):
+                buf = buffers.pop(b)
+                if isinstance(buf, ShmBuffer):
+                    buf.close()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        elif isinstance(e, proto.SendComplete):
+            self._complete_t = time.monotonic()
+            msg = json.dumps({"type": "complete", "step": step, "groups": e.groups}).encode()
+            self._io(f"step {step}: sending COMPLETE after {e.groups} groups", lambda: self.sock.send_multipart([msg, b""]))
+            self._pending = proto.COMPLETE
+            self.emit("refit_complete_send", step=step, role="sender", peer=self.peer, groups=e.groups)
+        else:  # pragma: no cover - a new effect without a runtime
+            raise StreamError(f"refit sender has no handler for {type(e).__name__}")
+        return None
+
+    _pending: Any = None
+    _complete_t: float = 0.0
+
+    def _await(self, step: int, group: Any, timings: Dict[int, GroupTiming]) -> None:
+        what = "COMPLETE" if group == proto.COMPLETE else f"group {group}"
+        t = time.monotonic()
+        raw = self._io(f"step {step}: waiting for the ACK of {what}", self.sock.recv)
+        if isinstance(group, int):
+            timings[group].ack_wait_s = time.monotonic() - t
+        ack = json.loads(raw)
+        if ack.get("group") != group or ack.get("step") != step:
+            self.close()
+            raise StreamError(f"refit stream with {self.peer}: step {step}: expected the ACK of {what}, got {ack}")
+        self._pending = None
+        self.emit("refit_ack", step=step, role="sender", peer=self.peer, group=str(group))
+
+    def _alloc(self, nbytes: int) -> Any:
+        if self.device.type == "cuda":
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        buf = ShmBuffer(nbytes)
+        buf.tensor.fill_(0)  # pre-touch: a fresh mapping's page faults would otherwise land in the first pack
+        return buf
+
+    @staticmethod
+    def _tensor(buf: Any) -> torch.Tensor:
+        return buf.tensor if isinstance(buf, ShmBuffer) else buf
+
+
+# ------------------------------------------------------------------ receiver
+Loader = Callable[[proto.Slot, torch.Tensor], None]
+
+
+@dataclass
+class ReceiveResult:
+    step: int
+    groups: int
+    bytes: int
+    wall_s: float
+    load_s: List[float] = field(default_factory=list)
+    load_intervals: List[Tuple[float, float]] = field(default_factory=list)
+    finalized: bool = False
+
+
+class RefitReceiver(_Endpoint):
+    """Inference side: connects REP and loads each group through ``load(slot, view)``.
+
+    ``view`` aliases the staging buffer (valid only during the call): copy it into the
+    weights. ``finalize(groups)`` runs only for a complete, clean transfer."""
+
+    def __init__(self, endpoint: str, *, peer: str = "sender", timeout_s: float = 120.0,
+                 device: Optional[torch.device] = None, emit: Optional[Emit] = None) -> None:
+        super().__init__(endpoint, peer, timeout_s, zmq.REP, bind=False)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.emit = emit or (lambda kind, **f: None)
+        self._maps: Dict[str, ShmBuffer] = {}
+
+    def receive(self, manifest: proto.Manifest, load: Loader, step: int = 0, half_bytes: Optional[int] = None,
+                finalize: Optional[Callable[[int], None]] = None) -> ReceiveResult:
+        res = ReceiveResult(step=step, groups=0, bytes=0, wall_s=0.0)
+        self.emit("refit_stream_begin", step=step, role="receiver", peer=self.peer, expected=list(manifest))
+        gen = proto.receiver(manifest, half_bytes)
+        t0 = None
+        current: Dict[str, Any] = {}
+        reply: Any = None
+        throw: Optional[BaseException] = None
+        try:
+            while True:
+                try:
+                    effect = gen.throw(throw) if throw is not None else gen.send(reply)
+                except StopIteration:
+                    break
+                except proto.ManifestError as exc:
+                    self.emit("refit_manifest_check", step=step, role="receiver", peer=self.peer,
+                              **_report_fields(exc.report))
+                    raise proto.ManifestError(exc.report, f"step {step} from {self.peer}") from None
+                throw, reply = None, None
+                if isinstance(effect, proto.AwaitMessage):
+                    reply = self._recv(step, effect.expect_group, current)
+                    t0 = t0 if t0 is not None else time.monotonic()
+                elif isinstance(effect, proto.LoadGroup):
+                    try:
+                        self._load(effect, current, load, res)
+                    except Exception as exc:  # handed to the protocol: recorded and still ACKed
+                        throw = exc
+                elif isinstance(effect, proto.SendAck):
+                    ack = json.dumps({"step": step, "group": effect.group}).encode()
+                    self._io(f"step {step}: sending the ACK of group {effect.group}", lambda: self.sock.send(ack))
+                    current.clear()
+                elif isinstance(effect, proto.Finalize):
+                    self.emit("refit_manifest_check", step=step, role="receiver", peer=self.peer,
+                              **_report_fields(proto.ManifestReport()))
+                    if finalize is not None:
+                        finalize(effect.groups)
+                    res.finalized = True
+                    res.groups = effect.groups
+                    self.emit("refit_finalize", step=step, role="receiver", peer=self.peer, groups=effect.groups)
+        finally:
+            gen.close()
+            self._unmap()
+        res.wall_s = time.monotonic() - (t0 or time.monotonic())
+        return res
+
+    def _recv(self, step: int, expect: int, current: Dict[str, Any]) -> Any:
+        frames = self._io(f"step {step}: waiting for group {expect} (or COMPLETE)", self.sock.recv_multipart)
+        header = json.loads(frames[0])
+        if header.get("step") != step:
+            raise StreamError(f"refit stream from {self.peer}: step {step} expected, message is for step {header.get('step')}")
+        if header["type"] == "complete":
+            return proto.CompleteMessage(int(header["groups"]))
+        current["header"], current["blob"] = header, frames[1] if len(frames) > 1 else b""
+        slots = tuple(proto.Slot.from_wire(s) for s in header["slots"])
+        buffer = header["buffer"] if header["buffer"] == proto.DEDICATED else int(header["buffer"])
+        self.emit("refit_group_recv", step=step, role="receiver", peer=self.peer, group=int(header["group"]),
+                  buffer=str(buffer), bytes=int(header["used"]), names=[s.name for s in slots],
+                  offsets=[s.offset for s in slots])
+        return proto.GroupMessage(int(header["group"]), buffer, slots, int(header["used"]))
+
+    def _staging(self, current: Dict[str, Any]) -> torch.Tensor:
+        header = current["header"]
+        if "shm" in header:
+            path = header["shm"]
+            buf = self._maps.get(path)
+            if buf is None:
+                buf = self._maps[path] = ShmBuffer(int(header["shm_bytes"]), path=path, create=False)
+            return buf.tensor
+        return _open_cuda_handle(current["blob"])
+
+    def _load(self, e: proto.LoadGroup, current: Dict[str, Any], load: Loader, res: ReceiveResult) -> None:
+        t = time.monotonic()
+        staging = self._staging(current)
+        for slot in e.slots:
+            view = staging[slot.offset: slot.offset + slot.nbytes].view(dtype_from_name(slot.dtype)).reshape(slot.shape)
+            load(slot, view)
+        if staging.is_cuda:
+            torch.cuda.synchronize(staging.device)
+        del staging
+        if e.buffer == proto.DEDICATED:  # a one-off buffer: the sender frees it after this ACK
+            self._unmap(current["header"].get("shm"))
+        end = time.monotonic()
+        res.load_s.append(end - t)
+        res.load_intervals.append((t, end))
+        res.bytes += int(current["header"]["used"])
+
+    def _unmap(self, path: Optional[str] = None) -> None:
+        for p in [path] if path else list(self._maps):
+            buf = self._maps.pop(p, None)
+            if buf is not None:
+                buf.close()
+
+
+def _report_fields(report: proto.ManifestReport) -> Dict[str, Any]:
+    return {"missing": report.missing, "duplicate": report.duplicate, "unexpected": report.unexpected,
+            "mismatched": report.mismatched, "layout": report.layout, "load_errors": report.load_errors}
+
+
+def copy_into(weights: Dict[str, torch.Tensor]) -> Loader:
+    """The usual loader: copy each view into the receiver's own tensor of that name."""
+
+    def load(slot: proto.Slot, view: torch.Tensor) -> None:
+        weights[slot.name].copy_(view)
+
+    return load
+
+
+def overlap_seconds(pack: Sequence[Tuple[float, float]], load: Sequence[Tuple[float, float]]) -> float:
+    """Seconds during which the sender was packing while the receiver was loading."""
+    total = 0.0
+    for a0, a1 in pack:
+        for b0, b1 in load:
+            total += max(0.0, min(a1, b1) - max(a0, b0))
+    return total
