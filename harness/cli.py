@@ -61,6 +61,12 @@ def _version() -> str:
         return __version__
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlharness", description="Simulation-backed test harness for RL post-training on shared GPUs.",
                      epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cluster and pipeline registrations, which RLix's log does not carry (docs/trace-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
+    cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine")
+    cal.add_argument("target", choices=["refit"], help="what to calibrate")
+    cal.add_argument("--out", metavar="FILE", default="refit-calibration.json", help="calibration file to write")
+    cal.add_argument("--repeats", type=_positive_int, default=5, metavar="N", help="runs per configuration (median of)")
+    cal.add_argument("--quick", action="store_true", help="a 4-point grid instead of 9")
+    fid = sub.add_parser("fidelity", help="compare simulated refit times with fresh measurements on held-out configurations")
+    fid.add_argument("target", choices=["refit"], help="what to check")
+    fid.add_argument("--calibration", metavar="FILE", required=True, help="file written by `rlharness calibrate refit`")
+    fid.add_argument("--repeats", type=_positive_int, default=5, metavar="N", help="runs per configuration (median of)")
+    fid.add_argument("--strict", action="store_true", help="exit 1 when the error targets are missed")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
     from harness import cli_export, cli_validate
@@ -229,6 +245,18 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     return cmd_fuzz(args, UsageError)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from simulators.refit_fit import cmd_calibrate
+
+    return cmd_calibrate(args.out, args.repeats, args.quick)
+
+
+def _cmd_fidelity(args: argparse.Namespace) -> int:
+    from simulators.refit_fit import cmd_fidelity
+
+    return cmd_fidelity(args.calibration, args.repeats, args.strict)
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     from harness.eventlog.schema import render
 
@@ -261,6 +289,8 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "check": _cmd_check,
     "import": _cmd_import,
     "fuzz": _cmd_fuzz,
+    "calibrate": _cmd_calibrate,
+    "fidelity": _cmd_fidelity,
     "schema": _cmd_schema,
     "validate": _cmd_validate,
     "export": _cmd_export,

@@ -20,9 +20,13 @@ Mixed into :class:`simulators.pipeline.PipelineSim`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, List, Optional
 
 from harness.control.rank_state import RankState
+from harness.refit import stream as proto
 from harness.refit.comm_plan import build_comm_plan
+from simulators.spec import CostSpec
 
 
 class RefitEffects:
@@ -48,40 +52,19 @@ class RefitEffects:
             yield env.timeout(c.nccl_group_create_s)
             sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=group, gpus=[owner] + sorted(bcast))
         staging_owner = f"{self.pid}/sync"
-        n = max(1, math.ceil(self.weight_bytes / c.bucket_bytes))
-        cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(n, 2))  # two ping-pong buffers
         node = cluster.node_of(owner)
         cross_node = any(cluster.node_of(g) != node for g in bcast)
-        # per-bucket loop invariants, looked up once
-        bucket_bytes, load_rate = c.bucket_bytes, c.receiver_load_bytes_per_s
-        staging_link, pcie_rate = cluster.links.h2d[owner], cluster.spec.pcie_bytes_per_s
         if cross_node:
             fabric, fabric_rate = cluster.links.nic[node], cluster.spec.inter_node_bytes_per_s
         else:
             fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
-        acked = self._bucket_acked
-        timeout = env.timeout
-        unacked = None  # (bucket, size) sent and still being loaded by the receivers
-        load_end = env.now
-        for b in range(n):
-            size = min(bucket_bytes, self.weight_bytes - b * bucket_bytes)
-            with staging_link.request() as req:  # staging overlaps the previous bucket's load
-                yield req
-                yield timeout(size / pcie_rate)
-            if unacked is not None:  # at most one un-ACKed group: wait for ACK(b-1) before sending b
-                if load_end > env.now:
-                    yield timeout(load_end - env.now)
-                acked(e, ipc, bcast, *unacked)
-            if bcast:
-                with fabric.request() as req:
-                    yield req
-                    yield timeout(size / fabric_rate)
-            load_end = env.now + size / load_rate
-            unacked = (b, size)
-        if load_end > env.now:
-            yield timeout(load_end - env.now)
-        acked(e, ipc, bcast, *unacked)  # then the final "complete" message
-        cluster.vram.free(owner, staging_owner, "staging")
+        specs = cache_bucket_specs(self.weight_bytes, c.bucket_bytes)
+        yield from stream_sync(
+            env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), StreamCosts.from_costs(c, cluster.spec.pcie_bytes_per_s),
+            staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
+            on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2)),
+            on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
+            on_release=lambda: cluster.vram.free(owner, staging_owner, "staging"))
         if group is not None and not self._strand_sync_group(group, [owner] + sorted(bcast)):
             yield env.timeout(c.nccl_group_destroy_s)
             sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=group, gpus=[owner] + sorted(bcast))
@@ -101,3 +84,103 @@ class RefitEffects:
                 self.sim.log.add({"seq": 0, "t": self.env._now, "kind": "refit_bucket", "pipeline_id": self.pid,
                                   "version": e.version, "bucket": bucket, "transport": transport,
                                   "dp_ranks": list(e.ranks), "bytes": size, "path": e.path})
+
+
+# ------------------------------------------------------------------ the stream, in simulated time
+@dataclass(frozen=True)
+class StreamCosts:
+    """What each effect of the refit stream costs (``CostSpec``'s refit fields, resolved)."""
+
+    pack_bytes_per_s: float
+    load_bytes_per_s: float
+    group_overhead_s: float = 0.0
+    tensor_overhead_s: float = 0.0
+    setup_s: float = 0.0
+    staging_bytes_per_s: float = 0.0
+    complete_s: float = 0.0
+
+    @classmethod
+    def from_costs(cls, c: CostSpec, link_bytes_per_s: float) -> "StreamCosts":
+        return cls(pack_bytes_per_s=c.refit_pack_bytes_per_s or link_bytes_per_s,
+                   load_bytes_per_s=c.receiver_load_bytes_per_s, group_overhead_s=c.refit_group_overhead_s,
+                   tensor_overhead_s=c.refit_tensor_overhead_s, setup_s=c.refit_setup_s,
+                   staging_bytes_per_s=c.refit_staging_bytes_per_s, complete_s=c.refit_complete_s)
+
+
+def cache_bucket_specs(weight_bytes: int, bucket_bytes: int) -> List[proto.TensorSpec]:
+    """The simulator's weights as the stream sees them: the cache's buckets in order, each
+    a bucket-sized unit (the last one shorter), so each is one group of the stream."""
+    n = max(1, math.ceil(weight_bytes / bucket_bytes))
+    sizes = [min(bucket_bytes, weight_bytes - b * bucket_bytes) for b in range(n)]
+    return [proto.TensorSpec(f"bucket{b}", (size,), "uint8", size) for b, size in enumerate(sizes)]
+
+
+def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_link=None, fabric=None,
+                fabric_rate: float = 0.0, on_alloc: Optional[Callable[[int], None]] = None,
+                on_ack: Optional[Callable[[int, int], None]] = None, on_release: Optional[Callable[[], None]] = None):
+    """Interpret :func:`harness.refit.stream.sender` in simulated time (a simpy process body).
+
+    Pack holds the staging link (PCIe H2D on a GPU: concurrent syncs of one owner contend);
+    a sent group is loaded by the receiver while the next one is packed; an ACK arrives
+    when the receiver's load (plus the per-group round trip) is done. Zero costs add no
+    events, so a scenario without the refit cost fields times exactly as before they existed.
+    Returns the number of data groups."""
+    gen = proto.sender(specs, budget_bytes)
+    load_end = {}
+    sizes = {}
+    timeout = env.timeout
+    while True:
+        try:
+            e = next(gen)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(e, proto.AllocBuffers):  # the pair comes from the allocator's cache: a fixed cost
+            if on_alloc is not None:
+                on_alloc(2 * e.half_bytes)
+            if costs.setup_s:
+                yield timeout(costs.setup_s)
+        elif isinstance(e, proto.Pack):
+            t = e.used_bytes / costs.pack_bytes_per_s
+            if costs.tensor_overhead_s:
+                t += len(e.slots) * costs.tensor_overhead_s
+            if staging_link is not None:
+                with staging_link.request() as req:  # staging overlaps the previous group's load
+                    yield req
+                    yield timeout(t)
+            else:
+                yield timeout(t)
+        elif isinstance(e, proto.SendGroup):
+            if fabric is not None:
+                with fabric.request() as req:
+                    yield req
+                    yield timeout(e.used_bytes / fabric_rate)
+            load = e.used_bytes / costs.load_bytes_per_s
+            if costs.tensor_overhead_s:
+                load += len(e.slots) * costs.tensor_overhead_s
+            if costs.group_overhead_s:
+                load += costs.group_overhead_s
+            load_end[e.group] = env.now + load
+            sizes[e.group] = e.used_bytes
+        elif isinstance(e, proto.AwaitAck) and e.group == proto.COMPLETE:
+            if costs.complete_s:
+                yield timeout(costs.complete_s)
+        elif isinstance(e, proto.AwaitAck):
+            if load_end[e.group] > env.now:
+                yield timeout(load_end[e.group] - env.now)
+            if on_ack is not None:
+                on_ack(e.group, sizes[e.group])
+        elif isinstance(e, proto.AllocDedicated) and costs.staging_bytes_per_s:  # fresh, faulted in
+            yield timeout(e.nbytes / costs.staging_bytes_per_s)
+        elif isinstance(e, proto.ReleaseBuffers) and on_release is not None:
+            on_release()
+
+
+def predict_sync_seconds(specs, budget_bytes: int, costs: StreamCosts) -> float:
+    """Simulated wall time of one stream alone (no contention): what ``rlharness fidelity
+    refit`` compares with the real transport's measured sync time."""
+    import simpy
+
+    env = simpy.Environment()
+    env.process(stream_sync(env, specs, budget_bytes, costs))
+    env.run()
+    return env.now

@@ -389,6 +389,13 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     scenario_limits.check_cluster_size(ctx.fail, cluster.nodes, cluster.gpus_per_node)
     topo = ClusterTopology(cluster.nodes, cluster.gpus_per_node)
     costs = _costs(ctx, data["costs"]) if "costs" in data else CostSpec()
+    if vals.get("refit_calibration"):
+        from simulators.calibration import CalibrationError, apply_calibration
+        try:
+            vals["refit_calibration"], costs = apply_calibration(vals["refit_calibration"], source, costs,
+                                                                 explicit=set(data.get("costs") or {}))
+        except CalibrationError as e:
+            raise ctx.fail("refit_calibration", str(e)) from None
     scheduler = _scheduler(ctx, data["scheduler"]) if "scheduler" in data else {}
     defaults = _defaults(ctx, data["defaults"]) if "defaults" in data else {}
 
@@ -495,6 +502,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         "scheduler": dict(s.scheduler),
         "pipelines": pipelines,
         "faults": [_flat_to_mapping(f) for f in s.faults],
+        **({"refit_calibration": s.refit_calibration} if s.refit_calibration else {}),
     }
 
 

@@ -64,6 +64,12 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "cache_pack_bytes_per_s": _r("float", ">0", "bytes/s"),
         "bucket_bytes": _r("int", ">0", "bytes"),
         "receiver_load_bytes_per_s": _r("float", ">0", "bytes/s"),
+        "refit_pack_bytes_per_s": _r("float", ">=0", "bytes/s (0 = PCIe link)"),
+        "refit_group_overhead_s": _r("float", ">=0", "s"),
+        "refit_tensor_overhead_s": _r("float", ">=0", "s"),
+        "refit_setup_s": _r("float", ">=0", "s"),
+        "refit_staging_bytes_per_s": _r("float", ">=0", "bytes/s (0 = free)"),
+        "refit_complete_s": _r("float", ">=0", "s"),
         "kv_cache_fraction": _r("float", "(0,1]", "fraction of free VRAM"),
         "cuda_context_bytes": _r("int", ">=0", "bytes"),
         "post_sleep_residue_bytes": _r("int", ">=0", "bytes"),
@@ -121,6 +127,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "description": _r("str"),
         "seed": _r("int", ">=0"),
         "horizon_s": _r("float", ">0", "simulated s"),
+        "refit_calibration": _r("str"),
         # cluster, costs, scheduler, pipelines, faults: structured
     },
 }

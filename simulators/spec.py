@@ -79,6 +79,13 @@ class CostSpec:
     cache_pack_bytes_per_s: float = 8e9  # building the CPU bucket cache (D2H + pack)
     bucket_bytes: int = 256 * MiB  # explicit bucket size (TASK2 default 256 MiB)
     receiver_load_bytes_per_s: float = 40e9  # receiver copies a staged bucket into weights
+    # The refit stream's remaining costs (harness/refit/stream.py; fitted by `rlharness calibrate refit`):
+    refit_pack_bytes_per_s: float = 0.0  # sender packs a group into its staging buffer; 0 = the PCIe H2D link
+    refit_group_overhead_s: float = 0.0  # per data group: message + ACK round trip
+    refit_tensor_overhead_s: float = 0.0  # per tensor, on each side (a copy call, a view)
+    refit_setup_s: float = 0.0  # per sync: take the two staging buffers (from the allocator's cache)
+    refit_staging_bytes_per_s: float = 0.0  # allocate + first-touch an oversized tensor's fresh buffer; 0 = free
+    refit_complete_s: float = 0.0  # release the buffers, COMPLETE and its ACK
     kv_cache_fraction: float = 0.9  # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
     cuda_context_bytes: int = 500 * MiB  # residue per process on a GPU
     post_sleep_residue_bytes: int = 256 * MiB  # what a sleeping rank keeps (threshold check: < 1 GiB)
@@ -200,6 +207,7 @@ class Scenario:
     scheduler: Dict[str, object] = field(default_factory=dict)  # SchedulerOptions fields
     faults: Tuple[FaultSpec, ...] = ()
     description: str = ""
+    refit_calibration: str = ""  # a calibration file (rlharness calibrate refit) whose costs fill unset costs
 
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")

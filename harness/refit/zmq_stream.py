@@ -145,8 +145,10 @@ class SendResult:
     groups: int
     bytes: int
     wall_s: float
-    staging_s: float
+    staging_s: float  # the ping-pong pair (from the pool after the first sync)
     complete_s: float
+    dedicated_s: float = 0.0  # fresh one-off buffers of oversized tensors
+    dedicated_bytes: int = 0
     timings: List[GroupTiming] = field(default_factory=list)
 
 
@@ -206,6 +208,7 @@ class RefitSender(_Endpoint):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.emit = emit or (lambda kind, **f: None)
         self.single_buffer = single_buffer  # benchmark variant: wait for every ACK before packing the next group
+        self._pool: List[ShmBuffer] = []
 
     def stream(self, named: Sequence[Tuple[str, torch.Tensor]], budget_bytes: int, step: int = 0) -> SendResult:
         specs = [spec_of(n, t) for n, t in named]
@@ -231,7 +234,7 @@ class RefitSender(_Endpoint):
             gen.close()
             for buf in buffers.values():
                 if isinstance(buf, ShmBuffer):
-                    buf.close()
+                    buf.close()  # a failed stream's buffers are never reused: the peer may still map them
             buffers.clear()
         res.wall_s = time.monotonic() - t0
         res.timings = [timings[g] for g in sorted(timings)]
@@ -242,12 +245,13 @@ class RefitSender(_Endpoint):
         if isinstance(e, proto.AllocBuffers):
             t = time.monotonic()
             for b in (0, 1):
-                buffers[b] = self._alloc(e.half_bytes)
+                buffers[b] = self._pooled(e.half_bytes)
             res.staging_s += time.monotonic() - t
         elif isinstance(e, proto.AllocDedicated):
             t = time.monotonic()
             buffers[proto.DEDICATED] = self._alloc(e.nbytes)
-            res.staging_s += time.monotonic() - t
+            res.dedicated_s += time.monotonic() - t
+            res.dedicated_bytes += e.nbytes
         elif isinstance(e, proto.Pack):
             if self.single_buffer and isinstance(self._pending, int):
                 self._await(step, self._pending, timings)  # benchmark variant only: no overlap at all
@@ -295,7 +299,7 @@ class RefitSender(_Endpoint):
             for b in (0, 1):
                 buf = buffers.pop(b)
                 if isinstance(buf, ShmBuffer):
-                    buf.close()
+                    self._pool.append(buf)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         elif isinstance(e, proto.SendComplete):
@@ -323,6 +327,24 @@ class RefitSender(_Endpoint):
             raise StreamError(f"refit stream with {self.peer}: step {step}: expected the ACK of {what}, got {ack}")
         self._pending = None
         self.emit("refit_ack", step=step, role="sender", peer=self.peer, group=str(group))
+
+    def _pooled(self, nbytes: int) -> Any:
+        """A ping-pong buffer: on CPU from the pool of the previous sync's buffers (the CPU
+        stand-in for torch's caching allocator, which makes NeMo RL's per-sync GPU allocation
+        cheap; allocating and faulting in fresh /dev/shm pages costs tens of ms per MiB-sized
+        buffer here). Buffers of another size are freed, so at most one pair is kept."""
+        if self.device.type == "cuda":
+            return self._alloc(nbytes)
+        for buf in [b for b in self._pool if b.nbytes != nbytes]:
+            self._pool.remove(buf)
+            buf.close()
+        return self._pool.pop() if self._pool else self._alloc(nbytes)
+
+    def close(self) -> None:
+        for buf in getattr(self, "_pool", []):
+            buf.close()
+        self._pool = []
+        super().close()
 
     def _alloc(self, nbytes: int) -> Any:
         if self.device.type == "cuda":
@@ -363,6 +385,7 @@ class RefitReceiver(_Endpoint):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.emit = emit or (lambda kind, **f: None)
         self._maps: Dict[str, ShmBuffer] = {}
+        self._used: set = set()
 
     def receive(self, manifest: proto.Manifest, load: Loader, step: int = 0, half_bytes: Optional[int] = None,
                 finalize: Optional[Callable[[int], None]] = None) -> ReceiveResult:
@@ -406,7 +429,9 @@ class RefitReceiver(_Endpoint):
                     self.emit("refit_finalize", step=step, role="receiver", peer=self.peer, groups=effect.groups)
         finally:
             gen.close()
-            self._unmap()
+            for path in [p for p in self._maps if p not in self._used]:
+                self._unmap(path)  # keep only the sender's current (pooled) pair mapped
+            self._used.clear()
         res.wall_s = time.monotonic() - (t0 or time.monotonic())
         return res
 
@@ -429,6 +454,7 @@ class RefitReceiver(_Endpoint):
         header = current["header"]
         if "shm" in header:
             path = header["shm"]
+            self._used.add(path)
             buf = self._maps.get(path)
             if buf is None:
                 buf = self._maps[path] = ShmBuffer(int(header["shm_bytes"]), path=path, create=False)
@@ -450,6 +476,10 @@ class RefitReceiver(_Endpoint):
         res.load_s.append(end - t)
         res.load_intervals.append((t, end))
         res.bytes += int(current["header"]["used"])
+
+    def close(self) -> None:
+        self._unmap()
+        super().close()
 
     def _unmap(self, path: Optional[str] = None) -> None:
         for p in [path] if path else list(self._maps):

@@ -1,0 +1,90 @@
+"""Refit calibration: the fit recovers known costs, the file feeds a scenario, bad files
+are one clear error, and the CLI runs the real transport end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from harness.refit.measure import Measurement, synthetic_specs
+from simulators import refit_fit
+from simulators.calibration import CALIBRATED_COSTS, load_calibration, write_calibration
+from simulators.scenario import ScenarioError, scenario_from_mapping
+
+MiB = 1 << 20
+KNOWN = {"refit_pack_bytes_per_s": 3e9, "receiver_load_bytes_per_s": 2e9, "refit_tensor_overhead_s": 2e-5,
+         "refit_setup_s": 1e-3, "refit_staging_bytes_per_s": 5e8, "cache_pack_bytes_per_s": 1e9,
+         "refit_group_overhead_s": 4e-4, "refit_complete_s": 2e-3}
+
+
+def fake_points(grid, costs):
+    """Grid points whose 'measurements' are what the model predicts for known costs."""
+    points = []
+    for model, budget in grid:
+        specs = synthetic_specs(model)
+        wall = refit_fit.predict(specs, budget, costs)
+        m = Measurement(sum(s.nbytes for s in specs), budget, 0, len(specs), wall_s=[wall, wall * 1.01],
+                        staging_s=[costs["refit_setup_s"]], cache_build_s=[sum(s.nbytes for s in specs) / 1e9],
+                        pack_s=[sum(s.nbytes for s in specs) / 3e9], load_s=[sum(s.nbytes for s in specs) / 2e9],
+                        dedicated_s=[1e-3], dedicated_bytes=int(5e5))
+        points.append((specs, m))
+    return points
+
+
+def test_fit_reproduces_held_out_predictions_of_known_costs():
+    fitted = refit_fit.fit(fake_points(refit_fit.GRID, KNOWN))
+    assert set(fitted) == set(CALIBRATED_COSTS)
+    for model, budget in refit_fit.HELD_OUT:
+        specs = synthetic_specs(model)
+        truth, got = refit_fit.predict(specs, budget, KNOWN), refit_fit.predict(specs, budget, fitted)
+        assert abs(got / truth - 1) < 0.10, (model, budget, truth, got)
+    assert fitted["cache_pack_bytes_per_s"] == pytest.approx(1e9, rel=0.02)
+
+
+def test_a_scenario_takes_calibrated_costs_unless_it_pins_them(tmp_path):
+    cal = tmp_path / "cal.json"
+    write_calibration(str(cal), KNOWN, machine={"host": "test"})
+    body = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 2}, "refit_calibration": "cal.json",
+            "costs": {"refit_setup_s": 0.5},
+            "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]}]}
+    scenario_file = tmp_path / "scenario.yaml"
+    scenario_file.write_text("x: 1\n")  # the source names a real file: the calibration is found beside it
+    s = scenario_from_mapping(body, str(scenario_file))
+    assert s.costs.receiver_load_bytes_per_s == 2e9 and s.costs.refit_group_overhead_s == 4e-4
+    assert s.costs.refit_setup_s == 0.5  # the scenario's own value wins
+    assert s.refit_calibration == str(cal)
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("{", "not JSON"),
+    (json.dumps({"format": "other"}), "not a refit calibration file"),
+    (json.dumps({"format": "rlharness-refit-calibration", "version": 1, "costs": {"wake_s": 1.0}}), "costs.wake_s: not a calibrated cost"),
+    (json.dumps({"format": "rlharness-refit-calibration", "version": 1, "costs": {"refit_setup_s": -1}}), "costs.refit_setup_s: expected a non-negative"),
+])
+def test_a_bad_calibration_file_is_one_clear_scenario_error(tmp_path, content, problem):
+    cal = tmp_path / "cal.json"
+    cal.write_text(content)
+    body = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 1}, "refit_calibration": str(cal),
+            "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0]}]}
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_mapping(body, "x.yaml")
+    assert "refit_calibration" in str(info.value) and problem in str(info.value)
+    with pytest.raises(Exception):
+        load_calibration(str(tmp_path / "missing.json"))
+
+
+def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, capsys):
+    from harness.cli import main
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "refit", "--quick", "--repeats", "1", "--out", str(out)]) == 0
+    costs = load_calibration(str(out))
+    assert all(v >= 0 and math.isfinite(v) for v in costs.values())
+    assert main(["fidelity", "refit", "--calibration", str(out), "--repeats", "1"]) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
+    assert len(rows) >= 4 + len(refit_fit.HELD_OUT)  # the calibration table and the fidelity table
+    assert "median |error|" in text and "worst |error|" in text
+    assert main(["fidelity", "refit", "--calibration", str(tmp_path / "nope.json")]) == 2
+    assert main(["calibrate", "refit", "--repeats", "0"]) == 2
