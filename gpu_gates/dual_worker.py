@@ -6,7 +6,8 @@ commands are what the harness control logic's effects become on real hardware: a
 training step on a small mixed-dtype model, a real CPU bucket cache, a real dynamic
 process group per sync (owner + broadcast targets, created with local synchronization so
 only its members take part, destroyed after the sync), IPC for targets declared on the
-owner's device, and SHA-256 digests compared bit for bit on the receivers.
+owner's device (the refit stream, ``gpu_gates/ipc.py``), and SHA-256 digests compared
+bit for bit on the receivers.
 """
 
 from __future__ import annotations
@@ -99,7 +100,6 @@ class Worker:
         self.cache: Optional[VersionedBucketCache] = None
         self.train_group: Any = None
         self.held_version: Optional[int] = None
-        self.transport = ipc.CUDA_IPC if ctx.device.type == "cuda" else ipc.CPU_SERIALIZE
         if self.role == "trainer":
             self.model = TinyModel(TRAIN_SEEDS[self.pipeline]).to(ctx.device)
             self.cache = VersionedBucketCache()
@@ -178,13 +178,15 @@ class Worker:
         with self.cache.reading() as buckets:
             if self.cache.active_version != version:
                 raise RuntimeError(f"sync of version {version} but the active cache is {self.cache.active_version}")
-            for i, record in enumerate(buckets):
+            for i, record in enumerate(buckets if group is not None else []):
                 staging = record.buffer.to(ctx.device, copy=True)
-                ipc.send_bucket_to_targets(
-                    ctx, self.transport, record, staging, key_prefix=f"dual/{sync_id}", sync_id=sync_id, bucket=i,
-                    version=version, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks,
-                    broadcast=None if group is None else (lambda t: group.broadcast(t, src=ctx.rank)))
+                ipc.broadcast_bucket(ctx, record, staging, key_prefix=f"dual/{sync_id}", bucket=i, version=version,
+                                     broadcast_ranks=bcast_ranks, broadcast=lambda t: group.broadcast(t, src=ctx.rank))
                 sent += record.used_bytes
+            budget = ipc.stream_budget(max(b.used_bytes for b in buckets))
+            for r in ipc_ranks:
+                sent += ipc.stream_to(ctx, sync_id, r, ipc.cache_tensors(buckets), budget, version,
+                                      timeout_s=max(5.0, ctx.remaining_s() - 1.0)).bytes
         if group is not None:
             group.close()
         ctx.emit("sync_end", version=version, ok=True)
@@ -201,17 +203,20 @@ class Worker:
         ctx = self.ctx
         ctx.put(f"dual/{sync_id}/ready/r{ctx.rank}", b"1")  # the owner waits for this before its group rendezvous
         manifest = json.loads(ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
-        group = None if via_ipc else SyncGroup(ctx, sync_id, members)
+        if via_ipc:
+            budget = ipc.stream_budget(max(b["used_bytes"] for b in manifest["buckets"]))
+            ipc.receive_from(ctx, sync_id, ipc.manifest_of_buckets(manifest["buckets"]), ipc.load_into(self.model),
+                             budget, version, owner, timeout_s=max(5.0, ctx.remaining_s() - 1.0))
+            self.held_version = version
+            return version
+        group = SyncGroup(ctx, sync_id, members)
         for i, meta in enumerate(manifest["buckets"]):
-            if via_ipc:
-                record = ipc.receive_bucket(ctx.wait_get(f"dual/{sync_id}/b{i}/r{ctx.rank}", f"IPC bucket {i}"))
-            else:
-                buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
-                group.broadcast(buffer, src=owner)
-                record = BucketRecord.from_metadata(meta, buffer.cpu())
+            buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
+            group.broadcast(buffer, src=owner)
+            record = BucketRecord.from_metadata(meta, buffer.cpu())
             self.model.load_named(unpack_bucket(record))
             ctx.put(f"dual/{sync_id}/ack{i}/r{ctx.rank}", b"1")
-            ctx.emit("bucket_recv", version=version, bucket=i, bytes=record.used_bytes, path="ipc" if via_ipc else "broadcast")
+            ctx.emit("bucket_recv", version=version, bucket=i, bytes=record.used_bytes, path="broadcast")
         if group is not None:
             group.close()
         self.held_version = version

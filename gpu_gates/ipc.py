@@ -1,129 +1,119 @@
-"""Same-device bucket transport: CUDA IPC on GPU, ``cpu_serialize`` over tmpfs elsewhere.
+"""The refit gates' two transports from the CPU bucket cache: same-device stream and broadcast.
 
 A receiver on the sender's own GPU cannot join the broadcast group (NCCL refuses two
-ranks on one device), so it gets each bucket through IPC, as in RLix's comm plan:
+ranks on one device), so it is served by the colocated refit stream — the one protocol
+of ``harness/refit/stream.py`` over ``harness/refit/zmq_stream.py`` (pyzmq REQ/REP on a
+private ``ipc://`` endpoint, two ping-pong staging buffers, at most one group un-ACKed,
+COMPLETE, manifest check; CUDA IPC handles on GPU, ``/dev/shm`` buffers on CPU), exactly
+as the refit gate runs it. Every other target gets the cache bucket by bucket over the
+per-sync broadcast group, each bucket ACKed through the store before the next.
 
-* ``cuda_ipc``: the sender shares its staging tensor's CUDA IPC handle (torch's own
-  reducer), the receiver opens it and copies out; the sender keeps the staging buffer
-  alive until the receiver's ACK.
-* ``cpu_serialize``: the sender ``torch.save``s the bucket (metadata + CPU bytes) to a
-  file on ``/dev/shm`` (a temp folder where there is none) and the receiver loads it; the
-  sender deletes the file after the ACK and checks that no file of the sync is left
-  (a tmpfs leak is a host-RAM leak).
-
-Only the small handle or file path travels through the TCP store; the bytes never touch
-a gloo or NCCL group. Messages are pickled (a CUDA IPC handle is a pickled reducer): the
-store belongs to this job only, so nothing outside the job can inject one.
+Endpoints are one per (sender, receiver) pair of a sync, named from the job's store port
+and the sync id, so both sides derive them without a message; the socket file goes when
+the sender closes.
 """
 
 from __future__ import annotations
 
-import glob
-import io
+import hashlib
 import os
-import pickle
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness.refit.bucket_cache import BucketRecord
+from harness.refit import stream as proto
+from harness.refit import zmq_stream as zs
+from harness.refit.bucket_cache import BucketRecord, unpack_bucket
 
-CUDA_IPC = "cuda_ipc"
-CPU_SERIALIZE = "cpu_serialize"
-FILE_PREFIX = "rlharness_bucket_"
-
-#: tmpfs files this process created and has not removed yet: a rank that finishes on any
-#: path (passed, failed, timed out, SIGTERM) removes them (:func:`remove_own_files`)
-_OWN_FILES: Set[str] = set()
-
-
-SHM_DIR_ENV = "RLHARNESS_SHM_DIR"  # where staging files go instead of /dev/shm (tests use a private folder)
-
-
-def shm_dir() -> str:
-    chosen = os.environ.get(SHM_DIR_ENV)
-    if chosen:
-        return chosen
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def _file_for(sync_id: str, bucket: int, receiver: int) -> str:
-    safe = sync_id.replace("/", "_")
-    return os.path.join(shm_dir(), f"{FILE_PREFIX}{safe}_{bucket}_r{receiver}_{os.getpid()}.pt")
-
-
-def send_bucket(transport: str, record: BucketRecord, staging: torch.Tensor, sync_id: str,
-                bucket: int, receiver: int) -> Tuple[bytes, List[str]]:
-    """Return ``(message for the store, files the sender must delete after the ACK)``."""
-    meta = record.metadata()
-    if transport == CUDA_IPC:
-        from torch.multiprocessing.reductions import reduce_tensor
-        rebuild, args = reduce_tensor(staging)
-        return pickle.dumps({"transport": CUDA_IPC, "meta": meta, "handle": (rebuild, args)}), []
-    path = _file_for(sync_id, bucket, receiver)
-    tmp = path + ".tmp"
-    _OWN_FILES.update((path, tmp))
-    buf = io.BytesIO()
-    torch.save({"meta": meta, "buffer": staging.detach().to("cpu")}, buf)
-    with open(tmp, "wb") as fh:
-        fh.write(buf.getvalue())
-    os.replace(tmp, path)
-    _OWN_FILES.discard(tmp)
-    return pickle.dumps({"transport": CPU_SERIALIZE, "path": path}), [path]
-
-
-def receive_bucket(message: bytes) -> BucketRecord:
-    """Open what :func:`send_bucket` produced and return a record with a private CPU buffer."""
-    payload: Dict[str, Any] = pickle.loads(message)
-    if payload["transport"] == CUDA_IPC:
-        rebuild, args = payload["handle"]
-        shared = rebuild(*args)
-        buffer = shared.to("cpu", copy=True)
-        del shared
-        return BucketRecord.from_metadata(payload["meta"], buffer)
-    blob = torch.load(payload["path"], map_location="cpu", weights_only=True)
-    return BucketRecord.from_metadata(blob["meta"], blob["buffer"].clone())
-
-
-def leftover_files(sync_id: str) -> List[str]:
-    safe = sync_id.replace("/", "_")
-    return sorted(glob.glob(os.path.join(shm_dir(), f"{FILE_PREFIX}{safe}_*")))
-
-
-def remove_files(paths: List[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        _OWN_FILES.discard(path)
+STREAM = "zmq_stream"
+SHM_DIR_ENV = zs.SHM_DIR_ENV  # staging files go here instead of /dev/shm (tests use a private folder)
 
 
 def remove_own_files() -> List[str]:
-    """Remove every tmpfs file this process created and still owns (a sync cut short by a
-    failure, a timeout or a signal never reached its ACKs). Returns what was removed."""
-    left = sorted(p for p in _OWN_FILES if os.path.exists(p))
-    remove_files(sorted(_OWN_FILES))
-    return left
+    """Every exit path of a gate rank: unlink the staging files a cut-short stream left."""
+    return zs.remove_own_files()
 
 
-def send_bucket_to_targets(ctx: Any, transport: str, record: BucketRecord, staging: torch.Tensor, *,
-                           key_prefix: str, sync_id: str, bucket: int, version: int, ipc_ranks: List[int],
-                           broadcast_ranks: List[int], broadcast: Optional[Callable[[torch.Tensor], None]]) -> None:
-    """One bucket of a selective sync, owner side: hand it to the IPC receivers through the
-    store, broadcast it to the group, wait for every target's ACK, drop the tmpfs files,
-    record the send. Both refit gates speak exactly this protocol."""
-    files: List[str] = []
-    for r in ipc_ranks:
-        message, made = send_bucket(transport, record, staging, sync_id, bucket, r)
-        files += made
-        ctx.put(f"{key_prefix}/b{bucket}/r{r}", message)
-    if broadcast is not None:
-        broadcast(staging)
-    for r in sorted(ipc_ranks + broadcast_ranks):
+def endpoint_for(ctx: Any, sync_id: str, receiver: int) -> str:
+    """``ipc://`` path of one receiver's stream for one sync (short: a unix socket path
+    is limited to ~107 bytes)."""
+    digest = hashlib.sha1(f"{ctx.env.master_port}/{sync_id}".encode()).hexdigest()[:12]
+    return f"ipc://{tempfile.gettempdir()}/rlh-{digest}-r{receiver}.sock"
+
+
+def stream_budget(bucket_size_bytes: int) -> int:
+    """Two ping-pong buffers of one bucket each: no cache tensor is ever oversized."""
+    return 2 * max(proto.align_up(bucket_size_bytes), proto.ALIGNMENT_BYTES)
+
+
+def cache_tensors(buckets: Sequence[BucketRecord], corrupt_bucket: Optional[int] = None) -> List[Tuple[str, torch.Tensor]]:
+    """The cache's tensors in bucket order; ``corrupt_bucket`` (test hook) flips the first
+    byte of that bucket's first tensor, the damage the broadcast path's hook does."""
+    named: List[Tuple[str, torch.Tensor]] = []
+    for i, record in enumerate(buckets):
+        tensors = unpack_bucket(record)
+        if i == corrupt_bucket and tensors:
+            raw = tensors[0][1].reshape(-1).view(torch.uint8)
+            raw[0] ^= 0xFF
+        named += tensors
+    return named
+
+
+def stream_to(ctx: Any, sync_id: str, receiver: int, named: Sequence[Tuple[str, torch.Tensor]], budget: int,
+              version: int, timeout_s: float) -> zs.SendResult:
+    """Owner side: stream the cache to one colocated receiver; raises on a timeout or a
+    broken peer (the error names the peer, the step and the group)."""
+    endpoint = endpoint_for(ctx, sync_id, receiver)
+    sender = zs.RefitSender(endpoint, peer=f"rank {receiver}", timeout_s=timeout_s, device=ctx.device, emit=ctx.emit)
+    try:
+        return sender.stream(named, budget, step=version)
+    finally:
+        sender.close()
+        _remove(endpoint)
+
+
+def receive_from(ctx: Any, sync_id: str, manifest: Dict[str, Tuple[Tuple[int, ...], str]],
+                 load: Callable[[proto.Slot, torch.Tensor], None], budget: int, version: int, owner: int,
+                 timeout_s: float) -> zs.ReceiveResult:
+    """Receiver side: connect, load every group through ``load``, finalize only a complete
+    transfer (a manifest problem raises after the COMPLETE was ACKed)."""
+    receiver = zs.RefitReceiver(endpoint_for(ctx, sync_id, ctx.rank), peer=f"rank {owner}", timeout_s=timeout_s,
+                                device=ctx.device, emit=ctx.emit)
+    try:
+        return receiver.receive(manifest, load, step=version, half_bytes=proto.half_buffer_bytes(budget))
+    finally:
+        receiver.close()
+
+
+def load_into(model: Any) -> Callable[[proto.Slot, torch.Tensor], None]:
+    """A loader that copies each received view into the model's tensor of that name."""
+    state = model.state_dict()
+
+    def load(slot: proto.Slot, view: torch.Tensor) -> None:
+        state[slot.name].copy_(view)
+
+    return load
+
+
+def manifest_of_buckets(buckets_meta: Sequence[Dict[str, Any]]) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+    """``{name: (shape, dtype)}`` from the cache manifest's bucket metadata."""
+    return {n: (tuple(s), d) for b in buckets_meta for n, s, d in zip(b["param_names"], b["shapes"], b["dtypes"])}
+
+
+def _remove(endpoint: str) -> None:
+    try:
+        os.unlink(endpoint[len("ipc://"):])
+    except FileNotFoundError:
+        pass
+
+
+def broadcast_bucket(ctx: Any, record: BucketRecord, staging: torch.Tensor, *, key_prefix: str, bucket: int,
+                     version: int, broadcast_ranks: List[int], broadcast: Callable[[torch.Tensor], None]) -> None:
+    """One bucket over the sync group, owner side: broadcast it, wait for every target's
+    ACK through the store, record the send. Both refit gates use exactly this step."""
+    broadcast(staging)
+    for r in sorted(broadcast_ranks):
         ctx.wait_get(f"{key_prefix}/ack{bucket}/r{r}", f"ACK of bucket {bucket} from rank {r}")
-    remove_files(files)
-    for path, ranks in (("ipc", ipc_ranks), ("broadcast", broadcast_ranks)):
-        if ranks:
-            ctx.emit("bucket_send", version=version, bucket=bucket, bytes=record.used_bytes, path=path, targets=ranks)
+    ctx.emit("bucket_send", version=version, bucket=bucket, bytes=record.used_bytes, path="broadcast",
+             targets=sorted(broadcast_ranks))

@@ -8,13 +8,14 @@ inference receivers (dp rank = rank - 2). Every cycle:
 1. both trainers take the same deterministic "train step"; the owner packs the state
    into a versioned CPU bucket cache (explicit bucket size) and promotes it;
 2. the comm plan (``harness.refit.comm_plan``) sends receivers declared colocated with
-   the owner over IPC (CUDA IPC on GPU, ``cpu_serialize`` via tmpfs on CPU) and the
+   the owner over the refit stream (``gpu_gates/ipc.py``: ZMQ ping-pong buffers, CUDA
+   IPC handles on GPU, ``/dev/shm`` buffers on CPU; invariant 18 on its records) and the
    others over a dynamic group = owner + broadcast targets, a proper subset of the world,
    created for this sync, used bucket by bucket with a staging copy, then destroyed;
 3. targets compare per-tensor SHA-256 digests with the owner's (bit-exact or fail, the
    failure names tensor and bucket); non-targets must be untouched; targets alternate
    (all, then without the first receiver, then without the last, ...);
-4. no process group and no tmpfs file survives the cycle; on GPU device memory may not
+4. no process group and no staging file survives the cycle; on GPU device memory may not
    grow by more than ``--max-vram-growth-mib`` between the first and last cycle.
 """
 
@@ -39,6 +40,7 @@ from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # n
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.refit.bucket_cache import (  # noqa: E402
     BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket)
+from harness.refit import zmq_stream as zs  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
 
 OWNER, TRAINER, FIRST_RECEIVER = 0, 1, 2
@@ -57,8 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="explicit bucket size (the cache has no default on purpose)")
     parser.add_argument("--colocated-ranks", type=_rank_list, default=[2],
                         help="receiver ranks declared on the owner's device -> IPC path ('' for none)")
-    parser.add_argument("--ipc-transport", choices=["auto", ipc.CUDA_IPC, ipc.CPU_SERIALIZE], default="auto",
-                        help="auto: cuda_ipc on GPU, cpu_serialize on CPU")
     parser.add_argument("--max-vram-growth-mib", type=float, default=64.0)
 
 
@@ -95,9 +95,7 @@ class SyncState:
         self.cache = VersionedBucketCache() if ctx.rank == OWNER else None
         self.prev_digests: Optional[Dict[str, str]] = None
         self.held_version: Optional[int] = None
-        self.transport = ctx.args.ipc_transport
-        if self.transport == "auto":
-            self.transport = ipc.CUDA_IPC if ctx.device.type == "cuda" else ipc.CPU_SERIALIZE
+        self.transport = ipc.STREAM
 
     def digests(self) -> Dict[str, str]:
         return state_digests((n, t.detach().cpu()) for n, t in self.model.named_state())
@@ -125,50 +123,60 @@ def owner_build(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
 
 def owner_send(ctx: GateContext, st: SyncState, cycle: int, targets: List[int], ipc_ranks: List[int],
                group: Any) -> Dict[str, Any]:
-    sync_id = f"{ctx.env.master_port}_{os.getpid()}_c{cycle}"
+    sync_id = f"selective_sync_c{cycle}"
     corrupt = ctx.hooks.get("corrupt_byte")
     corrupt_bucket = int(corrupt.arg) if corrupt and corrupt.arg else 1
     sent = 0
+    bcast_ranks = [r for r in targets if r not in ipc_ranks]
     with st.cache.reading() as buckets:  # build/promote are locked out for the whole sync
-        for i, record in enumerate(buckets):
-            ctx.set_phase(f"cycle {cycle}: send bucket {i}")
+        damaged = min(corrupt_bucket, len(buckets) - 1) if corrupt is not None and cycle == 0 else None
+        for i, record in enumerate(buckets if group is not None else []):
+            ctx.set_phase(f"cycle {cycle}: broadcast bucket {i}")
             staging = record.buffer.to(ctx.device, copy=True)  # per-bucket staging copy
-            if corrupt is not None and cycle == 0 and i == min(corrupt_bucket, len(buckets) - 1):
+            if i == damaged:
                 staging[record.offsets[0]] ^= 0xFF  # test hook: damage the first byte of the first tensor
-            ipc.send_bucket_to_targets(
-                ctx, st.transport, record, staging, key_prefix=f"sync{cycle}", sync_id=sync_id, bucket=i,
-                version=cycle, ipc_ranks=ipc_ranks, broadcast_ranks=[r for r in targets if r not in ipc_ranks],
-                broadcast=None if group is None else (lambda t: dist.broadcast(t, src=OWNER, group=group)))
+            ipc.broadcast_bucket(ctx, record, staging, key_prefix=f"sync{cycle}", bucket=i, version=cycle,
+                                 broadcast_ranks=bcast_ranks, broadcast=lambda t: dist.broadcast(t, src=OWNER, group=group))
             sent += record.used_bytes
             del staging
+        for r in ipc_ranks:
+            ctx.set_phase(f"cycle {cycle}: stream to rank {r}")
+            res = ipc.stream_to(ctx, sync_id, r, ipc.cache_tensors(buckets, damaged), ipc.stream_budget(
+                ctx.args.bucket_size_bytes), cycle, timeout_s=max(5.0, ctx.remaining_s() - 1.0))
+            sent += res.bytes
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-    leftovers = ipc.leftover_files(sync_id)
-    ctx.check("no_tmpfs_leftovers", not leftovers, f"cycle {cycle}: IPC files left behind: {leftovers}")
-    ipc.remove_files(leftovers)
+    leftovers = zs.leftover_shm(os.getpid())
+    ctx.check("no_shm_leftovers", not leftovers, f"cycle {cycle}: staging files left behind: {leftovers}")
     return {"buckets": len(buckets), "bytes": sent}
 
 
 def receiver_recv(ctx: GateContext, st: SyncState, cycle: int, manifest: Dict[str, Any], via_ipc: bool,
                   group: Any, target: bool = True, in_broadcast: bool = False) -> None:
-    """Receive every bucket. A member of the broadcast group that is not a broadcast
-    target (only with a wrong, too large group) must still join each broadcast — a
-    collective needs every member — and drops what it got."""
+    """Receive the sync. A member of the broadcast group that is not a broadcast target
+    (an IPC target, or anyone in a wrong, too large group) must still join each broadcast
+    — a collective needs every member — and drops what it got; an IPC target then takes
+    the refit stream."""
+    if in_broadcast and (via_ipc or not target):
+        for meta in manifest["buckets"]:
+            dist.broadcast(torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device), src=OWNER, group=group)
+    if not target:
+        return
+    if via_ipc:
+        ctx.set_phase(f"cycle {cycle}: receive the stream")
+        res = ipc.receive_from(ctx, f"selective_sync_c{cycle}", ipc.manifest_of_buckets(manifest["buckets"]),
+                               ipc.load_into(st.model), ipc.stream_budget(ctx.args.bucket_size_bytes), cycle, OWNER,
+                               timeout_s=max(5.0, ctx.remaining_s() - 1.0))
+        ctx.check("stream_finalized", res.finalized, f"cycle {cycle}: the stream ended without finalizing")
+        return
     for i, meta in enumerate(manifest["buckets"]):
         ctx.set_phase(f"cycle {cycle}: receive bucket {i}")
-        if in_broadcast and (via_ipc or not target):
-            dist.broadcast(torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device), src=OWNER, group=group)
-        if not target:
-            continue
-        if via_ipc:
-            record = ipc.receive_bucket(ctx.wait_get(f"sync{cycle}/b{i}/r{ctx.rank}", f"IPC bucket {i}"))
-        else:
-            buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
-            dist.broadcast(buffer, src=OWNER, group=group)
-            record = BucketRecord.from_metadata(meta, buffer.cpu())
+        buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
+        dist.broadcast(buffer, src=OWNER, group=group)
+        record = BucketRecord.from_metadata(meta, buffer.cpu())
         st.model.load_named(unpack_bucket(record))
         ctx.put(f"sync{cycle}/ack{i}/r{ctx.rank}", b"1")
-        ctx.emit("bucket_recv", version=cycle, bucket=i, bytes=record.used_bytes, path="ipc" if via_ipc else "broadcast")
+        ctx.emit("bucket_recv", version=cycle, bucket=i, bytes=record.used_bytes, path="broadcast")
 
 
 def compare_digests(ctx: GateContext, cycle: int, mine: Dict[str, str], manifest: Dict[str, Any], what: str) -> bool:

@@ -61,8 +61,28 @@ class StreamError(RuntimeError):
     """The socket failed (not a timeout), or the peer broke the protocol."""
 
 
+SHM_DIR_ENV = "RLHARNESS_SHM_DIR"  # where staging files go instead of /dev/shm (tests use a private folder)
+_OWN_FILES: set = set()  # staging files this process created and has not unlinked yet
+
+
 def shm_dir() -> str:
+    chosen = os.environ.get(SHM_DIR_ENV)
+    if chosen:
+        return chosen
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def remove_own_files() -> List[str]:
+    """Unlink every staging file this process still owns (a stream cut short by a signal or
+    a watchdog never reached its ``finally``); returns what was removed."""
+    left = sorted(p for p in _OWN_FILES if os.path.exists(p))
+    for path in list(_OWN_FILES):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        _OWN_FILES.discard(path)
+    return left
 
 
 def leftover_shm(owner_pid: Optional[int] = None) -> List[str]:
@@ -90,6 +110,8 @@ class ShmBuffer:
         self.path = path or os.path.join(shm_dir(), f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}")
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(self.path, flags, 0o600)
+        if create:
+            _OWN_FILES.add(self.path)
         try:
             if create:
                 os.ftruncate(fd, max(nbytes, 1))
@@ -112,6 +134,7 @@ class ShmBuffer:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            _OWN_FILES.discard(self.path)
 
 
 def _cuda_handle(buf: torch.Tensor) -> bytes:

@@ -21,7 +21,7 @@ def test_selective_sync_passes_with_ipc_and_broadcast_paths(gate_runner):
     assert (cycles["cycle 0"]["ipc_ranks"], cycles["cycle 0"]["broadcast_ranks"]) == ([2], [3])
     assert cycles["cycle 1"]["targets"] == [3] and cycles["cycle 2"]["targets"] == [2]
     assert all(c["status"] == "passed" and c["buckets"] >= 2 for c in cycles.values())
-    assert report["summary"]["ipc_transport"] == ["cpu_serialize"]
+    assert report["summary"]["ipc_transport"] == ["zmq_stream"]
     bit_exact = run.checks("bit_exact")
     assert len(bit_exact) == 4 and all(c["passed"] for c in bit_exact)
     untouched = run.checks("non_target_untouched")
@@ -75,7 +75,8 @@ def test_hung_rank_ends_in_failed_report_within_timeout(gate_runner):
                       timeout_s=45)
     report = run.report
     assert report["status"] == "failed" and run.returncode != 0
-    assert "timed out" in report["message"]
+    # the watchdog's "timed out", or the owner's refit stream naming the silent peer
+    assert "timed out" in report["message"] or "refit stream with rank 2" in report["message"], report["message"]
     hung = next(r for r in report["ranks"] if r["rank"] == 2)
     assert "test hook hang@cycle_begin" in hung["phase"]
     assert report["elapsed_s"] < 6 + 8
