@@ -98,9 +98,7 @@ class AllocDedicated:
 
 
 @dataclass(frozen=True)
-class Pack:
-    """Copy these tensors into ``buffer`` at their slots (the sender's copy)."""
-
+class _GroupEffect:
     group: int
     buffer: BufferId
     slots: Tuple[Slot, ...]
@@ -111,16 +109,13 @@ class Pack:
 
 
 @dataclass(frozen=True)
-class SendGroup:
+class Pack(_GroupEffect):
+    """Copy these tensors into ``buffer`` at their slots (the sender's copy)."""
+
+
+@dataclass(frozen=True)
+class SendGroup(_GroupEffect):
     """Send one data group: the buffer and its slots; the receiver loads, then ACKs."""
-
-    group: int
-    buffer: BufferId
-    slots: Tuple[Slot, ...]
-
-    @property
-    def used_bytes(self) -> int:
-        return used_bytes(self.slots)
 
 
 @dataclass(frozen=True)
