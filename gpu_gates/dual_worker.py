@@ -186,7 +186,7 @@ class Worker:
             budget = ipc.stream_budget(max(b.used_bytes for b in buckets))
             for r in ipc_ranks:
                 sent += ipc.stream_to(ctx, sync_id, r, ipc.cache_tensors(buckets), budget, version,
-                                      timeout_s=max(5.0, ctx.remaining_s() - 1.0)).bytes
+                                      timeout_s=ipc.stream_timeout(ctx)).bytes
         if group is not None:
             group.close()
         ctx.emit("sync_end", version=version, ok=True)
@@ -206,7 +206,7 @@ class Worker:
         if via_ipc:
             budget = ipc.stream_budget(max(b["used_bytes"] for b in manifest["buckets"]))
             ipc.receive_from(ctx, sync_id, ipc.manifest_of_buckets(manifest["buckets"]), ipc.load_into(self.model),
-                             budget, version, owner, timeout_s=max(5.0, ctx.remaining_s() - 1.0))
+                             budget, version, owner, timeout_s=ipc.stream_timeout(ctx))
             self.held_version = version
             return version
         group = SyncGroup(ctx, sync_id, members)

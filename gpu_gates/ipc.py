@@ -42,6 +42,13 @@ def endpoint_for(ctx: Any, sync_id: str, receiver: int) -> str:
     return f"ipc://{tempfile.gettempdir()}/rlh-{digest}-r{receiver}.sock"
 
 
+def stream_timeout(ctx: Any) -> float:
+    """Socket timeout of a gate's stream: past the rank's watchdog deadline, like the
+    gates' collectives, so a hung peer is reported by the watchdog with every rank's phase
+    rather than as a knock-on stream error (the refit gate tests the stream's own timeout)."""
+    return max(5.0, ctx.remaining_s() + 10.0)
+
+
 def stream_budget(bucket_size_bytes: int) -> int:
     """Two ping-pong buffers of one bucket each: no cache tensor is ever oversized."""
     return 2 * max(proto.align_up(bucket_size_bytes), proto.ALIGNMENT_BYTES)

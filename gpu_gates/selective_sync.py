@@ -142,7 +142,7 @@ def owner_send(ctx: GateContext, st: SyncState, cycle: int, targets: List[int], 
         for r in ipc_ranks:
             ctx.set_phase(f"cycle {cycle}: stream to rank {r}")
             res = ipc.stream_to(ctx, sync_id, r, ipc.cache_tensors(buckets, damaged), ipc.stream_budget(
-                ctx.args.bucket_size_bytes), cycle, timeout_s=max(5.0, ctx.remaining_s() - 1.0))
+                ctx.args.bucket_size_bytes), cycle, timeout_s=ipc.stream_timeout(ctx))
             sent += res.bytes
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
@@ -166,7 +166,7 @@ def receiver_recv(ctx: GateContext, st: SyncState, cycle: int, manifest: Dict[st
         ctx.set_phase(f"cycle {cycle}: receive the stream")
         res = ipc.receive_from(ctx, f"selective_sync_c{cycle}", ipc.manifest_of_buckets(manifest["buckets"]),
                                ipc.load_into(st.model), ipc.stream_budget(ctx.args.bucket_size_bytes), cycle, OWNER,
-                               timeout_s=max(5.0, ctx.remaining_s() - 1.0))
+                               timeout_s=ipc.stream_timeout(ctx))
         ctx.check("stream_finalized", res.finalized, f"cycle {cycle}: the stream ended without finalizing")
         return
     for i, meta in enumerate(manifest["buckets"]):

@@ -75,8 +75,7 @@ def test_hung_rank_ends_in_failed_report_within_timeout(gate_runner):
                       timeout_s=45)
     report = run.report
     assert report["status"] == "failed" and run.returncode != 0
-    # the watchdog's "timed out", or the owner's refit stream naming the silent peer
-    assert "timed out" in report["message"] or "refit stream with rank 2" in report["message"], report["message"]
+    assert "timed out" in report["message"]
     hung = next(r for r in report["ranks"] if r["rank"] == 2)
     assert "test hook hang@cycle_begin" in hung["phase"]
     assert report["elapsed_s"] < 6 + 8
