@@ -41,7 +41,7 @@ class SyncGroup:
 
     _stray: List[Any] = []  # test hook leak_sync_group: the reference a buggy teardown forgets
 
-    def __init__(self, ctx: GateContext, sync_id: str, members: List[int]) -> None:
+    def __init__(self, ctx: GateContext, sync_id: str, members: List[int], purpose: str = "sync") -> None:
         self.members = members
         self.name = f"sync:{sync_id}"
         store = dist.PrefixStore(f"rlharness_dual/{sync_id}/", ctx.store)
@@ -53,7 +53,8 @@ class SyncGroup:
         pg_registry.track_direct(self.name, self.pg, members, desc=sync_id)
         if ctx.hooks.get("leak_sync_group") is not None:
             SyncGroup._stray.append(self.pg)
-        ctx.emit("group_create", name=self.name, members=members, desc=sync_id, purpose="sync")
+        # purpose "sync": a dynamic sync group, which invariant 13 (sync_groups) checks
+        ctx.emit("group_create", name=self.name, members=members, desc=sync_id, purpose=purpose)
         self.ctx = ctx
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
@@ -126,7 +127,7 @@ class Worker:
     # ------------------------------------------------------------------ trainer side
     def op_reload_comm(self, step: int) -> str:
         """Re-create the trainer's (here single-member) training group for this step."""
-        self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank])
+        self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank], purpose="training")
         return self.train_group.name
 
     def op_destroy_comm(self) -> Optional[str]:

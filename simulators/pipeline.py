@@ -28,6 +28,7 @@ from harness.control.versions import VersionBook, VersionError
 from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.scheduler.progress import CoordinatorProgress
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
+from simulators.cache_lock import CacheLock
 from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.dataplane import DataPlaneSim
 from simulators.env import Actor, Link, Timer
@@ -91,6 +92,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.progress_hooks = "noop_progress_hooks" not in self.faults
         self.weight_bytes = spec.model.weight_bytes
         self.cache_versions: List[int] = []
+        self.cache_lock = CacheLock(sim, self.pid)
         self.deadlines = Deadlines(sim, self.pid, index)
         self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
         self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)
@@ -311,7 +313,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         yield self.env.timeout(self.costs.nccl_group_create_s)
         for g in self.train_gpus:
             self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes)
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus))
+        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
         return None
 
     def _Compute(self, e):
@@ -340,6 +342,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
             raise SimFailure(f"cache v{e.version} built after offload: parameters have no storage (debug #34/#35)")
         self._ensure_train_resident()
         cluster = self.sim.cluster
+        yield from self.cache_lock.acquire("build", e.version)  # never while a sync reads the cache
         with cluster.links.d2h[self.owner_gpu].request() as req:  # parameters leave the GPU
             yield req
             yield self.env.timeout(self.weight_bytes / cluster.spec.pcie_bytes_per_s)
@@ -348,10 +351,13 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
                                   len(self.cache_versions) * self.weight_bytes)
         self.ctx.versions.cache_built(e.version)
+        self.cache_lock.release(e.version)
         return None
 
     def _PromoteCache(self, e):
+        yield from self.cache_lock.acquire("promote", e.version)
         self.ctx.versions.promote(e.version)
+        self.cache_lock.release(e.version)
         return None
 
     def _OffloadTraining(self, e):
@@ -381,7 +387,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         yield self.env.timeout(self.costs.nccl_group_destroy_s)
         for g in self.train_gpus:
             self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus))
+        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
         return None
 
     # ------------------------------------------------------------------ coordinator lock

@@ -41,6 +41,7 @@ class RefitEffects:
             return None  # the ranks keep whatever they woke with: activation must be refused
         finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
+        yield from self.cache_lock.acquire("sync", e.version)  # held until the group is destroyed
         owner = self.owner_gpu
         device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
         plan = build_comm_plan(device(owner), {r: [device(g) for g in self.ranks[r].gpus] for r in e.ranks})
@@ -50,7 +51,7 @@ class RefitEffects:
         if bcast:
             group = f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, e.ranks))}"
             yield env.timeout(c.nccl_group_create_s)
-            sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=group, gpus=[owner] + sorted(bcast))
+            sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=group, gpus=[owner] + sorted(bcast), purpose="sync")
         staging_owner = f"{self.pid}/sync"
         node = cluster.node_of(owner)
         cross_node = any(cluster.node_of(g) != node for g in bcast)
@@ -67,7 +68,8 @@ class RefitEffects:
             on_release=lambda: cluster.vram.free(owner, staging_owner, "staging"))
         if group is not None and not self._strand_sync_group(group, [owner] + sorted(bcast)):
             yield env.timeout(c.nccl_group_destroy_s)
-            sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=group, gpus=[owner] + sorted(bcast))
+            sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=group, gpus=[owner] + sorted(bcast), purpose="sync")
+        self.cache_lock.release(e.version)
         for r in e.ranks:
             rank = self.ranks[r]
             if rank.life.state is RankState.ROUTABLE:

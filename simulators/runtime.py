@@ -67,7 +67,9 @@ class Simulation:
         self.log = EventLog(header_record(
             {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30)},
             scheduler=options.to_mapping(), source="simulator",
-            meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s}))
+            meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
+                  # the oracle's post-sleep residue threshold (invariant 6, harness/invariants/memory.py)
+                  "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self.wake = self.env.event()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional
 
-from harness.invariants import dataplane, ordering, ownership, refit_wire, routing, streaming, versions  # noqa: F401  (registration)
+from harness.invariants import (  # noqa: F401  (registration)
+    cache, dataplane, groups, memory, ordering, outcome, ownership, plans, refit_wire, routing, streaming, versions)
 from harness.invariants.base import CHECKS, Records, Violation
 
 

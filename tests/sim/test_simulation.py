@@ -219,12 +219,13 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 
 # Scenarios that reproduce a failure mode, and the invariant that catches it.
 EXPECTED_FINDINGS = {
-    "oom_wake_before_offload": ("failed", set()),
-    "nccl_kept_on_sleep": ("failed", set()),  # RLix Bug 4: leaked communicator buffers end in an OOM
-    "cache_built_after_offload": ("failed", set()),  # debug #34/#35: the build finds no parameters
-    "refit_over_slow_interconnect": ("failed", set()),  # RLix's selective-sync timeout (test_timeouts.py)
-    "abort_never_wakes": ("failed", set()),  # RLix Bug 7: the shrink drain times out (test_timeouts.py)
-    "whole_model_sync_bucket": ("failed", set()),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
+    # an OOM is the VRAM invariant's finding (vram) and ends the run (run_outcome)
+    "oom_wake_before_offload": ("failed", {"vram", "run_outcome"}),
+    "nccl_kept_on_sleep": ("failed", {"vram", "run_outcome"}),  # RLix Bug 4: leaked communicator buffers end in an OOM
+    "cache_built_after_offload": ("failed", {"run_outcome"}),  # debug #34/#35: the build finds no parameters
+    "refit_over_slow_interconnect": ("failed", {"run_outcome"}),  # RLix's selective-sync timeout (test_timeouts.py)
+    "abort_never_wakes": ("failed", {"run_outcome"}),  # RLix Bug 7: the shrink drain times out (test_timeouts.py)
+    "whole_model_sync_bucket": ("failed", {"vram", "run_outcome"}),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL

@@ -221,7 +221,9 @@ def test_data_plane_fires_on_driver_bulk_and_second_writer():
 # checks whose firing tests live with their subsystem
 OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
               "streaming_step": "tests/streaming/test_streaming_invariants.py",
-              "refit_wire": "tests/unit/test_refit_stream_protocol.py"}
+              "refit_wire": "tests/unit/test_refit_stream_protocol.py",
+              **{name: "tests/unit/test_mutations.py" for name in (
+                  "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
 
 
 def test_every_registered_check_has_a_firing_test_here():
@@ -310,3 +312,100 @@ def test_liveness_names_waiters_and_stuck_effects_at_the_horizon():
                        {"seq": 4, "t": 4, "kind": "effect_end", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
                        {"seq": 5, "t": 5, "kind": "sim_end", "reason": "done", "sim_time": 5.0, "events": 10}]
     assert check_log(done, ["liveness"]) == []
+
+
+# ---------------------------------------------------------------- the new catalogue checks, on small logs
+
+HEAD = {"seq": 0, "t": 0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
+        "cluster": {"nodes": 1, "gpus_per_node": 4, "vram_gib": 1.0}, "meta": {"post_sleep_threshold_bytes": 100}}
+REG = {"seq": 1, "t": 0, "kind": "register", "pipeline_id": "p", "cluster_tp_configs": {"actor_train": 1, "actor_infer": 2},
+       "cluster_device_mappings": {"actor_train": [0, 1], "actor_infer": [0, 1, 2, 3]}}
+
+
+def plan(seq, cycle, shrinks=(), signals=(), expands=()):
+    return {"seq": seq, "t": seq, "kind": "plan", "cycle": cycle, "shrinks": list(shrinks), "signals": list(signals), "expands": list(expands)}
+
+
+def commit(seq, cycle, idle):
+    return {"seq": seq, "t": seq, "kind": "commit", "cycle": cycle, "idle_gpus": idle, "skipped_stale": []}
+
+
+def test_plan_validation_and_grant_shape_pass_a_sound_plan_sequence():
+    recs = [HEAD, REG,
+            plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0, 1]}]), commit(3, 1, 2),
+            plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 1, "gpus": [2, 3]}]}]),
+            commit(5, 2, 0)]
+    assert check_log(recs) == []
+
+
+@pytest.mark.parametrize("bad,condition", [
+    (plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 0, "gpus": [0, 1]}]}]), 4),
+    (plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 1, "gpus": [2]}]}]), 6),
+    (plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 2, "gpus": [2, 3]}]}]), 7),
+    (plan(4, 2, shrinks=[{"cluster_id": "p_actor_train", "bundles": [{"dp_rank": 0, "gpus": [0]}]}]), 2),
+    (plan(4, 2, shrinks=[{"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0, 1]}]}]), 11),
+    (plan(4, 2, signals=[{"cluster_id": "p_actor_infer", "priority": "INITIALIZATION", "gpus": [2, 3, 5]}]), 8),
+])
+def test_plan_validation_names_the_condition(bad, condition):
+    recs = [HEAD, REG, plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0, 1]}]),
+            commit(3, 1, 2), bad]
+    found = check_log(recs, ["plan_validation"])
+    assert any(f"condition {condition}:" in v.message for v in found), [v.message for v in found]
+
+
+def test_grant_shape_wants_whole_mappings_and_whole_bundles():
+    recs = [HEAD, REG, plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}]),
+            plan(3, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 1, "gpus": [1, 2]}]}])]
+    msgs = [v.message for v in check_log(recs, ["grant_shape"])]
+    assert any("not its whole device mapping [0, 1]" in m for m in msgs) and any("its TP bundle is [2, 3]" in m for m in msgs)
+
+
+def vram(seq, gpu, owner, mem, delta, used):
+    return {"seq": seq, "t": seq, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem, "delta": delta, "used": used}
+
+
+def test_vram_capacity_residue_and_ledger_consistency():
+    cap = 1 << 30
+    asleep = {"seq": 4, "t": 4, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": "asleep", "gpus": [0]}
+    ok = [HEAD, vram(1, 0, "p/dp0", "weights", 500, 500), vram(2, 0, "p/dp0", "kv_cache", 600, 1100),
+          vram(3, 0, "p/dp0", "kv_cache", -600, 500), vram(4, 0, "p/dp0", "weights", -450, 50), dict(asleep, seq=5)]
+    assert check_log(ok, ["vram"]) == []
+    over = [HEAD, vram(1, 0, "p/train", "train_state", cap + 1, cap + 1)]
+    assert "above its capacity" in check_log(over, ["vram"])[0].message
+    residue = [HEAD, vram(1, 0, "p/dp0", "nccl", 500, 500), dict(asleep, seq=2)]
+    assert "above the post-sleep threshold 100 B" in check_log(residue, ["vram"])[0].message
+    lying = [HEAD, vram(1, 0, "p/dp0", "weights", 500, 400)]
+    assert "reports 400 B in use" in check_log(lying, ["vram"])[0].message
+
+
+def test_sync_groups_on_gate_records():
+    g = lambda seq, kind, rank, name, members, purpose="sync": {"seq": seq, "t": seq, "kind": kind, "rank": rank, "name": name,
+                                                               "members": members, **({"purpose": purpose} if kind == "group_create" else {})}
+    start = {"seq": 1, "t": 1, "kind": "gate_start", "rank": 0, "gate": "x", "backend": "gloo", "world_size": 3, "cycles": 1, "device": "cpu"}
+    ok = [start, g(2, "group_create", 0, "a", [0, 2]), g(3, "group_destroy", 0, "a", [0, 2]),
+          {"seq": 4, "t": 4, "kind": "sync_end", "rank": 0, "version": 1, "ok": True}]
+    assert check_log(ok, ["sync_groups"]) == []
+    world = [start, g(2, "group_create", 0, "a", [0, 1, 2]), g(3, "group_destroy", 0, "a", [0, 1, 2])]
+    assert "not a proper subset" in check_log(world, ["sync_groups"])[0].message
+    leaked = [start, g(2, "group_create", 0, "a", [0, 2]), {"seq": 3, "t": 3, "kind": "sync_end", "rank": 0, "version": 1, "ok": True}]
+    msgs = [v.message for v in check_log(leaked, ["sync_groups"])]
+    assert any("still alive" in m for m in msgs) and any("leaked" in m for m in msgs)
+    training = [start, g(2, "group_create", 0, "t", [0], purpose="training")]  # not a sync group
+    assert check_log(training, ["sync_groups"]) == []
+
+
+def test_cache_lock_on_gate_records():
+    s = {"seq": 1, "t": 1, "kind": "sync_start", "rank": 0, "version": 1, "targets": [2], "ipc_ranks": [], "broadcast_ranks": [2]}
+    b = {"seq": 2, "t": 2, "kind": "cache_build", "rank": 0, "version": 2, "buckets": 1, "bytes": 8}
+    e = {"seq": 3, "t": 3, "kind": "sync_end", "rank": 0, "version": 1, "ok": True}
+    assert "cache build of v2 while its sync of v1" in check_log([s, b, e], ["cache_lock"])[0].message
+    assert check_log([s, dict(e, seq=2), dict(b, seq=3)], ["cache_lock"]) == []
+
+
+def test_cache_lock_treats_an_unlocked_build_as_holding_the_cache_for_its_whole_effect():
+    e = lambda seq, kind, name, **args: {"seq": seq, "t": seq, "kind": kind, "pipeline_id": "p", "effect": name, "args": args, "scope": "step"}
+    recs = [e(1, "effect_start", "SyncFromCache", ranks=[1], version=1, path="expand"),
+            e(2, "effect_start", "BuildCache", version=2), e(3, "effect_end", "BuildCache", version=2),
+            e(4, "effect_end", "SyncFromCache", ranks=[1], version=1, path="expand")]
+    found = check_log(recs, ["cache_lock"])
+    assert found and "without the cache lock" in found[0].message

@@ -1,0 +1,109 @@
+"""Cache lock (invariant 12): no cache build or promote while a transport reads the cache.
+
+Simulator logs: every access to a pipeline's CPU bucket cache is an interval — a
+``cache_lock`` hold (acquire .. release) by ``build``, ``promote`` or ``sync``. A
+``BuildCache``, ``PromoteCache`` or ``SyncFromCache`` effect with no hold of its own
+inside it accessed the cache without the lock, so its whole effect interval counts as
+the access. A write (build, promote) that overlaps a read (sync) of the same pipeline is
+a violation; reads may overlap each other. Order is the log's ``seq`` (what happened
+first), not time, so same-instant records are judged as they were sequenced.
+
+Gate logs: ``cache_build`` / ``cache_promote`` on a rank while that rank's selective sync
+is open (between its ``sync_start`` and ``sync_end``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from harness.invariants.base import Records, Violation, invariant
+
+NAME = "cache_lock"
+_EFFECT_ACCESS = {"BuildCache": "build", "PromoteCache": "promote", "SyncFromCache": "sync"}
+_WRITES = ("build", "promote")
+
+
+@dataclass
+class Access:
+    pipeline: str
+    what: str  # build | promote | sync
+    start: int  # seq
+    end: int  # seq (the log's last seq if it never ended)
+    version: Optional[int]
+    locked: bool
+
+
+def _accesses(records: Records) -> List[Access]:
+    last = records[-1]["seq"] if records else 0
+    out: List[Access] = []
+    holds: Dict[Tuple[str, str], List[Tuple[int, Optional[int]]]] = {}  # (pipeline, holder) -> [(acquire seq, version)]
+    effects: Dict[Tuple[str, str], List[Tuple[int, Optional[int], int]]] = {}  # (pipeline, what) -> [(start, version, holds seen)]
+    held_count: Dict[Tuple[str, str], int] = {}
+    for r in records:
+        k = r["kind"]
+        if k == "cache_lock":
+            pid = r["pipeline_id"]
+            key = (pid, r["holder"])
+            if r["action"] == "acquire":
+                holds.setdefault(key, []).append((r["seq"], r.get("version")))
+                held_count[key] = held_count.get(key, 0) + 1
+            elif holds.get(key):
+                seq, version = holds[key].pop()
+                out.append(Access(pid, r["holder"], seq, r["seq"], version, True))
+        elif k in ("effect_start", "effect_end") and r["effect"] in _EFFECT_ACCESS:
+            pid, what = r["pipeline_id"], _EFFECT_ACCESS[r["effect"]]
+            stack = effects.setdefault((pid, what), [])
+            if k == "effect_start":
+                stack.append((r["seq"], r["args"].get("version"), held_count.get((pid, what), 0)))
+            elif stack:
+                start, version, seen = stack.pop()
+                if held_count.get((pid, what), 0) == seen and not r.get("error"):
+                    out.append(Access(pid, what, start, r["seq"], version, False))  # no hold of its own
+    for (pid, holder), stack in holds.items():
+        for seq, version in stack:
+            out.append(Access(pid, holder, seq, last, version, True))
+    for (pid, what), stack in effects.items():
+        for start, version, seen in stack:
+            if held_count.get((pid, what), 0) == seen:
+                out.append(Access(pid, what, start, last, version, False))
+    return out
+
+
+def _describe(a: Access) -> str:
+    lock = "" if a.locked else " without the cache lock"
+    return f"{a.what} of v{a.version} (seq {a.start}..{a.end}{lock})"
+
+
+@invariant(NAME, reads=("cache_lock", "effect_start", "effect_end", "cache_build", "cache_promote", "sync_start", "sync_end"))
+def cache_lock(records: Records) -> List[Violation]:
+    out: List[Violation] = []
+    by_pipeline: Dict[str, List[Access]] = {}
+    for a in _accesses(records):
+        by_pipeline.setdefault(a.pipeline, []).append(a)
+    for pid, accesses in sorted(by_pipeline.items()):
+        reads = [a for a in accesses if a.what == "sync"]
+        for w in (a for a in accesses if a.what in _WRITES):
+            for rd in reads:
+                if w.start < rd.end and rd.start < w.end:
+                    out.append(Violation(NAME, max(w.start, rd.start),
+                                         f"{pid}: cache {_describe(w)} while the {_describe(rd)} reads the cache"))
+    out += _gate_cache(records)
+    return sorted(out, key=lambda v: v.seq)
+
+
+def _gate_cache(records: Records) -> List[Violation]:
+    out: List[Violation] = []
+    open_sync: Dict[int, dict] = {}  # rank -> its open sync_start
+    for r in records:
+        k = r["kind"]
+        if k == "sync_start":
+            open_sync[r["rank"]] = r
+        elif k == "sync_end":
+            open_sync.pop(r["rank"], None)
+        elif k in ("cache_build", "cache_promote") and r["rank"] in open_sync:
+            s = open_sync[r["rank"]]
+            what = "build" if k == "cache_build" else "promote"
+            out.append(Violation(NAME, r["seq"], f"rank {r['rank']}: cache {what} of v{r['version']} while its sync of v{s['version']} "
+                                                 f"(since seq {s['seq']}) reads the cache"))
+    return out

@@ -1,0 +1,47 @@
+"""RLix's ``_cache_lock`` on a pipeline's cache owner (reference/rlix.md §5.1).
+
+The owner holds the lock across a whole weight sync — active-bucket lookup, every bucket
+transport, the sender's group destroy — and a cache build or promote takes the same
+lock, so a version is never rebuilt or re-pointed while a transport reads it. Every
+acquire and release is logged (``cache_lock`` records) for invariant 12
+(``harness/invariants/cache.py``).
+
+An uncontended acquire costs no simulated event (the holder is set and the caller goes
+on), so modelling the lock changes no timing unless two accesses really meet; a
+contended one waits on an event the releasing holder triggers (FIFO hand-over).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Optional, Tuple
+
+
+class CacheLock:
+    def __init__(self, sim, pipeline_id: str) -> None:
+        self.sim, self.env, self.pid = sim, sim.env, pipeline_id
+        self.holder: Optional[str] = None
+        self.waiting: Deque[Tuple[object, str]] = deque()
+
+    def acquire(self, holder: str, version: Optional[int]):
+        """Generator: ``yield from lock.acquire("build" | "promote" | "sync", version)``."""
+        if self.holder is not None:
+            ev = self.env.event()
+            self.waiting.append((ev, holder))
+            yield ev  # the releasing holder hands the lock over (holder already set)
+        else:
+            self.holder = holder
+        self._log("acquire", holder, version)
+
+    def release(self, version: Optional[int]) -> None:
+        holder = self.holder
+        self._log("release", holder, version)
+        if self.waiting:
+            ev, nxt = self.waiting.popleft()
+            self.holder = nxt
+            ev.succeed()
+        else:
+            self.holder = None
+
+    def _log(self, action: str, holder: Optional[str], version: Optional[int]) -> None:
+        self.sim.emit("cache_lock", pipeline_id=self.pid, action=action, holder=holder, version=version)
