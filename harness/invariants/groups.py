@@ -53,6 +53,7 @@ def _simulator_groups(records: Records, failed: bool) -> List[Violation]:
     registry: Dict[str, Registered] = {}
     open_syncs: Dict[str, int] = {}  # pipeline -> open SyncFromCache effects
     live: Dict[Tuple[str, str], int] = {}  # (pipeline, group name) -> seq of its create (sync groups)
+    stranded: Set[Tuple[str, str]] = set()
     for r in records:
         k = r["kind"]
         if k == "register":
@@ -66,7 +67,8 @@ def _simulator_groups(records: Records, failed: bool) -> List[Violation]:
             open_syncs[pid] = max(0, open_syncs.get(pid, 0) - 1)
             if not open_syncs[pid] and not r.get("error"):
                 for (p, name), seq in sorted(live.items()):
-                    if p == pid:
+                    if p == pid and (p, name) not in stranded:
+                        stranded.add((p, name))  # reported once, at the end of the sync that left it
                         out.append(Violation(NAME, r["seq"], f"{pid}: sync ended with its group {name} (created at seq {seq}) still alive"))
         elif k == "nccl_group":
             pid, name = r["pipeline_id"], r["name"]
@@ -95,6 +97,8 @@ def _simulator_groups(records: Records, failed: bool) -> List[Violation]:
     if not failed and records:
         end = records[-1]["seq"]
         for (pid, name), seq in sorted(live.items()):
+            if (pid, name) in stranded:
+                continue
             out.append(Violation(NAME, end, f"{pid}: sync group {name} (created at seq {seq}) leaked: never destroyed"))
     return out
 

@@ -75,8 +75,7 @@ def test_one_stuck_straggler_wedges_a_synchronous_step():  # NeMo RL #3238
 
 def test_parameters_left_on_the_gpu_by_the_offload_make_the_next_wake_oom():  # NeMo RL #2775
     res = run("offload_keeps_params")
-    assert res.reason == "failed"
-    assert {v.invariant for v in check_log(res.records)} <= FAILED_RUN_CHECKS
+    assert res.reason == "failed" and {v.invariant for v in check_log(res.records)} == {"vram", "run_outcome"}
     assert ("offload_keeps_params", "ppl1") in fired(res)
     oom = next(r for r in res.records if r["kind"] == "oom")
     assert oom["gpu"] == 0 and oom["owner"] == "ppl1/dp0"
@@ -96,6 +95,11 @@ def test_stranded_weight_sync_communicators_pile_up_until_an_allocation_fails():
         if r["kind"] == "nccl_group" and "/sync/" in r["name"]:
             groups[r["name"]] = r["action"]
     assert groups and all(a == "create" for a in groups.values())  # never destroyed
+    stranded = [v for v in check_log(res.records, ["sync_groups"]) if "still alive" in v.message]
+    named = [v.message.split(" its group ")[1].split(" ")[0] for v in stranded]
+    # the oracle names each stranded group once, at the end of the sync that left it; the
+    # last one belongs to the sync the OOM cut short (a failed run is not held to "never leaked")
+    assert len(named) == len(set(named)) and set(named) <= set(groups) and len(set(groups) - set(named)) == 1
 
 
 def test_a_generation_request_without_estimate_or_progress_blocks_forever():  # RLix debug #27

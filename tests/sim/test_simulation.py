@@ -239,12 +239,13 @@ EXPECTED_FINDINGS = {
     "collector_dies_at_epoch_end": ("horizon", {"liveness"}),  # NeMo RL #2899
     "engines_crash_after_refit": ("horizon", {"liveness"}),  # NeMo RL #3488
     "stuck_rollout_straggler": ("horizon", {"liveness"}),  # NeMo RL #3238
-    "offload_keeps_params": ("failed", set()),  # NeMo RL #2775: OOM on the next wake
-    "stranded_sync_group": ("failed", set()),  # NeMo RL #3591: stranded communicators OOM
+    "offload_keeps_params": ("failed", {"vram", "run_outcome"}),  # NeMo RL #2775: OOM on the next wake
+    # NeMo RL #3591: sync groups never destroyed (sync_groups) pile up until an OOM
+    "stranded_sync_group": ("failed", {"sync_groups", "vram", "run_outcome"}),
     "gen_request_without_demand": ("horizon", {"liveness"}),  # RLix debug #27
-    "expand_fails_midway": ("failed", set()),  # no rollback, fail-fast
+    "expand_fails_midway": ("failed", {"run_outcome"}),  # no rollback, fail-fast
     # a single controller's finish_train_step never reaches the trainer: the sync ships a version no finish made
-    "lost_finish": ("failed", {"streaming_step"}),
+    "lost_finish": ("failed", {"streaming_step", "run_outcome"}),
 }
 
 
