@@ -126,8 +126,11 @@ class Worker:
 
     # ------------------------------------------------------------------ trainer side
     def op_reload_comm(self, step: int) -> str:
-        """Re-create the trainer's (here single-member) training group for this step."""
-        self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank], purpose="training")
+        """Re-create the trainer's (here single-member) training group for this step; a
+        group still alive (NeMo keeps it across init, docs/residency.md) is reused, as
+        ROLL's ``reload_process_groups`` and NeMo's snapshot reload do."""
+        if self.train_group is None:
+            self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank], purpose="training")
         return self.train_group.name
 
     def op_destroy_comm(self) -> Optional[str]:

@@ -1,7 +1,8 @@
 """The simulated cluster: per-GPU VRAM ledger, host-RAM ledger, shared links.
 
 Memory is accounted, not sampled: every allocation names its owner (``ppl1/dp0``,
-``ppl1/train``) and kind (weights, kv_cache, train_state, nccl, staging, cuda_context),
+``ppl1/train``) and kind (weights, kv_cache, params, grads, optimizer, nccl, staging,
+cuda_context) and, for what a phase loads, the phase (the ``handover`` check reads it),
 and an allocation that would exceed a GPU's capacity is an OOM — reported as a fault
 that ends the run, never a silent number. Links (PCIe per GPU, the intra-node fabric,
 each node's NIC) are resources of capacity one (:class:`~simulators.env.Link`, a lean
@@ -20,7 +21,7 @@ import simpy
 from simulators.env import Link
 from simulators.spec import ClusterSpec
 
-MEM_KINDS = ("weights", "kv_cache", "train_state", "nccl", "staging", "cuda_context")
+MEM_KINDS = ("weights", "kv_cache", "params", "grads", "optimizer", "nccl", "staging", "cuda_context")
 
 
 class OutOfMemory(RuntimeError):
@@ -30,7 +31,7 @@ class OutOfMemory(RuntimeError):
         self.requested, self.used, self.capacity = requested, used, capacity
 
 
-Listener = Callable[[int, str, str, int, int], None]  # gpu, owner, mem, delta, used
+Listener = Callable[[int, str, str, int, int, Optional[str]], None]  # gpu, owner, mem, delta, used, phase
 
 
 class VramLedger:
@@ -41,7 +42,7 @@ class VramLedger:
         self.peak: List[int] = [0] * num_gpus
         self.listener = listener
 
-    def alloc(self, gpu: int, owner: str, mem: str, nbytes: int) -> None:
+    def alloc(self, gpu: int, owner: str, mem: str, nbytes: int, phase: Optional[str] = None) -> None:
         if nbytes <= 0:
             return
         used = self.used[gpu] + nbytes
@@ -53,14 +54,14 @@ class VramLedger:
         if used > self.peak[gpu]:
             self.peak[gpu] = used
         if self.listener:
-            self.listener(gpu, owner, mem, nbytes, used)
+            self.listener(gpu, owner, mem, nbytes, used, phase)
 
     def free(self, gpu: int, owner: str, mem: str) -> int:
         nbytes = self.entries[gpu].pop((owner, mem), 0)
         if nbytes:
             self.used[gpu] = used = self.used[gpu] - nbytes
             if self.listener:
-                self.listener(gpu, owner, mem, -nbytes, used)
+                self.listener(gpu, owner, mem, -nbytes, used, None)
         return nbytes
 
     def held(self, gpu: int, owner: str, mem: Optional[str] = None) -> int:

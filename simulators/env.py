@@ -9,8 +9,9 @@ and an event is keyed by the process that scheduled it:
     (time, (simpy priority, order_key of the scheduling process), insertion counter)
 
 Keys, smallest first (see ``ORDER``): the scheduler loop, then pipelines by their index
-in the scenario, then coordinator resize calls, then the GENERATION watchdogs, and last
-the inference ranks (their request completions). Within one process,
+in the scenario, then coordinator resize calls, then the GENERATION watchdogs, then
+generate callers polling for an active rank, and last the inference ranks (their request
+completions). Within one process,
 program order decides (the insertion counter).
 
 Not everything keyed is a process: an :class:`Actor` is a key without a generator, and a
@@ -42,6 +43,7 @@ ORDER = {
     "pipeline": 1,
     "resize": 2,
     "watchdog": 3,
+    "caller": 4,  # generate callers polling for an active rank (simulators/inference.py)
     "rank": 5,
     "timeout": 6,  # RLix's timeouts (simulators/timeouts.py): a wait ending at its limit is in time
 }

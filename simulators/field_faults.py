@@ -52,10 +52,7 @@ class FieldFaults:
             return
         self._crashed = True
         self._fire("engines_crash_after_refit")
-        self.router.order.clear()
-        for rank in self.ranks.values():
-            rank.inflight.clear()  # their completion timers are now stale
-        self.router.queue.clear()
+        self.router.crash()
         vram = self.sim.cluster.vram
         for rank in self.ranks.values():
             if rank.life.state.value != "asleep":

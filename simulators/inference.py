@@ -2,28 +2,55 @@
 
 A rank's lifecycle is ``harness.control.rank_state.RankLifecycle`` (the same table the
 gates obey); this module adds what only a simulation needs: requests in flight, a
-batching model, and round-robin routing over routable ranks. Routing never fails: while
-no rank is routable, requests wait in the router's queue (RLix polls every 50 ms; here
-the router is woken by activation). A shrink aborts a rank's in-flight requests and
-puts them back at the head of the queue — turn-level re-dispatch — up to
-``max_attempts`` dispatches per request (NeMo's ``_async_generate_base``: min(3, dp_size);
-``None``: no limit, ROLL's request migration). A request aborted on its last attempt
-raises ``ShardPreemptedError`` into its rollout worker, which drops the prompt group
-(``request_failed``) and reopens its slot (``on_give_up``).
+batching model, and the routing of requests to ranks as the reference does it.
+
+Routing (reference/rlix.md §4 F3; NeMo RL fork ``VllmGeneration``, ``nemo`` @0775e9c:
+``_async_generate_base``, ``_select_next_active_dp_rank``, ``_wait_for_active_dp_ranks``,
+``activate_dp_ranks``):
+
+* every request (one trajectory) is its own caller and is routed the moment it is
+  submitted: round robin per request over the active ranks, with one cursor that walks the
+  positional DP indices ``0..dp_size-1`` and skips inactive ones (``self.cursor``; from
+  {1, 3} active and the cursor at 0 it picks 1, 3, 1, ...). The router holds no queue
+  and applies no admission limit: the request goes to the picked rank at once;
+* a rank's engine runs at most ``max_num_seqs`` sequences at a time (vLLM's
+  ``max_num_seqs``; NeMo RL leaves it unset, so vLLM's default applies — the scenarios'
+  ``workload.max_concurrent_per_rank``, 64 by default); requests beyond it wait in that
+  rank's own FCFS queue (vLLM's scheduler ``waiting`` queue) and start as running ones
+  finish. A queued request is not moved to another rank that has room;
+* while no rank is active a caller polls every 50 ms (``_wait_for_active_dp_ranks``): it
+  is routed at its first poll tick after some rank becomes active, ticks counted from
+  when it started waiting;
+* an expand's ranks join routing together (``activate_dp_ranks(ranks)`` adds the whole
+  set under one lock): :meth:`Router.activate` takes the set;
+* a shrink aborts the rank's running and queued requests; each caller re-dispatches at
+  once through the same round robin (turn-level retry), or polls while no rank is active
+  — up to ``max_attempts`` dispatches per request (NeMo: min(3, dp_size); ``None``: no
+  limit, ROLL's request migration). A request aborted on its last attempt raises
+  ``ShardPreemptedError`` into its rollout worker, which drops the prompt group
+  (``request_failed``) and reopens its slot (``on_give_up``).
+
+ROLL's own request router (``EnvAffinityRouter``: sticky per environment, least-loaded
+rank for an environment's first request) is not modelled: every pipeline type routes as
+RLix's NeMo port does.
 
 Batching model: a rank decoding ``c`` sequences at once delivers an aggregate
 ``T·c/(c + h)`` tokens/s (T = ``tokens_per_s_per_rank``, h = ``batching_half_point``), so
-a request dispatched when ``c`` sequences are running takes ``tokens·(c + h)/T`` seconds.
+a request that starts running when ``c`` sequences are running takes ``tokens·(c + h)/T``
+seconds.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from harness.control.rank_state import RankLifecycle, RankState
 from simulators.env import Actor, SimEnv, Timer
+
+POLL_S = 0.05  # _wait_for_active_dp_ranks: asyncio.sleep(0.05) between looks at the active set
 
 
 @dataclass(slots=True)
@@ -32,6 +59,7 @@ class Request:
     tokens: int
     attempt: int = 0
     version: Optional[int] = None  # weights version of the rank it was (last) dispatched to
+    waiting_since: float = 0.0  # when its caller started polling for an active rank
     stuck: bool = False  # fault stuck_request: a straggler that never finishes, wherever it runs
 
 
@@ -44,6 +72,8 @@ class RankSim:
     # request id -> the Timer that completes it; a timer no longer here (aborted, or
     # superseded by a re-dispatch) finds itself stale when it fires and does nothing
     inflight: Dict[int, Timer] = field(default_factory=dict)
+    # routed here while the engine ran max_num_seqs sequences: vLLM's waiting queue (FCFS)
+    queued: Deque[Request] = field(default_factory=deque)
     actor: Optional[Actor] = None  # the order key its completions run under (set by the router)
 
     @property
@@ -52,7 +82,7 @@ class RankSim:
 
 
 class Router:
-    """Round-robin over routable ranks; blocks (queues) while none is routable.
+    """RLix round robin over the active ranks; callers poll while none is active.
 
     ``log(record)`` appends a whole record to the event log (``EventLog.add``)."""
 
@@ -63,84 +93,145 @@ class Router:
         self.env = env
         self.pipeline_id = pipeline_id
         self.pipe_index = pipe_index
-        self.max_concurrent = max_concurrent
+        self.max_concurrent = max_concurrent  # the engine's max_num_seqs
         self.tokens_per_s = tokens_per_s
         self.half_point = half_point
         self.log = log
         self.on_done = on_done
         self.max_attempts = max_attempts
         self.on_give_up = on_give_up
-        self.queue: Deque[Request] = deque()
         self.ranks: Dict[int, RankSim] = {}
-        self.order: List[int] = []  # routable ranks in activation order (round robin)
-        self._rr = 0
+        self.active: set = set()  # _active_dp_ranks
+        self.cursor = 0  # current_generate_dp_shard_idx
+        self.polling: Deque[Request] = deque()  # callers waiting for an active rank, FIFO
+        self._caller = Actor("caller", pipe_index)
         self.completed = 0
         self.aborted = 0
 
     # -------------------------------------------------------------- routing set
-    def activate(self, rank: RankSim) -> None:
-        if rank.dp_rank not in self.order:
-            self.order.append(rank.dp_rank)
-            self.order.sort()
-        if rank.actor is None:
-            rank.actor = Actor("rank", self.pipe_index, rank.dp_rank)
-        self.dispatch()
+    def activate(self, ranks: Iterable[RankSim]) -> None:
+        """``activate_dp_ranks``: the whole set joins routing at once, then waiting callers
+        are routed at their next poll tick."""
+        for rank in ranks:
+            self.active.add(rank.dp_rank)
+            if rank.actor is None:
+                rank.actor = Actor("rank", self.pipe_index, rank.dp_rank)
+        self._arm_polls()
 
-    def deactivate(self, rank: RankSim) -> List[Request]:
-        """Take the rank off routing; abort its in-flight requests back to the queue head."""
-        if rank.dp_rank in self.order:
-            self.order.remove(rank.dp_rank)
-        aborted = [rank.inflight[rid].arg[1] for rid in sorted(rank.inflight)]
-        rank.inflight.clear()  # their timers are now stale
-        given_up = []
-        for req in reversed(aborted):
-            req.attempt += 1
-            self.log({"seq": 0, "t": self.env._now, "kind": "request_abort", "pipeline_id": self.pipeline_id,
-                      "request": req.rid, "dp_rank": rank.dp_rank})
-            if self.max_attempts is not None and req.attempt >= self.max_attempts:
-                given_up.append(req)
-                continue
-            self.queue.appendleft(req)
-        self.aborted += len(aborted)
-        for req in reversed(given_up):  # in dispatch order
+    def deactivate(self, ranks: Iterable[RankSim]) -> List[Request]:
+        """Take the ranks off routing together; abort their running and queued requests,
+        whose callers then re-dispatch to the ranks still active (or poll while none is)."""
+        ranks = list(ranks)
+        for rank in ranks:
+            self.active.discard(rank.dp_rank)
+        aborted = self._abort(ranks)
+        limit = self.max_attempts
+        given_up = [req for req in aborted if limit is not None and req.attempt >= limit]
+        self.submit([req for req in aborted if limit is None or req.attempt < limit])
+        for req in given_up:  # in request order
             self.log({"seq": 0, "t": self.env._now, "kind": "request_failed", "pipeline_id": self.pipeline_id,
                       "request": req.rid, "attempts": req.attempt, "error": "ShardPreemptedError"})
             if self.on_give_up is not None:
                 self.on_give_up(req)
-        self.dispatch()
         return aborted
 
-    def submit(self, reqs: List[Request]) -> None:
-        self.queue.extend(reqs)
-        self.dispatch()
+    def stop(self) -> None:
+        """The pipeline's engines exit (it unregistered): every rank leaves routing, their
+        running and queued requests are aborted and dropped with the polling callers —
+        nobody will collect them."""
+        self.active.clear()
+        self._abort([self.ranks[r] for r in sorted(self.ranks)])
+        self.polling.clear()
+
+    def crash(self) -> None:
+        """The engines die silently (fault engines_crash_after_refit): nothing is routable,
+        running and queued requests vanish without an abort, and no caller is told."""
+        self.active.clear()
+        for rank in self.ranks.values():
+            rank.inflight.clear()  # their completion timers are now stale
+            rank.queued.clear()
+
+    def _abort(self, ranks: List[RankSim]) -> List[Request]:
+        log, now, pid = self.log, self.env._now, self.pipeline_id
+        aborted: List[Request] = []
+        for rank in ranks:
+            reqs = [rank.inflight[rid].arg[1] for rid in rank.inflight]
+            reqs.extend(rank.queued)
+            rank.inflight.clear()  # their timers are now stale
+            rank.queued.clear()
+            reqs.sort(key=lambda req: req.rid)
+            for req in reqs:
+                req.attempt += 1
+                log({"seq": 0, "t": now, "kind": "request_abort", "pipeline_id": pid,
+                     "request": req.rid, "dp_rank": rank.dp_rank})
+            aborted.extend(reqs)
+        self.aborted += len(aborted)
+        return aborted
 
     # -------------------------------------------------------------- dispatch
-    def dispatch(self) -> None:
-        order, queue = self.order, self.queue
-        if not order or not queue:
-            return
-        n, ranks, cap = len(order), self.ranks, self.max_concurrent
-        while queue:
-            rr = self._rr
-            for probe in range(n):
-                rank = ranks[order[(rr + probe) % n]]
-                if len(rank.inflight) < cap:
-                    self._rr = (rr + probe + 1) % n
-                    self._start(rank, queue.popleft())
-                    break
+    def submit(self, reqs: List[Request]) -> None:
+        """Each request's caller picks a rank now, or starts polling."""
+        for req in reqs:
+            dp = self._next_active()
+            if dp is None:
+                req.waiting_since = self.env._now
+                self.polling.append(req)
             else:
-                return  # every routable rank is full
+                self._route(self.ranks[dp], req)
+
+    def _next_active(self) -> Optional[int]:
+        """``_select_next_active_dp_rank``: the cursor walks every DP index once at most."""
+        active = self.active
+        if not active:
+            return None
+        n = len(self.ranks)
+        cursor = self.cursor
+        for _ in range(n):
+            candidate = cursor
+            cursor = (cursor + 1) % n
+            if candidate in active:
+                self.cursor = cursor
+                return candidate
+        self.cursor = cursor
+        return None
+
+    def _arm_polls(self) -> None:
+        """Route the polling callers at their next 50 ms tick: one timer per distinct tick."""
+        if not self.polling or not self.active:
+            return
+        now = self.env._now
+        ticks: Dict[float, List[Request]] = {}
+        for req in self.polling:
+            waited = now - req.waiting_since
+            k = math.ceil(waited / POLL_S - 1e-9)
+            ticks.setdefault(req.waiting_since + k * POLL_S, []).append(req)
+        self.polling.clear()
+        for t in sorted(ticks):
+            Timer(self.env, max(0.0, t - now), self._caller, self._poll_tick, ticks[t])
+
+    def _poll_tick(self, reqs: List[Request]) -> None:
+        for req in reqs:
+            dp = self._next_active()
+            if dp is None:  # deactivated again before this tick: keep polling (same phase)
+                self.polling.append(req)
+            else:
+                self._route(self.ranks[dp], req)
+
+    def _route(self, rank: RankSim, req: Request) -> None:
+        req.version = version = rank.life.weights_version
+        self.log({"seq": 0, "t": self.env._now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
+                  "request": req.rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
+        if len(rank.inflight) < self.max_concurrent:
+            self._start(rank, req)
+        else:
+            rank.queued.append(req)
 
     def _start(self, rank: RankSim, req: Request) -> None:
         c = len(rank.inflight)
         duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
         if req.stuck:
             duration = float("inf")
-        req.version = version = rank.life.weights_version
-        rid = req.rid
-        rank.inflight[rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
-        self.log({"seq": 0, "t": self.env._now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
-                  "request": rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
+        rank.inflight[req.rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
 
     def _complete(self, arg: Tuple[RankSim, Request]) -> None:
         """A completion timer fired: the request is done unless it was aborted meanwhile
@@ -154,5 +245,6 @@ class Router:
         self.completed += 1
         self.log({"seq": 0, "t": self.env._now, "kind": "request_done", "pipeline_id": self.pipeline_id,
                   "request": req.rid, "dp_rank": rank.dp_rank, "tokens": req.tokens, "version": req.version})
+        if rank.queued:
+            self._start(rank, rank.queued.popleft())
         self.on_done(req, rank)
-        self.dispatch()

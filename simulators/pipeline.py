@@ -21,13 +21,14 @@ from harness.control.cycle import resize_call
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.interpret import HALT, Handling, drive, interpret
 from harness.control.lifecycle import pipeline_run
+from harness.control.residency import TrainerSwitches
 from harness.control.rank_state import RankLifecycle, RankStateError
 from harness.control.resize import COORDINATOR_GONE
 from harness.control.reporting import clear_progress_due, progress_input, request_input
 from harness.control.versions import VersionBook, VersionError
 from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.scheduler.progress import CoordinatorProgress
-from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 from simulators.cache_lock import CacheLock
 from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.dataplane import DataPlaneSim
@@ -42,6 +43,10 @@ from simulators.timeouts import Deadlines
 from simulators.workload import Collector, ReplayBuffer
 
 TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
+TRAIN_STATE_KINDS = ("params", "grads", "optimizer")  # in load/offload order
+TRAIN_STATE_KINDS_ALL = frozenset(TRAIN_STATE_KINDS)
+_TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old_log_probs",
+                   Priority.ACTOR_TRAINING: "train"}
 
 
 class PipelineSim(RankEffects, RefitEffects, FieldFaults):
@@ -59,7 +64,9 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
             pipeline_id=spec.name, kind=spec.type, steps=spec.steps, sleep_level=spec.sleep_level,
             step_target=spec.workload.trajectories_per_step,
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
-            versions=VersionBook(clamp_bootstrap=nemo))
+            versions=VersionBook(clamp_bootstrap=nemo),
+            trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
+                                    offload_nccl=spec.offload_nccl))
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
@@ -83,7 +90,9 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self._lock_req: List[Any] = []
         self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
         self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
-        self.train_resident = False
+        self.train_loaded: set = set()  # training-state kinds on the training GPUs
+        self.train_comm_live = False  # training process groups exist (their buffers are resident)
+        self.train_phase = "init"  # the phase whose loads are being charged (vram records' phase)
         self.leaked_train_state = False
         self.steps_done = 0
         self.finished = False
@@ -209,12 +218,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         """The unregistered pipeline's engines exit: every rank leaves routing (its in-flight
         requests are aborted and dropped with the queue: nobody will collect them) and is
         logged ``stopped``, so no output counts it as generating after the unregister."""
-        self.router.order.clear()  # first off routing, all of them: nothing is re-dispatched
-        self.router.max_attempts = None  # ... nor given up: the engines exit, no rollout is left
-        for rank in self.ranks.values():
-            if rank.routable:
-                self.router.deactivate(rank)
-        self.router.queue.clear()
+        self.router.stop()  # all off routing first: nothing is re-dispatched
         for rank in self.ranks.values():
             if rank.life.state.value != "asleep":
                 rank.life.on("shutdown")
@@ -263,6 +267,8 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
 
     def _RequestGpus(self, e):
         cid, sim = self._cid(e.cluster), self.sim
+        if e.cluster == ACTOR_TRAIN:
+            self.train_phase = _TRAIN_PHASE_OF.get(e.priority, self.train_phase)
         estimate = self._gen_estimate(e.cluster, e.step_target_estimate)  # a field fault may drop it
         if estimate != e.step_target_estimate:
             e = dataclasses.replace(e, step_target_estimate=estimate)
@@ -280,6 +286,8 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
 
     def _ReleaseThenRequest(self, e):
         sim = self.sim
+        if e.request_cluster == ACTOR_TRAIN:
+            self.train_phase = _TRAIN_PHASE_OF.get(e.priority, self.train_phase)
         rel, req = self._cid(e.release_cluster), self._cid(e.request_cluster)
         fields = {"release_cluster_id": rel, "request_cluster_id": req, "request_priority": e.priority.name}
         if e.global_step is not None:
@@ -299,25 +307,61 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         return None
 
     # ------------------------------------------------------------------ training effects
-    def _train_share(self) -> int:
-        return int(self.weight_bytes * self.costs.train_state_multiplier / len(self.train_gpus))
+    # What each phase loads, offloads and destroys is harness/control/residency.py (the
+    # control logic reads the same table); here each kind costs its bytes on every
+    # training GPU, labelled with the phase that loaded it.
+    @property
+    def train_resident(self) -> bool:
+        return "params" in self.train_loaded
 
-    def _ensure_train_resident(self) -> None:
-        if not self.train_resident:
+    def _train_bytes(self, kind: str) -> int:
+        """Per-GPU bytes of one training-state kind (CostSpec multipliers x weight bytes)."""
+        c = self.costs
+        mult = {"params": 1.0, "optimizer": c.optimizer_state_multiplier,
+                "grads": c.train_state_multiplier - 1.0 - c.optimizer_state_multiplier}[kind]
+        return int(self.weight_bytes * mult / len(self.train_gpus))
+
+    def _load_train(self, kinds) -> None:
+        vram, owner = self.sim.cluster.vram, f"{self.pid}/train"
+        for kind in TRAIN_STATE_KINDS:  # a fixed order: the log does not depend on the table's
+            if kind in kinds and kind not in self.train_loaded:
+                nbytes = self._train_bytes(kind)
+                for g in self.train_gpus:
+                    vram.alloc(g, owner, kind, nbytes, self.train_phase)
+                self.train_loaded.add(kind)
+
+    def _create_train_comm(self):
+        """Create (or reload) the training process groups. A group of one GPU has no peer
+        and holds no communicator buffers (ROLL's ReloadableProcessGroup skips it): bytes
+        only when the trainer spans several GPUs."""
+        yield self.env.timeout(self.costs.nccl_group_create_s)
+        if len(self.train_gpus) > 1:
             for g in self.train_gpus:
-                self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "train_state", self._train_share())
-            self.train_resident = True
+                self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes, self.train_phase)
+        self.train_comm_live = True
+        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
+
+    def _destroy_train_comm(self):
+        yield self.env.timeout(self.costs.nccl_group_destroy_s)
+        for g in self.train_gpus:
+            self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
+        self.train_comm_live = False
+        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
 
     def _ReloadTrainComm(self, e):
-        self._ensure_train_resident()
-        yield self.env.timeout(self.costs.nccl_group_create_s)
-        for g in self.train_gpus:
-            self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes)
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
+        if self.train_comm_live:  # reloading live groups is a no-op
+            return None
+        yield from self._create_train_comm()
         return None
 
     def _Compute(self, e):
-        self._ensure_train_resident()
+        """One worker call (ROLL: under ``state_offload_manger``): load what the phase
+        loads, compute, then offload and destroy what the phase's row says."""
+        self.train_phase = e.what
+        row = self.ctx.residency[e.what]
+        if "nccl" in row.loads and not self.train_comm_live:
+            yield from self._create_train_comm()
+        self._load_train(row.loads)
         c, n = self.costs, self.ctx.step_target
         if e.what == "train":
             dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
@@ -331,6 +375,10 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         yield self.env.timeout(dt)
         if dp is not None:
             yield from dp.after_train(evicted)
+        if row.offloaded_at_end:
+            yield from self._offload_train_state(row.offloaded_at_end)
+        if row.destroys_groups and self.train_comm_live:
+            yield from self._destroy_train_comm()
         return None
 
     def _BuildCache(self, e):
@@ -340,7 +388,8 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
             yield from self._offload_train_state()
         if e.version >= 0 and not self.train_resident:
             raise SimFailure(f"cache v{e.version} built after offload: parameters have no storage (debug #34/#35)")
-        self._ensure_train_resident()
+        if e.version < 0:  # the init cache: the INITIALIZATION phase loads the training state
+            self._load_train(self.ctx.residency["init"].loads)
         cluster = self.sim.cluster
         yield from self.cache_lock.acquire("build", e.version)  # never while a sync reads the cache
         with cluster.links.d2h[self.owner_gpu].request() as req:  # parameters leave the GPU
@@ -370,9 +419,13 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self._leave_params_on_gpu()
         return None
 
-    def _offload_train_state(self):
+    def _offload_train_state(self, kinds=TRAIN_STATE_KINDS_ALL):
+        """Move the loaded kinds among ``kinds`` to the host: every trainer at once, over
+        its device-to-host link."""
         cluster = self.sim.cluster
-        share = cluster.vram.held(self.train_gpus[0], f"{self.pid}/train", "train_state")
+        owner = f"{self.pid}/train"
+        going = [k for k in TRAIN_STATE_KINDS if k in kinds and k in self.train_loaded]
+        share = sum(cluster.vram.held(self.train_gpus[0], owner, k) for k in going)
         rate = min(self.costs.offload_bytes_per_s, cluster.spec.pcie_bytes_per_s)
         reqs = [cluster.links.d2h[g].request() for g in self.train_gpus]  # every trainer offloads at once
         yield self.env.all_of(reqs)
@@ -380,14 +433,12 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         for g, req in zip(self.train_gpus, reqs):
             cluster.links.d2h[g].release(req)
         for g in self.train_gpus:
-            self.sim.cluster.vram.free(g, f"{self.pid}/train", "train_state")
-        self.train_resident = False
+            for k in going:
+                self.sim.cluster.vram.free(g, owner, k)
+        self.train_loaded.difference_update(going)
 
     def _DestroyTrainComm(self, e):
-        yield self.env.timeout(self.costs.nccl_group_destroy_s)
-        for g in self.train_gpus:
-            self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
+        yield from self._destroy_train_comm()
         return None
 
     # ------------------------------------------------------------------ coordinator lock

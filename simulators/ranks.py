@@ -46,10 +46,10 @@ class RankEffects:
             self._log_rank(rank)
             owner = self._owner(rank)
             for g in rank.gpus:
-                vram.alloc(g, owner, "weights", per_gpu_weights)
-                vram.alloc(g, owner, "kv_cache", kv)
+                vram.alloc(g, owner, "weights", per_gpu_weights, "wake")
+                vram.alloc(g, owner, "kv_cache", kv, "wake")
                 if tp > 1:
-                    vram.alloc(g, owner, "nccl", c.nccl_buffer_bytes)
+                    vram.alloc(g, owner, "nccl", c.nccl_buffer_bytes, "wake")
         # a level-1 sleeper copies its weights back from host RAM (H2D, all GPUs of all
         # ranks at once); a level-2 sleeper has nothing to copy: its weights come by sync
         kept = [self.ranks[r] for r in e.ranks if self.ranks[r].life.host_version is not None]
@@ -76,21 +76,24 @@ class RankEffects:
         return self.ctx.versions.published
 
     def _Activate(self, e):
-        for r in e.ranks:
-            rank = self.ranks[r]
+        """``activate_dp_ranks(ranks)``: the whole set becomes routable before any request
+        is routed to it (no rank of the set takes the waiting callers alone)."""
+        ranks = [self.ranks[r] for r in e.ranks]
+        for rank in ranks:
             rank.life.on("activated")
             self._log_rank(rank)
-            self.router.activate(rank)
+        self.router.activate(ranks)
         return None
 
     def _Abort(self, e):
-        aborted = 0
-        for r in e.ranks:
-            rank = self.ranks[r]
-            if rank.routable:
-                aborted += len(self.router.deactivate(rank))
+        # sleep_partial: the ranks leave the active set together (one lock), then their
+        # requests are aborted and their callers re-dispatch to the ranks still active
+        ranks = [self.ranks[r] for r in e.ranks]
+        routed = [rank for rank in ranks if rank.routable]
+        for rank in ranks:
             rank.life.on("abort")
             self._log_rank(rank)
+        aborted = len(self.router.deactivate(routed)) if routed else 0
         at = self.faults.get("abort_never_wakes")
         # the next Drain (same shrink, under the coordinator lock) waits on these forever
         self._abort_hung = aborted if at is not None and self.ctx.step >= at else 0

@@ -63,7 +63,7 @@ class RefitEffects:
         yield from stream_sync(
             env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), StreamCosts.from_costs(c, cluster.spec.pcie_bytes_per_s),
             staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
-            on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2)),
+            on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2), f"{e.path}_sync"),
             on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
             on_release=lambda: cluster.vram.free(owner, staging_owner, "staging"))
         if group is not None and not self._strand_sync_group(group, [owner] + sorted(bcast)):

@@ -92,9 +92,12 @@ class Simulation:
     def drain(self) -> None:
         self.log.extend(self.env._now, self.model.drain())
 
-    def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int) -> None:
-        self.log.add({"seq": 0, "t": self.env._now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
-                      "delta": delta, "used": used})
+    def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int, phase: Optional[str]) -> None:
+        rec = {"seq": 0, "t": self.env._now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
+               "delta": delta, "used": used}
+        if phase is not None:
+            rec["phase"] = phase
+        self.log.add(rec)
 
     def _on_host_ram(self, node: int, owner: str, delta: int, used: int) -> None:
         self.log.add({"seq": 0, "t": self.env._now, "kind": "host_ram", "node": node, "owner": owner,

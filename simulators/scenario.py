@@ -147,6 +147,10 @@ def _check_value(ctx: _Ctx, path: str, value: Any, rule: Rule) -> Any:
         if not isinstance(value, str):
             raise ctx.fail(path, f"expected a string, got {_describe(value)}")
         return value
+    if rule.kind == "bool":
+        if not isinstance(value, bool):
+            raise ctx.fail(path, f"expected true or false, got {_describe(value)}")
+        return value
     if rule.kind == "int":
         if not isinstance(value, int) or isinstance(value, bool):
             raise ctx.fail(path, f"expected an integer{unit}, got {_describe(value)}")
@@ -223,7 +227,12 @@ def _cluster(ctx: _Ctx, data: Any) -> ClusterSpec:
 
 
 def _costs(ctx: _Ctx, data: Any) -> CostSpec:
-    return CostSpec(**_flat_fields(ctx, "costs", data, CostSpec))
+    costs = CostSpec(**_flat_fields(ctx, "costs", data, CostSpec))
+    if costs.optimizer_state_multiplier > costs.train_state_multiplier - 1:
+        raise ctx.fail("costs.optimizer_state_multiplier",
+                       f"{_fmt_num(costs.optimizer_state_multiplier)} x weight bytes leaves less than the parameters (1x) "
+                       f"in train_state_multiplier {_fmt_num(costs.train_state_multiplier)}")
+    return costs
 
 
 def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
@@ -485,6 +494,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "steps": p.steps,
                 "sleep_level": p.sleep_level,
                 "start_s": p.start_s,
+                "old_log_probs_offload_states": p.old_log_probs_offload_states,
+                "offload_nccl": p.offload_nccl,
                 "model": _flat_to_mapping(p.model),
                 "workload": _flat_to_mapping(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),

@@ -14,7 +14,7 @@ from simulators.spec import ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, Mod
 
 @dataclass(frozen=True)
 class Rule:
-    kind: str  # "int" | "float" | "str"
+    kind: str  # "int" | "float" | "str" | "bool"
     bound: str = ""  # "" | ">0" | ">=0" | ">=1" | "(0,1]"
     unit: str = ""  # shown in messages
 
@@ -54,6 +54,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "old_log_probs_s_per_trajectory": _r("float", ">=0", "s"),
         "offload_bytes_per_s": _r("float", ">0", "bytes/s"),
         "train_state_multiplier": _r("float", ">=1", "x weight bytes"),
+        "optimizer_state_multiplier": _r("float", ">=0", "x weight bytes"),
         "nccl_group_create_s": _r("float", ">=0", "s"),
         "nccl_group_destroy_s": _r("float", ">=0", "s"),
         "nccl_buffer_bytes": _r("int", ">=0", "bytes"),
@@ -106,6 +107,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),
+        "old_log_probs_offload_states": _r("bool"),
+        "offload_nccl": _r("bool"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
     },
     DataPlaneSpec: {

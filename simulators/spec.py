@@ -68,7 +68,11 @@ class CostSpec:
     train_fixed_s: float = 2.0
     old_log_probs_s_per_trajectory: float = 0.1
     offload_bytes_per_s: float = 20e9  # training state GPU -> host
-    train_state_multiplier: float = 8.0  # weights+grads+optimizer resident while training, x weight bytes
+    # Training state while training, x weight bytes: parameters (1x) + gradient buffers and
+    # fp32 main parameters (ROLL's "other_params": the rest) + Adam moments (below); which
+    # of them a phase loads is harness/control/residency.py (docs/residency.md)
+    train_state_multiplier: float = 8.0
+    optimizer_state_multiplier: float = 4.0  # Adam's two fp32 moments: 8 B per bf16 parameter (2 B)
     nccl_group_create_s: float = 1.5  # one dynamic or training NCCL group (rlix.md §9: ~1-2 s)
     nccl_group_destroy_s: float = 0.05
     nccl_buffer_bytes: int = 512 * MiB  # communicator buffers resident per group member
@@ -137,6 +141,11 @@ class PipelineSpec:
     start_s: float = 0.0  # when the pipeline registers
     streaming: StreamingSpec = field(default_factory=StreamingSpec)  # single_controller only
     data_plane: Optional[DataPlaneSpec] = None  # bulk through a store (simulators/dataplane.py)
+    # ROLL switches (harness/control/residency.py, docs/residency.md); defaults are RLix's:
+    # is_offload_states of the OLD_LOG_PROBS compute (RLix sets False: parameters and
+    # process groups stay across release_then_request; True is the fix)
+    old_log_probs_offload_states: bool = False
+    offload_nccl: bool = True  # groups reloaded on load, destroyed on offload (RLix forces True)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ only reads it. Keeping it a plain dataclass keeps the generators free of runtime
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, Optional
 
+from harness.control.residency import PhaseResidency, TrainerSwitches, residency
 from harness.control.versions import VersionBook
 
 
@@ -23,3 +24,9 @@ class PipelineContext:
     gen_estimate: Optional[int] = None  # step_target_estimate sent with GENERATION requests
     versions: VersionBook = field(default_factory=VersionBook)
     step: int = 0  # step in progress (read by the runtime for labelling)
+    trainer: TrainerSwitches = field(default_factory=TrainerSwitches)
+
+    @property
+    def residency(self) -> Dict[str, PhaseResidency]:
+        """What each training phase loads, offloads and destroys (harness/control/residency.py)."""
+        return residency(self.kind, self.trainer)

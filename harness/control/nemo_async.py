@@ -54,7 +54,8 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     version = step + 1
     yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
     yield OffloadTraining()
-    yield DestroyTrainComm()
+    if ctx.residency["offload"].destroys_groups:
+        yield DestroyTrainComm()
     # after_training: active refresh of the ranks still serving, under the coordinator lock
     yield LockCoordinator("active_refresh")
     yield PromoteCache(version)

@@ -21,7 +21,6 @@ from harness.control.effects import (
     PromoteCache,
     ReleaseGpus,
     ReleaseThenRequest,
-    ReloadTrainComm,
     RequestGpus,
     WaitBatch,
 )
@@ -38,14 +37,18 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     yield EndProgressBatch(step)
     yield AwaitRelease(step)  # planned shrink-to-zero of the GEN cluster
     yield RequestGpus(ACTOR_TRAIN, Priority.OLD_LOG_PROBS, step)
-    yield ReloadTrainComm()
+    # one worker call under ROLL's state_offload_manger: loads the parameters only (and
+    # reloads the groups when offload_nccl); with is_offload_states=False (RLix, Phase 12)
+    # it neither offloads them nor destroys the groups at its end, so they are still on
+    # the GPUs that release_then_request hands back to the idle pool (residency table)
     yield Compute("old_log_probs", step)
     yield ReleaseThenRequest(ACTOR_TRAIN, ACTOR_TRAIN, Priority.ACTOR_TRAINING, step)
     yield Compute("train", step)
     yield BuildCache(step)  # ROLL: version = the step's global_step
     yield PromoteCache(step)  # every rank is asleep: no sync can be reading
     yield OffloadTraining()
-    yield DestroyTrainComm()
+    if ctx.residency["offload"].destroys_groups:
+        yield DestroyTrainComm()
     yield ReleaseGpus(ACTOR_TRAIN, step)
 
 

@@ -1,5 +1,7 @@
-"""Routing invariants (8): requests go only to routable ranks that hold weights, and no
-request is lost or completed twice (an aborted request is dispatched again)."""
+"""Routing invariants: requests go only to routable ranks that hold weights, and no
+request is lost or completed twice (an aborted request is dispatched again) (8); every
+dispatch goes where RLix's router sends it, and the ranks of one resize join routing
+together (20); liveness (17)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,80 @@ def routing(records: Records) -> List[Violation]:
             req = (r["pipeline_id"], r["request"])
             if inflight.pop(req, None) is None:
                 out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} aborted while not running"))
+    return out
+
+
+def _dp_sizes(records: Records) -> Dict[str, int]:
+    """Inference DP ranks per pipeline, from its registration: len(actor_infer mapping) / tp."""
+    sizes: Dict[str, int] = {}
+    for r in records:
+        if r["kind"] == "register":
+            mapping = r["cluster_device_mappings"].get("actor_infer")
+            tp = r["cluster_tp_configs"].get("actor_infer") or 1
+            if mapping:
+                sizes[r["pipeline_id"]] = len(mapping) // tp
+    return sizes
+
+
+@invariant("routing_policy", reads=("register", "rank_state", "effect_start", "effect_end", "request_dispatch"))
+def routing_policy(records: Records) -> List[Violation]:
+    """Each dispatch goes to the rank RLix's router picks given the routable set at that
+    moment — round robin per request, one cursor over the DP indices 0..dp_size-1 that
+    skips ranks not routable (NeMo ``_select_next_active_dp_rank``) — and the ranks of
+    one ``Activate`` join routing together: no request is routed while some of them are
+    routable and others not yet. The cursor is rebuilt from the log alone (it starts at
+    0 and moves past every rank a dispatch went to); after a wrong dispatch it follows
+    the rank actually used, and the wrong dispatches of one routable set are reported
+    once, with their count."""
+    out: List[Violation] = []
+    sizes = _dp_sizes(records)
+    routable: Dict[str, Set[int]] = {}
+    cursor: Dict[str, int] = {}
+    joining: Dict[str, Tuple[int, Set[int]]] = {}  # pipeline -> (seq of Activate start, its ranks)
+    wrong: Dict[str, List] = {}  # pipeline -> [first violation seq, message, count] for the current set
+
+    def flush(pid: str) -> None:
+        w = wrong.pop(pid, None)
+        if w is not None:
+            extra = f" ({w[2]} dispatches off the round robin while this set was routable)" if w[2] > 1 else ""
+            out.append(Violation("routing_policy", w[0], w[1] + extra))
+
+    for r in records:
+        k = r["kind"]
+        if k == "rank_state":
+            pid, dp = r["pipeline_id"], r["dp_rank"]
+            ranks = routable.setdefault(pid, set())
+            was = dp in ranks
+            (ranks.add if r["state"] == "routable" else ranks.discard)(dp)
+            if was != (dp in ranks):
+                flush(pid)
+        elif k == "effect_start" and r["effect"] == "Activate":
+            joining[r["pipeline_id"]] = (r["seq"], set(r["args"]["ranks"]))
+        elif k == "effect_end" and r["effect"] == "Activate":
+            joining.pop(r["pipeline_id"], None)
+        elif k == "request_dispatch":
+            pid, dp = r["pipeline_id"], r["dp_rank"]
+            ranks = routable.get(pid, set())
+            join = joining.get(pid)
+            if join is not None and join[1] & ranks and not join[1] <= ranks:
+                out.append(Violation("routing_policy", r["seq"],
+                                     f"request {r['request']} of {pid} routed while the ranks {sorted(join[1])} of one "
+                                     f"Activate (seq {join[0]}) join routing one at a time: only {sorted(join[1] & ranks)} routable"))
+            n = sizes.get(pid)
+            if not n or not ranks:
+                continue  # unknown pipeline size, or nothing routable (the routing check reports that)
+            at = cursor.get(pid, 0)
+            expected = next(((at + i) % n for i in range(n) if (at + i) % n in ranks), None)
+            if expected is not None and dp != expected:
+                w = wrong.get(pid)
+                if w is None:
+                    wrong[pid] = [r["seq"], f"request {r['request']} of {pid} routed to dp{dp}; round robin from cursor "
+                                            f"{at} over routable {sorted(ranks)} sends it to dp{expected}", 1]
+                else:
+                    w[2] += 1
+            cursor[pid] = (dp + 1) % n
+    for pid in sorted(wrong):
+        flush(pid)
     return out
 
 

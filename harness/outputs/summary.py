@@ -140,6 +140,9 @@ class Summary:
     timeouts: List[Dict[str, Any]]  # RLix timeouts that expired
     streaming: List[StreamingRow] = field(default_factory=list)  # single controllers
     dataplane: List[HopTotal] = field(default_factory=list)  # bytes per hop (harness/outputs/dataplane.py)
+    # GPUs handed over with another cluster's memory still on them (the handover check)
+    handovers: List[Dict[str, Any]] = field(default_factory=list)
+    first_oom_seq: Optional[int] = None  # to say whether an unclean handover came first
 
     @property
     def duration_s(self) -> float:
@@ -313,6 +316,7 @@ def summarize(log: Log) -> Summary:
     ooms: List[Dict[str, Any]] = []
     faults: List[Dict[str, Any]] = []
     timeouts: List[Dict[str, Any]] = []
+    first_oom_seq: Optional[int] = None
     end_reason: Optional[str] = None
     for r in records:
         k = r.get("kind")
@@ -330,6 +334,8 @@ def summarize(log: Log) -> Summary:
             sched.failures += 1
         elif k == "oom":
             ooms.append({f: r.get(f) for f in ("t", "gpu", "owner", "mem", "requested", "used", "capacity")})
+            if first_oom_seq is None:
+                first_oom_seq = r.get("seq")
         elif k == "host_oom":
             ooms.append({f: r.get(f) for f in ("t", "node", "owner", "requested", "used", "capacity")})
         elif k == "fault_fired":
@@ -344,10 +350,17 @@ def summarize(log: Log) -> Summary:
         scenario=view.scenario, t_start=t0, t_end=t1, end_reason=end_reason,
         nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
-        ooms=ooms, faults=faults, timeouts=timeouts,
+        ooms=ooms, faults=faults, timeouts=timeouts, handovers=_handovers(records), first_oom_seq=first_oom_seq,
         streaming=streaming_rows(records, {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(records),
     )
+
+
+def _handovers(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    from harness.invariants.handover import handover  # the oracle's own reading of the log
+
+    at = {r["seq"]: r["t"] for r in records if "seq" in r}
+    return [{"seq": v.seq, "t": at.get(v.seq), "message": v.message} for v in handover(records)]
 
 
 # --------------------------------------------------------------------------- text
@@ -456,6 +469,18 @@ def format_summary(summary: Summary) -> str:
                     str(sc.expand_dp_ranks), str(sc.signals), str(sc.rejected), str(sc.failures)]],
                   "rrrrrrrr")
 
+    if summary.handovers:
+        out.append("")
+        out.append(f"GPU handovers with another cluster's memory still resident ({len(summary.handovers)})")
+        for h in summary.handovers[:5]:
+            out.append(f"t={_s(h['t'])} s {h['message']}")
+        if len(summary.handovers) > 5:
+            out.append(f"... and {len(summary.handovers) - 5} more (violations.txt)")
+        if summary.ooms and summary.first_oom_seq is not None:
+            h, o = summary.handovers[0], summary.ooms[0]
+            first = "before" if h["seq"] < summary.first_oom_seq else "after"
+            out.append(f"the first unclean handover (t={_s(h['t'])} s, seq {h['seq']}) came {first} the first OOM "
+                       f"(t={_s(o['t'])} s, seq {summary.first_oom_seq}, GPU {o.get('gpu')})")
     if summary.dataplane:
         out += format_dataplane(summary.dataplane, _bytes, _table)
 

@@ -105,6 +105,8 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
         gpus = sorted(op.gpus)
         mapping = build_dp_rank_mapping(gpus, op.tp_size)
         state.idle_gpus -= set(gpus)
+        if state.held_for:
+            state.held_for.pop(op.cluster_id, None)  # its reservation ends with the grant
         state.allocations[op.cluster_id] = ClusterAllocation(
             cluster_id=op.cluster_id, gpu_ids=gpus, priority=op.priority,
             active_dp_ranks=set(mapping) if is_generation_cluster(op.cluster_id) else set(),

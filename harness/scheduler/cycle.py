@@ -109,6 +109,9 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
             if blocked:
                 continue
             needed = set(entry.clusters[name].device_mapping)
+            own = state.held_for.get(cid)
+            if own:  # option reserve_same_cluster_release: its own released GPUs are open to it
+                available |= own & state.idle_gpus
             missing = needed - available
             snapshot = None
             if missing and opts.rollback_ungrantable_preemption:
@@ -126,6 +129,8 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
                     plan.shrinks, restored = snapshot
                     available.clear()
                     available.update(restored)
+                if own:
+                    available.difference_update(own)
                 if opts.head_of_line_blocking:
                     blocked = True
 
@@ -229,6 +234,10 @@ def plan_cycle(state: SchedulerState, opts: SchedulerOptions, *, reason: str) ->
     for alloc in state.allocations.values():
         if alloc.priority != _GENERATION:
             reserved.update(alloc.gpu_ids)
+    if state.held_for:  # option reserve_same_cluster_release (empty unless it is on)
+        for gpus in state.held_for.values():
+            available.difference_update(gpus)
+            reserved.update(gpus)
     _phase_non_generation(state, plan, available, reserved, opts)
     gap = _phase_generation(state, plan, available, reserved, opts)
     validate_plan(plan, registry=state.registry, allocations=state.allocations,

@@ -166,6 +166,8 @@ class SchedulerModel:
                 else:
                     keep.append(p)
             st.pending[prio] = keep
+        for cid in [c for c in st.held_for if parse_cluster_id(c)[0] == pipeline_id]:
+            del st.held_for[cid]
         for cid in [c for c in st.planned_releases if parse_cluster_id(c)[0] == pipeline_id]:
             req = st.planned_releases.pop(cid)
             signals.append(Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], None, error))
@@ -235,9 +237,13 @@ class SchedulerModel:
             raise Rejected(f"release_cluster_id {release_cluster_id!r} is not currently allocated")
         if existing.priority == request_priority:
             raise Rejected(f"release_cluster_id {release_cluster_id!r} priority is already {existing.priority.name}; releasing and re-requesting the same priority is a no-op")
+        released = list(existing.gpu_ids)
         self.release(release_cluster_id, global_step=release_global_step)
-        return self._enqueue(request_cluster_id, request_priority, request_global_step,
-                             request_step_target_estimate, request_lora_name)
+        ticket = self._enqueue(request_cluster_id, request_priority, request_global_step,
+                               request_step_target_estimate, request_lora_name)
+        if self.options.reserve_same_cluster_release and release_cluster_id == request_cluster_id and not ticket.done:
+            self.state.held_for[request_cluster_id] = set(released)
+        return ticket
 
     def await_release(self, *, cluster_id: Optional[str] = None, pipeline_id: Optional[str] = None,
                       global_step: Optional[int] = None) -> Ticket:

@@ -29,6 +29,12 @@ class SchedulerOptions:
     # head-of-line blocking, so a large request can starve). True = stop granting
     # non-GEN requests in this cycle after the first one that cannot be granted.
     head_of_line_blocking: bool = False
+    # Not an RLix behaviour (RLix adds the GPUs a release_then_request releases to the
+    # idle pool, where an earlier same-tier request or a GENERATION expand can take them
+    # while the releasing cluster's memory is still on them). True = when a cluster
+    # releases and re-requests itself (ROLL's OLD_LOG_PROBS -> ACTOR_TRAINING), the
+    # released GPUs stay reserved for that request until it is granted.
+    reserve_same_cluster_release: bool = False
     # Gap-ratio planner parameters and RLix's safety bounds (exceeding them fails fast).
     epsilon: float = 0.0
     max_gap_iterations: int = MAX_GAP_ITERATIONS

@@ -30,6 +30,9 @@ class SchedulerState:
     allocations: Dict[str, ClusterAllocation] = field(default_factory=dict)
     pending: Dict[Priority, List[PendingRequest]] = field(default_factory=lambda: {p: [] for p in Priority})
     planned_releases: Dict[str, PlannedRelease] = field(default_factory=dict)
+    # option reserve_same_cluster_release: cluster -> GPUs its own release_then_request
+    # released, held back from every other request until that cluster is granted again
+    held_for: Dict[str, Set[int]] = field(default_factory=dict)
     progress: ProgressStore = field(default_factory=ProgressStore)
     cycle_counter: int = 0
     request_seq: int = 0

@@ -80,12 +80,12 @@ def test_a_request_aborted_mid_decode_completes_once_after_its_redispatch():
     router, rank, done = _router(env, log)
 
     def driver():
-        router.activate(rank)
+        router.activate([rank])
         router.submit([Request(1, tokens=100)])  # alone: 100 * (0 + 1 + 0) / 100 = 1 s
         yield env.timeout(0.5)
-        router.deactivate(rank)  # aborted: back to the queue; its timer (due at 1.0) goes stale
+        router.deactivate([rank])  # aborted: back to the queue; its timer (due at 1.0) goes stale
         yield env.timeout(1.0)
-        router.activate(rank)  # re-dispatched at 1.5, due at 2.5
+        router.activate([rank])  # re-dispatched at 1.5, due at 2.5
 
     env.spawn(driver(), "pipeline", 0)
     env.run()
@@ -99,7 +99,7 @@ def test_a_freed_slot_is_refilled_when_a_completion_fires():
     env, log = SimEnv(), []
     router, rank, done = _router(env, log)
     router.max_concurrent = 1
-    router.activate(rank)
+    router.activate([rank])
     router.submit([Request(1, tokens=100), Request(2, tokens=50)])
     env.run()
     assert done == [(1.0, 1, 0), (1.5, 2, 0)]  # the second waited for the only slot

@@ -132,7 +132,8 @@ def test_oom_detected_when_wake_meets_resident_training_memory():
     fired = next(r for r in res.records if r["kind"] == "fault_fired")
     assert fired["name"] == "wake_before_offload" and fired["seq"] < oom[0]["seq"]
     # the leaked training state is still on the GPU that ran out
-    train = [r for r in res.records if r["kind"] == "vram" and r["gpu"] == oom[0]["gpu"] and r["mem"] == "train_state"]
+    train = [r for r in res.records
+             if r["kind"] == "vram" and r["gpu"] == oom[0]["gpu"] and r["mem"] in ("params", "grads", "optimizer")]
     assert sum(r["delta"] for r in train) > 0
 
 
@@ -156,9 +157,9 @@ def test_nccl_buffers_kept_on_sleep_accumulate_until_training_runs_out_of_memory
     res = run("nccl_kept_on_sleep")
     assert res.reason == "failed" and "OOM on GPU 0" in res.detail, res.detail
     oom = next(r for r in res.records if r["kind"] == "oom")
-    assert (oom["gpu"], oom["owner"], oom["mem"]) == (0, "ppl1/train", "nccl")
+    assert (oom["gpu"], oom["owner"]) == (0, "ppl1/train")  # training loading its state next to the leak
     fired = [r for r in res.records if r["kind"] == "fault_fired" and r["name"] == "keep_nccl_on_sleep"]
-    assert len(fired) >= 2 and fired[-1]["seq"] < oom["seq"]
+    assert len(fired) >= 1 and fired[-1]["seq"] < oom["seq"]
     # what the sleeping rank still holds on GPU 0: one set of buffers per sleep that kept them
     leaked = sum(r["delta"] for r in res.records
                  if r["kind"] == "vram" and r["gpu"] == 0 and r["owner"] == "ppl1/dp0" and r["mem"] == "nccl")
@@ -219,18 +220,28 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 
 # Scenarios that reproduce a failure mode, and the invariant that catches it.
 EXPECTED_FINDINGS = {
-    # an OOM is the VRAM invariant's finding (vram) and ends the run (run_outcome)
-    "oom_wake_before_offload": ("failed", {"vram", "run_outcome"}),
+    # an OOM is the VRAM invariant's finding (vram) and ends the run (run_outcome); the leaked
+    # training state is also seen at the grant, before the OOM (handover)
+    "oom_wake_before_offload": ("failed", {"vram", "run_outcome", "handover"}),
     "nccl_kept_on_sleep": ("failed", {"vram", "run_outcome"}),  # RLix Bug 4: leaked communicator buffers end in an OOM
     "cache_built_after_offload": ("failed", {"run_outcome"}),  # debug #34/#35: the build finds no parameters
-    "refit_over_slow_interconnect": ("failed", {"run_outcome"}),  # RLix's selective-sync timeout (test_timeouts.py)
+    # RLix's selective-sync timeout (test_timeouts.py); NeMo's init keeps the 4-GPU trainer's
+    # Megatron groups (debug #24), whose buffers are on the GPUs its ranks first wake on
+    "refit_over_slow_interconnect": ("failed", {"run_outcome", "handover"}),
     "abort_never_wakes": ("failed", {"run_outcome"}),  # RLix Bug 7: the shrink drain times out (test_timeouts.py)
     "whole_model_sync_bucket": ("failed", {"vram", "run_outcome"}),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
-    "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack"}),
+    # (and, handover: NeMo's init keeps its multi-GPU trainers' groups, docs/residency.md)
+    "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack", "handover"}),
+    # RLix's premature planned-release ack, which the faithful (faster) routing now times into
+    "roll_dual_4gpu": ("done", {"planned_release_ack"}),
+    "gap_ratio_3pipelines": ("done", {"planned_release_ack"}),
+    # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
+    "handover_old_log_probs_fits": ("done", {"handover"}),
+    "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack"}),
     # bulk tensors routed through the driver: invariant 16 (the 1-hop rule) fires
     "dataplane_via_driver": ("done", {"data_plane"}),
     # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
@@ -264,7 +275,9 @@ def test_stale_serving_disappears_with_exact_planned_releases():
     s = scenario("mixed_64gpu")
     fixed = dataclasses.replace(s, scheduler={**s.scheduler, "ack_unplanned_releases": False})
     res = Simulation(fixed).run()
-    assert res.reason == "done" and check_log(res.records) == []
+    # what is left is the other finding of this scenario: NeMo's init keeps its trainers'
+    # groups (docs/residency.md), unrelated to planned releases
+    assert res.reason == "done" and {v.invariant for v in check_log(res.records)} == {"handover"}
 
 
 def test_one_shot_generation_starves_without_the_watchdog_and_completes_with_it():
@@ -289,7 +302,7 @@ def test_a_cache_built_after_the_offload_crashes_the_pipeline():
     build = [r for r in effects(res.records, "ppl1") if r["effect"] == "BuildCache"]
     assert len(build) == 3 and build[-1]["seq"] < fired["seq"]  # init, step 0, then the failing one
     freed = [r for r in res.records if r["kind"] == "vram" and r["owner"] == "ppl1/train"
-             and r["mem"] == "train_state" and r["seq"] > fired["seq"]]
+             and r["mem"] in ("params", "grads", "optimizer") and r["seq"] > fired["seq"]]
     assert freed and all(r["delta"] < 0 for r in freed)  # the offload ran before the build read anything
     clean = Simulation(dataclasses.replace(res.scenario, faults=())).run()
     assert clean.reason == "done" and check_log(clean.records) == []
@@ -315,7 +328,7 @@ def test_a_whole_model_sync_bucket_runs_out_of_memory_next_to_the_live_kv_cache(
 def test_a_finished_pipeline_that_keeps_its_gen_ranks_starves_its_tp2_peer():
     res = run("finished_pipeline_keeps_gen")
     stuck = [v.message for v in check_log(res.records, ["liveness"])]
-    assert res.reason == "horizon" and any(m.startswith("ppl2 stuck in WaitBatch") for m in stuck), stuck
+    assert res.reason == "horizon" and any(m.startswith("ppl2 stuck in RequestGpus") for m in stuck), stuck
     assert not any(m.startswith("ppl1") for m in stuck)  # ppl1 itself finished all its steps
     # ppl1 never released nor unregistered, and still holds GEN ranks in both of ppl2's bundles
     assert not [r for r in res.records if r.get("pipeline_id") == "ppl1" and r["kind"] in ("await_release", "unregister")]

@@ -231,7 +231,7 @@ def test_every_registered_check_has_a_firing_test_here():
     for name in CHECKS:
         if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
                     "release_after_publish", "step_order", "routing", "stale_serving", "planned_release_ack",
-                    "liveness", "data_plane"):
+                    "liveness", "data_plane", "routing_policy", "handover", "gpu_tenancy"):
             assert f'["{name}"]' in here, name
         elif name in OWN_SUITES:
             assert f'"{name}"' in open(os.path.join(ROOT, OWN_SUITES[name])).read(), name
@@ -409,3 +409,85 @@ def test_cache_lock_treats_an_unlocked_build_as_holding_the_cache_for_its_whole_
             e(4, "effect_end", "SyncFromCache", ranks=[1], version=1, path="expand")]
     found = check_log(recs, ["cache_lock"])
     assert found and "without the cache lock" in found[0].message
+
+
+def policy_trace(dispatch_ranks, activate_between=False):
+    """A pipeline with 4 inference ranks (tp 1); one Activate of all four, then dispatches."""
+    reg = {"seq": 1, "t": 0, "kind": "register", "pipeline_id": "p", "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
+           "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1, 2, 3]}}
+    act = lambda seq, k: {"seq": seq, "t": 1, "kind": k, "pipeline_id": "p", "effect": "Activate", "args": {"ranks": [0, 1, 2, 3]}, "scope": "expand"}
+    rs = lambda seq, dp: {"seq": seq, "t": 1, "kind": "rank_state", "pipeline_id": "p", "dp_rank": dp, "state": "routable", "gpus": [dp], "version": 0}
+    d = lambda seq, req, dp: {"seq": seq, "t": 1, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": dp, "version": 0}
+    recs, seq = [reg, act(2, "effect_start")], 3
+    if activate_between:  # rank 0 routable, a dispatch, then the others (one at a time)
+        recs.append(rs(seq, 0)); seq += 1
+        recs.append(d(seq, 100, 0)); seq += 1
+        for dp in (1, 2, 3):
+            recs.append(rs(seq, dp)); seq += 1
+    else:
+        for dp in range(4):
+            recs.append(rs(seq, dp)); seq += 1
+    recs.append(act(seq, "effect_end")); seq += 1
+    for i, dp in enumerate(dispatch_ranks):
+        recs.append(d(seq, i, dp)); seq += 1
+    return recs
+
+
+def test_routing_policy_passes_round_robin_over_a_set_activated_together():
+    assert check_log(policy_trace([0, 1, 2, 3, 0, 1]), ["routing_policy"]) == []
+
+
+def test_routing_policy_fires_when_a_queue_goes_to_one_rank_of_a_fresh_set():
+    found = check_log(policy_trace([0, 0, 0, 0, 0, 0]), ["routing_policy"])
+    assert len(found) == 1 and "sends it to dp1" in found[0].message and "5 dispatches" in found[0].message
+
+
+def test_routing_policy_fires_when_ranks_of_one_activate_join_one_at_a_time():
+    found = check_log(policy_trace([1, 2, 3, 0], activate_between=True), ["routing_policy"])
+    assert found and "join routing one at a time" in found[0].message and "only [0] routable" in found[0].message
+
+
+def test_routing_policy_skips_ranks_not_routable_from_the_cursor():
+    recs = policy_trace([])
+    recs = [r for r in recs if not (r["kind"] == "rank_state" and r["dp_rank"] in (0, 2))]
+    d = lambda seq, req, dp: {"seq": seq, "t": 2, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": dp, "version": 0}
+    ok = recs + [d(20, 1, 1), d(21, 2, 3), d(22, 3, 1)]  # NeMo's unit test: {1, 3} active -> 1, 3, 1
+    assert check_log(ok, ["routing_policy"]) == []
+    assert check_log(recs + [d(20, 1, 1), d(21, 2, 1)], ["routing_policy"])
+
+
+def handover_trace(residue_kind, residue_owner, nbytes, granted_to="q_actor_train"):
+    """p's memory on GPU 0, then GPU 0 is granted to another cluster."""
+    v = lambda seq, owner, mem, delta, phase=None: dict({"seq": seq, "t": seq, "kind": "vram", "gpu": 0, "owner": owner,
+                                                         "mem": mem, "delta": delta, "used": 0},
+                                                        **({"phase": phase} if phase else {}))
+    return [
+        {"seq": 1, "t": 1, "kind": "signalled", "request_id": 1, "waiter": "request", "cluster_id": "p_actor_train",
+         "priority": "OLD_LOG_PROBS", "gpus": [0], "cycle": 1, "error": None},
+        v(2, "p/ctx", "cuda_context", 500),
+        v(3, residue_owner, residue_kind, nbytes, "old_log_probs"),
+        {"seq": 4, "t": 4, "kind": "released", "cluster_id": "p_actor_train", "gpus": [0], "reason": "release"},
+        {"seq": 5, "t": 5, "kind": "signalled", "request_id": 2, "waiter": "request", "cluster_id": granted_to,
+         "priority": "ACTOR_TRAINING", "gpus": [0], "cycle": 2, "error": None},
+    ]
+
+
+def test_handover_names_gpu_clusters_bytes_phase_and_the_grant():
+    found = check_log(handover_trace("params", "p/train", 1000), ["handover"])
+    assert len(found) == 1 and found[0].seq == 5
+    assert found[0].message == ("GPU 0 granted to q_actor_train (signalled seq 5) still holds p_actor_train's params 1000 B "
+                                "(1000 B > residue 0 B), left by phase old_log_probs")
+
+
+def test_handover_allows_contexts_documented_residue_and_the_same_cluster():
+    assert check_log(handover_trace("nccl", "p/dp0", 512 << 20), ["handover"]) == []  # <= 1 GiB after sleep
+    assert check_log(handover_trace("params", "p/train", 1000, granted_to="p_actor_train"), ["handover"]) == []
+    assert check_log(handover_trace("kv_cache", "p/dp0", 2 << 30), ["handover"])  # above the post-sleep threshold
+
+
+def test_gpu_tenancy_fires_on_an_allocation_where_the_cluster_holds_nothing():
+    recs = handover_trace("params", "p/train", 1000)
+    late = dict(recs[2], seq=6, t=6)  # p loads again after it released GPU 0 (now q's)
+    found = check_log(recs + [late], ["gpu_tenancy"])
+    assert len(found) == 1 and found[0].message == "p_actor_train allocates params on GPU 0, which is held by q_actor_train"
+    assert check_log(recs, ["gpu_tenancy"]) == []

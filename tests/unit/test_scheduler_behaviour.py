@@ -328,3 +328,39 @@ def test_no_head_of_line_blocking_by_default():
 def test_head_of_line_blocking_variant_holds_later_requests():
     m = model(4, head_of_line_blocking=True)
     assert _hol_setup(m) == []
+
+
+# ---------------------------------------------------------------- release_then_request of one cluster
+
+OLP = Priority.OLD_LOG_PROBS
+
+
+def _same_cluster_release_then_request(**opts):
+    """a holds [0, 1] at OLD_LOG_PROBS; b (train [1]) waits at ACTOR_TRAINING; then a releases
+    and re-requests itself at ACTOR_TRAINING (RLix's ROLL Phase 16)."""
+    m = model(4, **opts)
+    add(m, "a", [0, 1, 2, 3], train=[0, 1])
+    add(m, "b", [1, 2, 3], train=[1])
+    m.request("a_actor_train", OLP)
+    m.run_cycle()
+    tb = m.request("b_actor_train", TRN)
+    m.run_cycle()
+    assert not tb.done  # GPU 1 is a's
+    ta = m.release_then_request("a_actor_train", "a_actor_train", TRN)
+    signals = m.run_cycle()
+    return m, {s.cluster_id: s.gpus for s in signals}, ta
+
+
+def test_rlix_gives_a_same_cluster_release_to_the_earlier_same_tier_request():
+    m, granted, _ = _same_cluster_release_then_request()
+    assert granted == {"b_actor_train": [1]}  # b was first in the ACTOR_TRAINING tier
+    assert "a_actor_train" not in m.state.allocations
+
+
+def test_reserve_same_cluster_release_keeps_the_gpus_for_the_releasing_cluster():
+    m, granted, _ = _same_cluster_release_then_request(reserve_same_cluster_release=True)
+    assert granted == {"a_actor_train": [0, 1]}
+    assert m.state.held_for == {}  # the reservation ends with the grant
+    m.release("a_actor_train")
+    assert {s.cluster_id: s.gpus for s in m.run_cycle()} == {"b_actor_train": [1]}
+
