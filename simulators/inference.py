@@ -104,6 +104,7 @@ class Router:
         self.active: set = set()  # _active_dp_ranks
         self.cursor = 0  # current_generate_dp_shard_idx
         self.polling: Deque[Request] = deque()  # callers waiting for an active rank, FIFO
+        self._callers_epoch = 0  # poll ticks armed before a crash/stop find a newer epoch and drop their callers
         self._caller = Actor("caller", pipe_index)
         self.completed = 0
         self.aborted = 0
@@ -142,14 +143,18 @@ class Router:
         self.active.clear()
         self._abort([self.ranks[r] for r in sorted(self.ranks)])
         self.polling.clear()
+        self._callers_epoch += 1
 
     def crash(self) -> None:
         """The engines die silently (fault engines_crash_after_refit): nothing is routable,
-        running and queued requests vanish without an abort, and no caller is told."""
+        running and queued requests vanish without an abort, and no caller is told (the
+        callers still polling are dropped too, as the fault's rollout loses them)."""
         self.active.clear()
         for rank in self.ranks.values():
             rank.inflight.clear()  # their completion timers are now stale
             rank.queued.clear()
+        self.polling.clear()
+        self._callers_epoch += 1
 
     def _abort(self, ranks: List[RankSim]) -> List[Request]:
         log, now, pid = self.log, self.env._now, self.pipeline_id
@@ -207,9 +212,12 @@ class Router:
             ticks.setdefault(req.waiting_since + k * POLL_S, []).append(req)
         self.polling.clear()
         for t in sorted(ticks):
-            Timer(self.env, max(0.0, t - now), self._caller, self._poll_tick, ticks[t])
+            Timer(self.env, max(0.0, t - now), self._caller, self._poll_tick, (ticks[t], self._callers_epoch))
 
-    def _poll_tick(self, reqs: List[Request]) -> None:
+    def _poll_tick(self, arg: Tuple[List[Request], int]) -> None:
+        reqs, epoch = arg
+        if epoch != self._callers_epoch:
+            return  # the engines crashed or stopped meanwhile: these callers are gone
         for req in reqs:
             dp = self._next_active()
             if dp is None:  # deactivated again before this tick: keep polling (same phase)

@@ -132,8 +132,10 @@ def test_initialize_order():
     run(nemo_async.initialize(ctx), script)
     assert script.trace == [
         ("RequestGpus", {"cluster": "actor_train", "priority": "INITIALIZATION", "global_step": None, "step_target_estimate": None}),
+        ("ReloadTrainComm", {}),  # the training groups are created at init ...
         ("BuildCache", {"version": -1}), ("PromoteCache", {"version": -1}), ("OffloadTraining", {}),
-        ("DestroyTrainComm", {}), ("ReleaseGpus", {"cluster": "actor_train", "global_step": None}),
+        # ... and NeMo keeps them alive (debug #24; harness/control/residency.py)
+        ("ReleaseGpus", {"cluster": "actor_train", "global_step": None}),
         ("BeginProgressBatch", {"global_step": 0}),
         ("RequestGpus", {"cluster": "actor_infer", "priority": "GENERATION", "global_step": 0, "step_target_estimate": 1}),
     ]
@@ -167,8 +169,10 @@ def test_roll_train_step_order():
     ctx = promoted(roll_ctx())
     script = Script(ctx)
     run(roll_sync.train_step(ctx, 0), script)
+    # the old log-probs compute reloads the groups itself (state_offload_manger) and, with RLix's
+    # is_offload_states=False, offloads nothing before release_then_request (residency.py)
     assert script.seen == ["BeginProgressBatch", "RequestGpus", "WaitBatch", "EndProgressBatch", "AwaitRelease",
-                           "RequestGpus", "ReloadTrainComm", "Compute", "ReleaseThenRequest", "Compute", "BuildCache",
+                           "RequestGpus", "Compute", "ReleaseThenRequest", "Compute", "BuildCache",
                            "PromoteCache", "OffloadTraining", "DestroyTrainComm", "ReleaseGpus"]
     priorities = [f["priority"] for n, f in script.trace if n == "RequestGpus"]
     assert priorities == ["GENERATION", "OLD_LOG_PROBS"]
@@ -471,4 +475,4 @@ def test_interpret_runs_generator_handlers_with_yield_from():
         yield ("wait", type(effect).__name__)
         return None
     waited = list(interpret(nemo_async.initialize(ctx), handler))
-    assert [w[1] for w in waited][:2] == ["RequestGpus", "BuildCache"]
+    assert [w[1] for w in waited][:3] == ["RequestGpus", "ReloadTrainComm", "BuildCache"]
