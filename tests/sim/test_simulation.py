@@ -250,7 +250,8 @@ EXPECTED_FINDINGS = {
     "collector_dies_at_epoch_end": ("horizon", {"liveness"}),  # NeMo RL #2899
     "engines_crash_after_refit": ("horizon", {"liveness"}),  # NeMo RL #3488
     "stuck_rollout_straggler": ("horizon", {"liveness"}),  # NeMo RL #3238
-    "offload_keeps_params": ("failed", {"vram", "run_outcome"}),  # NeMo RL #2775: OOM on the next wake
+    # NeMo RL #2775: handover at the grant, then the OOM on the next wake
+    "offload_keeps_params": ("failed", {"handover", "vram", "run_outcome"}),
     # NeMo RL #3591: sync groups never destroyed (sync_groups) pile up until an OOM
     "stranded_sync_group": ("failed", {"sync_groups", "vram", "run_outcome"}),
     "gen_request_without_demand": ("horizon", {"liveness"}),  # RLix debug #27
