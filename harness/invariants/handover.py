@@ -17,7 +17,8 @@ by kind, the phase that left them (the ``phase`` of the ``vram`` records) and th
 granting record.
 
 ``gpu_tenancy`` (its mirror): no cluster allocates on, or runs a training effect or a
-request on, a GPU it does not hold. One allocation is exempt: the cache owner stages each
+request on, a GPU it does not hold (pipelines that registered with the scheduler; a
+single controller holds its GPUs outside it). One allocation is exempt: the cache owner stages each
 bucket of a weight sync on its own GPU whoever holds it (RLix's sender, rlix.md §5.2; the
 documented transient is bucket + scratch <= 0.9 x free, §5.1) — an expand's sync runs
 after ``actor_train`` was released. ``handover`` still counts those bytes if a GPU changes
@@ -143,14 +144,18 @@ _TRAINER_EFFECTS = ("Compute", "BuildCache", "ReloadTrainComm", "OffloadTraining
 
 
 @invariant("gpu_tenancy", reads=("vram", "effect_start", "rank_state", "request_dispatch", "plan", "resize_start",
-                                   "resize_end", "signalled", "released"))
+                                   "resize_end", "signalled", "released", "register"))
 def gpu_tenancy(records: Records) -> List[Violation]:
     out: List[Violation] = []
     holders = _Holders()
     rank_gpus: Dict[Tuple[str, int], List[int]] = {}
     reported: Set[Tuple[str, int, str]] = set()
 
+    registered: Set[str] = set()  # a pipeline the scheduler never saw holds its GPUs outside it (single controller)
+
     def check(seq: int, cluster: str, gpus, what: str) -> None:
+        if cluster.rpartition("_actor_")[0] not in registered:
+            return
         for g in gpus:
             held = holders.holder.get(g)
             if held != cluster and (cluster, g, what) not in reported:
@@ -160,7 +165,9 @@ def gpu_tenancy(records: Records) -> List[Violation]:
 
     for r in records:
         k = r["kind"]
-        if k == "vram":
+        if k == "register":
+            registered.add(r["pipeline_id"])
+        elif k == "vram":
             cluster = cluster_of(r["owner"])
             if cluster is not None and r["delta"] > 0 and r["mem"] != "staging":
                 check(r["seq"], cluster, [r["gpu"]], f"allocates {r['mem']}")

@@ -486,8 +486,11 @@ def test_handover_allows_contexts_documented_residue_and_the_same_cluster():
 
 
 def test_gpu_tenancy_fires_on_an_allocation_where_the_cluster_holds_nothing():
-    recs = handover_trace("params", "p/train", 1000)
-    late = dict(recs[2], seq=6, t=6)  # p loads again after it released GPU 0 (now q's)
+    reg = lambda pid: {"seq": 0, "t": 0, "kind": "register", "pipeline_id": pid, "cluster_tp_configs": {"actor_train": 1},
+                       "cluster_device_mappings": {"actor_train": [0]}}
+    recs = [reg("p"), reg("q")] + handover_trace("params", "p/train", 1000)
+    late = dict(recs[4], seq=6, t=6)  # p loads again after it released GPU 0 (now q's)
     found = check_log(recs + [late], ["gpu_tenancy"])
     assert len(found) == 1 and found[0].message == "p_actor_train allocates params on GPU 0, which is held by q_actor_train"
     assert check_log(recs, ["gpu_tenancy"]) == []
+    assert check_log(recs[2:] + [late], ["gpu_tenancy"]) == []  # never registered: holds its GPUs outside the scheduler
