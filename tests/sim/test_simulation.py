@@ -241,7 +241,7 @@ EXPECTED_FINDINGS = {
     "gap_ratio_3pipelines": ("done", {"planned_release_ack"}),
     # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
     "handover_old_log_probs_fits": ("done", {"handover"}),
-    "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack"}),
+    "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack", "vram", "run_outcome"}),
     # bulk tensors routed through the driver: invariant 16 (the 1-hop rule) fires
     "dataplane_via_driver": ("done", {"data_plane", "handover"}),
     # NeMo's init keeps its multi-GPU trainer's groups (docs/residency.md)

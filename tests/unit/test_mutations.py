@@ -255,14 +255,17 @@ MUTATIONS: Dict[str, Callable] = {
 }
 # liveness needs a run that stalls for its 300 s window: a fault hook (test_liveness_... below)
 FAULT_HOOK_TESTED = {"liveness"}
+# a mutation whose damage another check must also see: a KV cache that is never freed is
+# still on its GPU when the scheduler grants that GPU to another cluster (handover, #18)
+ALSO_FIRES = {"vram": {"handover"}}
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_mutation_fires_exactly_its_check(name, sim_log):
     log, expected = MUTATIONS[name](copy.deepcopy(sim_log))
     found = check_log(reseq(log))
-    assert {v.invariant for v in found} == {name}, [str(v) for v in found][:5]
-    assert any(expected in v.message for v in found), [v.message for v in found][:5]
+    assert {v.invariant for v in found} == {name} | ALSO_FIRES.get(name, set()), [str(v) for v in found][:5]
+    assert any(expected in v.message for v in found if v.invariant == name), [v.message for v in found][:5]
 
 
 def test_planned_release_ack_mutation_on_the_roll_trace(roll_log):
