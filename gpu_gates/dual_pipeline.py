@@ -126,6 +126,9 @@ def run(ctx: GateContext) -> None:
     if ctx.rank != 0:
         try:
             worker.serve()
+        except BaseException:
+            worker.drop_training_group()
+            raise
         finally:  # on every exit path: a failed run must not hide a leaked group
             _check_no_group_survives(ctx, baseline)
         return
@@ -160,6 +163,7 @@ def run(ctx: GateContext) -> None:
     except BaseException:
         ctx.salvage.remove(salvage)  # once, here, not again on an emergency finish
         salvage()
+        worker.drop_training_group()
         _check_no_group_survives(ctx, baseline)
         raise
     ctx.salvage.remove(salvage)

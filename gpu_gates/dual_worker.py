@@ -133,6 +133,13 @@ class Worker:
             self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank], purpose="training")
         return self.train_group.name
 
+    def drop_training_group(self) -> None:
+        """A run that ends abnormally (timeout, failed peer) interrupts a trainer whose
+        training group is legitimately alive (NeMo keeps it across steps, docs/residency.md);
+        its process would tear it down on exit. Only the failure paths call this, so a group
+        still alive after a run that completed is still reported by ``no_group_survives``."""
+        self.op_destroy_comm()
+
     def op_destroy_comm(self) -> Optional[str]:
         if self.train_group is None:
             return None
