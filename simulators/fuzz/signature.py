@@ -18,12 +18,15 @@ from typing import Dict, Iterable, List, Optional, Sequence
 from harness.invariants import Violation
 
 CLEAN = "clean"
+# a pipeline name stands alone, or heads a cluster id (``p0_actor_train``) or an owner
+# (``p0/dp1``): both name the pipeline
+_AFTER_NAME = r"(?=$|[^\w-]|_actor_|_critic|_reference|_reward)"
 _FAILURE_KINDS = ("oom", "timeout", "validation_failed", "scheduler_failed")
 
 
 def _roles(text: str, types: Dict[str, str]) -> List[str]:
     """Types of the pipelines a text names (whole-word matches), sorted, unique."""
-    found = {t for name, t in types.items() if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)}
+    found = {t for name, t in types.items() if re.search(rf"(?<![\w-]){re.escape(name)}{_AFTER_NAME}", text)}
     return sorted(found)
 
 
@@ -34,7 +37,7 @@ def _with_roles(head: str, roles: Sequence[str]) -> str:
 def _normalized(detail: str, types: Dict[str, str]) -> str:
     """A failure message without names and numbers: pipeline names -> types, digits -> N."""
     for name in sorted(types, key=len, reverse=True):
-        detail = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", types[name], detail)
+        detail = re.sub(rf"(?<![\w-]){re.escape(name)}{_AFTER_NAME}", types[name], detail)
     detail = re.sub(r"\[[\d, ]*\]", "[..]", detail)
     detail = re.sub(r"\d+(\.\d+)?", "N", detail)
     return re.sub(r"\s+", " ", detail).strip()

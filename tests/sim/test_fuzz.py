@@ -81,6 +81,8 @@ def test_the_first_finding_in_log_order_names_the_signature_with_roles_not_names
     early = Violation("stale_serving", 2, "p0 dp1 serves version 2 after 3 was published")
     assert signature(records, [late], TYPES) == "oom:kv_cache[roll_sync]"
     assert signature(records, [early], TYPES) == "stale_serving[nemo_async]"
+    on_cluster = Violation("handover", 2, "GPU 0 granted to p0_actor_infer while p1_actor_train keeps 512 MiB")
+    assert signature(records, [on_cluster], TYPES) == "handover[nemo_async,roll_sync]"
 
 
 def test_fired_faults_are_part_of_the_signature_and_numbers_are_dropped():
