@@ -63,8 +63,9 @@ def test_failed_and_timed_out_syncs_leave_no_tmpfs_file(gate_runner, private_shm
 
 
 def test_a_deadline_during_the_send_leaves_no_tmpfs_file(private_shm, gate_launch):
-    # the reproduction: a deadline too short for the sync
-    run = gate_launch("selective_sync", 4, "--cycles", "2", "--timeout-s", "0.3",
+    # the reproduction: a deadline too short for the sync (20 cycles take seconds on
+    # any machine, so the 0.3 s deadline always lands mid-run, where the sends are)
+    run = gate_launch("selective_sync", 4, "--cycles", "20", "--timeout-s", "0.3",
                       extra_env={"RLHARNESS_SHM_DIR": private_shm}, timeout_s=60)
     assert run.returncode != 0
     assert os.listdir(private_shm) == []
