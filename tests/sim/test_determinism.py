@@ -3,17 +3,12 @@ under another PYTHONHASHSEED, the first divergent line, and the failure paths.""
 
 from __future__ import annotations
 
-import os
-import textwrap
-
 import pytest
 
 from harness.cli import main
 from simulators.determinism import Divergence, check_determinism, first_divergence, other_hash_seed
 from simulators.runtime import Simulation
 from simulators.spec import default_scenario
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_first_divergence_names_the_first_differing_line():
@@ -36,22 +31,9 @@ def test_default_scenario_is_byte_identical_in_a_fresh_process(tmp_path, capsys)
     assert "determinism: 1938 records byte-identical in a fresh process (PYTHONHASHSEED=" in out
 
 
-def test_a_model_that_differs_in_the_fresh_process_is_reported_at_its_first_divergent_line(tmp_path, capsys, monkeypatch):
-    # Only the fresh process imports this sitecustomize: every request it draws decodes
-    # one token more, so its log first differs where a request's length first shows.
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent("""
-        import simulators.workload as workload
-        _draw = workload.Collector.draw
-        def draw(self, n):
-            requests = _draw(self, n)
-            for r in requests:
-                r.tokens += 1
-            return requests
-        workload.Collector.draw = draw
-    """))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), ROOT]))
+def test_a_model_that_differs_in_the_fresh_process_is_reported_at_its_first_divergent_line(
+        tmp_path, capsys, fresh_process_decodes_one_more_token):
+    fresh_process_decodes_one_more_token()
     rc = main(["simulate", "--check-determinism", "--quiet", "--no-png", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out
     assert rc == 1, out

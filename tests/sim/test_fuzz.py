@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 import time
 
 import pytest
@@ -114,25 +113,12 @@ def test_a_seed_result_depends_on_the_seed_alone():
     assert "wall" not in json.dumps(a)
 
 
-def test_check_determinism_compares_with_a_fresh_process(tmp_path, monkeypatch):
+def test_check_determinism_compares_with_a_fresh_process(fresh_process_decodes_one_more_token):
     # three seeds from one whose pipelines all draw requests through the colocated collector
     start = next(s for s in range(100) if {p.type for p in scenario_for_seed(s).pipelines} == {"nemo_async"})
     cfg = SweepConfig(seeds=3, start=start, workers=2, check_determinism=True)
     assert [r["determinism"] for r in run_sweep(cfg, minimize_findings=False).results] == [{"status": "identical"}] * 3
-    # Only the fresh process imports this sitecustomize: its requests decode one token more.
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent("""
-        import simulators.workload as workload
-        _draw = workload.Collector.draw
-        def draw(self, n):
-            requests = _draw(self, n)
-            for r in requests:
-                r.tokens += 1
-            return requests
-        workload.Collector.draw = draw
-    """))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), ROOT]))
+    fresh_process_decodes_one_more_token()
     res = run_sweep(cfg, minimize_findings=False).results[0]
     det = res["determinism"]
     assert det["status"] == "diverged" and res["signature"] == "nondeterministic"
