@@ -19,7 +19,7 @@ def pytest_configure(config):
     # The plugin an install registers (entry point pytest11: rlharness); an environment
     # installed before that entry point existed gets it from this checkout instead.
     if not config.pluginmanager.has_plugin("rlharness"):
-        config.pluginmanager.register(importlib.import_module("harness.pytest_plugin"), "rlharness")
+        config.pluginmanager.register(importlib.import_module("rlharness.pytest_plugin"), "rlharness")
 
 
 @pytest.fixture(scope="module")

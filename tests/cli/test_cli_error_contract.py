@@ -18,7 +18,7 @@ import sys
 import pytest
 import yaml
 
-from harness.cli import main
+from rlharness.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEFAULT = os.path.join(ROOT, "examples", "scenarios", "default.yaml")
@@ -137,7 +137,7 @@ def test_20_digit_number_is_outside_64_bits(tmp_path, capsys):
                                                  ("replay", "/dev/zero:1: ", "16,777,216 bytes")])
 def test_dev_zero_in_a_subprocess(tmp_path, command, where, limit):
     # a file that never ends: read up to the limit, then one error line (not a memory sink)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", command, "/dev/zero"], cwd=tmp_path, env=_env(),
+    proc = subprocess.run([sys.executable, "-m", "rlharness", command, "/dev/zero"], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
@@ -275,7 +275,7 @@ def test_export_of_a_trace_writes_both_pictures(tmp_path, capsys):
                          ids=["schema", "replay", "simulate", "help"])
 def test_closed_pipe_is_a_quiet_exit(argv, tmp_path):
     env = _env()
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *argv], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "rlharness", *argv], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # like `| head` when head is gone before the first write: always EPIPE
     err = proc.stderr.read().decode()

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from harness.cli import main
+from rlharness.cli import main
 from harness.outputs.summary import Summary, format_summary, summarize, summary_json
 from harness.outputs.timeline import KIND_STYLE, legend_kinds, picture_kind
 

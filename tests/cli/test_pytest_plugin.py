@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from harness.pytest_plugin import apply_overrides
+from rlharness.pytest_plugin import apply_overrides
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -31,12 +31,12 @@ def _plugin_args():
     """How a subprocess gets the plugin: through the installed entry point (a fresh
     install, as in CI), or, in a development environment installed before the entry
     point existed, by naming the module."""
-    installed = any(ep.name == "rlharness" and ep.value == "harness.pytest_plugin" for ep in entry_points(group="pytest11"))
+    installed = any(ep.name == "rlharness" and ep.value == "rlharness.pytest_plugin" for ep in entry_points(group="pytest11"))
     if installed:
         return []
     if os.environ.get("CI"):
         pytest.fail("CI installs rlharness fresh: its pytest11 entry point 'rlharness' must be registered")
-    return ["-p", "harness.pytest_plugin"]
+    return ["-p", "rlharness.pytest_plugin"]
 
 
 def run_pytest_in(directory, *args):
@@ -49,7 +49,7 @@ def run_pytest_in(directory, *args):
 
 def test_pyproject_registers_the_plugin_entry_point():
     text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
-    assert re.search(r'\[project\.entry-points\.pytest11\]\s*\nrlharness = "harness\.pytest_plugin"', text)
+    assert re.search(r'\[project\.entry-points\.pytest11\]\s*\nrlharness = "rlharness\.pytest_plugin"', text)
 
 
 def test_readme_example_passes_in_an_empty_directory(tmp_path):

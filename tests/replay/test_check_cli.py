@@ -8,7 +8,7 @@ import os
 import pytest
 
 from harness.check import check_file, run_check
-from harness.cli import main
+from rlharness.cli import main
 from harness.invariants.base import CHECKS, READS, Violation
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from harness.cli import main
+from rlharness.cli import main
 from harness.importers.rlix_log import import_rlix_log
 from harness.replay import replay_file
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from harness.cli import main
+from rlharness.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl")))
@@ -175,7 +175,7 @@ BAD_INPUTS = [
 def test_bad_input_is_one_line_exit_2_and_no_output(name, lines, expected, tmp_path):
     path = write_trace(tmp_path / f"{name}.jsonl", lines)
     out = tmp_path / "out" / "decisions.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "replay", path, "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "rlharness", "replay", path, "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
@@ -188,7 +188,7 @@ def test_bad_input_is_one_line_exit_2_and_no_output(name, lines, expected, tmp_p
 
 def test_cli_usage_errors_are_one_line(tmp_path):
     for argv in (["replay"], ["frobnicate"], ["replay", str(tmp_path / "missing.jsonl")], []):
-        proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run([sys.executable, "-m", "rlharness", *argv], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 2, argv
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import main
+from rlharness.cli import main
 from simulators.determinism import Divergence, check_determinism, first_divergence, other_hash_seed
 from simulators.runtime import Simulation
 from simulators.spec import default_scenario

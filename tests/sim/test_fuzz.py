@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from harness.cli import main
+from rlharness.cli import main
 from harness.invariants import Violation
 from simulators.fuzz import executors
 from simulators.fuzz.executors import Job, run_isolated, seed_job

@@ -76,7 +76,7 @@ def test_a_bad_calibration_file_is_one_clear_scenario_error(tmp_path, content, p
 
 
 def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, capsys):
-    from harness.cli import main
+    from rlharness.cli import main
     out = tmp_path / "cal.json"
     assert main(["calibrate", "refit", "--quick", "--repeats", "1", "--out", str(out)]) == 0
     costs = load_calibration(str(out))

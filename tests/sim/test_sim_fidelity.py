@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from harness.cli import main
+from rlharness.cli import main
 from harness.invariants import check_log
 from harness.outputs.intervals import rank_intervals
 from harness.outputs.perfetto import chrome_trace

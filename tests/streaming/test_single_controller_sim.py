@@ -137,7 +137,7 @@ def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp
     data = scenario_to_mapping(good)
     data["pipelines"][0]["streaming"]["max_buffered_rollouts"] = 3
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "simulate", str(path), "--out", str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "rlharness", "simulate", str(path), "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "max_buffered_rollouts" in proc.stderr and "deadlock" in proc.stderr and "Traceback" not in proc.stderr

@@ -116,10 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     fid.add_argument("--strict", action="store_true", help="exit 1 when the error targets are missed")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
-    from harness import cli_export, cli_validate
+    from rlharness import export, validate
 
-    cli_validate.add_parser(sub)
-    cli_export.add_parser(sub)
+    validate.add_parser(sub)
+    export.add_parser(sub)
     return parser
 
 
@@ -271,15 +271,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from harness import cli_validate
+    from rlharness import validate
 
-    return cli_validate.run(args, UsageError)
+    return validate.run(args, UsageError)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from harness import cli_export
+    from rlharness import export
 
-    return cli_export.run(args, UsageError)
+    return export.run(args, UsageError)
 
 
 #: subcommand -> its function (argparse namespace -> exit code)

@@ -1,0 +1,5 @@
+"""``python -m rlharness``: the ``rlharness`` command without its installed script."""
+
+from rlharness.cli import main
+
+raise SystemExit(main())
