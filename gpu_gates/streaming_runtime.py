@@ -32,9 +32,8 @@ import torch
 
 from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
-from harness.control.effects import effect_fields
+from harness.control.pump_interpret import PumpInterpreter, run_awaiting
 from harness.eventlog.writer import EventLog, header_record
-from harness.streaming.apply import FINISHED, NOT_INSTANT, apply_instant, is_blocking, next_effect, try_blocking
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from gpu_gates.split_trainer import Batch, SplitTrainer, make_batch
 
@@ -90,7 +89,7 @@ class StreamingRuntime:
         self.lost_finish_at = lost_finish_at
         self._t0 = 0.0
         self._changed: Optional[asyncio.Event] = None
-        self._seen = 0
+        self.pumps = PumpInterpreter(self, self.state, self.pid, self.log.add, self.now)
         self._aborts: Dict[int, asyncio.Event] = {}
         self._data: Dict[int, Batch] = {}  # group id -> its sequences, from commit until trained or dropped
         self._tasks: List[asyncio.Task] = []
@@ -145,51 +144,29 @@ class StreamingRuntime:
 
     # ------------------------------------------------------------------ the interpreter
     async def drive(self, gen, scope: str, step: Optional[int] = None) -> Any:
-        st = self.state
-        result: Any = None
-        while True:
-            effect, value = next_effect(gen, result, st, scope)
-            if effect is FINISHED:
-                return value
-            name = type(effect).__name__
-            start = {"pipeline_id": self.pid, "effect": name, "args": effect_fields(effect), "scope": scope, "step": step}
-            self.log.emit("effect_start", self.now(), **start)
-            error = None
-            if is_blocking(effect):
-                result = await self._wait(effect)
-                if result is None:
-                    error = "stopped"
-            else:
-                result = apply_instant(st, effect)
-                if result is not NOT_INSTANT:
-                    if isinstance(effect, (fx.AbortStaleInflight, fx.Evict)):
-                        for gid in result:  # dropped groups: stop their generation, forget their data
-                            if gid in self._aborts:
-                                self._aborts[gid].set()
-                            self._data.pop(gid, None)
-                else:
-                    result = await getattr(self, "_" + name)(effect)
-            end = dict(start)
-            if result is not None:
-                end["result"] = list(result) if isinstance(result, (list, tuple)) else result
-            if error:
-                end["error"] = error
-            self.log.emit("effect_end", self.now(), **end)
-            if st.changes != self._seen:
-                self._seen = st.changes
-                self._changed.set()
-                self._changed = asyncio.Event()
-            if error:
-                gen.close()
-                return None
+        """The pump-resume loop (``harness.control.pump_interpret``) on this event loop."""
+        return await run_awaiting(self.pumps.drive(gen, scope, step))
 
-    async def _wait(self, effect) -> Any:
-        while not self.state.stopped:
-            got = try_blocking(self.state, effect)
-            if got is not None:
-                return got
-            await self._changed.wait()
-        return None
+    def change(self):
+        """What a parked blocking effect awaits: the next state change (see ``notify``)."""
+        return self._changed.wait()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _after_AbortStaleInflight(self, group_ids) -> None:
+        """The state dropped the groups: stop their generations, forget their data."""
+        self._forget(group_ids)
+
+    def _after_Evict(self, group_ids) -> None:
+        self._forget(group_ids)
+
+    def _forget(self, group_ids) -> None:
+        for gid in group_ids:
+            if gid in self._aborts:
+                self._aborts[gid].set()
+            self._data.pop(gid, None)
 
     # ------------------------------------------------------------------ effects that take time
     async def _StartRollout(self, e):

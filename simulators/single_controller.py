@@ -34,8 +34,7 @@ import numpy as np
 
 from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
-from harness.control.effects import effect_fields
-from harness.streaming.apply import FINISHED, NOT_INSTANT, apply_instant, is_blocking, next_effect, try_blocking
+from harness.control.pump_interpret import PumpInterpreter
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from harness.streaming.split_step import SplitApiError, SplitStepMachine
 from simulators.cluster import OutOfMemory
@@ -81,7 +80,8 @@ class SingleControllerSim:
         self.finished = False
         self.step = 0
         self._changed = self.env.event()
-        self._seen_changes = 0
+        env = self.env
+        self.pumps = PumpInterpreter(self, self.state, self.pid, sim.log.add, lambda: env._now, self._gpus_of)
         self._ages: Dict[int, int] = {}  # staleness (versions) -> trajectories trained in the open step
         self._gen_rank: Dict[int, int] = {}  # group id -> rank generating it
         self._aborts: Dict[int, Any] = {}  # group id -> event fired when the train pump aborts it
@@ -134,9 +134,9 @@ class SingleControllerSim:
         for ev in list(self._aborts.values()):
             if not ev.triggered:
                 ev.succeed()
-        self._notify()
+        self.notify()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         if not self._changed.triggered:
             self._changed.succeed()
         self._changed = self.env.event()
@@ -159,58 +159,12 @@ class SingleControllerSim:
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, gen, scope: str, step: Optional[int] = None):
-        log, env, pid, st = self.sim.log, self.env, self.pid, self.state
-        result: Any = None
-        while True:
-            effect, value = next_effect(gen, result, st, scope)
-            if effect is FINISHED:
-                return value
-            name = type(effect).__name__
-            start: Dict[str, Any] = {"seq": 0, "t": env._now, "kind": "effect_start", "pipeline_id": pid,
-                                     "effect": name, "args": effect_fields(effect), "scope": scope, "step": step}
-            gpus = self._gpus_of(effect)
-            if gpus:
-                start["gpus"] = gpus
-            log.add(start)
-            error = None
-            if is_blocking(effect):
-                result = yield from self._wait(effect)
-                if result is None:
-                    error = "stopped"
-            else:
-                result = apply_instant(st, effect)
-                if result is not NOT_INSTANT:
-                    hook = getattr(self, "_after_" + name, None)
-                    if hook is not None:
-                        hook(result)
-                else:
-                    result = getattr(self, "_" + name)(effect)
-                    if hasattr(result, "send"):
-                        result = yield from result
-            end = start.copy()
-            end["t"] = env._now
-            end["kind"] = "effect_end"
-            if result is not None:
-                end["result"] = list(result) if isinstance(result, (list, tuple)) else result
-            if error:
-                end["error"] = error
-            log.add(end)
-            if st.changes != self._seen_changes:
-                self._seen_changes = st.changes
-                self._notify()
-            if error:
-                gen.close()
-                return None
+        """The pump-resume loop (``harness.control.pump_interpret``) in this simpy process."""
+        return self.pumps.drive(gen, scope, step)
 
-    def _wait(self, effect):
-        st = self.state
-        while True:
-            if st.stopped:
-                return None
-            got = try_blocking(st, effect)
-            if got is not None:
-                return got
-            yield self._changed
+    def change(self):
+        """What a parked blocking effect yields: the next state change (see ``notify``)."""
+        return self._changed
 
     def _gpus_of(self, effect) -> Optional[List[int]]:
         if type(effect).__name__ in fx.STREAMING_TRAINER_EFFECTS or isinstance(effect, fx.SyncWeights):
