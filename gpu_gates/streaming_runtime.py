@@ -155,11 +155,11 @@ class StreamingRuntime:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _after_AbortStaleInflight(self, group_ids) -> None:
+    def _after_AbortStaleInflight(self, _effect, group_ids) -> None:
         """The state dropped the groups: stop their generations, forget their data."""
         self._forget(group_ids)
 
-    def _after_Evict(self, group_ids) -> None:
+    def _after_Evict(self, _effect, group_ids) -> None:
         self._forget(group_ids)
 
     def _forget(self, group_ids) -> None:

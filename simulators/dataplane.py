@@ -20,18 +20,19 @@ write-backs come back through it. It exists to show the step-time cost (and inva
 fires on its log). The store and the driver's link are FIFO resources modelled as
 timelines (each transfer starts when the previous one on that resource ended), so
 contention is deterministic without extra processes. Fetch and write-back run inside the
-train ``Compute`` effect, so they count as train time in the summary.
+trainer's effects, so they count as train time in the summary.
 
-Attached to ``nemo_async`` (and any pipeline whose control logic yields ``Compute("train")``
-after a ``WaitBatch``). The ``single_controller`` type (#12) landed after this was built;
-its effects (``Generate``, ``ComputeLogProbs``, ``TrainMicrobatches``, ``ClearSamples``)
-are the natural hooks, not wired yet.
+Used by ``nemo_async`` (its ``Compute("train")`` after ``WaitBatch``: one fetch, one
+write-back, one clear per step) and by ``single_controller`` (per prompt group: a put when
+its generation finishes; at ``ComputeLogProbs`` a fetch and the leaders' write-back of
+``prev_logprobs``; at ``TrainMicrobatches`` a fetch of the rollout's plus the written-back
+fields; a clear at ``ClearSamples`` and at the sampler's evictions).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from harness.dataplane.meta import KVBatchMeta
 
@@ -65,76 +66,89 @@ class Timeline:
 
 
 class DataPlaneSim:
-    """One pipeline's data plane: the store's contents (rid -> tokens) and its hops."""
+    """One pipeline's data plane: the store's contents (sample id -> tokens) and its hops.
 
-    def __init__(self, pipe: Any, spec: DataPlaneSpec) -> None:
+    The core (:meth:`put`, :meth:`fetch`, :meth:`write_back`, :meth:`clear`) works on sample
+    ids and is what ``single_controller`` calls from its effects; ``on_trajectory`` /
+    ``before_train`` / ``after_train`` / ``evicted`` adapt it to ``nemo_async``'s replay
+    buffer of integer request ids (sample ``r{rid}``).
+    """
+
+    def __init__(self, pipe: Any, spec: DataPlaneSpec, step_of: Optional[Callable[[], Optional[int]]] = None) -> None:
         self.pipe, self.spec = pipe, spec
         self.env = pipe.env
+        self.step_of = step_of or (lambda: pipe.ctx.step)
         self.store = Timeline(spec.store_bytes_per_s, spec.store_latency_s)
         self.driver = Timeline(spec.driver_bytes_per_s, spec.store_latency_s)
         self.intra_bytes_per_s = pipe.sim.scenario.cluster.intra_node_bytes_per_s
         self.dp = len(pipe.train_gpus) // spec.train_tp
-        self.tokens: Dict[int, int] = {}
+        self.tokens: Dict[str, int] = {}
         self.shards: List[KVBatchMeta] = []
 
     def _emit(self, hop: str, actor: str, role: str, samples: List[str], fields: List[str], nbytes: int,
               end: float, dp_rank: Optional[int] = None, to: Optional[str] = None) -> None:
         p = self.pipe
         self.pipe.sim.emit("dp_transfer", actor=f"{p.pid}/{actor}", role=role, partition=p.pid, hop=hop,
-                           samples=samples, fields=fields, bytes=int(nbytes), pipeline_id=p.pid, step=p.ctx.step,
+                           samples=samples, fields=fields, bytes=int(nbytes), pipeline_id=p.pid, step=self.step_of(),
                            dp_rank=dp_rank, to=to, duration=round(end - self.env.now, 9))
 
-    def on_trajectory(self, rid: int, tokens: int) -> None:
-        now = self.env.now
-        nbytes = tokens * self.spec.bytes_per_token
-        self.tokens[rid] = tokens
-        self._emit("producer_to_store", "rollout", "producer", [f"r{rid}"], ROLLOUT_FIELDS, nbytes,
-                   self.store.transfer(now, nbytes))
+    # ------------------------------------------------------------------ the core, by sample id
+    def put(self, ids: List[str], tokens: List[int]) -> float:
+        """The producer's put of finished trajectories (one ``put_samples`` call); returns
+        when it has landed in the store (the caller decides whether to wait for it)."""
+        nbytes = sum(tokens) * self.spec.bytes_per_token
+        for i, n in zip(ids, tokens):
+            self.tokens[i] = n
+        end = self.store.transfer(self.env.now, nbytes)
+        self._emit("producer_to_store", "rollout", "producer", list(ids), ROLLOUT_FIELDS, nbytes, end)
+        return end
 
-    def before_train(self, batch_rids: List[int]):
-        """Metadata to the workers, bulk from the store to them; yields until it arrived."""
+    def fetch(self, ids: List[str], fields: List[str], bytes_per_token: int):
+        """Metadata to the workers, bulk from the store to them; yields until it arrived and
+        returns the DP shards (what each replica leader holds, and will write back for)."""
         s, now = self.spec, self.env.now
-        ids = [f"r{r}" for r in batch_rids]
-        lens = [self.tokens.get(r, 0) for r in batch_rids]
-        meta = KVBatchMeta(self.pipe.pid, tuple(ids), tuple(ROLLOUT_FIELDS), tuple(lens), tuple({} for _ in ids))
-        self.shards = meta.shard_for_dp(self.dp)
+        lens = [self.tokens.get(i, 0) for i in ids]
+        meta = KVBatchMeta(self.pipe.pid, tuple(ids), tuple(fields), tuple(lens), tuple({} for _ in ids))
+        shards = meta.shard_for_dp(self.dp)
         done = now
         if s.route == "one_hop":
             t_meta = now
-            for d, shard in enumerate(self.shards):
+            for d, shard in enumerate(shards):
                 size = len(shard.to_json().encode())
                 t_meta = self.driver.transfer(now, size)
                 self._emit("driver_meta", "driver", "driver", list(shard.sample_ids), list(shard.fields), size,
                            t_meta, to=f"dp{d}")
-            for d, shard in enumerate(self.shards):
-                nbytes = sum(shard.sequence_lengths) * s.bytes_per_token
+            for d, shard in enumerate(shards):
+                nbytes = sum(shard.sequence_lengths) * bytes_per_token
                 end = self.store.transfer(t_meta, nbytes)
                 self._emit("store_to_worker", f"train/dp{d}/tp0", "worker", list(shard.sample_ids),
-                           ROLLOUT_FIELDS, nbytes, end, dp_rank=d)
+                           list(fields), nbytes, end, dp_rank=d)
                 if s.train_tp > 1:
                     end += nbytes / self.intra_bytes_per_s
                     self._emit("leader_to_siblings", f"train/dp{d}/tp0", "worker", list(shard.sample_ids),
-                               ROLLOUT_FIELDS, nbytes * (s.train_tp - 1), end, dp_rank=d)
+                               list(fields), nbytes * (s.train_tp - 1), end, dp_rank=d)
                 done = max(done, end)
         else:
-            total = sum(lens) * s.bytes_per_token
+            total = sum(lens) * bytes_per_token
             got = self.store.transfer(now, total)
-            self._emit("store_to_driver", "driver", "driver", ids, ROLLOUT_FIELDS, total, got)
-            for d, shard in enumerate(self.shards):
-                nbytes = sum(shard.sequence_lengths) * s.bytes_per_token
+            self._emit("store_to_driver", "driver", "driver", list(ids), list(fields), total, got)
+            for d, shard in enumerate(shards):
+                nbytes = sum(shard.sequence_lengths) * bytes_per_token
                 for t in range(s.train_tp):  # the driver ships every rank its shard
                     end = self.driver.transfer(got, nbytes)
-                    self._emit("driver_to_worker", "driver", "driver", list(shard.sample_ids), ROLLOUT_FIELDS,
+                    self._emit("driver_to_worker", "driver", "driver", list(shard.sample_ids), list(fields),
                                nbytes, end, to=f"dp{d}/tp{t}")
                     done = max(done, end)
         if done > now:
             yield self.env.timeout(done - now)
+        return shards
 
-    def after_train(self, evicted_rids: List[int]):
-        """Leaders' write-back (or through the driver), then the step's one clear."""
+    def write_back(self, shards: List[KVBatchMeta]):
+        """Each replica leader writes its shard's per-token results back (or through the
+        driver); yields until every write has landed."""
         s, now = self.spec, self.env.now
         done = now
-        for d, shard in enumerate(self.shards):
+        for d, shard in enumerate(shards):
             nbytes = sum(shard.sequence_lengths) * s.writeback_bytes_per_token
             if s.route == "one_hop":
                 end = self.store.transfer(now, nbytes)
@@ -149,17 +163,31 @@ class DataPlaneSim:
             done = max(done, end)
         if done > now:
             yield self.env.timeout(done - now)
-        cleared = [s_ for shard in self.shards for s_ in shard.sample_ids] + [f"r{r}" for r in evicted_rids]
-        for r in [int(c[1:]) for c in cleared]:
-            self.tokens.pop(r, None)
+
+    def clear(self, ids: List[str]) -> None:
+        """The driver's ``clear_samples``: metadata only, no bulk moves."""
+        for i in ids:
+            self.tokens.pop(i, None)
         self.pipe.sim.emit("dp_clear", actor=f"{self.pipe.pid}/driver", role="driver", partition=self.pipe.pid,
-                           samples=cleared, pipeline_id=self.pipe.pid, step=self.pipe.ctx.step)
+                           samples=list(ids), pipeline_id=self.pipe.pid, step=self.step_of())
+
+    # ------------------------------------------------------------------ nemo_async's adapter
+    def on_trajectory(self, rid: int, tokens: int) -> None:
+        self.put([f"r{rid}"], [tokens])  # generation does not wait for the put
+
+    def before_train(self, batch_rids: List[int]):
+        self.shards = yield from self.fetch([f"r{r}" for r in batch_rids], ROLLOUT_FIELDS, self.spec.bytes_per_token)
+
+    def after_train(self, evicted_rids: List[int]):
+        """Leaders' write-back, then the step's one clear (this batch and the evicted)."""
+        yield from self.write_back(self.shards)
+        self.clear([s_ for shard in self.shards for s_ in shard.sample_ids] + [f"r{r}" for r in evicted_rids])
         self.shards = []
 
     def evicted(self, batch_rids: List[int], buffered_rids: List[int]) -> List[int]:
         """Samples in the store that neither this batch nor the buffer holds: evicted as stale."""
-        keep = set(batch_rids) | set(buffered_rids)
-        return sorted(r for r in self.tokens if r not in keep)
+        keep = {f"r{r}" for r in set(batch_rids) | set(buffered_rids)}
+        return sorted(int(k[1:]) for k in self.tokens if k not in keep)
 
 
 def check_spec(spec: DataPlaneSpec, train_gpus: int) -> Optional[tuple]:

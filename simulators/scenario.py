@@ -340,8 +340,6 @@ def _pipeline(
     vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
-        if vals["type"] == "single_controller":  # its effects are not wired to simulators/dataplane.py yet
-            raise ctx.fail(f"{path}.data_plane", "not modelled for single_controller pipelines yet (nemo_async, roll_sync)")
         vals["data_plane"] = _data_plane(ctx, f"{path}.data_plane", data["data_plane"], len(train))
     return PipelineSpec(**vals)
 

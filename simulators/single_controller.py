@@ -38,6 +38,7 @@ from harness.control.pump_interpret import PumpInterpreter
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from harness.streaming.split_step import SplitApiError, SplitStepMachine
 from simulators.cluster import OutOfMemory
+from simulators.dataplane import ROLLOUT_FIELDS, WRITEBACK_FIELDS, DataPlaneSim
 from simulators.env import Link
 from simulators.runtime import SimFailure, Simulation
 from simulators.spec import PipelineSpec
@@ -87,6 +88,8 @@ class SingleControllerSim:
         self._aborts: Dict[int, Any] = {}  # group id -> event fired when the train pump aborts it
         self._last_progress = 0.0
         self._seed = sim.scenario.seed
+        self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane, lambda: self.step)
+        self._samples: Dict[int, List[str]] = {}  # group id -> its sample ids in the store
 
     # ------------------------------------------------------------------ processes
     def main(self):
@@ -200,20 +203,47 @@ class SingleControllerSim:
             yield self.env.any_of([req, abort])
             if not abort.triggered:
                 yield self.env.any_of([self.env.timeout(duration), abort])
+        if outcome == "ok" and not abort.triggered and self.dataplane is not None:
+            yield from self._put_group(e.group_id, tokens, abort)  # generate_and_push: stored before it commits
         self._aborts.pop(e.group_id, None)
         self.rank_load[self._gen_rank.pop(e.group_id)] -= 1
         if abort.triggered:
+            if self.dataplane is not None:  # aborted while its put was landing: the driver drops it
+                self._clear_groups([e.group_id])
             return "aborted"
         if outcome == "ok":
             self._last_progress = self.env.now
         return outcome
 
-    def _after_AbortStaleInflight(self, group_ids) -> None:
+    def _after_AbortStaleInflight(self, e, group_ids) -> None:
         """The state dropped the groups; their generations stop now."""
         for gid in group_ids:
             ev = self._aborts.get(gid)
             if ev is not None and not ev.triggered:
                 ev.succeed()
+
+    # ------------------------------------------------------------------ the data plane (simulators/dataplane.py)
+    def _put_group(self, group_id: int, tokens: List[int], abort):
+        ids = self._samples[group_id] = [f"g{group_id}_{i}" for i in range(len(tokens))]
+        end = self.dataplane.put(ids, tokens)
+        if end > self.env.now:
+            yield self.env.any_of([self.env.timeout(end - self.env.now), abort])
+
+    def _ids(self, groups) -> List[str]:
+        return [i for g in groups for i in self._samples[g]]
+
+    def _clear_groups(self, groups) -> None:
+        ids = [i for g in groups for i in self._samples.pop(g, ())]
+        if ids:
+            self.dataplane.clear(ids)
+
+    def _after_ClearSamples(self, e, _result) -> None:
+        if self.dataplane is not None:
+            self._clear_groups(e.groups)
+
+    def _after_Evict(self, _e, gone) -> None:
+        if self.dataplane is not None:  # stale groups leave the store as they leave the buffer
+            self._clear_groups(gone)
 
     def _Backoff(self, e):
         yield self.env.timeout(e.seconds)
@@ -222,7 +252,12 @@ class SingleControllerSim:
         return len(groups) * self.cfg.generations_per_prompt
 
     def _ComputeLogProbs(self, e):
+        dp = self.dataplane
+        if dp is not None:  # get_logprobs_presharded: leaders fetch the seed fields
+            shards = yield from dp.fetch(self._ids(e.groups), ROLLOUT_FIELDS, dp.spec.bytes_per_token)
         yield self.env.timeout(self.costs.old_log_probs_s_per_trajectory * self._traj(e.groups) / len(self.train_gpus))
+        if dp is not None:  # ... and only they write prev_logprobs back
+            yield from dp.write_back(shards)
 
     def _ComputeAdvantages(self, e):
         return None
@@ -239,6 +274,10 @@ class SingleControllerSim:
         for g in e.groups:  # age of what is consumed, for the summary's staleness table
             age = self.trainer.version - self.state.buffer.get(g).start_version
             self._ages[age] = self._ages.get(age, 0) + self.cfg.generations_per_prompt
+        dp = self.dataplane
+        if dp is not None:  # the train fetch: the rollout's fields plus the written-back ones
+            yield from dp.fetch(self._ids(e.groups), ROLLOUT_FIELDS + WRITEBACK_FIELDS,
+                                dp.spec.bytes_per_token + dp.spec.writeback_bytes_per_token)
         for i in range(0, len(e.groups), mb):
             chunk = e.groups[i:i + mb]
             self.trainer.microbatch()

@@ -19,8 +19,9 @@ supplies (``runtime``):
 
 * ``_<EffectName>(effect)`` for every effect that takes time: a value, a generator (run
   with ``yield from``) or an awaitable (yielded; the driver sends back its result);
-* optionally ``_after_<EffectName>(result)`` after an instant effect (e.g. stop the
-  generations of the groups ``AbortStaleInflight`` dropped);
+* optionally ``_after_<EffectName>(effect, result)`` after an instant effect (e.g. stop
+  the generations of the groups ``AbortStaleInflight`` dropped, clear the data plane's
+  samples of the groups ``ClearSamples`` names);
 * ``notify()``, called once after an effect that changed the controller state, to wake
   every parked blocking effect; ``change()``, the thing to yield to wait for that wake-up.
 """
@@ -74,7 +75,7 @@ class PumpInterpreter:
                 if result is not NOT_INSTANT:
                     hook = getattr(runtime, "_after_" + name, None)
                     if hook is not None:
-                        hook(result)
+                        hook(effect, result)
                 else:
                     result = getattr(runtime, "_" + name)(effect)
                     if type(result) is GeneratorType:

@@ -72,10 +72,93 @@ def test_bad_data_plane_section_names_the_field(section, message):
     assert message in str(info.value), str(info.value)
 
 
-def test_data_plane_on_a_single_controller_is_refused_until_it_is_wired():
-    data = scenario_to_mapping(load_scenario(os.path.join(ROOT, "examples", "scenarios", "dataplane_one_hop.yaml")))
-    data["pipelines"][0].update(type="single_controller", train_gpus=[0, 1, 2, 3], infer_gpus=[4, 5, 6, 7])
-    with pytest.raises(ScenarioError, match="pipelines\\[0\\].data_plane: not modelled for single_controller"):
+# ---------------------------------------------------------------- the single controller's data plane
+SC = "dataplane_single_controller"
+SC_TOKENS, SC_BPT, SC_WB = 2000, 1558, 4  # fixed decode length (sigma 0 below), bytes per token put / written back
+
+
+def sc_fixed_length(route="one_hop"):
+    """The bundled single-controller scenario with every trajectory exactly SC_TOKENS long,
+    so each sample's bytes are known and each hop's bytes can be predicted from its samples."""
+    data = scenario_to_mapping(load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{SC}.yaml")))
+    data["pipelines"][0]["workload"].update(decode_tokens_sigma=0.0, decode_tokens_median=SC_TOKENS)
+    data["pipelines"][0]["data_plane"]["route"] = route
+    return Simulation(scenario_from_mapping(data, "x.yaml")).run()
+
+
+def transfers(records, hop):
+    return [r for r in records if r["kind"] == "dp_transfer" and r["hop"] == hop]
+
+
+def test_single_controller_one_hop_bundled_scenario_is_clean_and_shows_bytes_per_hop():
+    res = run(SC)
+    assert res.reason == "done" and check_log(res.records) == []
+    assert set(hops(res.records)) == {"producer_to_store", "driver_meta", "store_to_worker", "leader_to_siblings",
+                                      "worker_to_store"}
+    text = format_summary(summarize(res.records))
+    assert "Data plane (bytes per hop)" in text and "sc: driver bulk bytes 0 (1-hop: the driver moved metadata only)" in text
+
+
+def test_single_controller_bytes_per_hop_are_samples_times_per_sample_bytes():
+    recs = sc_fixed_length().records
+    assert check_log(recs) == []
+    puts = transfers(recs, "producer_to_store")
+    assert puts and all(r["bytes"] == len(r["samples"]) * SC_TOKENS * SC_BPT for r in puts)
+    assert all(len(r["samples"]) == 8 for r in puts)  # one put_samples per prompt group (8 generations)
+    fetch = transfers(recs, "store_to_worker")
+    lp = [r for r in fetch if r["fields"] == ["trajectory"]]
+    train = [r for r in fetch if r["fields"] == ["trajectory", "prev_logprobs"]]
+    assert lp and train and len(lp) + len(train) == len(fetch)
+    assert all(r["bytes"] == len(r["samples"]) * SC_TOKENS * SC_BPT for r in lp)
+    assert all(r["bytes"] == len(r["samples"]) * SC_TOKENS * (SC_BPT + SC_WB) for r in train)
+    # TP 2: each leader broadcasts what it fetched to its one sibling
+    assert sum(r["bytes"] for r in transfers(recs, "leader_to_siblings")) == sum(r["bytes"] for r in fetch)
+    # every consumed trajectory is fetched once for log-probs and once for training, by one leader
+    consumed = sum(r["trajectories"] for r in recs if r["kind"] == "batch_consumed")
+    for group in (lp, train):
+        ids = [s for r in group for s in r["samples"]]
+        assert len(ids) == len(set(ids)) == consumed == 3 * 64
+        assert {r["actor"] for r in group} == {"sc/train/dp0/tp0", "sc/train/dp1/tp0"}
+    # the driver moved metadata only
+    meta = transfers(recs, "driver_meta")
+    assert meta and not [r for r in recs if r["kind"] == "dp_transfer" and r["role"] == "driver" and r["hop"] != "driver_meta"]
+    assert sum(r["bytes"] for r in meta) < 1e-4 * sum(r["bytes"] for r in fetch)
+
+
+def test_single_controller_write_back_is_leader_only_once_per_sample_and_cleared():
+    recs = sc_fixed_length().records
+    wb = transfers(recs, "worker_to_store")
+    assert wb and {r["actor"] for r in wb} == {"sc/train/dp0/tp0", "sc/train/dp1/tp0"}
+    assert all(r["bytes"] == len(r["samples"]) * SC_TOKENS * SC_WB and r["fields"] == ["prev_logprobs"] for r in wb)
+    written = [s for r in wb for s in r["samples"]]
+    assert len(written) == len(set(written)) == 3 * 64
+    cleared = [s for r in recs if r["kind"] == "dp_clear" for s in r["samples"]]
+    assert len(cleared) == len(set(cleared)) and set(written) <= set(cleared)
+    put = {s for r in transfers(recs, "producer_to_store") for s in r["samples"]}
+    assert set(cleared) <= put
+
+
+def test_single_controller_via_driver_costs_step_time_and_breaks_invariant_16():
+    one, via = run(SC), run(SC + "_via_driver")
+    assert {v.invariant for v in check_log(via.records)} == {"data_plane"}
+    assert any("the driver held bulk tensors: store_to_driver" in v.message for v in check_log(via.records))
+    a, b = summarize(one.records).pipelines[0], summarize(via.records).pipelines[0]
+    assert b.train_s > a.train_s + 1.0 and b.mean_step_s > a.mean_step_s + 0.1
+    h = hops(via.records)
+    assert "store_to_worker" not in h and h["driver_to_worker"] == 2 * h["store_to_driver"]  # TP 2: every rank
+    text = format_summary(summarize(via.records))
+    assert "(bulk tensors went through the driver)" in text
+
+
+def test_single_controller_without_a_data_plane_moves_nothing_through_one():
+    recs = run("streaming_vs_batch").records
+    assert not [r for r in recs if r["kind"] in ("dp_transfer", "dp_clear")]
+
+
+def test_bad_data_plane_section_on_a_single_controller_names_the_field():
+    data = scenario_to_mapping(load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{SC}.yaml")))
+    data["pipelines"][0]["data_plane"]["train_tp"] = 8
+    with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.data_plane\.train_tp: 8 does not divide the 4 train GPUs"):
         scenario_from_mapping(data, "x.yaml")
 
 

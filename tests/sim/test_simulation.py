@@ -246,6 +246,8 @@ EXPECTED_FINDINGS = {
     "dataplane_via_driver": ("done", {"data_plane", "handover"}),
     # NeMo's init keeps its multi-GPU trainer's groups (docs/residency.md)
     "dataplane_one_hop": ("done", {"handover"}),
+    # the single controller's data plane with the bulk routed through the driver: invariant 16
+    "dataplane_single_controller_via_driver": ("done", {"data_plane"}),
     # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
     "starve_one_shot_generation": ("horizon", {"liveness"}),
     # failures users reported (tests/sim/test_field_failures.py)

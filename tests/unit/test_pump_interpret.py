@@ -41,8 +41,8 @@ class Script:
         self.clock += 2.0
         return "begun"
 
-    def _after_Evict(self, result):
-        self.after.append(("Evict", result))
+    def _after_Evict(self, effect, result):
+        self.after.append((type(effect).__name__, result))  # the effect itself is handed over
 
 
 def run_alone(rt: Script, gen, scope="step", step=None):
@@ -169,7 +169,7 @@ def test_once_stopped_every_pump_but_the_train_pump_is_closed_at_its_next_effect
     assert step_value == "ran" and len(rt.records) == 4
 
 
-def test_an_instant_effect_hands_its_result_to_the_runtime_after_hook():
+def test_an_instant_effect_hands_itself_and_its_result_to_the_runtime_after_hook():
     rt = Script()
 
     def pump():
