@@ -1,9 +1,12 @@
 """Data-plane gate: only the replica leader writes back (the -601 duplicate-writer bug).
 
     torchrun --nproc-per-node 4 gpu_gates/dataplane_writeback.py [--tp 2] [--overwrite refuse|upsert]
+    python gpu_gates/tq_host.py -- torchrun --nproc-per-node 4 gpu_gates/dataplane_writeback.py --store transferqueue
 
-World = DP x TP. Rank 0 hosts one store (harness.dataplane.served) that every rank
-reaches, plays the rollout producer (puts per-token ``input_ids``) and the driver (shards
+World = DP x TP. With ``--store served`` (the default) rank 0 hosts one in-process store
+(harness.dataplane.served) that every rank reaches; with ``--store transferqueue`` the
+launcher ``gpu_gates/tq_host.py`` runs Ray + TransferQueue and every rank attaches to it
+as a plain TQ client (no Ray in the ranks). Rank 0 plays the rollout producer (puts per-token ``input_ids``) and the driver (shards
 the batch's *metadata* across DP ranks and clears the step's samples when the step is
 done). Every rank is a trainer worker with coordinates (dp, tp): the replica leader
 (tp = 0) fetches its DP shard and broadcasts it to its TP siblings in two phases, every
@@ -14,7 +17,9 @@ ledger holds exactly one write of each (sample, field) per step, by its DP repli
 leader; the stored values are right; no write was refused. ``--overwrite refuse`` (the
 default) gives the store Mooncake's no-upsert rule, so a second writer is refused with
 the -601 class error; ``upsert`` is plain TransferQueue, which overwrites silently — the
-ledger still counts the duplicate. The test hook ``leader_gate_off`` (a documented
+ledger still counts the duplicate. On TransferQueue the ledger is the store's own
+``__ledger__`` partition (``TransferQueueStore(ledger=True)``) and only ``upsert`` runs:
+TQ has no conditional put, so a refusal cannot be made atomic across rank processes. The test hook ``leader_gate_off`` (a documented
 fault) makes every sibling write, and the gate must fail naming the -601 class.
 """
 
@@ -41,6 +46,8 @@ from harness.dataplane.codec import FieldSpec, Schema  # noqa: E402
 from harness.dataplane.errors import DuplicateWriteError  # noqa: E402
 from harness.dataplane.meta import KVBatchMeta  # noqa: E402
 from harness.dataplane.store import InProcessStore, RefuseOverwrite  # noqa: E402
+from harness.dataplane.tq_store import TransferQueueStore  # noqa: E402
+from gpu_gates.tq_host import CONF_ENV  # noqa: E402
 from harness.dataplane.worker_mixin import DataPlaneWorkerMixin  # noqa: E402
 
 PARTITION = "train"
@@ -50,8 +57,12 @@ SCHEMA = Schema.of(FieldSpec("input_ids", "per_token", "int64"), FieldSpec("logp
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=positive_int, default=2, help="TP siblings per DP replica (world %% tp == 0)")
     parser.add_argument("--samples", type=positive_int, default=8, help="samples per step")
-    parser.add_argument("--overwrite", choices=["refuse", "upsert"], default="refuse",
-                        help="refuse: Mooncake's no-upsert rule (-601 on a rewrite); upsert: plain TransferQueue")
+    parser.add_argument("--overwrite", choices=["refuse", "upsert"], default=None,
+                        help="refuse (default with --store served): Mooncake's no-upsert rule (-601 on a rewrite); "
+                             "upsert (default and only choice with --store transferqueue): plain TransferQueue")
+    parser.add_argument("--store", choices=["served", "transferqueue"], default="served",
+                        help="served: rank 0 hosts an in-process store; transferqueue: the one gpu_gates/tq_host.py "
+                             "started (ranks attach as TQ clients)")
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -59,6 +70,15 @@ def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
         return f"world size {world} is not a multiple of --tp {args.tp}"
     if args.samples < world // args.tp:
         return f"--samples {args.samples} gives some of the {world // args.tp} DP ranks nothing to do"
+    if args.overwrite is None:
+        args.overwrite = "refuse" if args.store == "served" else "upsert"
+    if args.store == "transferqueue":
+        if args.overwrite == "refuse":
+            return ("--overwrite refuse: needs --store served (TransferQueue has no conditional put, so the "
+                    "no-upsert refusal cannot be made atomic across rank processes)")
+        if not os.environ.get(CONF_ENV):
+            return (f"--store transferqueue: {CONF_ENV} is not set; run the gate under gpu_gates/tq_host.py, "
+                    "which starts Ray + TransferQueue and names its client config")
     return None
 
 
@@ -95,20 +115,27 @@ def run(ctx: GateContext) -> None:
     groups = [dist.new_group(list(range(k * tp, (k + 1) * tp)), timeout=ctx.timeout) for k in range(dp_size)]
     sink = lambda kind, fields: ctx.emit(kind, **fields)  # noqa: E731
     ctx.set_phase("store")
-    host_store = None
+    host_store = tq = None
+    if args.store == "transferqueue":  # every rank a TQ client of the launcher's TransferQueue
+        tq = TransferQueueStore.attach(os.environ[CONF_ENV], ledger=True)
+        ctx.salvage.append(tq.detach)
     if ctx.rank == 0:
-        authkey = os.urandom(16)
-        backing = InProcessStore()
-        host_store = RefuseOverwrite(backing) if args.overwrite == "refuse" else backing
-        address, stop = served.serve(host_store, authkey)
-        ctx.salvage.append(stop)
-        ctx.put("store", json.dumps({"address": list(address), "authkey": authkey.hex()}).encode())
+        if tq is not None:
+            host_store, where = tq, {}
+        else:
+            authkey = os.urandom(16)
+            backing = InProcessStore()
+            host_store = RefuseOverwrite(backing) if args.overwrite == "refuse" else backing
+            address, stop = served.serve(host_store, authkey)
+            ctx.salvage.append(stop)
+            where = {"address": list(address), "authkey": authkey.hex()}
         producer = DataPlaneClient(host_store, actor="rollout", role="producer", sink=sink)
         driver = DataPlaneClient(host_store, actor="driver", role="driver", sink=sink)
         producer.register_partition(PARTITION, SCHEMA, tasks=["logprob"])
+        ctx.put("store", json.dumps(where).encode())
     where = json.loads(ctx.wait_get("store", "the store address"))
-    proxy = served.connect(tuple(where["address"]), bytes.fromhex(where["authkey"]))
-    worker = GateWorker(DataPlaneClient(proxy, actor=f"dp{dp}/tp{tp_rank}", role="worker", dp_rank=dp, sink=sink),
+    store = tq if tq is not None else served.connect(tuple(where["address"]), bytes.fromhex(where["authkey"]))
+    worker = GateWorker(DataPlaneClient(store, actor=f"dp{dp}/tp{tp_rank}", role="worker", dp_rank=dp, sink=sink),
                         dp, tp_rank, groups[dp], dp * tp, tp)
     worker.dp_device = ctx.device
     if ctx.hooks.get("leader_gate_off"):
@@ -175,7 +202,7 @@ def _ledger_summary(store) -> Dict[str, Any]:
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     ledger = next((r["data"].get("ledger") for r in results if r["rank"] == 0), None) or {}
     refused = sum(r["data"].get("refused", 0) for r in results)
-    summary = {"tp": args.tp, "dp": len(results) // args.tp, "overwrite": args.overwrite,
+    summary = {"tp": args.tp, "dp": len(results) // args.tp, "store": args.store, "overwrite": args.overwrite,
                "leader_gate": all(r["data"].get("leader_gate", True) for r in results),
                "refused_writes": refused, **{f"ledger_{k}": v for k, v in ledger.items()}}
     return summary, []

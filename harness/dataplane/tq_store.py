@@ -11,12 +11,25 @@ the store in :class:`~harness.dataplane.store.RefuseOverwrite` to get Mooncake's
 ``start()`` brings up TQ on the already-initialized Ray and bounds the wait: TQ's
 controller and each storage unit ask Ray for a CPU, and with too few logical CPUs its
 ``init`` waits forever.
+
+Other processes attach **without Ray**: TQ's client reaches the controller and the storage
+units over ZMQ, and the addresses are in the config ``init`` returns. The starting process
+writes that config to a file (:meth:`write_client_config`); a torchrun rank calls
+:meth:`attach` on it, which builds the process's TQ client from the config the way TQ's own
+``init`` does after it found the controller through Ray (``_maybe_create_tq_client``, the
+one private TQ function used here). TQ keeps no record of who wrote a row and overwrites
+silently, so a store opened with ``ledger=True`` also puts one tags-only key per written
+(sample, field) into a ``__ledger__/<partition>`` partition, and :meth:`write_ledger` reads
+the writes back from the store (the gate's one-write-per-(sample, field) check).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import threading
+import uuid
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -25,13 +38,16 @@ from harness.dataplane.errors import DataPlaneError, DataPlaneInputError
 from harness.dataplane.store import RowStore, Rows
 
 SCHEMA_KEY = "__schema__"
+LEDGER_PREFIX = "__ledger__/"
 
 
 class TransferQueueStore(RowStore):
-    def __init__(self) -> None:
+    def __init__(self, conf=None, ledger: bool = False) -> None:
         import transfer_queue as tq  # the one import of TQ in the project
         self.tq = tq
         self.client = tq.get_client()
+        self.conf = conf  # what init returned (None when attached): the client config to hand on
+        self.ledger = ledger
 
     @classmethod
     def start(cls, *, num_storage_units: int = 1, timeout_s: float = 60.0) -> "TransferQueueStore":
@@ -44,9 +60,11 @@ class TransferQueueStore(RowStore):
         conf = OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}})
         failure: List[BaseException] = []
 
+        final: List = []
+
         def run() -> None:
             try:
-                tq.init(conf)
+                final.append(tq.init(conf))
             except BaseException as exc:  # reported below
                 failure.append(exc)
 
@@ -58,7 +76,35 @@ class TransferQueueStore(RowStore):
                                "(does Ray have a logical CPU for the controller and each storage unit?)")
         if failure:
             raise DataPlaneError(f"TransferQueue init failed: {failure[0]}") from failure[0]
-        return cls()
+        return cls(final[0] if final else None)
+
+    def write_client_config(self, path: str) -> None:
+        """The config a process needs to attach (controller and storage addresses), for
+        :meth:`attach`; owner-only, as it names where to reach the store."""
+        if self.conf is None:
+            raise DataPlaneError("write_client_config: only the process that started TransferQueue has its config")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(self.conf, f)
+
+    @classmethod
+    def attach(cls, path: str, *, ledger: bool = False) -> "TransferQueueStore":
+        """A TQ client in this process, from the file :meth:`write_client_config` wrote;
+        no Ray in this process (a torchrun rank is not a Ray driver)."""
+        from transfer_queue import interface
+
+        with open(path, "rb") as f:
+            conf = pickle.load(f)  # written owner-only by the starting process
+        interface._maybe_create_tq_client(conf)
+        return cls(ledger=ledger)
+
+    def detach(self) -> None:
+        """Close this process's client only (the store lives on in the starting process)."""
+        from transfer_queue import interface
+
+        if interface._TQ_CLIENT is not None:
+            interface._TQ_CLIENT.close()
+            interface._TQ_CLIENT = None
 
     def shutdown(self) -> None:
         self.tq.close()
@@ -97,6 +143,19 @@ class TransferQueueStore(RowStore):
         columns = {name: _column(field_rows) for name, field_rows in rows.items()}
         td = TensorDict(columns, batch_size=[len(sample_ids)])
         self.tq.kv_batch_put(keys=list(sample_ids), partition_id=partition_id, fields=td, tags=[dict(t) for t in tags])
+        if self.ledger:  # after the put returned: the store holds these rows now
+            entries = [(s, f) for s in sample_ids for f in rows]
+            self.tq.kv_batch_put(keys=[f"{s}/{f}/{uuid.uuid4().hex}" for s, f in entries],
+                                 partition_id=LEDGER_PREFIX + partition_id,
+                                 tags=[{"writer": writer, "sample": s, "field": f} for s, f in entries])
+
+    def write_ledger(self) -> List[tuple]:
+        """(writer, partition, sample, field) of every write recorded in the store."""
+        out = []
+        for part, keys in sorted(self.tq.kv_list().items()):
+            if part.startswith(LEDGER_PREFIX):
+                out += [(t["writer"], part[len(LEDGER_PREFIX):], t["sample"], t["field"]) for t in keys.values()]
+        return out
 
     def read(self, partition_id, sample_ids, fields):
         td = self.tq.kv_batch_get(keys=list(sample_ids), partition_id=partition_id, select_fields=list(fields))

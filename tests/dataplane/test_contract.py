@@ -175,3 +175,37 @@ def test_object_field_and_empty_row_survive_the_store(producer, partition):
                          sequence_lengths=[2, 0])
     got = producer.get_samples(["z0", "z1"], partition, ["input_ids", "info"])
     assert got["input_ids"].tolist() == [[4, 5], [0, 0]] and list(got["info"]) == [1.5, "s"]
+
+
+_ATTACH = """
+import sys
+import ray
+import torch
+from harness.dataplane.tq_store import TransferQueueStore
+store = TransferQueueStore.attach(sys.argv[1], ledger=True)
+store.write("attach", ["a", "b"], {"x": [torch.arange(3), torch.arange(5)]}, [{}, {}], "dp0/tp0")
+store.write("attach", ["a"], {"x": [torch.arange(3) + 7]}, [{}], "dp0/tp1")  # a second writer: TQ upserts
+print("ray initialized:", ray.is_initialized())
+store.detach()
+"""
+
+
+@pytest.mark.transferqueue
+def test_a_process_without_ray_attaches_as_a_client_and_the_ledger_records_each_write(tq_store, tmp_path):
+    """What gpu_gates/tq_host.py relies on: a process that never starts or joins Ray (a
+    torchrun rank) attaches from the client config alone; the ledger partition records
+    both writers of row 'a' although TransferQueue itself kept only the last value."""
+    import os
+    import subprocess
+    import sys
+
+    conf = str(tmp_path / "client_conf.pkl")
+    tq_store.write_client_config(conf)
+    assert os.stat(conf).st_mode & 0o077 == 0  # owner-only: it names where the store listens
+    done = subprocess.run([sys.executable, "-c", _ATTACH, conf], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ray initialized: False" in done.stdout
+    assert sorted(w for w in tq_store.write_ledger() if w[1] == "attach") == [
+        ("dp0/tp0", "attach", "a", "x"), ("dp0/tp0", "attach", "b", "x"), ("dp0/tp1", "attach", "a", "x")]
+    rows = tq_store.read("attach", ["a", "b"], ["x"])["x"]
+    assert torch.equal(rows[0], torch.arange(3) + 7) and torch.equal(rows[1], torch.arange(5))

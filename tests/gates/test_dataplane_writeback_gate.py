@@ -53,3 +53,36 @@ def test_gate_off_with_a_silently_overwriting_store_is_still_caught(gate_runner)
     assert run.report["summary"]["ledger_max_writes_per_key"] == 2
     _, violations = oracle(run)
     assert any("wrote 4 row(s) already written" in v for v in violations)
+
+
+def test_transferqueue_mode_needs_the_launcher_and_upsert(monkeypatch):
+    """--store transferqueue: only under gpu_gates/tq_host.py, and never with a refusal TQ
+    cannot make atomic across processes (checked before any rank starts work)."""
+    import argparse
+
+    from gpu_gates.dataplane_writeback import check_world
+    from gpu_gates.tq_host import CONF_ENV
+
+    def args(**kw):
+        return argparse.Namespace(**{"tp": 2, "samples": 8, "overwrite": None, "store": "transferqueue", **kw})
+
+    monkeypatch.delenv(CONF_ENV, raising=False)
+    assert f"{CONF_ENV} is not set; run the gate under gpu_gates/tq_host.py" in check_world(args(), 4)
+    assert "--overwrite refuse: needs --store served" in check_world(args(overwrite="refuse"), 4)
+    monkeypatch.setenv(CONF_ENV, "/nonexistent/conf.pkl")
+    a = args()
+    assert check_world(a, 4) is None and a.overwrite == "upsert"
+    s = args(store="served")
+    assert check_world(s, 4) is None and s.overwrite == "refuse"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--"], "command: nothing to run"),
+    (["--num-cpus", "1", "--", "true"], "--num-cpus: 1 leaves TQ's controller or storage unit without a CPU"),
+])
+def test_tq_host_usage_errors_exit_2_before_starting_ray(argv, message, capsys):
+    from gpu_gates.tq_host import main
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
