@@ -190,7 +190,8 @@ def _join(path: str, key: str) -> str:
 def _reject_unknown(ctx: _Ctx, path: str, data: Mapping[str, Any], known: Tuple[str, ...]) -> None:
     for key in data:
         if key not in known:
-            raise ctx.fail(_join(path, key), f"unknown field; known: {', '.join(sorted(known))}")
+            shown = str(key) if str(key).isprintable() else repr(str(key))  # a "\n" key stays one line
+            raise ctx.fail(_join(path, shown), f"unknown field; known: {', '.join(sorted(known))}")
 
 
 def _flat_fields(ctx: _Ctx, path: str, data: Mapping[str, Any], cls: type) -> Dict[str, Any]:
