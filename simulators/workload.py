@@ -69,7 +69,20 @@ class ReplayBuffer:
         return dict(sorted(Counter(current - v for v, _ in batch).items()))
 
 
+_DRAW_BLOCK = 256  # decode lengths drawn per numpy call (see Collector)
+
+
 class Collector:
+    """Draws the requests of one pipeline from its seeded generator.
+
+    Decode lengths are drawn a block at a time and handed out in order: the generator's
+    normals come out of ``standard_normal(a)`` then ``standard_normal(b)`` exactly as
+    out of one ``standard_normal(a + b)``, and every later step (exp, round half to even,
+    clamp) is element-wise, so each request gets the length a draw of its own size would
+    have given it (``tests/sim/test_workload.py`` pins this). The generator is this
+    collector's alone; one numpy call per block instead of per refill of one or two
+    requests is what makes it worth it (an async refill draws at every completion)."""
+
     def __init__(self, spec: WorkloadSpec, mode: str, rng: np.random.Generator) -> None:
         self.spec = spec
         self.mode = mode
@@ -78,20 +91,27 @@ class Collector:
         self.outstanding = 0  # submitted and not yet completed
         self.dead = False  # fault collector_dies: nothing is drawn any more
         self._log_median = np.log(spec.decode_tokens_median)  # the spec is frozen
+        self._tokens: List[int] = []  # decode lengths drawn ahead, handed out from ``_next``
+        self._next = 0
+
+    def _lengths(self, n: int) -> List[int]:
+        """The next ``n`` decode lengths from the generator (one numpy pass)."""
+        s = self.spec
+        lengths = np.exp(self._log_median + s.decode_tokens_sigma * self.rng.standard_normal(n))
+        # np.rint rounds half to even exactly as round() does
+        return np.minimum(np.maximum(1.0, np.rint(lengths)), s.decode_tokens_max).astype(np.int64).tolist()
 
     def draw(self, n: int) -> List[Request]:
         if self.dead:
             return []
-        s = self.spec
-        lengths = np.exp(self._log_median + s.decode_tokens_sigma * self.rng.standard_normal(n))
-        hi = s.decode_tokens_max
-        if n <= 4:  # async refills draw one or two at a time: numpy calls cost more than they save
-            tokens = [int(min(max(1.0, round(x)), hi)) for x in lengths.tolist()]
-        else:  # the same values, vectorized (np.rint rounds half to even exactly as round() does)
-            tokens = np.minimum(np.maximum(1.0, np.rint(lengths)), hi).astype(np.int64).tolist()
+        i, tokens = self._next, self._tokens
+        if i + n > len(tokens):  # the block is spent: the rest of it, then a new one
+            tokens = self._tokens = tokens[i:] + self._lengths(max(n, _DRAW_BLOCK))
+            i = 0
+        self._next = i + n
         rid = self.next_rid
-        out = [Request(rid + i, t) for i, t in enumerate(tokens)]
-        self.next_rid = rid + len(out)
+        out = [Request(rid + k, tokens[i + k]) for k in range(n)]
+        self.next_rid = rid + n
         self.outstanding += n
         return out
 

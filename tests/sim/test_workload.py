@@ -1,0 +1,37 @@
+"""The collector's block-drawn decode lengths equal one draw per call of the same sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulators.spec import WorkloadSpec
+from simulators.workload import _DRAW_BLOCK, Collector
+
+
+def _one_call_per_draw(spec: WorkloadSpec, seed: int, sizes):
+    """The lengths a generator call per draw gives (what draw did before drawing ahead)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in sizes:
+        lengths = np.exp(np.log(spec.decode_tokens_median) + spec.decode_tokens_sigma * rng.standard_normal(n))
+        out.append([int(min(max(1.0, round(x)), spec.decode_tokens_max)) for x in lengths.tolist()])
+    return out
+
+
+def test_block_drawn_lengths_equal_a_draw_per_call():
+    spec = WorkloadSpec(decode_tokens_median=192, decode_tokens_sigma=1.5, decode_tokens_max=1024)
+    # sizes that straddle block ends, a draw larger than a block, and empty draws
+    sizes = [1, 2, 0, 5, 1, _DRAW_BLOCK - 3, 7, 1, 3 * _DRAW_BLOCK + 1, 16, 1, 1, 0, 64] * 5
+    collector = Collector(spec, "async", np.random.default_rng(7))
+    got = [[r.tokens for r in collector.draw(n)] for n in sizes]
+    assert got == _one_call_per_draw(spec, 7, sizes)
+    flat = [t for d in got for t in d]
+    assert max(flat) == 1024 and min(flat) >= 1  # the upper clamp is exercised (sigma 1.5, median 192)
+    rids = [r.rid for n in [3, 4] for r in collector.draw(n)]
+    assert rids == list(range(sum(sizes), sum(sizes) + 7)) and collector.outstanding == sum(sizes) + 7
+
+
+def test_a_dead_collector_draws_nothing():
+    collector = Collector(WorkloadSpec(), "sync", np.random.default_rng(0))
+    collector.dead = True
+    assert collector.draw(5) == [] and collector.outstanding == 0
