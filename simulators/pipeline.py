@@ -89,6 +89,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.lock = Link(self.env, 1)  # == simpy.Resource(env, 1), cheaper (see Link)
         self._lock_req: List[Any] = []
         self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
+        self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # run-level effect class -> bound handler
         self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
         self.train_loaded: set = set()  # training-state kinds on the training GPUs
         self.train_comm_live = False  # training process groups exist (their buffers are resident)
@@ -100,6 +101,8 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.progress_hooks = "noop_progress_hooks" not in self.faults
         self.weight_bytes = spec.model.weight_bytes
+        self._sync_targets_of: Dict[Tuple[int, ...], Tuple[List[int], List[int]]] = {}  # RefitEffects._sync_targets
+        self._stream_inputs_kept: Optional[Tuple[Any, Any]] = None  # RefitEffects._stream_inputs
         self.cache_versions: List[int] = []
         self.cache_lock = CacheLock(sim, self.pid)
         self.deadlines = Deadlines(sim, self.pid, index)
@@ -141,8 +144,13 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
 
     def _handle(self, effect: Any) -> Any:
-        """A run-level effect (``harness.control.run_effects``): its ``_<Name>`` handler."""
-        return getattr(self, "_" + type(effect).__name__)(effect)
+        """A run-level effect (``harness.control.run_effects``): its ``_<Name>`` handler
+        (looked up once per effect class: this runs for every run-level effect)."""
+        cls = type(effect)
+        handler = self._run_handlers.get(cls)
+        if handler is None:
+            handler = self._run_handlers[cls] = getattr(self, "_" + cls.__name__)
+        return handler(effect)
 
     def _Register(self, e):
         sim = self.sim

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from harness.control.rank_state import RankState
 from harness.refit import stream as proto
@@ -43,10 +43,7 @@ class RefitEffects:
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
         yield from self.cache_lock.acquire("sync", e.version)  # held until the group is destroyed
         owner = self.owner_gpu
-        device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
-        plan = build_comm_plan(device(owner), {r: [device(g) for g in self.ranks[r].gpus] for r in e.ranks})
-        ipc = [self.ranks[r].gpus[lr] for r in sorted(plan.ipc) for lr in plan.ipc[r]]
-        bcast = [self.ranks[r].gpus[lr] for r in sorted(plan.broadcast) for lr in plan.broadcast[r]]
+        ipc, bcast = self._sync_targets(tuple(e.ranks))
         group = None
         if bcast:
             group = f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, e.ranks))}"
@@ -59,9 +56,9 @@ class RefitEffects:
             fabric, fabric_rate = cluster.links.nic[node], cluster.spec.inter_node_bytes_per_s
         else:
             fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
-        specs = cache_bucket_specs(self.weight_bytes, c.bucket_bytes)
+        specs, costs = self._stream_inputs()
         yield from stream_sync(
-            env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), StreamCosts.from_costs(c, cluster.spec.pcie_bytes_per_s),
+            env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), costs,
             staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
             on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2), f"{e.path}_sync"),
             on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
@@ -79,6 +76,32 @@ class RefitEffects:
             self._log_rank(rank)
         finished.append(True)
         return list(e.ranks)
+
+    def _sync_targets(self, ranks: Tuple[int, ...]) -> Tuple[List[int], List[int]]:
+        """The target GPUs of a sync to ``ranks`` on each path (same-GPU IPC, broadcast):
+        ``build_comm_plan`` over the ranks' devices. A rank's GPUs and the cache owner never
+        change, so the answer for one rank tuple is worked out once per pipeline (the lists
+        are only read)."""
+        cache = self._sync_targets_of
+        got = cache.get(ranks)
+        if got is None:
+            cluster = self.sim.cluster
+            device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
+            plan = build_comm_plan(device(self.owner_gpu), {r: [device(g) for g in self.ranks[r].gpus] for r in ranks})
+            ipc = [self.ranks[r].gpus[lr] for r in sorted(plan.ipc) for lr in plan.ipc[r]]
+            bcast = [self.ranks[r].gpus[lr] for r in sorted(plan.broadcast) for lr in plan.broadcast[r]]
+            got = cache[ranks] = (ipc, bcast)
+        return got
+
+    def _stream_inputs(self) -> Tuple[List[proto.TensorSpec], "StreamCosts"]:
+        """The cache's buckets and the stream's costs: fixed for the run (the costs, the
+        model and the PCIe rate do not change), so built on the first sync and kept."""
+        got = self._stream_inputs_kept
+        if got is None:
+            c = self.costs
+            got = self._stream_inputs_kept = (cache_bucket_specs(self.weight_bytes, c.bucket_bytes),
+                                              StreamCosts.from_costs(c, self.sim.cluster.spec.pcie_bytes_per_s))
+        return got
 
     def _bucket_acked(self, e, ipc, bcast, bucket: int, size: int) -> None:
         for transport, targets in (("cpu_serialize", ipc), ("nccl", bcast)):

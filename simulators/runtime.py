@@ -72,6 +72,7 @@ class Simulation:
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
+        self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
         self.wake = self.env.event()
         self._poll_actor = Actor("scheduler", 1)  # the key the 1 s poll runs under (see poll)
         self.background: Optional[str] = None
@@ -167,7 +168,13 @@ class Simulation:
         yield from interpret(execute_cycle(reason), self._handle)
 
     def _handle(self, effect: Any) -> Any:
-        return getattr(self, "_" + type(effect).__name__)(effect)
+        """A cycle's effect (``harness.control.run_effects``): its ``_<Name>`` handler,
+        looked up once per effect class (a cycle runs on every scheduler wake-up)."""
+        cls = type(effect)
+        handler = self._run_handlers.get(cls)
+        if handler is None:
+            handler = self._run_handlers[cls] = getattr(self, "_" + cls.__name__)
+        return handler(effect)
 
     def _PlanCycle(self, e: PlanCycle) -> Any:
         self.log.add({"seq": 0, "t": self.env._now, "kind": "cycle", "phase": "plan", "reason": e.reason})
