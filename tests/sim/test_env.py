@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import simpy
 from simpy.core import NORMAL
 
@@ -103,3 +104,37 @@ def test_a_freed_slot_is_refilled_when_a_completion_fires():
     router.submit([Request(1, tokens=100), Request(2, tokens=50)])
     env.run()
     assert done == [(1.0, 1, 0), (1.5, 2, 0)]  # the second waited for the only slot
+
+
+def test_run_until_an_event_ends_as_simpys_run_does():
+    """SimEnv.run inlines simpy's step: the until event's value is returned, an event the
+    schedule never reaches is a RuntimeError, and a failure nobody defused ends the run."""
+    env = SimEnv()
+    done = env.event()
+
+    def finisher():
+        yield env.timeout(2)
+        done.succeed("finished")
+
+    env.spawn(finisher(), "pipeline", 0)
+    assert env.run(until=done) == "finished" and env.now == 2
+
+    env = SimEnv()
+    never = env.event()
+
+    def idle():
+        yield env.timeout(1)
+
+    env.spawn(idle(), "pipeline", 0)
+    with pytest.raises(RuntimeError, match="No scheduled events left"):
+        env.run(until=never)
+
+    env = SimEnv()
+
+    def crasher():
+        yield env.timeout(1)
+        raise ValueError("boom")
+
+    env.spawn(crasher(), "pipeline", 0)
+    with pytest.raises(ValueError, match="boom"):
+        env.run(until=env.event())
