@@ -20,9 +20,12 @@ each event also appends the scenario's records-per-event to an event log (the pe
 cost is measured alongside, with the same loop appending one record per event). It
 separates what the event loop and the log cost from what the model itself costs.
 
-Targets (issue "Discrete-event simulator"): >= 0.5 M events/s, <= 4x slower per event
-than bare simpy, >= 10,000x time compression on the 64-GPU scenario, the 1024-GPU
-scenario under 60 s and 2 GiB RSS.
+Targets (issue #16, which withdrew the per-event ones of the simulator issue: 0.5 M
+events/s, 4x bare simpy): >= 10,000x time compression (simulated s per wall s) on the
+64-GPU scenario; the 1024-GPU scenario's simulation alone under 6 s (and under the
+simulator issue's 2 GiB RSS). events/s and records/s stay printed as figures: they
+describe the model's granularity as much as its speed. The wall time is the run's
+(``Simulation(...).run()``); building the ``Simulation`` is under 1 ms of it.
 
     python benchmarks/sim_throughput.py [--skip-large]
 """
@@ -198,17 +201,21 @@ def print_targets(figures, bare) -> None:
     mid, large = figures.get(SCENARIOS[1][1]), figures.get(SCENARIOS[2][1])
     rows = []
     if mid is not None:
-        rows += [("64-GPU events/s >= 0.5 M", f"{mid['eps'] / 1e6:.3f} M", mid["eps"] >= 0.5e6),
-                 ("64-GPU per event <= 4x bare simpy", f"{bare / mid['eps']:.1f}x", bare / mid["eps"] <= 4),
-                 ("64-GPU time compression >= 10,000x", f"{mid['sim'] / mid['wall']:,.0f}x",
+        rows += [("64-GPU time compression >= 10,000x", f"{mid['sim'] / mid['wall']:,.0f}x",
                   mid["sim"] / mid["wall"] >= 10_000)]
     if large is not None:
-        rows += [("1024-GPU run < 60 s", f"{large['wall']:.1f} s", large["wall"] < 60),
+        rows += [("1024-GPU simulation alone < 6 s", f"{large['wall']:.2f} s", large["wall"] < 6),
                  ("1024-GPU run < 2 GiB RSS", f"{large['rss'] / 2**20:.0f} MiB", large["rss"] < 2 * 2**30)]
     if rows:
         print("\ntargets:")
         for what, got, met in rows:
             print(f"  {what:<36} {got:>10}  {'met' if met else 'NOT met'}")
+    figures_only = [(label, figures.get(path)) for label, path in SCENARIOS[1:] if figures.get(path) is not None]
+    if figures_only:  # no targets any more (issue #16): the model's granularity as much as its speed
+        print("figures:")
+        for label, d in figures_only:
+            print(f"  {label}: {d['eps'] / 1e6:.3f} M simpy events/s, {d['records'] / d['wall'] / 1e6:.3f} M "
+                  f"event-log records per wall second ({bare / d['eps']:.1f}x bare simpy per event)")
 
 
 if __name__ == "__main__":
