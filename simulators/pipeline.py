@@ -101,6 +101,9 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.progress_hooks = "noop_progress_hooks" not in self.faults
         self.weight_bytes = spec.model.weight_bytes
+        # read on every completion: the frozen spec's values, looked up once
+        self._per_step = w.trajectories_per_step
+        self._max_age = w.max_trajectory_age_steps
         self._sync_targets_of: Dict[Tuple[int, ...], Tuple[List[int], List[int]]] = {}  # RefitEffects._sync_targets
         self._stream_inputs_kept: Optional[Tuple[Any, Any]] = None  # RefitEffects._stream_inputs
         self.cache_versions: List[int] = []
@@ -472,11 +475,13 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
 
     def _on_trajectory(self, req: Request, rank: RankSim) -> None:
         self.collector.outstanding -= 1
-        self.buffer.add(req.version if req.version is not None else -1, req.rid)
+        version = req.version
+        self.buffer.add(version if version is not None else -1, req.rid)
         if self.dataplane is not None:
             self.dataplane.on_trajectory(req.rid, req.tokens)
         # counted once: nothing below (a report, a refill) changes the buffer or the version
-        usable = self._usable()
+        v = self.ctx.versions.published  # self._usable(), inlined: this runs on every completion
+        usable = self.buffer.usable(0 if v is None else v, self._max_age)
         self._report_progress(False, usable)
         self._refill()
         if not self.batch_ready.triggered and self._wait_batch_has_work(usable):
@@ -492,14 +497,14 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
     def _usable(self) -> int:
         """Buffered trajectories young enough for the published version."""
         v = self.ctx.versions.published
-        return self.buffer.usable(0 if v is None else v, self.spec.workload.max_trajectory_age_steps)
+        return self.buffer.usable(0 if v is None else v, self._max_age)
 
     def _wait_batch_has_work(self, usable: int) -> bool:
         """Whether a waiting :meth:`_WaitBatch` would do anything if woken now (``usable``:
         :meth:`_usable`): evict stale trajectories, take a batch, or (sync) gap-fill.
         Otherwise its wake would only re-arm (the refill it does was just done by the
         completion), so it is not woken: one wake per batch instead of one per trajectory."""
-        n = self.spec.workload.trajectories_per_step
+        n = self._per_step
         if usable < len(self.buffer.items) or usable >= n:  # stale items to evict, or a batch
             return True
         return self.collector.mode == "sync" and n - usable - self.collector.outstanding > 0
@@ -514,7 +519,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         to the scheduler when its 2 % bucket moves (or a new batch forces it)."""
         if self.finished or not self.progress_hooks:
             return
-        out = progress_input(self.progress, self.pid, self.spec.workload.trajectories_per_step, usable, new_batch)
+        out = progress_input(self.progress, self.pid, self._per_step, usable, new_batch)
         if out is not None:
             sim = self.sim
             sim.call("progress", out[0], sim.model.report_progress, out[1])
@@ -537,20 +542,20 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         return None
 
     def _WaitBatch(self, e):
-        w = self.spec.workload
-        n = w.trajectories_per_step
+        n, max_age = self._per_step, self._max_age
+        buffer, collector = self.buffer, self.collector  # both for the pipeline's life
         while True:
             current = self._current_version()
-            hist = self.buffer.take(n, current, w.max_trajectory_age_steps)
+            hist = buffer.take(n, current, max_age)
             if hist is not None:
                 break
             self.batch_ready = self.env.event()
             self._refill()
-            if self.collector.mode == "sync":
+            if collector.mode == "sync":
                 # gap-fill: trajectories evicted as too stale are generated again
-                missing = n - self.buffer.usable(current, w.max_trajectory_age_steps) - self.collector.outstanding
+                missing = n - buffer.usable(current, max_age) - collector.outstanding
                 if missing > 0:
-                    self.router.submit(self.collector.draw(missing))
+                    self.router.submit(collector.draw(missing))
             yield self.batch_ready
         self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=n,
                       staleness={str(k): v for k, v in hist.items()})

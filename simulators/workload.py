@@ -110,7 +110,8 @@ class Collector:
             i = 0
         self._next = i + n
         rid = self.next_rid
-        out = [Request(rid + k, tokens[i + k]) for k in range(n)]
+        # one at a time is the common draw (an async refill after a completion)
+        out = [Request(rid, tokens[i])] if n == 1 else [Request(rid + k, tokens[i + k]) for k in range(n)]
         self.next_rid = rid + n
         self.outstanding += n
         return out

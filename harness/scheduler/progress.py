@@ -120,6 +120,9 @@ class _Stream:
         self.collected = collected
 
 
+_STREAM_KEYS: Dict[Tuple[str, Optional[str]], str] = {}  # (mode, adapter) -> CoordinatorProgress.stream_key
+
+
 class CoordinatorProgress:
     """Coordinator-side aggregation with 2 % bucket throttling.
 
@@ -135,7 +138,10 @@ class CoordinatorProgress:
 
     @staticmethod
     def stream_key(mode: str, adapter: Optional[str]) -> str:
-        return f"{mode}:{adapter if adapter is not None else COORDINATOR_FULL_FT_KEY}"
+        key = _STREAM_KEYS.get((mode, adapter))  # built once per (mode, adapter): every update asks
+        if key is None:
+            key = _STREAM_KEYS[(mode, adapter)] = f"{mode}:{adapter if adapter is not None else COORDINATOR_FULL_FT_KEY}"
+        return key
 
     def update(self, *, mode: str, adapter: Optional[str], step_target: int, collected: float,
                new_batch: bool = False, wire_fields: Optional[Dict[str, object]] = None):
