@@ -8,7 +8,10 @@ One exit-code convention for every subcommand, applied here in :func:`main`:
 * 2 — bad input (arguments, files, records, scenarios, output paths): one line
   ``error: <file/field/argument>: <what>`` on stderr, no traceback, nothing written;
 * 130 — interrupted (Ctrl-C);
-* 141 — the reader of the output went away (``rlharness replay X | head``): a quiet exit.
+* 141 — the reader of the output went away (``rlharness replay X | head``): a quiet exit,
+  nothing on stderr, for every command and for ``--help``/``--version`` alike. As with any
+  Unix tool, output the pipe took in whole before its reader left (``rlharness schema |
+  head -1``: the schema fits the pipe's buffer) was written, and the command exits as usual.
 
 Every input and output path is checked before any work starts. A subcommand is a parser
 block in :func:`build_parser` (its logic in a module of its own) and a line in
@@ -38,7 +41,8 @@ EXIT_CODES_HELP = """exit codes (every command):
        (a simulation cut by its horizon is an outcome: 0 unless the oracle finds a stall)
   2    bad input: one line "error: <where>: <what>" on stderr, nothing written
   130  interrupted
-  141  the output pipe was closed (e.g. | head); nothing more is printed"""
+  141  the output pipe was closed before all output was written (e.g. | head);
+       nothing more is printed, nothing on stderr (--help and --version too)"""
 
 
 class UsageError(Exception):
@@ -48,6 +52,12 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse would print usage + exit 2; one line is clearer
         raise UsageError(message)
+
+    def _print_message(self, message: str, file=None) -> None:
+        # argparse swallows write errors here (a closed pipe under --help would exit 0);
+        # let BrokenPipeError reach main(), which ends every command the same way (141)
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def _version() -> str:
@@ -316,7 +326,11 @@ def _quiet_broken_pipe() -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:  # --help, --version: argparse printed and exits
+            sys.stdout.flush()  # a closed pipe shows here, so it ends as 141 like every command
+            raise
         if args.command is None:
             raise UsageError(f"a command is required ({', '.join(COMMANDS)}); see rlharness --help")
         command = COMMANDS.get(args.command)

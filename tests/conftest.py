@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import importlib
 import os
+from collections import OrderedDict
 
 import pytest
 
@@ -20,6 +21,53 @@ def pytest_configure(config):
     # installed before that entry point existed gets it from this checkout instead.
     if not config.pluginmanager.has_plugin("rlharness"):
         config.pluginmanager.register(importlib.import_module("rlharness.pytest_plugin"), "rlharness")
+
+
+#: xdist work units that start first, in this order (a test file is a unit, see addopts).
+#: The gate tests are one unit: their torchrun launches take turns anyway (one lock per
+#: session), so they form a chain that is most of the suite's CPU time; started first on
+#: one worker, the chain runs beside everything else instead of after it. Next, the
+#: files that start a local Ray (its start-up is long and Ray starts take turns too).
+#: Everything else follows in xdist's own order (most tests first).
+FIRST_UNITS = ("tests/gates/", "tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or the one unit of all gate tests."""
+    path = nodeid.split("::", 1)[0]
+    return FIRST_UNITS[0] if path.startswith(FIRST_UNITS[0]) else path
+
+
+class _FirstUnitsFirst(OrderedDict):
+    """xdist's queue of work units, with :data:`FIRST_UNITS` kept at its front."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if key in FIRST_UNITS:
+            for first in reversed(FIRST_UNITS):
+                if first in self:
+                    self.move_to_end(first, last=False)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the gate tests as one unit and the long units first.
+
+    xdist orders units by their number of tests, which put the few-but-long gate files
+    last: their serialized chain then ran after everything else (the slow tail).
+    """
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = _FirstUnitsFirst()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture(scope="module")
