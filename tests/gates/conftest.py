@@ -11,11 +11,13 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -28,6 +30,16 @@ HOOK_ENV = "RLHARNESS_GATE_TEST_HOOK"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gate: launches a GPU gate under torchrun (gloo on CPU)")
+    config.addinivalue_line("markers", "waits_out_a_deadline: the gate launch spends most of its time idle, "
+                                       "waiting for a deadline to pass (run first in the chain of gate launches)")
+
+
+def pytest_collection_modifyitems(config, items):
+    # Gate launches run one at a time (see _one_gate_at_a_time). The ones that mostly sit
+    # waiting for a deadline (a hung rank) go first, while the rest of the suite still
+    # has work for the cores they leave idle; the CPU-bound launches come after. A stable
+    # sort: everything else keeps its order.
+    items.sort(key=lambda item: item.get_closest_marker("waits_out_a_deadline") is None)
 
 
 def free_port() -> int:
@@ -76,6 +88,15 @@ class GateRun:
     @property
     def event_log(self) -> Path:
         return self.report_path.with_name(self.report_path.stem + ".events.jsonl")
+
+    def ended_cleanly(self, report: bool = True) -> "GateRun":
+        """What every gate launch must show, whatever its verdict: it ended before the
+        test's timeout, no process outlived it, and (``report``) rank 0 wrote its report."""
+        assert not self.timed_out, f"gate launch exceeded its test timeout:\n{self.output[-3000:]}"
+        assert not self.survivors, f"orphan processes survived the gate: {self.survivors}"
+        if report:
+            assert self.report is not None, f"no report written:\n{self.output[-3000:]}"
+        return self
 
 
 def _port_taken(run: "GateRun") -> bool:
@@ -166,11 +187,7 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
 @pytest.fixture
 def gate_runner(tmp_path):
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
-        result = launch_gate(tmp_path, gate, nproc, *args, **kwargs)
-        assert not result.timed_out, f"gate launch exceeded its test timeout:\n{result.output[-3000:]}"
-        assert not result.survivors, f"orphan processes survived the gate: {result.survivors}"
-        assert result.report is not None, f"no report written:\n{result.output[-3000:]}"
-        return result
+        return launch_gate(tmp_path, gate, nproc, *args, **kwargs).ended_cleanly()
     return run
 
 
@@ -179,8 +196,40 @@ def gate_launch(tmp_path):
     """``gate_runner`` for runs that may end without a report (usage errors, a report
     that cannot be written): no hang and no orphan process is still a must."""
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
-        result = launch_gate(tmp_path, gate, nproc, *args, **kwargs)
-        assert not result.timed_out, f"gate launch exceeded its test timeout:\n{result.output[-3000:]}"
-        assert not result.survivors, f"orphan processes survived the gate: {result.survivors}"
-        return result
+        return launch_gate(tmp_path, gate, nproc, *args, **kwargs).ended_cleanly(report=False)
     return run
+
+
+@pytest.fixture(scope="module")
+def module_gate_launch(tmp_path_factory):
+    """``launch_gate`` for a module-scoped fixture whose one launch several tests assert
+    on (each test calls ``run.ended_cleanly()`` itself)."""
+    def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
+        return launch_gate(tmp_path_factory.mktemp(gate), gate, nproc, *args, **kwargs)
+    return run
+
+
+@contextlib.contextmanager
+def private_shm_folder():
+    """A private folder on /dev/shm for the gates' staging files (``RLHARNESS_SHM_DIR``),
+    so a test sees exactly the files its own run left behind."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this machine")
+    folder = os.path.join("/dev/shm", f"rlharness_test_{uuid.uuid4().hex[:12]}")
+    os.mkdir(folder)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def private_shm():
+    with private_shm_folder() as folder:
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def module_private_shm():
+    with private_shm_folder() as folder:
+        yield folder

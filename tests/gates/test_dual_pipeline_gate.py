@@ -74,6 +74,7 @@ def test_receivers_posted_after_the_owner_still_complete_every_sync(gate_runner)
     assert run.report["summary"]["steps_done"] == {"ppl1": 3, "ppl2": 3}
 
 
+@pytest.mark.waits_out_a_deadline
 def test_hung_worker_ends_in_a_failed_report_within_its_timeout(gate_runner):
     # The deadline must leave room for six ranks to reach the hang on a loaded 2-core
     # machine: if it fired first, the driver would not yet stand at SyncFromCache.

@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 
 import pytest
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
-
-
-@pytest.fixture
-def private_shm():
-    """A private folder on /dev/shm for the gates' staging files (``RLHARNESS_SHM_DIR``),
-    so a test sees exactly the files its own run left behind."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    if base is None:
-        pytest.skip("no /dev/shm on this machine")
-    folder = os.path.join(base, f"rlharness_test_{uuid.uuid4().hex[:12]}")
-    os.mkdir(folder)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _rank_tracebacks(output: str) -> int:
@@ -51,15 +36,42 @@ def test_world_sized_sync_group_fails_the_proper_subset_check(gate_runner):
     assert len(fired) == 4  # every member of the world-sized group sees it
 
 
-@pytest.mark.parametrize("hook", ["hang@sync:2", "raise@sync:2"])
-def test_failed_and_timed_out_syncs_leave_no_tmpfs_file(gate_runner, private_shm, hook):
-    # the IPC receiver (rank 2) hangs or fails at the sync: the owner has already written its
-    # staging file and never gets the ACK; the file goes with the owner on its way out
-    # (before: rlharness_bucket_* files stayed in /dev/shm)
-    run = gate_runner("selective_sync", 4, "--cycles", "1", "--timeout-s", "8", hook=hook,
+@pytest.fixture(scope="module")
+def raise_at_sync(module_gate_launch, module_private_shm):
+    """One launch shared by the tests about the IPC receiver (rank 2) raising at the sync:
+    the run is the same, each test asserts its own part of it. (Its staging folder is
+    listed right after the launch, before any other test can run.)"""
+    run = module_gate_launch("selective_sync", 4, "--cycles", "1", "--timeout-s", "30", hook="raise@sync:2",
+                             extra_env={"RLHARNESS_SHM_DIR": module_private_shm}, timeout_s=60)
+    return run, os.listdir(module_private_shm)
+
+
+@pytest.mark.waits_out_a_deadline
+def test_a_timed_out_sync_leaves_no_tmpfs_file(gate_runner, private_shm):
+    # the IPC receiver (rank 2) hangs at the sync: the owner has already written its staging
+    # file and never gets the ACK; the file goes with the owner on its way out (before:
+    # rlharness_bucket_* files stayed in /dev/shm)
+    run = gate_runner("selective_sync", 4, "--cycles", "1", "--timeout-s", "8", hook="hang@sync:2",
                       extra_env={"RLHARNESS_SHM_DIR": private_shm}, timeout_s=60)
     assert run.report["status"] == "failed"
     assert os.listdir(private_shm) == []
+
+
+def test_a_failed_sync_leaves_no_tmpfs_file(raise_at_sync):
+    # as above, the receiver raising instead of hanging
+    run, staged = raise_at_sync
+    run.ended_cleanly()
+    assert run.report["status"] == "failed"
+    assert staged == []
+
+
+def test_raising_rank_is_headlined_and_every_rank_reports(raise_at_sync):
+    run, _ = raise_at_sync
+    report = run.ended_cleanly().report
+    assert report["status"] == "failed"
+    assert report["message"].startswith("rank 2: rank 2 RuntimeError") and "raise@sync" in report["message"]
+    assert report["missing_ranks"] == [] and len(report["ranks"]) == 4
+    assert report["elapsed_s"] < 20  # well before the 30 s deadline: a crash does not wait for the watchdog
 
 
 def test_a_deadline_during_the_send_leaves_no_tmpfs_file(private_shm, gate_launch):

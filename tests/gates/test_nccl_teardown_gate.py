@@ -78,6 +78,7 @@ def test_megatron_missing_is_an_explicit_skip(gate_runner, tmp_path):
     assert run.report["status"] == "passed"
 
 
+@pytest.mark.waits_out_a_deadline
 def test_hang_in_teardown_fails_within_timeout(gate_runner):
     run = gate_runner("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--timeout-s", "5",
                       hook="hang@teardown:1", timeout_s=40)

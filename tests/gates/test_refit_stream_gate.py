@@ -43,6 +43,7 @@ def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_r
     assert _shm_leftovers() == before
 
 
+@pytest.mark.waits_out_a_deadline
 def test_a_receiver_that_stops_answering_fails_the_sender_within_its_stream_timeout(gate_runner):
     run = gate_runner("refit_stream", 2, "--cycles", "2", "--stream-timeout-s", "3", "--timeout-s", "60",
                       hook="hang@receiver_load:1", timeout_s=180)

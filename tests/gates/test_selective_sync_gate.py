@@ -70,6 +70,7 @@ def test_leaked_sync_group_is_reported(gate_runner):
     assert "selective_sync_c0" in run.report["message"] and "ranks [0, 3]" in run.report["message"]
 
 
+@pytest.mark.waits_out_a_deadline
 def test_hung_rank_ends_in_failed_report_within_timeout(gate_runner):
     run = gate_runner("selective_sync", 4, "--cycles", "2", "--timeout-s", "6", hook="hang@cycle_begin:2",
                       timeout_s=45)
@@ -94,12 +95,3 @@ def test_too_small_world_is_a_skip_with_reason_even_when_its_first_port_is_taken
     assert run.port != taken
     assert run.report["status"] == "skipped"
     assert "needs 4+ ranks" in run.report["message"]
-
-
-def test_raising_rank_is_headlined_and_every_rank_reports(gate_runner):
-    run = gate_runner("selective_sync", 4, "--cycles", "1", "--timeout-s", "30", hook="raise@sync:2", timeout_s=45)
-    report = run.report
-    assert report["status"] == "failed"
-    assert report["message"].startswith("rank 2: rank 2 RuntimeError") and "raise@sync" in report["message"]
-    assert report["missing_ranks"] == [] and len(report["ranks"]) == 4
-    assert report["elapsed_s"] < 20  # well before the 30 s deadline: a crash does not wait for the watchdog
