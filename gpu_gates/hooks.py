@@ -6,6 +6,8 @@ passes one by accident on a real node). The value is a comma-separated list of s
 
 ``hang@POINT[:RANK]``   the rank (default: the last one) sleeps forever at POINT
 ``raise@POINT[:RANK]``  the rank raises ``RuntimeError`` at POINT
+``kill@POINT[:RANK]``   the rank sends itself SIGKILL at POINT (no handler runs: what it
+                        created must be removed by a process that survives it)
 ``corrupt_byte[:N]``    selective_sync: the owner flips one byte of bucket N (default 1)
 ``leak_group[:DESC]``   nccl_teardown: teardown skips the group (default the DP group)
 ``leak_sync_group``     selective_sync, dual_pipeline: the dynamic sync group is not destroyed
@@ -27,13 +29,15 @@ POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import List, Optional
 
 ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
-POINT_HOOKS = ("hang", "raise")
+POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
                "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines")
 
@@ -120,5 +124,9 @@ class TestHooks:
     def act(hook: Hook) -> None:
         if hook.name == "raise":
             raise RuntimeError(f"test hook raise@{hook.point} fired")
+        if hook.name == "kill":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
         while True:  # hang: only the watchdog (or a signal) ends this
             time.sleep(0.5)

@@ -9,8 +9,10 @@ as the refit gate runs it. Every other target gets the cache bucket by bucket ov
 per-sync broadcast group, each bucket ACKed through the store before the next.
 
 Endpoints are one per (sender, receiver) pair of a sync, named from the job's store port
-and the sync id, so both sides derive them without a message; the socket file goes when
-the sender closes.
+and the sync id, so both sides derive them without a message. They live in the run's
+private folder (:func:`gate_folders`); the socket file goes when the sender closes, and
+the folder with whatever a killed rank left goes when the last rank leaves (or with the
+launcher that owns it).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from harness.refit import private_dirs
 from harness.refit import stream as proto
 from harness.refit import zmq_stream as zs
 from harness.refit.bucket_cache import BucketRecord, unpack_bucket
@@ -35,11 +38,36 @@ def remove_own_files() -> List[str]:
     return zs.remove_own_files()
 
 
+def gate_folders(master_port: int) -> List[private_dirs.RunFolder]:
+    """The run's socket folder and staging folder, joined by this rank. A launcher that
+    owns them passes them down (``RLHARNESS_IPC_DIR``, ``RLHARNESS_SHM_DIR``) and removes
+    them itself; otherwise they are derived from torchrun's pid and the rendezvous port
+    (the same on every rank of the job), exported for this process, and removed by the
+    last rank that leaves (:meth:`RunFolder.leave`, on every exit path of
+    ``gpu_gates/runtime.py``)."""
+    owner = os.getppid()  # torchrun's agent: one per job, the same for every local rank
+    folders = []
+    for env, base in ((private_dirs.IPC_DIR_ENV, tempfile.gettempdir()), (SHM_DIR_ENV, private_dirs.shm_base())):
+        given = os.environ.get(env)
+        if given:
+            folders.append(private_dirs.RunFolder(given, owned=False).join())
+        else:
+            path = os.path.join(base, private_dirs.folder_name(owner, f"gate-{master_port}"))
+            folders.append(private_dirs.RunFolder(path, owned=True).join())
+            os.environ[env] = path
+    return folders
+
+
+def ipc_dir() -> str:
+    """The run's socket folder (``gate_folders`` set it; a bare call gets the temp folder)."""
+    return os.environ.get(private_dirs.IPC_DIR_ENV) or tempfile.gettempdir()
+
+
 def endpoint_for(ctx: Any, sync_id: str, receiver: int) -> str:
-    """``ipc://`` path of one receiver's stream for one sync (short: a unix socket path
-    is limited to ~107 bytes)."""
+    """``ipc://`` path of one receiver's stream for one sync, in the run's socket folder
+    (short: a unix socket path is limited to ~107 bytes)."""
     digest = hashlib.sha1(f"{ctx.env.master_port}/{sync_id}".encode()).hexdigest()[:12]
-    return f"ipc://{tempfile.gettempdir()}/rlh-{digest}-r{receiver}.sock"
+    return f"ipc://{ipc_dir()}/{digest}-r{receiver}.sock"
 
 
 def stream_timeout(ctx: Any) -> float:

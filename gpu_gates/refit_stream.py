@@ -19,7 +19,8 @@ timings (pack, send, ACK wait on the sender; load on the receiver), bytes/s and 
 overlap figure: seconds during which the sender packed group g+1 while the receiver
 loaded group g, and that as a share of the receiver's load time. Invariant 18 (refit
 wire) is checked over both sides' records; ``rlharness check`` on the event log checks it
-again. Nothing is left in ``/dev/shm`` and the socket's folder is removed.
+again. Nothing is left in ``/dev/shm``; the socket lives in the run's private folder, which
+the last rank out removes (``gpu_gates/ipc.py`` ``gate_folders``), a killed rank's files with it.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the repo impo
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 
+from gpu_gates import ipc  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.refit import stream as proto  # noqa: E402
@@ -77,7 +77,12 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
     model = TinyModel(TRAIN_SEED, width=ctx.args.width)
     sender = zs.RefitSender(endpoint, peer=f"rank {RECEIVER}", timeout_s=ctx.args.stream_timeout_s,
                             device=ctx.device, emit=ctx.emit)
-    ctx.salvage.append(sender.close)
+    # No emergency salvage closes the socket: the finish runs on the watchdog or SIGTERM
+    # thread while this one may be blocked in the socket, and libzmq aborts the process
+    # when a socket is closed under another thread's call ("Assertion failed: pfd.revents
+    # & POLLIN"), which skips every exit handler. The process exits right after the
+    # report; its staging files go with ipc.remove_own_files, its socket file with the
+    # run's folder.
     previous: Optional[Dict[str, str]] = None
     try:
         for cycle in range(ctx.args.cycles):
@@ -103,7 +108,6 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
                                    "pack_interval": list(t.pack_interval)} for t in res.timings]})
             ctx.emit("cycle_end", cycle=cycle)
     finally:
-        ctx.salvage.remove(sender.close)
         sender.close()
         ctx.data["wire"] = _wire_records(ctx)
     left = zs.leftover_shm(os.getpid())
@@ -112,8 +116,7 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
 
 def run_receiver(ctx: GateContext, endpoint: str) -> None:
     receiver = zs.RefitReceiver(endpoint, peer=f"rank {SENDER}", timeout_s=ctx.args.stream_timeout_s,
-                                device=ctx.device, emit=ctx.emit)
-    ctx.salvage.append(receiver.close)
+                                device=ctx.device, emit=ctx.emit)  # no salvage: see run_sender
     weights: Dict[str, torch.Tensor] = {}
     try:
         for cycle in range(ctx.args.cycles):
@@ -141,7 +144,6 @@ def run_receiver(ctx: GateContext, endpoint: str) -> None:
             ctx.data["cycles"].append({"cycle": cycle, "groups": res.groups, "bytes": res.bytes, "load_s": res.load_s,
                                        "load_intervals": [list(x) for x in res.load_intervals]})
     finally:
-        ctx.salvage.remove(receiver.close)
         receiver.close()
         ctx.data["wire"] = _wire_records(ctx)
 
@@ -150,14 +152,9 @@ def run(ctx: GateContext) -> None:
     ctx.data.update(role="trainer (sender)" if ctx.rank == SENDER else "inference (receiver)", cycles=[],
                     transport="cuda_ipc" if ctx.device.type == "cuda" else "cpu_shm")
     if ctx.rank == SENDER:
-        folder = tempfile.mkdtemp(prefix="rlh-refit-gate-")
-        ctx.salvage.append(lambda: shutil.rmtree(folder, ignore_errors=True))
-        try:
-            endpoint = f"ipc://{folder}/refit.sock"
-            ctx.put("refit/endpoint", endpoint.encode())
-            run_sender(ctx, endpoint)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        endpoint = f"ipc://{ipc.ipc_dir()}/refit.sock"  # the run's private folder (see ipc.gate_folders)
+        ctx.put("refit/endpoint", endpoint.encode())
+        run_sender(ctx, endpoint)
     else:
         run_receiver(ctx, ctx.wait_get("refit/endpoint", "the trainer's endpoint").decode())
 

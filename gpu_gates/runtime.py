@@ -36,6 +36,7 @@ from gpu_gates.events import merge_events, write_event_log
 from gpu_gates.hooks import HookSpecError, TestHooks
 from gpu_gates.memory import MemoryMeter
 from gpu_gates.watchdog import Watchdog, start_sigterm_listener
+from harness.refit import private_dirs
 
 __all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
 
@@ -119,6 +120,7 @@ class _GateRun:
         self.backend: Optional[str] = None
         self._finish_lock = threading.Lock()
         self.body_raised = False
+        self.folders: List[private_dirs.RunFolder] = []
         self.event_log = args.event_log or rep.default_event_log_path(args.report)
 
     def execute(self) -> int:
@@ -129,6 +131,9 @@ class _GateRun:
         self.backend = backend
         device = device_for(backend, self.env)
         ctx = self.ctx = GateContext(self.spec, self.args, self.env, backend, device, self.hooks, self.deadline)
+        if self.env.rank == 0:
+            private_dirs.sweep_stale()  # folders and staging files of earlier runs killed whole
+        self.folders = ipc.gate_folders(self.env.master_port)  # left on every exit path (finish)
         start_sigterm_listener(lambda reason: self.finish(reason))  # before any backend thread exists
         self.watchdog = Watchdog(self.deadline, lambda reason: self.finish(reason), lambda: f"in phase {ctx.phase!r}")
         self.watchdog.start()
@@ -230,6 +235,8 @@ class _GateRun:
                 dist.destroy_process_group()
             except Exception:
                 pass
+        for folder in self.folders:  # the last rank out removes the run's folders (a killed rank's files too)
+            folder.leave()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

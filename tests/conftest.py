@@ -3,7 +3,8 @@
 The suite runs under pytest-xdist (``-n auto`` in pyproject.toml); torchrun gate
 launches of one session take turns (``tests/gates/conftest.py``), the rest runs beside
 them. The rlharness pytest plugin is loaded here when the environment's install
-predates its entry point.
+predates its entry point. The leak guard (``tests/leak_guard.py``) fails the session if it
+left project files in ``/dev/shm`` or the temp folder.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def pytest_configure(config):
     # installed before that entry point existed gets it from this checkout instead.
     if not config.pluginmanager.has_plugin("rlharness"):
         config.pluginmanager.register(importlib.import_module("rlharness.pytest_plugin"), "rlharness")
+    # The session fails if it left project files in /dev/shm or the temp folder
+    # (tests/leak_guard.py: checked in the xdist controller, by a per-session tag).
+    if not config.pluginmanager.has_plugin("rlharness-leak-guard"):
+        config.pluginmanager.register(importlib.import_module("tests.leak_guard"), "rlharness-leak-guard")
 
 
 #: xdist work units that start first, in this order (a test file is a unit, see addopts).

@@ -22,17 +22,16 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from harness.refit import private_dirs
 from harness.refit import stream as proto
 from harness.refit import zmq_stream as zs
 from harness.refit.bucket_cache import build_buckets, dtype_from_name
@@ -98,7 +97,8 @@ class StreamBench:
     """A bound sender plus its receiver process; ``measure()`` runs one configuration."""
 
     def __init__(self, timeout_s: float = 60.0, single_buffer: bool = False) -> None:
-        self.dir = tempfile.mkdtemp(prefix="rlh-refit-")
+        private_dirs.sweep_stale()  # what earlier runs killed whole left
+        self.dir = private_dirs.make_private("refit")  # the socket's folder: removed by close(), the peer's fate aside
         self.endpoint = f"ipc://{self.dir}/refit.sock"
         self.timeout_s = timeout_s
         self.peer: Optional[subprocess.Popen] = None
@@ -138,7 +138,7 @@ class StreamBench:
         if self.sender is not None:
             self.sender.close()
             self.sender = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        private_dirs.remove(self.dir)
         torch.set_num_threads(self._threads)
 
     def _line(self) -> str:

@@ -36,7 +36,6 @@ import json
 import mmap
 import os
 import pickle
-import tempfile
 import time
 import uuid
 from collections import deque
@@ -47,9 +46,10 @@ import torch
 import zmq
 
 from harness.refit.bucket_cache import dtype_from_name, dtype_name
+from harness.refit import private_dirs
 from harness.refit import stream as proto
 
-SHM_PREFIX = "rlharness_refit_"
+SHM_PREFIX = private_dirs.STAGING_PREFIX
 Emit = Callable[..., None]
 
 
@@ -69,7 +69,14 @@ def shm_dir() -> str:
     chosen = os.environ.get(SHM_DIR_ENV)
     if chosen:
         return chosen
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return private_dirs.shm_base()
+
+
+def staging_name() -> str:
+    """``rlharness_refit_<pid>_[<tag>_]<random>``: the owner's pid (a later sweep removes
+    the files of a process that is gone) and the test session's tag, if any."""
+    t = private_dirs.tag()
+    return f"{SHM_PREFIX}{os.getpid()}_{t + '_' if t else ''}{uuid.uuid4().hex[:12]}"
 
 
 def remove_own_files() -> List[str]:
@@ -107,7 +114,7 @@ class ShmBuffer:
 
     def __init__(self, nbytes: int, path: Optional[str] = None, create: bool = True) -> None:
         self.nbytes = nbytes
-        self.path = path or os.path.join(shm_dir(), f"{SHM_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:12]}")
+        self.path = path or os.path.join(shm_dir(), staging_name())
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(self.path, flags, 0o600)
         if create:

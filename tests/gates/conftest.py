@@ -11,13 +11,11 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -107,17 +105,42 @@ def _port_taken(run: "GateRun") -> bool:
 
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
                 timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
-                first_ports: Sequence[int] = ()) -> GateRun:
+                first_ports: Sequence[int] = (), own_folders: bool = True) -> GateRun:
     """Launch a gate under torchrun on a free port; a port lost to a concurrent job
     (the probe closes it before torchrun binds it) is retried on a new one.
-    ``first_ports`` are tried before any free one (a test hands in a port it holds)."""
+    ``first_ports`` are tried before any free one (a test hands in a port it holds).
+    ``own_folders``: this launcher creates the run's socket and staging folders and
+    removes them after the job, whatever happened to its ranks (a killed rank runs no
+    handler); ``False`` leaves them to the gate (as a hand-launched ``torchrun`` does)."""
     ports = iter(first_ports)
     with _one_gate_at_a_time(tmp_path):
         for _ in range(3):
-            run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s, extra_env)
+            with _launcher_folders(own_folders, extra_env) as folder_env:
+                run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s,
+                                   {**folder_env, **(extra_env or {})})
             if not _port_taken(run):
                 break
     return run
+
+
+@contextlib.contextmanager
+def _launcher_folders(own: bool, extra_env: Optional[Dict[str, str]]):
+    """The run's private folders for ``ipc://`` sockets and staging files, owned by this
+    launcher: removed on every exit path of the job, a SIGKILLed rank's files included.
+    A folder the test passes in ``extra_env`` is the test's to check and remove."""
+    from harness.refit import private_dirs
+
+    made: Dict[str, str] = {}
+    if own:
+        if private_dirs.IPC_DIR_ENV not in (extra_env or {}):
+            made[private_dirs.IPC_DIR_ENV] = private_dirs.make_private("gate-ipc")
+        if "RLHARNESS_SHM_DIR" not in (extra_env or {}):
+            made["RLHARNESS_SHM_DIR"] = private_dirs.make_private("gate-shm", private_dirs.shm_base())
+    try:
+        yield made
+    finally:
+        for path in made.values():
+            private_dirs.remove(path)
 
 
 @contextlib.contextmanager
@@ -213,14 +236,15 @@ def module_gate_launch(tmp_path_factory):
 def private_shm_folder():
     """A private folder on /dev/shm for the gates' staging files (``RLHARNESS_SHM_DIR``),
     so a test sees exactly the files its own run left behind."""
+    from harness.refit import private_dirs
+
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this machine")
-    folder = os.path.join("/dev/shm", f"rlharness_test_{uuid.uuid4().hex[:12]}")
-    os.mkdir(folder)
+    folder = private_dirs.make_private("test-shm", "/dev/shm")  # tagged: the leak guard knows it
     try:
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        private_dirs.remove(folder)
 
 
 @pytest.fixture

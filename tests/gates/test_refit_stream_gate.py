@@ -2,6 +2,7 @@
 bit-exact syncs, per-group timings, invariant 18 on its event log, and its failures."""
 
 import os
+import tempfile
 
 import pytest
 
@@ -11,13 +12,8 @@ pytest.importorskip("zmq")
 pytestmark = pytest.mark.gate
 
 
-def _shm_leftovers():
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("rlharness_refit_")) if os.path.isdir("/dev/shm") else []
-
-
-def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_runner):
-    before = _shm_leftovers()
-    run = gate_runner("refit_stream", 2, "--cycles", "3", timeout_s=180)
+def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_runner, private_shm):
+    run = gate_runner("refit_stream", 2, "--cycles", "3", timeout_s=180, extra_env={"RLHARNESS_SHM_DIR": private_shm})
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed" and report["missing_ranks"] == []
@@ -40,7 +36,7 @@ def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_r
     kinds = {r["kind"] for r in records}
     assert {"refit_group_send", "refit_ack", "refit_complete_send", "refit_group_recv", "refit_finalize"} <= kinds
     assert check_log(records, ["refit_wire"]) == []
-    assert _shm_leftovers() == before
+    assert os.listdir(private_shm) == []  # the gate removed its own staging files
 
 
 @pytest.mark.waits_out_a_deadline
@@ -62,3 +58,26 @@ def test_a_load_that_fails_is_acked_reported_at_complete_and_never_finalized(gat
     text = " ".join(report["failures"])
     assert "rank 1" in text and "not finalized" in text and "test hook raise@receiver_load fired" in text, text
     assert not any(f.startswith("rank 0:") for f in report["failures"]), report["failures"]  # the sender got every ACK
+
+
+def _run_folders(port):
+    """The socket and staging folders a hand-launched gate derives for its rendezvous port."""
+    from harness.refit import private_dirs
+
+    found = []
+    for base in (tempfile.gettempdir(), private_dirs.shm_base()):
+        found += [os.path.join(base, n) for n in os.listdir(base) if n.startswith("rlh-") and n.endswith(f"gate-{port}")]
+    return found
+
+
+@pytest.mark.parametrize("hook,cycles", [("kill@stream:0", "2"), ("kill@receiver_load:1", "1")],
+                         ids=["sender killed after a sync", "receiver killed mid-stream"])
+def test_a_killed_rank_leaves_no_socket_or_staging_file(gate_launch, hook, cycles):
+    """Launched as by hand (no launcher-owned folders): the gate derives its run's socket
+    and staging folders, and the rank that survives a SIGKILLed peer removes them, the
+    dead rank's bound socket and pooled staging files included."""
+    run = gate_launch("refit_stream", 2, "--cycles", cycles, "--stream-timeout-s", "5", "--timeout-s", "60",
+                      hook=hook, timeout_s=180, own_folders=False)
+    assert run.returncode != 0
+    assert "SIGKILL" in run.output or "Signal 9" in run.output or "-9" in run.output, run.output[-2000:]
+    assert _run_folders(run.port) == [], run.output[-4000:]

@@ -5,25 +5,24 @@ socket path is limited to ~107 bytes) that is removed afterwards; xdist-safe."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
 
+from harness.refit import private_dirs
 from harness.refit import stream as proto
 from harness.refit import zmq_stream as zs
 
 
 @pytest.fixture
 def endpoint():
-    d = tempfile.mkdtemp(prefix="rlh-refit-")
+    d = private_dirs.make_private("refit-test")
     try:
         yield f"ipc://{d}/s.sock"
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        private_dirs.remove(d)
 
 
 class Log:

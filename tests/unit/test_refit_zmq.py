@@ -69,9 +69,8 @@ def test_normal_runs_keep_the_wire_invariants_and_are_bit_exact(endpoint):
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(st.lists(st.sampled_from([0, 1, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049]), min_size=1, max_size=8))
 def test_sizes_on_alignment_and_buffer_boundaries_arrive_bit_exact(sizes):
-    import shutil
-    import tempfile
-    d = tempfile.mkdtemp(prefix="rlh-refit-")
+    from harness.refit import private_dirs
+    d = private_dirs.make_private("refit-test")
     try:
         g = torch.Generator().manual_seed(len(sizes))
         named = [(f"t{i}", torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8)) for i, n in enumerate(sizes)]
@@ -83,7 +82,7 @@ def test_sizes_on_alignment_and_buffer_boundaries_arrive_bit_exact(sizes):
         sent = [n for r in log.records if r["kind"] == "refit_group_send" for n in r["names"]]
         assert sent == [n for n, _ in named]  # order kept, each once
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        private_dirs.remove(d)
 
 
 def test_oversized_path_keeps_order_and_sends_each_tensor_once(endpoint):
