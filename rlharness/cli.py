@@ -117,12 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine")
     cal.add_argument("target", choices=["refit"], help="what to calibrate")
     cal.add_argument("--out", metavar="FILE", default="refit-calibration.json", help="calibration file to write")
-    cal.add_argument("--repeats", type=_positive_int, default=5, metavar="N", help="runs per configuration (median of)")
+    cal.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
+                     help="runs per configuration (minimum of, each after a warm-up run)")
     cal.add_argument("--quick", action="store_true", help="a 4-point grid instead of 9")
     fid = sub.add_parser("fidelity", help="compare simulated refit times with fresh measurements on held-out configurations")
     fid.add_argument("target", choices=["refit"], help="what to check")
-    fid.add_argument("--calibration", metavar="FILE", required=True, help="file written by `rlharness calibrate refit`")
-    fid.add_argument("--repeats", type=_positive_int, default=5, metavar="N", help="runs per configuration (median of)")
+    how = fid.add_mutually_exclusive_group(required=True)
+    how.add_argument("--calibration", metavar="FILE", help="file written by `rlharness calibrate refit`")
+    how.add_argument("--fit-alongside", action="store_true",
+                     help="fit on the calibration grid measured in the same interleaved rounds (not from a file)")
+    fid.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
+                     help="runs per configuration (minimum of, each after a warm-up run)")
     fid.add_argument("--strict", action="store_true", help="exit 1 when the error targets are missed")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
@@ -264,7 +269,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_fidelity(args: argparse.Namespace) -> int:
     from simulators.refit_fit import cmd_fidelity
 
-    return cmd_fidelity(args.calibration, args.repeats, args.strict)
+    return cmd_fidelity(args.calibration, args.repeats, args.strict, alongside=args.fit_alongside)
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

@@ -76,6 +76,7 @@ class Measurement:
     pack_s: List[float] = field(default_factory=list)  # per repeat: the sender's packing, all groups
     load_s: List[float] = field(default_factory=list)  # per repeat: the receiver's loading, all groups
     overlap_s: List[float] = field(default_factory=list)
+    ack_wait_s: List[float] = field(default_factory=list)  # per repeat: the sender waiting for ACKs, all groups
 
     @property
     def best_s(self) -> float:
@@ -149,38 +150,50 @@ class StreamBench:
 
     def measure(self, specs: Sequence[proto.TensorSpec], budget_bytes: int, repeats: int = 3,
                 seed: int = 0, cache_bucket_bytes: Optional[int] = None, into: Optional[Measurement] = None,
-                named: Optional[List[Tuple[str, torch.Tensor]]] = None) -> Measurement:
+                named: Optional[List[Tuple[str, torch.Tensor]]] = None, warmup: int = 0) -> Measurement:
         """Run one configuration ``repeats`` times (appending to ``into`` if given, so callers
-        can interleave configurations and spread a burst of load over all of them)."""
+        can interleave configurations and spread a burst of load over all of them).
+        ``warmup`` syncs run first and are not recorded: after another configuration they
+        re-size the pooled staging buffers and the receiver's mappings, so what is recorded
+        is the steady state of repeated syncs (what the simulator models)."""
         named = named if named is not None else materialize(specs, seed)
         m = into if into is not None else Measurement(sum(s.nbytes for s in specs), budget_bytes, 0, len(specs))
-        for _ in range(repeats):
-            self.step += 1
-            if cache_bucket_bytes:
-                t = time.perf_counter()
-                build_buckets(named, cache_bucket_bytes)
-                m.cache_build_s.append(time.perf_counter() - t)
-            cmd = {"step": self.step, "budget": budget_bytes,
-                   "specs": [[s.name, list(s.shape), s.dtype, s.nbytes] for s in specs]}
-            self.peer.stdin.write(json.dumps(cmd) + "\n")
-            self.peer.stdin.flush()
-            ready = self._line()
-            if ready != f"ready {self.step}":
-                raise RuntimeError(f"refit measurement peer: expected 'ready {self.step}', got {ready!r}")
-            res = self.sender.stream(named, budget_bytes, step=self.step)
-            peer = json.loads(self._line())
-            if "error" in peer:
-                raise RuntimeError(f"refit measurement peer failed: {peer['error']}")
+        for i in range(warmup + repeats):
+            res, peer = self._sync(specs, budget_bytes, named, m if i >= warmup and cache_bucket_bytes else None,
+                                   cache_bucket_bytes)
+            if i < warmup:
+                continue
             m.groups = res.groups
             m.wall_s.append(res.wall_s)
             m.staging_s.append(res.staging_s)
             m.dedicated_s.append(res.dedicated_s)
             m.dedicated_bytes = res.dedicated_bytes
             m.pack_s.append(sum(t.pack_s for t in res.timings))
+            m.ack_wait_s.append(sum(t.ack_wait_s for t in res.timings) + res.complete_s)
             m.load_s.append(sum(peer["load_s"]))
             m.overlap_s.append(zs.overlap_seconds([t.pack_interval for t in res.timings],
                                                   [tuple(x) for x in peer["load_intervals"]]))
         return m
+
+    def _sync(self, specs, budget_bytes: int, named, m: Optional[Measurement], cache_bucket_bytes: Optional[int]):
+        """One sync with the peer; with ``m``, the cache build it precedes is timed into it."""
+        self.step += 1
+        if m is not None:
+            t = time.perf_counter()
+            build_buckets(named, cache_bucket_bytes)
+            m.cache_build_s.append(time.perf_counter() - t)
+        cmd = {"step": self.step, "budget": budget_bytes,
+               "specs": [[s.name, list(s.shape), s.dtype, s.nbytes] for s in specs]}
+        self.peer.stdin.write(json.dumps(cmd) + "\n")
+        self.peer.stdin.flush()
+        ready = self._line()
+        if ready != f"ready {self.step}":
+            raise RuntimeError(f"refit measurement peer: expected 'ready {self.step}', got {ready!r}")
+        res = self.sender.stream(named, budget_bytes, step=self.step)
+        peer = json.loads(self._line())
+        if "error" in peer:
+            raise RuntimeError(f"refit measurement peer failed: {peer['error']}")
+        return res, peer
 
 
 def _peer(endpoint: str, timeout_s: float) -> int:
@@ -203,6 +216,45 @@ def _peer(endpoint: str, timeout_s: float) -> int:
     finally:
         receiver.close()
     return 0
+
+
+def _copy_worker(nbytes: int, rounds: int, start, out) -> None:
+    torch.set_num_threads(1)
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    start.wait()
+    t = time.perf_counter()
+    for _ in range(rounds):
+        dst.copy_(src)
+    out.put(time.perf_counter() - t)
+
+
+def parallel_copy_speedup(nbytes: int = 16 << 20, rounds: int = 16) -> Tuple[float, float]:
+    """How much parallelism this machine gives two copying processes right now: the
+    seconds one process takes for ``rounds`` copies alone, and the speedup of two such
+    processes side by side (2.0 = two free cores and memory bandwidth to spare; 1.0 = in
+    effect one core, where a sender and a receiver cannot overlap at all)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+
+    def run(n: int) -> List[float]:
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_copy_worker, args=(nbytes, rounds, start, out)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        time.sleep(0.3)  # both allocated and touched before the clock starts
+        start.set()
+        t = time.perf_counter()
+        times = [out.get(timeout=120) for _ in procs]
+        wall = time.perf_counter() - t
+        for p in procs:
+            p.join()
+        return [wall] + times
+
+    alone = run(1)[0]
+    together = run(2)[0]
+    return alone, 2 * alone / together if together > 0 else 0.0
 
 
 def memcpy_seconds(nbytes: int, repeats: int = 3) -> float:

@@ -88,3 +88,37 @@ def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, caps
     assert "median |error|" in text and "worst |error|" in text
     assert main(["fidelity", "refit", "--calibration", str(tmp_path / "nope.json")]) == 2
     assert main(["calibrate", "refit", "--repeats", "0"]) == 2
+
+
+def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_out_points(monkeypatch, capsys):
+    """--fit-alongside: the grid and the held-out configurations are measured in the same
+    interleaved rounds; the fit sees only the grid points. Each recorded sync follows an
+    unrecorded warm-up, and the table compares the minimum."""
+    from rlharness.cli import main
+    monkeypatch.setattr(refit_fit, "GRID", refit_fit.QUICK_GRID)
+    monkeypatch.setattr(refit_fit, "HELD_OUT", [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB)])
+    fitted_on, measured = [], []
+    real_fit, real_measure = refit_fit.fit, refit_fit._measure
+
+    def spy_fit(points):
+        fitted_on.extend((m.model_bytes, m.budget_bytes) for _, m in points)
+        return real_fit(points)
+
+    def spy_measure(grid, repeats, progress):
+        out = real_measure(grid, repeats, progress)
+        measured.extend(m for _, m in out)
+        return out
+
+    monkeypatch.setattr(refit_fit, "fit", spy_fit)
+    monkeypatch.setattr(refit_fit, "_measure", spy_measure)
+    assert main(["fidelity", "refit", "--fit-alongside", "--repeats", "2"]) == 0
+    n = len(refit_fit.QUICK_GRID)
+    assert len(measured) == n + 2
+    assert fitted_on == [(m.model_bytes, m.budget_bytes) for m in measured[:n]]  # the held-out points were not fitted on
+    assert [m.budget_bytes for m in measured[:n]] == [b for _, b in refit_fit.QUICK_GRID]
+    assert [m.budget_bytes for m in measured[n:]] == [3 * MiB, 6 * MiB]
+    assert all(len(m.wall_s) == 2 and len(m.load_s) == 2 for m in measured)  # the warm-ups are not recorded
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
+    assert len(rows) == 2 and "median |error|" in text
+    assert main(["fidelity", "refit", "--repeats", "1"]) == 2  # a file or --fit-alongside: one is required
