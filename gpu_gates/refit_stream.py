@@ -99,6 +99,7 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
             ctx.put(f"refit/{cycle}/manifest", json.dumps({"manifest": manifest, "digests": digests}).encode())
             ctx.set_phase(f"cycle {cycle}: stream")
             ctx.hook("stream")
+            ctx.hook(f"stream_cycle{cycle}")  # e.g. kill@stream_cycle1:0: the pooled staging buffers exist by then
             res = sender.stream(named, ctx.args.budget_bytes, step=cycle)
             ctx.data["cycles"].append({
                 "cycle": cycle, "groups": res.groups, "bytes": res.bytes, "wall_s": res.wall_s,

@@ -70,8 +70,8 @@ def _run_folders(port):
     return found
 
 
-@pytest.mark.parametrize("hook,cycles", [("kill@stream:0", "2"), ("kill@receiver_load:1", "1")],
-                         ids=["sender killed after a sync", "receiver killed mid-stream"])
+@pytest.mark.parametrize("hook,cycles", [("kill@stream_cycle1:0", "2"), ("kill@receiver_load:1", "1")],
+                         ids=["sender killed holding its staging buffers", "receiver killed mid-stream"])
 def test_a_killed_rank_leaves_no_socket_or_staging_file(gate_launch, hook, cycles):
     """Launched as by hand (no launcher-owned folders): the gate derives its run's socket
     and staging folders, and the rank that survives a SIGKILLed peer removes them, the
