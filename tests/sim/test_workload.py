@@ -35,3 +35,22 @@ def test_a_dead_collector_draws_nothing():
     collector = Collector(WorkloadSpec(), "sync", np.random.default_rng(0))
     collector.dead = True
     assert collector.draw(5) == [] and collector.outstanding == 0
+
+
+def test_the_replay_buffer_counts_versions_as_its_items_do():
+    """``versions`` (what ``usable`` reads) stays the per-version count of ``items`` through
+    adds, evictions and takes; a take returns the staleness histogram of the oldest n."""
+    from collections import Counter
+
+    from simulators.workload import ReplayBuffer
+
+    buf = ReplayBuffer()
+    for rid, version in enumerate([0, 0, 1, 2, 2, 2, 3, 1]):
+        buf.add(version, rid)
+    assert buf.versions == Counter(v for v, _ in buf.items) and buf.usable(3, 1) == 4
+    assert buf.take(5, 3, 1) is None  # versions 0 and 1 evicted: 4 usable left
+    assert buf.evicted == 4 and buf.versions == {2: 3, 3: 1}
+    buf.add(3, 8)
+    assert buf.take(4, 3, 1) == {0: 1, 1: 3}  # the oldest four: three of version 2, one of 3
+    assert buf.last_taken == [3, 4, 5, 6] and buf.versions == {3: 1} and buf.items == [(3, 8)]
+    assert ReplayBuffer(items=[(1, 0), (1, 1), (2, 2)]).versions == {1: 2, 2: 1}
