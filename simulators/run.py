@@ -24,7 +24,7 @@ from typing import Callable, List, Optional
 
 import yaml
 
-from harness.eventlog.writer import atomic_write, write_atomic
+from harness.eventlog.writer import atomic_write
 from harness.outputs.paths import RunFolder
 from harness.invariants import Violation, check_log
 from harness.outputs.intervals import RunView
@@ -86,7 +86,7 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
                 say(f"  writing {folder.final(name)}")
                 return folder.path(name)
 
-            write_atomic(out("events.jsonl"), result.log.lines())
+            result.log.write(out("events.jsonl"))
             _write_text(out("summary.txt"), summary + "\n")
             _write_text(out("summary.json"), json.dumps(summary_json(figures), indent=1, allow_nan=False) + "\n")
             write_chrome_trace(view, out("trace.json"))

@@ -1,0 +1,99 @@
+"""The log encoding is the json module's canonical one, byte for byte, whichever encoder
+writes a record: orjson where its output is identical, json everywhere else (floats
+below 1e-4, null, NaN refusal, integers over 64 bits, subclasses, non-str keys)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import random
+import struct
+
+import pytest
+
+from harness.eventlog import writer
+from harness.eventlog.writer import EventLog, dumps, encode, encoded_chunks, header_record
+
+CANONICAL = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def _floats(n: int):
+    rng = random.Random(16)
+    edge = [0.0, -0.0, 1e-4, 9.999e-5, 1e-5, 1.5e-7, 5e-324, 2.2250738585072014e-308, 1e15, 9999999999999998.0,
+            1e16, 1.2e30, 1.7976931348623157e308, 0.1, 1 / 3, 12345678.9, 100.0]
+    out = edge + [-x for x in edge]
+    while len(out) < n:
+        x = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] if rng.random() < 0.5 \
+            else rng.random() * 10.0 ** rng.randint(-30, 30)
+        if math.isfinite(x):
+            out.append(x)
+    return out
+
+
+def test_floats_of_every_magnitude_encode_as_json_writes_them():
+    for x in _floats(50_000):
+        rec = {"seq": 1, "t": x, "kind": "progress", "v": [x, {"x": x}]}
+        assert encode(rec) == CANONICAL(rec).encode(), x
+
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 2**63 - 1, -2**63, 2**64 - 1, 2**70, -2**90, "é ü \u2028 \x00 \x1f \x7f \" \\ 😀", "",
+    [1, (2, 3)], {"a": {"b": []}}, {1: "int key"}, {"x": None, "y": 1e-5}])
+def test_values_encode_as_json_writes_them(value):
+    rec = {"seq": 3, "t": 0.5, "kind": "progress", "value": value}
+    assert encode(rec) == CANONICAL(rec).encode()
+    assert dumps(rec) == CANONICAL(rec)
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+class Name(str):
+    pass
+
+
+def test_subclasses_encode_as_json_writes_them():
+    rec = {"seq": 3, "t": 0.5, "kind": "progress", "c": Colour.RED, "n": Name("x"), Name("k"): 2}
+    assert encode(rec) == CANONICAL(rec).encode()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), [1.0, float("nan")]])
+def test_nan_and_infinity_are_refused(bad):
+    with pytest.raises(ValueError):
+        encode({"seq": 1, "t": 0.0, "kind": "progress", "x": bad})
+
+
+def test_objects_json_cannot_encode_are_refused():
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    with pytest.raises(TypeError):
+        encode({"seq": 1, "t": 0.0, "kind": "progress", "p": Point(1)})
+
+
+def test_a_plain_record_takes_the_fast_path(monkeypatch):
+    """With orjson installed (a runtime dependency), an ordinary record never reaches json."""
+    pytest.importorskip("orjson")
+
+    def refuse(_rec):
+        raise AssertionError("json encoder used")
+
+    monkeypatch.setattr(writer, "_json_encode", refuse)
+    rec = {"seq": 7, "t": 12.345, "kind": "request_done", "pipeline_id": "p0", "dp_rank": 3, "tokens": [1, 2]}
+    assert encode(rec) == b'{"seq":7,"t":12.345,"kind":"request_done","pipeline_id":"p0","dp_rank":3,"tokens":[1,2]}'
+
+
+def test_a_written_log_is_its_lines_each_with_a_newline(tmp_path):
+    log = EventLog(header_record({"nodes": 1, "gpus_per_node": 2}))
+    for i in range(20_000):  # more than two chunks
+        log.emit("progress", i * 1e-6, value=None if i % 7 == 0 else i, name="ü")
+    path = tmp_path / "events.jsonl"
+    log.write(str(path))
+    want = "".join(CANONICAL(r) + "\n" for r in log.records).encode()
+    assert path.read_bytes() == want
+    assert b"".join(encoded_chunks(log.records, 333)) == want
+    assert list(log.lines()) == [CANONICAL(r) for r in log.records]
