@@ -137,6 +137,11 @@ class Holdings:
             self.priority.setdefault(cid, GENERATION)
 
 
+#: every kind :class:`DecisionWalk` reads (a check built on it ``sees`` them): the header
+#: (the cluster's size) and the scheduler's registrations and decisions
+DECISION_KINDS = ("header", "register", "rejected", "unregister", "plan", "commit", "released")
+
+
 def _ignore(seq: int, message: str) -> None:
     pass
 

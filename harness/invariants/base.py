@@ -5,6 +5,14 @@ A check is a function ``records -> [Violation]`` registered under a stable name 
 then reports how many records it examined and calls it "not applicable" on a log that
 has none of them (a gate log has no scheduler plans, a replay output no VRAM ledger).
 A check registered without ``reads`` is taken to read every record.
+
+A check may also name, in ``sees``, the kinds its code looks at only to keep its state
+(registrations, plans, the run's end) beyond those it ``reads``: ``check_log`` then hands
+it only the records of those kinds (plus the log's first and last record, which some
+checks read for the header and the last seq), in log order. Records of any other kind
+cannot change its findings, and skipping them is most of the oracle's speed on a
+million-record log. ``reads`` + ``sees`` must name every kind the code looks at; the
+oracle's tests run each check both ways on every bundled scenario to hold them to it.
 """
 
 from __future__ import annotations
@@ -27,14 +35,16 @@ class Violation:
 
 CHECKS: Dict[str, Callable[[Records], List[Violation]]] = {}
 READS: Dict[str, Optional[FrozenSet[str]]] = {}  # check name -> record kinds it reads (None: all)
+SEES: Dict[str, Optional[FrozenSet[str]]] = {}  # check name -> every kind its code looks at (None: all)
 
 
-def invariant(name: str, reads: Optional[Iterable[str]] = None):
+def invariant(name: str, reads: Optional[Iterable[str]] = None, sees: Iterable[str] = ()):
     """Register a check under a stable name (used in reports and ``--check`` filters)."""
 
     def wrap(fn: Callable[[Records], List[Violation]]):
         CHECKS[name] = fn
         READS[name] = frozenset(reads) if reads is not None else None
+        SEES[name] = READS[name] | frozenset(sees) if reads is not None else None
         fn.invariant_name = name  # type: ignore[attr-defined]
         return fn
 

@@ -39,7 +39,8 @@ def _ended_in_failure(records: Records) -> bool:
     return False
 
 
-@invariant(NAME, reads=("nccl_group", "group_create", "group_destroy"))
+@invariant(NAME, reads=("nccl_group", "group_create", "group_destroy"),
+           sees=("sim_end", "gate_abort", "gate_end", "gate_start", "register", "effect_start", "effect_end", "sync_end"))
 def sync_groups(records: Records) -> List[Violation]:
     out: List[Violation] = []
     failed = _ended_in_failure(records)

@@ -17,7 +17,7 @@ GIB = 1 << 30
 DEFAULT_POST_SLEEP_THRESHOLD = 1 * GIB
 
 
-@invariant("vram", reads=("vram", "oom", "rank_state"))
+@invariant("vram", reads=("vram", "oom", "rank_state"), sees=("header",))
 def vram(records: Records) -> List[Violation]:
     """Per GPU, resident bytes never exceed capacity — an ``oom`` record is an allocation
     that would have — no owner frees more than it holds, and a rank that went to sleep

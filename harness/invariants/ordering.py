@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Set, Tuple
 
-from harness.invariants.allocations import DecisionWalk
+from harness.invariants.allocations import DECISION_KINDS, DecisionWalk
 from harness.invariants.base import Records, Violation, invariant
 
 
@@ -163,7 +163,7 @@ def step_order(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("planned_release_ack", reads=("signalled", "plan", "commit", "released"))
+@invariant("planned_release_ack", reads=("signalled", "plan", "commit", "released"), sees=DECISION_KINDS)
 def planned_release_ack(records: Records) -> List[Violation]:
     """An ``await_release`` returns only when its GENERATION cluster is at zero.
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import List
 
-from harness.invariants.allocations import DecisionWalk
+from harness.invariants.allocations import DECISION_KINDS, DecisionWalk
 from harness.invariants.base import Records, Violation, invariant
 
 
-@invariant("gpu_ownership", reads=("plan", "commit", "released"))
+@invariant("gpu_ownership", reads=("plan", "commit", "released"), sees=DECISION_KINDS)
 def gpu_ownership(records: Records) -> List[Violation]:
     out: List[Violation] = []
 

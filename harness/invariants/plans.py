@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import List, Set, Tuple
 
-from harness.invariants.allocations import GENERATION, DecisionWalk, Holdings, is_gen_cluster
+from harness.invariants.allocations import DECISION_KINDS, GENERATION, DecisionWalk, Holdings, is_gen_cluster
 from harness.invariants.base import Records, Violation, invariant
 
 
@@ -116,7 +116,7 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
     return bad
 
 
-@invariant("plan_validation", reads=("plan",))
+@invariant("plan_validation", reads=("plan",), sees=DECISION_KINDS)
 def plan_validation(records: Records) -> List[Violation]:
     """Invariant 2: every plan satisfies RLix's 11 plan-validation conditions."""
     out: List[Violation] = []
@@ -131,7 +131,7 @@ def plan_validation(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("grant_shape", reads=("plan",))
+@invariant("grant_shape", reads=("plan",), sees=DECISION_KINDS)
 def grant_shape(records: Records) -> List[Violation]:
     """Invariant 3: a non-GENERATION grant is the cluster's whole device mapping; a
     GENERATION expand adds whole TP bundles — dp rank r is exactly
