@@ -31,6 +31,9 @@ from harness.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort
 
 Number = Union[int, float]
 _PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}
+# records drawn on the "events" track; with plan and commit, the only ones the trace reads one by one
+_EVENT_KINDS = ("oom", "host_oom", "fault_fired", "timeout", "rejected", "scheduler_failed", "validation_failed")
+_SCHEDULER_KINDS = frozenset(("plan", "commit") + _EVENT_KINDS)
 
 
 def _us(t: float) -> Number:
@@ -163,6 +166,8 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
 
     for r in records:
         k = r.get("kind")
+        if k not in _SCHEDULER_KINDS:  # most of a long log: requests, VRAM, rank states
+            continue
         ts = _us(float(r.get("t", t0)))
         if k == "plan":
             events.append({"name": f"cycle {r.get('cycle')}", "cat": "scheduler", "ph": "i", "s": "t",
@@ -170,7 +175,7 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
         elif k == "commit":
             events.append({"name": "idle GPUs", "cat": "scheduler", "ph": "C", "ts": ts, "pid": sched_pid,
                            "tid": sched_tid, "args": {"idle": r.get("idle_gpus")}})
-        elif k in ("oom", "host_oom", "fault_fired", "timeout", "rejected", "scheduler_failed", "validation_failed"):
+        else:  # one of _EVENT_KINDS
             if k == "oom":
                 name = f"OOM GPU {r.get('gpu')} {r.get('owner')}"
             elif k == "host_oom":
@@ -204,6 +209,33 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
 _EVENTS_PER_CHUNK = 4096
 
+try:
+    import orjson  # the event log's fast encoder (see harness/eventlog/writer.py)
+except ImportError:  # pragma: no cover
+    orjson = None
+
+
+def _refuse(obj: Any) -> Any:
+    raise TypeError  # not a plain JSON type: json decides
+
+
+def _encode_events(events: List[Dict[str, Any]]) -> str:
+    """``_ENCODE(events)``, byte for byte, about 5x faster: orjson with sorted keys where
+    its output is the same — pure ASCII (json escapes non-ASCII here) and no float it
+    spells differently (below 1e-4: "0.00001" for json's "1e-05"); json otherwise (an
+    int over 64 bits, a subclass, ...). One difference on input the simulator never
+    writes: a NaN or infinite argument, which json refuses, is written as null."""
+    if orjson is not None:
+        try:
+            out = orjson.dumps(events, default=_refuse, option=orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
+                               | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME)
+        except TypeError:
+            pass
+        else:
+            if out.isascii() and b"e-" not in out and b"0.0000" not in out:
+                return out.decode("ascii")
+    return _ENCODE(events)
+
 
 def iter_chrome_trace(log: Log) -> Iterator[str]:
     """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact) in chunks whose
@@ -215,7 +247,7 @@ def iter_chrome_trace(log: Log) -> Iterator[str]:
     assert all(key < "traceEvents" for key in trace)  # so it is the last key: head is "{...}"
     yield head[:-1] + ',"traceEvents":['
     for i in range(0, len(events), _EVENTS_PER_CHUNK):
-        body = _ENCODE(events[i:i + _EVENTS_PER_CHUNK])[1:-1]  # one C-level call per chunk
+        body = _encode_events(events[i:i + _EVENTS_PER_CHUNK])[1:-1]  # one C-level call per chunk
         yield body if i == 0 else "," + body
     yield "]}"
 
