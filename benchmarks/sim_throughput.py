@@ -20,6 +20,11 @@ each event also appends the scenario's records-per-event to an event log (the pe
 cost is measured alongside, with the same loop appending one record per event). It
 separates what the event loop and the log cost from what the model itself costs.
 
+Then, per scenario, each output's wall time and its cost per event-log record (µs/record:
+the invariant check, the summary, events.jsonl, trace.json, timeline.png, ...), and the
+real command line end to end on the 1024-GPU scenario, ``rlharness simulate ... --out
+DIR``: wall time and peak RSS, every output included (issue #16: under 15 s, under 1 GiB).
+
 Targets (issue #16, which withdrew the per-event ones of the simulator issue: 0.5 M
 events/s, 4x bare simpy): >= 10,000x time compression (simulated s per wall s) on the
 64-GPU scenario; the 1024-GPU scenario's simulation alone under 6 s (and under the
@@ -143,14 +148,35 @@ def run_one(path, with_outputs):
 
         from simulators.run import write_outputs
 
+        steps = {}
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            write_outputs(res, tmp)
+            write_outputs(res, tmp, timings=steps)
             out_wall = time.perf_counter() - t0
         out_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"reason": res.reason, "events": res.events, "records": len(res.records), "sim": res.sim_time,
                       "wall": wall, "rss": rss, "out_wall": out_wall, "out_rss": out_rss,
-                      "sched_share": sched_share}))
+                      "sched_share": sched_share, "out_steps": steps if with_outputs else None}))
+
+
+LARGE = "examples/scenarios/large_1024gpu.yaml"
+
+
+def end_to_end(path: str = LARGE) -> dict:
+    """Wall seconds and peak RSS of the real command line, ``rlharness simulate PATH --out
+    DIR --quiet``, every output included (run from a child of its own, so the peak is
+    that command's: RUSAGE_CHILDREN is the largest of all children ever waited for)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "rlharness", "simulate", os.path.join(ROOT, path), "--out",
+               os.path.join(tmp, "run"), "--quiet"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):  # 1: a finding, still every output written
+        raise SystemExit(f"rlharness simulate failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return {"wall": wall, "rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}
 
 
 def main(argv=None) -> int:
@@ -159,7 +185,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-outputs", action="store_true", help="time the runs only, not the writing of their outputs")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--e2e", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.e2e:  # child mode: the command line end to end on the 1024-GPU scenario
+        print(json.dumps(end_to_end()))
+        return 0
     if args.bare:  # child mode: the bare loop's events/s and the cost of one log record
         bare = bare_simpy()
         print(json.dumps([bare, max(0.0, 1 / bare_simpy(log_records=True) - 1 / bare)]))
@@ -192,11 +222,34 @@ def main(argv=None) -> int:
               f"{bare / eps:>6.1f}x {ceiling:>9.0f} {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
               f"{d['sched_share']:>8.0%} {d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
         figures[path] = dict(d, eps=eps)
-    print_targets(figures, bare)
+    print_output_costs(figures)
+    e2e = None
+    if not args.skip_large and not args.no_outputs:
+        out = subprocess.run([sys.executable, __file__, "--e2e"], capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            print(f"\nrlharness simulate {LARGE}: FAILED: {(out.stderr or out.stdout).strip()[-300:]}")
+        else:
+            e2e = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"\nrlharness simulate {LARGE} --out DIR (every output), end to end: "
+                  f"{e2e['wall']:.1f} s wall, peak RSS {e2e['rss'] / 2**20:.0f} MiB")
+    print_targets(figures, bare, e2e)
     return 0
 
 
-def print_targets(figures, bare) -> None:
+def print_output_costs(figures) -> None:
+    """Each output's wall time and its cost per event-log record (µs/record), per scenario."""
+    rows = [(path, d) for path, d in figures.items() if d.get("out_steps")]
+    if not rows:
+        return
+    print("\noutput cost per event-log record, µs/record (wall s in brackets):")
+    for path, d in rows:
+        n = d["records"]
+        cells = ", ".join(f"{name} {s / n * 1e6:.2f} ({s:.2f})" for name, s in d["out_steps"].items() if s >= 0.0005)
+        print(f"  {os.path.basename(path or 'default')}: {n} records; all outputs {d['out_wall'] / n * 1e6:.2f} µs/record "
+              f"({d['out_wall']:.2f} s); {cells}")
+
+
+def print_targets(figures, bare, e2e=None) -> None:
     """Each target of the issue against this run's figure (skipped: scenario not run or failed)."""
     mid, large = figures.get(SCENARIOS[1][1]), figures.get(SCENARIOS[2][1])
     rows = []
@@ -206,6 +259,9 @@ def print_targets(figures, bare) -> None:
     if large is not None:
         rows += [("1024-GPU simulation alone < 6 s", f"{large['wall']:.2f} s", large["wall"] < 6),
                  ("1024-GPU run < 2 GiB RSS", f"{large['rss'] / 2**20:.0f} MiB", large["rss"] < 2 * 2**30)]
+    if e2e is not None:  # issue #16: the command line with every output
+        rows += [("1024-GPU simulate end to end < 15 s", f"{e2e['wall']:.1f} s", e2e["wall"] < 15),
+                 ("1024-GPU simulate end to end < 1 GiB", f"{e2e['rss'] / 2**20:.0f} MiB", e2e["rss"] < 2**30)]
     if rows:
         print("\ntargets:")
         for what, got, met in rows:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import yaml
 
@@ -65,25 +66,32 @@ def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
 
 
 def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True,
-                  progress: Optional[Callable[[str], None]] = None) -> SimulationOutput:
+                  progress: Optional[Callable[[str], None]] = None,
+                  timings: Optional[Dict[str, float]] = None) -> SimulationOutput:
     """Check the invariants and summarize a finished run; with ``out_dir``, write the
-    outputs listed above into it."""
+    outputs listed above into it. ``timings``, if given, receives the wall seconds of
+    each step (``check``, ``summary``, then each file by name): the benchmark's figures."""
     scenario = result.scenario
     records = result.records
     # writing the outputs of a long run takes a while too: say what is happening
     long_run = progress is not None and (result.wall_s > 2.0 or len(records) > 200_000)
     say = progress if long_run else (lambda _line: None)
+    clock = _Stopwatch(timings)
     say(f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; checking invariants on {len(records)} records")
     violations = check_log(records)
+    clock.lap("check")
     say("  summarizing")
     view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
     figures = summarize(view)
     summary = format_summary(figures)
+    clock.lap("summary")
     files: List[str] = []
     if out_dir is not None:
         with RunFolder(out_dir, OUTPUT_FILES) as folder:
             def out(name: str) -> str:
+                clock.lap(None)
                 say(f"  writing {folder.final(name)}")
+                clock.name = name
                 return folder.path(name)
 
             result.log.write(out("events.jsonl"))
@@ -94,5 +102,25 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
                 write_timeline_png(view, out("timeline.png"))
             _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
             _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
+            clock.lap(None)
         files = folder.files
     return SimulationOutput(result, violations, summary, files, figures)
+
+
+class _Stopwatch:
+    """Wall seconds per step into ``timings`` (nothing when it is None); ``lap(name)``
+    ends the current step under ``name`` (or under ``self.name``, set when a file's
+    writing starts)."""
+
+    def __init__(self, timings: Optional[Dict[str, float]]) -> None:
+        self.timings = timings
+        self.name: Optional[str] = None
+        self.t = time.perf_counter()
+
+    def lap(self, name: Optional[str]) -> None:
+        now = time.perf_counter()
+        name = name or self.name
+        if self.timings is not None and name is not None:
+            self.timings[name] = self.timings.get(name, 0.0) + now - self.t
+        self.name = None
+        self.t = now
