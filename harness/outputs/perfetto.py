@@ -33,7 +33,7 @@ Number = Union[int, float]
 _PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}
 # records drawn on the "events" track; with plan and commit, the only ones the trace reads one by one
 _EVENT_KINDS = ("oom", "host_oom", "fault_fired", "timeout", "rejected", "scheduler_failed", "validation_failed")
-_SCHEDULER_KINDS = frozenset(("plan", "commit") + _EVENT_KINDS)
+_SCHEDULER_KINDS = ("plan", "commit") + _EVENT_KINDS
 
 
 def _us(t: float) -> Number:
@@ -101,7 +101,6 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
     """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}.
     ``log``: the records (header first) or a :class:`RunView` of them."""
     view = as_view(log)
-    records = view.records
     t0, t1 = view.bounds
     nodes, gpn = view.shape
     gpus = view.gpus
@@ -152,7 +151,7 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
     m("thread_sort_index", sched_pid, events_tid, {"sort_index": 1})
     next_tid += 2
 
-    resizes = _resize_slices(records, t1)
+    resizes = _resize_slices(view.of("resize_start", "resize_end"), t1)
     resize_lanes = assign_lanes(resizes)
     resize_tid: Dict[int, int] = {}
     for lane in sorted(set(resize_lanes)):
@@ -164,10 +163,8 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
         events.append({"name": s.label, "cat": "resize", "ph": "X", "ts": _us(s.start),
                        "dur": _dur_us(s.start, s.end), "pid": sched_pid, "tid": resize_tid[lane], "args": s.args})
 
-    for r in records:
+    for r in view.of(*_SCHEDULER_KINDS):  # (not the requests, VRAM and rank states of a long log)
         k = r.get("kind")
-        if k not in _SCHEDULER_KINDS:  # most of a long log: requests, VRAM, rank states
-            continue
         ts = _us(float(r.get("t", t0)))
         if k == "plan":
             events.append({"name": f"cycle {r.get('cycle')}", "cat": "scheduler", "ph": "i", "s": "t",

@@ -51,6 +51,7 @@ from harness.outputs.intervals import (  # noqa: F401  (re-exported: the outputs
     GpuSlice,
     Log,
     RankInterval,
+    RunView,
     all_gpus,
     as_view,
     assign_lanes,
@@ -149,15 +150,6 @@ class Summary:
         return self.t_end - self.t_start
 
 
-def _pipeline_ids(records: Sequence[Mapping[str, Any]]) -> List[str]:
-    ids = set()
-    for r in records[1:]:
-        pid = r.get("pipeline_id")
-        if isinstance(pid, str):
-            ids.add(pid)
-    return sorted(ids)
-
-
 def _step_times(effects: Sequence[EffectInterval]) -> Tuple[int, List[float]]:
     first_start: Dict[int, float] = {}
     last_end: Dict[int, float] = {}
@@ -207,9 +199,15 @@ def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dic
     return out
 
 
-def summarize(log: Log) -> Summary:
+# what the scheduler and faults section reads, in log order
+_SCHEDULER_SUMMARY_KINDS = ("cycle_start", "plan", "commit", "rejected", "scheduler_failed", "validation_failed", "oom",
+                            "host_oom", "fault_fired", "timeout", "sim_end")
+
+
+def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Summary:
     """Summarize a simulator event log (a list of record dicts, header first, or a
-    :class:`RunView` of one)."""
+    :class:`RunView` of one). ``handover_findings``: the oracle's ``handover`` violations
+    of this log in its order, when the caller has them (else the check is run here)."""
     view = as_view(log)
     records = view.records
     t0, t1 = view.bounds
@@ -229,18 +227,16 @@ def summarize(log: Log) -> Summary:
     req_abort: Dict[str, int] = defaultdict(int)
     req_failed: Dict[str, int] = defaultdict(int)
     tokens: Dict[str, int] = defaultdict(int)
-    for r in records:
-        k = r.get("kind")
-        if k == "request_done":
-            req_done[r["pipeline_id"]] += 1
-            tokens[r["pipeline_id"]] += int(r.get("tokens", 0))
-        elif k == "request_abort":
-            req_abort[r["pipeline_id"]] += 1
-        elif k == "request_failed":
-            req_failed[r["pipeline_id"]] += 1
+    for r in view.of("request_done"):
+        req_done[r["pipeline_id"]] += 1
+        tokens[r["pipeline_id"]] += int(r.get("tokens", 0))
+    for r in view.of("request_abort"):
+        req_abort[r["pipeline_id"]] += 1
+    for r in view.of("request_failed"):
+        req_failed[r["pipeline_id"]] += 1
 
     pipelines: List[PipelineSummary] = []
-    for pid in _pipeline_ids(records):
+    for pid in view.pipeline_ids:
         pe = by_pipe_effects.get(pid, [])
         done, times = _step_times(pe)
         spans: Dict[str, List[Tuple[float, float]]] = defaultdict(list)
@@ -283,10 +279,9 @@ def summarize(log: Log) -> Summary:
             sync_secs[iv.pipeline_id][path] += iv.duration
     buckets: Dict[str, int] = defaultdict(int)
     bytes_tr: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in records:
-        if r.get("kind") == "refit_bucket":
-            buckets[r["pipeline_id"]] += 1
-            bytes_tr[r["pipeline_id"]][str(r["transport"])] += int(r["bytes"])
+    for r in view.of("refit_bucket"):
+        buckets[r["pipeline_id"]] += 1
+        bytes_tr[r["pipeline_id"]][str(r["transport"])] += int(r["bytes"])
     refit: List[RefitSummary] = []
     for pid in sorted(set(sync_count) | set(buckets)):
         counts = {p: sync_count[pid][p] for p in sorted(sync_count.get(pid, {}))}
@@ -302,11 +297,10 @@ def summarize(log: Log) -> Summary:
     # ---- staleness
     merged: Dict[int, int] = defaultdict(int)
     per_pipe: Dict[str, Dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    for r in records:
-        if r.get("kind") == "batch_consumed":
-            for age, count in (r.get("staleness") or {}).items():
-                merged[int(age)] += int(count)
-                per_pipe[r["pipeline_id"]][int(age)] += int(count)
+    for r in view.of("batch_consumed"):
+        for age, count in (r.get("staleness") or {}).items():
+            merged[int(age)] += int(count)
+            per_pipe[r["pipeline_id"]][int(age)] += int(count)
     staleness = {a: merged[a] for a in sorted(merged)}
     staleness_by_pipeline = {p: {a: per_pipe[p][a] for a in sorted(per_pipe[p])} for p in sorted(per_pipe)}
 
@@ -318,7 +312,7 @@ def summarize(log: Log) -> Summary:
     timeouts: List[Dict[str, Any]] = []
     first_oom_seq: Optional[int] = None
     end_reason: Optional[str] = None
-    for r in records:
+    for r in view.of(*_SCHEDULER_SUMMARY_KINDS):
         k = r.get("kind")
         if k in ("cycle_start", "plan", "commit") and r.get("cycle") is not None:
             cycles.add(r["cycle"])
@@ -350,17 +344,26 @@ def summarize(log: Log) -> Summary:
         scenario=view.scenario, t_start=t0, t_end=t1, end_reason=end_reason,
         nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
-        ooms=ooms, faults=faults, timeouts=timeouts, handovers=_handovers(records), first_oom_seq=first_oom_seq,
-        streaming=streaming_rows(records, {p.pipeline_id: p.mean_step_s for p in pipelines}),
-        dataplane=dataplane_totals(records),
+        ooms=ooms, faults=faults, timeouts=timeouts, handovers=_handovers(view, handover_findings),
+        first_oom_seq=first_oom_seq,
+        streaming=streaming_rows(view.of("streaming_setup"), {p.pipeline_id: p.mean_step_s for p in pipelines}),
+        dataplane=dataplane_totals(view.of("dp_transfer")),
     )
 
 
-def _handovers(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    from harness.invariants.handover import handover  # the oracle's own reading of the log
+def _handovers(view: RunView, found: Optional[Sequence[Any]] = None) -> List[Dict[str, Any]]:
+    """The handover check's findings (``found``, when the caller already ran the oracle)."""
+    if found is None:
+        from harness.invariants import SEES, kind_views
+        from harness.invariants.handover import handover  # the oracle's own reading of the log
 
-    at = {r["seq"]: r["t"] for r in records if "seq" in r}
-    return [{"seq": v.seq, "t": at.get(v.seq), "message": v.message} for v in handover(records)]
+        kinds = SEES["handover"]
+        found = handover(kind_views(view.records, [kinds])[kinds])
+    if not found:
+        return []
+    want = {v.seq for v in found}
+    at = {r["seq"]: r["t"] for r in view.records if "seq" in r and r["seq"] in want}
+    return [{"seq": v.seq, "t": at.get(v.seq), "message": v.message} for v in found]
 
 
 # --------------------------------------------------------------------------- text

@@ -86,7 +86,6 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     from matplotlib.patches import Patch
 
     view = as_view(log)
-    records = view.records
     t0, t1 = view.bounds
     if t1 <= t0:
         t1 = t0 + 1.0
@@ -100,9 +99,9 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         n_lanes[s.gpu] = max(n_lanes[s.gpu], lane + 1)
     pipelines = sorted({s.pipeline_id for s in slices})
     hatch_of = {p: PIPELINE_HATCHES[i % len(PIPELINE_HATCHES)] for i, p in enumerate(pipelines)}
-    ooms = [r for r in records if r.get("kind") == "oom"]
-    faults = [r for r in records if r.get("kind") == "fault_fired"]
-    timeouts = [r for r in records if r.get("kind") == "timeout"]
+    ooms = list(view.of("oom"))
+    faults = list(view.of("fault_fired"))
+    timeouts = list(view.of("timeout"))
 
     w_px, h_px = timeline_size_px(view, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
     w_in, h_in = w_px / dpi, h_px / dpi
