@@ -70,9 +70,22 @@ class Holdings:
     ranks: Dict[str, Dict[int, List[int]]] = field(default_factory=dict)  # GEN cluster -> dp -> bundle
     priority: Dict[str, str] = field(default_factory=dict)  # cluster -> priority of its allocation
     registry: Dict[str, Registered] = field(default_factory=dict)
+    # owner inverted (cluster -> its GPUs), kept with it by _own/_disown: "the GPUs of a
+    # cluster" without scanning every GPU (8 000 grants x 1 024 GPUs in a 1024-GPU run)
+    held_by: Dict[str, Set[int]] = field(default_factory=dict)
+
+    def _own(self, g: int, cluster: str) -> None:
+        before = self.owner.get(g)
+        if before is not None:
+            self.held_by[before].discard(g)
+        self.owner[g] = cluster
+        self.held_by.setdefault(cluster, set()).add(g)
+
+    def _disown(self, g: int) -> None:
+        self.held_by[self.owner.pop(g)].discard(g)
 
     def held(self, cluster_id: str) -> List[int]:
-        return sorted(g for g, c in self.owner.items() if c == cluster_id)
+        return sorted(self.held_by.get(cluster_id, ()))
 
     def idle(self) -> Set[int]:
         if self.num_gpus is None:
@@ -87,7 +100,7 @@ class Holdings:
         for g in gpus:
             held = self.owner.get(g)
             if held == cluster:
-                del self.owner[g]
+                self._disown(g)
             elif held is not None:
                 problem(seq, f"{cluster} frees GPU {g} held by {held}")
 
@@ -98,7 +111,7 @@ class Holdings:
             held = self.owner.get(g)
             if held is not None and held != cluster:
                 problem(seq, f"GPU {g} granted to {cluster} while held by {held}")
-            self.owner[g] = cluster
+            self._own(g, cluster)
 
     def release_cluster(self, seq: int, cluster: str, gpus, problem: Problem) -> None:
         self.free(seq, cluster, gpus, problem)
@@ -118,8 +131,8 @@ class Holdings:
             cid = s["cluster_id"]
             if not s["gpus"] or f"grant {cid}" in skipped:
                 continue
-            for g in [g for g, c in self.owner.items() if c == cid]:  # a grant replaces the allocation
-                del self.owner[g]
+            for g in list(self.held_by.get(cid, ())):  # a grant replaces the allocation
+                self._disown(g)
             self.grant(seq, cid, s["gpus"], problem)
             self.priority[cid] = s["priority"]
             if is_gen_cluster(cid):
