@@ -171,8 +171,10 @@ def _one_gate_at_a_time(tmp_path: Path):
 def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: Optional[str], timeout_s: float,
                  extra_env: Optional[Dict[str, str]]) -> GateRun:
     report = tmp_path / f"{gate}-report.json"
+    # --log-dir: without it torchrun's agent makes a torchelastic_* folder in the system
+    # temp folder for every launch and never removes it (thousands over a day of runs)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(port),
+           "--master-addr", "127.0.0.1", "--master-port", str(port), "--log-dir", str(tmp_path / "torchrun-logs"),
            str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.pop(HOOK_ENV, None)
