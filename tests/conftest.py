@@ -9,12 +9,12 @@ left project files in ``/dev/shm`` or the temp folder.
 
 from __future__ import annotations
 
-import fcntl
 import importlib
-import os
 from collections import OrderedDict
 
 import pytest
+
+from tests.session_lock import take_turns
 
 
 def pytest_configure(config):
@@ -81,13 +81,5 @@ def one_ray_at_a_time(tmp_path_factory):
     starting side by side on a 2-core machine push each other past their start-up
     timeouts. The lock lives in the session's temp folder (shared by its workers only);
     a module that holds Ray for all its tests holds the lock as long."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    with take_turns(tmp_path_factory.getbasetemp().parent, "rlharness-ray.lock"):
         yield
-        return
-    session = tmp_path_factory.getbasetemp().parent
-    with open(session / "rlharness-ray.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

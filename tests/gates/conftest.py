@@ -8,7 +8,6 @@ finds any worker that outlived its launcher.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pytest
+
+from tests.session_lock import take_turns
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_ENV = "RLHARNESS_GATE_TEST_HOOK"
@@ -157,15 +158,8 @@ def _one_gate_at_a_time(tmp_path: Path):
     deadline clock starts after the lock is taken.
     """
     session = next((p for p in tmp_path.parents if p.parent.name.startswith("pytest-of-")), None)
-    if session is None or "PYTEST_XDIST_WORKER" not in os.environ:
+    with take_turns(session, "rlharness-gates.lock"):
         yield
-        return
-    with open(session / "rlharness-gates.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: Optional[str], timeout_s: float,
