@@ -1,5 +1,5 @@
 """``python -m rlharness``: the ``rlharness`` command without its installed script."""
 
-from rlharness.cli import main
+from rlharness.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

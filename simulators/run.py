@@ -18,7 +18,6 @@ folder and moved in only when all were written, so the folder is complete or unt
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Callable, Dict, List, Optional
 import yaml
 
 from harness.eventlog.writer import atomic_write
+from harness.gc_pause import gc_paused
 from harness.outputs.paths import RunFolder
 from harness.invariants import Violation, check_log
 from harness.outputs.intervals import RunView
@@ -73,17 +73,13 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
     outputs listed above into it. ``timings``, if given, receives the wall seconds of
     each step (``check``, ``summary``, then each file by name): the benchmark's figures.
 
-    The cyclic garbage collector is paused meanwhile: the outputs allocate millions of
-    small objects (slices, trace events) next to a log of millions more, so it kept
-    re-walking the log — 4 of 17 CPU seconds of the 1024-GPU run's outputs, with the same
-    peak RSS without it (the outputs make little cyclic garbage; it is collected after)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    The cyclic garbage collector is paused meanwhile (:func:`harness.gc_pause.gc_paused`):
+    the outputs allocate millions of small objects (slices, trace events) next to a log of
+    millions more, so it kept re-walking the log — 4 of 17 CPU seconds of the 1024-GPU
+    run's outputs, with the same peak RSS without it (the outputs make little cyclic
+    garbage; it is collected after)."""
+    with gc_paused():
         return _write_outputs(result, out_dir, png=png, progress=progress, timings=timings)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,

@@ -16,7 +16,6 @@ checked anyway.
 
 from __future__ import annotations
 
-import gc
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from harness.control.cycle import execute_cycle
 from harness.control.interpret import interpret
 from harness.control.run_effects import CommitCycle, PlanCycle, RunResizes, SchedulerFailed, SignalWaiters
 from harness.eventlog.writer import EventLog, header_record
+from harness.gc_pause import gc_paused
 from harness.scheduler.commit import Signal
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.options import SchedulerOptions
@@ -230,16 +230,12 @@ class Simulation:
         # 50,000 the 1024-GPU run spent ~9 % of its time in 86 collections, and still found
         # only ~25,000 cyclic garbage objects (spent generators and their frames; peak RSS
         # the same with collection off). So none runs during the run; it is switched back on
-        # after (left off if it was off) and the next automatic collection finds that
-        # garbage. When a collection runs has no part in the log: a process still running is
-        # referenced by the event queue, so nothing of the run is collected while it runs.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        # after (left off if it was off), with the run's survivors in the oldest generation
+        # (harness.gc_pause), and a later full collection finds that garbage. When a
+        # collection runs has no part in the log: a process still running is referenced by
+        # the event queue, so nothing of the run is collected while it runs.
+        with gc_paused():
             env.run(until=env.any_of([all_done, self.stop, horizon]))
-        finally:
-            if collecting:
-                gc.enable()
         if self.failure:
             reason, detail = "failed", self.failure
         elif all_done.triggered:

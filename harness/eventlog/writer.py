@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from itertools import islice
+from bisect import bisect_right
+from itertools import accumulate, islice
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from harness.eventlog.kinds import ALL_KINDS, SCHEMA_NAME, SCHEMA_VERSION
@@ -145,12 +146,66 @@ class EventLog:
 
 
 def encoded_chunks(records: List[Dict[str, Any]], per_chunk: int = 8192) -> Iterator[bytes]:
-    """JSONL bytes of ``records``, ``per_chunk`` newline-terminated lines per chunk."""
-    enc = encode
+    """JSONL bytes of ``records``, ``per_chunk`` newline-terminated lines per chunk: each
+    line is :func:`encode` of its record."""
     for start in range(0, len(records), per_chunk):
-        lines = [enc(rec) for rec in records[start:start + per_chunk]]
-        lines.append(b"")  # the last line's newline
-        yield b"\n".join(lines)
+        yield _encode_lines(records[start:start + per_chunk])
+
+
+def _encode_lines(records: List[Dict[str, Any]]) -> bytes:
+    """``b"".join(encode(r) + b"\n" for r in records)``, faster: orjson encodes every
+    record, the chunk is joined, and only then searched for what marks a line json must
+    encode instead (see :func:`encode`) — three searches of one buffer, not three per
+    line — and those lines alone are re-encoded."""
+    if orjson is None:  # pragma: no cover
+        return b"".join([encode(rec) + b"\n" for rec in records])
+    dump = _orjson_dumps
+    try:
+        lines = [dump(rec, default=_refuse, option=_ORJSON_OPTIONS) for rec in records]
+    except TypeError:  # a record orjson refuses: each record on its own (encode decides)
+        return b"".join([encode(rec) + b"\n" for rec in records])
+    lines.append(b"")  # the last line's newline
+    data = b"\n".join(lines)
+    if b"null" not in data and b"e-" not in data and b"0.0000" not in data:
+        return data
+    ends = list(accumulate(len(line) + 1 for line in lines))  # ends[i]: just past line i's newline
+    redo = set()
+    for marker in (b"e-", b"0.0000"):
+        _lines_holding(data, marker, ends, redo)
+    nulls: set = set()
+    _lines_holding(data, b"null", ends, nulls)
+    # a null is json's too unless orjson wrote it for NaN or infinity (json refuses those):
+    # a record without one keeps orjson's line
+    redo.update(i for i in nulls - redo if not _all_finite(records[i]))
+    for i in redo:
+        lines[i] = _json_encode(records[i]).encode("utf-8")
+    return b"\n".join(lines) if redo else data
+
+
+def _lines_holding(data: bytes, marker: bytes, ends: List[int], into: set) -> None:
+    """Add to ``into`` the index of every line of ``data`` that holds ``marker``."""
+    at = data.find(marker)
+    while at != -1:
+        i = bisect_right(ends, at)  # the line holding it
+        into.add(i)
+        at = data.find(marker, ends[i])  # on from the next line
+
+
+def _all_finite(obj: Any) -> bool:
+    """Whether no float inside ``obj`` (dicts, lists, tuples and scalars: what orjson
+    encoded) is NaN or infinite."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        kind = type(o)
+        if kind is float:
+            if o - o != 0.0:  # NaN for NaN and for +-inf
+                return False
+        elif kind is dict:
+            stack.extend(o.values())
+        elif kind is list or kind is tuple:
+            stack.extend(o)
+    return True
 
 
 def atomic_write(path: str, data: "str | bytes | Iterable[str] | Iterable[bytes]") -> str:

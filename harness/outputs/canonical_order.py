@@ -10,7 +10,11 @@ unique), so here it is encoded only where the cheap key ties.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, List, Optional
+import operator
+from itertools import islice
+from typing import Any, Callable, List, Optional, Sequence
+
+import numpy as np
 
 # One encoder, built once: json.dumps with arguments builds a new JSONEncoder per call,
 # which dominated the outputs of a long run (hundreds of thousands of sort keys).
@@ -49,6 +53,10 @@ def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Cal
     keys = [key(x) for x in items]
     order = sorted(range(len(items)), key=keys.__getitem__)
     out = [items[i] for i in order]
+    ranked = [keys[i] for i in order]
+    if not any(map(operator.eq, ranked, islice(ranked, 1, None))):  # no ties (the usual case): done
+        items[:] = out
+        return
     i, n = 0, len(order)
     while i < n:
         j = i + 1
@@ -59,3 +67,45 @@ def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Cal
             out[i:j] = sorted(out[i:j], key=lambda x: canonical_json(canon_of(x)))
         i = j
     items[:] = out
+
+
+def column_order(columns: Sequence[Sequence[Any]], tail: Callable[[int], tuple],
+                 canon_of: Callable[[int], Any]) -> List[int]:
+    """The positions ``0..n-1`` sorted by ``tuple(c[i] for c in columns) + tail(i) +
+    (CanonKey(canon_of(i)),)`` (stable), the columns numbers (ints or floats): sorted by
+    numpy on the columns, then each run that ties on all of them (none in a simulator
+    log) sorted by the tail and the canonical JSON — the order :func:`sort_canon_last`
+    gives with that key, without a Python tuple per item. Columns that are not all plain
+    numbers (or ints beyond 64 bits) take :func:`sort_canon_last` itself."""
+    n = len(columns[0]) if columns else 0
+    arrays = []
+    for column in columns:
+        try:
+            array = np.asarray(column)
+        except (OverflowError, ValueError, TypeError):
+            array = None
+        if (array is None or array.dtype.kind not in "iuf" or array.shape != (n,)
+                or (array.dtype.kind == "f" and n and not np.abs(array).max() < 2.0 ** 53)):  # exact as floats
+            order = list(range(n))
+            sort_canon_last(order, lambda i: tuple(c[i] for c in columns) + tail(i), canon_of)
+            return order
+        arrays.append(array)
+    order = np.lexsort(arrays[::-1]) if arrays else np.arange(n)
+    if n < 2:
+        return order.tolist()
+    ties = np.ones(n - 1, dtype=bool)
+    for array in arrays:
+        ranked = array[order]
+        ties &= ranked[1:] == ranked[:-1]
+    out = order.tolist()
+    if not ties.any():
+        return out
+    starts = np.flatnonzero(ties & ~np.concatenate(([False], ties[:-1])))
+    for start in starts.tolist():  # each run of ties: positions start .. end
+        end = start + 1
+        while end < n - 1 and ties[end]:
+            end += 1
+        run = out[start:end + 1]
+        sort_canon_last(run, tail, canon_of)
+        out[start:end + 1] = run
+    return out

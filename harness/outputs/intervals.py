@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.streaming_effects import STREAMING_TRAINER_EFFECTS
-from harness.outputs.canonical_order import CanonKey, canonical_json, sort_canon_last
+from harness.outputs.canonical_order import CanonKey, canonical_json, column_order
 
 TRAIN_EFFECTS = TRAINER_EFFECTS + STREAMING_TRAINER_EFFECTS
 SYNC_EFFECTS = ("SyncFromCache", "Finalize", "PublishVersion", "SyncWeights")
@@ -174,8 +174,11 @@ class GpuSlice:
 
 
 def sort_slices(slices: List[GpuSlice]) -> None:
-    """``slices.sort(key=GpuSlice.sort_key)``, faster (see :func:`sort_canon_last`)."""
-    sort_canon_last(slices, GpuSlice._order, _slice_args)
+    """``slices.sort(key=GpuSlice.sort_key)``, faster: numpy sorts the numeric part of the
+    key (see :func:`column_order`)."""
+    order = column_order([[s.gpu for s in slices], [s.start for s in slices], [s.start - s.end for s in slices],
+                          [s.seq for s in slices]], lambda i: (slices[i].label,), lambda i: slices[i].args)
+    slices[:] = [slices[i] for i in order]
 
 
 def _slice_args(s: GpuSlice) -> Dict[str, Any]:
@@ -386,6 +389,19 @@ class RunView:
         """:func:`gpu_slices` without kind "other" (the same order: a filtered sorted list)."""
         return [s for s in self.slices if s.kind != "other"]
 
+    @cached_property
+    def lanes(self) -> List[int]:
+        """:func:`assign_lanes` of :attr:`slices` (the Perfetto trace's tracks)."""
+        return assign_lanes(self.slices)
+
+    @cached_property
+    def work_lanes(self) -> List[int]:
+        """:func:`assign_lanes` of :attr:`work_slices` (the timeline's lanes): the same
+        as :attr:`lanes` when no slice is of kind "other", so assigned once then."""
+        if len(self.work_slices) == len(self.slices):
+            return self.lanes
+        return assign_lanes(self.work_slices)
+
 
 Log = Union[Sequence[Mapping[str, Any]], RunView]
 
@@ -446,25 +462,24 @@ def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
     seq) order take the lowest lane whose previous slice has ended — interval partitioning,
     so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
     (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
-    def key(i: int) -> tuple:
-        s = slices[i]
-        return (s.gpu, s.start, s.end, s.seq, s.label)  # then the args (sort_canon_last)
-
-    order = list(range(len(slices)))
-    sort_canon_last(order, key, lambda i: slices[i].args)
+    gpus = [s.gpu for s in slices]
+    starts = [s.start for s in slices]
+    ends = [s.end for s in slices]
+    order = column_order([gpus, starts, ends, [s.seq for s in slices]],
+                         lambda i: (slices[i].label,), lambda i: slices[i].args)  # then the label, the args
     lanes = [0] * len(slices)
     lane_end: Dict[int, List[float]] = defaultdict(list)
     for i in order:
-        s = slices[i]
-        ends = lane_end[s.gpu]
-        for lane, end in enumerate(ends):
-            if end <= s.start:
-                ends[lane] = s.end
+        start = starts[i]
+        busy = lane_end[gpus[i]]
+        for lane, end in enumerate(busy):
+            if end <= start:
+                busy[lane] = ends[i]
                 lanes[i] = lane
                 break
         else:
-            ends.append(s.end)
-            lanes[i] = len(ends) - 1
+            busy.append(ends[i])
+            lanes[i] = len(busy) - 1
     return lanes
 
 

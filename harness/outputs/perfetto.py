@@ -26,7 +26,9 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
 
-from harness.outputs.canonical_order import canonical_json, sort_canon_last
+import numpy as np
+
+from harness.outputs.canonical_order import canonical_json, column_order
 from harness.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort_slices
 
 Number = Union[int, float]
@@ -45,6 +47,25 @@ def _us(t: float) -> Number:
 def _dur_us(start: float, end: float) -> Number:
     ns = max(0, round(end * 1e9) - round(start * 1e9))
     return ns // 1000 if ns % 1000 == 0 else ns / 1000
+
+
+def _us_and_dur_us(starts: List[float], ends: List[float]) -> Tuple[List[Number], List[Number]]:
+    """``[_us(s) for s in starts]`` and ``[_dur_us(s, e) ...]``, the same numbers, the
+    rounding done by numpy (round half to even, as ``round``) for a whole trace at once;
+    times too large for exact float arithmetic take the scalar functions."""
+    start_ns = np.rint(np.asarray(starts, dtype=float) * 1e9)
+    end_ns = np.rint(np.asarray(ends, dtype=float) * 1e9)
+    if len(starts) and not (np.abs(start_ns).max() < 2.0 ** 53 and np.abs(end_ns).max() < 2.0 ** 53):
+        return [_us(s) for s in starts], [_dur_us(s, e) for s, e in zip(starts, ends)]
+    start_ns = start_ns.astype(np.int64)
+    dur_ns = np.maximum(end_ns.astype(np.int64) - start_ns, 0)
+    return _us_of_ns(start_ns), _us_of_ns(dur_ns)
+
+
+def _us_of_ns(ns: "np.ndarray") -> List[Number]:
+    """Microseconds of integer nanoseconds: an int when whole, else a float (as _us)."""
+    whole = (ns % 1000 == 0).tolist()
+    return [i if w else f for i, f, w in zip((ns // 1000).tolist(), (ns / 1000).tolist(), whole)]
 
 
 def _resize_slices(records: Sequence[Mapping[str, Any]], t_end: float) -> List[GpuSlice]:
@@ -105,7 +126,7 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
     nodes, gpn = view.shape
     gpus = view.gpus
     slices = view.slices
-    lanes = assign_lanes(slices)
+    lanes = view.lanes
     n_lanes: Dict[int, int] = {g: 1 for g in gpus}
     for s, lane in zip(slices, lanes):
         n_lanes[s.gpu] = max(n_lanes.get(s.gpu, 1), lane + 1)
@@ -138,9 +159,9 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
             m("thread_sort_index", node_pid[node], next_tid, {"sort_index": next_tid})
             next_tid += 1
 
-    for s, lane in zip(slices, lanes):
-        events.append({"name": s.label, "cat": s.kind, "ph": "X", "ts": _us(s.start),
-                       "dur": _dur_us(s.start, s.end), "pid": node_pid[s.gpu // gpn],
+    starts, durs = _us_and_dur_us([s.start for s in slices], [s.end for s in slices])
+    for s, lane, ts, dur in zip(slices, lanes, starts, durs):
+        events.append({"name": s.label, "cat": s.kind, "ph": "X", "ts": ts, "dur": dur, "pid": node_pid[s.gpu // gpn],
                        "tid": tid_of[(s.gpu, lane)], "args": s.args})
 
     sched_tid = next_tid
@@ -188,8 +209,11 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
                            "pid": sched_pid, "tid": events_tid, "args": args})
 
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
-    sort_canon_last(events, lambda e: (e["ts"], e["pid"], e["tid"], _PH_ORDER.get(e["ph"], 9), -e.get("dur", 0),
-                                       e["name"]), lambda e: e.get("args"))
+    # by (ts, pid, tid, phase, longest first, name, canonical args)
+    order = column_order([[e["ts"] for e in events], [e["pid"] for e in events], [e["tid"] for e in events],
+                          [_PH_ORDER.get(e["ph"], 9) for e in events], [-e.get("dur", 0) for e in events]],
+                         lambda i: (events[i]["name"],), lambda i: events[i].get("args"))
+    events = [events[i] for i in order]
     return {
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",

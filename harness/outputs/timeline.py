@@ -18,11 +18,12 @@ import io
 import os
 from array import array
 from collections import defaultdict
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from harness.outputs.intervals import Log, as_view, assign_lanes
+from harness.outputs.intervals import GpuSlice, Log, as_view, assign_lanes
+from harness.outputs.timeline_raster import bar_image
 
 #: picture kind -> (legend label, colour), in legend order. Each phase has a colour of its
 #: own (a wake and a sleep are different events; one colour for both hid which was which);
@@ -46,6 +47,19 @@ def picture_kind(kind: str, label: str) -> str:
     return _WAKE_SLEEP_KIND.get(label.split(" ", 1)[0].split("(", 1)[0], "wake")
 
 
+def picture_kinds(slices: Sequence[GpuSlice]) -> List[str]:
+    """:func:`picture_kind` of each slice (its label parsed once per distinct label)."""
+    of_label: Dict[str, str] = {}
+
+    def wake_sleep(label: str) -> str:
+        kind = of_label.get(label)
+        if kind is None:
+            kind = of_label[label] = picture_kind("wake_sleep", label)
+        return kind
+
+    return [kind if (kind := s.kind) != "wake_sleep" else wake_sleep(s.label) for s in slices]
+
+
 def legend_kinds(drawn: "set[str]") -> List[str]:
     """The kinds to list in the legend: those drawn, in :data:`KIND_STYLE` order."""
     return [k for k in KIND_STYLE if k in drawn]
@@ -66,10 +80,13 @@ def timeline_size_px(log: Log, *, width_in: float = 12.0,
                      row_height_in: float = 0.45, dpi: int = 100) -> Tuple[int, int]:
     """(width, height) in pixels of the PNG :func:`write_timeline_png` writes for this log."""
     view = as_view(log)
-    n_rows = len(view.gpus)
-    pipelines = {s.pipeline_id for s in view.work_slices}
-    drawn = legend_kinds({picture_kind(s.kind, s.label) for s in view.work_slices})
-    entries = len(drawn) + len(pipelines) + 2
+    return _size_px(len(view.gpus), set(picture_kinds(view.work_slices)), {s.pipeline_id for s in view.work_slices},
+                    width_in, row_height_in, dpi)
+
+
+def _size_px(n_rows: int, kinds: "set[str]", pipelines: "set[str]", width_in: float, row_height_in: float,
+             dpi: int) -> Tuple[int, int]:
+    entries = len(legend_kinds(kinds)) + len(pipelines) + 2
     plot_h = max(n_rows * _row_height(n_rows, row_height_in), 0.22 * entries, 1.5)
     return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
 
@@ -80,7 +97,6 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -92,18 +108,21 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     _, gpn = view.shape
     gpus = view.gpus
     row_of = {g: i for i, g in enumerate(gpus)}
-    slices = [s for s in view.work_slices if picture_kind(s.kind, s.label) in KIND_STYLE]
-    lanes = assign_lanes(slices)
-    n_lanes: Dict[int, int] = defaultdict(lambda: 1)
-    for s, lane in zip(slices, lanes):
-        n_lanes[s.gpu] = max(n_lanes[s.gpu], lane + 1)
+    slices, kinds = view.work_slices, picture_kinds(view.work_slices)
     pipelines = sorted({s.pipeline_id for s in slices})
+    w_px, h_px = _size_px(len(gpus), set(kinds), set(pipelines), width_in, row_height_in, dpi)
+    if all(kind in KIND_STYLE for kind in set(kinds)):
+        lanes = view.work_lanes  # the Perfetto trace's lanes too when no slice is "other"
+    else:
+        slices = [s for s, kind in zip(slices, kinds) if kind in KIND_STYLE]
+        kinds = [kind for kind in kinds if kind in KIND_STYLE]
+        pipelines = sorted({s.pipeline_id for s in slices})
+        lanes = assign_lanes(slices)
     hatch_of = {p: PIPELINE_HATCHES[i % len(PIPELINE_HATCHES)] for i, p in enumerate(pipelines)}
     ooms = list(view.of("oom"))
     faults = list(view.of("fault_fired"))
     timeouts = list(view.of("timeout"))
 
-    w_px, h_px = timeline_size_px(view, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
     w_in, h_in = w_px / dpi, h_px / dpi
 
     with matplotlib.style.context("default"), matplotlib.rc_context({
@@ -122,36 +141,14 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
                             top=1 - _TOP_IN / h_in, bottom=_BOTTOM_IN / h_in)
         ax = fig.add_subplot(1, 1, 1)
 
-        # bars: one PolyCollection per (kind, pipeline) — a handful of draw calls whatever
-        # the number of bars, which keeps a 1024-GPU run's picture quick to render
         dense = len(gpus) > DENSE_ROWS
-        # per (kind, pipeline): the bars' x0, x1, y0, y1 as packed doubles (a 1024-GPU run has
-        # ~10^6 bars: four floats each instead of a list of four tuples)
-        groups: Dict[Tuple[str, str], Tuple[array, ...]] = defaultdict(lambda: tuple(array("d") for _ in range(4)))
-        span = t1 - t0
-        labels: List[Tuple[float, float, str]] = []
-        pad = 0.0 if dense else 0.08
-        for s, lane in zip(slices, lanes):
-            width = min(s.end, t1) - max(s.start, t0)
-            if width <= 0:
-                continue
-            lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
-            y0 = row_of[s.gpu] + pad + lane * lane_h
-            x0 = max(s.start, t0)
-            xs0, xs1, ys0, ys1 = groups[(picture_kind(s.kind, s.label), s.pipeline_id)]
-            xs0.append(x0)
-            xs1.append(x0 + width)
-            ys0.append(y0)
-            ys1.append(y0 + lane_h)
-            if not dense and len(pipelines) > 1 and width >= 0.08 * span:
-                labels.append((x0 + width / 2, y0 + lane_h / 2, s.pipeline_id))
-        for kind, pid in sorted(groups):
-            ax.add_collection(PolyCollection(
-                # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
-                _bar_vertices(*groups[(kind, pid)]), facecolors=KIND_STYLE[kind][1], edgecolors="black",
-                linewidths=0.0 if dense else 0.3, hatch=None if dense else (hatch_of[pid] or None)))
-        for x, y, text in sorted(labels):
-            ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
+        # a run that ends on a failure has its marker at the last instant: leave room for it
+        ends_on_marker = any(float(r["t"]) >= t1 for r in ooms + faults + timeouts)
+        x_max = t1 + 0.015 * (t1 - t0) if ends_on_marker else t1
+        if dense:  # thin rows, no hatching or labels: one image, its cost bounded by its pixels
+            drawn = _draw_bar_image(ax, slices, lanes, row_of, kinds, (t0, t1), (t0, x_max))
+        else:
+            drawn = _draw_bar_polygons(ax, slices, lanes, row_of, kinds, hatch_of, pipelines, (t0, t1))
 
         for r in ooms:
             g = r.get("gpu")
@@ -163,9 +160,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         for r in timeouts:
             ax.axvline(float(r["t"]), color="red", linestyle="--", linewidth=1.0, zorder=4)
 
-        # a run that ends on a failure has its marker at the last instant: leave room for it
-        ends_on_marker = any(float(r["t"]) >= t1 for r in ooms + faults + timeouts)
-        ax.set_xlim(t0, t1 + 0.015 * (t1 - t0) if ends_on_marker else t1)
+        ax.set_xlim(t0, x_max)
         ax.set_ylim(len(gpus), 0)
         if dense:  # one tick and one separator per node
             firsts = [i for i, g in enumerate(gpus) if i == 0 or g // gpn != gpus[i - 1] // gpn]
@@ -183,7 +178,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         ax.set_title(f"{view.scenario or 'rlharness run'} - GPU timeline")
 
         handles: List[Any] = [Patch(facecolor=KIND_STYLE[k][1], edgecolor="black", linewidth=0.3, label=KIND_STYLE[k][0])
-                              for k in legend_kinds({kind for kind, _ in groups})]
+                              for k in legend_kinds(drawn)]
         if not dense:  # dense pictures draw no hatching, so pipelines get no legend entry
             handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.3, hatch=hatch_of[p] or None,
                               label=f"pipeline {p}") for p in pipelines]
@@ -199,6 +194,79 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
+
+
+def _draw_bar_polygons(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int], row_of: Dict[int, int],
+                       kinds: Sequence[str], hatch_of: Dict[str, str], pipelines: Sequence[str],
+                       span: Tuple[float, float]) -> "set[str]":
+    """The bars as polygons (hatched by pipeline, wide ones labelled), one PolyCollection
+    per (kind, pipeline); returns the kinds drawn."""
+    from matplotlib.collections import PolyCollection
+
+    t0, t1 = span
+    n_lanes: Dict[int, int] = defaultdict(lambda: 1)
+    for s, lane in zip(slices, lanes):
+        n_lanes[s.gpu] = max(n_lanes[s.gpu], lane + 1)
+    # per (kind, pipeline): the bars' x0, x1, y0, y1 as packed doubles
+    groups: Dict[Tuple[str, str], Tuple[array, ...]] = defaultdict(lambda: tuple(array("d") for _ in range(4)))
+    labels: List[Tuple[float, float, str]] = []
+    pad = 0.08
+    for s, lane, kind in zip(slices, lanes, kinds):
+        width = min(s.end, t1) - max(s.start, t0)
+        if width <= 0:
+            continue
+        lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
+        y0 = row_of[s.gpu] + pad + lane * lane_h
+        x0 = max(s.start, t0)
+        xs0, xs1, ys0, ys1 = groups[(kind, s.pipeline_id)]
+        xs0.append(x0)
+        xs1.append(x0 + width)
+        ys0.append(y0)
+        ys1.append(y0 + lane_h)
+        if len(pipelines) > 1 and width >= 0.08 * (t1 - t0):
+            labels.append((x0 + width / 2, y0 + lane_h / 2, s.pipeline_id))
+    for kind, pid in sorted(groups):
+        ax.add_collection(PolyCollection(
+            # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
+            _bar_vertices(*groups[(kind, pid)]), facecolors=KIND_STYLE[kind][1], edgecolors="black",
+            linewidths=0.3, hatch=hatch_of[pid] or None))
+    for x, y, text in sorted(labels):
+        ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
+    return {kind for kind, _ in groups}
+
+
+def _draw_bar_image(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int], row_of: Dict[int, int],
+                    kinds: Sequence[str], span: Tuple[float, float], x_range: Tuple[float, float]) -> "set[str]":
+    """The bars of a dense picture as one image the size of the axes in pixels
+    (:mod:`.timeline_raster`): each lane a band 1/lanes of its GPU's row high, no padding,
+    no outline, no hatching (the polygons of a dense picture had none either); returns
+    the kinds drawn."""
+    t0, t1 = span
+    order = list(KIND_STYLE)
+    code_of = {k: i for i, k in enumerate(order)}
+    start = np.maximum(np.array([s.start for s in slices], dtype=float), t0)
+    end = np.minimum(np.array([s.end for s in slices], dtype=float), t1)
+    row = np.array([row_of[s.gpu] for s in slices], dtype=np.int64)
+    lane = np.array(lanes, dtype=np.int64)
+    codes = np.array([code_of[k] for k in kinds], dtype=np.int64)
+    shown = end > start
+    start, end, row, lane, codes = start[shown], end[shown], row[shown], lane[shown], codes[shown]
+    n_lanes = np.ones(len(row_of), dtype=np.int64)
+    np.maximum.at(n_lanes, row, lane + 1)
+    lane_h = 1.0 / n_lanes[row]
+    y0 = row + lane * lane_h
+
+    box = ax.get_window_extent()
+    width, height = round(box.width), round(box.height)
+    x_lo, x_hi = x_range
+    to_px = width / (x_hi - x_lo)
+    y_px = height / max(len(row_of), 1)
+    colours = [tuple(int(KIND_STYLE[k][1][i:i + 2], 16) / 255 for i in (1, 3, 5)) for k in order]
+    image = bar_image((start - x_lo) * to_px, (end - x_lo) * to_px, y0 * y_px, (y0 + lane_h) * y_px,
+                      codes, colours, width, height)
+    ax.imshow(np.rint(image * 255).astype(np.uint8), extent=(x_lo, x_hi, len(row_of), 0), origin="upper", aspect="auto",
+              interpolation="nearest", resample=False, zorder=1)
+    return {order[c] for c in np.unique(codes)}
 
 
 def _bar_vertices(x0: array, x1: array, y0: array, y1: array) -> np.ndarray:

@@ -33,9 +33,13 @@ def _floats(n: int):
 
 
 def test_floats_of_every_magnitude_encode_as_json_writes_them():
+    records = []
     for x in _floats(50_000):
         rec = {"seq": 1, "t": x, "kind": "progress", "v": [x, {"x": x}]}
         assert encode(rec) == CANONICAL(rec).encode(), x
+        records.append(rec)
+    # a whole file's chunks, searched for json-only lines chunk by chunk, hold the same lines
+    assert b"".join(encoded_chunks(records, 4096)) == "".join(CANONICAL(r) + "\n" for r in records).encode()
 
 
 @pytest.mark.parametrize("value", [
@@ -45,6 +49,9 @@ def test_values_encode_as_json_writes_them(value):
     rec = {"seq": 3, "t": 0.5, "kind": "progress", "value": value}
     assert encode(rec) == CANONICAL(rec).encode()
     assert dumps(rec) == CANONICAL(rec)
+    plain = {"seq": 4, "t": 1.0, "kind": "progress", "value": 1}
+    chunk = [plain, rec, plain, rec]
+    assert b"".join(encoded_chunks(chunk, 3)) == "".join(CANONICAL(r) + "\n" for r in chunk).encode()
 
 
 class Colour(enum.IntEnum):
@@ -64,6 +71,13 @@ def test_subclasses_encode_as_json_writes_them():
 def test_nan_and_infinity_are_refused(bad):
     with pytest.raises(ValueError):
         encode({"seq": 1, "t": 0.0, "kind": "progress", "x": bad})
+    # in a file: among lines with a null of their own (json's too) and one with "null" in a string
+    records = [{"seq": i, "t": 0.0, "kind": "progress", "x": None, "s": "null"} for i in range(5)]
+    records.insert(3, {"seq": 9, "t": 0.0, "kind": "progress", "y": None, "z": {"deep": [bad]}})
+    with pytest.raises(ValueError):
+        b"".join(encoded_chunks(records, 4))
+    del records[3]
+    assert b"".join(encoded_chunks(records, 4)) == "".join(CANONICAL(r) + "\n" for r in records).encode()
 
 
 def test_objects_json_cannot_encode_are_refused():
