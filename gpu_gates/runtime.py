@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import sys
 import threading
@@ -122,6 +123,7 @@ class _GateRun:
         self.body_raised = False
         self.folders: List[private_dirs.RunFolder] = []
         self.event_log = args.event_log or rep.default_event_log_path(args.report)
+        self.ended: Optional[int] = None  # the exit code this rank returned with (see _ends_by_returning)
 
     def execute(self) -> int:
         backend, skip = select_backend(self.args.backend, self.env)
@@ -179,9 +181,9 @@ class _GateRun:
             pass
 
     def finish(self, emergency: Optional[str]) -> int:
-        """Post this rank's result, let rank 0 merge and write, then exit the process."""
-        if not self._finish_lock.acquire(timeout=10.0 if emergency else -1):
-            os._exit(rep.EXIT_FAILED)  # the other finisher is stuck; never hang
+        """Post this rank's result, let rank 0 merge and write, then exit the process (a
+        passing rank run as a function returns instead, see :func:`_ends_by_returning`)."""
+        self._enter_finish(emergency)
         ctx = self.ctx
         removed = ipc.remove_own_files()  # every exit path: a cut-short sync leaves no tmpfs file
         if removed:
@@ -239,7 +241,27 @@ class _GateRun:
             folder.leave()
         sys.stdout.flush()
         sys.stderr.flush()
+        if code == rep.EXIT_PASSED and _ends_by_returning():
+            self.watchdog.stop()
+            self.ended = code
+            return code
         os._exit(code)
+
+    def _enter_finish(self, emergency: Optional[str]) -> None:
+        """Let one finisher through. An emergency one (watchdog, SIGTERM) that finds another
+        under way waits for it up to 10 s, then ends the process: with the code the other
+        finisher ended this rank with, once it has (a rank that returned to torch's agent,
+        see :func:`_ends_by_returning`, may still be signalled), else failed (the other
+        finisher is stuck; never hang)."""
+        if not emergency:
+            self._finish_lock.acquire()
+            return
+        give_up = time.monotonic() + 10.0
+        while not self._finish_lock.acquire(timeout=0.05):
+            if self.ended is not None:
+                os._exit(self.ended)
+            if time.monotonic() >= give_up:
+                os._exit(rep.EXIT_FAILED)
 
     def _post(self, name: str, payload: Dict[str, Any]) -> None:
         try:
@@ -339,6 +361,20 @@ class _GateRun:
         return rep.EXIT_SKIPPED
 
 
+def _ends_by_returning() -> bool:
+    """Whether a passing rank must return instead of ``os._exit(0)``.
+
+    torchrun starts each rank as a program, and a rank ends with ``os._exit(code)``: the
+    exit code is the verdict, and no stuck backend thread can hold the process open. A
+    rank that torch's elastic agent runs as a Python *function* in a multiprocessing child
+    (``torchrun --run-path``, ``tests/gates/launch_forked.py``) is counted as done only when
+    that function returns; a child that ends by ``os._exit(0)`` leaves the agent polling
+    forever. So there, and only for a pass on the main thread, the rank returns 0; a
+    failure still ends with its non-zero ``os._exit`` code, which the agent sees either way.
+    """
+    return multiprocessing.parent_process() is not None and threading.current_thread() is threading.main_thread()
+
+
 def _report_path_problem(path: Optional[str]) -> Optional[str]:
     """Why a report (or event log) could not be written to ``path``, checked before any
     rank starts work: a run whose verdict cannot be saved is refused up front."""
@@ -355,7 +391,8 @@ def _report_path_problem(path: Optional[str]) -> Optional[str]:
 
 
 def run_gate(spec: GateSpec, argv: Optional[List[str]] = None) -> int:
-    """Parse flags, then run this rank; returns only for usage errors and skips."""
+    """Parse flags, then run this rank; returns only for usage errors, skips and (a rank run
+    as a function, see :func:`_ends_by_returning`) a pass."""
     parser = build_parser(spec)
     args = parser.parse_args(argv)
     problem = _report_path_problem(args.report) or _report_path_problem(args.event_log)

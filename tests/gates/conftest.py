@@ -1,8 +1,15 @@
-"""Launch GPU gates under torchrun on CPU (gloo) and read their JSON reports.
+"""Launch GPU gates under torch's elastic agent on CPU (gloo) and read their JSON reports.
+
+Two launchers, one agent: ``torchrun`` (``python -m torch.distributed.run``, each rank a
+new ``python`` process: the documented command) and ``forked``
+(``tests/gates/launch_forked.py``: the same torchrun, its ranks forked from the agent, so
+torch is imported once per launch instead of once per process). Each gate's clean pass
+(or its command-line test) runs under ``torchrun``; the other tests, its failure modes,
+run ``forked`` (the default), which costs a fraction of the CPU on a 2-core machine.
 
 Each launch runs in its own session so a timeout can kill the whole process tree, and
 every launch's command line carries a unique report path, which is how the orphan check
-finds any worker that outlived its launcher.
+finds any worker that outlived its launcher (a forked rank carries its launcher's).
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ from tests.session_lock import take_turns
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_ENV = "RLHARNESS_GATE_TEST_HOOK"
+LAUNCHERS = ("forked", "torchrun")
+#: ``RLHARNESS_GATE_LAUNCHER=torchrun`` runs every launch of the suite under torchrun
+#: (to compare the two launchers, or where forking is not wanted).
+LAUNCHER_ENV = "RLHARNESS_GATE_LAUNCHER"
+#: Modules a gate's ranks import lazily, preloaded by the forked launcher so its ranks
+#: share one import (torch.optim's optimizers import torch._dynamo on first use: ~1 CPU s).
+PRELOAD = {"train_pump_parity": ("torch._dynamo",)}
 
 
 def pytest_configure(config):
@@ -75,6 +89,8 @@ class GateRun:
     survivors: List[int] = field(default_factory=list)
     timed_out: bool = False
     port: int = 0  # the rendezvous port of the launch that produced this result
+    launcher: str = "torchrun"  # which of LAUNCHERS started it
+    launcher_pid: int = 0
 
     def rank_report(self, rank: int) -> Optional[Dict]:
         path = self.report_path.with_name(f"{self.report_path.stem}.rank{rank}.json")
@@ -106,19 +122,24 @@ def _port_taken(run: "GateRun") -> bool:
 
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
                 timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
-                first_ports: Sequence[int] = (), own_folders: bool = True) -> GateRun:
-    """Launch a gate under torchrun on a free port; a port lost to a concurrent job
-    (the probe closes it before torchrun binds it) is retried on a new one.
+                first_ports: Sequence[int] = (), own_folders: bool = True, launcher: str = "forked",
+                preload: Sequence[str] = ()) -> GateRun:
+    """Launch a gate under torch's agent on a free port; a port lost to a concurrent job
+    (the probe closes it before the agent binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds).
     ``own_folders``: this launcher creates the run's socket and staging folders and
     removes them after the job, whatever happened to its ranks (a killed rank runs no
-    handler); ``False`` leaves them to the gate (as a hand-launched ``torchrun`` does)."""
+    handler); ``False`` leaves them to the gate (as a hand-launched ``torchrun`` does).
+    ``launcher``: ``"forked"`` (ranks forked from the agent, ``preload`` and
+    :data:`PRELOAD` imported there first) or ``"torchrun"`` (the documented command)."""
+    launcher = os.environ.get(LAUNCHER_ENV) or launcher
+    assert launcher in LAUNCHERS, f"{LAUNCHER_ENV}={launcher!r}: one of {LAUNCHERS}"
     ports = iter(first_ports)
     with _one_gate_at_a_time(tmp_path):
         for _ in range(3):
             with _launcher_folders(own_folders, extra_env) as folder_env:
                 run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s,
-                                   {**folder_env, **(extra_env or {})})
+                                   {**folder_env, **(extra_env or {})}, launcher, (*PRELOAD.get(gate, ()), *preload))
             if not _port_taken(run):
                 break
     return run
@@ -162,12 +183,19 @@ def _one_gate_at_a_time(tmp_path: Path):
         yield
 
 
+def _launcher_command(launcher: str, preload: Sequence[str]) -> List[str]:
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run"]
+    return [sys.executable, str(REPO / "tests" / "gates" / "launch_forked.py"),
+            *(arg for module in preload for arg in ("--preload", module))]
+
+
 def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: Optional[str], timeout_s: float,
-                 extra_env: Optional[Dict[str, str]]) -> GateRun:
+                 extra_env: Optional[Dict[str, str]], launcher: str, preload: Sequence[str]) -> GateRun:
     report = tmp_path / f"{gate}-report.json"
     # --log-dir: without it torchrun's agent makes a torchelastic_* folder in the system
     # temp folder for every launch and never removes it (thousands over a day of runs)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+    cmd = [*_launcher_command(launcher, preload), "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(port), "--log-dir", str(tmp_path / "torchrun-logs"),
            str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
@@ -197,7 +225,8 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
         if not survivors:
             break
         time.sleep(0.05)
-    run = GateRun(proc.returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out, port=port)
+    run = GateRun(proc.returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out, port=port,
+                  launcher=launcher, launcher_pid=proc.pid)
     if report.exists():
         run.report = json.loads(report.read_text())
     return run

@@ -18,7 +18,7 @@ def oracle(run):
 
 
 def test_leader_gate_on_gives_one_write_per_sample_field_per_replica(gate_runner):
-    run = gate_runner("dataplane_writeback", 4, "--tp", "2", "--cycles", "2")
+    run = gate_runner("dataplane_writeback", 4, "--tp", "2", "--cycles", "2", launcher="torchrun")
     assert run.returncode == 0 and run.report["status"] == "passed", run.output[-3000:]
     s = run.report["summary"]
     assert (s["dp"], s["tp"], s["leader_gate"], s["refused_writes"]) == (2, 2, True, 0)

@@ -16,7 +16,7 @@ def _driver_records(report):
 
 
 def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
-    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50")
+    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", launcher="torchrun")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed", report["message"]

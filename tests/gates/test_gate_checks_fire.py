@@ -46,6 +46,16 @@ def raise_at_sync(module_gate_launch, module_private_shm):
     return run, os.listdir(module_private_shm)
 
 
+def test_ranks_are_separate_processes_in_one_gloo_group_none_the_launcher(raise_at_sync):
+    # the forked launcher (the default here) changes only how a rank process starts: each
+    # rank is still a process of its own in the job's gloo group, and none is the launcher
+    run, _ = raise_at_sync
+    report = run.ended_cleanly().report
+    pids = [r["pid"] for r in report["ranks"]]
+    assert len(set(pids)) == report["world_size"] == 4 and run.launcher_pid not in pids
+    assert report["backend"] == "gloo"
+
+
 @pytest.mark.waits_out_a_deadline
 def test_a_timed_out_sync_leaves_no_tmpfs_file(gate_runner, private_shm):
     # the IPC receiver (rank 2) hangs at the sync: the owner has already written its staging

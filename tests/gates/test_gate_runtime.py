@@ -92,3 +92,25 @@ def test_bad_hook_env_is_a_usage_error_with_one_line():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown hook 'explode'" in proc.stderr
+
+
+ENDED_THEN_SIGNALLED = """
+import threading
+from gpu_gates import runtime
+run = runtime._GateRun.__new__(runtime._GateRun)  # only what finishing needs
+run._finish_lock, run.ended = threading.Lock(), None
+run._finish_lock.acquire()  # the main thread's finish is under way ...
+threading.Timer(0.3, lambda: setattr(run, "ended", {code})).start()  # ... and ends the rank
+run._enter_finish("terminated by SIGTERM")  # os._exit: the code says which way it left
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_signal_after_the_rank_ended_leaves_with_its_code_at_once(code):
+    # A passing rank that torch's agent runs as a function returns instead of exiting
+    # (tests/gates/launch_forked.py); the agent may still SIGTERM it while it waits to be
+    # collected. The emergency finisher must then leave with the code the rank ended
+    # with, at once, not wait out its 10 s and leave failed (exit 1: a pass turned into a failure).
+    proc = subprocess.run([sys.executable, "-c", ENDED_THEN_SIGNALLED.format(code=code)], cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr

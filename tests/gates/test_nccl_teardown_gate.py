@@ -12,7 +12,7 @@ HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and importlib.ut
 
 
 def test_full_teardown_with_torch_groups_passes(gate_runner):
-    run = gate_runner("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--cycles", "3")
+    run = gate_runner("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--cycles", "3", launcher="torchrun")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed"
@@ -47,7 +47,7 @@ MEGATRON_0_16_1_SURVIVORS = [
 
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core not installed")
 def test_megatron_modes_report_what_survived(gate_runner):
-    run = gate_runner("nccl_teardown", 2, "--mode", "both", "--cycles", "2")
+    run = gate_runner("nccl_teardown", 2, "--mode", "both", "--cycles", "2", preload=["megatron.core.parallel_state"])
     modes = run.report["summary"]["modes"]
     assert modes["full"]["status"] == "passed" and modes["full"]["builder"] == "megatron"
     megatron = modes["megatron"]

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.gate
 
 
 def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_runner, private_shm):
-    run = gate_runner("refit_stream", 2, "--cycles", "3", timeout_s=180, extra_env={"RLHARNESS_SHM_DIR": private_shm})
+    run = gate_runner("refit_stream", 2, "--cycles", "3", timeout_s=180, extra_env={"RLHARNESS_SHM_DIR": private_shm},
+                      launcher="torchrun")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed" and report["missing_ranks"] == []

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gate
 
 
 def test_selective_sync_passes_with_ipc_and_broadcast_paths(gate_runner):
-    run = gate_runner("selective_sync", 4, "--cycles", "3")
+    run = gate_runner("selective_sync", 4, "--cycles", "3", launcher="torchrun")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed" and report["exit_code"] == 0

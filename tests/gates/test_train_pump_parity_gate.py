@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gate
 
 
 def test_streaming_split_api_under_dp_equals_the_synchronous_step(gate_runner):
-    run = gate_runner("train_pump_parity", 2, "--cycles", "2")
+    run = gate_runner("train_pump_parity", 2, "--cycles", "2", launcher="torchrun")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed" and report["backend"] == "gloo" and report["world_size"] == 2

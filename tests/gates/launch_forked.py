@@ -1,0 +1,93 @@
+"""torchrun for the test suite, its ranks forked from one process that imported torch once.
+
+    python tests/gates/launch_forked.py [--preload MODULE]... [TORCHRUN FLAGS] gpu_gates/GATE.py [GATE FLAGS]
+
+is torch's own ``torchrun --run-path --start-method fork [TORCHRUN FLAGS] GATE.py [GATE FLAGS]``
+(``torch.distributed.run``: its flags, its ``LaunchConfig``, its ``LocalElasticAgent``)
+after the launching process has imported the gate's module and each ``--preload`` module.
+
+Why: on a 2-core CI machine a gate launch's CPU is mostly interpreter and ``import torch``
+start-up (about 1.2 CPU s per process), paid by torchrun's agent and again by every rank:
+a 6-rank launch is 7 torch imports. Forked from the agent, the ranks start with torch,
+the gate and the preloaded modules already in memory: one import per launch.
+
+What is the same as ``torchrun gpu_gates/GATE.py``: everything but how a rank process
+starts. The agent, the static rendezvous on ``--master-port``, the environment of each
+rank (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_*``), its monitoring, the teardown of the other ranks when one exits
+non-zero (SIGTERM, then SIGKILL), ``--log-dir`` and the launcher's exit code (0 when every
+rank ended 0, else 1 with torch's failure summary). The ranks are separate processes in
+a real process group, and the gate file runs as ``__main__`` as it does under torchrun.
+
+What differs, and only there: a rank is a fork of the agent (``multiprocessing``'s fork
+start method) running the gate file through ``runpy`` (torch's ``--run-path``), not a new
+``python -u GATE.py``. So a passing rank returns 0 to the agent rather than ending with
+``os._exit(0)`` (``gpu_gates/runtime.py: _ends_by_returning``; torch counts a function
+rank as done only when it returns), every rank's command line is this launcher's, and
+the ranks inherit the agent's signal handlers until the gate installs its own. The agent
+has torch's TCP store thread running when it forks (Python 3.12+ warns about forking a
+threaded process); the thread only serves the store, and a child never touches it.
+This is a CPU test tool: on a GPU node, use torchrun (CUDA cannot follow a fork).
+The suite keeps one real ``torchrun`` launch per gate (tests/gates/conftest.py), so the
+documented command stays tested.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import sys
+from typing import List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GATES = os.path.join(REPO, "gpu_gates")
+
+
+def split_preloads(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """The leading ``--preload MODULE`` pairs, and the torchrun command line after them."""
+    preload: List[str] = []
+    while len(argv) >= 2 and argv[0] == "--preload":
+        preload.append(argv[1])
+        argv = argv[2:]
+    return preload, argv
+
+
+def gate_module(script: str) -> Optional[str]:
+    """``gpu_gates.X`` for a script ``gpu_gates/X.py`` of this checkout, else None."""
+    path = os.path.abspath(script)
+    if os.path.dirname(path) == GATES and path.endswith(".py"):
+        return "gpu_gates." + os.path.basename(path)[:-3]
+    return None
+
+
+def unbuffered_std_streams() -> None:
+    """What torchrun's ``python -u`` gives each rank: stdout and stderr written at once,
+    so a rank killed mid-run (``kill@POINT``) loses nothing it printed."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        old.flush()
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors,
+                                            line_buffering=False, write_through=True))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    preload, torchrun_argv = split_preloads(list(sys.argv[1:] if argv is None else argv))
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)  # the gate modules, as the gate file's own sys.path line does
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    args = torchrun.parse_args(torchrun_argv)
+    args.run_path, args.start_method = True, "fork"
+    args.training_script = os.path.abspath(args.training_script)  # --run-path wants it absolute
+    gate = gate_module(args.training_script)
+    for module in ([gate] if gate else []) + preload:
+        importlib.import_module(module)
+    unbuffered_std_streams()
+    record(torchrun.run)(args)
+
+
+if __name__ == "__main__":
+    main()
