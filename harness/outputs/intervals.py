@@ -9,11 +9,13 @@ summary module's docstring.
 from __future__ import annotations
 
 import math
-from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.streaming_effects import STREAMING_TRAINER_EFFECTS
@@ -173,6 +175,22 @@ class GpuSlice:
         return (self.gpu, self.start, -(self.end - self.start), self.seq, self.label)
 
 
+_SLICE_FIELDS = ("gpu", "start", "end", "kind", "pipeline_id", "label", "args", "seq")
+
+
+def new_slice(gpu: int, start: float, end: float, kind: str, pipeline_id: str, label: str, args: Dict[str, Any],
+              seq: int) -> GpuSlice:
+    """``GpuSlice(...)`` with every field given, about a third faster: the frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``; here the
+    instance's dict is filled at once (a 1024-GPU run builds ~400 thousand slices)."""
+    s = _new_object(GpuSlice)
+    s.__dict__.update(zip(_SLICE_FIELDS, (gpu, start, end, kind, pipeline_id, label, args, seq)))
+    return s
+
+
+_new_object = object.__new__
+
+
 def sort_slices(slices: List[GpuSlice]) -> None:
     """``slices.sort(key=GpuSlice.sort_key)``, faster: numpy sorts the numeric part of the
     key (see :func:`column_order`)."""
@@ -229,7 +247,8 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
             want = canonical_json(r.get("args"))
             idx = next((i for i, s in enumerate(pending) if canonical_json(s.get("args")) == want), 0)
         out.append(make(pending.pop(idx), r))
-    for key in sorted(open_, key=lambda k: tuple("" if v is None else str(v) for v in k)):
+    still_open = [key for key, pending in open_.items() if pending]  # (a closed key keeps an empty list)
+    for key in sorted(still_open, key=lambda k: tuple("" if v is None else str(v) for v in k)):
         for s in open_[key]:
             out.append(make(s, None))
     out.sort(key=lambda iv: (iv.start, iv.seq))
@@ -305,14 +324,14 @@ def slices_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], 
             args["error"] = iv.error
         label = effect_label(iv)
         for g in iv.gpus:
-            out.append(GpuSlice(g, iv.start, iv.end, kind, iv.pipeline_id, label, args, iv.seq))
+            out.append(new_slice(g, iv.start, iv.end, kind, iv.pipeline_id, label, args, iv.seq))
     for rv in ranks:
         args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
         if rv.open:
             args["open"] = True
         label = f"generate {rv.pipeline_id} dp{rv.dp_rank}"
         for g in rv.gpus:
-            out.append(GpuSlice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
+            out.append(new_slice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
     sort_slices(out)
     return out
 
@@ -357,9 +376,8 @@ class RunView:
         """:func:`all_gpus`, from the shared pass."""
         nodes, gpn = self.shape
         ids = set(range(nodes * gpn)) | self._index.gpu_ids
-        for r in self.of("oom", "vram"):
-            if r is not self.records[0] and isinstance(r.get("gpu"), int):
-                ids.add(r["gpu"])
+        for kind in ("oom", "vram"):  # (the header is neither)
+            ids |= {g for r in self.of(kind) if isinstance(g := r.get("gpu"), int)}
         return sorted(ids)
 
     @cached_property
@@ -413,33 +431,25 @@ class _LogIndex:
     summary's pipeline list each walked the whole log for."""
 
     def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
-        by_kind: Dict[Any, Tuple[List[Mapping[str, Any]], array]] = {}
-        appenders: Dict[Any, Tuple[Any, Any]] = {}
-        get = appenders.get
-        for i, r in enumerate(records):
-            add = get(r.get("kind"))
-            if add is None:
-                entry = by_kind[r.get("kind")] = ([], array("q"))
-                add = appenders[r.get("kind")] = (entry[0].append, entry[1].append)
-            add[0](r)
-            add[1](i)
-        self.by_kind = by_kind
-        # then, kind by kind (comprehensions: a fraction of a loop's cost per record)
+        # group the positions by kind with numpy (a stable sort of each record's kind
+        # code), then take each kind's records: no Python loop body per record
+        code_of: Dict[Any, int] = {}
+        codes = np.array([code_of.setdefault(kind, len(code_of)) for kind in [r.get("kind") for r in records]],
+                         dtype=np.int64)
+        order = np.argsort(codes, kind="stable")
+        ends = np.cumsum(np.bincount(codes, minlength=len(code_of))).tolist()
+        self.by_kind: Dict[Any, Tuple[List[Mapping[str, Any]], np.ndarray]] = {}
+        for kind, code in code_of.items():
+            positions = order[(ends[code - 1] if code else 0):ends[code]]
+            self.by_kind[kind] = ([records[i] for i in positions.tolist()], positions)
         t0 = records[0].get("t", 0.0) if records else 0.0
-        self.t_max: Optional[float] = None
-        gpu_lists: List[Any] = []
-        pids: set = set()
-        for recs, positions in by_kind.values():
-            after_header = recs[1:] if positions[0] == 0 else recs
-            t_max = max(float(r.get("t", t0)) for r in recs)
-            if self.t_max is None or t_max > self.t_max:
-                self.t_max = t_max
-            gpu_lists += [gs for r in after_header if (gs := r.get("gpus"))]
-            try:
-                pids |= {r.get("pipeline_id") for r in after_header}
-            except TypeError:  # an unhashable pipeline id: not a str, so not one
-                pids |= {p for r in after_header if isinstance(p := r.get("pipeline_id"), str)}
+        self.t_max: Optional[float] = max(map(float, [r.get("t", t0) for r in records])) if records else None
+        gpu_lists = [gs for r in islice(records, 1, None) if (gs := r.get("gpus"))]
         self.gpu_ids = {g for gs in gpu_lists for g in gs if isinstance(g, int)}
+        try:
+            pids = {r.get("pipeline_id") for r in islice(records, 1, None)}
+        except TypeError:  # an unhashable pipeline id: not a str, so not one
+            pids = {p for r in islice(records, 1, None) if isinstance(p := r.get("pipeline_id"), str)}
         self.pipeline_ids = {p for p in pids if isinstance(p, str)}
 
     def of(self, kinds: Sequence[str]) -> Sequence[Mapping[str, Any]]:
@@ -448,8 +458,9 @@ class _LogIndex:
             return []
         if len(parts) == 1:
             return parts[0][0]
-        merged = sorted((pos, n, r) for n, (recs, positions) in enumerate(parts) for pos, r in zip(positions, recs))
-        return [r for _, _, r in merged]
+        merged = [r for recs, _ in parts for r in recs]
+        order = np.argsort(np.concatenate([positions for _, positions in parts]), kind="stable")
+        return [merged[i] for i in order.tolist()]
 
 
 def as_view(log: Log) -> RunView:

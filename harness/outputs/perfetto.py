@@ -128,8 +128,8 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
     slices = view.slices
     lanes = view.lanes
     n_lanes: Dict[int, int] = {g: 1 for g in gpus}
-    for s, lane in zip(slices, lanes):
-        n_lanes[s.gpu] = max(n_lanes.get(s.gpu, 1), lane + 1)
+    for g, lane in set(zip([s.gpu for s in slices], lanes)):  # each GPU's lanes, once
+        n_lanes[g] = max(n_lanes.get(g, 1), lane + 1)
 
     node_ids = sorted({g // gpn for g in n_lanes} | set(range(nodes)))
     node_pid = {n: n + 1 for n in node_ids}

@@ -264,7 +264,7 @@ def _draw_bar_image(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int], r
     colours = [tuple(int(KIND_STYLE[k][1][i:i + 2], 16) / 255 for i in (1, 3, 5)) for k in order]
     image = bar_image((start - x_lo) * to_px, (end - x_lo) * to_px, y0 * y_px, (y0 + lane_h) * y_px,
                       codes, colours, width, height)
-    ax.imshow(np.rint(image * 255).astype(np.uint8), extent=(x_lo, x_hi, len(row_of), 0), origin="upper", aspect="auto",
+    ax.imshow(image, extent=(x_lo, x_hi, len(row_of), 0), origin="upper", aspect="auto",
               interpolation="nearest", resample=False, zorder=1)
     return {order[c] for c in np.unique(codes)}
 

@@ -56,9 +56,10 @@ def test_bar_image_mixes_the_colours_by_coverage():
     x0, x1 = np.array([0.0, 0.5, 1.0]), np.array([0.5, 1.0, 1.25])
     y0, y1 = np.zeros(3), np.ones(3)
     image = bar_image(x0, x1, y0, y1, np.array([0, 1, 0]), [red, blue], 3, 1)
-    assert np.allclose(image[0, 0], [0.5, 0.0, 0.5, 1.0])
-    assert np.allclose(image[0, 1], [1.0, 0.0, 0.0, 0.25])
-    assert image[0, 2, 3] == 0.0  # nothing there: transparent
+    assert image.dtype == np.uint8
+    assert image[0, 0].tolist() == [128, 0, 128, 255]
+    assert image[0, 1].tolist() == [255, 0, 0, 64]
+    assert image[0, 2, 3] == 0  # nothing there: transparent
 
 
 def test_column_order_is_the_order_sort_canon_last_gives():
@@ -160,3 +161,16 @@ def test_a_picture_of_64_gpus_is_still_drawn_bar_by_bar(nodes):
         assert calls == [1]
     finally:
         timeline._draw_bar_image = real
+
+
+def test_new_slice_is_the_dataclass_with_every_field():
+    import dataclasses
+
+    from harness.outputs.intervals import GpuSlice, new_slice
+
+    fields = dict(gpu=3, start=1.5, end=2.0, kind="train", pipeline_id="p", label="Compute p", args={"a": 1}, seq=9)
+    made = new_slice(*fields.values())
+    assert made == GpuSlice(**fields) and dataclasses.asdict(made) == fields and list(fields) == [
+        f.name for f in dataclasses.fields(GpuSlice)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.gpu = 4
