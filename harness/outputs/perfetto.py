@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
+from itertools import chain
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
 from harness.outputs.canonical_order import canonical_json, column_order
-from harness.outputs.intervals import GpuSlice, Log, as_view, assign_lanes, sort_slices
+from harness.outputs.intervals import GpuSlice, Log, RunView, as_view, assign_lanes, sort_slices
 
 Number = Union[int, float]
 _PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}
@@ -118,17 +119,27 @@ def _plan_args(plan: Mapping[str, Any]) -> Dict[str, Any]:
     }
 
 
-def chrome_trace(log: Log) -> Dict[str, Any]:
-    """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}.
-    ``log``: the records (header first) or a :class:`RunView` of them."""
-    view = as_view(log)
+class _Trace:
+    """A trace with its events not yet built: the metadata events, then ``count`` events
+    in the order ``order``, each built by ``event(i)`` when it is written. The 1024-GPU
+    run's trace has ~400 thousand slice events; as dicts all at once they were ~180 MB
+    on top of the log (the run's peak); here only their sort columns are held, and
+    :func:`iter_chrome_trace` builds and encodes them a chunk at a time."""
+
+    def __init__(self, head: Dict[str, Any], meta: List[Dict[str, Any]], order: List[int],
+                 event: Callable[[int], Dict[str, Any]]) -> None:
+        self.head, self.meta, self.order, self.event = head, meta, order, event
+
+
+def _trace(view: RunView) -> _Trace:
     t0, t1 = view.bounds
     nodes, gpn = view.shape
     gpus = view.gpus
     slices = view.slices
     lanes = view.lanes
+    slice_gpus = [s.gpu for s in slices]
     n_lanes: Dict[int, int] = {g: 1 for g in gpus}
-    for g, lane in set(zip([s.gpu for s in slices], lanes)):  # each GPU's lanes, once
+    for g, lane in set(zip(slice_gpus, lanes)):  # each GPU's lanes, once
         n_lanes[g] = max(n_lanes.get(g, 1), lane + 1)
 
     node_ids = sorted({g // gpn for g in n_lanes} | set(range(nodes)))
@@ -136,7 +147,7 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
     sched_pid = max(node_pid.values()) + 1
 
     meta: List[Dict[str, Any]] = []
-    events: List[Dict[str, Any]] = []
+    events: List[Dict[str, Any]] = []  # every event but the GPU slices' (a few thousand)
 
     def m(name: str, pid: int, tid: int, args: Dict[str, Any]) -> None:
         meta.append({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args})
@@ -159,10 +170,10 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
             m("thread_sort_index", node_pid[node], next_tid, {"sort_index": next_tid})
             next_tid += 1
 
-    starts, durs = _us_and_dur_us([s.start for s in slices], [s.end for s in slices])
-    for s, lane, ts, dur in zip(slices, lanes, starts, durs):
-        events.append({"name": s.label, "cat": s.kind, "ph": "X", "ts": ts, "dur": dur, "pid": node_pid[s.gpu // gpn],
-                       "tid": tid_of[(s.gpu, lane)], "args": s.args})
+    # the GPU slices' events, as columns (each built into a dict only when written)
+    slice_ts, slice_dur = _us_and_dur_us([s.start for s in slices], [s.end for s in slices])
+    slice_pid = [node_pid[g // gpn] for g in slice_gpus]
+    slice_tid = [tid_of[key] for key in zip(slice_gpus, lanes)]
 
     sched_tid = next_tid
     events_tid = next_tid + 1
@@ -209,13 +220,27 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
                            "pid": sched_pid, "tid": events_tid, "args": args})
 
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
-    # by (ts, pid, tid, phase, longest first, name, canonical args)
-    order = column_order([[e["ts"] for e in events], [e["pid"] for e in events], [e["tid"] for e in events],
-                          [_PH_ORDER.get(e["ph"], 9) for e in events], [-e.get("dur", 0) for e in events]],
-                         lambda i: (events[i]["name"],), lambda i: events[i].get("args"))
-    events = [events[i] for i in order]
-    return {
-        "traceEvents": meta + events,
+    n_slices = len(slices)
+
+    def event(i: int) -> Dict[str, Any]:
+        if i >= n_slices:
+            return events[i - n_slices]
+        s = slices[i]
+        return {"name": s.label, "cat": s.kind, "ph": "X", "ts": slice_ts[i], "dur": slice_dur[i],
+                "pid": slice_pid[i], "tid": slice_tid[i], "args": s.args}
+
+    def name_of(i: int) -> tuple:
+        return (slices[i].label if i < n_slices else events[i - n_slices]["name"],)
+
+    def args_of(i: int) -> Any:
+        return slices[i].args if i < n_slices else events[i - n_slices].get("args")
+
+    # events (slices first, then the rest) by (ts, pid, tid, phase, longest first, name, canonical args)
+    order = column_order([slice_ts + [e["ts"] for e in events], slice_pid + [e["pid"] for e in events],
+                          slice_tid + [e["tid"] for e in events],
+                          [_PH_ORDER["X"]] * n_slices + [_PH_ORDER.get(e["ph"], 9) for e in events],
+                          [-d for d in slice_dur] + [-e.get("dur", 0) for e in events]], name_of, args_of)
+    head = {
         "displayTimeUnit": "ms",
         "otherData": {
             "generator": "rlharness harness.outputs.perfetto",
@@ -225,6 +250,14 @@ def chrome_trace(log: Log) -> Dict[str, Any]:
             "sim_end_s": t1,
         },
     }
+    return _Trace(head, meta, order, event)
+
+
+def chrome_trace(log: Log) -> Dict[str, Any]:
+    """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}.
+    ``log``: the records (header first) or a :class:`RunView` of them."""
+    trace = _trace(as_view(log))
+    return {"traceEvents": trace.meta + [trace.event(i) for i in trace.order], **trace.head}
 
 
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
@@ -262,14 +295,16 @@ def iter_chrome_trace(log: Log) -> Iterator[str]:
     """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact) in chunks whose
     concatenation is exactly ``json.dumps`` of the whole: a 1024-GPU run's trace is a few
     hundred MB of text that is never held as one string (and again as its bytes)."""
-    trace = chrome_trace(log)
-    events = trace.pop("traceEvents")
-    head = _ENCODE(trace)
-    assert all(key < "traceEvents" for key in trace)  # so it is the last key: head is "{...}"
+    trace = _trace(as_view(log))
+    head = _ENCODE(trace.head)
+    assert all(key < "traceEvents" for key in trace.head)  # so it is the last key: head is "{...}"
     yield head[:-1] + ',"traceEvents":['
-    for i in range(0, len(events), _EVENTS_PER_CHUNK):
-        body = _encode_events(events[i:i + _EVENTS_PER_CHUNK])[1:-1]  # one C-level call per chunk
-        yield body if i == 0 else "," + body
+    n = _EVENTS_PER_CHUNK
+    meta_chunks = (trace.meta[at:at + n] for at in range(0, len(trace.meta), n))
+    event_chunks = ([trace.event(i) for i in trace.order[at:at + n]] for at in range(0, len(trace.order), n))
+    for k, chunk in enumerate(chain(meta_chunks, event_chunks)):
+        body = _encode_events(chunk)[1:-1]  # one C-level call per chunk
+        yield body if k == 0 else "," + body
     yield "]}"
 
 
