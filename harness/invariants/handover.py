@@ -27,6 +27,7 @@ hands while they are there.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Dict, List, Optional, Set, Tuple
 
 from harness.invariants.base import Records, Violation, invariant
@@ -37,6 +38,7 @@ INFER_RESIDUE_BYTES = 1 * GiB  # post-sleep VRAM assertion (RLix F2 plan, MILES 
 TRAIN_RESIDUE_BYTES = 0  # offload + group destroy leave no training bytes (rlix.md §4 F11)
 
 
+@lru_cache(maxsize=4096)  # a run has a few hundred owners and ~600 thousand VRAM records
 def cluster_of(owner: str) -> Optional[str]:
     """The cluster an allocation owner belongs to; None for a process's CUDA context. The
     cache owner's staging buffers (``P/sync``) are the training worker's (RLix's sender

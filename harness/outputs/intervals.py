@@ -410,15 +410,27 @@ class RunView:
     @cached_property
     def lanes(self) -> List[int]:
         """:func:`assign_lanes` of :attr:`slices` (the Perfetto trace's tracks)."""
-        return assign_lanes(self.slices)
+        return self._lane_sets[0]
 
     @cached_property
     def work_lanes(self) -> List[int]:
-        """:func:`assign_lanes` of :attr:`work_slices` (the timeline's lanes): the same
-        as :attr:`lanes` when no slice is of kind "other", so assigned once then."""
-        if len(self.work_slices) == len(self.slices):
-            return self.lanes
-        return assign_lanes(self.work_slices)
+        """:func:`assign_lanes` of :attr:`work_slices` (the timeline's lanes)."""
+        return self._lane_sets[1]
+
+    @cached_property
+    def _lane_sets(self) -> Tuple[List[int], List[int]]:
+        """Both lane assignments from one sort: the work slices, a subsequence of the
+        slices, are in the same relative order when only they are sorted."""
+        slices, work = self.slices, self.work_slices
+        order = lane_order(slices)
+        lanes = greedy_lanes(slices, order)
+        if len(work) == len(slices):
+            return lanes, lanes
+        index_in_work: Dict[int, int] = {}
+        for i, s in enumerate(slices):
+            if s.kind != "other":
+                index_in_work[i] = len(index_in_work)
+        return lanes, greedy_lanes(work, [index_in_work[i] for i in order if i in index_in_work])
 
 
 Log = Union[Sequence[Mapping[str, Any]], RunView]
@@ -473,11 +485,21 @@ def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
     seq) order take the lowest lane whose previous slice has ended — interval partitioning,
     so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
     (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
+    return greedy_lanes(slices, lane_order(slices))
+
+
+def lane_order(slices: Sequence[GpuSlice]) -> List[int]:
+    """The positions of ``slices`` in the order lanes are assigned: (gpu, start, end, seq,
+    label, canonical args)."""
+    return column_order([[s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices],
+                         [s.seq for s in slices]], lambda i: (slices[i].label,), lambda i: slices[i].args)
+
+
+def greedy_lanes(slices: Sequence[GpuSlice], order: Sequence[int]) -> List[int]:
+    """The lanes of :func:`assign_lanes`, the slices visited in ``order`` (:func:`lane_order`)."""
     gpus = [s.gpu for s in slices]
     starts = [s.start for s in slices]
     ends = [s.end for s in slices]
-    order = column_order([gpus, starts, ends, [s.seq for s in slices]],
-                         lambda i: (slices[i].label,), lambda i: slices[i].args)  # then the label, the args
     lanes = [0] * len(slices)
     lane_end: Dict[int, List[float]] = defaultdict(list)
     for i in order:

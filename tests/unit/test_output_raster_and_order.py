@@ -174,3 +174,26 @@ def test_new_slice_is_the_dataclass_with_every_field():
         f.name for f in dataclasses.fields(GpuSlice)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.gpu = 4
+
+
+def test_a_views_two_lane_sets_are_each_assign_lanes_of_its_slices():
+    """The trace's lanes (every slice) and the picture's (without kind "other") share one
+    sort; each must still be assign_lanes of its own slices."""
+    from harness.outputs.intervals import RunView, assign_lanes
+
+    recs = _dense_log(nodes=1, gpn=8)
+    sim_end = recs.pop()
+
+    def effect(t0, t1, name, gpus):
+        common = dict(pipeline_id="p0", effect=name, args={}, scope="expand", step=None, cycle=3, gpus=gpus)
+        recs.append({"seq": len(recs), "t": float(t0), "kind": "effect_start", **common})
+        recs.append({"seq": len(recs), "t": float(t1), "kind": "effect_end", **common})
+
+    effect(5, 45, "Activate", [0, 1, 2])  # "other": a lane of its own beside the training
+    effect(50, 55, "MarkInactive", [3])
+    effect(20, 70, "SyncFromCache", [0, 3])
+    recs.append(dict(sim_end, seq=len(recs)))
+    view = RunView(recs)
+    assert any(s.kind == "other" for s in view.slices)
+    assert view.lanes == assign_lanes(view.slices) and max(view.lanes) >= 2
+    assert view.work_lanes == assign_lanes(view.work_slices) != view.lanes
