@@ -1,8 +1,8 @@
 """Suite-wide setup.
 
-The suite runs under pytest-xdist (``-n auto`` in pyproject.toml); torchrun gate
-launches of one session take turns (``tests/gates/conftest.py``), the rest runs beside
-them. The rlharness pytest plugin is loaded here when the environment's install
+The suite runs under pytest-xdist (``-n auto`` in pyproject.toml: a worker per core plus
+one, see ``pytest_xdist_auto_num_workers``); gate launches of one session take turns in
+two lanes (``tests/gates/conftest.py``), the rest runs beside them. The rlharness pytest plugin is loaded here when the environment's install
 predates its entry point. The leak guard (``tests/leak_guard.py``) fails the session if it
 left project files in ``/dev/shm`` or the temp folder.
 """
@@ -10,6 +10,7 @@ left project files in ``/dev/shm`` or the temp folder.
 from __future__ import annotations
 
 import importlib
+import os
 from collections import OrderedDict
 
 import pytest
@@ -29,18 +30,32 @@ def pytest_configure(config):
 
 
 #: xdist work units that start first, in this order (a test file is a unit, see addopts).
-#: The gate tests are one unit: their torchrun launches take turns anyway (one lock per
-#: session), so they form a chain that is most of the suite's CPU time; started first on
-#: one worker, the chain runs beside everything else instead of after it. Next, the
-#: files that start a local Ray (its start-up is long and Ray starts take turns too).
-#: Everything else follows in xdist's own order (most tests first).
-FIRST_UNITS = ("tests/gates/", "tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
+#: The CPU-bound gate tests are one unit: their launches take turns anyway (one lock per
+#: session), so they form a chain that is the bulk of the suite's CPU time; started
+#: first on one worker, the chain runs beside everything else instead of after it. The
+#: gate launches that mostly wait (tests/gates/test_gate_waits.py) are a second chain
+#: with a lock of its own, on a worker of its own. Next, the files that start a local
+#: Ray (its start-up is long and Ray starts take turns too). Everything else follows in
+#: xdist's own order (most tests first).
+GATES, GATE_WAITS = "tests/gates/", "tests/gates/test_gate_waits.py"
+FIRST_UNITS = (GATES, GATE_WAITS, "tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its file, or the one unit of all gate tests."""
+    """The xdist work unit of a test: its file, or the one unit of all CPU-bound gate tests."""
     path = nodeid.split("::", 1)[0]
-    return FIRST_UNITS[0] if path.startswith(FIRST_UNITS[0]) else path
+    return GATES if path.startswith(GATES) and path != GATE_WAITS else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, plus one for the chain of gate launches that
+    mostly wait (a hung rank's deadline, a crashed rank's grace window): its worker is
+    idle most of the time, so without it one core would idle with it.
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set (xdist's own rule)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
 
 
 class _FirstUnitsFirst(OrderedDict):

@@ -43,16 +43,27 @@ PRELOAD = {"train_pump_parity": ("torch._dynamo",)}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gate: launches a GPU gate under torchrun (gloo on CPU)")
-    config.addinivalue_line("markers", "waits_out_a_deadline: the gate launch spends most of its time idle, "
-                                       "waiting for a deadline to pass (run first in the chain of gate launches)")
+    config.addinivalue_line("markers", "waits_out_a_deadline: the gate launch spends most of its time idle, waiting "
+                                       "for a deadline or a grace window (tests/gates/test_gate_waits.py only)")
+
+
+#: The file of the gate tests that mostly wait: one xdist unit and one lock of their own.
+WAITS_FILE = "test_gate_waits.py"
 
 
 def pytest_collection_modifyitems(config, items):
-    # Gate launches run one at a time (see _one_gate_at_a_time). The ones that mostly sit
-    # waiting for a deadline (a hung rank) go first, while the rest of the suite still
-    # has work for the cores they leave idle; the CPU-bound launches come after. A stable
-    # sort: everything else keeps its order.
-    items.sort(key=lambda item: item.get_closest_marker("waits_out_a_deadline") is None)
+    # The scheduler (tests/conftest.py) can only see node ids, so a waiting launch is
+    # known by its file; the marker says the same and must agree with it.
+    for item in items:
+        marked = item.get_closest_marker("waits_out_a_deadline") is not None
+        if marked != (item.path.name == WAITS_FILE):
+            raise pytest.UsageError(f"{item.nodeid}: tests marked waits_out_a_deadline live in "
+                                    f"tests/gates/{WAITS_FILE}, and only they")
+
+
+def lane_of(node) -> str:
+    """Which queue of gate launches a test's launches join (see :func:`_one_gate_at_a_time`)."""
+    return "waits" if node.get_closest_marker("waits_out_a_deadline") else "busy"
 
 
 def free_port() -> int:
@@ -100,6 +111,11 @@ class GateRun:
         """Every rank's checks called ``name``."""
         return [c for r in self.report["ranks"] for c in r["checks"] if c["name"] == name]
 
+    def driver_records(self) -> List[Dict]:
+        """The dual-pipeline gate's harness log (its driver's records, as the checks read them)."""
+        from harness.eventlog.records import read_records
+        return [r.data for r in read_records(self.report["summary"]["outputs"]["driver_log"])]
+
     @property
     def event_log(self) -> Path:
         return self.report_path.with_name(self.report_path.stem + ".events.jsonl")
@@ -123,7 +139,7 @@ def _port_taken(run: "GateRun") -> bool:
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
                 timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
                 first_ports: Sequence[int] = (), own_folders: bool = True, launcher: str = "forked",
-                preload: Sequence[str] = ()) -> GateRun:
+                preload: Sequence[str] = (), lane: str = "busy") -> GateRun:
     """Launch a gate under torch's agent on a free port; a port lost to a concurrent job
     (the probe closes it before the agent binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds).
@@ -131,11 +147,12 @@ def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optiona
     removes them after the job, whatever happened to its ranks (a killed rank runs no
     handler); ``False`` leaves them to the gate (as a hand-launched ``torchrun`` does).
     ``launcher``: ``"forked"`` (ranks forked from the agent, ``preload`` and
-    :data:`PRELOAD` imported there first) or ``"torchrun"`` (the documented command)."""
+    :data:`PRELOAD` imported there first) or ``"torchrun"`` (the documented command).
+    ``lane``: the queue of launches this one waits its turn in (:func:`lane_of`)."""
     launcher = os.environ.get(LAUNCHER_ENV) or launcher
     assert launcher in LAUNCHERS, f"{LAUNCHER_ENV}={launcher!r}: one of {LAUNCHERS}"
     ports = iter(first_ports)
-    with _one_gate_at_a_time(tmp_path):
+    with _one_gate_at_a_time(tmp_path, lane):
         for _ in range(3):
             with _launcher_folders(own_folders, extra_env) as folder_env:
                 run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s,
@@ -166,20 +183,24 @@ def _launcher_folders(own: bool, extra_env: Optional[Dict[str, str]]):
 
 
 @contextlib.contextmanager
-def _one_gate_at_a_time(tmp_path: Path):
-    """Under pytest-xdist, gate launches of one test session run one at a time.
+def _one_gate_at_a_time(tmp_path: Path, lane: str):
+    """Under pytest-xdist, gate launches of one test session take turns, per lane.
 
     A gate job is 2-6 processes whose deadlines (a hung rank must end in a failed report
-    within its 15 s timeout) assume the job has the machine's cores; two jobs side by
-    side on a 2-core machine only push each other past them. The other xdist worker goes
-    on with the rest of the suite meanwhile. (xdist's own ``--dist loadgroup`` cannot do
-    this here: with pytest 9.2 its group suffix on the node id no longer takes effect.)
-    The lock lives in the session's base temp folder, shared by its workers only, so
-    other sessions on the machine are not serialized with this one. A test's own
-    deadline clock starts after the lock is taken.
+    within its 15 s timeout) assume the job has most of the machine's cores; two CPU-bound
+    jobs side by side on a 2-core machine only push each other past them. So the CPU-bound
+    launches (lane ``busy``: every gate file but the waiting one) run one at a time, and so
+    do the launches that mostly sit waiting for a deadline or a grace window (lane
+    ``waits``: tests/gates/test_gate_waits.py); one of each may run at once, on two xdist
+    workers, the waits overlapping real work. The other workers go on with the rest of the
+    suite meanwhile. (xdist's own ``--dist loadgroup`` cannot do this here: with pytest
+    9.2 its group suffix on the node id no longer takes effect.) The locks live in the
+    session's base temp folder, shared by its workers only, so other sessions on the
+    machine are not serialized with this one. A test's own deadline clock starts after
+    its lock is taken.
     """
     session = next((p for p in tmp_path.parents if p.parent.name.startswith("pytest-of-")), None)
-    with take_turns(session, "rlharness-gates.lock"):
+    with take_turns(session, f"rlharness-gates-{lane}.lock"):
         yield
 
 
@@ -233,27 +254,27 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
 
 
 @pytest.fixture
-def gate_runner(tmp_path):
+def gate_runner(tmp_path, request):
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
-        return launch_gate(tmp_path, gate, nproc, *args, **kwargs).ended_cleanly()
+        return launch_gate(tmp_path, gate, nproc, *args, lane=lane_of(request.node), **kwargs).ended_cleanly()
     return run
 
 
 @pytest.fixture
-def gate_launch(tmp_path):
+def gate_launch(tmp_path, request):
     """``gate_runner`` for runs that may end without a report (usage errors, a report
     that cannot be written): no hang and no orphan process is still a must."""
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
-        return launch_gate(tmp_path, gate, nproc, *args, **kwargs).ended_cleanly(report=False)
+        return launch_gate(tmp_path, gate, nproc, *args, lane=lane_of(request.node), **kwargs).ended_cleanly(report=False)
     return run
 
 
 @pytest.fixture(scope="module")
-def module_gate_launch(tmp_path_factory):
+def module_gate_launch(tmp_path_factory, request):
     """``launch_gate`` for a module-scoped fixture whose one launch several tests assert
     on (each test calls ``run.ended_cleanly()`` itself)."""
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
-        return launch_gate(tmp_path_factory.mktemp(gate), gate, nproc, *args, **kwargs)
+        return launch_gate(tmp_path_factory.mktemp(gate), gate, nproc, *args, lane=lane_of(request.node), **kwargs)
     return run
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import logging
 import os
 import sys
 from typing import List, Optional, Tuple
@@ -72,6 +73,21 @@ def unbuffered_std_streams() -> None:
                                             line_buffering=False, write_through=True))
 
 
+class ExceptionTextUpFront(logging.Filter):
+    """Render a log record's traceback before torch's log formatter sees the record.
+
+    The agent logs a failed function rank with ``logger.exception`` (torchrun's program
+    ranks get a plain error line), and torch's formatter imports ``torch._dynamo`` (about
+    0.9 CPU s) just to decide whether to print a record's traceback, which it then does.
+    Rendered here with the standard formatter, the printed text is the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            record.exc_text = record.exc_text or logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        return True
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     preload, torchrun_argv = split_preloads(list(sys.argv[1:] if argv is None else argv))
     if REPO not in sys.path:
@@ -86,6 +102,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     for module in ([gate] if gate else []) + preload:
         importlib.import_module(module)
     unbuffered_std_streams()
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(ExceptionTextUpFront())
     record(torchrun.run)(args)
 
 

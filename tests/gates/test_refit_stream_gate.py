@@ -2,7 +2,6 @@
 bit-exact syncs, per-group timings, invariant 18 on its event log, and its failures."""
 
 import os
-import tempfile
 
 import pytest
 
@@ -40,18 +39,6 @@ def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_r
     assert os.listdir(private_shm) == []  # the gate removed its own staging files
 
 
-@pytest.mark.waits_out_a_deadline
-def test_a_receiver_that_stops_answering_fails_the_sender_within_its_stream_timeout(gate_runner):
-    run = gate_runner("refit_stream", 2, "--cycles", "2", "--stream-timeout-s", "3", "--timeout-s", "60",
-                      hook="hang@receiver_load:1", timeout_s=180)
-    report = run.report
-    assert report["status"] == "failed" and run.returncode == 1
-    text = " ".join(report["failures"])
-    assert "refit stream with rank 1" in text and "step 0" in text and "ACK of group 0" in text, text
-    assert "nothing within 3 s" in text
-    assert run.elapsed_s < 120
-
-
 def test_a_load_that_fails_is_acked_reported_at_complete_and_never_finalized(gate_runner):
     run = gate_runner("refit_stream", 2, "--cycles", "1", hook="raise@receiver_load:1", timeout_s=180)
     report = run.report
@@ -59,26 +46,3 @@ def test_a_load_that_fails_is_acked_reported_at_complete_and_never_finalized(gat
     text = " ".join(report["failures"])
     assert "rank 1" in text and "not finalized" in text and "test hook raise@receiver_load fired" in text, text
     assert not any(f.startswith("rank 0:") for f in report["failures"]), report["failures"]  # the sender got every ACK
-
-
-def _run_folders(port):
-    """The socket and staging folders a hand-launched gate derives for its rendezvous port."""
-    from harness.refit import private_dirs
-
-    found = []
-    for base in (tempfile.gettempdir(), private_dirs.shm_base()):
-        found += [os.path.join(base, n) for n in os.listdir(base) if n.startswith("rlh-") and n.endswith(f"gate-{port}")]
-    return found
-
-
-@pytest.mark.parametrize("hook,cycles", [("kill@stream_cycle1:0", "2"), ("kill@receiver_load:1", "1")],
-                         ids=["sender killed holding its staging buffers", "receiver killed mid-stream"])
-def test_a_killed_rank_leaves_no_socket_or_staging_file(gate_launch, hook, cycles):
-    """Launched as by hand (no launcher-owned folders): the gate derives its run's socket
-    and staging folders, and the rank that survives a SIGKILLed peer removes them, the
-    dead rank's bound socket and pooled staging files included."""
-    run = gate_launch("refit_stream", 2, "--cycles", cycles, "--stream-timeout-s", "5", "--timeout-s", "60",
-                      hook=hook, timeout_s=180, own_folders=False)
-    assert run.returncode != 0
-    assert "SIGKILL" in run.output or "Signal 9" in run.output or "-9" in run.output, run.output[-2000:]
-    assert _run_folders(run.port) == [], run.output[-4000:]

@@ -70,20 +70,6 @@ def test_leaked_sync_group_is_reported(gate_runner):
     assert "selective_sync_c0" in run.report["message"] and "ranks [0, 3]" in run.report["message"]
 
 
-@pytest.mark.waits_out_a_deadline
-def test_hung_rank_ends_in_failed_report_within_timeout(gate_runner):
-    run = gate_runner("selective_sync", 4, "--cycles", "2", "--timeout-s", "6", hook="hang@cycle_begin:2",
-                      timeout_s=45)
-    report = run.report
-    assert report["status"] == "failed" and run.returncode != 0
-    assert "timed out" in report["message"]
-    hung = next(r for r in report["ranks"] if r["rank"] == 2)
-    assert "test hook hang@cycle_begin" in hung["phase"]
-    assert report["elapsed_s"] < 6 + 8
-    assert run.rank_report(2) is not None and run.rank_report(2)["status"] == "failed"
-    # gate runner already asserted: no orphan workers, the launch ended before the test timeout
-
-
 def test_too_small_world_is_a_skip_with_reason_even_when_its_first_port_is_taken(gate_runner):
     # Parallel test workers (and other checkouts' suites) launch gates side by side: a
     # rendezvous port taken between the probe and torchrun's bind is retried on a new one.
