@@ -107,8 +107,9 @@ def routing_policy(records: Records) -> List[Violation]:
             n = sizes.get(pid)
             if not n or not ranks:
                 continue  # unknown pipeline size, or nothing routable (the routing check reports that)
-            at = cursor.get(pid, 0)
-            expected = next(((at + i) % n for i in range(n) if (at + i) % n in ranks), None)
+            at = cursor.get(pid, 0)  # (always below n)
+            # the cursor's own rank when routable (most dispatches), else the next routable one
+            expected = at if at in ranks else next(((at + i) % n for i in range(n) if (at + i) % n in ranks), None)
             if expected is not None and dp != expected:
                 w = wrong.get(pid)
                 if w is None:
