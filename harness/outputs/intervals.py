@@ -422,15 +422,21 @@ class RunView:
         """Both lane assignments from one sort: the work slices, a subsequence of the
         slices, are in the same relative order when only they are sorted."""
         slices, work = self.slices, self.work_slices
-        order = lane_order(slices)
-        lanes = greedy_lanes(slices, order)
+        gpus, starts, ends = [s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices]
+        order = column_order([gpus, starts, ends, [s.seq for s in slices]],
+                             lambda i: (slices[i].label,), lambda i: slices[i].args)
+        lanes = _greedy_lanes(gpus, starts, ends, order)
         if len(work) == len(slices):
             return lanes, lanes
-        index_in_work: Dict[int, int] = {}
-        for i, s in enumerate(slices):
-            if s.kind != "other":
-                index_in_work[i] = len(index_in_work)
-        return lanes, greedy_lanes(work, [index_in_work[i] for i in order if i in index_in_work])
+        is_work = np.array([s.kind != "other" for s in slices], dtype=bool)
+        at = np.asarray(order, dtype=np.int64)
+        work_order = (np.cumsum(is_work) - 1)[at[is_work[at]]].tolist()  # the work slices' positions, in order
+        keep = is_work.tolist()
+
+        def of_work(values: List[Any]) -> List[Any]:
+            return [v for v, k in zip(values, keep) if k]
+
+        return lanes, _greedy_lanes(of_work(gpus), of_work(starts), of_work(ends), work_order)
 
 
 Log = Union[Sequence[Mapping[str, Any]], RunView]
@@ -485,23 +491,17 @@ def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
     seq) order take the lowest lane whose previous slice has ended — interval partitioning,
     so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
     (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
-    return greedy_lanes(slices, lane_order(slices))
+    gpus, starts, ends = [s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices]
+    order = column_order([gpus, starts, ends, [s.seq for s in slices]],
+                         lambda i: (slices[i].label,), lambda i: slices[i].args)  # then the label, the args
+    return _greedy_lanes(gpus, starts, ends, order)
 
 
-def lane_order(slices: Sequence[GpuSlice]) -> List[int]:
-    """The positions of ``slices`` in the order lanes are assigned: (gpu, start, end, seq,
-    label, canonical args)."""
-    return column_order([[s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices],
-                         [s.seq for s in slices]], lambda i: (slices[i].label,), lambda i: slices[i].args)
-
-
-def greedy_lanes(slices: Sequence[GpuSlice], order: Sequence[int]) -> List[int]:
-    """The lanes of :func:`assign_lanes`, the slices visited in ``order`` (:func:`lane_order`)."""
-    gpus = [s.gpu for s in slices]
-    starts = [s.start for s in slices]
-    ends = [s.end for s in slices]
-    lanes = [0] * len(slices)
-    lane_end: Dict[int, List[float]] = defaultdict(list)
+def _greedy_lanes(gpus: Sequence[Any], starts: Sequence[float], ends: Sequence[float],
+                  order: Sequence[int]) -> List[int]:
+    """The lanes of :func:`assign_lanes`, the slices (as columns) visited in ``order``."""
+    lanes = [0] * len(gpus)
+    lane_end: Dict[Any, List[float]] = defaultdict(list)
     for i in order:
         start = starts[i]
         busy = lane_end[gpus[i]]
