@@ -173,7 +173,8 @@ def _trace(view: RunView) -> _Trace:
     # the GPU slices' events, as columns (each built into a dict only when written)
     slice_ts, slice_dur = _us_and_dur_us([s.start for s in slices], [s.end for s in slices])
     slice_pid = [node_pid[g // gpn] for g in slice_gpus]
-    slice_tid = [tid_of[key] for key in zip(slice_gpus, lanes)]
+    first_tid = {g: tid_of[(g, 0)] for g in n_lanes}  # a GPU's lanes have consecutive thread ids
+    slice_tid = [first_tid[g] + lane for g, lane in zip(slice_gpus, lanes)]
 
     sched_tid = next_tid
     events_tid = next_tid + 1
@@ -273,8 +274,8 @@ def _refuse(obj: Any) -> Any:
     raise TypeError  # not a plain JSON type: json decides
 
 
-def _encode_events(events: List[Dict[str, Any]]) -> str:
-    """``_ENCODE(events)``, byte for byte, about 5x faster: orjson with sorted keys where
+def _encode_events(events: List[Dict[str, Any]]) -> bytes:
+    """``_ENCODE(events)`` as ASCII bytes, byte for byte, about 5x faster: orjson with sorted keys where
     its output is the same — pure ASCII (json escapes non-ASCII here) and no float it
     spells differently (below 1e-4: "0.00001" for json's "1e-05"); json otherwise (an
     int over 64 bits, a subclass, ...). One difference on input the simulator never
@@ -287,25 +288,33 @@ def _encode_events(events: List[Dict[str, Any]]) -> str:
             pass
         else:
             if out.isascii() and b"e-" not in out and b"0.0000" not in out:
-                return out.decode("ascii")
-    return _ENCODE(events)
+                return out
+    return _ENCODE(events).encode("ascii")  # (json escapes every non-ASCII character)
 
 
 def iter_chrome_trace(log: Log) -> Iterator[str]:
     """Canonical JSON text of :func:`chrome_trace` (sorted keys, compact) in chunks whose
     concatenation is exactly ``json.dumps`` of the whole: a 1024-GPU run's trace is a few
     hundred MB of text that is never held as one string (and again as its bytes)."""
+    for chunk in _trace_chunks(log):
+        yield bytes(chunk).decode("ascii")
+
+
+def _trace_chunks(log: Log) -> Iterator[Union[bytes, memoryview]]:
+    """The trace file's bytes (ASCII: json escapes the rest), a chunk at a time, as
+    encoded: no decoding to text and encoding back, no copy to cut each chunk's brackets."""
     trace = _trace(as_view(log))
     head = _ENCODE(trace.head)
     assert all(key < "traceEvents" for key in trace.head)  # so it is the last key: head is "{...}"
-    yield head[:-1] + ',"traceEvents":['
+    yield (head[:-1] + ',"traceEvents":[').encode("ascii")
     n = _EVENTS_PER_CHUNK
     meta_chunks = (trace.meta[at:at + n] for at in range(0, len(trace.meta), n))
     event_chunks = ([trace.event(i) for i in trace.order[at:at + n]] for at in range(0, len(trace.order), n))
     for k, chunk in enumerate(chain(meta_chunks, event_chunks)):
-        body = _encode_events(chunk)[1:-1]  # one C-level call per chunk
-        yield body if k == 0 else "," + body
-    yield "]}"
+        if k:
+            yield b","
+        yield memoryview(_encode_events(chunk))[1:-1]  # one C-level call per chunk, its [ ] left out
+    yield b"]}"
 
 
 def dumps_chrome_trace(log: Log) -> str:
@@ -316,4 +325,4 @@ def dumps_chrome_trace(log: Log) -> str:
 def write_chrome_trace(log: Log, path: Union[str, os.PathLike]) -> str:
     """Write the trace to ``path`` atomically (temp file beside it, then os.replace); returns the path."""
     from harness.eventlog.writer import atomic_write
-    return atomic_write(os.fspath(path), iter_chrome_trace(log))
+    return atomic_write(os.fspath(path), _trace_chunks(log))
