@@ -176,6 +176,7 @@ class GpuSlice:
 
 
 _SLICE_FIELDS = ("gpu", "start", "end", "kind", "pipeline_id", "label", "args", "seq")
+_EFFECT_FIELDS = ("pipeline_id", "effect", "args", "scope", "step", "cycle", "gpus", "start", "end", "open", "error", "seq")
 
 
 def new_slice(gpu: int, start: float, end: float, kind: str, pipeline_id: str, label: str, args: Dict[str, Any],
@@ -215,20 +216,22 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
         gpus = start_rec.get("gpus")
         if not gpus and end_rec is not None:
             gpus = end_rec.get("gpus")
-        return EffectInterval(
-            pipeline_id=str(start_rec.get("pipeline_id")),
-            effect=str(start_rec.get("effect")),
-            args=dict(start_rec.get("args") or {}),
-            scope=start_rec.get("scope"),
-            step=start_rec.get("step"),
-            cycle=start_rec.get("cycle"),
-            gpus=tuple(sorted(set(gpus or ()))),
-            start=float(start_rec["t"]),
-            end=float(end_rec["t"]) if end_rec is not None else t_end,
-            open=end_rec is None,
-            error=None if end_rec is None else end_rec.get("error"),
-            seq=int(start_rec.get("seq", 0)),
-        )
+        iv = _new_object(EffectInterval)  # the dataclass's fields, set at once (see new_slice)
+        iv.__dict__.update(zip(_EFFECT_FIELDS, (
+            str(start_rec.get("pipeline_id")),
+            str(start_rec.get("effect")),
+            dict(start_rec.get("args") or {}),
+            start_rec.get("scope"),
+            start_rec.get("step"),
+            start_rec.get("cycle"),
+            tuple(sorted(set(gpus or ()))),
+            float(start_rec["t"]),
+            float(end_rec["t"]) if end_rec is not None else t_end,
+            end_rec is None,
+            None if end_rec is None else end_rec.get("error"),
+            int(start_rec.get("seq", 0)),
+        )))
+        return iv
 
     for r in records:
         kind = r.get("kind")
@@ -461,7 +464,14 @@ class _LogIndex:
             positions = order[(ends[code - 1] if code else 0):ends[code]]
             self.by_kind[kind] = ([records[i] for i in positions.tolist()], positions)
         t0 = records[0].get("t", 0.0) if records else 0.0
-        self.t_max: Optional[float] = max(map(float, [r.get("t", t0) for r in records])) if records else None
+        times = [r.get("t", t0) for r in records]
+        self.t_max: Optional[float] = None
+        if times:
+            try:  # numpy reads a list of floats at C speed; float() decides anything else (and NaN)
+                latest = float(np.array(times, dtype=float).max())
+            except (TypeError, ValueError, OverflowError):
+                latest = math.nan
+            self.t_max = latest if latest == latest else max(map(float, times))
         gpu_lists = [gs for r in islice(records, 1, None) if (gs := r.get("gpus"))]
         self.gpu_ids = {g for gs in gpu_lists for g in gs if isinstance(g, int)}
         try:

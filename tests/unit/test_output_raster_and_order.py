@@ -163,6 +163,19 @@ def test_a_picture_of_64_gpus_is_still_drawn_bar_by_bar(nodes):
         timeline._draw_bar_image = real
 
 
+def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
+    import dataclasses
+
+    from harness.outputs.intervals import _EFFECT_FIELDS, EffectInterval, effect_intervals
+
+    assert _EFFECT_FIELDS == tuple(f.name for f in dataclasses.fields(EffectInterval))
+    (iv,) = effect_intervals([r for r in _dense_log() if r["kind"] != "rank_state"][:3])
+    assert iv == EffectInterval("p0", "Compute", {"what": "train"}, "step", 1, None, tuple(range(8)), 0.0, 50.0,
+                                False, None, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        iv.start = 1.0
+
+
 def test_new_slice_is_the_dataclass_with_every_field():
     import dataclasses
 
