@@ -170,32 +170,44 @@ def _step_times(effects: Sequence[EffectInterval]) -> Tuple[int, List[float]]:
     return len(done), times
 
 
+_PRECEDENCE = {"train": 0, "refit": 1, "generate": 2}  # category -> rank (lower wins)
+_KIND_RANK = {kind: _PRECEDENCE.get(cat) for kind, cat in KIND_CATEGORY.items()}
+
+
 def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dict[str, float]:
     """Seconds of train / refit / generate on one GPU with precedence train > refit >
-    generate; the rest of [t0, t1] is idle."""
-    precedence = ("train", "refit", "generate")
-    events: List[Tuple[float, int, str]] = []
+    generate; the rest of [t0, t1] is idle.
+
+    A sweep over the slices' start and end points: each gap between consecutive points
+    goes to the highest-precedence category active in it (added in sweep order). The
+    order of the points at one instant does not matter — the gap before them is counted
+    at the first, and it is zero between them — so they sort as plain tuples."""
+    events: List[Tuple[float, int, int]] = []
+    add = events.append
     for s in slices:
-        cat = KIND_CATEGORY[s.kind]
-        if cat not in precedence:
+        rank = _KIND_RANK[s.kind]
+        if rank is None:
             continue
         a, b = max(s.start, t0), min(s.end, t1)
         if b > a:
-            events.append((a, 1, cat))
-            events.append((b, -1, cat))
-    events.sort(key=lambda e: (e[0], e[1]))
-    out = {c: 0.0 for c in precedence}
-    active = {c: 0 for c in precedence}
+            add((a, 1, rank))
+            add((b, -1, rank))
+    events.sort()
+    train = refit = generate = 0.0
+    active = [0, 0, 0]
     prev = None
-    for t, delta, cat in events:
+    for t, delta, rank in events:
         if prev is not None and t > prev:
-            for c in precedence:
-                if active[c] > 0:
-                    out[c] += t - prev
-                    break
-        active[cat] += delta
+            if active[0] > 0:
+                train += t - prev
+            elif active[1] > 0:
+                refit += t - prev
+            elif active[2] > 0:
+                generate += t - prev
+        active[rank] += delta
         prev = t
-    out["idle"] = (t1 - t0) - sum(out[c] for c in precedence)
+    out = {"train": train, "refit": refit, "generate": generate}
+    out["idle"] = (t1 - t0) - sum(out[c] for c in ("train", "refit", "generate"))
     return out
 
 
