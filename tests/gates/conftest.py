@@ -3,7 +3,8 @@
 Two launchers, one agent: ``torchrun`` (``python -m torch.distributed.run``, each rank a
 new ``python`` process: the documented command) and ``forked``
 (``tests/gates/launch_forked.py``: the same torchrun, its ranks forked from the agent, so
-torch is imported once per launch instead of once per process). Each gate's clean pass
+torch is imported once per launch instead of once per process; a worker's forked launches
+are forks of its launch server, ``tests/gates/served_launch.py``, so not even once). Each gate's clean pass
 (or its command-line test) runs under ``torchrun``; the other tests, its failure modes,
 run ``forked`` (the default), which costs a fraction of the CPU on a 2-core machine.
 
@@ -28,6 +29,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
+from tests.gates.served_launch import LaunchServer, pids_in_session
 from tests.session_lock import take_turns
 
 REPO = Path(__file__).resolve().parents[2]
@@ -225,6 +227,27 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
         env[HOOK_ENV] = hook
     env.update(extra_env or {})
     start = time.monotonic()
+    server = LaunchServer.for_launch(env, preload, REPO) if launcher == "forked" else None
+    if server is not None:  # the same launch, forked from the worker's launch server
+        returncode, output, timed_out, launcher_pid = server.run(cmd[2:], env, REPO, timeout_s)
+    else:
+        returncode, output, timed_out, launcher_pid = _run_program(cmd, env, report, timeout_s)
+    elapsed = time.monotonic() - start
+    survivors: List[int] = []
+    for _ in range(40):  # workers may need a moment to be reaped after the launcher exits
+        survivors = sorted(set(pids_mentioning(str(report)) + pids_in_session(launcher_pid)))
+        if not survivors:
+            break
+        time.sleep(0.05)
+    run = GateRun(returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out, port=port,
+                  launcher=launcher, launcher_pid=launcher_pid)
+    if report.exists():
+        run.report = json.loads(report.read_text())
+    return run
+
+
+def _run_program(cmd: List[str], env: Dict[str, str], report: Path, timeout_s: float):
+    """The launcher as a program of its own session: (exit code, output, timed out, pid)."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True)
     timed_out = False
@@ -239,18 +262,7 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
             except ProcessLookupError:
                 pass
         output, _ = proc.communicate()
-    elapsed = time.monotonic() - start
-    survivors: List[int] = []
-    for _ in range(40):  # workers may need a moment to be reaped after the launcher exits
-        survivors = pids_mentioning(str(report))
-        if not survivors:
-            break
-        time.sleep(0.05)
-    run = GateRun(proc.returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out, port=port,
-                  launcher=launcher, launcher_pid=proc.pid)
-    if report.exists():
-        run.report = json.loads(report.read_text())
-    return run
+    return proc.returncode, output, timed_out, proc.pid
 
 
 @pytest.fixture

@@ -30,14 +30,22 @@ threaded process); the thread only serves the store, and a child never touches i
 This is a CPU test tool: on a GPU node, use torchrun (CUDA cannot follow a fork).
 The suite keeps one real ``torchrun`` launch per gate (tests/gates/conftest.py), so the
 documented command stays tested.
+
+``--serve FD``: a launch server for the test workers (tests/gates/served_launch.py): it
+imports torch, torch's launcher and every gate once, then forks one child per request,
+which becomes this program for that launch (``launch(ARGV)``), so the agent's own
+``import torch`` is not paid per launch either.
 """
 
 from __future__ import annotations
 
 import importlib
 import io
+import json
 import logging
 import os
+import signal
+import socket
 import sys
 from typing import List, Optional, Tuple
 
@@ -88,8 +96,9 @@ class ExceptionTextUpFront(logging.Filter):
         return True
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    preload, torchrun_argv = split_preloads(list(sys.argv[1:] if argv is None else argv))
+def launch(argv: List[str]) -> None:
+    """One launch: torchrun's own run, ranks forked (the command line of this module)."""
+    preload, torchrun_argv = split_preloads(argv)
     if REPO not in sys.path:
         sys.path.insert(0, REPO)  # the gate modules, as the gate file's own sys.path line does
     from torch.distributed import run as torchrun
@@ -104,6 +113,89 @@ def main(argv: Optional[List[str]] = None) -> None:
     unbuffered_std_streams()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(ExceptionTextUpFront())
     record(torchrun.run)(args)
+
+
+# ---------------------------------------------------------------------------------- serve
+#: What a launch server imports once (``--serve``): torch's launcher, every gate, and what
+#: their ranks import lazily. A launch that needs anything else, or another PYTHONPATH,
+#: is started as a program of its own (tests/gates/conftest.py decides).
+SERVED_PRELOAD = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo")
+
+
+def served_modules() -> List[str]:
+    gates = sorted(n[:-3] for n in os.listdir(GATES) if n.endswith(".py") and not n.startswith("_"))
+    return [*SERVED_PRELOAD, *(f"gpu_gates.{g}" for g in gates)]
+
+
+def send_message(conn: socket.socket, message: dict, fds: Tuple[int, ...] = ()) -> None:
+    """One JSON message (and file descriptors) on a SOCK_SEQPACKET socket: one packet each."""
+    socket.send_fds(conn, [json.dumps(message).encode()], list(fds))
+
+
+def receive_message(conn: socket.socket) -> Tuple[Optional[dict], List[int]]:
+    """The next message and the descriptors it carried; (None, []) once the peer closed."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 22, 4)
+    return (json.loads(data) if data else None), list(fds)
+
+
+def _run_launch(request: dict, out_fd: int) -> None:
+    """In a fresh fork of the server: become what ``python launch_forked.py ARGV`` would
+    be (own session, the request's environment, folder and output), then launch."""
+    os.setsid()  # own session and process group: the caller kills it, and finds what is left, by it
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    code = 0
+    try:
+        launch(request["argv"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # what an uncaught exception does to a program: traceback, exit 1
+        import traceback
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve(fd: int) -> None:
+    """Answer launch requests on the SOCK_SEQPACKET socket ``fd`` until it closes: per
+    request (``{"argv", "env", "cwd"}`` with the output's file descriptor), fork, reply
+    ``{"pid"}``, and once that launch has ended, ``{"exit_code"}``. One launch at a time;
+    the server itself never launches, so every fork starts from the same state."""
+    conn = socket.socket(fileno=fd)
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    for module in served_modules():
+        importlib.import_module(module)
+    send_message(conn, {"ready": os.getpid()})
+    while True:
+        request, fds = receive_message(conn)
+        if request is None:
+            return
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _run_launch(request, fds[0])
+        os.close(fds[0])
+        send_message(conn, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        send_message(conn, {"exit_code": os.waitstatus_to_exitcode(status)})
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--serve"]:
+        serve(int(argv[1]))
+    else:
+        launch(argv)
 
 
 if __name__ == "__main__":

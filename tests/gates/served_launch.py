@@ -1,0 +1,122 @@
+"""Forked gate launches started by a launch server instead of a new program each.
+
+``python tests/gates/launch_forked.py ARGV`` costs a Python start and an ``import torch``
+(about 1.2 CPU s) for torchrun's agent alone. A test worker keeps one launch server
+(``launch_forked.py --serve``: torch, torch's launcher and every gate imported once, no
+thread running) and each launch is a fork of it that becomes exactly what the program
+would be: its own session and process group, the launch's environment, working folder
+and output, then the same ``launch(ARGV)`` (torch's agent, the ranks forked from it).
+The server never launches anything itself, so every launch starts from the same state.
+
+A launch whose environment differs from the server's in anything read at import time
+(only the gate hook and the run's private folders may differ: the gates read those when
+they run), or that wants a module the server did not import, is started as a program.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from tests.gates.launch_forked import receive_message, send_message, served_modules
+
+LAUNCH_FORKED = Path(__file__).with_name("launch_forked.py")
+#: Variables a launch may set differently from the server: read by the gates at run time
+#: (or, for pytest's own, never read by them).
+PER_LAUNCH_ENV = ("RLHARNESS_GATE_TEST_HOOK", "RLHARNESS_SHM_DIR", "RLHARNESS_IPC_DIR", "PYTEST_CURRENT_TEST")
+
+
+def pids_in_session(sid: int) -> List[int]:
+    """Live (non-zombie) processes of session ``sid``: a served launch and all it started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            found.append(int(entry))
+    return found
+
+
+def _base(env: Dict[str, str]) -> Dict[str, str]:
+    return {k: v for k, v in env.items() if k not in PER_LAUNCH_ENV}
+
+
+class LaunchServer:
+    """The worker's launch server (started on first use, ended with the worker)."""
+
+    _current: Optional["LaunchServer"] = None
+
+    def __init__(self, env: Dict[str, str], cwd: Path) -> None:
+        self.env = _base(env)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([sys.executable, str(LAUNCH_FORKED), "--serve", str(theirs.fileno())],
+                                     cwd=cwd, env=self.env, pass_fds=[theirs.fileno()], start_new_session=True)
+        theirs.close()
+        self.conn = ours
+        ready, _ = receive_message(self.conn)
+        if ready is None:
+            raise RuntimeError(f"the gate launch server ended before it was ready (exit {self.proc.wait()})")
+        atexit.register(self.close)
+
+    @classmethod
+    def for_launch(cls, env: Dict[str, str], preload: Sequence[str], cwd: Path) -> Optional["LaunchServer"]:
+        """The server that can make this launch, started if need be; None: start a program."""
+        if any(module not in served_modules() for module in preload):
+            return None
+        if cls._current is None or cls._current.proc.poll() is not None:
+            cls._current = cls(env, cwd)
+        return cls._current if cls._current.env == _base(env) else None
+
+    def close(self) -> None:
+        self.conn.close()  # the server ends when its socket closes
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def run(self, argv: List[str], env: Dict[str, str], cwd: Path, timeout_s: float) -> Tuple[int, str, bool, int]:
+        """Launch and wait, as ``Popen(...).communicate(timeout)`` would: (exit code,
+        output, timed out, the launch's pid = its session). At the timeout the launch's
+        whole process group is SIGKILLed."""
+        out_r, out_w = os.pipe()
+        try:
+            send_message(self.conn, {"argv": argv, "env": env, "cwd": str(cwd)}, (out_w,))
+        finally:
+            os.close(out_w)
+        started, _ = receive_message(self.conn)
+        pid = started["pid"]
+        chunks: List[bytes] = []
+        deadline, timed_out = time.monotonic() + timeout_s, False
+        with os.fdopen(out_r, "rb", buffering=0) as out:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 and not timed_out:
+                    timed_out = True
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    deadline = time.monotonic() + 10.0  # the group is dead: its output ends now
+                    continue
+                if left <= 0:
+                    break  # killed, and something outside its group still holds the output
+                if select.select([out], [], [], left)[0]:
+                    data = out.read(1 << 16)
+                    if not data:
+                        break
+                    chunks.append(data)
+        ended, _ = receive_message(self.conn)
+        return ended["exit_code"], b"".join(chunks).decode(errors="replace"), timed_out, pid
