@@ -223,11 +223,12 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
            str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     env.pop(HOOK_ENV, None)
+    server_env = dict(env)  # what every launch of this worker shares (the launch server's)
     if hook:
         env[HOOK_ENV] = hook
     env.update(extra_env or {})
     start = time.monotonic()
-    server = LaunchServer.for_launch(env, preload, REPO) if launcher == "forked" else None
+    server = LaunchServer.for_launch(env, preload, REPO, server_env) if launcher == "forked" else None
     if server is not None:  # the same launch, forked from the worker's launch server
         returncode, output, timed_out, launcher_pid = server.run(cmd[2:], env, REPO, timeout_s)
     else:

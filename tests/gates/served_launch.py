@@ -72,13 +72,15 @@ class LaunchServer:
         atexit.register(self.close)
 
     @classmethod
-    def for_launch(cls, env: Dict[str, str], preload: Sequence[str], cwd: Path) -> Optional["LaunchServer"]:
-        """The server that can make this launch, started if need be; None: start a program."""
-        if any(module not in served_modules() for module in preload):
+    def for_launch(cls, env: Dict[str, str], preload: Sequence[str], cwd: Path,
+                   server_env: Dict[str, str]) -> Optional["LaunchServer"]:
+        """The server (environment ``server_env``, started if need be) that can make this
+        launch; None: start it as a program."""
+        if any(module not in served_modules() for module in preload) or _base(env) != _base(server_env):
             return None
-        if cls._current is None or cls._current.proc.poll() is not None:
-            cls._current = cls(env, cwd)
-        return cls._current if cls._current.env == _base(env) else None
+        if cls._current is None or cls._current.proc.poll() is not None or cls._current.env != _base(server_env):
+            cls._current = cls(server_env, cwd)
+        return cls._current
 
     def close(self) -> None:
         self.conn.close()  # the server ends when its socket closes
