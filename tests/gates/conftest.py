@@ -29,7 +29,8 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from tests.gates.served_launch import LaunchServer, pids_in_session
+from tests.gates.proc_table import pids_in_session, pids_mentioning
+from tests.gates.served_launch import LaunchServer
 from tests.session_lock import take_turns
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,24 +73,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def pids_mentioning(text: str) -> List[int]:
-    """Live (non-zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != "Z":
-            found.append(int(entry))
-    return found
 
 
 @dataclass
@@ -293,13 +276,13 @@ def module_gate_launch(tmp_path_factory, request):
 
 @contextlib.contextmanager
 def private_shm_folder():
-    """A private folder on /dev/shm for the gates' staging files (``RLHARNESS_SHM_DIR``),
-    so a test sees exactly the files its own run left behind."""
+    """A private folder for the gates' staging files (``RLHARNESS_SHM_DIR``), so a test
+    sees exactly the files its own run left behind. It lives where the refit stream puts
+    its buffers (``private_dirs.shm_base``: /dev/shm, or the temp folder on a system
+    without one), so the leak checks run on every platform."""
     from harness.refit import private_dirs
 
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm on this machine")
-    folder = private_dirs.make_private("test-shm", "/dev/shm")  # tagged: the leak guard knows it
+    folder = private_dirs.make_private("test-shm", private_dirs.shm_base())  # tagged: the leak guard knows it
     try:
         yield folder
     finally:

@@ -34,22 +34,6 @@ LAUNCH_FORKED = Path(__file__).with_name("launch_forked.py")
 PER_LAUNCH_ENV = ("RLHARNESS_GATE_TEST_HOOK", "RLHARNESS_SHM_DIR", "RLHARNESS_IPC_DIR", "PYTEST_CURRENT_TEST")
 
 
-def pids_in_session(sid: int) -> List[int]:
-    """Live (non-zombie) processes of session ``sid``: a served launch and all it started."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
-            found.append(int(entry))
-    return found
-
-
 def _base(env: Dict[str, str]) -> Dict[str, str]:
     return {k: v for k, v in env.items() if k not in PER_LAUNCH_ENV}
 
