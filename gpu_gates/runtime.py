@@ -107,6 +107,25 @@ def primary_failure(failures: List[str]) -> str:
     return primary
 
 
+def write_at_once(stream, text: str) -> None:
+    """Write a multi-line message with one write(2) on the stream's file descriptor.
+
+    Every rank shares the launcher's stderr; printed line by line, a rank's traceback gets
+    other ranks' lines inside it when they fail at the same moment. A pipe keeps a write of
+    up to PIPE_BUF (4 KiB on Linux) whole, which a headline and its traceback fit in. A
+    stream without a descriptor (captured by a test runner) gets an ordinary write."""
+    stream.flush()
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        stream.write(text)
+        stream.flush()
+        return
+    data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
+    while data:
+        data = data[os.write(fd, data):]
+
+
 class _GateRun:
     """One rank's whole life: setup, body, and exactly one finish (normal or emergency)."""
 
@@ -152,18 +171,21 @@ class _GateRun:
             self.spec.run(ctx)
         except Exception as exc:  # the body failed: record it, tell the others, still report
             ctx.fail(f"rank {self.env.rank} {type(exc).__name__} in phase {ctx.phase!r}: {exc}")
+            # printed before the abort is posted: the peers print their own lines as soon as
+            # they see it, and this rank's headline and traceback must not be cut by them
+            self._print_failure(exc, ctx.failures[-1])
             self._post_abort(ctx.failures[-1])
             self.body_raised = True
-            self._print_failure(exc, ctx.failures[-1])
         return self.finish(None)
 
     def _print_failure(self, exc: Exception, message: str) -> None:
         """One headline per failing rank, and one traceback at most: a rank that only gave
         up because a peer failed first (``GateAbort``, a connection the dead peer closed)
         prints its line, not a traceback."""
-        print(f"rank {self.env.rank} FAILED: {message}", file=sys.stderr, flush=True)
+        text = f"rank {self.env.rank} FAILED: {message}\n"
         if not isinstance(exc, GateAbort) and not any(m in str(exc) for m in SECONDARY_MARKERS):
-            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            text += "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        write_at_once(sys.stderr, text)
 
     # -- finishing -----------------------------------------------------------------------
     def _share_epoch(self) -> None:

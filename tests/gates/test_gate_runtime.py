@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 from gpu_gates import report as rep  # noqa: E402
 from gpu_gates.dist_setup import LaunchEnv, select_backend  # noqa: E402
 from gpu_gates.hooks import HookSpecError, TestHooks, parse_hooks  # noqa: E402
+from gpu_gates import runtime  # noqa: E402
 from gpu_gates.runtime import primary_failure  # noqa: E402
 from gpu_gates.selective_sync import targets_for  # noqa: E402
 
@@ -114,3 +115,40 @@ def test_a_signal_after_the_rank_ended_leaves_with_its_code_at_once(code):
     proc = subprocess.run([sys.executable, "-c", ENDED_THEN_SIGNALLED.format(code=code)], cwd=REPO,
                           env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=60)
     assert proc.returncode == code, proc.stderr
+
+
+def _write_blocks(fd_w: int, writer: int, blocks: int) -> None:
+    stream = os.fdopen(fd_w, "w")
+    for b in range(blocks):
+        runtime.write_at_once(stream, "".join(f"w{writer} b{b} line {i}\n" for i in range(30)))
+    os._exit(0)
+
+
+def test_concurrent_multi_line_messages_are_never_cut_by_each_other():
+    # four processes on one pipe, as the ranks on the launcher's stderr: every 30-line block
+    # must arrive whole (printed line by line, blocks of different writers interleave)
+    r, w = os.pipe()
+    pids = []
+    for writer in range(4):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child leaves with os._exit
+            os.close(r)
+            _write_blocks(w, writer, 200)
+        pids.append(pid)
+    os.close(w)
+    with os.fdopen(r) as pipe:
+        lines = pipe.read().splitlines()
+    for pid in pids:
+        assert os.waitpid(pid, 0)[1] == 0
+    assert len(lines) == 4 * 200 * 30
+    for start in range(0, len(lines), 30):
+        writer, block = lines[start].split()[:2]
+        assert lines[start:start + 30] == [f"{writer} {block} line {i}" for i in range(30)], start
+
+
+def test_a_stream_without_descriptor_gets_an_ordinary_write():
+    import io
+
+    buffer = io.StringIO()
+    runtime.write_at_once(buffer, "a\nb\n")
+    assert buffer.getvalue() == "a\nb\n"

@@ -129,8 +129,13 @@ def test_one_traceback_per_failing_rank_headlined_by_its_message(gate_runner):
     assert 1 <= _rank_tracebacks(run.output) <= len(failed), run.output[-4000:]
     for rank in failed:
         assert run.output.count(f"rank {rank} FAILED:") <= 1
-    headline = run.output.index("rank 2 FAILED: rank 2 RuntimeError")
-    assert "raise RuntimeError(f\"test hook raise@" in run.output[headline:]
+    # the headline and its traceback are one block: no other rank's line inside it, though
+    # the peers print theirs at the same moment (they are told of the failure right after)
+    block = run.output[run.output.index("rank 2 FAILED: rank 2 RuntimeError"):].splitlines()
+    assert block[1] == "Traceback (most recent call last):", block[:3]
+    end = block.index("RuntimeError: test hook raise@cycle_begin fired")
+    assert all(line.startswith("  ") for line in block[2:end]), block[:end + 1]
+    assert "raise RuntimeError(f\"test hook raise@" in "\n".join(block[2:end])
 
 
 # ---------------------------------------------------------------------------- refit_stream
