@@ -20,6 +20,7 @@ Everything is logged in the harness event-log schema (scheduler inputs, decision
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import traceback
@@ -42,6 +43,7 @@ from harness.scheduler.progress import CoordinatorProgress
 from harness.scheduler.types import GENERATION_CLUSTER, Rejected
 from harness.topology import ClusterTopology
 from gpu_gates.dist_setup import connect_store
+from gpu_gates.runtime import write_at_once
 from gpu_gates.dual_effects import PIPELINES, TRAIN_GPU, DriverEffects, DriverError
 from gpu_gates.dual_lifecycle import LifecycleEffects
 from gpu_gates.dual_worker import ROLES, rank_of
@@ -360,5 +362,5 @@ class Driver(DriverEffects, LifecycleEffects):
         try:
             self.scheduler_loop()
         except Exception as exc:
-            traceback.print_exc()
+            write_at_once(sys.stderr, traceback.format_exc())
             self.fail(f"scheduler loop: {exc}")
