@@ -185,7 +185,10 @@ class _GateRun:
         text = f"rank {self.env.rank} FAILED: {message}\n"
         if not isinstance(exc, GateAbort) and not any(m in str(exc) for m in SECONDARY_MARKERS):
             text += "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        write_at_once(sys.stderr, text)
+        try:
+            write_at_once(sys.stderr, text)
+        except (OSError, ValueError):  # stderr gone (closed, broken pipe): the report still gets written
+            pass
 
     # -- finishing -----------------------------------------------------------------------
     def _share_epoch(self) -> None:

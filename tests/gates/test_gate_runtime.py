@@ -152,3 +152,21 @@ def test_a_stream_without_descriptor_gets_an_ordinary_write():
     buffer = io.StringIO()
     runtime.write_at_once(buffer, "a\nb\n")
     assert buffer.getvalue() == "a\nb\n"
+
+
+def test_a_failure_headline_on_a_closed_stderr_does_not_stop_the_rank(monkeypatch):
+    # the abort is posted and the report written after the headline: a stderr that is gone
+    # (closed pipe, closed descriptor) must not raise out of the failure path
+    r, w = os.pipe()
+    stream = os.fdopen(w, "w")
+    os.close(r)  # nobody reads: write(2) fails with EPIPE (Python ignores SIGPIPE)
+    monkeypatch.setattr(sys, "stderr", stream)
+    run = runtime._GateRun.__new__(runtime._GateRun)
+    run.env = LaunchEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1",
+                        master_port=1, agent_store=True)
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        run._print_failure(exc, "rank 1 RuntimeError in phase 'x': boom")
+    with pytest.raises(OSError):
+        runtime.write_at_once(stream, "still gone\n")
