@@ -102,6 +102,17 @@ class _Holders:
         return None
 
 
+def _other_bytes(on: Dict[Tuple[str, str], int], cid: str) -> bool:
+    """Whether a GPU's resident bytes (``(owner, kind) -> bytes``) include some of a
+    cluster other than ``cid``."""
+    for (owner, _kind), nbytes in on.items():
+        if nbytes > 0:
+            other = cluster_of(owner)
+            if other is not None and other != cid:
+                return True
+    return False
+
+
 @invariant("handover", reads=("vram", "plan", "resize_start", "resize_end", "signalled", "released"))
 def handover(records: Records) -> List[Violation]:
     out: List[Violation] = []
@@ -121,9 +132,12 @@ def handover(records: Records) -> List[Violation]:
             continue
         cid, gpus = grant
         for g in gpus:
+            on = resident.get(g)
+            if not on or not _other_bytes(on, cid):
+                continue  # nothing of another cluster's on it (most grants): nothing to report
             others: Dict[str, Dict[str, int]] = {}
             phases: Dict[str, Set[str]] = {}
-            for (owner, kind), nbytes in sorted(resident.get(g, {}).items()):
+            for (owner, kind), nbytes in sorted(on.items()):
                 phase = left_by.get((g, owner, kind))
                 other = cluster_of(owner)
                 if nbytes <= 0 or other is None or other == cid:
@@ -165,21 +179,33 @@ def gpu_tenancy(records: Records) -> List[Violation]:
                 out.append(Violation("gpu_tenancy", seq, f"{cluster} {what} on GPU {g}, which "
                                                          f"{'is held by ' + held if held else 'nobody holds'}"))
 
+    # The two kinds of most records (an allocation, a dispatch) take a fast path: ``check``
+    # is only called once some GPU is not held by the cluster, and it then looks at all.
+    held_by = holders.holder.get  # (the holders' dict is updated in place, never replaced)
+    infer_cluster: Dict[str, str] = {}
     for r in records:
         k = r["kind"]
-        if k == "register":
-            registered.add(r["pipeline_id"])
-        elif k == "vram":
-            cluster = cluster_of(r["owner"])
-            if cluster is not None and r["delta"] > 0 and r["mem"] != "staging":
-                check(r["seq"], cluster, [r["gpu"]], f"allocates {r['mem']}")
-        elif k == "effect_start" and r["effect"] in _TRAINER_EFFECTS and r.get("gpus") and r.get("scope") != "expand":
-            check(r["seq"], f"{r['pipeline_id']}_actor_train", r["gpus"], f"runs {r['effect']}")
+        if k == "vram":
+            if r["delta"] > 0:
+                cluster = cluster_of(r["owner"])
+                if cluster is not None and held_by(r["gpu"]) != cluster and r["mem"] != "staging":
+                    check(r["seq"], cluster, [r["gpu"]], f"allocates {r['mem']}")
+        elif k == "request_dispatch":
+            pid = r["pipeline_id"]
+            gpus = rank_gpus.get((pid, r["dp_rank"]))
+            if gpus:
+                cluster = infer_cluster.get(pid) or infer_cluster.setdefault(pid, f"{pid}_actor_infer")
+                for g in gpus:
+                    if held_by(g) != cluster:
+                        check(r["seq"], cluster, gpus, "serves a request")
+                        break
         elif k == "rank_state":
             rank_gpus[(r["pipeline_id"], r["dp_rank"])] = r["gpus"]
-        elif k == "request_dispatch":
-            gpus = rank_gpus.get((r["pipeline_id"], r["dp_rank"]), [])
-            check(r["seq"], f"{r['pipeline_id']}_actor_infer", gpus, "serves a request")
+        elif k == "register":
+            registered.add(r["pipeline_id"])
+        elif k == "effect_start":
+            if r["effect"] in _TRAINER_EFFECTS and r.get("gpus") and r.get("scope") != "expand":
+                check(r["seq"], f"{r['pipeline_id']}_actor_train", r["gpus"], f"runs {r['effect']}")
         else:
             holders.grant_of(r)
     return out

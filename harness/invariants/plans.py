@@ -23,6 +23,10 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
     """(condition, message) for every RLix plan-validation condition ``plan`` breaks."""
     bad: List[Tuple[int, str]] = []
     shrinks, signals, expands = plan["shrinks"], plan["signals"], plan["expands"]
+    if not (shrinks or signals or expands):
+        # every condition is about an op: an empty plan (most cycles of a long run) breaks
+        # none, and the idle set below costs a pass over every GPU of the cluster
+        return bad
     # 1: a cluster appears at most once per op list
     for label, ops in (("shrink", shrinks), ("signal", signals), ("expand", expands)):
         for cid, n in sorted(Counter(op["cluster_id"] for op in ops).items()):

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import islice
+from itertools import chain, islice
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -473,7 +473,7 @@ class _LogIndex:
                 latest = math.nan
             self.t_max = latest if latest == latest else max(map(float, times))
         gpu_lists = [gs for r in islice(records, 1, None) if (gs := r.get("gpus"))]
-        self.gpu_ids = {g for gs in gpu_lists for g in gs if isinstance(g, int)}
+        self.gpu_ids = _int_ids(gpu_lists)
         try:
             pids = {r.get("pipeline_id") for r in islice(records, 1, None)}
         except TypeError:  # an unhashable pipeline id: not a str, so not one
@@ -489,6 +489,19 @@ class _LogIndex:
         merged = [r for recs, _ in parts for r in recs]
         order = np.argsort(np.concatenate([positions for _, positions in parts]), kind="stable")
         return [merged[i] for i in order.tolist()]
+
+
+def _int_ids(lists: List[Sequence[Any]]) -> set:
+    """The ints named in ``lists``: one set() of all of them at C speed when every entry
+    is a plain int (a log's ``gpus`` lists), else entry by entry (a float 1.0 must not
+    stand in for the GPU 1 it equals, nor an unhashable entry stop the walk)."""
+    try:
+        named = set(chain.from_iterable(lists))
+    except TypeError:
+        named = None
+    if named is not None and all(type(g) is int for g in named):
+        return named
+    return {g for gs in lists for g in gs if isinstance(g, int)}
 
 
 def as_view(log: Log) -> RunView:
