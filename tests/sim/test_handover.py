@@ -96,3 +96,25 @@ def test_gpu_tenancy_fires_when_a_trainer_allocates_on_a_gpu_it_does_not_hold():
     load["gpu"] = 0
     found = check_log(records, ["gpu_tenancy"])
     assert found and found[0].message.startswith("nemo_actor_train allocates params on GPU 0")
+
+
+def test_gpu_tenancy_fires_when_a_rank_serves_or_a_trainer_runs_on_a_gpu_its_cluster_does_not_hold():
+    """Mutations: the GPUs of a routable nemo rank, then those of a training Compute, moved
+    to GPU 99, which nobody holds (each reported once, however many records follow)."""
+    clean = run("handover_fix_offload").records
+    records = copy.deepcopy(clean)
+    dispatch = next(r for r in records if r["kind"] == "request_dispatch" and r["pipeline_id"] == "nemo")
+    state = [r for r in records if r["kind"] == "rank_state" and r["seq"] < dispatch["seq"]
+             and (r["pipeline_id"], r["dp_rank"]) == ("nemo", dispatch["dp_rank"])][-1]
+    state["gpus"] = [99]
+    found = check_log(records, ["gpu_tenancy"])
+    assert found and found[0].seq == dispatch["seq"], found
+    assert found[0].message == "nemo_actor_infer serves a request on GPU 99, which nobody holds"
+    assert len([v for v in found if "serves a request on GPU 99" in v.message]) == 1
+
+    records = copy.deepcopy(clean)
+    compute = next(r for r in records if r["kind"] == "effect_start" and r["pipeline_id"] == "nemo"
+                   and r["effect"] == "Compute" and r.get("gpus"))
+    compute["gpus"] = [99]
+    found = check_log(records, ["gpu_tenancy"])
+    assert [v.message for v in found] == ["nemo_actor_train runs Compute on GPU 99, which nobody holds"]
