@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -194,8 +196,13 @@ def test_cli_usage_errors_are_one_line(tmp_path):
 
 
 def test_console_script_is_installed():
+    # the script pip installed beside this interpreter (the suite may run as
+    # .venv/bin/python -m pytest, with the environment not activated), else the one on PATH
+    script = os.path.join(sysconfig.get_path("scripts"), "rlharness")
+    script = script if os.path.exists(script) else shutil.which("rlharness")
+    assert script, "no rlharness console script beside this interpreter or on PATH: pip install -e ."
     clean = [p for p in EXAMPLES if os.path.basename(p) not in WITH_FINDINGS][0]
-    proc = subprocess.run(["rlharness", "replay", clean, "--quiet"], capture_output=True, text=True)
+    proc = subprocess.run([script, "replay", clean, "--quiet"], capture_output=True, text=True)
     assert proc.returncode == 0 and "cycles committed" in proc.stdout
 
 
