@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from harness.ordered_sum import ordered_sum
 from simulators.calibration import CalibrationError, load_calibration, write_calibration
 from simulators.refit import StreamCosts, predict_sync_seconds
 from simulators.spec import CostSpec
@@ -107,8 +108,8 @@ def fit(points: list) -> Dict[str, float]:
             target.append(1.0)
     inv_pack, inv_load, tensor_s = _lstsq_nonneg(np.array(rows), np.array(target))
     dedicated = [(m.dedicated_bytes, min(m.dedicated_s)) for _, m in points if m.dedicated_bytes]
-    staging_rate = sum(b for b, _ in dedicated) / max(sum(t for _, t in dedicated), 1e-9) if dedicated else 0.0
-    cache_rate = sum(m.model_bytes for _, m in points) / sum(min(m.cache_build_s) for _, m in points)
+    staging_rate = sum(b for b, _ in dedicated) / max(ordered_sum(t for _, t in dedicated), 1e-9) if dedicated else 0.0
+    cache_rate = sum(m.model_bytes for _, m in points) / ordered_sum(min(m.cache_build_s) for _, m in points)
     costs = {"refit_pack_bytes_per_s": 1.0 / inv_pack if inv_pack > 0 else 1e12,
              "receiver_load_bytes_per_s": 1.0 / inv_load if inv_load > 0 else 1e12,
              "refit_tensor_overhead_s": float(tensor_s),
@@ -117,7 +118,7 @@ def fit(points: list) -> Dict[str, float]:
              "refit_group_overhead_s": 1e-4, "refit_complete_s": 1e-3}
 
     def loss(c: Dict[str, float]) -> float:
-        return sum(math.log(predict(specs, m.budget_bytes, c) / m.best_s) ** 2 for specs, m in points)
+        return ordered_sum(math.log(predict(specs, m.budget_bytes, c) / m.best_s) ** 2 for specs, m in points)
 
     best = loss(costs)
     tuned = [k for k in costs if k != "cache_pack_bytes_per_s" and (k != "refit_staging_bytes_per_s" or staging_rate)]

@@ -38,6 +38,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from harness.ordered_sum import ordered_sum
 from harness.outputs.dataplane import HopTotal, dataplane_totals, format_dataplane
 from harness.outputs.streaming_summary import StreamingRow, streaming_lines, streaming_rows
 from harness.outputs.intervals import (  # noqa: F401  (re-exported: the outputs' shared vocabulary)
@@ -207,7 +208,7 @@ def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dic
         active[rank] += delta
         prev = t
     out = {"train": train, "refit": refit, "generate": generate}
-    out["idle"] = (t1 - t0) - sum(out[c] for c in ("train", "refit", "generate"))
+    out["idle"] = (t1 - t0) - ordered_sum(out[c] for c in ("train", "refit", "generate"))
     return out
 
 
@@ -259,7 +260,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
             pipeline_id=pid,
             steps_done=done,
             step_times=times,
-            mean_step_s=(sum(times) / len(times)) if times else None,
+            mean_step_s=(ordered_sum(times) / len(times)) if times else None,
             p95_step_s=p95(times),
             generate_s=union_length(gen),
             train_s=union_length(spans["train"]),
@@ -299,7 +300,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         counts = {p: sync_count[pid][p] for p in sorted(sync_count.get(pid, {}))}
         secs = {p: sync_secs[pid][p] for p in sorted(sync_secs.get(pid, {}))}
         n = sum(counts.values())
-        total = sum(secs[p] for p in sorted(secs))
+        total = ordered_sum(secs[p] for p in sorted(secs))
         refit.append(RefitSummary(
             pipeline_id=pid, syncs_by_path=counts, sync_s_by_path=secs, total_sync_s=total,
             mean_sync_s=(total / n) if n else None, buckets=buckets.get(pid, 0),
@@ -445,7 +446,7 @@ def format_summary(summary: Summary) -> str:
                      _pct(g.refit_s, d), _pct(g.idle_s, d)])
     if summary.gpus:
         n = len(summary.gpus)
-        tot = [sum(getattr(g, f) for g in summary.gpus) for f in ("train_s", "generate_s", "refit_s", "idle_s")]
+        tot = [ordered_sum(getattr(g, f) for g in summary.gpus) for f in ("train_s", "generate_s", "refit_s", "idle_s")]
         rows.append(["all", "-"] + [_pct(x, d * n) for x in tot])
     out += _table(["gpu", "node", "train %", "generate %", "refit %", "idle %"], rows, "rrrrrr")
 
@@ -548,7 +549,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
             "refit_pct": pct(g.refit_s, d), "idle_pct": pct(g.idle_s, d),
             "train_s": g.train_s, "generate_s": g.generate_s, "refit_s": g.refit_s, "idle_s": g.idle_s,
         } for g in summary.gpus],
-        "gpus_all": {f"{k}_pct": pct(sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
+        "gpus_all": {f"{k}_pct": pct(ordered_sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
                      for k in ("train", "generate", "refit", "idle")} if n_gpus else {},
         "refit": [{**asdict(r), "syncs": r.syncs} for r in summary.refit],
         "staleness": {

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from harness.ordered_sum import ordered_sum
 from harness.scheduler.commit import CommitResult, Signal, commit_cycle
 from harness.scheduler.cycle import CycleFailure, CyclePlan, plan_cycle
 from harness.scheduler.options import SchedulerOptions
@@ -378,13 +379,13 @@ class SchedulerModel:
             rows.append((completion, remaining * tp, len(alloc.active_dp_ranks) * tp))
         if len(rows) < 2:
             return None
-        total_w = sum(r[1] for r in rows)
+        total_w = ordered_sum(r[1] for r in rows)
         total_g = sum(r[2] for r in rows)
         if total_w <= 0.0 or total_g <= 0:
             return None
         rows.sort(key=lambda r: r[0])
         worst = rows[: max(1, math.ceil(len(rows) * self.options.rebalance_worst_fraction))]
-        deviation = abs(sum(r[1] for r in worst) / total_w - sum(r[2] for r in worst) / float(total_g)) * 100.0
+        deviation = abs(ordered_sum(r[1] for r in worst) / total_w - sum(r[2] for r in worst) / float(total_g)) * 100.0
         return "2.1" if deviation > self.options.rebalance_threshold_pp else None
 
     # ------------------------------------------------------------------ views

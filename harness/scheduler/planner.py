@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from harness.ordered_sum import ordered_sum
 from harness.scheduler.demand import demand_rows, gpu_pipeline_index, no_first_winner
 from harness.scheduler.types import (
     ClusterAllocation,
@@ -164,7 +165,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     # The caller's set is only read until an exit before the loop, which then hands it back
     # as ``result.idle`` uncopied (nothing changed it); the loop works on a copy.
     result = GapRatioResult(idle)
-    total_weight = sum(weights)  # sum() over the same sequence RLix sums: the same float
+    total_weight = ordered_sum(weights)  # RLix's sum() of the same sequence, as 3.11 adds it
     budget_gpus = len(idle) + active_gpus
     if budget_gpus == 0:
         return result
