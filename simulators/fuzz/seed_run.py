@@ -53,7 +53,7 @@ def run_scenario(scenario: Scenario) -> Dict[str, Any]:
         "records": len(records),
         "violations": len(violations),
         "first_violations": [str(v) for v in violations[:_KEPT_VIOLATIONS]],
-        "log_sha256": _sha(result.log.lines()),
+        "log_sha256": lines_sha256(result.log.lines()),
     }
 
 
@@ -66,7 +66,8 @@ def _describe(s: Scenario) -> Dict[str, Any]:
     }
 
 
-def _sha(lines) -> str:
+def lines_sha256(lines) -> str:
+    """The SHA-256 of the events.jsonl bytes these lines make (each followed by a newline)."""
     digest = hashlib.sha256()
     for line in lines:
         digest.update(line.encode("utf-8"))
@@ -124,7 +125,7 @@ def _hashes_main(seeds: List[int]) -> None:
     out = {}
     for seed in seeds:
         try:
-            out[str(seed)] = _sha(Simulation(scenario_for_seed(seed)).run().log.lines())
+            out[str(seed)] = lines_sha256(Simulation(scenario_for_seed(seed)).run().log.lines())
         except Exception as e:  # the primary run crashed too, or it did not: either way a difference
             out[str(seed)] = f"raised {type(e).__name__}"
     sys.stdout.write(json.dumps(out))
