@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
         check_output_file(args.png, "--png", inputs=[args.log])
     records = [r.data for r in read_records(args.log)]
 
-    from harness.outputs.intervals import RunView
+    from harness.outputs.run_view import RunView
 
     view = RunView(records)
     written = []

@@ -197,7 +197,8 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
     """Simulate and check a scenario; with ``out_dir`` also write its run folder."""
     import dataclasses
 
-    from harness.outputs.summary import format_summary, summarize
+    from harness.outputs.summary import summarize
+    from harness.outputs.summary_text import format_summary
     from simulators.run import simulate
 
     spec = load(scenario, overrides)

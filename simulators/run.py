@@ -29,9 +29,10 @@ from harness.eventlog.writer import atomic_write
 from harness.gc_pause import gc_paused
 from harness.outputs.paths import RunFolder
 from harness.invariants import Violation, check_log
-from harness.outputs.intervals import RunView
+from harness.outputs.run_view import RunView
 from harness.outputs.perfetto import write_chrome_trace
-from harness.outputs.summary import Summary, format_summary, summarize, summary_json
+from harness.outputs.summary import Summary, summarize
+from harness.outputs.summary_text import format_summary, summary_json
 from harness.outputs.timeline import write_timeline_png
 from simulators.runtime import RunResult, Simulation
 from simulators.scenario import scenario_to_mapping

@@ -13,9 +13,10 @@ Each also accepts a :class:`RunView` of the records: several outputs of one log 
 same view derive its intervals once instead of once each.
 """
 
-from harness.outputs.intervals import RunView
+from harness.outputs.run_view import RunView
 from harness.outputs.perfetto import chrome_trace, write_chrome_trace
-from harness.outputs.summary import Summary, format_summary, summarize
+from harness.outputs.summary import Summary, summarize
+from harness.outputs.summary_text import format_summary
 from harness.outputs.timeline import render_timeline_png, write_timeline_png
 
 __all__ = [

@@ -3,7 +3,8 @@
 Pure functions over a list of event-log record dicts (``records[0]`` is the header). The
 summary (:mod:`.summary`), the Perfetto trace (:mod:`.perfetto`) and the PNG timeline
 (:mod:`.timeline`) all draw or measure these same intervals; the definitions are in the
-summary module's docstring.
+summary module's docstring. :mod:`.run_view` derives them once per run for all three,
+and :mod:`.lanes` places overlapping slices of one GPU on lanes.
 """
 
 from __future__ import annotations
@@ -11,11 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import cached_property
-from itertools import chain, islice
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
-
-import numpy as np
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.streaming_effects import STREAMING_TRAINER_EFFECTS
@@ -339,206 +336,6 @@ def slices_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], 
     return out
 
 
-class RunView:
-    """A log and what the outputs derive from it, each derived once, on first use.
-
-    The summary, the Perfetto trace and the PNG each need the run's bounds, GPUs, effect
-    and rank intervals and GPU slices; given a view instead of the records, the three
-    outputs of one run share one derivation instead of repeating it (a 1024-GPU run's
-    log has over a million records). Treat the records as frozen once viewed.
-    """
-
-    def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
-        _header(records)
-        self.records = records
-
-    @cached_property
-    def _index(self) -> "_LogIndex":
-        return _LogIndex(self.records)
-
-    def of(self, *kinds: str) -> Sequence[Mapping[str, Any]]:
-        """The records of these kinds, in log order (from one pass over the log, shared:
-        most outputs read a few thousand scheduler records of a million-record log)."""
-        return self._index.of(kinds)
-
-    @cached_property
-    def bounds(self) -> Tuple[float, float]:
-        """:func:`run_bounds`, from the shared pass."""
-        t0 = float(self.records[0].get("t", 0.0))
-        t1 = max(t0, self._index.t_max if self._index.t_max is not None else t0)
-        for r in self.of("sim_end"):
-            t1 = max(t1, float(r.get("sim_time", t1)))
-        return t0, t1
-
-    @cached_property
-    def shape(self) -> Tuple[int, int]:
-        return cluster_shape(self.records)
-
-    @cached_property
-    def gpus(self) -> List[int]:
-        """:func:`all_gpus`, from the shared pass."""
-        nodes, gpn = self.shape
-        ids = set(range(nodes * gpn)) | self._index.gpu_ids
-        for kind in ("oom", "vram"):  # (the header is neither)
-            ids |= {g for r in self.of(kind) if isinstance(g := r.get("gpu"), int)}
-        return sorted(ids)
-
-    @cached_property
-    def pipeline_ids(self) -> List[str]:
-        """Every pipeline id a record after the header names, sorted."""
-        return sorted(self._index.pipeline_ids)
-
-    @cached_property
-    def scenario(self) -> Optional[str]:
-        return scenario_name(self.records)
-
-    @cached_property
-    def effects(self) -> List[EffectInterval]:
-        return effect_intervals(self.of("effect_start", "effect_end"), self.bounds[1])
-
-    @cached_property
-    def ranks(self) -> List[RankInterval]:
-        return rank_intervals(self.of("rank_state"), self.bounds[1])
-
-    @cached_property
-    def slices(self) -> List[GpuSlice]:
-        """:func:`gpu_slices` with every kind."""
-        return slices_of(self.effects, self.ranks)
-
-    @cached_property
-    def work_slices(self) -> List[GpuSlice]:
-        """:func:`gpu_slices` without kind "other" (the same order: a filtered sorted list)."""
-        return [s for s in self.slices if s.kind != "other"]
-
-    @cached_property
-    def lanes(self) -> List[int]:
-        """:func:`assign_lanes` of :attr:`slices` (the Perfetto trace's tracks)."""
-        return self._lane_sets[0]
-
-    @cached_property
-    def work_lanes(self) -> List[int]:
-        """:func:`assign_lanes` of :attr:`work_slices` (the timeline's lanes)."""
-        return self._lane_sets[1]
-
-    @cached_property
-    def _lane_sets(self) -> Tuple[List[int], List[int]]:
-        """Both lane assignments from one sort: the work slices, a subsequence of the
-        slices, are in the same relative order when only they are sorted."""
-        slices, work = self.slices, self.work_slices
-        gpus, starts, ends = [s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices]
-        order = column_order([gpus, starts, ends, [s.seq for s in slices]],
-                             lambda i: (slices[i].label,), lambda i: slices[i].args)
-        lanes = _greedy_lanes(gpus, starts, ends, order)
-        if len(work) == len(slices):
-            return lanes, lanes
-        is_work = np.array([s.kind != "other" for s in slices], dtype=bool)
-        at = np.asarray(order, dtype=np.int64)
-        work_order = (np.cumsum(is_work) - 1)[at[is_work[at]]].tolist()  # the work slices' positions, in order
-        keep = is_work.tolist()
-
-        def of_work(values: List[Any]) -> List[Any]:
-            return [v for v, k in zip(values, keep) if k]
-
-        return lanes, _greedy_lanes(of_work(gpus), of_work(starts), of_work(ends), work_order)
-
-
-Log = Union[Sequence[Mapping[str, Any]], RunView]
-
-
-class _LogIndex:
-    """One pass over a log: its records by kind (with their positions, to merge kinds
-    back into log order), the latest ``t``, and the GPU ids (``gpus`` lists) and pipeline
-    ids named after the header — what :func:`run_bounds`, :func:`all_gpus` and the
-    summary's pipeline list each walked the whole log for."""
-
-    def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
-        # group the positions by kind with numpy (a stable sort of each record's kind
-        # code), then take each kind's records: no Python loop body per record
-        code_of: Dict[Any, int] = {}
-        codes = np.array([code_of.setdefault(kind, len(code_of)) for kind in [r.get("kind") for r in records]],
-                         dtype=np.int64)
-        order = np.argsort(codes, kind="stable")
-        ends = np.cumsum(np.bincount(codes, minlength=len(code_of))).tolist()
-        self.by_kind: Dict[Any, Tuple[List[Mapping[str, Any]], np.ndarray]] = {}
-        for kind, code in code_of.items():
-            positions = order[(ends[code - 1] if code else 0):ends[code]]
-            self.by_kind[kind] = ([records[i] for i in positions.tolist()], positions)
-        t0 = records[0].get("t", 0.0) if records else 0.0
-        times = [r.get("t", t0) for r in records]
-        self.t_max: Optional[float] = None
-        if times:
-            try:  # numpy reads a list of floats at C speed; float() decides anything else (and NaN)
-                latest = float(np.array(times, dtype=float).max())
-            except (TypeError, ValueError, OverflowError):
-                latest = math.nan
-            self.t_max = latest if latest == latest else max(map(float, times))
-        gpu_lists = [gs for r in islice(records, 1, None) if (gs := r.get("gpus"))]
-        self.gpu_ids = _int_ids(gpu_lists)
-        try:
-            pids = {r.get("pipeline_id") for r in islice(records, 1, None)}
-        except TypeError:  # an unhashable pipeline id: not a str, so not one
-            pids = {p for r in islice(records, 1, None) if isinstance(p := r.get("pipeline_id"), str)}
-        self.pipeline_ids = {p for p in pids if isinstance(p, str)}
-
-    def of(self, kinds: Sequence[str]) -> Sequence[Mapping[str, Any]]:
-        parts = [self.by_kind[k] for k in dict.fromkeys(kinds) if k in self.by_kind]
-        if not parts:
-            return []
-        if len(parts) == 1:
-            return parts[0][0]
-        merged = [r for recs, _ in parts for r in recs]
-        order = np.argsort(np.concatenate([positions for _, positions in parts]), kind="stable")
-        return [merged[i] for i in order.tolist()]
-
-
-def _int_ids(lists: List[Sequence[Any]]) -> set:
-    """The ints named in ``lists``: one set() of all of them at C speed when every entry
-    is a plain int (a log's ``gpus`` lists), else entry by entry (a float 1.0 must not
-    stand in for the GPU 1 it equals, nor an unhashable entry stop the walk)."""
-    try:
-        named = set(chain.from_iterable(lists))
-    except TypeError:
-        named = None
-    if named is not None and all(type(g) is int for g in named):
-        return named
-    return {g for gs in lists for g in gs if isinstance(g, int)}
-
-
-def as_view(log: Log) -> RunView:
-    """The view of ``log``: itself if it is one, else a new view of the records."""
-    return log if isinstance(log, RunView) else RunView(log)
-
-
-def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
-    """Greedy lane per slice (same order as given): within each GPU, slices in (start, end,
-    seq) order take the lowest lane whose previous slice has ended — interval partitioning,
-    so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
-    (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
-    gpus, starts, ends = [s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices]
-    order = column_order([gpus, starts, ends, [s.seq for s in slices]],
-                         lambda i: (slices[i].label,), lambda i: slices[i].args)  # then the label, the args
-    return _greedy_lanes(gpus, starts, ends, order)
-
-
-def _greedy_lanes(gpus: Sequence[Any], starts: Sequence[float], ends: Sequence[float],
-                  order: Sequence[int]) -> List[int]:
-    """The lanes of :func:`assign_lanes`, the slices (as columns) visited in ``order``."""
-    lanes = [0] * len(gpus)
-    lane_end: Dict[Any, List[float]] = defaultdict(list)
-    for i in order:
-        start = starts[i]
-        busy = lane_end[gpus[i]]
-        for lane, end in enumerate(busy):
-            if end <= start:
-                busy[lane] = ends[i]
-                lanes[i] = lane
-                break
-        else:
-            busy.append(ends[i])
-            lanes[i] = len(busy) - 1
-    return lanes
-
-
 def union_length(spans: Iterable[Tuple[float, float]]) -> float:
     """Total length covered by a set of [start, end) spans."""
     total = 0.0
@@ -564,8 +361,3 @@ def p95(values: Sequence[float]) -> Optional[float]:
         return None
     ordered = sorted(values)
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
-
-
-# --------------------------------------------------------------------------- summary
-
-

@@ -6,7 +6,7 @@ Layout (reference/anchors.md §4):
   "GPU g (node n)". Perfetto cannot draw partially overlapping slices on one track, so
   work that overlaps on a GPU (a rank generating while its weights are refreshed, two
   pipelines on one device) goes to extra tracks "GPU g lane k", lanes assigned greedily
-  and deterministically (:func:`harness.outputs.intervals.assign_lanes`);
+  and deterministically (:func:`harness.outputs.lanes.assign_lanes`);
 - complete events (``"ph": "X"``) for every effect that occupies GPUs (its ``gpus``) and
   for every routable interval of a DP rank ("generate ppl1 dp0"); ``cat`` is the kind
   (train, generate, sync, wake_sleep, waiting, other);
@@ -30,7 +30,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 import numpy as np
 
 from harness.outputs.canonical_order import canonical_json, column_order
-from harness.outputs.intervals import GpuSlice, Log, RunView, as_view, assign_lanes, sort_slices
+from harness.outputs.intervals import GpuSlice, sort_slices
+from harness.outputs.lanes import assign_lanes
+from harness.outputs.run_view import Log, RunView, as_view
 
 Number = Union[int, float]
 _PH_ORDER = {"M": 0, "C": 1, "X": 2, "i": 3}

@@ -22,7 +22,9 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from harness.outputs.intervals import GpuSlice, Log, as_view, assign_lanes
+from harness.outputs.intervals import GpuSlice
+from harness.outputs.lanes import assign_lanes
+from harness.outputs.run_view import Log, as_view
 from harness.outputs.timeline_raster import bar_image
 
 #: picture kind -> (legend label, colour), in legend order. Each phase has a colour of its

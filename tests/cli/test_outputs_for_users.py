@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from rlharness.cli import main
-from harness.outputs.summary import Summary, format_summary, summarize, summary_json
+from harness.outputs.summary import Summary, summarize
+from harness.outputs.summary_text import format_summary, summary_json
 from harness.outputs.timeline import KIND_STYLE, legend_kinds, picture_kind
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -130,7 +131,7 @@ def test_legend_lists_only_what_is_drawn_and_phases_have_their_own_colours():
     assert picture_kind("wake_sleep", "Wake ppl1 s0") == "wake" and picture_kind("wake_sleep", "Sleep ppl1 s0") == "sleep"
     assert picture_kind("wake_sleep", "Drain ppl1") == "drain" and picture_kind("train", "Compute(train) p") == "train"
     assert legend_kinds({"sleep", "train"}) == ["train", "sleep"]
-    from harness.outputs.intervals import RunView
+    from harness.outputs.run_view import RunView
 
     records = [json.loads(line) for line in open(os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl"))]
     drawn = {picture_kind(s.kind, s.label) for s in RunView(records).work_slices}

@@ -8,7 +8,8 @@ from collections import defaultdict
 import pytest
 
 from harness.invariants import check_log
-from harness.outputs.summary import format_summary, summarize
+from harness.outputs.summary import summarize
+from harness.outputs.summary_text import format_summary
 from simulators.runtime import Simulation
 from simulators.scenario import ScenarioError, load_scenario, scenario_from_mapping, scenario_to_mapping
 

@@ -10,7 +10,8 @@ import os
 
 from harness.control.residency import residency_markdown
 from harness.invariants import check_log
-from harness.outputs.summary import format_summary, summarize
+from harness.outputs.summary import summarize
+from harness.outputs.summary_text import format_summary
 from simulators.runtime import Simulation
 from simulators.scenario import load_scenario
 

@@ -20,15 +20,8 @@ from harness.control import streaming_effects as streaming_effects_mod
 from harness.eventlog.records import read_records
 from harness.outputs import chrome_trace, format_summary, summarize, write_chrome_trace, write_timeline_png
 from harness.outputs.perfetto import dumps_chrome_trace
-from harness.outputs.summary import (
-    REFIT_EFFECTS,
-    TRAIN_EFFECTS,
-    WAITING_EFFECTS,
-    assign_lanes,
-    gpu_slices,
-    p95,
-    union_length,
-)
+from harness.outputs.intervals import REFIT_EFFECTS, TRAIN_EFFECTS, WAITING_EFFECTS, gpu_slices, p95, union_length
+from harness.outputs.lanes import assign_lanes
 from harness.outputs.timeline import render_timeline_png, timeline_size_px
 
 
@@ -391,7 +384,7 @@ def test_slice_sort_breaks_full_ties_by_canonical_args_like_the_sort_key():
 
 
 def test_a_shared_run_view_gives_every_output_what_the_records_give(tmp_path):
-    from harness.outputs.intervals import RunView
+    from harness.outputs.run_view import RunView
 
     records = build_log()
     view = RunView(records)

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from harness.invariants import check_log
-from harness.outputs.summary import format_summary, summarize
+from harness.outputs.summary import summarize
+from harness.outputs.summary_text import format_summary
 from simulators.runtime import Simulation
 from simulators.scenario import load_scenario, scenario_from_mapping
 from simulators.scenario import ScenarioError

@@ -192,7 +192,8 @@ def test_new_slice_is_the_dataclass_with_every_field():
 def test_a_views_two_lane_sets_are_each_assign_lanes_of_its_slices():
     """The trace's lanes (every slice) and the picture's (without kind "other") share one
     sort; each must still be assign_lanes of its own slices."""
-    from harness.outputs.intervals import RunView, assign_lanes
+    from harness.outputs.lanes import assign_lanes
+    from harness.outputs.run_view import RunView
 
     recs = _dense_log(nodes=1, gpn=8)
     sim_end = recs.pop()
