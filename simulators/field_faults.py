@@ -5,7 +5,7 @@ Each hook is named in a scenario's ``faults:`` (documented in ``simulators/spec.
 record; what follows is the simulated system's own behaviour, so the oracle or a modelled
 failure (OOM, fail-fast) has to catch it from the log. Mixed into
 :class:`simulators.pipeline.PipelineSim`; each method is called from one hook point there,
-in ``ranks.py`` or in ``refit.py``.
+in ``ranks.py``, ``refit.py``, ``pipeline_training.py`` or ``pipeline_rollouts.py``.
 """
 
 from __future__ import annotations

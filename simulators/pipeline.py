@@ -24,7 +24,7 @@ from harness.control.lifecycle import pipeline_run
 from harness.control.residency import TrainerSwitches
 from harness.control.rank_state import RankLifecycle, RankStateError
 from harness.control.resize import COORDINATOR_GONE
-from harness.control.reporting import clear_progress_due, progress_input, request_input
+from harness.control.reporting import clear_progress_due, request_input
 from harness.control.versions import VersionBook, VersionError
 from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.scheduler.progress import CoordinatorProgress
@@ -34,7 +34,9 @@ from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.dataplane import DataPlaneSim
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
-from simulators.inference import RankSim, Request, Router
+from simulators.inference import RankSim, Router
+from simulators.pipeline_rollouts import RolloutEffects
+from simulators.pipeline_training import TrainingEffects
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
 from simulators.runtime import SimFailure, Simulation
@@ -43,16 +45,17 @@ from simulators.timeouts import Deadlines
 from simulators.workload import Collector, ReplayBuffer
 
 TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
-TRAIN_STATE_KINDS = ("params", "grads", "optimizer")  # in load/offload order
-TRAIN_STATE_KINDS_ALL = frozenset(TRAIN_STATE_KINDS)
 _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old_log_probs",
                    Priority.ACTOR_TRAINING: "train"}
 
 
-class PipelineSim(RankEffects, RefitEffects, FieldFaults):
+class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
-    :class:`RefitEffects` (refit.py), the field-report fault hooks from :class:`FieldFaults`
-    (field_faults.py); scheduler, training and workload effects are here."""
+    :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
+    (pipeline_training.py), workload effects and trajectory collection from
+    :class:`RolloutEffects` (pipeline_rollouts.py), the field-report fault hooks from
+    :class:`FieldFaults` (field_faults.py); lifecycle, scheduler and coordinator-lock
+    effects, the generation watchdog and the effect dispatch are here."""
 
     def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
         self.sim, self.spec, self.index = sim, spec, index
@@ -317,141 +320,6 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
         return None
 
-    # ------------------------------------------------------------------ training effects
-    # What each phase loads, offloads and destroys is harness/control/residency.py (the
-    # control logic reads the same table); here each kind costs its bytes on every
-    # training GPU, labelled with the phase that loaded it.
-    @property
-    def train_resident(self) -> bool:
-        return "params" in self.train_loaded
-
-    def _train_bytes(self, kind: str) -> int:
-        """Per-GPU bytes of one training-state kind (CostSpec multipliers x weight bytes)."""
-        c = self.costs
-        mult = {"params": 1.0, "optimizer": c.optimizer_state_multiplier,
-                "grads": c.train_state_multiplier - 1.0 - c.optimizer_state_multiplier}[kind]
-        return int(self.weight_bytes * mult / len(self.train_gpus))
-
-    def _load_train(self, kinds) -> None:
-        vram, owner = self.sim.cluster.vram, f"{self.pid}/train"
-        for kind in TRAIN_STATE_KINDS:  # a fixed order: the log does not depend on the table's
-            if kind in kinds and kind not in self.train_loaded:
-                nbytes = self._train_bytes(kind)
-                for g in self.train_gpus:
-                    vram.alloc(g, owner, kind, nbytes, self.train_phase)
-                self.train_loaded.add(kind)
-
-    def _create_train_comm(self):
-        """Create (or reload) the training process groups. A group of one GPU has no peer
-        and holds no communicator buffers (ROLL's ReloadableProcessGroup skips it): bytes
-        only when the trainer spans several GPUs."""
-        yield self.env.timeout(self.costs.nccl_group_create_s)
-        if len(self.train_gpus) > 1:
-            for g in self.train_gpus:
-                self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes, self.train_phase)
-        self.train_comm_live = True
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
-
-    def _destroy_train_comm(self):
-        yield self.env.timeout(self.costs.nccl_group_destroy_s)
-        for g in self.train_gpus:
-            self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
-        self.train_comm_live = False
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
-
-    def _ReloadTrainComm(self, e):
-        if self.train_comm_live:  # reloading live groups is a no-op
-            return None
-        yield from self._create_train_comm()
-        return None
-
-    def _Compute(self, e):
-        """One worker call (ROLL: under ``state_offload_manger``): load what the phase
-        loads, compute, then offload and destroy what the phase's row says."""
-        self.train_phase = e.what
-        row = self.ctx.residency[e.what]
-        if "nccl" in row.loads and not self.train_comm_live:
-            yield from self._create_train_comm()
-        self._load_train(row.loads)
-        c, n = self.costs, self.ctx.step_target
-        if e.what == "train":
-            dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
-        else:
-            dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
-        dp = self.dataplane if e.what == "train" else None
-        if dp is not None:  # the batch's bulk reaches the workers before they compute
-            batch = self.buffer.last_taken
-            evicted = dp.evicted(batch, [r for _, r in self.buffer.items])
-            yield from dp.before_train(batch)
-        yield self.env.timeout(dt)
-        if dp is not None:
-            yield from dp.after_train(evicted)
-        if row.offloaded_at_end:
-            yield from self._offload_train_state(row.offloaded_at_end)
-        if row.destroys_groups and self.train_comm_live:
-            yield from self._destroy_train_comm()
-        return None
-
-    def _BuildCache(self, e):
-        if self.faults.get("cache_after_offload") == self.ctx.step and self.train_resident:
-            # the misordered hook: training offloads first, the cache is built from what is left
-            self.sim.emit("fault_fired", name="cache_after_offload", pipeline_id=self.pid, step=self.ctx.step)
-            yield from self._offload_train_state()
-        if e.version >= 0 and not self.train_resident:
-            raise SimFailure(f"cache v{e.version} built after offload: parameters have no storage (debug #34/#35)")
-        if e.version < 0:  # the init cache: the INITIALIZATION phase loads the training state
-            self._load_train(self.ctx.residency["init"].loads)
-        cluster = self.sim.cluster
-        yield from self.cache_lock.acquire("build", e.version)  # never while a sync reads the cache
-        with cluster.links.d2h[self.owner_gpu].request() as req:  # parameters leave the GPU
-            yield req
-            yield self.env.timeout(self.weight_bytes / cluster.spec.pcie_bytes_per_s)
-        yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)  # pack into buckets
-        self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
-        self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
-                                  len(self.cache_versions) * self.weight_bytes)
-        self.ctx.versions.cache_built(e.version)
-        self.cache_lock.release(e.version)
-        return None
-
-    def _PromoteCache(self, e):
-        yield from self.cache_lock.acquire("promote", e.version)
-        self.ctx.versions.promote(e.version)
-        self.cache_lock.release(e.version)
-        return None
-
-    def _OffloadTraining(self, e):
-        if self.faults.get("wake_before_offload") == self.ctx.step and not self.leaked_train_state:
-            self.leaked_train_state = True
-            self.sim.emit("fault_fired", name="wake_before_offload", pipeline_id=self.pid, step=self.ctx.step)
-            yield self.env.timeout(0)
-            return None  # training memory stays resident: the next wake on these GPUs must OOM
-        yield from self._offload_train_state()
-        self._leave_params_on_gpu()
-        return None
-
-    def _offload_train_state(self, kinds=TRAIN_STATE_KINDS_ALL):
-        """Move the loaded kinds among ``kinds`` to the host: every trainer at once, over
-        its device-to-host link."""
-        cluster = self.sim.cluster
-        owner = f"{self.pid}/train"
-        going = [k for k in TRAIN_STATE_KINDS if k in kinds and k in self.train_loaded]
-        share = sum(cluster.vram.held(self.train_gpus[0], owner, k) for k in going)
-        rate = min(self.costs.offload_bytes_per_s, cluster.spec.pcie_bytes_per_s)
-        reqs = [cluster.links.d2h[g].request() for g in self.train_gpus]  # every trainer offloads at once
-        yield self.env.all_of(reqs)
-        yield self.env.timeout(share / rate)
-        for g, req in zip(self.train_gpus, reqs):
-            cluster.links.d2h[g].release(req)
-        for g in self.train_gpus:
-            for k in going:
-                self.sim.cluster.vram.free(g, owner, k)
-        self.train_loaded.difference_update(going)
-
-    def _DestroyTrainComm(self, e):
-        yield from self._destroy_train_comm()
-        return None
-
     # ------------------------------------------------------------------ coordinator lock
     def _LockCoordinator(self, e):
         req = self.lock.request()
@@ -468,100 +336,7 @@ class PipelineSim(RankEffects, RefitEffects, FieldFaults):
         self.lock.release(self._lock_req.pop())
         return None
 
-    # ------------------------------------------------------------------ workload effects
-    def _current_version(self) -> int:
-        v = self.ctx.versions.published
-        return 0 if v is None else v
-
-    def _on_trajectory(self, req: Request, rank: RankSim) -> None:
-        self.collector.outstanding -= 1
-        version = req.version
-        self.buffer.add(version if version is not None else -1, req.rid)
-        if self.dataplane is not None:
-            self.dataplane.on_trajectory(req.rid, req.tokens)
-        # counted once: nothing below (a report, a refill) changes the buffer or the version
-        v = self.ctx.versions.published  # self._usable(), inlined: this runs on every completion
-        usable = self.buffer.usable(0 if v is None else v, self._max_age)
-        self._report_progress(False, usable)
-        self._refill()
-        if not self.batch_ready.triggered and self._wait_batch_has_work(usable):
-            self.batch_ready.succeed()
-
-    def _on_give_up(self, req: Request) -> None:
-        """A rollout gave up on a request preempted on every attempt: the prompt group is
-        dropped (NeMo's prompt-group worker logs the error and reopens its slot) and the
-        collector generates a replacement."""
-        self.collector.outstanding -= 1
-        self._refill()
-
-    def _usable(self) -> int:
-        """Buffered trajectories young enough for the published version."""
-        v = self.ctx.versions.published
-        return self.buffer.usable(0 if v is None else v, self._max_age)
-
-    def _wait_batch_has_work(self, usable: int) -> bool:
-        """Whether a waiting :meth:`_WaitBatch` would do anything if woken now (``usable``:
-        :meth:`_usable`): evict stale trajectories, take a batch, or (sync) gap-fill.
-        Otherwise its wake would only re-arm (the refill it does was just done by the
-        completion), so it is not woken: one wake per batch instead of one per trajectory."""
-        n = self._per_step
-        if usable < len(self.buffer.items) or usable >= n:  # stale items to evict, or a batch
-            return True
-        return self.collector.mode == "sync" and n - usable - self.collector.outstanding > 0
-
-    def _refill(self) -> None:
-        n = self.collector.refill(len(self.buffer.items))
-        if n > 0 and not self.finished:
-            self.router.submit(self._mark_straggler(self.collector.draw(n), self.ctx.step))
-
-    def _report_progress(self, new_batch: bool, usable: int) -> None:
-        """Report ``usable`` (:meth:`_usable`) as collected; the coordinator forwards it
-        to the scheduler when its 2 % bucket moves (or a new batch forces it)."""
-        if self.finished or not self.progress_hooks:
-            return
-        out = progress_input(self.progress, self.pid, self._per_step, usable, new_batch)
-        if out is not None:
-            sim = self.sim
-            sim.call("progress", out[0], sim.model.report_progress, out[1])
-
-    def _BeginProgressBatch(self, e):
-        self.batch_step = e.global_step
-        self._collector_epoch_end(e.global_step)
-        if self.collector.mode == "sync":
-            self.router.submit(self._mark_straggler(self.collector.draw(self.spec.workload.trajectories_per_step),
-                                                    e.global_step))
-        else:
-            self._refill()
-        self._report_progress(True, self._usable())
-        return None
-
-    def _EndProgressBatch(self, e):
-        if clear_progress_due(self.progress) and self.progress_hooks:
-            sim = self.sim
-            sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
-        return None
-
-    def _WaitBatch(self, e):
-        n, max_age = self._per_step, self._max_age
-        buffer, collector = self.buffer, self.collector  # both for the pipeline's life
-        while True:
-            current = self._current_version()
-            hist = buffer.take(n, current, max_age)
-            if hist is not None:
-                break
-            self.batch_ready = self.env.event()
-            self._refill()
-            if collector.mode == "sync":
-                # gap-fill: trajectories evicted as too stale are generated again
-                missing = n - buffer.usable(current, max_age) - collector.outstanding
-                if missing > 0:
-                    self.router.submit(collector.draw(missing))
-            yield self.batch_ready
-        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=n,
-                      staleness={str(k): v for k, v in hist.items()})
-        self._refill()
-        return None
-
+    # ------------------------------------------------------------------ generation watchdog
     def _watchdog_rearm(self) -> None:
         if watchdog_alive(self.finished, self.sim.failure is not None):
             Timer(self.env, self.costs.watchdog_s, self._watchdog_actor, self._watchdog_tick, None)
