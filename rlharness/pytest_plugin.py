@@ -119,7 +119,8 @@ def load(scenario: Any = None, overrides: Optional[Mapping[str, Any]] = None):
     """The validated :class:`~simulators.spec.Scenario` for ``scenario`` plus ``overrides``."""
     import os
 
-    from simulators.scenario import load_scenario, parse_yaml, scenario_from_mapping, scenario_to_mapping
+    from simulators.scenario import load_scenario, parse_yaml, scenario_from_mapping
+    from simulators.scenario_dump import scenario_to_mapping
     from simulators.spec import Scenario, default_scenario
 
     if scenario is None:

@@ -35,7 +35,7 @@ from harness.outputs.summary import Summary, summarize
 from harness.outputs.summary_text import format_summary, summary_json
 from harness.outputs.timeline import write_timeline_png
 from simulators.runtime import RunResult, Simulation
-from simulators.scenario import scenario_to_mapping
+from simulators.scenario_dump import scenario_to_mapping
 from simulators.spec import Scenario
 
 

@@ -11,7 +11,8 @@ from harness.invariants import check_log
 from harness.outputs.summary import summarize
 from harness.outputs.summary_text import format_summary
 from simulators.runtime import Simulation
-from simulators.scenario import ScenarioError, load_scenario, scenario_from_mapping, scenario_to_mapping
+from simulators.scenario import ScenarioError, load_scenario, scenario_from_mapping
+from simulators.scenario_dump import scenario_to_mapping
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 _RUNS = {}

@@ -14,8 +14,8 @@ from simulators.scenario import (
     ScenarioError,
     load_scenario,
     scenario_from_mapping,
-    scenario_to_mapping,
 )
+from simulators.scenario_dump import scenario_to_mapping
 from simulators.spec import (
     ClusterSpec,
     CostSpec,

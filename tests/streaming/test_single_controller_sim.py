@@ -133,7 +133,7 @@ def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp
         sc_scenario(max_buffered_rollouts=3, min_groups_for_streaming_train=4)
     path = tmp_path / "dead.yaml"
     good = sc_scenario()
-    from simulators.scenario import scenario_to_mapping
+    from simulators.scenario_dump import scenario_to_mapping
 
     data = scenario_to_mapping(good)
     data["pipelines"][0]["streaming"]["max_buffered_rollouts"] = 3

@@ -1,0 +1,62 @@
+"""A scenario written back out: the inverse of loading (``simulators/scenario.py``).
+
+``scenario_to_mapping`` turns a frozen :class:`~simulators.spec.Scenario` into the fully
+resolved mapping a scenario file would hold (defaults applied, lists instead of tuples).
+A run writes it as ``scenario.yaml`` next to its log, and the pytest plugin re-validates
+from it. It lives apart from the loader so the loader stays one direction (text ->
+validated spec) and this stays a plain field-by-field dump with nothing to validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Dict
+
+from simulators.spec import Scenario
+
+__all__ = ["scenario_to_mapping"]
+
+
+def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
+    """The fully resolved mapping of ``s`` (no ``defaults`` section; lists, not tuples).
+
+    ``scenario_from_mapping(scenario_to_mapping(s))`` equals ``s`` for any valid ``s``;
+    ``yaml.safe_dump(..., sort_keys=False)`` of it is a loadable scenario file.
+    """
+    pipelines = []
+    for p in s.pipelines:
+        pipelines.append(
+            {
+                "name": p.name,
+                "type": p.type,
+                "train_gpus": list(p.train_gpus),
+                "infer_gpus": list(p.infer_gpus),
+                "infer_tp": p.infer_tp,
+                "steps": p.steps,
+                "sleep_level": p.sleep_level,
+                "start_s": p.start_s,
+                "old_log_probs_offload_states": p.old_log_probs_offload_states,
+                "offload_nccl": p.offload_nccl,
+                "model": _flat_to_mapping(p.model),
+                "workload": _flat_to_mapping(p.workload),
+                **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
+            }
+        )
+        if p.type == "single_controller":
+            pipelines[-1]["streaming"] = _flat_to_mapping(p.streaming)
+    return {
+        "name": s.name,
+        "description": s.description,
+        "seed": s.seed,
+        "horizon_s": s.horizon_s,
+        "cluster": _flat_to_mapping(s.cluster),
+        "costs": _flat_to_mapping(s.costs),
+        "scheduler": dict(s.scheduler),
+        "pipelines": pipelines,
+        "faults": [_flat_to_mapping(f) for f in s.faults],
+        **({"refit_calibration": s.refit_calibration} if s.refit_calibration else {}),
+    }
