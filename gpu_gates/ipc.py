@@ -26,16 +26,16 @@ import torch
 
 from harness.refit import private_dirs
 from harness.refit import stream as proto
-from harness.refit import zmq_stream as zs
+from harness.refit import staging as refit_staging, zmq_stream as zs
 from harness.refit.bucket_cache import BucketRecord, unpack_bucket
 
 STREAM = "zmq_stream"
-SHM_DIR_ENV = zs.SHM_DIR_ENV  # staging files go here instead of /dev/shm (tests use a private folder)
+SHM_DIR_ENV = refit_staging.SHM_DIR_ENV  # staging files go here instead of /dev/shm (tests use a private folder)
 
 
 def remove_own_files() -> List[str]:
     """Every exit path of a gate rank: unlink the staging files a cut-short stream left."""
-    return zs.remove_own_files()
+    return refit_staging.remove_own_files()
 
 
 def gate_folders(master_port: int) -> List[private_dirs.RunFolder]:

@@ -42,6 +42,7 @@ from gpu_gates.runtime import GateContext, GateSpec, positive_float, positive_in
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.refit import stream as proto  # noqa: E402
 from harness.refit import zmq_stream as zs  # noqa: E402
+from harness.refit.staging import leftover_shm  # noqa: E402
 from harness.refit.bucket_cache import dtype_from_name, dtype_name, state_digests  # noqa: E402
 
 SENDER, RECEIVER = 0, 1
@@ -111,7 +112,7 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
     finally:
         sender.close()
         ctx.data["wire"] = _wire_records(ctx)
-    left = zs.leftover_shm(os.getpid())
+    left = leftover_shm(os.getpid())
     ctx.check("no_shm_leftovers", not left, f"staging files left in /dev/shm: {left}")
 
 

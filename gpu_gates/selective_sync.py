@@ -40,7 +40,7 @@ from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # n
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.refit.bucket_cache import (  # noqa: E402
     BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket)
-from harness.refit import zmq_stream as zs  # noqa: E402
+from harness.refit.staging import leftover_shm  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
 
 OWNER, TRAINER, FIRST_RECEIVER = 0, 1, 2
@@ -146,7 +146,7 @@ def owner_send(ctx: GateContext, st: SyncState, cycle: int, targets: List[int], 
             sent += res.bytes
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
-    leftovers = zs.leftover_shm(os.getpid())
+    leftovers = leftover_shm(os.getpid())
     ctx.check("no_shm_leftovers", not leftovers, f"cycle {cycle}: staging files left behind: {leftovers}")
     return {"buckets": len(buckets), "bytes": sent}
 

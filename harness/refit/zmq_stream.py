@@ -13,7 +13,7 @@ an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a
 closed (a REQ that missed its reply cannot be reused).
 
 Payload. Only a small JSON header (slots, sizes) travels on the socket. The bytes stay in
-the staging buffers, which the receiver maps:
+the staging buffers (``harness/refit/staging.py``), which the receiver maps:
 
 * GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
   handle (torch's reducer, pickled); the receiver rebuilds the tensor on its local device
@@ -33,11 +33,7 @@ job's own private directory.
 from __future__ import annotations
 
 import json
-import mmap
-import os
-import pickle
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
@@ -46,10 +42,9 @@ import torch
 import zmq
 
 from harness.refit.bucket_cache import dtype_from_name, dtype_name
-from harness.refit import private_dirs
 from harness.refit import stream as proto
+from harness.refit.staging import ShmBuffer, cuda_handle, open_cuda_handle
 
-SHM_PREFIX = private_dirs.STAGING_PREFIX
 Emit = Callable[..., None]
 
 
@@ -61,43 +56,6 @@ class StreamError(RuntimeError):
     """The socket failed (not a timeout), or the peer broke the protocol."""
 
 
-SHM_DIR_ENV = "RLHARNESS_SHM_DIR"  # where staging files go instead of /dev/shm (tests use a private folder)
-_OWN_FILES: set = set()  # staging files this process created and has not unlinked yet
-
-
-def shm_dir() -> str:
-    chosen = os.environ.get(SHM_DIR_ENV)
-    if chosen:
-        return chosen
-    return private_dirs.shm_base()
-
-
-def staging_name() -> str:
-    """``rlharness_refit_<pid>_[<tag>_]<random>``: the owner's pid (a later sweep removes
-    the files of a process that is gone) and the test session's tag, if any."""
-    t = private_dirs.tag()
-    return f"{SHM_PREFIX}{os.getpid()}_{t + '_' if t else ''}{uuid.uuid4().hex[:12]}"
-
-
-def remove_own_files() -> List[str]:
-    """Unlink every staging file this process still owns (a stream cut short by a signal or
-    a watchdog never reached its ``finally``); returns what was removed."""
-    left = sorted(p for p in _OWN_FILES if os.path.exists(p))
-    for path in list(_OWN_FILES):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        _OWN_FILES.discard(path)
-    return left
-
-
-def leftover_shm(owner_pid: Optional[int] = None) -> List[str]:
-    """Staging files still on disk (all of this module's, or one sender process's)."""
-    prefix = SHM_PREFIX + (f"{owner_pid}_" if owner_pid is not None else "")
-    return sorted(os.path.join(shm_dir(), n) for n in os.listdir(shm_dir()) if n.startswith(prefix))
-
-
 def spec_of(name: str, tensor: torch.Tensor) -> proto.TensorSpec:
     return proto.TensorSpec(name, tuple(tensor.shape), dtype_name(tensor.dtype), tensor.numel() * tensor.element_size())
 
@@ -106,55 +64,6 @@ def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A flat ``uint8`` view of a tensor's bytes; ``reshape`` copies a non-contiguous one
     (exporters yield such tensors), as NeMo RL's ``reshape(-1).view(uint8)`` does."""
     return tensor.detach().reshape(-1).view(torch.uint8)
-
-
-# ------------------------------------------------------------------ staging buffers
-class ShmBuffer:
-    """A CPU staging buffer: a file on ``/dev/shm`` mapped into this process."""
-
-    def __init__(self, nbytes: int, path: Optional[str] = None, create: bool = True) -> None:
-        self.nbytes = nbytes
-        self.path = path or os.path.join(shm_dir(), staging_name())
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(self.path, flags, 0o600)
-        if create:
-            _OWN_FILES.add(self.path)
-        try:
-            if create:
-                os.ftruncate(fd, max(nbytes, 1))
-            self._map = mmap.mmap(fd, max(nbytes, 1))
-        finally:
-            os.close(fd)
-        self.owner = create
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
-
-    def close(self) -> None:
-        self.tensor = None
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive somewhere: the mapping goes with it
-                pass
-            self._map = None
-        if self.owner:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            _OWN_FILES.discard(self.path)
-
-
-def _cuda_handle(buf: torch.Tensor) -> bytes:
-    from torch.multiprocessing.reductions import reduce_tensor
-    _rebuild, args = reduce_tensor(buf.detach())
-    return pickle.dumps(args)  # the rebuild function is known on the other side
-
-
-def _open_cuda_handle(blob: bytes) -> torch.Tensor:
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-    args = list(pickle.loads(blob))
-    args[6] = torch.cuda.current_device()  # storage_device: the receiver's local index of the same GPU
-    return rebuild_cuda_tensor(*args)
 
 
 @dataclass
@@ -305,7 +214,7 @@ class RefitSender(_Endpoint):
             if isinstance(buf, ShmBuffer):
                 header["shm"], header["shm_bytes"] = buf.path, buf.nbytes
             else:
-                frames = [_cuda_handle(buf)]
+                frames = [cuda_handle(buf)]
             t = time.monotonic()
             self._io(f"step {step}: sending group {e.group}",
                      lambda: self.sock.send_multipart([json.dumps(header).encode()] + frames))
@@ -489,7 +398,7 @@ class RefitReceiver(_Endpoint):
             if buf is None:
                 buf = self._maps[path] = ShmBuffer(int(header["shm_bytes"]), path=path, create=False)
             return buf.tensor
-        return _open_cuda_handle(current["blob"])
+        return open_cuda_handle(current["blob"])
 
     def _load(self, e: proto.LoadGroup, current: Dict[str, Any], load: Loader, res: ReceiveResult) -> None:
         t = time.monotonic()

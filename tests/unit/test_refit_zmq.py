@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from harness.invariants import check_log
 from harness.refit import stream as proto
-from harness.refit import zmq_stream as zs
+from harness.refit import staging, zmq_stream as zs
 from tests.unit.refit_pair import Log, endpoint, run_pair  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_normal_runs_keep_the_wire_invariants_and_are_bit_exact(endpoint):
     sends = [r for r in log.records if r["kind"] == "refit_group_send"]
     assert len(acks) == len(sends) + 3  # one COMPLETE ACK per sync
     assert {r["buffer"] for r in sends} == {"0", "1", "dedicated"}
-    assert zs.leftover_shm(os.getpid()) == []
+    assert staging.leftover_shm(os.getpid()) == []
 
 
 @settings(max_examples=12, deadline=None, derandomize=True)
@@ -115,7 +115,7 @@ def test_manifest_error_lists_missing_duplicate_and_unexpected_together(endpoint
     assert not any(r["kind"] == "refit_finalize" for r in log.records)
     [check] = [r for r in log.records if r["kind"] == "refit_manifest_check"]
     assert (check["missing"], check["duplicate"], check["unexpected"]) == (["c"], ["b"], ["stranger"])
-    assert zs.leftover_shm(os.getpid()) == []
+    assert staging.leftover_shm(os.getpid()) == []
 
 
 RECEIVER_THAT_DIES = textwrap.dedent("""
@@ -156,7 +156,7 @@ def test_receiver_dying_mid_stream_fails_the_sender_within_its_timeout(endpoint)
     assert "infer-dp0" in msg and "step 4" in msg and "ACK of group 2" in msg and "may be dead" in msg
     assert elapsed < 3.0 + 2.0  # failed within its timeout (plus the packing before it), no hang
     assert child.returncode == 17  # the receiver is gone and reaped: no orphan
-    assert zs.leftover_shm(os.getpid()) == []  # the sender's staging files went with the failure
+    assert staging.leftover_shm(os.getpid()) == []  # the sender's staging files went with the failure
     with pytest.raises(zs.StreamError, match="already closed"):
         sender.stream(named, 2 * 16384, step=5)  # a REQ that missed its reply is never reused
 
@@ -171,7 +171,7 @@ def test_sender_dying_mid_stream_fails_the_receiver_and_nothing_is_finalized(end
     req.setsockopt(zmq.RCVTIMEO, 5000)
     req.bind(endpoint)
     r = zs.RefitReceiver(endpoint, peer="trainer0", timeout_s=1.0)  # connected: the REQ can send
-    buf = zs.ShmBuffer(1024)
+    buf = staging.ShmBuffer(1024)
     buf.tensor[:16].copy_(zs.raw_bytes(torch.arange(4, dtype=torch.float32)))
     header = {"type": "group", "step": 2, "group": 0, "buffer": 0, "used": 16, "slots": [["a", [4], "float32", 0, 16]],
               "shm": buf.path, "shm_bytes": 1024}
