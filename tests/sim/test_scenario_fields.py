@@ -1,0 +1,278 @@
+"""Scenario fields: every bad value is rejected with one line naming the file, the field
+path and the problem (types, bounds, names, faults, topology, cross-field checks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulators.scenario import ScenarioError, scenario_from_mapping
+from tests.sim.scenario_cases import base
+
+
+def error_of(data, source: str = "x.yaml") -> str:
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_mapping(data, source)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_unknown_top_level_key():
+    data = base()
+    data["sede"] = 1
+    assert error_of(data).startswith("x.yaml: sede: unknown field; known: cluster, costs, defaults, description, ")
+
+
+def test_unknown_nested_key():
+    data = base()
+    data["pipelines"][0]["model"] = {"param": 1e9}
+    assert error_of(data) == "x.yaml: pipelines[0].model.param: unknown field; known: bytes_per_param, params"
+    data = base()
+    data["cluster"]["gpus"] = 8
+    assert error_of(data).startswith("x.yaml: cluster.gpus: unknown field; known: gpus_per_node, ")
+    data = base()
+    data["defaults"] = {"costs": {}}
+    assert error_of(data) == "x.yaml: defaults.costs: unknown field; known: model, streaming, workload"
+
+
+def test_missing_required():
+    data = base()
+    del data["cluster"]
+    assert error_of(data) == "x.yaml: cluster: missing (required)"
+    data = base()
+    del data["pipelines"][1]["type"]
+    assert error_of(data) == "x.yaml: pipelines[1].type: missing (required)"
+    data = base()
+    data["faults"] = [{"pipeline": "ppl1"}]
+    assert error_of(data) == "x.yaml: faults[0].name: missing (required)"
+
+
+def test_bool_is_not_an_int():
+    data = base()
+    data["pipelines"][0]["steps"] = True
+    assert error_of(data) == "x.yaml: pipelines[0].steps: expected an integer (training steps), got boolean true"
+
+
+def test_float_is_not_an_int():
+    data = base()
+    data["cluster"]["vram_bytes"] = 80e9
+    assert error_of(data) == "x.yaml: cluster.vram_bytes: expected an integer (bytes per GPU), got 80000000000.0"
+
+
+def test_wrong_type_string_for_number():
+    data = base()
+    data["costs"] = {"wake_s": "fast"}
+    assert error_of(data) == "x.yaml: costs.wake_s: expected a number (s), got string 'fast'"
+    data = base()
+    data["pipelines"][0]["train_gpus"] = [0, "1"]
+    assert error_of(data) == "x.yaml: pipelines[0].train_gpus[1]: expected an integer GPU id, got string '1'"
+    data = base()
+    data["pipelines"] = {"ppl1": {}}
+    assert error_of(data) == "x.yaml: pipelines: expected a list of pipelines, got a mapping"
+
+
+def test_non_positive_size_count_bandwidth():
+    data = base()
+    data["cluster"]["vram_bytes"] = 0
+    assert error_of(data) == "x.yaml: cluster.vram_bytes: must be > 0 (bytes per GPU), got 0"
+    data = base()
+    data["cluster"]["inter_node_bytes_per_s"] = -1
+    assert error_of(data) == "x.yaml: cluster.inter_node_bytes_per_s: must be > 0 (bytes/s per node NIC), got -1"
+    data = base()
+    data["pipelines"][1]["workload"] = {"prompts_per_step": 0}
+    assert error_of(data) == "x.yaml: pipelines[1].workload.prompts_per_step: must be > 0 (prompt groups), got 0"
+    data = base()
+    data["defaults"] = {"model": {"params": -5}}
+    assert error_of(data) == "x.yaml: defaults.model.params: must be > 0 (parameters), got -5"
+
+
+def test_negative_time():
+    data = base()
+    data["costs"] = {"wake_s": -0.5}
+    assert error_of(data) == "x.yaml: costs.wake_s: must be >= 0 (s), got -0.5"
+    data = base()
+    data["pipelines"][0]["start_s"] = -1
+    assert error_of(data) == "x.yaml: pipelines[0].start_s: must be >= 0 (s), got -1"
+    data = base()
+    data["horizon_s"] = 0
+    assert error_of(data) == "x.yaml: horizon_s: must be > 0 (simulated s), got 0"
+
+
+def test_non_finite_number():
+    data = base()
+    data["costs"] = {"drain_s": float("nan")}
+    assert error_of(data) == "x.yaml: costs.drain_s: must be a finite number (s), got nan"
+
+
+def test_fraction_out_of_range():
+    data = base()
+    data["costs"] = {"kv_cache_fraction": 1.5}
+    assert error_of(data) == "x.yaml: costs.kv_cache_fraction: must be in (0, 1] (fraction of free VRAM), got 1.5"
+
+
+def test_sleep_level():
+    data = base()
+    data["pipelines"][0]["sleep_level"] = 3
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].sleep_level: must be 1 (weights kept in host RAM) or 2 (weights dropped), got 3"
+    )
+
+
+def test_unknown_pipeline_type():
+    data = base()
+    data["pipelines"][1]["type"] = "nemo_sync"
+    assert error_of(data) == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync, single_controller"
+
+
+def test_duplicate_pipeline_name():
+    data = base()
+    data["pipelines"][1]["name"] = "ppl1"
+    assert error_of(data) == "x.yaml: pipelines[1].name: duplicate pipeline name 'ppl1' (also pipelines[0])"
+
+
+def test_bad_pipeline_name():
+    data = base()
+    data["pipelines"][0]["name"] = "ppl:1"
+    assert error_of(data) == "x.yaml: pipelines[0].name: pipeline_id must not contain ':'"
+
+
+def test_fault_unknown_pipeline():
+    data = base()
+    data["faults"] = [{"name": "wake_before_offload", "pipeline": "ppl9", "at_step": 1}]
+    assert error_of(data) == "x.yaml: faults[0].pipeline: unknown pipeline 'ppl9'; known: ppl1, ppl2"
+
+
+def test_fault_unknown_name():
+    data = base()
+    data["faults"] = [{"name": "explode", "pipeline": "ppl1"}]
+    assert error_of(data) == (
+        "x.yaml: faults[0].name: unknown fault 'explode'; known: "
+        "wake_before_offload, skip_sync_on_expand, keep_nccl_on_sleep, noop_progress_hooks, no_gen_watchdog, keep_gen_on_finish, cache_after_offload, abort_never_wakes, "
+        "collector_dies, engines_crash_after_refit, stuck_request, offload_keeps_params, strand_sync_group, "
+        "no_gen_estimate, expand_sync_fails, lost_finish"
+    )
+
+
+def test_fault_step_never_reached():
+    data = base()
+    data["faults"] = [{"name": "wake_before_offload", "pipeline": "ppl1", "at_step": 4}]
+    assert error_of(data) == "x.yaml: faults[0].at_step: step 4 is never reached: pipeline ppl1 runs steps 0..3"
+
+
+def test_gpu_outside_cluster():
+    data = base()
+    data["pipelines"][1]["infer_gpus"] = [0, 1, 9]
+    assert error_of(data, "examples/scenarios/x.yaml") == (
+        "examples/scenarios/x.yaml: pipelines[1].infer_gpus: GPU 9 outside the cluster (0..7)"
+    )
+    data = base()
+    data["pipelines"][0]["train_gpus"] = [-1, 8]
+    assert error_of(data) == "x.yaml: pipelines[0].train_gpus: GPUs -1, 8 outside the cluster (0..7)"
+
+
+def test_empty_gpu_list():
+    data = base()
+    data["pipelines"][0]["train_gpus"] = []
+    assert error_of(data) == "x.yaml: pipelines[0].train_gpus: must list at least one GPU"
+
+
+def test_topology_duplicate_gpu():
+    data = base()
+    data["pipelines"][0]["infer_gpus"] = [0, 1, 1]
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].infer_gpus: device_mapping lists GPU(s) [1] more than once (rule: duplicate_gpu)"
+    )
+
+
+def test_topology_tp_not_dividing():
+    data = base()
+    data["pipelines"][0].update(infer_gpus=[0, 1, 2], infer_tp=2)
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].infer_gpus: len(device_mapping)=3 is not divisible by tp_size=2 (rule: tp_divides)"
+    )
+
+
+def test_topology_tp_not_contiguous():
+    data = base()
+    data["pipelines"][0].update(infer_gpus=[0, 1, 3, 5], infer_tp=2)
+    assert error_of(data) == "x.yaml: pipelines[0].infer_gpus: TP group [3, 5] is not contiguous (rule: tp_contiguous)"
+
+
+def test_topology_tp_crosses_node():
+    data = base()
+    data["cluster"] = {"nodes": 2, "gpus_per_node": 3}
+    data["pipelines"][0].update(train_gpus=[0], infer_gpus=[0, 1, 2, 3], infer_tp=2)
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].infer_gpus: TP group [2, 3] crosses a node boundary (gpus_per_node=3) (rule: tp_node)"
+    )
+
+
+def test_topology_bad_tp_size():
+    data = base()
+    data["pipelines"][0].update(infer_gpus=[0, 1, 2], infer_tp=3)
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].infer_tp: tp_size=3 must be 1, 2, 4, 8 or a multiple of gpus_per_node=8 (rule: tp_size)"
+    )
+
+
+def test_nemo_async_partial_overlap_subset():
+    data = base()
+    data["pipelines"][0]["train_gpus"] = [2]
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].train_gpus: train GPUs [2] are not in actor_infer's mapping "
+        "(train must be a subset of infer) (rule: overlap_subset)"
+    )
+
+
+def test_nemo_async_partial_overlap_dp():
+    data = base()
+    data["pipelines"][0].update(train_gpus=[0], infer_gpus=[0])
+    assert error_of(data) == "x.yaml: pipelines[0].infer_gpus: partial overlap needs infer dp >= 2, got 1 (rule: overlap_infer_dp)"
+
+
+def test_nemo_async_partial_overlap_survivor():
+    data = base()
+    data["pipelines"][0].update(train_gpus=[0, 1], infer_gpus=[0, 1])
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].infer_gpus: only 0 infer GPU(s) outside training; at least one full DP rank "
+        "(1 GPUs) must keep serving while training (rule: overlap_survivor)"
+    )
+
+
+def test_roll_sync_train_subset_of_infer():
+    data = base()
+    data["pipelines"][0].update(type="roll_sync", train_gpus=[0, 2], infer_gpus=[0, 1])
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].train_gpus: train GPUs [2] are not in infer_gpus (roll_sync needs train ⊆ infer)"
+    )
+    # all-overlap is fine for ROLL (the whole GEN cluster shrinks every step)
+    data["pipelines"][0].update(train_gpus=[0, 1])
+    assert scenario_from_mapping(data, "x.yaml").pipelines[0].train_gpus == (0, 1)
+
+
+def test_scheduler_options():
+    data = base()
+    data["scheduler"] = {"head_of_line_blocking": "yes"}
+    assert error_of(data) == (
+        "x.yaml: scheduler.head_of_line_blocking: scheduler option 'head_of_line_blocking' must be true or false, got 'yes'"
+    )
+    data["scheduler"] = {"hol": True}
+    assert error_of(data).startswith("x.yaml: scheduler.hol: unknown field; known: ack_unplanned_releases, ")
+    data["scheduler"] = {"epsilon": 1, "head_of_line_blocking": True}
+    s = scenario_from_mapping(data, "x.yaml")
+    assert s.scheduler == {"epsilon": 1.0, "head_of_line_blocking": True}
+
+
+def test_start_after_horizon():
+    data = base()
+    data["horizon_s"] = 10
+    data["pipelines"][1]["start_s"] = 10
+    assert error_of(data) == "x.yaml: pipelines[1].start_s: 10 s is not before horizon_s 10 s"
+
+
+def test_workload_median_above_max():
+    data = base()
+    data["defaults"] = {"workload": {"decode_tokens_max": 256}}
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].workload.decode_tokens_median: median 512 tokens exceeds decode_tokens_max 256 tokens"
+    )
