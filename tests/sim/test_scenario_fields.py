@@ -176,43 +176,28 @@ def test_empty_gpu_list():
     assert error_of(data) == "x.yaml: pipelines[0].train_gpus: must list at least one GPU"
 
 
-def test_topology_duplicate_gpu():
+TOPOLOGY_ERRORS = {
+    "duplicate_gpu": ({"infer_gpus": [0, 1, 1]}, {},
+                      "pipelines[0].infer_gpus: device_mapping lists GPU(s) [1] more than once (rule: duplicate_gpu)"),
+    "tp_not_dividing": ({"infer_gpus": [0, 1, 2], "infer_tp": 2}, {},
+                        "pipelines[0].infer_gpus: len(device_mapping)=3 is not divisible by tp_size=2 (rule: tp_divides)"),
+    "tp_not_contiguous": ({"infer_gpus": [0, 1, 3, 5], "infer_tp": 2}, {},
+                          "pipelines[0].infer_gpus: TP group [3, 5] is not contiguous (rule: tp_contiguous)"),
+    "tp_crosses_node": ({"train_gpus": [0], "infer_gpus": [0, 1, 2, 3], "infer_tp": 2}, {"nodes": 2, "gpus_per_node": 3},
+                        "pipelines[0].infer_gpus: TP group [2, 3] crosses a node boundary (gpus_per_node=3) (rule: tp_node)"),
+    "bad_tp_size": ({"infer_gpus": [0, 1, 2], "infer_tp": 3}, {},
+                    "pipelines[0].infer_tp: tp_size=3 must be 1, 2, 4, 8 or a multiple of gpus_per_node=8 (rule: tp_size)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOPOLOGY_ERRORS))
+def test_topology_rule_errors_name_the_field_and_the_rule(case):
+    pipeline_fields, cluster, message = TOPOLOGY_ERRORS[case]
     data = base()
-    data["pipelines"][0]["infer_gpus"] = [0, 1, 1]
-    assert error_of(data) == (
-        "x.yaml: pipelines[0].infer_gpus: device_mapping lists GPU(s) [1] more than once (rule: duplicate_gpu)"
-    )
-
-
-def test_topology_tp_not_dividing():
-    data = base()
-    data["pipelines"][0].update(infer_gpus=[0, 1, 2], infer_tp=2)
-    assert error_of(data) == (
-        "x.yaml: pipelines[0].infer_gpus: len(device_mapping)=3 is not divisible by tp_size=2 (rule: tp_divides)"
-    )
-
-
-def test_topology_tp_not_contiguous():
-    data = base()
-    data["pipelines"][0].update(infer_gpus=[0, 1, 3, 5], infer_tp=2)
-    assert error_of(data) == "x.yaml: pipelines[0].infer_gpus: TP group [3, 5] is not contiguous (rule: tp_contiguous)"
-
-
-def test_topology_tp_crosses_node():
-    data = base()
-    data["cluster"] = {"nodes": 2, "gpus_per_node": 3}
-    data["pipelines"][0].update(train_gpus=[0], infer_gpus=[0, 1, 2, 3], infer_tp=2)
-    assert error_of(data) == (
-        "x.yaml: pipelines[0].infer_gpus: TP group [2, 3] crosses a node boundary (gpus_per_node=3) (rule: tp_node)"
-    )
-
-
-def test_topology_bad_tp_size():
-    data = base()
-    data["pipelines"][0].update(infer_gpus=[0, 1, 2], infer_tp=3)
-    assert error_of(data) == (
-        "x.yaml: pipelines[0].infer_tp: tp_size=3 must be 1, 2, 4, 8 or a multiple of gpus_per_node=8 (rule: tp_size)"
-    )
+    if cluster:
+        data["cluster"] = cluster
+    data["pipelines"][0].update(pipeline_fields)
+    assert error_of(data) == f"x.yaml: {message}"
 
 
 def test_nemo_async_partial_overlap_subset():
