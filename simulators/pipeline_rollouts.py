@@ -10,6 +10,8 @@ from the usable count, and ``WaitBatch`` takes a batch of young-enough trajector
 
 from __future__ import annotations
 
+from simpy.events import PENDING
+
 from harness.control.reporting import clear_progress_due, progress_input
 from simulators.inference import RankSim, Request
 
@@ -18,23 +20,25 @@ class RolloutEffects:
     """Workload effects: ``BeginProgressBatch``, ``EndProgressBatch``, ``WaitBatch``, and
     the router's completion callbacks."""
 
-    def _current_version(self) -> int:
-        v = self.ctx.versions.published
-        return 0 if v is None else v
-
     def _on_trajectory(self, req: Request, rank: RankSim) -> None:
         self.collector.outstanding -= 1
         version = req.version
-        self.buffer.add(version if version is not None else -1, req.rid)
+        buffer = self.buffer
+        buffer.add(version if version is not None else -1, req.rid)
         if self.dataplane is not None:
             self.dataplane.on_trajectory(req.rid, req.tokens)
         # counted once: nothing below (a report, a refill) changes the buffer or the version
         v = self.ctx.versions.published  # self._usable(), inlined: this runs on every completion
-        usable = self.buffer.usable(0 if v is None else v, self._max_age)
+        usable = buffer.usable(0 if v is None else v, self._max_age)
         self._report_progress(False, usable)
-        self._refill()
-        if not self.batch_ready.triggered and self._wait_batch_has_work(usable):
-            self.batch_ready.succeed()
+        if self.collector.mode == "async":  # self._refill(): a sync collector never refills
+            self._refill()
+        ready = self.batch_ready
+        if ready._value is PENDING and self._wait_batch_has_work(usable):
+            # ready.succeed(), inlined (its checks: the event is pending, just tested)
+            ready._ok = True
+            ready._value = None
+            self.env.schedule(ready)
 
     def _on_give_up(self, req: Request) -> None:
         """A rollout gave up on a request preempted on every attempt: the prompt group is
@@ -93,18 +97,24 @@ class RolloutEffects:
     def _WaitBatch(self, e):
         n, max_age = self._per_step, self._max_age
         buffer, collector = self.buffer, self.collector  # both for the pipeline's life
+        versions, env = self.ctx.versions, self.env
         while True:
-            current = self._current_version()
+            current = versions.published  # the published version, 0 before the first
+            if current is None:
+                current = 0
             hist = buffer.take(n, current, max_age)
             if hist is not None:
                 break
-            self.batch_ready = self.env.event()
-            self._refill()
+            self.batch_ready = env.event()
             if collector.mode == "sync":
-                # gap-fill: trajectories evicted as too stale are generated again
-                missing = n - buffer.usable(current, max_age) - collector.outstanding
+                # gap-fill: trajectories evicted as too stale are generated again. After the
+                # take every item left is young enough: usable == len(items). (A sync
+                # collector never refills: self._refill() would do nothing.)
+                missing = n - len(buffer.items) - collector.outstanding
                 if missing > 0:
                     self.router.submit(collector.draw(missing))
+            else:
+                self._refill()
             yield self.batch_ready
         self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=n,
                       staleness={str(k): v for k, v in hist.items()})

@@ -29,16 +29,20 @@ class ReplayBuffer:
     items: List[Tuple[int, int]] = field(default_factory=list)  # (version, request id), FIFO
     evicted: int = 0
     last_taken: List[int] = field(default_factory=list, compare=False)  # request ids of the last batch
-    # version -> how many items carry it; kept in step with ``items`` by add/take so that
-    # ``usable`` (called on every completion) is O(versions) instead of O(items)
-    versions: Counter = field(default_factory=Counter, init=False, repr=False, compare=False)
+    # version -> how many items carry it (never 0: a version whose last item leaves is
+    # deleted); kept in step with ``items`` by add/take so that ``usable`` (called on every
+    # completion) is O(versions) instead of O(items). A plain dict: Counter's ``del`` and
+    # ``subtract`` are Python-level methods, and every stale trajectory's wake deletes one.
+    versions: Dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.versions.update(v for v, _ in self.items)
+        for v, _ in self.items:
+            self.versions[v] = self.versions.get(v, 0) + 1
 
     def add(self, version: int, rid: int) -> None:
         self.items.append((version, rid))
-        self.versions[version] += 1
+        versions = self.versions
+        versions[version] = versions.get(version, 0) + 1
 
     def usable(self, current: int, max_age: int) -> int:
         oldest = current - max_age
@@ -52,20 +56,31 @@ class ReplayBuffer:
         """Evict stale trajectories; if n usable remain, consume the oldest n and return
         the staleness histogram {age in steps: count}; else None (training waits)."""
         oldest = current - max_age
-        stale = [v for v in self.versions if v < oldest]
+        versions, items = self.versions, self.items
+        stale = 0  # how many items are too old: the counts of the stale versions
+        for v in versions:
+            if v < oldest:
+                stale += versions[v]
         if stale:
-            keep = [(v, r) for v, r in self.items if v >= oldest]
-            self.evicted += len(self.items) - len(keep)
-            self.items = keep
-            for v in stale:
-                del self.versions[v]
-        if len(self.items) < n:
+            for v in [v for v in versions if v < oldest]:
+                del versions[v]
+            self.evicted += stale
+            if stale == 1 and items[-1][0] < oldest:
+                # the one stale item is the newest (the common case: a sync pipeline wakes for
+                # each stale trajectory as it arrives): what the filter below would leave
+                items.pop()
+            else:
+                self.items = items = [item for item in items if item[0] >= oldest]
+        if len(items) < n:
             return None
-        batch, self.items = self.items[:n], self.items[n:]
+        batch, self.items = items[:n], items[n:]
         self.last_taken = [r for _, r in batch]
-        self.versions.subtract(v for v, _ in batch)
-        for v in [v for v, c in self.versions.items() if c <= 0]:
-            del self.versions[v]
+        for v, _ in batch:
+            left = versions[v] - 1
+            if left:
+                versions[v] = left
+            else:
+                del versions[v]
         return dict(sorted(Counter(current - v for v, _ in batch).items()))
 
 

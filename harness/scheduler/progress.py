@@ -135,6 +135,11 @@ class CoordinatorProgress:
         self.pipeline_id = pipeline_id
         self._streams: Dict[str, _Stream] = {}
         self._last_bucket: Optional[int] = None
+        # True while ``_last_bucket`` is the bucket of the streams as they are: every
+        # ``_emit`` that gets past ``aggregate`` leaves it so (it sends, or the bucket is
+        # the one it holds). An update that leaves every stream's numbers equal then has
+        # nothing to send unless forced (see ``update``).
+        self._settled = False
 
     @staticmethod
     def stream_key(mode: str, adapter: Optional[str]) -> str:
@@ -153,9 +158,17 @@ class CoordinatorProgress:
         stream = self._streams.get(key)
         if stream is None:
             self._streams[key] = _Stream(step_target, collected)
-        else:  # same dict position and values as storing a fresh _Stream under the key
-            stream.step_target = step_target
-            stream.collected = collected
+            return self._emit(new_batch)
+        # Equal numbers (3 and 3.0 too) give the same bucket, so when nothing forces a send
+        # and the bucket held is the streams' own, _emit would return None: skip it. (A
+        # reporter repeats its count often: a simulated sync pipeline reports on every
+        # completion, and a stale trajectory does not move it.) The new values are stored
+        # either way: same dict position and values as storing a fresh _Stream under the key.
+        unchanged = stream.collected == collected and stream.step_target == step_target
+        stream.step_target = step_target
+        stream.collected = collected
+        if unchanged and not new_batch and self._settled:
+            return None
         return self._emit(new_batch)
 
     def clear_stream(self, *, mode: str, adapter: Optional[str]):
@@ -186,7 +199,9 @@ class CoordinatorProgress:
         return required, completed, collected, math.floor(ratio * BUCKETS)  # floor of a float is an int
 
     def _emit(self, force: bool):  # positional: called on every update
+        self._settled = False  # until the bucket below is known (aggregate may raise)
         required, completed, _collected, bucket = self.aggregate()
+        self._settled = True  # both ways out leave _last_bucket == bucket
         if not force and bucket == self._last_bucket:
             return None
         self._last_bucket = bucket

@@ -1,8 +1,11 @@
-"""The collector's block-drawn decode lengths equal one draw per call of the same sizes."""
+"""The collector's block-drawn decode lengths equal one draw per call of the same sizes; the
+replay buffer's counts and shortcuts keep it what a filter of its item list would be."""
 
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulators.spec import WorkloadSpec
 from simulators.workload import _DRAW_BLOCK, Collector
@@ -54,3 +57,41 @@ def test_the_replay_buffer_counts_versions_as_its_items_do():
     assert buf.take(4, 3, 1) == {0: 1, 1: 3}  # the oldest four: three of version 2, one of 3
     assert buf.last_taken == [3, 4, 5, 6] and buf.versions == {3: 1} and buf.items == [(3, 8)]
     assert ReplayBuffer(items=[(1, 0), (1, 1), (2, 2)]).versions == {1: 2, 2: 1}
+
+
+class _ListBuffer:
+    """The replay buffer's rule spelled out on the item list alone (what ReplayBuffer's
+    per-version counts and its one-stale-item shortcut must reproduce)."""
+
+    def __init__(self):
+        self.items, self.evicted, self.last_taken = [], 0, []
+
+    def take(self, n, current, max_age):
+        keep = [(v, r) for v, r in self.items if v >= current - max_age]
+        self.evicted += len(self.items) - len(keep)
+        self.items = keep
+        if len(keep) < n:
+            return None
+        batch, self.items = keep[:n], keep[n:]
+        self.last_taken = [r for _, r in batch]
+        ages = [current - v for v, _ in batch]
+        return {a: ages.count(a) for a in sorted(set(ages))}
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("add"), st.integers(-1, 4)),
+                          st.tuples(st.just("take"), st.integers(1, 5), st.integers(0, 5), st.integers(0, 2))),
+                max_size=60))
+@settings(max_examples=300, deadline=None)
+def test_the_replay_buffer_takes_as_a_filter_of_its_item_list_would(ops):
+    from simulators.workload import ReplayBuffer
+
+    buf, ref = ReplayBuffer(), _ListBuffer()
+    for rid, op in enumerate(ops):
+        if op[0] == "add":
+            buf.add(op[1], rid)
+            ref.items.append((op[1], rid))
+        else:
+            assert buf.take(*op[1:]) == ref.take(*op[1:])
+        assert (buf.items, buf.evicted, buf.last_taken) == (ref.items, ref.evicted, ref.last_taken)
+        assert buf.versions == {v: [w for w, _ in ref.items].count(v) for v, _ in ref.items}
+        assert buf.usable(3, 1) == sum(1 for v, _ in ref.items if v >= 2)

@@ -8,6 +8,8 @@ from ``completed`` (clamped) and that only a pending GENERATION request inflates
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.progress import (
@@ -223,6 +225,34 @@ def test_clearing_an_unknown_stream_is_a_no_op():
     coord = CoordinatorProgress("p")
     coord.update(mode="train", adapter=None, step_target=10, collected=3)
     assert coord.clear_stream(mode="val", adapter=None) is None
+
+
+
+_STREAMS = st.sampled_from([("train", None), ("val", None), ("train", "a")])
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("update"), _STREAMS, st.sampled_from([1, 4, 4.0, 10]),
+              st.sampled_from([0, 1, 1.0, 2, 3, 3.0, -1, 12, 0.5]), st.booleans()),
+    st.tuples(st.just("clear"), _STREAMS)), max_size=40)
+
+
+@given(_OPS)
+@settings(max_examples=300, deadline=None)
+def test_an_unchanged_update_skips_the_emit_and_sends_what_the_emit_would(ops):
+    """``update`` returns None without aggregating when a stream's numbers are unchanged
+    (the simulator repeats its count on every stale trajectory): the same results, reports
+    with the same typed numbers (3 against 3.0), as a coordinator that aggregates every time."""
+    fast, full = CoordinatorProgress("p"), CoordinatorProgress("p")
+    for op in ops:
+        if op[0] == "update":
+            _, (mode, adapter), target, collected, new_batch = op
+            full._settled = False  # never trust the bucket held: always aggregate
+            got = [c.update(mode=mode, adapter=adapter, step_target=target, collected=collected, new_batch=new_batch)
+                   for c in (fast, full)]
+        else:
+            _, (mode, adapter) = op
+            got = [c.clear_stream(mode=mode, adapter=adapter) for c in (fast, full)]
+        assert repr(got[0]) == repr(got[1])
+        assert repr(fast.aggregate()) == repr(full.aggregate())
 
 
 # --------------------------------------------------------------------------- through the model
