@@ -229,8 +229,13 @@ class Router:
         req.version = version = rank.life.weights_version
         self.log({"seq": 0, "t": self.env._now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
                   "request": req.rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
-        if len(rank.inflight) < self.max_concurrent:
-            self._start(rank, req)
+        inflight = rank.inflight
+        c = len(inflight)
+        if c < self.max_concurrent:  # self._start(rank, req), inlined (every dispatch)
+            duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
+            if req.stuck:
+                duration = float("inf")
+            inflight[req.rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
         else:
             rank.queued.append(req)
 

@@ -58,11 +58,16 @@ class ReplayBuffer:
         oldest = current - max_age
         versions, items = self.versions, self.items
         stale = 0  # how many items are too old: the counts of the stale versions
-        for v in versions:
+        gone = None
+        for v, c in versions.items():
             if v < oldest:
-                stale += versions[v]
-        if stale:
-            for v in [v for v in versions if v < oldest]:
+                stale += c
+                if gone is None:
+                    gone = [v]
+                else:
+                    gone.append(v)
+        if gone is not None:
+            for v in gone:
                 del versions[v]
             self.evicted += stale
             if stale == 1 and items[-1][0] < oldest:

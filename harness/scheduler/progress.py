@@ -121,6 +121,7 @@ class _Stream:
 
 
 _STREAM_KEYS: Dict[Tuple[str, Optional[str]], str] = {}  # (mode, adapter) -> CoordinatorProgress.stream_key
+_NO_REPORTER = object()  # no mode or adapter is this: the key cache starts empty
 
 
 class CoordinatorProgress:
@@ -140,6 +141,9 @@ class CoordinatorProgress:
         # the one it holds). An update that leaves every stream's numbers equal then has
         # nothing to send unless forced (see ``update``).
         self._settled = False
+        # (mode, adapter, stream_key(mode, adapter)) of the last update: a coordinator's
+        # reporters are few and repeat themselves, so the key is found by identity first
+        self._key_of: Tuple[object, object, str] = (_NO_REPORTER, _NO_REPORTER, "")
 
     @staticmethod
     def stream_key(mode: str, adapter: Optional[str]) -> str:
@@ -154,7 +158,11 @@ class CoordinatorProgress:
             raise Rejected("reporter sent a wire-level 'remaining'; reporters send raw 'collected'")
         if step_target <= 0:
             raise Rejected(f"step_target must be > 0, got {step_target}")
-        key = self.stream_key(mode, adapter)
+        if mode is self._key_of[0] and adapter is self._key_of[1]:  # the same reporter again
+            key = self._key_of[2]
+        else:
+            key = self.stream_key(mode, adapter)
+            self._key_of = (mode, adapter, key)
         stream = self._streams.get(key)
         if stream is None:
             self._streams[key] = _Stream(step_target, collected)

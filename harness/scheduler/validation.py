@@ -23,7 +23,7 @@ reported condition number matches. Only the allocations a plan touches are copie
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Set
+from typing import Dict, List, Mapping, Optional, Set
 
 from harness.scheduler.types import (
     ClusterAllocation,
@@ -64,22 +64,30 @@ def _first_double_owned(sim: Mapping[str, ClusterAllocation]):
     return double_owned
 
 
-def _validate_unchanged(allocations: Mapping[str, ClusterAllocation], allocated: Set[int], held: int,
-                        idle_gpus: Set[int], universe: Set[int]) -> None:
+def _union_if_disjoint(idle: Set[int], gpu_lists: List[List[int]], held: int) -> Optional[Set[int]]:
+    """``idle`` ∪ every list of ``gpu_lists`` (``held`` entries in all), or None when a GPU
+    is in two of them or twice in one. One C-level union, and the size tells: the union has
+    ``len(idle) + held`` members exactly when no GPU is counted twice, i.e. when no idle GPU
+    is allocated (condition 4) and no GPU is held twice (condition 10). Where it says None
+    the general checks run and name the condition and the GPUs."""
+    covered = idle.union(*gpu_lists)
+    return covered if len(covered) == len(idle) + held else None
+
+
+def _validate_unchanged(allocations: Mapping[str, ClusterAllocation], covered: Set[int], held: int,
+                        n_allocated: int, universe: Set[int]) -> None:
     """The end-of-plan checks (8, 4, 10) for an empty plan, the common cycle.
 
     With no op, conditions 1, 2, 3, 5, 6, 7, 9 and 11 have nothing to check and the
-    simulated state is the entry state: final allocated == ``allocated`` (whose overlap
-    with idle, the final condition 4, was already refused on entry) and the universe
-    check reduces to "every universe GPU is idle or allocated" (nothing can be extra,
-    as the full universe includes idle and allocated). Same conditions, same order, same
-    error contexts as the general path below.
+    simulated state is the entry state: final allocated == the ``n_allocated`` allocated
+    GPUs (whose overlap with idle, the final condition 4, was already refused on entry),
+    ``covered`` is them ∪ idle, and the universe check reduces to "every universe GPU is
+    idle or allocated" (nothing can be extra, as the full universe includes idle and
+    allocated). Same conditions, same order, same error contexts as the general path below.
     """
-    covered = allocated | idle_gpus
     if universe and not covered.issuperset(universe):
-        full_universe = covered | universe
-        raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(full_universe - covered), "extra": []})
-    if held != len(allocated):
+        raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(universe - covered), "extra": []})
+    if held != n_allocated:
         g, a, b = _first_double_owned(allocations)
         raise PlanValidationError("GPU owned by two clusters", 10, {"gpu": g, "cluster_a": a, "cluster_b": b})
 
@@ -98,15 +106,20 @@ def validate_plan(
     pool (idle ∪ allocated) is added here, as RLix does, so unmapped GPUs do not trip
     condition 8.
     """
-    allocated: Set[int] = set()
-    held = 0
-    for alloc in allocations.values():
-        allocated.update(alloc.gpu_ids)
-        held += len(alloc.gpu_ids)
-    if not allocated.isdisjoint(idle_gpus):
-        raise PlanValidationError("idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(allocated & idle_gpus)})
-    if not (plan.shrinks or plan.signals or plan.expands or plan.clusters_to_remove):
-        _validate_unchanged(allocations, allocated, held, idle_gpus, universe)
+    gpu_lists = [alloc.gpu_ids for alloc in allocations.values()]
+    held = sum(map(len, gpu_lists))
+    empty = not (plan.shrinks or plan.signals or plan.expands or plan.clusters_to_remove)
+    covered = _union_if_disjoint(idle_gpus, gpu_lists, held)  # idle ∪ allocated, if disjoint
+    if covered is None:  # some GPU is counted twice: the checks that say which
+        allocated: Set[int] = set().union(*gpu_lists)
+        if not allocated.isdisjoint(idle_gpus):
+            raise PlanValidationError("idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(allocated & idle_gpus)})
+        covered = allocated | idle_gpus
+        n_allocated = len(allocated)
+    else:
+        n_allocated = held  # no GPU held twice
+    if empty:
+        _validate_unchanged(allocations, covered, held, n_allocated, universe)
         return
 
     for label, ids in (
@@ -239,12 +252,13 @@ def validate_plan(
             alloc.active_dp_ranks.add(rank)
         alloc.gpu_ids = sorted(set(alloc.gpu_ids) | seen)
 
-    full_universe = (universe | idle_gpus | allocated) if universe else (idle_gpus | allocated)  # new sets
-    final_allocated: Set[int] = set()
-    held = 0
-    for alloc in sim.values():
-        final_allocated.update(alloc.gpu_ids)
-        held += len(alloc.gpu_ids)
+    full_universe = (universe | covered) if universe else covered  # covered: idle_gpus ∪ allocated on entry
+    final_lists = [alloc.gpu_ids for alloc in sim.values()]
+    held = sum(map(len, final_lists))
+    final_covered = _union_if_disjoint(idle, final_lists, held)
+    if final_covered is not None and final_covered == full_universe:
+        return  # conditions 8, 4 and 10 below hold: nothing counted twice, the universe covered
+    final_allocated: Set[int] = set().union(*final_lists)
     # a GPU is held twice iff the lists hold more entries than their union; only then is
     # the per-GPU owner scan (which names the first double-owned GPU) needed
     double_owned = _first_double_owned(sim) if held != len(final_allocated) else None

@@ -373,3 +373,66 @@ def test_failed_model_rejects_every_later_input(monkeypatch):
         assert "failed fast" in info.value.reason
     assert m.drain() == []
     assert m.background_rebalance_reason() is None
+
+
+# --------------------------------------------------------------------------- the union shortcut
+
+def _perturb_none(reg, al, idle):
+    return None
+
+
+def _perturb_idle_overlap(reg, al, idle):
+    idle.add(1)
+
+
+def _perturb_gpu_unaccounted(reg, al, idle):
+    idle.discard(6)
+
+
+def _perturb_double_owner(reg, al, idle):
+    al[Q_TRN] = ClusterAllocation(Q_TRN, [4], Priority.ACTOR_TRAINING)
+
+
+def _perturb_gpu_twice_in_one_list(reg, al, idle):
+    al[P_INF].gpu_ids.append(0)
+
+
+def _perturb_unmapped_idle(reg, al, idle):
+    idle.add(9)
+
+
+def _perturb_no_universe(reg, al, idle):
+    return set()
+
+
+PERTURBATIONS = [_perturb_none, _perturb_idle_overlap, _perturb_gpu_unaccounted, _perturb_double_owner,
+                 _perturb_gpu_twice_in_one_list, _perturb_unmapped_idle, _perturb_no_universe]
+PLANS = [make for _, make in CASES] + [
+    lambda reg, al, idle: valid_plan(), lambda reg, al, idle: ExecutionPlan(),
+    lambda reg, al, idle: ExecutionPlan(shrinks=[ShrinkOp(Q_INF, [])]),
+    lambda reg, al, idle: ExecutionPlan(shrinks=[ShrinkOp(P_INF, [0, 1])],
+                                        signals=[SignalOp(P_TRN, [0, 1, 2, 3], Priority.ACTOR_TRAINING, None, 1)])]
+
+
+def _outcome(make, perturb):
+    registry, allocations, idle = baseline()
+    plan = make(registry, allocations, idle)
+    universe = perturb(registry, allocations, idle)
+    try:
+        run(plan, registry, allocations, idle, UNIVERSE if universe is None else universe)
+    except PlanValidationError as e:
+        return e.condition, str(e), e.context
+    return "valid"
+
+
+@pytest.mark.parametrize("perturb", PERTURBATIONS, ids=[f.__name__ for f in PERTURBATIONS])
+def test_the_union_shortcut_decides_as_the_general_checks_do(monkeypatch, perturb):
+    """validate_plan skips its per-condition accounting checks when one union shows that no
+    GPU is counted twice; with the shortcut off (always "counted twice": the general checks
+    run) every plan, valid or broken, on every perturbed state gets the same verdict,
+    condition number, message and context."""
+    import harness.scheduler.validation as validation
+
+    fast = [_outcome(make, perturb) for make in PLANS]
+    monkeypatch.setattr(validation, "_union_if_disjoint", lambda idle, gpu_lists, held: None)
+    assert [_outcome(make, perturb) for make in PLANS] == fast
