@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from bisect import bisect_right
-from itertools import accumulate, islice
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from itertools import islice
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from harness.eventlog.kinds import ALL_KINDS, SCHEMA_NAME, SCHEMA_VERSION
 
@@ -166,14 +165,7 @@ def _encode_lines(records: List[Dict[str, Any]]) -> bytes:
         return b"".join([encode(rec) + b"\n" for rec in records])
     lines.append(b"")  # the last line's newline
     data = b"\n".join(lines)
-    # each marker searched for once in the whole chunk (a scan of ~1.5 MB); the line ends
-    # only worked out when one is found
-    ends: List[int] = []
-    redo: set = set()
-    for marker in (b"e-", b"0.0000"):
-        _lines_holding(data, marker, lines, ends, redo)
-    nulls: set = set()
-    _lines_holding(data, b"null", lines, ends, nulls)
+    redo, nulls = _marked_lines(data, lines)
     # a null is json's too unless orjson wrote it for NaN or infinity (json refuses those):
     # a record without one keeps orjson's line
     redo.update(i for i in nulls - redo if not _all_finite(records[i]))
@@ -182,16 +174,46 @@ def _encode_lines(records: List[Dict[str, Any]]) -> bytes:
     return b"\n".join(lines) if redo else data
 
 
-def _lines_holding(data: bytes, marker: bytes, lines: List[bytes], ends: List[int], into: set) -> None:
-    """Add to ``into`` the index of every line of ``data`` (``lines`` joined by newlines)
-    that holds ``marker``. ``ends`` (just past each line's newline) is filled on first need."""
-    at = data.find(marker)
-    if at != -1 and not ends:
-        ends.extend(accumulate(len(line) + 1 for line in lines))
-    while at != -1:
-        i = bisect_right(ends, at)  # the line holding it
-        into.add(i)
-        at = data.find(marker, ends[i])  # on from the next line
+#: the markers of a line json must encode instead (see :func:`encode`), each with the
+#: position of its rarest byte in an event log's JSON ("-", ".", "u"): the byte searched for
+_REDO_MARKERS = ((b"e-", 1), (b"0.0000", 1))
+_NULL_MARKER = (b"null", 1)
+
+
+def _marked_lines(data: bytes, lines: List[bytes]) -> Tuple[set, set]:
+    """The indexes of the lines of ``data`` (``lines`` joined by newlines) holding
+    ``e-`` or ``0.0000`` (first set) and those holding ``null`` (second set).
+
+    numpy compares the chunk's bytes with each marker's rarest byte, then keeps the
+    places whose other bytes match too, and finds each one's line by a binary search of
+    the line ends: about 2.5x faster than ``bytes.find`` (which stops at every ``e`` of
+    an ``e-`` search) with a Python step per hit (7 % of the 1024-GPU run's lines hold
+    a null)."""
+    import numpy as np  # (on first use: importing the log writer stays light)
+
+    buf = np.frombuffer(data, dtype=np.uint8)
+    found = [_occurrences(np, buf, marker, anchor) for marker, anchor in _REDO_MARKERS + (_NULL_MARKER,)]
+    if not any(len(at) for at in found):
+        return set(), set()
+    ends = np.cumsum(np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)) + 1)  # past each newline
+
+    def line_of(at: Any) -> set:
+        return set(np.searchsorted(ends, at, side="right").tolist())
+
+    return line_of(np.concatenate(found[:-1])), line_of(found[-1])
+
+
+def _occurrences(np: Any, buf: Any, marker: bytes, anchor: int) -> Any:
+    """Where ``marker`` starts in ``buf`` (uint8 array): the places of its byte at
+    ``anchor``, narrowed to those whose other bytes match as well."""
+    n, m = len(buf), len(marker)
+    if n < m:
+        return np.zeros(0, dtype=np.int64)
+    at = np.flatnonzero(buf[anchor:n - m + 1 + anchor] == marker[anchor])
+    for k, byte in enumerate(marker):
+        if k != anchor and len(at):
+            at = at[buf[at + k] == byte]
+    return at
 
 
 def _all_finite(obj: Any) -> bool:

@@ -111,3 +111,29 @@ def test_a_written_log_is_its_lines_each_with_a_newline(tmp_path):
     assert path.read_bytes() == want
     assert b"".join(encoded_chunks(log.records, 333)) == want
     assert list(log.lines()) == [CANONICAL(r) for r in log.records]
+
+
+def _marked_by_scan(lines):
+    """What ``writer._marked_lines`` finds, line by line with ``in`` (the reference)."""
+    redo = {i for i, line in enumerate(lines) if b"e-" in line or b"0.0000" in line}
+    return redo, {i for i, line in enumerate(lines) if b"null" in line}
+
+
+@pytest.mark.parametrize("lines", [
+    [b""],
+    [b"null", b""],  # a marker at the very start of the chunk
+    [b"e", b"-", b"null", b"0.000", b"0", b"nul", b"l", b""],  # markers cut by a newline are none
+    [b"x", b"ab e-", b"nullnull 0.00000 e-e-", b'{"a":null,"b":1e-7}', b"", b"0.0000", b""],
+    [b"e-"],  # the very last bytes (no newline after them)
+    [b"n", b""],  # shorter than the longest marker
+])
+def test_marked_lines_are_the_lines_holding_a_marker(lines):
+    assert writer._marked_lines(b"\n".join(lines), lines) == _marked_by_scan(lines)
+
+
+def test_marked_lines_of_random_chunks():
+    rng = random.Random(6)
+    pieces = [b"e", b"-", b"0", b".", b"n", b"u", b"l", b"x", b"null", b"e-", b"0.0000", b'"', b"1"]
+    for _ in range(300):
+        lines = [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 20))]
+        assert writer._marked_lines(b"\n".join(lines), lines) == _marked_by_scan(lines)
