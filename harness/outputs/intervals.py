@@ -310,30 +310,11 @@ def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = Tr
 
 def slices_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *,
               include_other: bool = True) -> List[GpuSlice]:
-    """:func:`gpu_slices` from intervals already derived."""
-    out: List[GpuSlice] = []
-    for iv in effects:
-        kind = iv.kind
-        if kind == "other" and not include_other:
-            continue
-        args = {"pipeline_id": iv.pipeline_id, "effect": iv.effect, "args": iv.args, "scope": iv.scope,
-                "step": iv.step, "cycle": iv.cycle, "gpus": list(iv.gpus)}
-        if iv.open:
-            args["open"] = True
-        if iv.error is not None:
-            args["error"] = iv.error
-        label = effect_label(iv)
-        for g in iv.gpus:
-            out.append(new_slice(g, iv.start, iv.end, kind, iv.pipeline_id, label, args, iv.seq))
-    for rv in ranks:
-        args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
-        if rv.open:
-            args["open"] = True
-        label = f"generate {rv.pipeline_id} dp{rv.dp_rank}"
-        for g in rv.gpus:
-            out.append(new_slice(g, rv.start, rv.end, "generate", rv.pipeline_id, label, args, rv.seq))
-    sort_slices(out)
-    return out
+    """:func:`gpu_slices` from intervals already derived (built as columns, see
+    :mod:`.slice_columns`)."""
+    from harness.outputs.slice_columns import slice_columns_of  # (it builds on this module)
+
+    return slice_columns_of(effects, ranks, include_other=include_other).objects()
 
 
 def union_length(spans: Iterable[Tuple[float, float]]) -> float:

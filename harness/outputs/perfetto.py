@@ -137,9 +137,9 @@ def _trace(view: RunView) -> _Trace:
     t0, t1 = view.bounds
     nodes, gpn = view.shape
     gpus = view.gpus
-    slices = view.slices
+    slices = view.slice_columns
     lanes = view.lanes
-    slice_gpus = [s.gpu for s in slices]
+    slice_gpus = slices.gpu
     n_lanes: Dict[int, int] = {g: 1 for g in gpus}
     for g, lane in set(zip(slice_gpus, lanes)):  # each GPU's lanes, once
         n_lanes[g] = max(n_lanes.get(g, 1), lane + 1)
@@ -173,7 +173,7 @@ def _trace(view: RunView) -> _Trace:
             next_tid += 1
 
     # the GPU slices' events, as columns (each built into a dict only when written)
-    slice_ts, slice_dur = _us_and_dur_us([s.start for s in slices], [s.end for s in slices])
+    slice_ts, slice_dur = _us_and_dur_us(slices.start, slices.end)
     slice_pid = [node_pid[g // gpn] for g in slice_gpus]
     first_tid = {g: tid_of[(g, 0)] for g in n_lanes}  # a GPU's lanes have consecutive thread ids
     slice_tid = [first_tid[g] + lane for g, lane in zip(slice_gpus, lanes)]
@@ -224,19 +224,19 @@ def _trace(view: RunView) -> _Trace:
 
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
     n_slices = len(slices)
+    labels, cats, slice_args = slices.label, slices.kind, slices.args
 
     def event(i: int) -> Dict[str, Any]:
         if i >= n_slices:
             return events[i - n_slices]
-        s = slices[i]
-        return {"name": s.label, "cat": s.kind, "ph": "X", "ts": slice_ts[i], "dur": slice_dur[i],
-                "pid": slice_pid[i], "tid": slice_tid[i], "args": s.args}
+        return {"name": labels[i], "cat": cats[i], "ph": "X", "ts": slice_ts[i], "dur": slice_dur[i],
+                "pid": slice_pid[i], "tid": slice_tid[i], "args": slice_args[i]}
 
     def name_of(i: int) -> tuple:
-        return (slices[i].label if i < n_slices else events[i - n_slices]["name"],)
+        return (labels[i] if i < n_slices else events[i - n_slices]["name"],)
 
     def args_of(i: int) -> Any:
-        return slices[i].args if i < n_slices else events[i - n_slices].get("args")
+        return slice_args[i] if i < n_slices else events[i - n_slices].get("args")
 
     # events (slices first, then the rest) by (ts, pid, tid, phase, longest first, name, canonical args)
     order = column_order([slice_ts + [e["ts"] for e in events], slice_pid + [e["pid"] for e in events],

@@ -16,10 +16,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from harness.outputs.canonical_order import column_order
 from harness.outputs.intervals import (EffectInterval, GpuSlice, RankInterval, _header, cluster_shape,
-                                       effect_intervals, rank_intervals, scenario_name, slices_of)
+                                       effect_intervals, rank_intervals, scenario_name)
 from harness.outputs.lanes import _greedy_lanes
+from harness.outputs.slice_columns import SliceColumns, slice_columns_of
 
 
 class RunView:
@@ -84,9 +84,22 @@ class RunView:
         return rank_intervals(self.of("rank_state"), self.bounds[1])
 
     @cached_property
+    def slice_columns(self) -> SliceColumns:
+        """The GPU slices (every kind) as columns: what the summary, trace and picture read."""
+        return slice_columns_of(self.effects, self.ranks)
+
+    @cached_property
+    def work_columns(self) -> SliceColumns:
+        """:attr:`slice_columns` without kind "other" (the same order)."""
+        columns = self.slice_columns
+        if "other" not in columns.kind:
+            return columns
+        return columns.where([kind != "other" for kind in columns.kind])
+
+    @cached_property
     def slices(self) -> List[GpuSlice]:
-        """:func:`gpu_slices` with every kind."""
-        return slices_of(self.effects, self.ranks)
+        """:func:`gpu_slices` with every kind (objects built from :attr:`slice_columns`)."""
+        return self.slice_columns.objects()
 
     @cached_property
     def work_slices(self) -> List[GpuSlice]:
@@ -107,22 +120,16 @@ class RunView:
     def _lane_sets(self) -> Tuple[List[int], List[int]]:
         """Both lane assignments from one sort: the work slices, a subsequence of the
         slices, are in the same relative order when only they are sorted."""
-        slices, work = self.slices, self.work_slices
-        gpus, starts, ends = [s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices]
-        order = column_order([gpus, starts, ends, [s.seq for s in slices]],
-                             lambda i: (slices[i].label,), lambda i: slices[i].args)
+        columns, work = self.slice_columns, self.work_columns
+        gpus, starts, ends = columns.gpu, columns.start, columns.end
+        order = columns.lane_order()
         lanes = _greedy_lanes(gpus, starts, ends, order)
-        if len(work) == len(slices):
+        if work is columns:
             return lanes, lanes
-        is_work = np.array([s.kind != "other" for s in slices], dtype=bool)
+        is_work = np.array([kind != "other" for kind in columns.kind], dtype=bool)
         at = np.asarray(order, dtype=np.int64)
         work_order = (np.cumsum(is_work) - 1)[at[is_work[at]]].tolist()  # the work slices' positions, in order
-        keep = is_work.tolist()
-
-        def of_work(values: List[Any]) -> List[Any]:
-            return [v for v, k in zip(values, keep) if k]
-
-        return lanes, _greedy_lanes(of_work(gpus), of_work(starts), of_work(ends), work_order)
+        return lanes, _greedy_lanes(work.gpu, work.start, work.end, work_order)
 
 
 Log = Union[Sequence[Mapping[str, Any]], RunView]

@@ -35,13 +35,14 @@ Definitions (all times are simulated seconds):
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import groupby
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from harness.outputs.dataplane import HopTotal, dataplane_totals
 from harness.outputs.streaming_summary import StreamingRow, streaming_rows
-from harness.outputs.intervals import (EffectInterval, GpuSlice, KIND_CATEGORY, RankInterval, effect_category, p95,
+from harness.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
 from harness.outputs.run_view import Log, RunView, as_view
 
@@ -152,9 +153,11 @@ _PRECEDENCE = {"train": 0, "refit": 1, "generate": 2}  # category -> rank (lower
 _KIND_RANK = {kind: _PRECEDENCE.get(cat) for kind, cat in KIND_CATEGORY.items()}
 
 
-def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dict[str, float]:
-    """Seconds of train / refit / generate on one GPU with precedence train > refit >
-    generate; the rest of [t0, t1] is idle.
+def _exclusive_gpu_time(kinds: Sequence[str], starts: Sequence[float], ends: Sequence[float], t0: float,
+                        t1: float) -> Dict[str, float]:
+    """Seconds of train / refit / generate on one GPU, given its slices' kinds, starts
+    and ends (columns), with precedence train > refit > generate; the rest of [t0, t1]
+    is idle.
 
     A sweep over the slices' start and end points: each gap between consecutive points
     goes to the highest-precedence category active in it (added in sweep order). The
@@ -162,11 +165,11 @@ def _exclusive_gpu_time(slices: Sequence[GpuSlice], t0: float, t1: float) -> Dic
     at the first, and it is zero between them — so they sort as plain tuples."""
     events: List[Tuple[float, int, int]] = []
     add = events.append
-    for s in slices:
-        rank = _KIND_RANK[s.kind]
+    for kind, start, end in zip(kinds, starts, ends):
+        rank = _KIND_RANK[kind]
         if rank is None:
             continue
-        a, b = max(s.start, t0), min(s.end, t1)
+        a, b = max(start, t0), min(end, t1)
         if b > a:
             add((a, 1, rank))
             add((b, -1, rank))
@@ -203,7 +206,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
     nodes, gpn = view.shape
     effects = view.effects
     ranks = view.ranks
-    slices = view.slices
+    columns = view.slice_columns
 
     # ---- pipelines
     by_pipe_effects: Dict[str, List[EffectInterval]] = defaultdict(list)
@@ -249,12 +252,17 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         ))
 
     # ---- GPUs
-    by_gpu: Dict[int, List[GpuSlice]] = defaultdict(list)
-    for s in slices:
-        by_gpu[s.gpu].append(s)
+    # each GPU's slices: a run of the columns (the slices are sorted by GPU first)
+    by_gpu: Dict[Any, Tuple[int, int]] = {}
+    at = 0
+    for g, run in groupby(columns.gpu):
+        n = sum(1 for _ in run)
+        by_gpu[g] = (at, at + n)
+        at += n
     gpus: List[GpuSummary] = []
     for g in view.gpus:
-        x = _exclusive_gpu_time(by_gpu.get(g, []), t0, t1)
+        lo, hi = by_gpu.get(g, (0, 0))
+        x = _exclusive_gpu_time(columns.kind[lo:hi], columns.start[lo:hi], columns.end[lo:hi], t0, t1)
         gpus.append(GpuSummary(gpu=g, node=g // gpn, train_s=x["train"], refit_s=x["refit"],
                                generate_s=x["generate"], idle_s=x["idle"]))
 

@@ -18,13 +18,14 @@ import io
 import os
 from array import array
 from collections import defaultdict
+from itertools import compress
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
 from harness.outputs.intervals import GpuSlice
-from harness.outputs.lanes import assign_lanes
 from harness.outputs.run_view import Log, as_view
+from harness.outputs.slice_columns import SliceColumns
 from harness.outputs.timeline_raster import bar_image
 
 #: picture kind -> (legend label, colour), in legend order. Each phase has a colour of its
@@ -51,6 +52,11 @@ def picture_kind(kind: str, label: str) -> str:
 
 def picture_kinds(slices: Sequence[GpuSlice]) -> List[str]:
     """:func:`picture_kind` of each slice (its label parsed once per distinct label)."""
+    return _picture_kinds([s.kind for s in slices], [s.label for s in slices])
+
+
+def _picture_kinds(kinds: Sequence[str], labels: Sequence[str]) -> List[str]:
+    """:func:`picture_kinds` of slices given as their kind and label columns."""
     of_label: Dict[str, str] = {}
 
     def wake_sleep(label: str) -> str:
@@ -59,7 +65,7 @@ def picture_kinds(slices: Sequence[GpuSlice]) -> List[str]:
             kind = of_label[label] = picture_kind("wake_sleep", label)
         return kind
 
-    return [kind if (kind := s.kind) != "wake_sleep" else wake_sleep(s.label) for s in slices]
+    return [kind if kind != "wake_sleep" else wake_sleep(label) for kind, label in zip(kinds, labels)]
 
 
 def legend_kinds(drawn: "set[str]") -> List[str]:
@@ -82,7 +88,8 @@ def timeline_size_px(log: Log, *, width_in: float = 12.0,
                      row_height_in: float = 0.45, dpi: int = 100) -> Tuple[int, int]:
     """(width, height) in pixels of the PNG :func:`write_timeline_png` writes for this log."""
     view = as_view(log)
-    return _size_px(len(view.gpus), set(picture_kinds(view.work_slices)), {s.pipeline_id for s in view.work_slices},
+    work = view.work_columns
+    return _size_px(len(view.gpus), set(_picture_kinds(work.kind, work.label)), set(work.pipeline_id),
                     width_in, row_height_in, dpi)
 
 
@@ -110,16 +117,18 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     _, gpn = view.shape
     gpus = view.gpus
     row_of = {g: i for i, g in enumerate(gpus)}
-    slices, kinds = view.work_slices, picture_kinds(view.work_slices)
-    pipelines = sorted({s.pipeline_id for s in slices})
+    slices = view.work_columns
+    kinds = _picture_kinds(slices.kind, slices.label)
+    pipelines = sorted(set(slices.pipeline_id))
     w_px, h_px = _size_px(len(gpus), set(kinds), set(pipelines), width_in, row_height_in, dpi)
     if all(kind in KIND_STYLE for kind in set(kinds)):
         lanes = view.work_lanes  # the Perfetto trace's lanes too when no slice is "other"
     else:
-        slices = [s for s, kind in zip(slices, kinds) if kind in KIND_STYLE]
-        kinds = [kind for kind in kinds if kind in KIND_STYLE]
-        pipelines = sorted({s.pipeline_id for s in slices})
-        lanes = assign_lanes(slices)
+        keep = [kind in KIND_STYLE for kind in kinds]
+        slices = slices.where(keep)
+        kinds = list(compress(kinds, keep))
+        pipelines = sorted(set(slices.pipeline_id))
+        lanes = slices.lanes()
     hatch_of = {p: PIPELINE_HATCHES[i % len(PIPELINE_HATCHES)] for i, p in enumerate(pipelines)}
     ooms = list(view.of("oom"))
     faults = list(view.of("fault_fired"))
@@ -198,7 +207,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
     return buf.getvalue()
 
 
-def _draw_bar_polygons(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int], row_of: Dict[int, int],
+def _draw_bar_polygons(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_of: Dict[int, int],
                        kinds: Sequence[str], hatch_of: Dict[str, str], pipelines: Sequence[str],
                        span: Tuple[float, float]) -> "set[str]":
     """The bars as polygons (hatched by pipeline, wide ones labelled), one PolyCollection
@@ -207,26 +216,27 @@ def _draw_bar_polygons(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int]
 
     t0, t1 = span
     n_lanes: Dict[int, int] = defaultdict(lambda: 1)
-    for s, lane in zip(slices, lanes):
-        n_lanes[s.gpu] = max(n_lanes[s.gpu], lane + 1)
+    for gpu, lane in zip(slices.gpu, lanes):
+        n_lanes[gpu] = max(n_lanes[gpu], lane + 1)
     # per (kind, pipeline): the bars' x0, x1, y0, y1 as packed doubles
     groups: Dict[Tuple[str, str], Tuple[array, ...]] = defaultdict(lambda: tuple(array("d") for _ in range(4)))
     labels: List[Tuple[float, float, str]] = []
     pad = 0.08
-    for s, lane, kind in zip(slices, lanes, kinds):
-        width = min(s.end, t1) - max(s.start, t0)
+    for gpu, start, end, pipeline_id, lane, kind in zip(slices.gpu, slices.start, slices.end, slices.pipeline_id,
+                                                        lanes, kinds):
+        width = min(end, t1) - max(start, t0)
         if width <= 0:
             continue
-        lane_h = (1 - 2 * pad) / n_lanes[s.gpu]
-        y0 = row_of[s.gpu] + pad + lane * lane_h
-        x0 = max(s.start, t0)
-        xs0, xs1, ys0, ys1 = groups[(kind, s.pipeline_id)]
+        lane_h = (1 - 2 * pad) / n_lanes[gpu]
+        y0 = row_of[gpu] + pad + lane * lane_h
+        x0 = max(start, t0)
+        xs0, xs1, ys0, ys1 = groups[(kind, pipeline_id)]
         xs0.append(x0)
         xs1.append(x0 + width)
         ys0.append(y0)
         ys1.append(y0 + lane_h)
         if len(pipelines) > 1 and width >= 0.08 * (t1 - t0):
-            labels.append((x0 + width / 2, y0 + lane_h / 2, s.pipeline_id))
+            labels.append((x0 + width / 2, y0 + lane_h / 2, pipeline_id))
     for kind, pid in sorted(groups):
         ax.add_collection(PolyCollection(
             # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
@@ -237,7 +247,7 @@ def _draw_bar_polygons(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int]
     return {kind for kind, _ in groups}
 
 
-def _draw_bar_image(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int], row_of: Dict[int, int],
+def _draw_bar_image(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_of: Dict[int, int],
                     kinds: Sequence[str], span: Tuple[float, float], x_range: Tuple[float, float]) -> "set[str]":
     """The bars of a dense picture as one image the size of the axes in pixels
     (:mod:`.timeline_raster`): each lane a band 1/lanes of its GPU's row high, no padding,
@@ -246,11 +256,11 @@ def _draw_bar_image(ax: Any, slices: Sequence[GpuSlice], lanes: Sequence[int], r
     t0, t1 = span
     order = list(KIND_STYLE)
     code_of = {k: i for i, k in enumerate(order)}
-    start = np.maximum(np.array([s.start for s in slices], dtype=float), t0)
-    end = np.minimum(np.array([s.end for s in slices], dtype=float), t1)
-    row = np.array([row_of[s.gpu] for s in slices], dtype=np.int64)
+    start = np.maximum(np.array(slices.start, dtype=float), t0)
+    end = np.minimum(np.array(slices.end, dtype=float), t1)
+    row = np.array(list(map(row_of.__getitem__, slices.gpu)), dtype=np.int64)
     lane = np.array(lanes, dtype=np.int64)
-    codes = np.array([code_of[k] for k in kinds], dtype=np.int64)
+    codes = np.array(list(map(code_of.__getitem__, kinds)), dtype=np.int64)
     shown = end > start
     start, end, row, lane, codes = start[shown], end[shown], row[shown], lane[shown], codes[shown]
     n_lanes = np.ones(len(row_of), dtype=np.int64)
