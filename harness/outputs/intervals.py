@@ -173,6 +173,7 @@ class GpuSlice:
 
 
 _SLICE_FIELDS = ("gpu", "start", "end", "kind", "pipeline_id", "label", "args", "seq")
+_RANK_FIELDS = ("pipeline_id", "dp_rank", "gpus", "start", "end", "version", "open", "seq")
 _EFFECT_FIELDS = ("pipeline_id", "effect", "args", "scope", "step", "cycle", "gpus", "start", "end", "open", "error", "seq")
 
 
@@ -264,16 +265,18 @@ def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] 
     out: List[RankInterval] = []
 
     def close(start_rec: Mapping[str, Any], end_t: Optional[float]) -> None:
-        out.append(RankInterval(
-            pipeline_id=str(start_rec["pipeline_id"]),
-            dp_rank=int(start_rec["dp_rank"]),
-            gpus=tuple(sorted(set(start_rec.get("gpus") or ()))),
-            start=float(start_rec["t"]),
-            end=t_end if end_t is None else end_t,
-            version=start_rec.get("version"),
-            open=end_t is None,
-            seq=int(start_rec.get("seq", 0)),
-        ))
+        iv = _new_object(RankInterval)  # the dataclass's fields, set at once (see new_slice)
+        iv.__dict__.update(zip(_RANK_FIELDS, (
+            str(start_rec["pipeline_id"]),
+            int(start_rec["dp_rank"]),
+            tuple(sorted(set(start_rec.get("gpus") or ()))),
+            float(start_rec["t"]),
+            t_end if end_t is None else end_t,
+            start_rec.get("version"),
+            end_t is None,
+            int(start_rec.get("seq", 0)),
+        )))
+        out.append(iv)
 
     for r in records:
         if r.get("kind") != "rank_state":

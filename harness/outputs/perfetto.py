@@ -122,15 +122,16 @@ def _plan_args(plan: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 class _Trace:
-    """A trace with its events not yet built: the metadata events, then ``count`` events
-    in the order ``order``, each built by ``event(i)`` when it is written. The 1024-GPU
-    run's trace has ~400 thousand slice events; as dicts all at once they were ~180 MB
-    on top of the log (the run's peak); here only their sort columns are held, and
-    :func:`iter_chrome_trace` builds and encodes them a chunk at a time."""
+    """A trace with its events not yet built: the metadata events, then the events in
+    the order ``order``, built by ``events_at(positions)`` (a list of the events at those
+    positions) when they are written. The 1024-GPU run's trace has ~400 thousand slice
+    events; as dicts all at once they were ~180 MB on top of the log (the run's peak);
+    here only their sort columns are held, and :func:`iter_chrome_trace` builds and
+    encodes them a chunk at a time."""
 
     def __init__(self, head: Dict[str, Any], meta: List[Dict[str, Any]], order: List[int],
-                 event: Callable[[int], Dict[str, Any]]) -> None:
-        self.head, self.meta, self.order, self.event = head, meta, order, event
+                 events_at: Callable[[List[int]], List[Dict[str, Any]]]) -> None:
+        self.head, self.meta, self.order, self.events_at = head, meta, order, events_at
 
 
 def _trace(view: RunView) -> _Trace:
@@ -226,11 +227,11 @@ def _trace(view: RunView) -> _Trace:
     n_slices = len(slices)
     labels, cats, slice_args = slices.label, slices.kind, slices.args
 
-    def event(i: int) -> Dict[str, Any]:
-        if i >= n_slices:
-            return events[i - n_slices]
-        return {"name": labels[i], "cat": cats[i], "ph": "X", "ts": slice_ts[i], "dur": slice_dur[i],
-                "pid": slice_pid[i], "tid": slice_tid[i], "args": slice_args[i]}
+    def events_at(positions: List[int]) -> List[Dict[str, Any]]:
+        # (one comprehension per chunk, no call per event: the slices' dicts are most of the trace)
+        return [{"name": labels[i], "cat": cats[i], "ph": "X", "ts": slice_ts[i], "dur": slice_dur[i],
+                 "pid": slice_pid[i], "tid": slice_tid[i], "args": slice_args[i]} if i < n_slices
+                else events[i - n_slices] for i in positions]
 
     def name_of(i: int) -> tuple:
         return (labels[i] if i < n_slices else events[i - n_slices]["name"],)
@@ -253,14 +254,14 @@ def _trace(view: RunView) -> _Trace:
             "sim_end_s": t1,
         },
     }
-    return _Trace(head, meta, order, event)
+    return _Trace(head, meta, order, events_at)
 
 
 def chrome_trace(log: Log) -> Dict[str, Any]:
     """The run as a Chrome Trace Event Format dict: {"traceEvents": [...], "displayTimeUnit": "ms", ...}.
     ``log``: the records (header first) or a :class:`RunView` of them."""
     trace = _trace(as_view(log))
-    return {"traceEvents": trace.meta + [trace.event(i) for i in trace.order], **trace.head}
+    return {"traceEvents": trace.meta + trace.events_at(trace.order), **trace.head}
 
 
 _ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
@@ -311,7 +312,7 @@ def _trace_chunks(log: Log) -> Iterator[Union[bytes, memoryview]]:
     yield (head[:-1] + ',"traceEvents":[').encode("ascii")
     n = _EVENTS_PER_CHUNK
     meta_chunks = (trace.meta[at:at + n] for at in range(0, len(trace.meta), n))
-    event_chunks = ([trace.event(i) for i in trace.order[at:at + n]] for at in range(0, len(trace.order), n))
+    event_chunks = (trace.events_at(trace.order[at:at + n]) for at in range(0, len(trace.order), n))
     for k, chunk in enumerate(chain(meta_chunks, event_chunks)):
         if k:
             yield b","

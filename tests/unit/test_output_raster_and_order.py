@@ -176,6 +176,22 @@ def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
         iv.start = 1.0
 
 
+def test_rank_intervals_are_built_with_every_field_of_the_dataclass():
+    import dataclasses
+
+    from harness.outputs.intervals import _RANK_FIELDS, RankInterval, rank_intervals
+
+    assert _RANK_FIELDS == tuple(f.name for f in dataclasses.fields(RankInterval))
+    recs = [r for r in _dense_log() if r["kind"] == "rank_state"]
+    closed, = rank_intervals(recs, 90.0)
+    still_open, = rank_intervals(recs[:1], 80.0)
+    gpus = tuple(range(8, 16)) + (20,)
+    assert closed == RankInterval("p0", 0, gpus, 0.0, 100.0, None, False, recs[0]["seq"])
+    assert still_open == RankInterval("p0", 0, gpus, 0.0, 80.0, None, True, recs[0]["seq"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        closed.start = 1.0
+
+
 def test_new_slice_is_the_dataclass_with_every_field():
     import dataclasses
 
