@@ -17,6 +17,7 @@ import pytest
 from harness.outputs.canonical_order import column_order, sort_canon_last
 from harness.outputs.timeline import DENSE_ROWS, KIND_STYLE, render_timeline_png
 from harness.outputs.timeline_raster import bar_image, coverage
+from tests.unit.output_logs import dense_log as _dense_log
 
 
 def _exact_coverage(rects, width, height):
@@ -83,29 +84,6 @@ def test_column_order_is_the_order_sort_canon_last_gives():
     got = column_order([big, [it["g"] for it in items]], lambda i: (), lambda i: items[i]["args"])
     assert got == want(lambda i: (big[i], items[i]["g"]))
     assert column_order([[]], lambda i: (), lambda i: None) == []
-
-
-def _dense_log(nodes=9, gpn=8):
-    recs = [{"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-             "cluster": {"nodes": nodes, "gpus_per_node": gpn}, "meta": {"scenario": "dense"}}]
-
-    def add(t, kind, **f):
-        recs.append({"seq": len(recs), "t": float(t), "kind": kind, **f})
-
-    def effect(t0, t1, effect, gpus, args=None):
-        common = dict(pipeline_id="p0", effect=effect, args=args or {}, scope="step", step=1, cycle=None, gpus=gpus)
-        add(t0, "effect_start", **common)
-        add(t1, "effect_end", **common)
-
-    effect(0, 50, "Compute", list(range(8)), {"what": "train"})
-    add(0, "rank_state", pipeline_id="p0", dp_rank=0, state="routable", gpus=list(range(8, 16)) + [20])
-    effect(40, 60, "SyncFromCache", [20], {"path": "active"})  # overlaps the rank on GPU 20: two lanes
-    effect(10, 30, "Wake", [16])
-    effect(10, 30, "Sleep", [17])
-    add(70, "oom", gpu=40, owner="p0", mem="kv", requested=2, used=1, capacity=2)
-    add(100, "rank_state", pipeline_id="p0", dp_rank=0, state="asleep", gpus=list(range(8, 16)) + [20])
-    add(100, "sim_end", reason="done", sim_time=100.0, events=1, detail="")
-    return recs
 
 
 def test_a_dense_picture_shows_kinds_lanes_markers_and_a_legend_of_what_is_drawn():

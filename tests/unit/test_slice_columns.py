@@ -12,6 +12,7 @@ import pytest
 from harness.outputs.intervals import EffectInterval, GpuSlice, RankInterval, effect_label
 from harness.outputs.lanes import assign_lanes
 from harness.outputs.slice_columns import SLICE_FIELDS, slice_columns_of
+from tests.unit.output_logs import dense_log
 
 
 def _reference_slices(effects, ranks, include_other=True):
@@ -76,38 +77,13 @@ def test_no_intervals_no_slices():
     assert len(columns) == 0 and columns.objects() == [] and columns.lanes() == []
 
 
-def _log(nodes=2, gpn=8):
-    """A small run: training, a generating rank with a sync overlapping it (two lanes),
-    a wake, a sleep and waiting, on ``nodes`` x ``gpn`` GPUs."""
-    recs = [{"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-             "cluster": {"nodes": nodes, "gpus_per_node": gpn}, "meta": {"scenario": "columns"}}]
-
-    def add(t, kind, **f):
-        recs.append({"seq": len(recs), "t": float(t), "kind": kind, **f})
-
-    def effect(t0, t1, name, gpus, args=None):
-        common = dict(pipeline_id="p0", effect=name, args=args or {}, scope="step", step=1, cycle=None, gpus=gpus)
-        add(t0, "effect_start", **common)
-        add(t1, "effect_end", **common)
-
-    effect(0, 50, "Compute", list(range(8)), {"what": "train"})
-    add(0, "rank_state", pipeline_id="p0", dp_rank=0, state="routable", gpus=list(range(8, 16)))
-    effect(40, 60, "SyncFromCache", [9], {"path": "active"})
-    effect(10, 30, "Wake", [10])
-    effect(10, 30, "Sleep", [11])
-    effect(55, 65, "RequestGpus", [3, 12])
-    add(100, "rank_state", pipeline_id="p0", dp_rank=0, state="asleep", gpus=list(range(8, 16)))
-    add(100, "sim_end", reason="done", sim_time=100.0, events=1, detail="")
-    return recs
-
-
 def test_the_summarys_per_gpu_times_are_those_of_each_gpus_slices():
     """The summary splits the columns into each GPU's run (they are sorted by GPU); the
     times must be those of the GPU's slices picked out one by one."""
     from harness.outputs.run_view import RunView
     from harness.outputs.summary import _exclusive_gpu_time, summarize
 
-    view = RunView(_log())
+    view = RunView(dense_log(nodes=2))
     by_gpu = defaultdict(list)
     for s in view.slices:
         by_gpu[s.gpu].append(s)
@@ -126,14 +102,11 @@ def test_a_picture_that_leaves_slices_out_draws_the_rest(monkeypatch, nodes):
     filtered, its lanes assigned anew): the same picture as a log without it."""
     from harness.outputs import timeline
 
-    recs = _log(nodes)
-    # the same run with two waits more: one overlapping the training on GPU 0 (a lane of its own)
+    recs = dense_log(nodes)
+    # the same run with a wait more, overlapping the training on GPU 0 (a lane of its own)
     waits = [dict(r, seq=0, effect="RequestGpus", args={}, gpus=[0]) for r in recs if r.get("effect") == "Compute"]
-    with_waits = recs[:3] + waits + recs[3:]
-    for seq, r in enumerate(with_waits):
-        r = with_waits[seq] = dict(r, seq=seq)
-    without = [r for r in recs if r.get("effect") != "RequestGpus"]
-    assert timeline.render_timeline_png(with_waits) != timeline.render_timeline_png(without)  # waits drawn
+    with_waits = [dict(r, seq=seq) for seq, r in enumerate(recs[:2] + waits + recs[2:])]
+    assert timeline.render_timeline_png(with_waits) != timeline.render_timeline_png(recs)  # the wait is drawn
     style = {k: v for k, v in timeline.KIND_STYLE.items() if k != "waiting"}
     monkeypatch.setattr(timeline, "KIND_STYLE", style)
-    assert timeline.render_timeline_png(with_waits) == timeline.render_timeline_png(without)
+    assert timeline.render_timeline_png(with_waits) == timeline.render_timeline_png(recs)
