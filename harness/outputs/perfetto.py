@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
+from harness.eventlog.writer import holds_json_only_float
 from harness.outputs.canonical_order import canonical_json, column_order
 from harness.outputs.intervals import GpuSlice, sort_slices
 from harness.outputs.lanes import assign_lanes
@@ -290,7 +291,7 @@ def _encode_events(events: List[Dict[str, Any]]) -> bytes:
         except TypeError:
             pass
         else:
-            if out.isascii() and b"e-" not in out and b"0.0000" not in out:
+            if out.isascii() and not holds_json_only_float(out):
                 return out
     return _ENCODE(events).encode("ascii")  # (json escapes every non-ASCII character)
 

@@ -350,6 +350,19 @@ def test_chrome_trace_is_deterministic(tmp_path):
     assert chrome_trace(build_log()) == json.loads(dumps_chrome_trace(build_log()))
 
 
+@pytest.mark.parametrize("extra", [{}, {"tiny": 1e-5}, {"tinier": [1.5e-7]}, {"name": "é"}, {"neg": -2, "s": "a-b"}])
+def test_the_trace_text_is_the_canonical_json_whichever_encoder_writes_it(extra):
+    """orjson writes a chunk only when its bytes are json's (ASCII, no float it spells
+    otherwise); a chunk with a tiny float or a non-ASCII name goes to json instead."""
+    records = build_log()
+    for r in records:
+        if r["kind"] == "effect_start":
+            r["args"] = {**r.get("args", {}), **extra}
+    want = json.dumps(chrome_trace(records), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    assert dumps_chrome_trace(records) == want
+    assert ("1e-05" in want or "1.5e-07" in want) == ("tiny" in extra or "tinier" in extra)
+
+
 def test_lanes_are_greedy_and_stable():
     L = Log(nodes=1, gpus_per_node=1)
     # three overlapping trainings on GPU 0 and one that fits after the first

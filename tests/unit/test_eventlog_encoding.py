@@ -136,4 +136,6 @@ def test_marked_lines_of_random_chunks():
     pieces = [b"e", b"-", b"0", b".", b"n", b"u", b"l", b"x", b"null", b"e-", b"0.0000", b'"', b"1"]
     for _ in range(300):
         lines = [b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 20))]
-        assert writer._marked_lines(b"\n".join(lines), lines) == _marked_by_scan(lines)
+        data = b"\n".join(lines)
+        assert writer._marked_lines(data, lines) == _marked_by_scan(lines)
+        assert writer.holds_json_only_float(data) == (b"e-" in data or b"0.0000" in data)
