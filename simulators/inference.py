@@ -229,17 +229,14 @@ class Router:
         req.version = version = rank.life.weights_version
         self.log({"seq": 0, "t": self.env._now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
                   "request": req.rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
-        inflight = rank.inflight
-        c = len(inflight)
-        if c < self.max_concurrent:  # self._start(rank, req), inlined (every dispatch)
-            duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
-            if req.stuck:
-                duration = float("inf")
-            inflight[req.rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
+        if len(rank.inflight) < self.max_concurrent:
+            self._start(rank, req)
         else:
             rank.queued.append(req)
 
     def _start(self, rank: RankSim, req: Request) -> None:
+        """Start serving ``req`` on ``rank``: its completion timer, the one place the
+        decode-time model (slower the more requests share the rank) is written."""
         c = len(rank.inflight)
         duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
         if req.stuck:

@@ -198,10 +198,6 @@ def sort_slices(slices: List[GpuSlice]) -> None:
     slices[:] = [slices[i] for i in order]
 
 
-def _slice_args(s: GpuSlice) -> Dict[str, Any]:
-    return s.args
-
-
 def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[EffectInterval]:
     """Every effect as an interval, ordered by start (then start seq); one still open is
     cut at ``t_end`` (default: the end of the run)."""
