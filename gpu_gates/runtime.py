@@ -93,7 +93,11 @@ def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
     return parser
 
 
-SECONDARY_MARKERS = ("terminated by SIGTERM", "GateAbort", "never reported", "closed by peer", "reset by peer")
+#: said of a check failure found while tearing down a run that had already failed (a
+#: process group a hung peer still holds): a consequence, never the headline
+AFTER_FAILURE_MARKER = "found after the run had already failed"
+SECONDARY_MARKERS = ("terminated by SIGTERM", "GateAbort", "never reported", "closed by peer", "reset by peer",
+                     AFTER_FAILURE_MARKER)
 TIMEOUT_MARKER = "timed out: deadline passed while"
 
 

@@ -14,7 +14,7 @@ from gpu_gates import report as rep  # noqa: E402
 from gpu_gates.dist_setup import LaunchEnv, select_backend  # noqa: E402
 from gpu_gates.hooks import HookSpecError, TestHooks, parse_hooks  # noqa: E402
 from gpu_gates import runtime  # noqa: E402
-from gpu_gates.runtime import primary_failure  # noqa: E402
+from gpu_gates.runtime import AFTER_FAILURE_MARKER, primary_failure  # noqa: E402
 from gpu_gates.selective_sync import targets_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +49,18 @@ def test_primary_failure_prefers_root_cause_and_lists_timeouts():
                 "rank 2: rank 2 timed out: deadline passed while in phase 'b'"]
     message = primary_failure(timeouts)
     assert message.startswith("2 rank(s) timed out") and "'a'" in message and "'b'" in message
+
+
+def test_a_leak_found_after_a_failure_does_not_take_the_headline():
+    # rank 0 gave up because rank 2 hung: the group it shares with rank 2 cannot be torn
+    # down, and rank 0's results come first; the headline is rank 2's timeout
+    failures = [f"rank 0: no_group_survives: process group(s) alive at the end of the run: g ({AFTER_FAILURE_MARKER})",
+                "rank 0: rank 0 GateAbort in phase 'serve': rank 2 timed out",
+                "rank 2: rank 2 timed out: deadline passed while in phase 'sync_recv'"]
+    assert primary_failure(failures).startswith("rank 2: rank 2 timed out")
+    # a leak after a run that completed is the headline
+    leak = "rank 0: no_group_survives: process group(s) alive at the end of the run: g"
+    assert primary_failure([leak, "rank 1: rank 1 terminated by SIGTERM"]) == leak
 
 
 def test_atomic_write_and_paths(tmp_path):
