@@ -65,11 +65,15 @@ class Simulation:
         options = SchedulerOptions.from_mapping(scenario.scheduler)
         self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), options)
         self.log = EventLog(header_record(
-            {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30)},
+            {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30),
+             "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity (invariant 25)
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
                   # the oracle's post-sleep residue threshold (invariant 6, harness/invariants/memory.py)
-                  "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes}))
+                  "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+                  # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
+                  "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
+                                               if p.type != "single_controller"}}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)

@@ -124,9 +124,13 @@ def check_header(rec: Record, where: str) -> None:
     if cluster["nodes"] * cluster["gpus_per_node"] > MAX_GPUS:
         raise InputError(f"{where}: field 'cluster': {cluster['nodes']:,} nodes x {cluster['gpus_per_node']:,} GPUs "
                          f"exceeds the limit of {fmt_limit(MAX_GPUS)} GPUs")
-    extra = set(cluster) - {"nodes", "gpus_per_node", "vram_gib"}
+    extra = set(cluster) - {"nodes", "gpus_per_node", "vram_gib", "host_ram_bytes"}
     if extra:
-        raise InputError(f"{where}: field 'cluster.{sorted(extra)[0]}': not a cluster field (nodes, gpus_per_node, vram_gib)")
+        raise InputError(f"{where}: field 'cluster.{sorted(extra)[0]}': not a cluster field "
+                         f"(nodes, gpus_per_node, vram_gib, host_ram_bytes)")
+    ram = cluster.get("host_ram_bytes")
+    if ram is not None and not (isinstance(ram, int) and not isinstance(ram, bool) and ram > 0):
+        raise InputError(f"{where}: field 'cluster.host_ram_bytes': must be a positive integer (bytes per node)")
 
 
 def read_records(path: str) -> List[Record]:

@@ -7,7 +7,10 @@ Read from ``dp_transfer`` / ``dp_write_refused`` / ``dp_clear`` records only:
   same DP replica, or by another replica — is the ``-601`` bug class, whether the store
   refused it (``dp_write_refused``) or silently overwrote it;
 * the driver moves metadata only: any hop of role ``driver`` other than ``driver_meta``
-  that moved bytes means the driver fetched or pushed bulk tensors (the "1-hop" rule).
+  that moved bytes means the driver fetched or pushed bulk tensors (the "1-hop" rule);
+  and a ``driver_meta`` hop is judged by its bytes, not its label: more than
+  ``META_BYTES_PER_ROW`` per (sample, field) row, or at least what the rows' puts carried
+  into the store, is bulk data riding the metadata hop.
 """
 
 from __future__ import annotations
@@ -24,10 +27,30 @@ def _who(r: dict) -> str:
     return f"{r['actor']}" + (f" (dp {dp})" if dp is not None else "")
 
 
+#: metadata of one (sample, field) row: ids, shape, dtype, partition — tens of bytes
+#: (TransferQueue's BatchMeta); a driver_meta hop above this per row carries tensors
+META_BYTES_PER_ROW = 4096
+
+
+def _bulk_in_meta(r: dict, sizes: Dict[Tuple[str, str, str], float]) -> str:
+    """Why a ``driver_meta`` hop carried bulk data, derived from its bytes ('' if it did
+    not): more than :data:`META_BYTES_PER_ROW` per row, or at least the bytes the rows'
+    puts carried into the store."""
+    rows = [(r["partition"], s, f) for s in r["samples"] for f in r["fields"]]
+    n = r["bytes"]
+    if rows and n > META_BYTES_PER_ROW * len(rows):
+        return f"{n} B for {len(rows)} row(s), above {META_BYTES_PER_ROW} B of metadata per row"
+    stored = sum(sizes.get(k, 0.0) for k in rows)
+    if rows and all(k in sizes for k in rows) and stored > 0 and n >= stored:
+        return f"{n} B for {len(rows)} row(s) whose tensors put into the store {int(stored)} B"
+    return ""
+
+
 @invariant(NAME, reads=("dp_transfer", "dp_write_refused", "dp_clear"))
 def data_plane(records: Records) -> List[Violation]:
     out: List[Violation] = []
     written: Dict[Tuple[str, str, str], dict] = {}
+    sizes: Dict[Tuple[str, str, str], float] = {}  # row -> bytes its put carried (bulk)
     for r in records:
         kind = r["kind"]
         if kind == "dp_clear":
@@ -42,7 +65,15 @@ def data_plane(records: Records) -> List[Violation]:
             if r["role"] == "driver" and hop != "driver_meta" and r["bytes"] > 0:
                 out.append(Violation(NAME, r["seq"], f"the driver held bulk tensors: {hop} moved {r['bytes']} B "
                                                      f"of {r['fields']} for {len(r['samples'])} sample(s)"))
+            elif hop == "driver_meta":
+                bulk = _bulk_in_meta(r, sizes)
+                if bulk:
+                    out.append(Violation(NAME, r["seq"], f"the driver held bulk tensors: driver_meta moved {bulk}"))
             if hop.endswith("_to_store"):
+                rows = max(1, len(r["samples"]) * len(r["fields"]))
+                for s in r["samples"]:
+                    for f in r["fields"]:
+                        sizes[(r["partition"], s, f)] = r["bytes"] / rows
                 dups = []
                 for s in r["samples"]:
                     for f in r["fields"]:

@@ -1,0 +1,153 @@
+"""Inference-rank invariants read from the runtime records: 22 (nothing in flight at sleep
+or stop), 23 (sync targets) and 24 (rank lifecycle transitions).
+
+The lifecycle is RLix's engine order (``rlix/pipeline/coordinator.py`` ``resize_infer``
+and NeMo RL ``nemo_rl/models/generation/vllm/vllm_generation.py`` sleep/wake, rlops/rlix
+and NVIDIA-NeMo/RL): a rank is woken, synced from the CPU bucket cache, finalized and only
+then activated (routable); a shrink aborts its in-flight requests, drains, and only then
+sleeps. The edges are written out here from that order, not imported from the control
+logic (``harness/control/rank_state.py``) they judge.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Set, Tuple
+
+from harness.invariants.allocations import DECISION_KINDS, DecisionWalk
+from harness.invariants.base import Records, Violation, invariant
+
+#: state -> states it may enter next (any state may enter ``stopped``; ``stopped`` is final)
+EDGES = {
+    "asleep": {"waking"},
+    "waking": {"awake_unrouted"},
+    "awake_unrouted": {"synced", "draining"},
+    "synced": {"synced", "routable", "draining"},
+    "routable": {"routable", "draining"},
+    "draining": {"asleep"},
+    "stopped": set(),
+}
+INITIAL = "asleep"  # an engine is created asleep (RLix: offloaded after init)
+
+Rank = Tuple[str, int]
+
+
+@invariant("rank_lifecycle", reads=("rank_state",))
+def rank_lifecycle(records: Records) -> List[Violation]:
+    """Invariant 24: each ``rank_state`` record is an edge of the lifecycle from the rank's
+    previous state (asleep before its first record)."""
+    out: List[Violation] = []
+    state: Dict[Rank, str] = {}
+    for r in records:
+        if r["kind"] != "rank_state":
+            continue
+        key, new = (r["pipeline_id"], r["dp_rank"]), r["state"]
+        old = state.get(key, INITIAL)
+        allowed = EDGES.get(old, set()) | ({"stopped"} if old != "stopped" else set())
+        if new not in allowed:
+            out.append(Violation("rank_lifecycle", r["seq"], f"{key[0]} dp{key[1]} went {old} -> {new}; "
+                                 f"from {old} the lifecycle allows only {sorted(allowed) or 'nothing (final)'}"))
+        state[key] = new
+    return out
+
+
+@invariant("in_flight_at_sleep", reads=("rank_state", "unregister", "request_dispatch", "request_done",
+                                        "request_abort", "request_failed"))
+def in_flight_at_sleep(records: Records) -> List[Violation]:
+    """Invariant 22: a rank enters ``asleep`` (or ``stopped``), and a pipeline unregisters,
+    only with no request dispatched to it still running (abort -> drain -> sleep)."""
+    out: List[Violation] = []
+    running: Dict[Rank, Set[int]] = {}
+    where: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank it runs on
+    for r in records:
+        k = r["kind"]
+        if k == "request_dispatch":
+            pid, req = r["pipeline_id"], r["request"]
+            running.setdefault((pid, r["dp_rank"]), set()).add(req)
+            where[(pid, req)] = r["dp_rank"]
+        elif k in ("request_done", "request_abort", "request_failed"):
+            pid, req = r["pipeline_id"], r["request"]
+            dp = where.pop((pid, req), r.get("dp_rank"))
+            running.get((pid, dp), set()).discard(req)
+        elif k == "rank_state" and r["state"] in ("asleep", "stopped"):
+            key = (r["pipeline_id"], r["dp_rank"])
+            left = running.get(key)
+            if left:
+                out.append(Violation("in_flight_at_sleep", r["seq"], f"{key[0]} dp{key[1]} went {r['state']} with "
+                                     f"{len(left)} request(s) still running on it, e.g. {sorted(left)[:3]}"))
+                left.clear()
+        elif k == "unregister":
+            pid = r["pipeline_id"]
+            left = sorted((dp, req) for (p, dp), reqs in running.items() if p == pid for req in reqs)
+            if left:
+                out.append(Violation("in_flight_at_sleep", r["seq"], f"{pid} unregistered with {len(left)} request(s) "
+                                     f"still running, e.g. dp{left[0][0]} request {left[0][1]}"))
+                for (p, _), reqs in running.items():
+                    if p == pid:
+                        reqs.clear()
+    return out
+
+
+class _SyncTargets(DecisionWalk):
+    """Walks decisions (holdings, plans) and the sync records side by side."""
+
+    def __init__(self, records) -> None:
+        super().__init__(records)
+        self.out: List[Violation] = []
+        self.state: Dict[Rank, str] = {}
+        self.open: Dict[Tuple[str, str], dict] = {}  # (pipeline, path) -> open SyncFromCache start
+        self.cycle_plans: Dict[int, dict] = {}
+
+    def on_record(self, r: dict) -> None:
+        k = r["kind"]
+        if k == "plan":
+            self.cycle_plans[r["cycle"]] = r
+        elif k == "rank_state":
+            self.state[(r["pipeline_id"], r["dp_rank"])] = r["state"]
+        elif k == "effect_start" and r["effect"] == "SyncFromCache":
+            self.open[(r["pipeline_id"], r["args"].get("path", "expand"))] = r
+        elif k == "effect_end" and r["effect"] == "SyncFromCache":
+            self.open.pop((r["pipeline_id"], r["args"].get("path", "expand")), None)
+        elif k == "refit_bucket":
+            self._bucket(r)
+
+    def _bucket(self, r: dict) -> None:
+        pid, path = r["pipeline_id"], r.get("path", "expand")
+        for dp in r["dp_ranks"]:
+            st = self.state.get((pid, dp), "asleep")
+            if path == "active":
+                if st != "routable":
+                    self._bad(r, f"active refresh of {pid} writes dp{dp}, which is {st}, not routable")
+                continue
+            if st not in ("awake_unrouted", "synced"):
+                self._bad(r, f"expand sync of {pid} writes dp{dp}, which is {st}, not awake")
+            start = self.open.get((pid, path))
+            plan = self.cycle_plans.get(start.get("cycle")) if start is not None else None
+            if plan is None:
+                continue  # a sync outside a scheduler cycle (a gate, or an init sync): no expand to compare
+            cid = f"{pid}_actor_infer"
+            op = next((e for e in plan["expands"] if e["cluster_id"] == cid), None)
+            bundles = {b["dp_rank"]: b["gpus"] for b in (op["bundles"] if op else [])}
+            if dp not in bundles:
+                self._bad(r, f"expand sync of {pid} (cycle {plan['cycle']}) writes dp{dp}, which that expand does "
+                             f"not add (it adds {sorted(bundles)})")
+                continue
+            held = self.h.held_by.get(cid, set())
+            reg = self.h.registration(cid)
+            gpus = (reg.bundle(cid, dp) if reg else None) or bundles[dp]
+            foreign = [g for g in gpus if g not in held and g not in bundles[dp]]
+            if foreign:
+                self._bad(r, f"expand sync of {pid} writes dp{dp} on GPU(s) {foreign}, which {cid} does not hold")
+
+    def _bad(self, r: dict, message: str) -> None:
+        self.out.append(Violation("sync_targets", r["seq"], message))
+
+
+@invariant("sync_targets", reads=("refit_bucket",),
+           sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end"))
+def sync_targets(records: Records) -> List[Violation]:
+    """Invariant 23: an expand's weight sync writes only the ranks that expand adds, awake,
+    on GPUs their cluster holds or is being given; an active refresh writes only routable
+    ranks."""
+    walk = _SyncTargets(records)
+    walk.run()
+    return walk.out
