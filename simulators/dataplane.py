@@ -115,6 +115,9 @@ class DataPlaneSim:
             t_meta = now
             for d, shard in enumerate(shards):
                 size = len(shard.to_json().encode())
+                hook = getattr(self.pipe, "_driver_meta_bytes", None)  # fault bulk_in_driver_meta
+                if hook is not None:
+                    size = hook(size, sum(shard.sequence_lengths) * bytes_per_token)
                 t_meta = self.driver.transfer(now, size)
                 self._emit("driver_meta", "driver", "driver", list(shard.sample_ids), list(shard.fields), size,
                            t_meta, to=f"dp{d}")

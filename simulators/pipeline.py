@@ -37,6 +37,7 @@ from simulators.field_faults import FieldFaults
 from simulators.inference import RankSim, Router
 from simulators.pipeline_rollouts import RolloutEffects
 from simulators.pipeline_training import TrainingEffects
+from simulators.oracle_faults import OracleFaults
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
 from simulators.runtime import SimFailure, Simulation
@@ -49,12 +50,13 @@ _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old
                    Priority.ACTOR_TRAINING: "train"}
 
 
-class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults):
+class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
     :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
     (pipeline_training.py), workload effects and trajectory collection from
     :class:`RolloutEffects` (pipeline_rollouts.py), the field-report fault hooks from
-    :class:`FieldFaults` (field_faults.py); lifecycle, scheduler and coordinator-lock
+    :class:`FieldFaults` (field_faults.py), the oracle's fault hooks from :class:`OracleFaults`
+    (oracle_faults.py); lifecycle, scheduler and coordinator-lock
     effects, the generation watchdog and the effect dispatch are here."""
 
     def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
@@ -84,7 +86,10 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
                              w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up)
         self.router.ranks = self.ranks
         seed = np.random.SeedSequence([sim.scenario.seed, index])
-        self.collector = Collector(w, "async" if nemo else "sync", np.random.default_rng(seed))
+        ahead = w  # fault stale_batch: generation runs two more steps ahead (oracle_faults.py)
+        if any(f.name == "stale_batch" and f.pipeline == self.pid for f in sim.scenario.faults):
+            ahead = dataclasses.replace(w, max_trajectory_age_steps=w.max_trajectory_age_steps + 2)
+        self.collector = Collector(ahead, "async" if nemo else "sync", np.random.default_rng(seed))
         self.buffer = ReplayBuffer()
         self.progress = CoordinatorProgress(self.pid)
         self.batch_step: Optional[int] = None  # the step whose batch is being collected

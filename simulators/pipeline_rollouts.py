@@ -95,7 +95,7 @@ class RolloutEffects:
         return None
 
     def _WaitBatch(self, e):
-        n, max_age = self._per_step, self._max_age
+        n, max_age = self._per_step, self._batch_age_bound(self._max_age)
         buffer, collector = self.buffer, self.collector  # both for the pipeline's life
         versions, env = self.ctx.versions, self.env
         while True:

@@ -110,7 +110,7 @@ class TrainingEffects:
         yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)  # pack into buckets
         self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
         self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
-                                  len(self.cache_versions) * self.weight_bytes)
+                                  len(self.cache_versions) * self.weight_bytes, guard=self._host_ram_guarded())
         self.ctx.versions.cache_built(e.version)
         self.cache_lock.release(e.version)
         return None

@@ -108,7 +108,8 @@ class RefitEffects:
             if targets:  # sim.emit() minus its None filter: only version may be None, and it is kept
                 self.sim.log.add({"seq": 0, "t": self.env._now, "kind": "refit_bucket", "pipeline_id": self.pid,
                                   "version": e.version, "bucket": bucket, "transport": transport,
-                                  "dp_ranks": list(e.ranks), "bytes": size, "path": e.path})
+                                  "dp_ranks": self._sync_written_ranks(e.path, e.ranks), "bytes": size,
+                                  "path": e.path})
 
 
 # ------------------------------------------------------------------ the stream, in simulated time

@@ -198,6 +198,18 @@ class FaultSpec:
     * ``expand_sync_fails`` — at the first expand at or after that step the weight sync
       fails at a receiver: the woken ranks are left awake and unroutable (no rollback) and
       RLix fails fast.
+
+    Faults for the oracle's checks (``simulators/oracle_faults.py``; not user reports):
+
+    * ``sync_outside_expand`` — from that step on, an expand's weight sync writes every
+      rank of the pipeline, not only the expanded ones (invariant 23, ``sync_targets``).
+    * ``bulk_in_driver_meta`` — (one_hop data plane) from that step on, the driver packs
+      each shard's tensors into the metadata it hands a worker (invariant 16, ``data_plane``).
+    * ``stale_batch`` — from that step on, the trainer takes trajectories up to two steps
+      older than ``max_trajectory_age_steps`` allows (invariant 14, ``trajectory_age``).
+    * ``no_host_ram_guard`` — from that step on, a CPU bucket cache build is charged to host
+      RAM without the guard: a node can go above its RAM with no ``host_oom`` (invariant 25,
+      ``host_ram``).
     """
 
     name: str
@@ -223,7 +235,8 @@ PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
                "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
                "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",
-               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish")
+               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish",
+               "sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard")
 
 
 def default_scenario() -> Scenario:

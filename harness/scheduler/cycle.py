@@ -96,7 +96,7 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
         bucket = state.pending[prio]
         if not bucket:
             continue
-        for pending in list(bucket):
+        for pending in (list(reversed(bucket)) if opts.grant_newest_first else list(bucket)):
             cid = pending.cluster_id
             if cid in targets:
                 raise CycleFailure(f"Duplicate pending allocation planned for cluster_id={cid!r}")

@@ -235,3 +235,68 @@ def test_idle_bundle_starvation_when_one_shot_generation_starves_and_not_with_th
     assert "idle_bundle_starvation" in {v.invariant for v in _run(s)}
     healed = dataclasses.replace(s, faults=[f for f in s.faults if f.name != "no_gen_watchdog"])
     assert _run(healed) == []
+
+
+def _with(s, *, faults=(), **scheduler):
+    return dataclasses.replace(s, faults=tuple(s.faults) + tuple(faults), scheduler=dict(s.scheduler, **scheduler))
+
+
+def _named(found, name):
+    return [v for v in found if v.invariant == name]
+
+
+def test_grant_order_when_the_scheduler_grants_newest_first():
+    """Fault switch grant_newest_first: Phase 2 walks a tier newest first, so pb's training
+    takes GPU 1 ahead of pa's earlier request for [0, 1]."""
+    s = _scenario("ungrantable_preemption")
+    assert _named(_run(s), "grant_order") == []
+    found = _named(_run(_with(s, grant_newest_first=True)), "grant_order")
+    assert found and "passing over the earlier pa_actor_train" in found[0].message, [str(v) for v in found]
+
+
+def test_in_flight_at_sleep_follows_rlix_premature_release_ack():
+    """RLix's premature planned-release ack lets a finished pipeline unregister while its
+    never-shrunk ranks still serve; with exact releases the ranks drain first."""
+    s = _scenario("gap_ratio_3pipelines")
+    found = _run(s)
+    assert {"in_flight_at_sleep", "planned_release_ack"} <= {v.invariant for v in found}
+    assert "pc unregistered with" in _named(found, "in_flight_at_sleep")[0].message
+    exact = _run(_with(s, ack_unplanned_releases=False))
+    assert _named(exact, "in_flight_at_sleep") == [] and _named(exact, "planned_release_ack") == []
+
+
+def test_sync_targets_when_an_expand_sync_writes_every_rank():
+    from simulators.spec import FaultSpec, default_scenario
+
+    found = _run(_with(default_scenario(), faults=[FaultSpec("sync_outside_expand", "ppl1", 1)]))
+    assert {v.invariant for v in found} == {"sync_targets"}, [str(v) for v in found][:5]
+    assert "expand sync of ppl1 writes dp1, which is asleep, not awake" in found[0].message
+
+
+def test_trajectory_age_when_the_trainer_takes_a_stale_batch():
+    from simulators.spec import FaultSpec
+
+    s = _scenario("gap_ratio_3pipelines")
+    found = _named(_run(_with(s, faults=[FaultSpec("stale_batch", "pa", 1)])), "trajectory_age")
+    assert found and "max_trajectory_age_steps is 1" in found[0].message, [str(v) for v in found]
+    assert _named(_run(s), "trajectory_age") == []
+
+
+def test_host_ram_when_the_cache_build_skips_its_guard():
+    from simulators.spec import FaultSpec, default_scenario
+
+    d = default_scenario()
+    small = dataclasses.replace(d, cluster=dataclasses.replace(d.cluster, host_ram_bytes=1_500_000_000))
+    guarded = _run(small)  # two 1 GB caches on a 1.5 GB node: host_oom, the run fails
+    assert {v.invariant for v in guarded} == {"run_outcome"}
+    found = _run(_with(small, faults=[FaultSpec("no_host_ram_guard", p, 0) for p in ("ppl1", "ppl2")]))
+    assert _named(found, "host_ram") and "with no host_oom record" in _named(found, "host_ram")[0].message
+
+
+def test_data_plane_when_the_driver_packs_tensors_into_the_metadata():
+    from simulators.spec import FaultSpec
+
+    s = _scenario("dataplane_one_hop")
+    assert _named(_run(s), "data_plane") == []
+    found = _named(_run(_with(s, faults=[FaultSpec("bulk_in_driver_meta", "ppl1", 1)])), "data_plane")
+    assert found and "driver_meta moved" in found[0].message, [str(v) for v in found]

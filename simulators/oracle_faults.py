@@ -1,0 +1,60 @@
+"""Fault hooks that make the simulated system break an invariant the oracle checks, where
+no user report or RLix hazard already does (``simulators/spec.py`` ``FaultSpec``).
+
+Each is a bug class the modelled systems could have — a sync target list that is not the
+expand's, tensors riding inside the driver's metadata, a batch taken past the staleness
+window, a host-RAM charge let through without the guard — injected at one hook point so
+a test can show the named check (``harness/invariants/``) seeing it *from the log*: the
+hook leaves a ``fault_fired`` record and changes what the system does, never what the
+oracle reads about it. Mixed into :class:`simulators.pipeline.PipelineSim` beside
+:class:`simulators.field_faults.FieldFaults` (whose ``_fault_due`` / ``_fire`` it uses).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+
+class OracleFaults:
+    def _armed_once(self, name: str) -> bool:
+        """Whether fault ``name`` is due now; the first time, a ``fault_fired`` record."""
+        if not self._fault_due(name):
+            return False
+        fired = self.__dict__.setdefault("_oracle_fired", set())
+        if name not in fired:
+            fired.add(name)
+            self._fire(name)
+        return True
+
+    # invariant 23 (sync_targets)
+    def _sync_written_ranks(self, path: str, ranks) -> List[int]:
+        """The ranks an expand's bucket lands on. Armed (``sync_outside_expand``): every
+        rank of the pipeline, as if the target list were the whole DP range rather than
+        the ranks the scheduler expanded; the others are asleep or serving."""
+        if path == "expand" and self._armed_once("sync_outside_expand"):
+            return sorted(self.ranks)
+        return list(ranks)
+
+    # invariant 16 (data_plane: the metadata hop judged by its bytes)
+    def _driver_meta_bytes(self, meta_bytes: int, bulk_bytes: int) -> int:
+        """Bytes of one ``driver_meta`` hop. Armed (``bulk_in_driver_meta``): the driver
+        packs the shard's tensors into the metadata it hands a worker."""
+        if self._armed_once("bulk_in_driver_meta"):
+            return meta_bytes + bulk_bytes
+        return meta_bytes
+
+    # invariant 14 (trajectory_age)
+    def _batch_age_bound(self, max_age: int) -> int:
+        """The age window ``WaitBatch`` takes trajectories in. Armed (``stale_batch``): two
+        steps wider than ``max_trajectory_age_steps`` (and, for the whole run, an async
+        collector generates that much further ahead, so old trajectories exist to take)."""
+        if self._armed_once("stale_batch"):
+            return max_age + 2
+        return max_age
+
+    # invariant 25 (host_ram)
+    def _host_ram_guarded(self) -> bool:
+        """Whether the cache build's host-RAM charge is guarded. Armed
+        (``no_host_ram_guard``): the charge goes through whatever the node holds (the
+        node overcommits instead of the process being killed with a ``host_oom``)."""
+        return not self._armed_once("no_host_ram_guard")
