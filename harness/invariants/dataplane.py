@@ -9,8 +9,7 @@ Read from ``dp_transfer`` / ``dp_write_refused`` / ``dp_clear`` records only:
 * the driver moves metadata only: any hop of role ``driver`` other than ``driver_meta``
   that moved bytes means the driver fetched or pushed bulk tensors (the "1-hop" rule);
   and a ``driver_meta`` hop is judged by its bytes, not its label: more than
-  ``META_BYTES_PER_ROW`` per (sample, field) row, or at least what the rows' puts carried
-  into the store, is bulk data riding the metadata hop.
+  ``META_BYTES_PER_ROW`` per (sample, field) row is bulk data riding the metadata hop.
 """
 
 from __future__ import annotations
@@ -32,17 +31,15 @@ def _who(r: dict) -> str:
 META_BYTES_PER_ROW = 4096
 
 
-def _bulk_in_meta(r: dict, sizes: Dict[Tuple[str, str, str], float]) -> str:
+def _bulk_in_meta(r: dict) -> str:
     """Why a ``driver_meta`` hop carried bulk data, derived from its bytes ('' if it did
-    not): more than :data:`META_BYTES_PER_ROW` per row, or at least the bytes the rows'
-    puts carried into the store."""
-    rows = [(r["partition"], s, f) for s in r["samples"] for f in r["fields"]]
+    not): more than :data:`META_BYTES_PER_ROW` per (sample, field) row. (Comparing with
+    the bytes the rows' puts carried would misjudge tiny tensors, whose metadata can
+    outweigh them.)"""
+    rows = max(1, len(r["samples"]) * len(r["fields"]))
     n = r["bytes"]
-    if rows and n > META_BYTES_PER_ROW * len(rows):
-        return f"{n} B for {len(rows)} row(s), above {META_BYTES_PER_ROW} B of metadata per row"
-    stored = sum(sizes.get(k, 0.0) for k in rows)
-    if rows and all(k in sizes for k in rows) and stored > 0 and n >= stored:
-        return f"{n} B for {len(rows)} row(s) whose tensors put into the store {int(stored)} B"
+    if n > META_BYTES_PER_ROW * rows:
+        return f"{n} B for {rows} row(s), above {META_BYTES_PER_ROW} B of metadata per row"
     return ""
 
 
@@ -50,7 +47,6 @@ def _bulk_in_meta(r: dict, sizes: Dict[Tuple[str, str, str], float]) -> str:
 def data_plane(records: Records) -> List[Violation]:
     out: List[Violation] = []
     written: Dict[Tuple[str, str, str], dict] = {}
-    sizes: Dict[Tuple[str, str, str], float] = {}  # row -> bytes its put carried (bulk)
     for r in records:
         kind = r["kind"]
         if kind == "dp_clear":
@@ -66,14 +62,10 @@ def data_plane(records: Records) -> List[Violation]:
                 out.append(Violation(NAME, r["seq"], f"the driver held bulk tensors: {hop} moved {r['bytes']} B "
                                                      f"of {r['fields']} for {len(r['samples'])} sample(s)"))
             elif hop == "driver_meta":
-                bulk = _bulk_in_meta(r, sizes)
+                bulk = _bulk_in_meta(r)
                 if bulk:
                     out.append(Violation(NAME, r["seq"], f"the driver held bulk tensors: driver_meta moved {bulk}"))
             if hop.endswith("_to_store"):
-                rows = max(1, len(r["samples"]) * len(r["fields"]))
-                for s in r["samples"]:
-                    for f in r["fields"]:
-                        sizes[(r["partition"], s, f)] = r["bytes"] / rows
                 dups = []
                 for s in r["samples"]:
                     for f in r["fields"]:

@@ -222,6 +222,9 @@ def test_data_plane_fires_on_driver_bulk_and_second_writer():
 OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
               "streaming_step": "tests/streaming/test_streaming_invariants.py",
               "refit_wire": "tests/unit/test_refit_stream_protocol.py",
+              **{name: "tests/unit/test_blind_spot_checks.py" for name in (
+                  "grant_order", "in_flight_at_sleep", "sync_targets", "rank_lifecycle", "host_ram", "trajectory_age",
+                  "ungrantable_preemption", "idle_bundle_starvation")},
               **{name: "tests/unit/test_mutations.py" for name in (
                   "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
 
