@@ -1,7 +1,7 @@
 """Invariant 14 for trajectory-buffer pipelines (NeMo RL async GRPO, ROLL): every batch the
 trainer consumes is within the pipeline's ``max_trajectory_age_steps``.
 
-NeMo RL's ``ReplayBuffer.sample`` (``nemo_rl/algorithms/async_utils.py``, NVIDIA-NeMo/RL)
+NeMo RL's ``ReplayBuffer.sample`` (NVIDIA-NeMo/RL, ``nemo_rl/algorithms/async_utils/replay_buffer.py``)
 hands the trainer only trajectories generated at most ``max_trajectory_age_steps`` weight
 versions ago. The bound is configuration, so the simulator writes it into the header
 (``meta.max_trajectory_age_steps``, pipeline -> steps); the ages come from each
