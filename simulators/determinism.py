@@ -56,15 +56,24 @@ def other_hash_seed(current: Optional[str]) -> str:
     return "0"
 
 
-def check_determinism(result: RunResult, scenario_path: Optional[str]) -> DeterminismCheck:
+def check_determinism(result: RunResult, scenario_path: Optional[str], *, resolved: bool = False) -> DeterminismCheck:
     """Run ``result``'s scenario (from ``scenario_path``, or the default scenario when
-    None; with the run's seed) in a fresh process and compare the event logs.
+    None; with the run's seed) in a fresh process and compare the event logs. With
+    ``resolved`` (a scenario changed by ``--set``), the fresh run reads the scenario as
+    the run resolved it (what scenario.yaml holds), not the file.
 
     Raises RuntimeError when the fresh process fails (its last stderr line says why)."""
     hash_seed = other_hash_seed(os.environ.get("PYTHONHASHSEED"))
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)
     with tempfile.TemporaryDirectory(prefix="rlharness-determinism-") as tmp:
         path = os.path.join(tmp, "events.jsonl")
+        if resolved:
+            import yaml
+            from simulators.scenario_dump import scenario_to_mapping
+
+            scenario_path = os.path.join(tmp, "scenario.yaml")
+            with open(scenario_path, "w", encoding="utf-8") as fh:
+                yaml.safe_dump(scenario_to_mapping(result.scenario), fh, sort_keys=False)
         cmd = [sys.executable, "-m", "simulators.determinism", scenario_path or "", str(result.scenario.seed), path]
         # no timeout of its own: the fresh run is the same simulation, bounded by its horizon
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
