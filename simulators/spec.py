@@ -263,8 +263,11 @@ PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
                "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
                "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",
-               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish",
-               "sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard")
+               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish")
+# faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
+# may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
+ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard")
+FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 
 def default_scenario() -> Scenario:
