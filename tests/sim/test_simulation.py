@@ -235,10 +235,13 @@ EXPECTED_FINDINGS = {
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
     # ranks that were never shrunk keep serving the previous weights after a publish.
     # (and, handover: NeMo's init keeps its multi-GPU trainers' groups, docs/residency.md)
-    "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack", "handover"}),
+    # The premature ack also lets a finished pipeline unregister while those ranks still run
+    # requests (in_flight_at_sleep, invariant 22), here and in gap_ratio_3pipelines and
+    # realistic_mixed_32gpu: each finding follows its pipeline's planned_release_ack.
+    "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack", "handover", "in_flight_at_sleep"}),
     # RLix's premature planned-release ack, which the faithful (faster) routing now times into
     "roll_dual_4gpu": ("done", {"planned_release_ack"}),
-    "gap_ratio_3pipelines": ("done", {"planned_release_ack"}),
+    "gap_ratio_3pipelines": ("done", {"planned_release_ack", "in_flight_at_sleep"}),
     # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
     "handover_old_log_probs_fits": ("done", {"handover"}),
     "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack", "vram", "run_outcome"}),
@@ -249,7 +252,11 @@ EXPECTED_FINDINGS = {
     # the single controller's data plane with the bulk routed through the driver: invariant 16
     "dataplane_single_controller_via_driver": ("done", {"data_plane"}),
     # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
-    "starve_one_shot_generation": ("horizon", {"liveness"}),
+    # while its bundle idles (idle_bundle_starvation, invariant 26)
+    "starve_one_shot_generation": ("horizon", {"liveness", "idle_bundle_starvation"}),
+    # RLix keeps GEN shrinks made for a training request it cannot grant, and thrashes
+    # (invariant 26); NeMo's init-kept groups; the premature ack
+    "ungrantable_preemption": ("done", {"ungrantable_preemption", "handover", "planned_release_ack"}),
     # failures users reported (tests/sim/test_field_failures.py)
     "collector_dies_at_epoch_end": ("horizon", {"liveness"}),  # NeMo RL #2899
     "engines_crash_after_refit": ("horizon", {"liveness"}),  # NeMo RL #3488
@@ -266,7 +273,7 @@ EXPECTED_FINDINGS = {
     # docs/residency.md) and RLix's premature planned-release ack
     "costmodel_7b_and_1p5b_h100": ("done", {"handover", "planned_release_ack"}),
     # the realistic workloads (costs from the cost model): the same two by-design findings
-    "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack"}),
+    "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack", "in_flight_at_sleep"}),
     "realistic_70b_64gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_moe_16gpu": ("done", {"handover", "planned_release_ack"}),
 }
