@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "costs.wake_s=1.5, pipelines[ppl2].steps=8); repeatable; VALUE is YAML")
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
     sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)")
+    sim.add_argument("--explore", type=int, metavar="SEED",
+                     help="order same-time events of different processes by a seeded strategy (docs/exploration.md)")
+    sim.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
+                     help="with --explore: pct (priority change points, default) or random (a random walk)")
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
     sim.add_argument("--check-determinism", action="store_true",
                      help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
@@ -207,12 +211,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed: must be in 0..2**63-1, got {args.seed}")
     scenario = with_seed(scenario, args.seed)
+    explore = None
+    if args.explore is not None:
+        from simulators.explore import ExploreSpec
+
+        if not 0 <= args.explore < 2**63:
+            raise UsageError(f"--explore: must be in 0..2**63-1, got {args.explore}")
+        explore = ExploreSpec(args.explore, args.explore_strategy)
+    args.explore_spec = explore
     out_dir = args.out or os.path.join("runs", scenario.name)
     check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario])
     if not args.quiet:
         print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
               f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s", file=sys.stderr)
-    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress)
+    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress, explore=explore)
     res = out.result
     if not args.quiet:
         print(out.summary)
@@ -232,7 +244,7 @@ def _check_determinism(res, args: argparse.Namespace) -> bool:
     if not args.quiet:
         print("checking determinism: the same run again in a fresh process", file=sys.stderr)
     try:
-        check = check_determinism(res, args.scenario, resolved=bool(args.overrides))
+        check = check_determinism(res, args.scenario, resolved=bool(args.overrides), explore=args.explore_spec)
     except RuntimeError as e:
         print(f"determinism: NOT CHECKED: {e}")
         return False
