@@ -34,6 +34,7 @@ OUTPUT_PATHS: Dict[str, str] = {
     "out/dataplane.json": "a gate's --report path in an example",
     "out/dataplane_tq.json": "a gate's --report path in an example",
     "out/parity.json": "a gate's --report path in an example",
+    "runs/gates/NAME.json": "rlharness gate's default report path (docs/gates.md)",
 }
 
 #: upstream repositories' paths (RLix, NeMo RL, ROLL) the docs cite as sources, by prefix
