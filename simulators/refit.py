@@ -165,7 +165,7 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if costs.setup_s:
                 yield timeout(costs.setup_s)
         elif isinstance(e, proto.Pack):
-            t = e.used_bytes / costs.pack_bytes_per_s
+            t = e.span_bytes / costs.pack_bytes_per_s
             if costs.tensor_overhead_s:
                 t += len(e.slots) * costs.tensor_overhead_s
             if staging_link is not None:
@@ -178,14 +178,14 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if fabric is not None:
                 with fabric.request() as req:
                     yield req
-                    yield timeout(e.used_bytes / fabric_rate)
-            load = e.used_bytes / costs.load_bytes_per_s
+                    yield timeout(e.span_bytes / fabric_rate)
+            load = e.span_bytes / costs.load_bytes_per_s
             if costs.tensor_overhead_s:
                 load += len(e.slots) * costs.tensor_overhead_s
             if costs.group_overhead_s:
                 load += costs.group_overhead_s
             load_end[e.group] = env.now + load
-            sizes[e.group] = e.used_bytes
+            sizes[e.group] = e.span_bytes
         elif isinstance(e, proto.AwaitAck) and e.group == proto.COMPLETE:
             if costs.complete_s:
                 yield timeout(costs.complete_s)
