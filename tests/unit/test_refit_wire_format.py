@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from harness.invariants import check_log
 from harness.refit import stream as proto
-from tests.unit.refit_pair import drive_sender
+from tests.unit.refit_pair import drive_sender, endpoint  # noqa: F401  (fixture)
 
 PAD = 512
 
@@ -191,3 +191,26 @@ def test_capacity_is_half_the_budget_unrounded():
     assert [(g[3].buffer, g[1], g[2]) for g in groups] == [(proto.DEDICATED, ["t0"], 1024), (0, ["t1"], 512)]
     assert ref_groups([1000, 10], 2000) == [([0], 1024), ([1], 512)]
     assert proto.half_capacity_bytes(2000) == 1000 and proto.half_buffer_bytes(2000) == 1024
+
+
+def test_a_sender_announcing_the_old_used_bytes_is_refused_on_the_real_transport(endpoint, monkeypatch):
+    """The fault for real: the pyzmq sender and receiver, with the sender's ``used_bytes``
+    put back to the end of the last tensor. The receiver refuses every group (nothing is
+    finalized) and invariant 18 over the transport's own records names each group."""
+    import torch
+
+    from tests.unit.refit_pair import Log, run_pair
+
+    named = [("w", torch.arange(250, dtype=torch.float32)), ("b", torch.arange(3, dtype=torch.float32))]
+    log = Log()
+    _, outcome, _ = run_pair(endpoint, named, 4096, log=log)
+    assert outcome["result"].finalized and check_log(log.records, ["refit_wire"]) == []
+
+    monkeypatch.setattr(proto, "used_bytes", proto.span_bytes)
+    log = Log()
+    _, outcome, _ = run_pair(endpoint, named, 4096, step=1, log=log)
+    assert isinstance(outcome.get("error"), proto.ManifestError)
+    assert "running aligned offset 1536 but the message says 1036 used bytes" in str(outcome["error"])
+    assert not [r for r in log.records if r["kind"] == "refit_finalize"]
+    msgs = [v.message for v in check_log(log.records, ["refit_wire"])]
+    assert msgs and all("running aligned offset ends at 1536, group says 1036 used bytes" in m for m in msgs)
