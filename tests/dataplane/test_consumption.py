@@ -97,3 +97,11 @@ def test_consumption_counts_the_samples_held_now(producer, make_client, partitio
     assert worker.check_consumption_status(partition, ["train"])
     put(producer, partition, ["c"], reward=[3.0])  # a new sample arrives: not consumed any more
     assert not worker.check_consumption_status(partition, ["train"])
+
+
+def test_registering_again_is_idempotent_and_a_different_schema_is_refused(producer, partition):
+    producer.register_partition(partition, SCHEMA, tasks=["train", "logprob"])  # a retry: no change
+    with pytest.raises(DataPlaneInputError, match="already registered with a different schema or tasks"):
+        producer.register_partition(partition, Schema.of(FieldSpec("reward", "scalar", "float32")), tasks=["train"])
+    with pytest.raises(DataPlaneInputError, match="already registered with a different schema or tasks"):
+        producer.register_partition(partition, SCHEMA, tasks=["train"])

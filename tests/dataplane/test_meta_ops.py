@@ -116,3 +116,16 @@ def test_inverse_is_none_when_sharding_keeps_order_and_a_bad_inverse_is_refused(
     assert [s.sample_ids for s in shards] == [("c",), ("a", "b")] and inverse == [1, 2, 0]
     with pytest.raises(DataPlaneInputError, match="not a permutation"):
         restore_order(["x", "y"], [0, 0])
+
+
+def test_a_meta_survives_pickle_and_json_and_defaults_are_not_shared():
+    import pickle
+
+    m = meta()
+    assert pickle.loads(pickle.dumps(m)) == m  # Ray hands metas to actors by pickling them
+    assert KVBatchMeta.from_json(m.to_json()) == m  # the wire form the driver sends to workers
+    a = KVBatchMeta("p", ("x",), (), None, ({},))
+    b = KVBatchMeta("p", ("y",), (), None, ({},))
+    a.extra_info["k"] = 1
+    assert b.extra_info == {}
+    assert len(KVBatchMeta("p", (), (), None, ())) == 0  # an empty meta is a value (an empty claim, an idle rank)
