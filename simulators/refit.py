@@ -58,7 +58,7 @@ class RefitEffects:
             fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
         specs, costs = self._stream_inputs()
         yield from stream_sync(
-            env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), costs,
+            env, specs, 2 * proto.align_up(max(c.bucket_bytes, proto.ALIGNMENT_BYTES)), costs,  # a full bucket fits one half
             staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
             on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2), f"{e.path}_sync"),
             on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
