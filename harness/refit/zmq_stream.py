@@ -12,7 +12,11 @@ an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a
 :class:`StreamTimeout` that names the peer, the step and the group, and the socket is
 closed (a REQ that missed its reply cannot be reused).
 
-Payload. Only a small JSON header (slots, sizes) travels on the socket. The bytes stay in
+Payload. Only a small JSON header travels on the socket: NeMo RL's group fields (the
+tensor names and ``used_bytes``, the sum of their aligned sizes — the layout rule is in
+:mod:`harness.refit.stream`) plus each slot's shape, dtype, offset and size, which a
+NeMo RL receiver would not need (it sizes tensors from its own manifest) and which let
+this receiver name a shape or dtype mismatch instead of an offset mismatch. The bytes stay in
 the staging buffers (``harness/refit/staging.py``), which the receiver maps:
 
 * GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
@@ -209,7 +213,7 @@ class RefitSender(_Endpoint):
         elif isinstance(e, proto.SendGroup):
             buf = buffers[e.buffer]
             header = {"type": "group", "step": step, "group": e.group, "buffer": e.buffer, "used": e.used_bytes,
-                      "slots": [s.to_wire() for s in e.slots]}
+                      "names": [s.name for s in e.slots], "slots": [s.to_wire() for s in e.slots]}
             frames = [b""]
             if isinstance(buf, ShmBuffer):
                 header["shm"], header["shm_bytes"] = buf.path, buf.nbytes
