@@ -152,7 +152,7 @@ def test_a_receiver_that_stops_answering_fails_the_sender_within_its_stream_time
 
 def _run_folders(port):
     """The socket and staging folders a hand-launched gate derives for its rendezvous port."""
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
 
     found = []
     for base in (tempfile.gettempdir(), private_dirs.shm_base()):

@@ -1,10 +1,11 @@
 """The refit stream on a real transport: pyzmq REQ/REP over ``ipc://``, ping-pong buffers.
 
 This interprets :mod:`harness.refit.stream` (the protocol) with real sockets and real
-bytes. It lives in ``harness/`` rather than ``gpu_gates/`` because two user surfaces need
-it that must not depend on the gates: ``rlharness calibrate refit`` / ``fidelity refit``
-(the simulator's refit costs are fitted to, and checked against, this transport) and the
-benchmark. The gates import it too.
+bytes. It lives on the real-runtime side (``gpu_gates/transports/``), not in ``harness/``:
+``harness/`` holds the protocol both runtimes interpret and may not touch sockets or the
+wall clock. Besides the gates, ``rlharness calibrate refit`` / ``fidelity refit`` (the
+simulator's refit costs are fitted to, and checked against, this transport) and the
+benchmark use it; the simulator itself never does.
 
 Topology as in NeMo RL (reference/nemo_rl.md §1.2): the trainer side binds a REQ socket on
 an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a REP.
@@ -13,7 +14,7 @@ an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a
 closed (a REQ that missed its reply cannot be reused).
 
 Payload. Only a small JSON header (slots, sizes) travels on the socket. The bytes stay in
-the staging buffers (``harness/refit/staging.py``), which the receiver maps:
+the staging buffers (``gpu_gates/transports/staging.py``), which the receiver maps:
 
 * GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
   handle (torch's reducer, pickled); the receiver rebuilds the tensor on its local device
@@ -41,9 +42,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import torch
 import zmq
 
-from harness.refit.bucket_cache import dtype_from_name, dtype_name
+from gpu_gates.transports.staging import ShmBuffer, cuda_handle, open_cuda_handle
 from harness.refit import stream as proto
-from harness.refit.staging import ShmBuffer, cuda_handle, open_cuda_handle
+from harness.refit.bucket_cache import dtype_from_name, dtype_name
 
 Emit = Callable[..., None]
 
