@@ -22,6 +22,10 @@ passes one by accident on a real node). The value is a comma-separated list of s
                         loaded machine produces now and then, made certain
 ``leader_gate_off``     dataplane_writeback: every TP sibling writes back, not only the
                         replica leader (the -601 duplicate-writer bug)
+``wrong_normalizer``    train_pump_parity: the trainer rescales by the other count (tokens
+                        for a sequence loss and back)
+``wrong_loss``          train_pump_parity: the trainer's loss sum ignores the mask (padding
+                        positions count); the counts stay right
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -39,7 +43,8 @@ ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
-               "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines")
+               "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines",
+               "wrong_normalizer", "wrong_loss")
 
 
 class HookSpecError(ValueError):
