@@ -61,7 +61,7 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self.sim, self.spec, self.index = sim, spec, index
         self.env = sim.env
         self.pid = spec.name
-        self.costs = sim.scenario.costs
+        self.costs = spec.costs or sim.scenario.costs
         nemo = spec.type == "nemo_async"
         self.ctx = PipelineContext(
             pipeline_id=spec.name, kind=spec.type, steps=spec.steps, sleep_level=spec.sleep_level,
