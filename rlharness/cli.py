@@ -116,10 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_fuzz_parser(sub, UsageError)
     imp = sub.add_parser("import", help="convert a real system's log into a replayable input trace")
     imp_sub = imp.add_subparsers(dest="source", metavar="SOURCE", parser_class=_Parser)
-    rl = imp_sub.add_parser("rlix-log", help="RLix's [RLIX_SCHED_LOG] stdout lines (reference/rlix.md §3)")
+    rl = imp_sub.add_parser("rlix-log", help="RLix's [RLIX_SCHED_LOG] stdout lines (format: docs/rlix-log-format.md)")
     rl.add_argument("log", metavar="LOG", help="RLix stdout (other lines are passed over)")
     rl.add_argument("--topology", required=True, metavar="TOPOLOGY.yaml",
-                    help="cluster and pipeline registrations, which RLix's log does not carry (docs/trace-format.md)")
+                    help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
     cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine")

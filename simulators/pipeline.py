@@ -44,7 +44,7 @@ from simulators.spec import PipelineSpec
 from simulators.timeouts import Deadlines
 from simulators.workload import Collector, ReplayBuffer
 
-TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
+TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (docs/modelled-systems.md#rlix-selective-sync)
 _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old_log_probs",
                    Priority.ACTOR_TRAINING: "train"}
 

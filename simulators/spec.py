@@ -2,8 +2,8 @@
 
 A scenario file (YAML, see ``simulators/scenario.py`` for loading and validation)
 becomes one :class:`Scenario`. Every cost parameter has a documented unit and a default
-taken from the reference measurements where one exists (reference/rlix.md §9,
-nemo_rl.md §7); a later calibration issue fits them to measurements. Sizes are bytes,
+taken from the upstream measurements where one exists (docs/modelled-systems.md#rlix-timeouts-and-measured-durations);
+``rlharness calibrate`` and the cost model (docs/cost-model.md) fit or derive them. Sizes are bytes,
 bandwidths bytes/second, times seconds, throughputs tokens/second.
 """
 
@@ -89,10 +89,10 @@ class CostSpec:
     # of them a phase loads is harness/control/residency.py (docs/residency.md)
     train_state_multiplier: float = 8.0
     optimizer_state_multiplier: float = 4.0  # Adam's two fp32 moments: 8 B per bf16 parameter (2 B)
-    nccl_group_create_s: float = 1.5  # one dynamic or training NCCL group (rlix.md §9: ~1-2 s)
+    nccl_group_create_s: float = 1.5  # one dynamic or training NCCL group (docs/modelled-systems.md#rlix-timeouts-and-measured-durations: ~1-2 s)
     nccl_group_destroy_s: float = 0.05
     nccl_buffer_bytes: int = 512 * MiB  # communicator buffers resident per group member
-    wake_s: float = 0.8  # vLLM wake_up (rlix.md §9: 0.7-0.9 s)
+    wake_s: float = 0.8  # vLLM wake_up (docs/modelled-systems.md#rlix-timeouts-and-measured-durations: 0.7-0.9 s)
     sleep_s: float = 0.3
     drain_s: float = 0.2  # abort + drain of in-flight requests
     finalize_s: float = 0.5  # receiver process_weights_after_loading
@@ -131,7 +131,7 @@ class CostSpec:
 @dataclass(frozen=True)
 class StreamingSpec:
     """The single controller's ``async_rl`` knobs (``type: single_controller`` only;
-    reference/nemo_rl.md §2.2). ``min_groups_for_streaming_train`` = ``prompts_per_step``
+    docs/modelled-systems.md#nemo-rl-streaming-single-controller). ``min_groups_for_streaming_train`` = ``prompts_per_step``
     is the non-streaming controller: the trainer waits for a whole batch."""
 
     sampler: str = "in_order"  # in_order | weight_fifo | windowed | ready_first | custom
@@ -187,7 +187,7 @@ class FaultSpec:
     * ``skip_sync_on_expand`` — at that step an expand skips the weight sync: the woken
       level-2 rank holds no weights and its lifecycle refuses finalize/activation.
     * ``noop_progress_hooks`` — (whole run) the pipeline sends no progress reports, as the
-      NeMo code's hooks do (rlix.md §2.5): demand reaches the scheduler only through
+      NeMo code's hooks do (docs/modelled-systems.md#rlix-progress-reports): demand reaches the scheduler only through
       GENERATION requests and their ``step_target_estimate``.
     * ``no_gen_watchdog`` — (whole run) no NeMo GENERATION re-request watchdog: after a
       preemption to zero nobody asks again (debug #32, "one-shot GENERATION").
@@ -255,7 +255,7 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 
 
 def default_scenario() -> Scenario:
-    """DESIGN default: two nemo_async pipelines on 2 GPUs (ppl1 train [0] infer [0,1];
+    """The default scenario: two nemo_async pipelines on 2 GPUs (ppl1 train [0] infer [0,1];
     ppl2 train [1] infer [0,1])."""
     return Scenario(
         name="default",

@@ -10,5 +10,5 @@ served_store.py (an InProcessStore served to the torchrun gate's ranks), tq_stor
 (TransferQueue on Ray, the real backend) and worker_mixin.py (replica-leader fetch, two-phase
 broadcast over torch.distributed, leader-only write-back). ``harness/`` stays I/O-free.
 
-Reference: shared/reference/nemo_rl.md §3 (NeMo RL ``nemo_rl.data_plane``).
+Reference: docs/modelled-systems.md#nemo-rl-data-plane (NeMo RL ``nemo_rl.data_plane``).
 """
