@@ -101,7 +101,7 @@ from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
 _PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane")
-_SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
+_SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults", "expect")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
 _DEFAULTS_SECTIONS = {"model": ModelSpec, "workload": WorkloadSpec, "streaming": StreamingSpec}
@@ -372,6 +372,22 @@ def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec
     return FaultSpec(**vals)
 
 
+def _expect(ctx: _Ctx, raw: Any, pipes: Mapping[str, PipelineSpec]) -> List[Any]:
+    """The scenario's expected findings (harness.expect); a pipeline or fault named
+    without a wildcard must exist, so a typo is an error rather than a silent non-match."""
+    from harness.expect import parse_expectations
+    from harness.invariants import CHECKS
+
+    out = parse_expectations(raw, "expect", ctx.fail, CHECKS)
+    names = set(pipes) | {p.type for p in pipes.values()}
+    for i, e in enumerate(out):
+        if e.pipeline is not None and not any(c in e.pipeline for c in "*?") and e.pipeline not in names:
+            raise ctx.fail(f"expect[{i}].pipeline", f"no pipeline or pipeline type {e.pipeline!r}; have {', '.join(sorted(names))}")
+        if e.after_fault is not None and not any(c in e.after_fault for c in "*?") and e.after_fault not in FAULT_NAMES:
+            raise ctx.fail(f"expect[{i}].after_fault", f"unknown fault {e.after_fault!r}; known: {', '.join(FAULT_NAMES)}")
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Public API
 
@@ -434,6 +450,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         if not isinstance(raw_faults, list):
             raise ctx.fail("faults", f"expected a list of faults, got {_describe(raw_faults)}")
         faults = [_fault(ctx, f"faults[{i}]", raw, pipes) for i, raw in enumerate(raw_faults)]
+    expect = _expect(ctx, data["expect"], pipes) if "expect" in data else []
 
     return Scenario(
         cluster=cluster,
@@ -441,6 +458,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         costs=costs,
         scheduler=scheduler,
         faults=tuple(faults),
+        expect=tuple(expect),
         **vals,
     )
 
