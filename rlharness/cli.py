@@ -8,6 +8,9 @@ One exit-code convention for every subcommand, applied here in :func:`main`:
   that the scenario's ``expect:`` list or ``--baseline`` covers is reported and does not
   count, and ``--strict`` counts an expectation that matched nothing
   (:mod:`harness.expect`);
+* 3 — ``replay --expect`` only: a decision diverged from the recorded log (1 from replay
+  is then an invariant violation in a replay whose decisions matched, or were not
+  compared); ``replay --verdict FILE`` writes the verdict as JSON;
 * 2 — bad input (arguments, files, records, scenarios, output paths): one line
   ``error: <file/field/argument>: <what>`` on stderr, no traceback, nothing written;
 * 130 — interrupted (Ctrl-C);
@@ -37,6 +40,9 @@ from harness.outputs.paths import OutputPathError, check_output_dir, check_outpu
 from harness.replay import compare_decisions, format_table, replay_file
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
+#: replay --expect: the model decided differently from the recorded log (exit 1 stays an
+#: invariant violation, so a script tells the two apart; --verdict writes both as JSON)
+EXIT_DECISION_DIVERGED = 3
 #: violations printed before the list is cut (the count of the rest is printed)
 SHOWN_VIOLATIONS = 20
 
@@ -48,6 +54,8 @@ EXIT_CODES_HELP = """exit codes (every command):
        failures, and --strict also fails on an expected finding that did not occur
        (docs/expected-findings.md)
   2    bad input: one line "error: <where>: <what>" on stderr, nothing written
+  3    replay --expect: a decision diverged from the recorded log (whatever the
+       invariants say; exit 1 from replay is an invariant violation alone)
   130  interrupted
   141  the output pipe was closed before all output was written (e.g. | head);
        nothing more is printed, nothing on stderr (--help and --version too)"""
@@ -102,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", metavar="PATH", help="write the decision log (JSONL) here")
     rp.add_argument("--expect", metavar="RECORDED.jsonl", help="compare decisions with a recorded log; exit 1 at the first divergence")
     rp.add_argument("--quiet", action="store_true", help="print no table, only the summary line")
+    rp.add_argument("--verdict", metavar="FILE", help="write the verdict as JSON: decisions (matched / diverged / "
+                    "not compared), invariants, findings, exit code (docs/trace-format.md)")
     _add_baseline(rp)
     sim = sub.add_parser("simulate", help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)",
                          epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,6 +178,8 @@ def print_violations(violations: Sequence[object], where_all: str) -> None:
 def _cmd_replay(args: argparse.Namespace) -> int:
     if args.out:
         check_output_file(args.out, "--out", inputs=[args.trace, args.expect])
+    if args.verdict:
+        check_output_file(args.verdict, "--verdict", inputs=[args.trace, args.expect, args.baseline, args.out])
     expected = read_records(args.expect) if args.expect else None  # fail on a bad --expect before any output
     baseline = _read_baseline(args.baseline)
     result = replay_file(args.trace)
@@ -192,21 +204,39 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print_violations(violations, "rlharness check lists them with their context")
     else:
         print(render(args.trace, log, rows))
-    if expected is not None:
-        div = compare_decisions(result.decisions, expected)
-        if div is not None:
-            print(f"DIVERGED at decision #{div.index} (expected file line {div.expected_line}):")
-            print(f"  model:    {json.dumps(div.produced) if div.produced else '<no more decisions>'}")
-            print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
-            return EXIT_DIVERGED
-        print(f"matches {args.expect}: {len(result.decisions)} decisions identical")
     from harness.expect import classify, from_violations
 
     verdict = classify(from_violations(violations, log.records), baseline)
     if baseline:
         for line in report_lines(verdict, args.strict):
             print(line)
-    return EXIT_DIVERGED if verdict.failed(args.strict) else EXIT_OK
+    div = compare_decisions(result.decisions, expected) if expected is not None else None
+    if div is not None:
+        print(f"DIVERGED at decision #{div.index} (expected file line {div.expected_line}):")
+        print(f"  model:    {json.dumps(div.produced) if div.produced else '<no more decisions>'}")
+        print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
+    elif expected is not None:
+        print(f"matches {args.expect}: {len(result.decisions)} decisions identical")
+    code = (EXIT_DECISION_DIVERGED if div is not None
+            else EXIT_DIVERGED if verdict.failed(args.strict) else EXIT_OK)
+    if args.verdict:
+        write_atomic(args.verdict, [json.dumps(replay_verdict(code, expected is not None, div, verdict, len(violations)),
+                                               sort_keys=True)])
+    return code
+
+
+def replay_verdict(code: int, compared: bool, div, verdict, violations: int) -> dict:
+    """``replay --verdict``: what a script needs to tell a decision divergence (the model
+    and the recording disagree: a model or system change) from an invariant violation
+    in a replay whose decisions agree (the recorded behaviour itself is wrong)."""
+    name = {EXIT_DECISION_DIVERGED: "diverged", EXIT_DIVERGED: "violation", EXIT_OK: "ok"}[code]
+    return {
+        "verdict": name, "exit": code,
+        "decisions": "diverged" if div is not None else "identical" if compared else "not_compared",
+        "divergence": None if div is None else {"index": div.index, "expected_line": div.expected_line,
+                                                "model": div.produced, "recorded": div.expected},
+        "invariants": {"violations": violations, **verdict.as_json()},
+    }
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
