@@ -291,7 +291,12 @@ class SchedulerModel:
         self.state.progress.report(report, wire_fields=wire_fields)
 
     def clear_progress(self, pipeline_id: str) -> None:
+        """RLix checks only the id's form: clearing an unregistered pipeline is a no-op."""
         self._check_alive()
+        try:
+            validate_pipeline_id(pipeline_id)
+        except TopologyError as e:
+            raise Rejected(str(e)) from None
         self.state.progress.clear(pipeline_id)
 
     # ------------------------------------------------------------------ cycles

@@ -119,3 +119,12 @@ def test_a_progress_report_is_refused_in_rlix_check_order(tmp_path):
     assert reasons[0].startswith("step_target_trajectories must be > 0")
     assert reasons[1] == "pipeline_id 'ghost' not registered"
     assert "step_target" not in reasons[2] and "not registered" not in reasons[2]
+
+
+def test_clear_progress_checks_only_the_id_form_as_rlix_does(tmp_path):
+    path = write(tmp_path / "c.jsonl", [header(), rec(1, "clear_progress", pipeline_id="ghost"),
+                                        rec(2, "clear_progress", pipeline_id="bad id!")])
+    out = tmp_path / "cd.jsonl"
+    assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
+    rejected = [json.loads(x) for x in out.read_text().splitlines() if json.loads(x)["kind"] == "rejected"]
+    assert [r["input_seq"] for r in rejected] == [2]  # an unregistered pipeline's clear is a no-op
