@@ -9,7 +9,8 @@ Fixtures:
   dotted field paths, as in the scenario error messages), simulate it and return a
   :class:`SimRun`: ``.reason``, ``.records``, ``.of_kind(kind)``, ``.violations``,
   ``.violation_names``, ``.summary`` (figures), ``.summary_text``, ``.out_dir`` (with
-  ``write=True`` the run folder is written under the test's ``tmp_path``). Findings
+  ``write=True`` the run folder is written under the test's ``tmp_path``; ``explore=SEED``
+  orders same-time events by a schedule seed, docs/exploration.md). Findings
   against the scenario's ``expect:`` list and an optional ``baseline=`` (a baseline file
   path, or a list of expectation mappings): ``.unexpected`` (what should fail a test),
   ``.expected``, ``.expected_not_found``, ``.verdict`` (docs/expected-findings.md).
@@ -229,9 +230,11 @@ def _baseline(baseline: Any) -> List[Any]:
 
 
 def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
-        out_dir: Optional[str] = None, png: bool = False, baseline: Any = None) -> SimRun:
-    """Simulate and check a scenario; with ``out_dir`` also write its run folder;
-    ``baseline`` adds expectations to the scenario's ``expect:`` list."""
+        out_dir: Optional[str] = None, png: bool = False, explore: Optional[int] = None,
+        explore_strategy: str = "pct", baseline: Any = None) -> SimRun:
+    """Simulate and check a scenario; with ``out_dir`` also write its run folder; with
+    ``explore`` (a seed) same-time events are ordered by that schedule seed; ``baseline``
+    adds expectations to the scenario's ``expect:`` list."""
     import dataclasses
 
     from harness.outputs.summary import summarize
@@ -241,7 +244,10 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
     spec = load(scenario, overrides)
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
-    out = simulate(spec, out_dir, png=png, baseline=_baseline(baseline))
+    from simulators.explore import ExploreSpec
+
+    out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy),
+                   baseline=_baseline(baseline))
     return SimRun(spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files,
                   out.verdict)
 
@@ -254,11 +260,13 @@ def rlharness_scenario():
 
 @pytest.fixture
 def rlharness_run(tmp_path):
-    """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, baseline=None)`` -> SimRun."""
+    """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, explore=None,
+    baseline=None)`` -> SimRun."""
 
     def _run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
-             write: bool = False, png: bool = False, baseline: Any = None) -> SimRun:
+             write: bool = False, png: bool = False, explore: Optional[int] = None,
+             explore_strategy: str = "pct", baseline: Any = None) -> SimRun:
         return run(scenario, overrides=overrides, seed=seed, out_dir=str(tmp_path / "run") if write else None, png=png,
-                   baseline=baseline)
+                   explore=explore, explore_strategy=explore_strategy, baseline=baseline)
 
     return _run

@@ -1,13 +1,13 @@
 """The refit timing model: one weight sync from the CPU bucket cache to target ranks.
 
-Per sync (reference/rlix.md §5.2, nemo_rl.md §1.2-1.3):
+Per sync (docs/modelled-systems.md#rlix-selective-sync, docs/modelled-systems.md#nemo-rl-refit):
 1. comm plan (``harness.refit.comm_plan``, the same one the gates use) — a target GPU
    that is the cache owner's GPU takes the same-GPU path (``cpu_serialize``: NCCL cannot
    group two ranks of one GPU); any other target GPU joins a dynamic NCCL group (owner +
    targets; created per sync, destroyed after it);
 2. per bucket: stage on the owner's GPU over its PCIe link (H2D), transport (same-GPU:
    a receiver copy; broadcast: over the intra-node fabric, or the NICs across nodes),
-   load on the receiver. Two staging buffers ping-pong (nemo_rl.md §1.2): bucket b+1 is
+   load on the receiver. Two staging buffers ping-pong (docs/modelled-systems.md#nemo-rl-refit): bucket b+1 is
    staged while the receivers load bucket b, and at most one bucket is un-ACKed — b+1 is
    sent only after b's ACK;
 3. destroy the dynamic group; the lifecycle moves: expand path → ``synced``, active path

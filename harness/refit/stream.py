@@ -1,7 +1,7 @@
 """The colocated refit stream protocol, once: a sans-IO sender and receiver.
 
 NeMo RL streams the trainer's weights to the inference worker on the same GPU over a ZMQ
-REQ/REP pair with two ping-pong staging buffers (reference/nemo_rl.md §1.2, PR #1267).
+REQ/REP pair with two ping-pong staging buffers (docs/modelled-systems.md#nemo-rl-refit, PR #1267).
 This module is that protocol and nothing else: no sockets, no tensors, no clock. The
 sender is a generator that yields effects (pack these tensors into that buffer, send this
 group, wait for that ACK, ...); a runtime performs each one and resumes it. The real
