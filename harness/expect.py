@@ -179,9 +179,13 @@ def _known_check(name: str, checks: Iterable[str]) -> bool:
 
 
 def parse_expectations(raw: Any, path: str, fail: Callable[[str, str], Exception], checks: Iterable[str],
-                       source: str = "") -> List[Expectation]:
+                       source: str = "", pipelines: Optional[Iterable[str]] = None,
+                       faults: Optional[Iterable[str]] = None) -> List[Expectation]:
     """A validated ``expect:`` list. ``fail(field_path, problem)`` makes the one-line
-    error the caller raises (the scenario loader's, or the baseline reader's)."""
+    error the caller raises (the scenario loader's, or the baseline reader's). Where the
+    scenario is known (``pipelines``: its names and types; ``faults``: the fault names),
+    a ``pipeline`` or ``after_fault`` written without a wildcard must exist, so a typo is
+    an error rather than an expectation that silently never matches."""
     checks = list(checks)
     if not isinstance(raw, list):
         raise fail(path, "expected a list of {check, reason, pipeline|cluster|after_fault} mappings")
@@ -203,9 +207,21 @@ def parse_expectations(raw: Any, path: str, fail: Callable[[str, str], Exception
         if not _known_check(item["check"], checks):
             raise fail(f"{where}.check", f"unknown check {item['check']!r}; known: {', '.join(sorted(checks))}, "
                        f"or an outcome ({', '.join(p + '*' for p in OUTCOME_PREFIXES)})")
+        _check_refs(item, where, fail, pipelines, faults)
         out.append(Expectation(item["check"], " ".join(item["reason"].split()), item.get("pipeline"), item.get("cluster"),
                                item.get("after_fault"), source=f"{source}{where}"))
     return out
+
+
+def _check_refs(item: Mapping[str, str], where: str, fail: Callable[[str, str], Exception],
+                pipelines: Optional[Iterable[str]], faults: Optional[Iterable[str]]) -> None:
+    for key, known, what in (("pipeline", pipelines, "pipeline or pipeline type"), ("after_fault", faults, "fault")):
+        value = item.get(key)
+        if value is None or known is None or any(c in value for c in "*?"):
+            continue
+        known = sorted(set(known))
+        if value not in known:
+            raise fail(f"{where}.{key}", f"no {what} {value!r}; known: {', '.join(known)}")
 
 
 # ----------------------------------------------------------------------------- reports

@@ -80,7 +80,7 @@ def test_strict_is_red_when_an_expected_finding_disappears(tmp_path, capsys):
     ([{"check": "handover", "reason": "  "}], "expect[0].reason: expected a non-empty string"),
     ([{"check": "handovr", "reason": "typo"}], "expect[0].check: unknown check 'handovr'"),
     ([{"check": "handover", "pipeline": "big8b", "reason": "x"}], "expect[0].pipeline: no pipeline or pipeline type 'big8b'"),
-    ([{"check": "*", "after_fault": "no_such_fault", "reason": "x"}], "expect[0].after_fault: unknown fault"),
+    ([{"check": "*", "after_fault": "no_such_fault", "reason": "x"}], "expect[0].after_fault: no fault 'no_such_fault'"),
     ([{"check": "handover", "reason": "x", "gpu": 3}], "expect[0].gpu: unknown field"),
     ({"check": "handover"}, "expect: expected a list"),
 ])
