@@ -58,7 +58,7 @@ class RefitEffects:
             fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
         specs, costs = self._stream_inputs()
         yield from stream_sync(
-            env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), costs,
+            env, specs, 2 * proto.align_up(max(c.bucket_bytes, proto.ALIGNMENT_BYTES)), costs,  # a full bucket fits one half
             staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
             on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2), f"{e.path}_sync"),
             on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
@@ -165,7 +165,7 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if costs.setup_s:
                 yield timeout(costs.setup_s)
         elif isinstance(e, proto.Pack):
-            t = e.used_bytes / costs.pack_bytes_per_s
+            t = e.span_bytes / costs.pack_bytes_per_s
             if costs.tensor_overhead_s:
                 t += len(e.slots) * costs.tensor_overhead_s
             if staging_link is not None:
@@ -178,14 +178,14 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if fabric is not None:
                 with fabric.request() as req:
                     yield req
-                    yield timeout(e.used_bytes / fabric_rate)
-            load = e.used_bytes / costs.load_bytes_per_s
+                    yield timeout(e.span_bytes / fabric_rate)
+            load = e.span_bytes / costs.load_bytes_per_s
             if costs.tensor_overhead_s:
                 load += len(e.slots) * costs.tensor_overhead_s
             if costs.group_overhead_s:
                 load += costs.group_overhead_s
             load_end[e.group] = env.now + load
-            sizes[e.group] = e.used_bytes
+            sizes[e.group] = e.span_bytes
         elif isinstance(e, proto.AwaitAck) and e.group == proto.COMPLETE:
             if costs.complete_s:
                 yield timeout(costs.complete_s)

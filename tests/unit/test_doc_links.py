@@ -39,7 +39,7 @@ OUTPUT_PATHS: Dict[str, str] = {
 
 #: upstream repositories' paths (RLix, NeMo RL, ROLL) the docs cite as sources, by prefix
 UPSTREAM_PREFIXES = ("rlix/", "nemo_rl/", "roll/", "tests/test_", "tests/unit/algorithms/", "tests/unit/data_plane/",
-                     "tests/unit/single_controller/", "tests/integration/", "examples/RLIX_EXPERIMENT.md",
+                     "tests/unit/single_controller/", "tests/unit/models/", "tests/integration/", "examples/RLIX_EXPERIMENT.md",
                      "examples/nemo_rl_test/", "plans/", "docs/design-docs/", "docs/about/", "examples/run_grpo")
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
