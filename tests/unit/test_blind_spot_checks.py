@@ -256,10 +256,10 @@ def test_grant_order_when_the_scheduler_grants_newest_first():
 def test_in_flight_at_sleep_follows_rlix_premature_release_ack():
     """RLix's premature planned-release ack lets a finished pipeline unregister while its
     never-shrunk ranks still serve; with exact releases the ranks drain first."""
-    s = _scenario("gap_ratio_3pipelines")
+    s = _scenario("mixed_64gpu")
     found = _run(s)
     assert {"in_flight_at_sleep", "planned_release_ack"} <= {v.invariant for v in found}
-    assert "pc unregistered with" in _named(found, "in_flight_at_sleep")[0].message
+    assert "p0 unregistered with" in _named(found, "in_flight_at_sleep")[0].message
     exact = _run(_with(s, ack_unplanned_releases=False))
     assert _named(exact, "in_flight_at_sleep") == [] and _named(exact, "planned_release_ack") == []
 
