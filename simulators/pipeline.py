@@ -108,7 +108,8 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self._per_step = w.trajectories_per_step
         self._max_age = w.max_trajectory_age_steps
         self._sync_targets_of: Dict[Tuple[int, ...], Tuple[List[int], List[int]]] = {}  # RefitEffects._sync_targets
-        self._stream_inputs_kept: Optional[Tuple[Any, Any]] = None  # RefitEffects._stream_inputs
+        self._sync_plans: Dict[Tuple[int, ...], Tuple[Any, Any, Any]] = {}  # RefitEffects._sync_plan
+        self._bucket_sizes_kept: Optional[Tuple[int, ...]] = None  # RefitEffects._bucket_sizes
         self.cache_versions: List[int] = []
         self.cache_lock = CacheLock(sim, self.pid)
         self.deadlines = Deadlines(sim, self.pid, index)
