@@ -158,24 +158,30 @@ class Emit:
 
 # ------------------------------------------------------------------ the order
 def selective_sync(plan: SyncPlan) -> Generator:
-    """The sync's order (module docstring). Returns the bytes delivered per path."""
+    """The sync's order (module docstring). Returns the bytes delivered per path.
+
+    Teardown runs on every exit an interpreter can report (an error or the timeout thrown
+    in); a generator *closed* by its runtime (``GeneratorExit``: the run itself ended and
+    drops the process) yields nothing more, as Python requires."""
     yield LockCache(plan.version)
     sent = {IPC: 0, BROADCAST: 0}
     try:
         yield Emit("sync_start", {"version": plan.version, "dp_ranks": list(plan.targets),
                                   "ipc_dp_ranks": list(plan.ipc), "broadcast_dp_ranks": list(plan.broadcast)})
-        error: Optional[str] = "incomplete"
         try:
             yield from _group_and_buckets(plan, sent)
-            error = None
-        except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+        except GeneratorExit:
             raise
-        finally:
-            yield Emit("sync_end", {"version": plan.version, "ok": error is None,
-                                    **({"error": error} if error else {})})
-    finally:
+        except BaseException as exc:
+            yield Emit("sync_end", {"version": plan.version, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            raise
+        yield Emit("sync_end", {"version": plan.version, "ok": True})
+    except GeneratorExit:
+        raise
+    except BaseException:
         yield UnlockCache(plan.version)
+        raise
+    yield UnlockCache(plan.version)
     return sent
 
 
@@ -186,26 +192,39 @@ def _group_and_buckets(plan: SyncPlan, sent: Dict[str, int]) -> Generator:
         members = tuple(actual) if actual is not None else plan.group_members
         yield Emit("group_create", {"name": plan.group_name, "members": list(members), "purpose": "sync"})
     try:
-        last = len(plan.bucket_bytes) - 1
-        for b, nbytes in enumerate(plan.bucket_bytes):
-            yield StageBucket(b, nbytes)
-            if plan.ipc:
-                yield SendIpc(b, nbytes, plan.ipc)
-            if plan.broadcast:
-                yield Broadcast(b, nbytes, plan.broadcast)
-            yield BucketBarrier(b, plan.ipc, plan.broadcast)
-            for path, ranks in ((IPC, plan.ipc), (BROADCAST, plan.broadcast)):
-                if ranks:
-                    sent[path] += nbytes
-                    yield Emit("sync_bucket", {"version": plan.version, "bucket": b, "path": path,
-                                               "dp_ranks": list(ranks), "bytes": nbytes})
-            yield FreeStaging(b, b == last)
-        yield FinishSend(len(plan.bucket_bytes))
-    finally:
+        yield from _buckets(plan, sent)
+    except GeneratorExit:
+        raise
+    except BaseException:
         if members is not None:
-            destroyed = yield DestroySyncGroup(plan.group_name, members)
-            if destroyed is not False:  # False: the runtime kept it on purpose (a fault hook)
-                yield Emit("group_destroy", {"name": plan.group_name, "members": list(members), "purpose": "sync"})
+            yield from _destroy(plan, members)
+        raise
+    if members is not None:
+        yield from _destroy(plan, members)
+
+
+def _buckets(plan: SyncPlan, sent: Dict[str, int]) -> Generator:
+    last = len(plan.bucket_bytes) - 1
+    for b, nbytes in enumerate(plan.bucket_bytes):
+        yield StageBucket(b, nbytes)
+        if plan.ipc:
+            yield SendIpc(b, nbytes, plan.ipc)
+        if plan.broadcast:
+            yield Broadcast(b, nbytes, plan.broadcast)
+        yield BucketBarrier(b, plan.ipc, plan.broadcast)
+        for path, ranks in ((IPC, plan.ipc), (BROADCAST, plan.broadcast)):
+            if ranks:
+                sent[path] += nbytes
+                yield Emit("sync_bucket", {"version": plan.version, "bucket": b, "path": path,
+                                           "dp_ranks": list(ranks), "bytes": nbytes})
+        yield FreeStaging(b, b == last)
+    yield FinishSend(len(plan.bucket_bytes))
+
+
+def _destroy(plan: SyncPlan, members: Tuple[int, ...]) -> Generator:
+    destroyed = yield DestroySyncGroup(plan.group_name, members)
+    if destroyed is not False:  # False: the group is still alive (a fault hook, a failed destroy)
+        yield Emit("group_destroy", {"name": plan.group_name, "members": list(members), "purpose": "sync"})
 
 
 # ------------------------------------------------------------------ the interpreters
