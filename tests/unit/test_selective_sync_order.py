@@ -110,3 +110,20 @@ def test_a_yielding_handler_is_refused_by_the_blocking_runner():
 
     with pytest.raises(RuntimeError, match="yielded"):
         ss.run_blocking(ss.selective_sync(plan()), handle)
+
+
+@pytest.mark.parametrize("kind, now", [("refit_bucket", "sync_bucket"), ("nccl_group", "group_create"),
+                                       ("bucket_send", "sync_bucket"), ("bucket_recv", "sync_bucket")])
+def test_a_log_in_the_retired_sync_vocabulary_is_refused_naming_the_kind(tmp_path, kind, now):
+    import json
+
+    from harness.eventlog.records import InputError, read_records
+    from harness.eventlog.writer import dumps, header_record
+
+    path = tmp_path / "old.jsonl"
+    path.write_text(dumps({**header_record({"nodes": 1, "gpus_per_node": 2}), "seq": 0, "t": 0}) + "\n"
+                    + json.dumps({"seq": 1, "t": 0.5, "kind": kind, "pipeline_id": "p"}) + "\n")
+    with pytest.raises(InputError) as err:
+        read_records(str(path))
+    msg = str(err.value)
+    assert "\n" not in msg and f"{kind!r} was retired" in msg and now in msg and "old.jsonl:2" in msg
