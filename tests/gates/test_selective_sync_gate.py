@@ -108,15 +108,18 @@ def test_corrupted_byte_fails_naming_tensor_and_bucket(gate_runner):
 
 def test_leaked_sync_group_is_reported(gate_runner):
     # the sync's teardown (shared with the dual gate, gpu_gates/sync_runtime.py) finds the
-    # group alive after its close: the sync fails naming it, and no group_destroy is logged
+    # group alive after its close: a failed check naming it, no group_destroy logged, and
+    # the oracle's sync_groups finds the group the sync left alive
     run = gate_runner("selective_sync", 4, "--cycles", "1", hook="leak_sync_group")
     assert run.report["status"] == "failed"
     assert "still alive after its close" in run.report["message"] and "selective_sync_c0" in run.report["message"]
     records = [json.loads(line) for line in open(run.event_log)]
     created = {r["name"] for r in records if r["kind"] == "group_create"}
     assert created == {"selective_sync_c0"} and not any(r["kind"] == "group_destroy" for r in records)
-    ends = [r for r in records if r["kind"] == "sync_end"]
-    assert len(ends) == 1 and not ends[0]["ok"] and "still alive" in ends[0]["error"]
+    assert [c for c in run.checks("no_group_survives") if not c["passed"]]
+    from harness.invariants import check_log
+    found = check_log([{**r, "seq": i} for i, r in enumerate(records)], ["sync_groups"])
+    assert found and "selective_sync_c0" in found[0].message
 
 
 def test_too_small_world_is_a_skip_with_reason_even_when_its_first_port_is_taken(gate_runner):
