@@ -3,8 +3,8 @@
     torchrun --nproc-per-node 2 gpu_gates/refit_stream.py [--cycles 3] [--budget-bytes 16384]
 
 Rank 0 is the trainer (binds REQ on a private ``ipc://`` endpoint), rank 1 the inference
-worker on the same device (connects REP) — NeMo RL's colocated refit (reference/nemo_rl.md
-§1.2), run by the one protocol in ``harness/refit/stream.py`` over the real transport
+worker on the same device (connects REP) — NeMo RL's colocated refit (
+docs/modelled-systems.md#nemo-rl-refit), run by the one protocol in ``harness/refit/stream.py`` over the real transport
 ``harness/refit/zmq_stream.py``. On GPU the payload is a CUDA IPC handle of the staging
 buffer; on CPU (gloo, CI) the buffers are ``/dev/shm`` files both processes map.
 

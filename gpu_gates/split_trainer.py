@@ -1,6 +1,6 @@
 """The split training API on a real torch model: begin -> microbatch* -> finish | abort.
 
-What NeMo RL's Megatron worker does (reference/nemo_rl.md §2.3), on a tiny policy:
+What NeMo RL's Megatron worker does (docs/modelled-systems.md#nemo-rl-split-training-api), on a tiny policy:
 
 * ``begin_train_step`` (the harness's :class:`SplitStepMachine` refuses it while a step
   is open) zeroes the gradients and the step's counters;

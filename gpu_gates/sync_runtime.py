@@ -58,7 +58,7 @@ class SyncGroup:
         self.name = f"sync:{sync_id}"
         store = dist.PrefixStore(f"rlharness_sync/{sync_id}/", ctx.store)
         me = members.index(ctx.rank)
-        if ctx.device.type == "cuda":
+        if ctx.backend == "nccl":  # not merely CUDA tensors: gloo ranks may share one GPU (--device cuda)
             self.pg = dist.ProcessGroupNCCL(store, me, len(members))
         else:
             self.pg = dist.ProcessGroupGloo(store, me, len(members), ctx.timeout)

@@ -1,7 +1,8 @@
 """The refit timing model: one weight sync from the CPU bucket cache to target ranks.
 
-The sync's order is ``harness.control.selective_sync`` (RLix's selective sync, written
-once; the gates run the same generator): the comm plan (``harness.refit.comm_plan``) —
+The sync's order is ``harness.control.selective_sync`` (RLix's selective sync,
+docs/modelled-systems.md#rlix-selective-sync, written once; the gates run the same
+generator): the comm plan (``harness.refit.comm_plan``) —
 a target GPU that is the cache owner's takes the IPC path (``cpu_serialize``: NCCL
 cannot group two ranks of one GPU), any other joins a dynamic group (owner + targets,
 created for the sync only when it has broadcast targets, destroyed after it); then per
@@ -11,8 +12,8 @@ NICs across nodes; then the receivers' load), a barrier on both, free the stagin
 module only says what each effect costs in simulated time. The lifecycle moves after the
 sync: expand path → ``synced``, active path (ranks serving while refreshed) → ``refreshed``.
 
-NeMo RL's colocated ZMQ stream (``harness.refit.stream``, two ping-pong buffers) is a
-different protocol: :func:`stream_sync` times it for ``rlharness fidelity refit``.
+NeMo RL's colocated ZMQ stream (``harness.refit.stream``, two ping-pong buffers,
+docs/modelled-systems.md#nemo-rl-refit) is a different protocol: :func:`stream_sync` times it for ``rlharness fidelity refit``.
 
 Links are shared simpy resources, so concurrent syncs of different pipelines contend.
 Mixed into :class:`simulators.pipeline.PipelineSim`.
@@ -234,7 +235,7 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if costs.setup_s:
                 yield timeout(costs.setup_s)
         elif isinstance(e, proto.Pack):
-            t = e.used_bytes / costs.pack_bytes_per_s
+            t = e.span_bytes / costs.pack_bytes_per_s
             if costs.tensor_overhead_s:
                 t += len(e.slots) * costs.tensor_overhead_s
             if staging_link is not None:
@@ -247,14 +248,14 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if fabric is not None:
                 with fabric.request() as req:
                     yield req
-                    yield timeout(e.used_bytes / fabric_rate)
-            load = e.used_bytes / costs.load_bytes_per_s
+                    yield timeout(e.span_bytes / fabric_rate)
+            load = e.span_bytes / costs.load_bytes_per_s
             if costs.tensor_overhead_s:
                 load += len(e.slots) * costs.tensor_overhead_s
             if costs.group_overhead_s:
                 load += costs.group_overhead_s
             load_end[e.group] = env.now + load
-            sizes[e.group] = e.used_bytes
+            sizes[e.group] = e.span_bytes
         elif isinstance(e, proto.AwaitAck) and e.group == proto.COMPLETE:
             if costs.complete_s:
                 yield timeout(costs.complete_s)

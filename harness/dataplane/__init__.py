@@ -8,5 +8,5 @@
 - tq_store.py  TransferQueue (Ray) as the real backend
 - worker_mixin.py  replica-leader fetch, two-phase broadcast, leader-only write-back
 
-Reference: shared/reference/nemo_rl.md §3 (NeMo RL ``nemo_rl.data_plane``).
+Reference: docs/modelled-systems.md#nemo-rl-data-plane (NeMo RL ``nemo_rl.data_plane``).
 """

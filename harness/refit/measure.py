@@ -12,8 +12,8 @@ costs seconds on a loaded machine), driven by JSON lines on its stdin:
 The peer exits on EOF, on a bad line, or when a stream fails (its error goes to the
 parent as ``{"error": ...}``); the parent kills it on every exit path and removes the
 socket's private folder. Weights on both sides are allocated and written before the
-stream starts, so page faults of fresh memory are not measured as transfer (nemo_rl.md
-§1.2: fresh receiver memory halves the figures).
+stream starts, so page faults of fresh memory are not measured as transfer (measured
+here: fresh receiver memory halves the figures).
 """
 
 from __future__ import annotations

@@ -6,13 +6,17 @@ it that must not depend on the gates: ``rlharness calibrate refit`` / ``fidelity
 (the simulator's refit costs are fitted to, and checked against, this transport) and the
 benchmark. The gates import it too.
 
-Topology as in NeMo RL (reference/nemo_rl.md §1.2): the trainer side binds a REQ socket on
+Topology as in NeMo RL (docs/modelled-systems.md#nemo-rl-refit): the trainer side binds a REQ socket on
 an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a REP.
 ``LINGER`` is 0 and every send and receive has a timeout; a timeout becomes a
 :class:`StreamTimeout` that names the peer, the step and the group, and the socket is
 closed (a REQ that missed its reply cannot be reused).
 
-Payload. Only a small JSON header (slots, sizes) travels on the socket. The bytes stay in
+Payload. Only a small JSON header travels on the socket: NeMo RL's group fields (the
+tensor names and ``used_bytes``, the sum of their aligned sizes — the layout rule is in
+:mod:`harness.refit.stream`) plus each slot's shape, dtype, offset and size, which a
+NeMo RL receiver would not need (it sizes tensors from its own manifest) and which let
+this receiver name a shape or dtype mismatch instead of an offset mismatch. The bytes stay in
 the staging buffers (``harness/refit/staging.py``), which the receiver maps:
 
 * GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
@@ -21,8 +25,8 @@ the staging buffers (``harness/refit/staging.py``), which the receiver maps:
   path has not been run in any session so far (no GPU was available); it is guarded by
   ``torch.cuda.is_available()``.**
 * CPU: the buffers are files on ``/dev/shm`` mapped by both processes — the faithful CPU
-  analogue of the CUDA-IPC stream (the bytes never go through the socket; nemo_rl.md
-  §1.2 measured the payload-on-the-socket variant at ~7 % of memcpy). The sender owns the
+  analogue of the CUDA-IPC stream (the bytes never go through the socket; measured on a 2-core machine,
+  the payload sent over the socket itself ran at ~7 % of memcpy). The sender owns the
   files and unlinks them when it releases the buffers and on every exit path; nothing is
   left in ``/dev/shm``.
 
@@ -209,7 +213,7 @@ class RefitSender(_Endpoint):
         elif isinstance(e, proto.SendGroup):
             buf = buffers[e.buffer]
             header = {"type": "group", "step": step, "group": e.group, "buffer": e.buffer, "used": e.used_bytes,
-                      "slots": [s.to_wire() for s in e.slots]}
+                      "names": [s.name for s in e.slots], "slots": [s.to_wire() for s in e.slots]}
             frames = [b""]
             if isinstance(buf, ShmBuffer):
                 header["shm"], header["shm_bytes"] = buf.path, buf.nbytes

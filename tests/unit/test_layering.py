@@ -1,4 +1,4 @@
-"""The package layers (DESIGN: "harness/ imports neither simulators/ nor gpu_gates/").
+"""The package layers ("harness/ imports neither simulators/ nor gpu_gates/"; docs/architecture.md).
 
 ``harness/`` is the clock-free core both runtimes interpret; ``gpu_gates/`` is the real-time
 runtime and must not lean on the simulated one; ``rlharness/`` (the command line and the
@@ -80,7 +80,7 @@ def test_no_module_imports_a_layer_above_or_beside_it(package):
             found += layer_violations(fh.read(), module, FORBIDDEN[package], is_package)
         count += 1
     assert count > 10, f"{package}/ has only {count} modules: the scan looks in the wrong place"
-    assert not found, "layering broken (DESIGN: harness/ imports neither simulators/ nor gpu_gates/):\n" + "\n".join(found)
+    assert not found, "layering broken (harness/ imports neither simulators/ nor gpu_gates/):\n" + "\n".join(found)
 
 
 def test_the_user_surface_lives_above_the_runtimes():
