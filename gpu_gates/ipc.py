@@ -3,7 +3,8 @@
 A receiver on the sender's own GPU cannot join the broadcast group (NCCL refuses two
 ranks on one device), so the selective sync (``gpu_gates/sync_runtime.py``, the order
 ``harness.control.selective_sync``) hands it each staged bucket over the colocated
-refit stream — the one protocol of ``harness/refit/stream.py`` over ``harness/refit/zmq_stream.py`` (pyzmq REQ/REP on a
+refit stream — the one protocol of ``harness/refit/stream.py`` over
+``gpu_gates/transports/zmq_stream.py`` (pyzmq REQ/REP on a
 private ``ipc://`` endpoint, two ping-pong staging buffers, at most one group un-ACKed,
 COMPLETE, manifest check; CUDA IPC handles on GPU, ``/dev/shm`` buffers on CPU), exactly
 as the refit gate runs it: one stream per bucket and receiver.
@@ -24,9 +25,9 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 from harness.refit import stream as proto
-from harness.refit import staging as refit_staging, zmq_stream as zs
+from gpu_gates.transports import staging as refit_staging, zmq_stream as zs
 
 STREAM = "zmq_stream"
 SHM_DIR_ENV = refit_staging.SHM_DIR_ENV  # staging files go here instead of /dev/shm (tests use a private folder)

@@ -38,7 +38,7 @@ from gpu_gates.events import merge_events, write_event_log
 from gpu_gates.hooks import HookSpecError, TestHooks
 from gpu_gates.memory import MemoryMeter
 from gpu_gates.watchdog import Watchdog, start_sigterm_listener
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 
 __all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
 

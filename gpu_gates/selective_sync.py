@@ -42,7 +42,7 @@ from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # n
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.control.selective_sync import SyncPlan  # noqa: E402
 from harness.refit.bucket_cache import VersionedBucketCache, build_buckets, state_digests  # noqa: E402
-from harness.refit.staging import leftover_shm  # noqa: E402
+from gpu_gates.transports.staging import leftover_shm  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
 
 OWNER, TRAINER, FIRST_RECEIVER = 0, 1, 2

@@ -283,13 +283,13 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from simulators.refit_fit import cmd_calibrate
+    from rlharness.refit_calibrate import cmd_calibrate
 
     return cmd_calibrate(args.out, args.repeats, args.quick)
 
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:
-    from simulators.refit_fit import cmd_fidelity
+    from rlharness.refit_calibrate import cmd_fidelity
 
     return cmd_fidelity(args.calibration, args.repeats, args.strict, alongside=args.fit_alongside)
 

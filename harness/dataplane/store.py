@@ -2,8 +2,8 @@
 
 A row store knows nothing of schemas' meaning or padding; the client (client.py) encodes
 and validates, then calls these primitives. ``InProcessStore`` is a dict in this process
-(also servable to other processes, see served.py); ``TransferQueueStore`` (tq_store.py)
-is the real TransferQueue on Ray. ``RefuseOverwrite`` wraps any store with Mooncake's
+(also servable to other processes, see gpu_gates/transports/served_store.py);
+``TransferQueueStore`` (gpu_gates/transports/tq_store.py) is the real TransferQueue on Ray. ``RefuseOverwrite`` wraps any store with Mooncake's
 no-upsert rule: a second write of a (sample, field) is refused with the ``-601`` class
 error instead of silently replacing the row, which is how a duplicate writer shows up.
 """

@@ -5,7 +5,7 @@ REQ/REP pair with two ping-pong staging buffers (docs/modelled-systems.md#nemo-r
 This module is that protocol and nothing else: no sockets, no tensors, no clock. The
 sender is a generator that yields effects (pack these tensors into that buffer, send this
 group, wait for that ACK, ...); a runtime performs each one and resumes it. The real
-transport (:mod:`harness.refit.zmq_stream`), the refit gate and the simulator's refit
+transport (:mod:`gpu_gates.transports.zmq_stream`), the refit gate and the simulator's refit
 timing (``simulators/refit.py``) all interpret this one generator, so the order below is
 the order everywhere:
 

@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from harness.refit.measure import Measurement, synthetic_specs
+from gpu_gates.transports.measure import Measurement, synthetic_specs
+from rlharness import refit_calibrate
 from simulators import refit_fit
 from simulators.calibration import CALIBRATED_COSTS, load_calibration, write_calibration
 from simulators.scenario import ScenarioError, scenario_from_mapping
@@ -34,9 +35,9 @@ def fake_points(grid, costs):
 
 
 def test_fit_reproduces_held_out_predictions_of_known_costs():
-    fitted = refit_fit.fit(fake_points(refit_fit.GRID, KNOWN))
+    fitted = refit_fit.fit(fake_points(refit_calibrate.GRID, KNOWN))
     assert set(fitted) == set(CALIBRATED_COSTS)
-    for model, budget in refit_fit.HELD_OUT:
+    for model, budget in refit_calibrate.HELD_OUT:
         specs = synthetic_specs(model)
         truth, got = refit_fit.predict(specs, budget, KNOWN), refit_fit.predict(specs, budget, fitted)
         assert abs(got / truth - 1) < 0.10, (model, budget, truth, got)
@@ -84,7 +85,7 @@ def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, caps
     assert main(["fidelity", "refit", "--calibration", str(out), "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
-    assert len(rows) >= 4 + len(refit_fit.HELD_OUT)  # the calibration table and the fidelity table
+    assert len(rows) >= 4 + len(refit_calibrate.HELD_OUT)  # the calibration table and the fidelity table
     assert "median |error|" in text and "worst |error|" in text
     assert main(["fidelity", "refit", "--calibration", str(tmp_path / "nope.json")]) == 2
     assert main(["calibrate", "refit", "--repeats", "0"]) == 2
@@ -95,10 +96,10 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
     interleaved rounds; the fit sees only the grid points. Each recorded sync follows an
     unrecorded warm-up, and the table compares the minimum."""
     from rlharness.cli import main
-    monkeypatch.setattr(refit_fit, "GRID", refit_fit.QUICK_GRID)
-    monkeypatch.setattr(refit_fit, "HELD_OUT", [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB)])
+    monkeypatch.setattr(refit_calibrate, "GRID", refit_calibrate.QUICK_GRID)
+    monkeypatch.setattr(refit_calibrate, "HELD_OUT", [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB)])
     fitted_on, measured = [], []
-    real_fit, real_measure = refit_fit.fit, refit_fit._measure
+    real_fit, real_measure = refit_calibrate.fit, refit_calibrate._measure
 
     def spy_fit(points):
         fitted_on.extend((m.model_bytes, m.budget_bytes) for _, m in points)
@@ -109,13 +110,13 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
         measured.extend(m for _, m in out)
         return out
 
-    monkeypatch.setattr(refit_fit, "fit", spy_fit)
-    monkeypatch.setattr(refit_fit, "_measure", spy_measure)
+    monkeypatch.setattr(refit_calibrate, "fit", spy_fit)
+    monkeypatch.setattr(refit_calibrate, "_measure", spy_measure)
     assert main(["fidelity", "refit", "--fit-alongside", "--repeats", "2"]) == 0
-    n = len(refit_fit.QUICK_GRID)
+    n = len(refit_calibrate.QUICK_GRID)
     assert len(measured) == n + 2
     assert fitted_on == [(m.model_bytes, m.budget_bytes) for m in measured[:n]]  # the held-out points were not fitted on
-    assert [m.budget_bytes for m in measured[:n]] == [b for _, b in refit_fit.QUICK_GRID]
+    assert [m.budget_bytes for m in measured[:n]] == [b for _, b in refit_calibrate.QUICK_GRID]
     assert [m.budget_bytes for m in measured[n:]] == [3 * MiB, 6 * MiB]
     assert all(len(m.wall_s) == 2 and len(m.load_s) == 2 for m in measured)  # the warm-ups are not recorded
     text = capsys.readouterr().out

@@ -1,10 +1,11 @@
 """The refit stream on a real transport: pyzmq REQ/REP over ``ipc://``, ping-pong buffers.
 
 This interprets :mod:`harness.refit.stream` (the protocol) with real sockets and real
-bytes. It lives in ``harness/`` rather than ``gpu_gates/`` because two user surfaces need
-it that must not depend on the gates: ``rlharness calibrate refit`` / ``fidelity refit``
-(the simulator's refit costs are fitted to, and checked against, this transport) and the
-benchmark. The gates import it too.
+bytes. It lives on the real-runtime side (``gpu_gates/transports/``), not in ``harness/``:
+``harness/`` holds the protocol both runtimes interpret and may not touch sockets or the
+wall clock. Besides the gates, ``rlharness calibrate refit`` / ``fidelity refit`` (the
+simulator's refit costs are fitted to, and checked against, this transport) and the
+benchmark use it; the simulator itself never does.
 
 Topology as in NeMo RL (docs/modelled-systems.md#nemo-rl-refit): the trainer side binds a REQ socket on
 an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a REP.
@@ -17,7 +18,7 @@ tensor names and ``used_bytes``, the sum of their aligned sizes — the layout r
 :mod:`harness.refit.stream`) plus each slot's shape, dtype, offset and size, which a
 NeMo RL receiver would not need (it sizes tensors from its own manifest) and which let
 this receiver name a shape or dtype mismatch instead of an offset mismatch. The bytes stay in
-the staging buffers (``harness/refit/staging.py``), which the receiver maps:
+the staging buffers (``gpu_gates/transports/staging.py``), which the receiver maps:
 
 * GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
   handle (torch's reducer, pickled); the receiver rebuilds the tensor on its local device
@@ -45,9 +46,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import torch
 import zmq
 
-from harness.refit.bucket_cache import dtype_from_name, dtype_name
+from gpu_gates.transports.staging import ShmBuffer, cuda_handle, open_cuda_handle
 from harness.refit import stream as proto
-from harness.refit.staging import ShmBuffer, cuda_handle, open_cuda_handle
+from harness.refit.bucket_cache import dtype_from_name, dtype_name
 
 Emit = Callable[..., None]
 
