@@ -281,9 +281,7 @@ EXPECTED_FINDINGS = {
     # the realistic workloads (costs from the cost model): the same two by-design findings
     "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_70b_64gpu": ("done", {"handover", "planned_release_ack"}),
-    # the premature ack is timing-dependent: with RLix's per-bucket barrier in the weight
-    # sync (harness/control/selective_sync.py) no planned release meets a re-expand here
-    "realistic_moe_16gpu": ("done", {"handover"}),
+    "realistic_moe_16gpu": ("done", {"handover", "planned_release_ack"}),
 }
 
 
