@@ -94,7 +94,7 @@ class _SyncTargets(DecisionWalk):
         super().__init__(records)
         self.out: List[Violation] = []
         self.state: Dict[Rank, str] = {}
-        self.open: Dict[Tuple[str, str], dict] = {}  # (pipeline, path) -> open SyncFromCache start
+        self.open: Dict[str, dict] = {}  # pipeline -> its open SyncFromCache start (one at a time: coordinator lock)
         self.cycle_plans: Dict[int, dict] = {}
 
     def on_record(self, r: dict) -> None:
@@ -104,14 +104,16 @@ class _SyncTargets(DecisionWalk):
         elif k == "rank_state":
             self.state[(r["pipeline_id"], r["dp_rank"])] = r["state"]
         elif k == "effect_start" and r["effect"] == "SyncFromCache":
-            self.open[(r["pipeline_id"], r["args"].get("path", "expand"))] = r
+            self.open[r["pipeline_id"]] = r
         elif k == "effect_end" and r["effect"] == "SyncFromCache":
-            self.open.pop((r["pipeline_id"], r["args"].get("path", "expand")), None)
-        elif k == "refit_bucket":
+            self.open.pop(r["pipeline_id"], None)
+        elif k == "sync_bucket" and r.get("pipeline_id") in self.open:
             self._bucket(r)
 
     def _bucket(self, r: dict) -> None:
-        pid, path = r["pipeline_id"], r.get("path", "expand")
+        pid = r["pipeline_id"]
+        start = self.open[pid]
+        path = start["args"].get("path", "expand")  # expand | active (the bucket's own path is ipc|broadcast)
         state = self.state
         if path == "active":
             for dp in r["dp_ranks"]:
@@ -123,8 +125,7 @@ class _SyncTargets(DecisionWalk):
             st = state.get((pid, dp), "asleep")
             if st not in ("awake_unrouted", "synced"):
                 self._bad(r, f"expand sync of {pid} writes dp{dp}, which is {st}, not awake")
-        start = self.open.get((pid, path))
-        plan = self.cycle_plans.get(start.get("cycle")) if start is not None else None
+        plan = self.cycle_plans.get(start.get("cycle"))
         if plan is None:
             return  # a sync outside a scheduler cycle (a gate, or an init sync): no expand to compare
         cid = f"{pid}_actor_infer"
@@ -146,7 +147,7 @@ class _SyncTargets(DecisionWalk):
         self.out.append(Violation("sync_targets", r["seq"], message))
 
 
-@invariant("sync_targets", reads=("refit_bucket",),
+@invariant("sync_targets", reads=("sync_bucket",),
            sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end"))
 def sync_targets(records: Records) -> List[Violation]:
     """Invariant 23: an expand's weight sync writes only the ranks that expand adds, awake,

@@ -112,7 +112,9 @@ def test_in_flight_at_sleep_fires_when_a_pipeline_unregisters_with_a_request_run
 
 def test_sync_targets_fires_for_an_expand_sync_writing_a_rank_outside_the_expand(sim_log):
     log = copy.deepcopy(sim_log)
-    b = index(log, lambda r: r["kind"] == "refit_bucket" and r["path"] == "expand" and r["pipeline_id"] == "ppl1")
+    s = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "SyncFromCache"
+              and r["args"]["path"] == "expand" and r["pipeline_id"] == "ppl1")
+    b = index(log, lambda r: r["kind"] == "sync_bucket", s)
     log[b]["dp_ranks"] = log[b]["dp_ranks"] + [1]  # ppl1 dp1 is asleep and not in this expand
     found = fires(log, "sync_targets", "writes dp1, which is asleep, not awake")
     assert any("which that expand does not add" in v.message for v in found)
@@ -120,7 +122,8 @@ def test_sync_targets_fires_for_an_expand_sync_writing_a_rank_outside_the_expand
 
 def test_sync_targets_fires_for_an_active_refresh_writing_a_rank_that_is_not_routable(sim_log):
     log = copy.deepcopy(sim_log)
-    b = index(log, lambda r: r["kind"] == "refit_bucket" and r["path"] == "active")
+    s = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" and r["args"]["path"] == "active")
+    b = index(log, lambda r: r["kind"] == "sync_bucket", s)
     pid = log[b]["pipeline_id"]
     other = 1 - log[b]["dp_ranks"][0]
     states = [r["state"] for r in log[:b] if r["kind"] == "rank_state" and r["pipeline_id"] == pid and r["dp_rank"] == other]
@@ -259,7 +262,10 @@ def test_in_flight_at_sleep_follows_rlix_premature_release_ack():
     s = _scenario("mixed_64gpu")
     found = _run(s)
     assert {"in_flight_at_sleep", "planned_release_ack"} <= {v.invariant for v in found}
-    assert "p0 unregistered with" in _named(found, "in_flight_at_sleep")[0].message
+    acked = [v for v in found if v.invariant == "planned_release_ack"]
+    for v in _named(found, "in_flight_at_sleep"):  # each follows its own pipeline's premature ack
+        pid = v.message.split()[0]
+        assert any(a.seq < v.seq and f"await_release of {pid}_actor_infer acked" in a.message for a in acked), v
     exact = _run(_with(s, ack_unplanned_releases=False))
     assert _named(exact, "in_flight_at_sleep") == [] and _named(exact, "planned_release_ack") == []
 
