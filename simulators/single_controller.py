@@ -77,6 +77,7 @@ class SingleControllerSim:
         self.per_request_tokens_s = w.tokens_per_s_per_rank * c / (c + w.batching_half_point) / c
         self.slots = Link(self.env, max(1, len(self.rank_gpus) * c // w.generations_per_prompt))
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
+        self.state.stale_select_target = "stale_select_target" in self.faults
         self.steps_done = 0
         self.finished = False
         self.step = 0

@@ -44,7 +44,7 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator:
         if remaining <= 0:
             break
         yield Evict()
-        groups = yield SelectGroups(min(cfg.min_groups_for_streaming_train, remaining), remaining)
+        groups = yield SelectGroups(min(cfg.min_groups_for_streaming_train, remaining), remaining, step, target)
         if not groups:  # woken because the target shrank: look again
             continue
         groups = tuple(groups)

@@ -80,10 +80,11 @@ class ControllerState:
         self.rollouts_permitted = True
         self.capacity_held = 0  # prompts holding a buffer slot (semaphore max_buffered_rollouts)
         self.inflight = 0  # prompts generating (semaphore max_inflight_prompts)
-        self.dropped: Dict[int, int] = {}  # batch (step) -> prompts skipped after their retries
+        self.dropped: Dict[int, int] = {}  # stamped step -> prompts skipped after their retries
         self.aborted: List[int] = []  # group ids aborted in flight
         self.changes = 0
         self.stopped = False
+        self.stale_select_target = False  # fault hook: a waiting select ignores a shrunk target
 
     def changed(self) -> None:
         self.changes += 1
@@ -135,8 +136,12 @@ class ControllerState:
         self.changed()
         return gone
 
-    def skip_prompt(self, batch: int) -> None:
-        self.dropped[batch] = self.dropped.get(batch, 0) + 1
+    def skip_prompt(self, target_step: Optional[int]) -> None:
+        """Credit a dropped prompt to the step it was stamped for (NeMo RL's batch
+        shortfall). An unstamped prompt credits nothing: the samplers that do not stamp
+        fill a step from whatever is ready, so no step waits for it."""
+        if target_step is not None:
+            self.dropped[target_step] = self.dropped.get(target_step, 0) + 1
         self.changed()
 
     # ---- train side
