@@ -55,7 +55,10 @@ def streaming_config(spec: PipelineSpec) -> StreamingConfig:
         max_buffered_rollouts=s.max_buffered_rollouts, microbatch_groups=s.microbatch_groups,
         max_infra_attempts_per_prompt=s.max_infra_attempts_per_prompt,
         max_data_attempts_per_prompt=s.max_data_attempts_per_prompt,
-        watchdog_interval_s=s.watchdog_interval_s, stall_timeout_s=s.stall_timeout_s, stall_action=s.stall_action)
+        watchdog_interval_s=s.watchdog_interval_s, stall_timeout_s=s.stall_timeout_s, stall_action=s.stall_action,
+        drop_budgets=s.drop_budgets, max_skipped_prompts=s.max_skipped_prompts,
+        max_consecutive_dropped_prompts=s.max_consecutive_dropped_prompts,
+        min_step_batch_fraction=s.min_step_batch_fraction)
 
 
 class SingleControllerSim:

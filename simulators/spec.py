@@ -150,6 +150,11 @@ class StreamingSpec:
     watchdog_interval_s: float = 30.0
     stall_timeout_s: float = 600.0
     stall_action: str = "warn"  # warn | abort
+    # NeMo RL's drop budgets (harness/streaming/controller.py); off: drops are unlimited
+    drop_budgets: bool = False
+    max_skipped_prompts: int = 0
+    max_consecutive_dropped_prompts: int = 0
+    min_step_batch_fraction: float = 0.9
 
 
 @dataclass(frozen=True)

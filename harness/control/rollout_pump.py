@@ -70,7 +70,7 @@ def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optio
         if outcome == "infra":
             infra += 1
             if infra >= cfg.max_infra_attempts_per_prompt:
-                yield SkipPrompt(prompt_id, batch, f"infra failure x{infra}", target_step)
+                yield SkipPrompt(prompt_id, batch, f"infra failure x{infra}", target_step, "infra")
                 break
             yield Backoff(min(cfg.backoff_s * 2 ** (infra - 1), cfg.max_backoff_s))
         else:

@@ -188,6 +188,7 @@ class SkipPrompt:
     batch: int
     reason: str
     target_step: Optional[int] = None
+    cause: str = "data"  # data | infra (the drop budget it counts against)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ INSTANT: Dict[type, Callable[[ControllerState, Any], Any]] = {
     fx.Reserve: lambda st, e: st.reserve(e.prompt_id, e.target_step),
     fx.Commit: lambda st, e: (st.commit(e.group_id), None)[1],
     fx.RemoveGroup: lambda st, e: st.remove_group(e.group_id),
-    fx.SkipPrompt: lambda st, e: st.skip_prompt(e.target_step),
+    fx.SkipPrompt: lambda st, e: st.skip_prompt(e.target_step, e.cause),
     fx.ReleaseInflight: lambda st, e: st.release_inflight(),
     fx.ReleaseCapacity: lambda st, e: st.release_capacity(),
 }

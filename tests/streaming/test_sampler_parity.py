@@ -61,16 +61,13 @@ def test_a_negative_resume_step_is_refused(name):
         assert s.admit(3).target_step == 3
 
 
-def _aborted(sampler, seed=0):
-    res = Simulation(sc_scenario(steps=4, seed=seed, sampler=sampler, window=0,
-                                 max_buffered_rollouts=8)).run()
-    assert res.reason == "done"
-    return [g for r in res.records if r["kind"] == "effect_end" and r["effect"] == "AbortStaleInflight"
-            for g in r.get("result", [])]
-
-
-def test_in_the_simulator_only_windowed_aborts_at_a_sync():
-    # window 0: every rollout still generating at a sync is stale for windowed
-    assert any(_aborted("windowed", s) for s in range(3))
-    for name in ("in_order", "weight_fifo"):
-        assert all(_aborted(name, s) == [] for s in range(3)), name
+def test_in_the_simulator_windowed_aborts_at_a_sync():
+    """Window 0: a rollout still generating at a sync is stale for windowed (the gated
+    samplers' side is the unit tests above: they answer no for any rollout)."""
+    hits = []
+    for seed in range(3):
+        res = Simulation(sc_scenario(steps=4, seed=seed, sampler="windowed", window=0)).run()
+        assert res.reason == "done"
+        hits += [g for r in res.records if r["kind"] == "effect_end" and r["effect"] == "AbortStaleInflight"
+                 for g in r.get("result", [])]
+    assert hits
