@@ -71,3 +71,10 @@ def test_in_the_simulator_windowed_aborts_at_a_sync():
         hits += [g for r in res.records if r["kind"] == "effect_end" and r["effect"] == "AbortStaleInflight"
                  for g in r.get("result", [])]
     assert hits
+
+
+def test_a_dropped_prompt_shrinks_only_the_step_it_was_stamped_for():
+    st = ControllerState(StreamingConfig(groups_per_step=4, sampler="in_order", max_buffered_rollouts=8))
+    st.skip_prompt(None)  # unstamped: owed to no step
+    st.skip_prompt(2)
+    assert [st.step_target(s) for s in range(4)] == [4, 4, 3, 4]
