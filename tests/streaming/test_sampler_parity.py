@@ -78,3 +78,9 @@ def test_a_dropped_prompt_shrinks_only_the_step_it_was_stamped_for():
     st.skip_prompt(None)  # unstamped: owed to no step
     st.skip_prompt(2)
     assert [st.step_target(s) for s in range(4)] == [4, 4, 3, 4]
+
+
+@pytest.mark.parametrize("name", ["in_order", "weight_fifo", "windowed", "ready_first"])
+def test_a_negative_window_is_refused(name):
+    with pytest.raises(SamplerError, match="window must be >= 0"):
+        make_sampler(name, -1)
