@@ -133,3 +133,17 @@ def test_crafted_select_with_a_rollout_under_way_or_answered_is_no_finding():
                                           (S, 3.0, "Backoff", {"seconds": 1.0}, "rollout"),
                                           (E, 9.0, "Backoff", {"seconds": 1.0}, "rollout")), end_t=9.0)
     assert check_log(last, ["pump_parked"]) == []
+
+
+def test_the_summary_reports_drops_and_steps_closed_short():
+    from harness.outputs.summary import summarize
+    from harness.outputs.summary_text import format_summary
+
+    res = _run(1)
+    drops = _credited_drops(res.records)
+    row = summarize(res.records).streaming[0]
+    assert row.dropped == row.dropped_owed == len(drops) > 0
+    # each step that lost a stamped prompt closed short, and no other did
+    assert row.short_steps == len({r["args"]["target_step"] for r in drops if r["args"]["target_step"] < 5}) > 0
+    text = format_summary(summarize(res.records))
+    assert "steps short" in text and f"{len(drops)} ({len(drops)} owed)" in text
