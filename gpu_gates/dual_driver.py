@@ -362,14 +362,16 @@ class Driver(DriverEffects, LifecycleEffects):
                 th.join(0.1)
         self.done.set()
         threads[0].join(5.0)
+        # the stop says whether the run already failed: a rank that then finds a group a
+        # failed peer still holds reports the leak as that failure's consequence
+        stop = json.dumps({"op": "stop", "failed": bool(self.errors)}).encode()
         for r, ch in self.channels.items():
             if r != self.ctx.rank:
                 try:
-                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", json.dumps({"op": "stop"}).encode(), store=self.store)
+                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", stop, store=self.store)
                 except Exception:
                     pass
-        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", json.dumps({"op": "stop"}).encode(),
-                     store=self.store)
+        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", stop, store=self.store)
 
     def scheduler_main(self) -> None:
         try:

@@ -141,7 +141,7 @@ def run(ctx: GateContext) -> None:
             worker.drop_training_group()
             _check_no_group_survives(ctx, baseline, after_failure=True)
             raise
-        _check_no_group_survives(ctx, baseline)
+        _check_no_group_survives(ctx, baseline, after_failure=worker.run_failed)
         return
     from gpu_gates.dual_driver import Driver
     from harness.invariants import check_log

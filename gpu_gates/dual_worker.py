@@ -103,6 +103,7 @@ class Worker:
         self.cache: Optional[VersionedBucketCache] = None
         self.train_group: Any = None
         self.held_version: Optional[int] = None
+        self.run_failed = False  # the driver's stop said the run had already failed
         self.requests = Requests(ctx.hooks.get("abort_never_wakes") is not None) if self.role == "infer" else None
         if self.role == "trainer":
             self.model = TinyModel(TRAIN_SEEDS[self.pipeline]).to(ctx.device)
@@ -115,6 +116,7 @@ class Worker:
             ctx.set_phase(f"{self.pipeline} {self.role}{'' if self.dp is None else f' dp{self.dp}'}: waiting for command {i}")
             msg = json.loads(ctx.wait_get(f"dual/cmd/{ctx.rank}/{i}", f"command {i} from the driver"))
             if msg["op"] == "stop":
+                self.run_failed = bool(msg.get("failed"))
                 return
             ctx.set_phase(f"{self.pipeline} rank {ctx.rank}: {msg['op']}")
             ctx.hook(msg["op"])
