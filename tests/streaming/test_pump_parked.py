@@ -147,3 +147,42 @@ def test_the_summary_reports_drops_and_steps_closed_short():
     assert row.short_steps == len({r["args"]["target_step"] for r in drops if r["args"]["target_step"] < 5}) > 0
     text = format_summary(summarize(res.records))
     assert "steps short" in text and f"{len(drops)} ({len(drops)} owed)" in text
+
+
+def test_a_step_that_lost_every_prompt_fails_the_run_instead_of_parking():
+    """One prompt per step and half of them dropped: a step with nothing to train cannot
+    tick the version, so in_order's next step could never be selected; the run fails."""
+    from tests.streaming.test_single_controller_sim import sc_scenario
+
+    reasons = set()
+    for seed in range(4):
+        sc = sc_scenario(steps=4, seed=seed, data_failure_rate=0.5, max_data_attempts_per_prompt=1)
+        sc = dataclasses.replace(sc, pipelines=(dataclasses.replace(
+            sc.pipelines[0], workload=dataclasses.replace(sc.pipelines[0].workload, prompts_per_step=1),
+            streaming=dataclasses.replace(sc.pipelines[0].streaming, max_buffered_rollouts=2)),))
+        res = Simulation(sc).run()
+        reasons.add(res.reason)
+        if res.reason == "failed":
+            assert "every prompt group was dropped" in res.detail
+            assert {v.invariant for v in check_log(res.records)} == {"run_outcome"}
+    assert "failed" in reasons and "horizon" not in reasons
+
+
+def test_pump_parked_names_an_unstamped_wedge_for_real():
+    """weight_fifo at window 0 with unlimited drops: a dropped prompt is owed to no step,
+    the step waits for a group of its version that no one generates, the gate admits no
+    more, and nothing is in flight (NeMo RL refuses drops under this sampler; the
+    harness's unlimited-drop mode shows why)."""
+    from tests.streaming.test_single_controller_sim import sc_scenario
+
+    fired = 0
+    for seed in range(3):
+        res = Simulation(sc_scenario(steps=4, seed=seed, sampler="weight_fifo", window=0,
+                                     data_failure_rate=0.3, max_data_attempts_per_prompt=2)).run()
+        found = [v for v in check_log(res.records) if v.invariant == "pump_parked"]
+        if res.reason == "horizon":
+            fired += 1
+            assert len(found) == 1 and "nothing in flight" in found[0].message
+        else:
+            assert not found
+    assert fired
