@@ -27,7 +27,7 @@ import traceback
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from harness.control.context import PipelineContext
-from harness.control.cycle import execute_cycle, resize_call
+from harness.control.cycle import execute_cycle, run_resize
 from harness.control.effects import TRAINER_EFFECTS, effect_fields
 from harness.control.interpret import drive, interpret, run_blocking
 from harness.control.lifecycle import pipeline_run
@@ -223,8 +223,7 @@ class Driver(DriverEffects, LifecycleEffects):
     def _RunResizes(self, e) -> bool:
         """Every call of the phase in its own thread (a coordinator call); joins them all."""
         threads = []
-        for pid, ranks in e.calls:
-            self.emit("resize_start", cycle=e.cycle, pipeline_id=pid, phase=e.phase, dp_ranks=list(ranks))
+        for pid, ranks in e.calls:  # each call writes its own resize records (cycle.run_resize)
             th = threading.Thread(target=self._resize, args=(pid, e.phase, list(ranks), e.cycle), daemon=True)
             th.start()
             threads.append(th)
@@ -243,11 +242,10 @@ class Driver(DriverEffects, LifecycleEffects):
         self.deliver(list(e.signals))
 
     def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int) -> None:
-        try:
-            run_blocking(interpret(resize_call(self.ctxs[pid], phase, ranks, cycle), self._handler(pid)))
-        except Exception as exc:
-            self.fail(f"{pid} {phase} {ranks}: {exc}")
-        self.emit("resize_end", cycle=cycle, pipeline_id=pid, phase=phase, dp_ranks=ranks)
+        """One coordinator call, interpreted by ``harness.control.cycle.run_resize``."""
+        run_blocking(run_resize(self.ctxs[pid], phase, ranks, cycle, self._handler(pid),
+                                lambda kind, fields: self.emit(kind, **fields),
+                                lambda exc: self.fail(f"{pid} {phase} {ranks}: {exc}")))
 
     # ------------------------------------------------------------------ pipelines
     def pipeline_main(self, pid: str) -> None:

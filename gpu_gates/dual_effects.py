@@ -94,10 +94,10 @@ class DriverEffects:
         plan = build_comm_plan((0, ROLES[owner][3]), {d: [(0, ROLES[rank_of(pid, "infer", d)][3])] for d in e.ranks})
         ipc_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.ipc)]
         bcast_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.broadcast)]
+        ranks_of = {str(d): rank_of(pid, "infer", d) for d in e.ranks}
         with self.lock:
             self.sync_n += 1
             sync_id = f"{pid}_s{self.sync_n}_v{e.version}"
-        members = sorted([owner] + bcast_ranks)
         results: Dict[int, Any] = {}
         errors: List[str] = []
 
@@ -108,10 +108,11 @@ class DriverEffects:
                 errors.append(str(exc))
 
         threads = [threading.Thread(target=run, args=(owner, lambda: self.channels[owner].call(
-            "sync_send", sync_id=sync_id, version=e.version, ipc_ranks=ipc_ranks, bcast_ranks=bcast_ranks)), daemon=True)]
+            "sync_send", sync_id=sync_id, version=e.version, rank_of=ranks_of, ipc_dp=sorted(plan.ipc),
+            bcast_dp=sorted(plan.broadcast))), daemon=True)]
         for r in ipc_ranks + bcast_ranks:
             threads.append(threading.Thread(target=run, args=(r, lambda r=r: self.channels[r].call(
-                "sync_recv", sync_id=sync_id, version=e.version, owner=owner, via_ipc=r in ipc_ranks, members=members)), daemon=True))
+                "sync_recv", sync_id=sync_id, version=e.version, owner=owner, rank_of=ranks_of)), daemon=True))
         for i, th in enumerate(threads):
             if i == 1 and self.late_receivers_s:
                 time.sleep(self.late_receivers_s)

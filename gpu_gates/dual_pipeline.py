@@ -39,6 +39,7 @@ from gpu_gates import pg_registry  # noqa: E402
 from gpu_gates.runtime import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
 from gpu_gates.dual_script import HandoverScript  # noqa: E402
 from gpu_gates.dual_worker import WORLD, Worker  # noqa: E402
+from harness.invariants.ordering import resize_walk  # noqa: E402
 
 CHECKS = ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
           "release_after_publish", "step_order")
@@ -83,20 +84,11 @@ def _outputs(ctx: GateContext, records: List[Dict[str, Any]], out: Optional[Dict
 
 def _order_evidence(records: List[Dict[str, Any]]) -> List[str]:
     """Per cycle that shrank ranks: T1 (last shrink returned) < T2 (first expand started)
-    < T3 (first waiter signalled), from the log."""
-    by_cycle: Dict[int, Dict[str, Any]] = {}
-    for r in records:
-        c = r.get("cycle")
-        if r["kind"] == "resize_end" and r["phase"] == "shrink":
-            by_cycle.setdefault(c, {})["t1"] = r["t"]
-        elif r["kind"] == "resize_start" and r["phase"] == "expand":
-            by_cycle.setdefault(c, {}).setdefault("t2", r["t"])
-        elif r["kind"] == "signalled" and c is not None and r["waiter"] == "request" and not r["error"]:
-            by_cycle.setdefault(c, {}).setdefault("t3", r["t"])
+    < T3 (first waiter signalled), read by the ``resize_order`` check's own walk."""
     lines = []
-    for c, d in sorted(by_cycle.items()):
-        if "t1" in d:
-            parts = [f"T1 {d['t1']:.3f}s"] + [f"{k.upper()} {d[k]:.3f}s" for k in ("t2", "t3") if k in d]
+    for c, m in sorted(resize_walk(records)[1].items()):
+        if m.t1 is not None:
+            parts = [f"T1 {m.t1:.3f}s"] + [f"{k.upper()} {t:.3f}s" for k, t in (("t2", m.t2), ("t3", m.t3)) if t is not None]
             lines.append(f"cycle {c}: " + " < ".join(parts))
     return lines
 
@@ -110,12 +102,7 @@ def _late_receivers_s(ctx: GateContext) -> float:
 
 def _exercised_cycles(records: List[Dict[str, Any]]) -> List[int]:
     """Cycles that both shrank and expanded ranks: where T1 < T2 < T3 has something to check."""
-    phases: Dict[Any, set] = {}
-    for r in records:
-        if r["kind"] in ("resize_start", "resize_end"):
-            phases.setdefault(r.get("cycle"), set()).add((r["kind"], r["phase"]))
-    need = {("resize_end", "shrink"), ("resize_start", "expand")}
-    return sorted(c for c, seen in phases.items() if need <= seen)
+    return sorted(c for c, m in resize_walk(records)[1].items() if m.t1 is not None and m.t2 is not None)
 
 
 def _check_no_group_survives(ctx: GateContext, baseline: Dict[str, Any], after_failure: bool = False) -> None:

@@ -3,11 +3,11 @@
 Each worker executes commands the driver (rank 0's driver thread) posts through the TCP
 store, one at a time, in order: ``dual/cmd/<rank>/<i>`` → ``dual/res/<rank>/<i>``. The
 commands are what the harness control logic's effects become on real hardware: a real
-training step on a small mixed-dtype model, a real CPU bucket cache, a real dynamic
-process group per sync (owner + broadcast targets, created with local synchronization so
-only its members take part, destroyed after the sync), IPC for targets declared on the
-owner's device (the refit stream, ``gpu_gates/ipc.py``), and SHA-256 digests compared
-bit for bit on the receivers.
+training step on a small mixed-dtype model, a real CPU bucket cache, the selective sync
+in the harness's order (``harness.control.selective_sync`` through
+``gpu_gates/sync_runtime.py``: a dynamic process group of owner + broadcast targets made
+by its members only, the refit stream for targets declared on the owner's device), and
+SHA-256 digests compared bit for bit on the receivers.
 """
 
 from __future__ import annotations
@@ -18,62 +18,12 @@ import time
 from typing import Any, Dict, List, Optional, Set
 
 import torch
-import torch.distributed as dist
 
-from gpu_gates import ipc, pg_registry
 from gpu_gates.runtime import GateContext
+from gpu_gates.sync_runtime import OwnerSync, SyncGroup, SyncLink, run_owner, serve_receiver
 from gpu_gates.tiny_model import TinyModel
-from harness.refit.bucket_cache import BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket
-
-class SyncGroup:
-    """A process group for one sync only: owner + broadcast targets, on a fresh store prefix.
-
-    ``dist.new_group`` cannot serve here: its groups are world-collective (every rank must
-    call it, in the same order — impossible while two pipelines sync concurrently), and
-    with ``use_local_synchronization`` its name is derived from the member set alone, so a
-    second sync between the same ranks finds the first one's rendezvous keys in the store
-    and connects to closed ports. A backend object on a unique ``PrefixStore`` is created
-    by the members only, used bucket by bucket, and destroyed after the sync.
-
-    ``ProcessGroupGloo.shutdown()`` is no proof of anything (on gloo a broadcast still works
-    after it), so the group counts as destroyed only when the backend object is gone: it
-    is tracked by ``pg_registry`` (visible to every leak check) and ``group_destroy`` is
-    logged only once its last reference has dropped.
-    """
-
-    _stray: List[Any] = []  # test hook leak_sync_group: the reference a buggy teardown forgets
-
-    def __init__(self, ctx: GateContext, sync_id: str, members: List[int], purpose: str = "sync") -> None:
-        self.members = members
-        self.name = f"sync:{sync_id}"
-        store = dist.PrefixStore(f"rlharness_dual/{sync_id}/", ctx.store)
-        me = members.index(ctx.rank)
-        if ctx.backend == "nccl":  # not merely CUDA tensors: gloo ranks may share one GPU (--device cuda)
-            self.pg = dist.ProcessGroupNCCL(store, me, len(members))
-        else:
-            self.pg = dist.ProcessGroupGloo(store, me, len(members), ctx.timeout)
-        pg_registry.track_direct(self.name, self.pg, members, desc=sync_id)
-        if ctx.hooks.get("leak_sync_group") is not None:
-            SyncGroup._stray.append(self.pg)
-        # purpose "sync": a dynamic sync group, which invariant 13 (sync_groups) checks
-        ctx.emit("group_create", name=self.name, members=members, desc=sync_id, purpose=purpose)
-        self.ctx = ctx
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        self.pg.broadcast(tensor, self.members.index(src)).wait()
-
-    def close(self) -> None:
-        """Shut the backend down and drop it; log ``group_destroy`` only if it is gone."""
-        pg, self.pg = self.pg, None
-        try:
-            pg.shutdown()  # NCCL: releases the communicator; gloo: may do nothing
-        except Exception:  # gloo may have nothing to shut down on some versions
-            pass
-        del pg
-        if pg_registry.direct_alive(self.name):
-            raise RuntimeError(f"sync group {self.name} is still alive after its close (a reference survived)")
-        self.ctx.emit("group_destroy", name=self.name, desc=self.name, members=self.members)
-
+from harness.control.selective_sync import SyncPlan
+from harness.refit.bucket_cache import VersionedBucketCache, build_buckets, state_digests
 
 # rank -> (pipeline, role, dp rank or None, logical GPU)
 ROLES = {
@@ -135,7 +85,8 @@ class Worker:
         group still alive (NeMo keeps it across init, docs/residency.md) is reused, as
         ROLL's ``reload_process_groups`` and NeMo's snapshot reload do."""
         if self.train_group is None:
-            self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank], purpose="training")
+            self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank],
+                                         purpose="training", emit=True)
         return self.train_group.name
 
     def drop_training_group(self) -> None:
@@ -179,34 +130,24 @@ class Worker:
             self.model.to(self.ctx.device)  # the next step onloads again; the sample shows the release
         return self.cache.latest_version if self.cache.latest_version is not None else -1
 
-    def op_sync_send(self, sync_id: str, version: int, ipc_ranks: List[int], bcast_ranks: List[int]) -> Dict[str, Any]:
-        ctx = self.ctx
-        # Enter the group rendezvous only once every broadcast target has started its
-        # receive: the rendezvous is a blocking store wait that sees no abort key, so an
-        # owner must not sit in it for a receiver that never got (or failed before) its
-        # command; this wait polls the abort key and the deadline instead.
-        for r in bcast_ranks:
-            ctx.wait_get(f"dual/{sync_id}/ready/r{r}", f"rank {r} to start receiving {sync_id}")
-        group = SyncGroup(ctx, sync_id, sorted([ctx.rank] + bcast_ranks)) if bcast_ranks else None
-        targets = sorted(ipc_ranks + bcast_ranks)
-        ctx.emit("sync_start", version=version, targets=targets, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks)
-        sent = 0
-        with self.cache.reading() as buckets:
-            if self.cache.active_version != version:
-                raise RuntimeError(f"sync of version {version} but the active cache is {self.cache.active_version}")
-            for i, record in enumerate(buckets if group is not None else []):
-                staging = record.buffer.to(ctx.device, copy=True)
-                ipc.broadcast_bucket(ctx, record, staging, key_prefix=f"dual/{sync_id}", bucket=i, version=version,
-                                     broadcast_ranks=bcast_ranks, broadcast=lambda t: group.broadcast(t, src=ctx.rank))
-                sent += record.used_bytes
-            budget = ipc.stream_budget(max(b.used_bytes for b in buckets))
-            for r in ipc_ranks:
-                sent += ipc.stream_to(ctx, sync_id, r, ipc.cache_tensors(buckets), budget, version,
-                                      timeout_s=ipc.stream_timeout(ctx)).bytes
-        if group is not None:
-            group.close()
-        ctx.emit("sync_end", version=version, ok=True)
-        return {"bytes": sent, "buckets": len(buckets)}
+    def _link(self, sync_id: str, rank_of: Dict[str, int], owner: int) -> SyncLink:
+        manifest = self._manifest_of(sync_id)
+        return SyncLink(sync_id, f"dual/{sync_id}", owner, {int(d): r for d, r in rank_of.items()},
+                        max(b["used_bytes"] for b in manifest["buckets"]))
+
+    def _manifest_of(self, sync_id: str) -> Dict[str, Any]:
+        version = int(sync_id.rsplit("_v", 1)[1])
+        return json.loads(self.ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
+
+    def op_sync_send(self, sync_id: str, version: int, rank_of: Dict[str, int], ipc_dp: List[int],
+                     bcast_dp: List[int]) -> Dict[str, Any]:
+        """The owner's side: ``harness.control.selective_sync`` with the gates' handlers."""
+        link = self._link(sync_id, rank_of, self.ctx.rank)
+        manifest = self._manifest_of(sync_id)
+        plan = SyncPlan(version, tuple(b["used_bytes"] for b in manifest["buckets"]), tuple(ipc_dp), tuple(bcast_dp),
+                        sync_id, tuple([self.ctx.rank] + link.ranks(bcast_dp)))
+        sent = run_owner(self.ctx, OwnerSync(self.ctx, self.cache, link), plan)
+        return {"bytes": sum(sent.values()), "buckets": len(plan.bucket_bytes)}
 
     # ------------------------------------------------------------------ inference side
     def op_wake(self, level: int) -> Optional[int]:
@@ -215,26 +156,10 @@ class Worker:
         self.held_version = None
         return self.held_version
 
-    def op_sync_recv(self, sync_id: str, version: int, owner: int, via_ipc: bool, members: List[int]) -> int:
-        ctx = self.ctx
-        ctx.put(f"dual/{sync_id}/ready/r{ctx.rank}", b"1")  # the owner waits for this before its group rendezvous
-        manifest = json.loads(ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
-        if via_ipc:
-            budget = ipc.stream_budget(max(b["used_bytes"] for b in manifest["buckets"]))
-            ipc.receive_from(ctx, sync_id, ipc.manifest_of_buckets(manifest["buckets"]), ipc.load_into(self.model),
-                             budget, version, owner, timeout_s=ipc.stream_timeout(ctx))
-            self.held_version = version
-            return version
-        group = SyncGroup(ctx, sync_id, members)
-        for i, meta in enumerate(manifest["buckets"]):
-            buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
-            group.broadcast(buffer, src=owner)
-            record = BucketRecord.from_metadata(meta, buffer.cpu())
-            self.model.load_named(unpack_bucket(record))
-            ctx.put(f"dual/{sync_id}/ack{i}/r{ctx.rank}", b"1")
-            ctx.emit("bucket_recv", version=version, bucket=i, bytes=record.used_bytes, path="broadcast")
-        if group is not None:
-            group.close()
+    def op_sync_recv(self, sync_id: str, version: int, owner: int, rank_of: Dict[str, int]) -> int:
+        """A receiver's side: the owner's orders (``gpu_gates/sync_runtime.serve_receiver``)."""
+        link = self._link(sync_id, rank_of, owner)
+        serve_receiver(self.ctx, link, self._manifest_of(sync_id)["buckets"], self.model, version)
         self.held_version = version
         return version
 

@@ -1,12 +1,13 @@
-"""The refit gates' two transports from the CPU bucket cache: same-device stream and broadcast.
+"""The refit gates' same-GPU transport: NeMo RL's colocated refit stream.
 
 A receiver on the sender's own GPU cannot join the broadcast group (NCCL refuses two
-ranks on one device), so it is served by the colocated refit stream — the one protocol
-of ``harness/refit/stream.py`` over ``gpu_gates/transports/zmq_stream.py`` (pyzmq REQ/REP on a
+ranks on one device), so the selective sync (``gpu_gates/sync_runtime.py``, the order
+``harness.control.selective_sync``) hands it each staged bucket over the colocated
+refit stream — the one protocol of ``harness/refit/stream.py`` over
+``gpu_gates/transports/zmq_stream.py`` (pyzmq REQ/REP on a
 private ``ipc://`` endpoint, two ping-pong staging buffers, at most one group un-ACKed,
 COMPLETE, manifest check; CUDA IPC handles on GPU, ``/dev/shm`` buffers on CPU), exactly
-as the refit gate runs it. Every other target gets the cache bucket by bucket over the
-per-sync broadcast group, each bucket ACKed through the store before the next.
+as the refit gate runs it: one stream per bucket and receiver.
 
 Endpoints are one per (sender, receiver) pair of a sync, named from the job's store port
 and the sync id, so both sides derive them without a message. They live in the run's
@@ -20,14 +21,13 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
 from gpu_gates.transports import private_dirs
 from harness.refit import stream as proto
 from gpu_gates.transports import staging as refit_staging, zmq_stream as zs
-from harness.refit.bucket_cache import BucketRecord, unpack_bucket
 
 STREAM = "zmq_stream"
 SHM_DIR_ENV = refit_staging.SHM_DIR_ENV  # staging files go here instead of /dev/shm (tests use a private folder)
@@ -82,19 +82,6 @@ def stream_budget(bucket_size_bytes: int) -> int:
     return 2 * max(proto.align_up(bucket_size_bytes), proto.ALIGNMENT_BYTES)
 
 
-def cache_tensors(buckets: Sequence[BucketRecord], corrupt_bucket: Optional[int] = None) -> List[Tuple[str, torch.Tensor]]:
-    """The cache's tensors in bucket order; ``corrupt_bucket`` (test hook) flips the first
-    byte of that bucket's first tensor, the damage the broadcast path's hook does."""
-    named: List[Tuple[str, torch.Tensor]] = []
-    for i, record in enumerate(buckets):
-        tensors = unpack_bucket(record)
-        if i == corrupt_bucket and tensors:
-            raw = tensors[0][1].reshape(-1).view(torch.uint8)
-            raw[0] ^= 0xFF
-        named += tensors
-    return named
-
-
 def stream_to(ctx: Any, sync_id: str, receiver: int, named: Sequence[Tuple[str, torch.Tensor]], budget: int,
               version: int, timeout_s: float) -> zs.SendResult:
     """Owner side: stream the cache to one colocated receiver; raises on a timeout or a
@@ -141,14 +128,3 @@ def _remove(endpoint: str) -> None:
         os.unlink(endpoint[len("ipc://"):])
     except FileNotFoundError:
         pass
-
-
-def broadcast_bucket(ctx: Any, record: BucketRecord, staging: torch.Tensor, *, key_prefix: str, bucket: int,
-                     version: int, broadcast_ranks: List[int], broadcast: Callable[[torch.Tensor], None]) -> None:
-    """One bucket over the sync group, owner side: broadcast it, wait for every target's
-    ACK through the store, record the send. Both refit gates use exactly this step."""
-    broadcast(staging)
-    for r in sorted(broadcast_ranks):
-        ctx.wait_get(f"{key_prefix}/ack{bucket}/r{r}", f"ACK of bucket {bucket} from rank {r}")
-    ctx.emit("bucket_send", version=version, bucket=bucket, bytes=record.used_bytes, path="broadcast",
-             targets=sorted(broadcast_ranks))

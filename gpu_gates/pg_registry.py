@@ -7,7 +7,7 @@ which is private: newer torch keeps it on ``distributed_c10d._world`` (``pg_map`
 Both are read here, and nothing else in the gates touches c10d internals.
 
 A backend object built directly on a store prefix (gate 4's per-sync groups: see
-``dual_worker.SyncGroup``) is not in c10d's registry at all. Such groups are tracked here
+``sync_runtime.SyncGroup``) is not in c10d's registry at all. Such groups are tracked here
 (:func:`track_direct`) through a weak reference, so :func:`live_groups` lists them too
 while they are alive — and "alive" means the object still exists, not that someone
 called ``shutdown()`` on it (a no-op on gloo: a broadcast still works after it).

@@ -7,11 +7,13 @@ inference receivers (dp rank = rank - 2). Every cycle:
 
 1. both trainers take the same deterministic "train step"; the owner packs the state
    into a versioned CPU bucket cache (explicit bucket size) and promotes it;
-2. the comm plan (``harness.refit.comm_plan``) sends receivers declared colocated with
-   the owner over the refit stream (``gpu_gates/ipc.py``: ZMQ ping-pong buffers, CUDA
-   IPC handles on GPU, ``/dev/shm`` buffers on CPU; invariant 18 on its records) and the
-   others over a dynamic group = owner + broadcast targets, a proper subset of the world,
-   created for this sync, used bucket by bucket with a staging copy, then destroyed;
+2. the selective sync in the harness's order (``harness.control.selective_sync``, run by
+   ``gpu_gates/sync_runtime.py`` exactly as the dual-pipeline gate runs it): the comm
+   plan puts receivers declared colocated with the owner on the IPC path and the others
+   in a dynamic group = owner + broadcast targets, a proper subset of the world, created
+   for this sync only; per bucket a staging copy is handed to the IPC receivers over the
+   refit stream (``gpu_gates/ipc.py``; invariant 18 on its records) and broadcast to the
+   group, a barrier, the staging freed; the group is destroyed on every exit path;
 3. targets compare per-tensor SHA-256 digests with the owner's (bit-exact or fail, the
    failure names tensor and bucket); non-targets must be untouched; targets alternate
    (all, then without the first receiver, then without the last, ...);
@@ -31,15 +33,15 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from gpu_gates import ipc, pg_registry  # noqa: E402
+from gpu_gates.sync_runtime import OwnerSync, SyncLink, run_owner, serve_receiver  # noqa: E402
 from gpu_gates.memory import MIB  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
-from harness.refit.bucket_cache import (  # noqa: E402
-    BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket)
+from harness.control.selective_sync import SyncPlan  # noqa: E402
+from harness.refit.bucket_cache import VersionedBucketCache, build_buckets, state_digests  # noqa: E402
 from gpu_gates.transports.staging import leftover_shm  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
 
@@ -121,62 +123,34 @@ def owner_build(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
     return manifest
 
 
-def owner_send(ctx: GateContext, st: SyncState, cycle: int, targets: List[int], ipc_ranks: List[int],
-               group: Any) -> Dict[str, Any]:
-    sync_id = f"selective_sync_c{cycle}"
+def _link(ctx: GateContext, cycle: int, receivers: List[int]) -> SyncLink:
+    return SyncLink(f"selective_sync_c{cycle}", f"sync{cycle}", OWNER, {r - FIRST_RECEIVER: r for r in receivers},
+                    ctx.args.bucket_size_bytes)
+
+
+def _subset_check(ctx: GateContext, cycle: int):
+    """Every member checks the group it joined: a proper subset of the world."""
+    def check(members: List[int]) -> None:
+        ctx.check("sync_group_proper_subset", len(members) < ctx.world_size,
+                  f"cycle {cycle}: sync group {members} is the whole world")
+    return check
+
+
+def owner_send(ctx: GateContext, st: SyncState, cycle: int, plan: SyncPlan, link: SyncLink) -> Dict[str, Any]:
+    """The owner's side: ``harness.control.selective_sync`` with the gates' handlers."""
     corrupt = ctx.hooks.get("corrupt_byte")
-    corrupt_bucket = int(corrupt.arg) if corrupt and corrupt.arg else 1
-    sent = 0
-    bcast_ranks = [r for r in targets if r not in ipc_ranks]
-    with st.cache.reading() as buckets:  # build/promote are locked out for the whole sync
-        damaged = min(corrupt_bucket, len(buckets) - 1) if corrupt is not None and cycle == 0 else None
-        for i, record in enumerate(buckets if group is not None else []):
-            ctx.set_phase(f"cycle {cycle}: broadcast bucket {i}")
-            staging = record.buffer.to(ctx.device, copy=True)  # per-bucket staging copy
-            if i == damaged:
-                staging[record.offsets[0]] ^= 0xFF  # test hook: damage the first byte of the first tensor
-            ipc.broadcast_bucket(ctx, record, staging, key_prefix=f"sync{cycle}", bucket=i, version=cycle,
-                                 broadcast_ranks=bcast_ranks, broadcast=lambda t: dist.broadcast(t, src=OWNER, group=group))
-            sent += record.used_bytes
-            del staging
-        for r in ipc_ranks:
-            ctx.set_phase(f"cycle {cycle}: stream to rank {r}")
-            res = ipc.stream_to(ctx, sync_id, r, ipc.cache_tensors(buckets, damaged), ipc.stream_budget(
-                ctx.args.bucket_size_bytes), cycle, timeout_s=ipc.stream_timeout(ctx))
-            sent += res.bytes
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize(ctx.device)
+    damaged = None
+    if corrupt is not None and cycle == 0:
+        damaged = min(int(corrupt.arg) if corrupt.arg else 1, len(plan.bucket_bytes) - 1)
+    world_group = ctx.hooks.get("world_sync_group") is not None  # test hook: the bug the subset check must catch
+
+    handlers = OwnerSync(ctx, st.cache, link, damage_bucket=damaged, on_group=_subset_check(ctx, cycle),
+                         group_members=(lambda m: list(range(ctx.world_size))) if world_group else None)
+    ctx.set_phase(f"cycle {cycle}: selective sync")
+    sent = run_owner(ctx, handlers, plan)
     leftovers = leftover_shm(os.getpid())
     ctx.check("no_shm_leftovers", not leftovers, f"cycle {cycle}: staging files left behind: {leftovers}")
-    return {"buckets": len(buckets), "bytes": sent}
-
-
-def receiver_recv(ctx: GateContext, st: SyncState, cycle: int, manifest: Dict[str, Any], via_ipc: bool,
-                  group: Any, target: bool = True, in_broadcast: bool = False) -> None:
-    """Receive the sync. A member of the broadcast group that is not a broadcast target
-    (an IPC target, or anyone in a wrong, too large group) must still join each broadcast
-    — a collective needs every member — and drops what it got; an IPC target then takes
-    the refit stream."""
-    if in_broadcast and (via_ipc or not target):
-        for meta in manifest["buckets"]:
-            dist.broadcast(torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device), src=OWNER, group=group)
-    if not target:
-        return
-    if via_ipc:
-        ctx.set_phase(f"cycle {cycle}: receive the stream")
-        res = ipc.receive_from(ctx, f"selective_sync_c{cycle}", ipc.manifest_of_buckets(manifest["buckets"]),
-                               ipc.load_into(st.model), ipc.stream_budget(ctx.args.bucket_size_bytes), cycle, OWNER,
-                               timeout_s=ipc.stream_timeout(ctx))
-        ctx.check("stream_finalized", res.finalized, f"cycle {cycle}: the stream ended without finalizing")
-        return
-    for i, meta in enumerate(manifest["buckets"]):
-        ctx.set_phase(f"cycle {cycle}: receive bucket {i}")
-        buffer = torch.empty(meta["used_bytes"], dtype=torch.uint8, device=ctx.device)
-        dist.broadcast(buffer, src=OWNER, group=group)
-        record = BucketRecord.from_metadata(meta, buffer.cpu())
-        st.model.load_named(unpack_bucket(record))
-        ctx.put(f"sync{cycle}/ack{i}/r{ctx.rank}", b"1")
-        ctx.emit("bucket_recv", version=cycle, bucket=i, bytes=record.used_bytes, path="broadcast")
+    return {"buckets": len(plan.bucket_bytes), "bytes": sum(sent.values())}
 
 
 def compare_digests(ctx: GateContext, cycle: int, mine: Dict[str, str], manifest: Dict[str, Any], what: str) -> bool:
@@ -193,9 +167,9 @@ def compare_digests(ctx: GateContext, cycle: int, mine: Dict[str, str], manifest
 def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
     receivers = list(range(FIRST_RECEIVER, ctx.world_size))
     targets = targets_for(cycle, receivers)
-    plan = build_comm_plan(device_of(ctx, OWNER), {r - FIRST_RECEIVER: [device_of(ctx, r)] for r in targets})
-    ipc_ranks = sorted(dp + FIRST_RECEIVER for dp in plan.ipc)
-    bcast_ranks = sorted(dp + FIRST_RECEIVER for dp in plan.broadcast)
+    comm = build_comm_plan(device_of(ctx, OWNER), {r - FIRST_RECEIVER: [device_of(ctx, r)] for r in targets})
+    ipc_ranks = sorted(dp + FIRST_RECEIVER for dp in comm.ipc)
+    bcast_ranks = sorted(dp + FIRST_RECEIVER for dp in comm.broadcast)
     info: Dict[str, Any] = {"cycle": cycle, "targets": targets, "ipc_ranks": ipc_ranks, "broadcast_ranks": bcast_ranks}
     failures_before = len(ctx.failures)
     ctx.set_phase(f"cycle {cycle}: train + cache")
@@ -207,36 +181,19 @@ def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
         st.model.train_step(cycle, TRAIN_SEED)
     if ctx.rank == OWNER:
         owner_build(ctx, st, cycle)
-    ctx.set_phase(f"cycle {cycle}: create sync group")
-    group, members = None, [OWNER] + bcast_ranks
-    if ctx.hooks.get("world_sync_group") is not None:  # test hook: the bug the subset check must catch
-        members = list(range(ctx.world_size))
-    if plan.needs_group:  # every rank calls new_group; only members get a handle
-        group = dist.new_group(ranks=members, timeout=ctx.timeout, group_desc=f"selective_sync_c{cycle}")
-        if ctx.rank in members:
-            actual = pg_registry.info_of(group)  # what c10d built, not what we asked for
-            ctx.emit("group_create", name=actual.name, members=actual.ranks,
-                     desc=f"selective_sync_c{cycle}", purpose="selective_sync")
-            ctx.check("sync_group_proper_subset", len(actual.ranks) < ctx.world_size,
-                      f"cycle {cycle}: sync group {actual.ranks} is the whole world")
     ctx.hook("sync")
+    link = _link(ctx, cycle, receivers)
+    members = list(range(ctx.world_size)) if ctx.hooks.get("world_sync_group") is not None else [OWNER] + bcast_ranks
     if ctx.rank == OWNER:
-        ctx.emit("sync_start", version=cycle, targets=targets, ipc_ranks=ipc_ranks, broadcast_ranks=bcast_ranks)
-        info.update(owner_send(ctx, st, cycle, targets, ipc_ranks, group))
-    elif ctx.rank in targets or ctx.rank in members:
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))
-        receiver_recv(ctx, st, cycle, manifest, ctx.rank in ipc_ranks, group, target=ctx.rank in targets,
-                      in_broadcast=group is not None and ctx.rank in members)
-    if group is not None and ctx.rank in members:
-        ctx.set_phase(f"cycle {cycle}: destroy sync group")
-        name = pg_registry.info_of(group).name
-        if ctx.hooks.get("leak_sync_group") is None:
-            dist.destroy_process_group(group)
-            ctx.emit("group_destroy", name=name, desc=f"selective_sync_c{cycle}", members=members)
-    del group
+        plan = SyncPlan(cycle, tuple(b["used_bytes"] for b in manifest["buckets"]), tuple(sorted(comm.ipc)),
+                        tuple(sorted(comm.broadcast)), link.sync_id, tuple([OWNER] + bcast_ranks))
+        info.update(owner_send(ctx, st, cycle, plan, link))
+    elif ctx.rank in targets or (comm.needs_group and ctx.rank in members):
+        manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))
+        serve_receiver(ctx, link, manifest["buckets"], st.model, cycle, on_group=_subset_check(ctx, cycle))
     ctx.set_phase(f"cycle {cycle}: verify")
     if ctx.rank == OWNER:
-        ctx.emit("sync_end", version=cycle, ok=len(ctx.failures) == failures_before)
         ctx.emit("weights_publish", version=cycle, targets=targets)
     elif ctx.rank == TRAINER or ctx.rank in targets:
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))

@@ -143,8 +143,8 @@ class StreamingRuntime:
         return reason
 
     async def _train(self) -> None:
-        for step in range(self.steps):
-            await self.drive(train_pump.train_step(self.cfg, step), "step", step)
+        for step, gen in train_pump.steps(self.cfg, self.steps):
+            await self.drive(gen, "step", step)
             self.steps_done += 1
 
     # ------------------------------------------------------------------ the interpreter

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from harness.control.context import PipelineContext
-from harness.control.cycle import resize_call
+from harness.control.cycle import run_resize
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.interpret import HALT, Handling, drive, interpret
 from harness.control.lifecycle import pipeline_run
@@ -108,7 +108,8 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self._per_step = w.trajectories_per_step
         self._max_age = w.max_trajectory_age_steps
         self._sync_targets_of: Dict[Tuple[int, ...], Tuple[List[int], List[int]]] = {}  # RefitEffects._sync_targets
-        self._stream_inputs_kept: Optional[Tuple[Any, Any]] = None  # RefitEffects._stream_inputs
+        self._sync_plans: Dict[Tuple[int, ...], Tuple[Any, Any, Any]] = {}  # RefitEffects._sync_plan
+        self._bucket_sizes_kept: Optional[Tuple[int, ...]] = None  # RefitEffects._bucket_sizes
         self.cache_versions: List[int] = []
         self.cache_lock = CacheLock(sim, self.pid)
         self.deadlines = Deadlines(sim, self.pid, index)
@@ -139,15 +140,23 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
             sim.emit("host_oom", node=e.node, owner=e.owner, requested=e.requested, used=e.used, capacity=e.capacity)
 
     def resize(self, phase: str, ranks: List[int], cycle: int):
-        """A coordinator resize_infer call (runs as its own process):
-        ``harness.control.cycle.resize_call``, then its ``resize_end`` record."""
-        try:
-            yield from interpret(resize_call(self.ctx, phase, ranks, cycle), self._handle)
-            if phase == "expand" and not self.gone:
-                self._maybe_crash_after_refit()
-        except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError) as e:
-            self._failed(f"{self.pid} {phase} {ranks}", e)
-        self.sim.log.emit("resize_end", self.env.now, cycle=cycle, pipeline_id=self.pid, phase=phase, dp_ranks=list(ranks))
+        """A coordinator resize_infer call (runs as its own process), interpreted by
+        ``harness.control.cycle.run_resize`` (which writes its resize records)."""
+        yield from run_resize(self.ctx, phase, ranks, cycle, self._handle, self._resize_record,
+                              lambda exc: self._resize_failed(phase, ranks, exc),
+                              self._after_expand if phase == "expand" else None)
+
+    def _after_expand(self) -> None:
+        if not self.gone:
+            self._maybe_crash_after_refit()
+
+    def _resize_record(self, kind: str, fields: Dict[str, Any]) -> None:
+        self.sim.log.emit(kind, self.env.now, **fields)
+
+    def _resize_failed(self, phase: str, ranks: List[int], e: Exception) -> None:
+        if not isinstance(e, (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError)):
+            raise e
+        self._failed(f"{self.pid} {phase} {ranks}", e)
 
     def _handle(self, effect: Any) -> Any:
         """A run-level effect (``harness.control.run_effects``): its ``_<Name>`` handler

@@ -51,14 +51,14 @@ class TrainingEffects:
             for g in self.train_gpus:
                 self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes, self.train_phase)
         self.train_comm_live = True
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
+        self.sim.emit("group_create", pipeline_id=self.pid, name=f"{self.pid}/megatron", members=list(self.train_gpus), purpose="training")
 
     def _destroy_train_comm(self):
         yield self.env.timeout(self.costs.nccl_group_destroy_s)
         for g in self.train_gpus:
             self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
         self.train_comm_live = False
-        self.sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=f"{self.pid}/megatron", gpus=list(self.train_gpus), purpose="training")
+        self.sim.emit("group_destroy", pipeline_id=self.pid, name=f"{self.pid}/megatron", members=list(self.train_gpus), purpose="training")
 
     def _ReloadTrainComm(self, e):
         if self.train_comm_live:  # reloading live groups is a no-op

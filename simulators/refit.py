@@ -1,17 +1,19 @@
 """The refit timing model: one weight sync from the CPU bucket cache to target ranks.
 
-Per sync (docs/modelled-systems.md#rlix-selective-sync, docs/modelled-systems.md#nemo-rl-refit):
-1. comm plan (``harness.refit.comm_plan``, the same one the gates use) — a target GPU
-   that is the cache owner's GPU takes the same-GPU path (``cpu_serialize``: NCCL cannot
-   group two ranks of one GPU); any other target GPU joins a dynamic NCCL group (owner +
-   targets; created per sync, destroyed after it);
-2. per bucket: stage on the owner's GPU over its PCIe link (H2D), transport (same-GPU:
-   a receiver copy; broadcast: over the intra-node fabric, or the NICs across nodes),
-   load on the receiver. Two staging buffers ping-pong (docs/modelled-systems.md#nemo-rl-refit): bucket b+1 is
-   staged while the receivers load bucket b, and at most one bucket is un-ACKed — b+1 is
-   sent only after b's ACK;
-3. destroy the dynamic group; the lifecycle moves: expand path → ``synced``, active path
-   (ranks serving while they are refreshed) → ``refreshed``.
+The sync's order is ``harness.control.selective_sync`` (RLix's selective sync,
+docs/modelled-systems.md#rlix-selective-sync, written once; the gates run the same
+generator): the comm plan (``harness.refit.comm_plan``) —
+a target GPU that is the cache owner's takes the IPC path (``cpu_serialize``: NCCL
+cannot group two ranks of one GPU), any other joins a dynamic group (owner + targets,
+created for the sync only when it has broadcast targets, destroyed after it); then per
+bucket: stage it on the owner's GPU over its PCIe link (H2D), hand the IPC payload to the
+same-GPU receivers (their copy + load) and broadcast it over the intra-node fabric (the
+NICs across nodes; then the receivers' load), a barrier on both, free the staging. This
+module only says what each effect costs in simulated time. The lifecycle moves after the
+sync: expand path → ``synced``, active path (ranks serving while refreshed) → ``refreshed``.
+
+NeMo RL's colocated ZMQ stream (``harness.refit.stream``, two ping-pong buffers,
+docs/modelled-systems.md#nemo-rl-refit) is a different protocol: :func:`stream_sync` times it for ``rlharness fidelity refit``.
 
 Links are shared simpy resources, so concurrent syncs of different pipelines contend.
 Mixed into :class:`simulators.pipeline.PipelineSim`.
@@ -23,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
+from harness.control import selective_sync as ss
 from harness.control.rank_state import RankState
 from harness.refit import stream as proto
 from harness.refit.comm_plan import build_comm_plan
@@ -31,42 +34,16 @@ from simulators.spec import CostSpec
 
 class RefitEffects:
     def _SyncFromCache(self, e):
-        env, sim, c = self.env, self.sim, self.costs
-        cluster = sim.cluster
+        env, c = self.env, self.costs
         if e.path == "expand":
             self._maybe_fail_expand_sync()
         if e.path == "expand" and self.faults.get("skip_sync_on_expand") == self.ctx.step:
-            sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
+            self.sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
             yield env.timeout(0)
             return None  # the ranks keep whatever they woke with: activation must be refused
         finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
-        yield from self.cache_lock.acquire("sync", e.version)  # held until the group is destroyed
-        owner = self.owner_gpu
-        ipc, bcast = self._sync_targets(tuple(e.ranks))
-        group = None
-        if bcast:
-            group = f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, e.ranks))}"
-            yield env.timeout(c.nccl_group_create_s)
-            sim.emit("nccl_group", pipeline_id=self.pid, action="create", name=group, gpus=[owner] + sorted(bcast), purpose="sync")
-        staging_owner = f"{self.pid}/sync"
-        node = cluster.node_of(owner)
-        cross_node = any(cluster.node_of(g) != node for g in bcast)
-        if cross_node:
-            fabric, fabric_rate = cluster.links.nic[node], cluster.spec.inter_node_bytes_per_s
-        else:
-            fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
-        specs, costs = self._stream_inputs()
-        yield from stream_sync(
-            env, specs, 2 * proto.align_up(max(c.bucket_bytes, proto.ALIGNMENT_BYTES)), costs,  # a full bucket fits one half
-            staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
-            on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2), f"{e.path}_sync"),
-            on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
-            on_release=lambda: cluster.vram.free(owner, staging_owner, "staging"))
-        if group is not None and not self._strand_sync_group(group, [owner] + sorted(bcast)):
-            yield env.timeout(c.nccl_group_destroy_s)
-            sim.emit("nccl_group", pipeline_id=self.pid, action="destroy", name=group, gpus=[owner] + sorted(bcast), purpose="sync")
-        self.cache_lock.release(e.version)
+        yield from ss.interpret(ss.selective_sync(self._sync_plan(e)), _SyncTiming(self, e).handle)
         for r in e.ranks:
             rank = self.ranks[r]
             if rank.life.state is RankState.ROUTABLE:
@@ -76,6 +53,22 @@ class RefitEffects:
             self._log_rank(rank)
         finished.append(True)
         return list(e.ranks)
+
+    def _sync_plan(self, e) -> ss.SyncPlan:
+        """The sync's plan: the comm plan's dp ranks per path and the group's GPUs (owner
+        first) are fixed per rank tuple, so they are worked out once per pipeline."""
+        ranks = tuple(e.ranks)
+        got = self._sync_plans.get(ranks)
+        if got is None:
+            cluster = self.sim.cluster
+            device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
+            comm = build_comm_plan(device(self.owner_gpu), {r: [device(g) for g in self.ranks[r].gpus] for r in ranks})
+            _, bcast = self._sync_targets(ranks)
+            got = self._sync_plans[ranks] = (tuple(sorted(comm.ipc)), tuple(sorted(comm.broadcast)),
+                                             (self.owner_gpu,) + tuple(sorted(bcast)))
+        ipc, bcast_ranks, members = got
+        return ss.SyncPlan(e.version, self._bucket_sizes(), ipc, bcast_ranks,
+                           f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, ranks))}", members)
 
     def _sync_targets(self, ranks: Tuple[int, ...]) -> Tuple[List[int], List[int]]:
         """The target GPUs of a sync to ``ranks`` on each path (same-GPU IPC, broadcast):
@@ -93,22 +86,99 @@ class RefitEffects:
             got = cache[ranks] = (ipc, bcast)
         return got
 
-    def _stream_inputs(self) -> Tuple[List[proto.TensorSpec], "StreamCosts"]:
-        """The cache's buckets and the stream's costs: fixed for the run (the costs, the
-        model and the PCIe rate do not change), so built on the first sync and kept."""
-        got = self._stream_inputs_kept
+    def _bucket_sizes(self) -> Tuple[int, ...]:
+        """The cache's buckets in order (fixed for the run: built once and kept)."""
+        got = self._bucket_sizes_kept
         if got is None:
-            c = self.costs
-            got = self._stream_inputs_kept = (cache_bucket_specs(self.weight_bytes, c.bucket_bytes),
-                                              StreamCosts.from_costs(c, self.sim.cluster.spec.pcie_bytes_per_s))
+            got = self._bucket_sizes_kept = tuple(s.nbytes for s in cache_bucket_specs(self.weight_bytes,
+                                                                                        self.costs.bucket_bytes))
         return got
 
-    def _bucket_acked(self, e, ipc, bcast, bucket: int, size: int) -> None:
-        for transport, targets in (("cpu_serialize", ipc), ("nccl", bcast)):
-            if targets:  # sim.emit() minus its None filter: only version may be None, and it is kept
-                self.sim.log.add({"seq": 0, "t": self.env._now, "kind": "refit_bucket", "pipeline_id": self.pid,
-                                  "version": e.version, "bucket": bucket, "transport": transport,
-                                  "dp_ranks": list(e.ranks), "bytes": size, "path": e.path})
+
+class _SyncTiming:
+    """What each effect of ``harness.control.selective_sync`` costs in simulated time."""
+
+    def __init__(self, pipe, e) -> None:
+        self.pipe, self.env, self.c, self.e = pipe, pipe.env, pipe.costs, e
+        cluster = pipe.sim.cluster
+        self.cluster, self.owner = cluster, pipe.owner_gpu
+        _, bcast = pipe._sync_targets(tuple(e.ranks))
+        node = cluster.node_of(self.owner)
+        if any(cluster.node_of(g) != node for g in bcast):
+            self.fabric, self.fabric_rate = cluster.links.nic[node], cluster.spec.inter_node_bytes_per_s
+        else:
+            self.fabric, self.fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
+        self.pack_rate = self.c.refit_pack_bytes_per_s or cluster.spec.pcie_bytes_per_s
+        self.load_end = 0.0  # when the current bucket's last receiver load ends
+        self.staged = False
+
+    def handle(self, effect):
+        return getattr(self, "_" + type(effect).__name__)(effect)
+
+    def _LockCache(self, e):
+        return self.pipe.cache_lock.acquire("sync", e.version)  # held until the group is destroyed
+
+    def _UnlockCache(self, e):
+        self._free_staging()  # on an error path the staging goes with the sync
+        self.pipe.cache_lock.release(e.version)
+
+    def _free_staging(self) -> None:
+        if self.staged:
+            self.staged = False
+            self.cluster.vram.free(self.owner, f"{self.pipe.pid}/sync", "staging")
+
+    def _CreateSyncGroup(self, e):
+        yield self.env.timeout(self.c.nccl_group_create_s)
+
+    def _Emit(self, e):
+        self.pipe.sim.emit(e.kind, pipeline_id=self.pipe.pid, **e.fields)
+
+    def _StageBucket(self, e):
+        c = self.c
+        if not self.staged:  # one staging buffer, reused bucket after bucket (the allocator's cache)
+            self.staged = True
+            self.cluster.vram.alloc(self.owner, f"{self.pipe.pid}/sync", "staging", self.pipe._bucket_sizes()[0],
+                                    f"{self.e.path}_sync")
+            if c.refit_setup_s:
+                yield self.env.timeout(c.refit_setup_s)
+        t = e.nbytes / self.pack_rate + c.refit_tensor_overhead_s
+        with self.cluster.links.h2d[self.owner].request() as req:
+            yield req
+            yield self.env.timeout(t)
+
+    def _load_s(self, nbytes: int) -> float:
+        c = self.c
+        return nbytes / c.receiver_load_bytes_per_s + c.refit_tensor_overhead_s + c.refit_group_overhead_s
+
+    def _SendIpc(self, e):  # the same-GPU receivers copy and load while the broadcast goes on
+        self.load_end = max(self.load_end, self.env._now + self._load_s(e.nbytes))
+
+    def _Broadcast(self, e):
+        with self.fabric.request() as req:
+            yield req
+            yield self.env.timeout(e.nbytes / self.fabric_rate)
+        self.load_end = max(self.load_end, self.env._now + self._load_s(e.nbytes))
+
+    def _BucketBarrier(self, e):
+        if self.load_end > self.env._now:
+            yield self.env.timeout(self.load_end - self.env._now)
+
+    def _FreeStaging(self, e):
+        if e.last:
+            self._free_staging()
+
+    def _FinishSend(self, e):
+        if self.c.refit_complete_s:
+            yield self.env.timeout(self.c.refit_complete_s)
+
+    def _DestroySyncGroup(self, e):
+        if self.pipe._strand_sync_group(e.name, list(e.members)):
+            return False
+        return self._destroy()
+
+    def _destroy(self):
+        yield self.env.timeout(self.c.nccl_group_destroy_s)
+        return True
 
 
 # ------------------------------------------------------------------ the stream, in simulated time

@@ -193,8 +193,7 @@ class Simulation:
         """Every call of the phase as its own coordinator process; returns when all have."""
         env = self.env
         procs = []
-        for pid, ranks in e.calls:
-            self.log.emit("resize_start", env.now, cycle=e.cycle, pipeline_id=pid, phase=e.phase, dp_ranks=list(ranks))
+        for pid, ranks in e.calls:  # each call writes its own resize records (cycle.run_resize)
             pipe = self.by_id[pid]
             procs.append(env.spawn(pipe.resize(e.phase, list(ranks), e.cycle), "resize", pipe.index))
         if procs:

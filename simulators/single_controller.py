@@ -104,9 +104,9 @@ class SingleControllerSim:
             self._setup()
             env.spawn(self.drive(rollout_pump.run(self.cfg), "rollout"), "pipeline", self.index, 1)
             env.spawn(self._watchdog(), "pipeline", self.index, 2)
-            for step in range(self.spec.steps):
+            for step, gen in train_pump.steps(self.cfg, self.spec.steps):
                 self.step = step
-                yield from self.drive(train_pump.train_step(self.cfg, step), "step", step)
+                yield from self.drive(gen, "step", step)
                 self.steps_done += 1
         except (SimFailure, OutOfMemory, SplitApiError, RuntimeError) as e:
             sim.fail(f"{self.pid}: {e}")

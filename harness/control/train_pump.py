@@ -15,7 +15,7 @@ non-streaming controller: the trainer waits for a whole batch before it starts.
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Generator, Iterator, Tuple
 
 from harness.control.streaming_effects import (
     AbortStaleInflight,
@@ -70,6 +70,10 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator:
     yield ResumeRollouts(version)
 
 
-def run(cfg: StreamingConfig, steps: int) -> Generator:
-    for step in range(steps):
-        yield from train_step(cfg, step)
+def steps(cfg: StreamingConfig, count: int) -> Iterator[Tuple[int, Generator]]:
+    """The single controller's step loop, written once: each step in order with its
+    :func:`train_step` generator. A runtime drives each one to its end before taking the
+    next (the simulator with ``yield from``, the CPU runtime with ``await``), so the loop
+    itself is the same in both."""
+    for step in range(count):
+        yield step, train_step(cfg, step)

@@ -20,6 +20,7 @@ from harness.eventlog.kinds_refit import REFIT_KINDS
 from harness.eventlog.kinds_runtime import EFFECT_KINDS
 from harness.eventlog.kinds_sim import SIM_KINDS
 from harness.eventlog.kinds_streaming import STREAMING_KINDS
+from harness.eventlog.kinds_sync import RETIRED_KINDS, SYNC_KINDS  # noqa: F401 (RETIRED_KINDS: the reader's)
 
 SCHEMA_NAME = "rlharness.eventlog"
 SCHEMA_VERSION = 1
@@ -97,7 +98,7 @@ DECISION_KINDS: Dict[str, dict] = {
 }
 
 RUNTIME_KINDS: Dict[str, dict] = {**EFFECT_KINDS, **SIM_KINDS, **GATE_KINDS, **DATAPLANE_KINDS, **STREAMING_KINDS,
-                                  **REFIT_KINDS}
+                                  **REFIT_KINDS, **SYNC_KINDS}
 
 ALL_KINDS: Dict[str, dict] = {**HEADER, **INPUT_KINDS, **DECISION_KINDS, **RUNTIME_KINDS}
 

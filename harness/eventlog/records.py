@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional
 
 from harness.eventlog.jsonline import JsonLineError, loads, numbered_lines
-from harness.eventlog.kinds import ALL_KINDS, COMMON_FIELDS, SCHEMA_NAME, SCHEMA_VERSION
+from harness.eventlog.kinds import ALL_KINDS, COMMON_FIELDS, RETIRED_KINDS, SCHEMA_NAME, SCHEMA_VERSION
 from harness.limits import MAX_GPUS, MAX_INT, fmt_limit
 
 
@@ -85,6 +85,10 @@ def check_record(data: Any, where: str) -> Dict[str, Any]:
         raise InputError(f"{where}: field 'kind': missing or not a string")
     spec = ALL_KINDS.get(kind)
     if spec is None:
+        if kind in RETIRED_KINDS:
+            raise InputError(f"{where}: field 'kind': record kind {kind!r} was retired (one sync vocabulary for every "
+                             f"runtime, docs/trace-format.md): this log needs the version that wrote it; now "
+                             f"{RETIRED_KINDS[kind]}")
         raise InputError(f"{where}: field 'kind': unknown record kind {kind!r}")
     seq = data.get("seq")
     if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):

@@ -1,15 +1,15 @@
 """Cache lock (invariant 12): no cache build or promote while a transport reads the cache.
 
-Simulator logs: every access to a pipeline's CPU bucket cache is an interval — a
-``cache_lock`` hold (acquire .. release) by ``build``, ``promote`` or ``sync``. A
-``BuildCache``, ``PromoteCache`` or ``SyncFromCache`` effect with no hold of its own
-inside it accessed the cache without the lock, so its whole effect interval counts as
-the access. A write (build, promote) that overlaps a read (sync) of the same pipeline is
-a violation; reads may overlap each other. Order is the log's ``seq`` (what happened
-first), not time, so same-instant records are judged as they were sequenced.
-
-Gate logs: ``cache_build`` / ``cache_promote`` on a rank while that rank's selective sync
-is open (between its ``sync_start`` and ``sync_end``).
+Every access to a cache owner's CPU bucket cache is an interval of ``seq``s, keyed by
+the owner that wrote it (``pipeline_id``, or a gate's ``rank`` where no pipeline is
+named): a ``cache_lock`` hold (acquire .. release) by ``build``, ``promote`` or
+``sync``; a selective sync (``sync_start`` .. ``sync_end``, a read); a ``cache_build`` /
+``cache_promote`` record (a write at that point); a ``BuildCache``, ``PromoteCache`` or
+``SyncFromCache`` effect with no hold of its own inside it (it accessed the cache
+without the lock, so its whole effect interval counts). A write that overlaps a read of
+the same owner is a violation, reported once per write; reads may overlap each other.
+Order is the log's ``seq`` (what happened first), not time, so same-instant records are
+judged as they were sequenced.
 """
 
 from __future__ import annotations
@@ -79,31 +79,41 @@ def _describe(a: Access) -> str:
 def cache_lock(records: Records) -> List[Violation]:
     out: List[Violation] = []
     by_pipeline: Dict[str, List[Access]] = {}
-    for a in _accesses(records):
+    last = records[-1]["seq"] if records else 0
+    for a in _accesses(records) + _record_accesses(records, last):
         by_pipeline.setdefault(a.pipeline, []).append(a)
     for pid, accesses in sorted(by_pipeline.items()):
         reads = [a for a in accesses if a.what == "sync"]
         for w in (a for a in accesses if a.what in _WRITES):
             for rd in reads:
-                if w.start < rd.end and rd.start < w.end:
+                if w.start <= rd.end and rd.start <= w.end and (w.start < rd.end and rd.start < w.end or w.start == w.end):
                     out.append(Violation(NAME, max(w.start, rd.start),
                                          f"{pid}: cache {_describe(w)} while the {_describe(rd)} reads the cache"))
-    out += _gate_cache(records)
+                    break  # once per write
     return sorted(out, key=lambda v: v.seq)
 
 
-def _gate_cache(records: Records) -> List[Violation]:
-    out: List[Violation] = []
-    open_sync: Dict[int, dict] = {}  # rank -> its open sync_start
+def owner_of(r: dict) -> str:
+    """Whose cache a record is about: its pipeline, or the gate rank that wrote it."""
+    pid = r.get("pipeline_id")
+    return pid if pid is not None else f"rank {r.get('rank')}"
+
+
+def _record_accesses(records: Records, last: int) -> List[Access]:
+    """Syncs (``sync_start`` .. ``sync_end``) and point writes (``cache_build`` /
+    ``cache_promote``)."""
+    out: List[Access] = []
+    open_sync: Dict[str, List[dict]] = {}
     for r in records:
         k = r["kind"]
         if k == "sync_start":
-            open_sync[r["rank"]] = r
-        elif k == "sync_end":
-            open_sync.pop(r["rank"], None)
-        elif k in ("cache_build", "cache_promote") and r["rank"] in open_sync:
-            s = open_sync[r["rank"]]
+            open_sync.setdefault(owner_of(r), []).append(r)
+        elif k == "sync_end" and open_sync.get(owner_of(r)):
+            s = open_sync[owner_of(r)].pop()
+            out.append(Access(owner_of(r), "sync", s["seq"], r["seq"], s["version"], True))
+        elif k in ("cache_build", "cache_promote"):
             what = "build" if k == "cache_build" else "promote"
-            out.append(Violation(NAME, r["seq"], f"rank {r['rank']}: cache {what} of v{r['version']} while its sync of v{s['version']} "
-                                                 f"(since seq {s['seq']}) reads the cache"))
+            out.append(Access(owner_of(r), what, r["seq"], r["seq"], r["version"], True))
+    for who, stack in open_sync.items():
+        out += [Access(who, "sync", s["seq"], last, s["version"], True) for s in stack]
     return out

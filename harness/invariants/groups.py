@@ -1,13 +1,14 @@
 """Dynamic sync groups (invariant 13): proper subsets, destroyed after every sync, never
-leaked — on the simulator's ``nccl_group`` records and the gates' ``group_create`` /
-``group_destroy`` records.
+leaked — on the ``group_create`` / ``group_destroy`` records every runtime writes.
 
-Which groups are *dynamic sync groups*: those the runtime created for a sync — purpose
-``sync`` on a simulator ``nccl_group`` record, ``sync`` or ``selective_sync`` on a gate
-``group_create`` (never read from a name); in an older simulator log without
-``purpose``, a group created while a ``SyncFromCache`` effect of its pipeline is open. A log that ended in a
-failure (``sim_end`` failed, ``gate_abort``, a failed ``gate_end``) is not held to "never
-leaked": RLix fails fast mid-sync and leaves the group to the dying processes.
+A *dynamic sync group* is one whose ``group_create`` says purpose ``sync`` (never read
+from a name). Groups are keyed by who wrote the record (``pipeline_id``, or a gate's
+``rank``) and the name. A group is a proper subset of the world the log declares: the
+``gate_start`` world size, else the processes of the pipeline's ``register`` (and its
+members must be that pipeline's GPUs). A sync that ended well (``sync_end`` ok) with its
+writer's group still alive stranded it. A log that ended in a failure (``sim_end``
+failed, ``gate_abort``, a failed ``gate_end``) is not held to "never leaked": RLix fails
+fast mid-sync and leaves the group to the dying processes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from harness.invariants.allocations import Registered
 from harness.invariants.base import Records, Violation, invariant
 
-SYNC_PURPOSES = ("sync", "selective_sync")
+SYNC_PURPOSE = "sync"
 NAME = "sync_groups"
 
 
@@ -39,100 +40,63 @@ def _ended_in_failure(records: Records) -> bool:
     return False
 
 
-@invariant(NAME, reads=("nccl_group", "group_create", "group_destroy"),
-           sees=("sim_end", "gate_abort", "gate_end", "gate_start", "register", "effect_start", "effect_end", "sync_end"))
+def _writer(r: dict) -> str:
+    pid = r.get("pipeline_id")
+    return pid if pid is not None else f"rank {r.get('rank')}"
+
+
+def _create_problem(r: dict, world: Optional[int], registry: Dict[str, Registered]) -> Optional[str]:
+    who, name, members = _writer(r), r["name"], r["members"]
+    reg = registry.get(r["pipeline_id"]) if "pipeline_id" in r else None
+    size = world if world is not None else (reg.processes() if reg is not None else None)
+    problem = _members_problem(members, size, f"{who}: sync group {name} {members}")
+    if problem is None and world is not None and not all(0 <= m < world for m in members):
+        problem = f"{who}: sync group {name} {members} names ranks outside the world of {world}"
+    if problem is None and reg is not None:
+        outside = sorted(set(members) - {g for m in reg.mappings.values() for g in m})
+        if outside:
+            problem = f"{who}: sync group {name} includes GPU(s) {outside} the pipeline does not own"
+    return problem
+
+
+@invariant(NAME, reads=("group_create", "group_destroy", "sync_end"),
+           sees=("sim_end", "gate_abort", "gate_end", "gate_start", "register"))
 def sync_groups(records: Records) -> List[Violation]:
     out: List[Violation] = []
     failed = _ended_in_failure(records)
-    out += _simulator_groups(records, failed)
-    out += _gate_groups(records, failed)
-    return out
-
-
-def _simulator_groups(records: Records, failed: bool) -> List[Violation]:
-    out: List[Violation] = []
-    registry: Dict[str, Registered] = {}
-    open_syncs: Dict[str, int] = {}  # pipeline -> open SyncFromCache effects
-    live: Dict[Tuple[str, str], int] = {}  # (pipeline, group name) -> seq of its create (sync groups)
-    stranded: Set[Tuple[str, str]] = set()
-    for r in records:
-        k = r["kind"]
-        if k == "register":
-            registry[r["pipeline_id"]] = Registered(
-                {n: sorted(m) for n, m in r["cluster_device_mappings"].items()}, dict(r["cluster_tp_configs"]))
-        elif k in ("effect_start", "effect_end") and r["effect"] == "SyncFromCache":
-            pid = r["pipeline_id"]
-            if k == "effect_start":
-                open_syncs[pid] = open_syncs.get(pid, 0) + 1
-                continue
-            open_syncs[pid] = max(0, open_syncs.get(pid, 0) - 1)
-            if not open_syncs[pid] and not r.get("error"):
-                for (p, name), seq in sorted(live.items()):
-                    if p == pid and (p, name) not in stranded:
-                        stranded.add((p, name))  # reported once, at the end of the sync that left it
-                        out.append(Violation(NAME, r["seq"], f"{pid}: sync ended with its group {name} (created at seq {seq}) still alive"))
-        elif k == "nccl_group":
-            pid, name = r["pipeline_id"], r["name"]
-            key = (pid, name)
-            if r["action"] == "create":
-                purpose = r.get("purpose")
-                if purpose != "sync" and (purpose is not None or not open_syncs.get(pid)):
-                    continue  # a training group, not a dynamic sync group
-                if key in live:
-                    out.append(Violation(NAME, r["seq"], f"{pid}: group {name} created again while alive"))
-                live[key] = r["seq"]
-                reg = registry.get(pid)
-                world = reg.processes() if reg else None
-                gpus = r["gpus"]
-                problem = _members_problem(gpus, world, f"{pid}: sync group {name} on GPUs {gpus}")
-                if problem is None and reg is not None:
-                    outside = sorted(set(gpus) - {g for m in reg.mappings.values() for g in m})
-                    if outside:
-                        problem = f"{pid}: sync group {name} includes GPU(s) {outside} the pipeline does not own"
-                if problem:
-                    out.append(Violation(NAME, r["seq"], problem))
-            elif key in live:
-                del live[key]
-            elif r.get("purpose") == "sync":
-                out.append(Violation(NAME, r["seq"], f"{pid}: group {name} destroyed while not alive"))
-    if not failed and records:
-        end = records[-1]["seq"]
-        for (pid, name), seq in sorted(live.items()):
-            if (pid, name) in stranded:
-                continue
-            out.append(Violation(NAME, end, f"{pid}: sync group {name} (created at seq {seq}) leaked: never destroyed"))
-    return out
-
-
-def _gate_groups(records: Records, failed: bool) -> List[Violation]:
-    out: List[Violation] = []
     world: Optional[int] = None
-    live: Dict[Tuple[int, str], int] = {}  # (rank, name) -> seq of create
-    sync_names: Set[str] = set()
+    registry: Dict[str, Registered] = {}
+    live: Dict[Tuple[str, str], int] = {}  # (writer, group name) -> seq of its create
+    sync_names: Set[Tuple[str, str]] = set()
+    stranded: Set[Tuple[str, str]] = set()
     for r in records:
         k = r["kind"]
         if k == "gate_start":
             world = r["world_size"]
-        elif k == "group_create" and r.get("purpose") in SYNC_PURPOSES:
-            key = (r["rank"], r["name"])
-            sync_names.add(r["name"])
+        elif k == "register":
+            registry[r["pipeline_id"]] = Registered(
+                {n: sorted(m) for n, m in r["cluster_device_mappings"].items()}, dict(r["cluster_tp_configs"]))
+        elif k == "group_create" and r.get("purpose") == SYNC_PURPOSE:
+            key = (_writer(r), r["name"])
+            sync_names.add(key)
             if key in live:
-                out.append(Violation(NAME, r["seq"], f"rank {r['rank']}: group {r['name']} created again while alive"))
+                out.append(Violation(NAME, r["seq"], f"{key[0]}: group {key[1]} created again while alive"))
             live[key] = r["seq"]
-            problem = _members_problem(r["members"], world, f"rank {r['rank']}: sync group {r['name']} {r['members']}")
-            if problem is None and world is not None and not all(0 <= m < world for m in r["members"]):
-                problem = f"rank {r['rank']}: sync group {r['name']} {r['members']} names ranks outside the world of {world}"
+            problem = _create_problem(r, world, registry)
             if problem:
                 out.append(Violation(NAME, r["seq"], problem))
-        elif k == "group_destroy" and r["name"] in sync_names:
-            if live.pop((r["rank"], r["name"]), None) is None:
-                out.append(Violation(NAME, r["seq"], f"rank {r['rank']}: group {r['name']} destroyed while not alive"))
+        elif k == "group_destroy" and (r.get("purpose") == SYNC_PURPOSE or (_writer(r), r["name"]) in sync_names):
+            if live.pop((_writer(r), r["name"]), None) is None:
+                out.append(Violation(NAME, r["seq"], f"{_writer(r)}: group {r['name']} destroyed while not alive"))
         elif k == "sync_end" and r["ok"]:
-            for (rank, name), seq in sorted(live.items()):
-                if rank == r["rank"]:
-                    out.append(Violation(NAME, r["seq"], f"rank {rank}: sync ended with its group {name} (created at seq {seq}) still alive"))
+            who = _writer(r)
+            for (w, name), seq in sorted(live.items()):
+                if w == who and (w, name) not in stranded:
+                    stranded.add((w, name))  # reported once, at the end of the sync that left it
+                    out.append(Violation(NAME, r["seq"], f"{who}: sync ended with its group {name} (created at seq {seq}) still alive"))
     if not failed and records:
         end = records[-1]["seq"]
-        for (rank, name), seq in sorted(live.items()):
-            out.append(Violation(NAME, end, f"rank {rank}: sync group {name} (created at seq {seq}) leaked: never destroyed"))
+        for key, seq in sorted(live.items()):
+            if key not in stranded:
+                out.append(Violation(NAME, end, f"{key[0]}: sync group {key[1]} (created at seq {seq}) leaked: never destroyed"))
     return out

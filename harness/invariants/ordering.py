@@ -4,29 +4,38 @@ and one training step after another (11)."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Set, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Tuple
 
 from harness.invariants.allocations import DECISION_KINDS, DecisionWalk
 from harness.invariants.base import Records, Violation, invariant
 
 
-@invariant("resize_order", reads=("resize_start", "resize_end", "signalled", "commit"))
-def resize_order(records: Records) -> List[Violation]:
-    """T1 < T2 < T3: every shrink of a cycle returns before any expand of it starts, and a
-    waiter of that cycle is signalled only after all its expands returned."""
+@dataclass
+class CycleMarks:
+    """The times T1 < T2 < T3 are about, per cycle (None: the cycle had no such record)."""
+
+    t1: Optional[float] = None  # the last shrink of the cycle returned
+    t2: Optional[float] = None  # the first expand of the cycle started
+    t3: Optional[float] = None  # the first waiter of the cycle was signalled
+
+
+def resize_walk(records: Records) -> Tuple[List[Violation], Dict[int, CycleMarks]]:
+    """The ``resize_order`` check and, per cycle, its T1/T2/T3 (a gate's report shows them)."""
     out: List[Violation] = []
-    last_shrink_end: Dict[int, int] = {}
+    marks: Dict[int, CycleMarks] = {}
     first_expand_start: Dict[int, int] = {}
-    last_expand_end: Dict[int, int] = {}
     open_calls: Dict[Tuple[int, str, str], int] = {}
     for r in records:
         k = r["kind"]
         if k in ("resize_start", "resize_end"):
             c, key = r["cycle"], (r["cycle"], r["pipeline_id"], r["phase"])
+            m = marks.setdefault(c, CycleMarks())
             if k == "resize_start":
                 open_calls[key] = r["seq"]
                 if r["phase"] == "expand":
-                    first_expand_start.setdefault(c, r["seq"])
+                    if c not in first_expand_start:
+                        first_expand_start[c], m.t2 = r["seq"], r["t"]
                     if c in open_shrinks(open_calls, c):
                         out.append(Violation("resize_order", r["seq"], f"cycle {c}: expand of {r['pipeline_id']} starts while a shrink is still running"))
                 elif c in first_expand_start:
@@ -35,13 +44,14 @@ def resize_order(records: Records) -> List[Violation]:
                 if open_calls.pop(key, None) is None:
                     out.append(Violation("resize_order", r["seq"], f"cycle {c}: resize_end without resize_start for {r['pipeline_id']} {r['phase']}"))
                 if r["phase"] == "shrink":
-                    last_shrink_end[c] = r["seq"]
+                    m.t1 = r["t"]
                     if c in first_expand_start:
                         out.append(Violation("resize_order", r["seq"], f"cycle {c}: shrink of {r['pipeline_id']} returns after an expand started (T1 < T2 broken)"))
-                else:
-                    last_expand_end[c] = r["seq"]
         elif k == "signalled" and r["waiter"] == "request" and r.get("cycle") is not None and not r.get("error"):
             c = r["cycle"]
+            m = marks.setdefault(c, CycleMarks())
+            if m.t3 is None:
+                m.t3 = r["t"]
             if any(key[0] == c and key[2] == "expand" for key in open_calls):
                 out.append(Violation("resize_order", r["seq"], f"cycle {c}: {r['cluster_id']} signalled before its expand returned (T2 < T3 broken)"))
         elif k == "commit":
@@ -49,7 +59,14 @@ def resize_order(records: Records) -> List[Violation]:
             still = [key for key in open_calls if key[0] == c]
             if still:
                 out.append(Violation("resize_order", r["seq"], f"cycle {c}: committed while resize calls are still running: {sorted(still)}"))
-    return out
+    return out, marks
+
+
+@invariant("resize_order", reads=("resize_start", "resize_end", "signalled", "commit"))
+def resize_order(records: Records) -> List[Violation]:
+    """T1 < T2 < T3: every shrink of a cycle returns before any expand of it starts, and a
+    waiter of that cycle is signalled only after all its expands returned."""
+    return resize_walk(records)[0]
 
 
 def open_shrinks(open_calls, cycle: int) -> Set[int]:

@@ -78,7 +78,7 @@ def refit_wire(records: Records) -> List[Violation]:
     last: Dict[Tuple, dict] = {}
     for r in records:
         kind = r.get("kind", "")
-        if not kind.startswith("refit_") or kind == "refit_bucket":
+        if not kind.startswith("refit_"):
             continue
         key = _key(r)
         last[key] = r

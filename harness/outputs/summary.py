@@ -278,9 +278,11 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
             sync_secs[iv.pipeline_id][path] += iv.duration
     buckets: Dict[str, int] = defaultdict(int)
     bytes_tr: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in view.of("refit_bucket"):
+    for r in view.of("sync_bucket"):
+        if "pipeline_id" not in r:
+            continue  # a gate's record (a rank's sync): the refit table is per pipeline
         buckets[r["pipeline_id"]] += 1
-        bytes_tr[r["pipeline_id"]][str(r["transport"])] += int(r["bytes"])
+        bytes_tr[r["pipeline_id"]][str(r["path"])] += int(r["bytes"])
     refit: List[RefitSummary] = []
     for pid in sorted(set(sync_count) | set(buckets)):
         counts = {p: sync_count[pid][p] for p in sorted(sync_count.get(pid, {}))}

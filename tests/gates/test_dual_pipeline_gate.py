@@ -40,7 +40,7 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     gate_log = [json.loads(line) for line in open(run.event_log)]
     digests = [r for r in gate_log if r["kind"] == "digest_check"]
     assert digests and all(r["ok"] for r in digests)
-    assert {r["path"] for r in gate_log if r["kind"] == "bucket_recv"} == {"broadcast"}
+    assert {r["path"] for r in gate_log if r["kind"] == "sync_bucket"} == {"ipc", "broadcast"}
     assert any(r["kind"] == "refit_finalize" for r in gate_log)  # the same-GPU path is the refit stream
     from harness.invariants import check_log
     assert check_log([{**r, "seq": i} for i, r in enumerate(gate_log)], ["refit_wire"]) == []

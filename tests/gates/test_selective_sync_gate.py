@@ -1,5 +1,6 @@
 """Gate 2.5 Part 2 on gloo: bit-exact selective sync, both transport paths, and its failures."""
 
+import json
 import socket
 
 import pytest
@@ -33,6 +34,48 @@ def test_selective_sync_passes_with_ipc_and_broadcast_paths(gate_runner):
     cpu_samples = [m for r in report["ranks"] for m in r["memory"]]
     assert cpu_samples and all(m["informational"] for m in cpu_samples)
     _check_event_log(run)
+    _check_same_sync_as_the_simulator(run)
+
+
+def _sim_sync_sequence(model_bytes: int, bucket_bytes: int):
+    """The simulator's first sync to dp ranks [0, 1] — dp 0 on the cache owner's GPU (IPC
+    path), dp 1 on the other GPU (broadcast) — as (bucket, path, dp_ranks) records."""
+    from simulators.runtime import Simulation
+    from simulators.spec import ClusterSpec, CostSpec, ModelSpec, PipelineSpec, Scenario
+
+    scenario = Scenario(
+        name="parity", cluster=ClusterSpec(nodes=1, gpus_per_node=2),
+        pipelines=(PipelineSpec("p", "nemo_async", (0,), (0, 1), model=ModelSpec(params=model_bytes, bytes_per_param=1),
+                                steps=1),),
+        costs=CostSpec(bucket_bytes=bucket_bytes))
+    records = Simulation(scenario).run().records
+    return _first_sync(records, [0, 1])
+
+
+def _first_sync(records, dp_ranks):
+    """(bucket, path, dp_ranks) of the first sync to exactly ``dp_ranks``, in log order."""
+    out, inside = [], False
+    for r in records:
+        if r["kind"] == "sync_start" and r["dp_ranks"] == dp_ranks and not out:
+            inside = True
+            assert (r["ipc_dp_ranks"], r["broadcast_dp_ranks"]) == ([0], [1])
+        elif r["kind"] == "sync_bucket" and inside:
+            out.append((r["bucket"], r["path"], r["dp_ranks"]))
+        elif r["kind"] == "sync_end" and inside:
+            return out
+    return out
+
+
+def _check_same_sync_as_the_simulator(run):
+    """The same sync configuration — the gate's model bytes (its cache), its bucket size,
+    one same-GPU and one broadcast target — gives the same (bucket, path, targets)
+    sequence in the simulator as on the gate's 4 gloo ranks."""
+    records = [json.loads(line) for line in open(run.event_log)]
+    model_bytes = next(r["bytes"] for r in records if r["kind"] == "cache_build" and r["version"] == 0)
+    gate = _first_sync(records, [0, 1])  # cycle 0: rank 2 = dp 0 (colocated), rank 3 = dp 1
+    expected = [(b, path, [dp]) for b in range(3) for path, dp in (("ipc", 0), ("broadcast", 1))]
+    assert gate == expected  # 3 buckets of 16 KiB for the tiny model, both paths per bucket
+    assert _sim_sync_sequence(model_bytes, 16384) == gate
 
 
 def _check_event_log(run):
@@ -64,10 +107,19 @@ def test_corrupted_byte_fails_naming_tensor_and_bucket(gate_runner):
 
 
 def test_leaked_sync_group_is_reported(gate_runner):
+    # the sync's teardown (shared with the dual gate, gpu_gates/sync_runtime.py) finds the
+    # group alive after its close: a failed check naming it, no group_destroy logged, and
+    # the oracle's sync_groups finds the group the sync left alive
     run = gate_runner("selective_sync", 4, "--cycles", "1", hook="leak_sync_group")
     assert run.report["status"] == "failed"
-    assert "no_group_survives" in run.report["message"]
-    assert "selective_sync_c0" in run.report["message"] and "ranks [0, 3]" in run.report["message"]
+    assert "still alive after its close" in run.report["message"] and "selective_sync_c0" in run.report["message"]
+    records = [json.loads(line) for line in open(run.event_log)]
+    created = {r["name"] for r in records if r["kind"] == "group_create"}
+    assert created == {"selective_sync_c0"} and not any(r["kind"] == "group_destroy" for r in records)
+    assert [c for c in run.checks("no_group_survives") if not c["passed"]]
+    from harness.invariants import check_log
+    found = check_log([{**r, "seq": i} for i, r in enumerate(records)], ["sync_groups"])
+    assert found and "selective_sync_c0" in found[0].message
 
 
 def test_too_small_world_is_a_skip_with_reason_even_when_its_first_port_is_taken(gate_runner):

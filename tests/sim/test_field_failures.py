@@ -93,8 +93,8 @@ def test_stranded_weight_sync_communicators_pile_up_until_an_allocation_fails():
     assert oom["owner"].startswith("ppl1/stranded:")
     groups = {}
     for r in res.records:
-        if r["kind"] == "nccl_group" and "/sync/" in r["name"]:
-            groups[r["name"]] = r["action"]
+        if r["kind"] in ("group_create", "group_destroy") and r.get("purpose") == "sync":
+            groups[r["name"]] = r["kind"].split("_")[1]
     assert groups and all(a == "create" for a in groups.values())  # never destroyed
     stranded = [v for v in check_log(res.records, ["sync_groups"]) if "still alive" in v.message]
     named = [v.message.split(" its group ")[1].split(" ")[0] for v in stranded]

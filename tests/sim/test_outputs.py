@@ -94,10 +94,8 @@ def build_log():
     sync = dict(pipeline_id="ppl1", effect="SyncFromCache", args={"ranks": [1], "version": 1, "path": "active"},
                 scope="step", step=1, cycle=None, gpus=[1])
     L.add(5.0, "effect_start", **sync)
-    L.add(5.25, "refit_bucket", pipeline_id="ppl1", version=1, bucket=0, transport="cuda_ipc", dp_ranks=[1],
-          bytes=1000, path="active")
-    L.add(5.5, "refit_bucket", pipeline_id="ppl1", version=1, bucket=1, transport="cuda_ipc", dp_ranks=[1],
-          bytes=24, path="active")
+    L.add(5.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="ipc", dp_ranks=[1], bytes=1000)
+    L.add(5.5, "sync_bucket", pipeline_id="ppl1", version=1, bucket=1, path="ipc", dp_ranks=[1], bytes=24)
     L.add(5.5, "effect_end", **sync, result=[1])
     # cycle 3: expand dp0 back
     L.add(5.5, "cycle_start", cycle=3, reason="release")
@@ -107,8 +105,7 @@ def build_log():
     L.effect(5.5, 6.0, "ppl1", "Wake", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
     L.effect(6.0, None, "ppl1", "SyncFromCache", {"ranks": [0], "version": 1, "path": "expand"}, scope="expand",
              cycle=3, gpus=[0])
-    L.add(6.25, "refit_bucket", pipeline_id="ppl1", version=1, bucket=0, transport="nccl", dp_ranks=[0],
-          bytes=2048, path="expand")
+    L.add(6.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="broadcast", dp_ranks=[0], bytes=2048)
     L.add(6.5, "effect_end", pipeline_id="ppl1", effect="SyncFromCache",
           args={"ranks": [0], "version": 1, "path": "expand"}, scope="expand", step=None, cycle=3, gpus=[0])
     L.effect(6.5, 6.5, "ppl1", "Activate", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
@@ -182,7 +179,7 @@ def test_summary_numbers():
     assert r1.syncs_by_path == {"active": 1, "expand": 1} and r1.syncs == 2
     assert r1.sync_s_by_path == {"active": 0.5, "expand": 0.5}
     assert (r1.total_sync_s, r1.mean_sync_s, r1.buckets) == (1.0, 0.5, 3)
-    assert r1.bytes_by_transport == {"cuda_ipc": 1024, "nccl": 2048}
+    assert r1.bytes_by_transport == {"broadcast": 2048, "ipc": 1024}
 
     assert s.staleness == {0: 10, 1: 6, 2: 4}
     assert s.staleness_by_pipeline == {"ppl1": {0: 6, 1: 6, 2: 4}, "ppl2": {0: 4}}
@@ -218,7 +215,7 @@ def test_format_summary_text():
     assert any(ln.split() == ["0", "10", "50.0"] for ln in lines)
     assert any(ln.split() == ["2", "4", "20.0"] for ln in lines)
     refit_row = next(ln for ln in lines if ln.startswith("ppl1") and "active=1" in ln)
-    assert "expand=1" in refit_row and "cuda_ipc=1024" in refit_row and "nccl=2048" in refit_row
+    assert "expand=1" in refit_row and "ipc=1024" in refit_row and "broadcast=2048" in refit_row
     assert "1.000" in refit_row and "0.500" in refit_row
     sched = lines[lines.index("Scheduler") + 3].split()
     assert sched == ["3", "1", "1", "3", "5", "1", "1", "0"]

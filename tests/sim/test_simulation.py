@@ -77,10 +77,21 @@ def test_non_overlap_ranks_keep_serving_during_training():
         served += len(done)
     assert served > 0
     # and it gets the active refresh over a cross-GPU broadcast (its GPUs are not the owner's)
-    active = [r for r in recs if r["kind"] == "refit_bucket" and r.get("path") == "active"]
-    assert active and {r["transport"] for r in active} == {"nccl"}
-    expand = {r["transport"] for r in recs if r["kind"] == "refit_bucket" and r.get("path") == "expand"}
-    assert expand == {"nccl", "cpu_serialize"}  # rank 0 = GPU 0 (owner, same-GPU path) + GPU 1 (broadcast)
+    active = bucket_paths(recs, "active")
+    assert active == {"broadcast"}
+    assert bucket_paths(recs, "expand") == {"broadcast", "ipc"}  # rank 0 = GPU 0 (owner, same-GPU path) + GPU 1 (broadcast)
+
+
+def bucket_paths(recs, lifecycle_path):
+    """The transport paths of the sync buckets inside ppl1's SyncFromCache effects of one
+    lifecycle path (expand | active)."""
+    out, inside = set(), False
+    for r in recs:
+        if r["kind"] in ("effect_start", "effect_end") and r.get("effect") == "SyncFromCache" and r["pipeline_id"] == "ppl1":
+            inside = r["kind"] == "effect_start" and r["args"]["path"] == lifecycle_path
+        elif inside and r["kind"] == "sync_bucket" and r.get("pipeline_id") == "ppl1":
+            out.add(r["path"])
+    return out
 
 
 def test_no_double_version_bump():

@@ -232,7 +232,7 @@ def m_vram(log):
 
 
 def m_sync_groups(log):
-    i = index(log, lambda r: r["kind"] == "nccl_group" and r.get("purpose") == "sync" and r["action"] == "destroy")
+    i = index(log, lambda r: r["kind"] == "group_destroy" and r.get("purpose") == "sync")
     del log[i]
     return log, "still alive"
 

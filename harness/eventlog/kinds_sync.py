@@ -1,0 +1,44 @@
+"""Record kinds of a weight sync and its groups: one vocabulary for every runtime.
+
+The simulator and the gates write these through the same control logic
+(``harness.control.selective_sync`` yields them as ``Emit`` effects), so every check
+reads one set of kinds. Who wrote a record is optional context: ``pipeline_id`` (the
+simulator), ``rank`` (a gate's torch.distributed rank). ``dp_ranks`` are the target
+inference DP ranks; ``members`` of a group are the runtime's process ids (GPUs in the
+simulator, one process per GPU; global ranks in a gate).
+
+Kinds an earlier version wrote (:data:`RETIRED_KINDS`) are refused by the reader with
+the kind named and its replacement.
+"""
+
+_W = {"pipeline_id": "str", "rank": "int"}
+
+
+def _kind(doc: str, required: dict, optional: dict = None) -> dict:
+    return {"required": required, "optional": {**_W, **(optional or {})}, "doc": doc}
+
+
+SYNC_KINDS: dict = {
+    "sync_start": _kind("A selective sync of a cache version starts (under the cache lock): its target DP ranks "
+                        "and which of them take the same-GPU IPC path and the broadcast path.",
+                        {"version": "int", "dp_ranks": "int_list", "ipc_dp_ranks": "int_list",
+                         "broadcast_dp_ranks": "int_list"}),
+    "sync_bucket": _kind("One bucket of a sync reached its targets on one path (ipc|broadcast), after the "
+                         "bucket's barrier.",
+                         {"version": "int", "bucket": "int", "path": "str", "dp_ranks": "int_list", "bytes": "int"}),
+    "sync_end": _kind("A selective sync ended (ok false: an error or the timeout; the group was torn down first).",
+                      {"version": "int", "ok": "bool"}, {"error": "str"}),
+    "group_create": _kind("A process group was created (purpose sync: a sync's dynamic group; training: the "
+                          "trainer's groups). members: GPUs in the simulator, global ranks in a gate.",
+                          {"name": "str", "members": "int_list"}, {"desc": "str", "purpose": "str"}),
+    "group_destroy": _kind("A process group was destroyed.",
+                           {"name": "str"}, {"desc": "str", "members": "int_list", "mode": "str", "purpose": "str"}),
+}
+
+#: Kinds of earlier versions -> what replaced them (the reader names both).
+RETIRED_KINDS: dict = {
+    "refit_bucket": "sync_bucket (path ipc|broadcast instead of transport)",
+    "bucket_send": "sync_bucket",
+    "bucket_recv": "sync_bucket (written once per bucket and path by the sender)",
+    "nccl_group": "group_create / group_destroy (members instead of gpus)",
+}
