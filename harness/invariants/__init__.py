@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Dict, FrozenSet, Iterable, List, Optional
 
 from harness.invariants import (  # noqa: F401  (registration)
-    cache, dataplane, groups, handover, memory, ordering, outcome, ownership, plans, refit_wire, routing, streaming, versions)
+    cache, dataplane, groups, handover, memory, ordering, outcome, ownership, plans, pump_liveness, refit_wire, routing, streaming, versions)
 from harness.invariants.base import CHECKS, SEES, Records, Violation
 
 

@@ -150,7 +150,7 @@ def test_fault_unknown_name():
         "x.yaml: faults[0].name: unknown fault 'explode'; known: "
         "wake_before_offload, skip_sync_on_expand, keep_nccl_on_sleep, noop_progress_hooks, no_gen_watchdog, keep_gen_on_finish, cache_after_offload, abort_never_wakes, "
         "collector_dies, engines_crash_after_refit, stuck_request, offload_keeps_params, strand_sync_group, "
-        "no_gen_estimate, expand_sync_fails, lost_finish"
+        "no_gen_estimate, expand_sync_fails, lost_finish, stale_select_target"
     )
 
 
