@@ -264,6 +264,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from simulators.refit_fit import cmd_calibrate
 
+    check_output_file(args.out, "--out")  # before minutes of measuring
     return cmd_calibrate(args.out, args.repeats, args.quick)
 
 
