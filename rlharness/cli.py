@@ -132,10 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     fid.add_argument("--strict", action="store_true", help="exit 1 when the error targets are missed")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
-    from rlharness import export, validate
+    from rlharness import export, gate, validate
 
     validate.add_parser(sub)
     export.add_parser(sub)
+    gate.add_parser(sub)
     return parser
 
 
@@ -299,6 +300,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return export.run(args, UsageError)
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from rlharness import gate
+
+    return gate.run(args, UsageError)
+
+
 #: subcommand -> its function (argparse namespace -> exit code)
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": _cmd_replay,
@@ -311,6 +318,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "schema": _cmd_schema,
     "validate": _cmd_validate,
     "export": _cmd_export,
+    "gate": _cmd_gate,
 }
 
 
