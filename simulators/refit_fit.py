@@ -14,6 +14,14 @@ protocol, and write a calibration file (simulators/calibration.py) a scenario ca
   point best matches its measured one (COMPLETE adds a constant; the group overhead is
   searched on a log grid, since it hides behind packing when loads are short).
 
+A fit is written only when it is one a simulation should use (:func:`fit_problem`):
+every cost inside :data:`PHYSICAL_BOUNDS` (rates 1 MB/s-1 TB/s, per-event overheads
+1 ns-1 s, or exactly 0: no such cost found), and the grid predicted better than by one
+bytes-per-second rate. Otherwise the table is printed, then one ``error: calibrate
+refit: ...`` line naming the cost or the comparison, exit 1, nothing written. (A
+one-repeat ``--quick`` run on a loaded machine once wrote a receiver load rate of
+7.8e16 B/s and a per-tensor overhead of 1.4e-15 s.)
+
 fidelity: measure held-out configurations (none of them on the calibration grid) afresh
 and print each one's measured and simulated sync time and the error; target median
 absolute error <= 10 %, worst <= 20 %. ``--fit-alongside`` measures the calibration grid
@@ -127,12 +135,60 @@ def fit(points: list) -> Dict[str, float]:
         for key in tuned:
             for factor in (0.25, 0.5, 0.8, 1.25, 2.0, 4.0):
                 trial = {**costs, key: costs[key] * factor}
+                lo, hi = PHYSICAL_BOUNDS.get(key, (0.0, math.inf))
+                if not lo <= trial[key] <= hi:  # the search stays physical (setup and complete
+                    continue  # are both per sync: unbounded, one of them drifted to 3e-10 s)
                 value = loss(trial)
                 if value < best - 1e-12:
                     costs, best, improved = trial, value, True
         if not improved:
             break
     return costs
+
+
+#: What a fitted cost may be on any real machine (inclusive), or exactly 0: the fit found
+#: no such cost (a least-squares term clamped at zero; the simulator then charges none). Rates: a copy through
+#: host memory or a socket is neither slower than 1 MB/s (a stalled run) nor faster than
+#: 1 TB/s (no host moves memory faster; `calibrate --quick` once wrote 7.8e16 B/s).
+#: Per-event overheads: a Python-level call (a tensor copy, a message, an ACK) takes at
+#: more than a nanosecond and none takes a second (`--quick` once wrote 1.4e-15 s a tensor).
+PHYSICAL_BOUNDS: Dict[str, Tuple[float, float]] = {
+    "refit_pack_bytes_per_s": (1e6, 1e12),
+    "receiver_load_bytes_per_s": (1e6, 1e12),
+    "cache_pack_bytes_per_s": (1e6, 1e12),
+    "refit_staging_bytes_per_s": (1e6, 1e12),
+    "refit_tensor_overhead_s": (1e-9, 1.0),
+    "refit_group_overhead_s": (1e-9, 1.0),
+    "refit_setup_s": (1e-9, 1.0),
+    "refit_complete_s": (1e-9, 1.0),
+}
+
+
+def rate_only_loss(points: list) -> float:
+    """The loss (summed squared log-ratio of simulated to measured sync time) of the
+    plainest model: sync seconds = bytes / one rate, the rate fitted in closed form (the
+    geometric mean of bytes / seconds minimizes the summed squared log-ratio)."""
+    logs = [math.log(m.model_bytes / m.best_s) for _specs, m in points]
+    log_rate = ordered_sum(logs) / len(logs)
+    return ordered_sum((log_rate - x) ** 2 for x in logs)
+
+
+def fit_problem(points: list, costs: Dict[str, float]) -> Optional[str]:
+    """Why the fitted ``costs`` must not be written, or ``None``: a cost outside
+    :data:`PHYSICAL_BOUNDS`, or a fit that predicts the grid no better than one
+    bytes-per-second rate does (its extra parameters then only fit noise)."""
+    for key, (lo, hi) in PHYSICAL_BOUNDS.items():
+        value = costs.get(key)
+        if value is None or value == 0.0:  # 0: the fit found no such cost (the simulator charges none)
+            continue
+        if not lo <= value <= hi:
+            return f"{key} = {value:.3g} is outside physical bounds [{lo:g}, {hi:g}]"
+    fitted = ordered_sum(math.log(predict(specs, m.budget_bytes, costs) / m.best_s) ** 2 for specs, m in points)
+    plain = rate_only_loss(points)
+    if fitted >= plain:
+        return (f"the fit predicts the grid no better than one bytes/s rate (squared log error {fitted:.3g} "
+                f"vs {plain:.3g})")
+    return None
 
 
 def stream_costs(costs: Dict[str, float]) -> StreamCosts:
@@ -173,14 +229,19 @@ def cmd_calibrate(out: str, repeats: int, quick: bool) -> int:
     points = _measure(grid, repeats, print)
     costs = fit(points)
     lines, errors = _table(points, costs)
-    write_calibration(out, costs, machine=_machine(), repeats=repeats,
-                      grid=[m.to_json() for _, m in points],
-                      fit={"errors_on_grid": [round(e, 4) for e in errors]})
     print("fitted costs:")
     for k, v in costs.items():
         print(f"  {k:28s} {v:.6g}")
     print("fit on the calibration grid (simulated vs measured):")
     print("\n".join("  " + line for line in lines))
+    problem = fit_problem(points, costs)
+    if problem is not None:
+        print(f"error: calibrate refit: {problem}; {out} not written (measure again: without --quick, with more "
+              f"--repeats, on a quieter machine)", file=sys.stderr)
+        return 1
+    write_calibration(out, costs, machine=_machine(), repeats=repeats,
+                      grid=[m.to_json() for _, m in points],
+                      fit={"errors_on_grid": [round(e, 4) for e in errors]})
     print(f"wrote {out} ({time.monotonic() - t0:.0f} s); a scenario uses it with `refit_calibration: {out}`")
     return 0
 
