@@ -194,7 +194,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         ax.set_ylim(n_rows, 0)
         if dense:  # a label per row while they fit, else every k-th row's
             row_px = (h_px - (_TOP_IN + _BOTTOM_IN) * dpi) / n_rows
-            every = max(1, -(-12 // max(int(row_px), 1)))  # labels at least 12 pixels apart
+            every = max(1, -(-24 // max(int(row_px), 1)))  # labels at least 24 pixels apart
             ax.set_yticks([i + 0.5 for i in range(0, n_rows, every)])
             ax.set_yticklabels(row_labels[::every], fontsize=8)
         else:
