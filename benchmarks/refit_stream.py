@@ -3,7 +3,7 @@
 In one run, for the same bytes (a model of equal-sized bf16 tensors, so packing a group
 and loading it cost about the same — the case ping-pong is for):
 
-* ping-pong: the real stream (harness/refit/zmq_stream.py: pyzmq REQ/REP on ipc://, two
+* ping-pong: the real stream (gpu_gates/transports/zmq_stream.py: pyzmq REQ/REP on ipc://, two
   /dev/shm staging buffers, a receiver process), the sender packing group g+1 while the
   receiver loads group g;
 * single buffer: the same stream with every ACK collected before the next group is
@@ -32,7 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness.refit import stream as proto  # noqa: E402
-from harness.refit.measure import (Measurement, StreamBench, materialize, memcpy_seconds,  # noqa: E402
+from gpu_gates.transports.measure import (Measurement, StreamBench, materialize, memcpy_seconds,  # noqa: E402
                                    parallel_copy_speedup)
 
 MiB = 1 << 20

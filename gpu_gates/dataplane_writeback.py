@@ -4,7 +4,7 @@
     python gpu_gates/tq_host.py -- torchrun --nproc-per-node 4 gpu_gates/dataplane_writeback.py --store transferqueue
 
 World = DP x TP. With ``--store served`` (the default) rank 0 hosts one in-process store
-(harness.dataplane.served) that every rank reaches; with ``--store transferqueue`` the
+(gpu_gates.transports.served_store) that every rank reaches; with ``--store transferqueue`` the
 launcher ``gpu_gates/tq_host.py`` runs Ray + TransferQueue and every rank attaches to it
 as a plain TQ client (no Ray in the ranks). Rank 0 plays the rollout producer (puts per-token ``input_ids``) and the driver (shards
 the batch's *metadata* across DP ranks and clears the step's samples when the step is
@@ -40,15 +40,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
-from harness.dataplane import served  # noqa: E402
+from gpu_gates.transports import served_store as served  # noqa: E402
 from harness.dataplane.client import DataPlaneClient  # noqa: E402
 from harness.dataplane.codec import FieldSpec, Schema  # noqa: E402
 from harness.dataplane.errors import DuplicateWriteError  # noqa: E402
 from harness.dataplane.meta import KVBatchMeta  # noqa: E402
 from harness.dataplane.store import InProcessStore, RefuseOverwrite  # noqa: E402
-from harness.dataplane.tq_store import TransferQueueStore  # noqa: E402
+from gpu_gates.transports.tq_store import TransferQueueStore  # noqa: E402
 from gpu_gates.tq_host import CONF_ENV  # noqa: E402
-from harness.dataplane.worker_mixin import DataPlaneWorkerMixin  # noqa: E402
+from gpu_gates.transports.worker_mixin import DataPlaneWorkerMixin  # noqa: E402
 
 PARTITION = "train"
 SCHEMA = Schema.of(FieldSpec("input_ids", "per_token", "int64"), FieldSpec("logprobs", "per_token", "bfloat16"))

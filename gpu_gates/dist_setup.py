@@ -72,13 +72,34 @@ def select_backend(requested: str, env: LaunchEnv) -> Tuple[Optional[str], Optio
     return requested, None
 
 
-def device_for(backend: str, env: LaunchEnv) -> torch.device:
-    """``cuda:LOCAL_RANK`` for NCCL, CPU for gloo (gloo gates keep tensors on host)."""
+def device_for(backend: str, env: LaunchEnv, requested: str = "auto") -> torch.device:
+    """Where a rank keeps its tensors.
+
+    ``auto``: ``cuda:LOCAL_RANK`` under NCCL, the CPU under gloo (CI). ``cuda`` under gloo
+    puts the ranks on the node's GPUs round robin, several ranks sharing one: that is the
+    colocated layout itself (a trainer and its engines on one GPU), and the only way to run
+    a gate's CUDA paths -- same-GPU IPC staging, VRAM ledgers -- on a one-GPU node, since
+    NCCL refuses two ranks on one device. Gloo moves CUDA tensors through host memory for
+    its collectives, so cross-GPU timings there say nothing about NVLink.
+    """
     if backend == "nccl":
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
         return device
+    if requested == "cuda":
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
     return torch.device("cpu")
+
+
+def device_skip_reason(backend: str, requested: str) -> Optional[str]:
+    """Why ``--device`` cannot be honoured with this backend on this node (a skip), or None."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        return "--device cuda requested but CUDA shows no device"
+    if requested == "cpu" and backend == "nccl":
+        return "--device cpu requested with the nccl backend, which keeps tensors on GPUs"
+    return None
 
 
 def connect_store(env: LaunchEnv, timeout: datetime.timedelta, host: bool) -> dist.Store:
@@ -94,7 +115,7 @@ def init_world(backend: str, env: LaunchEnv, device: torch.device, timeout: date
     store = connect_store(env, timeout, host=(env.rank == 0 and not env.agent_store))
     kwargs = dict(backend=backend, store=dist.PrefixStore("rlharness_pg", store), rank=env.rank,
                   world_size=env.world_size, timeout=timeout)
-    if device.type == "cuda":
+    if backend == "nccl":  # gloo with device_id would split groups with NCCL-only calls
         try:
             dist.init_process_group(device_id=device, **kwargs)  # eager NCCL init, torch >= 2.3
             return store

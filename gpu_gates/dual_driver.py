@@ -87,9 +87,14 @@ class Channel:
 
 class Driver(DriverEffects, LifecycleEffects):
     def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
-                 late_receivers_s: float = 0.0, solo: bool = False) -> None:
+                 late_receivers_s: float = 0.0, solo: bool = False, script: Any = None,
+                 shrink_drain_timeout_s: float = 30.0) -> None:
         self.ctx = ctx
         self.solo = solo  # test hook: ppl2 runs after ppl1, no choreography: no GPU ever changes hands
+        # the workload script (gpu_gates/dual_script.py), consulted before each effect: the
+        # handlers themselves never wait on which pipeline they serve
+        self.script = script
+        self.shrink_drain_timeout_s = shrink_drain_timeout_s  # RLix's rebalance_on_shrink (30 s)
         self.late_receivers_s = late_receivers_s  # test hook: receivers' commands posted after the owner's
         self.steps = steps
         self.bucket_size = bucket_size
@@ -114,6 +119,11 @@ class Driver(DriverEffects, LifecycleEffects):
         self.life = {(p, d): RankLifecycle(p, d) for p in PIPELINES for d in (0, 1)}
         self.routable: Dict[str, set] = {p: set() for p in PIPELINES}
         self.coord_lock = {p: threading.Lock() for p in PIPELINES}
+        # routing: which ranks take new requests; an abort and a submission never interleave
+        self.routing_lock = {p: threading.Lock() for p in PIPELINES}
+        self.outstanding = {(p, d): 0 for p in PIPELINES for d in (0, 1)}  # submitted, not yet collected
+        self.batches_done = {p: 0 for p in PIPELINES}
+        self.request_n = 0
         self.finished = {p: False for p in PIPELINES}
         self.gone = {p: False for p in PIPELINES}  # unregistered: its coordinator is dead
         self.steps_done = {p: 0 for p in PIPELINES}
@@ -121,10 +131,6 @@ class Driver(DriverEffects, LifecycleEffects):
         self.digest_failures: List[str] = []
         self._early: Dict[int, List[Signal]] = {}  # signals that beat their waiter's registration
         self.progress = {p: CoordinatorProgress(p) for p in PIPELINES}
-        # Choreography of step 0, so every run contains a donor-shrink + recipient-expand
-        # cycle (what T1 < T2 < T3 is about): ppl2 asks for GENERATION only once ppl1 holds
-        # both GPUs, and ppl1's first batch completes only after ppl2 has asked.
-        self.ppl2_asked = threading.Event()
         self.activity: Dict[str, str] = {}  # interpreter -> the effect it is executing (for timeout reports)
 
     # ------------------------------------------------------------------ log + model
@@ -252,7 +258,15 @@ class Driver(DriverEffects, LifecycleEffects):
 
     def _handler(self, pid: str) -> Callable[[Any], Any]:
         """Run-level effects of one pipeline: ``_<Name>(pid, effect)``."""
-        return lambda effect: getattr(self, "_" + type(effect).__name__)(pid, effect)
+        def handle(effect: Any) -> Any:
+            self._before(pid, effect)
+            return getattr(self, "_" + type(effect).__name__)(pid, effect)
+        return handle
+
+    def _before(self, pid: str, effect: Any) -> None:
+        """The workload script's say before an effect runs (nothing without a script)."""
+        if self.script is not None:
+            self.script.before(self, pid, effect)
 
     def watchdog(self, pid: str) -> None:
         """NeMo's GENERATION re-request, ticked every 0.2 s (2 s in NeMo)."""
@@ -297,6 +311,7 @@ class Driver(DriverEffects, LifecycleEffects):
 
                 def call(effect: Any) -> Any:
                     self.activity[who] = f"{name} {effect_fields(effect)}" + ("" if step is None else f" in step {step}")
+                    self._before(pid, effect)
                     return handler(pid, effect)
                 handling = handlings[effect_cls] = (name, call, False, lambda effect: self._gpus(pid, effect))
             return handling
@@ -336,8 +351,6 @@ class Driver(DriverEffects, LifecycleEffects):
     def run(self) -> None:
         threads = [threading.Thread(target=self.scheduler_main, daemon=True)]
         threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True) for p in PIPELINES]
-        if self.solo:
-            self.ppl2_asked.set()  # no step-0 choreography
         threads[0].start()
         for th in threads[1:3]:
             th.start()
@@ -349,14 +362,16 @@ class Driver(DriverEffects, LifecycleEffects):
                 th.join(0.1)
         self.done.set()
         threads[0].join(5.0)
+        # the stop says whether the run already failed: a rank that then finds a group a
+        # failed peer still holds reports the leak as that failure's consequence
+        stop = json.dumps({"op": "stop", "failed": bool(self.errors)}).encode()
         for r, ch in self.channels.items():
             if r != self.ctx.rank:
                 try:
-                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", json.dumps({"op": "stop"}).encode(), store=self.store)
+                    self.ctx.put(f"dual/cmd/{r}/{ch.n}", stop, store=self.store)
                 except Exception:
                     pass
-        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", json.dumps({"op": "stop"}).encode(),
-                     store=self.store)
+        self.ctx.put(f"dual/cmd/{self.ctx.rank}/{self.channels[self.ctx.rank].n}", stop, store=self.store)
 
     def scheduler_main(self) -> None:
         try:

@@ -17,7 +17,6 @@ from gpu_gates.dual_worker import ROLES, rank_of
 from harness.control.reporting import progress_input, request_input
 from harness.control.resize import COORDINATOR_GONE
 from harness.refit.comm_plan import build_comm_plan
-from harness.scheduler.types import Priority
 
 PIPELINES = ("ppl1", "ppl2")
 TRAIN_GPU = {"ppl1": 0, "ppl2": 1}
@@ -34,9 +33,6 @@ class DriverEffects:
     # scheduler effects
     def _RequestGpus(self, pid, e):
         cid = f"{pid}_{e.cluster}"
-        if pid == "ppl2" and e.priority == Priority.GENERATION and not self.ppl2_asked.is_set():
-            self._wait_until(lambda: len(self.routable["ppl1"]) == 2, 20.0, "ppl1 to hold both GPUs")
-            self.ppl2_asked.set()
         return self.wait_ticket(self.call_model("request", *request_input(self.model, cid, e)))
 
     def _ReleaseGpus(self, pid, e):
@@ -144,16 +140,43 @@ class DriverEffects:
     def _Activate(self, pid, e):
         for d in e.ranks:
             self._rank_state(pid, d, "activated")
-            self.routable[pid].add(d)
+            with self.routing_lock[pid]:
+                self.routable[pid].add(d)
 
     def _Abort(self, pid, e):
+        """The ranks leave routing, then their requests in flight are aborted (each ends at
+        its next token and is re-dispatched by the rollout); the result is how many each had."""
+        aborted = []
+        with self.routing_lock[pid]:  # no submission slips in between
+            for d in e.ranks:
+                self.routable[pid].discard(d)
+            for d in e.ranks:
+                aborted.append(self._infer(pid, d).call("abort"))
         for d in e.ranks:
-            self.routable[pid].discard(d)
-            self._infer(pid, d).call("abort")
             self._rank_state(pid, d, "abort")
+        return {"in_flight": aborted}
 
     def _Drain(self, pid, e):
-        return None
+        """Poll each rank's in-flight count to zero, within the shrink-drain timeout (RLix's
+        ``rebalance_on_shrink``). A drain that runs out is a ``timeout`` record and a driver
+        error: the run fails fast, as RLix does, instead of sleeping ranks that still serve."""
+        since, limit = self.now(), self.shrink_drain_timeout_s
+        end = time.monotonic() + limit
+        first: List[int] = []
+        polls = 0
+        while True:
+            left = [self._infer(pid, d).call("in_flight") for d in e.ranks]
+            first = first or left
+            polls += 1
+            if not any(left):
+                return {"in_flight": first, "polls": polls}
+            if self.errors:
+                raise DriverError("aborted: " + self.errors[0])
+            if time.monotonic() >= end:
+                self.emit("timeout", pipeline_id=pid, what="shrink_drain", limit_s=limit, since=since)
+                busy = ", ".join(f"dp{d}: {n}" for d, n in zip(e.ranks, left) if n)
+                raise DriverError(f"shrink_drain timed out after {limit:g} s with requests still in flight ({busy})")
+            time.sleep(0.01)
 
     def _Sleep(self, pid, e):
         for d in e.ranks:
@@ -179,24 +202,45 @@ class DriverEffects:
             time.sleep(0.01)
 
     def _WaitBatch(self, pid, e):
-        """Generate a batch on the routable ranks; routing blocks while none is routable."""
-        if pid == "ppl1" and e.global_step == 0:
-            self._wait_until(self.ppl2_asked.is_set, 20.0, "ppl2 to ask for GENERATION")
+        """Generate a batch: submit requests to the routable ranks (at most one in flight per
+        rank, never more than the batch still needs), collect what ended, re-dispatch what a
+        shrink aborted. Routing blocks while no rank is routable."""
         generated, target = 0, self.ctxs[pid].step_target
-        while generated < target:
-            if self.errors:
-                raise DriverError("aborted: " + self.errors[0])
-            with self.coord_lock[pid]:  # ranks do not change while we pick them
-                ranks = sorted(self.routable[pid])
-                for d in ranks:
-                    self._infer(pid, d).call("generate", tokens=4)
-                    generated += 1
-            if ranks:
-                self._report(pid, min(generated, target), False)
+        try:
+            while generated < target:
+                if self.errors:
+                    raise DriverError("aborted: " + self.errors[0])
+                self._submit(pid, target - generated)
+                done = self._collect(pid)
+                generated += done
+                if done:
+                    self._report(pid, min(generated, target), False)
                 time.sleep(0.01)  # rollout takes time: give the scheduler room to rebalance
-            else:
-                time.sleep(0.02)
+        finally:
+            self.batches_done[pid] += 1
         return generated
+
+    def _submit(self, pid: str, needed: int) -> None:
+        with self.routing_lock[pid]:  # ranks do not leave routing while we submit to them
+            for d in sorted(self.routable[pid]):
+                if needed - sum(self.outstanding[(pid, r)] for r in (0, 1)) <= 0:
+                    return
+                if self.outstanding[(pid, d)] == 0:
+                    with self.lock:
+                        self.request_n += 1
+                        rid = self.request_n
+                    self._infer(pid, d).call("submit", request_id=rid, tokens=4)
+                    self.outstanding[(pid, d)] += 1
+
+    def _collect(self, pid: str) -> int:
+        """Requests that ended on any rank with some outstanding; returns how many completed."""
+        completed = 0
+        for d in (0, 1):
+            if self.outstanding[(pid, d)]:
+                for _rid, status in self._infer(pid, d).call("collect"):
+                    self.outstanding[(pid, d)] -= 1
+                    completed += status == "done"
+        return completed
 
     def _BeginProgressBatch(self, pid, e):
         self._report(pid, 0, True)

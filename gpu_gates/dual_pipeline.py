@@ -36,7 +36,8 @@ import threading  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 from gpu_gates import pg_registry  # noqa: E402
-from gpu_gates.runtime import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.runtime import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
+from gpu_gates.dual_script import HandoverScript  # noqa: E402
 from gpu_gates.dual_worker import WORLD, Worker  # noqa: E402
 
 CHECKS = ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
@@ -46,6 +47,9 @@ CHECKS = ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=3, help="training steps per pipeline (>= 3 for the gate)")
     parser.add_argument("--bucket-size-bytes", type=positive_int, default=16384)
+    parser.add_argument("--shrink-drain-timeout-s", type=positive_float, default=30.0,
+                        help="how long a shrink's drain may wait for the aborted requests to leave its ranks "
+                             "(RLix's rebalance_on_shrink, 30 s); past it the run fails")
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -137,14 +141,16 @@ def run(ctx: GateContext) -> None:
             worker.drop_training_group()
             _check_no_group_survives(ctx, baseline, after_failure=True)
             raise
-        _check_no_group_survives(ctx, baseline)
+        _check_no_group_survives(ctx, baseline, after_failure=worker.run_failed)
         return
     from gpu_gates.dual_driver import Driver
     from harness.invariants import check_log
 
+    solo = ctx.hooks.get("solo_pipelines") is not None
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
                     swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve,
-                    late_receivers_s=_late_receivers_s(ctx), solo=ctx.hooks.get("solo_pipelines") is not None)
+                    late_receivers_s=_late_receivers_s(ctx), solo=solo, script=None if solo else HandoverScript(),
+                    shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s)
 
     def salvage() -> None:
         """The run ended early (timeout, a failed peer): keep the partial driver log and

@@ -13,7 +13,9 @@ bit for bit on the receivers.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -46,7 +48,7 @@ class SyncGroup:
         self.name = f"sync:{sync_id}"
         store = dist.PrefixStore(f"rlharness_dual/{sync_id}/", ctx.store)
         me = members.index(ctx.rank)
-        if ctx.device.type == "cuda":
+        if ctx.backend == "nccl":  # not merely CUDA tensors: gloo ranks may share one GPU (--device cuda)
             self.pg = dist.ProcessGroupNCCL(store, me, len(members))
         else:
             self.pg = dist.ProcessGroupGloo(store, me, len(members), ctx.timeout)
@@ -101,6 +103,8 @@ class Worker:
         self.cache: Optional[VersionedBucketCache] = None
         self.train_group: Any = None
         self.held_version: Optional[int] = None
+        self.run_failed = False  # the driver's stop said the run had already failed
+        self.requests = Requests(ctx.hooks.get("abort_never_wakes") is not None) if self.role == "infer" else None
         if self.role == "trainer":
             self.model = TinyModel(TRAIN_SEEDS[self.pipeline]).to(ctx.device)
             self.cache = VersionedBucketCache()
@@ -112,6 +116,7 @@ class Worker:
             ctx.set_phase(f"{self.pipeline} {self.role}{'' if self.dp is None else f' dp{self.dp}'}: waiting for command {i}")
             msg = json.loads(ctx.wait_get(f"dual/cmd/{ctx.rank}/{i}", f"command {i} from the driver"))
             if msg["op"] == "stop":
+                self.run_failed = bool(msg.get("failed"))
                 return
             ctx.set_phase(f"{self.pipeline} rank {ctx.rank}: {msg['op']}")
             ctx.hook(msg["op"])
@@ -240,20 +245,91 @@ class Worker:
         self.ctx.emit("digest_check", version=version, ok=not bad, mismatches=len(bad), target=True)
         return {"ok": not bad, "mismatched": bad, "held": self.held_version}
 
-    def op_generate(self, tokens: int) -> Optional[int]:
+    def op_submit(self, request_id: int, tokens: int) -> None:
+        """Start one generation request; it decodes in the background (see :class:`Requests`)."""
         if self.model is None:
-            raise RuntimeError("generate on a sleeping rank")
-        x = self.model.norm.detach()
-        for _ in range(tokens):  # a stand-in decode loop: real compute on the served weights
-            x = torch.tanh(self.model.head.float() @ x[: self.model.head.shape[1]].float()).repeat(2)[: x.numel()]
-        return self.held_version
+            raise RuntimeError("request submitted to a sleeping rank")
+        self.requests.submit(request_id, tokens, self.model)
 
-    def op_abort(self) -> None:
-        return None
+    def op_collect(self) -> List[List[Any]]:
+        """The requests that ended since the last collect: ``[request id, "done" | "aborted"]``."""
+        return self.requests.collect()
+
+    def op_in_flight(self) -> int:
+        return self.requests.in_flight()
+
+    def op_abort(self) -> int:
+        """Abort every request in flight (each ends at its next token); returns how many."""
+        return self.requests.abort()
 
     def op_sleep(self, level: int) -> None:
+        left = self.requests.in_flight()
+        if left:  # the drain exists so that this never happens
+            raise RuntimeError(f"sleep with {left} request(s) still in flight")
         self.model = None
         self.held_version = None
         if self.ctx.device.type == "cuda":
             torch.cuda.empty_cache()
         return None
+
+
+class Requests:
+    """An inference rank's generation requests, decoding in background threads.
+
+    A request decodes ``tokens`` steps of a stand-in decode loop (real compute on the served
+    weights, ``TOKEN_S`` per token), so requests are in flight while the driver goes on: an
+    abort marks them and each ends at its next token boundary, reported as ``aborted`` for
+    the rollout to re-dispatch, as vLLM's abort does. With ``never_wakes`` (test hook
+    ``abort_never_wakes``, RLix's Bug 7: the abort never wakes the generating caller) an
+    aborted request stays in flight for good, and only the drain's deadline ends the run.
+    """
+
+    TOKEN_S = 0.01
+
+    def __init__(self, never_wakes: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.running: Set[int] = set()
+        self.aborting: Set[int] = set()
+        self.ended: List[List[Any]] = []
+        self.never_wakes = never_wakes
+        self.stuck = threading.Event()  # never set: what a never-woken request waits on
+
+    def submit(self, request_id: int, tokens: int, model: TinyModel) -> None:
+        with self.lock:
+            if request_id in self.running:
+                raise RuntimeError(f"request {request_id} is already in flight")
+            self.running.add(request_id)
+        threading.Thread(target=self._decode, args=(request_id, tokens, model), name=f"request {request_id}",
+                         daemon=True).start()
+
+    def _decode(self, request_id: int, tokens: int, model: TinyModel) -> None:
+        status = "done"
+        x = model.norm.detach()
+        for _ in range(tokens):
+            with self.lock:
+                aborted = request_id in self.aborting
+            if aborted:
+                status = "aborted"
+                break
+            x = torch.tanh(model.head.float() @ x[: model.head.shape[1]].float()).repeat(2)[: x.numel()]
+            time.sleep(self.TOKEN_S)
+        if status == "aborted" and self.never_wakes:
+            self.stuck.wait()  # forever: the process exits around this daemon thread
+        with self.lock:
+            self.running.discard(request_id)
+            self.aborting.discard(request_id)
+            self.ended.append([request_id, status])
+
+    def abort(self) -> int:
+        with self.lock:
+            self.aborting |= self.running
+            return len(self.running)
+
+    def in_flight(self) -> int:
+        with self.lock:
+            return len(self.running)
+
+    def collect(self) -> List[List[Any]]:
+        with self.lock:
+            out, self.ended = self.ended, []
+        return out

@@ -13,8 +13,11 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``leak_sync_group``     selective_sync, dual_pipeline: the dynamic sync group is not destroyed
                         (dual_pipeline: a stray reference keeps it alive through its close)
 ``swap_resize_order``   dual_pipeline: a cycle runs its expands before its shrinks
-``solo_pipelines``      dual_pipeline: no step-0 choreography, ppl2 starts after ppl1 is done,
-                        so no cycle moves a GPU between them (the gate must fail)
+``solo_pipelines``      dual_pipeline: no workload script (gpu_gates/dual_script.py), ppl2
+                        starts after ppl1 is done, so no cycle moves a GPU between them
+                        (the gate must fail)
+``abort_never_wakes``   dual_pipeline: an aborted request never ends (RLix's Bug 7), so the
+                        shrink's drain runs into its timeout (the gate must fail)
 ``fail_report_write``   any gate: writing the report fails (the exit code must say so)
 ``world_sync_group``    selective_sync: the sync group is the whole world, not a subset
 ``late_receivers[:S]``  dual_pipeline: the driver posts a sync's receive commands S seconds
@@ -22,6 +25,10 @@ passes one by accident on a real node). The value is a comma-separated list of s
                         loaded machine produces now and then, made certain
 ``leader_gate_off``     dataplane_writeback: every TP sibling writes back, not only the
                         replica leader (the -601 duplicate-writer bug)
+``wrong_normalizer``    train_pump_parity: the trainer rescales by the other count (tokens
+                        for a sequence loss and back)
+``wrong_loss``          train_pump_parity: the trainer's loss sum ignores the mask (padding
+                        positions count); the counts stay right
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -39,7 +46,8 @@ ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
-               "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines")
+               "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines",
+               "wrong_normalizer", "wrong_loss", "abort_never_wakes")
 
 
 class HookSpecError(ValueError):

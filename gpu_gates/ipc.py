@@ -2,7 +2,7 @@
 
 A receiver on the sender's own GPU cannot join the broadcast group (NCCL refuses two
 ranks on one device), so it is served by the colocated refit stream — the one protocol
-of ``harness/refit/stream.py`` over ``harness/refit/zmq_stream.py`` (pyzmq REQ/REP on a
+of ``harness/refit/stream.py`` over ``gpu_gates/transports/zmq_stream.py`` (pyzmq REQ/REP on a
 private ``ipc://`` endpoint, two ping-pong staging buffers, at most one group un-ACKed,
 COMPLETE, manifest check; CUDA IPC handles on GPU, ``/dev/shm`` buffers on CPU), exactly
 as the refit gate runs it. Every other target gets the cache bucket by bucket over the
@@ -24,9 +24,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 from harness.refit import stream as proto
-from harness.refit import staging as refit_staging, zmq_stream as zs
+from gpu_gates.transports import staging as refit_staging, zmq_stream as zs
 from harness.refit.bucket_cache import BucketRecord, unpack_bucket
 
 STREAM = "zmq_stream"

@@ -3,9 +3,9 @@
     torchrun --nproc-per-node 2 gpu_gates/refit_stream.py [--cycles 3] [--budget-bytes 16384]
 
 Rank 0 is the trainer (binds REQ on a private ``ipc://`` endpoint), rank 1 the inference
-worker on the same device (connects REP) — NeMo RL's colocated refit (reference/nemo_rl.md
-§1.2), run by the one protocol in ``harness/refit/stream.py`` over the real transport
-``harness/refit/zmq_stream.py``. On GPU the payload is a CUDA IPC handle of the staging
+worker on the same device (connects REP) — NeMo RL's colocated refit (
+docs/modelled-systems.md#nemo-rl-refit), run by the one protocol in ``harness/refit/stream.py`` over the real transport
+``gpu_gates/transports/zmq_stream.py``. On GPU the payload is a CUDA IPC handle of the staging
 buffer; on CPU (gloo, CI) the buffers are ``/dev/shm`` files both processes map.
 
 Every cycle: the trainer takes a deterministic "train step" (every tensor changes),
@@ -41,8 +41,8 @@ from gpu_gates import ipc  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.refit import stream as proto  # noqa: E402
-from harness.refit import zmq_stream as zs  # noqa: E402
-from harness.refit.staging import leftover_shm  # noqa: E402
+from gpu_gates.transports import zmq_stream as zs  # noqa: E402
+from gpu_gates.transports.staging import leftover_shm  # noqa: E402
 from harness.refit.bucket_cache import dtype_from_name, dtype_name, state_digests  # noqa: E402
 
 SENDER, RECEIVER = 0, 1

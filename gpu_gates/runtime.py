@@ -32,12 +32,13 @@ import torch.distributed as dist
 from gpu_gates import ipc
 from gpu_gates import report as rep
 from gpu_gates.context import KEY_PREFIX, GateAbort, GateContext  # noqa: F401 (re-exported for gates)
-from gpu_gates.dist_setup import LaunchEnv, connect_store, device_for, init_world, select_backend
+from gpu_gates.dist_setup import (LaunchEnv, connect_store, device_for, device_skip_reason, init_world,
+                                  select_backend)
 from gpu_gates.events import merge_events, write_event_log
 from gpu_gates.hooks import HookSpecError, TestHooks
 from gpu_gates.memory import MemoryMeter
 from gpu_gates.watchdog import Watchdog, start_sigterm_listener
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 
 __all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
 
@@ -85,6 +86,9 @@ def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
                "exit codes: 0 passed, 1 failed, 2 usage error, 3 skipped; see docs/gates.md")
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="auto = nccl when CUDA has a GPU per local rank, else gloo on CPU")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto = the GPU under nccl, the CPU under gloo; cuda with gloo puts several "
+                             "ranks on one GPU (same-GPU IPC and VRAM paths on a one-GPU node)")
     parser.add_argument("--cycles", type=positive_int, default=spec.default_cycles)
     parser.add_argument("--report", metavar="PATH", help="JSON report (rank 0 merged; .rankN on per-rank failure)")
     parser.add_argument("--timeout-s", type=positive_float, default=120.0, help="per-rank deadline")
@@ -150,11 +154,13 @@ class _GateRun:
 
     def execute(self) -> int:
         backend, skip = select_backend(self.args.backend, self.env)
+        if backend and not skip:
+            skip = device_skip_reason(backend, self.args.device)
         skip = skip or self.spec.check_world(self.args, self.env.world_size)
         if skip:
             return self._skip(backend or self.args.backend, skip)
         self.backend = backend
-        device = device_for(backend, self.env)
+        device = device_for(backend, self.env, self.args.device)
         ctx = self.ctx = GateContext(self.spec, self.args, self.env, backend, device, self.hooks, self.deadline)
         if self.env.rank == 0:
             private_dirs.sweep_stale()  # folders and staging files of earlier runs killed whole

@@ -40,7 +40,7 @@ from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # n
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.refit.bucket_cache import (  # noqa: E402
     BucketRecord, VersionedBucketCache, build_buckets, state_digests, unpack_bucket)
-from harness.refit.staging import leftover_shm  # noqa: E402
+from gpu_gates.transports.staging import leftover_shm  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
 
 OWNER, TRAINER, FIRST_RECEIVER = 0, 1, 2

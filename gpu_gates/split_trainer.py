@@ -1,6 +1,6 @@
 """The split training API on a real torch model: begin -> microbatch* -> finish | abort.
 
-What NeMo RL's Megatron worker does (reference/nemo_rl.md §2.3), on a tiny policy:
+What NeMo RL's Megatron worker does (docs/modelled-systems.md#nemo-rl-split-training-api), on a tiny policy:
 
 * ``begin_train_step`` (the harness's :class:`SplitStepMachine` refuses it while a step
   is open) zeroes the gradients and the step's counters;
@@ -16,7 +16,8 @@ What NeMo RL's Megatron worker does (reference/nemo_rl.md §2.3), on a tiny poli
 
 Because every microbatch contributes a plain sum, the result equals the synchronous
 step on the whole global batch (:func:`sync_train_step`), whatever the microbatch split
-and arrival order: the property test and ``train_pump_parity.py`` hold it to that.
+and arrival order: the property test holds it to that, and ``train_pump_parity.py`` holds it
+to a reference written apart from this module (``gpu_gates/parity_reference.py``).
 
 Each finish returns this rank's metrics with ``is_replica_leader``;
 :func:`combine_leader_metrics` counts leaders only, or a TP x CP x PP replica's copies
@@ -193,7 +194,7 @@ class SplitTrainer:
         forward = self.ddp if self.ddp is not None else self.model
         sync_off = self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
         with sync_off:
-            total, tokens, seqs = loss_sum_and_counts(forward, batch, self.loss_type)
+            total, tokens, seqs = self.loss_sum_and_counts(forward, batch)
             total.backward()  # placeholder normalizer N = 1: a plain sum, rescaled once at finish
         self._loss_sum += float(total.detach())
         self._tokens += float(tokens)
@@ -229,6 +230,11 @@ class SplitTrainer:
         self.optimizer.zero_grad(set_to_none=False)
         self._reset()
         return result, metrics
+
+    def loss_sum_and_counts(self, forward: nn.Module, batch: Batch):
+        """This trainer's loss (:func:`loss_sum_and_counts`); a method so the parity gate's
+        fault hook can give a trainer a wrong one."""
+        return loss_sum_and_counts(forward, batch, self.loss_type)
 
     def normalizer(self, tokens: float, sequences: float) -> float:
         """N of the 1/N rescale: the global valid-token count for token-level loss, the

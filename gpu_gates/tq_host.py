@@ -68,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     import ray
 
-    from harness.dataplane.tq_store import TransferQueueStore
+    from gpu_gates.transports.tq_store import TransferQueueStore
 
     workdir = tempfile.mkdtemp(prefix="rlharness-tq-")
     store = None

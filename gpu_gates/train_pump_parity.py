@@ -8,8 +8,10 @@ groups into the split train API (``gpu_gates/split_trainer.py``) in a long-taile
 arrival order, one group per ``train_microbatch``: un-normalized sums inside DDP's
 ``no_sync``, counts all-reduced and gradients reduced and rescaled once by 1/N at
 ``finish_train_step``, one optimizer and scheduler step. Every rank also runs the
-reference — one synchronous step on the whole global batch, in the same dtype — and
-after every step checks:
+reference — one synchronous step on the whole global batch, in the same dtype, with the
+loss written from its definition apart from the trainer (``gpu_gates/parity_reference.py``:
+it shares no helper with ``split_trainer.py``, so a wrong loss in the trainer cannot cancel
+out) — and after every step checks:
 
 * ``parity``: parameters equal the reference within the dtype's tolerance
   (fp32: rtol 1e-5, atol 1e-6 — only summation order differs; bf16: rtol 2e-2, atol 1e-2,
@@ -24,8 +26,13 @@ after every step checks:
 * ``version``: the trainer version ticks once per step, at finish.
 
 The trainer writes ``trainer_step`` records and the gate a ``ClearSamples`` effect as it
-drops each trained group, so invariant 15 (``streaming_step``) reads the merged event log. ``--inject wrong_normalizer`` makes the trainer rescale by the
-other count (tokens for a sequence loss and back), to show ``parity`` fires.
+drops each trained group, so invariant 15 (``streaming_step``) reads the merged event log.
+
+Faults, installed by the tests through the test-hook variable (``gpu_gates/hooks.py``), never a
+flag: ``wrong_normalizer`` makes the trainer rescale by the other count (tokens for a sequence
+loss and back); ``wrong_loss`` makes its loss sum ignore the mask (padding positions count),
+counts unchanged — a bug in the trainer's loss helper, which a reference calling that same
+helper would share. Both must fail ``parity``.
 """
 
 from __future__ import annotations
@@ -44,9 +51,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from gpu_gates.parity_reference import ReferenceStep  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.split_trainer import (  # noqa: E402
-    Batch, SplitTrainer, TinyPolicy, combine_leader_metrics, loss_sum_and_counts, make_batch, make_optimizer, sync_train_step,
+    Batch, SplitTrainer, TinyPolicy, combine_leader_metrics, loss_sum_and_counts, make_batch,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -60,8 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generations", type=positive_int, default=2, help="sequences per prompt group")
     parser.add_argument("--seq-len", type=positive_int, default=12)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--inject", choices=["none", "wrong_normalizer"], default="none",
-                        help="break the trainer on purpose (the gate's own test)")
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -71,8 +77,35 @@ def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
 
 
 class WrongNormalizer(SplitTrainer):
+    """Fault (hook ``wrong_normalizer``): 1/N with the other count."""
+
     def normalizer(self, tokens: float, sequences: float) -> float:
         return sequences if self.loss_type == "token" else tokens
+
+
+def maskless_loss_sum_and_counts(model, batch: Batch, loss_type: str):
+    """Fault: the loss sum of ``split_trainer.loss_sum_and_counts`` with the mask dropped
+    (padding positions count as valid tokens), the counts still right."""
+    total, _, _ = loss_sum_and_counts(model, Batch(batch.tokens, batch.targets, torch.ones_like(batch.mask),
+                                                   batch.advantages), loss_type)
+    mask = batch.mask.float()
+    return total, mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype)
+
+
+class WrongLoss(SplitTrainer):
+    """Fault (hook ``wrong_loss``): the trainer's loss ignores the mask."""
+
+    def loss_sum_and_counts(self, forward, batch: Batch):
+        return maskless_loss_sum_and_counts(forward, batch, self.loss_type)
+
+
+FAULTS = {"wrong_normalizer": WrongNormalizer, "wrong_loss": WrongLoss}
+
+
+def trainer_class(ctx: GateContext) -> type:
+    """The trainer under test: the production one unless a test installed a fault hook."""
+    chosen = [cls for name, cls in FAULTS.items() if ctx.hooks.get(name) is not None]
+    return chosen[0] if chosen else SplitTrainer
 
 
 def global_batch(args, step: int) -> List[Batch]:
@@ -112,10 +145,8 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
     rtol, atol = TOLERANCE[args.dtype]
     pid = f"{loss_type}/rank{rank}"
     model = TinyPolicy(seed=args.seed, dtype=dtype).to(ctx.device)
-    reference = copy.deepcopy(model)
-    ref_opt, ref_sched = make_optimizer(reference)
-    cls = WrongNormalizer if args.inject == "wrong_normalizer" else SplitTrainer
-    trainer = cls(model, loss_type)
+    reference = ReferenceStep(copy.deepcopy(model))
+    trainer = trainer_class(ctx)(model, loss_type)
     steps: List[Dict[str, Any]] = []
     for step in range(args.cycles):
         ctx.set_phase(f"{loss_type} step {step}")
@@ -146,17 +177,14 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, metrics)
 
-        full = _to(Batch.cat(global_batch(args, step)), ctx.device)
-        ref_loss_sum, ref_tokens, ref_seqs = loss_sum_and_counts(reference, full, loss_type)
-        n_ref = float(ref_tokens if loss_type == "token" else ref_seqs)
-        sync_train_step(reference, ref_opt, ref_sched, full, loss_type)
-        abs_err, rel_err = _max_err(list(model.parameters()), list(reference.parameters()))
-        close = all(torch.allclose(p.float(), r.float(), rtol=rtol, atol=atol)
-                    for p, r in zip(model.parameters(), reference.parameters()))
-        ref_loss = float(ref_loss_sum) / n_ref
+        ref_loss, ref_tokens, ref_seqs = reference.step([_to(g, ctx.device) for g in global_batch(args, step)], loss_type)
+        ref_params = list(reference.model.parameters())
+        abs_err, rel_err = _max_err(list(model.parameters()), ref_params)
+        close = all(torch.allclose(p.float(), r.float(), rtol=rtol, atol=atol) for p, r in zip(model.parameters(), ref_params))
         ctx.check("parity", close, f"{loss_type} step {step}: parameters differ from the synchronous step by up to "
                   f"{abs_err:.3g} (rel {rel_err:.3g}; tolerance rtol {rtol:g} atol {atol:g})")
-        loss_ok = metrics.global_loss is not None and abs(metrics.global_loss - ref_loss) <= max(atol, rtol * abs(ref_loss)) * 10
+        loss_ok = (metrics.global_loss is None) == (ref_loss is None) and (
+            ref_loss is None or abs(metrics.global_loss - ref_loss) <= max(atol, rtol * abs(ref_loss)) * 10)
         ctx.check("loss", loss_ok, f"{loss_type} step {step}: streamed loss {metrics.global_loss} vs synchronous {ref_loss}")
         if world > 1:
             ctx.check("no_sync", len({float(d) for d in digests}) == world,
@@ -181,7 +209,7 @@ def run(ctx: GateContext) -> None:
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
-    out: Dict[str, Any] = {"dtype": args.dtype, "inject": args.inject, "loss_types": {}}
+    out: Dict[str, Any] = {"dtype": args.dtype, "loss_types": {}}
     for result in results:
         for lt, info in (result.get("data") or {}).get("loss_types", {}).items():
             entry = out["loss_types"].setdefault(lt, {"max_abs_err": 0.0, "max_rel_err": 0.0, "steps": 0,

@@ -2,8 +2,8 @@
 
 Every rule here rejects with :class:`TopologyError`, whose message names the pipeline,
 the cluster and the rule, so a bad scenario or trace fails with one readable line.
-The rules are those of RLix's ``register_pipeline`` (reference/rlix.md §1.4) and of the
-partial-overlap startup validation (F10, rlix.md §4).
+The rules are those of RLix's ``register_pipeline`` (docs/modelled-systems.md#rlix-registration) and of the
+partial-overlap startup validation (F10, docs/modelled-systems.md#rlix-partial-overlap-shrink-expand-and-routing).
 """
 
 from __future__ import annotations

@@ -93,8 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                          epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sim.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario YAML (see examples/scenarios/)")
     sim.add_argument("--seed", type=int, help="override the scenario's seed")
+    sim.add_argument("--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
+                     help="change one field, written as error messages write it (pipelines[0].infer_tp=2, "
+                          "costs.wake_s=1.5, pipelines[ppl2].steps=8); repeatable; VALUE is YAML")
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
     sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)")
+    sim.add_argument("--explore", type=int, metavar="SEED",
+                     help="order same-time events of different processes by a seeded strategy (docs/exploration.md)")
+    sim.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
+                     help="with --explore: pct (priority change points, default) or random (a random walk)")
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
     sim.add_argument("--check-determinism", action="store_true",
                      help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
@@ -109,10 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_fuzz_parser(sub, UsageError)
     imp = sub.add_parser("import", help="convert a real system's log into a replayable input trace")
     imp_sub = imp.add_subparsers(dest="source", metavar="SOURCE", parser_class=_Parser)
-    rl = imp_sub.add_parser("rlix-log", help="RLix's [RLIX_SCHED_LOG] stdout lines (reference/rlix.md §3)")
+    rl = imp_sub.add_parser("rlix-log", help="RLix's [RLIX_SCHED_LOG] stdout lines (format: docs/rlix-log-format.md)")
     rl.add_argument("log", metavar="LOG", help="RLix stdout (other lines are passed over)")
     rl.add_argument("--topology", required=True, metavar="TOPOLOGY.yaml",
-                    help="cluster and pipeline registrations, which RLix's log does not carry (docs/trace-format.md)")
+                    help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
     cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine")
@@ -137,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_parser(sub)
     export.add_parser(sub)
     gate.add_parser(sub)
+    from rlharness import diff
+    from simulators.whatif.cli import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub, UsageError)
+    diff.add_parser(sub)
     return parser
 
 
@@ -189,22 +201,31 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from simulators.run import OUTPUT_FILES, simulate, with_seed
     from simulators.runtime import print_progress
-    from simulators.scenario import ScenarioError, load_scenario
-    from simulators.spec import default_scenario
+    from simulators.scenario import ScenarioError
+    from simulators.overrides import OverrideError, load_with_overrides, parse_override
 
     try:
-        scenario = load_scenario(args.scenario) if args.scenario else default_scenario()
-    except ScenarioError as e:
+        overrides = [parse_override(text) for text in args.overrides]
+        scenario = load_with_overrides(args.scenario, overrides)
+    except (ScenarioError, OverrideError) as e:
         raise UsageError(str(e)) from None
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UsageError(f"--seed: must be in 0..2**63-1, got {args.seed}")
     scenario = with_seed(scenario, args.seed)
+    explore = None
+    if args.explore is not None:
+        from simulators.explore import ExploreSpec
+
+        if not 0 <= args.explore < 2**63:
+            raise UsageError(f"--explore: must be in 0..2**63-1, got {args.explore}")
+        explore = ExploreSpec(args.explore, args.explore_strategy)
+    args.explore_spec = explore
     out_dir = args.out or os.path.join("runs", scenario.name)
     check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario])
     if not args.quiet:
         print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
               f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s", file=sys.stderr)
-    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress)
+    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress, explore=explore)
     res = out.result
     if not args.quiet:
         print(out.summary)
@@ -224,7 +245,7 @@ def _check_determinism(res, args: argparse.Namespace) -> bool:
     if not args.quiet:
         print("checking determinism: the same run again in a fresh process", file=sys.stderr)
     try:
-        check = check_determinism(res, args.scenario)
+        check = check_determinism(res, args.scenario, resolved=bool(args.overrides), explore=args.explore_spec)
     except RuntimeError as e:
         print(f"determinism: NOT CHECKED: {e}")
         return False
@@ -263,14 +284,14 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from simulators.refit_fit import cmd_calibrate
+    from rlharness.refit_calibrate import cmd_calibrate
 
     check_output_file(args.out, "--out")  # before minutes of measuring
     return cmd_calibrate(args.out, args.repeats, args.quick)
 
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:
-    from simulators.refit_fit import cmd_fidelity
+    from rlharness.refit_calibrate import cmd_fidelity
 
     return cmd_fidelity(args.calibration, args.repeats, args.strict, alongside=args.fit_alongside)
 
@@ -306,6 +327,18 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     return gate.run(args, UsageError)
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from simulators.whatif.cli import cmd_sweep
+
+    return cmd_sweep(args, UsageError)
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from rlharness import diff
+
+    return diff.run(args, UsageError)
+
+
 #: subcommand -> its function (argparse namespace -> exit code)
 COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": _cmd_replay,
@@ -319,6 +352,8 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": _cmd_validate,
     "export": _cmd_export,
     "gate": _cmd_gate,
+    "sweep": _cmd_sweep,
+    "diff": _cmd_diff,
 }
 
 

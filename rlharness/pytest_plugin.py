@@ -9,7 +9,8 @@ Fixtures:
   dotted field paths, as in the scenario error messages), simulate it and return a
   :class:`SimRun`: ``.reason``, ``.records``, ``.of_kind(kind)``, ``.violations``,
   ``.violation_names``, ``.summary`` (figures), ``.summary_text``, ``.out_dir`` (with
-  ``write=True`` the run folder is written under the test's ``tmp_path``).
+  ``write=True`` the run folder is written under the test's ``tmp_path``; ``explore=SEED``
+  orders same-time events by a schedule seed, docs/exploration.md).
 * ``rlharness_scenario(scenario=None, *, overrides=None)`` — the validated scenario only.
 
 Markers:
@@ -194,8 +195,10 @@ class SimRun:
 
 
 def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
-        out_dir: Optional[str] = None, png: bool = False) -> SimRun:
-    """Simulate and check a scenario; with ``out_dir`` also write its run folder."""
+        out_dir: Optional[str] = None, png: bool = False, explore: Optional[int] = None,
+        explore_strategy: str = "pct") -> SimRun:
+    """Simulate and check a scenario; with ``out_dir`` also write its run folder; with
+    ``explore`` (a seed) same-time events are ordered by that schedule seed."""
     import dataclasses
 
     from harness.outputs.summary import summarize
@@ -205,7 +208,9 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
     spec = load(scenario, overrides)
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
-    out = simulate(spec, out_dir, png=png)
+    from simulators.explore import ExploreSpec
+
+    out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy))
     return SimRun(spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files)
 
 
@@ -217,10 +222,12 @@ def rlharness_scenario():
 
 @pytest.fixture
 def rlharness_run(tmp_path):
-    """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False)`` -> SimRun."""
+    """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, explore=None)`` -> SimRun."""
 
     def _run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
-             write: bool = False, png: bool = False) -> SimRun:
-        return run(scenario, overrides=overrides, seed=seed, out_dir=str(tmp_path / "run") if write else None, png=png)
+             write: bool = False, png: bool = False, explore: Optional[int] = None,
+             explore_strategy: str = "pct") -> SimRun:
+        return run(scenario, overrides=overrides, seed=seed, out_dir=str(tmp_path / "run") if write else None, png=png,
+                   explore=explore, explore_strategy=explore_strategy)
 
     return _run

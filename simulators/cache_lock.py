@@ -1,4 +1,4 @@
-"""RLix's ``_cache_lock`` on a pipeline's cache owner (reference/rlix.md §5.1).
+"""RLix's ``_cache_lock`` on a pipeline's cache owner (docs/modelled-systems.md#rlix-cpu-bucket-cache-and-cache-lock).
 
 The owner holds the lock across a whole weight sync — active-bucket lookup, every bucket
 transport, the sender's group destroy — and a cache build or promote takes the same

@@ -1,7 +1,7 @@
 """The data plane in the simulator: a store with bandwidth and latency, and per-hop bytes.
 
 A pipeline with a ``data_plane`` section moves each trajectory's per-token tensors
-through a key-value store, as NeMo RL with TransferQueue does (reference/nemo_rl.md §3):
+through a key-value store, as NeMo RL with TransferQueue does (docs/modelled-systems.md#nemo-rl-data-plane):
 
 * **rollout → store**: every finished trajectory is put (``tokens x bytes_per_token``) as
   it completes; generation does not wait for it, but the store is busy meanwhile;
@@ -43,7 +43,7 @@ WRITEBACK_FIELDS = ["prev_logprobs"]
 
 @dataclass(frozen=True)
 class DataPlaneSpec:
-    route: str = "one_hop"
+    route: str = "one_hop"                # one_hop: bulk store -> workers; via_driver: through the driver (the design the data plane forbids)
     store_bytes_per_s: float = 5e9        # the store's aggregate bandwidth
     store_latency_s: float = 0.002        # per transfer (request round trip)
     driver_bytes_per_s: float = 1.25e9    # the driver process's link (only via_driver uses it for bulk)

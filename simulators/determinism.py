@@ -14,6 +14,8 @@ divergence).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Iterable, Optional
 
+from simulators.explore import ExploreSpec
 from simulators.runtime import RunResult
 
 
@@ -56,16 +59,27 @@ def other_hash_seed(current: Optional[str]) -> str:
     return "0"
 
 
-def check_determinism(result: RunResult, scenario_path: Optional[str]) -> DeterminismCheck:
+def check_determinism(result: RunResult, scenario_path: Optional[str], *, resolved: bool = False,
+                      explore: Optional[ExploreSpec] = None) -> DeterminismCheck:
     """Run ``result``'s scenario (from ``scenario_path``, or the default scenario when
-    None; with the run's seed) in a fresh process and compare the event logs.
+    None; with the run's seed) in a fresh process and compare the event logs. With
+    ``resolved`` (a scenario changed by ``--set``), the fresh run reads the scenario as
+    the run resolved it (what scenario.yaml holds), not the file.
 
     Raises RuntimeError when the fresh process fails (its last stderr line says why)."""
     hash_seed = other_hash_seed(os.environ.get("PYTHONHASHSEED"))
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)
     with tempfile.TemporaryDirectory(prefix="rlharness-determinism-") as tmp:
         path = os.path.join(tmp, "events.jsonl")
-        cmd = [sys.executable, "-m", "simulators.determinism", scenario_path or "", str(result.scenario.seed), path]
+        if resolved:
+            import yaml
+            from simulators.scenario_dump import scenario_to_mapping
+
+            scenario_path = os.path.join(tmp, "scenario.yaml")
+            with open(scenario_path, "w", encoding="utf-8") as fh:
+                yaml.safe_dump(scenario_to_mapping(result.scenario), fh, sort_keys=False)
+        cmd = [sys.executable, "-m", "simulators.determinism", scenario_path or "", str(result.scenario.seed), path,
+               json.dumps(None if explore is None else dataclasses.asdict(explore))]
         # no timeout of its own: the fresh run is the same simulation, bounded by its horizon
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -76,7 +90,7 @@ def check_determinism(result: RunResult, scenario_path: Optional[str]) -> Determ
     return DeterminismCheck(hash_seed, len(result.records), div)
 
 
-def _fresh_run(scenario_path: str, seed: int, out_path: str) -> None:
+def _fresh_run(scenario_path: str, seed: int, out_path: str, explore: Optional[ExploreSpec] = None) -> None:
     from harness.eventlog.writer import write_atomic
     from simulators.run import with_seed
     from simulators.runtime import Simulation
@@ -84,8 +98,9 @@ def _fresh_run(scenario_path: str, seed: int, out_path: str) -> None:
     from simulators.spec import default_scenario
 
     scenario = load_scenario(scenario_path) if scenario_path else default_scenario()
-    write_atomic(out_path, Simulation(with_seed(scenario, seed)).run().log.lines())
+    write_atomic(out_path, Simulation(with_seed(scenario, seed), explore=explore).run().log.lines())
 
 
 if __name__ == "__main__":
-    _fresh_run(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    explored = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+    _fresh_run(sys.argv[1], int(sys.argv[2]), sys.argv[3], None if explored is None else ExploreSpec(**explored))

@@ -69,10 +69,18 @@ class Actor:
 
 
 class SimEnv(simpy.Environment):
-    """simpy.Environment whose same-time tie-break is the scheduling process's key."""
+    """simpy.Environment whose same-time tie-break is the scheduling process's key.
 
-    def __init__(self, initial_time: float = 0) -> None:
+    With an ``explorer`` (``simulators/explore.py``) the tie-break between processes is the
+    explorer's rank of (process, instant) instead, the key only breaking rank ties; the
+    unexplored path is untouched (no check on it: :meth:`schedule` is swapped for the run).
+    """
+
+    def __init__(self, initial_time: float = 0, explorer: Any = None) -> None:
         super().__init__(initial_time)
+        self.explorer = explorer
+        if explorer is not None:
+            self.schedule = self._schedule_explored  # type: ignore[method-assign]
         # simpy binds its event factories (timeout, event, all_of, ...) to the instance
         # once, but only those in the instance's own class dict: a subclass like this one
         # would build a bound method on every env.timeout(...) call. Bind them here.
@@ -89,6 +97,18 @@ class SimEnv(simpy.Environment):
         except (AttributeError, KeyError, TypeError):
             prio = _slow_prio(proc, priority)
         heappush(self._queue, (self._now + delay, prio, next(self._eid), event))
+
+    def _schedule_explored(self, event: Any, priority: Any = NORMAL, delay: float = 0) -> None:
+        heappush(self._queue, (self._now + delay, self.explored_prio(self._active_proc, priority, delay),
+                               next(self._eid), event))
+
+    def explored_prio(self, proc: Any, priority: Any, delay: float) -> Tuple[int, float, Tuple[int, ...]]:
+        """(simpy priority, the explorer's rank, key): simpy's URGENT/NORMAL still first."""
+        if isinstance(priority, tuple):  # already ranked (re-schedule)
+            return priority
+        key = getattr(proc, "order_key", ROOT_KEY) if proc is not None else ROOT_KEY
+        at = self._now + delay
+        return (int(priority), self.explorer.rank(key, at, self._now), key)
 
     def run(self, until: Any = None) -> Any:
         """simpy's ``run(until=event)`` with :meth:`step` inlined: the same events in the
@@ -237,7 +257,8 @@ class Timer(Event):
         self._ok = True
         self._value = None
         self.actor, self.fn, self.arg = actor, fn, arg
-        heappush(env._queue, (env._now + delay, actor.order_prios[NORMAL], next(env._eid), self))
+        prio = actor.order_prios[NORMAL] if env.explorer is None else env.explored_prio(actor, NORMAL, delay)
+        heappush(env._queue, (env._now + delay, prio, next(env._eid), self))
 
 
 def _fire_timer(timer: Timer) -> None:

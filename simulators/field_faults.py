@@ -1,4 +1,4 @@
-"""Fault hooks reproducing failures users reported (reference/field-reports.md, rlix.md §8).
+"""Fault hooks reproducing failures users reported (docs/modelled-systems.md#nemo-rl-failures-users-reported, #rlix-known-bugs-the-scenarios-reproduce).
 
 Each hook is named in a scenario's ``faults:`` (documented in ``simulators/spec.py``
 ``FaultSpec``), fires at most where its ``at_step`` says, and leaves a ``fault_fired``

@@ -4,7 +4,7 @@ A rank's lifecycle is ``harness.control.rank_state.RankLifecycle`` (the same tab
 gates obey); this module adds what only a simulation needs: requests in flight, a
 batching model, and the routing of requests to ranks as the reference does it.
 
-Routing (reference/rlix.md §4 F3; NeMo RL fork ``VllmGeneration``, ``nemo`` @0775e9c:
+Routing (docs/modelled-systems.md#rlix-partial-overlap-shrink-expand-and-routing F3; NeMo RL fork ``VllmGeneration``, ``nemo`` @0775e9c:
 ``_async_generate_base``, ``_select_next_active_dp_rank``, ``_wait_for_active_dp_ranks``,
 ``activate_dp_ranks``):
 

@@ -44,7 +44,7 @@ from simulators.spec import PipelineSpec
 from simulators.timeouts import Deadlines
 from simulators.workload import Collector, ReplayBuffer
 
-TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (rlix.md §5.2)
+TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (docs/modelled-systems.md#rlix-selective-sync)
 _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old_log_probs",
                    Priority.ACTOR_TRAINING: "train"}
 
@@ -61,7 +61,7 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self.sim, self.spec, self.index = sim, spec, index
         self.env = sim.env
         self.pid = spec.name
-        self.costs = sim.scenario.costs
+        self.costs = spec.costs or sim.scenario.costs
         nemo = spec.type == "nemo_async"
         self.ctx = PipelineContext(
             pipeline_id=spec.name, kind=spec.type, steps=spec.steps, sleep_level=spec.sleep_level,

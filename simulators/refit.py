@@ -1,13 +1,13 @@
 """The refit timing model: one weight sync from the CPU bucket cache to target ranks.
 
-Per sync (reference/rlix.md §5.2, nemo_rl.md §1.2-1.3):
+Per sync (docs/modelled-systems.md#rlix-selective-sync, docs/modelled-systems.md#nemo-rl-refit):
 1. comm plan (``harness.refit.comm_plan``, the same one the gates use) — a target GPU
    that is the cache owner's GPU takes the same-GPU path (``cpu_serialize``: NCCL cannot
    group two ranks of one GPU); any other target GPU joins a dynamic NCCL group (owner +
    targets; created per sync, destroyed after it);
 2. per bucket: stage on the owner's GPU over its PCIe link (H2D), transport (same-GPU:
    a receiver copy; broadcast: over the intra-node fabric, or the NICs across nodes),
-   load on the receiver. Two staging buffers ping-pong (nemo_rl.md §1.2): bucket b+1 is
+   load on the receiver. Two staging buffers ping-pong (docs/modelled-systems.md#nemo-rl-refit): bucket b+1 is
    staged while the receivers load bucket b, and at most one bucket is un-ACKed — b+1 is
    sent only after b's ACK;
 3. destroy the dynamic group; the lifecycle moves: expand path → ``synced``, active path
@@ -58,7 +58,7 @@ class RefitEffects:
             fabric, fabric_rate = cluster.links.intra[node], cluster.spec.intra_node_bytes_per_s
         specs, costs = self._stream_inputs()
         yield from stream_sync(
-            env, specs, 2 * max(c.bucket_bytes, proto.ALIGNMENT_BYTES), costs,
+            env, specs, 2 * proto.align_up(max(c.bucket_bytes, proto.ALIGNMENT_BYTES)), costs,  # a full bucket fits one half
             staging_link=cluster.links.h2d[owner], fabric=fabric if bcast else None, fabric_rate=fabric_rate,
             on_alloc=lambda nbytes: cluster.vram.alloc(owner, staging_owner, "staging", c.bucket_bytes * min(len(specs), 2), f"{e.path}_sync"),
             on_ack=lambda group, size: self._bucket_acked(e, ipc, bcast, group, size),
@@ -165,7 +165,7 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if costs.setup_s:
                 yield timeout(costs.setup_s)
         elif isinstance(e, proto.Pack):
-            t = e.used_bytes / costs.pack_bytes_per_s
+            t = e.span_bytes / costs.pack_bytes_per_s
             if costs.tensor_overhead_s:
                 t += len(e.slots) * costs.tensor_overhead_s
             if staging_link is not None:
@@ -178,14 +178,14 @@ def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_li
             if fabric is not None:
                 with fabric.request() as req:
                     yield req
-                    yield timeout(e.used_bytes / fabric_rate)
-            load = e.used_bytes / costs.load_bytes_per_s
+                    yield timeout(e.span_bytes / fabric_rate)
+            load = e.span_bytes / costs.load_bytes_per_s
             if costs.tensor_overhead_s:
                 load += len(e.slots) * costs.tensor_overhead_s
             if costs.group_overhead_s:
                 load += costs.group_overhead_s
             load_end[e.group] = env.now + load
-            sizes[e.group] = e.used_bytes
+            sizes[e.group] = e.span_bytes
         elif isinstance(e, proto.AwaitAck) and e.group == proto.COMPLETE:
             if costs.complete_s:
                 yield timeout(costs.complete_s)

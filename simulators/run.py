@@ -34,6 +34,7 @@ from harness.outputs.perfetto import write_chrome_trace
 from harness.outputs.summary import Summary, summarize
 from harness.outputs.summary_text import format_summary, summary_json
 from harness.outputs.timeline import write_timeline_png
+from simulators.explore import ExploreSpec
 from simulators.runtime import RunResult, Simulation
 from simulators.scenario_dump import scenario_to_mapping
 from simulators.spec import Scenario
@@ -62,8 +63,8 @@ def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:
 
 
 def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
-             progress: Optional[Callable[[str], None]] = None) -> SimulationOutput:
-    result = Simulation(scenario, progress=progress).run()
+             progress: Optional[Callable[[str], None]] = None, explore: Optional[ExploreSpec] = None) -> SimulationOutput:
+    result = Simulation(scenario, progress=progress, explore=explore).run()
     return write_outputs(result, out_dir, png=png, progress=progress)
 
 

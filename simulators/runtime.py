@@ -35,6 +35,7 @@ from harness.scheduler.types import Rejected
 from harness.topology import ClusterTopology
 from simulators.cluster import SimCluster
 from simulators.env import Actor, SimEnv, Timer
+from simulators.explore import Explorer, ExploreSpec
 from simulators.spec import Scenario
 
 
@@ -58,9 +59,10 @@ class RunResult:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, *, progress: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(self, scenario: Scenario, *, progress: Optional[Callable[[str], None]] = None,
+                 explore: Optional[ExploreSpec] = None) -> None:
         self.scenario = scenario
-        self.env = SimEnv()
+        self.env = SimEnv(explorer=None if explore is None else Explorer(explore))
         c = scenario.cluster
         options = SchedulerOptions.from_mapping(scenario.scheduler)
         self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), options)
@@ -69,7 +71,9 @@ class Simulation:
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
                   # the oracle's post-sleep residue threshold (invariant 6, harness/invariants/memory.py)
-                  "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes}))
+                  "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+                  # the schedule exploration that ordered same-time events (simulators/explore.py)
+                  **({} if explore is None else {"explore": explore.describe()})}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)

@@ -69,6 +69,7 @@ from simulators.spec import (
     WorkloadSpec,
 )
 from simulators.dataplane import check_spec as check_data_plane
+from simulators.costmodel.derive import expand as expand_cost_model
 
 __all__ = ["ScenarioError", "load_scenario", "parse_yaml", "scenario_from_mapping", "FIELD_RULES"]
 
@@ -100,7 +101,7 @@ from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the fiel
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
-_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane")
+_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
@@ -279,7 +280,8 @@ def _topology_path(base: str, e: TopologyError) -> str:
 
 
 def _pipeline(
-    ctx: _Ctx, path: str, data: Any, defaults: Mapping[str, Mapping[str, Any]], topo: ClusterTopology
+    ctx: _Ctx, path: str, data: Any, defaults: Mapping[str, Mapping[str, Any]], topo: ClusterTopology,
+    scenario_costs: Optional[CostSpec] = None,
 ) -> PipelineSpec:
     data = _mapping(ctx, path, data)
     known = tuple(FIELD_RULES[PipelineSpec]) + _PIPELINE_STRUCTURED
@@ -342,6 +344,9 @@ def _pipeline(
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
         vals["data_plane"] = _data_plane(ctx, f"{path}.data_plane", data["data_plane"], len(train))
+    if "costs" in data:  # the pipeline's own costs, over the scenario's
+        base = {f.name: getattr(scenario_costs or CostSpec(), f.name) for f in fields(CostSpec)}
+        vals["costs"] = CostSpec(**{**base, **_flat_fields(ctx, f"{path}.costs", data["costs"], CostSpec)})
     return PipelineSpec(**vals)
 
 
@@ -384,6 +389,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, Mapping):
         raise ctx.fail("(top level)", f"expected a mapping, got {_describe(data)}")
     data = _mapping(ctx, "(top level)", data)
+    data = expand_cost_model(data, ctx.fail)  # presets and derived costs, where the file gives none
     known = tuple(FIELD_RULES[Scenario]) + _SCENARIO_STRUCTURED + ("defaults",)
     _reject_unknown(ctx, "", data, known)
     for key in _SCENARIO_REQUIRED:
@@ -418,7 +424,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     pipes: Dict[str, PipelineSpec] = {}
     first_index: Dict[str, int] = {}
     for i, raw in enumerate(raw_pipes):
-        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo)
+        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo, costs)
         trajectories += scenario_limits.check_pipeline(ctx.fail, f"pipelines[{i}]", p)
         if p.name in pipes:
             raise ctx.fail(f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])")

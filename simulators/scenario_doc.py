@@ -4,7 +4,8 @@ The reference is derived, never written by hand, from the three places that defi
 scenario: the dataclasses of ``simulators/spec.py`` (fields, defaults and the comment on
 each field), the validation table of ``simulators/scenario_rules.py`` (type, bound, unit)
 and the size limits of ``harness/limits.py``; scheduler options come from
-``harness.scheduler.options.SchedulerOptions``. A test regenerates it and compares, so
+``harness.scheduler.options.SchedulerOptions``; the list of bundled scenarios (the one
+count the docs give) from ``examples/scenarios/``. A test regenerates it and compares, so
 the shipped file cannot fall behind the code::
 
     python -m simulators.scenario_doc --write     # regenerate docs/scenario-reference.md
@@ -26,10 +27,13 @@ from typing import Dict, List, Optional, Tuple
 from harness import limits
 from harness.scheduler.options import SchedulerOptions
 from simulators import spec
+from simulators.dataplane import DataPlaneSpec
 from simulators.scenario_limits import NAME_RULE
 from simulators.scenario_rules import FIELD_RULES, Rule
 
-DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "scenario-reference.md")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC_PATH = os.path.join(_ROOT, "docs", "scenario-reference.md")
+SCENARIO_DIR = os.path.join(_ROOT, "examples", "scenarios")
 
 _BOUND_TEXT = {"": "", ">0": "> 0", ">=0": ">= 0", ">=1": ">= 1", "(0,1]": "in (0, 1]"}
 
@@ -49,6 +53,10 @@ _LIMITS: Dict[str, str] = {
 }
 
 _ALLOWED = {
+    "streaming.sampler": "in_order, weight_fifo, windowed, ready_first or custom",
+    "streaming.stall_action": "warn or abort",
+    "streaming.custom_target": "module:Class (sampler custom only)",
+    "data_plane.route": "one_hop or via_driver",
     "pipelines[].sleep_level": "1 (weights kept in host RAM) or 2 (weights dropped)",
     "pipelines[].type": " or ".join(spec.PIPELINE_TYPES),
     "faults[].name": "a fault name (list below)",
@@ -57,6 +65,15 @@ _ALLOWED = {
 }
 
 _MEANING = {
+    "pipelines[].streaming": "mapping: the single controller's knobs (table below); single_controller only",
+    "pipelines[].data_plane": "mapping: bulk tensors through a store (table below); absent: no data plane",
+    "streaming.min_groups_for_streaming_train": "prompt groups the trainer waits for before a microbatch; = workload.prompts_per_step is the non-streaming controller",
+    "streaming.max_inflight_prompts": "prompts being generated at once (the in-flight semaphore)",
+    "streaming.max_buffered_rollouts": "prompt groups the buffer holds (the capacity semaphore); a gated sampler needs prompts_per_step x (window + 1)",
+    "streaming.max_infra_attempts_per_prompt": "attempts of one prompt after infrastructure failures",
+    "streaming.max_data_attempts_per_prompt": "attempts of one prompt after data failures, then it is skipped",
+    "streaming.watchdog_interval_s": "how often the stall watchdog looks",
+    "streaming.stall_timeout_s": "no progress for this long is a stall",
     "name": "the scenario's name; also its run folder, runs/<name>",
     "description": "free text, shown nowhere but the resolved scenario.yaml",
     "seed": "random seed of the workload (decode lengths); same scenario + seed = same event log",
@@ -133,7 +150,7 @@ def _default(cls: type, f: dataclasses.Field) -> str:
         return f"{value:g}"
     if isinstance(value, str):
         return repr(value) if value else '""'
-    if isinstance(value, (dict, tuple, list)) and not value:
+    if value is None or (isinstance(value, (dict, tuple, list)) and not value):
         return "none"
     return str(value)
 
@@ -181,6 +198,40 @@ def _fault_list() -> List[str]:
     return bullets[start:]
 
 
+def bundled_scenario_files() -> List[str]:
+    """The bundled scenarios: every ``*.yaml`` of ``examples/scenarios/``, sorted."""
+    return sorted(f for f in os.listdir(SCENARIO_DIR) if f.endswith(".yaml"))
+
+
+def _first_sentence(path: str) -> str:
+    """What a bundled scenario is for: the first sentence of its leading comment block."""
+    lines: List[str] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.startswith("#"):
+                break
+            lines.append(line.lstrip("#").strip())
+    text = " ".join(x for x in lines if x)
+    text = re.sub(r"\s*\(docs/modelled-systems\.md#[\w-]+\)|,? docs/modelled-systems\.md#[\w-]+", "", text)
+    m = re.match(r"(.+?[a-z0-9)`][.])(\s|$)", text)
+    sentence = m.group(1) if m else text
+    return sentence if len(sentence) <= 220 else sentence[:217].rstrip() + "..."
+
+
+def _bundled_scenarios() -> List[str]:
+    """The one count and list of bundled scenarios the docs point to (generated, so it
+    cannot disagree with the folder)."""
+    files = bundled_scenario_files()
+    out = ["## Bundled scenarios", "",
+           f"`examples/scenarios/` holds {len(files)} scenarios; each reproduces a failure mode, shows a fix "
+           "or answers a question (its leading comment says which; the checks that catch each "
+           "failure mode are in [simulator.md](simulator.md#failure-modes-and-the-checks-that-catch-them)).", "",
+           "| scenario | what it is for |", "|---|---|"]
+    for f in files:
+        out.append(f"| [`{f}`](../examples/scenarios/{f}) | {_cell(_first_sentence(os.path.join(SCENARIO_DIR, f)))} |")
+    return out + [""]
+
+
 def render() -> str:
     out: List[str] = [
         "# Scenario reference",
@@ -206,11 +257,14 @@ def render() -> str:
     out += ["", "## `pipelines[]`", ""] + _table(spec.PipelineSpec, "", "pipelines[].")
     out += ["", "## `model` (in a pipeline or `defaults`)", ""] + _table(spec.ModelSpec, "model.", "model.")
     out += ["", "## `workload` (in a pipeline or `defaults`)", ""] + _table(spec.WorkloadSpec, "workload.", "workload.")
+    out += ["", "## `streaming` (in a `single_controller` pipeline)", ""] + _table(spec.StreamingSpec, "streaming.", "streaming.")
+    out += ["", "## `data_plane` (in a pipeline)", ""] + _table(DataPlaneSpec, "data_plane.", "data_plane.")
     out += ["", "## `costs`", ""] + _table(spec.CostSpec, "costs.", "costs.")
     out += ["", "## `scheduler`", ""] + _scheduler_table()
     out += ["", "## `faults[]`", ""] + _table(spec.FaultSpec, "", "faults[].")
     out += ["", f"Fault names ({', '.join(f'`{n}`' for n in spec.FAULT_NAMES)}):", ""] + _fault_list()
     out += ["", f"Pipeline types: {', '.join(f'`{t}`' for t in spec.PIPELINE_TYPES)}.", ""]
+    out += _bundled_scenarios()
     return "\n".join(out)
 
 

@@ -21,6 +21,20 @@ def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
+#: fields left out of the dump while unset: presets and architecture the scenario never named
+_UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "hidden_size": 0, "num_heads": 0,
+                  "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0}
+
+
+def _sparse(obj: Any) -> Dict[str, Any]:
+    return {k: v for k, v in _flat_to_mapping(obj).items() if not (k in _UNSET_OMITTED and v == _UNSET_OMITTED[k])}
+
+
+def _costs_beyond(p_costs: Any, base: Any) -> Dict[str, Any]:
+    """A pipeline's costs as the fields that differ from the scenario's."""
+    return {f.name: getattr(p_costs, f.name) for f in fields(p_costs) if getattr(p_costs, f.name) != getattr(base, f.name)}
+
+
 def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
     """The fully resolved mapping of ``s`` (no ``defaults`` section; lists, not tuples).
 
@@ -41,9 +55,10 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "start_s": p.start_s,
                 "old_log_probs_offload_states": p.old_log_probs_offload_states,
                 "offload_nccl": p.offload_nccl,
-                "model": _flat_to_mapping(p.model),
+                "model": _sparse(p.model),
                 "workload": _flat_to_mapping(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
+                **({} if p.costs is None else {"costs": _costs_beyond(p.costs, s.costs)}),
             }
         )
         if p.type == "single_controller":
@@ -53,7 +68,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         "description": s.description,
         "seed": s.seed,
         "horizon_s": s.horizon_s,
-        "cluster": _flat_to_mapping(s.cluster),
+        "cluster": _sparse(s.cluster),
         "costs": _flat_to_mapping(s.costs),
         "scheduler": dict(s.scheduler),
         "pipelines": pipelines,

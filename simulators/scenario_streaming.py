@@ -2,7 +2,7 @@
 
 The sampler is built exactly as the run will build it, so a scenario that would deadlock
 (a gated sampler whose buffer cannot hold ``window + 1`` batches) is refused at load time
-with the reason, like NeMo's setup raise (reference/nemo_rl.md §2.2).
+with the reason, like NeMo's setup raise (docs/modelled-systems.md#nemo-rl-streaming-single-controller).
 """
 
 from __future__ import annotations

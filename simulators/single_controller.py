@@ -63,7 +63,7 @@ class SingleControllerSim:
         self.sim, self.spec, self.index = sim, spec, index
         self.env = sim.env
         self.pid = spec.name
-        self.costs = sim.scenario.costs
+        self.costs = spec.costs or sim.scenario.costs
         self.cfg = streaming_config(spec)
         self.state = ControllerState(self.cfg)
         self.trainer = SplitStepMachine()

@@ -2,8 +2,8 @@
 
 A scenario file (YAML, see ``simulators/scenario.py`` for loading and validation)
 becomes one :class:`Scenario`. Every cost parameter has a documented unit and a default
-taken from the reference measurements where one exists (reference/rlix.md §9,
-nemo_rl.md §7); a later calibration issue fits them to measurements. Sizes are bytes,
+taken from the upstream measurements where one exists (docs/modelled-systems.md#rlix-timeouts-and-measured-durations);
+``rlharness calibrate`` and the cost model (docs/cost-model.md) fit or derive them. Sizes are bytes,
 bandwidths bytes/second, times seconds, throughputs tokens/second.
 """
 
@@ -27,6 +27,10 @@ class ClusterSpec:
     pcie_bytes_per_s: float = 25e9  # per GPU, each direction (H2D, D2H)
     intra_node_bytes_per_s: float = 150e9  # GPU-GPU inside a node (NVLink-class)
     inter_node_bytes_per_s: float = 25e9  # per node NIC
+    # A GPU preset (simulators/costmodel/hardware.py: h100_sxm, h200, a100_80gb, h20, b200,
+    # l40s): sets vram_bytes and the three links where the file gives none, and with a
+    # model's architecture lets the cost model derive each pipeline's costs; "" = none
+    gpu: str = ""
 
     @property
     def num_gpus(self) -> int:
@@ -37,6 +41,17 @@ class ClusterSpec:
 class ModelSpec:
     params: float = 0.5e9  # parameter count
     bytes_per_param: int = 2  # bf16 weights
+    # A model preset (simulators/costmodel/models.py) fills params and the architecture
+    # below where the file gives none; "" = none. The architecture (0 = not given) is what
+    # the cost model needs (docs/cost-model.md): without it the explicit costs apply.
+    preset: str = ""
+    active_params: float = 0.0  # parameters active per token (a mixture of experts); 0 = params
+    layers: int = 0
+    hidden_size: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    vocab_size: int = 0
 
     @property
     def weight_bytes(self) -> int:
@@ -54,6 +69,7 @@ class WorkloadSpec:
     max_concurrent_per_rank: int = 64  # batching limit of one DP rank
     tokens_per_s_per_rank: float = 2400.0  # aggregate decode throughput of a full rank (per TP bundle)
     batching_half_point: float = 8.0  # concurrency at which a rank reaches half its aggregate throughput
+    prompt_tokens: int = 256  # prompt length: with the decode length, the tokens the cost model trains on
 
     @property
     def trajectories_per_step(self) -> int:
@@ -73,10 +89,10 @@ class CostSpec:
     # of them a phase loads is harness/control/residency.py (docs/residency.md)
     train_state_multiplier: float = 8.0
     optimizer_state_multiplier: float = 4.0  # Adam's two fp32 moments: 8 B per bf16 parameter (2 B)
-    nccl_group_create_s: float = 1.5  # one dynamic or training NCCL group (rlix.md §9: ~1-2 s)
+    nccl_group_create_s: float = 1.5  # one dynamic or training NCCL group (docs/modelled-systems.md#rlix-timeouts-and-measured-durations: ~1-2 s)
     nccl_group_destroy_s: float = 0.05
     nccl_buffer_bytes: int = 512 * MiB  # communicator buffers resident per group member
-    wake_s: float = 0.8  # vLLM wake_up (rlix.md §9: 0.7-0.9 s)
+    wake_s: float = 0.8  # vLLM wake_up (docs/modelled-systems.md#rlix-timeouts-and-measured-durations: 0.7-0.9 s)
     sleep_s: float = 0.3
     drain_s: float = 0.2  # abort + drain of in-flight requests
     finalize_s: float = 0.5  # receiver process_weights_after_loading
@@ -92,6 +108,15 @@ class CostSpec:
     refit_complete_s: float = 0.0  # release the buffers, COMPLETE and its ACK
     kv_cache_fraction: float = 0.9  # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
     cuda_context_bytes: int = 500 * MiB  # residue per process on a GPU
+    # The cost model's efficiency factors (used only where cluster.gpu and a model
+    # architecture are given; docs/cost-model.md says how they were chosen):
+    train_mfu: float = 0.35  # model-FLOPs utilization of training and log-prob passes
+    decode_flops_efficiency: float = 0.5  # share of peak FLOP/s a decode step's matmuls reach
+    hbm_efficiency: float = 0.8  # share of the HBM bandwidth weight and KV reads reach
+    tp_allreduce_latency_s: float = 10e-6  # fixed part of one tensor-parallel all-reduce
+    max_num_seqs: int = 256  # the engine's cap on concurrent sequences (vLLM's default)
+    wake_fixed_s: float = 0.5  # wake_up's fixed part (allocator, CUDA graphs)
+    sleep_fixed_s: float = 0.2
     post_sleep_residue_bytes: int = 256 * MiB  # what a sleeping rank keeps (threshold check: < 1 GiB)
     post_sleep_threshold_bytes: int = 1 * GiB
     watchdog_s: float = 2.0  # NeMo GEN re-request watchdog period
@@ -106,7 +131,7 @@ class CostSpec:
 @dataclass(frozen=True)
 class StreamingSpec:
     """The single controller's ``async_rl`` knobs (``type: single_controller`` only;
-    reference/nemo_rl.md §2.2). ``min_groups_for_streaming_train`` = ``prompts_per_step``
+    docs/modelled-systems.md#nemo-rl-streaming-single-controller). ``min_groups_for_streaming_train`` = ``prompts_per_step``
     is the non-streaming controller: the trainer waits for a whole batch."""
 
     sampler: str = "in_order"  # in_order | weight_fifo | windowed | ready_first | custom
@@ -141,6 +166,9 @@ class PipelineSpec:
     start_s: float = 0.0  # when the pipeline registers
     streaming: StreamingSpec = field(default_factory=StreamingSpec)  # single_controller only
     data_plane: Optional[DataPlaneSpec] = None  # bulk through a store (simulators/dataplane.py)
+    # this pipeline's costs: the scenario's costs with the pipeline's own `costs:` section
+    # and the cost model's derived values (docs/cost-model.md); None = the scenario's
+    costs: Optional["CostSpec"] = None
     # ROLL switches (harness/control/residency.py, docs/residency.md); defaults are RLix's:
     # is_offload_states of the OLD_LOG_PROBS compute (RLix sets False: parameters and
     # process groups stay across release_then_request; True is the fix)
@@ -159,7 +187,7 @@ class FaultSpec:
     * ``skip_sync_on_expand`` — at that step an expand skips the weight sync: the woken
       level-2 rank holds no weights and its lifecycle refuses finalize/activation.
     * ``noop_progress_hooks`` — (whole run) the pipeline sends no progress reports, as the
-      NeMo code's hooks do (rlix.md §2.5): demand reaches the scheduler only through
+      NeMo code's hooks do (docs/modelled-systems.md#rlix-progress-reports): demand reaches the scheduler only through
       GENERATION requests and their ``step_target_estimate``.
     * ``no_gen_watchdog`` — (whole run) no NeMo GENERATION re-request watchdog: after a
       preemption to zero nobody asks again (debug #32, "one-shot GENERATION").
@@ -227,7 +255,7 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 
 
 def default_scenario() -> Scenario:
-    """DESIGN default: two nemo_async pipelines on 2 GPUs (ppl1 train [0] infer [0,1];
+    """The default scenario: two nemo_async pipelines on 2 GPUs (ppl1 train [0] infer [0,1];
     ppl2 train [1] infer [0,1])."""
     return Scenario(
         name="default",

@@ -2,7 +2,7 @@
 
 RLix bounds four of the waits the simulator models, and each expiry raises; any such
 exception in the scheduler or a pipeline is a fail-fast shutdown of everything
-(rlix.md §1.2, §2.7, §5.2, §8, §9):
+(docs/modelled-systems.md#rlix-timeouts-and-measured-durations):
 
 =================  =========================================  ======  ==============================
 ``what``           RLix setting                               limit   the wait

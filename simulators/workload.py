@@ -9,7 +9,7 @@ around a median with a long tail, capped, drawn from the run's seeded generator.
 * ``async`` collection (NeMo async GRPO): generation runs ahead of training, keeping
   at most ``(max_trajectory_age_steps + 1)`` steps' worth of trajectories queued, in
   flight or buffered; the trainer takes a batch only from trajectories whose version is
-  within the age window and older ones are evicted (reference/nemo_rl.md §2.1).
+  within the age window and older ones are evicted (docs/modelled-systems.md#nemo-rl-async-grpo).
 """
 
 from __future__ import annotations

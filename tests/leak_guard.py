@@ -3,7 +3,7 @@ temp folder.
 
 The project's files there all carry known names: the refit stream's staging files
 (``rlharness_refit_<pid>_…``) and the private folders of sockets and staging files
-(``rlh-<pid>-…``, ``harness/refit/private_dirs.py``). At the start of the session (in the
+(``rlh-<pid>-…``, ``gpu_gates/transports/private_dirs.py``). At the start of the session (in the
 controller process under xdist, before any worker starts) the guard sets a fresh
 ``RLHARNESS_TMP_TAG``; every worker, gate rank and child process inherits it and puts it
 in every such name. At the end (after every worker finished) a name that still carries
@@ -20,7 +20,7 @@ from typing import List, Set
 
 import pytest
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 
 PREFIXES = ("rlh-", private_dirs.STAGING_PREFIX)
 _state = {}

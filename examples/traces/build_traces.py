@@ -38,7 +38,7 @@ class Trace:
 
 
 def partial_overlap_2gpu() -> Trace:
-    """NeMo-style: ppl1 train [0] infer [0,1]; ppl2 train [1] infer [0,1] (DESIGN default)."""
+    """NeMo-style: ppl1 train [0] infer [0,1]; ppl2 train [1] infer [0,1] (the default scenario)."""
     tr = Trace(1, 2)
     for pid, train in (("ppl1", [0]), ("ppl2", [1])):
         tr("register", pipeline_id=pid, topology="partial_overlap",

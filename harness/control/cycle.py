@@ -3,7 +3,7 @@
     plan → every shrink, all at once → wait for all → every expand, all at once →
     wait for all → commit → signal the waiters
 
-(RLix ``_central_scheduling_loop`` / ``_execute_resize_calls``; reference/rlix.md §2).
+(RLix ``_central_scheduling_loop`` / ``_execute_resize_calls``; docs/modelled-systems.md#rlix-one-scheduling-cycle).
 A donor's ranks are therefore asleep before any recipient wakes on them (T1 < T2), and
 a waiter learns of its GPUs only after its expand completed (T2 < T3). When the run
 fails during a phase, nothing of the next phase starts and nothing is committed.

@@ -4,7 +4,7 @@ Overlap ranks (inference ranks on training GPUs) sleep while training runs; non-
 ranks keep generating. After training the pipeline refreshes the ranks still serving
 ("active refresh", in flight) from the new CPU cache, publishes the version, and only
 then releases ``actor_train``; the scheduler later expands the overlap ranks, which
-sync from the same cache and publish the same version (reference/rlix.md §4).
+sync from the same cache and publish the same version (docs/modelled-systems.md#rlix-partial-overlap-shrink-expand-and-routing).
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def nemo_residency(sw: TrainerSwitches = TrainerSwitches()) -> Dict[str, PhaseRe
                        "NeMo RL computes log-probs inside the ACTOR_TRAINING allocation (no separate request)"),
         PhaseResidency("train", ("params", "grads", "optimizer", "nccl"), (), False,
                        f"{_NEMO_SRC} before_training: request ACTOR_TRAINING, reload Megatron NCCL groups from "
-                       "their snapshot, log-probs + train with the whole training state resident (rlix.md §4)"),
+                       "their snapshot, log-probs + train with the whole training state resident (docs/modelled-systems.md#rlix-pipeline-steps)"),
         PhaseResidency("cache_build", (), (), False,
                        f"{_NEMO_SRC} before_weight_sync: CPU bucket cache built while parameters are still on "
                        "the GPU (debug #34/#35)"),

@@ -1,7 +1,7 @@
 """ROLL-style synchronous pipeline under RLix: the whole GEN cluster shrinks to zero
 at every step (``await_release``), then OLD_LOG_PROBS and ACTOR_TRAINING run on the
 training GPUs, then ``actor_train`` is released and the next step's GENERATION request
-re-expands the inference ranks, which sync from the new cache (reference/rlix.md §2.1, §4).
+re-expands the inference ranks, which sync from the new cache (docs/modelled-systems.md#rlix-pipeline-steps).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The single controller's rollout pump and stall watchdog, as control logic (NeMo RL
-``_rollout_pump`` / ``generate_and_push`` / ``_stall_watchdog_pump``, reference/nemo_rl.md §2.2).
+``_rollout_pump`` / ``generate_and_push`` / ``_stall_watchdog_pump``, docs/modelled-systems.md#nemo-rl-streaming-single-controller).
 
 Per admitted batch (the sampler's gate; in_order stamps the target step), per prompt:
 a buffer slot (``max_buffered_rollouts``), an in-flight slot (``max_inflight_prompts``),

@@ -1,5 +1,5 @@
 """The single controller's train pump, as control logic (NeMo RL ``_train_pump``,
-reference/nemo_rl.md §2.2 "Train pump").
+docs/modelled-systems.md#nemo-rl-streaming-single-controller "Train pump").
 
 Per step: until the step has trained on its target number of groups (the target shrinks
 when prompts are dropped): evict -> select -> log-probs -> advantages -> lazy

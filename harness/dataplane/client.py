@@ -1,4 +1,6 @@
-"""The data-plane client contract: put, get (explicit fields), clear, close.
+"""The data-plane client contract: put, get (explicit fields), clear, close, and the
+task-mediated reads (claim_meta, get_data, check_consumption_status) after NeMo RL's
+``DataPlaneClient`` (NVIDIA-NeMo/RL ``nemo_rl/data_plane/interfaces.py`` @ 7ea279ab).
 
 One class over any :class:`~harness.dataplane.store.RowStore`, so the in-process store
 and TransferQueue obey the same contract and one test suite runs against both. Every
@@ -142,6 +144,70 @@ class DataPlaneClient:
         self._emit("dp_transfer", hop=f"store_to_{self.role}", partition=partition_id, samples=list(ids),
                    fields=list(select_fields), bytes=sum(rows_nbytes(r) for r in rows.values()), bulk=True)
         return decode(schema, rows, pad_to)
+
+    # -- consumption (task-mediated reads) ---------------------------------------------
+    def _task_of(self, partition_id: str, task_name: Any) -> str:
+        if not isinstance(task_name, str) or not task_name:
+            raise DataPlaneInputError(f"task_name: must be a non-empty string, got {task_name!r}")
+        tasks = self.store.partition(partition_id)[1]
+        if task_name not in tasks:
+            raise UnknownTaskError(f"task_name: {task_name!r} is not a consumer task of partition {partition_id!r} "
+                                   f"(tasks: {', '.join(tasks) or 'none'})")
+        return task_name
+
+    def claim_meta(self, partition_id: str, task_name: str, required_fields: Sequence[str],
+                   batch_size: int) -> KVBatchMeta:
+        """Claim ``batch_size`` samples whose ``required_fields`` are all produced and that
+        ``task_name`` has not claimed yet; they are never handed to that task again (other
+        tasks keep their own cursor). Never blocks: with fewer ready than ``batch_size`` the
+        meta comes back empty and nothing is claimed, and the caller decides when to ask
+        again. The meta names the claimed samples, their tags and ``required_fields``;
+        :meth:`get_data` reads them."""
+        self._live()
+        schema = self.schema(partition_id)
+        task = self._task_of(partition_id, task_name)
+        if isinstance(required_fields, str) or not isinstance(required_fields, (list, tuple)) or not required_fields:
+            raise DataPlaneInputError("required_fields: must be a non-empty list of field names")
+        for f in required_fields:
+            if f not in schema:
+                raise DataPlaneInputError(f"required_fields: {f!r} is not declared in partition {partition_id!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise DataPlaneInputError(f"batch_size: must be a positive int, got {batch_size!r}")
+        ids = self.store.claim(partition_id, task, list(required_fields), batch_size)
+        held = self.store.samples(partition_id, ids) if ids else {}
+        tags = tuple(dict(held[s][0]) if s in held else {} for s in ids)
+        lens = None  # as NeMo RL: lifted from an ``input_lengths`` tag when every row has one
+        if ids and all("input_lengths" in t for t in tags):
+            lens = tuple(int(t["input_lengths"]) for t in tags)
+        return KVBatchMeta(partition_id, tuple(ids), tuple(dict.fromkeys(required_fields)), lens, tags,
+                           {"task_name": task})
+
+    def get_data(self, meta: KVBatchMeta, select_fields: Optional[Sequence[str]] = None, *,
+                 pad_to: Optional[int] = None) -> Dict[str, Any]:
+        """The rows a meta names: ``select_fields`` if given, else the meta's own fields —
+        never every field (a meta with neither is refused)."""
+        if not isinstance(meta, KVBatchMeta):
+            raise DataPlaneInputError(f"meta: must be a KVBatchMeta, got {type(meta).__name__}")
+        fields = select_fields if select_fields is not None else meta.fields
+        if not fields:
+            raise DataPlaneInputError("select_fields: none given and the meta names no fields (never implicit)")
+        if not meta.sample_ids:
+            raise DataPlaneInputError("meta: names no samples (an empty claim has nothing to read)")
+        return self.get_samples(list(meta.sample_ids), meta.partition_id, list(fields), pad_to=pad_to)
+
+    def check_consumption_status(self, partition_id: str, task_names: Sequence[str]) -> bool:
+        """True iff every task in ``task_names`` has claimed every sample the partition holds
+        (and it holds at least one: an empty partition is not "consumed", as in TQ)."""
+        self._live()
+        self.schema(partition_id)
+        if isinstance(task_names, str) or not isinstance(task_names, (list, tuple)) or not task_names:
+            raise DataPlaneInputError("task_names: must be a non-empty list of task names")
+        tasks = [self._task_of(partition_id, t) for t in task_names]
+        for task in tasks:
+            done, total = self.store.consumption(partition_id, task)
+            if total == 0 or done < total:
+                return False
+        return True
 
     def clear_samples(self, sample_ids: Optional[Sequence[str]], partition_id: str) -> None:
         """Drop samples; ``None`` drops the whole partition (its registration too)."""

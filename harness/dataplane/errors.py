@@ -3,7 +3,7 @@
 Every public call validates its arguments before it touches a store, so a bad argument
 raises :class:`DataPlaneInputError` and leaves the store exactly as it was. A duplicate
 write refused by a store without upsert is :class:`DuplicateWriteError`, the class of
-Mooncake's ``-601 ILLEGAL_CLIENT`` (reference/nemo_rl.md §3).
+Mooncake's ``-601 ILLEGAL_CLIENT`` (docs/modelled-systems.md#nemo-rl-data-plane).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A row store knows nothing of schemas' meaning or padding; the client (client.py) encodes
 and validates, then calls these primitives. ``InProcessStore`` is a dict in this process
-(also servable to other processes, see served.py); ``TransferQueueStore`` (tq_store.py)
-is the real TransferQueue on Ray. ``RefuseOverwrite`` wraps any store with Mooncake's
+(also servable to other processes, see gpu_gates/transports/served_store.py);
+``TransferQueueStore`` (gpu_gates/transports/tq_store.py) is the real TransferQueue on Ray. ``RefuseOverwrite`` wraps any store with Mooncake's
 no-upsert rule: a second write of a (sample, field) is refused with the ``-601`` class
 error instead of silently replacing the row, which is how a duplicate writer shows up.
 """
@@ -45,6 +45,17 @@ class RowStore(ABC):
     def drop(self, partition_id: str, sample_ids: Optional[Sequence[str]]) -> None:
         """Remove samples, or (None) the whole partition including its registration."""
 
+    @abstractmethod
+    def claim(self, partition_id: str, task: str, required_fields: Sequence[str], batch_size: int) -> List[str]:
+        """Atomically claim ``batch_size`` samples for ``task``: samples whose required fields
+        are all produced and that ``task`` has not claimed, oldest put first. Fewer ready
+        than ``batch_size``: nothing is claimed and ``[]`` comes back (TransferQueue's fetch
+        rule: a batch is claimed whole or not at all)."""
+
+    @abstractmethod
+    def consumption(self, partition_id: str, task: str) -> Tuple[int, int]:
+        """(samples ``task`` has claimed, samples held) over the samples the partition holds now."""
+
     def close(self) -> None:
         pass
 
@@ -57,6 +68,7 @@ class InProcessStore(RowStore):
         self._partitions: Dict[str, Tuple[dict, List[str]]] = {}
         self._rows: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}
         self._tags: Dict[str, Dict[str, dict]] = {}
+        self._claimed: Dict[Tuple[str, str], Set[str]] = {}  # (partition, task) -> claimed sample ids
         self.writes: List[Tuple[str, str, str, str]] = []  # (writer, partition, sample, field)
 
     def register(self, partition_id, schema, tasks):
@@ -103,10 +115,32 @@ class InProcessStore(RowStore):
                 self._partitions.pop(partition_id, None)
                 self._rows.pop(partition_id, None)
                 self._tags.pop(partition_id, None)
+                for key in [k for k in self._claimed if k[0] == partition_id]:
+                    del self._claimed[key]
                 return
             for s in sample_ids:
                 self._rows.get(partition_id, {}).pop(s, None)
                 self._tags.get(partition_id, {}).pop(s, None)
+                for key, claimed in self._claimed.items():
+                    if key[0] == partition_id:
+                        claimed.discard(s)
+
+    def claim(self, partition_id, task, required_fields, batch_size):
+        with self._lock:  # the readiness scan and the marking are one step: two claimers never share a sample
+            claimed = self._claimed.setdefault((partition_id, task), set())
+            rows = self._rows.get(partition_id, {})  # insertion order = first put order
+            ready = [s for s, held in rows.items() if s not in claimed and all(f in held for f in required_fields)]
+            if len(ready) < batch_size:
+                return []
+            take = ready[:batch_size]
+            claimed.update(take)
+            return take
+
+    def consumption(self, partition_id, task):
+        with self._lock:
+            rows = self._rows.get(partition_id, {})
+            claimed = self._claimed.get((partition_id, task), set())
+            return sum(1 for s in rows if s in claimed), len(rows)
 
     def write_ledger(self) -> List[Tuple[str, str, str, str]]:
         with self._lock:
@@ -148,6 +182,12 @@ class RefuseOverwrite(RowStore):
 
     def drop(self, partition_id, sample_ids):
         self.inner.drop(partition_id, sample_ids)
+
+    def claim(self, partition_id, task, required_fields, batch_size):
+        return self.inner.claim(partition_id, task, required_fields, batch_size)
+
+    def consumption(self, partition_id, task):
+        return self.inner.consumption(partition_id, task)
 
     def close(self):
         self.inner.close()

@@ -1,6 +1,6 @@
 """Import RLix's ``[RLIX_SCHED_LOG]`` lines as a replayable input trace.
 
-RLix (``nemo`` branch, reference/rlix.md §3) prints one stdout line per scheduler call
+RLix (``nemo`` branch, docs/rlix-log-format.md) prints one stdout line per scheduler call
 for four calls only::
 
     [RLIX_SCHED_LOG] t=1732400000.123456 fn=request_gpus cluster_id=ppl1_actor_train priority=ACTOR_TRAINING global_step=3 step_target_estimate=None lora_name=None
@@ -15,7 +15,7 @@ header's ``meta.import``):
   gives (``--topology``), every pipeline registered and admitted at t = 0.
 * **Cycles**: RLix's central loop wakes on every request and release; the importer puts a
   ``cycle`` after each such input. Its 1 s poll runs a background cycle only when a
-  trigger holds (rlix.md §2.2); the importer feeds the inputs to the scheduler model as it
+  trigger holds (docs/modelled-systems.md#rlix-scheduling-loop-and-background-rebalance); the importer feeds the inputs to the scheduler model as it
   goes and, at each poll tick of log time, adds a ``cycle`` with the trigger as reason
   exactly when the model's :meth:`background_rebalance_reason` says one would run.
 * **Not logged at all**: release_then_request, await_release, unregister,

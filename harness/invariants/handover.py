@@ -11,7 +11,7 @@ belongs to no cluster.
 
 ``handover``: when a GPU is granted, every *other* cluster's bytes on it must be at most
 that cluster's documented residue — an inference rank that went to sleep may keep up to
-the post-sleep threshold (1 GiB, rlix.md §4 F2), a training cluster nothing once it
+the post-sleep threshold (1 GiB, docs/modelled-systems.md#rlix-partial-overlap-shrink-expand-and-routing F2), a training cluster nothing once it
 offloaded and destroyed its groups. A violation names the GPU, both clusters, the bytes
 by kind, the phase that left them (the ``phase`` of the ``vram`` records) and the
 granting record.
@@ -19,8 +19,8 @@ granting record.
 ``gpu_tenancy`` (its mirror): no cluster allocates on, or runs a training effect or a
 request on, a GPU it does not hold (pipelines that registered with the scheduler; a
 single controller holds its GPUs outside it). One allocation is exempt: the cache owner stages each
-bucket of a weight sync on its own GPU whoever holds it (RLix's sender, rlix.md §5.2; the
-documented transient is bucket + scratch <= 0.9 x free, §5.1) — an expand's sync runs
+bucket of a weight sync on its own GPU whoever holds it (RLix's sender, docs/modelled-systems.md#rlix-selective-sync; the
+documented transient is bucket + scratch <= 0.9 x free, RLix's bucket-cache size guard) — an expand's sync runs
 after ``actor_train`` was released. ``handover`` still counts those bytes if a GPU changes
 hands while they are there.
 """
@@ -35,14 +35,14 @@ from harness.invariants.base import Records, Violation, invariant
 GiB = 1 << 30
 # Documented residue a cluster may leave on a GPU it no longer holds, by cluster name.
 INFER_RESIDUE_BYTES = 1 * GiB  # post-sleep VRAM assertion (RLix F2 plan, MILES threshold 1.0 GB)
-TRAIN_RESIDUE_BYTES = 0  # offload + group destroy leave no training bytes (rlix.md §4 F11)
+TRAIN_RESIDUE_BYTES = 0  # offload + group destroy leave no training bytes (docs/modelled-systems.md#rlix-partial-overlap-shrink-expand-and-routing F11)
 
 
 @lru_cache(maxsize=4096)  # a run has a few hundred owners and ~600 thousand VRAM records
 def cluster_of(owner: str) -> Optional[str]:
     """The cluster an allocation owner belongs to; None for a process's CUDA context. The
     cache owner's staging buffers (``P/sync``) are the training worker's (RLix's sender
-    stages every bucket on its own GPU, rlix.md §5.2), whichever sync they serve."""
+    stages every bucket on its own GPU, docs/modelled-systems.md#rlix-selective-sync), whichever sync they serve."""
     pid, _, what = owner.rpartition("/")
     if not pid:
         return None

@@ -3,8 +3,13 @@
 Sender side, per stream (rank, peer, step):
 * at most one data group is un-ACKed at any time, and COMPLETE is sent with none;
 * a staging buffer is refilled only after its previous group was ACKed;
-* slots are 512-byte aligned, in order, non-overlapping, end at the group's byte count,
-  and a ping-pong group fits its half buffer;
+* slots follow NeMo RL's wire layout (NVIDIA-NeMo/RL ``nemo_rl/models/policy/utils.py``
+  @7ea279ab): each slot sits at the running aligned offset — the sum of the 512-byte
+  aligned sizes of the slots before it — and that running offset ends exactly at the
+  group's byte count (``used_bytes``, which NeMo RL's receiver asserts). A receiver that
+  knows only the names finds every tensor by this rule, so a gap, an overlap or a byte
+  count at the end of the last tensor would make it read the wrong bytes or refuse the
+  group. A ping-pong group fits its half buffer;
 * a stream that sent COMPLETE collects exactly ``data groups + 1`` ACKs.
 
 Receiver side: a transfer is finalized only if the names it received are exactly the
@@ -17,7 +22,8 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from harness.invariants.base import Records, Violation, invariant
-from harness.refit.stream import ALIGNMENT_BYTES
+from harness.refit.stream import ALIGNMENT_BYTES, align_up
+
 NAME = "refit_wire"
 
 
@@ -38,15 +44,17 @@ class _SenderStream:
 
 def _layout(r: dict, half: int) -> List[str]:
     problems = []
-    end = 0
-    for i, (name, off, size) in enumerate(zip(r["names"], r["offsets"], r["sizes"])):
+    cursor = 0  # the running aligned offset
+    for name, off, size in zip(r["names"], r["offsets"], r["sizes"]):
         if off % ALIGNMENT_BYTES:
             problems.append(f"slot {name!r} at unaligned offset {off}")
-        if i and off < end:
-            problems.append(f"slot {name!r} at {off} overlaps the previous slot ending at {end}")
-        end = off + size
-    if end != r["bytes"]:
-        problems.append(f"slots end at {end}, group says {r['bytes']} bytes")
+        elif off < cursor:
+            problems.append(f"slot {name!r} at {off} overlaps the previous slot (running aligned offset {cursor})")
+        elif off != cursor:
+            problems.append(f"slot {name!r} at {off} leaves a gap (running aligned offset {cursor})")
+        cursor = max(cursor, off) + align_up(size)
+    if cursor != r["bytes"]:
+        problems.append(f"running aligned offset ends at {cursor}, group says {r['bytes']} used bytes")
     if r["buffer"] != "dedicated" and r["bytes"] > half:
         problems.append(f"{r['bytes']} bytes in a {half}-byte half buffer")
     return problems

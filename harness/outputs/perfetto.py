@@ -1,6 +1,6 @@
 """Chrome Trace Event Format JSON of a simulator run, for the Perfetto UI (ui.perfetto.dev).
 
-Layout (reference/anchors.md §4):
+Layout (docs/modelled-systems.md#test-harness-anchors):
 
 - one *process* per node ("node n") and, inside it, one *thread* (track) per GPU named
   "GPU g (node n)". Perfetto cannot draw partially overlapping slices on one track, so

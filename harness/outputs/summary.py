@@ -45,6 +45,7 @@ from harness.outputs.streaming_summary import StreamingRow, streaming_rows
 from harness.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
 from harness.outputs.run_view import Log, RunView, as_view
+from harness.outputs.waste import WASTE_KINDS, WasteSummary, scheduler_waste
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Summary:
     dataplane: List[HopTotal] = field(default_factory=list)  # bytes per hop (harness/outputs/dataplane.py)
     # GPUs handed over with another cluster's memory still on them (the handover check)
     handovers: List[Dict[str, Any]] = field(default_factory=list)
+    waste: WasteSummary = field(default_factory=WasteSummary)  # harness/outputs/waste.py
     first_oom_seq: Optional[int] = None  # to say whether an unclean handover came first
 
     @property
@@ -345,6 +347,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         first_oom_seq=first_oom_seq,
         streaming=streaming_rows(view.of("streaming_setup"), {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(view.of("dp_transfer")),
+        waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
     )
 
 

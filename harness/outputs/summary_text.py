@@ -120,6 +120,7 @@ def format_summary(summary: Summary) -> str:
                   [[str(sc.cycles), str(sc.shrink_ops), str(sc.shrink_dp_ranks), str(sc.expand_ops),
                     str(sc.expand_dp_ranks), str(sc.signals), str(sc.rejected), str(sc.failures)]],
                   "rrrrrrrr")
+    out += _waste_lines(summary)
 
     if summary.handovers:
         out.append("")
@@ -160,6 +161,23 @@ def _fault_lines(summary: Summary) -> List[Tuple[float, int, str]]:
     return lines
 
 
+def _waste_lines(summary: Summary) -> List[str]:
+    """Scheduler waste (harness/outputs/waste.py): expands that served nothing, resize time,
+    idle GPU-time while a request waits."""
+    w = summary.waste
+    if not w.pipelines and not w.waiting_s:
+        return []
+    out = ["", "Scheduler waste (wasted expand: its ranks served no request before they were shrunk or the run ended)"]
+    rows = [[p.pipeline_id, str(p.expands), str(p.wasted_expands), _pct(p.wasted_expands, p.expands),
+             _s(p.expand_s), _s(p.shrink_s)] for p in w.pipelines]
+    out += _table(["pipeline", "expands", "wasted", "wasted %", "expand s", "shrink s"], rows, "lrrrrr")
+    gpus = summary.nodes * summary.gpus_per_node
+    out.append(f"GPU-time idle while a GPU request waited: {_s(w.idle_gpu_s_while_waiting)} GPU-s "
+               f"({_pct(w.idle_gpu_s_while_waiting, summary.duration_s * gpus)} of all GPU-time); "
+               f"some request waited {_s(w.waiting_s)} s of the run")
+    return out
+
+
 def summary_json(summary: Summary) -> Dict[str, Any]:
     """The figures of :func:`format_summary` as a JSON-ready mapping (``summary.json``):
     the same numbers, unrounded, with the units in the key names (``_s`` simulated
@@ -197,6 +215,10 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         },
         "staleness_by_pipeline": {p: {str(a): c for a, c in ages.items()} for p, ages in summary.staleness_by_pipeline.items()},
         "scheduler": dict(vars(summary.scheduler)),
+        "waste": {"pipelines": [asdict(p) for p in summary.waste.pipelines],
+                  "expands": summary.waste.expands, "wasted_expands": summary.waste.wasted_expands,
+                  "idle_gpu_s_while_waiting": summary.waste.idle_gpu_s_while_waiting,
+                  "waiting_s": summary.waste.waiting_s},
         "faults": [{"t": t, "line": line} for t, _, line in sorted(_fault_lines(summary))],
         "ooms": summary.ooms,
         "fault_hooks_fired": summary.faults,

@@ -1,7 +1,7 @@
 """CPU bucket cache for weight refit: pack, unpack, plan, version, digest.
 
 After a train step the single cache owner copies the model's weights into host RAM as a
-few large contiguous ``uint8`` buckets (reference/rlix.md §5.1). Two things depend on the
+few large contiguous ``uint8`` buckets (docs/modelled-systems.md#rlix-cpu-bucket-cache-and-cache-lock). Two things depend on the
 exact layout, so it is defined here once and used by the gates and the simulator:
 
 * every tensor starts at a 512-byte aligned offset, so a receiver can view its slice as

@@ -3,7 +3,7 @@
 NCCL cannot put two ranks that share one GPU into one communicator, so a target device
 equal to the sender's device *must* be served over IPC (CUDA IPC handle or a serialized
 CPU bucket); every other device joins the per-sync dynamic broadcast group
-(reference/rlix.md §5.2 step 3). A device is a ``(node, gpu)`` pair.
+(docs/modelled-systems.md#rlix-selective-sync step 3). A device is a ``(node, gpu)`` pair.
 """
 
 from __future__ import annotations

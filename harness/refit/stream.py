@@ -1,24 +1,32 @@
 """The colocated refit stream protocol, once: a sans-IO sender and receiver.
 
 NeMo RL streams the trainer's weights to the inference worker on the same GPU over a ZMQ
-REQ/REP pair with two ping-pong staging buffers (reference/nemo_rl.md §1.2, PR #1267).
+REQ/REP pair with two ping-pong staging buffers (docs/modelled-systems.md#nemo-rl-refit, PR #1267).
 This module is that protocol and nothing else: no sockets, no tensors, no clock. The
 sender is a generator that yields effects (pack these tensors into that buffer, send this
 group, wait for that ACK, ...); a runtime performs each one and resumes it. The real
-transport (:mod:`harness.refit.zmq_stream`), the refit gate and the simulator's refit
+transport (:mod:`gpu_gates.transports.zmq_stream`), the refit gate and the simulator's refit
 timing (``simulators/refit.py``) all interpret this one generator, so the order below is
 the order everywhere:
 
-* the budget is halved into two buffers of ``align_up(budget // 2)`` bytes; every tensor
-  starts at a 512-byte aligned offset inside its buffer;
-* a group is sent when the next tensor does not fit; group *g* lives in buffer ``g % 2``
+* the budget is halved: each of the two buffers holds at most ``budget // 2`` bytes of
+  group (its capacity) and is allocated ``align_up(budget // 2)`` bytes;
+* the wire format is NeMo RL's (``nemo_rl/models/policy/utils.py``, ``stream_weights_via_
+  ipc_zmq_impl`` and the vLLM receiver, NVIDIA-NeMo/RL@7ea279ab): a tensor of *n* bytes
+  occupies ``align_up(n)`` bytes, the tensors of a group sit back to back at the running
+  aligned offset (the first at 0), and a group's ``used_bytes`` is the sum of its tensors'
+  aligned sizes. A receiver needs only the names: it finds each tensor by adding up the
+  aligned sizes of the ones before it (from its own shapes and dtypes) and requires the sum
+  to equal ``used_bytes`` (:func:`slots_from_names`);
+* a tensor joins the current group while ``used_bytes + align_up(n)`` stays within the
+  capacity; otherwise the group is sent first. Group *g* lives in buffer ``g % 2``
   (counting only ping-pong groups), so a buffer is refilled only after its previous group
   was ACKed: the sender packs *g+1* while the receiver loads *g*, then collects ACK(*g*)
   just before sending *g+1* — at most one group is ever un-ACKed;
-* a tensor whose aligned size exceeds the half buffer is "oversized": the current group
-  is flushed, the pending ACK collected, and the tensor goes alone in a dedicated buffer
-  whose ACK is awaited at once (then the buffer is freed) — order is kept and every
-  tensor is sent exactly once;
+* a tensor whose aligned size exceeds the capacity is "oversized": the current group is
+  flushed, the pending ACK collected, and the tensor goes alone (``used_bytes`` its aligned
+  size) in a dedicated buffer of that size whose ACK is awaited at once (then the buffer
+  is freed) — order is kept and every tensor is sent exactly once;
 * after the last ACK the staging buffers are released (so they are not held during the
   receiver's post-load conversion), then COMPLETE is sent and its ACK awaited.
 
@@ -77,8 +85,51 @@ class Slot:
 
 
 def used_bytes(slots: Sequence[Slot]) -> int:
-    """Bytes of a group that must be transferred: the end of its last slot."""
+    """A group's ``used_bytes`` on the wire: the sum of its tensors' aligned sizes (NeMo
+    RL's definition; its receiver asserts the running aligned offset ends exactly here,
+    so the end of the last tensor would be refused whenever that tensor is unaligned)."""
+    return sum(align_up(s.nbytes) for s in slots)
+
+
+def span_bytes(slots: Sequence[Slot]) -> int:
+    """The bytes a group spans up to the end of its last tensor (no trailing padding):
+    what the simulator times packing and loading by."""
     return slots[-1].offset + slots[-1].nbytes if slots else 0
+
+
+# Bytes per element of the dtype names the stream carries (torch's names without
+# ``torch.``); the receiver sizes a tensor from its manifest with them, as NeMo RL does.
+ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
+            "float8_e5m2fnuz": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
+            "uint32": 4, "float32": 4, "complex32": 4, "int64": 8, "uint64": 8, "float64": 8,
+            "complex64": 8, "complex128": 16}
+
+
+def tensor_nbytes(shape: Sequence[int], dtype: str) -> int:
+    """Bytes of a dense tensor of this shape and dtype name."""
+    if dtype not in ITEMSIZE:
+        raise ValueError(f"unknown dtype name {dtype!r}")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return count * ITEMSIZE[dtype]
+
+
+def slots_from_names(names: Sequence[str], used: int, manifest: "Manifest") -> Tuple["Slot", ...]:
+    """Decode a group the way NeMo RL's receiver does: from the names alone and the
+    receiver's own shapes and dtypes, each tensor at the running aligned offset; the final
+    running offset must equal ``used`` (raises ``ValueError`` naming the problem)."""
+    slots, cursor = [], 0
+    for name in names:
+        if name not in manifest:
+            raise ValueError(f"{name!r} is not in the manifest: its size, and every later offset, is unknown")
+        shape, dtype = tuple(manifest[name][0]), manifest[name][1]
+        nbytes = tensor_nbytes(shape, dtype)
+        slots.append(Slot(name, shape, dtype, cursor, nbytes))
+        cursor += align_up(nbytes)
+    if cursor != used:
+        raise ValueError(f"running aligned offset {cursor} != used_bytes {used}")
+    return tuple(slots)
 
 
 # ------------------------------------------------------------------ sender effects
@@ -106,6 +157,10 @@ class _GroupEffect:
     @property
     def used_bytes(self) -> int:
         return used_bytes(self.slots)
+
+    @property
+    def span_bytes(self) -> int:
+        return span_bytes(self.slots)
 
 
 @dataclass(frozen=True)
@@ -143,15 +198,22 @@ class SendComplete:
 SenderEffect = Union[AllocBuffers, AllocDedicated, Pack, SendGroup, AwaitAck, FreeDedicated, ReleaseBuffers, SendComplete]
 
 
-def half_buffer_bytes(budget_bytes: int) -> int:
-    """Size of each of the two ping-pong buffers for a total staging budget."""
+def half_capacity_bytes(budget_bytes: int) -> int:
+    """The most group bytes one ping-pong buffer takes: half the budget, unrounded (NeMo RL
+    compares ``used_bytes + align_up(n)`` with ``budget // 2``)."""
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 2 * ALIGNMENT_BYTES:
         raise ValueError(f"buffer budget must be an int of at least {2 * ALIGNMENT_BYTES} bytes, got {budget_bytes!r}")
-    return align_up(budget_bytes // 2)
+    return budget_bytes // 2
 
 
-def is_oversized(nbytes: int, half_bytes: int) -> bool:
-    return align_up(nbytes) > half_bytes
+def half_buffer_bytes(budget_bytes: int) -> int:
+    """Allocated size of each of the two ping-pong buffers: the capacity rounded up to the
+    alignment (NeMo RL allocates ``align_up(budget // 2)``); never less than the capacity."""
+    return align_up(half_capacity_bytes(budget_bytes))
+
+
+def is_oversized(nbytes: int, capacity_bytes: int) -> bool:
+    return align_up(nbytes) > capacity_bytes
 
 
 def sender(specs: Iterable[TensorSpec], budget_bytes: int) -> Generator[SenderEffect, object, int]:
@@ -161,28 +223,26 @@ def sender(specs: Iterable[TensorSpec], budget_bytes: int) -> Generator[SenderEf
     sender that streams a duplicate or an unexpected name is caught where NeMo RL catches
     it, and the tests can make it do so.
     """
-    half = half_buffer_bytes(budget_bytes)
-    yield AllocBuffers(half)
+    capacity = half_capacity_bytes(budget_bytes)
+    yield AllocBuffers(half_buffer_bytes(budget_bytes))
     state = _SenderState()
     for spec in specs:
-        if is_oversized(spec.nbytes, half):
+        if is_oversized(spec.nbytes, capacity):
             yield from state.flush()
             yield from state.drain()
             g = state.next_group
             slot = (Slot(spec.name, tuple(spec.shape), spec.dtype, 0, spec.nbytes),)
-            yield AllocDedicated(g, spec.nbytes)
+            yield AllocDedicated(g, align_up(spec.nbytes))
             yield Pack(g, DEDICATED, slot)
             yield SendGroup(g, DEDICATED, slot)
             yield AwaitAck(g)
             yield FreeDedicated(g)
             state.next_group += 1
             continue
-        offset = align_up(state.cursor) if state.slots else 0
-        if state.slots and offset + spec.nbytes > half:
+        if state.slots and state.cursor + align_up(spec.nbytes) > capacity:
             yield from state.flush()
-            offset = 0
-        state.slots.append(Slot(spec.name, tuple(spec.shape), spec.dtype, offset, spec.nbytes))
-        state.cursor = offset + spec.nbytes
+        state.slots.append(Slot(spec.name, tuple(spec.shape), spec.dtype, state.cursor, spec.nbytes))
+        state.cursor += align_up(spec.nbytes)  # the running aligned offset == the group's used_bytes
     yield from state.flush()
     yield from state.drain()
     yield ReleaseBuffers()
@@ -306,16 +366,18 @@ def manifest_of(specs: Iterable[TensorSpec]) -> Dict[str, Tuple[Tuple[int, ...],
 
 
 def check_layout(msg: GroupMessage, half_bytes: Optional[int]) -> List[str]:
-    """Slots must sit at the running aligned offsets and end exactly at ``used_bytes``."""
+    """Slots must sit at the running aligned offsets (the sum of the aligned sizes before
+    them) and that running offset must end exactly at ``used_bytes`` — NeMo RL's receiver
+    rule, so a group this accepts is one NeMo RL's receiver reads the same way."""
     problems: List[str] = []
     cursor = 0
-    for i, slot in enumerate(msg.slots):
-        expected = align_up(cursor) if i else 0
-        if slot.offset != expected:
-            problems.append(f"group {msg.group}: {slot.name!r} at offset {slot.offset}, expected {expected}")
-        cursor = slot.offset + slot.nbytes
+    for slot in msg.slots:
+        if slot.offset != cursor:
+            problems.append(f"group {msg.group}: {slot.name!r} at offset {slot.offset}, expected {cursor}")
+        cursor += align_up(slot.nbytes)
     if cursor != msg.used_bytes:
-        problems.append(f"group {msg.group}: slots end at {cursor} but the message says {msg.used_bytes} bytes")
+        problems.append(f"group {msg.group}: running aligned offset {cursor} but the message says "
+                        f"{msg.used_bytes} used bytes")
     if half_bytes is not None and msg.buffer != DEDICATED and msg.used_bytes > half_bytes:
         problems.append(f"group {msg.group}: {msg.used_bytes} bytes exceed the {half_bytes}-byte buffer")
     return problems

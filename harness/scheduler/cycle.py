@@ -2,7 +2,7 @@
 
 ``plan_cycle`` reads the state and returns a :class:`CyclePlan`; it mutates nothing but
 the plan (RLix plans under its lock and commits later, after the resize RPCs). Phase
-numbers are RLix's (reference/rlix.md §2.3) so a reader can follow both side by side.
+numbers are RLix's (docs/modelled-systems.md#rlix-one-scheduling-cycle) so a reader can follow both side by side.
 """
 
 from __future__ import annotations

@@ -359,7 +359,7 @@ class SchedulerModel:
 
     # ------------------------------------------------------------------ background rebalance
     def background_rebalance_reason(self) -> Optional[str]:
-        """RLix's 1 s poll trigger (§2.2): "2.2" (suspended GEN cluster with demand),
+        """RLix's 1 s poll trigger (docs/modelled-systems.md#rlix-scheduling-loop-and-background-rebalance): "2.2" (suspended GEN cluster with demand),
         "2.1" (worst-half demand/GPU share deviates > threshold), or None."""
         st = self.state
         if self.failed is not None or st.has_waiters():

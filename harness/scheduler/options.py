@@ -1,6 +1,6 @@
 """Scheduler options: RLix's behaviour by default, documented hazards fixable by flag.
 
-RLix has a few behaviours that reference/rlix.md §8 lists as hazards. The model
+RLix has a few behaviours that docs/modelled-systems.md#rlix-known-bugs-the-scenarios-reproduce lists as hazards. The model
 reproduces each by default, because the point of the harness is to find what the real
 system does; a fixed variant exists behind an explicit option so a scenario can show the
 difference. Field names are the names used in trace headers and scenario files.
@@ -39,7 +39,7 @@ class SchedulerOptions:
     epsilon: float = 0.0
     max_gap_iterations: int = MAX_GAP_ITERATIONS
     max_gap_activations: int = MAX_GAP_ACTIVATIONS
-    # Background rebalance (rlix.md §2.2): deviation threshold in percentage points and
+    # Background rebalance (docs/modelled-systems.md#rlix-scheduling-loop-and-background-rebalance): deviation threshold in percentage points and
     # the share of pipelines (worst completion first) compared.
     rebalance_threshold_pp: float = 10.0
     rebalance_worst_fraction: float = 0.5

@@ -1,6 +1,6 @@
 """Gap-ratio planner: how GENERATION GPUs are shared by remaining demand.
 
-The decisions are RLix's exactly (reference/rlix.md §2.4, ``plan_generation_gap_ratio``):
+The decisions are RLix's exactly (docs/modelled-systems.md#rlix-gap-ratio-planner, ``plan_generation_gap_ratio``):
 the same targets, the same acceptor order, the same candidate score and donor order, the
 same one-bundle-per-iteration loop and the same iteration bounds. What differs is cost.
 RLix rescans every pipeline and every inactive rank on each activation, which is

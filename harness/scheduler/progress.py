@@ -1,6 +1,6 @@
 """Progress reporting: how generation demand reaches the gap-ratio planner.
 
-Two halves, as in RLix (reference/rlix.md §2.5):
+Two halves, as in RLix (docs/modelled-systems.md#rlix-progress-reports):
 
 * :class:`CoordinatorProgress` — the per-pipeline coordinator. Reporters send the raw
   ``collected`` count per stream; the coordinator clamps it to the stream's target, sums

@@ -1,6 +1,6 @@
 """Value types of the scheduler model: priorities, cluster ids, allocations, plans.
 
-These mirror the shapes RLix uses (reference/rlix.md §1.2) so that a decision made by
+These mirror the shapes RLix uses (docs/modelled-systems.md#rlix-components-and-request-types) so that a decision made by
 the model can be compared field by field with one recorded from a real run. They carry
 no behaviour beyond small helpers; the policy lives in ``planner``, ``cycle`` and
 ``model``.
@@ -251,7 +251,7 @@ class PlannedRelease:
 
 
 class PlanValidationError(RuntimeError):
-    """A plan broke one of the 11 numbered validation conditions (rlix.md §2.6)."""
+    """A plan broke one of the 11 numbered validation conditions (docs/modelled-systems.md#rlix-plan-validation)."""
 
     def __init__(self, message: str, condition: int, context: Optional[dict] = None):
         super().__init__(message)

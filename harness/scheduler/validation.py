@@ -1,6 +1,6 @@
 """Plan validation: the 11 numbered conditions every execution plan must satisfy.
 
-Conditions and their numbers follow RLix (reference/rlix.md §2.6) so a failure reads
+Conditions and their numbers follow RLix (docs/modelled-systems.md#rlix-plan-validation) so a failure reads
 the same in a simulator trace, a gate trace and a real run:
 
  1 each cluster appears at most once per op list (shrinks / signals / expands)

@@ -1,4 +1,4 @@
-"""Streaming single-controller training (NeMo RL's SingleController, reference/nemo_rl.md §2.2-2.3).
+"""Streaming single-controller training (NeMo RL's SingleController, docs/modelled-systems.md#nemo-rl-streaming-single-controller).
 
 * ``buffer``: the reserve -> commit -> remove_group rollout buffer with capacity accounting;
 * ``samplers``: the ``PromptGroupSampler`` protocol and its four built-ins (+ ``custom``);

@@ -1,6 +1,6 @@
 """The rollout buffer of the single controller: reserve -> commit -> remove_group.
 
-NeMo RL's ``TQReplayBuffer`` (reference/nemo_rl.md §2.2): a rollout *reserves* a slot
+NeMo RL's ``TQReplayBuffer`` (docs/modelled-systems.md#nemo-rl-streaming-single-controller): a rollout *reserves* a slot
 before it generates (a fresh group id per attempt, tagged with the weight version at
 dispatch), *commits* its record when generation ends, and the slot is freed by
 ``remove_group`` (a failed attempt, an evicted group, a group the trainer consumed and

@@ -1,5 +1,5 @@
 """The single controller's shared state: what the train pump, the rollout pump and the
-stall watchdog read and change (NeMo RL ``SingleControllerActor``, reference/nemo_rl.md §2.2).
+stall watchdog read and change (NeMo RL ``SingleControllerActor``, docs/modelled-systems.md#nemo-rl-streaming-single-controller).
 
 One object per pipeline, owned by the runtime that interprets the pumps; the pumps never
 touch it directly (they yield effects and the runtime calls the methods here), so the
@@ -47,7 +47,7 @@ class StreamingConfig:
 def check_capacity(sampler: PromptGroupSampler, groups_per_step: int, max_buffered_rollouts: int) -> None:
     """Reject at setup a gated sampler whose buffer cannot hold ``window + 1`` batches:
     it admits that many batches ahead, they fill every slot, and the batch the trainer
-    needs next can never be reserved (the reference's setup raise, §2.2)."""
+    needs next can never be reserved (NeMo RL's setup raise, docs/modelled-systems.md#nemo-rl-streaming-single-controller)."""
     need = sampler.required_buffer_capacity(groups_per_step)
     if max_buffered_rollouts < need:
         raise CapacityDeadlock(

@@ -1,7 +1,7 @@
 """Staleness samplers: which prompt groups the single controller admits, trains and drops.
 
 NeMo RL's ``PromptGroupSampler`` protocol (``async_utils/staleness_sampler.py``,
-reference/nemo_rl.md §2.2) with the four built-ins of the reference's table and a
+docs/modelled-systems.md#nemo-rl-streaming-single-controller) with the four built-ins of the reference's table and a
 ``custom`` one loaded from ``module:Class``:
 
 =============  ==========================  ==================================  ======================

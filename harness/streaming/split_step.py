@@ -1,6 +1,6 @@
 """The split train API's state machine: begin -> microbatch* -> finish | abort.
 
-NeMo RL's Megatron worker (reference/nemo_rl.md §2.3) splits one optimizer step into
+NeMo RL's Megatron worker (docs/modelled-systems.md#nemo-rl-split-training-api) splits one optimizer step into
 ``begin_train_step`` (raises if a step is open), any number of ``train_microbatch``
 calls, and ``finish_train_step`` (one optimizer step); ``abort_train_step`` drops the
 step. The trainer version ticks at finish and only there. Every trainer (the torch one

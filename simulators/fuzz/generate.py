@@ -1,6 +1,6 @@
 """One seed, one scenario: the swarm's scenario generator.
 
-Swarm testing (anchors.md: FoundationDB's simulation, TigerBeetle's VOPR) draws a
+Swarm testing (FoundationDB's simulation, TigerBeetle's VOPR; docs/modelled-systems.md#test-harness-anchors) draws a
 different world per seed — topology, pipelines, workloads, costs, scheduler options and
 a fault mix — so that thousands of seeds cover combinations nobody would write by hand.
 Every drawn scenario is valid by construction (it passes the same loader as a scenario

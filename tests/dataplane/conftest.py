@@ -39,7 +39,7 @@ def _shm_entries():
 def tq_store(one_ray_at_a_time):
     pytest.importorskip("transfer_queue")
     ray = pytest.importorskip("ray")
-    from harness.dataplane.tq_store import TransferQueueStore
+    from gpu_gates.transports.tq_store import TransferQueueStore
 
     shm_before = _shm_entries()
     started = time.monotonic()

@@ -181,7 +181,7 @@ _ATTACH = """
 import sys
 import ray
 import torch
-from harness.dataplane.tq_store import TransferQueueStore
+from gpu_gates.transports.tq_store import TransferQueueStore
 store = TransferQueueStore.attach(sys.argv[1], ledger=True)
 store.write("attach", ["a", "b"], {"x": [torch.arange(3), torch.arange(5)]}, [{}, {}], "dp0/tp0")
 store.write("attach", ["a"], {"x": [torch.arange(3) + 7]}, [{}], "dp0/tp1")  # a second writer: TQ upserts

@@ -7,7 +7,7 @@ import torch
 from harness.dataplane.client import DataPlaneClient
 from harness.dataplane.codec import FieldSpec, Schema
 from harness.dataplane.store import InProcessStore
-from harness.dataplane.worker_mixin import DataPlaneWorkerMixin, MissingCoordinatesError
+from gpu_gates.transports.worker_mixin import DataPlaneWorkerMixin, MissingCoordinatesError
 
 SCHEMA = Schema.of(FieldSpec("input_ids", "per_token", "int64"), FieldSpec("logprobs", "per_token", "float32"))
 

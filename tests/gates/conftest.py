@@ -152,7 +152,7 @@ def _launcher_folders(own: bool, extra_env: Optional[Dict[str, str]]):
     """The run's private folders for ``ipc://`` sockets and staging files, owned by this
     launcher: removed on every exit path of the job, a SIGKILLed rank's files included.
     A folder the test passes in ``extra_env`` is the test's to check and remove."""
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
 
     made: Dict[str, str] = {}
     if own:
@@ -280,7 +280,7 @@ def private_shm_folder():
     sees exactly the files its own run left behind. It lives where the refit stream puts
     its buffers (``private_dirs.shm_base``: /dev/shm, or the temp folder on a system
     without one), so the leak checks run on every platform."""
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
 
     folder = private_dirs.make_private("test-shm", private_dirs.shm_base())  # tagged: the leak guard knows it
     try:

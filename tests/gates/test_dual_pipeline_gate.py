@@ -47,6 +47,15 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     creates = [r for r in gate_log if r["kind"] == "group_create"]
     destroys = [r for r in gate_log if r["kind"] == "group_destroy"]
     assert creates and len(creates) == len(destroys)
+    # the handover's shrink met requests in flight: the abort found them, the drain polled
+    # them to zero (the worker refuses to sleep a rank that still has one) and they were
+    # re-dispatched, so every batch was still complete
+    ends = [r for r in records if r["kind"] == "effect_end" and r["effect"] in ("Abort", "Drain", "Sleep")]
+    aborts = [r for r in ends if r["effect"] == "Abort"]
+    assert aborts and any(sum(r["result"]["in_flight"]) for r in aborts), aborts
+    drains = [r for r in ends if r["effect"] == "Drain"]
+    assert len(drains) == len(aborts) and all("error" not in r and r["result"]["polls"] >= 1 for r in drains)
+    assert not [r for r in records if r["kind"] == "timeout"]
     outputs = summary["outputs"]
     assert outputs["perfetto"].endswith(".trace.json") and outputs["png"].endswith(".timeline.png")
     trace = json.load(open(outputs["perfetto"]))

@@ -94,6 +94,18 @@ def test_backend_selection_on_this_node():
         assert backend is None and "nccl requested" in skip
 
 
+def test_device_flag_is_a_skip_where_the_node_cannot_honour_it():
+    import torch
+    from gpu_gates.dist_setup import device_for, device_skip_reason
+    env = LaunchEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1",
+                    master_port=1, agent_store=True)
+    assert device_skip_reason("nccl", "cpu") is not None  # NCCL keeps tensors on GPUs
+    assert device_skip_reason("gloo", "cpu") is None and device_for("gloo", env, "cpu").type == "cpu"
+    assert device_for("gloo", env, "auto").type == "cpu"  # CI's default stays on the host
+    if not torch.cuda.is_available():
+        assert "no device" in device_skip_reason("gloo", "cuda")
+
+
 def test_targets_alternate():
     assert [targets_for(c, [2, 3]) for c in range(4)] == [[2, 3], [3], [2], [3]]
 

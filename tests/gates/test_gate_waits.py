@@ -37,6 +37,28 @@ def test_hung_worker_ends_in_a_failed_report_within_its_timeout(gate_runner):
     assert any(r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" for r in records)
 
 
+def test_a_drain_that_never_ends_fails_the_run_at_the_shrink_drain_timeout(gate_runner):
+    # RLix's Bug 7: an aborted request never leaves the engine. The drain polls the rank's
+    # in-flight count, gives up at the shrink-drain timeout, logs a `timeout` record and
+    # fails the run (before the real drain, the shrink slept the rank with requests in it)
+    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", "--shrink-drain-timeout-s", "2",
+                      hook="abort_never_wakes", timeout_s=90)
+    assert run.report["status"] == "failed" and run.returncode != 0
+    assert "shrink_drain timed out after 2 s" in run.report["message"], run.report["message"]
+    assert run.elapsed_s < 45, run.elapsed_s  # the drain's deadline ended it, not the gate's 50 s
+    records = run.driver_records()
+    timeouts = [r for r in records if r["kind"] == "timeout"]
+    assert [(r["what"], r["limit_s"]) for r in timeouts] == [("shrink_drain", 2.0)]
+    assert timeouts[0]["t"] - timeouts[0]["since"] >= 2.0
+    pid = timeouts[0]["pipeline_id"]
+    drain = [r for r in records if r["kind"] == "effect_start" and r["effect"] == "Drain" and r["pipeline_id"] == pid][-1]
+    assert drain["t"] <= timeouts[0]["since"]
+    assert not any(r["kind"] == "effect_end" and r["effect"] == "Drain" and r["seq"] > drain["seq"] for r in records)
+    # no rank slept with requests in it: the shrink stopped at its drain
+    assert not any(r["kind"] == "effect_start" and r["effect"] == "Sleep" and r["pipeline_id"] == pid
+                   and r["seq"] > drain["seq"] for r in records)
+
+
 def test_receivers_posted_after_the_owner_still_complete_every_sync(gate_runner):
     # What a loaded CI machine once did: the owner entered its group rendezvous before the
     # driver had posted the receivers' commands, and the run hung to its timeout.
@@ -152,7 +174,7 @@ def test_a_receiver_that_stops_answering_fails_the_sender_within_its_stream_time
 
 def _run_folders(port):
     """The socket and staging folders a hand-launched gate derives for its rendezvous port."""
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
 
     found = []
     for base in (tempfile.gettempdir(), private_dirs.shm_base()):

@@ -83,3 +83,10 @@ def test_nccl_without_gpu_is_a_skip(gate_runner):
     run = gate_runner("nccl_teardown", 2, "--backend", "nccl")
     assert run.report["status"] == "skipped" and run.report["exit_code"] == 3
     assert "nccl requested" in run.report["message"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this node has CUDA")
+def test_device_cuda_without_gpu_is_a_skip(gate_runner):
+    run = gate_runner("refit_stream", 2, "--device", "cuda", "--cycles", "1")
+    assert run.report["status"] == "skipped" and run.report["exit_code"] == 3
+    assert "--device cuda requested" in run.report["message"]

@@ -1,5 +1,6 @@
 """The train-pump parity gate on gloo: streaming split-API training with data parallelism
-equals the synchronous full-batch step; a wrong normalizer fails it."""
+equals the synchronous full-batch step (an independent reference); a wrong normalizer or a
+wrong loss in the trainer fails it."""
 
 import pytest
 
@@ -38,9 +39,14 @@ def test_bf16_parity_within_the_documented_tolerance(gate_runner):
     assert 0 < info["max_abs_err"] <= 1e-2  # bf16 rounding shows, within tolerance
 
 
-def test_a_wrong_normalizer_fails_parity(gate_runner):
-    run = gate_runner("train_pump_parity", 2, "--cycles", "1", "--inject", "wrong_normalizer")
-    assert run.returncode == 1
+@pytest.mark.parametrize("fault", ["wrong_normalizer", "wrong_loss"])
+def test_a_wrong_normalizer_or_loss_in_the_trainer_fails_parity(gate_runner, fault):
+    """The faults are installed through the test-hook variable. ``wrong_loss`` breaks the
+    trainer's loss helper itself: a reference calling that helper would have passed."""
+    run = gate_runner("train_pump_parity", 2, "--cycles", "1", hook=fault)
+    assert run.returncode == 1, run.output[-3000:]
     assert run.report["status"] == "failed" and "parity" in run.report["message"]
     assert not any(info["close"] for info in run.report["summary"]["loss_types"].values())
+    assert any(not c["passed"] for c in run.checks("parity")) and any(not c["passed"] for c in run.checks("loss"))
     assert all(c["passed"] for c in run.checks("version"))  # the protocol itself was fine
+    assert all(c["passed"] for c in run.checks("leader_metrics"))  # and so were the counts

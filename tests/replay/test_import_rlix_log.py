@@ -1,4 +1,4 @@
-"""``rlharness import rlix-log``: RLix's ``[RLIX_SCHED_LOG]`` lines (reference/rlix.md §3)
+"""``rlharness import rlix-log``: RLix's ``[RLIX_SCHED_LOG]`` lines (docs/rlix-log-format.md)
 become an input trace that replays through the scheduler model.
 
 The log excerpt is written from the documented line format (a 2-GPU NeMo partial-overlap

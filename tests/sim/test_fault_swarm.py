@@ -1,4 +1,4 @@
-"""Swarm testing of the simulator (anchors.md: a fault mix chosen per example): any mix
+"""Swarm testing of the simulator (a fault mix chosen per example; docs/modelled-systems.md#test-harness-anchors): any mix
 of fault hooks, on any pipeline and step, over the small bundled topologies that run
 clean without faults.
 

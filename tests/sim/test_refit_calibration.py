@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from harness.refit.measure import Measurement, synthetic_specs
+from gpu_gates.transports.measure import Measurement, synthetic_specs
+from rlharness import refit_calibrate
 from simulators import refit_fit
 from simulators.calibration import CALIBRATED_COSTS, load_calibration, write_calibration
 from simulators.scenario import ScenarioError, scenario_from_mapping
@@ -34,9 +35,9 @@ def fake_points(grid, costs):
 
 
 def test_fit_reproduces_held_out_predictions_of_known_costs():
-    fitted = refit_fit.fit(fake_points(refit_fit.GRID, KNOWN))
+    fitted = refit_fit.fit(fake_points(refit_calibrate.GRID, KNOWN))
     assert set(fitted) == set(CALIBRATED_COSTS)
-    for model, budget in refit_fit.HELD_OUT:
+    for model, budget in refit_calibrate.HELD_OUT:
         specs = synthetic_specs(model)
         truth, got = refit_fit.predict(specs, budget, KNOWN), refit_fit.predict(specs, budget, fitted)
         assert abs(got / truth - 1) < 0.10, (model, budget, truth, got)
@@ -93,7 +94,7 @@ def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, caps
     assert main(["fidelity", "refit", "--calibration", str(out), "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
-    assert len(rows) >= 4 + len(refit_fit.HELD_OUT)  # the calibration table and the fidelity table
+    assert len(rows) >= 4 + len(refit_calibrate.HELD_OUT)  # the calibration table and the fidelity table
     assert "median |error|" in text and "worst |error|" in text
     assert main(["fidelity", "refit", "--calibration", str(tmp_path / "nope.json")]) == 2
     assert main(["calibrate", "refit", "--repeats", "0"]) == 2
@@ -104,10 +105,10 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
     interleaved rounds; the fit sees only the grid points. Each recorded sync follows an
     unrecorded warm-up, and the table compares the minimum."""
     from rlharness.cli import main
-    monkeypatch.setattr(refit_fit, "GRID", refit_fit.QUICK_GRID)
-    monkeypatch.setattr(refit_fit, "HELD_OUT", [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB)])
+    monkeypatch.setattr(refit_calibrate, "GRID", refit_calibrate.QUICK_GRID)
+    monkeypatch.setattr(refit_calibrate, "HELD_OUT", [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB)])
     fitted_on, measured = [], []
-    real_fit, real_measure = refit_fit.fit, refit_fit._measure
+    real_fit, real_measure = refit_calibrate.fit, refit_calibrate._measure
 
     def spy_fit(points):
         fitted_on.extend((m.model_bytes, m.budget_bytes) for _, m in points)
@@ -118,13 +119,13 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
         measured.extend(m for _, m in out)
         return out
 
-    monkeypatch.setattr(refit_fit, "fit", spy_fit)
-    monkeypatch.setattr(refit_fit, "_measure", spy_measure)
+    monkeypatch.setattr(refit_calibrate, "fit", spy_fit)
+    monkeypatch.setattr(refit_calibrate, "_measure", spy_measure)
     assert main(["fidelity", "refit", "--fit-alongside", "--repeats", "2"]) == 0
-    n = len(refit_fit.QUICK_GRID)
+    n = len(refit_calibrate.QUICK_GRID)
     assert len(measured) == n + 2
     assert fitted_on == [(m.model_bytes, m.budget_bytes) for m in measured[:n]]  # the held-out points were not fitted on
-    assert [m.budget_bytes for m in measured[:n]] == [b for _, b in refit_fit.QUICK_GRID]
+    assert [m.budget_bytes for m in measured[:n]] == [b for _, b in refit_calibrate.QUICK_GRID]
     assert [m.budget_bytes for m in measured[n:]] == [3 * MiB, 6 * MiB]
     assert all(len(m.wall_s) == 2 and len(m.load_s) == 2 for m in measured)  # the warm-ups are not recorded
     text = capsys.readouterr().out
@@ -137,7 +138,7 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
 
 
 def test_a_fit_of_known_costs_is_accepted():
-    points = fake_points(refit_fit.GRID, KNOWN)
+    points = fake_points(refit_calibrate.GRID, KNOWN)
     assert refit_fit.fit_problem(points, refit_fit.fit(points)) is None
     assert refit_fit.fit_problem(points, KNOWN) is None
 
@@ -146,7 +147,7 @@ def test_a_fit_of_known_costs_is_accepted():
                                        ("refit_pack_bytes_per_s", 10.0), ("refit_complete_s", 30.0)])
 def test_costs_outside_physical_bounds_are_refused(key, value):
     """The first two are what `calibrate refit --quick` once wrote without a word."""
-    problem = refit_fit.fit_problem(fake_points(refit_fit.QUICK_GRID, KNOWN), {**KNOWN, key: value})
+    problem = refit_fit.fit_problem(fake_points(refit_calibrate.QUICK_GRID, KNOWN), {**KNOWN, key: value})
     assert problem is not None and problem.startswith(f"{key} = {value:.3g} is outside physical bounds")
 
 
@@ -154,7 +155,7 @@ def test_a_fit_no_better_than_one_rate_is_refused():
     """Syncs that take exactly bytes / 2 GB/s: one rate explains them all, so a fit of
     eight costs can only be as good or worse."""
     points = []
-    for model, budget in refit_fit.GRID:
+    for model, budget in refit_calibrate.GRID:
         specs = synthetic_specs(model)
         nbytes = sum(s.nbytes for s in specs)
         points.append((specs, Measurement(nbytes, budget, 0, len(specs), wall_s=[nbytes / 2e9])))
@@ -166,9 +167,9 @@ def test_a_fit_no_better_than_one_rate_is_refused():
 def test_calibrate_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
     from rlharness.cli import main
 
-    points = fake_points(refit_fit.QUICK_GRID, KNOWN)
-    monkeypatch.setattr(refit_fit, "_measure", lambda grid, repeats, progress: points)
-    monkeypatch.setattr(refit_fit, "fit", lambda pts: {**KNOWN, "receiver_load_bytes_per_s": 7.8e16})
+    points = fake_points(refit_calibrate.QUICK_GRID, KNOWN)
+    monkeypatch.setattr(refit_calibrate, "_measure", lambda grid, repeats, progress: points)
+    monkeypatch.setattr(refit_calibrate, "fit", lambda pts: {**KNOWN, "receiver_load_bytes_per_s": 7.8e16})
     out = tmp_path / "cal.json"
     assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -176,5 +177,5 @@ def test_calibrate_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monk
                    f"[1e+06, 1e+12]; {out} not written (measure again: without --quick, with more --repeats, "
                    "on a quieter machine)"]
     assert not out.exists()
-    monkeypatch.setattr(refit_fit, "fit", lambda pts: dict(KNOWN))  # the same points, a sound fit: written
+    monkeypatch.setattr(refit_calibrate, "fit", lambda pts: dict(KNOWN))  # the same points, a sound fit: written
     assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 0 and load_calibration(str(out))

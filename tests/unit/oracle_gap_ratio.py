@@ -1,6 +1,6 @@
 """A slow, literal oracle for RLix's gap-ratio GENERATION planner.
 
-Written from the algorithm as documented in reference/rlix.md §2.4 (and checked against
+Written from the algorithm as documented in docs/modelled-systems.md#rlix-gap-ratio-planner (and checked against
 a reading of RLix's ``plan_generation_gap_ratio``), deliberately without any of the
 production planner's shortcuts: every iteration recomputes every gap and every shrink
 budget, re-sorts every acceptor, and scores every available inactive rank of an

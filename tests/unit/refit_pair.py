@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pytest
 import torch
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 from harness.refit import stream as proto
-from harness.refit import zmq_stream as zs
+from gpu_gates.transports import zmq_stream as zs
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""SchedulerModel.background_rebalance_reason(): RLix's 1 s poll trigger (rlix.md §2.2).
+"""SchedulerModel.background_rebalance_reason(): RLix's 1 s poll trigger (docs/modelled-systems.md#rlix-scheduling-loop-and-background-rebalance).
 
 "2.2": a GENERATION allocation with no active ranks while its pipeline has demand.
 "2.1": >= 2 GEN allocations and the worst ceil(50 %) pipelines by completion have a

@@ -1,4 +1,5 @@
-"""The package layers (DESIGN: "harness/ imports neither simulators/ nor gpu_gates/").
+"""The package layers ("harness/ imports neither simulators/ nor gpu_gates/", and harness/
+is clock- and I/O-free; docs/architecture.md).
 
 ``harness/`` is the clock-free core both runtimes interpret; ``gpu_gates/`` is the real-time
 runtime and must not lean on the simulated one; ``rlharness/`` (the command line and the
@@ -6,13 +7,20 @@ pytest plugin) sits above all three and nothing below imports it. Every module i
 (nothing is imported) and every import in it counts: top-level, inside functions (the lazy
 imports a command uses), relative ones resolved against the module's package, and
 ``importlib.import_module("...")`` / ``__import__("...")`` with a literal name.
+
+``harness/`` is also what both runtimes interpret, so it may not move bytes between
+processes or read time itself: no module under it imports a transport (zmq, ray,
+multiprocessing, socket, subprocess, mmap, torch.distributed, TransferQueue) or reads the wall
+clock or sleeps (``time.time/monotonic/perf_counter/sleep``, ``datetime.now`` and kin, by
+any alias). The real transports live in ``gpu_gates/transports/``.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-from typing import Iterator, List, Tuple
+import shutil
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -50,14 +58,14 @@ def imported_names(source: str, module: str, is_package: bool = False) -> Iterat
                 yield node.lineno, node.args[0].value
 
 
-def modules_of(package: str) -> Iterator[Tuple[str, str, bool]]:
-    """(path, dotted module name, is_package) of every .py file under ``package/``."""
-    for folder, dirs, files in os.walk(os.path.join(ROOT, package)):
+def modules_of(package: str, root: str = ROOT) -> Iterator[Tuple[str, str, bool]]:
+    """(path, dotted module name, is_package) of every .py file under ``root/package/``."""
+    for folder, dirs, files in os.walk(os.path.join(root, package)):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for f in sorted(files):
             if f.endswith(".py"):
                 path = os.path.join(folder, f)
-                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                parts = os.path.relpath(path, root)[:-3].split(os.sep)
                 is_package = parts[-1] == "__init__"
                 yield path, ".".join(parts[:-1] if is_package else parts), is_package
 
@@ -80,7 +88,7 @@ def test_no_module_imports_a_layer_above_or_beside_it(package):
             found += layer_violations(fh.read(), module, FORBIDDEN[package], is_package)
         count += 1
     assert count > 10, f"{package}/ has only {count} modules: the scan looks in the wrong place"
-    assert not found, "layering broken (DESIGN: harness/ imports neither simulators/ nor gpu_gates/):\n" + "\n".join(found)
+    assert not found, "layering broken (harness/ imports neither simulators/ nor gpu_gates/):\n" + "\n".join(found)
 
 
 def test_the_user_surface_lives_above_the_runtimes():
@@ -119,3 +127,147 @@ def test_relative_imports_resolve_against_the_package():
     assert names == ["harness", "harness.replay", "harness.scheduler.cycle", "harness.scheduler.cycle.plan"]
     names = [n for _, n in imported_names("from . import model\n", "harness.scheduler", is_package=True)]
     assert names == ["harness.scheduler", "harness.scheduler.model"]
+
+
+# -- harness/ is clock- and I/O-free -----------------------------------------------------
+
+#: modules (and their submodules) no module under harness/ may import or reach by attribute
+IO_MODULES = ("zmq", "ray", "multiprocessing", "socket", "subprocess", "torch.distributed", "transfer_queue",
+              "asyncio.subprocess", "mmap")
+
+#: dotted names that read the wall clock (or a process clock) or sleep
+CLOCK_NAMES = frozenset(
+    [f"time.{f}" for f in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
+                           "process_time", "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime",
+                           "clock_gettime_ns", "sleep", "localtime", "gmtime", "ctime", "asctime")]
+    + [f"datetime.datetime.{f}" for f in ("now", "utcnow", "today")] + ["datetime.date.today", "asyncio.sleep"])
+
+#: harness module -> why it may do what the rule forbids. Empty: no module needs an exception.
+#: (The in-process store and the bucket cache use ``threading.Lock``, which is neither a
+#: transport nor a clock: the lock is part of their contract, as RLix's cache lock is.)
+IO_EXCEPTIONS: Dict[str, str] = {}
+
+
+def _bound_names(tree: ast.AST) -> Dict[str, str]:
+    """Local name -> the dotted name it stands for, from every import in the module
+    (``import time as t`` -> t: time; ``from datetime import datetime`` -> datetime:
+    datetime.datetime; ``import torch.distributed`` -> torch: torch)."""
+    bound: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return bound
+
+
+def _dotted(node: ast.Attribute, bound: Dict[str, str]) -> str:
+    """``t.monotonic`` -> ``time.monotonic`` when ``t`` is bound to ``time``; "" otherwise."""
+    attrs = []
+    while isinstance(node, ast.Attribute):
+        attrs.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in bound:
+        return ""
+    return ".".join([bound[node.id]] + attrs[::-1])
+
+
+def _forbidden(name: str) -> str:
+    """Why the dotted ``name`` is forbidden in harness/, or ""."""
+    if name in CLOCK_NAMES:
+        return "reads the clock or sleeps"
+    if any(name == m or name.startswith(m + ".") for m in IO_MODULES):
+        return "is a transport"
+    return ""
+
+
+def io_violations(source: str, module: str, is_package: bool = False) -> List[str]:
+    """One line per source line of ``module`` that imports a transport or reads the clock."""
+    tree = ast.parse(source)
+    found: Dict[int, str] = {}
+    for line, name in imported_names(source, module, is_package):
+        why = _forbidden(name)
+        if why:
+            found.setdefault(line, f"imports {name} ({why})")
+    bound = _bound_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = _dotted(node, bound)
+            why = _forbidden(name) if name else ""
+            if why:
+                found.setdefault(node.lineno, f"uses {name} ({why})")
+    return [f"{module}:{line} {what}" for line, what in sorted(found.items())]
+
+
+def harness_io_violations(root: str) -> Tuple[int, List[str]]:
+    """(modules scanned, violations) for the harness/ package under ``root``."""
+    found: List[str] = []
+    count = 0
+    for path, module, is_package in modules_of("harness", root):
+        count += 1
+        if module in IO_EXCEPTIONS:
+            continue
+        with open(path, encoding="utf-8") as fh:
+            found += io_violations(fh.read(), module, is_package)
+    return count, found
+
+
+def test_harness_imports_no_transport_and_reads_no_clock():
+    count, found = harness_io_violations(ROOT)
+    assert count > 50, f"harness/ has only {count} modules: the scan looks in the wrong place"
+    assert not found, ("harness/ must stay clock- and I/O-free (move real transports to gpu_gates/transports/, "
+                       "or list an exception with its reason in IO_EXCEPTIONS):\n" + "\n".join(found))
+
+
+def test_every_exception_names_a_module_that_exists_and_a_reason():
+    modules = {m for _, m, _ in modules_of("harness", ROOT)}
+    for module, reason in IO_EXCEPTIONS.items():
+        assert module in modules and len(reason.split()) >= 4, (module, reason)
+
+
+#: (what is planted, where in the module it goes, what the check must say)
+PLANTS = [
+    ("import zmq\n", "top", "imports zmq (is a transport)"),
+    ("import time\n\ndef _planted():\n    time.sleep(0.01)\n", "bottom", "uses time.sleep"),
+    ("from time import perf_counter as _pc\n", "bottom", "imports time.perf_counter"),
+    ("import datetime as _dt\n\ndef _planted():\n    return _dt.datetime.now()\n", "bottom", "uses datetime.datetime.now"),
+    ("def _planted():\n    import torch.distributed as dist\n    return dist\n", "bottom", "imports torch.distributed"),
+    ("import torch\n\ndef _planted(t):\n    torch.distributed.broadcast(t, 0)\n", "bottom", "uses torch.distributed.broadcast"),
+    ("def _planted():\n    from multiprocessing.managers import BaseManager\n    return BaseManager\n", "bottom",
+     "imports multiprocessing.managers"),
+]
+
+
+@pytest.mark.parametrize("plant, where, message", PLANTS, ids=[p[2].split(" (")[0] for p in PLANTS])
+def test_a_planted_transport_or_clock_in_a_copy_of_harness_fails_the_check(tmp_path, plant, where, message):
+    """The real check, run on a copy of harness/ in which one real module gained the plant."""
+    shutil.copytree(os.path.join(ROOT, "harness"), tmp_path / "harness",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.json"))
+    target = tmp_path / "harness" / "refit" / "stream.py"
+    source = target.read_text(encoding="utf-8")
+    assert harness_io_violations(str(tmp_path)) == harness_io_violations(ROOT)  # the copy is clean as it stands
+    if where == "top":
+        head, _, rest = source.partition("from __future__ import annotations\n")
+        source = head + "from __future__ import annotations\n" + plant + rest
+    else:
+        source = source + "\n\n" + plant
+    target.write_text(source, encoding="utf-8")
+    _, found = harness_io_violations(str(tmp_path))
+    assert len(found) == 1 and found[0].startswith("harness.refit.stream:") and message in found[0], found
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import time as t\nx = t.monotonic()\n", ["harness.x:2 uses time.monotonic (reads the clock or sleeps)"]),
+    ("from datetime import date\nd = date.today()\n", ["harness.x:2 uses datetime.date.today (reads the clock or sleeps)"]),
+    ("import socket\n", ["harness.x:1 imports socket (is a transport)"]),
+    ("import importlib\nz = importlib.import_module('zmq')\n", ["harness.x:2 imports zmq (is a transport)"]),
+    # not forbidden: a name that merely looks like one, a clock the runtime passes in, threading's lock
+    ("import threading\nlock = threading.Lock()\n", []),
+    ("def f(now):\n    return now.monotonic()\n", []),
+    ("from harness.control.effects import Sleep\nx = Sleep\n", []),
+    ("import torch\nx = torch.distributions\n", []),
+])
+def test_the_clock_and_transport_scan_resolves_aliases(source, expected):
+    assert io_violations(source, "harness.x") == expected

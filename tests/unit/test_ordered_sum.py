@@ -2,7 +2,7 @@
 
 3.12's builtin ``sum()`` compensates the rounding of float additions; 3.11's adds left to
 right. The summaries of the default scenario had step means and idle times that differed in
-the last bits between the two (summary.json of 18 of the 32 bundled runs); these tests pin
+the last bits between the two (summary.json of 18 bundled runs); these tests pin
 the left-to-right result on whatever interpreter runs them."""
 
 from __future__ import annotations

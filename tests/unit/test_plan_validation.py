@@ -1,4 +1,4 @@
-"""validate_plan: one crafted plan per numbered condition (rlix.md §2.6), plus fail-fast.
+"""validate_plan: one crafted plan per numbered condition (docs/modelled-systems.md#rlix-plan-validation), plus fail-fast.
 
 Every case starts from one valid baseline state and plan and changes exactly one thing,
 so the condition number reported is the one that thing breaks. The numbering must match

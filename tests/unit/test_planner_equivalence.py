@@ -2,7 +2,7 @@
 
 ``harness.scheduler.planner.gap_ratio_plan`` replaces RLix's rescans with heaps and
 indexes (see its docstring). ``oracle_gap_ratio`` (next to this file) is a slow, literal
-transcription of the reference algorithm (reference/rlix.md §2.4). Hypothesis generates
+transcription of the reference algorithm (docs/modelled-systems.md#rlix-gap-ratio-planner). Hypothesis generates
 random planner inputs — overlapping and disjoint infer mappings, tp 1/2/4 (aligned and
 misaligned TP groups, so a donor bundle can leave GPUs the receiver does not use),
 disjoint active ownership, non-GEN reserved GPUs, idle sets, progress totals, pending

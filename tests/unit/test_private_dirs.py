@@ -1,4 +1,4 @@
-"""Private run folders (harness/refit/private_dirs.py): the last live member removes the
+"""Private run folders (gpu_gates/transports/private_dirs.py): the last live member removes the
 folder even when another member was SIGKILLed; the sweep removes only what a process
 that is gone owned; the leak guard (tests/leak_guard.py) fails a session that leaves a
 tagged file behind."""
@@ -12,14 +12,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 MEMBER = textwrap.dedent("""
     import os, signal, sys
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
     folder = private_dirs.RunFolder(sys.argv[1], owned=True).join()
     open(os.path.join(sys.argv[1], "peer.sock"), "w").close()  # what a rank leaves when killed
     print("joined", flush=True)
@@ -94,7 +94,7 @@ def test_the_sweep_removes_only_what_a_process_that_is_gone_owned(tmp_path):
 
 LEAKY_TEST = textwrap.dedent("""
     import os
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
 
     def test_makes_a_folder():
         path = private_dirs.make_private("leak", private_dirs.shm_base())

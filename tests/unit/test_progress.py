@@ -1,4 +1,4 @@
-"""Progress reporting (rlix.md §2.5) and its effect on gap-ratio demand (§2.4).
+"""Progress reporting (docs/modelled-systems.md#rlix-progress-reports) and its effect on gap-ratio demand (docs/modelled-systems.md#rlix-gap-ratio-planner).
 
 ProgressStore is the scheduler ingress; CoordinatorProgress is the per-pipeline
 aggregator with 2 % bucket throttling. The model tests show that demand really comes

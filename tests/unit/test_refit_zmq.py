@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from harness.invariants import check_log
 from harness.refit import stream as proto
-from harness.refit import staging, zmq_stream as zs
+from gpu_gates.transports import staging, zmq_stream as zs
 from tests.unit.refit_pair import Log, endpoint, run_pair  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_normal_runs_keep_the_wire_invariants_and_are_bit_exact(endpoint):
 @settings(max_examples=12, deadline=None, derandomize=True)
 @given(st.lists(st.sampled_from([0, 1, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049]), min_size=1, max_size=8))
 def test_sizes_on_alignment_and_buffer_boundaries_arrive_bit_exact(sizes):
-    from harness.refit import private_dirs
+    from gpu_gates.transports import private_dirs
     d = private_dirs.make_private("refit-test")
     try:
         g = torch.Generator().manual_seed(len(sizes))
@@ -120,7 +120,8 @@ def test_manifest_error_lists_missing_duplicate_and_unexpected_together(endpoint
 
 RECEIVER_THAT_DIES = textwrap.dedent("""
     import os, sys, torch
-    from harness.refit import zmq_stream as zs, stream as proto
+    from gpu_gates.transports import zmq_stream as zs
+    from harness.refit import stream as proto
     manifest = {f"w{i}": ((4096,), "float32") for i in range(8)}
     r = zs.RefitReceiver(sys.argv[1], timeout_s=30)
     loaded = []

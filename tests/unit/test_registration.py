@@ -1,4 +1,4 @@
-"""Registration rules (rlix.md §1.4), partial-overlap rules (§4, F10), cluster-name constants.
+"""Registration rules (docs/modelled-systems.md#rlix-registration), partial-overlap rules (docs/modelled-systems.md#rlix-partial-overlap-shrink-expand-and-routing, F10), cluster-name constants.
 
 Rules are checked both on ``build_pipeline_entry`` (the ``TopologyError.rule`` tag) and
 through ``SchedulerModel.register`` (a :class:`Rejected` whose message names the

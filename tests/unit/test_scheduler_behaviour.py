@@ -1,4 +1,4 @@
-"""Scheduler behaviours pinned by RLix's own unit tests (reference/rlix.md §7), rewritten
+"""Scheduler behaviours pinned by RLix's own unit tests (docs/modelled-systems.md#rlix-unit-tests-rewritten-as-properties), rewritten
 here from the described behaviour: gap-ratio cases, scheduling-cycle cases, stale-plan
 rules, and the documented hazards with their fixed variants."""
 

@@ -5,7 +5,7 @@ infer cluster, ROLL-style full overlap) is driven through random sequences of ev
 input the model takes — register+admit, requests at every priority, release,
 release_then_request, await_release, progress reports, clear_progress, unregister,
 whole cycles and split plan/commit cycles with inputs arriving in the lock gap — and
-after every step the ownership invariants of reference/rlix.md §2.3/§2.6 must hold:
+after every step the ownership invariants of docs/modelled-systems.md#rlix-one-scheduling-cycle and #rlix-plan-validation must hold:
 
 * GPU conservation and single ownership: idle ∪ allocated = all GPUs, pairwise disjoint;
 * every plan passed validation (no ``validation_failed`` record, no fail-fast other than
@@ -38,14 +38,14 @@ ESTIMATES = st.sampled_from([True, True, True, False]).flatmap(lambda pos: st.in
 MOSTLY = st.sampled_from([True, True, True, True, False])  # True 4 times in 5, shrinks to True
 GEN = Priority.GENERATION
 
-# Failures RLix documents as by-design fail-fast (reference/rlix.md §2.3 Phase 0.5, §2.7):
+# Failures RLix documents as by-design fail-fast (docs/modelled-systems.md#rlix-one-scheduling-cycle Phase 0.5, #rlix-release-unregister-and-fail-fast):
 # a planned release whose cluster was released (or re-granted at another priority) before
 # the cycle ran. After one of these the machine starts a fresh model.
 BY_DESIGN_FAILURES = (
     "await_release_gpus for unknown cluster_id",
     "await_release_gpus is only supported for GENERATION clusters",
 )
-# RLix-identical, though not listed in rlix.md: a pipeline unregistered *and registered
+# RLix-identical, though not listed in docs/modelled-systems.md: a pipeline unregistered *and registered
 # again* inside the lock gap is "registered" at commit, so the stale-plan skip does not
 # apply and the commit finds no waiter for the planned grant/signal (RLix raises the same
 # RuntimeError in _apply_plan_and_signal / _signal_pending_request). Accepted only when the

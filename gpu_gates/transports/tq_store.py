@@ -57,7 +57,10 @@ class TransferQueueStore(RowStore):
 
         if not ray.is_initialized():
             raise DataPlaneError("TransferQueueStore.start: Ray is not initialized (ray.init(num_cpus=...) first)")
-        conf = OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}}})
+        # polling_mode: a fetch that finds fewer ready samples than asked returns nothing at
+        # once, instead of the controller sleeping on it (claim never blocks; see claim())
+        conf = OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}},
+                                 "controller": {"polling_mode": True}})
         failure: List[BaseException] = []
 
         final: List = []
@@ -171,6 +174,26 @@ class TransferQueueStore(RowStore):
         keys = list(self._listing(partition_id)) if sample_ids is None else list(sample_ids)
         if keys:
             self.tq.kv_clear(keys=keys, partition_id=partition_id)
+
+
+    def claim(self, partition_id, task, required_fields, batch_size):
+        """TQ's own per-task consumption cursor (``get_meta`` in fetch mode), as NeMo RL's
+        adapter claims: the controller marks the samples consumed, so claims from several
+        processes never overlap. The placeholder schema key has no fields and is never ready."""
+        meta = self.client.get_meta(data_fields=list(required_fields), batch_size=int(batch_size),
+                                    partition_id=partition_id, mode="fetch", task_name=task)
+        indexes = list(getattr(meta, "global_indexes", None) or [])
+        if not indexes:
+            return []
+        return list(self.client.kv_retrieve_keys(global_indexes=indexes, partition_id=partition_id))
+
+    def consumption(self, partition_id, task):
+        index, status = self.client.get_consumption_status(task_name=task, partition_id=partition_id)
+        if index is None or index.numel() == 0:
+            return 0, 0
+        keys = self.client.kv_retrieve_keys(global_indexes=index.tolist(), partition_id=partition_id)
+        pairs = [(k, int(v)) for k, v in zip(keys, status.tolist()) if k != SCHEMA_KEY]
+        return sum(v for _, v in pairs), len(pairs)
 
 
 def _column(rows: Sequence[torch.Tensor]) -> torch.Tensor:

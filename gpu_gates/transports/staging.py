@@ -18,7 +18,7 @@ from typing import List, Optional
 
 import torch
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
 
 SHM_PREFIX = private_dirs.STAGING_PREFIX
 SHM_DIR_ENV = "RLHARNESS_SHM_DIR"  # where staging files go instead of /dev/shm (tests use a private folder)

@@ -1,19 +1,24 @@
 """The refit stream on a real transport: pyzmq REQ/REP over ``ipc://``, ping-pong buffers.
 
 This interprets :mod:`harness.refit.stream` (the protocol) with real sockets and real
-bytes. It lives in ``harness/`` rather than ``gpu_gates/`` because two user surfaces need
-it that must not depend on the gates: ``rlharness calibrate refit`` / ``fidelity refit``
-(the simulator's refit costs are fitted to, and checked against, this transport) and the
-benchmark. The gates import it too.
+bytes. It lives on the real-runtime side (``gpu_gates/transports/``), not in ``harness/``:
+``harness/`` holds the protocol both runtimes interpret and may not touch sockets or the
+wall clock. Besides the gates, ``rlharness calibrate refit`` / ``fidelity refit`` (the
+simulator's refit costs are fitted to, and checked against, this transport) and the
+benchmark use it; the simulator itself never does.
 
-Topology as in NeMo RL (reference/nemo_rl.md §1.2): the trainer side binds a REQ socket on
+Topology as in NeMo RL (docs/modelled-systems.md#nemo-rl-refit): the trainer side binds a REQ socket on
 an ``ipc://`` endpoint (one per GPU, or per test), the inference side connects a REP.
 ``LINGER`` is 0 and every send and receive has a timeout; a timeout becomes a
 :class:`StreamTimeout` that names the peer, the step and the group, and the socket is
 closed (a REQ that missed its reply cannot be reused).
 
-Payload. Only a small JSON header (slots, sizes) travels on the socket. The bytes stay in
-the staging buffers (``harness/refit/staging.py``), which the receiver maps:
+Payload. Only a small JSON header travels on the socket: NeMo RL's group fields (the
+tensor names and ``used_bytes``, the sum of their aligned sizes — the layout rule is in
+:mod:`harness.refit.stream`) plus each slot's shape, dtype, offset and size, which a
+NeMo RL receiver would not need (it sizes tensors from its own manifest) and which let
+this receiver name a shape or dtype mismatch instead of an offset mismatch. The bytes stay in
+the staging buffers (``gpu_gates/transports/staging.py``), which the receiver maps:
 
 * GPU (torch sees CUDA): the buffers are device tensors and the header carries a CUDA IPC
   handle (torch's reducer, pickled); the receiver rebuilds the tensor on its local device
@@ -21,8 +26,8 @@ the staging buffers (``harness/refit/staging.py``), which the receiver maps:
   path has not been run in any session so far (no GPU was available); it is guarded by
   ``torch.cuda.is_available()``.**
 * CPU: the buffers are files on ``/dev/shm`` mapped by both processes — the faithful CPU
-  analogue of the CUDA-IPC stream (the bytes never go through the socket; nemo_rl.md
-  §1.2 measured the payload-on-the-socket variant at ~7 % of memcpy). The sender owns the
+  analogue of the CUDA-IPC stream (the bytes never go through the socket; measured on a 2-core machine,
+  the payload sent over the socket itself ran at ~7 % of memcpy). The sender owns the
   files and unlinks them when it releases the buffers and on every exit path; nothing is
   left in ``/dev/shm``.
 
@@ -41,9 +46,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import torch
 import zmq
 
-from harness.refit.bucket_cache import dtype_from_name, dtype_name
+from gpu_gates.transports.staging import ShmBuffer, cuda_handle, open_cuda_handle
 from harness.refit import stream as proto
-from harness.refit.staging import ShmBuffer, cuda_handle, open_cuda_handle
+from harness.refit.bucket_cache import dtype_from_name, dtype_name
 
 Emit = Callable[..., None]
 
@@ -209,7 +214,7 @@ class RefitSender(_Endpoint):
         elif isinstance(e, proto.SendGroup):
             buf = buffers[e.buffer]
             header = {"type": "group", "step": step, "group": e.group, "buffer": e.buffer, "used": e.used_bytes,
-                      "slots": [s.to_wire() for s in e.slots]}
+                      "names": [s.name for s in e.slots], "slots": [s.to_wire() for s in e.slots]}
             frames = [b""]
             if isinstance(buf, ShmBuffer):
                 header["shm"], header["shm_bytes"] = buf.path, buf.nbytes

@@ -1,6 +1,6 @@
 """Measure the real refit stream on this machine: a sender here, a receiver process beside it.
 
-Used by ``rlharness calibrate refit`` / ``fidelity refit`` (simulators/refit_fit.py) and the
+Used by ``rlharness calibrate refit`` / ``fidelity refit`` (rlharness/refit_calibrate.py) and the
 benchmark. One receiver process serves every configuration of a run (importing torch
 costs seconds on a loaded machine), driven by JSON lines on its stdin:
 
@@ -12,8 +12,8 @@ costs seconds on a loaded machine), driven by JSON lines on its stdin:
 The peer exits on EOF, on a bad line, or when a stream fails (its error goes to the
 parent as ``{"error": ...}``); the parent kills it on every exit path and removes the
 socket's private folder. Weights on both sides are allocated and written before the
-stream starts, so page faults of fresh memory are not measured as transfer (nemo_rl.md
-§1.2: fresh receiver memory halves the figures).
+stream starts, so page faults of fresh memory are not measured as transfer (measured
+here: fresh receiver memory halves the figures).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from harness.refit import private_dirs
+from gpu_gates.transports import private_dirs
+from gpu_gates.transports import zmq_stream as zs
 from harness.refit import stream as proto
-from harness.refit import zmq_stream as zs
 from harness.refit.bucket_cache import build_buckets, dtype_from_name
 
 MiB = 1 << 20
@@ -112,7 +112,7 @@ class StreamBench:
         try:
             self.sender = zs.RefitSender(self.endpoint, peer="measure-peer", timeout_s=timeout_s,
                                          single_buffer=single_buffer)
-            self.peer = subprocess.Popen([sys.executable, "-m", "harness.refit.measure", "--peer", self.endpoint,
+            self.peer = subprocess.Popen([sys.executable, "-m", "gpu_gates.transports.measure", "--peer", self.endpoint,
                                           "--timeout", str(timeout_s)],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         except BaseException:

@@ -21,7 +21,8 @@ import torch
 
 from harness.dataplane.store import RowStore, Rows
 
-METHODS = ("register", "partition", "samples", "write_bytes", "read_bytes", "drop", "write_ledger")
+METHODS = ("register", "partition", "samples", "write_bytes", "read_bytes", "drop", "claim", "consumption",
+           "write_ledger")
 
 
 def _dump(rows: Rows) -> bytes:
@@ -58,6 +59,12 @@ class _Host:
     def drop(self, *a):
         return self.store.drop(*a)
 
+    def claim(self, *a):
+        return self.store.claim(*a)
+
+    def consumption(self, *a):
+        return self.store.consumption(*a)
+
     def write_ledger(self):
         return self.store.write_ledger()  # type: ignore[attr-defined]
 
@@ -85,6 +92,12 @@ class RemoteStore(RowStore):
 
     def drop(self, partition_id, sample_ids):
         self.proxy.drop(partition_id, None if sample_ids is None else list(sample_ids))
+
+    def claim(self, partition_id, task, required_fields, batch_size):
+        return self.proxy.claim(partition_id, task, list(required_fields), batch_size)
+
+    def consumption(self, partition_id, task):
+        return tuple(self.proxy.consumption(partition_id, task))
 
     def write_ledger(self):
         return self.proxy.write_ledger()

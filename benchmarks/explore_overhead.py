@@ -1,0 +1,48 @@
+"""Schedule exploration's cost per run against the fixed order (a printed figure, not a test).
+
+Runs the 64-GPU scenario and the default one with the fixed same-time order, then with
+``--explore`` under each strategy (a few seeds), interleaved; prints the best wall time of
+each and the ratio to the fixed order.
+
+    python benchmarks/explore_overhead.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main() -> None:
+    from simulators.explore import ExploreSpec
+    from simulators.runtime import Simulation
+    from simulators.scenario import load_scenario
+    from simulators.spec import default_scenario
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    cases = [("default", default_scenario()),
+             ("mixed_64gpu", load_scenario(os.path.join(ROOT, "examples", "scenarios", "mixed_64gpu.yaml")))]
+    variants = [("fixed order", None), ("pct", "pct"), ("random", "random")]
+    print(f"load {os.getloadavg()[0]:.2f}; best of {args.repeats} interleaved rounds (explored rounds use seeds 0..)")
+    for name, scenario in cases:
+        best = {v: float("inf") for v, _ in variants}
+        for r in range(args.repeats):
+            for label, strategy in variants:
+                explore = None if strategy is None else ExploreSpec(r, strategy)
+                t = time.perf_counter()
+                Simulation(scenario, explore=explore).run()
+                best[label] = min(best[label], time.perf_counter() - t)
+        base = best["fixed order"]
+        print(f"{name:12} " + "  ".join(f"{label} {best[label] * 1e3:7.1f} ms ({best[label] / base:.2f}x)"
+                                        for label, _ in variants))
+
+
+if __name__ == "__main__":
+    main()

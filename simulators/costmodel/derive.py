@@ -1,0 +1,124 @@
+"""Fill a scenario mapping's cost fields from its GPU and model presets, before validation.
+
+Runs on the parsed mapping, so whatever the file states stays as stated: a field is
+derived only where neither the pipeline's own section, the ``defaults`` section nor the
+scenario's ``costs`` give it (explicit wins; a scenario without ``cluster.gpu`` is loaded
+exactly as before). Derived per pipeline, since each has its own model and TP:
+
+* ``model``: a ``preset`` fills ``params`` and the architecture;
+* ``workload``: ``tokens_per_s_per_rank``, ``batching_half_point``, ``max_concurrent_per_rank``;
+* ``costs`` (the pipeline's own section): ``train_s_per_trajectory``,
+  ``old_log_probs_s_per_trajectory``, ``wake_s``, ``sleep_s``.
+
+The cluster's links and memory come from the GPU preset the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import fields
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from simulators.costmodel import formulas as f
+from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec, cluster_fields
+from simulators.costmodel.models import MODEL_PRESETS, PRESET_FIELDS
+
+Fail = Callable[[str, str], Exception]
+_ARCH = ("layers", "hidden_size", "num_kv_heads", "head_dim")
+
+
+def _section(data: Mapping[str, Any], key: str) -> Dict[str, Any]:
+    value = data.get(key)
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def expand(data: Any, fail: Fail) -> Any:
+    """A copy of the scenario mapping with presets and derived costs filled in."""
+    if not isinstance(data, Mapping):
+        return data
+    data = copy.deepcopy(dict(data))
+    cluster = data.get("cluster")
+    gpu = _gpu(cluster, fail) if isinstance(cluster, Mapping) else None
+    if gpu is not None:
+        gpus_per_node = cluster.get("gpus_per_node", 2)
+        for key, value in cluster_fields(gpu, gpus_per_node if isinstance(gpus_per_node, int) else 2).items():
+            cluster.setdefault(key, value)
+    defaults = _section(data, "defaults")
+    pipes = data.get("pipelines")
+    if not isinstance(pipes, list):
+        return data
+    for i, pipe in enumerate(pipes):
+        if isinstance(pipe, dict):
+            _pipeline(data, pipe, f"pipelines[{i}]", defaults, gpu, fail)
+    return data
+
+
+def _gpu(cluster: Mapping[str, Any], fail: Fail) -> Optional[GpuSpec]:
+    name = cluster.get("gpu")
+    if name in (None, ""):
+        return None
+    if not isinstance(name, str) or name not in GPU_PRESETS:
+        raise fail("cluster.gpu", f"unknown GPU preset {name!r}; known: {', '.join(sorted(GPU_PRESETS))}")
+    return GPU_PRESETS[name]
+
+
+def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gpu: Optional[GpuSpec], fail: Fail) -> None:
+    model = {**_section(defaults, "model"), **_section(pipe, "model")}
+    preset = model.get("preset")
+    if preset not in (None, ""):
+        if not isinstance(preset, str) or preset not in MODEL_PRESETS:
+            raise fail(f"{path}.model.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+        p = MODEL_PRESETS[preset]
+        own = pipe.setdefault("model", {}) if isinstance(pipe.get("model", {}), dict) else None
+        if own is not None:
+            for key in PRESET_FIELDS:
+                if key not in model:
+                    own[key] = getattr(p, key)
+                    model[key] = own[key]
+    if gpu is None or not all(isinstance(model.get(k), int) and model[k] > 0 for k in _ARCH):
+        return  # nothing to derive from: the explicit (or default) costs apply
+    from simulators.spec import CostSpec, ModelSpec, WorkloadSpec
+
+    num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
+    costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}
+    cost_vals = {fl.name: costs_given.get(fl.name, fl.default) for fl in fields(CostSpec)}
+    workload_given = {**_section(defaults, "workload"), **_section(pipe, "workload")}
+    wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
+    params = float(model.get("params", ModelSpec.params))
+    active = float(model.get("active_params") or params)
+    arch = f.Arch(params, active, model["layers"], model["hidden_size"], model["num_kv_heads"] * model["head_dim"],
+                  int(num(model, "bytes_per_param", ModelSpec)))
+    eff = f.Efficiency(cost_vals["train_mfu"], cost_vals["decode_flops_efficiency"], cost_vals["hbm_efficiency"],
+                       cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
+                       cost_vals["sleep_fixed_s"])
+    decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"])
+    tokens = wl["prompt_tokens"] + decode
+    tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
+    sleep_level = pipe.get("sleep_level", 2)
+    cluster = data["cluster"]
+    link = cluster.get("intra_node_bytes_per_s", gpu.nvlink_bytes_per_s or gpu.pcie_bytes_per_s)
+    derived_workload = f.decode_curve(arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops,
+                                      gpu.hbm_bytes_per_s, float(link), eff)
+    capacity = f.kv_capacity(arch, tp, float(cluster.get("vram_bytes", gpu.hbm_bytes)),
+                             cost_vals["kv_cache_fraction"], tokens, eff)
+    if capacity < 1:
+        raise fail(f"{path}.model", f"{params:.3g} parameters and one trajectory's KV cache ({tokens:.0f} tokens) do not "
+                   f"fit {tp} x {gpu.name} at kv_cache_fraction {cost_vals['kv_cache_fraction']} (raise infer_tp)")
+    derived_workload["max_concurrent_per_rank"] = capacity
+    derived_costs = {
+        "train_s_per_trajectory": f.train_s_per_trajectory(arch, tokens, gpu.bf16_flops, eff),
+        "old_log_probs_s_per_trajectory": f.log_probs_s_per_trajectory(arch, tokens, gpu.bf16_flops, eff),
+        **f.wake_sleep_s(arch, tp, float(cluster.get("pcie_bytes_per_s", gpu.pcie_bytes_per_s)),
+                         sleep_level if sleep_level in (1, 2) else 2, eff),
+    }
+    _fill(pipe, "workload", derived_workload, workload_given)
+    _fill(pipe, "costs", derived_costs, costs_given)
+
+
+def _fill(pipe: dict, key: str, derived: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    own = pipe.setdefault(key, {})
+    if not isinstance(own, dict):
+        return  # a malformed section: validation reports it under its path
+    for name, value in derived.items():
+        if name not in given:
+            own[name] = value

@@ -1,0 +1,53 @@
+"""One run of a sweep: simulate a variant with a seed, check it, keep the figures.
+
+A top-level function of plain arguments, so the local executor (a forked child) and a Ray
+task run the same thing; it returns only what the comparison needs, never wall times, so
+``results.json`` holds the same bytes whichever executor ran it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Dict
+
+from harness.gc_pause import gc_paused
+from harness.invariants import check_log
+from harness.ordered_sum import ordered_sum
+from harness.outputs.run_view import RunView
+from harness.outputs.summary import summarize
+from harness.outputs.summary_text import summary_json
+
+
+def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int) -> Dict[str, Any]:
+    from simulators.runtime import Simulation
+    from simulators.scenario import scenario_from_mapping
+
+    scenario = dataclasses.replace(scenario_from_mapping(mapping, source), seed=seed)
+    result = Simulation(scenario).run()
+    with gc_paused():
+        violations = check_log(result.records)
+        figures = summary_json(summarize(RunView(result.records),
+                                         handover_findings=[v for v in violations if v.invariant == "handover"]))
+    return {"seed": job_id, "status": "ok", "variant": variant, "run_seed": seed,
+            **run_figures(figures, result.reason, Counter(v.invariant for v in violations))}
+
+
+def run_figures(summary: Dict[str, Any], end: str, findings: Counter) -> Dict[str, Any]:
+    """The figures a sweep compares, out of one run's summary.json mapping."""
+    refit_by = {r["pipeline_id"]: r["total_sync_s"] for r in summary.get("refit", [])}
+    ages = summary.get("staleness_by_pipeline", {})
+    pipelines = {}
+    for p in summary["pipelines"]:
+        pid = p["pipeline_id"]
+        hist = {int(a): n for a, n in ages.get(pid, {}).items()}
+        n = sum(hist.values())
+        pipelines[pid] = {
+            "steps_done": p["steps_done"], "step_times": p["step_times"],
+            "refit_s": refit_by.get(pid, 0.0), "waiting_s": p["waiting_s"],
+            "mean_age_steps": (ordered_sum(a * k for a, k in sorted(hist.items())) / n) if n else None,
+        }
+    shares = summary["gpus_all"]
+    return {"end": end, "simulated_s": summary["run"]["simulated_s"],
+            "busy_pct": 100.0 - shares["idle_pct"], "idle_pct": shares["idle_pct"],
+            "pipelines": pipelines, "findings": dict(sorted(findings.items()))}

@@ -1,0 +1,173 @@
+"""Every relative link and repository path the README and docs/ name exists.
+
+A reader follows what the docs name: a markdown link (``[text](docs/x.md#anchor)``) or a
+path in backticks (`` `harness/invariants/` ``). Both are checked against the working tree
+(and a link's ``#anchor`` against the headings of the file it points to, as GitHub makes
+anchors), so a renamed file or heading breaks this test instead of a reader's first hour.
+Paths that are outputs a command writes, not files of the repository, are listed in
+``OUTPUT_PATHS`` with the reason.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: backticked paths that name what a command writes (or a user's own file), with why
+OUTPUT_PATHS: Dict[str, str] = {
+    "runs/default/": "rlharness simulate's default run folder (runs/<scenario name>)",
+    "runs/mixed": "the --out folder of the README's simulate example",
+    "runs/a": "rlharness diff's example run folders",
+    "runs/b": "rlharness diff's example run folders",
+    "runs/default/events.jsonl": "the event log rlharness simulate writes",
+    "runs/wake-vs-tp": "the --out folder of a sweep example",
+    "minimized/": "rlharness fuzz's output folder of minimized reproducers",
+    "out/sync.json": "a gate's --report path in an example",
+    "out/teardown.json": "a gate's --report path in an example",
+    "out/dual.json": "a gate's --report path in an example",
+    "out/dataplane.json": "a gate's --report path in an example",
+    "out/dataplane_tq.json": "a gate's --report path in an example",
+    "out/parity.json": "a gate's --report path in an example",
+    "runs/gates/NAME.json": "rlharness gate's default report path (docs/gates.md)",
+}
+
+#: upstream repositories' paths (RLix, NeMo RL, ROLL) the docs cite as sources, by prefix
+UPSTREAM_PREFIXES = ("rlix/", "nemo_rl/", "roll/", "tests/test_", "tests/unit/algorithms/", "tests/unit/data_plane/",
+                     "tests/unit/single_controller/", "tests/unit/models/", "tests/integration/", "examples/RLIX_EXPERIMENT.md",
+                     "examples/nemo_rl_test/", "plans/", "docs/design-docs/", "docs/about/", "examples/run_grpo")
+
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+_CODE = re.compile(r"`([^`\n]+)`")
+_PATHLIKE = re.compile(r"^\.?[A-Za-z0-9_][A-Za-z0-9_.\-]*(?:/[A-Za-z0-9_.\-*]+)*/?$")
+_FILE_EXT = (".py", ".md", ".yaml", ".yml", ".jsonl", ".json", ".txt", ".toml", ".ini", ".svg", ".png", ".cfg")
+_TOP = ("harness/", "simulators/", "gpu_gates/", "rlharness/", "tests/", "examples/", "docs/", "benchmarks/", ".ci/")
+
+
+def doc_files() -> List[str]:
+    return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def _strip_fences(text: str) -> str:
+    """Text outside ``` fences: commands in a code block are examples, not references."""
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def slugs(path: str) -> Set[str]:
+    """The anchors GitHub gives a markdown file's headings (lower case, punctuation
+    dropped, spaces to hyphens, a repeated heading numbered)."""
+    seen: Dict[str, int] = {}
+    out: Set[str] = set()
+    for line in _strip_fences(open(path, encoding="utf-8").read()).splitlines():
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def links(path: str) -> Iterator[Tuple[int, str]]:
+    text = _strip_fences(open(path, encoding="utf-8").read())
+    for m in _LINK.finditer(text):
+        target = m.group(1) or m.group(2)
+        if re.match(r"^[a-z]+:", target):
+            continue
+        yield text.count("\n", 0, m.start()) + 1, target
+
+
+def code_paths(path: str) -> Iterator[Tuple[int, str]]:
+    """Backticked strings that look like a repository path: a known top folder, or a
+    relative path with a folder and a file extension."""
+    text = _strip_fences(open(path, encoding="utf-8").read())
+    for m in _CODE.finditer(text):
+        s = m.group(1).strip()
+        if " " in s or not _PATHLIKE.match(s) or "/" not in s:
+            continue
+        if s.startswith(_TOP) or s.endswith(_FILE_EXT) or s.endswith("/"):
+            yield text.count("\n", 0, m.start()) + 1, s
+
+
+def _exists(base: str, rel: str) -> bool:
+    """The path exists from the doc's folder, the root or examples/; a ``module.Name``
+    ending (``harness/streaming/split_step.SplitStepMachine``) names its module file."""
+    head, _, last = rel.rpartition("/")
+    candidates = [rel]
+    if "." in last and not last.endswith(_FILE_EXT):
+        candidates.append(f"{head}/{last.split('.', 1)[0]}.py")
+    for start in (base, ROOT, os.path.join(ROOT, "examples")):
+        for c in candidates:
+            p = os.path.normpath(os.path.join(start, c))
+            if ("*" in c and glob.glob(p)) or os.path.exists(p):
+                return True
+    return False
+
+
+def broken_references() -> List[str]:
+    problems: List[str] = []
+    for path in doc_files():
+        name = os.path.relpath(path, ROOT)
+        base = os.path.dirname(path)
+        for line, target in links(path):
+            file_part, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(base, file_part)) if file_part else path
+            if not os.path.exists(dest):
+                problems.append(f"{name}:{line}: link to {target!r}: no such file")
+            elif anchor and dest.endswith(".md") and anchor not in slugs(dest):
+                problems.append(f"{name}:{line}: link to {target!r}: no heading with anchor #{anchor}")
+        for line, rel in code_paths(path):
+            if rel in OUTPUT_PATHS or (rel.startswith(UPSTREAM_PREFIXES) and not _exists(base, rel)):
+                continue
+            if not _exists(base, rel):
+                problems.append(f"{name}:{line}: path `{rel}`: not in the repository")
+    return problems
+
+
+def test_every_link_and_path_the_docs_name_exists():
+    problems = broken_references()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_output_allow_list_names_only_paths_that_are_not_in_the_repository():
+    present = [p for p in OUTPUT_PATHS if os.path.exists(os.path.join(ROOT, p))]
+    assert not present, f"these are files of the repository now; drop them from OUTPUT_PATHS: {present}"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("see [x](docs/nowhere.md)", "no such file"),
+    ("see [x](MODELLED#no-such-heading)", "no heading with anchor"),
+    ("the folder `harness/nowhere/` holds it", "not in the repository"),
+])
+def test_a_broken_reference_is_reported(tmp_path, monkeypatch, text, expected):
+    fake = tmp_path / "README.md"
+    modelled = os.path.relpath(os.path.join(ROOT, "docs", "modelled-systems.md"), tmp_path)
+    fake.write_text(text.replace("MODELLED", modelled) + "\n", encoding="utf-8")
+    monkeypatch.setitem(globals(), "doc_files", lambda: [str(fake)])
+    problems = broken_references()
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_slugs_follow_github():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False, encoding="utf-8") as fh:
+        fh.write("# RLix: one scheduling cycle\n## `streaming` (in a `single_controller` pipeline)\n## Notes\n## Notes\n")
+    try:
+        assert slugs(fh.name) == {"rlix-one-scheduling-cycle", "streaming-in-a-single_controller-pipeline", "notes", "notes-1"}
+    finally:
+        os.unlink(fh.name)
+
+
+def test_readme_names_no_issue_numbers_sessions_or_commits():
+    """The README is for a new user: no tracker numbers, work-session dates or commit
+    hashes they cannot follow."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    found = re.findall(r"(?<![\w/&])#\d+\b|\b[Ss]ession \d+\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
+    assert not found, found
