@@ -1,7 +1,11 @@
 """sha256 of every bundled scenario's event log (a check for speed work, not a test).
 
-The simulator's speed work must leave every event log byte-identical: run this before and
-after a change and diff the output. One line per scenario: the sha256 of the bytes
+A tool for a pure refactor (a change meant to alter nothing the model does): run this
+before and after and diff the output; equal hashes prove it at once. It is not a rule that
+logs are frozen: the event logs change whenever the model becomes more faithful (say which
+record kinds and scenarios changed, and why), and performance work is held to semantic
+equivalence (the same decisions, findings and figures), which a hash diff shows only when
+the bytes happen to be unchanged. One line per scenario: the sha256 of the bytes
 ``rlharness simulate`` writes to events.jsonl, the record count, and the scenario. The
 default scenario is ``default`` (``simulators.spec.default_scenario``).
 

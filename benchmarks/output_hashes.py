@@ -2,9 +2,10 @@
 
 Each scenario of ``examples/scenarios`` (and the built-in default) is simulated and its
 outputs written into a temporary folder exactly as ``rlharness simulate`` writes them;
-one line per scenario and file is printed, ``scenario file sha256``. Speed work on the
-event log encoding, the oracle, the summary and the writers must leave the event log,
-the summaries and the violations byte-identical: run this before and after and diff::
+one line per scenario and file is printed, ``scenario file sha256``. For a pure refactor
+of the event log encoding, the oracle, the summary or the writers (a change meant to alter
+no output), run this before and after and diff; outputs are not frozen otherwise (a more
+faithful model changes them, and the change is described instead)::
 
     python benchmarks/output_hashes.py > before.txt      # on the old commit
     python benchmarks/output_hashes.py > after.txt       # on the new one

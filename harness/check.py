@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from harness.eventlog.kinds import category
+from harness.expect import Expectation, Finding, classify, from_violations, report_lines
 from harness.eventlog.records import InputError, Record, read_records
 from harness.invariants import CHECKS, check_log
 from harness.invariants.base import Violation, examined
@@ -117,18 +118,30 @@ def check_file(path: str, names: Optional[Iterable[str]] = None) -> Tuple[Oracle
 
 
 def run_check(paths: Sequence[str], *, names: Optional[Sequence[str]] = None, context: int = 2, limit: int = 10,
-              emit: Callable[[str], None] = print) -> int:
+              emit: Callable[[str], None] = print, baseline: Sequence[Expectation] = (), strict: bool = False,
+              write_baseline: Optional[Callable[[List[Finding]], None]] = None) -> int:
     """``rlharness check``: every file is read and checked before anything is printed, so
-    a bad file anywhere ends the command with one error line and no report."""
+    a bad file anywhere ends the command with one error line and no report.
+
+    Violations are findings; with a ``baseline`` those it expects are reported apart and
+    do not fail (one verdict over every log: an expectation is met by any of them).
+    ``write_baseline`` receives every finding and the command exits 0: the findings of
+    today are where a baseline starts."""
     results = []
     for path in paths:
         log, rows = check_file(path, names)
         results.append((path, log, rows))
-    code = EXIT_OK
+    findings: List[Finding] = []
     for n, (path, log, rows) in enumerate(results):
         if n:
             emit("")
         emit(render(path, log, rows, context=context, limit=limit))
-        if any(r.violations for r in rows):
-            code = EXIT_VIOLATION
-    return code
+        findings += from_violations([v for r in rows for v in r.violations], log.records)
+    if write_baseline is not None:
+        write_baseline(findings)
+        return EXIT_OK
+    verdict = classify(findings, baseline)
+    if baseline:
+        for line in report_lines(verdict, strict):
+            emit(line)
+    return EXIT_VIOLATION if verdict.failed(strict) else EXIT_OK

@@ -118,6 +118,11 @@ class _Feeder:
         if phase in ("full", "plan") and self.open is not None:
             raise InputError(f"{where}: field 'phase': cycle {self.open.cycle} was planned but not committed (cycles are serial)")
         if phase == "commit":
+            if self.open is None and m.failed is not None:
+                # the model failed fast while planning (RLix shuts down): a runtime that
+                # goes on to commit disagrees with the model's decision, which is a
+                # divergence for --expect to report, not a malformed trace
+                raise Rejected(f"commit after the scheduler failed fast ({m.failed})")
             if self.open is None:
                 raise InputError(f"{where}: field 'phase': commit without a planned cycle")
             cp, self.open = self.open, None

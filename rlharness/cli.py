@@ -4,7 +4,13 @@ One exit-code convention for every subcommand, applied here in :func:`main`:
 
 * 0 — done, and nothing was found (a replay matched, every invariant held);
 * 1 — a finding: the simulated system failed (OOM, fail-fast), an invariant broke, a
-  replay diverged from ``--expect``, a determinism check found a difference;
+  replay diverged from ``--expect``, a determinism check found a difference; a finding
+  that the scenario's ``expect:`` list or ``--baseline`` covers is reported and does not
+  count, and ``--strict`` counts an expectation that matched nothing
+  (:mod:`harness.expect`);
+* 3 — ``replay --expect`` only: a decision diverged from the recorded log (1 from replay
+  is then an invariant violation in a replay whose decisions matched, or were not
+  compared); ``replay --verdict FILE`` writes the verdict as JSON;
 * 2 — bad input (arguments, files, records, scenarios, output paths): one line
   ``error: <file/field/argument>: <what>`` on stderr, no traceback, nothing written;
 * 130 — interrupted (Ctrl-C);
@@ -29,18 +35,27 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from harness.eventlog.records import InputError, read_records
 from harness.eventlog.writer import write_atomic
+from harness.expect import report_lines
 from harness.outputs.paths import OutputPathError, check_output_dir, check_output_file
 from harness.replay import compare_decisions, format_table, replay_file
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
+#: replay --expect: the model decided differently from the recorded log (exit 1 stays an
+#: invariant violation, so a script tells the two apart; --verdict writes both as JSON)
+EXIT_DECISION_DIVERGED = 3
 #: violations printed before the list is cut (the count of the rest is printed)
 SHOWN_VIOLATIONS = 20
 
 EXIT_CODES_HELP = """exit codes (every command):
   0    done, nothing found (every invariant held, a replay matched)
   1    a finding: the simulated system failed, an invariant broke, a replay diverged
-       (a simulation cut by its horizon is an outcome: 0 unless the oracle finds a stall)
+       (a simulation cut by its horizon is an outcome: 0 unless the oracle finds a stall);
+       findings a scenario's expect: list or --baseline FILE covers are reported, not
+       failures, and --strict also fails on an expected finding that did not occur
+       (docs/expected-findings.md)
   2    bad input: one line "error: <where>: <what>" on stderr, nothing written
+  3    replay --expect: a decision diverged from the recorded log (whatever the
+       invariants say; exit 1 from replay is an invariant violation alone)
   130  interrupted
   141  the output pipe was closed before all output was written (e.g. | head);
        nothing more is printed, nothing on stderr (--help and --version too)"""
@@ -78,6 +93,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _add_baseline(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline", metavar="FILE",
+                   help="expected findings (docs/expected-findings.md): reported, not failures")
+    p.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding did not occur")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rlharness", description="Simulation-backed test harness for RL post-training on shared GPUs.",
                      epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", metavar="PATH", help="write the decision log (JSONL) here")
     rp.add_argument("--expect", metavar="RECORDED.jsonl", help="compare decisions with a recorded log; exit 1 at the first divergence")
     rp.add_argument("--quiet", action="store_true", help="print no table, only the summary line")
+    rp.add_argument("--verdict", metavar="FILE", help="write the verdict as JSON: decisions (matched / diverged / "
+                    "not compared), invariants, findings, exit code (docs/trace-format.md)")
+    _add_baseline(rp)
     sim = sub.add_parser("simulate", help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)",
                          epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     sim.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario YAML (see examples/scenarios/)")
@@ -105,12 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
     sim.add_argument("--check-determinism", action="store_true",
                      help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
+    _add_baseline(sim)
     ck = sub.add_parser("check", help="run every invariant check on event logs (exit 1 on a violation)",
                         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ck.add_argument("logs", metavar="LOG", nargs="+", help="event log(s): simulator, gate, replay output or scheduler trace")
     ck.add_argument("--check", dest="names", metavar="NAME", action="append", help="run only this check (repeatable)")
     ck.add_argument("--context", type=int, default=2, metavar="N", help="records shown either side of a violation (default 2)")
     ck.add_argument("--max-shown", type=int, default=10, metavar="N", help="violations shown per log (default 10)")
+    _add_baseline(ck)
+    ck.add_argument("--write-baseline", metavar="FILE", help="write today's findings as a baseline file to start from (exit 0)")
     from simulators.fuzz.cli import add_parser as add_fuzz_parser
 
     add_fuzz_parser(sub, UsageError)
@@ -164,7 +191,10 @@ def print_violations(violations: Sequence[object], where_all: str) -> None:
 def _cmd_replay(args: argparse.Namespace) -> int:
     if args.out:
         check_output_file(args.out, "--out", inputs=[args.trace, args.expect])
+    if args.verdict:
+        check_output_file(args.verdict, "--verdict", inputs=[args.trace, args.expect, args.baseline, args.out])
     expected = read_records(args.expect) if args.expect else None  # fail on a bad --expect before any output
+    baseline = _read_baseline(args.baseline)
     result = replay_file(args.trace)
     if not args.quiet:
         table, notes = format_table(result)
@@ -187,15 +217,39 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print_violations(violations, "rlharness check lists them with their context")
     else:
         print(render(args.trace, log, rows))
-    if expected is not None:
-        div = compare_decisions(result.decisions, expected)
-        if div is not None:
-            print(f"DIVERGED at decision #{div.index} (expected file line {div.expected_line}):")
-            print(f"  model:    {json.dumps(div.produced) if div.produced else '<no more decisions>'}")
-            print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
-            return EXIT_DIVERGED
+    from harness.expect import classify, from_violations
+
+    verdict = classify(from_violations(violations, log.records), baseline)
+    if baseline:
+        for line in report_lines(verdict, args.strict):
+            print(line)
+    div = compare_decisions(result.decisions, expected) if expected is not None else None
+    if div is not None:
+        print(f"DIVERGED at decision #{div.index} (expected file line {div.expected_line}):")
+        print(f"  model:    {json.dumps(div.produced) if div.produced else '<no more decisions>'}")
+        print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
+    elif expected is not None:
         print(f"matches {args.expect}: {len(result.decisions)} decisions identical")
-    return EXIT_DIVERGED if violations else EXIT_OK
+    code = (EXIT_DECISION_DIVERGED if div is not None
+            else EXIT_DIVERGED if verdict.failed(args.strict) else EXIT_OK)
+    if args.verdict:
+        write_atomic(args.verdict, [json.dumps(replay_verdict(code, expected is not None, div, verdict, len(violations)),
+                                               sort_keys=True)])
+    return code
+
+
+def replay_verdict(code: int, compared: bool, div, verdict, violations: int) -> dict:
+    """``replay --verdict``: what a script needs to tell a decision divergence (the model
+    and the recording disagree: a model or system change) from an invariant violation
+    in a replay whose decisions agree (the recorded behaviour itself is wrong)."""
+    name = {EXIT_DECISION_DIVERGED: "diverged", EXIT_DIVERGED: "violation", EXIT_OK: "ok"}[code]
+    return {
+        "verdict": name, "exit": code,
+        "decisions": "diverged" if div is not None else "identical" if compared else "not_compared",
+        "divergence": None if div is None else {"index": div.index, "expected_line": div.expected_line,
+                                                "model": div.produced, "recorded": div.expected},
+        "invariants": {"violations": violations, **verdict.as_json()},
+    }
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -220,23 +274,41 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--explore: must be in 0..2**63-1, got {args.explore}")
         explore = ExploreSpec(args.explore, args.explore_strategy)
     args.explore_spec = explore
+    baseline = _read_baseline(args.baseline)
     out_dir = args.out or os.path.join("runs", scenario.name)
-    check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario])
+    check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario, args.baseline])
     if not args.quiet:
         print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
               f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s", file=sys.stderr)
-    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress, explore=explore)
+    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress,
+                   explore=explore, baseline=baseline, strict=args.strict)
     res = out.result
     if not args.quiet:
         print(out.summary)
     print(f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
           f"{res.events} events, {len(res.records)} records; invariants: "
-          + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)"))
-    print_violations(out.violations, f"all in {os.path.join(out_dir, 'violations.txt')}")
+          + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)")
+          + (f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected"
+             if out.verdict.expectations else ""))
+    if not out.verdict.expectations:
+        print_violations(out.violations, f"all in {os.path.join(out_dir, 'violations.txt')}")
+    elif args.quiet:  # the summary (not printed) holds these lines otherwise
+        for line in report_lines(out.verdict, args.strict):
+            print(line)
     print(f"outputs: {out_dir}/ ({', '.join(os.path.basename(f) for f in out.files)})")
     deterministic = _check_determinism(res, args) if args.check_determinism else True
-    ended_well = res.reason in ("done", "horizon")  # a horizon stall is a liveness violation
-    return EXIT_OK if ended_well and not out.violations and deterministic else EXIT_DIVERGED
+    # a failed run is a finding (oom:..., failed:...) and a horizon stall a liveness
+    # violation: both are in the verdict, with the expectations that may cover them
+    return EXIT_OK if not out.verdict.failed(args.strict) and deterministic else EXIT_DIVERGED
+
+
+def _read_baseline(path: Optional[str]):
+    from simulators.baseline import BaselineError, read_baseline
+
+    try:
+        return read_baseline(path)
+    except BaselineError as e:
+        raise UsageError(str(e)) from None
 
 
 def _check_determinism(res, args: argparse.Namespace) -> bool:
@@ -306,7 +378,23 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from harness.check import run_check
 
-    return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0))
+    if args.write_baseline:
+        check_output_file(args.write_baseline, "--write-baseline", inputs=list(args.logs) + [args.baseline])
+    return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0),
+                     baseline=_read_baseline(args.baseline), strict=args.strict,
+                     write_baseline=_baseline_writer(args.write_baseline, args.logs))
+
+
+def _baseline_writer(path: Optional[str], logs: Sequence[str]):
+    if not path:
+        return None
+    from simulators.baseline import baseline_text
+
+    def write(findings) -> None:
+        write_atomic(path, [baseline_text(findings, ", ".join(logs))])
+        print(f"baseline: {len(findings)} finding(s) written to {path}; replace each reason with why it is expected")
+
+    return write
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

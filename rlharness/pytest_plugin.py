@@ -10,7 +10,10 @@ Fixtures:
   :class:`SimRun`: ``.reason``, ``.records``, ``.of_kind(kind)``, ``.violations``,
   ``.violation_names``, ``.summary`` (figures), ``.summary_text``, ``.out_dir`` (with
   ``write=True`` the run folder is written under the test's ``tmp_path``; ``explore=SEED``
-  orders same-time events by a schedule seed, docs/exploration.md).
+  orders same-time events by a schedule seed, docs/exploration.md). Findings
+  against the scenario's ``expect:`` list and an optional ``baseline=`` (a baseline file
+  path, or a list of expectation mappings): ``.unexpected`` (what should fail a test),
+  ``.expected``, ``.expected_not_found``, ``.verdict`` (docs/expected-findings.md).
 * ``rlharness_scenario(scenario=None, *, overrides=None)`` — the validated scenario only.
 
 Markers:
@@ -168,6 +171,22 @@ class SimRun:
     summary_text: str
     out_dir: Optional[str] = None
     files: List[str] = field(default_factory=list)
+    verdict: Any = None  # harness.expect.Verdict
+
+    @property
+    def unexpected(self) -> List[Any]:
+        """Findings no expectation covers (harness.expect.Finding): assert this is empty."""
+        return list(self.verdict.unexpected)
+
+    @property
+    def expected(self) -> List[Any]:
+        """Findings an expectation covers."""
+        return [f for f, _ in self.verdict.expected]
+
+    @property
+    def expected_not_found(self) -> List[Any]:
+        """Expectations that matched nothing (what ``--strict`` fails on)."""
+        return list(self.verdict.not_found)
 
     @property
     def reason(self) -> str:
@@ -194,11 +213,28 @@ class SimRun:
         raise KeyError(f"no pipeline {pipeline_id!r} in the summary; have {[p.pipeline_id for p in self.summary.pipelines]}")
 
 
+def _baseline(baseline: Any) -> List[Any]:
+    """A baseline file path, a list of expectation mappings, or None."""
+    import os
+
+    if baseline is None:
+        return []
+    if isinstance(baseline, (str, os.PathLike)):
+        from simulators.baseline import read_baseline
+
+        return read_baseline(str(baseline), "baseline")
+    from harness.expect import parse_expectations
+    from harness.invariants import CHECKS
+
+    return parse_expectations(list(baseline), "baseline", lambda where, problem: ValueError(f"{where}: {problem}"), CHECKS)
+
+
 def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
         out_dir: Optional[str] = None, png: bool = False, explore: Optional[int] = None,
-        explore_strategy: str = "pct") -> SimRun:
+        explore_strategy: str = "pct", baseline: Any = None) -> SimRun:
     """Simulate and check a scenario; with ``out_dir`` also write its run folder; with
-    ``explore`` (a seed) same-time events are ordered by that schedule seed."""
+    ``explore`` (a seed) same-time events are ordered by that schedule seed; ``baseline``
+    adds expectations to the scenario's ``expect:`` list."""
     import dataclasses
 
     from harness.outputs.summary import summarize
@@ -210,8 +246,10 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
         spec = dataclasses.replace(spec, seed=seed)
     from simulators.explore import ExploreSpec
 
-    out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy))
-    return SimRun(spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files)
+    out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy),
+                   baseline=_baseline(baseline))
+    return SimRun(spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files,
+                  out.verdict)
 
 
 @pytest.fixture
@@ -222,12 +260,13 @@ def rlharness_scenario():
 
 @pytest.fixture
 def rlharness_run(tmp_path):
-    """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, explore=None)`` -> SimRun."""
+    """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, explore=None,
+    baseline=None)`` -> SimRun."""
 
     def _run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
              write: bool = False, png: bool = False, explore: Optional[int] = None,
-             explore_strategy: str = "pct") -> SimRun:
+             explore_strategy: str = "pct", baseline: Any = None) -> SimRun:
         return run(scenario, overrides=overrides, seed=seed, out_dir=str(tmp_path / "run") if write else None, png=png,
-                   explore=explore, explore_strategy=explore_strategy)
+                   explore=explore, explore_strategy=explore_strategy, baseline=baseline)
 
     return _run

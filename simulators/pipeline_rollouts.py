@@ -23,8 +23,15 @@ class RolloutEffects:
     def _on_trajectory(self, req: Request, rank: RankSim) -> None:
         self.collector.outstanding -= 1
         version = req.version
+        if version is None or version < 0:
+            # the base weights: NeMo's collector stamps the version it was told
+            # (set_weight_version), which is the *published* one, and RLix publishes the
+            # base cache -1 as max(-1, 0) = 0 (debug #31's clamp). Stamping the rank's -1
+            # made every base-weight trajectory one step old at step 0, so a pipeline
+            # with max_trajectory_age_steps 0 evicted and regenerated them forever.
+            version = 0 if self.ctx.versions.clamp_bootstrap else -1
         buffer = self.buffer
-        buffer.add(version if version is not None else -1, req.rid)
+        buffer.add(version, req.rid)
         if self.dataplane is not None:
             self.dataplane.on_trajectory(req.rid, req.tokens)
         # counted once: nothing below (a report, a refill) changes the buffer or the version

@@ -13,6 +13,10 @@ folder and moved in only when all were written, so the folder is complete or unt
     timeline.png    a picture of who used which GPU when
     scenario.yaml   the scenario as resolved (defaults filled in, seed applied)
     violations.txt  the invariant oracle's findings (empty file when there are none)
+
+The run's *findings* (the oracle's violations, and the outcome of a run that failed) are
+classified against the scenario's ``expect:`` list plus any baseline (harness.expect):
+summary.txt and summary.json show expected and unexpected findings apart.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import yaml
 
 from harness.eventlog.writer import atomic_write
+from harness.expect import Expectation, Finding, Verdict, classify, from_violations, report_lines
 from harness.gc_pause import gc_paused
 from harness.outputs.paths import RunFolder
 from harness.invariants import Violation, check_log
@@ -52,6 +57,23 @@ class SimulationOutput:
     summary: str
     files: List[str]
     figures: Optional[Summary] = None  # what ``summary`` and summary.json print
+    verdict: Optional[Verdict] = None  # findings against the expectations (expected / unexpected / not found)
+
+    @property
+    def unexpected(self) -> List[Finding]:
+        return self.verdict.unexpected if self.verdict is not None else []
+
+
+def run_findings(result: RunResult, violations: List[Violation]) -> List[Finding]:
+    """What the run found: each violation, then the record that ended a failed run
+    (named as fuzz names it: ``oom:weights``, ``timeout:...``, ``failed:...``)."""
+    types = {p.name: p.type for p in result.scenario.pipelines}
+    found = from_violations(violations, result.records, types)
+    if result.reason not in ("done", "horizon"):
+        from simulators.fuzz.signature import failure_finding
+
+        found.append(failure_finding(result.records, types))
+    return found
 
 
 def _write_text(path: str, text: str) -> None:
@@ -63,14 +85,17 @@ def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:
 
 
 def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
-             progress: Optional[Callable[[str], None]] = None, explore: Optional[ExploreSpec] = None) -> SimulationOutput:
+             progress: Optional[Callable[[str], None]] = None, explore: Optional[ExploreSpec] = None,
+             baseline: Sequence[Expectation] = (), strict: bool = False) -> SimulationOutput:
+    """Run, check and write; ``baseline`` adds expectations to the scenario's own."""
     result = Simulation(scenario, progress=progress, explore=explore).run()
-    return write_outputs(result, out_dir, png=png, progress=progress)
+    return write_outputs(result, out_dir, png=png, progress=progress, baseline=baseline, strict=strict)
 
 
 def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True,
                   progress: Optional[Callable[[str], None]] = None,
-                  timings: Optional[Dict[str, float]] = None) -> SimulationOutput:
+                  timings: Optional[Dict[str, float]] = None,
+                  baseline: Sequence[Expectation] = (), strict: bool = False) -> SimulationOutput:
     """Check the invariants and summarize a finished run; with ``out_dir``, write the
     outputs listed above into it. ``timings``, if given, receives the wall seconds of
     each step (``check``, ``summary``, then each file by name): the benchmark's figures.
@@ -81,12 +106,14 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
     run's outputs, with the same peak RSS without it (the outputs make little cyclic
     garbage; it is collected after)."""
     with gc_paused():
-        return _write_outputs(result, out_dir, png=png, progress=progress, timings=timings)
+        return _write_outputs(result, out_dir, png=png, progress=progress, timings=timings,
+                              expectations=list(result.scenario.expect) + list(baseline), strict=strict)
 
 
 def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
                    progress: Optional[Callable[[str], None]],
-                   timings: Optional[Dict[str, float]]) -> SimulationOutput:
+                   timings: Optional[Dict[str, float]], expectations: List[Expectation],
+                   strict: bool) -> SimulationOutput:
     scenario = result.scenario
     records = result.records
     # writing the outputs of a long run takes a while too: say what is happening
@@ -100,7 +127,8 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
     view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
     # the oracle's handover findings are the summary's handover table: not run twice
     figures = summarize(view, handover_findings=[v for v in violations if v.invariant == "handover"])
-    summary = format_summary(figures)
+    verdict = classify(run_findings(result, violations), expectations)
+    summary = "\n".join([format_summary(figures)] + report_lines(verdict, strict))
     clock.lap("summary")
     files: List[str] = []
     if out_dir is not None:
@@ -113,7 +141,7 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
 
             result.log.write(out("events.jsonl"))
             _write_text(out("summary.txt"), summary + "\n")
-            _write_text(out("summary.json"), json.dumps(summary_json(figures), indent=1, allow_nan=False) + "\n")
+            _write_text(out("summary.json"), json.dumps({**summary_json(figures), "findings": verdict.as_json()}, indent=1, allow_nan=False) + "\n")
             write_chrome_trace(view, out("trace.json"))
             if png:
                 write_timeline_png(view, out("timeline.png"))
@@ -121,7 +149,7 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
             _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
             clock.lap(None)
         files = folder.files
-    return SimulationOutput(result, violations, summary, files, figures)
+    return SimulationOutput(result, violations, summary, files, figures, verdict)
 
 
 class _Stopwatch:

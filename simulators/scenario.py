@@ -102,7 +102,7 @@ from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
 _PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs")
-_SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults")
+_SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults", "expect")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
 _DEFAULTS_SECTIONS = {"model": ModelSpec, "workload": WorkloadSpec, "streaming": StreamingSpec}
@@ -377,6 +377,15 @@ def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec
     return FaultSpec(**vals)
 
 
+def _expect(ctx: _Ctx, raw: Any, pipes: Mapping[str, PipelineSpec]) -> List[Any]:
+    """The scenario's expected findings, validated (harness.expect.parse_expectations)."""
+    from harness.expect import parse_expectations
+    from harness.invariants import CHECKS
+
+    names = set(pipes) | {p.type for p in pipes.values()}
+    return parse_expectations(raw, "expect", ctx.fail, CHECKS, pipelines=names, faults=FAULT_NAMES)
+
+
 # --------------------------------------------------------------------------------------
 # Public API
 
@@ -440,6 +449,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         if not isinstance(raw_faults, list):
             raise ctx.fail("faults", f"expected a list of faults, got {_describe(raw_faults)}")
         faults = [_fault(ctx, f"faults[{i}]", raw, pipes) for i, raw in enumerate(raw_faults)]
+    expect = _expect(ctx, data["expect"], pipes) if "expect" in data else []
 
     return Scenario(
         cluster=cluster,
@@ -447,6 +457,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         costs=costs,
         scheduler=scheduler,
         faults=tuple(faults),
+        expect=tuple(expect),
         **vals,
     )
 

@@ -198,6 +198,23 @@ def _fault_list() -> List[str]:
     return bullets[start:]
 
 
+def _expect_table() -> List[str]:
+    """The ``expect:`` list's fields (harness.expect), which no dataclass of the spec holds."""
+    rows = [
+        ("`check`", "string (glob)", "required", "an oracle check name (`rlharness check` lists them) or a run outcome "
+         "(`oom:*`, `timeout:*`, `horizon:*`, `failed:*`, `plan_validation:*`, `scheduler_failed:*`)"),
+        ("`reason`", "string", "required", "why the finding is expected (shown in every report)"),
+        ("`pipeline`", "string (glob)", "any", "a pipeline name or type the finding names"),
+        ("`cluster`", "string (glob)", "any", "a cluster id the finding names (`<pipeline>_actor_infer`)"),
+        ("`after_fault`", "string (glob)", "any", "a fault that fired before the finding"),
+    ]
+    out = ["Findings this scenario is known to produce (docs/expected-findings.md): a finding an entry "
+           "matches is reported as expected and does not fail the run; an entry that matches nothing is "
+           "reported, and fails the run under `--strict`. `*` and `?` are wildcards.", "",
+           "| field | type | default | meaning |", "|---|---|---|---|"]
+    return out + [f"| {' | '.join(r)} |" for r in rows]
+
+
 def bundled_scenario_files() -> List[str]:
     """The bundled scenarios: every ``*.yaml`` of ``examples/scenarios/``, sorted."""
     return sorted(f for f in os.listdir(SCENARIO_DIR) if f.endswith(".yaml"))
@@ -253,6 +270,7 @@ def render() -> str:
     out += _table(spec.Scenario, "", "", extra_rows=[
         ("`defaults`", "structured", "", "none", "", "", "mapping with `model` and/or `workload`: applied to every pipeline first"),
     ])
+    out += ["", "## `expect[]`", ""] + _expect_table()
     out += ["", "## `cluster`", ""] + _table(spec.ClusterSpec, "cluster.", "cluster.")
     out += ["", "## `pipelines[]`", ""] + _table(spec.PipelineSpec, "", "pipelines[].")
     out += ["", "## `model` (in a pipeline or `defaults`)", ""] + _table(spec.ModelSpec, "model.", "model.")

@@ -10,7 +10,7 @@ bandwidths bytes/second, times seconds, throughputs tokens/second.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from simulators.dataplane import DataPlaneSpec  # noqa: F401  (re-exported: a pipeline section)
 
@@ -245,6 +245,7 @@ class Scenario:
     faults: Tuple[FaultSpec, ...] = ()
     description: str = ""
     refit_calibration: str = ""  # a calibration file (rlharness calibrate refit) whose costs fill unset costs
+    expect: Tuple[Any, ...] = ()  # list of mappings: findings known to occur, each with its reason (table below)
 
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")

@@ -275,13 +275,28 @@ class SchedulerModel:
 
     # ------------------------------------------------------------------ progress
     def report_progress(self, report: ProgressReport, *, wire_fields: Optional[Dict[str, Any]] = None) -> None:
+        """RLix's check order (rlops/rlix, rlix/scheduler/scheduler.py ``report_progress``):
+        the pipeline id's form, then the target (outside the lock), then the registry,
+        then the metrics; so a report of an unregistered pipeline with target 0 is refused
+        on its target, as RLix refuses it."""
         self._check_alive()
+        try:
+            validate_pipeline_id(report.pipeline_id)
+        except TopologyError as e:
+            raise Rejected(str(e)) from None
+        if not isinstance(report.step_target, int) or report.step_target <= 0:
+            raise Rejected(f"step_target_trajectories must be > 0, got {report.step_target!r}")
         if report.pipeline_id not in self.state.registry:
             raise Rejected(f"pipeline_id {report.pipeline_id!r} not registered")
         self.state.progress.report(report, wire_fields=wire_fields)
 
     def clear_progress(self, pipeline_id: str) -> None:
+        """RLix checks only the id's form: clearing an unregistered pipeline is a no-op."""
         self._check_alive()
+        try:
+            validate_pipeline_id(pipeline_id)
+        except TopologyError as e:
+            raise Rejected(str(e)) from None
         self.state.progress.clear(pipeline_id)
 
     # ------------------------------------------------------------------ cycles

@@ -1,7 +1,8 @@
 """``rlharness fuzz``: the command behind a sweep (arguments, progress, table, exit code).
 
-Exit codes: 0 when every signature found is allowed by ``--expect`` (or none was found),
-1 when a signature outside the allow-list appeared (a finding), 2 on bad arguments.
+Exit codes: 0 when every signature found is expected by ``--baseline`` (or none was found),
+1 when a signature no expectation covers appeared (a finding) or, under ``--strict``, when
+an expectation matched no seed; 2 on bad arguments (a bad baseline file included).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
                     help="run each seed again in a fresh process under another PYTHONHASHSEED; a divergence is a finding")
     fz.add_argument("--time-budget", type=float, default=120.0, metavar="SECONDS",
                     help="wall seconds one seed may take before it is recorded as 'timeout' (default 120)")
-    fz.add_argument("--expect", metavar="FILE",
-                    help="allowed signatures, one per line (* and ? are wildcards; lines starting with # are comments); others exit 1")
+    fz.add_argument("--baseline", "--expect", dest="baseline", metavar="FILE",
+                    help="expected findings (docs/expected-findings.md; e.g. examples/fuzz/known-findings.yaml); "
+                         "other signatures exit 1 (--expect: the same, its old name)")
+    fz.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding occurred in no seed")
     fz.add_argument("--no-minimize", action="store_true", help="skip writing minimized reproducers")
     fz.add_argument("--quiet", action="store_true", help="no progress line")
 
@@ -59,15 +62,14 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
 
 
 def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
-    from simulators.fuzz.sweep import Progress, SweepConfig, format_table, read_expect, results_json, run_sweep
+    from simulators.baseline import BaselineError, read_baseline
+    from simulators.fuzz.sweep import Progress, SweepConfig, format_table, results_json, run_sweep
 
     _validate(args, usage_error)
-    expect = []
-    if args.expect:
-        try:
-            expect = read_expect(args.expect)
-        except (OSError, UnicodeDecodeError) as e:
-            raise usage_error(f"--expect: {args.expect}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        expect = read_baseline(args.baseline)
+    except BaselineError as e:
+        raise usage_error(str(e)) from None
     cpus = os.cpu_count() or 1
     cfg = SweepConfig(seeds=args.seeds, start=args.start, workers=args.workers or args.ray_cpus or cpus,
                       ray_address=args.ray, out_dir=args.out, check_determinism=args.check_determinism,
@@ -84,7 +86,10 @@ def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
     print(table)
     print(f"results: {os.path.join(args.out, 'results.json')}")
     if sweep.unexpected:
-        print(f"{len(sweep.unexpected)} signature(s) not in the allow-list"
-              + (f" {args.expect}" if args.expect else " (none given: --expect FILE)"))
+        print(f"{len(sweep.unexpected)} signature(s) no expectation covers"
+              + (f" (baseline {args.baseline})" if args.baseline else " (none given: --baseline FILE)"))
+        return 1
+    if args.strict and sweep.not_found:
+        print(f"{len(sweep.not_found)} expected finding(s) occurred in no seed (--strict)")
         return 1
     return 0

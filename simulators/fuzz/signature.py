@@ -65,6 +65,21 @@ def _failure(records: Sequence[dict], types: Dict[str, str]) -> Optional[tuple]:
     return None
 
 
+def failure_finding(records: Sequence[dict], types: Dict[str, str]):
+    """The record that ended a failed run as a :class:`harness.expect.Finding` (its
+    check is the signature's head, its pipelines the names and types it names)."""
+    from harness.expect import Finding, from_signature, named_in
+
+    found = _failure(records, types)
+    seq, head = found if found is not None else (records[-1]["seq"] if records else -1, "failed:unknown")
+    rec = next((r for r in records if r.get("seq") == seq), {})
+    text = " ".join(str(rec.get(k, "")) for k in ("owner", "pipeline_id", "cluster_id", "detail", "reason", "what"))
+    names = named_in(text, types)
+    check = from_signature(head).check  # the head without its [roles]
+    fired = tuple(sorted({r["name"] for r in records if r["kind"] == "fault_fired" and r["seq"] <= seq}))
+    return Finding(check, f"{head}: {text.strip()}", seq, tuple(names + sorted({types[n] for n in names})), (), fired)
+
+
 def _horizon(records: Sequence[dict], types: Dict[str, str]) -> str:
     """``horizon:never_trained[...]`` when some pipeline never consumed a batch (a stall
     before its first step), else ``horizon:unfinished[...]`` (the pipelines still running)."""

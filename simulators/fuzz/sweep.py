@@ -10,7 +10,6 @@ Output folder:
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import yaml
 
 from harness.eventlog.writer import atomic_write
+from harness.expect import Expectation, from_signature, matches
 from simulators.fuzz.executors import Job, Result, run_isolated, run_on_ray, seed_job
 from simulators.fuzz.generate import scenario_mapping
 from simulators.fuzz.minimize import minimize
@@ -39,7 +39,7 @@ class SweepConfig:
     out_dir: str = os.path.join("runs", "fuzz")
     check_determinism: bool = False
     time_budget_s: float = 120.0
-    expect: List[str] = field(default_factory=list)  # allowed signatures (fnmatch patterns)
+    expect: List[Expectation] = field(default_factory=list)  # expected findings (the --baseline file)
     minimize_runs: int = 60  # candidate runs per minimization
     minimize_wall_s: float = 20.0  # wall seconds per minimization
 
@@ -60,24 +60,24 @@ class SweepResult:
     results: List[Result]
     findings: List[Finding]
     wall_s: float
+    not_found: List[Expectation] = field(default_factory=list)  # expectations no signature matched
 
     @property
     def unexpected(self) -> List[Finding]:
         return [f for f in self.findings if not f.expected]
 
 
-def read_expect(path: str) -> List[str]:
-    """Allowed signatures, one per line (``*`` and ``?`` are wildcards); a line whose first
-    non-blank character is ``#`` is a comment (signatures may contain ``#`` themselves)."""
-    with open(path, encoding="utf-8") as fh:
-        lines = [line.strip() for line in fh]
-    return [line for line in lines if line and not line.startswith("#")]
+def _is_expected(sig: str, expectations: Iterable[Expectation]) -> bool:
+    """A signature read as a finding (harness.expect.from_signature: its head is the
+    check, its roles the pipeline types, its ``+`` suffixes the faults fired before it)."""
+    found = from_signature(sig)
+    return any(matches(e, found) for e in expectations)
 
 
-def _is_expected(sig: str, patterns: Iterable[str]) -> bool:
-    """``*`` and ``?`` are wildcards; everything else is literal (signatures hold ``[..]``,
-    which fnmatch would read as a character class)."""
-    return any(fnmatch.fnmatchcase(sig, p.replace("[", "[[]")) for p in patterns)
+def unmatched(findings: List[Finding], expectations: List[Expectation]) -> List[Expectation]:
+    """Expectations that no signature of the sweep matched (``--strict`` fails on them)."""
+    found = [from_signature(f.signature) for f in findings]
+    return [e for e in expectations if not any(matches(e, f) for f in found)]
 
 
 class Progress:
@@ -220,7 +220,7 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None,
             if "mapping" in res:
                 f.minimized = _write_minimized(cfg.out_dir, f, res["mapping"])
                 f.minimize_runs = res["runs"]
-    return SweepResult(results, findings, time.monotonic() - t0)
+    return SweepResult(results, findings, time.monotonic() - t0, unmatched(findings, cfg.expect))
 
 
 def _write_minimized(out_dir: str, f: Finding, mapping: Dict[str, Any]) -> str:
@@ -245,6 +245,8 @@ def format_table(sweep: SweepResult) -> str:
         for f in sweep.findings:
             lines.append(f"  {f.signature:<{width}}  {f.count:>5}  {f.smallest_seed:>13}  "
                          f"{'yes' if f.expected else 'NO':>8}  {f.minimized or '-'}")
+    for e in sweep.not_found:
+        lines.append(f"  expected, not found: {e.label()} ({e.source}): {e.reason}")
     dets = [r.get("determinism", {}).get("status") for r in results]
     if any(d is not None for d in dets):
         lines.append(f"determinism: {dets.count('identical')} identical, {dets.count('diverged')} diverged, "

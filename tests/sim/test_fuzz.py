@@ -3,6 +3,7 @@ crash or hang, minimized reproducers, and results independent of the executor.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from rlharness.cli import main
+from harness.expect import from_signature
 from harness.invariants import Violation
 from simulators.fuzz import executors
 from simulators.fuzz.executors import Job, run_isolated, seed_job
@@ -20,6 +22,7 @@ from simulators.fuzz.seed_run import run_scenario, run_seed
 from simulators.fuzz.signature import CLEAN, signature
 from simulators.fuzz.sweep import SweepConfig, results_json, run_sweep
 from simulators.scenario import load_scenario
+from simulators.runtime import Simulation
 from simulators.spec import PIPELINE_TYPES
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -215,10 +218,18 @@ def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
     findings = {r["signature"] for r in results} - {CLEAN}
     assert (rc == 1) == bool(findings), text
     assert (out / "signatures.txt").read_text().strip() == text.split("\nresults:")[0].strip()
-    allow = tmp_path / "allow.txt"
-    allow.write_text("# everything this range finds\n" + "".join(f"{s}\n" for s in findings))
+    allow = tmp_path / "allow.yaml"
+    heads = sorted({from_signature(s).check for s in findings})
+    entries = [{"check": h, "reason": "found by seeds 0-5"} for h in heads]
+    allow.write_text("# everything this range finds\n" + yaml.safe_dump(
+        {"expect": entries + [{"check": "oom:never", "reason": "a finding no seed makes"}]}))
+    for flag in ("--baseline", "--expect"):  # --expect: the old name of the same option
+        assert main(["fuzz", "--seeds", "6", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize",
+                     flag, str(allow)]) == 0
+    # --strict: the expectation no seed matched fails the sweep, and is named in the table
     assert main(["fuzz", "--seeds", "6", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize",
-                 "--expect", str(allow)]) == 0
+                 "--baseline", str(allow), "--strict"]) == 1
+    assert "expected, not found: oom:never" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -226,7 +237,7 @@ def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
     (["fuzz", "--seeds", "5", "--workers", "0"], "--workers: must be between 1 and"),
     (["fuzz", "--seeds", "5", "--time-budget", "-1"], "--time-budget: must be in"),
     (["fuzz", "--seeds", "5", "--ray-cpus", "2"], "--ray-cpus: only with --ray local"),
-    (["fuzz", "--seeds", "5", "--expect", "/nonexistent/allow.txt"], "--expect: /nonexistent/allow.txt"),
+    (["fuzz", "--seeds", "5", "--baseline", "/nonexistent/allow.yaml"], "--baseline: /nonexistent/allow.yaml: cannot read"),
 ])
 def test_bad_fuzz_arguments_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path / "o")]) == 2
@@ -234,23 +245,34 @@ def test_bad_fuzz_arguments_are_one_line_and_exit_2(argv, message, capsys, tmp_p
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
 
-def test_the_shipped_reproducer_shows_its_finding():
+def test_the_age0_reproducer_trains_now():
+    """Fuzz's first finding (seed 4, minimized): a NeMo async pipeline with
+    max_trajectory_age_steps 0 livelocked, stamping base-weight trajectories -1 while the
+    published base version is 0. Stamped with the published version it trains; with more
+    steps each batch is of the current version (age 0 is all the bound allows)."""
     scenario = load_scenario(os.path.join(ROOT, "examples", "fuzz", "nemo_age0_never_trains.yaml"))
     res = run_scenario(scenario)
-    assert res["signature"] == "horizon:never_trained[nemo_async]"
-    assert run_seed(4)["signature"] == res["signature"]  # the seed it was minimized from
+    assert res["signature"] == CLEAN
+    assert run_seed(4)["signature"] != "horizon:never_trained[nemo_async]"  # the seed it was minimized from
+    longer = dataclasses.replace(scenario, pipelines=(dataclasses.replace(scenario.pipelines[0], steps=3),))
+    sim = Simulation(longer).run()
+    batches = [r for r in sim.records if r["kind"] == "batch_consumed"]
+    assert sim.reason == "done" and [b["step"] for b in batches] == [0, 1, 2]
+    assert all(set(b["staleness"]) == {"0"} for b in batches)
 
 
-def test_the_known_signatures_list_covers_a_fault_pattern_for_every_fault():
-    from simulators.fuzz.sweep import _is_expected, read_expect
+def test_the_known_findings_baseline_covers_a_fault_pattern_for_every_fault():
+    from simulators.baseline import read_baseline
+    from simulators.fuzz.sweep import _is_expected
     from simulators.spec import FAULT_NAMES
 
-    allowed = read_expect(os.path.join(ROOT, "examples", "fuzz", "known-signatures.txt"))
+    allowed = read_baseline(os.path.join(ROOT, "examples", "fuzz", "known-findings.yaml"))
     for fault in FAULT_NAMES:
         assert _is_expected(f"oom:kv_cache[nemo_async] +{fault}", allowed), fault
-    assert _is_expected("horizon:never_trained[nemo_async]", allowed)
     assert _is_expected("oom:staging[roll_sync]", allowed)
+    assert _is_expected("handover[nemo_async,roll_sync]", allowed)
     # the wildcard does not swallow the rest: an unexplained finding stays unexpected
     assert not _is_expected("oom:kv_cache[nemo_async]", allowed)
-    assert not _is_expected("horizon:never_trained[roll_sync]", allowed)
+    assert not _is_expected("horizon:never_trained[nemo_async]", allowed)  # the age-0 bug is fixed
+    assert not _is_expected("stale_serving[nemo_async]", allowed)
     assert not _is_expected("crashed:KeyError", allowed)
