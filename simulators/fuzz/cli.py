@@ -56,7 +56,7 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
     from harness.outputs.paths import OutputPathError, check_output_dir
 
     try:  # the folder must take files before any seed runs (a read-only place, /proc, /sys)
-        check_output_dir(args.out, ["results.json", "signatures.txt"], "--out", inputs=[args.expect])
+        check_output_dir(args.out, ["results.json", "signatures.txt"], "--out", inputs=[args.baseline])
     except OutputPathError as e:
         raise usage_error(str(e)) from None
 
