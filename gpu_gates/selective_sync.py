@@ -33,11 +33,12 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from gpu_gates import ipc, pg_registry  # noqa: E402
 from gpu_gates.sync_runtime import OwnerSync, SyncLink, run_owner, serve_receiver  # noqa: E402
-from gpu_gates.memory import MIB  # noqa: E402
+from gpu_gates.memory import MIB, own_device_bytes  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
 from harness.control.selective_sync import SyncPlan  # noqa: E402
@@ -222,9 +223,11 @@ def run(ctx: GateContext) -> None:
         ctx.data["cycles"].append(run_cycle(ctx, st, cycle))
     if ctx.device.type == "cuda" and len(ctx.data["cycles"]) > 1:
         first, last = ctx.data["cycles"][0]["memory"], ctx.data["cycles"][-1]["memory"]
-        growth = last["used"] - first["used"]
+        shared = ctx.env.local_world_size > torch.cuda.device_count()  # ranks share a GPU (--device cuda)
+        (a, what), (b, _) = own_device_bytes(first, shared), own_device_bytes(last, shared)
+        growth = (b - a) if a is not None and b is not None else 0
         ctx.check("vram_growth_bounded", growth <= ctx.args.max_vram_growth_mib * MIB,
-                  f"device memory grew {growth / MIB:.1f} MiB from cycle 0 to cycle {len(ctx.data['cycles']) - 1}")
+                  f"{what} grew {growth / MIB:.1f} MiB from cycle 0 to cycle {len(ctx.data['cycles']) - 1}")
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:

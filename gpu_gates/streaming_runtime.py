@@ -93,6 +93,7 @@ class StreamingRuntime:
         self._aborts: Dict[int, asyncio.Event] = {}
         self._data: Dict[int, Batch] = {}  # group id -> its sequences, from commit until trained or dropped
         self._tasks: List[asyncio.Task] = []
+        self._fatal: Optional[asyncio.Future] = None  # a rollout's error: ends the run (NeMo: it propagates through run())
         self._last_progress = 0.0
         self.steps_done = 0
 
@@ -107,6 +108,7 @@ class StreamingRuntime:
         """Run the pumps until the train pump is done; returns done | failed: ... | timeout."""
         self._t0 = time.monotonic()
         self._changed = asyncio.Event()
+        self._fatal = asyncio.get_running_loop().create_future()
         cfg = self.cfg
         self.emit("streaming_setup", pipeline_id=self.pid, **setup_fields(cfg))
         self.gen.load(dict(self.trainer.model.named_parameters()), self.trainer.version)
@@ -116,7 +118,8 @@ class StreamingRuntime:
         self._tasks.extend(pumps)
         reason = "done"
         try:
-            done, _ = await asyncio.wait([train, *pumps], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([train, *pumps, self._fatal], timeout=timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 reason = "timeout"
             else:
@@ -126,7 +129,7 @@ class StreamingRuntime:
                     reason = f"failed: {exc}"
                 elif first is not train:
                     reason = f"failed: a pump ended first ({first.result()})"
-        finally:
+        finally:  # cancel every sibling: the train pump, the pumps and the rollouts in flight
             self.state.stopped = True
             for ev in self._aborts.values():
                 ev.set()
@@ -134,6 +137,8 @@ class StreamingRuntime:
                 if not t.done():
                     t.cancel()
             await asyncio.gather(train, *self._tasks, return_exceptions=True)
+            if not self._fatal.done():
+                self._fatal.cancel()
         self.emit("sim_end", reason=reason.split(":")[0], sim_time=self.now(), events=len(self.log.records), detail=reason)
         return reason
 
@@ -171,7 +176,16 @@ class StreamingRuntime:
     # ------------------------------------------------------------------ effects that take time
     async def _StartRollout(self, e):
         gen = rollout_pump.rollout(self.cfg, e.prompt_id, e.batch, e.target_step, e.group_id)
-        self._tasks.append(asyncio.ensure_future(self.drive(gen, "rollout")))
+        task = asyncio.ensure_future(self.drive(gen, "rollout"))
+        task.add_done_callback(self._rollout_done)
+        self._tasks.append(task)
+
+    def _rollout_done(self, task: asyncio.Task) -> None:
+        """A rollout that raised (a drop past its budget) is fatal to the run: run() sees
+        it and cancels the sibling rollouts, as NeMo RL's failed dispatch task ends its run."""
+        if task.cancelled() or task.exception() is None or self._fatal is None or self._fatal.done():
+            return
+        self._fatal.set_exception(task.exception())
 
     async def _Generate(self, e):
         latency, outcome = self.gen.draw(e.prompt_id, e.attempt)

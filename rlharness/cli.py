@@ -166,10 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     fid.add_argument("--strict", action="store_true", help="exit 1 when the error targets are missed")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
-    from rlharness import export, validate
+    from rlharness import export, gate, validate
 
     validate.add_parser(sub)
     export.add_parser(sub)
+    gate.add_parser(sub)
     from rlharness import diff
     from simulators.whatif.cli import add_parser as add_sweep_parser
 
@@ -357,6 +358,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from rlharness.refit_calibrate import cmd_calibrate
 
+    check_output_file(args.out, "--out")  # before minutes of measuring
     return cmd_calibrate(args.out, args.repeats, args.quick)
 
 
@@ -407,6 +409,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return export.run(args, UsageError)
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from rlharness import gate
+
+    return gate.run(args, UsageError)
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from simulators.whatif.cli import cmd_sweep
 
@@ -431,6 +439,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "schema": _cmd_schema,
     "validate": _cmd_validate,
     "export": _cmd_export,
+    "gate": _cmd_gate,
     "sweep": _cmd_sweep,
     "diff": _cmd_diff,
 }

@@ -11,6 +11,12 @@ It lives in ``rlharness/`` (above both runtimes) because it needs the real trans
 ``gpu_gates/`` and the simulator's model from ``simulators/``, and neither of those may
 import the other.
 
+A fit is written only when :func:`simulators.refit_fit.fit_problem` finds nothing wrong
+with it (every cost physical, the grid predicted better than by one bytes/s rate);
+otherwise the table is printed, then one ``error: calibrate refit: ...`` line, exit 1,
+nothing written. (A one-repeat ``--quick`` run on a loaded machine once wrote a receiver
+load rate of 7.8e16 B/s and a per-tensor overhead of 1.4e-15 s.)
+
 fidelity: measure held-out configurations (none of them on the calibration grid) afresh
 and print each one's measured and simulated sync time and the error; target median
 absolute error <= 10 %, worst <= 20 %. ``--fit-alongside`` measures the calibration grid
@@ -36,7 +42,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from simulators.calibration import CalibrationError, load_calibration, write_calibration
-from simulators.refit_fit import fit, predict
+from simulators.refit_fit import fit, fit_problem, predict
 
 MiB = 1 << 20
 GRID = [(m * MiB, b * MiB) for m in (4, 16, 48) for b in (1, 4, 16)]
@@ -99,14 +105,19 @@ def cmd_calibrate(out: str, repeats: int, quick: bool) -> int:
     points = _measure(grid, repeats, print)
     costs = fit(points)
     lines, errors = _table(points, costs)
-    write_calibration(out, costs, machine=_machine(), repeats=repeats,
-                      grid=[m.to_json() for _, m in points],
-                      fit={"errors_on_grid": [round(e, 4) for e in errors]})
     print("fitted costs:")
     for k, v in costs.items():
         print(f"  {k:28s} {v:.6g}")
     print("fit on the calibration grid (simulated vs measured):")
     print("\n".join("  " + line for line in lines))
+    problem = fit_problem(points, costs)  # a fit no simulation should use is not written
+    if problem is not None:
+        print(f"error: calibrate refit: {problem}; {out} not written (measure again: without --quick, with more "
+              f"--repeats, on a quieter machine)", file=sys.stderr)
+        return 1
+    write_calibration(out, costs, machine=_machine(), repeats=repeats,
+                      grid=[m.to_json() for _, m in points],
+                      fit={"errors_on_grid": [round(e, 4) for e in errors]})
     print(f"wrote {out} ({time.monotonic() - t0:.0f} s); a scenario uses it with `refit_calibration: {out}`")
     return 0
 

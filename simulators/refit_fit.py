@@ -15,6 +15,12 @@ module is the model side of the fit, given measured points ``[(specs, measuremen
 
 The fit uses the statistic the commands compare (minimum pack, minimum load, minimum wall:
 interference from other processes only ever adds time).
+
+A fit is for use only when :func:`fit_problem` finds nothing: every cost inside
+:data:`PHYSICAL_BOUNDS` (rates 1 MB/s-1 TB/s, per-event overheads 1 ns-1 s, or exactly
+0: no such cost found), and the grid predicted better than by one bytes-per-second rate
+(``rlharness calibrate refit`` refuses to write one that is not). The coordinate search
+stays inside the bounds.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -78,12 +84,60 @@ def fit(points: list) -> Dict[str, float]:
         for key in tuned:
             for factor in (0.25, 0.5, 0.8, 1.25, 2.0, 4.0):
                 trial = {**costs, key: costs[key] * factor}
+                lo, hi = PHYSICAL_BOUNDS.get(key, (0.0, math.inf))
+                if not lo <= trial[key] <= hi:  # the search stays physical (setup and complete
+                    continue  # are both per sync: unbounded, one of them drifted to 3e-10 s)
                 value = loss(trial)
                 if value < best - 1e-12:
                     costs, best, improved = trial, value, True
         if not improved:
             break
     return costs
+
+
+#: What a fitted cost may be on any real machine (inclusive), or exactly 0: the fit found
+#: no such cost (a least-squares term clamped at zero; the simulator then charges none). Rates: a copy through
+#: host memory or a socket is neither slower than 1 MB/s (a stalled run) nor faster than
+#: 1 TB/s (no host moves memory faster; `calibrate --quick` once wrote 7.8e16 B/s).
+#: Per-event overheads: a Python-level call (a tensor copy, a message, an ACK) takes at
+#: more than a nanosecond and none takes a second (`--quick` once wrote 1.4e-15 s a tensor).
+PHYSICAL_BOUNDS: Dict[str, Tuple[float, float]] = {
+    "refit_pack_bytes_per_s": (1e6, 1e12),
+    "receiver_load_bytes_per_s": (1e6, 1e12),
+    "cache_pack_bytes_per_s": (1e6, 1e12),
+    "refit_staging_bytes_per_s": (1e6, 1e12),
+    "refit_tensor_overhead_s": (1e-9, 1.0),
+    "refit_group_overhead_s": (1e-9, 1.0),
+    "refit_setup_s": (1e-9, 1.0),
+    "refit_complete_s": (1e-9, 1.0),
+}
+
+
+def rate_only_loss(points: list) -> float:
+    """The loss (summed squared log-ratio of simulated to measured sync time) of the
+    plainest model: sync seconds = bytes / one rate, the rate fitted in closed form (the
+    geometric mean of bytes / seconds minimizes the summed squared log-ratio)."""
+    logs = [math.log(m.model_bytes / m.best_s) for _specs, m in points]
+    log_rate = ordered_sum(logs) / len(logs)
+    return ordered_sum((log_rate - x) ** 2 for x in logs)
+
+
+def fit_problem(points: list, costs: Dict[str, float]) -> Optional[str]:
+    """Why the fitted ``costs`` must not be written, or ``None``: a cost outside
+    :data:`PHYSICAL_BOUNDS`, or a fit that predicts the grid no better than one
+    bytes-per-second rate does (its extra parameters then only fit noise)."""
+    for key, (lo, hi) in PHYSICAL_BOUNDS.items():
+        value = costs.get(key)
+        if value is None or value == 0.0:  # 0: the fit found no such cost (the simulator charges none)
+            continue
+        if not lo <= value <= hi:
+            return f"{key} = {value:.3g} is outside physical bounds [{lo:g}, {hi:g}]"
+    fitted = ordered_sum(math.log(predict(specs, m.budget_bytes, costs) / m.best_s) ** 2 for specs, m in points)
+    plain = rate_only_loss(points)
+    if fitted >= plain:
+        return (f"the fit predicts the grid no better than one bytes/s rate (squared log error {fitted:.3g} "
+                f"vs {plain:.3g})")
+    return None
 
 
 def stream_costs(costs: Dict[str, float]) -> StreamCosts:

@@ -485,7 +485,19 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
         raise ScenarioError(source, None, f"cannot read: {e}") from None
     except OSError as e:
         raise ScenarioError(source, None, f"cannot read: {e.strerror or e}") from None
-    return scenario_from_mapping(parse_yaml(text, source), source)
+    scenario = scenario_from_mapping(parse_yaml(text, source), source)
+    check_feasible(scenario, source)
+    return scenario
+
+
+def check_feasible(scenario: Scenario, source: str) -> None:
+    """Refuse a layout the model is certain not to run (``simulators/scenario_feasibility.py``):
+    a scenario file is checked by the rules before it is simulated or called valid."""
+    from simulators.scenario_feasibility import infeasible
+
+    problem = infeasible(scenario)
+    if problem is not None:
+        raise ScenarioError(source, problem[0], problem[1])
 
 
 def _check_rules_cover_spec() -> None:

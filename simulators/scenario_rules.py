@@ -116,6 +116,10 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "watchdog_interval_s": _r("float", ">0", "s"),
         "stall_timeout_s": _r("float", ">0", "s"),
         "stall_action": _r("str"),
+        "drop_budgets": _r("bool"),
+        "max_skipped_prompts": _r("int", ">=0", "prompts"),
+        "max_consecutive_dropped_prompts": _r("int", ">=0", "prompts"),
+        "min_step_batch_fraction": _r("float", "(0,1]"),
     },
     PipelineSpec: {
         "name": _r("str"),

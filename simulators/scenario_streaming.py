@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from harness.streaming.controller import CapacityDeadlock, check_capacity
+from harness.streaming.controller import CapacityDeadlock, check_capacity, config_problem
 from harness.streaming.samplers import SAMPLER_NAMES, SamplerError, make_sampler
 from simulators.spec import StreamingSpec, WorkloadSpec
 
@@ -28,6 +28,10 @@ def streaming_problem(s: StreamingSpec, w: WorkloadSpec) -> Optional[Tuple[str, 
     if s.min_groups_for_streaming_train > w.prompts_per_step:
         return ("min_groups_for_streaming_train",
                 f"{s.min_groups_for_streaming_train} exceeds workload.prompts_per_step {w.prompts_per_step}")
+    bad = config_problem(s.sampler, s.watchdog_interval_s, s.stall_timeout_s, s.drop_budgets, s.max_skipped_prompts,
+                         s.max_consecutive_dropped_prompts, s.min_step_batch_fraction)
+    if bad:
+        return bad
     try:
         sampler = make_sampler(s.sampler, s.window, freshest_first=bool(s.freshest_first), target=s.custom_target)
     except SamplerError as e:

@@ -55,7 +55,10 @@ def streaming_config(spec: PipelineSpec) -> StreamingConfig:
         max_buffered_rollouts=s.max_buffered_rollouts, microbatch_groups=s.microbatch_groups,
         max_infra_attempts_per_prompt=s.max_infra_attempts_per_prompt,
         max_data_attempts_per_prompt=s.max_data_attempts_per_prompt,
-        watchdog_interval_s=s.watchdog_interval_s, stall_timeout_s=s.stall_timeout_s, stall_action=s.stall_action)
+        watchdog_interval_s=s.watchdog_interval_s, stall_timeout_s=s.stall_timeout_s, stall_action=s.stall_action,
+        drop_budgets=s.drop_budgets, max_skipped_prompts=s.max_skipped_prompts,
+        max_consecutive_dropped_prompts=s.max_consecutive_dropped_prompts,
+        min_step_batch_fraction=s.min_step_batch_fraction)
 
 
 class SingleControllerSim:
@@ -77,6 +80,7 @@ class SingleControllerSim:
         self.per_request_tokens_s = w.tokens_per_s_per_rank * c / (c + w.batching_half_point) / c
         self.slots = Link(self.env, max(1, len(self.rank_gpus) * c // w.generations_per_prompt))
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
+        self.state.stale_select_target = "stale_select_target" in self.faults
         self.steps_done = 0
         self.finished = False
         self.step = 0

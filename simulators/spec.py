@@ -150,6 +150,11 @@ class StreamingSpec:
     watchdog_interval_s: float = 30.0
     stall_timeout_s: float = 600.0
     stall_action: str = "warn"  # warn | abort
+    # NeMo RL's drop budgets (harness/streaming/controller.py); off: drops are unlimited
+    drop_budgets: bool = False
+    max_skipped_prompts: int = 0
+    max_consecutive_dropped_prompts: int = 0
+    min_step_batch_fraction: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,10 @@ class FaultSpec:
     * ``lost_finish`` — (single_controller) at that step the driver's ``finish_train_step``
       never reaches the trainer, but the driver ticks its version and syncs anyway: the
       next ``begin_train_step`` finds the step still open (invariant 15).
+    * ``stale_select_target`` — (single_controller, whole run) the train pump's waiting
+      select keeps the size it was asked for when a drop shrinks its step's target (the
+      wedge of issue 31): with in_order and data failures the pump parks on groups that
+      can never come (check ``pump_parked``).
     * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
       GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
       shutdown (MILES B-13), and a peer that needs those GPUs can starve.
@@ -264,7 +273,7 @@ PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
                "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
                "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",
-               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish")
+               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish", "stale_select_target")
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard")

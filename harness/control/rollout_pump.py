@@ -7,7 +7,7 @@ no weight sync in progress, then the prompt's rollout runs concurrently. A rollo
 reserve (in the pump, with the permit) -> generate -> commit; a failed attempt removes
 its group and is classified:
 INFRA retries with capped exponential backoff, DATA retries without; past the attempt
-limit the prompt is skipped (its step trains on fewer groups). A rollout aborted by the
+limit the prompt is skipped (a stamped prompt's step trains on fewer groups). A rollout aborted by the
 train pump (the sampler can no longer select it) just gives its slots back.
 """
 
@@ -70,13 +70,13 @@ def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optio
         if outcome == "infra":
             infra += 1
             if infra >= cfg.max_infra_attempts_per_prompt:
-                yield SkipPrompt(prompt_id, batch, f"infra failure x{infra}")
+                yield SkipPrompt(prompt_id, batch, f"infra failure x{infra}", target_step, "infra")
                 break
             yield Backoff(min(cfg.backoff_s * 2 ** (infra - 1), cfg.max_backoff_s))
         else:
             data += 1
             if data >= cfg.max_data_attempts_per_prompt:
-                yield SkipPrompt(prompt_id, batch, f"data failure x{data}")
+                yield SkipPrompt(prompt_id, batch, f"data failure x{data}", target_step)
                 break
     yield ReleaseInflight()
     yield ReleaseCapacity()

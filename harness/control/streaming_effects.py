@@ -30,10 +30,17 @@ class Evict:
 @dataclass(frozen=True)
 class SelectGroups:
     """*Blocking*: at least ``min_groups`` ready groups the sampler selects (at most
-    ``max_groups``); returns their ids (arrival order as the sampler gives them)."""
+    ``max_groups``); returns their ids (reservation order as the sampler gives them).
+
+    ``step`` and ``target`` are what the request was sized from (the step's target when
+    the pump asked): a drop that lands while the select waits shrinks the step's target,
+    and the select must then answer at once (empty) so the pump re-reads it and closes
+    the step short (NeMo RL re-reads the target on every pass of its select loop)."""
 
     min_groups: int
     max_groups: int
+    step: int = 0
+    target: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,11 +180,15 @@ class Backoff:
 
 @dataclass(frozen=True)
 class SkipPrompt:
-    """A prompt dropped after its retries: its batch's step trains on fewer groups."""
+    """A prompt dropped after its retries. Only a stamped prompt (``target_step`` not
+    None: the in_order sampler) shrinks its step's target; an unstamped batch fills
+    from whatever is ready, so a drop there costs throughput but strands no step."""
 
     prompt_id: int
     batch: int
     reason: str
+    target_step: Optional[int] = None
+    cause: str = "data"  # data | infra (the drop budget it counts against)
 
 
 @dataclass(frozen=True)

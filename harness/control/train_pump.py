@@ -35,6 +35,10 @@ from harness.control.streaming_effects import (
 from harness.streaming.controller import StreamingConfig
 
 
+class EmptyStep(RuntimeError):
+    """A step that lost every prompt group: the run fails rather than park forever."""
+
+
 def train_step(cfg: StreamingConfig, step: int) -> Generator:
     trained = 0
     step_open = False
@@ -44,7 +48,7 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator:
         if remaining <= 0:
             break
         yield Evict()
-        groups = yield SelectGroups(min(cfg.min_groups_for_streaming_train, remaining), remaining)
+        groups = yield SelectGroups(min(cfg.min_groups_for_streaming_train, remaining), remaining, step, target)
         if not groups:  # woken because the target shrank: look again
             continue
         groups = tuple(groups)
@@ -56,8 +60,9 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator:
         yield TrainMicrobatches(step, groups)
         yield ClearSamples(step, groups)
         trained += len(groups)
-    if not step_open:
-        return  # every prompt of the step was dropped: nothing to finish, no tick
+    if not step_open:  # every prompt of the step was dropped: no optimizer step on an empty batch
+        raise EmptyStep(f"step {step}: every prompt group was dropped, nothing to train; an empty step cannot "
+                        "tick the trainer version, so the next step could never be selected (NeMo RL fails the run)")
     version = yield FinishTrainStep(step)
     yield PauseRollouts()
     yield AbortStaleInflight(version)

@@ -250,8 +250,11 @@ def atomic_write(path: str, data: "str | bytes | Iterable[str] | Iterable[bytes]
     an iterable of text chunks, written as they come (a long log is never one string)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    except OSError as e:  # name the user's path, not the temp file's
+        raise OSError(e.errno, e.strerror or str(e), path) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             if isinstance(data, (str, bytes)):
@@ -263,11 +266,13 @@ def atomic_write(path: str, data: "str | bytes | Iterable[str] | Iterable[bytes]
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.filename in (tmp, None):
+            raise OSError(e.errno, e.strerror or str(e), path) from None
         raise
     return path
 

@@ -30,7 +30,13 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _writable_place(path: str) -> Optional[str]:
-    """``None`` when ``path`` can be created or replaced, else why not."""
+    """``None`` when ``path`` can be created or replaced, else why not.
+
+    Permission bits are not enough: root passes ``os.access`` on ``/proc`` and ``/sys``,
+    where no file can be created, and found out only after the whole run. So the nearest
+    existing folder on the way to ``path`` is asked for real: an empty hidden file is
+    created there and removed at once (the same kind of file the atomic writers make).
+    """
     parent = os.path.dirname(os.path.abspath(path))
     probe = parent
     while not os.path.exists(probe):  # the nearest existing ancestor is where it gets created
@@ -39,7 +45,25 @@ def _writable_place(path: str) -> Optional[str]:
         return f"{probe} is not a directory"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".rlharness-probe-", dir=probe)
+    except OSError as e:
+        return f"no file can be created in {probe}: {e.strerror or e}"
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
     return None
+
+
+def user_path_error(err: OSError, internal: str, user: str) -> OSError:
+    """``err`` with the user's path ``user`` in place of an internal temp or staging
+    path that starts with ``internal``: a message names what the user typed."""
+    name = err.filename
+    if name is not None and not (isinstance(name, str) and name.startswith(internal)):
+        return err
+    return OSError(err.errno, err.strerror or str(err), user)
 
 
 def check_output_file(path: str, arg: str, inputs: Sequence[Optional[str]] = ()) -> None:
@@ -96,8 +120,12 @@ class RunFolder:
 
     def __enter__(self) -> "RunFolder":
         parent = os.path.dirname(os.path.abspath(self.out_dir))
-        os.makedirs(parent, exist_ok=True)
-        self._stage = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(self.out_dir))}.staging-", dir=parent)
+        prefix = f".{os.path.basename(os.path.abspath(self.out_dir))}.staging-"
+        try:
+            os.makedirs(parent, exist_ok=True)
+            self._stage = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        except OSError as e:
+            raise user_path_error(e, os.path.join(parent, prefix), self.out_dir) from None
         return self
 
     def path(self, name: str) -> str:
@@ -115,8 +143,14 @@ class RunFolder:
         try:
             if exc_type is None:
                 self._commit(stage)
+        except OSError as e:
+            raise user_path_error(e, stage, self.out_dir) from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(exc, OSError):  # a producer's write into the staging folder failed
+            swapped = user_path_error(exc, stage, self.out_dir)
+            if swapped is not exc:
+                raise swapped from None
 
     def _commit(self, stage: str) -> None:
         if not os.path.isdir(self.out_dir):

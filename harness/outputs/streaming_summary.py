@@ -5,12 +5,17 @@ non-streaming (batch) one of the same run — the comparison the bundled scenari
 
 A controller is *streaming* when it trains on fewer groups than a step holds
 (``min_groups_for_streaming_train < groups_per_step``), *batch* otherwise.
+
+Each row also counts, from the pumps' effects, the prompts dropped after their retries
+(``SkipPrompt``), how many of those a step was owed (stamped, in_order), and the steps
+that finished on fewer groups than ``groups_per_step`` (closed short): a step-time
+comparison across runs must account for a step that trained less.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -21,16 +26,42 @@ class StreamingRow:
     min_groups: int
     groups_per_step: int
     mean_step_s: Optional[float]
+    dropped: int = 0  # prompts dropped after their retries
+    dropped_owed: int = 0  # of which stamped for a step (it closes short)
+    short_steps: int = 0  # finished steps that trained fewer than groups_per_step groups
 
     @property
     def mode(self) -> str:
         return "streaming" if self.min_groups < self.groups_per_step else "batch"
 
 
+def _drops_and_steps(records: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[int, int, Dict[int, int], set]]:
+    """pipeline -> (drops, owed drops, groups trained per step, finished steps)."""
+    out: Dict[str, Tuple[int, int, Dict[int, int], set]] = {}
+    for r in records:
+        k = r.get("kind")
+        if k == "effect_end" and not r.get("error") and r["effect"] in ("SkipPrompt", "ClearSamples"):
+            d, o, trained, done = out.setdefault(r["pipeline_id"], (0, 0, {}, set()))
+            if r["effect"] == "SkipPrompt":
+                out[r["pipeline_id"]] = (d + 1, o + (r["args"].get("target_step") is not None), trained, done)
+            else:
+                trained[r["args"]["step"]] = trained.get(r["args"]["step"], 0) + len(r["args"]["groups"])
+        elif k == "trainer_step" and r.get("action") == "finish":
+            out.setdefault(r["pipeline_id"], (0, 0, {}, set()))[3].add(r["step"])
+    return out
+
+
 def streaming_rows(records: Sequence[Mapping[str, Any]], mean_step: Mapping[str, Optional[float]]) -> List[StreamingRow]:
-    return [StreamingRow(r["pipeline_id"], r["sampler"], r.get("window"), r["min_groups_for_streaming_train"],
-                         r["groups_per_step"], mean_step.get(r["pipeline_id"]))
-            for r in records if r.get("kind") == "streaming_setup"]
+    counts = _drops_and_steps(records)
+    rows = []
+    for r in records:
+        if r.get("kind") != "streaming_setup":
+            continue
+        pid, n = r["pipeline_id"], r["groups_per_step"]
+        d, o, trained, done = counts.get(pid, (0, 0, {}, set()))
+        rows.append(StreamingRow(pid, r["sampler"], r.get("window"), r["min_groups_for_streaming_train"], n,
+                                 mean_step.get(pid), d, o, sum(1 for s in done if trained.get(s, 0) < n)))
+    return rows
 
 
 def streaming_lines(rows: Sequence[StreamingRow], table) -> List[str]:
@@ -49,8 +80,9 @@ def streaming_lines(rows: Sequence[StreamingRow], table) -> List[str]:
         else:
             diff = "-"
         body.append([r.pipeline_id, r.mode, r.sampler, "-" if r.window is None else str(r.window),
-                     f"{r.min_groups}/{r.groups_per_step}", "-" if r.mean_step_s is None else f"{r.mean_step_s:.3f}", diff])
+                     f"{r.min_groups}/{r.groups_per_step}", "-" if r.mean_step_s is None else f"{r.mean_step_s:.3f}", diff,
+                     f"{r.dropped} ({r.dropped_owed} owed)", str(r.short_steps)])
     head = "Streaming single controllers (step time vs the batch controller"
     head += f" {base.pipeline_id})" if base is not None else "; no batch controller in this run)"
-    return ["", head] + table(["pipeline", "mode", "sampler", "window", "min groups", "mean step s", "vs batch"],
-                              body, "lllrrrr")
+    return ["", head] + table(["pipeline", "mode", "sampler", "window", "min groups", "mean step s", "vs batch",
+                               "dropped", "steps short"], body, "lllrrrrrr")

@@ -347,7 +347,8 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
         ooms=ooms, faults=faults, timeouts=timeouts, handovers=_handovers(view, handover_findings),
         first_oom_seq=first_oom_seq,
-        streaming=streaming_rows(view.of("streaming_setup"), {p.pipeline_id: p.mean_step_s for p in pipelines}),
+        streaming=streaming_rows(view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
+                                 {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(view.of("dp_transfer")),
         waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
     )

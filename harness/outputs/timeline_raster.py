@@ -20,7 +20,8 @@ from typing import Sequence, Tuple
 import numpy as np
 
 
-def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, width: int, height: int) -> np.ndarray:
+def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, width: int, height: int,
+             weight: "np.ndarray | None" = None) -> np.ndarray:
     """(height, width) array: the area of each pixel covered by the rectangles
     [x0, x1) x [y0, y1), given in pixel units (pixel (r, c) is [c, c+1) x [r, r+1)),
     summed over the rectangles. Coordinates are clipped to the image.
@@ -28,13 +29,16 @@ def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, wid
     Along x the covered length of pixel c by [a, b) is F(b, c) - F(a, c) with F(x, c) =
     clip(x - c, 0, 1): 1 left of floor(x), the fraction at floor(x), 0 after — a step
     (a difference array, then a running sum) plus a point term. Along y a rectangle
-    covers a few pixel rows, each with its overlap as the weight."""
+    covers a few pixel rows, each with its overlap as the weight. ``weight`` (one per
+    rectangle, default 1) scales a rectangle's coverage: an aggregated row of n GPUs
+    gives each GPU's bar 1/n, so a fully busy row is covered once."""
     x0 = np.clip(x0, 0.0, width)
     x1 = np.clip(x1, 0.0, width)
     y0 = np.clip(y0, 0.0, height)
     y1 = np.clip(y1, 0.0, height)
     keep = (x1 > x0) & (y1 > y0)
     x0, x1, y0, y1 = x0[keep], x1[keep], y0[keep], y1[keep]
+    scale = np.ones(len(x0)) if weight is None else np.asarray(weight, dtype=float)[keep]
     stride = width + 1  # column `width` takes the step of a bar ending on the right edge
     size = height * stride
     if not len(x0):
@@ -48,7 +52,7 @@ def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, wid
     points = np.zeros(size)
     for j in range(rows):  # the j-th pixel row each rectangle touches (a few at most)
         row = first_row + j
-        w = np.minimum(y1, row + 1) - np.maximum(y0, row)
+        w = (np.minimum(y1, row + 1) - np.maximum(y0, row)) * scale
         on = w > 0
         if not on.any():
             continue
@@ -66,7 +70,8 @@ def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, wid
 
 
 def bar_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, codes: np.ndarray,
-              colours: Sequence[Tuple[float, float, float]], width: int, height: int) -> np.ndarray:
+              colours: Sequence[Tuple[float, float, float]], width: int, height: int,
+              weight: "np.ndarray | None" = None) -> np.ndarray:
     """(height, width, 4) RGBA bytes of the bars (pixel units, see :func:`coverage`), bar
     i in ``colours[codes[i]]`` (RGB in [0, 1]): each pixel the mix of the colours weighted
     by their coverage, opaque as far as it is covered (uncovered pixels are transparent,
@@ -78,7 +83,8 @@ def bar_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, co
         mine = codes == code
         if not mine.any():
             continue
-        part = coverage(x0[mine], x1[mine], y0[mine], y1[mine], width, height).astype(np.float32)
+        part = coverage(x0[mine], x1[mine], y0[mine], y1[mine], width, height,
+                        None if weight is None else weight[mine]).astype(np.float32)
         covered += part
         for channel in range(3):
             if colour[channel]:

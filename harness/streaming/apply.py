@@ -23,7 +23,13 @@ def _admit(st: ControllerState, e: fx.AdmitBatch) -> Optional[Tuple[int, Optiona
 
 
 def _select(st: ControllerState, e: fx.SelectGroups) -> Optional[Tuple[int, ...]]:
+    """Empty when the step's target moved since the pump sized the request (a drop
+    landed while it waited): the pump re-reads the target and closes the step short.
+    ``st.stale_select_target`` (the ``stale_select_target`` fault) restores the old
+    behaviour, where the select kept waiting for groups that can never come."""
     if e.max_groups <= 0:
+        return ()
+    if not st.stale_select_target and st.step_target(e.step) != e.target:
         return ()
     picked = st.try_select(e.min_groups, e.max_groups)
     return None if picked is None else tuple(g.group_id for g in picked)
@@ -68,7 +74,7 @@ INSTANT: Dict[type, Callable[[ControllerState, Any], Any]] = {
     fx.Reserve: lambda st, e: st.reserve(e.prompt_id, e.target_step),
     fx.Commit: lambda st, e: (st.commit(e.group_id), None)[1],
     fx.RemoveGroup: lambda st, e: st.remove_group(e.group_id),
-    fx.SkipPrompt: lambda st, e: st.skip_prompt(e.batch),
+    fx.SkipPrompt: lambda st, e: st.skip_prompt(e.target_step, e.cause),
     fx.ReleaseInflight: lambda st, e: st.release_inflight(),
     fx.ReleaseCapacity: lambda st, e: st.release_capacity(),
 }

@@ -93,8 +93,10 @@ class RolloutBuffer:
         return iter(sorted(self._entries.values(), key=lambda e: e.reserved_seq))
 
     def ready(self) -> List[GroupEntry]:
-        """Committed groups in arrival (commit) order."""
-        return sorted((e for e in self._entries.values() if e.ready), key=lambda e: e.commit_seq)
+        """Committed groups in reservation (dispatch) order: the order the samplers read
+        them in (NeMo RL's buffer lists its slots by reservation), so a capped select
+        takes the groups dispatched first, whichever finished first."""
+        return sorted((e for e in self._entries.values() if e.ready), key=lambda e: e.reserved_seq)
 
     def inflight(self) -> List[GroupEntry]:
         return sorted((e for e in self._entries.values() if not e.ready), key=lambda e: e.reserved_seq)

@@ -10,6 +10,7 @@ them when something changed (:attr:`ControllerState.changes` counts changes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -42,6 +43,44 @@ class StreamingConfig:
     watchdog_interval_s: float = 30.0
     stall_timeout_s: float = 600.0
     stall_action: str = "warn"  # warn | abort
+    # NeMo RL's drop budgets (rollout_failure.*); off = drops are unlimited and a step may
+    # shrink to nothing, the harness's model before budgets existed (docs/nemo-rl-parity.md)
+    drop_budgets: bool = False
+    max_skipped_prompts: int = 0  # data drops allowed in the run; one more fails it
+    max_consecutive_dropped_prompts: int = 0  # infra drops in a row (a commit resets); one more fails it
+    min_step_batch_fraction: float = 0.9  # a step closing below ceil(fraction x groups_per_step) fails the run
+
+    def __post_init__(self) -> None:
+        bad = config_problem(self.sampler, self.watchdog_interval_s, self.stall_timeout_s, self.drop_budgets,
+                             self.max_skipped_prompts, self.max_consecutive_dropped_prompts,
+                             self.min_step_batch_fraction)
+        if bad:
+            raise ValueError(f"{bad[0]}: {bad[1]}")
+
+
+class DropBudgetExceeded(RuntimeError):
+    """A dropped prompt past a drop budget, or a step below its floor: the run fails
+    (NeMo RL's rollout failure propagates and ends the run)."""
+
+
+def config_problem(sampler: str, watchdog_interval_s: float, stall_timeout_s: float, drop_budgets: bool,
+                   max_skipped: int, max_consecutive: int, fraction: float) -> Optional[Tuple[str, str]]:
+    """(field, problem) for a failure/watchdog setting that cannot do what it is set for,
+    as NeMo RL's setup refuses them; None when fine."""
+    if stall_timeout_s <= watchdog_interval_s:
+        return ("stall_timeout_s", f"{stall_timeout_s:g} must be above watchdog_interval_s {watchdog_interval_s:g}: "
+                "otherwise one tick without progress already reads as a stall")
+    if not drop_budgets:
+        return None
+    if max_skipped < 0 or max_consecutive < 0:
+        return ("max_skipped_prompts" if max_skipped < 0 else "max_consecutive_dropped_prompts", "must be >= 0")
+    if not 0 < fraction <= 1:
+        return "min_step_batch_fraction", f"must be in (0, 1], got {fraction:g}"
+    if sampler not in ("in_order", "custom") and max_skipped + max_consecutive > 0:
+        field = "max_skipped_prompts" if max_skipped else "max_consecutive_dropped_prompts"
+        return (field, f"the {sampler} sampler stamps no target step, so a dropped prompt is owed to no step and "
+                "the step waiting for it never shrinks (a stalled run): use in_order, or budgets of 0")
+    return None
 
 
 def check_capacity(sampler: PromptGroupSampler, groups_per_step: int, max_buffered_rollouts: int) -> None:
@@ -80,10 +119,13 @@ class ControllerState:
         self.rollouts_permitted = True
         self.capacity_held = 0  # prompts holding a buffer slot (semaphore max_buffered_rollouts)
         self.inflight = 0  # prompts generating (semaphore max_inflight_prompts)
-        self.dropped: Dict[int, int] = {}  # batch (step) -> prompts skipped after their retries
+        self.dropped: Dict[int, int] = {}  # stamped step -> prompts skipped after their retries
         self.aborted: List[int] = []  # group ids aborted in flight
         self.changes = 0
         self.stopped = False
+        self.stale_select_target = False  # fault hook: a waiting select ignores a shrunk target
+        self.skipped = 0  # data drops so far (drop budget max_skipped_prompts)
+        self.consecutive_infra = 0  # infra drops since the last commit (max_consecutive_dropped_prompts)
 
     def changed(self) -> None:
         self.changes += 1
@@ -127,6 +169,7 @@ class ControllerState:
 
     def commit(self, group_id: int) -> GroupEntry:
         entry = self.buffer.commit(group_id, self.weight_version)
+        self.consecutive_infra = 0  # any commit ends an outage
         self.changed()
         return entry
 
@@ -135,13 +178,39 @@ class ControllerState:
         self.changed()
         return gone
 
-    def skip_prompt(self, batch: int) -> None:
-        self.dropped[batch] = self.dropped.get(batch, 0) + 1
+    def skip_prompt(self, target_step: Optional[int], cause: str = "data") -> None:
+        """Credit a dropped prompt to the step it was stamped for (NeMo RL's batch
+        shortfall). An unstamped prompt credits nothing: the samplers that do not stamp
+        fill a step from whatever is ready, so no step waits for it. With drop budgets, a
+        drop past its budget fails the run (raised to the runtime)."""
+        if self.cfg.drop_budgets:
+            if cause == "infra":
+                self.consecutive_infra += 1
+                if self.consecutive_infra > self.cfg.max_consecutive_dropped_prompts:
+                    raise DropBudgetExceeded(f"{self.consecutive_infra} prompts in a row dropped after infra failures, "
+                                             f"above max_consecutive_dropped_prompts {self.cfg.max_consecutive_dropped_prompts}")
+            else:
+                self.skipped += 1
+                if self.skipped > self.cfg.max_skipped_prompts:
+                    raise DropBudgetExceeded(f"{self.skipped} prompts dropped after data failures, above "
+                                             f"max_skipped_prompts {self.cfg.max_skipped_prompts}")
+        if target_step is not None:
+            self.dropped[target_step] = self.dropped.get(target_step, 0) + 1
         self.changed()
 
     # ---- train side
     def step_target(self, step: int) -> int:
-        return self.cfg.groups_per_step - self.dropped.get(step, 0)
+        """Groups step ``step`` trains on: ``groups_per_step`` less the prompts dropped
+        for it; with drop budgets, below ``ceil(min_step_batch_fraction x groups_per_step)``
+        the run fails (a step is what the gradient is computed from)."""
+        target = self.cfg.groups_per_step - self.dropped.get(step, 0)
+        if self.cfg.drop_budgets:
+            floor = math.ceil(self.cfg.groups_per_step * self.cfg.min_step_batch_fraction - 1e-9)
+            if target < floor:
+                raise DropBudgetExceeded(f"step {step} lost {self.dropped[step]} of {self.cfg.groups_per_step} prompt "
+                                         f"groups, below the floor of {floor} (min_step_batch_fraction "
+                                         f"{self.cfg.min_step_batch_fraction:g})")
+        return target
 
     def evict(self) -> List[int]:
         gone = [e.group_id for e in self.sampler.evict(self.buffer, self.trainer_version)]

@@ -15,6 +15,14 @@ windowed       ungated (capacity bounds)   any ready, ``start`` in              
 ready_first    gated                       any ready, ``start <= trainer``     never
 =============  ==========================  ==================================  ======================
 
+Every select reads ready groups in reservation (dispatch) order, as NeMo RL's buffer
+lists them, not in the order they finished: a capped select trains the groups
+dispatched first. Only ``windowed`` aborts rollouts still generating at a weight sync
+(it has no admission gate, so nothing else bounds how stale its in-flight work gets);
+the gated samplers let them finish and their ``evict`` drops them once committed if
+they can no longer be selected (NeMo RL's samplers answer ``should_abort_inflight``
+False except the windowed one).
+
 The gate. The reference writes it ``dispatch_index < trainer + window``; here versions
 and the dispatch index both start at 0, and with that origin a strict ``<`` would admit
 nothing at window 0 (the strict on-policy setting). So the gate is the same bound
@@ -25,8 +33,7 @@ batches (one per step) are admitted ahead of the trainer, which is exactly the
 A sampler here is synchronous and pure over the buffer: ``admit`` returns ``None`` when
 the gate is closed and the runtime waits for the trainer version to move (NeMo polls the
 gate every 5 ms). ``should_abort_inflight`` answers, for a rollout still generating,
-whether the sampler could never select it any more: the train pump aborts those at
-weight sync (every built-in is consistent with its own ``evict``).
+whether the sampler wants it aborted at a weight sync (only ``windowed`` says yes).
 """
 
 from __future__ import annotations
@@ -102,7 +109,14 @@ class _Base:
         return groups_per_step * (self.window + 1) if self.gated else 1
 
     def set_dispatch_index(self, resume_from_step: int) -> None:
+        """Seed the dispatch cursor for a run resumed at ``resume_from_step`` (0 = fresh):
+        the gate and in_order's stamps line up with the restored trainer version."""
+        if resume_from_step < 0:
+            raise SamplerError(f"resume step must be >= 0, got {resume_from_step}")
         self.dispatch_index = resume_from_step
+
+    def should_abort_inflight(self, entry: GroupEntry, trainer_version: int) -> bool:
+        return False  # gated: a stale rollout finishes and its commit is evicted
 
     @staticmethod
     def _take(candidates: List[GroupEntry], min_groups: int, max_groups: int) -> List[GroupEntry]:
@@ -120,9 +134,6 @@ class InOrderSampler(_Base):
 
     def evict(self, buffer, trainer_version):
         return [e for e in buffer.ready() if e.target_step is not None and e.target_step < trainer_version]
-
-    def should_abort_inflight(self, entry, trainer_version):
-        return entry.target_step is not None and entry.target_step < trainer_version
 
 
 class WeightFifoSampler(_Base):
@@ -142,9 +153,6 @@ class WeightFifoSampler(_Base):
     def evict(self, buffer, trainer_version):
         return [e for e in buffer.ready() if e.start_version < trainer_version - self.window]
 
-    def should_abort_inflight(self, entry, trainer_version):
-        return entry.start_version < trainer_version - self.window
-
 
 class WindowedSampler(_Base):
     name = "windowed"
@@ -153,8 +161,8 @@ class WindowedSampler(_Base):
     def select(self, buffer, trainer_version, min_groups, max_groups):
         lo = trainer_version - self.window
         ready = [e for e in buffer.ready() if lo <= e.start_version <= trainer_version]
-        if self.freshest_first:  # newest start version first, arrival order within a version
-            ready.sort(key=lambda e: (-e.start_version, e.commit_seq))
+        if self.freshest_first:  # newest start version first, dispatch order within a version
+            ready.sort(key=lambda e: (-e.start_version, e.reserved_seq))
         return self._take(ready, min_groups, max_groups)
 
     def evict(self, buffer, trainer_version):
@@ -172,9 +180,6 @@ class ReadyFirstSampler(_Base):
 
     def evict(self, buffer, trainer_version):
         return []
-
-    def should_abort_inflight(self, entry, trainer_version):
-        return False
 
 
 _BUILTIN = {c.name: c for c in (InOrderSampler, WeightFifoSampler, WindowedSampler, ReadyFirstSampler)}

@@ -53,11 +53,12 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
         raise usage_error("--ray-cpus: only with --ray local (a cluster has its own CPUs)")
     if not 0 < args.time_budget <= 86400:
         raise usage_error(f"--time-budget: must be in (0, 86400] seconds, got {args.time_budget:g}")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise usage_error(f"--out: {args.out} exists and is not a directory")
-    results = os.path.join(args.out, "results.json")
-    if os.path.isdir(results):
-        raise usage_error(f"--out: {results} is a directory")
+    from harness.outputs.paths import OutputPathError, check_output_dir
+
+    try:  # the folder must take files before any seed runs (a read-only place, /proc, /sys)
+        check_output_dir(args.out, ["results.json", "signatures.txt"], "--out", inputs=[args.baseline])
+    except OutputPathError as e:
+        raise usage_error(str(e)) from None
 
 
 def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:

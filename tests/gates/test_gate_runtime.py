@@ -194,3 +194,11 @@ def test_a_failure_headline_on_a_closed_stderr_does_not_stop_the_rank(monkeypatc
         run._print_failure(exc, "rank 1 RuntimeError in phase 'x': boom")
     with pytest.raises(OSError):
         runtime.write_at_once(stream, "still gone\n")
+
+
+def test_a_growth_check_on_a_shared_gpu_reads_the_process_own_memory():
+    from gpu_gates.memory import own_device_bytes
+    sample = {"used": 2_000, "reserved": 300, "process_used": 500}
+    assert own_device_bytes(sample, shared=False) == (2_000, "device memory")
+    assert own_device_bytes(sample, shared=True)[0] == 500  # NVML's count of this process
+    assert own_device_bytes({"used": 2_000, "reserved": 300, "process_used": None}, shared=True)[0] == 300

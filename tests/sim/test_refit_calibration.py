@@ -79,9 +79,18 @@ def test_a_bad_calibration_file_is_one_clear_scenario_error(tmp_path, content, p
 def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, capsys):
     from rlharness.cli import main
     out = tmp_path / "cal.json"
-    assert main(["calibrate", "refit", "--quick", "--repeats", "1", "--out", str(out)]) == 0
-    costs = load_calibration(str(out))
-    assert all(v >= 0 and math.isfinite(v) for v in costs.values())
+    code = main(["calibrate", "refit", "--quick", "--repeats", "1", "--out", str(out)])
+    if code == 0:
+        costs = load_calibration(str(out))
+        assert all(lo <= costs[k] <= hi or costs[k] == 0
+                   for k, (lo, hi) in refit_fit.PHYSICAL_BOUNDS.items())
+    else:  # a one-repeat fit on a loaded machine may be refused: one line, nothing written
+        assert code == 1 and not out.exists()
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: calibrate refit: "), err
+        print(captured.out, end="")  # the grid table was printed before the refusal
+        write_calibration(str(out), KNOWN, machine={"host": "test"})
     assert main(["fidelity", "refit", "--calibration", str(out), "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
@@ -123,3 +132,50 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
     rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
     assert len(rows) == 2 and "median |error|" in text
     assert main(["fidelity", "refit", "--repeats", "1"]) == 2  # a file or --fit-alongside: one is required
+
+
+# ----------------------------------------------------------------------------- refusing a fit
+
+
+def test_a_fit_of_known_costs_is_accepted():
+    points = fake_points(refit_calibrate.GRID, KNOWN)
+    assert refit_fit.fit_problem(points, refit_fit.fit(points)) is None
+    assert refit_fit.fit_problem(points, KNOWN) is None
+
+
+@pytest.mark.parametrize("key,value", [("receiver_load_bytes_per_s", 7.8e16), ("refit_tensor_overhead_s", 1.4e-15),
+                                       ("refit_pack_bytes_per_s", 10.0), ("refit_complete_s", 30.0)])
+def test_costs_outside_physical_bounds_are_refused(key, value):
+    """The first two are what `calibrate refit --quick` once wrote without a word."""
+    problem = refit_fit.fit_problem(fake_points(refit_calibrate.QUICK_GRID, KNOWN), {**KNOWN, key: value})
+    assert problem is not None and problem.startswith(f"{key} = {value:.3g} is outside physical bounds")
+
+
+def test_a_fit_no_better_than_one_rate_is_refused():
+    """Syncs that take exactly bytes / 2 GB/s: one rate explains them all, so a fit of
+    eight costs can only be as good or worse."""
+    points = []
+    for model, budget in refit_calibrate.GRID:
+        specs = synthetic_specs(model)
+        nbytes = sum(s.nbytes for s in specs)
+        points.append((specs, Measurement(nbytes, budget, 0, len(specs), wall_s=[nbytes / 2e9])))
+    assert refit_fit.rate_only_loss(points) == pytest.approx(0.0, abs=1e-20)
+    problem = refit_fit.fit_problem(points, KNOWN)
+    assert problem is not None and "no better than one bytes/s rate" in problem
+
+
+def test_calibrate_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    from rlharness.cli import main
+
+    points = fake_points(refit_calibrate.QUICK_GRID, KNOWN)
+    monkeypatch.setattr(refit_calibrate, "_measure", lambda grid, repeats, progress: points)
+    monkeypatch.setattr(refit_calibrate, "fit", lambda pts: {**KNOWN, "receiver_load_bytes_per_s": 7.8e16})
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: calibrate refit: receiver_load_bytes_per_s = 7.8e+16 is outside physical bounds "
+                   f"[1e+06, 1e+12]; {out} not written (measure again: without --quick, with more --repeats, "
+                   "on a quieter machine)"]
+    assert not out.exists()
+    monkeypatch.setattr(refit_calibrate, "fit", lambda pts: dict(KNOWN))  # the same points, a sound fit: written
+    assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 0 and load_calibration(str(out))

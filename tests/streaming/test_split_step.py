@@ -44,9 +44,10 @@ def test_an_empty_step_finishes_as_a_no_op():
     assert (res.version, res.applied) == (2, False) and not m.is_open
 
 
-def drive(gen, answers):
+def drive(gen, answers, seen=None):
     """Run a control generator, answering effects by type from ``answers`` (callables)."""
-    seen, result = [], None
+    seen = [] if seen is None else seen
+    result = None
     while True:
         try:
             effect = gen.send(result)
@@ -76,8 +77,10 @@ def test_train_step_order_lazy_begin_and_one_finish():
     assert next(e for e in seen if isinstance(e, fx.SyncWeights)).version == 1
 
 
-def test_train_step_with_every_prompt_dropped_opens_nothing():
-    seen = drive(train_pump.train_step(StreamingConfig(), 5), {fx.StepTarget: lambda e: 0})
+def test_train_step_with_every_prompt_dropped_opens_nothing_and_fails():
+    seen = []
+    with pytest.raises(train_pump.EmptyStep, match="step 5: every prompt group was dropped"):
+        drive(train_pump.train_step(StreamingConfig(), 5), {fx.StepTarget: lambda e: 0}, seen)
     assert [type(e).__name__ for e in seen] == ["StepTarget"]
 
 

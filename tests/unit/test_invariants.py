@@ -221,6 +221,7 @@ def test_data_plane_fires_on_driver_bulk_and_second_writer():
 # checks whose firing tests live with their subsystem
 OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
               "streaming_step": "tests/streaming/test_streaming_invariants.py",
+              "pump_parked": "tests/streaming/test_pump_parked.py",
               "refit_wire": "tests/unit/test_refit_stream_protocol.py",
               **{name: "tests/unit/test_blind_spot_checks.py" for name in (
                   "grant_order", "in_flight_at_sleep", "sync_targets", "rank_lifecycle", "host_ram", "trajectory_age",

@@ -1,9 +1,9 @@
 """The dense timeline's bar image (coverage per pixel) and the numeric sort of the outputs.
 
-The bar image replaces one polygon per bar on pictures of more than 64 GPUs: its pixels
-must be the covered area of each pixel, coloured by kind; a dense picture must still
-show every kind in its own colour, lanes inside a GPU's row, the markers and a legend of
-what is drawn. ``column_order`` must give exactly the order ``sort_canon_last`` gives.
+The bar image replaces one polygon per bar on pictures of more than 32 GPUs
+(``DETAIL_GPUS``): its pixels must be the covered area of each pixel, coloured by kind;
+a dense picture must still show every kind in its own colour, lanes inside a GPU's row
+(below the row's pipeline band), the markers and a legend of what is drawn. ``column_order`` must give exactly the order ``sort_canon_last`` gives.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.outputs.canonical_order import column_order, sort_canon_last
-from harness.outputs.timeline import DENSE_ROWS, KIND_STYLE, render_timeline_png
+from harness.outputs.timeline import DETAIL_GPUS, KIND_STYLE, render_timeline_png
 from harness.outputs.timeline_raster import bar_image, coverage
 from tests.unit.output_logs import dense_log as _dense_log
 
@@ -90,7 +90,7 @@ def test_a_dense_picture_shows_kinds_lanes_markers_and_a_legend_of_what_is_drawn
     import matplotlib.image as mpimg
 
     recs = _dense_log()
-    assert recs[0]["cluster"]["nodes"] * recs[0]["cluster"]["gpus_per_node"] > DENSE_ROWS
+    assert recs[0]["cluster"]["nodes"] * recs[0]["cluster"]["gpus_per_node"] > DETAIL_GPUS
     data = render_timeline_png(recs)
     assert data == render_timeline_png(recs)
     rgb = (mpimg.imread(io.BytesIO(data))[:, :, :3] * 255).round().astype(int)
@@ -111,8 +111,9 @@ def test_a_dense_picture_shows_kinds_lanes_markers_and_a_legend_of_what_is_drawn
     assert near(at(25, 3), "train") and near(at(80, 12), "generate")
     assert near(at(20, 16), "wake") and near(at(20, 17), "sleep")
     # GPU 20: the rank in the upper lane all along, the sync in the lower lane from 40 to 60
-    assert near(at(50, 20, 0.25), "generate") and near(at(50, 20, 0.75), "sync")
-    assert near(at(20, 20, 0.25), "generate") and not near(at(20, 20, 0.75), "sync")
+    # (the top quarter of the row is the pipeline band)
+    assert near(at(50, 20, 0.4), "generate") and near(at(50, 20, 0.75), "sync")
+    assert near(at(20, 20, 0.4), "generate") and not near(at(20, 20, 0.75), "sync")
     assert (at(25, 60) >= 230).all()  # an idle GPU: background
     red = (rgb[:, :, 0] > 200) & (rgb[:, :, 1] < 40) & (rgb[:, :, 2] < 40)
     assert red[:, :left + plot_w + 5].sum() > 10  # the OOM cross on its GPU
@@ -123,22 +124,24 @@ def test_a_dense_picture_shows_kinds_lanes_markers_and_a_legend_of_what_is_drawn
     assert (np.abs(legend - colour("drain")).sum(axis=2) <= 6).sum() == 0
 
 
-@pytest.mark.parametrize("nodes", [8])
-def test_a_picture_of_64_gpus_is_still_drawn_bar_by_bar(nodes):
-    """At the dense limit and below, bars stay polygons (hatching, labels): the image path
-    is for more rows than that (the bundled 64-GPU scenario's picture is unchanged)."""
+def test_up_to_the_detail_limit_bars_are_polygons(monkeypatch):
+    """At the detail limit and below, bars stay polygons (hatching, labels); one GPU more
+    and the picture is one image (the bundled 64-GPU scenario's is: its polygons cost 17x
+    the simulation)."""
     from harness.outputs import timeline
+    from harness.outputs.run_view import RunView
 
+    log = _dense_log()
+    n = len(RunView(log).gpus)
     calls = []
-    real = timeline._draw_bar_image
-    timeline._draw_bar_image = lambda *a, **k: calls.append(1) or real(*a, **k)
-    try:
-        render_timeline_png(_dense_log(nodes=nodes))
-        assert calls == []
-        render_timeline_png(_dense_log(nodes=nodes + 1))
-        assert calls == [1]
-    finally:
-        timeline._draw_bar_image = real
+    real = timeline._bar_image
+    monkeypatch.setattr(timeline, "_bar_image", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(timeline, "DETAIL_GPUS", n)
+    render_timeline_png(log)
+    assert calls == []
+    monkeypatch.setattr(timeline, "DETAIL_GPUS", n - 1)
+    render_timeline_png(log)
+    assert calls == [1]
 
 
 def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
