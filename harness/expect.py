@@ -29,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 #: keys of one expectation; ``check`` and ``reason`` are required
@@ -125,10 +126,16 @@ def classify(findings: Sequence[Finding], expectations: Sequence[Expectation]) -
 _AFTER_NAME = r"(?=$|[^\w-]|_actor_|_critic|_reference|_reward)"
 
 
+@lru_cache(maxsize=4096)
+def _name_pattern(name: str) -> "re.Pattern[str]":
+    return re.compile(rf"(?<![\w-]){re.escape(name)}{_AFTER_NAME}")
+
+
 def named_in(text: str, names: Iterable[str]) -> List[str]:
     """Names that occur in a text as whole words (a pipeline name also heads its cluster
-    ids ``p0_actor_train`` and owners ``p0/dp1``)."""
-    return sorted(n for n in set(names) if re.search(rf"(?<![\w-]){re.escape(n)}{_AFTER_NAME}", text))
+    ids ``p0_actor_train`` and owners ``p0/dp1``). The plain substring test first: a
+    1024-GPU run's 25 thousand findings against its 100 names spent 7 s in the regex."""
+    return sorted(n for n in set(names) if n in text and _name_pattern(n).search(text))
 
 
 def log_names(records: Iterable[Mapping[str, Any]]) -> Tuple[List[str], List[str]]:
