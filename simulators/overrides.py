@@ -161,30 +161,25 @@ def _short(value: Any) -> str:
 def scenario_mapping(path: Union[str, None]) -> Tuple[dict, str]:
     """The mapping a scenario file holds (the default scenario's without a file), and its
     source label; a file that cannot be read or parsed raises ``ScenarioError``."""
-    from simulators.scenario import ScenarioError, parse_yaml
+    from simulators.scenario import read_mapping
     from simulators.scenario_dump import scenario_to_mapping
-    from simulators.scenario_yaml import ScenarioTextError, read_scenario_text
     from simulators.spec import default_scenario
 
     if path is None:
         return scenario_to_mapping(default_scenario()), "default scenario"
-    source = str(path)
-    try:
-        text = read_scenario_text(path)
-    except ScenarioTextError as e:
-        raise ScenarioError(source, None, f"cannot read: {e}") from None
-    except OSError as e:
-        raise ScenarioError(source, None, f"cannot read: {e.strerror or e}") from None
-    return parse_yaml(text, source), source
+    return read_mapping(path), str(path)
 
 
 def load_with_overrides(path: Union[str, None], overrides: Sequence[Override]):
     """Load a scenario (or the default one) with ``overrides`` applied before validation;
     a value they make invalid is reported under its field path, marked as set by --set."""
-    from simulators.scenario import load_scenario, scenario_from_mapping
+    from simulators.scenario import check_feasible, load_scenario, scenario_from_mapping
     from simulators.spec import default_scenario
 
     if not overrides:
         return load_scenario(path) if path is not None else default_scenario()
     mapping, source = scenario_mapping(path)
-    return scenario_from_mapping(apply_overrides(mapping, overrides), f"{source} with --set")
+    source = f"{source} with --set"
+    scenario = scenario_from_mapping(apply_overrides(mapping, overrides), source)
+    check_feasible(scenario, source)  # a value set here can make the layout infeasible too
+    return scenario

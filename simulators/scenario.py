@@ -476,8 +476,8 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ScenarioError(source, None, f"malformed YAML: {e}") from None
 
 
-def load_scenario(path: Union[str, Path]) -> Scenario:
-    """Read, parse and validate a scenario file."""
+def read_mapping(path: Union[str, Path]) -> Any:
+    """Read and parse a scenario file into its mapping (not validated yet)."""
     source = str(path)
     try:
         text = read_scenario_text(path)
@@ -485,7 +485,13 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
         raise ScenarioError(source, None, f"cannot read: {e}") from None
     except OSError as e:
         raise ScenarioError(source, None, f"cannot read: {e.strerror or e}") from None
-    scenario = scenario_from_mapping(parse_yaml(text, source), source)
+    return parse_yaml(text, source)
+
+
+def load_scenario(path: Union[str, Path]) -> Scenario:
+    """Read, parse and validate a scenario file."""
+    source = str(path)
+    scenario = scenario_from_mapping(read_mapping(path), source)
     check_feasible(scenario, source)
     return scenario
 

@@ -54,7 +54,7 @@ def parse_axis(text: str) -> Axis:
 def build_grid(scenario: Optional[str], axes: Sequence[Axis]) -> Tuple[List[Variant], str]:
     """Every combination, in the order the axes were given (the last varies fastest);
     each validated. Returns the variants and the scenario's source label."""
-    from simulators.scenario import ScenarioError, scenario_from_mapping
+    from simulators.scenario import ScenarioError, check_feasible, scenario_from_mapping
 
     paths = [a.path for a in axes]
     if len(set(paths)) != len(paths):
@@ -65,8 +65,9 @@ def build_grid(scenario: Optional[str], axes: Sequence[Axis]) -> Tuple[List[Vari
     for index, combo in enumerate(itertools.product(*(a.values for a in axes))):
         overrides = tuple(Override(f"{a.path}={v}", a.path, parse_path(a.path), v) for a, v in zip(axes, combo))
         mapping = apply_overrides(base, overrides)
+        label = f"{source} with --set {describe(overrides)}"
         try:
-            scenario_from_mapping(mapping, f"{source} with --set {describe(overrides)}")
+            check_feasible(scenario_from_mapping(mapping, label), label)
         except ScenarioError as e:
             raise OverrideError(str(e)) from None
         variants.append(Variant(index, overrides, mapping))

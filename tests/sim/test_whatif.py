@@ -61,6 +61,7 @@ def test_simulate_set_reaches_the_resolved_scenario(tmp_path, capsys):
     ("costs.wake_s=[1", "--set costs.wake_s: the value '[1' is not valid YAML"),
     ("nosuch=1", "nosuch: unknown field"),
     ("steps", "--set steps: expected PATH=VALUE"),
+    ("costs.kv_cache_fraction=1.0", "kv_cache_fraction"),  # valid alone, infeasible as a layout (docs/feasibility.md)
 ])
 def test_a_bad_set_is_one_line_and_nothing_written(tmp_path, capsys, flag, message):
     out = tmp_path / "run"
