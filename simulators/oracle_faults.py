@@ -35,6 +35,17 @@ class OracleFaults:
             return sorted(self.ranks)
         return list(ranks)
 
+    # invariant 24 (rank_lifecycle)
+    def _unchecked_activation_now(self) -> bool:
+        """Armed at exactly this step (``unchecked_activation``): the expand skips its sync
+        and the controller finalizes and activates without the lifecycle's consent."""
+        return self.faults.get("unchecked_activation") == self.ctx.step and self._armed_once("unchecked_activation")
+
+    def _force_state(self, rank, state) -> None:
+        """The controller sets the engine's state itself, past the lifecycle's refusal."""
+        rank.life.state = state
+        rank.life.finalized = True
+
     # invariant 16 (data_plane: the metadata hop judged by its bytes)
     def _driver_meta_bytes(self, meta_bytes: int, bulk_bytes: int) -> int:
         """Bytes of one ``driver_meta`` hop. Armed (``bulk_in_driver_meta``): the driver

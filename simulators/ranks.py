@@ -66,9 +66,13 @@ class RankEffects:
 
     def _Finalize(self, e):
         yield self.env.timeout(self.costs.finalize_s)
+        unchecked = self.faults.get("unchecked_activation") == self.ctx.step
         for r in e.ranks:
+            rank = self.ranks[r]
+            if unchecked and rank.life.state not in (RankState.SYNCED, RankState.ROUTABLE):
+                continue  # the fault's controller does not ask (oracle_faults.py)
             # refused by the lifecycle unless the rank holds synced weights (SYNCED/ROUTABLE)
-            self.ranks[r].life.on("finalized")
+            rank.life.on("finalized")
         return None
 
     def _PublishVersion(self, e):
@@ -79,8 +83,12 @@ class RankEffects:
         """``activate_dp_ranks(ranks)``: the whole set becomes routable before any request
         is routed to it (no rank of the set takes the waiting callers alone)."""
         ranks = [self.ranks[r] for r in e.ranks]
+        unchecked = self.faults.get("unchecked_activation") == self.ctx.step
         for rank in ranks:
-            rank.life.on("activated")
+            if unchecked and rank.life.state is not RankState.SYNCED:
+                self._force_state(rank, RankState.ROUTABLE)  # the fault: activated past the lifecycle
+            else:
+                rank.life.on("activated")
             self._log_rank(rank)
         self.router.activate(ranks)
         return None

@@ -41,6 +41,9 @@ class RefitEffects:
             self.sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
             yield env.timeout(0)
             return None  # the ranks keep whatever they woke with: activation must be refused
+        if e.path == "expand" and self._unchecked_activation_now():
+            yield env.timeout(0)
+            return None  # no sync; the controller will activate anyway (oracle_faults.py)
         finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
         yield from ss.interpret(ss.selective_sync(self._sync_plan(e)), _SyncTiming(self, e).handle)

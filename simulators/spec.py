@@ -247,6 +247,10 @@ class FaultSpec:
     * ``no_host_ram_guard`` — from that step on, a CPU bucket cache build is charged to host
       RAM without the guard: a node can go above its RAM with no ``host_oom`` (invariant 25,
       ``host_ram``).
+    * ``unchecked_activation`` — at that step an expand skips the weight sync and the
+      controller then finalizes and activates the woken ranks without asking their state:
+      an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
+      reload; invariant 24, ``rank_lifecycle``).
     """
 
     name: str
@@ -276,7 +280,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
                "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish", "stale_select_target")
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
-ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard")
+ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
+                      "unchecked_activation")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -278,6 +278,15 @@ def test_sync_targets_when_an_expand_sync_writes_every_rank():
     assert "expand sync of ppl1 writes dp1, which is asleep, not awake" in found[0].message
 
 
+def test_rank_lifecycle_when_the_controller_activates_an_engine_that_never_synced():
+    from simulators.spec import FaultSpec, default_scenario
+
+    found = _run(_with(default_scenario(), faults=[FaultSpec("unchecked_activation", "ppl1", 1)]))
+    lifecycle = [v for v in found if v.invariant == "rank_lifecycle"]
+    assert lifecycle and "awake_unrouted -> routable" in lifecycle[0].message, [str(v) for v in found][:5]
+    assert not [v for v in _run(default_scenario()) if v.invariant == "rank_lifecycle"]
+
+
 def test_trajectory_age_when_the_trainer_takes_a_stale_batch():
     from simulators.spec import FaultSpec
 
