@@ -178,6 +178,8 @@ class SchedulerModel:
 
     # ------------------------------------------------------------------ requests
     def _admitted_pipeline(self, cluster_id: str):
+        """RLix's first checks of a request (rlix/scheduler/scheduler.py ``request_gpus``,
+        ``notify_release_then_request_gpus``): the id's form, registered, admitted."""
         try:
             validate_cluster_id(cluster_id)
             pid, name = parse_cluster_id(cluster_id)
@@ -188,14 +190,22 @@ class SchedulerModel:
             raise Rejected(f"pipeline_id {pid!r} not registered")
         if not entry.admitted:
             raise Rejected(f"pipeline_id {pid!r} not admitted")
-        if name not in entry.clusters:
-            raise Rejected(f"cluster {name} is not registered for pipeline {pid}")
         return pid, name
+
+    def _registered_cluster(self, cluster_id: str) -> None:
+        """The model's one check RLix lacks: a request names a cluster its pipeline
+        registered (RLix enqueues it and fails later, in planning). Made where RLix would
+        enqueue, so every refusal RLix also makes comes first, in RLix's order, and a
+        release-then-request's release sticks as in RLix."""
+        pid, name = parse_cluster_id(cluster_id)
+        if name not in self.state.registry[pid].clusters:
+            raise Rejected(f"cluster {name} is not registered for pipeline {pid}")
 
     def _enqueue(self, cluster_id: str, priority: Priority, global_step, estimate, lora_name) -> Ticket:
         st = self.state
         if st.pending_for(cluster_id) is not None:
             raise Rejected(f"Duplicate pending request for cluster_id={cluster_id!r} is not supported")
+        self._registered_cluster(cluster_id)
         st.request_seq += 1
         rid = self._new_request_id()
         st.pending[priority].append(PendingRequest(rid, cluster_id, priority, st.request_seq, global_step, estimate, lora_name))

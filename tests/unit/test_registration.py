@@ -321,3 +321,23 @@ def test_unknown_cluster_name_rejected_by_model_register():
     with pytest.raises(Rejected) as info:
         m.register("ft_abc", {"actor_infer": 1, "policy": 1}, {"actor_infer": [0], "policy": [1]})
     assert "cluster policy" in info.value.reason and "rule: cluster_name" in info.value.reason
+
+
+def test_a_request_for_a_cluster_the_pipeline_never_registered_is_refused_where_rlix_would_enqueue():
+    """RLix has no such check: its refusals (registry, admission, allocation, duplicate) come
+    first, and a release-then-request's release sticks before the enqueue is refused."""
+    from harness.topology import ClusterTopology
+
+    m = SchedulerModel(ClusterTopology(1, 2))
+    m.register("ft_a", {"actor_train": 1, "actor_infer": 1}, {"actor_train": [0], "actor_infer": [0, 1]})
+    with pytest.raises(Rejected, match="not admitted"):  # RLix's admission check comes first
+        m.request("ft_a_critic", Priority.CRITIC_TRAINING)
+    m.admit("ft_a")
+    with pytest.raises(Rejected, match="cluster critic is not registered for pipeline ft_a"):
+        m.request("ft_a_critic", Priority.CRITIC_TRAINING)
+    m.request("ft_a_actor_train", Priority.INITIALIZATION)
+    m.run_cycle()
+    assert "ft_a_actor_train" in m.state.allocations
+    with pytest.raises(Rejected, match="cluster critic is not registered"):
+        m.release_then_request("ft_a_actor_train", "ft_a_critic", Priority.CRITIC_TRAINING)
+    assert "ft_a_actor_train" not in m.state.allocations  # the release stuck, as in RLix
