@@ -18,6 +18,7 @@ any alias). The real transports live in ``gpu_gates/transports/``.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import shutil
 from typing import Dict, Iterator, List, Tuple
@@ -183,6 +184,7 @@ def _forbidden(name: str) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=None)  # a pure function of the text: an unchanged copied module is not parsed again
 def io_violations(source: str, module: str, is_package: bool = False) -> List[str]:
     """One line per source line of ``module`` that imports a transport or reads the clock."""
     tree = ast.parse(source)
