@@ -15,19 +15,9 @@ from typing import List
 import pytest
 
 from harness.invariants import check_log
-from tests.unit.test_mutations import holdings_at, index, inject_cycle, reseq
+from tests.unit.test_mutations import holdings_at, index, inject_cycle, reseq, sim_log  # noqa: F401 (a fixture)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-@pytest.fixture(scope="module")
-def sim_log() -> List[dict]:
-    from simulators.run import Simulation
-    from simulators.spec import default_scenario
-
-    res = Simulation(default_scenario()).run()
-    assert res.reason == "done" and check_log(res.records) == []
-    return res.records
 
 
 def fires(log, name, text):
