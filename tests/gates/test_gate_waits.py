@@ -37,12 +37,25 @@ def test_hung_worker_ends_in_a_failed_report_within_its_timeout(gate_runner):
     assert any(r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" for r in records)
 
 
+def _aborted_in_flight(records):
+    """Per Abort effect of the run, how many requests it found in flight (over its ranks)."""
+    return [sum((r.get("result") or {}).get("in_flight") or []) for r in records
+            if r["kind"] == "effect_end" and r["effect"] == "Abort"]
+
+
 def test_a_drain_that_never_ends_fails_the_run_at_the_shrink_drain_timeout(gate_runner):
     # RLix's Bug 7: an aborted request never leaves the engine. The drain polls the rank's
     # in-flight count, gives up at the shrink-drain timeout, logs a `timeout` record and
     # fails the run (before the real drain, the shrink slept the rank with requests in it)
-    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", "--shrink-drain-timeout-s", "2",
-                      hook="abort_never_wakes", timeout_s=90)
+    # The script holds ppl1's first abort until it has requests in flight or its first batch
+    # is over; in the second case (a slow machine) nothing is left to hang, so the run says
+    # nothing about the drain. That is read from the log (the Abort's in-flight result), and
+    # the run is tried again: at most three times.
+    for _attempt in range(3):
+        run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", "--shrink-drain-timeout-s", "2",
+                          hook="abort_never_wakes", timeout_s=90)
+        if run.report["status"] != "passed" or any(_aborted_in_flight(run.driver_records())):
+            break
     assert run.report["status"] == "failed" and run.returncode != 0
     assert "shrink_drain timed out after 2 s" in run.report["message"], run.report["message"]
     assert run.elapsed_s < 45, run.elapsed_s  # the drain's deadline ended it, not the gate's 50 s
