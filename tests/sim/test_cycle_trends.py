@@ -37,6 +37,9 @@ def test_one_outlier_does_not_fire_where_a_difference_would():
     assert check_log(_samples("refit_s/trainer", values), ["cycle_trends"]) == []
     values = [1.0] * 19 + [2.0]  # one group too many at the end only: slope 0.0226 < 0.1
     assert check_log(_samples("live_groups/rank", values), ["cycle_trends"]) == []
+    values = [0.0] * 3 + [1.0] * 3  # one group stranded once, mid-run: slope 0.26 but fitted growth 1.3
+    assert check_log(_samples("live_groups/rank", values), ["cycle_trends"]) == []
+    assert check_log(_samples("live_groups/rank", [0, 0, 1, 1, 2, 2, 3]), ["cycle_trends"])  # a leak every other cycle
 
 
 def test_a_group_leaked_per_cycle_fires_and_short_series_are_not_judged():
