@@ -3,7 +3,7 @@
     rlharness gate vllm_engine [--report out/vllm.json]
     torchrun --nproc-per-node 1 gpu_gates/vllm_engine.py
 
-One rank. It writes a tiny random-weight Llama (2 layers, width 64, 512-token vocabulary;
+One rank. It writes a tiny random-weight Llama (2 layers, width 256, 512-token vocabulary;
 ``transformers``' own ``save_pretrained``, nothing downloaded) to a private folder and
 serves it with ``vllm.LLM(..., enable_sleep_mode=True, skip_tokenizer_init=True)``:
 
@@ -62,8 +62,9 @@ def skip_reason() -> Optional[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget-bytes", type=positive_int, default=1 << 20,
-                        help="refit staging budget (two ping-pong buffers of half each)")
+    parser.add_argument("--budget-bytes", type=positive_int, default=256 << 10,
+                        help="refit staging budget (two ping-pong buffers of half each; by default the 256 KiB "
+                             "embedding and LM head are larger than a buffer and go alone)")
     parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.15)
 
@@ -79,7 +80,8 @@ def write_tiny_llama(folder: str, seed: int) -> Dict[str, torch.Tensor]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    # head size 64: every vLLM attention backend supports it (some refuse sizes below 32)
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                          tie_word_embeddings=False, torch_dtype="bfloat16")
     model = LlamaForCausalLM(config).to(torch.bfloat16)
