@@ -27,7 +27,8 @@ class RefitWorkerExtension:
                           timeout_s: float = 120.0) -> Dict[str, Any]:
         from gpu_gates.transports import zmq_stream as zs
 
-        device = torch.device("cuda", torch.cuda.current_device())
+        # vLLM's worker is always on a GPU; the CPU branch is for the glue's unit test
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         wanted = {n: (tuple(shape), dt) for n, (shape, dt) in manifest.items()}
         received: Dict[str, torch.Tensor] = {}
 
@@ -38,7 +39,8 @@ class RefitWorkerExtension:
 
         def finalize(groups: int) -> None:
             self.model_runner.model.load_weights(weights=list(received.items()))
-            torch.cuda.synchronize(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             loaded.extend(received)
 
         receiver = zs.RefitReceiver(endpoint, peer="trainer", timeout_s=timeout_s, device=device)
