@@ -74,5 +74,6 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         "pipelines": pipelines,
         "faults": [_flat_to_mapping(f) for f in s.faults],
         **({"refit_calibration": s.refit_calibration} if s.refit_calibration else {}),
+        **({"step_calibration": s.step_calibration} if s.step_calibration else {}),
         **({"expect": [e.as_mapping() for e in s.expect]} if s.expect else {}),
     }
