@@ -398,7 +398,8 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
         from rlharness.step_calibrate import StepCalibrationError, cmd_fidelity_step
 
         if not args.calibration:
-            raise UsageError("fidelity step: --calibration FILE (from `rlharness calibrate step`) is required")
+            raise UsageError("fidelity step: --calibration FILE (from `rlharness calibrate step`) is required "
+                             "(--fit-alongside is for fidelity refit)")
         try:
             return cmd_fidelity_step(args.timings, args.calibration)
         except StepCalibrationError as e:

@@ -197,3 +197,21 @@ def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens:
 def wake_sleep_s(a: Arch, tp: int, pcie: float, sleep_level: int, e: Efficiency) -> Dict[str, float]:
     moved = a.params * a.bytes_per_param / tp / pcie if sleep_level == 1 else 0.0
     return {"wake_s": e.wake_fixed_s + moved, "sleep_s": e.sleep_fixed_s + moved}
+
+
+def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fabric_bytes_per_s: Optional[float],
+            load_bytes_per_s: float, tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
+            fixed_s: float = 0.0) -> float:
+    """One selective sync from the CPU bucket cache, uncontended (``simulators/refit.py``
+    times it effect by effect; this is its closed form, for the docs' what-ifs). Per
+    bucket of b bytes, behind a barrier: stage it over the owner's host link (b / pack),
+    broadcast it over the fabric the targets sit behind (b / fabric: NVLink in a node, the
+    NICs across nodes; none when every target shares the owner's GPU and takes the CUDA-IPC
+    path), the receivers load it (b / load); plus per bucket two tensor overheads (stage
+    and load) and one group round trip. ``fixed_s``: the sync's setup, completion and
+    dynamic-group create/destroy. Bucket size enters only through the bucket count: the
+    barrier lets no bucket's transfer overlap the next one's, so bigger buckets save
+    overheads and nothing else."""
+    buckets = max(1, math.ceil(weight_bytes / bucket_bytes))
+    per_byte = 1.0 / pack_bytes_per_s + (1.0 / fabric_bytes_per_s if fabric_bytes_per_s else 0.0) + 1.0 / load_bytes_per_s
+    return weight_bytes * per_byte + buckets * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s

@@ -104,3 +104,30 @@ def test_bad_cost_model_input_is_one_line_naming_the_field(kwargs, message):
     with pytest.raises(ScenarioError) as e:
         _scenario(**kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
+    """A 7B's sync from the cache: the simulated sync_start -> sync_end equals formulas.refit_s
+    over NVLink (H100) and over PCIe (L40S, no NVLink), and a bigger bucket saves exactly
+    the per-bucket overheads it no longer pays."""
+    from simulators.runtime import Simulation
+    from simulators.scenario_yaml import strict_safe_load
+
+    path = "examples/scenarios/costmodel_7b_and_1p5b_h100.yaml"
+    for gpu in ("h100_sxm", "l40s"):
+        for bucket in (256 << 20, 1 << 30):
+            data = strict_safe_load(open(path, encoding="utf-8").read())
+            data["cluster"]["gpu"] = gpu
+            data["costs"] = {"bucket_bytes": bucket, "refit_group_overhead_s": 0.004, "refit_tensor_overhead_s": 0.001}
+            data["horizon_s"] = 40
+            s = scenario_from_mapping(data, path)
+            start = end = None
+            for r in Simulation(s).run().records:
+                if r["kind"] == "sync_start" and r["pipeline_id"] == "p7b" and r["broadcast_dp_ranks"] and start is None:
+                    start = r
+                elif start is not None and end is None and r["kind"] == "sync_end" and r["pipeline_id"] == "p7b":
+                    end = r
+            c, cl = s.pipelines[0].costs, s.cluster
+            expected = f.refit_s(s.pipelines[0].model.weight_bytes, bucket, cl.pcie_bytes_per_s, cl.intra_node_bytes_per_s,
+                                 c.receiver_load_bytes_per_s, 0.001, 0.004, c.nccl_group_create_s + c.nccl_group_destroy_s)
+            assert end["t"] - start["t"] == pytest.approx(expected, rel=1e-6), (gpu, bucket)

@@ -158,3 +158,21 @@ def test_an_infeasible_training_layout_is_one_error_naming_the_field():
     with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.train_tp: .*tp x pp x cp = 3"):
         scenario_from_mapping({"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
                                "pipelines": [pipe]}, "t.yaml")
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["calibrate", "step"], "TIMINGS"),
+    (["fidelity", "step", "t.yaml", "--fit-alongside"], "--calibration FILE"),
+    (["calibrate", "refit", "t.yaml"], "takes no TIMINGS"),
+])
+def test_the_step_commands_refuse_a_wrong_call_in_one_line(capsys, argv, text):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and text in err, err
+
+
+def test_the_bundled_example_timings_file_calibrates(tmp_path):
+    out = tmp_path / "c.json"
+    assert main(["calibrate", "step", "examples/calibration/step_timings_example.yaml", "--hold-out", "7b-tp2-long",
+                 "--out", str(out)]) == 0
+    assert set(json.loads(out.read_text())["costs"]) == {"train_mfu", "hbm_efficiency", "link_efficiency"}
