@@ -363,47 +363,23 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     return cmd_fuzz(args, UsageError)
 
 
-def _step_target(args: argparse.Namespace) -> bool:
-    """Whether the command is the step calibration; TIMINGS is required there and only there."""
-    if args.target == "step":
-        if not args.timings:
-            raise UsageError(f"{args.command} step: TIMINGS (the measured step times file) is required")
-        return True
-    if args.timings:
-        raise UsageError(f"{args.command} refit takes no TIMINGS file (got {args.timings!r})")
-    return False
-
-
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    if _step_target(args):
-        from rlharness.step_calibrate import StepCalibrationError, cmd_calibrate_step
+    from rlharness.step_calibrate import step_command
 
-        out = args.out or "step-calibration.json"
-        check_output_file(out, "--out")
-        try:
-            return cmd_calibrate_step(args.timings, out, args.hold_out)
-        except StepCalibrationError as e:
-            raise UsageError(str(e)) from None
+    if step_command(args, UsageError, check_output_file):
+        return 0
     from rlharness.refit_calibrate import cmd_calibrate
 
-    if args.hold_out:
-        raise UsageError("--hold-out: only for calibrate step")
     out = args.out or "refit-calibration.json"
     check_output_file(out, "--out")  # before minutes of measuring
     return cmd_calibrate(out, args.repeats, args.quick)
 
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:
-    if _step_target(args):
-        from rlharness.step_calibrate import StepCalibrationError, cmd_fidelity_step
+    from rlharness.step_calibrate import step_command
 
-        if not args.calibration:
-            raise UsageError("fidelity step: --calibration FILE (from `rlharness calibrate step`) is required "
-                             "(--fit-alongside is for fidelity refit)")
-        try:
-            return cmd_fidelity_step(args.timings, args.calibration)
-        except StepCalibrationError as e:
-            raise UsageError(str(e)) from None
+    if step_command(args, UsageError, check_output_file):
+        return 0
     from rlharness.refit_calibrate import cmd_fidelity
 
     return cmd_fidelity(args.calibration, args.repeats, args.strict, alongside=args.fit_alongside)

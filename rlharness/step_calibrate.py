@@ -92,3 +92,29 @@ def _summary(label: str, rows: List[Any]) -> None:
     errs = sorted(abs(p - m) / m for _, _, m, p in rows)
     median = errs[len(errs) // 2] if len(errs) % 2 else (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
     print(f"{label}: {len(rows)} stage means, median |error| {100 * median:.1f} %, worst {100 * errs[-1]:.1f} %")
+
+
+def step_command(args: Any, usage_error: type, check_output_file: Any) -> bool:
+    """Run ``calibrate step`` / ``fidelity step`` (True), or check a refit call takes
+    none of the step arguments (False: the caller runs the refit command)."""
+    if args.target != "step":
+        if args.timings:
+            raise usage_error(f"{args.command} refit takes no TIMINGS file (got {args.timings!r})")
+        if getattr(args, "hold_out", None):
+            raise usage_error("--hold-out: only for calibrate step")
+        return False
+    if not args.timings:
+        raise usage_error(f"{args.command} step: TIMINGS (the measured step times file) is required")
+    try:
+        if args.command == "calibrate":
+            out = args.out or "step-calibration.json"
+            check_output_file(out, "--out")
+            cmd_calibrate_step(args.timings, out, args.hold_out)
+        else:
+            if not args.calibration:
+                raise usage_error("fidelity step: --calibration FILE (from `rlharness calibrate step`) is required "
+                                  "(--fit-alongside is for fidelity refit)")
+            cmd_fidelity_step(args.timings, args.calibration)
+    except StepCalibrationError as e:
+        raise usage_error(str(e)) from None
+    return True

@@ -109,6 +109,10 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
     costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}
     cost_vals = {fl.name: costs_given.get(fl.name, fl.default) for fl in fields(CostSpec)}
+    factors = ("train_mfu", "moe_train_mfu", "decode_flops_efficiency", "hbm_efficiency", "link_efficiency")
+    if not all(isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
+               for k in factors):
+        return  # validation names the bad factor
     workload_given = {**_section(defaults, "workload"), **_section(pipe, "workload")}
     wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
     params = float(model.get("params", ModelSpec.params))

@@ -176,3 +176,21 @@ def test_the_bundled_example_timings_file_calibrates(tmp_path):
     assert main(["calibrate", "step", "examples/calibration/step_timings_example.yaml", "--hold-out", "7b-tp2-long",
                  "--out", str(out)]) == 0
     assert set(json.loads(out.read_text())["costs"]) == {"train_mfu", "hbm_efficiency", "link_efficiency"}
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["pipelines"][0].update(train_pp=0), "pipelines[0].train_pp"),
+    (lambda d: d["pipelines"][0].update(train_global_batch=-1), "pipelines[0].train_global_batch"),
+    (lambda d: d["pipelines"][0]["model"].update(experts_per_token=-2), "pipelines[0].model.experts_per_token"),
+    (lambda d: d.update(costs={"moe_train_mfu": 1.5}), "costs.moe_train_mfu"),
+    (lambda d: d.update(costs={"link_efficiency": 0}), "costs.link_efficiency"),
+    (lambda d: d.update(step_calibration=5), "step_calibration"),
+])
+def test_a_bad_new_field_is_one_error_naming_it(edit, field):
+    data = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
+            "pipelines": [{"name": "p", "type": "roll_sync", "train_gpus": list(range(8)), "infer_gpus": list(range(8)),
+                           "model": {"preset": "qwen3-30b-a3b"}}]}
+    edit(data)
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_mapping(data, "t.yaml")
+    assert f": {field}:" in str(e.value) and "\n" not in str(e.value), str(e.value)
