@@ -131,3 +131,16 @@ def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
             expected = f.refit_s(s.pipelines[0].model.weight_bytes, bucket, cl.pcie_bytes_per_s, cl.intra_node_bytes_per_s,
                                  c.receiver_load_bytes_per_s, 0.001, 0.004, c.nccl_group_create_s + c.nccl_group_destroy_s)
             assert end["t"] - start["t"] == pytest.approx(expected, rel=1e-6), (gpu, bucket)
+
+
+def test_published_scenarios_round_trip_through_the_dumped_scenario_yaml():
+    """scenario.yaml of a run folder reloads to the same scenario: the training layout and
+    the derived costs survive (the dump names each non-default layout field)."""
+    import glob
+
+    from simulators.scenario import load_scenario
+    from simulators.scenario_dump import scenario_to_mapping
+
+    for path in sorted(glob.glob("examples/published/*.yaml")):
+        s = load_scenario(path)
+        assert scenario_from_mapping(scenario_to_mapping(s), path) == s, path
