@@ -25,7 +25,8 @@ def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
 _UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "hidden_size": 0, "num_heads": 0,
                   "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0, "experts_per_token": 0}
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
-_LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0}
+_LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0,
+           "log_prob_passes": 1}
 
 
 def _sparse(obj: Any) -> Dict[str, Any]:

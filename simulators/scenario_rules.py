@@ -134,6 +134,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_ep": _r("int", ">0", "GPUs"),
         "train_micro_batch": _r("int", ">0", "sequences"),
         "train_global_batch": _r("int", ">=0", "sequences"),
+        "log_prob_passes": _r("int", ">0", "forward passes"),
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),

@@ -176,6 +176,9 @@ class PipelineSpec:
     train_ep: int = 1
     train_micro_batch: int = 1
     train_global_batch: int = 0
+    # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
+    # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0)
+    log_prob_passes: int = 1
     model: ModelSpec = field(default_factory=ModelSpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     steps: int = 4

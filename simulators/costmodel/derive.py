@@ -165,8 +165,10 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     links = _links(cluster, gpu)
     train = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
     fwd = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
+    passes = pipe.get("log_prob_passes", 1)
+    passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes > 0 else 1
     return {"train_s_per_trajectory": train["total"] * gpus / seqs,
-            "old_log_probs_s_per_trajectory": fwd["total"] * gpus / seqs}
+            "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs}
 
 
 def _links(cluster: Mapping[str, Any], gpu: GpuSpec) -> "f.Links":

@@ -35,6 +35,7 @@ The timings file (YAML or JSON)::
       infer_tp: 2
       colocated: true               # training and inference share the GPUs
       train: {tp: 1, pp: 1, cp: 1, ep: 1, micro_batch: 1, global_batch: 0}
+      log_prob_passes: 1            # 2 when a reference policy's log-probs are computed too
       batch: {trajectories: 512, prompt_tokens: 256, decode_tokens: 1000}   # decode: the mean
       steps:
       - {generation_s: 41.2, log_probs_s: 5.1, training_s: 20.3, refit_s: 3.2}
@@ -79,6 +80,7 @@ class Run:
     prompt_tokens: float
     decode_tokens: float
     steps: Tuple[Mapping[str, float], ...]
+    log_prob_passes: int = 1  # 2: the policy's and a reference policy's log-probs
 
 
 def efficiency(factors: Mapping[str, float]) -> f.Efficiency:
@@ -111,7 +113,8 @@ def _train_terms(run: Run, e: f.Efficiency, backward: bool) -> Tuple[float, floa
     parts = f.train_pass_s(run.arch, run.layout, run.trajectories, run.prompt_tokens + run.decode_tokens,
                            run.train_gpus, run.gpu.bf16_flops, links(run), one, backward)
     a = parts["compute"] + parts["pp_bubble"]
-    return a, parts["total"] - a
+    passes = 1 if backward else run.log_prob_passes
+    return passes * a, passes * (parts["total"] - a)
 
 
 def _gen_terms(run: Run, e: f.Efficiency) -> Tuple[float, float, float]:

@@ -13,7 +13,7 @@ from simulators.costmodel.models import MODEL_PRESETS
 from simulators.costmodel.stepfit import CALIBRATION_FORMAT, FACTORS, STAGES, TIMINGS_FORMAT, VERSION, Run, StepTimingsError
 
 _RUN_KEYS = ("name", "gpu", "gpus_per_node", "model", "train_gpus", "infer_gpus", "infer_tp", "colocated", "train",
-             "batch", "steps")
+             "log_prob_passes", "batch", "steps")
 _MODEL_KEYS = ("preset", "params", "active_params", "layers", "hidden_size", "num_kv_heads", "head_dim",
                "experts_per_token", "bytes_per_param")
 _TRAIN_KEYS = ("tp", "pp", "cp", "ep", "micro_batch", "global_batch")
@@ -95,7 +95,8 @@ def _run(where: str, path: str, raw: Any) -> Run:
     return Run(r["name"], GPU_PRESETS[r["gpu"]], per_node, _arch(where, f"{path}.model", r["model"]), train_gpus,
                infer_gpus, tp, colocated, layout, _int(where, f"{path}.batch.trajectories", b["trajectories"]),
                _num(where, f"{path}.batch.prompt_tokens", b["prompt_tokens"], positive=False),
-               _num(where, f"{path}.batch.decode_tokens", b["decode_tokens"]), steps)
+               _num(where, f"{path}.batch.decode_tokens", b["decode_tokens"]), steps,
+               _int(where, f"{path}.log_prob_passes", r.get("log_prob_passes", 1)))
 
 
 def _layout(where: str, path: str, raw: Any) -> f.Parallel:

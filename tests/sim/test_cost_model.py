@@ -144,3 +144,10 @@ def test_published_scenarios_round_trip_through_the_dumped_scenario_yaml():
     for path in sorted(glob.glob("examples/published/*.yaml")):
         s = load_scenario(path)
         assert scenario_from_mapping(scenario_to_mapping(s), path) == s, path
+
+
+def test_a_reference_policy_doubles_the_log_prob_stage_and_nothing_else():
+    one = _scenario(pipe_extra={"infer_tp": 2}).pipelines[0].costs
+    two = _scenario(pipe_extra={"infer_tp": 2, "log_prob_passes": 2}).pipelines[0].costs
+    assert two.old_log_probs_s_per_trajectory == pytest.approx(2 * one.old_log_probs_s_per_trajectory)
+    assert two.train_s_per_trajectory == one.train_s_per_trajectory
