@@ -8,7 +8,11 @@ exactly as before). Derived per pipeline, since each has its own model and TP:
 * ``model``: a ``preset`` fills ``params`` and the architecture;
 * ``workload``: ``tokens_per_s_per_rank``, ``batching_half_point``, ``max_concurrent_per_rank``;
 * ``costs`` (the pipeline's own section): ``train_s_per_trajectory``,
-  ``old_log_probs_s_per_trajectory``, ``wake_s``, ``sleep_s``.
+  ``old_log_probs_s_per_trajectory`` (from the pipeline's training layout ``train_tp`` ...
+  ``train_global_batch`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``.
+
+A ``step_calibration`` file (``rlharness calibrate step``) first fills the scenario's
+``costs`` efficiency factors it does not set.
 
 The cluster's links and memory come from the GPU preset the same way.
 """

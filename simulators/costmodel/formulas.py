@@ -50,6 +50,9 @@ HBM bytes/s.
   ``max_num_seqs`` (vLLM's default 256): ``max_concurrent_per_rank``.
 * Wake and sleep (level 1: weights to and from host RAM over PCIe): fixed + (W/tp)/pcie;
   level 2 drops the weights (the sync brings them), so only the fixed part.
+* Refit from the CPU bucket cache (:func:`refit_s`, the closed form of what
+  ``simulators/refit.py`` charges): W·(1/pcie + 1/fabric + 1/load) + buckets·(2·τ_tensor + τ_group)
+  + fixed; the fabric is NVLink inside a node, the NICs across nodes, none on the owner's GPU.
 """
 
 from __future__ import annotations
