@@ -26,15 +26,17 @@ sys.path.insert(0, ROOT)
 
 
 def outcome(scenario, explore):
-    """(signature, every check the run violates) of one run."""
+    """(signature, every check the run violates, the log's sha256 without its header) of one run."""
     from harness.invariants import check_log
+    from simulators.fuzz.seed_run import lines_sha256
     from simulators.fuzz.signature import signature
     from simulators.runtime import Simulation
 
-    records = Simulation(scenario, explore=explore).run().records
+    result = Simulation(scenario, explore=explore).run()
+    records = result.records
     violations = check_log(records)
     return (signature(records, violations, {p.name: p.type for p in scenario.pipelines}),
-            frozenset(v.invariant for v in violations))
+            frozenset(v.invariant for v in violations), lines_sha256(list(result.log.lines())[1:]))
 
 
 def main() -> None:
@@ -56,22 +58,25 @@ def main() -> None:
         name = os.path.basename(path)[:-5]
         scenario = load_scenario(path)
         t0 = time.perf_counter()
-        fixed, fixed_checks = outcome(scenario, None)
+        fixed, fixed_checks, fixed_log = outcome(scenario, None)
         new = defaultdict(list)  # (strategy, what is new) -> schedule seeds
-        runs = 0
+        runs, logs = 0, {fixed_log}
         for strategy in args.strategies.split(","):
             for seed in range(args.seeds):
-                sig, checks = outcome(scenario, ExploreSpec(seed, strategy))
+                sig, checks, log = outcome(scenario, ExploreSpec(seed, strategy))
                 runs += 1
+                logs.add(log)
                 extra = sorted(checks - fixed_checks)
                 if sig != fixed or extra:
                     new[(strategy, sig + (f" (also {', '.join(extra)})" if extra else ""))].append(seed)
         wall = time.perf_counter() - t0
         out[name] = {"fixed": fixed, "fixed_checks": sorted(fixed_checks), "runs": runs, "wall_s": round(wall, 1),
+                     "distinct_logs": len(logs),
                      "new": [{"strategy": st, "signature": sig, "seeds": seeds,
                               "reproduce": f"rlharness simulate examples/scenarios/{name}.yaml --explore {seeds[0]} "
                                            f"--explore-strategy {st}"} for (st, sig), seeds in sorted(new.items())]}
-        print(f"{name}: fixed order {fixed}; {runs} explored runs in {wall:.1f} s; "
+        print(f"{name}: fixed order {fixed}; {runs} explored runs in {wall:.1f} s, {len(logs)} distinct logs "
+              f"(the fixed order's included); "
               f"{sum(len(s) for s in new.values())} new (another signature or another violated check)", flush=True)
         for item in out[name]["new"]:
             print(f"    {item['strategy']:<6} {item['signature']}  x{len(item['seeds'])}  e.g. {item['reproduce']}", flush=True)
