@@ -4,7 +4,8 @@ The oracle is the same for every policy (docs/policies.md); a policy that legiti
 changes a rule says so in the header's ``scheduler`` mapping (``policy``, and its
 ``partition`` / ``groups``), and the checks read it here. Absent means ``gap_ratio`` (RLix;
 every log written before policies existed). Parts and groups are re-derived from the
-logged registrations by the documented default rules, independently of the model's code:
+logged registrations (every pipeline registered so far, in first-registration order) by
+the documented default rules, independently of the model's code:
 
 * ``static_partition``: a pipeline may only use bundles inside its part (explicit, or each
   GPU to the first pipeline that maps it: training mappings first, then inference

@@ -222,6 +222,7 @@ class _IdleBundle(DecisionWalk):
     def __init__(self, records) -> None:
         super().__init__(records)
         self.policy = header_policy(records)
+        self.ever: Dict[str, object] = {}  # every registration seen, first-registration order
         self.out: List[Violation] = []
         self.waiting: Dict[str, bool] = {}
         self.routable: Dict[str, Set[int]] = {}
@@ -238,12 +239,14 @@ class _IdleBundle(DecisionWalk):
         if reg is None or reg.max_dp(cid) is None:
             return None
         policy = self.policy["policy"]
+        for q, r in self.h.registry.items():  # parts and groups are drawn over every pipeline ever registered
+            self.ever[q] = r
         if policy == "static_partition":
-            idle = idle & parts(self.h.registry, self.policy["partition"]).get(pid, set())
+            idle = idle & parts(self.ever, self.policy["partition"]).get(pid, set())
         elif policy == "acquire_yield" and not idle.issuperset(reg.mapping(cid)):
             return None  # it acquires its whole mapping or nothing
         elif policy == "round_robin" and any(self.h.held(f"{q}_actor_infer") for q in
-                                            group_mates(self.h.registry, self.policy["groups"], pid)):
+                                            group_mates(self.ever, self.policy["groups"], pid)):
             return None  # another member of its co-execution group holds the rollout turn
         for dp in range(reg.max_dp(cid)):
             b = reg.bundle(cid, dp)

@@ -176,8 +176,18 @@ def _fill(plan: ExecutionPlan, g: _Gen, available: Set[int], pending_gen, allowe
 
 
 # ---------------------------------------------------------------- the three policies
+def _ever_registered(state) -> Dict[str, PipelineEntry]:
+    """Every pipeline registered so far, in first-registration order: parts and groups are
+    drawn over these, so a pipeline that finishes and unregisters leaves its GPUs idle
+    instead of handing them to a neighbour (a part is fixed for the run)."""
+    seen: Dict[str, PipelineEntry] = state.policy_memo.setdefault("registered", {})
+    for pid, entry in state.registry.items():
+        seen[pid] = entry
+    return seen
+
+
 def _static_partition(state, plan, available, gens, opts, pending_gen) -> None:
-    parts = partition_of(state.registry, opts.partition)
+    parts = partition_of(_ever_registered(state), opts.partition)
     for g in gens:
         if g.wants:
             _fill(plan, g, available, pending_gen, allowed=parts.get(g.pid, set()))
@@ -186,7 +196,7 @@ def _static_partition(state, plan, available, gens, opts, pending_gen) -> None:
 def _round_robin(state, plan, available, gens, opts, pending_gen) -> None:
     by_pid = {g.pid: g for g in gens}
     turns: Dict[str, str] = state.policy_memo.setdefault("turn", {})
-    for group in groups_of(state.registry, opts.groups):
+    for group in groups_of(_ever_registered(state), opts.groups):
         key = ",".join(group)
         members = [by_pid[p] for p in group if p in by_pid]
         holder = by_pid.get(turns.get(key, ""))

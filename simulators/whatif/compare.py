@@ -153,7 +153,8 @@ def draw(agg: List[Dict[str, Any]], path: str, title: str) -> None:
         bottom.bar([x + w / 2 for x in xs], [e or 0.0 for e in eff], w, color="#4c72b0",
                    label="cost efficiency % (useful GPU-s / GPU-s)")
         bottom.set_ylabel("% of GPU-time")
-        bottom.legend(fontsize=7)
+        bottom.set_ylim(0, 1.45 * max([a["idle_pct"] or 0.0 for a in agg] + [e or 0.0 for e in eff] + [1.0]))
+        bottom.legend(fontsize=7, ncol=2, loc="upper center")
     else:
         bottom.bar(xs, [a["idle_pct"] or 0.0 for a in agg], color="#999999")
         bottom.set_ylabel("GPU idle %")

@@ -134,10 +134,18 @@ def test_each_policy_replays_decision_exact_from_its_header(policy, tmp_path):
     from simulators.scenario import load_scenario
 
     s = load_scenario(os.path.join(ROOT, "examples", "scenarios", "policies_4pipelines_32gpu.yaml"))
-    s = dataclasses.replace(s, scheduler={"policy": policy},  # one step each: cheap, every pipeline still contends
-                            pipelines=tuple(dataclasses.replace(p, steps=1) for p in s.pipelines))
+    # one step each (two for c32b, which then outlives d8b): cheap, every pipeline still contends
+    s = dataclasses.replace(s, scheduler={"policy": policy},
+                            pipelines=tuple(dataclasses.replace(p, steps=2 if p.name == "c32b" else 1) for p in s.pipelines))
     result = Simulation(s).run()
     assert result.reason == "done"
+    if policy == "static_partition":  # the default parts (docs/policies.md), fixed for the run
+        parts = {"a8b": set(range(0, 8)) | set(range(12, 16)), "b8b": set(range(8, 12)),
+                 "c32b": set(range(16, 24)) | set(range(28, 32)), "d8b": set(range(24, 28))}
+        for plan, _, _ in _gen_plans(result.log.records):
+            for e in plan["expands"]:
+                for b in e["bundles"]:
+                    assert set(b["gpus"]) <= parts[_pid(e["cluster_id"])], (plan["seq"], e)
     assert result.log.records[0]["scheduler"]["policy"] == policy
     path = tmp_path / "events.jsonl"
     path.write_text("\n".join(result.log.lines()) + "\n")
