@@ -125,7 +125,8 @@ class _GrantOrder(_Pending):
                 passed_over.clear()
                 free -= granted[cid]
                 continue
-            usable = (free - self.not_obtainable_for(cid)) | self.held_for.get(cid, set())
+            barred = self.not_obtainable_for(cid)
+            usable = (free - barred if barred else free) | self.held_for.get(cid, set())
             if set(mapping) <= usable:
                 passed_over.append((cid, f"whose whole mapping {mapping} was idle or held by GENERATION"))
             elif hol:
