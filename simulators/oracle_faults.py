@@ -35,6 +35,14 @@ class OracleFaults:
             return sorted(self.ranks)
         return list(ranks)
 
+    # livelock (harness/invariants/hot_states.py)
+    def _unclamped_stamp(self) -> bool:
+        """Armed (``unclamped_base_stamp``, whole run): a base-weight trajectory is stamped
+        the rank's -1, not the published 0 -- the model's age-0 bug before its fix: with
+        ``max_trajectory_age_steps: 0`` every such trajectory is stale at step 0, evicted
+        and regenerated forever (examples/fuzz/nemo_age0_never_trains.yaml)."""
+        return "unclamped_base_stamp" in self.faults and self._armed_once("unclamped_base_stamp")
+
     # invariant 24 (rank_lifecycle)
     def _unchecked_activation_now(self) -> bool:
         """Armed at exactly this step (``unchecked_activation``): the expand skips its sync
