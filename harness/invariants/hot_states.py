@@ -5,8 +5,9 @@ is a finding even though no safety check fails.
 * ``hot_state``: every open wait of the wait-for graph (a group's rendezvous join, a
   broadcast, a receive: harness/invariants/waitfor.py) is hot. One still open at the end
   of the log, older than the bound, is a finding naming the state and the chain of waits
-  that holds it. A wait that ``deadlock`` or ``lost_wakeup`` already explains (its chain
-  ends in a cycle or at an exited member) is theirs, not repeated here.
+  that holds it (one finding per pipeline: its oldest hot wait, and how many other members
+  are hot). ``deadlock`` and ``lost_wakeup`` say *why* a wait can never end; this says that
+  it has not, whatever the reason (a member that never came is neither).
 * ``livelock``: a pipeline whose rollouts keep finishing while no training step completes
   (a batch consumed, a single controller's trainer step finished): a request finished
   more than the bound after the last step (or the registration): work done, no progress.
@@ -48,20 +49,19 @@ def hot_bound(records: Records) -> float:
 def hot_state(records: Records) -> List[Violation]:
     bound = hot_bound(records)
     g = wait_graph(records)
-    in_cycle = {w.waiter for cyc in g.cycles() for w in cyc}
-    out: List[Violation] = []
-    reported = set()
+    hot: Dict[str, List] = {}  # pipeline -> its waits hot for longer than the bound, oldest first
     for w in g.waits:
-        if w.waiter in reported or g.end_t - w.t <= bound:
-            continue
-        chain = g.chain(w.waiter)
-        if w.waiter in in_cycle or (chain and (chain[-1].on in g.exited or chain[-1].on in in_cycle)):
-            continue  # deadlock / lost_wakeup name it
-        reported.add(w.waiter)
+        if g.end_t - w.t > bound:
+            hot.setdefault(w.waiter.split("/", 1)[0], []).append(w)
+    out: List[Violation] = []
+    for pid, waits in sorted(hot.items()):
+        w = min(waits, key=lambda x: (x.t, x.seq))
+        others = len({x.waiter for x in waits}) - 1
         out.append(Violation("hot_state", g.end_seq,
                              f"{w.waiter} hot in the {w.what} since t={w.t:.1f}s (seq {w.seq}): "
-                             f"{g.end_t - w.t:.1f} s, over the {bound:g} s bound (the longest timeout); "
-                             f"chain of waits: {describe(chain, g.exited)}"))
+                             f"{g.end_t - w.t:.1f} s, over the {bound:g} s bound (the longest timeout)"
+                             f"{f', with {others} other member(s) of {pid} hot' if others else ''}; "
+                             f"chain of waits: {describe(g.chain(w.waiter), g.exited)}"))
     return out
 
 
