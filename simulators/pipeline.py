@@ -352,6 +352,7 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         return None
 
     def _UnlockCoordinator(self, e):
+        self._drop_lock_waiter()  # fault lost_lock_handoff (oracle_faults.py)
         self.lock.release(self._lock_req.pop())
         return None
 

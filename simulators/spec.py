@@ -276,6 +276,12 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``unclamped_base_stamp`` — (whole run) base-weight trajectories are stamped the
+      ranks' -1 instead of the published 0 (the model's age-0 bug before its fix): with
+      ``max_trajectory_age_steps: 0`` they are stale at step 0, evicted and regenerated
+      forever (``livelock``).
+    * ``lost_lock_handoff`` — from that step on, a release of the coordinator lock forgets
+      the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
     """
 
     name: str
@@ -306,7 +312,7 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation", "unclamped_base_stamp")
+                      "unchecked_activation", "unclamped_base_stamp", "lost_lock_handoff")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -11,6 +11,12 @@ the members that have not yet done their part:
 * a ``broadcast_recv`` on G by m from src: m waits on src, until a ``broadcast_end`` of G
   delivers it (or m exits).
 
+* a ``LockCoordinator`` (or the shutdown's ``HoldCoordinator``) effect started and not
+  ended (RLix's coordinator lock, which a pipeline's resizes, weight syncs and shutdown
+  take in turn): its caller waits on every holder of that pipeline's lock -- a call whose
+  acquire ended and whose ``UnlockCoordinator`` / ``FreeCoordinator`` has not. A waiter left with no holder at all, after the last holder
+  released before the end of the log, was never handed the lock: a lost wakeup.
+
 A member that exited (``member_exit``) waits on nothing and wakes no one. Two findings:
 
 * ``deadlock``: a cycle of waits, every member of it waiting on the next: none of them can
@@ -20,9 +26,10 @@ A member that exited (``member_exit``) waits on nothing and wakes no one. Two fi
 * ``lost_wakeup``: a waiter whose awaited member exited without doing its part: the wait
   can only end by a timeout, and without one it never ends.
 
-Locks, scheduler requests and await-release are waits too, but their records name no
-waiter (a ``cache_lock`` acquire says who holds, not who queued), so they are judged by
-``liveness`` and ``hot_state`` with their own bounds instead of by this graph.
+The cache lock, scheduler requests and await-release are waits too, but their records name
+no waiter (a ``cache_lock`` acquire says who holds, not who queued) or no one waited on
+(the scheduler's pending requests wait on the cluster as a whole), so ``liveness`` judges
+them with its own window instead of this graph.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from typing import Dict, List, Optional, Set, Tuple
 from harness.invariants.base import Records, Violation, invariant
 
 WAIT_KINDS = ("rendezvous_join", "rendezvous_done", "rendezvous_abort", "broadcast_start", "broadcast_recv",
-              "broadcast_end", "member_exit")
+              "broadcast_end", "member_exit", "effect_start", "effect_end")
+_ACQUIRE = ("LockCoordinator", "HoldCoordinator")  # a resize's or sync's lock; the shutdown's hold
+_LOCK_EFFECTS = _ACQUIRE + ("UnlockCoordinator", "FreeCoordinator")
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,8 @@ class Wait:
 class WaitGraph:
     waits: List[Wait] = field(default_factory=list)
     exited: Dict[str, int] = field(default_factory=dict)  # member -> seq of its exit
+    # a lock waiter left with no holder: waiter -> (the wait, seq of the last release before it)
+    unhanded: Dict[str, Tuple[Wait, int]] = field(default_factory=dict)
     end_seq: int = 0
     end_t: float = 0.0
 
@@ -101,9 +112,48 @@ def _node(r: dict, name: str) -> str:
     return f"{pid}/{name}" if pid else name
 
 
+class _Locks:
+    """The coordinator lock of each pipeline, from its Lock/UnlockCoordinator effects."""
+
+    def __init__(self) -> None:
+        self.holders: Dict[str, Dict[str, dict]] = {}  # pipeline -> caller -> the record it got the lock at
+        self.waiting: Dict[str, dict] = {}  # caller -> its open LockCoordinator start
+        self.released: Dict[str, Tuple[int, float]] = {}  # pipeline -> (seq, t) of its last release
+
+    @staticmethod
+    def caller(r: dict) -> str:
+        cycle = f"@cycle{r['cycle']}" if r.get("cycle") is not None else ""
+        return f"{r['pipeline_id']}/{r.get('scope') or 'call'}{cycle}"
+
+    def track(self, r: dict) -> None:
+        me, pid = self.caller(r), r["pipeline_id"]
+        if r["effect"] in _ACQUIRE:
+            if r["kind"] == "effect_start":
+                self.waiting[me] = r
+            else:
+                self.waiting.pop(me, None)
+                if not r.get("error") and r.get("result") is None:
+                    self.holders.setdefault(pid, {})[me] = r
+        elif r["kind"] == "effect_end":
+            self.holders.get(pid, {}).pop(me, None)
+            self.released[pid] = (r["seq"], r["t"])
+
+    def into(self, g: "WaitGraph") -> None:
+        for me, r in self.waiting.items():
+            pid = r["pipeline_id"]
+            holders = self.holders.get(pid, {})
+            what = f"coordinator lock of {pid}"
+            for h in sorted(holders):
+                g.waits.append(Wait(me, h, r["seq"], r["t"], what))
+            last = self.released.get(pid)
+            if not holders and last is not None and last[1] < g.end_t and last[0] > r["seq"]:
+                g.unhanded[me] = (Wait(me, pid, r["seq"], r["t"], what), last[0])
+
+
 def wait_graph(records: Records) -> WaitGraph:
     """The waits still open at the end of ``records`` (see the module doc)."""
     g = WaitGraph()
+    locks = _Locks()
     joins: Dict[Tuple[str, str], dict] = {}  # (group, member) -> its open join record
     joined: Dict[str, Set[str]] = {}
     bcasts: Dict[str, dict] = {}  # group -> its open broadcast_start
@@ -113,7 +163,10 @@ def wait_graph(records: Records) -> WaitGraph:
         g.end_seq, g.end_t = r.get("seq", g.end_seq), r.get("t", g.end_t)
         if k not in WAIT_KINDS:
             continue
-        if k == "rendezvous_join":
+        if k == "effect_start" or k == "effect_end":
+            if r.get("effect") in _LOCK_EFFECTS:
+                locks.track(r)
+        elif k == "rendezvous_join":
             name, m = _node(r, r["name"]), _node(r, r["member"])
             joins[(name, m)] = r
             joined.setdefault(name, set()).add(m)
@@ -152,6 +205,7 @@ def wait_graph(records: Records) -> WaitGraph:
                 g.waits.append(Wait(src, d, r["seq"], r["t"], f"broadcast on {name}"))
     for (name, m), r in recvs.items():
         g.waits.append(Wait(m, _node(r, r["src"]), r["seq"], r["t"], f"receive on {name}"))
+    locks.into(g)
     g.waits.sort(key=lambda w: (w.seq, w.waiter, w.on))
     return g
 
@@ -190,4 +244,8 @@ def lost_wakeup(records: Records) -> List[Violation]:
                                  f"{w.waiter} waits (since t={w.t:.1f}s, seq {w.seq}, {w.what}) on {w.on}, which "
                                  f"exited at seq {g.exited[w.on]} without waking it; chain of waits: "
                                  f"{describe(g.chain(w.waiter), g.exited)}"))
+    for me, (w, seq) in sorted(g.unhanded.items()):
+        out.append(Violation("lost_wakeup", g.end_seq,
+                             f"{me} waits (since t={w.t:.1f}s, seq {w.seq}) for the {w.what}, which its last "
+                             f"holder released at seq {seq} without handing it on: free, and the waiter never woken"))
     return out

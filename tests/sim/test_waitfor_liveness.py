@@ -140,3 +140,31 @@ def test_an_explored_field_report_run_is_byte_identical_when_rerun():
     a = _run("wsg_slime2331_opposite_arrival", ExploreSpec(3, "random"))
     b = _run("wsg_slime2331_opposite_arrival", ExploreSpec(3, "random"))
     assert list(a.log.lines()) == list(b.log.lines())
+
+
+def _lock(t, kind, effect, scope, cycle=None, **extra):
+    return (t, kind, {"pipeline_id": "p", "effect": effect, "args": {}, "scope": scope, "cycle": cycle, **extra})
+
+
+def test_coordinator_lock_waits_are_edges_and_a_free_lock_with_a_waiter_is_a_lost_wakeup():
+    held = [_lock(0.0, "effect_start", "LockCoordinator", "step"), _lock(0.0, "effect_end", "LockCoordinator", "step"),
+            _lock(1.0, "effect_start", "LockCoordinator", "shrink", 4)]
+    end = (500.0, "sim_end", {"reason": "horizon", "sim_time": 500.0, "events": 1})
+    found = check_log(_log(*held, end), NEW)
+    # waiting on a live holder is no lost wakeup; held past the bound it is a hot state with its chain
+    assert _names(found) == ["hot_state"] and "p/shrink@cycle4 -[coordinator lock of p, seq 3]-> p/step" in found[0].message
+    released = held + [_lock(2.0, "effect_start", "UnlockCoordinator", "step"), _lock(2.0, "effect_end", "UnlockCoordinator", "step")]
+    lost = check_log(_log(*released, end), ["lost_wakeup"])
+    assert _names(lost) == ["lost_wakeup"] and "released at seq 5" in lost[0].message
+    # handed on: the waiter got the lock
+    handed = released + [_lock(2.0, "effect_end", "LockCoordinator", "shrink", 4)]
+    assert check_log(_log(*handed, end), ["lost_wakeup", "deadlock"]) == []
+
+
+def test_a_lock_release_that_forgets_its_waiter_is_a_lost_wakeup_on_a_real_run():
+    scen = load_scenario(ROOT / "examples" / "scenarios" / "ungrantable_preemption.yaml")
+    faults = tuple(FaultSpec("lost_lock_handoff", p.name, 0) for p in scen.pipelines)
+    res = Simulation(dataclasses.replace(scen, faults=faults)).run()
+    lost = check_log(res.records, ["lost_wakeup"])
+    assert len(lost) == 1 and "coordinator lock" in lost[0].message and "never woken" in lost[0].message
+    assert check_log(Simulation(scen).run().records, ["lost_wakeup", "deadlock"]) == []
