@@ -112,6 +112,12 @@ def _node(r: dict, name: str) -> str:
     return f"{pid}/{name}" if pid else name
 
 
+def caller_of(r: dict) -> str:
+    """The wait-for graph's name of the call an effect record belongs to: ``pid/scope@cycleN``."""
+    cycle = f"@cycle{r['cycle']}" if r.get("cycle") is not None else ""
+    return f"{r['pipeline_id']}/{r.get('scope') or 'call'}{cycle}"
+
+
 class _Locks:
     """The coordinator lock of each pipeline, from its Lock/UnlockCoordinator effects."""
 
@@ -120,10 +126,7 @@ class _Locks:
         self.waiting: Dict[str, dict] = {}  # caller -> its open LockCoordinator start
         self.released: Dict[str, Tuple[int, float]] = {}  # pipeline -> (seq, t) of its last release
 
-    @staticmethod
-    def caller(r: dict) -> str:
-        cycle = f"@cycle{r['cycle']}" if r.get("cycle") is not None else ""
-        return f"{r['pipeline_id']}/{r.get('scope') or 'call'}{cycle}"
+    caller = staticmethod(lambda r: caller_of(r))
 
     def track(self, r: dict) -> None:
         me, pid = self.caller(r), r["pipeline_id"]

@@ -168,3 +168,14 @@ def test_a_lock_release_that_forgets_its_waiter_is_a_lost_wakeup_on_a_real_run()
     lost = check_log(res.records, ["lost_wakeup"])
     assert len(lost) == 1 and "coordinator lock" in lost[0].message and "never woken" in lost[0].message
     assert check_log(Simulation(scen).run().records, ["lost_wakeup", "deadlock"]) == []
+
+
+def test_liveness_names_the_chain_of_a_stalled_lock_wait_and_takes_its_window_from_the_header():
+    held = [_lock(0.0, "effect_start", "LockCoordinator", "step"), _lock(0.0, "effect_end", "LockCoordinator", "step"),
+            _lock(1.0, "effect_start", "LockCoordinator", "shrink", 4)]
+    end = (200.0, "sim_end", {"reason": "horizon", "sim_time": 200.0, "events": 1})
+    assert check_log(_log(*held, end), ["liveness"]) == []  # 199 s < RLix's 300 s
+    short = {"timeouts": {"await_release_s": 100.0, "resize_lock_s": 60.0, "selective_sync_s": 50.0, "shrink_drain_s": 5.0}}
+    found = check_log(_log(*held, end, meta=short), ["liveness"])
+    assert len(found) == 1 and "p stuck in LockCoordinator" in found[0].message and "last 100 s" in found[0].message
+    assert "chain of waits: p/shrink@cycle4 -[coordinator lock of p, seq 3]-> p/step" in found[0].message
