@@ -161,15 +161,18 @@ def wait_graph(records: Records) -> WaitGraph:
     joined: Dict[str, Set[str]] = {}
     bcasts: Dict[str, dict] = {}  # group -> its open broadcast_start
     recvs: Dict[Tuple[str, str], dict] = {}  # (group, member) -> its open broadcast_recv
+    if records:
+        g.end_seq, g.end_t = records[-1].get("seq", 0), records[-1].get("t", 0.0)
+    effects, lock_effects = ("effect_start", "effect_end"), _LOCK_EFFECTS
     for r in records:
-        k = r.get("kind")
-        g.end_seq, g.end_t = r.get("seq", g.end_seq), r.get("t", g.end_t)
+        k = r["kind"]
+        if k in effects:  # most of a log's wait-kind records: only the lock's matter
+            if r["effect"] in lock_effects:
+                locks.track(r)
+            continue
         if k not in WAIT_KINDS:
             continue
-        if k == "effect_start" or k == "effect_end":
-            if r.get("effect") in _LOCK_EFFECTS:
-                locks.track(r)
-        elif k == "rendezvous_join":
+        if k == "rendezvous_join":
             name, m = _node(r, r["name"]), _node(r, r["member"])
             joins[(name, m)] = r
             joined.setdefault(name, set()).add(m)
@@ -224,7 +227,7 @@ def describe(chain: List[Wait], exited: Optional[Dict[str, int]] = None) -> str:
     return text
 
 
-@invariant("deadlock", reads=WAIT_KINDS)
+@invariant("deadlock", reads=WAIT_KINDS, sees=("header",))
 def deadlock(records: Records) -> List[Violation]:
     g = wait_graph(records)
     out = []
@@ -237,7 +240,7 @@ def deadlock(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("lost_wakeup", reads=WAIT_KINDS)
+@invariant("lost_wakeup", reads=WAIT_KINDS, sees=("header",))
 def lost_wakeup(records: Records) -> List[Violation]:
     g = wait_graph(records)
     out = []
