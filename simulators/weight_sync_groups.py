@@ -115,8 +115,10 @@ class WeightSyncGroups:
         return False
 
     def _rpc(self, group: str, engine: int):
-        """One join RPC: its own message, so nothing orders it against another stage's."""
-        yield self.env.timeout(self.spec.rpc_latency_s)
+        """One join RPC: its own message, so nothing orders it against another stage's (an
+        exploration seed also adds its small RPC delay, simulators/explore.py)."""
+        explorer = self.env.explorer
+        yield self.env.timeout(self.spec.rpc_latency_s + (0.0 if explorer is None else explorer.delay()))
         yield self.inbox[self.engines[engine]].put(group)
 
     # ------------------------------------------------------------ the members
