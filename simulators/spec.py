@@ -291,6 +291,13 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``sleep_residue_grows`` — (NeMo RL #2619) from that step on, every sleep of a rank
+      leaves 32 MiB more on each of its GPUs than the one before: the residue after sleep
+      grows per cycle (check ``cycle_trends``, series ``residue_bytes``).
+    * ``staging_leak`` — (vLLM #51258) from that step on, a weight sync's staging buffer
+      is not freed and the next sync allocates another (``cycle_trends``, ``ipc_bytes``).
+    * ``refit_slows`` — from that step on, each weight sync takes 0.25 s longer than the
+      one before (``cycle_trends``, ``refit_s``).
     * ``unclamped_base_stamp`` — (whole run) base-weight trajectories are stamped the
       ranks' -1 instead of the published 0 (the model's age-0 bug before its fix): with
       ``max_trajectory_age_steps: 0`` they are stale at step 0, evicted and regenerated
@@ -328,7 +335,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation", "unclamped_base_stamp", "lost_lock_handoff")
+                      "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
+                      "unclamped_base_stamp", "lost_lock_handoff")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 
