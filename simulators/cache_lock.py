@@ -22,8 +22,9 @@ from typing import Deque, Optional, Tuple
 
 
 class CacheLock:
-    def __init__(self, sim, pipeline_id: str) -> None:
+    def __init__(self, sim, pipeline_id: str, owner_faults=None) -> None:
         self.sim, self.env, self.pid = sim, sim.env, pipeline_id
+        self.owner_faults = owner_faults  # the owning pipeline when it carries faults (oracle_faults.py)
         self.holder: Optional[str] = None
         self.waiting: Deque[Tuple[object, str, object]] = deque()  # (event, holder, waiter's key)
 
@@ -49,6 +50,8 @@ class CacheLock:
     def release(self, version: Optional[int]) -> None:
         holder = self.holder
         self._log("release", holder, version)
+        if self.waiting and self.owner_faults is not None and self.owner_faults._drop_cache_waiter():
+            self.waiting.popleft()  # fault lost_cache_handoff (oracle_faults.py): the waiter is forgotten
         if self.waiting:
             explorer, i = self.env.explorer, 0
             if explorer is not None and len(self.waiting) > 1:  # no order among a threading.Lock's waiters

@@ -51,6 +51,22 @@ class OracleFaults:
         if self.lock.queue and self._armed_once("lost_lock_handoff"):
             self.lock.queue.pop(0)
 
+    def _drop_cache_waiter(self) -> bool:
+        """Armed (``lost_cache_handoff``, from ``at_step`` on): a release of the cache lock
+        with a call queued for it forgets that call: the lock is free and the waiter is
+        never woken. True when it dropped one (``CacheLock.release``)."""
+        return bool(self.cache_lock.waiting) and self._armed_once("lost_cache_handoff")
+
+    def _drop_release_ack(self, cp) -> None:
+        """Armed (``lost_release_ack``, from ``at_step`` on): the commit of a cycle that
+        shrinks this pipeline's GENERATION cluster for its planned release forgets that
+        release: the cluster goes to zero and the ``await_release`` is never acked (it ends
+        at RLix's await-release deadline). Called by the simulation just before a commit."""
+        cid, state = f"{self.pid}_actor_infer", self.sim.model.state
+        if (cid in state.planned_releases and any(op.cluster_id == cid for op in cp.plan.shrinks)
+                and self._armed_once("lost_release_ack")):
+            del state.planned_releases[cid]
+
     # invariant 24 (rank_lifecycle)
     def _unchecked_activation_now(self) -> bool:
         """Armed at exactly this step (``unchecked_activation``): the expand skips its sync

@@ -119,7 +119,7 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self._sync_plans: Dict[Tuple[int, ...], Tuple[Any, Any, Any]] = {}  # RefitEffects._sync_plan
         self._bucket_sizes_kept: Optional[Tuple[int, ...]] = None  # RefitEffects._bucket_sizes
         self.cache_versions: List[int] = []
-        self.cache_lock = CacheLock(sim, self.pid)
+        self.cache_lock = CacheLock(sim, self.pid, self if "lost_cache_handoff" in self.faults else None)
         self.deadlines = Deadlines(sim, self.pid, index)
         self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
         self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)

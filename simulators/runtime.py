@@ -96,6 +96,7 @@ class Simulation:
         self.pipelines = [(SingleControllerSim if spec.type == "single_controller" else PipelineSim)(self, spec, i)
                           for i, spec in enumerate(scenario.pipelines)]
         self.by_id = {p.pid: p for p in self.pipelines}
+        self._ack_droppers = [p for p in self.pipelines if "lost_release_ack" in p.faults]
 
     # ------------------------------------------------------------------ logging
     def emit(self, kind: str, **fields: Any) -> None:
@@ -218,6 +219,8 @@ class Simulation:
 
     def _CommitCycle(self, e: CommitCycle) -> Optional[List[Signal]]:
         self.log.add({"seq": 0, "t": self.env._now, "kind": "cycle", "phase": "commit"})
+        for pipe in self._ack_droppers:  # fault lost_release_ack (oracle_faults.py)
+            pipe._drop_release_ack(e.plan)
         signals = self.model.commit_cycle(e.plan)
         self.drain()
         return None if self.model.failed else signals

@@ -304,6 +304,11 @@ class FaultSpec:
       forever (``livelock``).
     * ``lost_lock_handoff`` — from that step on, a release of the coordinator lock forgets
       the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
+    * ``lost_cache_handoff`` — from that step on, a release of the cache owner's lock forgets
+      the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
+    * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
+      pipeline's GENERATION cluster for its planned release forgets the release: the
+      cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
     """
 
     name: str
@@ -336,7 +341,7 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
-                      "unclamped_base_stamp", "lost_lock_handoff")
+                      "unclamped_base_stamp", "lost_lock_handoff", "lost_cache_handoff", "lost_release_ack")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

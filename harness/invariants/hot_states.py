@@ -2,8 +2,9 @@
 state that must be left is *hot*, and a run in which one stays hot longer than its bound
 is a finding even though no safety check fails.
 
-* ``hot_state``: every open wait of the wait-for graph (a group's rendezvous join, a
-  broadcast, a receive: harness/invariants/waitfor.py) is hot. One still open at the end
+* ``hot_state``: every open wait of the wait-for graph but the scheduler's (a group's
+  rendezvous join, a broadcast, a receive, a coordinator- or cache-lock acquire:
+  harness/invariants/waitfor.py, waitfor_edges.py) is hot. One still open at the end
   of the log, older than the bound, is a finding naming the state and the chain of waits
   that holds it (one finding per pipeline: its oldest hot wait, and how many other members
   are hot). ``deadlock`` and ``lost_wakeup`` say *why* a wait can never end; this says that
@@ -14,8 +15,8 @@ is a finding even though no safety check fails.
   A pipeline that stopped finishing requests is stalled, not livelocked (``liveness``). The general ``liveness`` check cannot see it (requests
   finishing are progress to it), nor can a horizon: the run is cut while busy.
 
-Pending scheduler requests, await-release, open pipeline effects (a step, a resize, a
-sync) stay ``liveness``'s (harness/invariants/routing.py): it already judges them over the
+Pending scheduler requests, await-release (the graph's scheduler waits, which it marks
+not hot), open pipeline effects (a step, a resize, a sync) stay ``liveness``'s (harness/invariants/routing.py): it already judges them over the
 same window, with "no progress" as its second condition.
 
 The bound is derived from the scenario's timeouts: the longest fail-fast deadline any one
@@ -30,7 +31,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from harness.invariants.base import Records, Violation, invariant
-from harness.invariants.waitfor import WAIT_KINDS, describe, wait_graph
+from harness.invariants.waitfor import WAIT_KINDS, WAIT_SEES, describe, wait_graph
 
 #: RLix's default deadlines (RLIX_NOTIFY_READY_TIMEOUT_S 300, RLIX_RESIZE_LOCK_TIMEOUT_S 180,
 #: ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S 150, the shrink drain's 30): the bound is the longest
@@ -45,13 +46,13 @@ def hot_bound(records: Records) -> float:
     return max(float(v) for v in timeouts.values())
 
 
-@invariant("hot_state", reads=WAIT_KINDS, sees=("header",))
+@invariant("hot_state", reads=WAIT_KINDS, sees=WAIT_SEES)
 def hot_state(records: Records) -> List[Violation]:
     bound = hot_bound(records)
     g = wait_graph(records)
     hot: Dict[str, List] = {}  # pipeline -> its waits hot for longer than the bound, oldest first
     for w in g.waits:
-        if g.end_t - w.t > bound:
+        if w.hot and g.end_t - w.t > bound:
             hot.setdefault(w.waiter.split("/", 1)[0], []).append(w)
     out: List[Violation] = []
     for pid, waits in sorted(hot.items()):

@@ -9,7 +9,7 @@ from typing import Dict, List, Set, Tuple
 
 from harness.invariants.base import Records, Violation, invariant
 from harness.invariants.hot_states import hot_bound
-from harness.invariants.waitfor import WAIT_KINDS, WaitGraph, caller_of, describe, wait_graph
+from harness.invariants.waitfor import WAIT_KINDS, WAIT_SEES, WaitGraph, caller_of, describe, wait_graph
 
 
 @invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
@@ -143,7 +143,7 @@ def _chain_of(graph: WaitGraph, start: dict) -> str:
 
 
 @invariant("liveness", reads=("effect_start", "effect_end", "enqueued", "release_pending", "signalled", "sim_end",
-                               "register", "request_done", "batch_consumed"), sees=("header",) + WAIT_KINDS)
+                               "register", "request_done", "batch_consumed"), sees=("header",) + WAIT_KINDS + WAIT_SEES)
 def liveness(records: Records) -> List[Violation]:
     """Every pending request and planned release is eventually signalled (or errored) (invariant 17).
 
