@@ -193,36 +193,41 @@ class DecisionWalk:
         self.problem(commit["seq"], f"commit of cycle {commit['cycle']} without a plan")
 
     def run(self) -> "DecisionWalk":
-        h = self.h
         for r in self.records:
             self.on_record(r)
-            k = r["kind"]
-            if k == "register":
-                pid = r["pipeline_id"]
-                self._undo[r["seq"]] = (pid, h.registry.get(pid))
-                h.registry[pid] = Registered(
-                    {name: sorted(m) for name, m in r["cluster_device_mappings"].items()},
-                    dict(r["cluster_tp_configs"]))
-            elif k == "rejected" and r["input_kind"] == "register" and r["input_seq"] in self._undo:
-                pid, before = self._undo.pop(r["input_seq"])  # a refused registration changed nothing
-                if before is None:
-                    h.registry.pop(pid, None)
-                else:
-                    h.registry[pid] = before
-            elif k == "unregister":
-                h.registry.pop(r["pipeline_id"], None)
-            elif k == "plan":
-                self.plans[r["cycle"]] = r
-            elif k == "commit":
-                plan = self.plans.pop(r["cycle"], None)
-                if plan is None:
-                    self.missing_plan(r)
-                    continue
-                h.apply_plan(plan, r, self.problem)
-                self.after_commit(plan, r)
-            elif k == "released":
-                h.release_cluster(r["seq"], r["cluster_id"], r["gpus"], self.problem)
+            self.apply(r)
         return self
+
+    def apply(self, r: dict) -> None:
+        """One record's effect on the holdings (after ``on_record`` saw the state before it);
+        a walk fed record by record calls ``on_record`` and this itself."""
+        h = self.h
+        k = r["kind"]
+        if k == "register":
+            pid = r["pipeline_id"]
+            self._undo[r["seq"]] = (pid, h.registry.get(pid))
+            h.registry[pid] = Registered(
+                {name: sorted(m) for name, m in r["cluster_device_mappings"].items()},
+                dict(r["cluster_tp_configs"]))
+        elif k == "rejected" and r["input_kind"] == "register" and r["input_seq"] in self._undo:
+            pid, before = self._undo.pop(r["input_seq"])  # a refused registration changed nothing
+            if before is None:
+                h.registry.pop(pid, None)
+            else:
+                h.registry[pid] = before
+        elif k == "unregister":
+            h.registry.pop(r["pipeline_id"], None)
+        elif k == "plan":
+            self.plans[r["cycle"]] = r
+        elif k == "commit":
+            plan = self.plans.pop(r["cycle"], None)
+            if plan is None:
+                self.missing_plan(r)
+                return
+            h.apply_plan(plan, r, self.problem)
+            self.after_commit(plan, r)
+        elif k == "released":
+            h.release_cluster(r["seq"], r["cluster_id"], r["gpus"], self.problem)
 
 
 def bundle_key(b: dict) -> Tuple[int, Tuple[int, ...]]:

@@ -48,7 +48,7 @@ GROUP_KINDS = ("rendezvous_join", "rendezvous_done", "rendezvous_abort", "broadc
 WAIT_KINDS = GROUP_KINDS + ("effect_start", "effect_end", "cache_lock") + SCHED_READS
 WAIT_SEES = tuple(k for k in SCHED_SEES if k not in WAIT_KINDS)
 _ACQUIRE = ("LockCoordinator", "HoldCoordinator")  # a resize's or sync's lock; the shutdown's hold
-_LOCK_EFFECTS = _ACQUIRE + ("UnlockCoordinator", "FreeCoordinator")
+_LOCK_EFFECTS = frozenset(_ACQUIRE + ("UnlockCoordinator", "FreeCoordinator"))
 
 
 def _node(r: dict, name: str) -> str:

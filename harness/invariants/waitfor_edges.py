@@ -42,7 +42,7 @@ SCHEDULER = "scheduler"
 #: records the scheduler's waits open and close by (read), and keep state from (seen)
 SCHED_READS = ("enqueued", "release_pending", "signalled", "resize_start", "resize_end", "scheduler_failed")
 SCHED_SEES = DECISION_KINDS
-REQUEST_EFFECTS = ("RequestGpus", "ReleaseThenRequest", "AwaitRelease")
+REQUEST_EFFECTS = frozenset(("RequestGpus", "ReleaseThenRequest", "AwaitRelease"))
 CACHE_EFFECTS = {"BuildCache": "build", "PromoteCache": "promote", "SyncFromCache": "sync"}
 
 
@@ -72,9 +72,9 @@ class SchedulerWaits(DecisionWalk):
             self.calls.pop(key, None)
 
     def track(self, r: dict) -> None:
-        """One record: the walk's hook, then the walk's own step (DecisionWalk.run's body)."""
-        self.records = [r]
-        self.run()
+        """One record: the walk's hook, then its effect on the holdings."""
+        self.on_record(r)
+        self.apply(r)
 
     def on_record(self, r: dict) -> None:
         k = r["kind"]
@@ -128,11 +128,12 @@ class SchedulerWaits(DecisionWalk):
         return out
 
     def into(self, g: WaitGraph) -> None:
-        for (cycle, pid, phase), r in self.resizes.items():
-            g.waits.append(Wait(SCHEDULER, f"{pid}/{phase}@cycle{cycle}", r["seq"], r["t"],
-                                f"{phase} resize of cycle {cycle}", hot=False))
-        if self.failed is not None:
+        if self.failed is not None:  # exited: it waits on nothing and wakes no one
             g.exited[SCHEDULER] = self.failed
+        else:
+            for (cycle, pid, phase), r in self.resizes.items():
+                g.waits.append(Wait(SCHEDULER, f"{pid}/{phase}@cycle{cycle}", r["seq"], r["t"],
+                                    f"{phase} resize of cycle {cycle}", hot=False))
         for w in self.open.values():
             r, me = w["rec"], w["waiter"]
             wait = Wait(me, SCHEDULER, r["seq"], r["t"], w["what"], hot=False)

@@ -103,6 +103,10 @@ def test_a_request_left_pending_by_a_failed_scheduler_or_an_unregister_is_a_lost
     assert [v.invariant for v in found] == ["lost_wakeup"]
     assert "a/step waits" in found[0].message and "on scheduler, which exited at seq 4" in found[0].message
     assert check_log(_log(*failed, _signal(2.0, 1, "a_actor_train", error="scheduler_loop_failed")), GRAPH) == []
+    # a failed scheduler waits on nothing: not on the resize it was in
+    resizing = base + [(1.5, "resize_start", {"cycle": 3, "pipeline_id": "a", "phase": "shrink", "dp_ranks": [0]})]
+    assert [w.on for w in wait_graph(_log(*resizing)).waits] == ["scheduler", "a/shrink@cycle3"]
+    assert [w.waiter for w in wait_graph(_log(*resizing, failed[-1])).waits] == ["a/step"]
     gone = base + [(2.0, "unregister", {"pipeline_id": "a"})]
     found = check_log(_log(*gone), GRAPH)
     assert [v.invariant for v in found] == ["lost_wakeup"] and "a unregistered at seq 4 without signalling it" in found[0].message
