@@ -130,6 +130,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "start_s": _r("float", ">=0", "s"),
         "old_log_probs_offload_states": _r("bool"),
         "offload_nccl": _r("bool"),
+        "pause_mode": _r("str"),
+        "wake": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
     },
     DataPlaneSpec: {

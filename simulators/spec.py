@@ -179,6 +179,10 @@ class PipelineSpec:
     # process groups stay across release_then_request; True is the fix)
     old_log_probs_offload_states: bool = False
     offload_nccl: bool = True  # groups reloaded on load, destroyed on offload (RLix forces True)
+    # the engine's pause mode and wake order (harness/control/engine.py, docs/engine-lifecycle.md);
+    # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
+    pause_mode: str = "abort"
+    wake: str = "all"
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,19 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``partial_reload`` — from that step on, an expand's weight sync carries only the
+      first bucket of the model: a level-2 engine is activated with most of its weights
+      never reloaded (vllm #29341, verl #3461; ``engine_weights``).
+    * ``resume_before_kv_wake`` — (staged wake) at that step (once) the expand resumes the
+      engines before waking their KV cache, which comes one wake later (vllm #44483;
+      ``engine_resume``, ``kv_cache_asleep``).
+    * ``kv_wake_before_weights`` — (staged wake) at that step (once) the KV cache is woken
+      before the weights (``engine_resume``).
+    * ``abort_on_pause`` — from that step on, a ``wait`` or ``keep`` pause aborts every
+      request it should have let finish or kept (miles #2372; ``pause_lost_work``).
+    * ``stamp_at_completion`` — from that step on, a finished request is stamped with the
+      version its rank holds when it completes, not the one it was dispatched to
+      (rllm #622; ``version_at_dispatch``).
     """
 
     name: str
@@ -281,7 +298,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation")
+                      "unchecked_activation", "partial_reload", "resume_before_kv_wake", "kv_wake_before_weights",
+                      "abort_on_pause", "stamp_at_completion")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 
