@@ -133,11 +133,20 @@ def pause_lines(rows: Sequence[PauseRow], table) -> List[str]:
     lines = ["", "Pauses (what a shrink's pause did to the requests its ranks held; dropped = lost work)"]
     lines += table(["pipeline", "mode", "pauses", "in flight", "dropped", "retried", "failed", "lost engine s",
                     "waited", "kept", "resumed", "kept, dropped"], body, "llrrrrrrrrrr")
+    for mode, t in lost_by_mode(rows).items():
+        lines.append(f"lost work, pause mode {mode}: {t['dropped']} of {t['in_flight']} in-flight requests dropped "
+                     f"at a pause ({t['lost_engine_s']:.3f} engine s), {t['kept_dropped']} kept and never resumed")
+    return lines
+
+
+def lost_by_mode(rows: Sequence[PauseRow]) -> Dict[str, Dict[str, Any]]:
+    """Per pause mode (those the run used): requests in flight at its pauses, dropped,
+    their engine seconds, and kept requests never resumed — summed over pipelines."""
+    out: Dict[str, Dict[str, Any]] = {}
     for mode in ("abort", "wait", "keep"):
         of = [r for r in rows if r.mode == mode]
         if of:
-            lines.append(f"lost work, pause mode {mode}: {sum(r.dropped for r in of)} of "
-                         f"{sum(r.in_flight for r in of)} in-flight requests dropped at a pause "
-                         f"({sum(r.lost_engine_s for r in of):.3f} engine s), "
-                         f"{sum(r.kept_dropped for r in of)} kept and never resumed")
-    return lines
+            out[mode] = {"pipelines": [r.pipeline_id for r in of], "in_flight": sum(r.in_flight for r in of),
+                         "dropped": sum(r.dropped for r in of), "lost_engine_s": sum(r.lost_engine_s for r in of),
+                         "kept_dropped": sum(r.kept_dropped for r in of)}
+    return out
