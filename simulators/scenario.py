@@ -46,7 +46,6 @@ import yaml
 from simulators import scenario_limits
 from simulators.scenario_yaml import ScenarioTextError, read_scenario_text, strict_safe_load
 
-from harness.control.engine import PAUSE_MODES, WAKE_MODES
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from harness.topology import (
@@ -98,7 +97,7 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
@@ -302,14 +301,9 @@ def _pipeline(
         raise ctx.fail(f"{path}.type", f"unknown pipeline type {vals['type']!r}; known: {', '.join(PIPELINE_TYPES)}")
     if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
         raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
-    if "pause_mode" in vals and vals["pause_mode"] not in PAUSE_MODES:
-        raise ctx.fail(f"{path}.pause_mode", f"must be one of {', '.join(PAUSE_MODES)}, got {vals['pause_mode']!r}")
-    if "wake" in vals and vals["wake"] not in WAKE_MODES:
-        raise ctx.fail(f"{path}.wake", f"must be one of {', '.join(WAKE_MODES)}, got {vals['wake']!r}")
-    for key in ("pause_mode", "wake"):
-        if key in vals and vals["type"] == "single_controller":
-            raise ctx.fail(f"{path}.{key}", "only a colocated pipeline (nemo_async, roll_sync) pauses and wakes its "
-                                            "ranks; a single_controller's engines never sleep")
+    problem = engine_field_problem(vals)
+    if problem is not None:
+        raise ctx.fail(f"{path}.{problem[0]}", problem[1])
 
     for key, cls in _DEFAULTS_SECTIONS.items():
         merged = dict(defaults.get(key, {}))
@@ -383,16 +377,10 @@ def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec
             f"{path}.at_step",
             f"step {at} is never reached: pipeline {pipe.name} runs steps 0..{pipe.steps - 1}",
         )
-    engine_need = _ENGINE_FAULT_NEEDS.get(vals["name"])
-    if engine_need is not None and getattr(pipe, engine_need[0]) not in engine_need[1]:
-        raise ctx.fail(f"{path}.name", f"fault {vals['name']} needs pipeline {pipe.name}'s {engine_need[0]} to be "
-                                        f"{' or '.join(engine_need[1])} (it is {getattr(pipe, engine_need[0])})")
+    problem = engine_fault_problem(vals["name"], pipe)
+    if problem is not None:
+        raise ctx.fail(f"{path}.name", problem)
     return FaultSpec(**vals)
-
-
-#: engine faults that only exist in some engine mode: fault -> (pipeline field, its values)
-_ENGINE_FAULT_NEEDS = {"resume_before_kv_wake": ("wake", ("staged",)), "kv_wake_before_weights": ("wake", ("staged",)),
-                       "abort_on_pause": ("pause_mode", ("wait", "keep"))}
 
 
 def _expect(ctx: _Ctx, raw: Any, pipes: Mapping[str, PipelineSpec]) -> List[Any]:
