@@ -404,7 +404,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, Mapping):
         raise ctx.fail("(top level)", f"expected a mapping, got {_describe(data)}")
     data = _mapping(ctx, "(top level)", data)
-    data = expand_cost_model(data, ctx.fail)  # presets and derived costs, where the file gives none
+    data = expand_cost_model(data, ctx.fail, str(source))  # presets and derived costs, where the file gives none
     known = tuple(FIELD_RULES[Scenario]) + _SCENARIO_STRUCTURED + ("defaults",)
     _reject_unknown(ctx, "", data, known)
     for key in _SCENARIO_REQUIRED:

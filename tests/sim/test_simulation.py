@@ -293,7 +293,9 @@ EXPECTED_FINDINGS = {
     # the realistic workloads (costs from the cost model): the same two by-design findings
     "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_70b_64gpu": ("done", {"handover", "planned_release_ack"}),
-    "realistic_moe_16gpu": ("done", {"handover", "planned_release_ack"}),
+    # the MoE trains at moe_train_mfu (0.16, not the dense 0.35): the timings moved and the
+    # premature planned-release ack (a race of the two pipelines' releases) no longer occurs
+    "realistic_moe_16gpu": ("done", {"handover"}),
 }
 
 
