@@ -270,6 +270,13 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``sleep_residue_grows`` — (NeMo RL #2619) from that step on, every sleep of a rank
+      leaves 32 MiB more on each of its GPUs than the one before: the residue after sleep
+      grows per cycle (check ``cycle_trends``, series ``residue_bytes``).
+    * ``staging_leak`` — (vLLM #51258) from that step on, a weight sync's staging buffer
+      is not freed and the next sync allocates another (``cycle_trends``, ``ipc_bytes``).
+    * ``refit_slows`` — from that step on, each weight sync takes 0.25 s longer than the
+      one before (``cycle_trends``, ``refit_s``).
     * ``partial_reload`` — from that step on, an expand's weight sync carries only the
       first bucket of the model: a level-2 engine is activated with most of its weights
       never reloaded (vllm #29341, verl #3461; ``engine_weights``).
@@ -314,8 +321,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation", "partial_reload", "resume_before_kv_wake", "kv_wake_before_weights",
-                      "abort_on_pause", "stamp_at_completion")
+                      "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows", "partial_reload",
+                      "resume_before_kv_wake", "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 
