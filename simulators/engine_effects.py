@@ -11,6 +11,7 @@ from harness.control.rank_state import RankState
 from simulators.env import Timer
 
 DRAIN_POLL_S = 0.05  # how often a drain looks at num_requests_running (RLix polls it)
+_NONE: dict = {}  # no extra rank_state fields (read only)
 
 
 class EngineEffects:
@@ -80,8 +81,8 @@ class EngineEffects:
         """Activation resumes the engine: refused with a tag asleep or weights not whole,
         unless a fault's controller does not ask."""
         late = rank.dp_rank in self.__dict__.get("_kv_late", ())
-        partial = self.__dict__.get("_partially_loaded", set())
-        if rank.dp_rank in partial:  # fault partial_reload: the controller takes the sync's word
+        partial = self.__dict__.get("_partially_loaded")
+        if partial and rank.dp_rank in partial:  # fault partial_reload: the controller takes the sync's word
             partial.discard(rank.dp_rank)
             forced = True
         if forced or late:
@@ -112,7 +113,10 @@ class EngineEffects:
         return e.path == "expand" and self._armed_once("partial_reload")
 
     def _engine_state_fields(self, rank) -> dict:
-        if rank.life.state in (RankState.ASLEEP, RankState.WAKING, RankState.STOPPED):
-            return {}
-        asleep = rank.engine.asleep_tags()
-        return {"asleep_tags": asleep} if asleep else {}
+        """``asleep_tags`` for a rank_state record: only when some tags are awake and some
+        not (a staged wake's window), past waking; every other record stays as it was."""
+        tags = rank.engine.tags
+        if (tags["weights"] == "awake") == (tags["kv_cache"] == "awake") or \
+                rank.life.state in (RankState.ASLEEP, RankState.WAKING, RankState.STOPPED):
+            return _NONE
+        return {"asleep_tags": rank.engine.asleep_tags()}
