@@ -47,6 +47,7 @@ from simulators import scenario_limits
 from simulators.scenario_yaml import ScenarioTextError, read_scenario_text, strict_safe_load
 
 from harness.scheduler.options import SchedulerOptions
+from simulators.scenario_policy import check_policy_fields
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from harness.topology import (
     ClusterTopology,
@@ -448,6 +449,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         pipes[p.name] = p
         first_index[p.name] = i
     scenario_limits.check_run_total(ctx.fail, trajectories)
+    check_policy_fields(ctx.fail, scheduler, list(pipes.values()))
 
     faults: List[FaultSpec] = []
     if "faults" in data:

@@ -46,6 +46,7 @@ from harness.outputs.streaming_summary import StreamingRow, streaming_rows
 from harness.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
 from harness.outputs.run_view import Log, RunView, as_view
+from harness.outputs.policy_figures import policy_name
 from harness.outputs.waste import WASTE_KINDS, WasteSummary, scheduler_waste
 
 
@@ -127,6 +128,8 @@ class Summary:
     waste: WasteSummary = field(default_factory=WasteSummary)  # harness/outputs/waste.py
     pauses: List[PauseRow] = field(default_factory=list)  # lost work per pause mode (pause_summary.py)
     first_oom_seq: Optional[int] = None  # to say whether an unclean handover came first
+    # the scheduling policy the header names (absent: gap_ratio, RLix's planner; docs/policies.md)
+    policy: str = "gap_ratio"
 
     @property
     def duration_s(self) -> float:
@@ -354,6 +357,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         dataplane=dataplane_totals(view.of("dp_transfer")),
         waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
         pauses=pause_rows(view.of(*PAUSE_KINDS)),
+        policy=policy_name(view.records),
     )
 
 

@@ -296,6 +296,8 @@ EXPECTED_FINDINGS = {
     # the MoE trains at moe_train_mfu (0.16, not the dense 0.35): the timings moved and the
     # premature planned-release ack (a race of the two pipelines' releases) no longer occurs
     "realistic_moe_16gpu": ("done", {"handover"}),
+    # four pipelines under RLix's gap ratio (docs/policies.md compares the other policies): the same two
+    "policies_4pipelines_32gpu": ("done", {"handover", "planned_release_ack"}),
 }
 
 
