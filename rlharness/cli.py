@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
     sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)")
     sim.add_argument("--explore", type=int, metavar="SEED",
-                     help="order same-time events of different processes by a seeded strategy (docs/exploration.md)")
+                     help="a seeded strategy orders same-time events of different processes and lock hand-offs, "
+                          "and adds small delays to RPC returns and lock holds (docs/exploration.md)")
     sim.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
                      help="with --explore: pct (priority change points, default) or random (a random walk)")
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from harness.control.context import PipelineContext
+from harness.control.engine import EngineConfig, EngineTags
 from harness.control.cycle import run_resize
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.interpret import HALT, Handling, drive, interpret
@@ -32,12 +33,14 @@ from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 from simulators.cache_lock import CacheLock
 from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.dataplane import DataPlaneSim
+from simulators.engine_effects import EngineEffects
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
 from simulators.inference import RankSim, Router
 from simulators.pipeline_rollouts import RolloutEffects
 from simulators.pipeline_training import TrainingEffects
 from simulators.oracle_faults import OracleFaults
+from simulators.weight_sync_groups import WeightSyncGroups
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
 from simulators.runtime import SimFailure, Simulation
@@ -50,7 +53,7 @@ _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old
                    Priority.ACTOR_TRAINING: "train"}
 
 
-class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
+class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
     :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
     (pipeline_training.py), workload effects and trajectory collection from
@@ -71,12 +74,14 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
             versions=VersionBook(clamp_bootstrap=nemo),
             trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
-                                    offload_nccl=spec.offload_nccl))
+                                    offload_nccl=spec.offload_nccl),
+            engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
         self.ranks: Dict[int, RankSim] = {
-            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r))
+            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r),
+                       engine=EngineTags(f"{self.pid} dp{r}"))
             for r in range(len(infer) // tp)
         }
         w = spec.workload
@@ -94,7 +99,9 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self.progress = CoordinatorProgress(self.pid)
         self.batch_step: Optional[int] = None  # the step whose batch is being collected
         self.batch_ready = self.env.event()
-        self.lock = Link(self.env, 1)  # == simpy.Resource(env, 1), cheaper (see Link)
+        # RLix's coordinator _resize_sync_lock (a threading.Lock: no order among waiters, so
+        # an explored run picks the next holder); == simpy.Resource(env, 1), cheaper (see Link)
+        self.lock = Link(self.env, 1, unordered=True)
         self._lock_req: List[Any] = []
         self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # run-level effect class -> bound handler
@@ -118,6 +125,8 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self.cache_versions: List[int] = []
         self.cache_lock = CacheLock(sim, self.pid)
         self.deadlines = Deadlines(sim, self.pid, index)
+        if "stamp_at_completion" in self.faults:
+            self.router.stamp_at_completion = lambda: self._armed_once("stamp_at_completion")
         self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
         self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)
         # one-shot field-report faults (field_faults.py) that already fired
@@ -130,6 +139,10 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         try:
             if self.spec.start_s > 0:
                 yield self.env.timeout(self.spec.start_s)
+            if self.spec.weight_sync_groups is not None:  # the groups exist before the first sync
+                groups = WeightSyncGroups(self.sim, self.index, self.pid, self.spec.weight_sync_groups)
+                groups.start()
+                yield groups.done
             yield from interpret(pipeline_run(self.ctx), self._handle)
         except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError) as e:
             self._failed(self.pid, e)
@@ -223,6 +236,16 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         req = self.lock.request()
         yield req
         self._lock_req.append(req)
+        yield from self._hold_longer()
+
+    def _hold_longer(self):
+        """Under exploration a new lock holder may go on a small seeded delay later
+        (simulators/explore.py): the lock is held that much longer."""
+        explorer = self.env.explorer
+        if explorer is not None:
+            delay = explorer.delay()
+            if delay:
+                yield self.env.timeout(delay)
 
     def _Unregister(self, e):
         sim = self.sim
@@ -344,9 +367,11 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
             self.lock.release(req)
             return COORDINATOR_GONE
         self._lock_req.append(req)
+        yield from self._hold_longer()
         return None
 
     def _UnlockCoordinator(self, e):
+        self._drop_lock_waiter()  # fault lost_lock_handoff (oracle_faults.py)
         self.lock.release(self._lock_req.pop())
         return None
 

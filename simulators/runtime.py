@@ -76,6 +76,8 @@ class Simulation:
                   # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
                   "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
                                                if p.type != "single_controller"},
+                  # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
+                  **_timeouts_meta(scenario.costs),
                   # the schedule exploration that ordered same-time events (simulators/explore.py)
                   **({} if explore is None else {"explore": explore.describe()})}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
@@ -83,6 +85,7 @@ class Simulation:
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
         self.wake = self.env.event()
         self._poll_actor = Actor("scheduler", 1)  # the key the 1 s poll runs under (see poll)
+        self._rpc_actor = Actor("scheduler", 3)  # explored: the key of a delayed RPC return (deliver)
         self.background: Optional[str] = None
         self.stop = self.env.event()
         self.failure: Optional[str] = None
@@ -141,9 +144,15 @@ class Simulation:
             self.wake.succeed()
 
     def deliver(self, signals: List[Signal]) -> None:
+        explorer = self.env.explorer
         for s in signals:
             ev = self.waiters.pop(s.request_id, None)
-            if ev is not None:
+            if ev is None:
+                continue
+            delay = 0.0 if explorer is None else explorer.delay()
+            if delay:  # explored: the RPC's return reaches its caller a little later
+                Timer(self.env, delay, self._rpc_actor, _succeed_with, (ev, s))
+            else:
                 ev.succeed(s)
 
     # ------------------------------------------------------------------ scheduler loop
@@ -199,7 +208,10 @@ class Simulation:
         procs = []
         for pid, ranks in e.calls:  # each call writes its own resize records (cycle.run_resize)
             pipe = self.by_id[pid]
-            procs.append(env.spawn(pipe.resize(e.phase, list(ranks), e.cycle), "resize", pipe.index))
+            call = pipe.resize(e.phase, list(ranks), e.cycle)
+            if env.explorer is not None:  # explored: the call reaches the coordinator a little later
+                call = _after(env, env.explorer.delay(), call)
+            procs.append(env.spawn(call, "resize", pipe.index))
         if procs:
             yield env.all_of(procs)
         return not self.failure
@@ -271,7 +283,29 @@ class Simulation:
                 self.progress(f"  t={env.now:9.1f}s  steps {done}/{total}  events {len(self.log.records)}  wall {now - t0:5.1f}s")
 
 
+def _succeed_with(arg: Any) -> None:
+    ev, value = arg
+    ev.succeed(value)
+
+
+def _after(env: SimEnv, delay: float, gen: Any):
+    """``gen`` run ``delay`` later (none: at once)."""
+    if delay:
+        yield env.timeout(delay)
+    return (yield from gen)
+
+
 _KEEP_NULL = {"version", "result", "error", "cycle", "step"}
+
+
+def _timeouts_meta(costs) -> Dict[str, Any]:
+    """``{"timeouts": {...}}`` when any of RLix's deadlines differs from its default, else
+    nothing (the header of every scenario with the defaults stays as it was)."""
+    from harness.invariants.hot_states import DEFAULT_TIMEOUTS_S
+
+    timeouts = {"await_release_s": costs.await_release_timeout_s, "resize_lock_s": costs.resize_lock_timeout_s,
+                "selective_sync_s": costs.selective_sync_timeout_s, "shrink_drain_s": costs.shrink_drain_timeout_s}
+    return {} if timeouts == DEFAULT_TIMEOUTS_S else {"timeouts": timeouts}
 
 
 def print_progress(line: str) -> None:

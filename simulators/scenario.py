@@ -47,6 +47,7 @@ from simulators import scenario_limits
 from simulators.scenario_yaml import ScenarioTextError, read_scenario_text, strict_safe_load
 
 from harness.scheduler.options import SchedulerOptions
+from simulators.scenario_policy import check_policy_fields
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from harness.topology import (
     ClusterTopology,
@@ -61,6 +62,7 @@ from simulators.spec import (
     ClusterSpec,
     CostSpec,
     DataPlaneSpec,
+    WeightSyncGroupsSpec,
     FaultSpec,
     ModelSpec,
     PipelineSpec,
@@ -69,6 +71,7 @@ from simulators.spec import (
     WorkloadSpec,
 )
 from simulators.dataplane import check_spec as check_data_plane
+from simulators.weight_sync_groups import check_spec as check_weight_sync_groups
 from simulators.costmodel.derive import expand as expand_cost_model
 
 __all__ = ["ScenarioError", "load_scenario", "parse_yaml", "scenario_from_mapping", "FIELD_RULES"]
@@ -97,11 +100,12 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
-_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs")
+_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs",
+                        "weight_sync_groups")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults", "expect")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
@@ -301,6 +305,9 @@ def _pipeline(
         raise ctx.fail(f"{path}.type", f"unknown pipeline type {vals['type']!r}; known: {', '.join(PIPELINE_TYPES)}")
     if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
         raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
+    problem = engine_field_problem(vals)
+    if problem is not None:
+        raise ctx.fail(f"{path}.{problem[0]}", problem[1])
 
     for key, cls in _DEFAULTS_SECTIONS.items():
         merged = dict(defaults.get(key, {}))
@@ -344,10 +351,22 @@ def _pipeline(
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
         vals["data_plane"] = _data_plane(ctx, f"{path}.data_plane", data["data_plane"], len(train))
+    if "weight_sync_groups" in data:
+        if vals["type"] == "single_controller":
+            raise ctx.fail(f"{path}.weight_sync_groups", "not modelled for a single_controller pipeline")
+        vals["weight_sync_groups"] = _weight_sync_groups(ctx, f"{path}.weight_sync_groups", data["weight_sync_groups"])
     if "costs" in data:  # the pipeline's own costs, over the scenario's
         base = {f.name: getattr(scenario_costs or CostSpec(), f.name) for f in fields(CostSpec)}
         vals["costs"] = CostSpec(**{**base, **_flat_fields(ctx, f"{path}.costs", data["costs"], CostSpec)})
     return PipelineSpec(**vals)
+
+
+def _weight_sync_groups(ctx: _Ctx, path: str, data: Any) -> WeightSyncGroupsSpec:
+    spec = WeightSyncGroupsSpec(**_flat_fields(ctx, path, data, WeightSyncGroupsSpec))
+    problem = check_weight_sync_groups(spec)
+    if problem:
+        raise ctx.fail(f"{path}.{problem[0]}", problem[1])
+    return spec
 
 
 def _data_plane(ctx: _Ctx, path: str, data: Any, train_gpus: int) -> DataPlaneSpec:
@@ -374,6 +393,9 @@ def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec
             f"{path}.at_step",
             f"step {at} is never reached: pipeline {pipe.name} runs steps 0..{pipe.steps - 1}",
         )
+    problem = engine_fault_problem(vals["name"], pipe)
+    if problem is not None:
+        raise ctx.fail(f"{path}.name", problem)
     return FaultSpec(**vals)
 
 
@@ -442,6 +464,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         pipes[p.name] = p
         first_index[p.name] = i
     scenario_limits.check_run_total(ctx.fail, trajectories)
+    check_policy_fields(ctx.fail, scheduler, list(pipes.values()))
 
     faults: List[FaultSpec] = []
     if "faults" in data:

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 from harness import limits
 from harness.scheduler.options import SchedulerOptions
+from harness.scheduler.policies import POLICIES
 from simulators import spec
 from simulators.dataplane import DataPlaneSpec
 from simulators.scenario_limits import NAME_RULE
@@ -57,7 +58,11 @@ _ALLOWED = {
     "streaming.stall_action": "warn or abort",
     "streaming.custom_target": "module:Class (sampler custom only)",
     "data_plane.route": "one_hop or via_driver",
+    "weight_sync_groups.join_order": "concurrent or phased",
+    "weight_sync_groups.receiver_slot": "single or per_group",
     "pipelines[].sleep_level": "1 (weights kept in host RAM) or 2 (weights dropped)",
+    "pipelines[].pause_mode": "abort, wait or keep",
+    "pipelines[].wake": "all or staged",
     "pipelines[].type": " or ".join(spec.PIPELINE_TYPES),
     "faults[].name": "a fault name (list below)",
     "faults[].pipeline": "a pipeline's name",
@@ -67,6 +72,10 @@ _ALLOWED = {
 _MEANING = {
     "pipelines[].streaming": "mapping: the single controller's knobs (table below); single_controller only",
     "pipelines[].data_plane": "mapping: bulk tensors through a store (table below); absent: no data plane",
+    "pipelines[].weight_sync_groups": "mapping: the weight-sync groups' rendezvous and first broadcast before the first step (table below); absent: not modelled",
+    "weight_sync_groups.join_order": "concurrent: every PP stage's joins go out at once (slime before #2331); phased: stage s+1's once stage s's group exists",
+    "weight_sync_groups.receiver_slot": "single: an engine keeps one receiver communicator, the last init wins (vime before #329); per_group: one per stage",
+    "weight_sync_groups.engine_exits": "engine 0 dies just before its first receive (the receiver-died field reports)",
     "streaming.min_groups_for_streaming_train": "prompt groups the trainer waits for before a microbatch; = workload.prompts_per_step is the non-streaming controller",
     "streaming.max_inflight_prompts": "prompts being generated at once (the in-flight semaphore)",
     "streaming.max_buffered_rollouts": "prompt groups the buffer holds (the capacity semaphore); a gated sampler needs prompts_per_step x (window + 1)",
@@ -84,7 +93,9 @@ _MEANING = {
     "pipelines[].name": "pipeline id (RLix's rules: letters, digits, '_' and '-')",
     "pipelines[].infer_tp": "tensor parallelism of one inference DP rank",
     "pipelines[].steps": "training steps the pipeline runs",
-    "pipelines[].sleep_level": "vLLM sleep level of the inference ranks",
+    "pipelines[].sleep_level": "vLLM sleep level of the inference ranks (RLix's default 2; standalone NeMo RL sleeps at 1; docs/engine-lifecycle.md)",
+    "pipelines[].pause_mode": "what a shrink's pause does to the requests a rank holds: abort them (RLix's sleep_partial), wait for them, or keep them frozen until the rank resumes (docs/engine-lifecycle.md)",
+    "pipelines[].wake": "all: one wake of every memory tag before the refit (RLix); staged: weights before the refit, the KV cache after finalize (vLLM's RL sequence)",
     "cluster.nodes": "nodes in the cluster",
     "cluster.gpus_per_node": "GPUs per node",
     "faults[].name": "which fault (list below)",
@@ -186,10 +197,18 @@ def _table(cls: type, prefix: str, limit_prefix: str, extra_rows: Optional[List[
 def _scheduler_table() -> List[str]:
     comments = field_comments(SchedulerOptions)
     rows = ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    policy_rows = {  # the policy's own fields (docs/policies.md): kind and allowed values
+        "policy": ("str", " / ".join(POLICIES)),
+        "partition": ("map", "pipeline -> list of GPU ids; disjoint; each pipeline's training GPUs and one whole "
+                             "inference bundle inside its part"),
+        "groups": ("list", "lists of pipeline names; a pipeline in at most one"),
+    }
     for f in dataclasses.fields(SchedulerOptions):
         default = f.default
         kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else "float"
         allowed = {"bool": "true / false", "int": "> 0", "float": ">= 0"}[kind]
+        if f.name in policy_rows:
+            kind, allowed = policy_rows[f.name]
         rows.append("| " + " | ".join(_cell(x) for x in (f"`scheduler.{f.name}`", kind, _default(SchedulerOptions, f), allowed,
                                                            comments.get(f.name, ""))) + " |")
     return rows
@@ -281,6 +300,8 @@ def render() -> str:
     out += ["", "## `workload` (in a pipeline or `defaults`)", ""] + _table(spec.WorkloadSpec, "workload.", "workload.")
     out += ["", "## `streaming` (in a `single_controller` pipeline)", ""] + _table(spec.StreamingSpec, "streaming.", "streaming.")
     out += ["", "## `data_plane` (in a pipeline)", ""] + _table(DataPlaneSpec, "data_plane.", "data_plane.")
+    out += ["", "## `weight_sync_groups` (in a nemo_async or roll_sync pipeline)", ""] + _table(
+        spec.WeightSyncGroupsSpec, "weight_sync_groups.", "weight_sync_groups.")
     out += ["", "## `costs`", ""] + _table(spec.CostSpec, "costs.", "costs.")
     out += ["", "## `scheduler`", ""] + _scheduler_table()
     out += ["", "## `faults[]`", ""] + _table(spec.FaultSpec, "", "faults[].")

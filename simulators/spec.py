@@ -194,6 +194,35 @@ class PipelineSpec:
     # process groups stay across release_then_request; True is the fix)
     old_log_probs_offload_states: bool = False
     offload_nccl: bool = True  # groups reloaded on load, destroyed on offload (RLix forces True)
+    # the engine's pause mode and wake order (harness/control/engine.py, docs/engine-lifecycle.md);
+    # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
+    pause_mode: str = "abort"
+    wake: str = "all"
+    # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
+    # (simulators/weight_sync_groups.py); None = not modelled (the sync's group is created per sync)
+    weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None
+
+
+@dataclass(frozen=True)
+class WeightSyncGroupsSpec:
+    """How a pipeline's trainer creates its weight-sync groups with the rollout engines
+    before the first sync (``simulators/weight_sync_groups.py``, docs/exploration.md#field-reports):
+    one group per PP stage, each a rendezvous of that stage's source rank and every engine,
+    then one broadcast per stage. The switches are the buggy and the fixed behaviour of
+    the field reports: ``join_order`` concurrent (slime before PR #2331) or phased (after),
+    ``receiver_slot`` single (vime before PR #329) or per_group, ``broadcast_timeout_s`` 0
+    (no timeout: TRL before PR #6913, NeMo RL before PR #4019) or a limit;
+    ``engine_exits`` kills engine 0 just before the broadcast (the receiver died)."""
+
+    pp_stages: int = 2
+    engines: int = 2
+    join_order: str = "concurrent"  # concurrent | phased
+    join_timeout_s: float = 0.0  # 0: a join waits forever
+    receiver_slot: str = "single"  # single | per_group
+    broadcast_timeout_s: float = 0.0  # 0: a broadcast waits forever
+    engine_exits: bool = False
+    rpc_latency_s: float = 0.001  # one join RPC, trainer to engine
+    broadcast_s: float = 0.5  # one stage's broadcast once every receiver posted it
 
 
 @dataclass(frozen=True)
@@ -266,6 +295,32 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``sleep_residue_grows`` — (NeMo RL #2619) from that step on, every sleep of a rank
+      leaves 32 MiB more on each of its GPUs than the one before: the residue after sleep
+      grows per cycle (check ``cycle_trends``, series ``residue_bytes``).
+    * ``staging_leak`` — (vLLM #51258) from that step on, a weight sync's staging buffer
+      is not freed and the next sync allocates another (``cycle_trends``, ``ipc_bytes``).
+    * ``refit_slows`` — from that step on, each weight sync takes 0.25 s longer than the
+      one before (``cycle_trends``, ``refit_s``).
+    * ``unclamped_base_stamp`` — (whole run) base-weight trajectories are stamped the
+      ranks' -1 instead of the published 0 (the model's age-0 bug before its fix): with
+      ``max_trajectory_age_steps: 0`` they are stale at step 0, evicted and regenerated
+      forever (``livelock``).
+    * ``lost_lock_handoff`` — from that step on, a release of the coordinator lock forgets
+      the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
+    * ``partial_reload`` — from that step on, an expand's weight sync carries only the
+      first bucket of the model: a level-2 engine is activated with most of its weights
+      never reloaded (vllm #29341, verl #3461; ``engine_weights``).
+    * ``resume_before_kv_wake`` — (staged wake) at that step (once) the expand resumes the
+      engines before waking their KV cache, which comes one wake later (vllm #44483;
+      ``engine_resume``, ``kv_cache_asleep``).
+    * ``kv_wake_before_weights`` — (staged wake) at that step (once) the KV cache is woken
+      before the weights (``engine_resume``).
+    * ``abort_on_pause`` — from that step on, a ``wait`` or ``keep`` pause aborts every
+      request it should have let finish or kept (miles #2372; ``pause_lost_work``).
+    * ``stamp_at_completion`` — from that step on, a finished request is stamped with the
+      version its rank holds when it completes, not the one it was dispatched to
+      (rllm #622; ``version_at_dispatch``).
     """
 
     name: str
@@ -297,7 +352,9 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation")
+                      "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
+                      "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
+                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from harness.outputs.dataplane import format_dataplane
+from harness.outputs.pause_summary import lost_by_mode, pause_lines
 from harness.outputs.streaming_summary import streaming_lines
 from harness.outputs.summary import Summary
 
@@ -58,7 +59,7 @@ def format_summary(summary: Summary) -> str:
     out.append(title)
     out.append(f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(d)} s simulated), "
                f"end: {summary.end_reason or 'no sim_end'}; cluster {summary.nodes} node(s) x "
-               f"{summary.gpus_per_node} GPU(s)")
+               f"{summary.gpus_per_node} GPU(s); scheduler policy {summary.policy}")
 
     out.append("")
     out.append("Pipelines (time split: simulated seconds with any such work, % of the run; kinds overlap;")
@@ -73,6 +74,7 @@ def format_summary(summary: Summary) -> str:
                    "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort",
                    "req failed"], rows, "lrrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
     out += streaming_lines(summary.streaming, _table)
+    out += pause_lines(summary.pauses, _table)
 
     out.append("")
     out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")
@@ -190,6 +192,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
     n_gpus = len(summary.gpus)
     return {
         "scenario": summary.scenario,
+        "policy": summary.policy,
         "time_unit": "simulated seconds",
         "run": {"start_s": summary.t_start, "end_s": summary.t_end, "simulated_s": d, "end": summary.end_reason,
                 "nodes": summary.nodes, "gpus_per_node": summary.gpus_per_node},
@@ -225,5 +228,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "timeouts": summary.timeouts,
         # sections other runtimes added (single controllers, data plane): every row whole
         "streaming": [asdict(r) for r in summary.streaming],
+        "pauses": [asdict(r) for r in summary.pauses],
+        "lost_work_by_pause_mode": lost_by_mode(summary.pauses),
         "dataplane": [asdict(h) for h in summary.dataplane],
     }

@@ -9,9 +9,14 @@ difference. Field names are the names used in trace headers and scenario files.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from harness.scheduler.planner import MAX_GAP_ACTIVATIONS, MAX_GAP_ITERATIONS
+from harness.scheduler.policies import GAP_RATIO, check_policy
+
+#: the policy's own fields: written to a header only when they differ from the default, so a
+#: gap_ratio log (every log written before policies existed) keeps its bytes
+POLICY_FIELDS = ("policy", "partition", "groups")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,16 @@ class SchedulerOptions:
     # the share of pipelines (worst completion first) compared.
     rebalance_threshold_pp: float = 10.0
     rebalance_worst_fraction: float = 0.5
+    # Which policy shares the GPUs (docs/policies.md): gap_ratio (RLix), static_partition,
+    # round_robin or acquire_yield.
+    policy: str = GAP_RATIO
+    # static_partition only: pipeline -> its fixed GPUs (disjoint). Default: every pipeline
+    # keeps its training GPUs, and each other GPU goes to the first pipeline (scenario order)
+    # whose inference mapping holds it.
+    partition: Optional[Dict[str, Tuple[int, ...]]] = None
+    # round_robin only: co-execution groups, lists of pipeline names. Default: pipelines
+    # connected by shared GPUs form one group.
+    groups: Optional[Tuple[Tuple[str, ...], ...]] = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SchedulerOptions":
@@ -56,6 +71,9 @@ class SchedulerOptions:
         for key, value in data.items():
             if key not in known:
                 raise ValueError(f"unknown scheduler option {key!r}; known: {', '.join(sorted(known))}")
+            if key in POLICY_FIELDS:
+                kwargs[key] = _policy_field(key, value)
+                continue
             default = getattr(cls(), key)
             if isinstance(default, bool):
                 if not isinstance(value, bool):
@@ -71,4 +89,35 @@ class SchedulerOptions:
         return cls(**kwargs)
 
     def to_mapping(self) -> Dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key in POLICY_FIELDS:
+            if out[key] == getattr(SchedulerOptions, key):
+                del out[key]
+            elif key == "partition":
+                out[key] = {pid: list(gpus) for pid, gpus in out[key].items()}
+            elif key == "groups":
+                out[key] = [list(g) for g in out[key]]
+        return out
+
+
+def _policy_field(key: str, value: Any) -> Any:
+    """``policy`` / ``partition`` / ``groups`` from a scenario or header; ValueError says
+    what is wrong in one line."""
+    if key == "policy":
+        return check_policy(value)
+    if value is None:
+        return None
+    if key == "partition":
+        if not isinstance(value, Mapping) or not value:
+            raise ValueError(f"scheduler option 'partition' must map pipeline names to GPU lists, got {value!r}")
+        out: Dict[str, Tuple[int, ...]] = {}
+        for pid, gpus in value.items():
+            if not isinstance(gpus, (list, tuple)) or not gpus or \
+                    any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus):
+                raise ValueError(f"scheduler option 'partition' of {pid!r} must be a non-empty list of GPU ids, got {gpus!r}")
+            out[str(pid)] = tuple(sorted(gpus))
+        return out
+    if not isinstance(value, (list, tuple)) or not value or \
+            any(not isinstance(g, (list, tuple)) or not g or any(not isinstance(p, str) for p in g) for g in value):
+        raise ValueError(f"scheduler option 'groups' must be a list of lists of pipeline names, got {value!r}")
+    return tuple(tuple(g) for g in value)

@@ -284,12 +284,27 @@ EXPECTED_FINDINGS = {
     # docs/residency.md); the premature planned-release ack it showed went with the age-0
     # fix (base-weight trajectories stamped 0 change when the ROLL pipeline's release lands)
     "costmodel_7b_and_1p5b_h100": ("done", {"handover"}),
+    # the engine lifecycle's classes (docs/engine-lifecycle.md, tests/sim/test_engine_lifecycle.py)
+    "level2_partial_reload": ("done", {"engine_weights"}),  # vllm #29341
+    "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep"}),  # vllm #44483
+    "kv_wake_before_weights": ("done", {"engine_resume"}),
+    "pause_wait_aborted": ("done", {"pause_lost_work"}),  # miles #2372
+    "version_stamped_at_completion": ("done", {"version_at_dispatch"}),  # rllm #622
     # the realistic workloads (costs from the cost model): the same two by-design findings
     "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_70b_64gpu": ("done", {"handover", "planned_release_ack"}),
     # the MoE trains at moe_train_mfu (0.16, not the dense 0.35): the timings moved and the
     # premature planned-release ack (a race of the two pipelines' releases) no longer occurs
     "realistic_moe_16gpu": ("done", {"handover"}),
+    # four pipelines under RLix's gap ratio (docs/policies.md compares the other policies): the same two
+    "policies_4pipelines_32gpu": ("done", {"handover", "planned_release_ack"}),
+    # the weight-sync groups' field reports (tests/sim/test_waitfor_liveness.py): slime #2331's
+    # deadlock needs an exploration seed (the fixed order is clean); vime #329's slot overwrite
+    # is a cycle in every order; TRL #6913's broadcast waits on a dead receiver, and its fix
+    # fails fast at the broadcast timeout
+    "wsg_vime329_slot_overwrite": ("horizon", {"deadlock", "hot_state"}),
+    "wsg_trl6913_receiver_died": ("horizon", {"lost_wakeup", "hot_state"}),
+    "wsg_trl6913_broadcast_timeout": ("failed", {"run_outcome"}),
 }
 
 

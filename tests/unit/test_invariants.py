@@ -222,10 +222,15 @@ def test_data_plane_fires_on_driver_bulk_and_second_writer():
 OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
               "streaming_step": "tests/streaming/test_streaming_invariants.py",
               "pump_parked": "tests/streaming/test_pump_parked.py",
+              **{name: "tests/sim/test_waitfor_liveness.py" for name in ("deadlock", "lost_wakeup", "hot_state", "livelock")},
               "refit_wire": "tests/unit/test_refit_stream_protocol.py",
+              "refit_payload": "tests/unit/test_refit_completeness.py",
+              "cycle_trends": "tests/sim/test_cycle_trends.py",
               **{name: "tests/unit/test_blind_spot_checks.py" for name in (
                   "grant_order", "in_flight_at_sleep", "sync_targets", "rank_lifecycle", "host_ram", "trajectory_age",
                   "ungrantable_preemption", "idle_bundle_starvation")},
+              **{name: "tests/unit/test_engine_checks.py" for name in (
+                  "kv_cache_asleep", "engine_resume", "engine_weights", "version_at_dispatch", "pause_lost_work")},
               **{name: "tests/unit/test_mutations.py" for name in (
                   "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
 
