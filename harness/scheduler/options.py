@@ -47,6 +47,16 @@ class SchedulerOptions:
     # the share of pipelines (worst completion first) compared.
     rebalance_threshold_pp: float = 10.0
     rebalance_worst_fraction: float = 0.5
+    # RLix's MILES line, off = RLix main/nemo (rlops/rlix PR #12, d455b0c; docs/rlix-variants.md):
+    # the gap-ratio planner gives a GENERATION cluster still in the allocations, with no
+    # progress report and no pending estimate, a demand of 1.0 instead of skipping it
+    # (a receiver of one bundle and a donor down to one).
+    demand_floor: bool = False
+    # RLix's MILES line, off = RLix main/nemo (rlops/rlix PRs #10 and #13, 59ecc9a and a8460a9;
+    # docs/rlix-variants.md): once the training offload ran, the training GPUs are released in
+    # a finally, even when the weight sync after it fails. Read by the pipeline's step order
+    # (harness/control), not by the planner.
+    release_after_offload: bool = False
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SchedulerOptions":
@@ -71,4 +81,16 @@ class SchedulerOptions:
         return cls(**kwargs)
 
     def to_mapping(self) -> Dict[str, Any]:
-        return asdict(self)
+        """The header's ``scheduler`` mapping. Options added after the log format was fixed
+        (:data:`OPTIONAL_IN_HEADER`) appear only when set, so a log that does not use them
+        keeps its bytes."""
+        out = asdict(self)
+        for key in OPTIONAL_IN_HEADER:
+            if out[key] == getattr(_DEFAULTS, key):
+                del out[key]
+        return out
+
+
+#: options written to a log header only when they differ from the default
+OPTIONAL_IN_HEADER = ("demand_floor", "release_after_offload")
+_DEFAULTS = SchedulerOptions()

@@ -288,6 +288,9 @@ EXPECTED_FINDINGS = {
     "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_70b_64gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_moe_16gpu": ("done", {"handover", "planned_release_ack"}),
+    # the MILES demand floor re-expands a ROLL cluster await_release emptied (docs/rlix-variants.md)
+    "miles_floor_reactivates_after_release": ("failed", {"reactivated_after_release", "planned_release_ack",
+                                                         "versions", "run_outcome"}),
 }
 
 
