@@ -251,6 +251,10 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``active_sync_fails`` — at that step (a nemo_async pipeline) the active refresh's weight
+      sync fails at a receiver, after the training offload: the run fails; with the scheduler
+      option ``release_after_offload`` (RLix's MILES line) the training GPUs are released
+      first (docs/rlix-variants.md).
     """
 
     name: str
@@ -281,7 +285,7 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation")
+                      "unchecked_activation", "active_sync_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -25,6 +25,9 @@ class PipelineContext:
     versions: VersionBook = field(default_factory=VersionBook)
     step: int = 0  # step in progress (read by the runtime for labelling)
     trainer: TrainerSwitches = field(default_factory=TrainerSwitches)
+    # RLix's MILES release-after-offload (scheduler option release_after_offload): the
+    # training GPUs are released once the offload ran, even when the sync after it fails
+    release_after_offload: bool = False
 
     @property
     def residency(self) -> Dict[str, PhaseResidency]:

@@ -14,8 +14,8 @@ that training is about to replace (docs/rlix-variants.md).
 Read from the log alone: the ack is the ``signalled`` record of waiter
 ``planned_release``; the pipeline asks again with a ``request`` (or the request half of a
 ``release_then_request``) for that cluster, or leaves with ``unregister``; an expand is a
-``plan`` record's expand of that cluster, counted only when its cycle's ``commit`` did not
-skip it as stale.
+``plan`` record's expand of that cluster, counted unless its cycle's ``commit`` skipped it
+as stale (an expand whose cycle never commits, the run having ended meanwhile, ran: it counts).
 """
 
 from __future__ import annotations
@@ -55,12 +55,16 @@ def reactivated_after_release(records: Records) -> List[Violation]:
                     planned.setdefault(r["cycle"], []).append((e["cluster_id"], ranks, r["seq"], ack))
         elif k == "commit":
             skipped = set(r.get("skipped_stale", []))
-            for cid, ranks, seq, ack in planned.pop(r["cycle"], []):
-                if f"expand {cid}" in skipped:
-                    continue
-                when = f"cycle {ack['cycle']}" if ack.get("cycle") is not None else "at once"
-                out.append(Violation(
-                    "reactivated_after_release", seq,
-                    f"cycle {r['cycle']} expands {cid} dp {ranks}, which await_release gave back "
-                    f"(ack seq {ack['seq']}, {when}) with no request for it since and no unregister"))
+            for item in planned.pop(r["cycle"], []):
+                if f"expand {item[0]}" not in skipped:
+                    out.append(_violation(r["cycle"], *item))
+    for cycle in sorted(planned):  # planned and never committed (the run ended meanwhile): it ran
+        out.extend(_violation(cycle, *item) for item in planned[cycle])
     return out
+
+
+def _violation(cycle: int, cid: str, ranks: List[int], seq: int, ack: dict) -> Violation:
+    when = f"cycle {ack['cycle']}" if ack.get("cycle") is not None else "at once"
+    return Violation("reactivated_after_release", seq,
+                     f"cycle {cycle} expands {cid} dp {ranks}, which await_release gave back "
+                     f"(ack seq {ack['seq']}, {when}) with no request for it since and no unregister")

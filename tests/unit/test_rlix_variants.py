@@ -188,3 +188,52 @@ def test_reactivated_after_release_is_silent_once_the_pipeline_asked_again_or_le
 def test_reactivated_after_release_ignores_an_expand_the_commit_skipped():
     assert reactivated_after_release(_log(ACK, EXPAND, {**COMMIT, "skipped_stale": ["expand p_actor_infer"]})) == []
     assert reactivated_after_release(_log(ACK, {**ACK, "error": "failed"}, EXPAND, COMMIT)) != []
+
+
+# ---------------------------------------------------------------- release_after_offload
+
+def _release_run(after_offload: bool):
+    s = _scenario("miles_release_after_failed_sync")
+    return Simulation(dataclasses.replace(s, scheduler={"release_after_offload": after_offload})).run()
+
+
+def _train_releases_after_the_fault(records):
+    fired = next(r["seq"] for r in records if r["kind"] == "fault_fired" and r["name"] == "active_sync_fails")
+    return [r for r in records if r["seq"] > fired and r["kind"] == "released" and r["cluster_id"] == "ppl1_actor_train"]
+
+
+def test_release_after_offload_releases_the_training_gpus_when_the_sync_fails():
+    from harness.invariants import check_log
+    miles, main = _release_run(True), _release_run(False)
+    assert miles.reason == main.reason == "failed"
+    (rel,) = _train_releases_after_the_fault(miles.records)
+    assert rel["gpus"] == [0]
+    assert _train_releases_after_the_fault(main.records) == []
+    # the effects of the failing step: offload ended, the sync started and never ended, then the release
+    step = [(r["kind"], r["effect"]) for r in miles.records
+            if r["kind"] in ("effect_start", "effect_end") and r.get("pipeline_id") == "ppl1" and r.get("step") == 1
+            and r.get("scope") == "step"]
+    i = step.index(("effect_end", "OffloadTraining"))
+    assert step[i + 1:][-4:] == [("effect_end", "ActiveRanks"), ("effect_start", "SyncFromCache"),
+                                 ("effect_start", "ReleaseGpus"), ("effect_end", "ReleaseGpus")]
+    # the check's parameter: the release is right under the option, and only with a failed call
+    assert {v.invariant for v in check_log(miles.records)} == {"run_outcome"}
+    no_flag = [dict(miles.records[0], scheduler={}), *miles.records[1:]]
+    assert "release_after_publish" in {v.invariant for v in check_log(no_flag)}
+    no_failure = [r for r in miles.records
+                  if not (r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" and r.get("step") == 1
+                          and r.get("pipeline_id") == "ppl1")]
+    assert "release_after_publish" in {v.invariant for v in check_log(no_failure)}
+
+
+def test_release_after_offload_without_a_failure_logs_the_same_bytes():
+    s = _scenario("default")
+    on = Simulation(dataclasses.replace(s, scheduler={"release_after_offload": True})).run()
+    off = Simulation(s).run()
+    # only the header's scheduler mapping names the option
+    assert list(on.log.lines())[1:] == list(off.log.lines())[1:]
+
+
+def test_reactivated_after_release_counts_an_expand_whose_cycle_never_commits():
+    found = reactivated_after_release(_log(ACK, EXPAND))
+    assert [v.seq for v in found] == [2]
