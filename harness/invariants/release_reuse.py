@@ -11,9 +11,11 @@ exactly such a cluster a demand of 1.0 because its allocation entry is still the
 planner then re-expands a pipeline that is training, whose woken ranks sync from a cache
 that training is about to replace (docs/rlix-variants.md).
 
-Read from the log alone: the ack is the ``signalled`` record of waiter
-``planned_release``; the pipeline asks again with a ``request`` (or the request half of a
-``release_then_request``) for that cluster, or leaves with ``unregister``; an expand is a
+Read from the log's decisions alone (a replay's output carries no inputs): the ack is the
+``signalled`` record of waiter ``planned_release``; the pipeline asks again when a request
+for that cluster is ``enqueued`` (or served at once: a ``signalled`` request with no cycle);
+the allocation entry goes with a ``released`` record (a release, or the unregister); an
+expand is a
 ``plan`` record's expand of that cluster, counted unless its cycle's ``commit`` skipped it
 as stale (an expand whose cycle never commits, the run having ended meanwhile, ran: it counts).
 """
@@ -26,8 +28,7 @@ from harness.invariants.allocations import is_gen_cluster, pipeline_of
 from harness.invariants.base import Records, Violation, invariant
 
 
-@invariant("reactivated_after_release",
-           reads=("signalled", "plan", "commit", "request", "release_then_request", "unregister"))
+@invariant("reactivated_after_release", reads=("signalled", "plan", "commit", "enqueued", "released", "unregister"))
 def reactivated_after_release(records: Records) -> List[Violation]:
     """No committed expand of a GENERATION cluster between its ``await_release`` ack and
     its pipeline's next request for it (or its unregister)."""
@@ -39,10 +40,10 @@ def reactivated_after_release(records: Records) -> List[Violation]:
         if k == "signalled":
             if r["waiter"] == "planned_release" and not r.get("error") and is_gen_cluster(r["cluster_id"]):
                 released[r["cluster_id"]] = r
-        elif k == "request":
-            released.pop(r["cluster_id"], None)
-        elif k == "release_then_request":
-            released.pop(r["request_cluster_id"], None)
+            elif r["waiter"] == "request" and r.get("cycle") is None:
+                released.pop(r["cluster_id"], None)  # a request served at once
+        elif k in ("enqueued", "released"):
+            released.pop(r["cluster_id"], None)  # asked again, or the entry is gone
         elif k == "unregister":
             pid = r["pipeline_id"]
             for cid in [c for c in released if pipeline_of(c) == pid]:

@@ -169,7 +169,7 @@ EXPAND = {"kind": "plan", "cycle": 4, "shrinks": [], "signals": [],
           "expands": [{"cluster_id": "p_actor_infer", "has_pending_request": False,
                        "bundles": [{"dp_rank": 1, "gpus": [1]}]}]}
 COMMIT = {"kind": "commit", "cycle": 4}
-REQUEST = {"kind": "request", "cluster_id": "p_actor_infer", "priority": "GENERATION", "global_step": 1}
+REQUEST = {"kind": "enqueued", "request_id": 8, "cluster_id": "p_actor_infer", "priority": "GENERATION"}
 
 
 def test_reactivated_after_release_fires_on_an_expand_between_the_ack_and_the_next_request():
@@ -179,8 +179,8 @@ def test_reactivated_after_release_fires_on_an_expand_between_the_ack_and_the_ne
 
 
 @pytest.mark.parametrize("between", [REQUEST, {"kind": "unregister", "pipeline_id": "p"},
-                                     {"kind": "release_then_request", "release_cluster_id": "p_actor_train",
-                                      "request_cluster_id": "p_actor_infer", "request_priority": "GENERATION"}])
+                                     {"kind": "released", "cluster_id": "p_actor_infer", "gpus": [], "reason": "unregister"},
+                                     {**ACK, "waiter": "request", "request_id": 9, "cycle": None, "gpus": [2]}])
 def test_reactivated_after_release_is_silent_once_the_pipeline_asked_again_or_left(between):
     assert reactivated_after_release(_log(ACK, between, EXPAND, COMMIT)) == []
 
