@@ -88,8 +88,9 @@ class Channel:
 class Driver(DriverEffects, LifecycleEffects):
     def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
                  late_receivers_s: float = 0.0, solo: bool = False, script: Any = None,
-                 shrink_drain_timeout_s: float = 30.0) -> None:
+                 shrink_drain_timeout_s: float = 30.0, explorer: Any = None) -> None:
         self.ctx = ctx
+        self.explorer = explorer  # --explore: seeded delays before concurrent operations (dual_explore.py)
         self.solo = solo  # test hook: ppl2 runs after ppl1, no choreography: no GPU ever changes hands
         # the workload script (gpu_gates/dual_script.py), consulted before each effect: the
         # handlers themselves never wait on which pipeline they serve
@@ -224,12 +225,28 @@ class Driver(DriverEffects, LifecycleEffects):
         """Every call of the phase in its own thread (a coordinator call); joins them all."""
         threads = []
         for pid, ranks in e.calls:  # each call writes its own resize records (cycle.run_resize)
-            th = threading.Thread(target=self._resize, args=(pid, e.phase, list(ranks), e.cycle), daemon=True)
+            th = threading.Thread(target=self._resize, args=(pid, e.phase, list(ranks), e.cycle), daemon=True,
+                                  name=f"resize {pid} {e.phase} cycle {e.cycle}")  # the --explore stream
             th.start()
             threads.append(th)
         for th in threads:
             th.join()
         return not self.errors
+
+    def record_explore(self) -> None:
+        """--explore: the delays slept so far into the log header's ``meta.explore``."""
+        if self.explorer is not None:
+            got = self.lock.acquire(timeout=1.0)  # also on the salvage path, where a stuck thread may hold it
+            try:
+                self.log.records[0].setdefault("meta", {})["explore"] = self.explorer.describe()
+            finally:
+                if got:
+                    self.lock.release()
+
+    def _pause(self) -> None:
+        """--explore: this thread's next seeded delay (nothing without a seed)."""
+        if self.explorer is not None:
+            self.explorer.pause()
 
     def _CommitCycle(self, e) -> Optional[List[Signal]]:
         with self.lock:
@@ -239,10 +256,12 @@ class Driver(DriverEffects, LifecycleEffects):
         return None if self.model.failed else signals
 
     def _SignalWaiters(self, e) -> None:
+        self._pause()
         self.deliver(list(e.signals))
 
     def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int) -> None:
         """One coordinator call, interpreted by ``harness.control.cycle.run_resize``."""
+        self._pause()
         run_blocking(run_resize(self.ctxs[pid], phase, ranks, cycle, self._handler(pid),
                                 lambda kind, fields: self.emit(kind, **fields),
                                 lambda exc: self.fail(f"{pid} {phase} {ranks}: {exc}")))
@@ -262,7 +281,9 @@ class Driver(DriverEffects, LifecycleEffects):
         return handle
 
     def _before(self, pid: str, effect: Any) -> None:
-        """The workload script's say before an effect runs (nothing without a script)."""
+        """The workload script's say before an effect runs (nothing without a script),
+        after this thread's seeded delay under --explore."""
+        self._pause()
         if self.script is not None:
             self.script.before(self, pid, effect)
 
@@ -347,8 +368,9 @@ class Driver(DriverEffects, LifecycleEffects):
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
-        threads = [threading.Thread(target=self.scheduler_main, daemon=True)]
-        threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True) for p in PIPELINES]
+        # thread names are the --explore streams (gpu_gates/dual_explore.py)
+        threads = [threading.Thread(target=self.scheduler_main, daemon=True, name="scheduler")]
+        threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True, name=p) for p in PIPELINES]
         threads[0].start()
         for th in threads[1:3]:
             th.start()

@@ -1,6 +1,6 @@
 """Gate 4: two pipelines time-share GPUs under the harness scheduler and control logic.
 
-    torchrun --nproc-per-node 6 gpu_gates/dual_pipeline.py [--steps 3] [--report PATH]
+    torchrun --nproc-per-node 6 gpu_gates/dual_pipeline.py [--steps 3] [--report PATH] [--explore SEED]
 
 Roles (6 processes): ppl1 trainer (logical GPU 0), ppl1 inference dp0 (GPU 0) and dp1
 (GPU 1); ppl2 trainer (GPU 1), ppl2 dp0 (GPU 0), dp1 (GPU 1) — the NeMo 2-GPU partial
@@ -21,6 +21,10 @@ group). On a GPU node with ``--backend nccl`` each process has its own device (N
 one GPU per rank), so the sharing of two GPUs is logical; on CPU everything runs on gloo.
 Outputs next to the report: ``<report>.driver.jsonl`` (the harness log the checks read),
 ``<report>.trace.json`` (Perfetto) and ``<report>.timeline.png``.
+
+``--explore SEED`` sleeps small seeded delays before the driver's concurrent operations
+(``gpu_gates/dual_explore.py``), so an ordering the simulator's exploration found can be
+tried on real process groups; the driver log's header records the seed and every delay.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 from gpu_gates import pg_registry  # noqa: E402
 from gpu_gates.runtime import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
+from gpu_gates.dual_explore import DEFAULT_MAX_DELAY_S, GateExplorer  # noqa: E402
 from gpu_gates.dual_script import HandoverScript  # noqa: E402
 from gpu_gates.dual_worker import WORLD, Worker  # noqa: E402
 from harness.invariants.ordering import resize_walk  # noqa: E402
@@ -51,6 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shrink-drain-timeout-s", type=positive_float, default=30.0,
                         help="how long a shrink's drain may wait for the aborted requests to leave its ranks "
                              "(RLix's rebalance_on_shrink, 30 s); past it the run fails")
+    parser.add_argument("--explore", type=_seed, metavar="SEED",
+                        help="sleep small seeded delays before concurrent operations (gpu_gates/dual_explore.py)")
+    parser.add_argument("--explore-max-delay-s", type=positive_float, default=DEFAULT_MAX_DELAY_S, metavar="S",
+                        help=f"with --explore: the bound of one delay (default {DEFAULT_MAX_DELAY_S} s)")
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in 0..2**63-1, got {value}")
+    return value
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -137,11 +153,14 @@ def run(ctx: GateContext) -> None:
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
                     swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve,
                     late_receivers_s=_late_receivers_s(ctx), solo=solo, script=None if solo else HandoverScript(),
-                    shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s)
+                    shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s,
+                    explorer=None if ctx.args.explore is None else GateExplorer(ctx.args.explore,
+                                                                                ctx.args.explore_max_delay_s))
 
     def salvage() -> None:
         """The run ended early (timeout, a failed peer): keep the partial driver log and
         what each interpreter was executing, so the report shows where things stood."""
+        driver.record_explore()
         got = driver.lock.acquire(timeout=1.0)
         try:
             records = list(driver.log.records)
@@ -169,6 +188,7 @@ def run(ctx: GateContext) -> None:
     ctx.salvage.remove(salvage)
     thread.join(10.0)
     ctx.set_phase("verify")
+    driver.record_explore()
     # after a driver error (a resize that timed out on a hung peer) a leaked group is its consequence
     _check_no_group_survives(ctx, baseline, after_failure=bool(driver.errors))
     records = driver.log.records
@@ -190,6 +210,8 @@ def run(ctx: GateContext) -> None:
     ctx.data.update(steps_done=driver.steps_done, published=published, cycles=driver.model.state.cycle_counter,
                     order=_order_evidence(records), records=len(records), outputs=_outputs(ctx, records),
                     violations=[str(v) for v in violations[:20]], driver_activity=dict(driver.activity))
+    if driver.explorer is not None:
+        ctx.data["explore"] = {"seed": driver.explorer.seed, "delays_slept": sum(map(len, driver.explorer.slept.values()))}
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
@@ -197,7 +219,7 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     return {"steps_done": d.get("steps_done"), "published_versions": d.get("published"), "cycles": d.get("cycles"),
             "resize_order": d.get("order", [])[:20], "driver_records": d.get("records"),
             "outputs": d.get("outputs", {}), "violations": d.get("violations", []),
-            "driver_activity": d.get("driver_activity", {})}, []
+            "driver_activity": d.get("driver_activity", {}), **({"explore": d["explore"]} if "explore" in d else {})}, []
 
 
 SPEC = GateSpec(name="dual_pipeline", description=__doc__.splitlines()[0], default_world=WORLD, default_cycles=1,

@@ -238,6 +238,12 @@ class Requests:
                 break
             x = torch.tanh(model.head.float() @ x[: model.head.shape[1]].float()).repeat(2)[: x.numel()]
             time.sleep(self.TOKEN_S)
+        with self.lock:
+            # an abort that landed during the last token, before the request reported its
+            # end, still ends it as aborted: so every request an abort counted in flight is
+            # one that ends aborted (or, with never_wakes, stays in flight)
+            if request_id in self.aborting:
+                status = "aborted"
         if status == "aborted" and self.never_wakes:
             self.stuck.wait()  # forever: the process exits around this daemon thread
         with self.lock:

@@ -29,6 +29,12 @@ passes one by accident on a real node). The value is a comma-separated list of s
                         for a sequence loss and back)
 ``wrong_loss``          train_pump_parity: the trainer's loss sum ignores the mask (padding
                         positions count); the counts stay right
+``residue_grows``       cycle_trends: the engine's sleep keeps its KV cache (NeMo RL #2619)
+``ipc_staging_leak``    cycle_trends: the refit producer keeps every released staging pair (vLLM #51258)
+``leak_cycle_group``    cycle_trends: the cycle's process group is never destroyed
+``refit_slows``         cycle_trends: each refit's first load waits 20 ms x the cycle number
+``drop_kv_scales``      cycle_trends: the trainer exports parameters and buffers only, not the
+                        engine's FP8 KV-cache scales (NeMo RL #3226)
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -47,7 +53,8 @@ ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
                "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines",
-               "wrong_normalizer", "wrong_loss", "abort_never_wakes")
+               "wrong_normalizer", "wrong_loss", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
+               "leak_cycle_group", "refit_slows", "drop_kv_scales")
 
 
 class HookSpecError(ValueError):

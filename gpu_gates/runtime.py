@@ -107,7 +107,11 @@ TIMEOUT_MARKER = "timed out: deadline passed while"
 
 def primary_failure(failures: List[str]) -> str:
     """The failure to headline: a rank's own problem, not a peer's knock-on abort or teardown."""
-    primary = next((f for f in failures if not any(m in f for m in SECONDARY_MARKERS)), failures[0])
+    # With only knock-on failures, the ranks that never reported name the likely culprit
+    # (a rank that timed out and exited before its result reached rank 0 made the launcher
+    # SIGTERM the rest); a rank's own SIGTERM says only that the job was torn down.
+    fallback = next((f for f in failures if "never reported" in f), failures[0])
+    primary = next((f for f in failures if not any(m in f for m in SECONDARY_MARKERS)), fallback)
     timeouts = [f for f in failures if TIMEOUT_MARKER in f]
     if TIMEOUT_MARKER in primary and len(timeouts) > 1:  # show where every stuck rank was
         where = "; ".join(" ".join(f.split(": ", 1)[-1].replace(TIMEOUT_MARKER, "").split()) for f in timeouts)

@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
     sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)")
     sim.add_argument("--explore", type=int, metavar="SEED",
-                     help="order same-time events of different processes by a seeded strategy (docs/exploration.md)")
+                     help="a seeded strategy orders same-time events of different processes and lock hand-offs, "
+                          "and adds small delays to RPC returns and lock holds (docs/exploration.md)")
     sim.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
                      help="with --explore: pct (priority change points, default) or random (a random walk)")
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
@@ -149,14 +150,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
-    cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine")
-    cal.add_argument("target", choices=["refit"], help="what to calibrate")
-    cal.add_argument("--out", metavar="FILE", default="refit-calibration.json", help="calibration file to write")
+    cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine "
+                         "(refit), or the cost model's efficiency factors to measured step times (step TIMINGS)")
+    cal.add_argument("target", choices=["refit", "step"], help="what to calibrate")
+    cal.add_argument("timings", nargs="?", metavar="TIMINGS",
+                     help="step only: measured per-stage step times (format: docs/cost-model.md)")
+    cal.add_argument("--out", metavar="FILE", help="calibration file to write (default refit-calibration.json / "
+                     "step-calibration.json)")
+    cal.add_argument("--hold-out", action="append", default=[], metavar="RUN",
+                     help="step only: leave this run of TIMINGS out of the fit (repeatable)")
     cal.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
                      help="runs per configuration (minimum of, each after a warm-up run)")
     cal.add_argument("--quick", action="store_true", help="a 4-point grid instead of 9")
-    fid = sub.add_parser("fidelity", help="compare simulated refit times with fresh measurements on held-out configurations")
-    fid.add_argument("target", choices=["refit"], help="what to check")
+    fid = sub.add_parser("fidelity", help="compare simulated refit times with fresh measurements on held-out "
+                         "configurations (refit), or predicted stage times with measured ones (step TIMINGS)")
+    fid.add_argument("target", choices=["refit", "step"], help="what to check")
+    fid.add_argument("timings", nargs="?", metavar="TIMINGS", help="step only: measured per-stage step times")
     how = fid.add_mutually_exclusive_group(required=True)
     how.add_argument("--calibration", metavar="FILE", help="file written by `rlharness calibrate refit`")
     how.add_argument("--fit-alongside", action="store_true",
@@ -356,13 +365,22 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from rlharness.step_calibrate import step_command
+
+    if step_command(args, UsageError, check_output_file):
+        return 0
     from rlharness.refit_calibrate import cmd_calibrate
 
-    check_output_file(args.out, "--out")  # before minutes of measuring
-    return cmd_calibrate(args.out, args.repeats, args.quick)
+    out = args.out or "refit-calibration.json"
+    check_output_file(out, "--out")  # before minutes of measuring
+    return cmd_calibrate(out, args.repeats, args.quick)
 
 
 def _cmd_fidelity(args: argparse.Namespace) -> int:
+    from rlharness.step_calibrate import step_command
+
+    if step_command(args, UsageError, check_output_file):
+        return 0
     from rlharness.refit_calibrate import cmd_fidelity
 
     return cmd_fidelity(args.calibration, args.repeats, args.strict, alongside=args.fit_alongside)

@@ -12,7 +12,10 @@ compares the SHA-256 of every output file with this one's:
   bytes depend on matplotlib and FreeType, not on the interpreter, and matplotlib is not
   what the other interpreter needs to have);
 * the event logs of the first fuzz seeds (generated scenarios reach paths no bundled one
-  does: faults, odd sizes, fractional demands).
+  does: faults, odd sizes, fractional demands);
+* the event logs of explored runs (``--explore SEED`` under each strategy: the explorer's
+  ranks, hand-offs and seeded delays come from ``random.Random``, whose draws must be the
+  same on every version).
 
 About 2 s of CPU per interpreter. The other interpreter needs the simulator's dependencies
 (simpy, numpy, PyYAML, orjson) importable and this checkout on its path (set here).
@@ -37,6 +40,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COMPARED_FILES = ("events.jsonl", "summary.txt", "summary.json", "trace.json", "violations.txt", "scenario.yaml")
 FUZZ_SEEDS = range(60)
 DEPENDENCIES = ("simpy", "numpy", "yaml", "orjson")
+# explored runs compared: (scenario path, "" = the built-in default; schedule seed; strategy)
+EXPLORE_RUNS = [(path, seed, strategy) for path in ("", "examples/scenarios/gap_ratio_3pipelines.yaml")
+                for strategy in ("pct", "random") for seed in (0, 1)]
 
 Hashes = Dict[str, Dict[str, str]]  # run name -> file -> sha256
 
@@ -75,9 +81,12 @@ def _file_sha(path: str) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
-def output_hashes(scenarios: Optional[List[str]] = None, seeds: Optional[range] = None) -> Hashes:
+def output_hashes(scenarios: Optional[List[str]] = None, seeds: Optional[range] = None,
+                  explore: Optional[List[list]] = None) -> Hashes:
     """This interpreter's hashes of every compared run (simulated here, now): the given
-    bundled scenarios and fuzz seeds, by default all of them."""
+    bundled scenarios, fuzz seeds and explored runs; all of them when none is given (explored
+    runs only then, or when named)."""
+    from simulators.explore import ExploreSpec
     from simulators.fuzz.generate import scenario_for_seed
     from simulators.fuzz.seed_run import lines_sha256
     from simulators.run import simulate
@@ -94,11 +103,18 @@ def output_hashes(scenarios: Optional[List[str]] = None, seeds: Optional[range] 
             out[path or "(default)"] = {f: _file_sha(os.path.join(run_dir, f)) for f in COMPARED_FILES}
     for seed in FUZZ_SEEDS if seeds is None else seeds:
         out[f"fuzz seed {seed}"] = {"events.jsonl": lines_sha256(Simulation(scenario_for_seed(seed)).run().log.lines())}
+    if explore is None and scenarios is None and seeds is None:
+        explore = EXPLORE_RUNS
+    for path, seed, strategy in explore or []:
+        scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
+        log = Simulation(scenario, explore=ExploreSpec(seed, strategy)).run().log
+        out[f"{path or '(default)'} --explore {seed} --explore-strategy {strategy}"] = {
+            "events.jsonl": lines_sha256(log.lines())}
     return out
 
 
 def hashes_under(python: str, scenarios: Optional[List[str]] = None, seeds: Optional[range] = None,
-                 timeout_s: Optional[float] = 300) -> Answer:
+                 timeout_s: Optional[float] = 300, explore: Optional[List[list]] = None) -> Answer:
     """The :class:`Answer` computed by the interpreter ``python`` on this checkout, of the
     same runs :func:`output_hashes` takes.
 
@@ -106,7 +122,8 @@ def hashes_under(python: str, scenarios: Optional[List[str]] = None, seeds: Opti
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     try:
         proc = subprocess.run([python, "-m", "simulators.cross_version", "--hashes", json.dumps(
-                                   {"scenarios": scenarios, "seeds": None if seeds is None else [seeds.start, seeds.stop]})],
+                                   {"scenarios": scenarios, "seeds": None if seeds is None else [seeds.start, seeds.stop],
+                                    "explore": explore})],
                               cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=timeout_s)
     except OSError as e:
@@ -146,7 +163,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         which = json.loads(argv[1]) if len(argv) > 1 else {}
         seeds = range(*which["seeds"]) if which.get("seeds") is not None else None
         json.dump({"python": platform.python_version(), "dependencies": dependency_versions(),
-                   "hashes": output_hashes(which.get("scenarios"), seeds)}, sys.stdout)
+                   "hashes": output_hashes(which.get("scenarios"), seeds, which.get("explore"))}, sys.stdout)
         return 0
     if not argv or any(a.startswith("-") for a in argv):
         print("usage: python -m simulators.cross_version OTHER_PYTHON... | --hashes", file=sys.stderr)

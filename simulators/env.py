@@ -171,15 +171,18 @@ class Link:
     What it drops is simpy's generic put/get machinery (a no-op ``_trigger_get``
     callback per request, queue scans, ``usage_since``)."""
 
-    __slots__ = ("_env", "capacity", "users", "queue")
+    __slots__ = ("_env", "capacity", "users", "queue", "unordered")
 
-    def __init__(self, env: SimEnv, capacity: int = 1) -> None:
+    def __init__(self, env: SimEnv, capacity: int = 1, unordered: bool = False) -> None:
         if capacity <= 0:
             raise ValueError('"capacity" must be > 0.')
         self._env = env
         self.capacity = capacity
         self.users: List[LinkRequest] = []
         self.queue: List[LinkRequest] = []  # pending requests, FIFO
+        # a lock that promises no order among its waiters (a threading.Lock): under
+        # exploration the explorer picks who gets it next; otherwise FIFO, as simpy's
+        self.unordered = unordered and env.explorer is not None
 
     def request(self) -> "LinkRequest":
         return LinkRequest(self)
@@ -190,7 +193,8 @@ class Link:
     def _grant_head(self, _event: Any = None) -> None:
         queue = self.queue
         if queue and len(self.users) < self.capacity:
-            req = queue.pop(0)
+            req = queue.pop(self._env.explorer.pick([r.key for r in queue], self._env._now)
+                            if self.unordered and len(queue) > 1 else 0)
             self.users.append(req)
             req._ok = True  # req.succeed(), inlined: a queued request is pending by construction
             req._value = None
@@ -205,6 +209,9 @@ class LinkRequest(Event):
         self.callbacks = []
         self._value = PENDING
         self.resource = link
+        if link.unordered:  # the waiter's process key: what the explorer ranks at a hand-off
+            proc = link._env._active_proc
+            self.key = getattr(proc, "order_key", ROOT_KEY) if proc is not None else ROOT_KEY
         if not link.queue and len(link.users) < link.capacity:
             # it would head the queue and a slot is free: granted now (what _grant_head
             # would do after queueing it, without the queue round trip)

@@ -13,17 +13,30 @@ returns first -- and the bugs reported around weight sync are mostly of that kin
   first ``steps`` rankings, the process being ranked drops below every other. A bug that
   needs d ordering constraints is found with probability at least 1/(n·k^(d-1)) per seed.
 
+The same ranks decide the two other choices the modelled system leaves open:
+
+* **lock hand-off**: RLix's coordinator lock and cache lock are ``threading.Lock``s, which
+  promise no order among waiters; the simulator hands them over FIFO, an explored run to
+  the waiter whose process ranks first at that instant (:meth:`Explorer.pick`);
+* **small delays** (:meth:`Explorer.delay`): a scheduler RPC's return to its caller, a
+  coordinator resize call's arrival, and a lock holder's hold each get, with probability
+  1/2, an extra delay in (0, ``max_delay_s``] (10 ms by default: a loaded Ray actor call's
+  latency), in steps of ``max_delay_s``/100. They come from a stream of their own
+  (``random.Random("explore-delays/SEED")``), so they shift events that are close but not
+  simultaneous, which no reordering of one instant can.
+
 What stays fixed: events of one process keep their program order (one rank per process and
 instant), and simpy's own priorities (URGENT before NORMAL) come first. So a seed only
-reorders what the model leaves unordered. Each seed is deterministic: ranks come from
-``random.Random(seed)``, which draws the same numbers on every supported Python.
+reorders what the model leaves unordered, and stretches nothing by more than the bound.
+Each seed is deterministic: ranks and delays come from ``random.Random``, which draws the
+same numbers on every supported Python.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Sequence, Tuple
 
 STRATEGIES = ("random", "pct")
 Key = Tuple[int, ...]
@@ -35,11 +48,13 @@ class ExploreSpec:
     strategy: str = "pct"
     depth: int = 3          # pct: ordering constraints a found bug may need
     steps: int = 20_000     # pct: rankings over which the change points are drawn
+    max_delay_s: float = 0.01  # the bound of one seeded delay (an RPC's return, a lock hold)
 
     def describe(self) -> Dict[str, object]:
         out: Dict[str, object] = {"seed": self.seed, "strategy": self.strategy}
         if self.strategy == "pct":
             out.update(depth=self.depth, steps=self.steps)
+        out["max_delay_s"] = self.max_delay_s
         return out
 
 
@@ -59,6 +74,8 @@ class Explorer:
         self._changes = (sorted(self.rng.sample(range(1, spec.steps + 1), min(spec.depth - 1, spec.steps)))
                          if spec.strategy == "pct" else [])
         self._next_change = 0
+        self._delays = random.Random(f"explore-delays/{spec.seed}")  # str seeds hash the same on 3.11-3.13
+        self._delay_step = spec.max_delay_s / 100
 
     def rank(self, key: Key, at: float, now: float) -> float:
         """The rank of ``key``'s events that fire at ``at`` (fixed once asked)."""
@@ -85,3 +102,18 @@ class Explorer:
             # the d-1 change points lower the ranked process below all others, later ones lowest
             prio = self._priority[key] = float(self.spec.depth - self._next_change)
         return prio
+
+    def pick(self, keys: Sequence[Key], now: float) -> int:
+        """Which waiter (by its process key) a released lock goes to: the one ranked first
+        at this instant, the earliest waiter among equals (so one process's waits stay FIFO)."""
+        best, best_rank = 0, None
+        for i, key in enumerate(keys):
+            rank = self.rank(key, now, now)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = i, rank
+        return best
+
+    def delay(self) -> float:
+        """A seeded extra delay: 0 half the time, else k * max_delay_s / 100 for k in 1..100."""
+        k = int(self._delays.random() * 200)
+        return 0.0 if k < 100 else (k - 99) * self._delay_step

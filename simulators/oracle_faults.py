@@ -69,3 +69,32 @@ class OracleFaults:
         (``no_host_ram_guard``): the charge goes through whatever the node holds (the
         node overcommits instead of the process being killed with a ``host_oom``)."""
         return not self._armed_once("no_host_ram_guard")
+
+    # cycle_trends: the leak classes a single cycle cannot show (harness/invariants/trends.py)
+    def _sleep_residue(self, gpu: int, owner: str) -> None:
+        """Called after a rank's sleep freed its memory on ``gpu``. Armed
+        (``sleep_residue_grows``, NeMo RL #2619: memory after sleep grew from 4.11 GiB to
+        ~25 GiB in three steps): the sleep leaves :data:`RESIDUE_STEP_BYTES` more behind
+        every time, so the residue grows by that much per cycle until the post-sleep
+        threshold or a wake runs out of memory."""
+        if self._armed_once("sleep_residue_grows"):
+            self.sim.cluster.vram.alloc(gpu, owner, "sleep_residue", RESIDUE_STEP_BYTES)
+
+    def _staging_kept(self) -> bool:
+        """Whether a sync's staging buffer stays allocated when the sync frees it. Armed
+        (``staging_leak``, vLLM #51258: the IPC staging buffer leaked once per step until a
+        wake ran out of memory): it does, and the next sync allocates a new one beside it."""
+        return self._armed_once("staging_leak")
+
+    def _refit_slowdown_s(self) -> float:
+        """Extra seconds at the end of a sync. Armed (``refit_slows``): each sync since the
+        fault armed takes :data:`REFIT_SLOWDOWN_S` longer than the one before (a cost that
+        grows with what earlier cycles left behind)."""
+        if not self._armed_once("refit_slows"):
+            return 0.0
+        self._slow_syncs = getattr(self, "_slow_syncs", 0) + 1
+        return self._slow_syncs * REFIT_SLOWDOWN_S
+
+
+RESIDUE_STEP_BYTES = 32 << 20
+REFIT_SLOWDOWN_S = 0.25

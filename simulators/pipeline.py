@@ -95,7 +95,9 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self.progress = CoordinatorProgress(self.pid)
         self.batch_step: Optional[int] = None  # the step whose batch is being collected
         self.batch_ready = self.env.event()
-        self.lock = Link(self.env, 1)  # == simpy.Resource(env, 1), cheaper (see Link)
+        # RLix's coordinator _resize_sync_lock (a threading.Lock: no order among waiters, so
+        # an explored run picks the next holder); == simpy.Resource(env, 1), cheaper (see Link)
+        self.lock = Link(self.env, 1, unordered=True)
         self._lock_req: List[Any] = []
         self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # run-level effect class -> bound handler
@@ -225,6 +227,16 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         req = self.lock.request()
         yield req
         self._lock_req.append(req)
+        yield from self._hold_longer()
+
+    def _hold_longer(self):
+        """Under exploration a new lock holder may go on a small seeded delay later
+        (simulators/explore.py): the lock is held that much longer."""
+        explorer = self.env.explorer
+        if explorer is not None:
+            delay = explorer.delay()
+            if delay:
+                yield self.env.timeout(delay)
 
     def _Unregister(self, e):
         sim = self.sim
@@ -346,6 +358,7 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
             self.lock.release(req)
             return COORDINATOR_GONE
         self._lock_req.append(req)
+        yield from self._hold_longer()
         return None
 
     def _UnlockCoordinator(self, e):

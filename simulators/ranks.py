@@ -146,6 +146,7 @@ class RankEffects:
                 vram.free(g, owner, "weights")
                 if not keep_nccl:
                     vram.free(g, owner, "nccl")
+                self._sleep_residue(g, owner)  # fault sleep_residue_grows (oracle_faults.py)
                 left = vram.held(g, owner)
                 if left > c.post_sleep_threshold_bytes:
                     residues.append(f"dp{r} keeps {left} B on GPU {g}")

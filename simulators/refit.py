@@ -130,6 +130,8 @@ class _SyncTiming:
     def _free_staging(self) -> None:
         if self.staged:
             self.staged = False
+            if self.pipe._staging_kept():  # fault staging_leak (oracle_faults.py)
+                return
             self.cluster.vram.free(self.owner, f"{self.pipe.pid}/sync", "staging")
 
     def _CreateSyncGroup(self, e):
@@ -178,6 +180,9 @@ class _SyncTiming:
     def _FinishSend(self, e):
         if self.c.refit_complete_s:
             yield self.env.timeout(self.c.refit_complete_s)
+        slowdown = self.pipe._refit_slowdown_s()  # fault refit_slows (oracle_faults.py)
+        if slowdown:
+            yield self.env.timeout(slowdown)
 
     def _DestroySyncGroup(self, e):
         if self.pipe._strand_sync_group(e.name, list(e.members)):

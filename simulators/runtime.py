@@ -83,6 +83,7 @@ class Simulation:
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
         self.wake = self.env.event()
         self._poll_actor = Actor("scheduler", 1)  # the key the 1 s poll runs under (see poll)
+        self._rpc_actor = Actor("scheduler", 3)  # explored: the key of a delayed RPC return (deliver)
         self.background: Optional[str] = None
         self.stop = self.env.event()
         self.failure: Optional[str] = None
@@ -141,9 +142,15 @@ class Simulation:
             self.wake.succeed()
 
     def deliver(self, signals: List[Signal]) -> None:
+        explorer = self.env.explorer
         for s in signals:
             ev = self.waiters.pop(s.request_id, None)
-            if ev is not None:
+            if ev is None:
+                continue
+            delay = 0.0 if explorer is None else explorer.delay()
+            if delay:  # explored: the RPC's return reaches its caller a little later
+                Timer(self.env, delay, self._rpc_actor, _succeed_with, (ev, s))
+            else:
                 ev.succeed(s)
 
     # ------------------------------------------------------------------ scheduler loop
@@ -199,7 +206,10 @@ class Simulation:
         procs = []
         for pid, ranks in e.calls:  # each call writes its own resize records (cycle.run_resize)
             pipe = self.by_id[pid]
-            procs.append(env.spawn(pipe.resize(e.phase, list(ranks), e.cycle), "resize", pipe.index))
+            call = pipe.resize(e.phase, list(ranks), e.cycle)
+            if env.explorer is not None:  # explored: the call reaches the coordinator a little later
+                call = _after(env, env.explorer.delay(), call)
+            procs.append(env.spawn(call, "resize", pipe.index))
         if procs:
             yield env.all_of(procs)
         return not self.failure
@@ -269,6 +279,18 @@ class Simulation:
                 done = sum(p.steps_done for p in self.pipelines)
                 total = sum(p.spec.steps for p in self.pipelines)
                 self.progress(f"  t={env.now:9.1f}s  steps {done}/{total}  events {len(self.log.records)}  wall {now - t0:5.1f}s")
+
+
+def _succeed_with(arg: Any) -> None:
+    ev, value = arg
+    ev.succeed(value)
+
+
+def _after(env: SimEnv, delay: float, gen: Any):
+    """``gen`` run ``delay`` later (none: at once)."""
+    if delay:
+        yield env.timeout(delay)
+    return (yield from gen)
 
 
 _KEEP_NULL = {"version", "result", "error", "cycle", "step"}

@@ -47,6 +47,7 @@ from simulators import scenario_limits
 from simulators.scenario_yaml import ScenarioTextError, read_scenario_text, strict_safe_load
 
 from harness.scheduler.options import SchedulerOptions
+from simulators.scenario_policy import check_policy_fields
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from harness.topology import (
     ClusterTopology,
@@ -249,6 +250,8 @@ def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
         except ValueError as e:
             raise ctx.fail(f"scheduler.{key}", str(e)) from None
     opts = SchedulerOptions.from_mapping(data)
+    if opts.demand_floor and opts.policy != "gap_ratio":
+        raise ctx.fail("scheduler.demand_floor", f"a variant of RLix's gap-ratio planner; policy {opts.policy!r} does not use it")
     # Keep only the options the file names (normalized: ints given for floats become floats).
     return {key: getattr(opts, key) for key in data}
 
@@ -398,7 +401,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, Mapping):
         raise ctx.fail("(top level)", f"expected a mapping, got {_describe(data)}")
     data = _mapping(ctx, "(top level)", data)
-    data = expand_cost_model(data, ctx.fail)  # presets and derived costs, where the file gives none
+    data = expand_cost_model(data, ctx.fail, str(source))  # presets and derived costs, where the file gives none
     known = tuple(FIELD_RULES[Scenario]) + _SCENARIO_STRUCTURED + ("defaults",)
     _reject_unknown(ctx, "", data, known)
     for key in _SCENARIO_REQUIRED:
@@ -442,6 +445,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         pipes[p.name] = p
         first_index[p.name] = i
     scenario_limits.check_run_total(ctx.fail, trajectories)
+    check_policy_fields(ctx.fail, scheduler, list(pipes.values()))
 
     faults: List[FaultSpec] = []
     if "faults" in data:

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 from harness import limits
 from harness.scheduler.options import SchedulerOptions
+from harness.scheduler.policies import POLICIES
 from simulators import spec
 from simulators.dataplane import DataPlaneSpec
 from simulators.scenario_limits import NAME_RULE
@@ -186,10 +187,18 @@ def _table(cls: type, prefix: str, limit_prefix: str, extra_rows: Optional[List[
 def _scheduler_table() -> List[str]:
     comments = field_comments(SchedulerOptions)
     rows = ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
+    policy_rows = {  # the policy's own fields (docs/policies.md): kind and allowed values
+        "policy": ("str", " / ".join(POLICIES)),
+        "partition": ("map", "pipeline -> list of GPU ids; disjoint; each pipeline's training GPUs and one whole "
+                             "inference bundle inside its part"),
+        "groups": ("list", "lists of pipeline names; a pipeline in at most one"),
+    }
     for f in dataclasses.fields(SchedulerOptions):
         default = f.default
         kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else "float"
         allowed = {"bool": "true / false", "int": "> 0", "float": ">= 0"}[kind]
+        if f.name in policy_rows:
+            kind, allowed = policy_rows[f.name]
         rows.append("| " + " | ".join(_cell(x) for x in (f"`scheduler.{f.name}`", kind, _default(SchedulerOptions, f), allowed,
                                                            comments.get(f.name, ""))) + " |")
     return rows

@@ -23,7 +23,10 @@ def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
 
 #: fields left out of the dump while unset: presets and architecture the scenario never named
 _UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "hidden_size": 0, "num_heads": 0,
-                  "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0}
+                  "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0, "experts_per_token": 0}
+#: a pipeline's training layout (the cost model's input), dumped where it is not the default
+_LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0,
+           "log_prob_passes": 1}
 
 
 def _sparse(obj: Any) -> Dict[str, Any]:
@@ -50,6 +53,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "train_gpus": list(p.train_gpus),
                 "infer_gpus": list(p.infer_gpus),
                 "infer_tp": p.infer_tp,
+                **{k: getattr(p, k) for k, default in _LAYOUT.items() if getattr(p, k) != default},
                 "steps": p.steps,
                 "sleep_level": p.sleep_level,
                 "start_s": p.start_s,
@@ -74,5 +78,6 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         "pipelines": pipelines,
         "faults": [_flat_to_mapping(f) for f in s.faults],
         **({"refit_calibration": s.refit_calibration} if s.refit_calibration else {}),
+        **({"step_calibration": s.step_calibration} if s.step_calibration else {}),
         **({"expect": [e.as_mapping() for e in s.expect]} if s.expect else {}),
     }

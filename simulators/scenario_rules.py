@@ -45,6 +45,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "num_kv_heads": _r("int", ">=0", "heads"),
         "head_dim": _r("int", ">=0", ""),
         "vocab_size": _r("int", ">=0", "tokens"),
+        "experts_per_token": _r("int", ">=0", "experts"),
     },
     WorkloadSpec: {
         "prompts_per_step": _r("int", ">0", "prompt groups"),
@@ -84,6 +85,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "kv_cache_fraction": _r("float", "(0,1]", "fraction of free VRAM"),
         "cuda_context_bytes": _r("int", ">=0", "bytes"),
         "train_mfu": _r("float", "(0,1]", ""),
+        "moe_train_mfu": _r("float", "(0,1]", ""),
+        "link_efficiency": _r("float", "(0,1]", ""),
         "decode_flops_efficiency": _r("float", "(0,1]", ""),
         "hbm_efficiency": _r("float", "(0,1]", ""),
         "tp_allreduce_latency_s": _r("float", ">=0", "s"),
@@ -125,6 +128,13 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "name": _r("str"),
         "type": _r("str"),
         "infer_tp": _r("int", ">0", "GPUs per DP rank"),
+        "train_tp": _r("int", ">0", "GPUs"),
+        "train_pp": _r("int", ">0", "stages"),
+        "train_cp": _r("int", ">0", "GPUs"),
+        "train_ep": _r("int", ">0", "GPUs"),
+        "train_micro_batch": _r("int", ">0", "sequences"),
+        "train_global_batch": _r("int", ">=0", "sequences"),
+        "log_prob_passes": _r("int", ">0", "forward passes"),
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),
@@ -152,6 +162,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "seed": _r("int", ">=0"),
         "horizon_s": _r("float", ">0", "simulated s"),
         "refit_calibration": _r("str"),
+        "step_calibration": _r("str"),
         # cluster, costs, scheduler, pipelines, faults: structured
     },
 }

@@ -52,6 +52,7 @@ class ModelSpec:
     num_kv_heads: int = 0
     head_dim: int = 0
     vocab_size: int = 0
+    experts_per_token: int = 0  # routed experts per token (top-k) of a mixture of experts; 0 = dense
 
     @property
     def weight_bytes(self) -> int:
@@ -113,6 +114,8 @@ class CostSpec:
     train_mfu: float = 0.35  # model-FLOPs utilization of training and log-prob passes
     decode_flops_efficiency: float = 0.5  # share of peak FLOP/s a decode step's matmuls reach
     hbm_efficiency: float = 0.8  # share of the HBM bandwidth weight and KV reads reach
+    moe_train_mfu: float = 0.16  # the same for a mixture of experts (model.experts_per_token > 0)
+    link_efficiency: float = 1.0  # share of a preset's NVLink / NIC figure training's collectives reach
     tp_allreduce_latency_s: float = 10e-6  # fixed part of one tensor-parallel all-reduce
     max_num_seqs: int = 256  # the engine's cap on concurrent sequences (vLLM's default)
     wake_fixed_s: float = 0.5  # wake_up's fixed part (allocator, CUDA graphs)
@@ -164,6 +167,18 @@ class PipelineSpec:
     train_gpus: Tuple[int, ...]
     infer_gpus: Tuple[int, ...]
     infer_tp: int = 1
+    # training layout (the cost model's input only; docs/cost-model.md): Megatron's TP, PP,
+    # CP and EP sizes over train_gpus (DP = the rest), sequences per microbatch and per
+    # optimizer step (0 = the step's whole batch in one optimizer step)
+    train_tp: int = 1
+    train_pp: int = 1
+    train_cp: int = 1
+    train_ep: int = 1
+    train_micro_batch: int = 1
+    train_global_batch: int = 0
+    # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
+    # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0)
+    log_prob_passes: int = 1
     model: ModelSpec = field(default_factory=ModelSpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     steps: int = 4
@@ -251,6 +266,13 @@ class FaultSpec:
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
       reload; invariant 24, ``rank_lifecycle``).
+    * ``sleep_residue_grows`` — (NeMo RL #2619) from that step on, every sleep of a rank
+      leaves 32 MiB more on each of its GPUs than the one before: the residue after sleep
+      grows per cycle (check ``cycle_trends``, series ``residue_bytes``).
+    * ``staging_leak`` — (vLLM #51258) from that step on, a weight sync's staging buffer
+      is not freed and the next sync allocates another (``cycle_trends``, ``ipc_bytes``).
+    * ``refit_slows`` — from that step on, each weight sync takes 0.25 s longer than the
+      one before (``cycle_trends``, ``refit_s``).
     * ``active_sync_fails`` — at that step (a nemo_async pipeline) the active refresh's weight
       sync fails at a receiver, after the training offload: the run fails; with the scheduler
       option ``release_after_offload`` (RLix's MILES line) the training GPUs are released
@@ -274,6 +296,7 @@ class Scenario:
     faults: Tuple[FaultSpec, ...] = ()
     description: str = ""
     refit_calibration: str = ""  # a calibration file (rlharness calibrate refit) whose costs fill unset costs
+    step_calibration: str = ""  # a calibration file (rlharness calibrate step): efficiency factors for unset costs
     expect: Tuple[Any, ...] = ()  # list of mappings: findings known to occur, each with its reason (table below)
 
 
@@ -285,7 +308,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # faults that exist to make the oracle's checks fire (simulators/oracle_faults.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation", "active_sync_fails")
+                      "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
+                      "active_sync_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

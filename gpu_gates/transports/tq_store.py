@@ -21,6 +21,11 @@ one private TQ function used here). TQ keeps no record of who wrote a row and ov
 silently, so a store opened with ``ledger=True`` also puts one tags-only key per written
 (sample, field) into a ``__ledger__/<partition>`` partition, and :meth:`write_ledger` reads
 the writes back from the store (the gate's one-write-per-(sample, field) check).
+
+Each row's digest (``harness/dataplane/digest.py``) is written with it as a sample tag
+``__digest/<field>`` — through TQ's controller, not the storage unit that carries the row —
+and every read compares what came back with it (Relax #256: a transfer engine that
+truncated reads and reported success). ``truncate_reads`` is that fault, for the tests.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from harness.dataplane import digest
 from harness.dataplane.errors import DataPlaneError, DataPlaneInputError
 from harness.dataplane.store import RowStore, Rows
 
@@ -42,9 +48,10 @@ LEDGER_PREFIX = "__ledger__/"
 
 
 class TransferQueueStore(RowStore):
-    def __init__(self, conf=None, ledger: bool = False) -> None:
+    def __init__(self, conf=None, ledger: bool = False, truncate_reads: bool = False) -> None:
         import transfer_queue as tq  # the one import of TQ in the project
         self.tq = tq
+        self.truncate_reads = truncate_reads
         self.client = tq.get_client()
         self.conf = conf  # what init returned (None when attached): the client config to hand on
         self.ledger = ledger
@@ -137,7 +144,8 @@ class TransferQueueStore(RowStore):
         for s in sample_ids:
             if s in listing:
                 meta = self.client.kv_retrieve_meta(keys=[s], partition_id=partition_id, create=False)
-                out[s] = (dict(listing[s] or {}), set(meta.field_names or []))
+                tags = {k: v for k, v in (listing[s] or {}).items() if not k.startswith(digest.DIGEST_TAG)}
+                out[s] = (tags, set(meta.field_names or []))
         return out
 
     def write(self, partition_id, sample_ids, rows, tags, writer):
@@ -145,7 +153,12 @@ class TransferQueueStore(RowStore):
 
         columns = {name: _column(field_rows) for name, field_rows in rows.items()}
         td = TensorDict(columns, batch_size=[len(sample_ids)])
-        self.tq.kv_batch_put(keys=list(sample_ids), partition_id=partition_id, fields=td, tags=[dict(t) for t in tags])
+        sums = digest.digests_of(rows)
+        listing = self._listing(partition_id)  # a put replaces a sample's tags: keep the other fields' digests
+        full = [{**{k: v for k, v in (listing.get(s) or {}).items() if k.startswith(digest.DIGEST_TAG)},
+                 **dict(tags[i]), **{digest.DIGEST_TAG + name: sums[name][i] for name in rows}}
+                for i, s in enumerate(sample_ids)]
+        self.tq.kv_batch_put(keys=list(sample_ids), partition_id=partition_id, fields=td, tags=full)
         if self.ledger:  # after the put returned: the store holds these rows now
             entries = [(s, f) for s in sample_ids for f in rows]
             self.tq.kv_batch_put(keys=[f"{s}/{f}/{uuid.uuid4().hex}" for s, f in entries],
@@ -168,6 +181,11 @@ class TransferQueueStore(RowStore):
             out[name] = [r.clone() for r in value.unbind(0)]
             if len(out[name]) != len(sample_ids):
                 raise DataPlaneError(f"TransferQueue returned {len(out[name])} rows of {name!r} for {len(sample_ids)} samples")
+            if self.truncate_reads:
+                out[name] = [digest.truncated(r) for r in out[name]]
+        listing = self._listing(partition_id)
+        digest.verify(partition_id, sample_ids, out,
+                      lambda s, f: (listing.get(s) or {}).get(digest.DIGEST_TAG + f))
         return out
 
     def drop(self, partition_id, sample_ids):

@@ -147,8 +147,13 @@ class RefitSender(_Endpoint):
 
     def __init__(self, endpoint: str, *, peer: str = "receiver", timeout_s: float = 120.0,
                  device: Optional[torch.device] = None, emit: Optional[Emit] = None,
-                 single_buffer: bool = False) -> None:
+                 single_buffer: bool = False, leak_staging: bool = False) -> None:
         super().__init__(endpoint, peer, timeout_s, zmq.REQ, bind=True)
+        # fault ``ipc_staging_leak`` of the cycle-trends gate (vLLM #51258): the released
+        # ping-pong pair is kept (mapped, referenced) instead of pooled, so every sync
+        # allocates a new pair and the producer's staging memory grows once per sync
+        self.leak_staging = leak_staging
+        self._leaked: List[Any] = []
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.emit = emit or (lambda kind, **f: None)
         self.single_buffer = single_buffer  # benchmark variant: wait for every ACK before packing the next group
@@ -242,7 +247,9 @@ class RefitSender(_Endpoint):
         elif isinstance(e, proto.ReleaseBuffers):
             for b in (0, 1):
                 buf = buffers.pop(b)
-                if isinstance(buf, ShmBuffer):
+                if self.leak_staging:
+                    self._leaked.append(buf)
+                elif isinstance(buf, ShmBuffer):
                     self._pool.append(buf)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -285,9 +292,10 @@ class RefitSender(_Endpoint):
         return self._pool.pop() if self._pool else self._alloc(nbytes)
 
     def close(self) -> None:
-        for buf in getattr(self, "_pool", []):
-            buf.close()
-        self._pool = []
+        for buf in getattr(self, "_pool", []) + getattr(self, "_leaked", []):
+            if isinstance(buf, ShmBuffer):
+                buf.close()
+        self._pool, self._leaked = [], []
         super().close()
 
     def _alloc(self, nbytes: int) -> Any:

@@ -6,6 +6,10 @@ and validates, then calls these primitives. ``InProcessStore`` is a dict in this
 ``TransferQueueStore`` (gpu_gates/transports/tq_store.py) is the real TransferQueue on Ray. ``RefuseOverwrite`` wraps any store with Mooncake's
 no-upsert rule: a second write of a (sample, field) is refused with the ``-601`` class
 error instead of silently replacing the row, which is how a duplicate writer shows up.
+
+Every store writes a digest with each row and checks it on every read
+(``harness/dataplane/digest.py``): a read that came back truncated while reporting success
+(Relax #256) is a ``RowDigestError`` naming the row and field, never a wrong row handed on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from harness.dataplane import digest
 from harness.dataplane.errors import DataPlaneInputError, DuplicateWriteError
 
 Rows = Dict[str, List[torch.Tensor]]
@@ -61,9 +66,15 @@ class RowStore(ABC):
 
 
 class InProcessStore(RowStore):
-    """A dict of partitions guarded by a lock; ``writes`` is its ledger of every row write."""
+    """A dict of partitions guarded by a lock; ``writes`` is its ledger of every row write.
 
-    def __init__(self) -> None:
+    ``truncate_reads`` is a test fault (Relax #256): every read returns its rows with the
+    second half of their bytes never copied, and reports success; the digest check must
+    catch it."""
+
+    def __init__(self, truncate_reads: bool = False) -> None:
+        self.truncate_reads = truncate_reads
+        self._digests: Dict[str, Dict[Tuple[str, str], str]] = {}  # partition -> (sample, field) -> digest
         self._lock = threading.Lock()
         self._partitions: Dict[str, Tuple[dict, List[str]]] = {}
         self._rows: Dict[str, Dict[str, Dict[str, torch.Tensor]]] = {}
@@ -97,17 +108,25 @@ class InProcessStore(RowStore):
         if partition_id not in self._partitions:
             raise DataPlaneInputError(f"partition_id: {partition_id!r} is not registered")
         part_rows, part_tags = self._rows[partition_id], self._tags[partition_id]
+        sums = digest.digests_of(rows)  # before any update: hashing is the one step that could fail
+        part_sums = self._digests.setdefault(partition_id, {})
         for i, s in enumerate(sample_ids):  # everything below is plain dict updates: cannot fail half-way
             part_tags[s] = dict(tags[i])
             sample_rows = part_rows.setdefault(s, {})
             for name, field_rows in rows.items():
                 sample_rows[name] = field_rows[i]
+                part_sums[(s, name)] = sums[name][i]
                 self.writes.append((writer, partition_id, s, name))
 
     def read(self, partition_id, sample_ids, fields):
         with self._lock:
             part = self._rows[partition_id]
-            return {f: [part[s][f] for s in sample_ids] for f in fields}
+            rows = {f: [part[s][f] for s in sample_ids] for f in fields}
+            sums = dict(self._digests.get(partition_id, {}))
+        if self.truncate_reads:
+            rows = {f: [digest.truncated(r) for r in field_rows] for f, field_rows in rows.items()}
+        digest.verify(partition_id, sample_ids, rows, lambda s, f: sums.get((s, f)))
+        return rows
 
     def drop(self, partition_id, sample_ids):
         with self._lock:
@@ -115,12 +134,16 @@ class InProcessStore(RowStore):
                 self._partitions.pop(partition_id, None)
                 self._rows.pop(partition_id, None)
                 self._tags.pop(partition_id, None)
+                self._digests.pop(partition_id, None)
                 for key in [k for k in self._claimed if k[0] == partition_id]:
                     del self._claimed[key]
                 return
+            sums = self._digests.get(partition_id, {})
             for s in sample_ids:
                 self._rows.get(partition_id, {}).pop(s, None)
                 self._tags.get(partition_id, {}).pop(s, None)
+                for key in [k for k in sums if k[0] == s]:
+                    del sums[key]
                 for key, claimed in self._claimed.items():
                     if key[0] == partition_id:
                         claimed.discard(s)

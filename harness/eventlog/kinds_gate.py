@@ -36,4 +36,10 @@ GATE_KINDS: dict = {
                           {"version": "int", "ok": "bool", "mismatches": "int"}, {"target": "bool"}),
     "weights_publish": _kind("The owner published a weight version after every target acknowledged.",
                              {"version": "int", "targets": "int_list"}),
+    "trend_sample": _kind("One cycle's measurement of a series the cycle_trends check fits a line through "
+                          "(series = family/key; family residue_bytes|ipc_bytes|live_groups|refit_s).",
+                          {"series": "str", "cycle": "int", "value": "number"}),
+    "engine_required": _kind("The tensors an inference engine needs loaded before it may serve (parameters and "
+                             "non-parameter state such as FP8 KV-cache scales); step = the refit it is about to take.",
+                             {"step": "int", "names": "list"}),
 }

@@ -11,7 +11,8 @@ from typing import Dict, FrozenSet, Iterable, List, Optional
 
 from harness.invariants import (  # noqa: F401  (registration)
     cache, dataplane, groups, handover, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
-    pump_liveness, refit_wire, release_reuse, routing, scheduling, streaming, trajectory_age, versions)
+    pump_liveness, refit_payload, refit_wire, release_reuse, routing, scheduling, streaming, trajectory_age, trends,
+    versions)
 from harness.invariants.base import CHECKS, SEES, Records, Violation
 
 

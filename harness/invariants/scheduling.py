@@ -7,6 +7,12 @@ whole device mapping is free or held only by GENERATION ranks it may preempt. A 
 that cannot be granted is skipped (later ones overtake it) unless the header's scheduler
 options set ``head_of_line_blocking``, which stops granting for the rest of the cycle.
 
+A scheduling policy other than RLix's (docs/policies.md) changes two of these rules, and
+says so in the header (``scheduler.policy``; :mod:`harness.invariants.policy_rules`): under
+``acquire_yield`` GPUs another pipeline's GENERATION holds are not obtainable for a
+non-GENERATION request, and ``idle_bundle_starvation`` counts only the bundles the policy
+lets the waiting pipeline take. Nothing else is exempted.
+
 Both checks rebuild the scheduler's view from decision records only
 (:class:`harness.invariants.allocations.DecisionWalk`): who holds each GPU at plan time,
 which requests are pending (``enqueued`` until ``signalled``), the registered device
@@ -19,6 +25,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from harness.invariants.allocations import DECISION_KINDS, GENERATION, DecisionWalk, pipeline_of
 from harness.invariants.base import Records, Violation, invariant
+from harness.invariants.policy_rules import group_mates, header_policy, parts
 
 #: RLix's priority order (lower first); GENERATION (6) is elastic and never granted here
 TIERS = {"INITIALIZATION": 0, "ACTOR_TRAINING": 1, "CRITIC_TRAINING": 2, "OLD_LOG_PROBS": 3,
@@ -37,6 +44,7 @@ class _Pending(DecisionWalk):
         super().__init__(records)
         header = records[0] if records and records[0]["kind"] == "header" else {}
         self.options = dict(header.get("scheduler") or {})
+        self.policy = header_policy(records)
         self.pending: Dict[int, Tuple[int, int, str]] = {}  # request_id -> (tier, seq, cluster)
         self.held_for: Dict[str, Set[int]] = {}
         self._last_rtr: Optional[dict] = None
@@ -78,6 +86,16 @@ class _Pending(DecisionWalk):
                 out.discard(g)
         return out
 
+    def not_obtainable_for(self, cid: str) -> Set[int]:
+        """GPUs of :meth:`obtainable` that ``cid``'s request still may not take: under
+        acquire_yield (a policy parameter in the header) those another pipeline's
+        GENERATION holds for its phase; none under every other policy."""
+        if self.policy["policy"] != "acquire_yield":
+            return set()
+        mine = pipeline_of(cid)
+        return {g for g, owner in self.h.owner.items()
+                if self.h.priority.get(owner, GENERATION) == GENERATION and pipeline_of(owner) != mine}
+
 
 class _GrantOrder(_Pending):
     def __init__(self, records) -> None:
@@ -107,7 +125,8 @@ class _GrantOrder(_Pending):
                 passed_over.clear()
                 free -= granted[cid]
                 continue
-            usable = free | self.held_for.get(cid, set())
+            barred = self.not_obtainable_for(cid)
+            usable = (free - barred if barred else free) | self.held_for.get(cid, set())
             if set(mapping) <= usable:
                 passed_over.append((cid, f"whose whole mapping {mapping} was idle or held by GENERATION"))
             elif hol:
@@ -203,6 +222,8 @@ class _IdleBundle(DecisionWalk):
 
     def __init__(self, records) -> None:
         super().__init__(records)
+        self.policy = header_policy(records)
+        self.ever: Dict[str, object] = {}  # every registration seen, first-registration order
         self.out: List[Violation] = []
         self.waiting: Dict[str, bool] = {}
         self.routable: Dict[str, Set[int]] = {}
@@ -213,10 +234,21 @@ class _IdleBundle(DecisionWalk):
         self.last_t = 0.0
 
     def _idle_bundle(self, pid: str, idle: Set[int]) -> Optional[List[int]]:
+        """An idle bundle the header's policy lets ``pid`` take (policy_rules), or None."""
         reg = self.h.registry.get(pid)
         cid = f"{pid}_actor_infer"
         if reg is None or reg.max_dp(cid) is None:
             return None
+        policy = self.policy["policy"]
+        for q, r in self.h.registry.items():  # parts and groups are drawn over every pipeline ever registered
+            self.ever[q] = r
+        if policy == "static_partition":
+            idle = idle & parts(self.ever, self.policy["partition"]).get(pid, set())
+        elif policy == "acquire_yield" and not idle.issuperset(reg.mapping(cid)):
+            return None  # it acquires its whole mapping or nothing
+        elif policy == "round_robin" and any(self.h.held(f"{q}_actor_infer") for q in
+                                            group_mates(self.ever, self.policy["groups"], pid)):
+            return None  # another member of its co-execution group holds the rollout turn
         for dp in range(reg.max_dp(cid)):
             b = reg.bundle(cid, dp)
             if b and idle.issuperset(b):

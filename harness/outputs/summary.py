@@ -45,6 +45,7 @@ from harness.outputs.streaming_summary import StreamingRow, streaming_rows
 from harness.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
 from harness.outputs.run_view import Log, RunView, as_view
+from harness.outputs.policy_figures import policy_name
 from harness.outputs.waste import WASTE_KINDS, WasteSummary, scheduler_waste
 
 
@@ -125,6 +126,8 @@ class Summary:
     handovers: List[Dict[str, Any]] = field(default_factory=list)
     waste: WasteSummary = field(default_factory=WasteSummary)  # harness/outputs/waste.py
     first_oom_seq: Optional[int] = None  # to say whether an unclean handover came first
+    # the scheduling policy the header names (absent: gap_ratio, RLix's planner; docs/policies.md)
+    policy: str = "gap_ratio"
 
     @property
     def duration_s(self) -> float:
@@ -351,6 +354,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
                                  {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(view.of("dp_transfer")),
         waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
+        policy=policy_name(view.records),
     )
 
 

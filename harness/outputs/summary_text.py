@@ -59,7 +59,7 @@ def format_summary(summary: Summary) -> str:
     out.append(title)
     out.append(f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(d)} s simulated), "
                f"end: {summary.end_reason or 'no sim_end'}; cluster {summary.nodes} node(s) x "
-               f"{summary.gpus_per_node} GPU(s)")
+               f"{summary.gpus_per_node} GPU(s); scheduler policy {summary.policy}")
 
     out.append("")
     out.append("Pipelines (time split: simulated seconds with any such work, % of the run; kinds overlap;")
@@ -194,6 +194,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
     n_gpus = len(summary.gpus)
     return {
         "scenario": summary.scenario,
+        "policy": summary.policy,
         "time_unit": "simulated seconds",
         "run": {"start_s": summary.t_start, "end_s": summary.t_end, "simulated_s": d, "end": summary.end_reason,
                 "nodes": summary.nodes, "gpus_per_node": summary.gpus_per_node},

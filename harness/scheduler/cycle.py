@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.planner import GapRatioInputs, GapRatioResult, gap_ratio_plan
+from harness.scheduler.policies import GAP_RATIO, may_preempt, plan_generation
 from harness.scheduler.state import SchedulerState
 from harness.scheduler.types import (
     GENERATION_CLUSTER,
@@ -117,7 +118,8 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
             if missing and opts.rollback_ungrantable_preemption:
                 snapshot = (copy.deepcopy(plan.shrinks), set(available))
             if missing:
-                _preempt_generation(state, plan, available, missing)
+                _preempt_generation(state, plan, available, missing,
+                                    None if opts.policy == GAP_RATIO else (cid, opts))
             if needed <= available:
                 available.difference_update(needed)
                 reserved.update(needed)
@@ -135,10 +137,14 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
                     blocked = True
 
 
-def _preempt_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int], missing: Set[int]) -> None:
-    """Shrink GEN ranks holding missing GPUs (RLix Phase 2 donor scan, allocation order)."""
+def _preempt_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int], missing: Set[int],
+                        policy: Optional[Tuple[str, SchedulerOptions]] = None) -> None:
+    """Shrink GEN ranks holding missing GPUs (RLix Phase 2 donor scan, allocation order).
+    ``policy`` (requester, options) when a policy other than gap_ratio may refuse a donor."""
     for donor_cid, donor in list(state.allocations.items()):
         if donor.priority != Priority.GENERATION or donor_cid in plan.clusters_to_remove:
+            continue
+        if policy is not None and not may_preempt(state, policy[1], donor_cid, policy[0]):
             continue
         if missing.isdisjoint(donor.gpu_ids):
             continue
@@ -177,6 +183,8 @@ def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set
         estimates.setdefault(p.cluster_id, p.step_target_estimate)
     # fixed variant: a cluster waiting to reach zero is never expanded in the meantime
     frozen = set() if opts.ack_unplanned_releases else set(state.planned_releases)
+    if opts.policy != GAP_RATIO:  # another policy's Phase 4 (harness/scheduler/policies.py)
+        return plan_generation(state, plan, available, estimates, frozen, opts)
     # ``available`` and ``reserved`` are this cycle's own sets, not read after this call,
     # and the planner copies the idle set it mutates: they are handed over uncopied.
     # Positional (in GapRatioInputs' field order): this runs every cycle and keyword

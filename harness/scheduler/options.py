@@ -9,9 +9,16 @@ difference. Field names are the names used in trace headers and scenario files.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from harness.scheduler.planner import MAX_GAP_ACTIVATIONS, MAX_GAP_ITERATIONS
+from harness.scheduler.policies import GAP_RATIO, check_policy
+
+#: the policy's own fields: written to a header only when they differ from the default, so a
+#: gap_ratio log (every log written before policies existed) keeps its bytes
+POLICY_FIELDS = ("policy", "partition", "groups")
+#: RLix's MILES variants: likewise written only when set
+MILES_FIELDS = ("demand_floor", "release_after_offload")
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,16 @@ class SchedulerOptions:
     # the share of pipelines (worst completion first) compared.
     rebalance_threshold_pp: float = 10.0
     rebalance_worst_fraction: float = 0.5
+    # Which policy shares the GPUs (docs/policies.md): gap_ratio (RLix), static_partition,
+    # round_robin or acquire_yield.
+    policy: str = GAP_RATIO
+    # static_partition only: pipeline -> its fixed GPUs (disjoint). Default: every pipeline
+    # keeps its training GPUs, and each other GPU goes to the first pipeline (scenario order)
+    # whose inference mapping holds it.
+    partition: Optional[Dict[str, Tuple[int, ...]]] = None
+    # round_robin only: co-execution groups, lists of pipeline names. Default: pipelines
+    # connected by shared GPUs form one group.
+    groups: Optional[Tuple[Tuple[str, ...], ...]] = None
     # RLix's MILES line, off = RLix main/nemo (rlops/rlix PR #12, d455b0c; docs/rlix-variants.md):
     # the gap-ratio planner gives a GENERATION cluster still in the allocations, with no
     # progress report and no pending estimate, a demand of 1.0 instead of skipping it
@@ -66,6 +83,9 @@ class SchedulerOptions:
         for key, value in data.items():
             if key not in known:
                 raise ValueError(f"unknown scheduler option {key!r}; known: {', '.join(sorted(known))}")
+            if key in POLICY_FIELDS:
+                kwargs[key] = _policy_field(key, value)
+                continue
             default = getattr(cls(), key)
             if isinstance(default, bool):
                 if not isinstance(value, bool):
@@ -81,16 +101,38 @@ class SchedulerOptions:
         return cls(**kwargs)
 
     def to_mapping(self) -> Dict[str, Any]:
-        """The header's ``scheduler`` mapping. Options added after the log format was fixed
-        (:data:`OPTIONAL_IN_HEADER`) appear only when set, so a log that does not use them
-        keeps its bytes."""
         out = asdict(self)
-        for key in OPTIONAL_IN_HEADER:
-            if out[key] == getattr(_DEFAULTS, key):
+        for key in MILES_FIELDS:  # the same for RLix's MILES variants (docs/rlix-variants.md)
+            if out[key] == getattr(SchedulerOptions, key):
                 del out[key]
+        for key in POLICY_FIELDS:
+            if out[key] == getattr(SchedulerOptions, key):
+                del out[key]
+            elif key == "partition":
+                out[key] = {pid: list(gpus) for pid, gpus in out[key].items()}
+            elif key == "groups":
+                out[key] = [list(g) for g in out[key]]
         return out
 
 
-#: options written to a log header only when they differ from the default
-OPTIONAL_IN_HEADER = ("demand_floor", "release_after_offload")
-_DEFAULTS = SchedulerOptions()
+def _policy_field(key: str, value: Any) -> Any:
+    """``policy`` / ``partition`` / ``groups`` from a scenario or header; ValueError says
+    what is wrong in one line."""
+    if key == "policy":
+        return check_policy(value)
+    if value is None:
+        return None
+    if key == "partition":
+        if not isinstance(value, Mapping) or not value:
+            raise ValueError(f"scheduler option 'partition' must map pipeline names to GPU lists, got {value!r}")
+        out: Dict[str, Tuple[int, ...]] = {}
+        for pid, gpus in value.items():
+            if not isinstance(gpus, (list, tuple)) or not gpus or \
+                    any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus):
+                raise ValueError(f"scheduler option 'partition' of {pid!r} must be a non-empty list of GPU ids, got {gpus!r}")
+            out[str(pid)] = tuple(sorted(gpus))
+        return out
+    if not isinstance(value, (list, tuple)) or not value or \
+            any(not isinstance(g, (list, tuple)) or not g or any(not isinstance(p, str) for p in g) for g in value):
+        raise ValueError(f"scheduler option 'groups' must be a list of lists of pipeline names, got {value!r}")
+    return tuple(tuple(g) for g in value)

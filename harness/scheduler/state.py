@@ -41,6 +41,9 @@ class SchedulerState:
     gpu_pipelines_cache: Optional[Dict[int, List[str]]] = None
     neighbours_cache: Optional[Dict[str, Set[str]]] = None
     gen_clusters_cache: Optional[List[Tuple[str, str, ClusterConfig]]] = None
+    # what a policy other than gap_ratio remembers between cycles (round_robin's turns,
+    # acquire_yield's lock queue: harness/scheduler/policies.py); empty under gap_ratio
+    policy_memo: Dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.idle_gpus:

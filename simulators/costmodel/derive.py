@@ -8,7 +8,11 @@ exactly as before). Derived per pipeline, since each has its own model and TP:
 * ``model``: a ``preset`` fills ``params`` and the architecture;
 * ``workload``: ``tokens_per_s_per_rank``, ``batching_half_point``, ``max_concurrent_per_rank``;
 * ``costs`` (the pipeline's own section): ``train_s_per_trajectory``,
-  ``old_log_probs_s_per_trajectory``, ``wake_s``, ``sleep_s``.
+  ``old_log_probs_s_per_trajectory`` (from the pipeline's training layout ``train_tp`` ...
+  ``train_global_batch`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``.
+
+A ``step_calibration`` file (``rlharness calibrate step``) first fills the scenario's
+``costs`` efficiency factors it does not set.
 
 The cluster's links and memory come from the GPU preset the same way.
 """
@@ -32,11 +36,12 @@ def _section(data: Mapping[str, Any], key: str) -> Dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
 
 
-def expand(data: Any, fail: Fail) -> Any:
+def expand(data: Any, fail: Fail, source: str = "<scenario>") -> Any:
     """A copy of the scenario mapping with presets and derived costs filled in."""
     if not isinstance(data, Mapping):
         return data
     data = copy.deepcopy(dict(data))
+    _step_calibration(data, source, fail)
     cluster = data.get("cluster")
     gpu = _gpu(cluster, fail) if isinstance(cluster, Mapping) else None
     if gpu is not None:
@@ -51,6 +56,32 @@ def expand(data: Any, fail: Fail) -> Any:
         if isinstance(pipe, dict):
             _pipeline(data, pipe, f"pipelines[{i}]", defaults, gpu, fail)
     return data
+
+
+def _step_calibration(data: dict, source: str, fail: Fail) -> None:
+    """A ``step_calibration`` file's efficiency factors become the scenario's ``costs``
+    wherever that section gives none (explicit wins; ``rlharness calibrate step``)."""
+    path = data.get("step_calibration")
+    if path in (None, ""):
+        return
+    if not isinstance(path, str):
+        raise fail("step_calibration", f"expected a file path, got {path!r}")
+    from simulators.calibration import resolve
+    from simulators.costmodel.stepfit import StepTimingsError
+    from simulators.costmodel.stepfit_parse import load_calibration
+
+    full = resolve(path, source)
+    try:
+        factors = load_calibration(full)["costs"]
+    except StepTimingsError as e:
+        raise fail("step_calibration", str(e)) from None
+    costs = data.get("costs")
+    if costs is None:
+        costs = data["costs"] = {}
+    if isinstance(costs, dict):
+        for key, value in factors.items():
+            costs.setdefault(key, value)
+    data["step_calibration"] = full
 
 
 def _gpu(cluster: Mapping[str, Any], fail: Fail) -> Optional[GpuSpec]:
@@ -82,21 +113,25 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
     costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}
     cost_vals = {fl.name: costs_given.get(fl.name, fl.default) for fl in fields(CostSpec)}
+    factors = ("train_mfu", "moe_train_mfu", "decode_flops_efficiency", "hbm_efficiency", "link_efficiency")
+    if not all(isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
+               for k in factors):
+        return  # validation names the bad factor
     workload_given = {**_section(defaults, "workload"), **_section(pipe, "workload")}
     wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
     params = float(model.get("params", ModelSpec.params))
     active = float(model.get("active_params") or params)
     arch = f.Arch(params, active, model["layers"], model["hidden_size"], model["num_kv_heads"] * model["head_dim"],
-                  int(num(model, "bytes_per_param", ModelSpec)))
+                  int(num(model, "bytes_per_param", ModelSpec)), int(model.get("experts_per_token") or 0))
     eff = f.Efficiency(cost_vals["train_mfu"], cost_vals["decode_flops_efficiency"], cost_vals["hbm_efficiency"],
                        cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
-                       cost_vals["sleep_fixed_s"])
+                       cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"])
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"])
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
     sleep_level = pipe.get("sleep_level", 2)
     cluster = data["cluster"]
-    link = cluster.get("intra_node_bytes_per_s", gpu.nvlink_bytes_per_s or gpu.pcie_bytes_per_s)
+    link = _links(cluster, gpu).for_group(tp, eff)  # a TP group wider than a node all-reduces over the NICs
     derived_workload = f.decode_curve(arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops,
                                       gpu.hbm_bytes_per_s, float(link), eff)
     capacity = f.kv_capacity(arch, tp, float(cluster.get("vram_bytes", gpu.hbm_bytes)),
@@ -106,13 +141,45 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
                    f"fit {tp} x {gpu.name} at kv_cache_fraction {cost_vals['kv_cache_fraction']} (raise infer_tp)")
     derived_workload["max_concurrent_per_rank"] = capacity
     derived_costs = {
-        "train_s_per_trajectory": f.train_s_per_trajectory(arch, tokens, gpu.bf16_flops, eff),
-        "old_log_probs_s_per_trajectory": f.log_probs_s_per_trajectory(arch, tokens, gpu.bf16_flops, eff),
+        **_training(pipe, path, arch, tokens, wl["prompts_per_step"] * wl["generations_per_prompt"], cluster, gpu, eff,
+                    fail),
         **f.wake_sleep_s(arch, tp, float(cluster.get("pcie_bytes_per_s", gpu.pcie_bytes_per_s)),
                          sleep_level if sleep_level in (1, 2) else 2, eff),
     }
     _fill(pipe, "workload", derived_workload, workload_given)
     _fill(pipe, "costs", derived_costs, costs_given)
+
+
+_LAYOUT = ("train_tp", "train_pp", "train_cp", "train_ep", "train_micro_batch", "train_global_batch")
+
+
+def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float, seqs: int, cluster: Mapping[str, Any],
+              gpu: GpuSpec, eff: "f.Efficiency", fail: Fail) -> Dict[str, float]:
+    """Per-trajectory training and log-prob costs of the pipeline's layout: the simulator
+    charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n."""
+    gpus = len(pipe.get("train_gpus") or ()) or 1
+    given = {k: pipe[k] for k in _LAYOUT if isinstance(pipe.get(k), int) and not isinstance(pipe.get(k), bool)}
+    layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
+                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0))
+    if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch) < 1 or layout.global_batch < 0:
+        return {}  # validation names the field
+    problem = f.layout_problem(gpus, layout)
+    if problem is not None:
+        raise fail(f"{path}.train_tp", problem)
+    links = _links(cluster, gpu)
+    train = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
+    fwd = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
+    passes = pipe.get("log_prob_passes", 1)
+    passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes > 0 else 1
+    return {"train_s_per_trajectory": train["total"] * gpus / seqs,
+            "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs}
+
+
+def _links(cluster: Mapping[str, Any], gpu: GpuSpec) -> "f.Links":
+    per_node = cluster.get("gpus_per_node", 2)
+    per_node = per_node if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0 else 2
+    return f.Links(float(cluster.get("intra_node_bytes_per_s", gpu.nvlink_bytes_per_s or gpu.pcie_bytes_per_s)),
+                   float(cluster.get("inter_node_bytes_per_s", gpu.nic_bytes_per_s * per_node)) / per_node, per_node)
 
 
 def _fill(pipe: dict, key: str, derived: Mapping[str, Any], given: Mapping[str, Any]) -> None:

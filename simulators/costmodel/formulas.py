@@ -5,12 +5,35 @@ d = hidden size, kv = KV heads x head dim, b = bytes per parameter (and per KV e
 T = tokens of one trajectory (prompt + decode), F = the GPU's dense peak FLOP/s, B = its
 HBM bytes/s.
 
-* Training, per trajectory on one GPU: (6·N_act·T + 6·L·d·T²) / (F · train_mfu). 6·N·T
+* Training, per trajectory on one GPU: (6·N_act·T + 6·L·d·T²) / (F · mfu). 6·N·T
   is the forward + backward matmul work (Kaplan et al. 2020, "Scaling Laws for Neural
   Language Models", §2.1); 6·L·d·T² the causal attention scores and context, forward and
   backward (2·L·d·T² forward: half of the full 4·L·d·T² because of the causal mask).
-  MFU is the usual model-FLOPs utilization; the simulator divides by the training GPUs.
-* Log-probs (forward only): (2·N_act·T + 2·L·d·T²) / (F · train_mfu).
+  MFU is the usual model-FLOPs utilization (``train_mfu``; ``moe_train_mfu`` for a mixture
+  of experts, whose many small expert matmuls reach less of peak); the simulator divides by
+  the training GPUs.
+* Log-probs (forward only): (2·N_act·T + 2·L·d·T²) / (F · mfu).
+* Training parallelism (:func:`train_pass_s`; a step's ``n`` sequences on ``G`` GPUs laid
+  out as TP×PP×CP×DP, EP for the experts), from Narayanan et al. 2021, "Efficient
+  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC '21):
+    - pipeline bubble (§2.2.1, the 1F1B schedule): the compute is stretched by
+      1 / (1 − (p−1)/(m+p−1)), m = microbatches a pipeline runs per optimizer step
+      = global_batch / (DP · micro_batch);
+    - tensor-parallel communication (§3.2 / Fig. 4 of the same paper; Korthikanti et al.
+      2022 for sequence parallelism, same bytes): per layer, 2 all-reduces forward and 2
+      backward of the microbatch's activations (tokens·d·b bytes); a ring all-reduce moves
+      2(t−1)/t of them per GPU;
+    - data-parallel gradient reduction: once per optimizer step, a ring all-reduce (or the
+      distributed optimizer's reduce-scatter + all-gather: the same bytes) of the GPU's
+      gradient shard (N/(TP·PP), the experts' further split EP ways) at ``grad_bytes``;
+    - context parallelism (ring attention, Liu et al. 2023): each GPU passes its KV chunk
+      (2·kv·b per token and layer) to the cp−1 others, forward once and backward twice;
+    - expert parallelism (the MoE token dispatch and combine, Lepikhin et al. 2020
+      "GShard"): per MoE layer, 2 all-to-alls forward and 2 backward, each moving a token's
+      k routed copies (k·d·b bytes), of which (ep−1)/ep leave the GPU.
+  Every communication is counted as not overlapped with compute (Megatron overlaps some of
+  it; ``link_efficiency`` scales every link figure). A group's link is NVLink while it fits
+  in a node, else the node's NICs (per GPU: the node's figure / GPUs per node).
 * Decode, one step of a rank (a TP bundle of ``tp`` GPUs) serving ``c`` sequences — the
   roofline read as a sum (memory time plus compute time; NVIDIA's "Mastering LLM
   Techniques: Inference Optimization" and vLLM's own sizing notes reason the same way):
@@ -27,13 +50,16 @@ HBM bytes/s.
   ``max_num_seqs`` (vLLM's default 256): ``max_concurrent_per_rank``.
 * Wake and sleep (level 1: weights to and from host RAM over PCIe): fixed + (W/tp)/pcie;
   level 2 drops the weights (the sync brings them), so only the fixed part.
+* Refit from the CPU bucket cache (:func:`refit_s`, the closed form of what
+  ``simulators/refit.py`` charges): W·(1/pcie + 1/fabric + 1/load) + buckets·(2·τ_tensor + τ_group)
+  + fixed; the fabric is NVLink inside a node, the NICs across nodes, none on the owner's GPU.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,11 @@ class Arch:
     hidden_size: int
     kv_dim: int          # KV heads x head dim
     bytes_per_param: int
+    experts_per_token: int = 0  # routed experts per token (top-k); 0 = a dense model
+
+    @property
+    def moe(self) -> bool:
+        return self.experts_per_token > 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +86,78 @@ class Efficiency:
     max_num_seqs: int
     wake_fixed_s: float
     sleep_fixed_s: float
+    moe_train_mfu: float = 0.16
+    link_efficiency: float = 1.0
+    grad_bytes: int = 4
+
+    def mfu(self, a: "Arch") -> float:
+        return self.moe_train_mfu if a.moe else self.train_mfu
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A training layout: TP×PP×CP×DP GPUs (EP splits the experts over the DP×CP×TP ranks)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    micro_batch: int = 1   # sequences per microbatch
+    global_batch: int = 0  # sequences per optimizer step; 0 = a step's whole batch
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per GPU and direction (bytes/s): NVLink inside a node, the NIC share across nodes."""
+
+    intra: float
+    inter: float
+    gpus_per_node: int
+
+    def for_group(self, span: int, e: Efficiency) -> float:
+        """The link a group of ``span`` consecutive GPUs communicates over."""
+        return (self.intra if span <= self.gpus_per_node else self.inter) * e.link_efficiency
+
+
+def layout_problem(gpus: int, p: Parallel) -> Optional[str]:
+    """Why ``gpus`` training GPUs cannot take layout ``p`` (None: they can)."""
+    if gpus % (p.tp * p.pp * p.cp):
+        return f"{gpus} training GPUs are not a multiple of tp x pp x cp = {p.tp * p.pp * p.cp}"
+    if (gpus // p.pp) % p.ep:
+        return f"ep {p.ep} does not divide the {gpus // p.pp} GPUs of a pipeline stage"
+    return None
+
+
+def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flops: float, links: Links,
+                 e: Efficiency, backward: bool = True) -> Dict[str, float]:
+    """Wall seconds of one training (``backward``) or log-prob pass over ``seqs`` sequences
+    of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc)."""
+    dp = gpus // (p.tp * p.pp * p.cp)
+    k = 3.0 if backward else 1.0  # forward + backward (2x) against forward only
+    work = 2.0 * k * seqs * (a.active_params * tokens + a.layers * a.hidden_size * tokens * tokens)
+    compute = work / (gpus * flops * e.mfu(a))
+    per_step = p.global_batch or seqs
+    m = max(1, -(-per_step // (dp * p.micro_batch)))
+    bubble = compute * (p.pp - 1) / m  # compute / (1 - (p-1)/(m+p-1)) - compute
+    stage_layers = a.layers / p.pp
+    tok_gpu = seqs * tokens / (dp * p.cp)  # tokens a TP group of one stage handles
+    b = a.bytes_per_param
+    out = {"compute": compute, "pp_bubble": bubble, "tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0, "dp_comm": 0.0}
+    if p.tp > 1:
+        volume = 2.0 * (k + 1) / 2 * stage_layers * tok_gpu * a.hidden_size * b * 2.0 * (p.tp - 1) / p.tp
+        out["tp_comm"] = volume / links.for_group(p.tp, e)
+    if p.cp > 1:
+        out["cp_comm"] = k * stage_layers * tok_gpu * 2.0 * a.kv_dim * b * (p.cp - 1) / p.cp / links.for_group(p.tp * p.cp, e)
+    if a.moe and p.ep > 1:
+        a2a = 2.0 * (k + 1) / 2  # 2 forward, 2 more backward
+        volume = a2a * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b * (p.ep - 1) / p.ep
+        out["ep_comm"] = volume / links.for_group(p.ep * p.tp, e)
+    if backward and dp > 1:
+        shard = a.params / (p.tp * p.pp * (p.ep if a.moe else 1)) * e.grad_bytes
+        steps = -(-seqs // per_step)
+        out["dp_comm"] = steps * 2.0 * (dp - 1) / dp * shard / links.for_group(gpus, e)
+    out["total"] = sum(out.values())
+    return out
 
 
 def mean_decode_tokens(median: float, sigma: float, cap: int) -> float:
@@ -64,12 +167,12 @@ def mean_decode_tokens(median: float, sigma: float, cap: int) -> float:
 
 def train_s_per_trajectory(a: Arch, tokens: float, flops: float, e: Efficiency) -> float:
     work = 6.0 * a.active_params * tokens + 6.0 * a.layers * a.hidden_size * tokens * tokens
-    return work / (flops * e.train_mfu)
+    return work / (flops * e.mfu(a))
 
 
 def log_probs_s_per_trajectory(a: Arch, tokens: float, flops: float, e: Efficiency) -> float:
     work = 2.0 * a.active_params * tokens + 2.0 * a.layers * a.hidden_size * tokens * tokens
-    return work / (flops * e.train_mfu)
+    return work / (flops * e.mfu(a))
 
 
 def kv_bytes_per_token(a: Arch) -> float:
@@ -97,3 +200,21 @@ def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens:
 def wake_sleep_s(a: Arch, tp: int, pcie: float, sleep_level: int, e: Efficiency) -> Dict[str, float]:
     moved = a.params * a.bytes_per_param / tp / pcie if sleep_level == 1 else 0.0
     return {"wake_s": e.wake_fixed_s + moved, "sleep_s": e.sleep_fixed_s + moved}
+
+
+def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fabric_bytes_per_s: Optional[float],
+            load_bytes_per_s: float, tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
+            fixed_s: float = 0.0) -> float:
+    """One selective sync from the CPU bucket cache, uncontended (``simulators/refit.py``
+    times it effect by effect; this is its closed form, for the docs' what-ifs). Per
+    bucket of b bytes, behind a barrier: stage it over the owner's host link (b / pack),
+    broadcast it over the fabric the targets sit behind (b / fabric: NVLink in a node, the
+    NICs across nodes; none when every target shares the owner's GPU and takes the CUDA-IPC
+    path), the receivers load it (b / load); plus per bucket two tensor overheads (stage
+    and load) and one group round trip. ``fixed_s``: the sync's setup, completion and
+    dynamic-group create/destroy. Bucket size enters only through the bucket count: the
+    barrier lets no bucket's transfer overlap the next one's, so bigger buckets save
+    overheads and nothing else."""
+    buckets = max(1, math.ceil(weight_bytes / bucket_bytes))
+    per_byte = 1.0 / pack_bytes_per_s + (1.0 / fabric_bytes_per_s if fabric_bytes_per_s else 0.0) + 1.0 / load_bytes_per_s
+    return weight_bytes * per_byte + buckets * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s

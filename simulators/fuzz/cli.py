@@ -16,6 +16,7 @@ from harness.eventlog.writer import atomic_write
 
 MAX_SEEDS = 1_000_000
 MAX_WORKERS = 256
+MAX_EXPLORE = 100_000
 
 
 def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
@@ -38,6 +39,11 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
                          "other signatures exit 1 (--expect: the same, its old name)")
     fz.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding occurred in no seed")
     fz.add_argument("--no-minimize", action="store_true", help="skip writing minimized reproducers")
+    fz.add_argument("--explore", type=int, default=0, metavar="K",
+                    help="also run each seed under schedule seeds 0..K-1 (docs/exploration.md); runs of one seed "
+                         "that differ only by schedule are one family, 'schedule-only' when the fixed order misses it")
+    fz.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
+                    help="with --explore: pct (priority change points, default) or random (a random walk)")
     fz.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -51,6 +57,11 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
             raise usage_error(f"{flag}: must be between 1 and {MAX_WORKERS}, got {value}")
     if args.ray_cpus is not None and args.ray != "local":
         raise usage_error("--ray-cpus: only with --ray local (a cluster has its own CPUs)")
+    if not 0 <= args.explore <= MAX_EXPLORE:
+        raise usage_error(f"--explore: must be between 0 and {MAX_EXPLORE} schedule seeds, got {args.explore}")
+    if args.seeds * (args.explore + 1) > MAX_SEEDS:
+        raise usage_error(f"--explore: --seeds x (K + 1) runs must stay within {MAX_SEEDS}, "
+                          f"got {args.seeds * (args.explore + 1)}")
     if not 0 < args.time_budget <= 86400:
         raise usage_error(f"--time-budget: must be in (0, 86400] seconds, got {args.time_budget:g}")
     from harness.outputs.paths import OutputPathError, check_output_dir
@@ -73,13 +84,16 @@ def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
     cpus = os.cpu_count() or 1
     cfg = SweepConfig(seeds=args.seeds, start=args.start, workers=args.workers or args.ray_cpus or cpus,
                       ray_address=args.ray, out_dir=args.out, check_determinism=args.check_determinism,
-                      time_budget_s=args.time_budget, expect=expect)
+                      time_budget_s=args.time_budget, expect=expect, explore=args.explore,
+                      explore_strategy=args.explore_strategy)
     os.makedirs(args.out, exist_ok=True)
     if not args.quiet:
         where = f"Ray at {args.ray}" if args.ray else f"{cfg.workers} local worker(s)"
         print(f"fuzzing seeds {cfg.start}..{cfg.start + cfg.seeds - 1} on {where}"
+              + (f", each in the fixed order and under {cfg.explore} {cfg.explore_strategy} schedule seed(s)"
+                 if cfg.explore else "")
               + (", each checked for determinism" if cfg.check_determinism else ""), file=sys.stderr)
-    sweep = run_sweep(cfg, None if args.quiet else Progress(cfg.seeds), minimize_findings=not args.no_minimize)
+    sweep = run_sweep(cfg, None if args.quiet else Progress(len(cfg.runs())), minimize_findings=not args.no_minimize)
     atomic_write(os.path.join(args.out, "results.json"), results_json(sweep.results))
     table = format_table(sweep)
     atomic_write(os.path.join(args.out, "signatures.txt"), table + "\n")

@@ -43,30 +43,41 @@ def _child(conn, job: "Job") -> None:
     try:
         res = job.fn(*job.args)
     except BaseException as e:  # an exception escaping the simulator is a finding, not a sweep error
-        res = crashed(job.seed, e)
+        res = dict(crashed(job.seed, e), **(job.extra or {}))
     conn.send(res)
     conn.close()
 
 
-def _lost(seed: int, status: str, detail: str) -> Result:
-    return {"seed": seed, "status": status, "signature": status, "detail": detail}
+def _lost(job: "Job", status: str, detail: str) -> Result:
+    return {"seed": job.seed, "status": status, "signature": status, "detail": detail, **(job.extra or {})}
 
 
 class Job(NamedTuple):
-    """``fn(*args)`` for ``seed``, run in a child process; returns a result dict."""
+    """``fn(*args)`` for ``seed``, run in a child process; returns a result dict. ``extra``
+    goes into the result of a job that crashed or ran out of time (what else names the run:
+    its schedule seed)."""
 
     seed: int
     fn: Callable[..., Result]
     args: tuple
+    extra: Optional[Dict[str, Any]] = None
 
 
-def seed_job(seed: int) -> Job:
-    return Job(seed, run_seed, (seed,))
+def seed_job(seed: int, explore: Optional[Any] = None) -> Job:
+    """One seed's run; ``explore`` (an ExploreSpec): under that schedule seed."""
+    if explore is None:
+        return Job(seed, run_seed, (seed,))
+    return Job(seed, run_seed, (seed, explore), {"explore": explore_fields(explore)})
+
+
+def explore_fields(explore: Any) -> Dict[str, Any]:
+    """What a result records of its schedule: the seed and strategy (the reproducer's flags)."""
+    return {"seed": explore.seed, "strategy": explore.strategy}
 
 
 class _Running:
     def __init__(self, ctx, job: Job, budget: Optional[float], now: float) -> None:
-        self.seed = job.seed
+        self.job = job
         self.recv, send = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=_child, args=(send, job), daemon=True)
         self.proc.start()
@@ -79,7 +90,7 @@ class _Running:
         except (EOFError, OSError):
             self.proc.join(1.0)
             code = self.proc.exitcode
-            res = _lost(self.seed, "crashed", f"the seed's process died (exit code {code}) without a result")
+            res = _lost(self.job, "crashed", f"the seed's process died (exit code {code}) without a result")
         self.proc.join(5.0)
         self.recv.close()
         return res
@@ -88,7 +99,7 @@ class _Running:
         self.proc.kill()
         self.proc.join(5.0)
         self.recv.close()
-        return _lost(self.seed, "timeout", f"over its time budget of {budget:g} s")
+        return _lost(self.job, "timeout", f"over its time budget of {budget:g} s")
 
 
 def run_isolated(jobs: Iterable[Job], *, workers: int, budget: Optional[float],
@@ -143,16 +154,16 @@ def run_on_ray(jobs: Iterable[Job], *, address: str, workers: int, budget: Optio
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     task = ray.remote(num_cpus=1, max_retries=0)(isolated_job)
-    refs = {task.remote(job, budget): job.seed for job in jobs}
+    refs = {task.remote(job, budget): job for job in jobs}
     try:
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)
             for ref in done:
-                seed = refs.pop(ref)
+                job = refs.pop(ref)
                 try:
                     yield ray.get(ref)
                 except Exception as e:  # the Ray worker died (OOM killer, node lost)
-                    yield _lost(seed, "crashed", f"the Ray task died: {type(e).__name__}")
+                    yield _lost(job, "crashed", f"the Ray task died: {type(e).__name__}")
     finally:
         for ref in refs:
             ray.cancel(ref, force=True)

@@ -126,14 +126,15 @@ _STEPS: List[Callable[[Mapping], Iterator[Mapping]]] = [
 ]
 
 
-def signature_of(mapping: Mapping) -> Optional[str]:
-    """The mapping's signature, or None when the loader refuses it."""
+def signature_of(mapping: Mapping, explore: Any = None) -> Optional[str]:
+    """The mapping's signature (under the schedule seed ``explore``, an ExploreSpec, kept
+    through the whole shrink), or None when the loader refuses it."""
     try:
         scenario = scenario_from_mapping(mapping, source="minimize")
     except ScenarioError:
         return None
     try:
-        return run_scenario(scenario)["signature"]
+        return run_scenario(scenario, explore)["signature"]
     except Exception as e:  # a crash is a signature too
         return f"crashed:{type(e).__name__}"
 

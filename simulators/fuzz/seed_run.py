@@ -5,8 +5,11 @@ Ray task). Its result is a plain dict that depends on the seed alone — no wall
 host names, no process ids — so a sweep's results are byte-identical whichever executor
 ran it and in whatever order the seeds completed.
 
-    python -m simulators.fuzz.seed_run --hashes SEED...      (the determinism pass's fresh process)
-    python -m simulators.fuzz.seed_run --log SEED OUT.jsonl  (a divergent seed's log, to locate it)
+    python -m simulators.fuzz.seed_run --hashes RUN...      (the determinism pass's fresh process)
+    python -m simulators.fuzz.seed_run --log RUN OUT.jsonl  (a divergent run's log, to locate it)
+
+A RUN is a seed (``17``: the fixed same-time order) or a seed under a schedule seed and
+strategy (``17/3/pct``: ``--explore 3 --explore-strategy pct``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 from harness.invariants import check_log
 from simulators.determinism import first_divergence, other_hash_seed
+from simulators.explore import ExploreSpec
 from simulators.fuzz.generate import scenario_for_seed
 from simulators.fuzz.signature import CLEAN, signature
 from simulators.runtime import Simulation
@@ -37,9 +41,10 @@ def scenario_size(s: Scenario) -> tuple:
             sum(p.workload.trajectories_per_step for p in s.pipelines))
 
 
-def run_scenario(scenario: Scenario) -> Dict[str, Any]:
-    """Simulate one scenario and describe what it found (the seed-independent part)."""
-    result = Simulation(scenario).run()
+def run_scenario(scenario: Scenario, explore: Optional[ExploreSpec] = None) -> Dict[str, Any]:
+    """Simulate one scenario (under a schedule seed, if given) and describe what it found
+    (the seed-independent part)."""
+    result = Simulation(scenario, explore=explore).run()
     records = result.records
     violations = check_log(records)
     types = {p.name: p.type for p in scenario.pipelines}
@@ -75,30 +80,43 @@ def lines_sha256(lines) -> str:
     return digest.hexdigest()
 
 
-def fresh_hashes(seeds: List[int], timeout_s: Optional[float]) -> Dict[str, Any]:
-    """The log hash of each seed, computed in one fresh interpreter under another
-    ``PYTHONHASHSEED`` (one interpreter start for a chunk of seeds, not one per seed).
+def run_id(seed: int, explore: Optional[Dict[str, Any]] = None) -> str:
+    """A run's name: ``SEED``, or ``SEED/SCHEDULE/STRATEGY`` under a schedule seed."""
+    return str(seed) if explore is None else f"{seed}/{explore['seed']}/{explore['strategy']}"
 
-    Returns ``{"seed": first seed, "hashes": {seed: sha}}`` or ``{"seed": ..., "error": why}``."""
+
+def _simulate_run(rid: str):
+    seed, *schedule = rid.split("/")
+    explore = ExploreSpec(int(schedule[0]), schedule[1]) if schedule else None
+    return Simulation(scenario_for_seed(int(seed)), explore=explore).run()
+
+
+def fresh_hashes(runs: List[str], timeout_s: Optional[float], index: int = 0) -> Dict[str, Any]:
+    """The log hash of each run (:func:`run_id`), computed in one fresh interpreter under
+    another ``PYTHONHASHSEED`` (one interpreter start for a chunk of runs, not one per run).
+
+    Returns ``{"seed": index, "hashes": {run: sha}}`` or ``{"seed": index, "error": why}``."""
     env = dict(os.environ, PYTHONHASHSEED=other_hash_seed(os.environ.get("PYTHONHASHSEED")))
-    cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", "--hashes", *map(str, seeds)]
+    cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", "--hashes", *runs]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"seed": seeds[0], "error": f"the fresh process took over {timeout_s:g} s"}
+        return {"seed": index, "error": f"the fresh process took over {timeout_s:g} s"}
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return {"seed": seeds[0], "error": f"the fresh process failed: {last}"}
-    return {"seed": seeds[0], "hashes": {int(k): v for k, v in json.loads(proc.stdout).items()}}
+        return {"seed": index, "error": f"the fresh process failed: {last}"}
+    return {"seed": index, "hashes": json.loads(proc.stdout)}
 
 
-def divergence(seed: int, timeout_s: Optional[float]) -> Dict[str, Any]:
-    """Where the logs of ``seed`` first differ: this process against a fresh one."""
-    lines = list(Simulation(scenario_for_seed(seed)).run().log.lines())
+def divergence(seed: int, timeout_s: Optional[float], explore: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Where the logs of ``seed`` (under ``explore``, a result's schedule) first differ:
+    this process against a fresh one."""
+    rid = run_id(seed, explore)
+    lines = list(_simulate_run(rid).log.lines())
     env = dict(os.environ, PYTHONHASHSEED=other_hash_seed(os.environ.get("PYTHONHASHSEED")))
     with tempfile.TemporaryDirectory(prefix="rlharness-fuzz-") as tmp:
         path = os.path.join(tmp, "events.jsonl")
-        cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", "--log", str(seed), path]
+        cmd = [sys.executable, "-m", "simulators.fuzz.seed_run", "--log", rid, path]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -112,33 +130,36 @@ def divergence(seed: int, timeout_s: Optional[float]) -> Dict[str, Any]:
     return {"status": "diverged", "line": div.line, "ours": div.ours, "theirs": div.theirs}
 
 
-def run_seed(seed: int) -> Dict[str, Any]:
-    """Everything a sweep records about one seed. An exception escaping the simulator is
-    the caller's to turn into a ``crashed`` result (see :mod:`simulators.fuzz.executors`)."""
+def run_seed(seed: int, explore: Optional[ExploreSpec] = None) -> Dict[str, Any]:
+    """Everything a sweep records about one seed (under a schedule seed, if given). An
+    exception escaping the simulator is the caller's to turn into a ``crashed`` result (see
+    :mod:`simulators.fuzz.executors`)."""
     scenario = scenario_for_seed(seed)
     out: Dict[str, Any] = {"seed": seed, "scenario": _describe(scenario)}
-    out.update(run_scenario(scenario))
+    if explore is not None:
+        out["explore"] = {"seed": explore.seed, "strategy": explore.strategy}
+    out.update(run_scenario(scenario, explore))
     return out
 
 
-def _hashes_main(seeds: List[int]) -> None:
+def _hashes_main(runs: List[str]) -> None:
     out = {}
-    for seed in seeds:
+    for rid in runs:
         try:
-            out[str(seed)] = lines_sha256(Simulation(scenario_for_seed(seed)).run().log.lines())
+            out[rid] = lines_sha256(_simulate_run(rid).log.lines())
         except Exception as e:  # the primary run crashed too, or it did not: either way a difference
-            out[str(seed)] = f"raised {type(e).__name__}"
+            out[rid] = f"raised {type(e).__name__}"
     sys.stdout.write(json.dumps(out))
 
 
-def _log_main(seed: int, path: str) -> None:
+def _log_main(rid: str, path: str) -> None:
     from harness.eventlog.writer import write_atomic
 
-    write_atomic(path, Simulation(scenario_for_seed(seed)).run().log.lines())
+    write_atomic(path, _simulate_run(rid).log.lines())
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--hashes":
-        _hashes_main([int(a) for a in sys.argv[2:]])
+        _hashes_main(sys.argv[2:])
     else:
-        _log_main(int(sys.argv[2]), sys.argv[3])
+        _log_main(sys.argv[2], sys.argv[3])

@@ -62,7 +62,22 @@ def aggregate(variants, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "busy_pct": _mean([r["busy_pct"] for r in ok]), "idle_pct": _mean([r["idle_pct"] for r in ok]),
             "refit_s": _mean([ordered_sum(p["refit_s"] for p in r["pipelines"].values()) for r in ok]),
             "mean_age_steps": _mean(ages), "findings": dict(sorted(findings.items())), "pipelines": pipes,
+            **_policy_means(ok),
         })
+    return out
+
+
+#: per-run policy figures (harness/outputs/policy_figures.py) a variant averages over seeds
+POLICY_FIGURES = ("cost_efficiency_pct", "useful_gpu_s", "gpu_s", "preemptions", "expands", "wasted_expands",
+                  "resize_s")
+
+
+def _policy_means(ok: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The policy each run named (one, or several joined) and its figures' means."""
+    names = sorted({r.get("policy", "gap_ratio") for r in ok})
+    out: Dict[str, Any] = {"policy": ",".join(names) or None}
+    for key in POLICY_FIGURES:
+        out[key] = _mean([r[key] for r in ok if key in r])
     return out
 
 
@@ -76,9 +91,9 @@ def _f(x: Optional[float], fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _table(head: List[str], rows: List[List[str]]) -> List[str]:
+def _table(head: List[str], rows: List[List[str]], left: int = 2) -> List[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    line = lambda cells: "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
@@ -89,11 +104,15 @@ def format_table(agg: List[Dict[str, Any]], seeds: int) -> str:
     for a in agg:
         findings = ", ".join(f"{k} x{n}" for k, n in a["findings"].items()) or "none"
         failed = f" ({len(a['seeds_failed'])} failed)" if a["seeds_failed"] else ""
-        rows.append([f"v{a['variant']}", a["label"], f"{a['seeds_ok']}/{seeds}{failed}",
-                     _f(a["busy_pct"]), _f(a["idle_pct"]), _f(a["refit_s"]), _f(a["mean_age_steps"], ".2f"),
+        wasted = "-" if a.get("expands") is None else f"{_f(a['wasted_expands'], '.0f')}/{_f(a['expands'], '.0f')}"
+        rows.append([f"v{a['variant']}", a["label"], a.get("policy") or "-", f"{a['seeds_ok']}/{seeds}{failed}",
+                     _f(a.get("cost_efficiency_pct")), _f(a["busy_pct"]), _f(a["idle_pct"]), _f(a.get("preemptions")),
+                     wasted, _f(a.get("resize_s")), _f(a["refit_s"]), _f(a["mean_age_steps"], ".2f"),
                      " ".join(f"{k}:{n}" for k, n in a["end"].items()), findings])
-    out = ["variants (means over seeds; GPU shares of GPU-time; refit s summed over pipelines)"]
-    out += _table(["variant", "settings", "seeds", "busy %", "idle %", "refit s", "age", "end", "findings"], rows)
+    out = ["variants (means over seeds; GPU shares of GPU-time; eff % = useful GPU-s / GPU-s (docs/policies.md); "
+           "wasted = wasted/all expands; resize and refit s summed over pipelines)"]
+    out += _table(["variant", "settings", "policy", "seeds", "eff %", "busy %", "idle %", "preempt", "wasted",
+                   "resize s", "refit s", "age", "end", "findings"], rows, left=3)
     prow = []
     for a in agg:
         for pid, p in a["pipelines"].items():
@@ -127,8 +146,18 @@ def draw(agg: List[Dict[str, Any]], path: str, title: str) -> None:
     top.set_title(title)
     if len(pids) <= 12:
         top.legend(fontsize=7, ncol=min(4, len(pids)))
-    bottom.bar(xs, [a["idle_pct"] or 0.0 for a in agg], color="#999999")
-    bottom.set_ylabel("GPU idle %")
+    eff = [a.get("cost_efficiency_pct") for a in agg]
+    if any(e is not None for e in eff):  # cost efficiency beside the idle share
+        w = 0.38
+        bottom.bar([x - w / 2 for x in xs], [a["idle_pct"] or 0.0 for a in agg], w, color="#999999", label="GPU idle %")
+        bottom.bar([x + w / 2 for x in xs], [e or 0.0 for e in eff], w, color="#4c72b0",
+                   label="cost efficiency % (useful GPU-s / GPU-s)")
+        bottom.set_ylabel("% of GPU-time")
+        bottom.set_ylim(0, 1.45 * max([a["idle_pct"] or 0.0 for a in agg] + [e or 0.0 for e in eff] + [1.0]))
+        bottom.legend(fontsize=7, ncol=2, loc="upper center")
+    else:
+        bottom.bar(xs, [a["idle_pct"] or 0.0 for a in agg], color="#999999")
+        bottom.set_ylabel("GPU idle %")
     bottom.set_xticks(xs)
     varying = [k for k in agg[0]["settings"] if len({repr(a["settings"][k]) for a in agg}) > 1] if agg else []
     labels = ["\n".join(f"{k.rsplit('.', 1)[-1]}={a['settings'][k]}" for k in varying) or f"v{a['variant']}"

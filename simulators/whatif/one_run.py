@@ -14,6 +14,7 @@ from typing import Any, Dict
 from harness.gc_pause import gc_paused
 from harness.invariants import check_log
 from harness.ordered_sum import ordered_sum
+from harness.outputs.policy_figures import policy_figures
 from harness.outputs.run_view import RunView
 from harness.outputs.summary import summarize
 from harness.outputs.summary_text import summary_json
@@ -29,8 +30,9 @@ def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int) ->
         violations = check_log(result.records)
         figures = summary_json(summarize(RunView(result.records),
                                          handover_findings=[v for v in violations if v.invariant == "handover"]))
+        policy = policy_figures(result.records, figures)
     return {"seed": job_id, "status": "ok", "variant": variant, "run_seed": seed,
-            **run_figures(figures, result.reason, Counter(v.invariant for v in violations))}
+            **run_figures(figures, result.reason, Counter(v.invariant for v in violations)), **policy}
 
 
 def run_figures(summary: Dict[str, Any], end: str, findings: Counter) -> Dict[str, Any]:

@@ -312,3 +312,29 @@ def test_registering_again_is_idempotent_and_a_different_schema_is_refused(scala
         scalar_producer.register_partition(partition, Schema.of(FieldSpec("reward", "scalar", "float32")), tasks=["train"])
     with pytest.raises(DataPlaneInputError, match="already registered with a different schema or tasks"):
         scalar_producer.register_partition(partition, CONSUMPTION_SCHEMA, tasks=["train"])
+
+
+def test_a_truncated_read_fails_naming_the_row_and_field(producer, make_client, backend, partition):
+    """Per-row digests (issue 30, item 6): the fault truncates every read (Relax #256:
+    half the bytes never copied, success reported); the store's digest check names the
+    partition, the sample and the field; the clean read of the same rows passes."""
+    from harness.dataplane.digest import RowDigestError
+
+    producer.put_samples(IDS, partition, rollout_fields(), sequence_lengths=LENS)
+    worker = make_client("worker", actor="train/dp0", dp_rank=0)
+    got = worker.get_samples(["u1_g0"], partition, ["advantage", "hidden"])
+    assert torch.equal(got["hidden"][0], torch.arange(8, 12, dtype=torch.float32))
+    backend.truncate_reads = True
+    try:
+        with pytest.raises(RowDigestError) as err:
+            worker.get_samples(["u1_g0"], partition, ["hidden"])
+    finally:
+        backend.truncate_reads = False
+    msg = str(err.value)
+    assert f"partition {partition!r} sample 'u1_g0' field 'hidden'" in msg and "float32[4]" in msg
+    assert (err.value.sample, err.value.field) == ("u1_g0", "hidden")
+    # digests of earlier fields survive a later write of another field (TQ replaces a sample's tags)
+    lp = torch.randn(1, 7).to(torch.bfloat16)
+    worker.put_samples(["u1_g0"], partition, {"logprobs": lp}, sequence_lengths=[7])
+    again = worker.get_samples(["u1_g0"], partition, ["hidden", "logprobs"])
+    assert torch.equal(again["logprobs"][0], lp[0]) and "__digest/hidden" not in str(producer.store.samples(partition, ["u1_g0"]))

@@ -73,3 +73,31 @@ def test_expand_before_shrink_is_caught_by_the_order_check(gate_runner):
 def test_wrong_world_size_is_a_skip_with_reason(gate_runner):
     run = gate_runner("dual_pipeline", 2, "--steps", "3")  # any world but 6; 2 ranks start fastest
     assert run.report["status"] == "skipped" and "exactly 6 ranks" in run.report["message"]
+
+
+def _seeded_delay(seed, stream, i, bound=0.05):
+    """The documented rule (docs/exploration.md), written out independently of the gate's code."""
+    import random
+
+    k = int(random.Random(f"gate-explore/{seed}/{stream}/{i}").random() * 200)
+    return 0.0 if k < 100 else round((k - 99) * bound / 100, 6)
+
+
+def test_an_explore_seed_delays_the_gates_concurrent_operations_by_its_rule_and_it_still_passes(gate_runner):
+    """One launch, seed 1: it passes; its log header records every seeded delay, stream by
+    stream, exactly as the seed's rule gives them (so a seed's delays are reproducible
+    whatever the threads' timing), and another seed's rule gives other delays. (One launch:
+    what a second seed would add, an operation order that differs, follows from the delays.)"""
+    seed = 1
+    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "60", "--explore", str(seed))
+    assert run.returncode == 0 and run.report["status"] == "passed", run.report["message"]
+    records = run.driver_records()
+    explore = records[0]["meta"]["explore"]
+    assert (explore["seed"], explore["max_delay_s"]) == (seed, 0.05)
+    streams = explore["delays"]
+    assert {"ppl1", "ppl2", "scheduler"} <= set(streams) and any(s.startswith("resize ppl") for s in streams)
+    for stream, slept in streams.items():
+        assert slept == [_seeded_delay(seed, stream, i) for i in range(len(slept))], stream
+    assert sum(map(sum, streams.values())) > 1.0  # the delays are there to move things
+    assert run.report["summary"]["explore"] == {"seed": seed, "delays_slept": sum(map(len, streams.values()))}
+    assert streams["ppl1"][:20] != [_seeded_delay(2, "ppl1", i) for i in range(20)]

@@ -74,7 +74,7 @@ def test_a_skip_is_exit_3(tmp_path, request):
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["gate", "nope"], "unknown gate 'nope'; known: dataplane_writeback, dual_pipeline, nccl_teardown"),
+    (["gate", "nope"], "unknown gate 'nope'; known: cycle_trends, dataplane_writeback, dual_pipeline, nccl_teardown"),
     (["gate", "nccl_teardown", "--cycles", "0"], "gate nccl_teardown: argument --cycles: must be a positive integer"),
     (["gate", "nccl_teardown", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["gate", "nccl_teardown", "--nproc", "0"], "--nproc: expected an integer 1..64"),

@@ -63,6 +63,15 @@ def test_a_leak_found_after_a_failure_does_not_take_the_headline():
     assert primary_failure([leak, "rank 1: rank 1 terminated by SIGTERM"]) == leak
 
 
+def test_with_only_knock_on_failures_a_silent_rank_heads_the_report_not_a_sigterm():
+    # the hung rank exited at its deadline before its result reached rank 0; the launcher
+    # then tore rank 0 down: the headline names the rank that never reported
+    failures = ["rank 0: rank 0 terminated by SIGTERM (the launcher tore the job down)",
+                "rank 2 never reported (hung, died, or blocked on a failed peer)"]
+    assert primary_failure(failures).startswith("rank 2 never reported")
+    assert primary_failure(failures[:1]) == failures[0]
+
+
 def test_atomic_write_and_paths(tmp_path):
     path = tmp_path / "sub" / "r.json"
     rep.atomic_write_json(str(path), {"status": "passed"})

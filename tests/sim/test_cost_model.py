@@ -54,7 +54,7 @@ def test_training_flops_follow_six_n_t_plus_attention():
 def test_a_mixture_of_experts_trains_on_its_active_parameters():
     moe = MODEL_PRESETS["qwen3-30b-a3b"]
     dense = MODEL_PRESETS["qwen2.5-32b"]
-    s_moe = _scenario(model={"preset": moe.name})
+    s_moe = _scenario(model={"preset": moe.name}, costs={"moe_train_mfu": 0.35})  # the same MFU as the dense one
     s_dense = _scenario(model={"preset": dense.name}, pipe_extra={"infer_tp": 2})
     assert s_moe.pipelines[0].costs.train_s_per_trajectory < s_dense.pipelines[0].costs.train_s_per_trajectory / 5
 
@@ -104,3 +104,50 @@ def test_bad_cost_model_input_is_one_line_naming_the_field(kwargs, message):
     with pytest.raises(ScenarioError) as e:
         _scenario(**kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
+    """A 7B's sync from the cache: the simulated sync_start -> sync_end equals formulas.refit_s
+    over NVLink (H100) and over PCIe (L40S, no NVLink), and a bigger bucket saves exactly
+    the per-bucket overheads it no longer pays."""
+    from simulators.runtime import Simulation
+    from simulators.scenario_yaml import strict_safe_load
+
+    path = "examples/scenarios/costmodel_7b_and_1p5b_h100.yaml"
+    for gpu in ("h100_sxm", "l40s"):
+        for bucket in (256 << 20, 1 << 30):
+            data = strict_safe_load(open(path, encoding="utf-8").read())
+            data["cluster"]["gpu"] = gpu
+            data["costs"] = {"bucket_bytes": bucket, "refit_group_overhead_s": 0.004, "refit_tensor_overhead_s": 0.001}
+            data["horizon_s"] = 40
+            s = scenario_from_mapping(data, path)
+            start = end = None
+            for r in Simulation(s).run().records:
+                if r["kind"] == "sync_start" and r["pipeline_id"] == "p7b" and r["broadcast_dp_ranks"] and start is None:
+                    start = r
+                elif start is not None and end is None and r["kind"] == "sync_end" and r["pipeline_id"] == "p7b":
+                    end = r
+            c, cl = s.pipelines[0].costs, s.cluster
+            expected = f.refit_s(s.pipelines[0].model.weight_bytes, bucket, cl.pcie_bytes_per_s, cl.intra_node_bytes_per_s,
+                                 c.receiver_load_bytes_per_s, 0.001, 0.004, c.nccl_group_create_s + c.nccl_group_destroy_s)
+            assert end["t"] - start["t"] == pytest.approx(expected, rel=1e-6), (gpu, bucket)
+
+
+def test_published_scenarios_round_trip_through_the_dumped_scenario_yaml():
+    """scenario.yaml of a run folder reloads to the same scenario: the training layout and
+    the derived costs survive (the dump names each non-default layout field)."""
+    import glob
+
+    from simulators.scenario import load_scenario
+    from simulators.scenario_dump import scenario_to_mapping
+
+    for path in sorted(glob.glob("examples/published/*.yaml")):
+        s = load_scenario(path)
+        assert scenario_from_mapping(scenario_to_mapping(s), path) == s, path
+
+
+def test_a_reference_policy_doubles_the_log_prob_stage_and_nothing_else():
+    one = _scenario(pipe_extra={"infer_tp": 2}).pipelines[0].costs
+    two = _scenario(pipe_extra={"infer_tp": 2, "log_prob_passes": 2}).pipelines[0].costs
+    assert two.old_log_probs_s_per_trajectory == pytest.approx(2 * one.old_log_probs_s_per_trajectory)
+    assert two.train_s_per_trajectory == one.train_s_per_trajectory

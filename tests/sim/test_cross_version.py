@@ -37,7 +37,9 @@ def test_every_small_bundled_run_and_fuzz_seed_gives_the_same_bytes_on_another_p
         "must name another one")
     assert differences(ours, theirs, platform.python_version(), version) == [], (
         f"dependencies: here {dependency_versions()}; there {deps}")
-    assert len(ours) == len(cross_version.bundled_scenarios()) + len(cross_version.FUZZ_SEEDS) > 60
+    assert len(ours) == (len(cross_version.bundled_scenarios()) + len(cross_version.FUZZ_SEEDS)
+                         + len(cross_version.EXPLORE_RUNS)) > 60
+    assert sum("--explore-strategy random" in run for run in ours) == sum("--explore-strategy pct" in run for run in ours) > 0
 
 
 def test_a_fresh_interpreter_that_models_differently_is_reported_per_file(fresh_process_decodes_one_more_token):
@@ -54,10 +56,13 @@ def test_a_fresh_interpreter_that_models_differently_is_reported_per_file(fresh_
 
 
 def test_the_same_interpreter_gives_the_same_hashes():
-    version, _deps, theirs = hashes_under(sys.executable, SMALL, range(2))
-    ours = output_hashes(SMALL, range(2))
+    explored = [["", 4, "random"], ["", 4, "pct"]]
+    version, _deps, theirs = hashes_under(sys.executable, SMALL, range(2), explore=explored)
+    ours = output_hashes(SMALL, range(2), explored)
     assert differences(ours, theirs, version, version) == []
-    assert set(ours) == {"(default)", SMALL[1], SMALL[2], "fuzz seed 0", "fuzz seed 1"}
+    assert set(ours) == {"(default)", SMALL[1], SMALL[2], "fuzz seed 0", "fuzz seed 1",
+                         "(default) --explore 4 --explore-strategy random", "(default) --explore 4 --explore-strategy pct"}
+    assert ours["(default) --explore 4 --explore-strategy pct"] != ours["(default)"]
     assert set(ours["(default)"]) == set(cross_version.COMPARED_FILES)
 
 

@@ -203,9 +203,12 @@ def test_results_are_byte_identical_whatever_the_worker_count_and_completion_ord
 @pytest.mark.slow
 def test_results_on_a_local_ray_instance_equal_the_local_ones(one_ray_at_a_time):
     ray = pytest.importorskip("ray")
-    local = results_json(run_sweep(SweepConfig(seeds=6, workers=2), minimize_findings=False).results)
-    on_ray = results_json(run_sweep(SweepConfig(seeds=6, workers=2, ray_address="local"), minimize_findings=False).results)
+    cfg = dict(seeds=4, workers=2, explore=1, explore_strategy="random")  # fixed order and a schedule seed each
+    local = results_json(run_sweep(SweepConfig(**cfg), minimize_findings=False).results)
+    on_ray = results_json(run_sweep(SweepConfig(**cfg, ray_address="local"), minimize_findings=False).results)
     assert local == on_ray
+    assert [(r["seed"], r.get("explore")) for r in json.loads(on_ray)] == [
+        (s, x) for s in range(4) for x in (None, {"seed": 0, "strategy": "random"})]
     assert not ray.is_initialized()
 
 

@@ -287,7 +287,11 @@ EXPECTED_FINDINGS = {
     # the realistic workloads (costs from the cost model): the same two by-design findings
     "realistic_mixed_32gpu": ("done", {"handover", "planned_release_ack"}),
     "realistic_70b_64gpu": ("done", {"handover", "planned_release_ack"}),
-    "realistic_moe_16gpu": ("done", {"handover", "planned_release_ack"}),
+    # the MoE trains at moe_train_mfu (0.16, not the dense 0.35): the timings moved and the
+    # premature planned-release ack (a race of the two pipelines' releases) no longer occurs
+    "realistic_moe_16gpu": ("done", {"handover"}),
+    # four pipelines under RLix's gap ratio (docs/policies.md compares the other policies): the same two
+    "policies_4pipelines_32gpu": ("done", {"handover", "planned_release_ack"}),
     # the MILES demand floor re-expands a ROLL cluster await_release emptied (docs/rlix-variants.md)
     "miles_floor_reactivates_after_release": ("failed", {"reactivated_after_release", "planned_release_ack",
                                                          "versions", "run_outcome"}),

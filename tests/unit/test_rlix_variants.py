@@ -237,3 +237,12 @@ def test_release_after_offload_without_a_failure_logs_the_same_bytes():
 def test_reactivated_after_release_counts_an_expand_whose_cycle_never_commits():
     found = reactivated_after_release(_log(ACK, EXPAND))
     assert [v.seq for v in found] == [2]
+
+
+def test_the_demand_floor_with_another_policy_is_refused_naming_the_field(tmp_path):
+    from simulators.scenario import ScenarioError, load_scenario as load
+    text = open(os.path.join(ROOT, "examples", "scenarios", "default.yaml")).read()
+    path = tmp_path / "x.yaml"
+    path.write_text(text + "\nscheduler: {policy: static_partition, demand_floor: true}\n")
+    with pytest.raises(ScenarioError, match=r"scheduler\.demand_floor: .*static_partition"):
+        load(str(path))
