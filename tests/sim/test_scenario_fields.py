@@ -152,7 +152,8 @@ def test_fault_unknown_name():
         "wake_before_offload, skip_sync_on_expand, keep_nccl_on_sleep, noop_progress_hooks, no_gen_watchdog, keep_gen_on_finish, cache_after_offload, abort_never_wakes, "
         "collector_dies, engines_crash_after_refit, stuck_request, offload_keeps_params, strand_sync_group, "
         "no_gen_estimate, expand_sync_fails, lost_finish, stale_select_target, sync_outside_expand, bulk_in_driver_meta, "
-        "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows"
+        "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows, "
+        "active_sync_fails"
     )
 
 
