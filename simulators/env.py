@@ -46,6 +46,7 @@ ORDER = {
     "caller": 4,  # generate callers polling for an active rank (simulators/inference.py)
     "rank": 5,
     "timeout": 6,  # RLix's timeouts (simulators/timeouts.py): a wait ending at its limit is in time
+    "sync_member": 7,  # weight-sync group members and their join RPCs (simulators/weight_sync_groups.py)
 }
 ROOT_KEY: Tuple[int, ...] = (-1,)
 

@@ -35,6 +35,22 @@ class OracleFaults:
             return sorted(self.ranks)
         return list(ranks)
 
+    # livelock (harness/invariants/hot_states.py)
+    def _unclamped_stamp(self) -> bool:
+        """Armed (``unclamped_base_stamp``, whole run): a base-weight trajectory is stamped
+        the rank's -1, not the published 0 -- the model's age-0 bug before its fix: with
+        ``max_trajectory_age_steps: 0`` every such trajectory is stale at step 0, evicted
+        and regenerated forever (examples/fuzz/nemo_age0_never_trains.yaml)."""
+        return "unclamped_base_stamp" in self.faults and self._armed_once("unclamped_base_stamp")
+
+    # lost_wakeup (harness/invariants/waitfor.py)
+    def _drop_lock_waiter(self) -> None:
+        """Armed (``lost_lock_handoff``, from ``at_step`` on): a release of the coordinator
+        lock forgets the call queued for it (a release that notifies no one): the lock is
+        free and its waiter is never woken (RLix's acquire then ends at its deadline)."""
+        if self.lock.queue and self._armed_once("lost_lock_handoff"):
+            self.lock.queue.pop(0)
+
     # invariant 24 (rank_lifecycle)
     def _unchecked_activation_now(self) -> bool:
         """Armed at exactly this step (``unchecked_activation``): the expand skips its sync

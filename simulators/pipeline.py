@@ -38,6 +38,7 @@ from simulators.inference import RankSim, Router
 from simulators.pipeline_rollouts import RolloutEffects
 from simulators.pipeline_training import TrainingEffects
 from simulators.oracle_faults import OracleFaults
+from simulators.weight_sync_groups import WeightSyncGroups
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
 from simulators.runtime import SimFailure, Simulation
@@ -134,6 +135,10 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         try:
             if self.spec.start_s > 0:
                 yield self.env.timeout(self.spec.start_s)
+            if self.spec.weight_sync_groups is not None:  # the groups exist before the first sync
+                groups = WeightSyncGroups(self.sim, self.index, self.pid, self.spec.weight_sync_groups)
+                groups.start()
+                yield groups.done
             yield from interpret(pipeline_run(self.ctx), self._handle)
         except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError) as e:
             self._failed(self.pid, e)
@@ -362,6 +367,7 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         return None
 
     def _UnlockCoordinator(self, e):
+        self._drop_lock_waiter()  # fault lost_lock_handoff (oracle_faults.py)
         self.lock.release(self._lock_req.pop())
         return None
 

@@ -29,7 +29,7 @@ class RolloutEffects:
             # base cache -1 as max(-1, 0) = 0 (debug #31's clamp). Stamping the rank's -1
             # made every base-weight trajectory one step old at step 0, so a pipeline
             # with max_trajectory_age_steps 0 evicted and regenerated them forever.
-            version = 0 if self.ctx.versions.clamp_bootstrap else -1
+            version = 0 if self.ctx.versions.clamp_bootstrap and not self._unclamped_stamp() else -1
         buffer = self.buffer
         buffer.add(version, req.rid)
         if self.dataplane is not None:

@@ -76,6 +76,8 @@ class Simulation:
                   # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
                   "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
                                                if p.type != "single_controller"},
+                  # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
+                  **_timeouts_meta(scenario.costs),
                   # the schedule exploration that ordered same-time events (simulators/explore.py)
                   **({} if explore is None else {"explore": explore.describe()})}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
@@ -294,6 +296,16 @@ def _after(env: SimEnv, delay: float, gen: Any):
 
 
 _KEEP_NULL = {"version", "result", "error", "cycle", "step"}
+
+
+def _timeouts_meta(costs) -> Dict[str, Any]:
+    """``{"timeouts": {...}}`` when any of RLix's deadlines differs from its default, else
+    nothing (the header of every scenario with the defaults stays as it was)."""
+    from harness.invariants.hot_states import DEFAULT_TIMEOUTS_S
+
+    timeouts = {"await_release_s": costs.await_release_timeout_s, "resize_lock_s": costs.resize_lock_timeout_s,
+                "selective_sync_s": costs.selective_sync_timeout_s, "shrink_drain_s": costs.shrink_drain_timeout_s}
+    return {} if timeouts == DEFAULT_TIMEOUTS_S else {"timeouts": timeouts}
 
 
 def print_progress(line: str) -> None:

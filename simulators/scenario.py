@@ -62,6 +62,7 @@ from simulators.spec import (
     ClusterSpec,
     CostSpec,
     DataPlaneSpec,
+    WeightSyncGroupsSpec,
     FaultSpec,
     ModelSpec,
     PipelineSpec,
@@ -70,6 +71,7 @@ from simulators.spec import (
     WorkloadSpec,
 )
 from simulators.dataplane import check_spec as check_data_plane
+from simulators.weight_sync_groups import check_spec as check_weight_sync_groups
 from simulators.costmodel.derive import expand as expand_cost_model
 
 __all__ = ["ScenarioError", "load_scenario", "parse_yaml", "scenario_from_mapping", "FIELD_RULES"]
@@ -102,7 +104,8 @@ from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the fiel
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
-_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs")
+_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs",
+                        "weight_sync_groups")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults", "expect")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
@@ -347,10 +350,22 @@ def _pipeline(
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
         vals["data_plane"] = _data_plane(ctx, f"{path}.data_plane", data["data_plane"], len(train))
+    if "weight_sync_groups" in data:
+        if vals["type"] == "single_controller":
+            raise ctx.fail(f"{path}.weight_sync_groups", "not modelled for a single_controller pipeline")
+        vals["weight_sync_groups"] = _weight_sync_groups(ctx, f"{path}.weight_sync_groups", data["weight_sync_groups"])
     if "costs" in data:  # the pipeline's own costs, over the scenario's
         base = {f.name: getattr(scenario_costs or CostSpec(), f.name) for f in fields(CostSpec)}
         vals["costs"] = CostSpec(**{**base, **_flat_fields(ctx, f"{path}.costs", data["costs"], CostSpec)})
     return PipelineSpec(**vals)
+
+
+def _weight_sync_groups(ctx: _Ctx, path: str, data: Any) -> WeightSyncGroupsSpec:
+    spec = WeightSyncGroupsSpec(**_flat_fields(ctx, path, data, WeightSyncGroupsSpec))
+    problem = check_weight_sync_groups(spec)
+    if problem:
+        raise ctx.fail(f"{path}.{problem[0]}", problem[1])
+    return spec
 
 
 def _data_plane(ctx: _Ctx, path: str, data: Any, train_gpus: int) -> DataPlaneSpec:

@@ -58,6 +58,8 @@ _ALLOWED = {
     "streaming.stall_action": "warn or abort",
     "streaming.custom_target": "module:Class (sampler custom only)",
     "data_plane.route": "one_hop or via_driver",
+    "weight_sync_groups.join_order": "concurrent or phased",
+    "weight_sync_groups.receiver_slot": "single or per_group",
     "pipelines[].sleep_level": "1 (weights kept in host RAM) or 2 (weights dropped)",
     "pipelines[].type": " or ".join(spec.PIPELINE_TYPES),
     "faults[].name": "a fault name (list below)",
@@ -68,6 +70,10 @@ _ALLOWED = {
 _MEANING = {
     "pipelines[].streaming": "mapping: the single controller's knobs (table below); single_controller only",
     "pipelines[].data_plane": "mapping: bulk tensors through a store (table below); absent: no data plane",
+    "pipelines[].weight_sync_groups": "mapping: the weight-sync groups' rendezvous and first broadcast before the first step (table below); absent: not modelled",
+    "weight_sync_groups.join_order": "concurrent: every PP stage's joins go out at once (slime before #2331); phased: stage s+1's once stage s's group exists",
+    "weight_sync_groups.receiver_slot": "single: an engine keeps one receiver communicator, the last init wins (vime before #329); per_group: one per stage",
+    "weight_sync_groups.engine_exits": "engine 0 dies just before its first receive (the receiver-died field reports)",
     "streaming.min_groups_for_streaming_train": "prompt groups the trainer waits for before a microbatch; = workload.prompts_per_step is the non-streaming controller",
     "streaming.max_inflight_prompts": "prompts being generated at once (the in-flight semaphore)",
     "streaming.max_buffered_rollouts": "prompt groups the buffer holds (the capacity semaphore); a gated sampler needs prompts_per_step x (window + 1)",
@@ -290,6 +296,8 @@ def render() -> str:
     out += ["", "## `workload` (in a pipeline or `defaults`)", ""] + _table(spec.WorkloadSpec, "workload.", "workload.")
     out += ["", "## `streaming` (in a `single_controller` pipeline)", ""] + _table(spec.StreamingSpec, "streaming.", "streaming.")
     out += ["", "## `data_plane` (in a pipeline)", ""] + _table(DataPlaneSpec, "data_plane.", "data_plane.")
+    out += ["", "## `weight_sync_groups` (in a nemo_async or roll_sync pipeline)", ""] + _table(
+        spec.WeightSyncGroupsSpec, "weight_sync_groups.", "weight_sync_groups.")
     out += ["", "## `costs`", ""] + _table(spec.CostSpec, "costs.", "costs.")
     out += ["", "## `scheduler`", ""] + _scheduler_table()
     out += ["", "## `faults[]`", ""] + _table(spec.FaultSpec, "", "faults[].")

@@ -62,6 +62,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "model": _sparse(p.model),
                 "workload": _flat_to_mapping(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
+                **({} if p.weight_sync_groups is None else {"weight_sync_groups": _flat_to_mapping(p.weight_sync_groups)}),
                 **({} if p.costs is None else {"costs": _costs_beyond(p.costs, s.costs)}),
             }
         )

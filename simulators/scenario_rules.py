@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-from simulators.spec import ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec, WorkloadSpec
+from simulators.spec import (ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
+                             WeightSyncGroupsSpec, WorkloadSpec)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,17 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "bytes_per_token": _r("int", ">0", "bytes per token"),
         "writeback_bytes_per_token": _r("int", ">=0", "bytes per token"),
         "train_tp": _r("int", ">0", "GPUs per training DP replica"),
+    },
+    WeightSyncGroupsSpec: {
+        "pp_stages": _r("int", ">0", "PP stages"),
+        "engines": _r("int", ">0", "rollout engines"),
+        "join_order": _r("str"),
+        "join_timeout_s": _r("float", ">=0", "s; 0 = none"),
+        "receiver_slot": _r("str"),
+        "broadcast_timeout_s": _r("float", ">=0", "s; 0 = none"),
+        "engine_exits": _r("bool"),
+        "rpc_latency_s": _r("float", ">0", "s"),
+        "broadcast_s": _r("float", ">0", "s"),
     },
     FaultSpec: {
         "name": _r("str"),

@@ -194,6 +194,31 @@ class PipelineSpec:
     # process groups stay across release_then_request; True is the fix)
     old_log_probs_offload_states: bool = False
     offload_nccl: bool = True  # groups reloaded on load, destroyed on offload (RLix forces True)
+    # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
+    # (simulators/weight_sync_groups.py); None = not modelled (the sync's group is created per sync)
+    weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None
+
+
+@dataclass(frozen=True)
+class WeightSyncGroupsSpec:
+    """How a pipeline's trainer creates its weight-sync groups with the rollout engines
+    before the first sync (``simulators/weight_sync_groups.py``, docs/exploration.md#field-reports):
+    one group per PP stage, each a rendezvous of that stage's source rank and every engine,
+    then one broadcast per stage. The switches are the buggy and the fixed behaviour of
+    the field reports: ``join_order`` concurrent (slime before PR #2331) or phased (after),
+    ``receiver_slot`` single (vime before PR #329) or per_group, ``broadcast_timeout_s`` 0
+    (no timeout: TRL before PR #6913, NeMo RL before PR #4019) or a limit;
+    ``engine_exits`` kills engine 0 just before the broadcast (the receiver died)."""
+
+    pp_stages: int = 2
+    engines: int = 2
+    join_order: str = "concurrent"  # concurrent | phased
+    join_timeout_s: float = 0.0  # 0: a join waits forever
+    receiver_slot: str = "single"  # single | per_group
+    broadcast_timeout_s: float = 0.0  # 0: a broadcast waits forever
+    engine_exits: bool = False
+    rpc_latency_s: float = 0.001  # one join RPC, trainer to engine
+    broadcast_s: float = 0.5  # one stage's broadcast once every receiver posted it
 
 
 @dataclass(frozen=True)
@@ -273,6 +298,12 @@ class FaultSpec:
       is not freed and the next sync allocates another (``cycle_trends``, ``ipc_bytes``).
     * ``refit_slows`` — from that step on, each weight sync takes 0.25 s longer than the
       one before (``cycle_trends``, ``refit_s``).
+    * ``unclamped_base_stamp`` — (whole run) base-weight trajectories are stamped the
+      ranks' -1 instead of the published 0 (the model's age-0 bug before its fix): with
+      ``max_trajectory_age_steps: 0`` they are stale at step 0, evicted and regenerated
+      forever (``livelock``).
+    * ``lost_lock_handoff`` — from that step on, a release of the coordinator lock forgets
+      the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
     * ``active_sync_fails`` — at that step (a nemo_async pipeline) the active refresh's weight
       sync fails at a receiver, after the training offload: the run fails; with the scheduler
       option ``release_after_offload`` (RLix's MILES line) the training GPUs are released
@@ -309,7 +340,7 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
-                      "active_sync_fails")
+                      "unclamped_base_stamp", "lost_lock_handoff", "active_sync_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

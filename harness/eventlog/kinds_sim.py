@@ -28,7 +28,7 @@ SIM_KINDS: dict = {
               {"gpu": "int", "owner": "str", "mem": "str", "requested": "int", "used": "int", "capacity": "int"}),
     "cache_lock": _k("The cache owner's _cache_lock was acquired or released (holder = build|promote|sync).",
                      {"pipeline_id": "str", "action": "str", "holder": "str"}, {"version": "int?"}),
-    "timeout": _k("An RLix timeout expired (what = await_release|resize_sync_lock|selective_sync|shrink_drain): fail-fast shutdown.",
+    "timeout": _k("An RLix timeout expired (what = await_release|resize_sync_lock|selective_sync|shrink_drain|weight_sync_join|weight_sync_broadcast): fail-fast shutdown.",
                   {"pipeline_id": "str", "what": "str", "limit_s": "number", "since": "number"}),
     "fault_fired": _k("A scenario fault hook fired.", {"name": "str", "pipeline_id": "str"}, {"step": "int?"}),
     "host_ram": _k("Host RAM held on a node changed (owner = pipeline/cache for the CPU bucket cache, pipeline/dpN for weights a level-1 sleep keeps).",

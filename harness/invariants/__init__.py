@@ -12,7 +12,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional
 from harness.invariants import (  # noqa: F401  (registration)
     cache, dataplane, groups, handover, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
     pump_liveness, refit_payload, refit_wire, release_reuse, routing, scheduling, streaming, trajectory_age, trends,
-    versions)
+    versions, waitfor, hot_states)
 from harness.invariants.base import CHECKS, SEES, Records, Violation
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Dict, List, Set, Tuple
 
 from harness.invariants.base import Records, Violation, invariant
+from harness.invariants.hot_states import hot_bound
+from harness.invariants.waitfor import WAIT_KINDS, WaitGraph, caller_of, describe, wait_graph
 
 
 @invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
@@ -125,22 +127,33 @@ def routing_policy(records: Records) -> List[Violation]:
 
 #: How long a waiter must have waited, with its pipeline showing no progress, for a run
 #: cut by its horizon to count it as stalled: RLix's longest fail-fast deadline
-#: (``RLIX_NOTIFY_READY_TIMEOUT_S``, 300 s). Anything shorter is a run that was still going.
-STALL_WINDOW_S = 300.0
+#: (``RLIX_NOTIFY_READY_TIMEOUT_S``, 300 s) by default; a log whose header carries the
+#: scenario's own deadlines (``meta.timeouts``) uses the longest of those
+#: (harness/invariants/hot_states.py ``hot_bound``). Anything shorter is a run still going.
+STALL_WINDOW_S = DEFAULT_STALL_WINDOW_S = 300.0
 
 # records that show a pipeline is still moving: work finished, a batch taken
 _PROGRESS_KINDS = ("request_done", "batch_consumed", "effect_end")
 
 
+def _chain_of(graph: WaitGraph, start: dict) -> str:
+    """"; chain of waits: ..." for an effect that waits in the wait-for graph, else ""."""
+    chain = graph.chain(caller_of(start))
+    return f"; chain of waits: {describe(chain, graph.exited)}" if chain else ""
+
+
 @invariant("liveness", reads=("effect_start", "effect_end", "enqueued", "release_pending", "signalled", "sim_end",
-                               "register", "request_done", "batch_consumed"))
+                               "register", "request_done", "batch_consumed"), sees=("header",) + WAIT_KINDS)
 def liveness(records: Records) -> List[Violation]:
     """Every pending request and planned release is eventually signalled (or errored) (invariant 17).
 
     Reaching the horizon is an outcome of its own, not a finding: a run cut while it was
     progressing passes. A waiter left at the horizon is a stall only when it has waited at
     least :data:`STALL_WINDOW_S` and its pipeline logged no progress (a request done, a batch
-    consumed, an effect ended) during that last window: then nothing was going to release it."""
+    consumed, an effect ended) during that last window: then nothing was going to release it.
+    An open effect that waits in the wait-for graph (a coordinator-lock acquire) names its
+    chain of waits (harness/invariants/waitfor.py)."""
+    window = hot_bound(records)
     out: List[Violation] = []
     waiting: Dict[int, Tuple[int, float, str, str]] = {}  # request id -> (seq, t, cluster, what)
     open_effects: Dict[Tuple[str, str, str], dict] = {}
@@ -169,7 +182,7 @@ def liveness(records: Records) -> List[Violation]:
             end = r
     if end is None or end["reason"] != "horizon":
         return out
-    cutoff = end["t"] - STALL_WINDOW_S
+    cutoff = end["t"] - window
 
     def stalled(pid: str, since: float) -> bool:
         return since <= cutoff and last_progress.get(pid, float("-inf")) <= cutoff
@@ -182,10 +195,13 @@ def liveness(records: Records) -> List[Violation]:
     for rid, (seq, t, cid, what) in sorted(waiting.items()):
         if stalled(owner(cid), t):
             out.append(Violation("liveness", end["seq"], f"{what} (request {rid}, enqueued at seq {seq}, t={t:.1f}s) "
-                                 f"never returned; its pipeline made no progress in the last {STALL_WINDOW_S:g} s"))
+                                 f"never returned; its pipeline made no progress in the last {window:g} s"))
+    graph: List[WaitGraph] = []  # built once, only when an effect stalled
     for (pid, effect, scope), start in sorted(open_effects.items()):
         if stalled(pid, start["t"]):
+            if not graph:
+                graph.append(wait_graph(records))
             step = f" of step {start['step']}" if start.get("step") is not None else ""
             out.append(Violation("liveness", end["seq"], f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
-                                 f"with no progress in the last {STALL_WINDOW_S:g} s"))
+                                 f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}"))
     return out

@@ -153,7 +153,7 @@ def test_fault_unknown_name():
         "collector_dies, engines_crash_after_refit, stuck_request, offload_keeps_params, strand_sync_group, "
         "no_gen_estimate, expand_sync_fails, lost_finish, stale_select_target, sync_outside_expand, bulk_in_driver_meta, "
         "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows, "
-        "active_sync_fails"
+        "unclamped_base_stamp, lost_lock_handoff, active_sync_fails"
     )
 
 

@@ -292,6 +292,13 @@ EXPECTED_FINDINGS = {
     "realistic_moe_16gpu": ("done", {"handover"}),
     # four pipelines under RLix's gap ratio (docs/policies.md compares the other policies): the same two
     "policies_4pipelines_32gpu": ("done", {"handover", "planned_release_ack"}),
+    # the weight-sync groups' field reports (tests/sim/test_waitfor_liveness.py): slime #2331's
+    # deadlock needs an exploration seed (the fixed order is clean); vime #329's slot overwrite
+    # is a cycle in every order; TRL #6913's broadcast waits on a dead receiver, and its fix
+    # fails fast at the broadcast timeout
+    "wsg_vime329_slot_overwrite": ("horizon", {"deadlock", "hot_state"}),
+    "wsg_trl6913_receiver_died": ("horizon", {"lost_wakeup", "hot_state"}),
+    "wsg_trl6913_broadcast_timeout": ("failed", {"run_outcome"}),
     # the MILES demand floor re-expands a ROLL cluster await_release emptied (docs/rlix-variants.md)
     "miles_floor_reactivates_after_release": ("failed", {"reactivated_after_release", "planned_release_ack",
                                                          "versions", "run_outcome"}),

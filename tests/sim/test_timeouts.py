@@ -72,10 +72,13 @@ def test_a_planned_release_past_its_limit_shuts_the_run_down():
     t = the_timeout(res)
     assert res.reason == "failed" and t["what"] == "await_release" and t["t"] == pytest.approx(t["since"] + 1.0)
     # a limit above the longest wait changes nothing: same log but for the run's event count
+    # and the header, which records the changed deadlines (the liveness monitors' bound)
     base = Simulation(s).run()
     roomy = Simulation(with_costs(s, await_release_timeout_s=longest + 0.01)).run()
-    assert roomy.reason == "done" and [r for r in roomy.records if r["kind"] != "sim_end"] == \
-        [r for r in base.records if r["kind"] != "sim_end"]
+    assert roomy.reason == "done" and [r for r in roomy.records if r["kind"] not in ("sim_end", "header")] == \
+        [r for r in base.records if r["kind"] not in ("sim_end", "header")]
+    assert roomy.records[0]["meta"]["timeouts"]["await_release_s"] == longest + 0.01
+    assert "timeouts" not in base.records[0]["meta"]
 
 
 def test_a_coordinator_lock_held_past_its_limit_shuts_the_run_down():
