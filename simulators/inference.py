@@ -47,6 +47,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
+from harness.control.engine import EngineTags
 from harness.control.rank_state import RankLifecycle, RankState
 from simulators.env import Actor, SimEnv, Timer
 
@@ -61,6 +62,9 @@ class Request:
     version: Optional[int] = None  # weights version of the rank it was (last) dispatched to
     waiting_since: float = 0.0  # when its caller started polling for an active rank
     stuck: bool = False  # fault stuck_request: a straggler that never finishes, wherever it runs
+    remaining: Optional[int] = None  # tokens still to decode after a keep pause froze it (None: all)
+    started_at: float = 0.0  # when its current run started, and when it will end (keep pause)
+    ends_at: float = 0.0
 
 
 @dataclass
@@ -75,6 +79,8 @@ class RankSim:
     # routed here while the engine ran max_num_seqs sequences: vLLM's waiting queue (FCFS)
     queued: Deque[Request] = field(default_factory=deque)
     actor: Optional[Actor] = None  # the order key its completions run under (set by the router)
+    engine: EngineTags = field(default_factory=lambda: EngineTags("engine"))  # tags, pause (engine.py)
+    kept: List[Request] = field(default_factory=list)  # frozen by a keep pause until the resume
 
     @property
     def routable(self) -> bool:
@@ -108,6 +114,8 @@ class Router:
         self._caller = Actor("caller", pipe_index)
         self.completed = 0
         self.aborted = 0
+        # fault stamp_at_completion (simulators/oracle_faults.py): armed -> stamp the version at completion
+        self.stamp_at_completion: Optional[Callable[[], bool]] = None
 
     # -------------------------------------------------------------- routing set
     def activate(self, ranks: Iterable[RankSim]) -> None:
@@ -153,6 +161,7 @@ class Router:
         for rank in self.ranks.values():
             rank.inflight.clear()  # their completion timers are now stale
             rank.queued.clear()
+            rank.kept.clear()
         self.polling.clear()
         self._callers_epoch += 1
 
@@ -162,16 +171,64 @@ class Router:
         for rank in ranks:
             reqs = [rank.inflight[rid].arg[1] for rid in rank.inflight]
             reqs.extend(rank.queued)
+            reqs.extend(rank.kept)
             rank.inflight.clear()  # their timers are now stale
             rank.queued.clear()
+            rank.kept.clear()
             reqs.sort(key=lambda req: req.rid)
             for req in reqs:
                 req.attempt += 1
+                req.remaining = None  # what it decoded is lost: a retry starts over
                 log({"seq": 0, "t": now, "kind": "request_abort", "pipeline_id": pid,
                      "request": req.rid, "dp_rank": rank.dp_rank})
             aborted.extend(reqs)
         self.aborted += len(aborted)
         return aborted
+
+    # -------------------------------------------------------------- pause modes
+    def pause_ranks(self, ranks: Iterable[RankSim], mode: str) -> None:
+        """``pause_generation(mode)`` for ``wait`` / ``keep`` (harness/control/engine.py):
+        the ranks leave routing together; ``wait`` lets what they hold run on, ``keep``
+        freezes it (a ``request_pause`` record each) until :meth:`resume_kept`."""
+        ranks = list(ranks)
+        for rank in ranks:
+            self.active.discard(rank.dp_rank)
+        if mode != "keep":
+            return
+        now = self.env._now
+        for rank in ranks:
+            reqs = []
+            for timer in rank.inflight.values():
+                req = timer.arg[1]
+                left = req.tokens if req.remaining is None else req.remaining
+                if not req.stuck and req.ends_at > req.started_at:
+                    left = max(1, math.ceil(left * (req.ends_at - now) / (req.ends_at - req.started_at)))
+                req.remaining = left
+                reqs.append(req)
+            reqs.extend(rank.queued)
+            rank.inflight.clear()  # their timers are now stale
+            rank.queued.clear()
+            reqs.sort(key=lambda req: req.rid)
+            for req in reqs:
+                self.log({"seq": 0, "t": now, "kind": "request_pause", "pipeline_id": self.pipeline_id,
+                          "request": req.rid, "dp_rank": rank.dp_rank, "mode": mode,
+                          "tokens_left": req.tokens if req.remaining is None else req.remaining})
+            rank.kept.extend(reqs)
+
+    def resume_kept(self, rank: RankSim) -> None:
+        """The rank resumed: the requests a keep pause froze go on where they stopped."""
+        if not rank.kept:
+            return
+        if rank.actor is None:
+            rank.actor = Actor("rank", self.pipe_index, rank.dp_rank)
+        reqs, rank.kept = rank.kept, []
+        for req in reqs:
+            self.log({"seq": 0, "t": self.env._now, "kind": "request_resume", "pipeline_id": self.pipeline_id,
+                      "request": req.rid, "dp_rank": rank.dp_rank})
+            if len(rank.inflight) < self.max_concurrent:
+                self._start(rank, req)
+            else:
+                rank.queued.append(req)
 
     # -------------------------------------------------------------- dispatch
     def submit(self, reqs: List[Request]) -> None:
@@ -238,9 +295,12 @@ class Router:
         """Start serving ``req`` on ``rank``: its completion timer, the one place the
         decode-time model (slower the more requests share the rank) is written."""
         c = len(rank.inflight)
-        duration = req.tokens * (c + 1 + self.half_point) / self.tokens_per_s
+        tokens = req.tokens if req.remaining is None else req.remaining
+        duration = tokens * (c + 1 + self.half_point) / self.tokens_per_s
         if req.stuck:
             duration = float("inf")
+        req.started_at = now = self.env._now
+        req.ends_at = now + duration
         rank.inflight[req.rid] = Timer(self.env, duration, rank.actor, self._complete, (rank, req))
 
     def _complete(self, arg: Tuple[RankSim, Request]) -> None:
@@ -253,8 +313,11 @@ class Router:
             return
         del inflight[req.rid]
         self.completed += 1
+        version = req.version
+        if self.stamp_at_completion is not None and self.stamp_at_completion():
+            version = rank.life.weights_version  # fault stamp_at_completion: the version it ended on
         self.log({"seq": 0, "t": self.env._now, "kind": "request_done", "pipeline_id": self.pipeline_id,
-                  "request": req.rid, "dp_rank": rank.dp_rank, "tokens": req.tokens, "version": req.version})
+                  "request": req.rid, "dp_rank": rank.dp_rank, "tokens": req.tokens, "version": version})
         if rank.queued:
             self._start(rank, rank.queued.popleft())
         self.on_done(req, rank)

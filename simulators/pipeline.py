@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from harness.control.context import PipelineContext
+from harness.control.engine import EngineConfig, EngineTags
 from harness.control.cycle import run_resize
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.interpret import HALT, Handling, drive, interpret
@@ -32,6 +33,7 @@ from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 from simulators.cache_lock import CacheLock
 from simulators.cluster import HostOutOfMemory, OutOfMemory
 from simulators.dataplane import DataPlaneSim
+from simulators.engine_effects import EngineEffects
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
 from simulators.inference import RankSim, Router
@@ -51,7 +53,7 @@ _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old
                    Priority.ACTOR_TRAINING: "train"}
 
 
-class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
+class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
     :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
     (pipeline_training.py), workload effects and trajectory collection from
@@ -73,12 +75,14 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
             versions=VersionBook(clamp_bootstrap=nemo),
             release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
             trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
-                                    offload_nccl=spec.offload_nccl))
+                                    offload_nccl=spec.offload_nccl),
+            engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
         self.ranks: Dict[int, RankSim] = {
-            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r))
+            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r),
+                       engine=EngineTags(f"{self.pid} dp{r}"))
             for r in range(len(infer) // tp)
         }
         w = spec.workload
@@ -122,6 +126,8 @@ class PipelineSim(RankEffects, RefitEffects, TrainingEffects, RolloutEffects, Fi
         self.cache_versions: List[int] = []
         self.cache_lock = CacheLock(sim, self.pid)
         self.deadlines = Deadlines(sim, self.pid, index)
+        if "stamp_at_completion" in self.faults:
+            self.router.stamp_at_completion = lambda: self._armed_once("stamp_at_completion")
         self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
         self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)
         # one-shot field-report faults (field_faults.py) that already fired

@@ -17,9 +17,11 @@ _STATE_NAME = {state: state.value for state in RankState}
 class RankEffects:
     def _log_rank(self, rank) -> None:
         # sim.emit() without its None filter: no field here can be None but version, which it keeps
-        self.sim.log.add({"seq": 0, "t": self.env._now, "kind": "rank_state", "pipeline_id": self.pid,
-                          "dp_rank": rank.dp_rank, "state": _STATE_NAME[rank.life.state], "gpus": list(rank.gpus),
-                          "version": rank.life.weights_version})
+        record = {"seq": 0, "t": self.env._now, "kind": "rank_state", "pipeline_id": self.pid,
+                  "dp_rank": rank.dp_rank, "state": _STATE_NAME[rank.life.state], "gpus": list(rank.gpus),
+                  "version": rank.life.weights_version}
+        record.update(self._engine_state_fields(rank))  # tags still asleep (a staged wake), if any
+        self.sim.log.add(record)
 
     def _owner(self, rank) -> str:
         return f"{self.pid}/dp{rank.dp_rank}"
@@ -36,30 +38,37 @@ class RankEffects:
         return None
 
     def _Wake(self, e):
+        yield from self._wake_ranks(e.ranks, ("weights", "kv_cache"))
+
+    def _wake_ranks(self, ranks, tags):
+        """Wake ``tags`` of the ranks (every tag: RLix's wake; the weights alone: the staged
+        wake's first half, harness/control/engine.py)."""
         vram, c = self.sim.cluster.vram, self.costs
         tp = self.spec.infer_tp
         per_gpu_weights = self.weight_bytes // tp
-        kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu_weights)
-        for r in e.ranks:
+        kv = self._kv_bytes() if "kv_cache" in tags else 0
+        for r in ranks:
             rank = self.ranks[r]
             rank.life.on("wake")
             self._log_rank(rank)
             owner = self._owner(rank)
             for g in rank.gpus:
                 vram.alloc(g, owner, "weights", per_gpu_weights, "wake")
-                vram.alloc(g, owner, "kv_cache", kv, "wake")
+                if kv and rank.engine.tags["kv_cache"] != "awake":
+                    vram.alloc(g, owner, "kv_cache", kv, "wake")
                 if tp > 1:
                     vram.alloc(g, owner, "nccl", c.nccl_buffer_bytes, "wake")
         # a level-1 sleeper copies its weights back from host RAM (H2D, all GPUs of all
         # ranks at once); a level-2 sleeper has nothing to copy: its weights come by sync
-        kept = [self.ranks[r] for r in e.ranks if self.ranks[r].life.host_version is not None]
+        kept = [self.ranks[r] for r in ranks if self.ranks[r].life.host_version is not None]
         copy_s = per_gpu_weights / self.sim.cluster.spec.pcie_bytes_per_s if kept else 0.0
         yield self.env.timeout(c.wake_s + copy_s)
         host = self.sim.cluster.host
         for rank in kept:
             host.set(self.sim.cluster.node_of(rank.gpus[0]), self._owner(rank), 0)
-        for r in e.ranks:
+        for r in ranks:
             rank = self.ranks[r]
+            rank.engine.wake(tuple(t for t in tags if rank.engine.tags[t] != "awake"))
             rank.life.on("woken")
             self._log_rank(rank)
         return None
@@ -89,8 +98,10 @@ class RankEffects:
                 self._force_state(rank, RankState.ROUTABLE)  # the fault: activated past the lifecycle
             else:
                 rank.life.on("activated")
+            self._resume(rank, forced=unchecked)
             self._log_rank(rank)
         self.router.activate(ranks)
+        self._after_activate(ranks)
         return None
 
     def _Abort(self, e):
@@ -100,6 +111,7 @@ class RankEffects:
         routed = [rank for rank in ranks if rank.routable]
         for rank in ranks:
             rank.life.on("abort")
+            rank.engine.pause()
             self._log_rank(rank)
         aborted = len(self.router.deactivate(routed)) if routed else 0
         at = self.faults.get("abort_never_wakes")
@@ -114,11 +126,13 @@ class RankEffects:
         c = self.costs
         hung = self._abort_hung
         drained = []
-        if hung or c.drain_s >= c.shrink_drain_timeout_s:
+        if hung or c.drain_s >= c.shrink_drain_timeout_s or self.ctx.engine.pause_mode == "wait":
             self.deadlines.arm("shrink_drain", c.shrink_drain_timeout_s, lambda: bool(drained))
         if hung:  # RLix Bug 7: abort_requests never wakes generate(), so nothing ever drains
             self.sim.emit("fault_fired", name="abort_never_wakes", pipeline_id=self.pid, step=self.ctx.step)
             yield self.env.event()
+        if self.ctx.engine.pause_mode == "wait":  # the paused ranks finish what they hold first
+            yield from self._drain_paused(e.ranks)
         yield self.env.timeout(c.drain_s)
         drained.append(True)
         return None
@@ -151,6 +165,7 @@ class RankEffects:
                 if left > c.post_sleep_threshold_bytes:
                     residues.append(f"dp{r} keeps {left} B on GPU {g}")
             rank.life.on("slept", level=e.level)
+            rank.engine.sleep(e.level)
             self._log_rank(rank)
         if keep_nccl:
             self.sim.emit("fault_fired", name="keep_nccl_on_sleep", pipeline_id=self.pid, step=self.ctx.step)

@@ -48,7 +48,8 @@ class RefitEffects:
             return None  # no sync; the controller will activate anyway (oracle_faults.py)
         finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
-        yield from ss.interpret(ss.selective_sync(self._sync_plan(e)), _SyncTiming(self, e).handle)
+        partial = self._partial_reload(e)
+        yield from ss.interpret(ss.selective_sync(self._sync_plan(e, partial)), _SyncTiming(self, e).handle)
         for r in e.ranks:
             rank = self.ranks[r]
             if rank.life.state is RankState.ROUTABLE:
@@ -56,12 +57,14 @@ class RefitEffects:
             else:
                 rank.life.on("synced", version=e.version)
             self._log_rank(rank)
+        self._engine_loaded(e, complete=not partial)
         finished.append(True)
         return list(e.ranks)
 
-    def _sync_plan(self, e) -> ss.SyncPlan:
+    def _sync_plan(self, e, partial: bool = False) -> ss.SyncPlan:
         """The sync's plan: the comm plan's dp ranks per path and the group's GPUs (owner
-        first) are fixed per rank tuple, so they are worked out once per pipeline."""
+        first) are fixed per rank tuple, so they are worked out once per pipeline.
+        ``partial`` (fault ``partial_reload``): the payload holds the first bucket only."""
         ranks = tuple(e.ranks)
         got = self._sync_plans.get(ranks)
         if got is None:
@@ -72,7 +75,8 @@ class RefitEffects:
             got = self._sync_plans[ranks] = (tuple(sorted(comm.ipc)), tuple(sorted(comm.broadcast)),
                                              (self.owner_gpu,) + tuple(sorted(bcast)))
         ipc, bcast_ranks, members = got
-        return ss.SyncPlan(e.version, self._bucket_sizes(), ipc, bcast_ranks,
+        buckets = self._bucket_sizes()
+        return ss.SyncPlan(e.version, buckets[:1] if partial else buckets, ipc, bcast_ranks,
                            f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, ranks))}", members)
 
     def _sync_targets(self, ranks: Tuple[int, ...]) -> Tuple[List[int], List[int]]:

@@ -100,7 +100,7 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
@@ -307,6 +307,9 @@ def _pipeline(
         raise ctx.fail(f"{path}.type", f"unknown pipeline type {vals['type']!r}; known: {', '.join(PIPELINE_TYPES)}")
     if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
         raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
+    problem = engine_field_problem(vals)
+    if problem is not None:
+        raise ctx.fail(f"{path}.{problem[0]}", problem[1])
 
     for key, cls in _DEFAULTS_SECTIONS.items():
         merged = dict(defaults.get(key, {}))
@@ -392,6 +395,9 @@ def _fault(ctx: _Ctx, path: str, data: Any, pipelines: Mapping[str, PipelineSpec
             f"{path}.at_step",
             f"step {at} is never reached: pipeline {pipe.name} runs steps 0..{pipe.steps - 1}",
         )
+    problem = engine_fault_problem(vals["name"], pipe)
+    if problem is not None:
+        raise ctx.fail(f"{path}.name", problem)
     return FaultSpec(**vals)
 
 

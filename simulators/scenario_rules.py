@@ -7,8 +7,9 @@ cannot be added to the spec without saying how it is validated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Any, Dict, Optional, Tuple
 
+from harness.control.engine import PAUSE_MODES, WAKE_MODES
 from simulators.spec import (ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
                              WeightSyncGroupsSpec, WorkloadSpec)
 
@@ -141,6 +142,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "start_s": _r("float", ">=0", "s"),
         "old_log_probs_offload_states": _r("bool"),
         "offload_nccl": _r("bool"),
+        "pause_mode": _r("str"),
+        "wake": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
     },
     DataPlaneSpec: {
@@ -179,3 +182,28 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
     },
 }
 
+
+
+#: engine faults that exist only in some engine mode: fault -> (pipeline field, the values it needs)
+_ENGINE_FAULT_NEEDS = {"resume_before_kv_wake": ("wake", ("staged",)), "kv_wake_before_weights": ("wake", ("staged",)),
+                       "abort_on_pause": ("pause_mode", ("wait", "keep"))}
+
+
+def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """(field, problem) for a pipeline's engine modes (harness/control/engine.py), or None."""
+    for key, allowed in (("pause_mode", PAUSE_MODES), ("wake", WAKE_MODES)):
+        if key in vals and vals[key] not in allowed:
+            return key, f"must be one of {', '.join(allowed)}, got {vals[key]!r}"
+    for key in ("pause_mode", "wake"):
+        if key in vals and vals["type"] == "single_controller":
+            return key, ("only a colocated pipeline (nemo_async, roll_sync) pauses and wakes its ranks; a "
+                         "single_controller's engines never sleep")
+    return None
+
+
+def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
+    """Why fault ``name`` cannot fire on pipeline ``pipe`` (its engine mode lacks the step), or None."""
+    need = _ENGINE_FAULT_NEEDS.get(name)
+    if need is None or getattr(pipe, need[0]) in need[1]:
+        return None
+    return f"fault {name} needs pipeline {pipe.name}'s {need[0]} to be {' or '.join(need[1])} (it is {getattr(pipe, need[0])})"

@@ -194,6 +194,10 @@ class PipelineSpec:
     # process groups stay across release_then_request; True is the fix)
     old_log_probs_offload_states: bool = False
     offload_nccl: bool = True  # groups reloaded on load, destroyed on offload (RLix forces True)
+    # the engine's pause mode and wake order (harness/control/engine.py, docs/engine-lifecycle.md);
+    # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
+    pause_mode: str = "abort"
+    wake: str = "all"
     # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
     # (simulators/weight_sync_groups.py); None = not modelled (the sync's group is created per sync)
     weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None
@@ -304,6 +308,19 @@ class FaultSpec:
       forever (``livelock``).
     * ``lost_lock_handoff`` — from that step on, a release of the coordinator lock forgets
       the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
+    * ``partial_reload`` — from that step on, an expand's weight sync carries only the
+      first bucket of the model: a level-2 engine is activated with most of its weights
+      never reloaded (vllm #29341, verl #3461; ``engine_weights``).
+    * ``resume_before_kv_wake`` — (staged wake) at that step (once) the expand resumes the
+      engines before waking their KV cache, which comes one wake later (vllm #44483;
+      ``engine_resume``, ``kv_cache_asleep``).
+    * ``kv_wake_before_weights`` — (staged wake) at that step (once) the KV cache is woken
+      before the weights (``engine_resume``).
+    * ``abort_on_pause`` — from that step on, a ``wait`` or ``keep`` pause aborts every
+      request it should have let finish or kept (miles #2372; ``pause_lost_work``).
+    * ``stamp_at_completion`` — from that step on, a finished request is stamped with the
+      version its rank holds when it completes, not the one it was dispatched to
+      (rllm #622; ``version_at_dispatch``).
     * ``active_sync_fails`` — at that step (a nemo_async pipeline) the active refresh's weight
       sync fails at a receiver, after the training offload: the run fails; with the scheduler
       option ``release_after_offload`` (RLix's MILES line) the training GPUs are released
@@ -340,7 +357,9 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
-                      "unclamped_base_stamp", "lost_lock_handoff", "active_sync_fails")
+                      "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
+                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
+                      "active_sync_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

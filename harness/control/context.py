@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
+from harness.control.engine import EngineConfig
 from harness.control.residency import PhaseResidency, TrainerSwitches, residency
 from harness.control.versions import VersionBook
 
@@ -25,6 +26,7 @@ class PipelineContext:
     versions: VersionBook = field(default_factory=VersionBook)
     step: int = 0  # step in progress (read by the runtime for labelling)
     trainer: TrainerSwitches = field(default_factory=TrainerSwitches)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # pause mode, wake order (engine.py)
     # RLix's MILES release-after-offload (scheduler option release_after_offload): the
     # training GPUs are released once the offload ran, even when the sync after it fails
     release_after_offload: bool = False

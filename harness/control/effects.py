@@ -153,6 +153,25 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Pause the ranks' engines with a mode other than abort (harness/control/engine.py):
+    ``wait`` lets the requests they hold finish, ``keep`` freezes them until the resume.
+    They leave routing either way."""
+
+    ranks: Ranks
+    mode: str
+
+
+@dataclass(frozen=True)
+class WakeTags:
+    """Wake some memory tags of the ranks (vLLM ``wake_up(tags=[...])``): the staged wake
+    brings the weights back for the refit and the KV cache only after it."""
+
+    ranks: Ranks
+    tags: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Drain:
     ranks: Ranks
 

@@ -15,7 +15,6 @@ from typing import Generator, Sequence
 
 from harness.control.context import PipelineContext
 from harness.control.effects import (
-    Abort,
     Activate,
     Drain,
     Finalize,
@@ -26,7 +25,9 @@ from harness.control.effects import (
     SyncFromCache,
     UnlockCoordinator,
     Wake,
+    WakeTags,
 )
+from harness.control.engine import pause_effect
 from harness.control.interpret import Refused
 
 #: What ``LockCoordinator`` answers when the pipeline unregistered while the call waited
@@ -34,29 +35,36 @@ COORDINATOR_GONE = Refused("coordinator gone (pipeline unregistered)")
 
 
 def shrink_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
-    """abort in-flight requests → drain → sleep (level from the pipeline); VRAM is
-    checked by the runtime after the sleep (post-sleep residue)."""
+    """pause (abort in-flight requests, or the pipeline's ``wait``/``keep`` mode) → drain →
+    sleep (level from the pipeline); VRAM is checked by the runtime after the sleep
+    (post-sleep residue)."""
     ranks = tuple(sorted(ranks))
     if type((yield LockCoordinator("shrink"))) is Refused:
         return  # the coordinator is gone: the lock is not held, nothing happens
-    yield Abort(ranks)
+    yield pause_effect(ranks, ctx.engine.pause_mode)
     yield Drain(ranks)
     yield Sleep(ranks, ctx.sleep_level)
     yield UnlockCoordinator("shrink")
 
 
 def expand_order(ctx: PipelineContext, ranks: Sequence[int]) -> Generator:
-    """mark → wake (unrouted) → sync from cache → finalize → publish → activate."""
+    """mark → wake (unrouted) → sync from cache → finalize → publish → activate.
+
+    With the staged wake (``ctx.engine.wake``, vLLM's RL sequence) the wake is split:
+    weights before the sync, the KV cache after finalize; activation is the resume."""
     ranks = tuple(sorted(ranks))
     if type((yield LockCoordinator("expand"))) is Refused:
         return  # the coordinator is gone: the lock is not held, nothing happens
+    staged = ctx.engine.wake == "staged"
     yield MarkInactive(ranks)
-    yield Wake(ranks)
+    yield WakeTags(ranks, ("weights",)) if staged else Wake(ranks)
     version = ctx.versions.active  # the promoted cache, never a half-built latest
     if version is None:
         raise RuntimeError(f"{ctx.pipeline_id}: expand before any cache was promoted")
     yield SyncFromCache(ranks, version, "expand")
     yield Finalize(ranks)
+    if staged:
+        yield WakeTags(ranks, ("kv_cache",))
     yield PublishVersion(version, "expand")
     yield Activate(ranks)
     yield UnlockCoordinator("expand")

@@ -11,7 +11,15 @@ def _k(doc: str, required: dict, optional: dict = None) -> dict:
 
 SIM_KINDS: dict = {
     "rank_state": _k("An inference DP rank entered a lifecycle state (asleep|waking|awake_unrouted|synced|routable|draining|stopped).",
-                     {"pipeline_id": "str", "dp_rank": "int", "state": "str", "gpus": "int_list"}, {"version": "int?"}),
+                     {"pipeline_id": "str", "dp_rank": "int", "state": "str", "gpus": "int_list"},
+                     {"version": "int?", "asleep_tags": "list"}),
+    "engine_tag": _k("A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py). "
+                     "A rank_state record's asleep_tags lists the tags still asleep in a state past waking.",
+                     {"pipeline_id": "str", "dp_rank": "int", "tag": "str", "state": "str"}),
+    "request_pause": _k("A keep pause froze a request in its rank's engine (it goes on after the rank resumes).",
+                        {"pipeline_id": "str", "request": "int", "dp_rank": "int", "mode": "str"}, {"tokens_left": "int"}),
+    "request_resume": _k("A request a keep pause froze goes on, on the rank that kept it.",
+                         {"pipeline_id": "str", "request": "int", "dp_rank": "int"}),
     "request_dispatch": _k("A generation request (one trajectory) was routed to a rank (RLix round robin; it may wait in the rank's engine queue).",
                            {"pipeline_id": "str", "request": "int", "dp_rank": "int"}, {"version": "int?", "attempt": "int"}),
     "request_done": _k("A generation request finished on a rank.",

@@ -51,13 +51,16 @@ def rank_lifecycle(records: Records) -> List[Violation]:
 
 
 @invariant("in_flight_at_sleep", reads=("rank_state", "unregister", "request_dispatch", "request_done",
-                                        "request_abort", "request_failed"))
+                                        "request_abort", "request_failed"), sees=("request_pause", "request_resume"))
 def in_flight_at_sleep(records: Records) -> List[Violation]:
     """Invariant 22: a rank enters ``asleep`` (or ``stopped``), and a pipeline unregisters,
-    only with no request dispatched to it still running (abort -> drain -> sleep)."""
+    only with no request dispatched to it still running (abort -> drain -> sleep). A
+    request a keep pause froze (``request_pause``) is not running until its
+    ``request_resume``; a kept one is still counted at the unregister (nobody resumes it)."""
     out: List[Violation] = []
     running: Dict[Rank, Set[int]] = {}
     where: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank it runs on
+    kept: Set[Tuple[str, int]] = set()  # (pipeline, request) frozen by a keep pause
     for r in records:
         k = r["kind"]
         if k == "request_dispatch":
@@ -68,6 +71,13 @@ def in_flight_at_sleep(records: Records) -> List[Violation]:
             pid, req = r["pipeline_id"], r["request"]
             dp = where.pop((pid, req), r.get("dp_rank"))
             running.get((pid, dp), set()).discard(req)
+            kept.discard((pid, req))
+        elif k == "request_pause":  # frozen in the engine: not running while the rank sleeps
+            running.get((r["pipeline_id"], r["dp_rank"]), set()).discard(r["request"])
+            kept.add((r["pipeline_id"], r["request"]))
+        elif k == "request_resume":
+            kept.discard((r["pipeline_id"], r["request"]))
+            running.setdefault((r["pipeline_id"], r["dp_rank"]), set()).add(r["request"])
         elif k == "rank_state" and r["state"] in ("asleep", "stopped"):
             key = (r["pipeline_id"], r["dp_rank"])
             left = running.get(key)

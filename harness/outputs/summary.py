@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from harness.outputs.dataplane import HopTotal, dataplane_totals
+from harness.outputs.pause_summary import PAUSE_KINDS, PauseRow, pause_rows
 from harness.outputs.streaming_summary import StreamingRow, streaming_rows
 from harness.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
@@ -125,6 +126,7 @@ class Summary:
     # GPUs handed over with another cluster's memory still on them (the handover check)
     handovers: List[Dict[str, Any]] = field(default_factory=list)
     waste: WasteSummary = field(default_factory=WasteSummary)  # harness/outputs/waste.py
+    pauses: List[PauseRow] = field(default_factory=list)  # lost work per pause mode (pause_summary.py)
     first_oom_seq: Optional[int] = None  # to say whether an unclean handover came first
     # the scheduling policy the header names (absent: gap_ratio, RLix's planner; docs/policies.md)
     policy: str = "gap_ratio"
@@ -354,6 +356,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
                                  {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(view.of("dp_transfer")),
         waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
+        pauses=pause_rows(view.of(*PAUSE_KINDS)),
         policy=policy_name(view.records),
     )
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from harness.outputs.dataplane import format_dataplane
+from harness.outputs.pause_summary import lost_by_mode, pause_lines
 from harness.outputs.streaming_summary import streaming_lines
 from harness.outputs.summary import Summary
 from harness.outputs.waste import IDLE_CAUSES
@@ -74,6 +75,7 @@ def format_summary(summary: Summary) -> str:
                    "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort",
                    "req failed"], rows, "lrrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
     out += streaming_lines(summary.streaming, _table)
+    out += pause_lines(summary.pauses, _table)
 
     out.append("")
     out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")
@@ -231,5 +233,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "timeouts": summary.timeouts,
         # sections other runtimes added (single controllers, data plane): every row whole
         "streaming": [asdict(r) for r in summary.streaming],
+        "pauses": [asdict(r) for r in summary.pauses],
+        "lost_work_by_pause_mode": lost_by_mode(summary.pauses),
         "dataplane": [asdict(h) for h in summary.dataplane],
     }

@@ -153,8 +153,22 @@ def test_fault_unknown_name():
         "collector_dies, engines_crash_after_refit, stuck_request, offload_keeps_params, strand_sync_group, "
         "no_gen_estimate, expand_sync_fails, lost_finish, stale_select_target, sync_outside_expand, bulk_in_driver_meta, "
         "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows, "
-        "unclamped_base_stamp, lost_lock_handoff, active_sync_fails"
+        "unclamped_base_stamp, lost_lock_handoff, partial_reload, resume_before_kv_wake, kv_wake_before_weights, "
+        "abort_on_pause, stamp_at_completion, active_sync_fails"
     )
+
+
+def test_engine_modes_are_checked_by_name():
+    data = base()
+    data["pipelines"][0]["pause_mode"] = "retract"
+    assert error_of(data) == "x.yaml: pipelines[0].pause_mode: must be one of abort, wait, keep, got 'retract'"
+    data = base()
+    data["pipelines"][0]["wake"] = "kv_first"
+    assert error_of(data) == "x.yaml: pipelines[0].wake: must be one of all, staged, got 'kv_first'"
+    data = base()
+    data["faults"] = [{"name": "resume_before_kv_wake", "pipeline": "ppl1"}]
+    assert error_of(data) == ("x.yaml: faults[0].name: fault resume_before_kv_wake needs pipeline ppl1's wake to be "
+                              "staged (it is all)")
 
 
 def test_fault_step_never_reached():

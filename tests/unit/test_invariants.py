@@ -230,6 +230,8 @@ OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py"
               **{name: "tests/unit/test_blind_spot_checks.py" for name in (
                   "grant_order", "in_flight_at_sleep", "sync_targets", "rank_lifecycle", "host_ram", "trajectory_age",
                   "ungrantable_preemption", "idle_bundle_starvation")},
+              **{name: "tests/unit/test_engine_checks.py" for name in (
+                  "kv_cache_asleep", "engine_resume", "engine_weights", "version_at_dispatch", "pause_lost_work")},
               **{name: "tests/unit/test_mutations.py" for name in (
                   "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
 
