@@ -100,7 +100,7 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_path_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
@@ -287,7 +287,7 @@ def _topology_path(base: str, e: TopologyError) -> str:
 
 def _pipeline(
     ctx: _Ctx, path: str, data: Any, defaults: Mapping[str, Mapping[str, Any]], topo: ClusterTopology,
-    scenario_costs: Optional[CostSpec] = None,
+    scenario_costs: Optional[CostSpec] = None, gpu: str = "",
 ) -> PipelineSpec:
     data = _mapping(ctx, path, data)
     known = tuple(FIELD_RULES[PipelineSpec]) + _PIPELINE_STRUCTURED
@@ -349,6 +349,9 @@ def _pipeline(
                 f"{path}.train_gpus",
                 f"train GPUs {outside} are not in infer_gpus (roll_sync needs train ⊆ infer)",
             )
+    problem = refit_path_problem(vals, train, infer, gpu)
+    if problem is not None:
+        raise ctx.fail(f"{path}.refit_path", problem)
     vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
@@ -457,7 +460,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     pipes: Dict[str, PipelineSpec] = {}
     first_index: Dict[str, int] = {}
     for i, raw in enumerate(raw_pipes):
-        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo, costs)
+        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo, costs, cluster.gpu)
         trajectories += scenario_limits.check_pipeline(ctx.fail, f"pipelines[{i}]", p)
         if p.name in pipes:
             raise ctx.fail(f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])")

@@ -198,6 +198,11 @@ class PipelineSpec:
     # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
     pause_mode: str = "abort"
     wake: str = "all"
+    # how a refit reaches the inference ranks (simulators/refit.py, docs/cost-model.md):
+    # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
+    # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
+    # worker on the same GPU by CUDA IPC, group by group (no host-RAM cache)
+    refit_path: str = "cpu_cache"
     # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
     # (simulators/weight_sync_groups.py); None = not modelled (the sync's group is created per sync)
     weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None
