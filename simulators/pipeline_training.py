@@ -104,13 +104,19 @@ class TrainingEffects:
             self._load_train(self.ctx.residency["init"].loads)
         cluster = self.sim.cluster
         yield from self.cache_lock.acquire("build", e.version)  # never while a sync reads the cache
-        with cluster.links.d2h[self.owner_gpu].request() as req:  # parameters leave the GPU
-            yield req
-            yield self.env.timeout(self.weight_bytes / cluster.spec.pcie_bytes_per_s)
-        yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)  # pack into buckets
-        self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
-        self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
-                                  len(self.cache_versions) * self.weight_bytes, guard=self._host_ram_guarded())
+        if self.spec.refit_path == "colocated_ipc":
+            # NeMo RL keeps no copy: version v is the trainer's weights on its GPUs, handed
+            # over from there at the refit (the sync charges the copies). The effect stays
+            # the point where a version exists, so the version and cache checks read it as always.
+            yield self.env.timeout(0)
+        else:
+            with cluster.links.d2h[self.owner_gpu].request() as req:  # parameters leave the GPU
+                yield req
+                yield self.env.timeout(self.weight_bytes / cluster.spec.pcie_bytes_per_s)
+            yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)  # pack into buckets
+            self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
+            self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
+                                      len(self.cache_versions) * self.weight_bytes, guard=self._host_ram_guarded())
         self.ctx.versions.cache_built(e.version)
         self.cache_lock.release(e.version)
         return None

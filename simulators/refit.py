@@ -37,6 +37,8 @@ class RefitEffects:
         env, c = self.env, self.costs
         if e.path == "expand":
             self._maybe_fail_expand_sync()
+        elif self.faults.get("active_sync_fails") is not None:
+            self._maybe_fail_active_sync()
         if e.path == "expand" and self.faults.get("skip_sync_on_expand") == self.ctx.step:
             self.sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
             yield env.timeout(0)
@@ -47,7 +49,8 @@ class RefitEffects:
         finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
         partial = self._partial_reload(e)
-        yield from ss.interpret(ss.selective_sync(self._sync_plan(e, partial)), _SyncTiming(self, e).handle)
+        timing = _ColocatedIpcTiming(self, e) if self.spec.refit_path == "colocated_ipc" else _SyncTiming(self, e)
+        yield from ss.interpret(ss.selective_sync(self._sync_plan(e, partial)), timing.handle)
         for r in e.ranks:
             rank = self.ranks[r]
             if rank.life.state is RankState.ROUTABLE:
@@ -66,12 +69,16 @@ class RefitEffects:
         ranks = tuple(e.ranks)
         got = self._sync_plans.get(ranks)
         if got is None:
-            cluster = self.sim.cluster
-            device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
-            comm = build_comm_plan(device(self.owner_gpu), {r: [device(g) for g in self.ranks[r].gpus] for r in ranks})
-            _, bcast = self._sync_targets(ranks)
-            got = self._sync_plans[ranks] = (tuple(sorted(comm.ipc)), tuple(sorted(comm.broadcast)),
-                                             (self.owner_gpu,) + tuple(sorted(bcast)))
+            if self.spec.refit_path == "colocated_ipc":  # every target's own GPU holds a trainer: IPC only
+                got = self._sync_plans[ranks] = (tuple(sorted(ranks)), (), (self.owner_gpu,))
+            else:
+                cluster = self.sim.cluster
+                device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
+                comm = build_comm_plan(device(self.owner_gpu),
+                                       {r: [device(g) for g in self.ranks[r].gpus] for r in ranks})
+                _, bcast = self._sync_targets(ranks)
+                got = self._sync_plans[ranks] = (tuple(sorted(comm.ipc)), tuple(sorted(comm.broadcast)),
+                                                 (self.owner_gpu,) + tuple(sorted(bcast)))
         ipc, bcast_ranks, members = got
         buckets = self._bucket_sizes()
         return ss.SyncPlan(e.version, buckets[:1] if partial else buckets, ipc, bcast_ranks,
@@ -84,6 +91,8 @@ class RefitEffects:
         are only read)."""
         cache = self._sync_targets_of
         got = cache.get(ranks)
+        if got is None and self.spec.refit_path == "colocated_ipc":
+            got = cache[ranks] = ([g for r in sorted(ranks) for g in self.ranks[r].gpus], [])
         if got is None:
             cluster = self.sim.cluster
             device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
@@ -194,6 +203,34 @@ class _SyncTiming:
     def _destroy(self):
         yield self.env.timeout(self.c.nccl_group_destroy_s)
         return True
+
+
+class _ColocatedIpcTiming(_SyncTiming):
+    """The effects' costs on the ``colocated_ipc`` refit path (standalone NeMo RL): every
+    target takes the same-GPU IPC path, so a bucket is one of NeMo RL's refit groups —
+    packed into a consolidated tensor on the trainer's GPU, then copied into place by the
+    vLLM worker on that GPU, both over that GPU's HBM. Every GPU does the same at once, so
+    one timeline stands for all; no host link and no fabric is held.
+    ``formulas.colocated_ipc_refit_s`` is the closed form (a test checks the two agree)."""
+
+    def __init__(self, pipe, e) -> None:
+        super().__init__(pipe, e)
+        from simulators.costmodel.hardware import GPU_PRESETS
+        self.copy_s_per_byte = 2.0 / (GPU_PRESETS[self.cluster.spec.gpu].hbm_bytes_per_s * self.c.hbm_efficiency)
+
+    def _StageBucket(self, e):  # pack the group on the trainer's GPU (read + write in HBM)
+        c = self.c
+        if not self.staged:
+            self.staged = True
+            self.cluster.vram.alloc(self.owner, f"{self.pipe.pid}/sync", "staging", self.pipe._bucket_sizes()[0],
+                                    f"{self.e.path}_sync")
+            if c.refit_setup_s:
+                yield self.env.timeout(c.refit_setup_s)
+        yield self.env.timeout(e.nbytes * self.copy_s_per_byte + c.refit_tensor_overhead_s)
+
+    def _load_s(self, nbytes: int) -> float:  # the worker copies it into place, same HBM
+        c = self.c
+        return nbytes * self.copy_s_per_byte + c.refit_tensor_overhead_s + c.refit_group_overhead_s
 
 
 # ------------------------------------------------------------------ the stream, in simulated time

@@ -100,7 +100,7 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_path_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
@@ -253,6 +253,8 @@ def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
         except ValueError as e:
             raise ctx.fail(f"scheduler.{key}", str(e)) from None
     opts = SchedulerOptions.from_mapping(data)
+    if opts.demand_floor and opts.policy != "gap_ratio":
+        raise ctx.fail("scheduler.demand_floor", f"a variant of RLix's gap-ratio planner; policy {opts.policy!r} does not use it")
     # Keep only the options the file names (normalized: ints given for floats become floats).
     return {key: getattr(opts, key) for key in data}
 
@@ -285,7 +287,7 @@ def _topology_path(base: str, e: TopologyError) -> str:
 
 def _pipeline(
     ctx: _Ctx, path: str, data: Any, defaults: Mapping[str, Mapping[str, Any]], topo: ClusterTopology,
-    scenario_costs: Optional[CostSpec] = None,
+    scenario_costs: Optional[CostSpec] = None, gpu: str = "",
 ) -> PipelineSpec:
     data = _mapping(ctx, path, data)
     known = tuple(FIELD_RULES[PipelineSpec]) + _PIPELINE_STRUCTURED
@@ -347,6 +349,9 @@ def _pipeline(
                 f"{path}.train_gpus",
                 f"train GPUs {outside} are not in infer_gpus (roll_sync needs train ⊆ infer)",
             )
+    problem = refit_path_problem(vals, train, infer, gpu)
+    if problem is not None:
+        raise ctx.fail(f"{path}.refit_path", problem)
     vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
@@ -455,7 +460,7 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     pipes: Dict[str, PipelineSpec] = {}
     first_index: Dict[str, int] = {}
     for i, raw in enumerate(raw_pipes):
-        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo, costs)
+        p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo, costs, cluster.gpu)
         trajectories += scenario_limits.check_pipeline(ctx.fail, f"pipelines[{i}]", p)
         if p.name in pipes:
             raise ctx.fail(f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])")

@@ -61,6 +61,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "offload_nccl": p.offload_nccl,
                 # a single controller's engines never pause for a shrink: it has no such fields
                 **({} if p.type == "single_controller" else {"pause_mode": p.pause_mode, "wake": p.wake}),
+                **({} if p.refit_path == "cpu_cache" else {"refit_path": p.refit_path}),
                 "model": _sparse(p.model),
                 "workload": _flat_to_mapping(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),

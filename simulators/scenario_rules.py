@@ -144,6 +144,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "offload_nccl": _r("bool"),
         "pause_mode": _r("str"),
         "wake": _r("str"),
+        "refit_path": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
     },
     DataPlaneSpec: {
@@ -187,6 +188,29 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
 #: engine faults that exist only in some engine mode: fault -> (pipeline field, the values it needs)
 _ENGINE_FAULT_NEEDS = {"resume_before_kv_wake": ("wake", ("staged",)), "kv_wake_before_weights": ("wake", ("staged",)),
                        "abort_on_pause": ("pause_mode", ("wait", "keep"))}
+
+
+#: a pipeline's refit paths (PipelineSpec.refit_path)
+REFIT_PATHS = ("cpu_cache", "colocated_ipc")
+
+
+def refit_path_problem(vals: Dict[str, Any], train: Any, infer: Any, gpu: str) -> Optional[str]:
+    """Why a pipeline's ``refit_path`` cannot be taken, or None. The colocated IPC path
+    needs a trainer process on every inference GPU (the handles are of the same GPU's
+    memory) and the GPU preset's HBM bandwidth (its copies are HBM traffic)."""
+    path = vals.get("refit_path", "cpu_cache")
+    if path not in REFIT_PATHS:
+        return f"must be one of {', '.join(REFIT_PATHS)}, got {path!r}"
+    if path != "colocated_ipc":
+        return None
+    if vals["type"] == "single_controller":
+        return "colocated_ipc needs training and inference on the same GPUs (a single_controller is non-colocated)"
+    outside = sorted(set(infer) - set(train))
+    if outside:
+        return f"colocated_ipc needs a trainer on every inference GPU; infer GPUs {outside} are not train_gpus"
+    if not gpu:
+        return "colocated_ipc needs cluster.gpu (its copies run at the GPU preset's HBM bandwidth)"
+    return None
 
 
 def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:

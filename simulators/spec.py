@@ -198,6 +198,11 @@ class PipelineSpec:
     # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
     pause_mode: str = "abort"
     wake: str = "all"
+    # how a refit reaches the inference ranks (simulators/refit.py, docs/cost-model.md):
+    # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
+    # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
+    # worker on the same GPU by CUDA IPC, group by group (no host-RAM cache)
+    refit_path: str = "cpu_cache"
     # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
     # (simulators/weight_sync_groups.py); None = not modelled (the sync's group is created per sync)
     weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None
@@ -321,6 +326,10 @@ class FaultSpec:
     * ``stamp_at_completion`` — from that step on, a finished request is stamped with the
       version its rank holds when it completes, not the one it was dispatched to
       (rllm #622; ``version_at_dispatch``).
+    * ``active_sync_fails`` — at that step (a nemo_async pipeline) the active refresh's weight
+      sync fails at a receiver, after the training offload: the run fails; with the scheduler
+      option ``release_after_offload`` (RLix's MILES line) the training GPUs are released
+      first (docs/rlix-variants.md).
     * ``lost_cache_handoff`` — from that step on, a release of the cache owner's lock forgets
       the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
@@ -359,8 +368,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
-                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion", "lost_cache_handoff",
-                      "lost_release_ack")
+                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
+                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

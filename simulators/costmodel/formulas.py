@@ -218,3 +218,29 @@ def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fab
     buckets = max(1, math.ceil(weight_bytes / bucket_bytes))
     per_byte = 1.0 / pack_bytes_per_s + (1.0 / fabric_bytes_per_s if fabric_bytes_per_s else 0.0) + 1.0 / load_bytes_per_s
     return weight_bytes * per_byte + buckets * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s
+
+
+#: where :func:`colocated_ipc_refit_s` is read from (NeMo RL v0.3.0)
+NEMO_RL_IPC_REFIT_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/algorithms/grpo.py (refit_policy_generation); "
+                            "nemo_rl/models/policy/megatron_policy_worker.py (prepare_weights_for_ipc, "
+                            "get_weights_ipc_handles)", "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf")
+
+
+def colocated_ipc_refit_s(weight_bytes: float, group_bytes: int, hbm_bytes_per_s: float, hbm_efficiency: float,
+                          tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
+                          fixed_s: float = 0.0) -> float:
+    """Standalone NeMo RL's colocated refit, the weight hand-over only (refit path
+    ``colocated_ipc``; source :data:`NEMO_RL_IPC_REFIT_SOURCE`). Its
+    ``refit_policy_generation`` splits the weights into groups that fit a refit buffer; per
+    group the trainer on each GPU packs the group's tensors into one consolidated GPU
+    tensor and passes its CUDA IPC handle to the vLLM worker on the same GPU, which copies
+    the weights into place before the next group. Both copies read and write the group's b
+    bytes in the same GPU's HBM, so each moves 2·b at B·hbm_eff and they cannot overlap
+    (one memory); every GPU does this for its own worker at once. Per group: the pack (2·b /
+    (B·hbm_eff) + one tensor overhead), the load (the same, + one tensor overhead + the
+    group's round trip); ``fixed_s`` the stream's setup and completion. No host RAM, no PCIe,
+    no fabric. The offload of the trainer's optimizer state and the wake of vLLM's weights
+    around it are the pipeline's own effects (``OffloadTraining``, ``Wake``), not here."""
+    groups = max(1, math.ceil(weight_bytes / group_bytes))
+    return (4.0 * weight_bytes / (hbm_bytes_per_s * hbm_efficiency)
+            + groups * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s)
