@@ -17,6 +17,7 @@ from typing import Dict, List
 import pytest
 
 from harness.invariants import check_log
+from harness.outputs.streaming_summary import streaming_rows
 from harness.streaming.checkpoint import RestoreError, restore, snapshot
 from harness.streaming.controller import ControllerState, StreamingConfig
 from simulators.run import with_seed
@@ -200,6 +201,9 @@ def test_the_example_replaces_borrows_restores_and_tops_up_with_exact_accounting
         seen["borrowed"] += sum(1 for r in _effects(res.records, "TakeReplacement")
                                 if r.get("result") and r["result"][1] != r["args"]["target_step"])
         seen["topped_up"] += _topped_up_exactly(res.records, 4, 6)
+        row = streaming_rows(res.records, {})[0]  # the summary's counts, from the same log
+        assert row.replaced == len(_effects(res.records, "DropReplaced"))
+        assert row.dropped == row.replaced + len(_effects(res.records, "SkipPrompt"))
     assert all(seen.values()), seen
 
 
