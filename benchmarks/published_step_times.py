@@ -3,8 +3,9 @@
 Runs each scenario of examples/published/ (NeMo RL's published GRPO configurations, each
 file citing its source) with the cost model's one shared set of efficiency factors and
 prints the published step time beside the simulated one, with the simulated per-stage
-shares (the source publishes totals only, so the shares cannot be checked against it).
-Target: every step within +-25 %.
+shares, and where the source publishes a per-stage breakdown (the NeMo RL v0.3 post) the
+published shares beside them. Targets: every step within +-25 %, every published stage's
+share of the step within +-10 points.
 
     python benchmarks/published_step_times.py
 """
@@ -28,7 +29,21 @@ PUBLISHED_STEP_S = {
     "qwen3_235b_a22b_grpo_onpolicy": (395.0, "v0.6", "aea463dd2dad3c9dd39d92df3a1616647c8ff45a"),
     "qwen3_235b_a22b_grpo_onpolicy_256gpu_v06": (312.0, "v0.6", "aea463dd2dad3c9dd39d92df3a1616647c8ff45a"),
 }
+#: scenario name -> published seconds of (generation, log-probs, training, refit) per step, the
+#: NeMo RL v0.3 post's table (https://nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3, mean of
+#: steps 22-29, Megatron backend, DGX-H100): "Generation", "Get logprobs", "Policy training", "Refit"
+V03 = ("v0.3", "https://nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3")
+PUBLISHED_STAGES_S = {
+    "llama3.1_8b_grpo_v03_breakdown": (112.0, (58.0, 18.0, 28.0, 5.0)),
+    "llama3.1_70b_grpo_v03_breakdown": (147.0, (84.0, 18.0, 28.0, 14.0)),
+    "qwen3_32b_grpo_v03_breakdown": (213.0, (96.0, 40.0, 68.0, 7.0)),
+    "qwen3_30b_a3b_grpo_v03_breakdown": (167.0, (78.0, 23.0, 50.0, 12.0)),
+    "llama3.3_70b_16k_grpo_v03_breakdown": (445.0, (287.0, 75.0, 64.0, 17.0)),
+}
+for _name, (_total, _) in PUBLISHED_STAGES_S.items():
+    PUBLISHED_STEP_S[_name] = (_total,) + V03
 TOLERANCE = 0.25
+SHARE_TOLERANCE_POINTS = 10.0
 
 
 STAGES = ("generation", "log_probs", "training", "refit")
@@ -74,6 +89,21 @@ def run_all():
     return rows
 
 
+def share_misses(name: str, sim: float, stages) -> list:
+    """[(stage, published %, simulated %)] of every stage whose simulated share of the step is
+    more than SHARE_TOLERANCE_POINTS off the published one; [] where none is published. Both
+    shares are of the whole step (the published total also holds a few seconds no column names)."""
+    if name not in PUBLISHED_STAGES_S:
+        return []
+    total, published = PUBLISHED_STAGES_S[name]
+    out = []
+    for stage, pub_s in zip(STAGES, published):
+        pub_pct, sim_pct = 100 * pub_s / total, 100 * stages[stage] / sim
+        if abs(sim_pct - pub_pct) > SHARE_TOLERANCE_POINTS:
+            out.append((stage, pub_pct, sim_pct))
+    return out
+
+
 def main() -> int:
     rows, missed = run_all(), 0
     print(f"{'configuration':42} {'release':>7} {'published s':>11} {'simulated s':>11} {'error':>6}  "
@@ -86,7 +116,29 @@ def main() -> int:
         print(f"{name:42} {release:>7} {pub:11.1f} {sim:11.1f} {100 * err:+5.0f}%  {shares} %  "
               f"{'within' if ok else 'MISSED'} +-{100 * TOLERANCE:.0f} %")
     print(f"{len(rows) - missed} of {len(rows)} within +-{100 * TOLERANCE:.0f} %")
+    print_shares(rows)
     return 0
+
+
+def print_shares(rows) -> None:
+    """The per-stage shares, published against simulated, of every configuration whose source
+    publishes a breakdown, with each share more than SHARE_TOLERANCE_POINTS off marked."""
+    print(f"\nper-stage shares of the step, published -> simulated (points; * = more than "
+          f"+-{SHARE_TOLERANCE_POINTS:.0f} off)")
+    print(f"{'configuration':42} " + " ".join(f"{k:>16}" for k in STAGES))
+    checked = bad = 0
+    for name, _pub, _release, sim, stages in rows:
+        if name not in PUBLISHED_STAGES_S:
+            continue
+        total, published = PUBLISHED_STAGES_S[name]
+        missed = {stage for stage, _, _ in share_misses(name, sim, stages)}
+        cells = []
+        for stage, pub_s in zip(STAGES, published):
+            cells.append(f"{100 * pub_s / total:5.0f} -> {100 * stages[stage] / sim:3.0f}{'*' if stage in missed else ' '}")
+            checked += 1
+        bad += len(missed)
+        print(f"{name:42} " + " ".join(f"{c:>16}" for c in cells))
+    print(f"{checked - bad} of {checked} stage shares within +-{SHARE_TOLERANCE_POINTS:.0f} points")
 
 
 if __name__ == "__main__":

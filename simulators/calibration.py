@@ -41,22 +41,29 @@ def resolve(path: str, scenario_source: str) -> str:
     return os.path.abspath(os.path.join(os.path.dirname(scenario_source), path))
 
 
-def load_calibration(path: str) -> Dict[str, float]:
-    """The validated ``costs`` mapping of a calibration file."""
+def read_calibration_file(path: str, fmt: str, version: int, error: type, what: str) -> Dict[str, Any]:
+    """A calibration file's JSON, its ``format``, ``version`` and ``costs`` mapping checked:
+    one reader for every calibration file (refit here, step in simulators/costmodel), each
+    problem one ``error`` line naming the file and the field."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as e:
-        raise CalibrationError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise error(f"{path}: cannot read: {e.strerror or e}") from None
     except ValueError as e:
-        raise CalibrationError(f"{path}: not JSON: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CalibrationError(f"{path}: not a refit calibration file (format must be {FORMAT!r})")
-    if data.get("version") != VERSION:
-        raise CalibrationError(f"{path}: version {data.get('version')!r} unsupported (expected {VERSION})")
-    costs = data.get("costs")
-    if not isinstance(costs, dict):
-        raise CalibrationError(f"{path}: costs: expected a mapping")
+        raise error(f"{path}: not JSON: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise error(f"{path}: not a {what} calibration file (format must be {fmt!r})")
+    if data.get("version") != version:
+        raise error(f"{path}: version {data.get('version')!r} unsupported (expected {version})")
+    if not isinstance(data.get("costs"), dict):
+        raise error(f"{path}: costs: expected a mapping")
+    return data
+
+
+def load_calibration(path: str) -> Dict[str, float]:
+    """The validated ``costs`` mapping of a calibration file."""
+    costs = read_calibration_file(path, FORMAT, VERSION, CalibrationError, "refit")["costs"]
     out: Dict[str, float] = {}
     for key, value in costs.items():
         if key not in CALIBRATED_COSTS:

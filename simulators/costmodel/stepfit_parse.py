@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any, Dict, List, Mapping
 
+from simulators.calibration import read_calibration_file
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.costmodel.models import MODEL_PRESETS
@@ -140,20 +141,8 @@ def _steps(where: str, path: str, raw: Any):
 def load_calibration(path: str) -> Dict[str, Any]:
     """A step calibration file (written by ``rlharness calibrate step``), validated:
     ``{"costs": {factor: value in (0, 1]}, "held_out": [run names], ...}``."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as e:
-        raise StepTimingsError(f"{path}: cannot read: {e.strerror or e}") from None
-    except ValueError as e:
-        raise StepTimingsError(f"{path}: not JSON: {' '.join(str(e).split())}") from None
-    if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
-        raise StepTimingsError(f"{path}: format: must be {CALIBRATION_FORMAT!r}")
-    if data.get("version") != VERSION:
-        raise StepTimingsError(f"{path}: version: must be {VERSION}, got {data.get('version')!r}")
-    costs = data.get("costs")
-    if not isinstance(costs, dict):
-        raise StepTimingsError(f"{path}: costs: expected a mapping")
+    data = read_calibration_file(path, CALIBRATION_FORMAT, VERSION, StepTimingsError, "step")
+    costs = data["costs"]
     for key, value in costs.items():
         if key not in FACTORS:
             raise StepTimingsError(f"{path}: costs.{key}: not a step-calibrated factor (known: {', '.join(FACTORS)})")

@@ -1,0 +1,46 @@
+"""benchmarks/published_step_times.py's per-stage check: the published breakdowns it holds
+match the scenarios of examples/published/, and its share check fires on a share more than
+10 points off and only there (crafted stage times, no simulation: the comparison itself is a
+printed benchmark, not a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import yaml
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("published_step_times", os.path.join(ROOT, "benchmarks", "published_step_times.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_published_breakdown_has_its_scenario_and_fits_its_total():
+    b = _bench()
+    assert len(b.PUBLISHED_STAGES_S) >= 5
+    for name, (total, stages) in b.PUBLISHED_STAGES_S.items():
+        path = os.path.join(ROOT, "examples", "published", name + ".yaml")
+        with open(path) as f:
+            text = f.read()
+        assert yaml.safe_load(text)["name"] == name
+        assert "nvidia-nemo.github.io/blog/2025/07/21/nemo-rl-v0.3" in text  # the source is cited
+        assert len(stages) == 4 and 0.9 * total <= sum(stages) <= total  # the columns fit the published total
+        assert b.PUBLISHED_STEP_S[name][0] == total
+
+
+def test_share_check_fires_on_a_stage_more_than_ten_points_off():
+    b = _bench()
+    name = "llama3.1_70b_grpo_v03_breakdown"  # published 147 s: 84 / 18 / 28 / 14 (57.1 / 12.2 / 19.0 / 9.5 %)
+    same = {"generation": 84.0, "log_probs": 18.0, "training": 28.0, "refit": 14.0}
+    assert b.share_misses(name, 147.0, same) == []
+    # 30 s more of refit on a 177 s step: refit 24.9 % (15.4 points over), generation 47.5 % (9.6 under)
+    skewed = dict(same, refit=44.0)
+    misses = b.share_misses(name, 177.0, skewed)
+    assert [m[0] for m in misses] == ["refit"]
+    assert abs(misses[0][1] - 100 * 14 / 147) < 1e-9 and abs(misses[0][2] - 100 * 44 / 177) < 1e-9
+    assert b.share_misses("llama3.1_8b_grpo_onpolicy", 92.8, same) == []  # totals-only source: nothing to check
