@@ -96,6 +96,14 @@ class FieldFaults:
             return None
         return estimate
 
+    # the active refresh's weight sync fails after the training offload (RLix MILES PR #13's case)
+    def _maybe_fail_active_sync(self) -> None:
+        if self._fault_due("active_sync_fails") and not self._active_sync_failed:
+            self._active_sync_failed = True
+            self._fire("active_sync_fails")
+            from simulators.runtime import SimFailure  # runtime imports the pipeline's mixins
+            raise SimFailure("active refresh sync failed at a receiver after the training offload")
+
     # an expand chain (wake → sync → publish → activate) that fails midway, no rollback
     def _maybe_fail_expand_sync(self) -> None:
         if self._fault_due("expand_sync_fails") and not self._expand_failed:

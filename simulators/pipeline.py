@@ -73,6 +73,7 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
             step_target=spec.workload.trajectories_per_step,
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
             versions=VersionBook(clamp_bootstrap=nemo),
+            release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
             trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
                                     offload_nccl=spec.offload_nccl),
             engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))
@@ -131,6 +132,7 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
         self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)
         # one-shot field-report faults (field_faults.py) that already fired
         self._straggled = self._crashed = self._params_left = self._estimate_dropped = self._expand_failed = False
+        self._active_sync_failed = False
 
     # ------------------------------------------------------------------ lifecycle of the pipeline
     def main(self):

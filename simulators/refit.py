@@ -37,6 +37,8 @@ class RefitEffects:
         env, c = self.env, self.costs
         if e.path == "expand":
             self._maybe_fail_expand_sync()
+        elif self.faults.get("active_sync_fails") is not None:
+            self._maybe_fail_active_sync()
         if e.path == "expand" and self.faults.get("skip_sync_on_expand") == self.ctx.step:
             self.sim.emit("fault_fired", name="skip_sync_on_expand", pipeline_id=self.pid, step=self.ctx.step)
             yield env.timeout(0)

@@ -253,6 +253,8 @@ def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
         except ValueError as e:
             raise ctx.fail(f"scheduler.{key}", str(e)) from None
     opts = SchedulerOptions.from_mapping(data)
+    if opts.demand_floor and opts.policy != "gap_ratio":
+        raise ctx.fail("scheduler.demand_floor", f"a variant of RLix's gap-ratio planner; policy {opts.policy!r} does not use it")
     # Keep only the options the file names (normalized: ints given for floats become floats).
     return {key: getattr(opts, key) for key in data}
 

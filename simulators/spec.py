@@ -328,6 +328,10 @@ class FaultSpec:
     * ``stamp_at_completion`` — from that step on, a finished request is stamped with the
       version its rank holds when it completes, not the one it was dispatched to
       (rllm #622; ``version_at_dispatch``).
+    * ``active_sync_fails`` — at that step (a nemo_async pipeline) the active refresh's weight
+      sync fails at a receiver, after the training offload: the run fails; with the scheduler
+      option ``release_after_offload`` (RLix's MILES line) the training GPUs are released
+      first (docs/rlix-variants.md).
     """
 
     name: str
@@ -361,7 +365,8 @@ FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep
 ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
-                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion")
+                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
+                      "active_sync_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -27,6 +27,9 @@ class PipelineContext:
     step: int = 0  # step in progress (read by the runtime for labelling)
     trainer: TrainerSwitches = field(default_factory=TrainerSwitches)
     engine: EngineConfig = field(default_factory=EngineConfig)  # pause mode, wake order (engine.py)
+    # RLix's MILES release-after-offload (scheduler option release_after_offload): the
+    # training GPUs are released once the offload ran, even when the sync after it fails
+    release_after_offload: bool = False
 
     @property
     def residency(self) -> Dict[str, PhaseResidency]:

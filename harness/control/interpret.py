@@ -74,13 +74,15 @@ def drive(gen: Generator, handling_of: Callable[[type], Handling], add: Callable
     ``guard`` (optional) runs before each effect and may raise to abort the run."""
     send = gen.send
     result: Any = None
+    failed: Optional[Exception] = None
     while True:
         if guard is not None:
             guard()
         try:
-            effect = send(result)
+            effect = send(result) if failed is None else gen.throw(failed)
         except StopIteration:
             return
+        failed = None
         name, handler, takes_time, gpus_of = handling_of(type(effect))
         args = effect_fields(effect)
         start: Dict[str, Any] = {"seq": 0, "t": now(), "kind": "effect_start", "pipeline_id": pipeline_id,
@@ -91,10 +93,18 @@ def drive(gen: Generator, handling_of: Callable[[type], Handling], add: Callable
         if gpus:
             start["gpus"] = gpus
         add(start)
-        if takes_time:
-            result = yield from handler(effect)
-        else:
-            result = handler(effect)
+        try:
+            if takes_time:
+                result = yield from handler(effect)
+            else:
+                result = handler(effect)
+        except Exception as exc:
+            # The failure is the control generator's to see, as a raised call is in real
+            # code: one that cleans up (RLix's MILES release-after-offload) yields its
+            # clean-up effects, which are driven and logged like any other; one that does
+            # not re-raises at once, as if it had not been thrown in.
+            failed, result = exc, None
+            continue
         if type(result) is Refused:
             end: Dict[str, Any] = {"seq": 0, "t": now(), "kind": "effect_end", "pipeline_id": pipeline_id,
                                    "effect": name, "args": args, "error": result.error, "scope": scope, "step": step}

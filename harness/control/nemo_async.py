@@ -52,11 +52,24 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     yield ReloadTrainComm()
     yield Compute("train", step)
     version = step + 1
-    yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
+    if ctx.release_after_offload:
+        yield from _after_training_miles(ctx, step, version)
+    else:
+        yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
+        yield from _offload(ctx)
+        yield from _refresh_and_publish(version)
+        yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (invariant 10)
+    yield BeginProgressBatch(step + 1)
+
+
+def _offload(ctx: PipelineContext) -> Generator:
     yield OffloadTraining()
     if ctx.residency["offload"].destroys_groups:
         yield DestroyTrainComm()
-    # after_training: active refresh of the ranks still serving, under the coordinator lock
+
+
+def _refresh_and_publish(version: int) -> Generator:
+    """after_training: active refresh of the ranks still serving, under the coordinator lock."""
     yield LockCoordinator("active_refresh")
     yield PromoteCache(version)
     ranks = yield ActiveRanks()
@@ -65,8 +78,31 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
         yield Finalize(tuple(ranks))
     yield PublishVersion(version, "active")
     yield UnlockCoordinator("active_refresh")
-    yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (invariant 10)
-    yield BeginProgressBatch(step + 1)
+
+
+def _after_training_miles(ctx: PipelineContext, step: int, version: int) -> Generator:
+    """RLix's MILES ``_after_training`` (rlops/rlix rlix/pipeline/miles_pipeline.py at 59ecc9a,
+    PR #10, and a8460a9, PR #13): the offload runs even when the cache build fails, and once
+    it ran the training GPUs are released even when the weight sync after it fails; the
+    failure then goes on up. Without a failure the effects are the default order's, so a
+    run with no failure logs the same bytes. (An ``except Exception`` rather than a
+    ``finally``: a generator closed at the run's end must not yield.)"""
+    offloaded = False
+    try:
+        try:
+            yield BuildCache(version)
+        except Exception:
+            yield from _offload(ctx)
+            offloaded = True
+            raise
+        yield from _offload(ctx)
+        offloaded = True
+        yield from _refresh_and_publish(version)
+    except Exception:
+        if offloaded:
+            yield ReleaseGpus(ACTOR_TRAIN, step)
+        raise
+    yield ReleaseGpus(ACTOR_TRAIN, step)
 
 
 def run(ctx: PipelineContext) -> Generator:

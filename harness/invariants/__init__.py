@@ -11,8 +11,8 @@ from typing import Dict, FrozenSet, Iterable, List, Optional
 
 from harness.invariants import (  # noqa: F401  (registration)
     cache, dataplane, engine, groups, handover, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
-    pump_liveness, refit_payload, refit_wire, routing, scheduling, streaming, trajectory_age, trends, versions, waitfor,
-    hot_states)
+    pump_liveness, refit_payload, refit_wire, release_reuse, routing, scheduling, streaming, trajectory_age, trends,
+    versions, waitfor, hot_states)
 from harness.invariants.base import CHECKS, SEES, Records, Violation
 
 

@@ -133,16 +133,30 @@ def _is_train(args: dict) -> bool:
 @invariant("release_after_publish", reads=("effect_start", "effect_end"))
 def release_after_publish(records: Records) -> List[Violation]:
     """A pipeline that refreshes active ranks releases actor_train only after the refresh
-    and the publish of the cache it just built."""
+    and the publish of the cache it just built.
+
+    Parameter: under the header's ``scheduler.release_after_offload`` (RLix's MILES line,
+    docs/rlix-variants.md) a release is also right once the step's training offload ended
+    while an effect of that step is still open, i.e. one failed: MILES releases in a
+    ``finally`` after the offload even when the sync fails."""
     out: List[Violation] = []
+    head = records[0] if records and records[0]["kind"] == "header" else {}
+    after_offload = bool((head.get("scheduler") or {}).get("release_after_offload"))
     active_path = {r["pipeline_id"] for r in records
                    if r["kind"] == "effect_start" and r["effect"] == "PublishVersion" and r["args"]["path"] == "active"}
     built: Dict[str, int] = {}
     done: Dict[str, int] = {}
+    offloaded: Dict[str, int] = {}  # pid -> step whose training offload ended
+    open_step: Dict[str, Dict[str, int]] = {}  # pid -> step effect -> starts not ended
     for r in records:
         if r["kind"] not in ("effect_start", "effect_end"):
             continue
         pid, eff = r["pipeline_id"], r["effect"]
+        if after_offload and r.get("scope") == "step" and eff != "ReleaseGpus":
+            opened = open_step.setdefault(pid, {})
+            opened[eff] = opened.get(eff, 0) + (1 if r["kind"] == "effect_start" else -1)
+            if r["kind"] == "effect_end" and eff == "OffloadTraining":
+                offloaded[pid] = r.get("step")
         if r["kind"] == "effect_end" and eff == "BuildCache":
             built[pid] = r["args"]["version"]
         elif r["kind"] == "effect_end" and eff == "PublishVersion" and r["args"]["path"] == "active":
@@ -151,8 +165,12 @@ def release_after_publish(records: Records) -> List[Violation]:
             if r["args"].get("global_step") is None:
                 continue  # the init release: nothing was trained
             v = built.get(pid)
-            if v is not None and done.get(pid) != v:
-                out.append(Violation("release_after_publish", r["seq"], f"{pid} releases actor_train before active refresh + publish of version {v}"))
+            if v is None or done.get(pid) == v:
+                continue
+            if (after_offload and offloaded.get(pid) == r.get("step")
+                    and any(n > 0 for n in open_step.get(pid, {}).values())):
+                continue  # MILES: released in a finally after the offload, a call of the step failed
+            out.append(Violation("release_after_publish", r["seq"], f"{pid} releases actor_train before active refresh + publish of version {v}"))
     return out
 
 

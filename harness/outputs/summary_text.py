@@ -16,6 +16,7 @@ from harness.outputs.dataplane import format_dataplane
 from harness.outputs.pause_summary import lost_by_mode, pause_lines
 from harness.outputs.streaming_summary import streaming_lines
 from harness.outputs.summary import Summary
+from harness.outputs.waste import IDLE_CAUSES
 
 
 
@@ -177,6 +178,9 @@ def _waste_lines(summary: Summary) -> List[str]:
     out.append(f"GPU-time idle while a GPU request waited: {_s(w.idle_gpu_s_while_waiting)} GPU-s "
                f"({_pct(w.idle_gpu_s_while_waiting, summary.duration_s * gpus)} of all GPU-time); "
                f"some request waited {_s(w.waiting_s)} s of the run")
+    if w.idle_gpu_s_while_waiting:
+        out.append("  by cause (docs/outputs.md): " + ", ".join(
+            f"{cause} {_s(w.idle_by_cause.get(cause, 0.0))}" for cause in IDLE_CAUSES) + " GPU-s")
     return out
 
 
@@ -221,7 +225,8 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "waste": {"pipelines": [asdict(p) for p in summary.waste.pipelines],
                   "expands": summary.waste.expands, "wasted_expands": summary.waste.wasted_expands,
                   "idle_gpu_s_while_waiting": summary.waste.idle_gpu_s_while_waiting,
-                  "waiting_s": summary.waste.waiting_s},
+                  "waiting_s": summary.waste.waiting_s,
+                  "idle_gpu_s_by_cause": dict(summary.waste.idle_by_cause)},
         "faults": [{"t": t, "line": line} for t, _, line in sorted(_fault_lines(summary))],
         "ooms": summary.ooms,
         "fault_hooks_fired": summary.faults,

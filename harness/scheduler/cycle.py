@@ -203,6 +203,7 @@ def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set
         state.gen_clusters(),  # gen_clusters
         opts.max_gap_iterations,  # max_iterations
         opts.max_gap_activations,  # max_activations
+        opts.demand_floor,  # demand_floor
     ))
 
 

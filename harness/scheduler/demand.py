@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 _GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per pipeline
 _NO_RANKS: frozenset = frozenset()
+#: The MILES line's demand for a held GENERATION cluster with no progress and no pending
+#: estimate (rlops/rlix rlix/scheduler/planner.py ``_STARVATION_FLOOR_STEP_DEMAND`` at d455b0c)
+STARVATION_FLOOR_STEP_DEMAND = 1.0
 # The proof below scans the ranks of every contender. With many contenders (a large
 # cluster) one of them can usually win, and the scan would only delay the loop that
 # decides anyway, so beyond this many contenders the loop is left to decide.
@@ -44,6 +47,7 @@ def demand_rows(plan: ExecutionPlan, inp: GapRatioInputs, removed_by_plan: Mappi
     active_gpus = 0
     pending_gen, allocations, progress_totals = inp.pending_gen, inp.allocations, inp.progress_totals
     closed, frozen = plan.clusters_to_remove, inp.frozen
+    floor = inp.demand_floor
     gen_clusters = inp.gen_clusters
     if gen_clusters is None:
         gen_clusters = [(pid, generation_cluster_id(pid), entry.infer) for pid, entry in inp.registry.items()]
@@ -52,9 +56,14 @@ def demand_rows(plan: ExecutionPlan, inp: GapRatioInputs, removed_by_plan: Mappi
         remaining, step_target = progress_totals(pid)
         if step_target <= 0.0:
             est = _pending_estimate(pending_gen.get(cid)) if has_pending else None
-            if est is None:
+            if est is not None:
+                remaining = step_target = est
+            elif floor and cid in allocations:
+                # MILES (d455b0c): a cluster still in the allocations keeps a floor demand,
+                # so it stays visible as a receiver and as a donor
+                remaining = step_target = STARVATION_FLOOR_STEP_DEMAND
+            else:
                 continue  # no reports and no estimate: RLix skips the pipeline entirely
-            remaining = step_target = est
             percent = 1.0
         else:
             percent = remaining / step_target

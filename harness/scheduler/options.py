@@ -17,6 +17,8 @@ from harness.scheduler.policies import GAP_RATIO, check_policy
 #: the policy's own fields: written to a header only when they differ from the default, so a
 #: gap_ratio log (every log written before policies existed) keeps its bytes
 POLICY_FIELDS = ("policy", "partition", "groups")
+#: RLix's MILES variants: likewise written only when set
+MILES_FIELDS = ("demand_floor", "release_after_offload")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,16 @@ class SchedulerOptions:
     # round_robin only: co-execution groups, lists of pipeline names. Default: pipelines
     # connected by shared GPUs form one group.
     groups: Optional[Tuple[Tuple[str, ...], ...]] = None
+    # RLix's MILES line, off = RLix main/nemo (rlops/rlix PR #12, d455b0c; docs/rlix-variants.md):
+    # the gap-ratio planner gives a GENERATION cluster still in the allocations, with no
+    # progress report and no pending estimate, a demand of 1.0 instead of skipping it
+    # (a receiver of one bundle and a donor down to one).
+    demand_floor: bool = False
+    # RLix's MILES line, off = RLix main/nemo (rlops/rlix PRs #10 and #13, 59ecc9a and a8460a9;
+    # docs/rlix-variants.md): once the training offload ran, the training GPUs are released in
+    # a finally, even when the weight sync after it fails. Read by the pipeline's step order
+    # (harness/control), not by the planner.
+    release_after_offload: bool = False
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "SchedulerOptions":
@@ -90,6 +102,9 @@ class SchedulerOptions:
 
     def to_mapping(self) -> Dict[str, Any]:
         out = asdict(self)
+        for key in MILES_FIELDS:  # the same for RLix's MILES variants (docs/rlix-variants.md)
+            if out[key] == getattr(SchedulerOptions, key):
+                del out[key]
         for key in POLICY_FIELDS:
             if out[key] == getattr(SchedulerOptions, key):
                 del out[key]

@@ -119,6 +119,9 @@ class GapRatioInputs:
     gen_clusters: Optional[Sequence[Tuple[str, str, ClusterConfig]]] = None
     max_iterations: int = MAX_GAP_ITERATIONS
     max_activations: int = MAX_GAP_ACTIVATIONS
+    # MILES line (rlops/rlix PR #12, d455b0c): a cluster in ``allocations`` with no progress
+    # and no pending estimate gets a floor demand instead of being skipped (docs/rlix-variants.md)
+    demand_floor: bool = False
 
 
 @dataclass

@@ -305,6 +305,11 @@ EXPECTED_FINDINGS = {
     "wsg_vime329_slot_overwrite": ("horizon", {"deadlock", "hot_state"}),
     "wsg_trl6913_receiver_died": ("horizon", {"lost_wakeup", "hot_state"}),
     "wsg_trl6913_broadcast_timeout": ("failed", {"run_outcome"}),
+    # the MILES demand floor re-expands a ROLL cluster await_release emptied (docs/rlix-variants.md)
+    "miles_floor_reactivates_after_release": ("failed", {"reactivated_after_release", "planned_release_ack",
+                                                         "versions", "run_outcome"}),
+    # a failed active refresh sync (fault active_sync_fails); MILES releases actor_train first
+    "miles_release_after_failed_sync": ("failed", {"run_outcome"}),
 }
 
 

@@ -153,12 +153,19 @@ def _inactive_rank_and_foreign_idle_gpu(h):
 def m_grant_shape(log):
     # an inactive tp-1 rank is expanded onto an idle GPU that is not its bundle, and a later
     # cycle shrinks it back: ownership, plan conditions and ranks stay consistent, only the
-    # bundle is wrong
+    # bundle is wrong. The expand serves a GENERATION request queued just before it: the
+    # cluster may be one its pipeline gave back with await_release, and an expand of that with
+    # no request since is reactivated_after_release's business.
     i = after_commit_where(log, lambda h: _inactive_rank_and_foreign_idle_gpu(h) is not None)
     cid, r, g = _inactive_rank_and_foreign_idle_gpu(holdings_at(log, i))
     wrong = [{"dp_rank": r, "gpus": [g]}]
-    log = inject_cycle(log, i, expands=[{"cluster_id": cid, "has_pending_request": False, "bundles": wrong}])
-    j = index(log, lambda x: x["kind"] == "commit" and x["cycle"] == 10_000 + i, i) + 1
+    log = log[:i] + [{"seq": 0, "t": log[i - 1]["t"], "kind": "enqueued", "request_id": 99_999, "cluster_id": cid,
+                      "priority": "GENERATION"}] + log[i:]
+    log = inject_cycle(log, i + 1, expands=[{"cluster_id": cid, "has_pending_request": True, "bundles": wrong}])
+    j = index(log, lambda x: x["kind"] == "commit" and x["cycle"] == 10_000 + i + 1, i) + 1
+    log.insert(j, {"seq": 0, "t": log[j - 1]["t"], "kind": "signalled", "request_id": 99_999, "waiter": "request",
+                   "cluster_id": cid, "priority": "GENERATION", "gpus": [g], "cycle": 10_000 + i + 1, "error": None})
+    j += 1
     log = inject_cycle(log, j, shrinks=[{"cluster_id": cid, "bundles": wrong}])
     return log, "its TP bundle is"
 
