@@ -29,6 +29,8 @@ passes one by accident on a real node). The value is a comma-separated list of s
                         for a sequence loss and back)
 ``wrong_loss``          train_pump_parity: the trainer's loss sum ignores the mask (padding
                         positions count); the counts stay right
+``chunk_grads_lost``    train_pump_parity (with ``--chunks`` > 1): the log-prob pass between chunks
+                        zeroes the gradient storage, losing every chunk but the last (NeMo RL #3660)
 ``residue_grows``       cycle_trends: the engine's sleep keeps its KV cache (NeMo RL #2619)
 ``ipc_staging_leak``    cycle_trends: the refit producer keeps every released staging pair (vLLM #51258)
 ``leak_cycle_group``    cycle_trends: the cycle's process group is never destroyed
@@ -53,7 +55,7 @@ ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
                "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines",
-               "wrong_normalizer", "wrong_loss", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
+               "wrong_normalizer", "wrong_loss", "chunk_grads_lost", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
                "leak_cycle_group", "refit_slows", "drop_kv_scales")
 
 

@@ -201,6 +201,14 @@ class SplitTrainer:
         self._seqs += float(seqs)
         return {"loss_sum": float(total.detach()), "tokens": float(tokens), "sequences": float(seqs)}
 
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The log-prob pass between chunks of a step (NeMo RL's ``get_logprobs`` on the
+        next chunk while the step is open): a forward without autograd, which must leave
+        the step's accumulated gradients alone."""
+        with torch.no_grad():
+            logits = self.model(batch.tokens)
+            return torch.log_softmax(logits.float(), dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+
     def finish_train_step(self):
         """(FinishResult, WorkerMetrics). Collective: every DP rank must call it."""
         if not self.machine.is_open:

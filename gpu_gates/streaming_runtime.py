@@ -34,6 +34,7 @@ from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
 from harness.control.pump_interpret import PumpInterpreter, run_awaiting
 from harness.eventlog.writer import EventLog, header_record
+from harness.streaming import checkpoint
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from gpu_gates.split_trainer import Batch, SplitTrainer, make_batch
 
@@ -81,12 +82,15 @@ class FakeGenerator:
 class StreamingRuntime:
     def __init__(self, cfg: StreamingConfig, steps: int, trainer: SplitTrainer, generator: FakeGenerator,
                  pipeline_id: str = "sc", log: Optional[EventLog] = None,
-                 lost_finish_at: Optional[int] = None) -> None:
+                 lost_finish_at: Optional[int] = None, checkpoint_after: Optional[int] = None) -> None:
         self.cfg, self.steps, self.trainer, self.gen = cfg, steps, trainer, generator
         self.pid = pipeline_id
         self.state = ControllerState(cfg)
         self.log = log or EventLog(header_record({"nodes": 1, "gpus_per_node": 0}, source="cpu:streaming_runtime"))
         self.lost_finish_at = lost_finish_at
+        self.checkpoint_after = checkpoint_after  # steps after which the buffer is checkpointed and the run resumed
+        self._pumps: List[asyncio.Task] = []
+        self._retired: set = set()  # the pumps of the state a restore replaced
         self._t0 = 0.0
         self._changed: Optional[asyncio.Event] = None
         self.pumps = PumpInterpreter(self, self.state, self.pid, self.log.add, self.now)
@@ -113,13 +117,17 @@ class StreamingRuntime:
         self.emit("streaming_setup", pipeline_id=self.pid, **setup_fields(cfg))
         self.gen.load(dict(self.trainer.model.named_parameters()), self.trainer.version)
         train = asyncio.ensure_future(self._train())
-        pumps = [asyncio.ensure_future(self.drive(rollout_pump.run(cfg), "rollout")),
-                 asyncio.ensure_future(self.drive(rollout_pump.stall_watchdog(cfg), "watchdog"))]
-        self._tasks.extend(pumps)
+        self._start_pumps()
         reason = "done"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            done, _ = await asyncio.wait([train, *pumps, self._fatal], timeout=timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            while True:  # a pump retired by a restore ending is not the run ending
+                done, _ = await asyncio.wait([train, *self._pumps, self._fatal], timeout=max(0.0, deadline - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                done = {d for d in done if d not in self._retired}
+                if done or loop.time() >= deadline:
+                    break
             if not done:
                 reason = "timeout"
             else:
@@ -142,10 +150,45 @@ class StreamingRuntime:
         self.emit("sim_end", reason=reason.split(":")[0], sim_time=self.now(), events=len(self.log.records), detail=reason)
         return reason
 
+    def _start_pumps(self, top_up: bool = False) -> None:
+        self._pumps = [asyncio.ensure_future(self.drive(rollout_pump.run(self.cfg, self.state.next_prompt, top_up),
+                                                        "rollout")),
+                       asyncio.ensure_future(self.drive(rollout_pump.stall_watchdog(self.cfg), "watchdog"))]
+        self._tasks.extend(self._pumps)
+
     async def _train(self) -> None:
-        for step, gen in train_pump.steps(self.cfg, self.steps):
+        k = self.checkpoint_after
+        for step, gen in train_pump.steps(self.cfg, k or self.steps):
             await self.drive(gen, "step", step)
             self.steps_done += 1
+        if k:
+            await self._checkpoint_and_restore()
+            for step, gen in train_pump.steps(self.cfg, self.steps, start=k):
+                await self.drive(gen, "step", step)
+                self.steps_done += 1
+
+    async def _checkpoint_and_restore(self) -> None:
+        """Save the buffer, lose the process (every pump and rollout of this state is
+        cancelled, in-flight generations with it) and go on from a state restored from
+        the save, its pumps restarted with top-up (harness/streaming/checkpoint.py)."""
+        snap = checkpoint.snapshot(self.state)
+        lost = [e.group_id for e in self.state.buffer.inflight()]
+        self.emit("buffer_checkpoint", pipeline_id=self.pid, step=self.state.trainer_version,
+                  groups=[g["group_id"] for g in snap["groups"]], reserve=len(snap["reserve"]), lost_inflight=lost)
+        self.state.stopped = True
+        for ev in self._aborts.values():
+            ev.set()
+        old = [t for t in self._tasks if not t.done()]
+        self._retired.update(self._tasks)
+        for t in old:
+            t.cancel()
+        await asyncio.gather(*old, return_exceptions=True)
+        self._tasks = []
+        self.state = checkpoint.restore(self.cfg, snap)
+        self.pumps = PumpInterpreter(self, self.state, self.pid, self.log.add, self.now)
+        self.emit("buffer_restore", pipeline_id=self.pid, step=self.state.trainer_version,
+                  groups=[e.group_id for e in self.state.buffer.ready()], reserve=len(self.state.spares))
+        self._start_pumps(top_up=True)
 
     # ------------------------------------------------------------------ the interpreter
     async def drive(self, gen, scope: str, step: Optional[int] = None) -> Any:

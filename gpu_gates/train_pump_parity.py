@@ -32,7 +32,10 @@ Faults, installed by the tests through the test-hook variable (``gpu_gates/hooks
 flag: ``wrong_normalizer`` makes the trainer rescale by the other count (tokens for a sequence
 loss and back); ``wrong_loss`` makes its loss sum ignore the mask (padding positions count),
 counts unchanged — a bug in the trainer's loss helper, which a reference calling that same
-helper would share. Both must fail ``parity``.
+helper would share. Both must fail ``parity``. With ``--chunks K`` each rank's groups of a step
+go in K chunks with a log-prob pass (``compute_logprobs``) on the next chunk between them;
+``chunk_grads_lost`` (NeMo RL #3660) makes that pass zero the gradient storage, losing every
+chunk but the last, which must fail ``parity`` too (a split-vs-split comparison would not see it).
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generations", type=positive_int, default=2, help="sequences per prompt group")
     parser.add_argument("--seq-len", type=positive_int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chunks", type=positive_int, default=1,
+                        help="chunks per step on each rank, with a log-prob pass on the next chunk between them")
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -99,7 +104,20 @@ class WrongLoss(SplitTrainer):
         return maskless_loss_sum_and_counts(forward, batch, self.loss_type)
 
 
-FAULTS = {"wrong_normalizer": WrongNormalizer, "wrong_loss": WrongLoss}
+class ChunkGradsLost(SplitTrainer):
+    """Fault (hook ``chunk_grads_lost``, NeMo RL #3660): the gradients of each chunk are
+    finalized into the grad storage and the log-prob pass before the next chunk reuses
+    that storage and zeroes it, so every chunk but the last is lost (the counts, kept
+    apart, still cover them all)."""
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.zero_()
+        return super().compute_logprobs(batch)
+
+
+FAULTS = {"wrong_normalizer": WrongNormalizer, "wrong_loss": WrongLoss, "chunk_grads_lost": ChunkGradsLost}
 
 
 def trainer_class(ctx: GateContext) -> type:
@@ -154,7 +172,11 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         mine = arrival_order(args, step, [g for g in range(len(groups)) if g % world == rank])
         trainer.begin_train_step(step)
         ctx.emit("trainer_step", pipeline_id=pid, action="begin", step=step, version=trainer.version)
-        for g in mine:
+        bounds = np.linspace(0, len(mine), min(args.chunks, max(1, len(mine))) + 1).round().astype(int)
+        starts = set(bounds[1:-1].tolist())
+        for i, g in enumerate(mine):
+            if i in starts:  # a new chunk: its log-probs are computed while the step is open
+                trainer.compute_logprobs(_to(Batch.cat([groups[h] for h in mine[i:bounds[bounds > i][0]]]), ctx.device))
             trainer.train_microbatch(_to(groups[g], ctx.device))
             gid = step * args.groups_per_step + g  # a group id is never reused
             ctx.emit("trainer_step", pipeline_id=pid, action="microbatch", step=step, version=trainer.version, groups=[gid])

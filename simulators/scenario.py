@@ -318,7 +318,7 @@ def _pipeline(
         vals[key] = cls(**merged)
     _workload_cross_checks(ctx, f"{path}.workload", vals["workload"])
     if vals["type"] == "single_controller":
-        problem = streaming_problem(vals["streaming"], vals["workload"])
+        problem = streaming_problem(vals["streaming"], vals["workload"], vals.get("steps"))
         if problem is not None:
             raise ctx.fail(f"{path}.streaming.{problem[0]}", problem[1])
     elif "streaming" in data:

@@ -125,6 +125,10 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "max_skipped_prompts": _r("int", ">=0", "prompts"),
         "max_consecutive_dropped_prompts": _r("int", ">=0", "prompts"),
         "min_step_batch_fraction": _r("float", "(0,1]"),
+        "on_dropped_prompt": _r("str"),
+        "max_replacement_attempts": _r("int", ">=0", "spare prompts per slot"),
+        "replacement_reserve_prompts": _r("int", ">=0", "prompts"),
+        "checkpoint_restore_after_steps": _r("int", ">=0", "steps"),
     },
     PipelineSpec: {
         "name": _r("str"),

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from harness.streaming.controller import CapacityDeadlock, check_capacity, config_problem
+from harness.streaming.controller import CapacityDeadlock, check_capacity, config_problem, replace_problem
 from harness.streaming.samplers import SAMPLER_NAMES, SamplerError, make_sampler
 from simulators.spec import StreamingSpec, WorkloadSpec
 
 
-def streaming_problem(s: StreamingSpec, w: WorkloadSpec) -> Optional[Tuple[str, str]]:
+def streaming_problem(s: StreamingSpec, w: WorkloadSpec, steps: Optional[int] = None) -> Optional[Tuple[str, str]]:
     """(field, problem) for the first thing wrong with ``s``, or None."""
     if s.sampler not in SAMPLER_NAMES:
         return "sampler", f"unknown sampler {s.sampler!r}; known: {', '.join(SAMPLER_NAMES)}"
@@ -30,8 +30,14 @@ def streaming_problem(s: StreamingSpec, w: WorkloadSpec) -> Optional[Tuple[str, 
                 f"{s.min_groups_for_streaming_train} exceeds workload.prompts_per_step {w.prompts_per_step}")
     bad = config_problem(s.sampler, s.watchdog_interval_s, s.stall_timeout_s, s.drop_budgets, s.max_skipped_prompts,
                          s.max_consecutive_dropped_prompts, s.min_step_batch_fraction)
+    bad = bad or replace_problem(s.on_dropped_prompt, s.max_replacement_attempts, s.replacement_reserve_prompts,
+                                 s.sampler)
     if bad:
         return bad
+    k = s.checkpoint_restore_after_steps
+    if k and steps is not None and k >= steps:
+        return ("checkpoint_restore_after_steps",
+                f"{k} is not below the pipeline's steps {steps}: the run would end before it resumes")
     try:
         sampler = make_sampler(s.sampler, s.window, freshest_first=bool(s.freshest_first), target=s.custom_target)
     except SamplerError as e:

@@ -35,6 +35,7 @@ import numpy as np
 from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
 from harness.control.pump_interpret import PumpInterpreter
+from harness.streaming import checkpoint
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from harness.streaming.split_step import SplitApiError, SplitStepMachine
 from simulators.cluster import OutOfMemory
@@ -58,7 +59,8 @@ def streaming_config(spec: PipelineSpec) -> StreamingConfig:
         watchdog_interval_s=s.watchdog_interval_s, stall_timeout_s=s.stall_timeout_s, stall_action=s.stall_action,
         drop_budgets=s.drop_budgets, max_skipped_prompts=s.max_skipped_prompts,
         max_consecutive_dropped_prompts=s.max_consecutive_dropped_prompts,
-        min_step_batch_fraction=s.min_step_batch_fraction)
+        min_step_batch_fraction=s.min_step_batch_fraction, on_dropped_prompt=s.on_dropped_prompt,
+        max_replacement_attempts=s.max_replacement_attempts, replacement_reserve_prompts=s.replacement_reserve_prompts)
 
 
 class SingleControllerSim:
@@ -102,17 +104,47 @@ class SingleControllerSim:
             if self.spec.start_s > 0:
                 yield env.timeout(self.spec.start_s)
             self._setup()
-            env.spawn(self.drive(rollout_pump.run(self.cfg), "rollout"), "pipeline", self.index, 1)
-            env.spawn(self._watchdog(), "pipeline", self.index, 2)
-            for step, gen in train_pump.steps(self.cfg, self.spec.steps):
+            self._start_pumps()
+            resume_at = self.spec.streaming.checkpoint_restore_after_steps
+            for step, gen in train_pump.steps(self.cfg, resume_at or self.spec.steps):
                 self.step = step
                 yield from self.drive(gen, "step", step)
                 self.steps_done += 1
+            if resume_at and not self.finished:
+                self._checkpoint_and_restore()
+                for step, gen in train_pump.steps(self.cfg, self.spec.steps, start=resume_at):
+                    self.step = step
+                    yield from self.drive(gen, "step", step)
+                    self.steps_done += 1
         except (SimFailure, OutOfMemory, SplitApiError, RuntimeError) as e:
             sim.fail(f"{self.pid}: {e}")
             if isinstance(e, OutOfMemory):
                 sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
         self._stop()
+
+    def _start_pumps(self, top_up: bool = False) -> None:
+        env = self.env
+        gen = rollout_pump.run(self.cfg, self.state.next_prompt, top_up)
+        env.spawn(self.drive(gen, "rollout"), "pipeline", self.index, 1)
+        env.spawn(self._watchdog(), "pipeline", self.index, 2)
+
+    def _checkpoint_and_restore(self) -> None:
+        """checkpoint_restore_after_steps: save the buffer after the step, lose the
+        process (in-flight generations are aborted, their groups leave the store), and
+        go on from a state restored from the save, its pumps restarted with top-up."""
+        snap = checkpoint.snapshot(self.state)
+        self.sim.emit("buffer_checkpoint", pipeline_id=self.pid, step=self.state.trainer_version,
+                      groups=[g["group_id"] for g in snap["groups"]], reserve=len(snap["reserve"]),
+                      lost_inflight=[e.group_id for e in self.state.buffer.inflight()])
+        self._stop()
+        self.finished = False
+        self.state = checkpoint.restore(self.cfg, snap)
+        self.state.stale_select_target = "stale_select_target" in self.faults
+        env = self.env
+        self.pumps = PumpInterpreter(self, self.state, self.pid, self.sim.log.add, lambda: env._now, self._gpus_of)
+        self.sim.emit("buffer_restore", pipeline_id=self.pid, step=self.state.trainer_version,
+                      groups=[e.group_id for e in self.state.buffer.ready()], reserve=len(self.state.spares))
+        self._start_pumps(top_up=True)
 
     def resize(self, phase, ranks, cycle):  # pragma: no cover - never registered with the scheduler
         raise RuntimeError(f"{self.pid}: a single controller is not resized by the scheduler")

@@ -158,6 +158,13 @@ class StreamingSpec:
     max_skipped_prompts: int = 0
     max_consecutive_dropped_prompts: int = 0
     min_step_batch_fraction: float = 0.9
+    # NeMo RL's rollout_failure.on_dropped_prompt (harness/streaming/controller.py)
+    on_dropped_prompt: str = "shrink"  # shrink | replace
+    max_replacement_attempts: int = 1
+    replacement_reserve_prompts: int = 1
+    # checkpoint the rollout buffer after this many finished steps, lose the process and
+    # resume from the checkpoint (harness/streaming/checkpoint.py); 0 = never
+    checkpoint_restore_after_steps: int = 0
 
 
 @dataclass(frozen=True)

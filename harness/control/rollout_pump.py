@@ -21,7 +21,11 @@ from harness.control.streaming_effects import (
     AdmitBatch,
     AwaitRolloutPermitted,
     Backoff,
+    BufferedFor,
     Commit,
+    CountReplaced,
+    DivertToReserve,
+    DropReplaced,
     Generate,
     ReleaseCapacity,
     ReleaseInflight,
@@ -30,17 +34,29 @@ from harness.control.streaming_effects import (
     SkipPrompt,
     StallDetected,
     StartRollout,
+    TakeReplacement,
     WatchdogTick,
 )
 from harness.streaming.controller import StreamingConfig
 
 
-def run(cfg: StreamingConfig) -> Generator:
-    """Admit batches forever; the runtime stops the pump when the train pump is done."""
-    prompt_id = 0
+def run(cfg: StreamingConfig, first_prompt: int = 0, top_up: bool = False) -> Generator:
+    """Admit batches forever; the runtime stops the pump when the train pump is done.
+    With ``on_dropped_prompt: replace`` a batch may go to the spare pool instead of being
+    admitted. ``top_up`` (a run restored from a checkpoint): a stamped step dispatches
+    only the groups it does not already hold."""
+    prompt_id = first_prompt
     while True:
+        if cfg.on_dropped_prompt == "replace":
+            diverted = yield DivertToReserve(prompt_id, cfg.groups_per_step)
+            if diverted:
+                prompt_id += cfg.groups_per_step
+                continue
         batch, target_step = yield AdmitBatch()
-        for _ in range(cfg.groups_per_step):
+        count = cfg.groups_per_step
+        if top_up and target_step is not None:
+            count = max(0, count - (yield BufferedFor(target_step)))
+        for _ in range(count):
             yield AcquireCapacity()
             yield AcquireInflight()
             yield AwaitRolloutPermitted()
@@ -52,8 +68,10 @@ def run(cfg: StreamingConfig) -> Generator:
 
 
 def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optional[int], group_id: int) -> Generator:
-    infra = data = 0
-    attempt = 0
+    """One slot of a step: the prompt's attempts; a prompt dropped after its retries is
+    either replaced by a spare (which keeps the slot, maybe re-aimed at the step that lent
+    this one a finished group) or skipped (its step closes short)."""
+    infra = data = attempt = replacements = 0
     while True:
         if attempt:  # a retry is a new dispatch: it waits out a weight sync, then reserves afresh
             yield AwaitRolloutPermitted()
@@ -62,6 +80,8 @@ def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optio
         attempt += 1
         if outcome == "ok":
             yield Commit(group_id)
+            if replacements:
+                yield CountReplaced(target_step)
             yield ReleaseInflight()  # the slot in the buffer stays held until clear/evict
             return
         yield RemoveGroup(group_id, outcome)
@@ -69,15 +89,27 @@ def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optio
             break
         if outcome == "infra":
             infra += 1
-            if infra >= cfg.max_infra_attempts_per_prompt:
-                yield SkipPrompt(prompt_id, batch, f"infra failure x{infra}", target_step, "infra")
-                break
-            yield Backoff(min(cfg.backoff_s * 2 ** (infra - 1), cfg.max_backoff_s))
+            if infra < cfg.max_infra_attempts_per_prompt:
+                yield Backoff(min(cfg.backoff_s * 2 ** (infra - 1), cfg.max_backoff_s))
+                continue
+            reason, cause = f"infra failure x{infra}", "infra"
         else:
             data += 1
-            if data >= cfg.max_data_attempts_per_prompt:
-                yield SkipPrompt(prompt_id, batch, f"data failure x{data}", target_step)
-                break
+            if data < cfg.max_data_attempts_per_prompt:
+                continue
+            reason, cause = f"data failure x{data}", "data"
+        spare = None
+        if cfg.on_dropped_prompt == "replace":
+            spare = yield TakeReplacement(prompt_id, target_step, replacements)
+        if spare is None:
+            yield SkipPrompt(prompt_id, batch, reason, target_step, cause)
+            break
+        yield DropReplaced(prompt_id, batch, reason, target_step, cause)
+        prompt_id, target_step = spare
+        replacements += 1
+        infra = data = attempt = 0
+        yield AwaitRolloutPermitted()  # a spare is a fresh dispatch: it waits out a weight sync
+        group_id, _start_version = yield Reserve(prompt_id, target_step)
     yield ReleaseInflight()
     yield ReleaseCapacity()
 

@@ -192,6 +192,52 @@ class SkipPrompt:
 
 
 @dataclass(frozen=True)
+class DivertToReserve:
+    """on_dropped_prompt replace: the next batch's prompts go to the spare pool instead of
+    being admitted, when the pool is below its low-water mark; returns True if diverted."""
+
+    first_prompt: int
+    count: int
+
+
+@dataclass(frozen=True)
+class TakeReplacement:
+    """A dropped stamped prompt asks for a spare; returns ``(spare prompt, step it now
+    fills)`` (the step differs after a borrow from a later step) or None to shrink."""
+
+    prompt_id: int
+    target_step: Optional[int]
+    used: int  # spares this slot already took
+
+
+@dataclass(frozen=True)
+class DropReplaced:
+    """A prompt dropped after its retries whose slot a spare took over: it counts against
+    the drop budgets but no step shrinks."""
+
+    prompt_id: int
+    batch: int
+    reason: str
+    target_step: Optional[int] = None
+    cause: str = "data"
+
+
+@dataclass(frozen=True)
+class CountReplaced:
+    """A spare's group committed: its step got a dropped slot back (NeMo RL's per-step
+    replaced_prompt_groups)."""
+
+    target_step: Optional[int]
+
+
+@dataclass(frozen=True)
+class BufferedFor:
+    """Groups already buffered for a just-admitted step (a restored run's top-up)."""
+
+    target_step: Optional[int]
+
+
+@dataclass(frozen=True)
 class ReleaseInflight:
     pass
 

@@ -70,10 +70,10 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator:
     yield ResumeRollouts(version)
 
 
-def steps(cfg: StreamingConfig, count: int) -> Iterator[Tuple[int, Generator]]:
+def steps(cfg: StreamingConfig, count: int, start: int = 0) -> Iterator[Tuple[int, Generator]]:
     """The single controller's step loop, written once: each step in order with its
     :func:`train_step` generator. A runtime drives each one to its end before taking the
     next (the simulator with ``yield from``, the CPU runtime with ``await``), so the loop
     itself is the same in both."""
-    for step in range(count):
+    for step in range(start, count):  # start > 0: a run resumed from a checkpoint
         yield step, train_step(cfg, step)

@@ -19,6 +19,16 @@ STREAMING_KINDS: dict = {
         "optional": {"groups": "int_list", "applied": "bool", "microbatches": "int", "aborted": "bool", "rank": "int"},
         "doc": "The trainer ran a split-API call (action begin|microbatch|finish|abort); version = trainer version after it.",
     },
+    "buffer_checkpoint": {
+        "required": {"pipeline_id": "str", "step": "int", "groups": "int_list", "reserve": "int"},
+        "optional": {"lost_inflight": "int_list", "rank": "int"},
+        "doc": "The rollout buffer was checkpointed after `step` steps: the finished groups saved, the spare prompts pooled; lost_inflight: reservations still generating, not saved.",
+    },
+    "buffer_restore": {
+        "required": {"pipeline_id": "str", "step": "int", "groups": "int_list", "reserve": "int"},
+        "optional": {"rank": "int"},
+        "doc": "A run resumed from a buffer checkpoint at trainer version `step` with these groups and spare prompts; its steps are topped up to a full batch.",
+    },
     "stall": {
         "required": {"pipeline_id": "str", "idle_s": "number", "action": "str"},
         "optional": {},

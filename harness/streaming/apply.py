@@ -75,6 +75,11 @@ INSTANT: Dict[type, Callable[[ControllerState, Any], Any]] = {
     fx.Commit: lambda st, e: (st.commit(e.group_id), None)[1],
     fx.RemoveGroup: lambda st, e: st.remove_group(e.group_id),
     fx.SkipPrompt: lambda st, e: st.skip_prompt(e.target_step, e.cause),
+    fx.DropReplaced: lambda st, e: st.skip_prompt(None, e.cause),
+    fx.DivertToReserve: lambda st, e: st.divert(e.first_prompt, e.count),
+    fx.TakeReplacement: lambda st, e: st.take_replacement(e.target_step, e.used),
+    fx.CountReplaced: lambda st, e: st.count_replaced(e.target_step),
+    fx.BufferedFor: lambda st, e: st.buffered_for(e.target_step),
     fx.ReleaseInflight: lambda st, e: st.release_inflight(),
     fx.ReleaseCapacity: lambda st, e: st.release_capacity(),
 }

@@ -84,6 +84,23 @@ class RolloutBuffer:
         an abort and a failing rollout may both try)."""
         return self._entries.pop(group_id, None) is not None
 
+    def promote_ready_group(self, to_target_step: int) -> Optional[int]:
+        """Re-stamp one finished group of the furthest later step onto ``to_target_step``
+        (a step that lost a prompt); returns the step it came from, or None. Only ready
+        groups: a reserved one would hand the step the same wait."""
+        best: Optional[GroupEntry] = None
+        for e in self._entries.values():
+            if e.ready and e.target_step is not None and e.target_step > to_target_step:
+                if best is None or (e.target_step, -e.reserved_seq) > (best.target_step, -best.reserved_seq):
+                    best = e
+        if best is None:
+            return None
+        lender, best.target_step = best.target_step, to_target_step
+        return lender
+
+    def count_for_target_step(self, target_step: int) -> int:
+        return sum(1 for e in self._entries.values() if e.target_step == target_step)
+
     # ---- views
     def get(self, group_id: int) -> Optional[GroupEntry]:
         return self._entries.get(group_id)

@@ -49,11 +49,17 @@ class StreamingConfig:
     max_skipped_prompts: int = 0  # data drops allowed in the run; one more fails it
     max_consecutive_dropped_prompts: int = 0  # infra drops in a row (a commit resets); one more fails it
     min_step_batch_fraction: float = 0.9  # a step closing below ceil(fraction x groups_per_step) fails the run
+    # NeMo RL's rollout_failure.on_dropped_prompt: shrink (the step closes short) or replace
+    # (a spare prompt from a pool stands in, after borrowing a later step's finished group)
+    on_dropped_prompt: str = "shrink"
+    max_replacement_attempts: int = 1  # spares tried for one lost slot before shrinking
+    replacement_reserve_prompts: int = 1  # the pool's low-water mark: below it a batch is diverted
 
     def __post_init__(self) -> None:
         bad = config_problem(self.sampler, self.watchdog_interval_s, self.stall_timeout_s, self.drop_budgets,
                              self.max_skipped_prompts, self.max_consecutive_dropped_prompts,
-                             self.min_step_batch_fraction)
+                             self.min_step_batch_fraction) or replace_problem(
+            self.on_dropped_prompt, self.max_replacement_attempts, self.replacement_reserve_prompts, self.sampler)
         if bad:
             raise ValueError(f"{bad[0]}: {bad[1]}")
 
@@ -80,6 +86,24 @@ def config_problem(sampler: str, watchdog_interval_s: float, stall_timeout_s: fl
         field = "max_skipped_prompts" if max_skipped else "max_consecutive_dropped_prompts"
         return (field, f"the {sampler} sampler stamps no target step, so a dropped prompt is owed to no step and "
                 "the step waiting for it never shrinks (a stalled run): use in_order, or budgets of 0")
+    return None
+
+
+def replace_problem(mode: str, attempts: int, reserve: int, sampler: str) -> Optional[Tuple[str, str]]:
+    """(field, problem) for a drop-handling setting that cannot do what it asks, as NeMo
+    RL's config refuses it: replace with no attempt or no pool would quietly shrink, and
+    a sampler that stamps no step has no step to replace into."""
+    if mode not in ("shrink", "replace"):
+        return "on_dropped_prompt", f"must be shrink or replace, got {mode!r}"
+    if mode != "replace":
+        return None
+    if attempts < 1:
+        return "max_replacement_attempts", f"must be >= 1 with on_dropped_prompt replace, got {attempts} (0 is shrink)"
+    if reserve < 1:
+        return "replacement_reserve_prompts", f"must be >= 1 with on_dropped_prompt replace, got {reserve} (the pool would never fill)"
+    if sampler not in ("in_order", "custom"):
+        return "on_dropped_prompt", (f"replace does nothing with the {sampler} sampler: it stamps no target step, "
+                                     "so no step waits for a dropped prompt")
     return None
 
 
@@ -126,6 +150,12 @@ class ControllerState:
         self.stale_select_target = False  # fault hook: a waiting select ignores a shrunk target
         self.skipped = 0  # data drops so far (drop budget max_skipped_prompts)
         self.consecutive_infra = 0  # infra drops since the last commit (max_consecutive_dropped_prompts)
+        self.spares: List[int] = []  # spare prompt ids (on_dropped_prompt replace)
+        self.stamped = False  # the sampler has stamped a batch: only then is a batch diverted to the pool
+        self.replaced: Dict[int, int] = {}  # step -> slots a spare prompt filled (after a borrow: the lender)
+        self.promoted: Dict[int, int] = {}  # step -> holes filled with a later step's finished group
+        self.next_prompt = 0  # past every prompt dispatched or pooled (a resumed dataloader's position)
+        self.restored = 0  # groups loaded from a checkpoint (harness.streaming.checkpoint)
 
     def changed(self) -> None:
         self.changes += 1
@@ -134,6 +164,7 @@ class ControllerState:
     def try_admit(self) -> Optional[Admission]:
         adm = self.sampler.admit(self.trainer_version)
         if adm is not None:
+            self.stamped = self.stamped or adm.target_step is not None
             self.changed()
         return adm
 
@@ -162,6 +193,7 @@ class ControllerState:
 
     def reserve(self, prompt_id: int, target_step: Optional[int]) -> Tuple[int, int]:
         gid = self.buffer.reserve(prompt_id, self.weight_version, target_step, size=self.cfg.generations_per_prompt)
+        self.next_prompt = max(self.next_prompt, prompt_id + 1)
         if gid is None:  # the capacity semaphore is acquired first: this is a runtime bug
             raise RuntimeError(f"buffer full ({self.buffer.used}/{self.buffer.capacity}) at reserve: capacity accounting broken")
         self.changed()
@@ -197,6 +229,44 @@ class ControllerState:
         if target_step is not None:
             self.dropped[target_step] = self.dropped.get(target_step, 0) + 1
         self.changed()
+
+    # ---- on_dropped_prompt: replace (NeMo RL _divert_batch_to_reserve / _take_replacement / _promote_into_step)
+    def divert(self, first_prompt: int, count: int) -> bool:
+        """Put the next batch's prompts in the spare pool instead of admitting it, when
+        replacing, once a batch was stamped, and while the pool is below its mark."""
+        if self.cfg.on_dropped_prompt != "replace" or not self.stamped:
+            return False
+        if len(self.spares) >= self.cfg.replacement_reserve_prompts:
+            return False
+        self.spares.extend(range(first_prompt, first_prompt + count))
+        self.next_prompt = max(self.next_prompt, first_prompt + count)
+        self.changed()
+        return True
+
+    def take_replacement(self, target_step: Optional[int], used: int) -> Optional[Tuple[int, int]]:
+        """(spare prompt, step it now fills) for a dropped stamped prompt, or None to
+        shrink. With a spare in hand, a later step's finished group is re-stamped into the
+        dropped step (it closes at once) and the spare repays that later step."""
+        if (self.cfg.on_dropped_prompt != "replace" or target_step is None
+                or used >= self.cfg.max_replacement_attempts or not self.spares):
+            return None
+        spare = self.spares.pop(0)
+        if target_step >= self.trainer_version:
+            lender = self.buffer.promote_ready_group(target_step)
+            if lender is not None:
+                self.promoted[target_step] = self.promoted.get(target_step, 0) + 1
+                target_step = lender
+        self.changed()
+        return spare, target_step
+
+    def count_replaced(self, target_step: Optional[int]) -> None:
+        if target_step is not None:
+            self.replaced[target_step] = self.replaced.get(target_step, 0) + 1
+
+    def buffered_for(self, target_step: Optional[int]) -> int:
+        """Groups already held for a stamped step: a step restored from a checkpoint is
+        topped up with only the rest of its batch."""
+        return 0 if target_step is None else self.buffer.count_for_target_step(target_step)
 
     # ---- train side
     def step_target(self, step: int) -> int:

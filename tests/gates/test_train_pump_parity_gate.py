@@ -50,3 +50,17 @@ def test_a_wrong_normalizer_or_loss_in_the_trainer_fails_parity(gate_runner, fau
     assert any(not c["passed"] for c in run.checks("parity")) and any(not c["passed"] for c in run.checks("loss"))
     assert all(c["passed"] for c in run.checks("version"))  # the protocol itself was fine
     assert all(c["passed"] for c in run.checks("leader_metrics"))  # and so were the counts
+
+
+@pytest.mark.parametrize("fault", [None, "chunk_grads_lost"])
+def test_chunked_steps_pass_and_lost_chunk_gradients_fail_parity(gate_runner, fault):
+    kw = {"hook": fault} if fault else {}
+    run = gate_runner("train_pump_parity", 2, "--cycles", "1", "--chunks", "3", "--loss-type", "token", **kw)
+    info = run.report["summary"]["loss_types"]["token"]
+    if fault is None:
+        assert run.returncode == 0, run.output[-3000:]
+        assert info["close"] and info["max_abs_err"] <= 1e-6
+    else:
+        assert run.returncode == 1, run.output[-3000:]
+        assert not info["close"] and any(not c["passed"] for c in run.checks("parity"))
+        assert all(c["passed"] for c in run.checks("leader_metrics"))  # the counts still covered every chunk
