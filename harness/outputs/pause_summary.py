@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
+from harness.ordered_sum import ordered_sum
+
 Rank = Tuple[str, int]
 #: the record kinds the table reads
 PAUSE_KINDS = ("effect_start", "effect_end", "rank_state", "request_dispatch", "request_done", "request_abort",
@@ -147,6 +149,6 @@ def lost_by_mode(rows: Sequence[PauseRow]) -> Dict[str, Dict[str, Any]]:
         of = [r for r in rows if r.mode == mode]
         if of:
             out[mode] = {"pipelines": [r.pipeline_id for r in of], "in_flight": sum(r.in_flight for r in of),
-                         "dropped": sum(r.dropped for r in of), "lost_engine_s": sum(r.lost_engine_s for r in of),
+                         "dropped": sum(r.dropped for r in of), "lost_engine_s": ordered_sum(r.lost_engine_s for r in of),
                          "kept_dropped": sum(r.kept_dropped for r in of)}
     return out

@@ -61,6 +61,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
+from harness.ordered_sum import ordered_sum
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -156,7 +158,7 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
         shard = a.params / (p.tp * p.pp * (p.ep if a.moe else 1)) * e.grad_bytes
         steps = -(-seqs // per_step)
         out["dp_comm"] = steps * 2.0 * (dp - 1) / dp * shard / links.for_group(gpus, e)
-    out["total"] = sum(out.values())
+    out["total"] = ordered_sum(out.values())
     return out
 
 

@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from harness.ordered_sum import ordered_sum
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec
 from simulators.costmodel.models import MODEL_PRESETS
@@ -167,8 +168,8 @@ def _clip(inverse: float) -> Optional[float]:
 
 def _fit_inverse(rows: Sequence[Tuple[float, float, float]]) -> Optional[float]:
     """u minimizing sum(((x·u + c − y)/y)^2) over rows (x, c, y)."""
-    num = sum(x * (y - c) / (y * y) for x, c, y in rows)
-    den = sum(x * x / (y * y) for x, c, y in rows)
+    num = ordered_sum(x * (y - c) / (y * y) for x, c, y in rows)
+    den = ordered_sum(x * x / (y * y) for x, c, y in rows)
     return num / den if den > 0 else None
 
 
@@ -227,7 +228,7 @@ def errors(runs: Sequence[Run], factors: Mapping[str, float]) -> List[Tuple[str,
         for stage in STAGES:
             vals = [s[stage] for s in r.steps if stage in s]
             if vals:
-                out.append((r.name, stage, sum(vals) / len(vals), pred[stage]))
+                out.append((r.name, stage, ordered_sum(vals) / len(vals), pred[stage]))
     return out
 
 
