@@ -237,7 +237,10 @@ class StreamingRuntime:
             await asyncio.wait_for(abort.wait(), timeout=latency if outcome == "ok" else latency / 2)
             return "aborted"
         except asyncio.TimeoutError:
-            pass
+            # an abort set in the same turn of the loop as the timeout lands here too: the
+            # state has already dropped the group, so it must not be committed
+            if abort.is_set():
+                return "aborted"
         finally:
             self._aborts.pop(e.group_id, None)
         if outcome == "ok":
