@@ -150,16 +150,18 @@ def version_at_dispatch(records: Records) -> List[Violation]:
     """A finished request's version is the one stamped at its (last) dispatch."""
     out: List[Violation] = []
     stamped: Dict[Tuple[str, int], object] = {}
-    for r in records:
-        if r["kind"] not in ("request_dispatch", "request_done"):
-            continue
-        key = (r["pipeline_id"], r["request"])
-        if r["kind"] == "request_dispatch":
-            stamped[key] = r.get("version")
-        elif r["kind"] == "request_done" and key in stamped and r.get("version") != stamped[key]:
-            out.append(Violation("version_at_dispatch", r["seq"], f"request {key[1]} of {key[0]} finished stamped "
-                                 f"v{r.get('version')} but was dispatched to v{stamped[key]}: stamped at completion, "
-                                 "its staleness is under-counted"))
+    unseen = object()
+    for r in records:  # the hot loop of a 1024-GPU log (~1 M request records): one lookup each
+        kind = r["kind"]
+        if kind == "request_dispatch":
+            stamped[(r["pipeline_id"], r["request"])] = r.get("version")
+        elif kind == "request_done":
+            key = (r["pipeline_id"], r["request"])
+            at_dispatch, version = stamped.get(key, unseen), r.get("version")
+            if at_dispatch is not unseen and version != at_dispatch:
+                out.append(Violation("version_at_dispatch", r["seq"], f"request {key[1]} of {key[0]} finished stamped "
+                                     f"v{version} but was dispatched to v{at_dispatch}: stamped at completion, "
+                                     "its staleness is under-counted"))
     return out
 
 
