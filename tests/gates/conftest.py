@@ -124,7 +124,7 @@ def _port_taken(run: "GateRun") -> bool:
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
                 timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
                 first_ports: Sequence[int] = (), own_folders: bool = True, launcher: str = "forked",
-                preload: Sequence[str] = (), lane: str = "busy") -> GateRun:
+                preload: Sequence[str] = (), lane: Optional[str] = "busy") -> GateRun:
     """Launch a gate under torch's agent on a free port; a port lost to a concurrent job
     (the probe closes it before the agent binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds).
@@ -133,11 +133,12 @@ def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optiona
     handler); ``False`` leaves them to the gate (as a hand-launched ``torchrun`` does).
     ``launcher``: ``"forked"`` (ranks forked from the agent, ``preload`` and
     :data:`PRELOAD` imported there first) or ``"torchrun"`` (the documented command).
-    ``lane``: the queue of launches this one waits its turn in (:func:`lane_of`)."""
+    ``lane``: the queue of launches this one waits its turn in (:func:`lane_of`); None:
+    the caller holds its lane's turn (:class:`SideBySide`)."""
     launcher = os.environ.get(LAUNCHER_ENV) or launcher
     assert launcher in LAUNCHERS, f"{LAUNCHER_ENV}={launcher!r}: one of {LAUNCHERS}"
     ports = iter(first_ports)
-    with _one_gate_at_a_time(tmp_path, lane):
+    with _one_gate_at_a_time(tmp_path, lane) if lane else contextlib.nullcontext():
         for _ in range(3):
             with _launcher_folders(own_folders, extra_env) as folder_env:
                 run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s,
@@ -247,6 +248,41 @@ def _run_program(cmd: List[str], env: Dict[str, str], report: Path, timeout_s: f
                 pass
         output, _ = proc.communicate()
     return proc.returncode, output, timed_out, proc.pid
+
+
+class SideBySide:
+    """Gate launches that mostly wait, run side by side in one lane's turn.
+
+    A test module hands in its jobs (name -> (function of a launcher, heavy)); they start
+    at once on ``parallel`` threads while the module holds its lane's lock, and a test
+    reads its job's result with ``batch[name]`` (waiting for it; a job's exception is
+    raised there). A job's launcher is :func:`launch_gate` in a folder of its own. The
+    jobs sit out deadlines and grace windows, so their waits overlap; the ``heavy`` ones
+    (a six-rank run working through its steps) go one at a time, so no two of them
+    compete for the cores while a deadline is running. The forked launches share the
+    worker's launch server, which serves overlapping launches."""
+
+    def __init__(self, tmp_path_factory, lane: str, jobs: Dict[str, "tuple"], parallel: int = 3) -> None:
+        import concurrent.futures
+        import threading
+
+        self._factory, self._heavy = tmp_path_factory, threading.Semaphore(1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(parallel, thread_name_prefix=f"gates-{lane}")
+        self.futures = {name: self._pool.submit(self._run, name, job, heavy) for name, (job, heavy) in jobs.items()}
+
+    def _run(self, name: str, job, heavy: bool):
+        def launch(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
+            folder = "".join(c if c.isalnum() else "_" for c in name)[:40]
+            return launch_gate(self._factory.mktemp(folder), gate, nproc, *args, lane=None, **kwargs)
+
+        with self._heavy if heavy else contextlib.nullcontext():
+            return job(launch)
+
+    def __getitem__(self, name: str):
+        return self.futures[name].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 @pytest.fixture

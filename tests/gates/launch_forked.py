@@ -138,9 +138,12 @@ def receive_message(conn: socket.socket) -> Tuple[Optional[dict], List[int]]:
     return (json.loads(data) if data else None), list(fds)
 
 
-def _run_launch(request: dict, out_fd: int) -> None:
+def _run_launch(request: dict, out_fd: int, inherited: Tuple[int, ...] = ()) -> None:
     """In a fresh fork of the server: become what ``python launch_forked.py ARGV`` would
-    be (own session, the request's environment, folder and output), then launch."""
+    be (own session, the request's environment, folder and output), then launch.
+    ``inherited``: the server's descriptors of other launches, closed first."""
+    for fd in inherited:
+        os.close(fd)
     os.setsid()  # own session and process group: the caller kills it, and finds what is left, by it
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
@@ -166,28 +169,47 @@ def _run_launch(request: dict, out_fd: int) -> None:
 
 
 def serve(fd: int) -> None:
-    """Answer launch requests on the SOCK_SEQPACKET socket ``fd`` until it closes: per
-    request (``{"argv", "env", "cwd"}`` with the output's file descriptor), fork, reply
-    ``{"pid"}``, and once that launch has ended, ``{"exit_code"}``. One launch at a time;
-    the server itself never launches, so every fork starts from the same state."""
+    """Answer launch requests on the SOCK_SEQPACKET socket ``fd`` until it closes.
+
+    A request (``{"argv", "env", "cwd"}``) carries two descriptors: the launch's output
+    and its own reply socket, on which the server answers ``{"pid"}`` once it has forked
+    the launch and ``{"exit_code"}`` once that launch has ended. Launches may overlap
+    (the gate launches that mostly wait run side by side, tests/gates/test_gate_waits.py):
+    each is watched through a pidfd. The server itself never launches, so every fork
+    starts from the same state."""
+    import select
+
     conn = socket.socket(fileno=fd)
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
     for module in served_modules():
         importlib.import_module(module)
     send_message(conn, {"ready": os.getpid()})
-    while True:
-        request, fds = receive_message(conn)
-        if request is None:
-            return
-        pid = os.fork()
-        if pid == 0:
-            conn.close()
-            _run_launch(request, fds[0])
-        os.close(fds[0])
-        send_message(conn, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        send_message(conn, {"exit_code": os.waitstatus_to_exitcode(status)})
+    running: dict = {}  # pidfd -> (pid, reply socket)
+    open_ = True
+    while open_ or running:
+        readable, _, _ = select.select(([conn] if open_ else []) + list(running), [], [])
+        for ready in readable:
+            if ready is conn:
+                request, fds = receive_message(conn)
+                if request is None:
+                    open_ = False
+                    continue
+                out_fd, reply_fd = fds
+                inherited = [conn.fileno(), *running, *(r.fileno() for _, r in running.values()), reply_fd]
+                pid = os.fork()
+                if pid == 0:
+                    _run_launch(request, out_fd, tuple(inherited))
+                os.close(out_fd)
+                reply = socket.socket(fileno=reply_fd)
+                running[os.pidfd_open(pid)] = (pid, reply)
+                send_message(reply, {"pid": pid})
+            else:
+                pid, reply = running.pop(ready)
+                os.close(ready)
+                _, status = os.waitpid(pid, 0)
+                send_message(reply, {"exit_code": os.waitstatus_to_exitcode(status)})
+                reply.close()
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import select
 import signal
 import socket
@@ -42,9 +43,11 @@ class LaunchServer:
     """The worker's launch server (started on first use, ended with the worker)."""
 
     _current: Optional["LaunchServer"] = None
+    _choosing = threading.Lock()  # launches may come from several threads (test_gate_waits.py)
 
     def __init__(self, env: Dict[str, str], cwd: Path) -> None:
         self.env = _base(env)
+        self._sending = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, str(LAUNCH_FORKED), "--serve", str(theirs.fileno())],
                                      cwd=cwd, env=self.env, pass_fds=[theirs.fileno()], start_new_session=True)
@@ -62,9 +65,10 @@ class LaunchServer:
         launch; None: start it as a program."""
         if any(module not in served_modules() for module in preload) or _base(env) != _base(server_env):
             return None
-        if cls._current is None or cls._current.proc.poll() is not None or cls._current.env != _base(server_env):
-            cls._current = cls(server_env, cwd)
-        return cls._current
+        with cls._choosing:
+            if cls._current is None or cls._current.proc.poll() is not None or cls._current.env != _base(server_env):
+                cls._current = cls(server_env, cwd)
+            return cls._current
 
     def close(self) -> None:
         self.conn.close()  # the server ends when its socket closes
@@ -76,13 +80,21 @@ class LaunchServer:
     def run(self, argv: List[str], env: Dict[str, str], cwd: Path, timeout_s: float) -> Tuple[int, str, bool, int]:
         """Launch and wait, as ``Popen(...).communicate(timeout)`` would: (exit code,
         output, timed out, the launch's pid = its session). At the timeout the launch's
-        whole process group is SIGKILLed."""
+        whole process group is SIGKILLed. Launches may overlap: each has its own reply
+        socket (the server's answers for it) and output pipe."""
         out_r, out_w = os.pipe()
+        replies, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            send_message(self.conn, {"argv": argv, "env": env, "cwd": str(cwd)}, (out_w,))
+            with self._sending:
+                send_message(self.conn, {"argv": argv, "env": env, "cwd": str(cwd)}, (out_w, theirs.fileno()))
         finally:
             os.close(out_w)
-        started, _ = receive_message(self.conn)
+            theirs.close()
+        with replies:
+            return self._follow(replies, out_r, timeout_s)
+
+    def _follow(self, replies: socket.socket, out_r: int, timeout_s: float) -> Tuple[int, str, bool, int]:
+        started, _ = receive_message(replies)
         pid = started["pid"]
         chunks: List[bytes] = []
         deadline, timed_out = time.monotonic() + timeout_s, False
@@ -104,5 +116,5 @@ class LaunchServer:
                     if not data:
                         break
                     chunks.append(data)
-        ended, _ = receive_message(self.conn)
+        ended, _ = receive_message(replies)
         return ended["exit_code"], b"".join(chunks).decode(errors="replace"), timed_out, pid
