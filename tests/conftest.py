@@ -30,28 +30,45 @@ def pytest_configure(config):
 
 
 #: xdist work units that start first, in this order (a test file is a unit, see addopts).
-#: The CPU-bound gate tests are one unit: their launches take turns anyway (one lock per
-#: session), so they form a chain that is the bulk of the suite's CPU time; started
-#: first on one worker, the chain runs beside everything else instead of after it. The
-#: gate launches that mostly wait (tests/gates/test_gate_waits.py) are a second chain
-#: with a lock of its own, on a worker of its own. Next, the files that start a local
-#: Ray (its start-up is long and Ray starts take turns too). Everything else follows in
-#: xdist's own order (most tests first).
+#: The gate tests that launch CPU-bound runs are two units, two lanes of launches that
+#: each take turns (one lock per lane and session, tests/gates/conftest.py): chains that
+#: are the bulk of the suite's gate time, of about equal length, started first on two
+#: workers so they run beside everything else instead of after it. A gate launch keeps
+#: about half a core busy on average (its wall is process starts, rendezvous and
+#: teardown as much as work), so two of them side by side fit the 2-core machine; their
+#: deadlines are tens of seconds. The gate launches that mostly wait
+#: (tests/gates/test_gate_waits.py) are a third unit with a lock of its own. Next, the
+#: files that start a local Ray (its start-up is long and Ray starts take turns too).
+#: Everything else follows in xdist's own order (most tests first).
 GATES, GATE_WAITS = "tests/gates/", "tests/gates/test_gate_waits.py"
-FIRST_UNITS = (GATES, GATE_WAITS, "tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
+#: The gate files of the second lane of CPU-bound launches (the first has the others).
+GATES_B_FILES = ("test_dual_pipeline_gate.py", "test_gate_checks_fire.py", "test_selective_sync_gate.py",
+                 "test_dataplane_writeback_gate.py", "test_train_pump_parity_gate.py", "test_refit_stream_gate.py")
+GATES_A, GATES_B = GATES + "[busy-a]", GATES + "[busy-b]"
+FIRST_UNITS = (GATES_A, GATES_B, GATE_WAITS, "tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
+
+
+def gate_lane(path: str) -> str:
+    """The lane of gate launches a gate test file's launches take turns in."""
+    name = path.rsplit("/", 1)[-1]
+    if name == GATE_WAITS.rsplit("/", 1)[-1]:
+        return "waits"
+    return "busy-b" if name in GATES_B_FILES else "busy-a"
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its file, or the one unit of all CPU-bound gate tests."""
+    """The xdist work unit of a test: its file, or the unit of its lane of CPU-bound gate tests."""
     path = nodeid.split("::", 1)[0]
-    return GATES if path.startswith(GATES) and path != GATE_WAITS else path
+    if not path.startswith(GATES) or path == GATE_WAITS:
+        return path
+    return GATES_B if gate_lane(path) == "busy-b" else GATES_A
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per core, plus one for the chain of gate launches that
-    mostly wait (a hung rank's deadline, a crashed rank's grace window): its worker is
-    idle most of the time, so without it one core would idle with it.
+    """``-n auto``: one worker per core, plus one: the chains of gate launches keep their
+    workers idle much of the time (process starts, rendezvous, a hung rank's deadline, a
+    crashed rank's grace window), so without it a core would idle with them.
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set (xdist's own rule)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
@@ -70,10 +87,10 @@ class _FirstUnitsFirst(OrderedDict):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with the gate tests as one unit and the long units first.
+    """``--dist loadfile`` with the CPU-bound gate tests as two units and the long units first.
 
     xdist orders units by their number of tests, which put the few-but-long gate files
-    last: their serialized chain then ran after everything else (the slow tail).
+    last: their serialized chains then ran after everything else (the slow tail).
     """
     if config.getoption("dist", None) != "loadfile":
         return None

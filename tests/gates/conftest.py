@@ -66,7 +66,9 @@ def pytest_collection_modifyitems(config, items):
 
 def lane_of(node) -> str:
     """Which queue of gate launches a test's launches join (see :func:`_one_gate_at_a_time`)."""
-    return "waits" if node.get_closest_marker("waits_out_a_deadline") else "busy"
+    from tests.conftest import gate_lane
+
+    return "waits" if node.get_closest_marker("waits_out_a_deadline") else gate_lane(str(node.path))
 
 
 def free_port() -> int:
@@ -124,7 +126,7 @@ def _port_taken(run: "GateRun") -> bool:
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
                 timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
                 first_ports: Sequence[int] = (), own_folders: bool = True, launcher: str = "forked",
-                preload: Sequence[str] = (), lane: Optional[str] = "busy") -> GateRun:
+                preload: Sequence[str] = (), lane: Optional[str] = "busy-a") -> GateRun:
     """Launch a gate under torch's agent on a free port; a port lost to a concurrent job
     (the probe closes it before the agent binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds).
@@ -172,14 +174,15 @@ def _launcher_folders(own: bool, extra_env: Optional[Dict[str, str]]):
 def _one_gate_at_a_time(tmp_path: Path, lane: str):
     """Under pytest-xdist, gate launches of one test session take turns, per lane.
 
-    A gate job is 2-6 processes whose deadlines (a hung rank must end in a failed report
-    within its 15 s timeout) assume the job has most of the machine's cores; two CPU-bound
-    jobs side by side on a 2-core machine only push each other past them. So the CPU-bound
-    launches (lane ``busy``: every gate file but the waiting one) run one at a time, and so
-    do the launches that mostly sit waiting for a deadline or a grace window (lane
-    ``waits``: tests/gates/test_gate_waits.py); one of each may run at once, on two xdist
-    workers, the waits overlapping real work. The other workers go on with the rest of the
-    suite meanwhile. (xdist's own ``--dist loadgroup`` cannot do this here: with pytest
+    A gate job is 2-6 processes; too many side by side on a 2-core machine push each other
+    past their deadlines. So the launches of each lane run one at a time: two lanes of
+    CPU-bound launches (``busy-a``, ``busy-b``: the gate files split in two, see
+    ``tests/conftest.py``; a launch keeps about half a core busy on average, and their
+    deadlines are tens of seconds) and the launches that mostly sit waiting for a deadline
+    or a grace window (lane ``waits``: tests/gates/test_gate_waits.py, which runs its own
+    launches side by side within its turn, :class:`SideBySide`); one launch of each lane
+    may run at once, on three xdist workers, the waits overlapping real work. The other
+    workers go on with the rest of the suite meanwhile. (xdist's own ``--dist loadgroup`` cannot do this here: with pytest
     9.2 its group suffix on the node id no longer takes effect.) The locks live in the
     session's base temp folder, shared by its workers only, so other sessions on the
     machine are not serialized with this one. A test's own deadline clock starts after

@@ -67,7 +67,9 @@ def test_a_designed_failure_is_exit_1_with_its_headline(tmp_path, request):
 @pytest.mark.skipif(torch.distributed.is_available() and torch.distributed.is_nccl_available(),
                     reason="this torch has NCCL: --backend nccl would run, not skip")
 def test_a_skip_is_exit_3(tmp_path, request):
-    proc = _rlharness(tmp_path, request, "nccl_teardown", "--backend", "nccl", "--report", str(tmp_path / "s.json"))
+    # one rank: the skip is decided before any collective (two would only start another torch)
+    proc = _rlharness(tmp_path, request, "nccl_teardown", "--nproc", "1", "--backend", "nccl",
+                      "--report", str(tmp_path / "s.json"))
     assert proc.returncode == 3, proc.stdout + proc.stderr
     _no_torchrun_noise(proc)
     assert proc.stdout.startswith("gate nccl_teardown: SKIPPED") and "no NCCL" in proc.stdout
