@@ -95,6 +95,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "decode_flops_efficiency": _r("float", "(0,1]", ""),
         "hbm_efficiency": _r("float", "(0,1]", ""),
         "tp_allreduce_latency_s": _r("float", ">=0", "s"),
+        "decode_step_overhead_s": _r("float", ">=0", "s"),
         "max_num_seqs": _r("int", ">0", "sequences"),
         "wake_fixed_s": _r("float", ">=0", "s"),
         "sleep_fixed_s": _r("float", ">=0", "s"),

@@ -126,6 +126,9 @@ class CostSpec:
     moe_train_mfu: float = 0.16  # the same for a mixture of experts (model.experts_per_token > 0)
     link_efficiency: float = 1.0  # share of a preset's NVLink / NIC figure training's collectives reach
     tp_allreduce_latency_s: float = 10e-6  # fixed part of one tensor-parallel all-reduce
+    # host work of one decode step the GPU waits for (scheduling, input preparation, output
+    # processing): vllm-project/vllm#6854 profiles ~4 ms of GPU idle per decode step
+    decode_step_overhead_s: float = 0.004
     max_num_seqs: int = 256  # the engine's cap on concurrent sequences (vLLM's default)
     wake_fixed_s: float = 0.5  # wake_up's fixed part (allocator, CUDA graphs)
     sleep_fixed_s: float = 0.2

@@ -117,6 +117,9 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     if not all(isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
                for k in factors):
         return  # validation names the bad factor
+    overhead = cost_vals["decode_step_overhead_s"]
+    if not isinstance(overhead, (int, float)) or isinstance(overhead, bool) or not 0 <= overhead < float("inf"):
+        return  # validation names it
     workload_given = {**_section(defaults, "workload"), **_section(pipe, "workload")}
     wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
     params = float(model.get("params", ModelSpec.params))
@@ -126,7 +129,8 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
                   int(model.get("num_experts") or 0))
     eff = f.Efficiency(cost_vals["train_mfu"], cost_vals["decode_flops_efficiency"], cost_vals["hbm_efficiency"],
                        cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
-                       cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"])
+                       cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"],
+                       decode_step_overhead_s=cost_vals["decode_step_overhead_s"])
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"])
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1

@@ -102,6 +102,7 @@ class Efficiency:
     moe_train_mfu: float = 0.16
     link_efficiency: float = 1.0
     grad_bytes: int = 4
+    decode_step_overhead_s: float = 0.0  # the engine's host work per decode step, not overlapped
 
     def mfu(self, a: "Arch") -> float:
         return self.moe_train_mfu if a.moe else self.train_mfu
@@ -217,7 +218,8 @@ def decode_curve(a: Arch, tp: int, mean_ctx: float, flops: float, hbm: float, li
                  e: Efficiency) -> Dict[str, float]:
     """``tokens_per_s_per_rank`` and ``batching_half_point`` of one rank (see the module doc)."""
     weights = a.params * a.bytes_per_param
-    fixed = weights / (tp * hbm * e.hbm_efficiency) + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
+    fixed = (weights / (tp * hbm * e.hbm_efficiency) + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
+             + e.decode_step_overhead_s)
     per_seq = (2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency)
                + kv_bytes_per_token(a) * mean_ctx / (tp * hbm * e.hbm_efficiency))
     if tp > 1:

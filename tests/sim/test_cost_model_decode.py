@@ -103,3 +103,27 @@ def test_a_dense_model_reads_no_experts_and_a_hand_set_curve_keeps_at_start():
     assert dense.decode_timing == "per_step" and dense.decode_expert_read_s == 0.0
     hand = _pipe({"preset": "qwen3-30b-a3b"}, {"tokens_per_s_per_rank": 5000.0}).workload
     assert hand.decode_timing == "at_start" and hand.decode_expert_read_s == 0.0
+
+
+def test_each_decode_step_pays_the_engines_host_work():
+    """decode_step_overhead_s (4 ms by default, vllm-project/vllm#6854) is part of the step's
+    fixed time: a/T grows by exactly it, the per-sequence time not at all."""
+    arch = f.Arch(7e9, 7e9, 28, 3584, 512, 2)
+    g = GPU_PRESETS["h100_sxm"]
+    eff = dict(train_mfu=0.4, decode_flops_efficiency=0.5, hbm_efficiency=0.8, allreduce_latency_s=0.0,
+               max_num_seqs=256, wake_fixed_s=0.0, sleep_fixed_s=0.0)
+    bare = f.decode_curve(arch, 1, 1000.0, g.bf16_flops, g.hbm_bytes_per_s, g.nvlink_bytes_per_s, f.Efficiency(**eff))
+    host = f.decode_curve(arch, 1, 1000.0, g.bf16_flops, g.hbm_bytes_per_s, g.nvlink_bytes_per_s,
+                          f.Efficiency(**eff, decode_step_overhead_s=0.004))
+    assert host["tokens_per_s_per_rank"] == bare["tokens_per_s_per_rank"]
+    a_bare = 7e9 * 2 / (g.hbm_bytes_per_s * 0.8)  # the weights read once
+    assert bare["batching_half_point"] / bare["tokens_per_s_per_rank"] == pytest.approx(a_bare)
+    assert host["batching_half_point"] / host["tokens_per_s_per_rank"] == pytest.approx(a_bare + 0.004)
+    derived = _pipe({"preset": "qwen2.5-7b"}, tp=1).workload
+    none = scenario_from_mapping({"name": "s", "costs": {"decode_step_overhead_s": 0.0},
+                                  "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
+                                  "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0],
+                                                 "infer_gpus": list(range(8)), "model": {"preset": "qwen2.5-7b"}}]},
+                                 "t.yaml").pipelines[0].workload
+    gap = derived.batching_half_point / derived.tokens_per_s_per_rank - none.batching_half_point / none.tokens_per_s_per_rank
+    assert gap == pytest.approx(0.004)
