@@ -140,3 +140,18 @@ def test_a_scenario_with_per_step_timing_finishes_its_steps():
     result = Simulation(scenario_from_mapping(data)).run()
     done = [r for r in result.records if r["kind"] == "request_done"]
     assert len(done) == 4
+
+
+def test_bad_expert_count_and_host_overhead_name_their_field():
+    data = _scenario()
+    data["pipelines"][0]["model"] = {"experts_per_token": 8, "num_experts": 4}
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_mapping(data)
+    assert "pipelines[0].model.experts_per_token" in str(e.value) and "num_experts 4" in str(e.value)
+    data = _scenario()
+    data["costs"] = {"decode_step_overhead_s": -0.001}
+    data["cluster"]["gpu"] = "h100_sxm"
+    data["pipelines"][0]["model"] = {"preset": "qwen3-30b-a3b"}
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_mapping(data)
+    assert "costs.decode_step_overhead_s" in str(e.value) and "\n" not in str(e.value)
