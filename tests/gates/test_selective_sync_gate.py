@@ -11,7 +11,9 @@ pytestmark = pytest.mark.gate
 
 
 def test_selective_sync_passes_with_ipc_and_broadcast_paths(gate_runner):
-    run = gate_runner("selective_sync", 4, "--cycles", "3", launcher="torchrun")
+    # forked (4 ranks under plain torchrun are 5 imports of torch); the gate's plain
+    # torchrun launch is test_under_plain_torchrun_the_gate_file_runs_to_its_report_and_exit_code's
+    run = gate_runner("selective_sync", 4, "--cycles", "3")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed" and report["exit_code"] == 0
@@ -133,3 +135,12 @@ def test_too_small_world_is_a_skip_with_reason_even_when_its_first_port_is_taken
     assert run.port != taken
     assert run.report["status"] == "skipped"
     assert "needs 4+ ranks" in run.report["message"]
+
+
+def test_under_plain_torchrun_the_gate_file_runs_to_its_report_and_exit_code(gate_runner):
+    # the documented command (each rank a `python gpu_gates/selective_sync.py` of its own),
+    # on one rank: the gate file as a program, through its checks of the world, to its
+    # report and exit code 3 (a skip), which torchrun passes on as a failure
+    run = gate_runner("selective_sync", 1, launcher="torchrun")
+    assert run.report["status"] == "skipped" and "needs 4+ ranks" in run.report["message"]
+    assert run.report["exit_code"] == 3 and run.returncode != 0
