@@ -15,6 +15,12 @@ engines (the deadlock needs two engines' opposite orders), and RLix's premature
 planned-release ack on ``gap_ratio_3pipelines`` (check ``planned_release_ack``), which no
 fixed order of that scenario shows (docs/exploration.md#pct-against-the-random-walk).
 
+``--shapes`` prints, from the explorer alone (no scenario), how often each strategy meets
+two ordering shapes between two processes A and B that meet at m instants among 7 others:
+"A before B at every one of the m instants" (one constraint that has to hold m times) and
+"A before B at the first instant, B before A at the last" (two constraints between the same
+two processes: PCT needs a change point between them).
+
 ``--sweep-bundled K`` also runs seeds 0..K-1 of both strategies over every other bundled
 scenario (the 1024-GPU one excepted) and prints each new wait-for or liveness finding.
 """
@@ -87,11 +93,42 @@ def scenario_path(name: str) -> str:
     return os.path.join(ROOT, "examples", "scenarios", name + ".yaml")
 
 
+def shape_rates(n: int, m: int = 8, others: int = 7):
+    """{(shape, strategy label): seeds of n that meet it} for the two shapes of ``--shapes``."""
+    from simulators.explore import Explorer, ExploreSpec
+
+    keys = [(1,), (2,)] + [(3, i) for i in range(others)]  # A, B, the others
+    k = len(keys) * m  # every process is ranked at every instant: PCT's k
+    hits = {}
+    for strategy, depth in (("random", 3), ("pct", 1), ("pct", 2), ("pct", 3)):
+        label = strategy if strategy == "random" else f"pct d={depth}"
+        every = swap = 0
+        for seed in range(n):
+            ex = Explorer(ExploreSpec(seed, strategy, depth=depth, steps=k))
+            a_first = []
+            for t in range(m):
+                ranks = {key: ex.rank(key, float(t), float(t)) for key in keys}
+                a_first.append(ranks[(1,)] < ranks[(2,)])
+            every += all(a_first)
+            swap += a_first[0] and not a_first[-1]
+        hits[("A before B at all %d instants" % m, label)] = every
+        hits[("A before B first, B before A last", label)] = swap
+    return hits, k
+
+
+def shape_table(n: int) -> None:
+    hits, k = shape_rates(n)
+    print(f"\n{'shape (9 processes, 8 instants, k=%d)' % k:40s} {'strategy':10s} {'found in':>14s}")
+    for (shape, label), count in sorted(hits.items(), key=lambda kv: kv[0][0], reverse=True):
+        print(f"{shape:40s} {label:10s} {count:>5d}/{n} ({100.0 * count / n:.1f}%)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--sweep-bundled", type=int, default=0, metavar="K")
     ap.add_argument("--depths", action="store_true", help="also compare pct at depths 1..3 with random (more cases)")
+    ap.add_argument("--shapes", action="store_true", help="also the two synthetic ordering shapes (explorer only)")
     args = ap.parse_args(argv)
     n = args.seeds
     t0 = time.perf_counter()
@@ -109,6 +146,8 @@ def main(argv=None) -> int:
             print(f"{name:34s} {strategy:8s} fixed variant: {len(bad)}/{n} seeds with a finding of {', '.join(NEW_CHECKS)}")
     if args.depths:
         depth_table(n)
+    if args.shapes:
+        shape_table(n)
     if args.sweep_bundled:
         skip = set(BUGS) | set(FIXES) | {"large_1024gpu"}
         runs = 0
