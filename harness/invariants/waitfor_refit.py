@@ -21,9 +21,10 @@ A side is the node ``rank R`` when its records carry a rank (a gate), else its r
 
 Both waits open at the end of a log are a cycle (``deadlock``): a group or an ACK that would
 have closed one of them never arrived. A side's stream that ended (``refit_finalize``, the
-receiver's failed ``refit_manifest_check``, a ``refit_stream_abort``) while the other side
-still waits on it at the end of the log never woke it (``lost_wakeup``): only a timeout
-can end that wait. A wait its own timeout ended (the waiter's ``refit_stream_abort``) is
+receiver's failed ``refit_manifest_check``, a ``refit_stream_abort``; either side's next
+``refit_stream_begin`` of the same key starts a new stream) while the other side still
+waits on it at the end of the log never woke it (``lost_wakeup``): only a timeout can end
+that wait. A wait its own timeout ended (the waiter's ``refit_stream_abort``) is
 closed, as a broadcast's timeout closes its wait: failing fast is the fix, not the bug.
 """
 
@@ -71,8 +72,11 @@ class RefitWaits:
             # already shows it holding the next group, or its records are not in this log)
             if str(self.received.get(s)) == r["group"] and (s, "receiver") not in self.ended:
                 self.recvs[s] = r
-        elif k == "refit_stream_begin" and not sender:
-            self.recvs[s] = r
+        elif k == "refit_stream_begin":  # a new stream of this key: the ends of an earlier one are past
+            self.ended.pop((s, "sender"), None)
+            self.ended.pop((s, "receiver"), None)
+            if not sender:
+                self.recvs[s] = r
         elif k == "refit_group_recv":
             self.recvs.pop(s, None)
             self.received[s] = r["group"]
@@ -103,7 +107,10 @@ class RefitWaits:
 
     @staticmethod
     def _wait(g: WaitGraph, w: Wait, ended: Optional[Tuple[int, str]]) -> None:
+        """An open wait: on a live side, an edge; on a side whose stream ended, a lost wakeup
+        (in a merged gate log the end may even come first: the sender records a group once
+        its send returned, and the receiver may have died on it meanwhile)."""
         if ended is None:
             g.waits.append(w)
-        elif ended[0] > w.seq:  # the awaited side ended after the wait opened, and never woke it
+        else:
             g.unwoken.append((w, f"its stream ended at seq {ended[0]} ({ended[1]}) without waking it"))

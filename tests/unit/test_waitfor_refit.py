@@ -5,7 +5,6 @@ ZMQ transport whose receiver dies holding its ACK."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -98,6 +97,17 @@ def test_a_failed_manifest_check_ends_the_receiver_and_a_dead_sender_strands_the
     assert len(found) == 1 and found[0].message.startswith("receiver waits (since t=5.0s, seq 5, the group after 0")
 
 
+def test_a_new_stream_of_the_same_key_is_judged_on_its_own():
+    # a gate streams several buckets under one (sender, receiver, step): the first one's
+    # finalize does not make the second one's open ACK a lost wakeup
+    second = [("refit_stream_begin", S, {"budget_bytes": 4096, "half_bytes": 2048, "tensors": 2}), _send(0)]
+    found = check_log(_log(*WHOLE, *second), WAITS)
+    assert found == []
+    from harness.invariants.waitfor import wait_graph
+
+    assert [(w.waiter, w.on) for w in wait_graph(_log(*WHOLE, *second)).waits] == [("sender", "receiver")]
+
+
 def test_gate_ranks_name_the_nodes():
     recs = _log(*BEGIN, _send(0))
     for r in recs[1:]:
@@ -135,27 +145,19 @@ def test_a_receiver_killed_in_its_loader_leaves_the_sender_waiting_on_its_ack(en
 
     rx_thread = threading.Thread(target=rx, daemon=True)
     rx_thread.start()
-    sender = zs.RefitSender(endpoint, timeout_s=1.5, emit=log.emit)
-    failure = []
-
-    def tx():
-        try:
+    sender = zs.RefitSender(endpoint, timeout_s=1.0, emit=log.emit)
+    try:
+        with pytest.raises(zs.StreamTimeout):
             sender.stream(named, 2 * 4096, step=1)
-        except zs.StreamTimeout as exc:
-            failure.append(exc)
-
-    tx_thread = threading.Thread(target=tx, daemon=True)
-    tx_thread.start()
+    finally:
+        sender.close()
     rx_thread.join(5)
-    time.sleep(0.2)
-    hung = list(log.records)  # the log while the sender hangs on the ACK
-    tx_thread.join(5)
-    sender.close()
-    assert not rx_thread.is_alive() and not tx_thread.is_alive() and failure
+    assert not rx_thread.is_alive()
+    aborts = [(i, r["role"]) for i, r in enumerate(log.records) if r["kind"] == "refit_stream_abort"]
+    assert [role for _, role in aborts] == ["receiver", "sender"]
+    hung = log.records[:aborts[1][0]]  # the log while the sender still waited, before its timeout
     found = check_log(hung, WAITS)
     assert [v.invariant for v in found] == ["lost_wakeup"], [str(v) for v in found]
     assert "sender waits" in found[0].message and "ACK of group 1 of refit step 1" in found[0].message
     assert "it gave up: SystemExit: killed in its loader" in found[0].message
-    kinds = [(r["kind"], r["role"]) for r in log.records if r["kind"] == "refit_stream_abort"]
-    assert kinds == [("refit_stream_abort", "receiver"), ("refit_stream_abort", "sender")]
     assert check_log(log.records, WAITS) == []  # the sender's timeout ended its wait
