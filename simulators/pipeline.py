@@ -36,7 +36,7 @@ from simulators.dataplane import DataPlaneSim
 from simulators.engine_effects import EngineEffects
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
-from simulators.inference import RankSim, Router
+from simulators.inference import RankSim, Router, decode_step_time
 from simulators.pipeline_rollouts import RolloutEffects
 from simulators.pipeline_training import TrainingEffects
 from simulators.oracle_faults import OracleFaults, request_under_lock
@@ -89,7 +89,8 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
         # NeMo re-dispatches a preempted turn at most min(3, dp_size) times; ROLL migrates without limit
         attempts = min(3, len(infer) // tp) if nemo else None
         self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
-                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up)
+                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up,
+                             decode_step_time(w, spec.model))
         self.router.ranks = self.ranks
         seed = np.random.SeedSequence([sim.scenario.seed, index])
         ahead = w  # fault stale_batch: generation runs two more steps ahead (oracle_faults.py)

@@ -27,8 +27,8 @@ def test_unknown_nested_key():
     data = base()
     data["pipelines"][0]["model"] = {"param": 1e9}
     assert error_of(data) == ("x.yaml: pipelines[0].model.param: unknown field; known: active_params, bytes_per_param, "
-                              "experts_per_token, head_dim, hidden_size, layers, num_heads, num_kv_heads, params, "
-                              "preset, vocab_size")
+                              "experts_per_token, head_dim, hidden_size, layers, num_experts, num_heads, num_kv_heads, "
+                              "params, preset, vocab_size")
     data = base()
     data["cluster"]["gpus"] = 8
     assert error_of(data).startswith("x.yaml: cluster.gpus: unknown field; known: gpu, gpus_per_node, ")
