@@ -354,6 +354,10 @@ class FaultSpec:
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
+    * ``watchdog_request_under_lock`` — from that step on (a nemo_async pipeline), the
+      GENERATION watchdog holds the pipeline's resize lock across its re-request, the order
+      RLix's watchdog avoids: the expand that would grant it waits on the lock, the
+      scheduler on the expand (``deadlock``; RLix's resize-lock deadline then fails the run).
     """
 
     name: str
@@ -388,7 +392,7 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
-                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack")
+                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -314,6 +314,10 @@ EXPECTED_FINDINGS = {
                                                          "versions", "run_outcome"}),
     # a failed active refresh sync (fault active_sync_fails); MILES releases actor_train first
     "miles_release_after_failed_sync": ("failed", {"run_outcome"}),
+    # the GENERATION watchdog keeps the resize lock across its re-request (fault
+    # watchdog_request_under_lock): a cycle through the lock, the request and the expand,
+    # until RLix's resize-lock deadline fails the run (tests/sim/test_waitfor_edges.py)
+    "watchdog_request_under_lock": ("failed", {"deadlock", "run_outcome"}),
 }
 
 
