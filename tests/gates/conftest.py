@@ -71,8 +71,30 @@ def lane_of(node) -> str:
     return "waits" if node.get_closest_marker("waits_out_a_deadline") else gate_lane(str(node.path))
 
 
+#: Where the rendezvous ports come from: below the kernel's ephemeral range (32768-60999 by
+#: default on Linux) and above Ray's default worker ports (10002-19999). A port the kernel
+#: hands out itself (port 0: the probe's, every gloo listener's, every outgoing
+#: connection's) could be handed to another job between the probe and torchrun's bind,
+#: or be an outgoing connection's own port that a rank's connect then reaches; one from
+#: here is only ever taken by a job that chose it, which the bind then reports
+#: (EADDRINUSE, retried on another, see :func:`_port_taken`). Several launches run at once
+#: (the lanes, and the waiting launches side by side).
+PORTS = (20000, 32767)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port of :data:`PORTS` that nothing is bound to now."""
+    import random
+
+    for _ in range(200):
+        port = random.SystemRandom().randint(*PORTS)  # not the global generator a test may have seeded
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # all probed taken: any free one
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
