@@ -39,8 +39,10 @@ def _hung_worker(launch):
     # The deadline must leave room for six ranks to reach the hang: if it fired first, the
     # driver would not yet stand at SyncFromCache (about 1.5 s into the run on a quiet
     # machine). Such a run says nothing about the hang, so it is tried once more with a
-    # deadline that covers a machine loaded far past its cores.
-    for deadline_s in (8, 40):
+    # longer deadline. Both stay under the workload script's own wait
+    # (gpu_gates/dual_script.py LIMIT_S, 20 s, which starts at about the hang): a deadline
+    # past it would let the driver give up first and headline that instead.
+    for deadline_s in (8, 18):
         run = launch("dual_pipeline", 6, "--steps", "3", "--timeout-s", str(deadline_s), hook="hang@sync_recv:2",
                      timeout_s=deadline_s + 45)
         activity = ((run.report or {}).get("summary") or {}).get("driver_activity") or {}
