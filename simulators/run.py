@@ -64,11 +64,12 @@ class SimulationOutput:
         return self.verdict.unexpected if self.verdict is not None else []
 
 
-def run_findings(result: RunResult, violations: List[Violation]) -> List[Finding]:
+def run_findings(result: RunResult, violations: List[Violation], view: Optional[RunView] = None) -> List[Finding]:
     """What the run found: each violation, then the record that ended a failed run
-    (named as fuzz names it: ``oom:weights``, ``timeout:...``, ``failed:...``)."""
+    (named as fuzz names it: ``oom:weights``, ``timeout:...``, ``failed:...``). ``view``:
+    the run's view, when the caller has one (its by-kind index finds the registrations)."""
     types = {p.name: p.type for p in result.scenario.pipelines}
-    found = from_violations(violations, result.records, types)
+    found = from_violations(violations, result.records, types, of=None if view is None else view.of)
     if result.reason not in ("done", "horizon"):
         from simulators.fuzz.signature import failure_finding
 
@@ -127,7 +128,7 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
     view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
     # the oracle's handover findings are the summary's handover table: not run twice
     figures = summarize(view, handover_findings=[v for v in violations if v.invariant == "handover"])
-    verdict = classify(run_findings(result, violations), expectations)
+    verdict = classify(run_findings(result, violations, view), expectations)
     summary = "\n".join([format_summary(figures)] + report_lines(verdict, strict))
     clock.lap("summary")
     files: List[str] = []
