@@ -203,9 +203,16 @@ class DecisionWalk:
         self.problem(commit["seq"], f"commit of cycle {commit['cycle']} without a plan")
 
     def run(self) -> "DecisionWalk":
+        # apply() acts on the decision kinds only: the rest (most of a view that also holds
+        # rank states or effects) skip its tests, and a walk without its own on_record its call
+        on_record, apply = self.on_record, self.apply
+        hooked = type(self).on_record is not DecisionWalk.on_record
+        acts = _APPLIED if type(self).apply is DecisionWalk.apply else None
         for r in self.records:
-            self.on_record(r)
-            self.apply(r)
+            if hooked:
+                on_record(r)
+            if acts is None or r["kind"] in acts:
+                apply(r)
         return self
 
     def apply(self, r: dict) -> None:
@@ -238,6 +245,10 @@ class DecisionWalk:
             self.after_commit(plan, r)
         elif k == "released":
             h.release_cluster(r["seq"], r["cluster_id"], r["gpus"], self.problem)
+
+
+#: the kinds :meth:`DecisionWalk.apply` changes anything for
+_APPLIED = frozenset(("register", "rejected", "unregister", "plan", "commit", "released"))
 
 
 def bundle_key(b: dict) -> Tuple[int, Tuple[int, ...]]:
