@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from functools import cached_property
 from itertools import chain, islice
+from operator import itemgetter
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -149,6 +150,7 @@ class _LogIndex:
     def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
         # one walk of the log reads every field the index keeps (each record is touched
         # once: on a million-record log the walks, not their bodies, are the cost)
+        self.records = records
         t0 = records[0].get("t", 0.0) if records else 0.0
         rows = [(r.get("kind"), r.get("t", t0), r.get("pipeline_id"), r.get("gpus"), r.get("seq")) for r in records]
         kinds, times, pids, gpus, self.seqs = zip(*rows) if rows else ((), (), (), (), ())
@@ -162,7 +164,8 @@ class _LogIndex:
         self.by_kind: Dict[Any, Tuple[List[Mapping[str, Any]], np.ndarray]] = {}
         for kind, code in code_of.items():
             positions = order[(ends[code - 1] if code else 0):ends[code]]
-            self.by_kind[kind] = ([records[i] for i in positions.tolist()], positions)
+            at = positions.tolist()
+            self.by_kind[kind] = (list(itemgetter(*at)(records)) if len(at) > 1 else [records[i] for i in at], positions)
         self.t_max: Optional[float] = None
         if times:
             try:  # numpy reads a list of floats at C speed; float() decides anything else (and NaN)
@@ -188,9 +191,10 @@ class _LogIndex:
             return []
         if len(parts) == 1:
             return parts[0][0]
-        merged = [r for recs, _ in parts for r in recs]
-        order = np.argsort(np.concatenate([positions for _, positions in parts]), kind="stable")
-        return [merged[i] for i in order.tolist()]
+        # the kinds' positions (each kind's ascending, no two alike) merged into log order,
+        # and the records at them taken at C speed
+        positions = np.sort(np.concatenate([positions for _, positions in parts])).tolist()
+        return list(itemgetter(*positions)(self.records))
 
 
 def _int_ids(lists: List[Sequence[Any]]) -> set:
