@@ -67,3 +67,13 @@ def test_a_child_that_fails_leaves_its_share_to_the_parent(run, tmp_path):
         for registry in (CHECKS, READS, SEES):
             registry.pop("_fork_probe", None)
     assert marks.read_text() == f"{parent}\n"  # the child failed before its work: done once, here
+
+
+def test_the_split_is_taken_only_with_a_cpu_to_spare(monkeypatch):
+    from simulators import check_fork
+
+    monkeypatch.setattr(check_fork.os, "getloadavg", lambda: (0.4, 0.0, 0.0))
+    assert check_fork._spare_cpu(2) and not check_fork._spare_cpu(1)
+    monkeypatch.setattr(check_fork.os, "getloadavg", lambda: (1.6, 0.0, 0.0))
+    assert not check_fork._spare_cpu(2) and check_fork._spare_cpu(4)
+    assert not check_fork.fork_worthwhile([{}] * 10)  # a short log: never
