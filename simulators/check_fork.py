@@ -85,21 +85,27 @@ def check_beside(records: Sequence[dict], work: Callable[[Found], T], *, here: S
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its checks and child_work, the findings down the pipe, and out
-        os.close(read_end)
-        _child(records, theirs, child_work, write_end)
+        try:
+            os.close(read_end)
+            _child(records, theirs, child_work, write_end)
+        finally:
+            os._exit(1)  # (never reached: _child exits; nothing of the parent's runs on here)
     os.close(write_end)
     reaped = False
     try:
         found = run_checks(records, mine)
         value = work(dict(found))
         payload = _read_all(read_end)
-        _, status = os.waitpid(pid, 0)
+        status = _reap(pid)
         reaped = True
     finally:
         os.close(read_end)
         if not reaped:  # this process failed first: the child's work is of no use
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(pid)
     theirs_found = _findings(payload, status, theirs)
     if theirs_found is None:  # the child failed: its share runs here (an error surfaces as usual)
         theirs_found = run_checks(records, theirs)
@@ -129,6 +135,14 @@ def _child(records: Sequence[dict], names: List[str], work: Optional[Callable[[]
         os._exit(code)
 
 
+def _reap(pid: int) -> Optional[int]:
+    """The child's wait status (``None`` where it was reaped already: SIGCHLD ignored)."""
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None
+
+
 def _read_all(fd: int) -> bytes:
     chunks = []
     while True:
@@ -138,9 +152,10 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def _findings(payload: bytes, status: int, names: List[str]) -> Optional[Found]:
-    """The child's findings, or ``None`` when it did not exit cleanly with all of them."""
-    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and payload):
+def _findings(payload: bytes, status: Optional[int], names: List[str]) -> Optional[Found]:
+    """The child's findings, or ``None`` when it did not exit cleanly with all of them
+    (with no status to read, a whole payload is the proof: it is written last)."""
+    if not payload or (status is not None and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)):
         return None
     try:
         found = pickle.loads(payload)
