@@ -117,7 +117,18 @@ def main() -> int:
               f"{'within' if ok else 'MISSED'} +-{100 * TOLERANCE:.0f} %")
     print(f"{len(rows) - missed} of {len(rows)} within +-{100 * TOLERANCE:.0f} %")
     print_shares(rows)
+    print_seconds(rows)
     return 0
+
+
+def print_seconds(rows) -> None:
+    """Each published stage's seconds per step beside the simulated ones (the breakdown rows)."""
+    print("\nper-stage seconds per step, published -> simulated")
+    print(f"{'configuration':42} " + " ".join(f"{k:>16}" for k in STAGES))
+    for name, _pub, _release, _sim, stages in rows:
+        if name in PUBLISHED_STAGES_S:
+            published = PUBLISHED_STAGES_S[name][1]
+            print(f"{name:42} " + " ".join(f"{p:7.1f} -> {stages[k]:5.1f}" for k, p in zip(STAGES, published)))
 
 
 def print_shares(rows) -> None:

@@ -37,19 +37,31 @@ RLix's NeMo port does.
 Batching model: a rank decoding ``c`` sequences at once delivers an aggregate
 ``T·c/(c + h)`` tokens/s (T = ``tokens_per_s_per_rank``, h = ``batching_half_point``), so
 a request that starts running when ``c`` sequences are running takes ``tokens·(c + h)/T``
-seconds.
+seconds (``workload.decode_timing: at_start``, the default). With ``per_step`` (what the cost
+model derives) every decode step is charged at the concurrency of that step instead, as a
+continuous-batching engine runs it (vLLM's scheduler admits and retires sequences between
+steps): each step of ``c`` sequences takes ``t(c) = (h + c)/T`` seconds (less the expert
+weights no sequence of the step routes to, for a mixture of experts) and advances every
+running sequence by one token. A rank keeps one clock of tokens decoded per running
+sequence; a request ends when the clock has advanced by its length, so as a batch drains
+its last, longest sequences decode alone at the low-batch step time — the length tail that
+ends a synchronous generation phase.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from heapq import heappop, heappush
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from harness.control.engine import EngineTags
 from harness.control.rank_state import RankLifecycle, RankState
 from simulators.env import Actor, SimEnv, Timer
+
+if TYPE_CHECKING:
+    from simulators.spec import ModelSpec, WorkloadSpec
 
 POLL_S = 0.05  # _wait_for_active_dp_ranks: asyncio.sleep(0.05) between looks at the active set
 
@@ -81,10 +93,51 @@ class RankSim:
     actor: Optional[Actor] = None  # the order key its completions run under (set by the router)
     engine: EngineTags = field(default_factory=lambda: EngineTags("engine"))  # tags, pause (engine.py)
     kept: List[Request] = field(default_factory=list)  # frozen by a keep pause until the resume
+    clock: Optional["StepClock"] = None  # per_step decode timing only (set by the router)
 
     @property
     def routable(self) -> bool:
         return self.life.state is RankState.ROUTABLE
+
+
+class StepClock:
+    """A rank's per-step decode clock: ``v`` tokens decoded by every sequence that has run
+    since the clock's origin, as of time ``at``; ``heap`` holds (clock value at which a
+    request ends, rid, slot) — entries whose slot is no longer in ``inflight`` are stale.
+    ``epoch`` moves on every change of the running set, so an armed completion timer from
+    before the change finds itself stale."""
+
+    __slots__ = ("v", "at", "heap", "epoch")
+
+    def __init__(self) -> None:
+        self.v, self.at, self.heap, self.epoch = 0.0, 0.0, [], 0
+
+
+class _Slot:
+    """What ``rank.inflight`` holds for a per_step request (``arg[1]`` is the request, as a
+    completion Timer's is)."""
+
+    __slots__ = ("arg", "finish")
+
+    def __init__(self, arg: Tuple["RankSim", Request], finish: float) -> None:
+        self.arg, self.finish = arg, finish
+
+
+def decode_step_time(w: "WorkloadSpec", m: "ModelSpec") -> Optional[Callable[[int], float]]:
+    """Seconds of one decode step of ``c`` sequences under ``per_step`` timing (None under
+    ``at_start``): ``(h + c)/T`` — the batching curve's own step, ``a + β·c`` with
+    ``a = h/T`` and ``β = 1/T`` — less the routed experts' weights that no sequence of the
+    step routes to. With ``c`` tokens each routed to ``k`` of ``E`` experts (uniformly), an
+    expert receives none with probability ``(1 − k/E)^c``; a fused-MoE kernel reads only
+    the experts that received tokens, so ``decode_expert_read_s · (1 − k/E)^c`` of the
+    full-coverage read is not spent (docs/cost-model.md)."""
+    if w.decode_timing != "per_step":
+        return None
+    T, h, x = w.tokens_per_s_per_rank, w.batching_half_point, w.decode_expert_read_s
+    if x and m.num_experts and m.experts_per_token:
+        miss = 1.0 - m.experts_per_token / m.num_experts
+        return lambda c: (h + c) / T - x * miss ** c
+    return lambda c: (h + c) / T
 
 
 class Router:
@@ -95,7 +148,8 @@ class Router:
     def __init__(self, env: SimEnv, pipeline_id: str, pipe_index: int, max_concurrent: int,
                  tokens_per_s: float, half_point: float, log: Callable[[dict], object],
                  on_done: Callable[[Request, RankSim], None], max_attempts: Optional[int] = None,
-                 on_give_up: Optional[Callable[[Request], None]] = None) -> None:
+                 on_give_up: Optional[Callable[[Request], None]] = None,
+                 step_time: Optional[Callable[[int], float]] = None) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
         self.pipe_index = pipe_index
@@ -116,6 +170,8 @@ class Router:
         self.aborted = 0
         # fault stamp_at_completion (simulators/oracle_faults.py): armed -> stamp the version at completion
         self.stamp_at_completion: Optional[Callable[[], bool]] = None
+        # per_step decode timing: seconds of one decode step of c sequences (None: at_start)
+        self.step_time = step_time
 
     # -------------------------------------------------------------- routing set
     def activate(self, ranks: Iterable[RankSim]) -> None:
@@ -160,6 +216,7 @@ class Router:
         self.active.clear()
         for rank in self.ranks.values():
             rank.inflight.clear()  # their completion timers are now stale
+            self._clock_reset(rank)
             rank.queued.clear()
             rank.kept.clear()
         self.polling.clear()
@@ -173,6 +230,7 @@ class Router:
             reqs.extend(rank.queued)
             reqs.extend(rank.kept)
             rank.inflight.clear()  # their timers are now stale
+            self._clock_reset(rank)
             rank.queued.clear()
             rank.kept.clear()
             reqs.sort(key=lambda req: req.rid)
@@ -198,15 +256,21 @@ class Router:
         now = self.env._now
         for rank in ranks:
             reqs = []
+            if rank.clock is not None:
+                self._clock_advance(rank)
             for timer in rank.inflight.values():
                 req = timer.arg[1]
                 left = req.tokens if req.remaining is None else req.remaining
-                if not req.stuck and req.ends_at > req.started_at:
+                if self.step_time is not None:
+                    if not req.stuck:  # the tokens its clock has not reached yet
+                        left = max(1, math.ceil(timer.finish - rank.clock.v - 1e-9))
+                elif not req.stuck and req.ends_at > req.started_at:
                     left = max(1, math.ceil(left * (req.ends_at - now) / (req.ends_at - req.started_at)))
                 req.remaining = left
                 reqs.append(req)
             reqs.extend(rank.queued)
             rank.inflight.clear()  # their timers are now stale
+            self._clock_reset(rank)
             rank.queued.clear()
             reqs.sort(key=lambda req: req.rid)
             for req in reqs:
@@ -294,6 +358,9 @@ class Router:
     def _start(self, rank: RankSim, req: Request) -> None:
         """Start serving ``req`` on ``rank``: its completion timer, the one place the
         decode-time model (slower the more requests share the rank) is written."""
+        if self.step_time is not None:
+            self._start_per_step(rank, req)
+            return
         c = len(rank.inflight)
         tokens = req.tokens if req.remaining is None else req.remaining
         duration = tokens * (c + 1 + self.half_point) / self.tokens_per_s
@@ -312,6 +379,11 @@ class Router:
         if timer is None or timer.arg is not arg:
             return
         del inflight[req.rid]
+        self._done(rank, req)
+
+    def _done(self, rank: RankSim, req: Request) -> None:
+        """``req`` left ``rank.inflight`` finished: record it, start the next queued request,
+        tell the pipeline."""
         self.completed += 1
         version = req.version
         if self.stamp_at_completion is not None and self.stamp_at_completion():
@@ -321,3 +393,56 @@ class Router:
         if rank.queued:
             self._start(rank, rank.queued.popleft())
         self.on_done(req, rank)
+
+    # -------------------------------------------------------------- per_step decode timing
+    def _clock_advance(self, rank: RankSim) -> None:
+        """Bring the rank's clock to now at the concurrency it ran since the last change."""
+        clock, now = rank.clock, self.env._now
+        c = len(rank.inflight)
+        if c:
+            clock.v += (now - clock.at) / self.step_time(c)
+        clock.at = now
+
+    def _clock_reset(self, rank: RankSim) -> None:
+        """The running set was dropped at once (abort, pause, crash): no entry is live."""
+        if rank.clock is not None:
+            rank.clock.heap = []
+            rank.clock.epoch += 1
+
+    def _clock_arm(self, rank: RankSim) -> None:
+        """One timer for the rank's next completion at the current concurrency."""
+        clock = rank.clock
+        clock.epoch += 1
+        heap, inflight = clock.heap, rank.inflight
+        while heap and inflight.get(heap[0][1]) is not heap[0][2]:
+            heappop(heap)  # aborted or re-dispatched since: stale
+        if heap and heap[0][0] != math.inf:
+            delay = (heap[0][0] - clock.v) * self.step_time(len(inflight))
+            Timer(self.env, max(0.0, delay), rank.actor, self._clock_fire, (rank, clock.epoch, heap[0][0]))
+
+    def _start_per_step(self, rank: RankSim, req: Request) -> None:
+        if rank.clock is None:
+            rank.clock = StepClock()
+            rank.clock.at = self.env._now
+        self._clock_advance(rank)
+        tokens = req.tokens if req.remaining is None else req.remaining
+        slot = _Slot((rank, req), math.inf if req.stuck else rank.clock.v + tokens)
+        req.started_at = req.ends_at = self.env._now
+        rank.inflight[req.rid] = slot
+        heappush(rank.clock.heap, (slot.finish, req.rid, slot))
+        self._clock_arm(rank)
+
+    def _clock_fire(self, arg: Tuple[RankSim, int, float]) -> None:
+        """The clock reached the earliest end: every request ending there is done (in
+        request order), then the next completion is armed."""
+        rank, epoch, target = arg
+        clock = rank.clock
+        if epoch != clock.epoch:
+            return  # the running set changed since: a newer timer is armed
+        clock.v, clock.at = target, self.env._now
+        while clock.heap and clock.heap[0][0] <= target:
+            _, rid, slot = heappop(clock.heap)
+            if rank.inflight.get(rid) is slot:
+                del rank.inflight[rid]
+                self._done(rank, slot.arg[1])
+        self._clock_arm(rank)

@@ -12,7 +12,19 @@ oracle reads about it. Mixed into :class:`simulators.pipeline.PipelineSim` besid
 
 from __future__ import annotations
 
-from typing import List
+from typing import Generator, List
+
+from harness.control.effects import LockCoordinator, RequestGpus, UnlockCoordinator
+
+
+def request_under_lock(request: RequestGpus) -> Generator:
+    """The NeMo GENERATION watchdog's re-request in the order RLix's code warns against
+    (rlops/rlix ``rlix/pipeline/nemo_rl_pipeline.py`` ``_generation_watchdog_loop``, nemo
+    branch at f77d913): the request made, and waited for, while the pipeline's resize lock
+    is held. The grant comes through an expand, whose ``resize_infer`` needs that lock."""
+    yield LockCoordinator("watchdog")
+    yield request
+    yield UnlockCoordinator("watchdog")
 
 
 class OracleFaults:
@@ -50,6 +62,15 @@ class OracleFaults:
         free and its waiter is never woken (RLix's acquire then ends at its deadline)."""
         if self.lock.queue and self._armed_once("lost_lock_handoff"):
             self.lock.queue.pop(0)
+
+    def _request_under_lock_due(self) -> bool:
+        """Armed (``watchdog_request_under_lock``, from ``at_step`` on): the GENERATION
+        watchdog keeps the pipeline's resize lock across its re-request, instead of taking
+        its snapshot under the lock and dropping it before the request, as RLix's watchdog
+        does (its docstring: the re-request "triggers an ``_expand_workers`` callback that
+        re-acquires the lock"). The expand that would grant the request waits on the lock,
+        the scheduler on the expand, the watchdog on the scheduler: a ``deadlock``."""
+        return "watchdog_request_under_lock" in self.faults and self._armed_once("watchdog_request_under_lock")
 
     def _drop_cache_waiter(self) -> bool:
         """Armed (``lost_cache_handoff``, from ``at_step`` on): a release of the cache lock

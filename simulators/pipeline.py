@@ -36,10 +36,10 @@ from simulators.dataplane import DataPlaneSim
 from simulators.engine_effects import EngineEffects
 from simulators.env import Actor, Link, Timer
 from simulators.field_faults import FieldFaults
-from simulators.inference import RankSim, Router
+from simulators.inference import RankSim, Router, decode_step_time
 from simulators.pipeline_rollouts import RolloutEffects
 from simulators.pipeline_training import TrainingEffects
-from simulators.oracle_faults import OracleFaults
+from simulators.oracle_faults import OracleFaults, request_under_lock
 from simulators.weight_sync_groups import WeightSyncGroups
 from simulators.ranks import RankEffects
 from simulators.refit import RefitEffects
@@ -89,7 +89,8 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
         # NeMo re-dispatches a preempted turn at most min(3, dp_size) times; ROLL migrates without limit
         attempts = min(3, len(infer) // tp) if nemo else None
         self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
-                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up)
+                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up,
+                             decode_step_time(w, spec.model))
         self.router.ranks = self.ranks
         seed = np.random.SeedSequence([sim.scenario.seed, index])
         ahead = w  # fault stale_batch: generation runs two more steps ahead (oracle_faults.py)
@@ -382,10 +383,24 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
         if watchdog_alive(self.finished, self.sim.failure is not None):
             Timer(self.env, self.costs.watchdog_s, self._watchdog_actor, self._watchdog_tick, None)
 
+    def _watchdog_locked(self, e):
+        """The watchdog's re-request made while it holds the pipeline's resize lock (the
+        fault ``watchdog_request_under_lock``, simulators/oracle_faults.py); it ticks again
+        once its request returned."""
+        try:
+            yield from self.drive(request_under_lock(e), "watchdog", None)
+        except SimFailure as exc:
+            self.sim.fail(f"{self.pid} watchdog: {exc}")
+            return
+        self._watchdog_rearm()
+
     def _watchdog_tick(self, _arg: Any) -> None:
         sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
         e = watchdog_tick(self.finished, sim.failure is not None, sim.model.state, cid,
                           [r.life.state for r in self.ranks.values()])
+        if e is not None and self._request_under_lock_due():  # fault watchdog_request_under_lock
+            self.env.spawn(self._watchdog_locked(e), "watchdog", self.index, 1)
+            return  # the watchdog's thread is blocked in its request: no tick until it returns
         if e is not None:
             try:
                 estimate = self._gen_estimate(GENERATION_CLUSTER, e.step_target_estimate)  # a field fault may drop it

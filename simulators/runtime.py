@@ -16,6 +16,8 @@ checked anyway.
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 import time
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from harness.scheduler.types import Rejected
 from harness.topology import ClusterTopology
 from simulators.cluster import SimCluster
 from simulators.env import Actor, SimEnv, Timer
-from simulators.explore import Explorer, ExploreSpec
+from simulators.explore import Explorer, ExploreSpec, pilot_steps
 from simulators.spec import Scenario
 
 
@@ -58,10 +60,20 @@ class RunResult:
         return self.log.records
 
 
+def _pilot(scenario: Scenario, spec: ExploreSpec) -> Explorer:
+    """PCT's pilot run (simulators/explore.py, pilot_steps): its explorer, which counted the rankings."""
+    sim = Simulation(scenario, explore=spec)
+    sim.run()
+    return sim.env.explorer
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, *, progress: Optional[Callable[[str], None]] = None,
                  explore: Optional[ExploreSpec] = None) -> None:
         self.scenario = scenario
+        if explore is not None and explore.strategy == "pct" and explore.steps == 0:
+            explore = dataclasses.replace(explore, steps=pilot_steps(scenario, lambda spec: _pilot(scenario, spec)))
+        self.explore = explore
         self.env = SimEnv(explorer=None if explore is None else Explorer(explore))
         c = scenario.cluster
         options = SchedulerOptions.from_mapping(scenario.scheduler)

@@ -273,6 +273,27 @@ def _workload_cross_checks(ctx: _Ctx, path: str, w: WorkloadSpec) -> None:
         )
 
 
+def _decode_checks(ctx: _Ctx, path: str, w: WorkloadSpec, m: ModelSpec) -> None:
+    """The per-step decode's fields: a known timing, and an expert read only where the step
+    can tell how many experts a batch routes to (docs/cost-model.md)."""
+    if w.decode_timing not in ("at_start", "per_step"):
+        raise ctx.fail(f"{path}.workload.decode_timing", f"must be at_start or per_step, got {w.decode_timing!r}")
+    if m.num_experts and m.experts_per_token > m.num_experts:
+        raise ctx.fail(f"{path}.model.experts_per_token",
+                       f"{m.experts_per_token} routed experts per token exceeds num_experts {m.num_experts}")
+    if w.decode_expert_read_s == 0:
+        return
+    field = f"{path}.workload.decode_expert_read_s"
+    if w.decode_timing != "per_step":
+        raise ctx.fail(field, "only a per_step decode (workload.decode_timing) reads the experts a step routes to")
+    if not (m.num_experts and m.experts_per_token):
+        raise ctx.fail(field, "needs model.num_experts and model.experts_per_token (a mixture of experts)")
+    fixed = w.batching_half_point / w.tokens_per_s_per_rank
+    if w.decode_expert_read_s > fixed:
+        raise ctx.fail(field, f"{_fmt_num(w.decode_expert_read_s)} s exceeds the step's fixed part "
+                              f"(batching_half_point / tokens_per_s_per_rank = {_fmt_num(fixed)} s)")
+
+
 def _topology_path(base: str, e: TopologyError) -> str:
     if e.rule == "pipeline_id":
         return f"{base}.name"
@@ -317,6 +338,7 @@ def _pipeline(
             merged.update(_flat_fields(ctx, f"{path}.{key}", data[key], cls))
         vals[key] = cls(**merged)
     _workload_cross_checks(ctx, f"{path}.workload", vals["workload"])
+    _decode_checks(ctx, path, vals["workload"], vals["model"])
     if vals["type"] == "single_controller":
         problem = streaming_problem(vals["streaming"], vals["workload"], vals.get("steps"))
         if problem is not None:

@@ -23,7 +23,8 @@ def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
 
 #: fields left out of the dump while unset: presets and architecture the scenario never named
 _UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "hidden_size": 0, "num_heads": 0,
-                  "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0, "experts_per_token": 0}
+                  "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0, "experts_per_token": 0,
+                  "num_experts": 0, "decode_timing": "at_start", "decode_expert_read_s": 0.0}
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
 _LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0,
            "log_prob_passes": 1}
@@ -63,7 +64,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 **({} if p.type == "single_controller" else {"pause_mode": p.pause_mode, "wake": p.wake}),
                 **({} if p.refit_path == "cpu_cache" else {"refit_path": p.refit_path}),
                 "model": _sparse(p.model),
-                "workload": _flat_to_mapping(p.workload),
+                "workload": _sparse(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
                 **({} if p.weight_sync_groups is None else {"weight_sync_groups": _flat_to_mapping(p.weight_sync_groups)}),
                 **({} if p.costs is None else {"costs": _costs_beyond(p.costs, s.costs)}),

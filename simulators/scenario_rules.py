@@ -48,6 +48,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "head_dim": _r("int", ">=0", ""),
         "vocab_size": _r("int", ">=0", "tokens"),
         "experts_per_token": _r("int", ">=0", "experts"),
+        "num_experts": _r("int", ">=0", "experts"),
     },
     WorkloadSpec: {
         "prompts_per_step": _r("int", ">0", "prompt groups"),
@@ -60,6 +61,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "tokens_per_s_per_rank": _r("float", ">0", "tokens/s"),
         "batching_half_point": _r("float", ">=0", "concurrent requests"),
         "prompt_tokens": _r("int", ">=0", "tokens"),
+        "decode_timing": _r("str", "", "at_start or per_step"),
+        "decode_expert_read_s": _r("float", ">=0", "s"),
     },
     CostSpec: {
         "train_s_per_trajectory": _r("float", ">=0", "s"),
@@ -92,6 +95,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "decode_flops_efficiency": _r("float", "(0,1]", ""),
         "hbm_efficiency": _r("float", "(0,1]", ""),
         "tp_allreduce_latency_s": _r("float", ">=0", "s"),
+        "decode_step_overhead_s": _r("float", ">=0", "s"),
         "max_num_seqs": _r("int", ">0", "sequences"),
         "wake_fixed_s": _r("float", ">=0", "s"),
         "sleep_fixed_s": _r("float", ">=0", "s"),

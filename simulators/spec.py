@@ -53,6 +53,7 @@ class ModelSpec:
     head_dim: int = 0
     vocab_size: int = 0
     experts_per_token: int = 0  # routed experts per token (top-k) of a mixture of experts; 0 = dense
+    num_experts: int = 0  # routed experts per MoE layer (config.json's num_experts); 0 = dense or not given
 
     @property
     def weight_bytes(self) -> int:
@@ -71,6 +72,14 @@ class WorkloadSpec:
     tokens_per_s_per_rank: float = 2400.0  # aggregate decode throughput of a full rank (per TP bundle)
     batching_half_point: float = 8.0  # concurrency at which a rank reaches half its aggregate throughput
     prompt_tokens: int = 256  # prompt length: with the decode length, the tokens the cost model trains on
+    # How a rank's decode time is charged (simulators/inference.py): "at_start" fixes a request's
+    # duration when it starts, at the concurrency it finds; "per_step" charges every decode step
+    # at the concurrency of that step (continuous batching), so the last sequences of a batch
+    # decode at the low-batch step time. The cost model derives "per_step" with its curve.
+    decode_timing: str = "at_start"
+    # per_step only: seconds of a full-concurrency step spent reading the routed experts' weights
+    # (a mixture of experts); a step with c sequences reads the share 1 - (1 - k/E)^c of them
+    decode_expert_read_s: float = 0.0
 
     @property
     def trajectories_per_step(self) -> int:
@@ -117,6 +126,9 @@ class CostSpec:
     moe_train_mfu: float = 0.16  # the same for a mixture of experts (model.experts_per_token > 0)
     link_efficiency: float = 1.0  # share of a preset's NVLink / NIC figure training's collectives reach
     tp_allreduce_latency_s: float = 10e-6  # fixed part of one tensor-parallel all-reduce
+    # host work of one decode step the GPU waits for (scheduling, input preparation, output
+    # processing): vllm-project/vllm#6854 profiles ~4 ms of GPU idle per decode step
+    decode_step_overhead_s: float = 0.004
     max_num_seqs: int = 256  # the engine's cap on concurrent sequences (vLLM's default)
     wake_fixed_s: float = 0.5  # wake_up's fixed part (allocator, CUDA graphs)
     sleep_fixed_s: float = 0.2
@@ -342,6 +354,10 @@ class FaultSpec:
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
+    * ``watchdog_request_under_lock`` — from that step on (a nemo_async pipeline), the
+      GENERATION watchdog holds the pipeline's resize lock across its re-request, the order
+      RLix's watchdog avoids: the expand that would grant it waits on the lock, the
+      scheduler on the expand (``deadlock``; RLix's resize-lock deadline then fails the run).
     """
 
     name: str
@@ -376,7 +392,7 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
-                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack")
+                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

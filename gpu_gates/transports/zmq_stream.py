@@ -179,6 +179,9 @@ class RefitSender(_Endpoint):
                     res.groups = stop.value
                     break
                 reply = self._perform(effect, step, sources, buffers, res, timings)
+        except BaseException as exc:  # the receiver may still wait on this side: say it gave up
+            self.emit("refit_stream_abort", step=step, role="sender", peer=self.peer, error=_describe(exc))
+            raise
         finally:
             gen.close()
             for buf in buffers.values():
@@ -379,6 +382,9 @@ class RefitReceiver(_Endpoint):
                     res.finalized = True
                     res.groups = effect.groups
                     self.emit("refit_finalize", step=step, role="receiver", peer=self.peer, groups=effect.groups)
+        except BaseException as exc:  # the sender may still wait on its ACK: say this side gave up
+            self.emit("refit_stream_abort", step=step, role="receiver", peer=self.peer, error=_describe(exc))
+            raise
         finally:
             gen.close()
             for path in [p for p in self._maps if p not in self._used]:
@@ -438,6 +444,12 @@ class RefitReceiver(_Endpoint):
             buf = self._maps.pop(p, None)
             if buf is not None:
                 buf.close()
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a ``refit_stream_abort`` record: the exception's type and first line."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _report_fields(report: proto.ManifestReport) -> Dict[str, Any]:

@@ -27,4 +27,7 @@ REFIT_KINDS: dict = {
                                   {"missing": "list", "duplicate": "list", "unexpected": "list"},
                                   {"mismatched": "list", "layout": "list", "load_errors": "list"}),
     "refit_finalize": _kind("The receiver finalized the transfer (post-load processing).", {"groups": "int"}),
+    "refit_stream_abort": _kind("One side gave up its stream (a timeout, a socket or protocol error, a failed "
+                                "manifest, a load that killed it): it sends and waits for nothing more.",
+                                {"error": "str"}),
 }

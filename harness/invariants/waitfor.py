@@ -18,7 +18,9 @@ the members that have not yet done their part:
   waiter left with no holder at all, after the last holder released before the end of
   the log, was never handed the lock: a lost wakeup.
 * the scheduler's waits (requests, await-release, its resize calls) and the cache
-  owner's lock: harness/invariants/waitfor_edges.py.
+  owner's lock: harness/invariants/waitfor_edges.py;
+* the refit stream's lockstep: the sender's wait for its receiver's ACK, the receiver's
+  for the next group (harness/invariants/waitfor_refit.py).
 
 A member that exited (``member_exit``; the scheduler's ``scheduler_failed``) waits on
 nothing and wakes no one. Two findings:
@@ -40,12 +42,13 @@ from typing import Dict, List, Set, Tuple
 from harness.invariants.base import Records, Violation, invariant
 from harness.invariants.waitfor_edges import (CACHE_EFFECTS, REQUEST_EFFECTS, SCHED_READS, SCHED_SEES, CacheLockWaits,
                                               SchedulerWaits)
+from harness.invariants.waitfor_refit import REFIT_WAIT_KINDS, RefitWaits
 from harness.invariants.waitgraph import Wait, WaitGraph, caller_of, describe  # noqa: F401 (re-exported)
 
 GROUP_KINDS = ("rendezvous_join", "rendezvous_done", "rendezvous_abort", "broadcast_start", "broadcast_recv",
                "broadcast_end", "member_exit")
 #: every kind a wait opens or closes by (a check on the graph ``reads`` them and ``sees`` WAIT_SEES)
-WAIT_KINDS = GROUP_KINDS + ("effect_start", "effect_end", "cache_lock") + SCHED_READS
+WAIT_KINDS = GROUP_KINDS + ("effect_start", "effect_end", "cache_lock") + SCHED_READS + REFIT_WAIT_KINDS
 WAIT_SEES = tuple(k for k in SCHED_SEES if k not in WAIT_KINDS)
 _ACQUIRE = ("LockCoordinator", "HoldCoordinator")  # a resize's or sync's lock; the shutdown's hold
 _LOCK_EFFECTS = frozenset(_ACQUIRE + ("UnlockCoordinator", "FreeCoordinator"))
@@ -148,6 +151,7 @@ class _Groups:
 
 _GROUP_KINDS = frozenset(GROUP_KINDS)
 _SCHED_KINDS = frozenset(SCHED_READS + SCHED_SEES) - {"header"}
+_REFIT_KINDS = frozenset(REFIT_WAIT_KINDS)
 _LAST: list = [None, None]  # the last records object a graph was built from, and that graph
 
 
@@ -160,7 +164,7 @@ def wait_graph(records: Records) -> WaitGraph:
     if records:
         g.end_seq, g.end_t = records[-1].get("seq", 0), records[-1].get("t", 0.0)
     header = records[0] if records and records[0].get("kind") == "header" else None
-    locks, groups, sched, cache = _Locks(), _Groups(g), SchedulerWaits(header), CacheLockWaits()
+    locks, groups, sched, cache, refit = _Locks(), _Groups(g), SchedulerWaits(header), CacheLockWaits(), RefitWaits()
     for r in records:
         k = r["kind"]
         if k == "effect_start" or k == "effect_end":  # most of a log's wait-kind records
@@ -177,7 +181,9 @@ def wait_graph(records: Records) -> WaitGraph:
             sched.track(r)
         elif k == "cache_lock":
             cache.lock(r)
-    for part in (groups, locks, sched, cache):
+        elif k in _REFIT_KINDS:
+            refit.track(r)
+    for part in (groups, locks, sched, cache, refit):
         part.into(g)
     g.waits.sort(key=lambda w: (w.seq, w.waiter, w.on))
     _LAST[:] = [records, g]

@@ -117,15 +117,20 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     if not all(isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
                for k in factors):
         return  # validation names the bad factor
+    overhead = cost_vals["decode_step_overhead_s"]
+    if not isinstance(overhead, (int, float)) or isinstance(overhead, bool) or not 0 <= overhead < float("inf"):
+        return  # validation names it
     workload_given = {**_section(defaults, "workload"), **_section(pipe, "workload")}
     wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
     params = float(model.get("params", ModelSpec.params))
     active = float(model.get("active_params") or params)
     arch = f.Arch(params, active, model["layers"], model["hidden_size"], model["num_kv_heads"] * model["head_dim"],
-                  int(num(model, "bytes_per_param", ModelSpec)), int(model.get("experts_per_token") or 0))
+                  int(num(model, "bytes_per_param", ModelSpec)), int(model.get("experts_per_token") or 0),
+                  int(model.get("num_experts") or 0))
     eff = f.Efficiency(cost_vals["train_mfu"], cost_vals["decode_flops_efficiency"], cost_vals["hbm_efficiency"],
                        cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
-                       cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"])
+                       cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"],
+                       decode_step_overhead_s=cost_vals["decode_step_overhead_s"])
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"])
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
@@ -140,6 +145,8 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
         raise fail(f"{path}.model", f"{params:.3g} parameters and one trajectory's KV cache ({tokens:.0f} tokens) do not "
                    f"fit {tp} x {gpu.name} at kv_cache_fraction {cost_vals['kv_cache_fraction']} (raise infer_tp)")
     derived_workload["max_concurrent_per_rank"] = capacity
+    if "tokens_per_s_per_rank" in workload_given or "batching_half_point" in workload_given:
+        del derived_workload["decode_timing"], derived_workload["decode_expert_read_s"]  # a hand-set curve keeps its timing
     derived_costs = {
         **_training(pipe, path, arch, tokens, wl["prompts_per_step"] * wl["generations_per_prompt"], cluster, gpu, eff,
                     fail),

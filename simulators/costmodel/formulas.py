@@ -45,7 +45,17 @@ HBM bytes/s.
   all-reduces per layer (ring: 2(tp-1)/tp of the bytes each; α the per-all-reduce latency).
   So t(c) = a + β·c and the rank's throughput c/t(c) = (1/β)·c/(c + a/β): exactly the
   simulator's batching curve T·c/(c + h) with T = 1/β (``tokens_per_s_per_rank``) and
-  h = a/β (``batching_half_point``).
+  h = a/β (``batching_half_point``). The simulator charges it per decode step at that
+  step's c (``decode_timing: per_step``): a batch's last, longest sequences decode at
+  t(1), not at the full batch's rate.
+* Mixture of experts: W counts every routed expert, read in full only when the step's c
+  tokens route to all of them. Each token picks k of E experts, so an expert is missed
+  with probability (1 − k/E)^c and a step reads W_exp·(1 − (1 − k/E)^c) of the routed
+  experts' weights W_exp = b·(N − N_act)/(1 − k/E) (split tp ways like the rest; vLLM's
+  fused-MoE kernel loads only experts with tokens: :data:`FUSED_MOE_SOURCE`). The
+  full-coverage read stays in a (``decode_expert_read_s`` = W_exp/(tp·B·hbm_eff)); the
+  simulator's step subtracts the unread share. At the batch sizes of a rollout (c in the
+  hundreds, k/E = 1/16) the step reads all of them; a lone sequence reads k/E of them.
 * KV capacity: (tp·vram·kv_cache_fraction − W) / kv_bytes(T_mean), capped at the engine's
   ``max_num_seqs`` (vLLM's default 256): ``max_concurrent_per_rank``.
 * Wake and sleep (level 1: weights to and from host RAM over PCIe): fixed + (W/tp)/pcie;
@@ -73,6 +83,7 @@ class Arch:
     kv_dim: int          # KV heads x head dim
     bytes_per_param: int
     experts_per_token: int = 0  # routed experts per token (top-k); 0 = a dense model
+    num_experts: int = 0  # routed experts per MoE layer (E); 0 = dense, or not given
 
     @property
     def moe(self) -> bool:
@@ -91,6 +102,7 @@ class Efficiency:
     moe_train_mfu: float = 0.16
     link_efficiency: float = 1.0
     grad_bytes: int = 4
+    decode_step_overhead_s: float = 0.0  # the engine's host work per decode step, not overlapped
 
     def mfu(self, a: "Arch") -> float:
         return self.moe_train_mfu if a.moe else self.train_mfu
@@ -163,8 +175,29 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
 
 
 def mean_decode_tokens(median: float, sigma: float, cap: int) -> float:
-    """Mean of the workload's log-normal decode length (median·e^(σ²/2)), at most the cap."""
-    return min(float(cap), median * math.exp(sigma * sigma / 2.0))
+    """Mean decode length the workload draws: a log-normal (median m, log-space σ) cut at the
+    cap, E[min(L, c)] = m·e^(σ²/2)·Φ((ln(c/m) − σ²)/σ) + c·(1 − Φ(ln(c/m)/σ)) — the
+    uncapped mean m·e^(σ²/2) where the cap is far, less where it bites (a run's published
+    mean length is of the lengths it generated, which the cap cut)."""
+    if sigma <= 0:
+        return min(float(cap), float(median))
+    z = math.log(cap / median) / sigma
+    phi = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+    return median * math.exp(sigma * sigma / 2.0) * phi(z - sigma) + cap * (1.0 - phi(z))
+
+
+def median_for_mean(mean: float, sigma: float, cap: int) -> float:
+    """The log-normal median whose capped mean (:func:`mean_decode_tokens`) is ``mean``
+    (< cap), by bisection on the median (the capped mean grows with it)."""
+    if not 0 < mean < cap:
+        raise ValueError(f"a mean of {mean} tokens needs 0 < mean < cap {cap}")
+    lo, hi = 1e-9, float(cap)
+    while mean_decode_tokens(hi, sigma, cap) < mean:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if mean_decode_tokens(mid, sigma, cap) < mean else (lo, mid)
+    return (lo + hi) / 2.0
 
 
 def train_s_per_trajectory(a: Arch, tokens: float, flops: float, e: Efficiency) -> float:
@@ -185,12 +218,39 @@ def decode_curve(a: Arch, tp: int, mean_ctx: float, flops: float, hbm: float, li
                  e: Efficiency) -> Dict[str, float]:
     """``tokens_per_s_per_rank`` and ``batching_half_point`` of one rank (see the module doc)."""
     weights = a.params * a.bytes_per_param
-    fixed = weights / (tp * hbm * e.hbm_efficiency) + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
+    fixed = (weights / (tp * hbm * e.hbm_efficiency) + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
+             + e.decode_step_overhead_s)
     per_seq = (2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency)
                + kv_bytes_per_token(a) * mean_ctx / (tp * hbm * e.hbm_efficiency))
     if tp > 1:
         per_seq += 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
-    return {"tokens_per_s_per_rank": 1.0 / per_seq, "batching_half_point": fixed / per_seq}
+    experts = routed_expert_params(a) * a.bytes_per_param / (tp * hbm * e.hbm_efficiency)
+    return {"tokens_per_s_per_rank": 1.0 / per_seq, "batching_half_point": fixed / per_seq,
+            "decode_timing": "per_step", "decode_expert_read_s": experts}
+
+
+def routed_expert_params(a: Arch) -> float:
+    """Parameters of the routed experts, from N, N_act, k and E: a token reads k of the E
+    experts of each MoE layer, so N − N_act = P_exp·(1 − k/E). 0 for a dense model or
+    where E is not given (then every step reads all the weights, the upper bound)."""
+    if not (a.moe and a.num_experts > a.experts_per_token):
+        return 0.0
+    return (a.params - a.active_params) / (1.0 - a.experts_per_token / a.num_experts)
+
+
+def expected_experts_read(a: Arch, c: int) -> float:
+    """Share of a MoE layer's routed experts that at least one of ``c`` tokens routes to,
+    each token picking k of E uniformly: 1 − (1 − k/E)^c (the occupancy expectation; vLLM's
+    fused-MoE kernel launches blocks only for experts with tokens, see
+    :data:`FUSED_MOE_SOURCE`, so only those experts' weights are read)."""
+    return 1.0 - (1.0 - a.experts_per_token / a.num_experts) ** c
+
+
+#: where a decode step's expert read is read from: ``moe_align_block_size`` pads each
+#: expert's token count to the block size (0 tokens -> 0 blocks) and ``fused_moe_kernel`` runs
+#: one block per entry of its ``expert_ids``, loading that expert's weights
+FUSED_MOE_SOURCE = ("vllm-project/vllm", "vllm/model_executor/layers/fused_moe/moe_align_block_size.py, "
+                    "fused_moe.py", "05be99241939c8849bafef74932aed13f956c82f")
 
 
 def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens: float, e: Efficiency) -> int:

@@ -51,6 +51,7 @@ from harness.ordered_sum import ordered_sum
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec
 from simulators.costmodel.models import MODEL_PRESETS
+from simulators.spec import CostSpec
 
 TIMINGS_FORMAT = "rlharness-step-timings"
 CALIBRATION_FORMAT = "rlharness-step-calibration"
@@ -87,7 +88,8 @@ class Run:
 def efficiency(factors: Mapping[str, float]) -> f.Efficiency:
     v = {**DEFAULTS, **factors}
     return f.Efficiency(v["train_mfu"], v["decode_flops_efficiency"], v["hbm_efficiency"], 10e-6, 256, 0.0, 0.0,
-                        v["moe_train_mfu"], v["link_efficiency"])
+                        v["moe_train_mfu"], v["link_efficiency"],
+                        decode_step_overhead_s=CostSpec.decode_step_overhead_s)  # not fitted: its source's figure
 
 
 def links(run: Run) -> f.Links:
@@ -130,10 +132,10 @@ def _gen_terms(run: Run, e: f.Efficiency) -> Tuple[float, float, float]:
     ctx = run.prompt_tokens + run.decode_tokens / 2.0
     x_h = n_steps * (a.params * a.bytes_per_param + c * f.kv_bytes_per_token(a) * ctx) / (tp * g.hbm_bytes_per_s)
     x_d = n_steps * c * 2.0 * a.active_params / (tp * g.bf16_flops)
-    x_0 = 0.0
+    x_0 = n_steps * e.decode_step_overhead_s
     if tp > 1:
         link = links(run).for_group(tp, e)
-        x_0 = n_steps * (4 * a.layers * e.allreduce_latency_s
+        x_0 += n_steps * (4 * a.layers * e.allreduce_latency_s
                          + c * 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link)
     return x_h, x_d, x_0
 

@@ -38,7 +38,7 @@ def test_without_an_explorer_the_fixed_key_orders_processes():
 
 @pytest.mark.parametrize("strategy", ["random", "pct"])
 def test_seeds_reorder_processes_but_never_a_process_own_steps(strategy):
-    orders = {tuple(_order(Explorer(ExploreSpec(seed, strategy)))) for seed in range(40)}
+    orders = {tuple(_order(Explorer(ExploreSpec(seed, strategy, steps=20)))) for seed in range(40)}
     assert len({tuple(n for n, k in o if k == 1) for o in orders}) > 1  # some seed changes who goes first
     for o in orders:
         for name in "abc":
@@ -70,6 +70,32 @@ def test_pct_change_points_lower_the_ranked_process():
     later = ex.rank((3,), 0.0, 0.0)
     assert first > later and second > later  # the two changed processes now rank after a fresh one
     assert ex.rank((1,), 0.0, 0.0) == first  # fixed once asked for that instant
+
+
+def test_pct_change_points_take_their_priorities_in_the_draws_order_not_in_time():
+    # Burckhardt et al.: the i-th drawn change point k_i gives priority i; the draw is
+    # unordered, so which of two changed processes ranks first is the seed's, not time's
+    orders = set()
+    for seed in range(40):
+        ex = Explorer(ExploreSpec(seed, "pct", depth=3, steps=2))
+        first, second = ex.rank((1,), 0.0, 0.0), ex.rank((2,), 0.0, 0.0)
+        assert {first, second} == {-1.0, -2.0}  # both below every unchanged process (< -depth)
+        orders.add(first < second)
+    assert orders == {True, False}
+
+
+def test_pct_counts_the_runs_scheduling_points_and_the_header_names_them():
+    from simulators.explore import _PILOTS
+
+    scen = default_scenario()
+    res = Simulation(scen, explore=ExploreSpec(5, "pct")).run()
+    k = json.loads(list(res.log.lines())[0])["meta"]["explore"]["steps"]
+    assert k == _PILOTS[repr(scen)]
+    pilot = Simulation(scen, explore=ExploreSpec(0, "fixed", max_delay_s=0.0))
+    pilot.run()
+    assert k == pilot.env.explorer.rankings > 100  # the fixed order's rankings: the paper's k
+    again = Simulation(scen, explore=ExploreSpec(5, "pct", steps=k)).run()  # an explicit k: the same run
+    assert list(again.log.lines()) == list(res.log.lines())
 
 
 def test_cli_explore_is_deterministic_and_checked(tmp_path, capsys):
@@ -138,9 +164,9 @@ def test_lock_hand_off_is_fifo_unexplored_and_chosen_by_the_seed_explored():
     assert [h for _, h in _cache_lock_handoff(None)] == ["h0", "w1", "w2", "w3"]
     assert _coordinator_handoff(None) == [0, 1, 2, 3]
     for strategy in ("random", "pct"):
-        cache = {tuple(h for _, h in _cache_lock_handoff(Explorer(ExploreSpec(s, strategy, max_delay_s=0.0))))
+        cache = {tuple(h for _, h in _cache_lock_handoff(Explorer(ExploreSpec(s, strategy, steps=20, max_delay_s=0.0))))
                  for s in range(30)}
-        coord = {tuple(_coordinator_handoff(Explorer(ExploreSpec(s, strategy)))) for s in range(30)}
+        coord = {tuple(_coordinator_handoff(Explorer(ExploreSpec(s, strategy, steps=20)))) for s in range(30)}
         assert len({o[1] for o in cache}) > 1 and len({o[1] for o in coord}) > 1  # another waiter goes first
         assert all(o[0] == "h0" and sorted(o[1:]) == ["w1", "w2", "w3"] for o in cache)  # one holder at a time
         assert all(o[0] == 0 and sorted(o) == [0, 1, 2, 3] for o in coord)
@@ -149,7 +175,7 @@ def test_lock_hand_off_is_fifo_unexplored_and_chosen_by_the_seed_explored():
 
 
 def test_seeded_delays_are_bounded_on_their_grid_and_replay():
-    spec = ExploreSpec(11, "pct", max_delay_s=0.02)
+    spec = ExploreSpec(11, "pct", steps=20, max_delay_s=0.02)
     draws = lambda: [ex.delay() for ex in [Explorer(spec)] for _ in range(400)]  # noqa: E731
     a = draws()
     assert a == draws()

@@ -44,3 +44,13 @@ def test_share_check_fires_on_a_stage_more_than_ten_points_off():
     assert [m[0] for m in misses] == ["refit"]
     assert abs(misses[0][1] - 100 * 14 / 147) < 1e-9 and abs(misses[0][2] - 100 * 44 / 177) < 1e-9
     assert b.share_misses("llama3.1_8b_grpo_onpolicy", 92.8, same) == []  # totals-only source: nothing to check
+
+
+def test_seconds_table_prints_published_beside_simulated(capsys):
+    b = _bench()
+    stages = {"generation": 60.0, "log_probs": 17.0, "training": 29.0, "refit": 4.0}
+    b.print_seconds([("llama3.1_70b_grpo_v03_breakdown", 147.0, "v0.3", 110.0, stages),
+                     ("llama3.1_8b_grpo_onpolicy", 92.8, "v0.5", 90.0, stages)])
+    out = capsys.readouterr().out
+    assert "84.0 ->  60.0" in out and "14.0 ->   4.0" in out
+    assert "llama3.1_8b_grpo_onpolicy" not in out  # totals only: no stage seconds published

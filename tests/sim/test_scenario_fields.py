@@ -27,8 +27,8 @@ def test_unknown_nested_key():
     data = base()
     data["pipelines"][0]["model"] = {"param": 1e9}
     assert error_of(data) == ("x.yaml: pipelines[0].model.param: unknown field; known: active_params, bytes_per_param, "
-                              "experts_per_token, head_dim, hidden_size, layers, num_heads, num_kv_heads, params, "
-                              "preset, vocab_size")
+                              "experts_per_token, head_dim, hidden_size, layers, num_experts, num_heads, num_kv_heads, "
+                              "params, preset, vocab_size")
     data = base()
     data["cluster"]["gpus"] = 8
     assert error_of(data).startswith("x.yaml: cluster.gpus: unknown field; known: gpu, gpus_per_node, ")
@@ -154,7 +154,8 @@ def test_fault_unknown_name():
         "no_gen_estimate, expand_sync_fails, lost_finish, stale_select_target, sync_outside_expand, bulk_in_driver_meta, "
         "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows, "
         "unclamped_base_stamp, lost_lock_handoff, partial_reload, resume_before_kv_wake, kv_wake_before_weights, "
-        "abort_on_pause, stamp_at_completion, active_sync_fails, lost_cache_handoff, lost_release_ack"
+        "abort_on_pause, stamp_at_completion, active_sync_fails, lost_cache_handoff, lost_release_ack, "
+        "watchdog_request_under_lock"
     )
 
 

@@ -188,3 +188,27 @@ def test_a_cache_lock_release_that_forgets_its_waiter_is_a_lost_wakeup_on_a_real
     lost = check_log(res.records, GRAPH)
     assert [v.invariant for v in lost] == ["lost_wakeup"]
     assert "ppl2/step waits" in lost[0].message and "cache lock of ppl2 for its build" in lost[0].message
+
+
+def test_a_watchdog_that_requests_under_the_resize_lock_deadlocks_through_a_request_and_a_lock():
+    """RLix's watchdog drops the resize lock before its re-request (nemo_rl_pipeline.py
+    _generation_watchdog_loop); the fault keeps it: a cycle through the coordinator lock,
+    the GENERATION request and the scheduler's expand, in the fixed order and under every
+    schedule seed tried, while RLix's order stays clean under the same seeds."""
+    from simulators.explore import ExploreSpec
+
+    def run(name, explore=None):
+        return Simulation(load_scenario(ROOT / "examples" / "scenarios" / f"{name}.yaml"), explore=explore).run()
+
+    res = run("watchdog_request_under_lock")
+    assert res.reason == "failed" and "resize_sync_lock timed out after 180 s" in res.detail
+    [dead] = check_log(res.records, GRAPH)
+    assert dead.invariant == "deadlock" and "among ppl1/expand@cycle45, ppl1/watchdog, scheduler" in dead.message
+    assert ("ppl1/expand@cycle45 -[coordinator lock of ppl1, seq 927]-> ppl1/watchdog -[request 6 of ppl1_actor_infer "
+            "at GENERATION, seq 363]-> scheduler -[expand resize of cycle 45, seq 926]-> ppl1/expand@cycle45") in dead.message
+    for strategy in ("pct", "random"):
+        for seed in range(3):
+            spec = ExploreSpec(seed, strategy)
+            assert [v.invariant for v in check_log(run("watchdog_request_under_lock", spec).records, GRAPH)] == ["deadlock"]
+            fixed = run("watchdog_snapshot_then_request", spec)
+            assert fixed.reason == "done" and check_log(fixed.records) == [], (strategy, seed)
