@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -33,12 +34,13 @@ from harness.eventlog.writer import atomic_write
 from harness.expect import Expectation, Finding, Verdict, classify, from_violations, report_lines
 from harness.gc_pause import gc_paused
 from harness.outputs.paths import RunFolder
-from harness.invariants import Violation, check_log
+from harness.invariants import Violation
 from harness.outputs.run_view import RunView
 from harness.outputs.perfetto import write_chrome_trace
 from harness.outputs.summary import Summary, summarize
 from harness.outputs.summary_text import format_summary, summary_json
 from harness.outputs.timeline import write_timeline_png
+from simulators.check_fork import check_beside
 from simulators.explore import ExploreSpec
 from simulators.runtime import RunResult, Simulation
 from simulators.scenario_dump import scenario_to_mapping
@@ -64,11 +66,12 @@ class SimulationOutput:
         return self.verdict.unexpected if self.verdict is not None else []
 
 
-def run_findings(result: RunResult, violations: List[Violation]) -> List[Finding]:
+def run_findings(result: RunResult, violations: List[Violation], view: Optional[RunView] = None) -> List[Finding]:
     """What the run found: each violation, then the record that ended a failed run
-    (named as fuzz names it: ``oom:weights``, ``timeout:...``, ``failed:...``)."""
+    (named as fuzz names it: ``oom:weights``, ``timeout:...``, ``failed:...``). ``view``:
+    the run's view, when the caller has one (its by-kind index finds the registrations)."""
     types = {p.name: p.type for p in result.scenario.pipelines}
-    found = from_violations(violations, result.records, types)
+    found = from_violations(violations, result.records, types, of=None if view is None else view.of)
     if result.reason not in ("done", "horizon"):
         from simulators.fuzz.signature import failure_finding
 
@@ -95,10 +98,15 @@ def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
 def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True,
                   progress: Optional[Callable[[str], None]] = None,
                   timings: Optional[Dict[str, float]] = None,
-                  baseline: Sequence[Expectation] = (), strict: bool = False) -> SimulationOutput:
+                  baseline: Sequence[Expectation] = (), strict: bool = False,
+                  fork: Optional[bool] = None) -> SimulationOutput:
     """Check the invariants and summarize a finished run; with ``out_dir``, write the
     outputs listed above into it. ``timings``, if given, receives the wall seconds of
-    each step (``check``, ``summary``, then each file by name): the benchmark's figures.
+    each step (``check``: the oracle and the summary's figures, ``summary``: its
+    findings and text, then each file by name): the benchmark's figures. ``fork``:
+    whether the oracle's checks run in a forked child while this process summarizes
+    (default: for a long run, :func:`simulators.check_fork.fork_worthwhile`; the outputs
+    are the same either way).
 
     The cyclic garbage collector is paused meanwhile (:func:`harness.gc_pause.gc_paused`):
     the outputs allocate millions of small objects (slices, trace events) next to a log of
@@ -107,49 +115,75 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
     garbage; it is collected after)."""
     with gc_paused():
         return _write_outputs(result, out_dir, png=png, progress=progress, timings=timings,
-                              expectations=list(result.scenario.expect) + list(baseline), strict=strict)
+                              expectations=list(result.scenario.expect) + list(baseline), strict=strict,
+                              fork=fork)
 
 
 def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
                    progress: Optional[Callable[[str], None]],
                    timings: Optional[Dict[str, float]], expectations: List[Expectation],
-                   strict: bool) -> SimulationOutput:
-    scenario = result.scenario
+                   strict: bool, fork: Optional[bool] = None) -> SimulationOutput:
+    """The outputs, in two shares (simulators/check_fork.py): the oracle's checks and the
+    event log, which read only the records, run in a forked child for a long run, while
+    this process makes what reads the intervals (the summary's figures, the trace, the
+    picture); the findings' outputs come once both are done."""
     records = result.records
     # writing the outputs of a long run takes a while too: say what is happening
     long_run = progress is not None and (result.wall_s > 2.0 or len(records) > 200_000)
     say = progress if long_run else (lambda _line: None)
     clock = _Stopwatch(timings)
     say(f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; checking invariants on {len(records)} records")
-    violations = check_log(records)
-    clock.lap("check")
-    say("  summarizing")
     view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
-    # the oracle's handover findings are the summary's handover table: not run twice
-    figures = summarize(view, handover_findings=[v for v in violations if v.invariant == "handover"])
-    verdict = classify(run_findings(result, violations), expectations)
-    summary = "\n".join([format_summary(figures)] + report_lines(verdict, strict))
-    clock.lap("summary")
-    files: List[str] = []
-    if out_dir is not None:
-        with RunFolder(out_dir, OUTPUT_FILES) as folder:
-            def out(name: str) -> str:
-                clock.lap(None)
-                say(f"  writing {folder.final(name)}")
-                clock.name = name
-                return folder.path(name)
+    with ExitStack() as stack:
+        folder = stack.enter_context(RunFolder(out_dir, OUTPUT_FILES)) if out_dir is not None else None
 
-            result.log.write(out("events.jsonl"))
-            _write_text(out("summary.txt"), summary + "\n")
-            _write_text(out("summary.json"), json.dumps({**summary_json(figures), "findings": verdict.as_json()}, indent=1, allow_nan=False) + "\n")
-            write_chrome_trace(view, out("trace.json"))
-            if png:
-                write_timeline_png(view, out("timeline.png"))
-            _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
-            _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
+        def out(name: str) -> str:
+            assert folder is not None
             clock.lap(None)
-        files = folder.files
+            say(f"  writing {folder.final(name)}")
+            clock.name = name
+            return folder.path(name)
+
+        def intervals_share(found: Dict[str, List[Violation]]) -> Summary:
+            clock.lap("check")  # (this process's share of the checks)
+            say("  summarizing")
+            # the oracle's handover findings are the summary's handover table: not run twice
+            figures = summarize(view, handover_findings=sorted(found.get("handover", ()), key=lambda v: v.seq))
+            clock.lap("summary")
+            if folder is not None:
+                write_chrome_trace(view, out("trace.json"))
+                if png:
+                    write_timeline_png(view, out("timeline.png"))
+                clock.lap(None)
+            return figures
+
+        def write_events() -> None:  # (in the child, when forked)
+            clock.lap("check")
+            result.log.write(events)
+            clock.lap("events.jsonl")
+
+        events = out("events.jsonl") if folder is not None else None
+        violations, figures = check_beside(records, intervals_share, fork=fork,
+                                           child_work=None if events is None else write_events)
+        clock.lap("check")  # (the wait for the other share)
+        verdict = classify(run_findings(result, violations, view), expectations)
+        summary = "\n".join([format_summary(figures)] + report_lines(verdict, strict))
+        clock.lap("summary")
+        if folder is not None:
+            _write_findings(out, result.scenario, figures, summary, verdict, violations)
+            clock.lap(None)
+    files = folder.files if folder is not None else []
     return SimulationOutput(result, violations, summary, files, figures, verdict)
+
+
+def _write_findings(out: Callable[[str], str], scenario: Scenario, figures: Summary, summary: str, verdict: Verdict,
+                    violations: List[Violation]) -> None:
+    """The files written once the findings are known (and the resolved scenario)."""
+    _write_text(out("summary.txt"), summary + "\n")
+    _write_text(out("summary.json"), json.dumps({**summary_json(figures), "findings": verdict.as_json()}, indent=1,
+                                                allow_nan=False) + "\n")
+    _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
+    _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
 
 
 class _Stopwatch:

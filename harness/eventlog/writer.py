@@ -228,7 +228,22 @@ def _occurrences(np: Any, buf: Any, marker: bytes, anchor: int) -> Any:
 
 def _all_finite(obj: Any) -> bool:
     """Whether no float inside ``obj`` (dicts, lists, tuples and scalars: what orjson
-    encoded) is NaN or infinite."""
+    encoded) is NaN or infinite. A record's own fields are read in a loop of their own
+    (most hold no container): the stack walks only what they nest."""
+    if type(obj) is dict:
+        for v in obj.values():
+            kind = type(v)
+            if kind is float:
+                if v - v != 0.0:
+                    return False
+            elif (kind is dict or kind is list or kind is tuple) and not _nested_finite(v):
+                return False
+        return True
+    return _nested_finite(obj)
+
+
+def _nested_finite(obj: Any) -> bool:
+    """:func:`_all_finite` of any value, by a walk of everything it holds."""
     stack = [obj]
     while stack:
         o = stack.pop()

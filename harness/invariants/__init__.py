@@ -7,7 +7,7 @@ trace and sees it fire (tests/unit/test_invariants.py).
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterable, List, Optional
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 from harness.invariants import (  # noqa: F401  (registration)
     cache, dataplane, engine, groups, handover, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
@@ -18,14 +18,28 @@ from harness.invariants.base import CHECKS, SEES, Records, Violation
 
 def check_log(records: Records, names: Optional[Iterable[str]] = None) -> List[Violation]:
     selected = list(CHECKS) if names is None else list(names)
+    return merge_findings(run_checks(records, selected), selected)
+
+
+def run_checks(records: Records, names: Iterable[str]) -> Dict[str, List[Violation]]:
+    """Each named check's violations, in the order it found them (one view per set of
+    kinds, built in one pass). ``check_log`` is :func:`merge_findings` of this; the two
+    halves of a split run (simulators/check_fork.py) are merged the same way."""
+    selected = list(names)
     unknown = [n for n in selected if n not in CHECKS]
     if unknown:
         raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
     sees = [SEES.get(name) for name in selected]  # a check put in CHECKS by hand sees every record
     views = kind_views(records, sees)
+    return {name: CHECKS[name](views[SEES.get(name)]) for name in selected}
+
+
+def merge_findings(found: Mapping[str, List[Violation]], order: Iterable[str]) -> List[Violation]:
+    """Every check's violations, in ``order`` of the checks, sorted by (seq, check): a
+    stable sort, so one check's findings at one seq keep the order it found them in."""
     out: List[Violation] = []
-    for name in selected:
-        out.extend(CHECKS[name](views[SEES.get(name)]))
+    for name in order:
+        out.extend(found[name])
     return sorted(out, key=lambda v: (v.seq, v.invariant))
 
 
@@ -61,4 +75,4 @@ def kind_views(records: Records, kind_sets: Iterable[Optional[FrozenSet[str]]]) 
     return views
 
 
-__all__ = ["CHECKS", "Violation", "check_log", "kind_views"]
+__all__ = ["CHECKS", "Violation", "check_log", "kind_views", "merge_findings", "run_checks"]

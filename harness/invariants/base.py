@@ -12,7 +12,9 @@ it only the records of those kinds (plus the log's first and last record, which 
 checks read for the header and the last seq), in log order. Records of any other kind
 cannot change its findings, and skipping them is most of the oracle's speed on a
 million-record log. ``reads`` + ``sees`` must name every kind the code looks at; the
-oracle's tests run each check both ways on every bundled scenario to hold them to it.
+oracle's tests run each check both ways on every bundled scenario to hold them to it. A
+check without ``reads`` (counted as examining every record) may still name in ``sees``
+the only kinds it looks at: it is handed those.
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ def invariant(name: str, reads: Optional[Iterable[str]] = None, sees: Iterable[s
     def wrap(fn: Callable[[Records], List[Violation]]):
         CHECKS[name] = fn
         READS[name] = frozenset(reads) if reads is not None else None
-        SEES[name] = READS[name] | frozenset(sees) if reads is not None else None
+        if reads is not None:
+            SEES[name] = READS[name] | frozenset(sees)
+        else:  # reads every record (its count of examined records is the log's) but looks at these kinds only
+            SEES[name] = frozenset(sees) if sees else None
         fn.invariant_name = name  # type: ignore[attr-defined]
         return fn
 

@@ -61,17 +61,25 @@ def in_flight_at_sleep(records: Records) -> List[Violation]:
     running: Dict[Rank, Set[int]] = {}
     where: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank it runs on
     kept: Set[Tuple[str, int]] = set()  # (pipeline, request) frozen by a keep pause
-    for r in records:
+    for r in records:  # (a dispatch and a completion, most of the records, without a throwaway set each)
         k = r["kind"]
         if k == "request_dispatch":
-            pid, req = r["pipeline_id"], r["request"]
-            running.setdefault((pid, r["dp_rank"]), set()).add(req)
-            where[(pid, req)] = r["dp_rank"]
+            pid, req, dp = r["pipeline_id"], r["request"], r["dp_rank"]
+            on = running.get((pid, dp))
+            if on is None:
+                running[(pid, dp)] = {req}
+            else:
+                on.add(req)
+            where[(pid, req)] = dp
         elif k in ("request_done", "request_abort", "request_failed"):
             pid, req = r["pipeline_id"], r["request"]
-            dp = where.pop((pid, req), r.get("dp_rank"))
-            running.get((pid, dp), set()).discard(req)
-            kept.discard((pid, req))
+            key = (pid, req)
+            dp = where.pop(key, r.get("dp_rank"))
+            on = running.get((pid, dp))
+            if on is not None:
+                on.discard(req)
+            if kept:
+                kept.discard(key)
         elif k == "request_pause":  # frozen in the engine: not running while the rank sleeps
             running.get((r["pipeline_id"], r["dp_rank"]), set()).discard(r["request"])
             kept.add((r["pipeline_id"], r["request"]))

@@ -129,6 +129,9 @@ class _Ledger:
 
     def __init__(self) -> None:
         self.held: Dict[Tuple[int, str], int] = {}
+        # the same values for the ``<pipeline>/sync`` owners, per owner in ``held``'s key
+        # order: a sync's staged bytes summed without walking every (GPU, owner) held
+        self.staging: Dict[str, Dict[int, int]] = {}
         self.open_groups: Dict[str, set] = {}
         self.sync_start: Dict[str, dict] = {}
 
@@ -138,8 +141,11 @@ class _Ledger:
     def feed(self, r: dict, series: Series) -> None:
         kind = r["kind"]
         if kind == "vram":
-            key = (r["gpu"], r["owner"])
-            self.held[key] = self.held.get(key, 0) + r["delta"]
+            gpu, owner = r["gpu"], r["owner"]
+            key = (gpu, owner)
+            self.held[key] = value = self.held.get(key, 0) + r["delta"]
+            if isinstance(owner, str) and owner.endswith("/sync"):
+                self.staging.setdefault(owner, {})[gpu] = value
         elif kind == "rank_state" and r["state"] == "asleep":
             owner = f"{r['pipeline_id']}/dp{r['dp_rank']}"
             _add(series, f"residue_bytes/{owner}", self.owner_bytes(r["gpus"], owner), r["seq"])
@@ -157,7 +163,7 @@ class _Ledger:
     def _sync_end(self, r: dict, series: Series) -> None:
         pid = r["pipeline_id"]
         sync_owner = f"{pid}/sync"
-        staged = sum(v for (g, o), v in self.held.items() if o == sync_owner)
+        staged = sum(self.staging.get(sync_owner, {}).values())  # held's values of that owner, in held's order
         _add(series, f"ipc_bytes/{sync_owner}", staged, r["seq"])
         _add(series, f"live_groups/{pid}", len(self.open_groups.get(pid, ())), r["seq"])
         start = self.sync_start.pop(pid, None)

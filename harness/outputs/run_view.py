@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from functools import cached_property
 from itertools import chain, islice
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from operator import itemgetter
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -38,6 +39,11 @@ class RunView:
     @cached_property
     def _index(self) -> "_LogIndex":
         return _LogIndex(self.records)
+
+    def with_seqs(self, want: AbstractSet[Any]) -> List[Mapping[str, Any]]:
+        """The records that have a ``seq`` in ``want``, in log order (from the shared pass)."""
+        records = self.records
+        return [r for r in map(records.__getitem__, self._index.positions_of_seqs(want)) if "seq" in r]
 
     def of(self, *kinds: str) -> Sequence[Mapping[str, Any]]:
         """The records of these kinds, in log order (from one pass over the log, shared:
@@ -137,24 +143,29 @@ Log = Union[Sequence[Mapping[str, Any]], RunView]
 
 class _LogIndex:
     """One pass over a log: its records by kind (with their positions, to merge kinds
-    back into log order), the latest ``t``, and the GPU ids (``gpus`` lists) and pipeline
-    ids named after the header — what :func:`run_bounds`, :func:`all_gpus` and the
+    back into log order), each record's ``seq``, the latest ``t``, and the GPU ids
+    (``gpus`` lists) and pipeline ids named after the header — what :func:`run_bounds`, :func:`all_gpus` and the
     summary's pipeline list each walked the whole log for."""
 
     def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
+        # one walk of the log reads every field the index keeps (each record is touched
+        # once: on a million-record log the walks, not their bodies, are the cost)
+        self.records = records
+        t0 = records[0].get("t", 0.0) if records else 0.0
+        rows = [(r.get("kind"), r.get("t", t0), r.get("pipeline_id"), r.get("gpus"), r.get("seq")) for r in records]
+        kinds, times, pids, gpus, self.seqs = zip(*rows) if rows else ((), (), (), (), ())
+        del rows
         # group the positions by kind with numpy (a stable sort of each record's kind
         # code), then take each kind's records: no Python loop body per record
         code_of: Dict[Any, int] = {}
-        codes = np.array([code_of.setdefault(kind, len(code_of)) for kind in [r.get("kind") for r in records]],
-                         dtype=np.int64)
+        codes = np.array([code_of.setdefault(kind, len(code_of)) for kind in kinds], dtype=np.int64)
         order = np.argsort(codes, kind="stable")
         ends = np.cumsum(np.bincount(codes, minlength=len(code_of))).tolist()
         self.by_kind: Dict[Any, Tuple[List[Mapping[str, Any]], np.ndarray]] = {}
         for kind, code in code_of.items():
             positions = order[(ends[code - 1] if code else 0):ends[code]]
-            self.by_kind[kind] = ([records[i] for i in positions.tolist()], positions)
-        t0 = records[0].get("t", 0.0) if records else 0.0
-        times = [r.get("t", t0) for r in records]
+            at = positions.tolist()
+            self.by_kind[kind] = (list(itemgetter(*at)(records)) if len(at) > 1 else [records[i] for i in at], positions)
         self.t_max: Optional[float] = None
         if times:
             try:  # numpy reads a list of floats at C speed; float() decides anything else (and NaN)
@@ -162,13 +173,17 @@ class _LogIndex:
             except (TypeError, ValueError, OverflowError):
                 latest = math.nan
             self.t_max = latest if latest == latest else max(map(float, times))
-        gpu_lists = [gs for r in islice(records, 1, None) if (gs := r.get("gpus"))]
-        self.gpu_ids = _int_ids(gpu_lists)
+        self.gpu_ids = _int_ids([gs for gs in islice(gpus, 1, None) if gs])
         try:
-            pids = {r.get("pipeline_id") for r in islice(records, 1, None)}
+            named = set(islice(pids, 1, None))
         except TypeError:  # an unhashable pipeline id: not a str, so not one
-            pids = {p for r in islice(records, 1, None) if isinstance(p := r.get("pipeline_id"), str)}
-        self.pipeline_ids = {p for p in pids if isinstance(p, str)}
+            named = {p for p in islice(pids, 1, None) if isinstance(p, str)}
+        self.pipeline_ids = {p for p in named if isinstance(p, str)}
+
+    def positions_of_seqs(self, want: AbstractSet[Any]) -> List[int]:
+        """The positions, in log order, of the records whose ``seq`` (``None`` where a
+        record has none) is in ``want``."""
+        return [i for i, s in enumerate(self.seqs) if s in want]
 
     def of(self, kinds: Sequence[str]) -> Sequence[Mapping[str, Any]]:
         parts = [self.by_kind[k] for k in dict.fromkeys(kinds) if k in self.by_kind]
@@ -176,9 +191,10 @@ class _LogIndex:
             return []
         if len(parts) == 1:
             return parts[0][0]
-        merged = [r for recs, _ in parts for r in recs]
-        order = np.argsort(np.concatenate([positions for _, positions in parts]), kind="stable")
-        return [merged[i] for i in order.tolist()]
+        # the kinds' positions (each kind's ascending, no two alike) merged into log order,
+        # and the records at them taken at C speed
+        positions = np.sort(np.concatenate([positions for _, positions in parts])).tolist()
+        return list(itemgetter(*positions)(self.records))
 
 
 def _int_ids(lists: List[Sequence[Any]]) -> set:

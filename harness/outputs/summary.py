@@ -372,5 +372,5 @@ def _handovers(view: RunView, found: Optional[Sequence[Any]] = None) -> List[Dic
     if not found:
         return []
     want = {v.seq for v in found}
-    at = {r["seq"]: r["t"] for r in view.records if "seq" in r and r["seq"] in want}
+    at = {r["seq"]: r["t"] for r in view.with_seqs(want)}
     return [{"seq": v.seq, "t": at.get(v.seq), "message": v.message} for v in found]

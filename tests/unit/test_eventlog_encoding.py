@@ -76,6 +76,9 @@ def test_nan_and_infinity_are_refused(bad):
     records.insert(3, {"seq": 9, "t": 0.0, "kind": "progress", "y": None, "z": {"deep": [bad]}})
     with pytest.raises(ValueError):
         b"".join(encoded_chunks(records, 4))
+    records[3] = {"seq": 9, "t": 0.0, "kind": "progress", "y": None, "w": bad}  # a field of the record itself
+    with pytest.raises(ValueError):
+        b"".join(encoded_chunks(records, 4))
     del records[3]
     assert b"".join(encoded_chunks(records, 4)) == "".join(CANONICAL(r) + "\n" for r in records).encode()
 
