@@ -38,14 +38,14 @@ def pytest_configure(config):
 #: teardown as much as work), so two of them side by side fit the 2-core machine; their
 #: deadlines are tens of seconds. The gate launches that mostly wait
 #: (tests/gates/test_gate_waits.py) are a third unit with a lock of its own. Next, the
-#: files that start a local Ray (its start-up is long and Ray starts take turns too).
+#: files that share the session's local Ray (:data:`RAY_UNIT`).
 #: Everything else follows in xdist's own order (most tests first).
 GATES, GATE_WAITS = "tests/gates/", "tests/gates/test_gate_waits.py"
 #: The gate files of the second lane of CPU-bound launches (the first has the others).
 GATES_B_FILES = ("test_dual_pipeline_gate.py", "test_gate_checks_fire.py", "test_selective_sync_gate.py",
                  "test_dataplane_writeback_gate.py", "test_train_pump_parity_gate.py", "test_refit_stream_gate.py")
 GATES_A, GATES_B = GATES + "[busy-a]", GATES + "[busy-b]"
-FIRST_UNITS = (GATES_A, GATES_B, GATE_WAITS, "tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
+FIRST_UNITS = (GATES_A, GATES_B, GATE_WAITS, "tests/[ray]")
 
 
 def gate_lane(path: str) -> str:
@@ -59,6 +59,8 @@ def gate_lane(path: str) -> str:
 def work_unit(nodeid: str) -> str:
     """The xdist work unit of a test: its file, or the unit of its lane of CPU-bound gate tests."""
     path = nodeid.split("::", 1)[0]
+    if path in RAY_FILES:
+        return RAY_UNIT
     if not path.startswith(GATES) or path == GATE_WAITS:
         return path
     return GATES_B if gate_lane(path) == "busy-b" else GATES_A
@@ -107,11 +109,37 @@ def pytest_xdist_make_scheduler(config, log):
     return Scheduling(config, log)
 
 
-@pytest.fixture(scope="module")
-def one_ray_at_a_time(tmp_path_factory):
-    """Tests that start a local Ray take turns under pytest-xdist: two Ray instances
-    starting side by side on a 2-core machine push each other past their start-up
-    timeouts. The lock lives in the session's temp folder (shared by its workers only);
-    a module that holds Ray for all its tests holds the lock as long."""
+#: The test files that use the session's one local Ray (:func:`local_ray`): one xdist work
+#: unit, so they run on one worker and Ray starts once per session, not once per file.
+RAY_FILES = ("tests/dataplane/test_contract.py", "tests/sim/test_fuzz.py")
+RAY_UNIT = "tests/[ray]"
+
+
+def _shm_entries():
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session")
+def local_ray(tmp_path_factory):
+    """The session's one local Ray (per xdist worker; every file that uses it is in the
+    work unit :data:`RAY_UNIT`, so in practice one per session): its start-up costs about
+    15 s on the 2-core machine, so TransferQueue's tests and the fuzz executor's Ray test
+    share it. Ray gets more logical CPUs than the machine has cores because TransferQueue's
+    controller and each storage unit reserve one (with too few its init waits forever).
+    Shut down at the end; nothing of Ray's may be left in /dev/shm."""
+    ray = pytest.importorskip("ray")
+    shm_before = _shm_entries()
+    # a second Ray starting beside this one (another checkout's suite aside, none in this
+    # session) would push both past their start-up timeouts
     with take_turns(tmp_path_factory.getbasetemp().parent, "rlharness-ray.lock"):
-        yield
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="rlharness-tests",
+                 configure_logging=False)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+    leaked = _shm_entries() - shm_before
+    assert not [e for e in leaked if "ray" in e.lower() or "plasma" in e.lower()], f"/dev/shm leftovers: {leaked}"

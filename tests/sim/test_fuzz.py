@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -201,15 +202,72 @@ def test_results_are_byte_identical_whatever_the_worker_count_and_completion_ord
 
 
 @pytest.mark.slow
-def test_results_on_a_local_ray_instance_equal_the_local_ones(one_ray_at_a_time):
-    ray = pytest.importorskip("ray")
+def test_results_on_a_local_ray_instance_equal_the_local_ones(local_ray):
+    # on the session's Ray (tests/conftest.py: one Ray start per session), which the sweep
+    # uses as a caller's Ray and leaves running; starting and stopping its own: below
     cfg = dict(seeds=4, workers=2, explore=1, explore_strategy="random")  # fixed order and a schedule seed each
     local = results_json(run_sweep(SweepConfig(**cfg), minimize_findings=False).results)
     on_ray = results_json(run_sweep(SweepConfig(**cfg, ray_address="local"), minimize_findings=False).results)
     assert local == on_ray
     assert [(r["seed"], r.get("explore")) for r in json.loads(on_ray)] == [
         (s, x) for s in range(4) for x in (None, {"seed": 0, "strategy": "random"})]
-    assert not ray.is_initialized()
+    assert local_ray.is_initialized()
+
+
+class _RayStandIn:
+    """The few calls of Ray's API that run_on_ray makes, run in this process, recording
+    init and shutdown: whether the executor starts and stops a Ray of its own is its own
+    logic, which the real-Ray test above (on a caller's Ray) does not reach."""
+
+    def __init__(self, initialized):
+        self.initialized, self.calls = initialized, []
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **kwargs):
+        self.calls.append(("init", kwargs))
+        self.initialized = True
+
+    def shutdown(self):
+        self.calls.append(("shutdown", {}))
+        self.initialized = False
+
+    def remote(self, **_options):
+        def wrap(fn):
+            class Task:
+                @staticmethod
+                def remote(*args):
+                    return fn(*args)
+            return Task
+        return wrap
+
+    def wait(self, refs, num_returns):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        return ref
+
+    def cancel(self, ref, force):
+        pass
+
+
+@pytest.mark.parametrize("address, caller_has_ray, calls", [
+    ("local", False, [("init", {"num_cpus": 2}), ("shutdown", {})]),
+    ("ray://head:10001", False, [("init", {"address": "ray://head:10001"}), ("shutdown", {})]),
+    ("local", True, []),  # a caller's Ray is used as it is and left running
+])
+def test_the_ray_executor_starts_and_stops_only_a_ray_of_its_own(monkeypatch, address, caller_has_ray, calls):
+    from simulators.fuzz import executors
+
+    stand_in = _RayStandIn(caller_has_ray)
+    monkeypatch.setitem(sys.modules, "ray", stand_in)
+    jobs = [object(), object()]
+    monkeypatch.setattr(executors, "isolated_job", lambda job, budget: ("ran", jobs.index(job)))
+    got = list(executors.run_on_ray(jobs, address=address, workers=2, budget=None))
+    assert sorted(got) == [("ran", 0), ("ran", 1)]
+    assert [(name, {k: v for k, v in kw.items() if k in ("num_cpus", "address")}) for name, kw in stand_in.calls] == calls
+    assert stand_in.initialized == caller_has_ray
 
 
 def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
