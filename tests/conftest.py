@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections import OrderedDict
 
 import pytest
@@ -18,7 +19,27 @@ import pytest
 from tests.session_lock import take_turns
 
 
+def _cache_bytecode(config) -> None:
+    """With ``PYTHONDONTWRITEBYTECODE`` set (as on the CI machines), every process the
+    suite starts (its xdist workers, each gate rank under plain torchrun, each ``rlharness``
+    subprocess, the launch servers, Ray's workers) compiled every module of the project
+    and rewrote every test module's asserts again: about 4 of a pytest worker's 7 CPU s
+    of collection. The suite keeps that variable's intent, nothing written beside the
+    sources, and caches the bytecode under pytest's own ignored ``.pytest_cache`` folder
+    instead (``PYTHONPYCACHEPREFIX``, which pytest's assert rewriting honours too), for this
+    process and, through the environment, for every process it starts. A prefix the user
+    chose is kept."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    prefix = str(config.rootpath / ".pytest_cache" / "pycache")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = prefix
+
+
 def pytest_configure(config):
+    _cache_bytecode(config)  # first: the xdist workers start after this hook, with its environment
     # The plugin an install registers (entry point pytest11: rlharness); an environment
     # installed before that entry point existed gets it from this checkout instead.
     if not config.pluginmanager.has_plugin("rlharness"):
