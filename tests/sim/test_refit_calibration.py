@@ -76,7 +76,10 @@ def test_a_bad_calibration_file_is_one_clear_scenario_error(tmp_path, content, p
         load_calibration(str(tmp_path / "missing.json"))
 
 
-def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, capsys):
+def test_cli_calibrates_on_the_real_transport_and_checks_fidelity_with_the_file(tmp_path, capsys, monkeypatch):
+    """calibrate on the real transport end to end; then fidelity with the file it wrote, on
+    measurements that follow that file's costs exactly (the real transport under fidelity
+    is the --fit-alongside test's: a third receiver process here proved nothing more)."""
     from rlharness.cli import main
     out = tmp_path / "cal.json"
     code = main(["calibrate", "refit", "--quick", "--repeats", "1", "--out", str(out)])
@@ -91,11 +94,23 @@ def test_cli_calibrates_and_checks_fidelity_on_the_real_transport(tmp_path, caps
         assert len(err) == 1 and err[0].startswith("error: calibrate refit: "), err
         print(captured.out, end="")  # the grid table was printed before the refusal
         write_calibration(str(out), KNOWN, machine={"host": "test"})
-    assert main(["fidelity", "refit", "--calibration", str(out), "--repeats", "1"]) == 0
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
-    assert len(rows) >= 4 + len(refit_calibrate.HELD_OUT)  # the calibration table and the fidelity table
-    assert "median |error|" in text and "worst |error|" in text
+    assert len(rows) >= len(refit_calibrate.QUICK_GRID)  # the calibration table
+    measured = []
+
+    def follows_the_file(grid, repeats, progress):
+        assert (list(grid), repeats) == (refit_calibrate.HELD_OUT, 1)
+        measured.append(grid)
+        return fake_points(grid, load_calibration(str(out)))
+
+    monkeypatch.setattr(refit_calibrate, "_measure", follows_the_file)
+    assert main(["fidelity", "refit", "--calibration", str(out), "--repeats", "1"]) == 0
+    assert measured
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
+    assert len(rows) == len(refit_calibrate.HELD_OUT) and all(r.endswith("+0.0%") for r in rows), rows  # the file's costs
+    assert "median |error| 0.0 %" in text and "worst |error| 0.0 %" in text and ": met" in text
     assert main(["fidelity", "refit", "--calibration", str(tmp_path / "nope.json")]) == 2
     assert main(["calibrate", "refit", "--repeats", "0"]) == 2
 
@@ -179,3 +194,29 @@ def test_calibrate_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monk
     assert not out.exists()
     monkeypatch.setattr(refit_calibrate, "fit", lambda pts: dict(KNOWN))  # the same points, a sound fit: written
     assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 0 and load_calibration(str(out))
+
+
+# ----------------------------------------------------------------------------- the lone-stream clock
+
+
+def test_a_lone_stream_predicts_the_float_a_simpy_environment_ends_at():
+    """``predict_sync_seconds`` drives ``stream_sync`` by hand (the fit calls it thousands
+    of times); a simpy environment running the same body must end at the same float, bit
+    for bit, on every grid point and with every cost zero or not."""
+    import simpy
+
+    from simulators.refit import predict_sync_seconds, stream_sync
+
+    def on_simpy(specs, budget, costs):
+        env = simpy.Environment()
+        env.process(stream_sync(env, specs, budget, costs))
+        env.run()
+        return env.now
+
+    zero = dict.fromkeys(KNOWN, 0.0) | {"refit_pack_bytes_per_s": 3e9, "receiver_load_bytes_per_s": 2e9}
+    for costs in (KNOWN, zero, {**KNOWN, "refit_tensor_overhead_s": 3.3e-7, "refit_setup_s": 0.0}):
+        sc = refit_fit.stream_costs(costs)
+        for model, budget in refit_calibrate.GRID + refit_calibrate.HELD_OUT:
+            specs = synthetic_specs(model)
+            got, want = predict_sync_seconds(specs, budget, sc), on_simpy(specs, budget, sc)
+            assert got == want and type(got) is type(want), (model, budget, costs, got, want)
