@@ -174,25 +174,44 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("name,lines,expected", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_input_is_one_line_exit_2_and_no_output(name, lines, expected, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_no_output(name, lines, expected, tmp_path, capsys):
+    # in this process (the command is main(); a real process's exit code and stderr: below)
+    path = write_trace(tmp_path / f"{name}.jsonl", lines)
+    out = tmp_path / "out" / "decisions.jsonl"
+    assert main(["replay", path, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1, captured.err
+    assert err[0].startswith(f"error: {path}:") and expected in err[0], err[0]
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+    assert not out.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_real_process_ends_a_bad_input_and_a_usage_error_with_one_line_and_exit_2(tmp_path):
+    """The contract at the process boundary: exit status 2, one stderr line, no traceback,
+    nothing on stdout, nothing written (the other cases run main() in-process above)."""
+    name, lines, expected = BAD_INPUTS[0]
     path = write_trace(tmp_path / f"{name}.jsonl", lines)
     out = tmp_path / "out" / "decisions.jsonl"
     proc = subprocess.run([sys.executable, "-m", "rlharness", "replay", path, "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
-    assert len(err) == 1, proc.stderr
-    assert err[0].startswith(f"error: {path}:") and expected in err[0], err[0]
-    assert "Traceback" not in proc.stderr
-    assert proc.stdout == ""
+    assert len(err) == 1 and err[0].startswith(f"error: {path}:") and expected in err[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not out.exists() and not (tmp_path / "out").exists()
+    proc = subprocess.run([sys.executable, "-m", "rlharness", "frobnicate"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
 
 
-def test_cli_usage_errors_are_one_line(tmp_path):
+def test_cli_usage_errors_are_one_line(tmp_path, capsys):
     for argv in (["replay"], ["frobnicate"], ["replay", str(tmp_path / "missing.jsonl")], []):
-        proc = subprocess.run([sys.executable, "-m", "rlharness", *argv], capture_output=True, text=True, cwd=ROOT)
-        assert proc.returncode == 2, argv
-        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: "), proc.stderr
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert len(captured.err.strip().splitlines()) == 1 and captured.err.startswith("error: "), captured.err
+        assert captured.out == "", argv
 
 
 def test_console_script_is_installed():
