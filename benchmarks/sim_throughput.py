@@ -36,7 +36,10 @@ simulator issue's 2 GiB RSS). events/s and records/s stay printed as figures: th
 describe the model's granularity as much as its speed. The wall time is the run's
 (``Simulation(...).run()``); building the ``Simulation`` is under 1 ms of it.
 
-    python benchmarks/sim_throughput.py [--skip-large]
+    python benchmarks/sim_throughput.py [--skip-large] [--repeats N] [--bare-events N]
+
+(``--repeats 1 --bare-events 20000``: the same table from fewer, noisier runs; what the
+suite's test of this script runs.)
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ def _scheduler_share(scenario) -> float:
 _REPEATS = 7  # runs of a scenario that takes under 0.5 s; the best wall time is reported
 
 
-def run_one(path, with_outputs):
+def run_one(path, with_outputs, repeats=_REPEATS):
     """Child mode: run one scenario, print a JSON line with the figures."""
     from simulators.runtime import Simulation
     from simulators.scenario import load_scenario
@@ -136,7 +139,7 @@ def run_one(path, with_outputs):
     scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
     Simulation(default_scenario()).run()  # warm-up: imports and first-call costs are not the run's
     wall = float("inf")
-    for _ in range(_REPEATS):  # a short run is repeated and its best time kept: one is noise
+    for _ in range(repeats):  # a short run is repeated and its best time kept: one is noise
         res = None  # the previous run (a cycle of objects holding its log) is freed before this one
         gc.collect()
         t0 = time.perf_counter()
@@ -189,6 +192,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-large", action="store_true", help="skip the 1024-GPU scenario")
     ap.add_argument("--no-outputs", action="store_true", help="time the runs only, not the writing of their outputs")
+    ap.add_argument("--repeats", type=int, default=_REPEATS,
+                    help=f"runs of a scenario under 0.5 s, best kept (default {_REPEATS})")
+    ap.add_argument("--bare-events", type=int, default=400_000,
+                    help="events of the bare simpy loop (default 400000)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--e2e", action="store_true", help=argparse.SUPPRESS)
@@ -197,15 +204,15 @@ def main(argv=None) -> int:
         print(json.dumps(end_to_end()))
         return 0
     if args.bare:  # child mode: the bare loop's events/s and the cost of one log record
-        bare = bare_simpy()
-        print(json.dumps([bare, max(0.0, 1 / bare_simpy(log_records=True) - 1 / bare)]))
+        bare = bare_simpy(args.bare_events)
+        print(json.dumps([bare, max(0.0, 1 / bare_simpy(args.bare_events, log_records=True) - 1 / bare)]))
         return 0
     if args.child is not None:
-        run_one(args.child or None, not args.no_outputs)
+        run_one(args.child or None, not args.no_outputs, args.repeats)
         return 0
     # in a child too: the logging loop's memory would otherwise be inherited by every
     # scenario child forked after it, and counted in their peak RSS
-    out = subprocess.run([sys.executable, __file__, "--bare"], capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run([sys.executable, __file__, "--bare", "--bare-events", str(args.bare_events)], capture_output=True, text=True, cwd=ROOT, check=True)
     bare, per_record_s = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"bare simpy loop: {bare / 1e6:.2f} M events/s; one event-log record costs {per_record_s * 1e6:.2f} µs more\n")
     print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
@@ -214,7 +221,8 @@ def main(argv=None) -> int:
     for label, path in SCENARIOS:
         if args.skip_large and path and "1024" in path:
             continue
-        cmd = [sys.executable, __file__, "--child", path or ""] + (["--no-outputs"] if args.no_outputs else [])
+        cmd = [sys.executable, __file__, "--child", path or "", "--repeats", str(args.repeats)] + \
+            (["--no-outputs"] if args.no_outputs else [])
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             print(f"{label:<38} FAILED: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")

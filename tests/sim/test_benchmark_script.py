@@ -11,7 +11,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_sim_throughput_prints_a_row_per_scenario():
-    out = subprocess.run([sys.executable, "benchmarks/sim_throughput.py", "--skip-large", "--no-outputs"],
+    out = subprocess.run([sys.executable, "benchmarks/sim_throughput.py", "--skip-large", "--no-outputs",
+                          "--repeats", "1", "--bare-events", "20000"],
                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
