@@ -60,10 +60,10 @@ def test_the_minimized_reproducer_keeps_the_schedule_seed(sweep):
 
 
 def test_explored_results_are_byte_identical_whatever_the_worker_count():
-    cfg = dict(seeds=3, start=20, explore=2, explore_strategy="random")
+    cfg = dict(seeds=2, start=20, explore=2, explore_strategy="random")  # 6 runs: 3 workers end them out of order
     one = results_json(run_sweep(SweepConfig(workers=1, **cfg), minimize_findings=False).results)
     three = results_json(run_sweep(SweepConfig(workers=3, **cfg), minimize_findings=False).results)
-    assert one == three and len(json.loads(one)) == 9
+    assert one == three and len(json.loads(one)) == 6
 
 
 def test_the_determinism_pass_reruns_each_schedule(fresh_process_decodes_one_more_token):
