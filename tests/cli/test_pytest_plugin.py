@@ -52,14 +52,12 @@ def test_pyproject_registers_the_plugin_entry_point():
     assert re.search(r'\[project\.entry-points\.pytest11\]\s*\nrlharness = "rlharness\.pytest_plugin"', text)
 
 
-def test_readme_example_passes_in_an_empty_directory(tmp_path):
+def test_readme_example_passes_and_a_failing_assertion_fails_and_markers_skip_in_a_fresh_session(tmp_path):
+    """One fresh pytest process in an otherwise empty directory (no configuration of this
+    repository), holding the README's example and a file of our own: the example's tests
+    pass, a wrong expectation fails, a gpu-marked test skips with its reason on a machine
+    without CUDA (one session for both files: a pytest start with the plugin is ~1 CPU s)."""
     (tmp_path / "test_my_scenarios.py").write_text(readme_example())
-    proc = run_pytest_in(tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"\b2 passed\b", proc.stdout), proc.stdout[-2000:]
-
-
-def test_a_failing_assertion_fails_and_markers_skip_with_their_reason(tmp_path):
     (tmp_path / "test_x.py").write_text(
         "import pytest\n"
         "def test_wrong_expectation(rlharness_run):\n"
@@ -68,13 +66,20 @@ def test_a_failing_assertion_fails_and_markers_skip_with_their_reason(tmp_path):
         "def test_needs_gpu():\n"
         "    pass\n"
     )
-    proc = run_pytest_in(tmp_path, "-rs")
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    assert "1 failed" in proc.stdout
+    proc = run_pytest_in(tmp_path, "-rA")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    outcomes = [line.split(" ", 1) for line in proc.stdout.splitlines()
+                if line.startswith(("PASSED ", "FAILED ", "SKIPPED ", "ERROR "))]
+    readme = [o for o, rest in outcomes if rest.startswith("test_my_scenarios.py::")]
+    assert readme == ["PASSED", "PASSED"], proc.stdout[-3000:]  # the README example: its two tests pass
+    assert ["FAILED", "test_x.py::test_wrong_expectation"] in [[o, rest.split(" ")[0]] for o, rest in outcomes], \
+        proc.stdout[-3000:]
     import torch
 
     if not torch.cuda.is_available():
         assert "1 skipped" in proc.stdout and "needs a CUDA GPU" in proc.stdout, proc.stdout[-2000:]
+    else:
+        assert ["PASSED", "test_x.py::test_needs_gpu"] in [[o, rest.split(" ")[0]] for o, rest in outcomes]
 
 
 def test_fixture_runs_with_overrides_and_writes_a_run_folder(rlharness_run):
