@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -127,7 +125,7 @@ def test_failed_rollouts_retry_then_skip_and_the_step_trains_on_fewer_groups():
     assert ends(res.records, "Backoff")  # infra failures back off before the retry
 
 
-def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp_path, monkeypatch):
+def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp_path, monkeypatch, capsys):
     with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.streaming\.max_buffered_rollouts: max_buffered_rollouts 3 "
                                             r"is below the 8 groups the in_order sampler needs .*deadlock"):
         sc_scenario(max_buffered_rollouts=3, min_groups_for_streaming_train=4)
@@ -138,10 +136,13 @@ def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp
     data = scenario_to_mapping(good)
     data["pipelines"][0]["streaming"]["max_buffered_rollouts"] = 3
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    proc = subprocess.run([sys.executable, "-m", "rlharness", "simulate", str(path), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "max_buffered_rollouts" in proc.stderr and "deadlock" in proc.stderr and "Traceback" not in proc.stderr
+    from rlharness.cli import main  # the command in-process (tests/replay: the same contract in a real process)
+
+    capsys.readouterr()
+    assert main(["simulate", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "max_buffered_rollouts" in err and "deadlock" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
     # without the setup check the same configuration stalls: the step's 4th group never gets a slot
     import harness.streaming.controller as controller
