@@ -10,6 +10,7 @@ command in a subprocess.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -271,10 +272,40 @@ def test_export_of_a_trace_writes_both_pictures(tmp_path, capsys):
 # ----------------------------------------------------------------------------- pipes, versions, exit codes
 
 
-@pytest.mark.parametrize("argv", [["schema"], ["replay", TRACE], ["simulate", "--quiet", "--no-png"], ["--help"],
-                                  ["simulate", "--help"], ["--version"]],
-                         ids=["schema", "replay", "simulate", "help", "simulate-help", "version"])
-def test_closed_pipe_is_a_quiet_exit(argv, tmp_path):
+CLOSED_PIPE_ARGV = [["schema"], ["replay", TRACE], ["simulate", "--quiet", "--no-png"], ["--help"],
+                    ["simulate", "--help"], ["--version"]]
+CLOSED_PIPE_IDS = ["schema", "replay", "simulate", "help", "simulate-help", "version"]
+
+
+class _ClosedPipe(io.TextIOBase):
+    """stdout after the reader went away: every write fails as a pipe with no reader does,
+    and there is no descriptor to point elsewhere (main's exit-time precaution is a real
+    process's matter: below)."""
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self):
+        raise io.UnsupportedOperation("fileno")
+
+
+@pytest.mark.parametrize("argv", CLOSED_PIPE_ARGV, ids=CLOSED_PIPE_IDS)
+def test_closed_pipe_is_a_quiet_exit(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    code = main(argv)
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+    assert code == 141, code  # one convention: --help and --version too (argparse alone would exit 0)
+
+
+@pytest.mark.parametrize("argv", [CLOSED_PIPE_ARGV[2], CLOSED_PIPE_ARGV[5]], ids=["simulate", "version"])
+def test_closed_pipe_is_a_quiet_exit_of_a_real_process(argv, tmp_path):
+    """The process boundary: exit status 141 and nothing on stderr, Python's own flush of
+    stdout at exit included (a command's run and argparse's exit; every command in-process above)."""
     env = _env()
     proc = subprocess.Popen([sys.executable, "-m", "rlharness", *argv], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -282,7 +313,7 @@ def test_closed_pipe_is_a_quiet_exit(argv, tmp_path):
     err = proc.stderr.read().decode()
     code = proc.wait(timeout=120)
     assert err == "", err
-    assert code == 141, code  # one convention: --help and --version too (argparse alone would exit 0)
+    assert code == 141, code
 
 
 def test_version(capsys):
