@@ -269,7 +269,8 @@ def planner_cases(draw) -> PlannerCase:
     return PlannerCase(registry, allocations, reserved, idle, pending, totals, shrinks, remove, eps, max_it, max_act)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# not derandomized: each suite run draws 150 new cases (was 300; the explicit cases below pin the known ones)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(planner_cases())
 def test_planner_matches_reference_oracle(case: PlannerCase):
     assert_same(case)

@@ -344,7 +344,9 @@ class SchedulerMachine2x2(SchedulerMachine):
     POOL = staticmethod(pool_2x2)
 
 
-SETTINGS = settings(max_examples=150, stateful_step_count=40, deadline=None,
+# Not derandomized: every run of the suite draws new programs, so the runs together search
+# far more than one run's 75 x 40 steps (was 150: 4 CPU s a run for both machines).
+SETTINGS = settings(max_examples=75, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 TestScheduler1x4 = SchedulerMachine.TestCase
