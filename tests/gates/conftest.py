@@ -148,7 +148,7 @@ def _port_taken(run: "GateRun") -> bool:
 def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
                 timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
                 first_ports: Sequence[int] = (), own_folders: bool = True, launcher: str = "forked",
-                preload: Sequence[str] = (), lane: Optional[str] = "busy-a") -> GateRun:
+                preload: Sequence[str] = (), lane: Optional[str] = "busy") -> GateRun:
     """Launch a gate under torch's agent on a free port; a port lost to a concurrent job
     (the probe closes it before the agent binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds).
