@@ -120,6 +120,7 @@ class Driver(DriverEffects, LifecycleEffects):
         self.life = {(p, d): RankLifecycle(p, d) for p in PIPELINES for d in (0, 1)}
         self.routable: Dict[str, set] = {p: set() for p in PIPELINES}
         self.coord_lock = {p: threading.Lock() for p in PIPELINES}
+        self.cache_locks = {p: threading.Lock() for p in PIPELINES}  # RLix's _cache_lock (DriverEffects._cache_held)
         # routing: which ranks take new requests; an abort and a submission never interleave
         self.routing_lock = {p: threading.Lock() for p in PIPELINES}
         self.outstanding = {(p, d): 0 for p in PIPELINES for d in (0, 1)}  # submitted, not yet collected

@@ -9,9 +9,10 @@ routing and lifecycle effects update the driver's own books.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from gpu_gates.dual_worker import ROLES, rank_of
 from harness.control.reporting import progress_input, request_input
@@ -53,12 +54,37 @@ class DriverEffects:
         return self._trainer(pid).call("train", step=e.global_step)
 
     def _BuildCache(self, pid, e):
-        self._trainer(pid).call("build_cache", version=e.version, bucket_size=self.bucket_size)
-        self.ctxs[pid].versions.cache_built(e.version)
+        with self._cache_held(pid, "build", e.version):  # never while a sync reads the cache
+            self._trainer(pid).call("build_cache", version=e.version, bucket_size=self.bucket_size)
+            self.ctxs[pid].versions.cache_built(e.version)
 
     def _PromoteCache(self, pid, e):
-        self._trainer(pid).call("promote", version=e.version)
-        self.ctxs[pid].versions.promote(e.version)
+        with self._cache_held(pid, "promote", e.version):
+            self._trainer(pid).call("promote", version=e.version)
+            self.ctxs[pid].versions.promote(e.version)
+
+    @contextlib.contextmanager
+    def _cache_held(self, pid: str, holder: str, version: Optional[int]) -> Iterator[None]:
+        """RLix's ``_cache_lock`` on the pipeline's cache owner, held by a build, a promote
+        or a whole sync, as the simulator's handlers hold theirs (simulators/cache_lock.py),
+        each acquire and release a ``cache_lock`` record for invariant 12. The trainer
+        rank's cache also locks a build out while it is read (its data's own guard); this
+        lock is the exclusion where the driver orders the effects, and the log's evidence
+        of it: without it, a build of v3 and a sync of v2 issued from two driver threads
+        overlapped in the log on a loaded machine. Waiting for it is bounded like any
+        other wait of the driver's."""
+        lock, end = self.cache_locks[pid], time.monotonic() + self.ctx.args.timeout_s
+        while not lock.acquire(timeout=0.05):
+            if self.errors:
+                raise DriverError("aborted: " + self.errors[0])
+            if time.monotonic() >= end:
+                raise DriverError(f"{pid}: gave up waiting for the cache lock ({holder} of v{version})")
+        self.emit("cache_lock", pipeline_id=pid, action="acquire", holder=holder, version=version)
+        try:
+            yield
+        finally:
+            self.emit("cache_lock", pipeline_id=pid, action="release", holder=holder, version=version)
+            lock.release()
 
     def _OffloadTraining(self, pid, e):
         self._trainer(pid).call("offload")
@@ -90,6 +116,10 @@ class DriverEffects:
             self._rank_state(pid, d, "woken")
 
     def _SyncFromCache(self, pid, e):
+        with self._cache_held(pid, "sync", e.version):  # the whole sync, as RLix holds it
+            return self._sync_from_cache(pid, e)
+
+    def _sync_from_cache(self, pid, e):
         owner = rank_of(pid, "trainer")
         plan = build_comm_plan((0, ROLES[owner][3]), {d: [(0, ROLES[rank_of(pid, "infer", d)][3])] for d in e.ranks})
         ipc_ranks = [rank_of(pid, "infer", d) for d in sorted(plan.ipc)]

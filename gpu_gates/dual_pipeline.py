@@ -13,7 +13,8 @@ Verdict, from the event log with the harness's own invariant checks
 (``harness.invariants``): GPU single ownership, T1 < T2 < T3 resize order, no rank
 removed and re-added in a cycle, activation only after sync + finalize + publish,
 versions published once per cache and never before their sync, ``actor_train`` released
-only after refresh + publish, step order; plus every pipeline finished ``--steps``
+only after refresh + publish, step order, no cache build or promote while a sync reads
+the cache; plus every pipeline finished ``--steps``
 steps and every synced rank matched its owner bit for bit.
 
 Logical GPUs decide the comm plan (same GPU as the cache owner → IPC, else a dynamic
@@ -47,7 +48,7 @@ from gpu_gates.dual_worker import WORLD, Worker  # noqa: E402
 from harness.invariants.ordering import resize_walk  # noqa: E402
 
 CHECKS = ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
-          "release_after_publish", "step_order")
+          "release_after_publish", "step_order", "cache_lock")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

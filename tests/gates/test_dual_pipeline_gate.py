@@ -38,6 +38,10 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     assert all("acked in cycle" in v.message and "expanded dp [" in v.message for v in found), found
     both = [r for r in records if r["kind"] == "plan" and r["shrinks"] and r["expands"]]
     assert both
+    # every build and every sync of each cache held its pipeline's cache lock (the log's
+    # evidence for invariant 12: without it the check judged each effect unlocked)
+    holds = {(r["pipeline_id"], r["holder"]) for r in records if r["kind"] == "cache_lock" and r["action"] == "acquire"}
+    assert {(p, h) for p in ("ppl1", "ppl2") for h in ("build", "sync")} <= holds, holds
     # refits really moved weights over both paths and every synced rank matched bit for bit
     gate_log = [json.loads(line) for line in open(run.event_log)]
     digests = [r for r in gate_log if r["kind"] == "digest_check"]
