@@ -37,7 +37,7 @@ from gpu_gates.dist_setup import (LaunchEnv, connect_store, device_for, device_s
 from gpu_gates.events import merge_events, write_event_log
 from gpu_gates.hooks import HookSpecError, TestHooks
 from gpu_gates.memory import MemoryMeter
-from gpu_gates.watchdog import Watchdog, start_sigterm_listener
+from gpu_gates.watchdog import Watchdog, start_sigterm_listener, thread_stacks
 from gpu_gates.transports import private_dirs
 
 __all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
@@ -170,7 +170,7 @@ class _GateRun:
             private_dirs.sweep_stale()  # folders and staging files of earlier runs killed whole
         self.folders = ipc.gate_folders(self.env.master_port)  # left on every exit path (finish)
         start_sigterm_listener(lambda reason: self.finish(reason))  # before any backend thread exists
-        self.watchdog = Watchdog(self.deadline, lambda reason: self.finish(reason), lambda: f"in phase {ctx.phase!r}")
+        self.watchdog = Watchdog(self.deadline, self._deadline_passed, lambda: f"in phase {ctx.phase!r}")
         self.watchdog.start()
         try:
             ctx.set_phase("init_process_group")
@@ -191,6 +191,15 @@ class _GateRun:
             self._post_abort(ctx.failures[-1])
             self.body_raised = True
         return self.finish(None)
+
+    def _deadline_passed(self, reason: str) -> None:
+        """The watchdog's exit: print where each of this rank's threads is first (the phase
+        names the step; the stacks name the call that never returned), then finish."""
+        try:
+            write_at_once(sys.stderr, f"rank {self.env.rank} {reason}; its threads:\n{thread_stacks()}")
+        except Exception:  # never in the way of the report
+            pass
+        self.finish(reason)
 
     def _print_failure(self, exc: Exception, message: str) -> None:
         """One headline per failing rank, and one traceback at most: a rank that only gave

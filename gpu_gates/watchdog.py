@@ -13,7 +13,9 @@ what keeps rank 0's report alive when another rank fails first.
 
 from __future__ import annotations
 
+import faulthandler
 import signal
+import tempfile
 import threading
 import time
 from typing import Callable, Optional
@@ -43,6 +45,15 @@ class Watchdog:
         if self._stop.wait(max(0.0, self.remaining())):
             return
         self._on_fire(f"timed out: deadline passed while {self._describe()}")
+
+
+def thread_stacks() -> str:
+    """Every thread's Python stack, as Python's fault handler prints it (it reads them
+    without the GIL, so a thread stuck in C with the GIL held does not stop it)."""
+    with tempfile.TemporaryFile() as fh:
+        faulthandler.dump_traceback(fh, all_threads=True)
+        fh.seek(0)
+        return fh.read().decode(errors="replace")
 
 
 def block_sigterm_in_this_thread() -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
+from tests.gates.hang_dump import HEADER, read_output
 from tests.gates.proc_table import pids_in_session, pids_mentioning
 from tests.gates.served_launch import LaunchServer
 from tests.session_lock import take_turns
@@ -129,14 +129,45 @@ class GateRun:
     def event_log(self) -> Path:
         return self.report_path.with_name(self.report_path.stem + ".events.jsonl")
 
+    def hang_diagnosis(self) -> str:
+        """A killed launch's output: what it printed last, then its processes' native
+        view and Python stacks (tests/gates/hang_dump.py), in full."""
+        at = self.output.find(HEADER)
+        return self.output[-3000:] if at < 0 else self.output[max(0, at - 3000):]
+
     def ended_cleanly(self, report: bool = True) -> "GateRun":
         """What every gate launch must show, whatever its verdict: it ended before the
         test's timeout, no process outlived it, and (``report``) rank 0 wrote its report."""
-        assert not self.timed_out, f"gate launch exceeded its test timeout:\n{self.output[-3000:]}"
+        assert not self.timed_out, f"gate launch exceeded its test timeout:\n{self.hang_diagnosis()}"
         assert not self.survivors, f"orphan processes survived the gate: {self.survivors}"
         if report:
             assert self.report is not None, f"no report written:\n{self.output[-3000:]}"
         return self
+
+
+#: Seconds a launch may take beyond its ranks' deadline (``--timeout-s`` plus rank 0's
+#: grace, at most 5 s): the agent's and the ranks' start on a loaded machine, rank 0's
+#: report after its watchdog fired, the other ranks' exits and the agent's teardown.
+DEADLINE_MARGIN_S = 15.0
+MAX_GRACE_S = 5.0  # gpu_gates/runtime.py: grace = max(2, min(5, timeout_s / 10))
+
+
+def with_gate_deadline(args: Sequence[str], timeout_s: float) -> List[str]:
+    """The gate's arguments with a per-rank deadline that ends the launch with a report
+    before the test's ``timeout_s``: the test's kill is for a launch stuck where no gate
+    code runs, never for a rank that would have timed out and reported (the gate's
+    default, 120 s, is longer than most tests' timeout). A test that sets ``--timeout-s``
+    itself must leave the same margin."""
+    args = list(args)
+    if "--timeout-s" in args:
+        gate_s = float(args[args.index("--timeout-s") + 1])
+        assert gate_s + MAX_GRACE_S + DEADLINE_MARGIN_S <= timeout_s, (
+            f"--timeout-s {gate_s:g} does not fit in the test's timeout_s={timeout_s:g}: the gate must report before "
+            f"the test kills it (leave {MAX_GRACE_S + DEADLINE_MARGIN_S:g} s)")
+        return args
+    gate_s = timeout_s - MAX_GRACE_S - DEADLINE_MARGIN_S
+    assert gate_s >= 10, f"timeout_s={timeout_s:g} leaves the gate's ranks no deadline to report by"
+    return [*args, "--timeout-s", f"{gate_s:g}"]
 
 
 def _port_taken(run: "GateRun") -> bool:
@@ -157,10 +188,12 @@ def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optiona
     handler); ``False`` leaves them to the gate (as a hand-launched ``torchrun`` does).
     ``launcher``: ``"forked"`` (ranks forked from the agent, ``preload`` and
     :data:`PRELOAD` imported there first) or ``"torchrun"`` (the documented command).
+    The gate's ``--timeout-s`` fits in ``timeout_s`` (:func:`with_gate_deadline`).
     ``lane``: the queue of launches this one waits its turn in (:func:`lane_of`); None:
     the caller holds its lane's turn (:class:`SideBySide`)."""
     launcher = os.environ.get(LAUNCHER_ENV) or launcher
     assert launcher in LAUNCHERS, f"{LAUNCHER_ENV}={launcher!r}: one of {LAUNCHERS}"
+    args = with_gate_deadline(args, timeout_s)
     ports = iter(first_ports)
     with _one_gate_at_a_time(tmp_path, lane) if lane else contextlib.nullcontext():
         for _ in range(3):
@@ -229,7 +262,8 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
     cmd = [*_launcher_command(launcher, preload), "--nproc-per-node", str(nproc),
            "--master-addr", "127.0.0.1", "--master-port", str(port), "--log-dir", str(tmp_path / "torchrun-logs"),
            str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    # PYTHONFAULTHANDLER: a launch killed at the test's timeout prints every process's stacks first
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop(HOOK_ENV, None)
     server_env = dict(env)  # what every launch of this worker shares (the launch server's)
     if hook:
@@ -238,7 +272,7 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
     start = time.monotonic()
     server = LaunchServer.for_launch(env, preload, REPO, server_env) if launcher == "forked" else None
     if server is not None:  # the same launch, forked from the worker's launch server
-        returncode, output, timed_out, launcher_pid = server.run(cmd[2:], env, REPO, timeout_s)
+        returncode, output, timed_out, launcher_pid = server.run(cmd[2:], env, REPO, timeout_s, str(report))
     else:
         returncode, output, timed_out, launcher_pid = _run_program(cmd, env, report, timeout_s)
     elapsed = time.monotonic() - start
@@ -256,22 +290,14 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
 
 
 def _run_program(cmd: List[str], env: Dict[str, str], report: Path, timeout_s: float):
-    """The launcher as a program of its own session: (exit code, output, timed out, pid)."""
+    """The launcher as a program of its own session: (exit code, output, timed out, pid).
+    At the timeout the output gets a diagnosis of the launch's processes and they are
+    SIGKILLed (tests/gates/hang_dump.py)."""
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
-    timed_out = False
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        for pid in pids_mentioning(str(report)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        output, _ = proc.communicate()
-    return proc.returncode, output, timed_out, proc.pid
+                            start_new_session=True)
+    with proc.stdout:
+        output, timed_out = read_output(proc.stdout.fileno(), timeout_s, proc.pid, str(report))
+    return proc.wait(), output, timed_out, proc.pid
 
 
 class SideBySide:

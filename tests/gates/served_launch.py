@@ -8,8 +8,7 @@ would be: its own session and process group, the launch's environment, working f
 and output, then the same ``launch(ARGV)`` (torch's agent, the ranks forked from it).
 The server never launches anything itself, so every launch starts from the same state.
 
-A launch whose environment differs from the server's in anything read at import time
-(only the gate hook and the run's private folders may differ: the gates read those when
+A launch whose environment differs from the server's in anything read at (only the gate hook and the run's private folders may differ: the gates read those when
 they run), or that wants a module the server did not import, is started as a program.
 """
 
@@ -17,16 +16,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import select
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tests.gates.hang_dump import read_output
 from tests.gates.launch_forked import receive_message, send_message, served_modules
 
 LAUNCH_FORKED = Path(__file__).with_name("launch_forked.py")
@@ -77,11 +74,13 @@ class LaunchServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
-    def run(self, argv: List[str], env: Dict[str, str], cwd: Path, timeout_s: float) -> Tuple[int, str, bool, int]:
+    def run(self, argv: List[str], env: Dict[str, str], cwd: Path, timeout_s: float,
+            mark: str) -> Tuple[int, str, bool, int]:
         """Launch and wait, as ``Popen(...).communicate(timeout)`` would: (exit code,
-        output, timed out, the launch's pid = its session). At the timeout the launch's
-        whole process group is SIGKILLed. Launches may overlap: each has its own reply
-        socket (the server's answers for it) and output pipe."""
+        output, timed out, the launch's pid = its session). At the timeout the output
+        gets a diagnosis of the launch's processes (tests/gates/hang_dump.py; ``mark``:
+        what their command lines carry) and they are SIGKILLed. Launches may overlap:
+        each has its own reply socket (the server's answers for it) and output pipe."""
         out_r, out_w = os.pipe()
         replies, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -91,30 +90,14 @@ class LaunchServer:
             os.close(out_w)
             theirs.close()
         with replies:
-            return self._follow(replies, out_r, timeout_s)
+            return self._follow(replies, out_r, timeout_s, mark)
 
-    def _follow(self, replies: socket.socket, out_r: int, timeout_s: float) -> Tuple[int, str, bool, int]:
+    def _follow(self, replies: socket.socket, out_r: int, timeout_s: float, mark: str) -> Tuple[int, str, bool, int]:
         started, _ = receive_message(replies)
         pid = started["pid"]
-        chunks: List[bytes] = []
-        deadline, timed_out = time.monotonic() + timeout_s, False
-        with os.fdopen(out_r, "rb", buffering=0) as out:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0 and not timed_out:
-                    timed_out = True
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    deadline = time.monotonic() + 10.0  # the group is dead: its output ends now
-                    continue
-                if left <= 0:
-                    break  # killed, and something outside its group still holds the output
-                if select.select([out], [], [], left)[0]:
-                    data = out.read(1 << 16)
-                    if not data:
-                        break
-                    chunks.append(data)
+        try:
+            output, timed_out = read_output(out_r, timeout_s, pid, mark)
+        finally:
+            os.close(out_r)
         ended, _ = receive_message(replies)
-        return ended["exit_code"], b"".join(chunks).decode(errors="replace"), timed_out, pid
+        return ended["exit_code"], output, timed_out, pid

@@ -19,6 +19,7 @@ tests.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -199,6 +200,11 @@ def test_hung_rank_ends_in_failed_report_within_timeout(waits):
     hung = next(r for r in report["ranks"] if r["rank"] == 2)
     assert "test hook hang@cycle_begin" in hung["phase"]
     assert report["elapsed_s"] < deadline_s + 8
+    # the hung rank's watchdog printed where each of its threads was: the hook's sleep
+    # (only rank 2 runs the hook, so its frame is rank 2's)
+    assert re.search(r"rank 2 timed out: deadline passed while in phase '.*test hook hang@cycle_begin.*'; its threads:",
+                     run.output), run.output[-4000:]
+    assert re.search(r'File ".*/gpu_gates/hooks.py", line \d+ in act\n', run.output), run.output[-4000:]
     assert run.rank_report(2) is not None and run.rank_report(2)["status"] == "failed"
     # ended_cleanly: no orphan workers, the launch ended before the test timeout
 

@@ -1,0 +1,77 @@
+"""A launch killed at its test's timeout leaves a diagnosis: where each process was stuck.
+
+The hung process here is the classic fork deadlock made certain: a thread holds a lock
+while the main thread forks, and the child (which inherited the lock held, and not the
+thread that would release it) waits for it forever. The parent then waits for the child.
+Nothing of it is printed by the program; the diagnosis must name both processes, where
+each is (the Python frames), and the threads' native state, and leave nothing running."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+from tests.gates.conftest import GateRun
+from tests.gates.hang_dump import HEADER, read_output
+from tests.gates.proc_table import live_processes
+
+PROGRAM = r'''
+import os, sys, threading, time
+
+held, release = threading.Lock(), threading.Event()
+
+def lock_holder():
+    with held:
+        print("held", flush=True)
+        release.wait()
+
+def child_waits_for_a_lock_held_at_fork():
+    print("child blocking", flush=True)
+    held.acquire()  # never returns: its holder is a thread of the parent
+
+def parent_waits_for_its_child(pid):
+    os.waitpid(pid, 0)
+
+threading.Thread(target=lock_holder, name="lock-holder", daemon=True).start()
+while not held.locked():
+    time.sleep(0.01)
+pid = os.fork()
+if pid == 0:
+    child_waits_for_a_lock_held_at_fork()
+parent_waits_for_its_child(pid)
+'''
+
+
+def _until(fd: int, text: bytes, limit_s: float = 60.0) -> bytes:
+    """Read the program's output until ``text`` has appeared (the hang is in place)."""
+    got, end = b"", time.monotonic() + limit_s
+    while text not in got and time.monotonic() < end:
+        got += os.read(fd, 4096)
+    assert text in got, got
+    return got
+
+
+def test_a_hung_launch_is_killed_with_every_process_stacks_and_threads_in_its_output(tmp_path):
+    mark = str(tmp_path / "hung-launch-marker")
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", PROGRAM, mark], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    with proc.stdout:
+        fd = proc.stdout.fileno()
+        _until(fd, b"child blocking")
+        output, timed_out = read_output(fd, 0.0, proc.pid, mark)  # due at once: diagnose now
+    assert timed_out and proc.wait(timeout=10) != 0
+    assert HEADER in output and "its 2 process(es)" in output, output
+    sections = dict(re.findall(r"---- pid (\d+): Python stacks.*?\n(.*?)(?=\n---- pid |\n==== end)", output, re.S))
+    child = next(pid for pid in sections if int(pid) != proc.pid)
+    assert set(sections) == {str(proc.pid), child}, output
+    assert "child_waits_for_a_lock_held_at_fork" in sections[child], output
+    parent = sections[str(proc.pid)]
+    assert "parent_waits_for_its_child" in parent and "lock_holder" in parent, output  # every thread
+    # the native view: each process, its parent, each thread's name and what it waits in
+    assert f"pid {child} (parent {proc.pid}, state " in output, output
+    assert re.search(rf"\n  thread {child} '\S+' state S waiting in \S+\n", output), output
+    # and the session is gone, the (would-be) killed launch's test failure shows it all
+    assert not [pid for pid, fields in live_processes() if int(fields[3]) == proc.pid]
+    run = GateRun(-9, 0.0, "x" * 5000 + output, tmp_path / "r.json", timed_out=True)
+    assert run.hang_diagnosis().endswith(output[output.index(HEADER):])
