@@ -26,7 +26,9 @@ start method) running the gate file through ``runpy`` (torch's ``--run-path``), 
 rank as done only when it returns), every rank's command line is this launcher's, and
 the ranks inherit the agent's signal handlers until the gate installs its own. The agent
 has torch's TCP store thread running when it forks (Python 3.12+ warns about forking a
-threaded process); the thread only serves the store, and a child never touches it.
+threaded process): a rank forked while that thread holds a lock would wait for it
+forever, so the ranks wait at a start line until the last one is forked, and only then
+connect to the store (:class:`StartLine`): the thread is idle at every fork.
 This is a CPU test tool: on a GPU node, use torchrun (CUDA cannot follow a fork).
 The suite keeps one real ``torchrun`` launch per gate (tests/gates/conftest.py), so the
 documented command stays tested.
@@ -39,6 +41,7 @@ which becomes this program for that launch (``launch(ARGV)``), so the agent's ow
 
 from __future__ import annotations
 
+import functools
 import importlib
 import io
 import json
@@ -96,12 +99,66 @@ class ExceptionTextUpFront(logging.Filter):
         return True
 
 
+class StartLine:
+    """Forked ranks wait at a start line until the agent has forked the last of them.
+
+    When the agent forks, its TCP store thread (torch's ``pt_tcpstore_uv``) is running;
+    a rank forked while that thread holds a lock inherits the lock held, and no thread
+    of the rank will ever release it. The thread is busy exactly when earlier ranks are
+    connecting to the store, which they do at once: in a CI run under load, the last of
+    four ranks hung in its ``TCPStore`` client's constructor on a futex while the other
+    three waited for it in ``init_process_group``. Held here until every rank is forked,
+    no rank talks to the store while the agent forks, so the thread sits idle in its
+    event loop, holding nothing, at every fork.
+
+    A pipe: each rank closes its copy of the write end and reads until end of file,
+    which comes when the agent closes its own (:meth:`release`)."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+
+    def hold(self) -> None:
+        """In a rank: wait for the agent's release."""
+        os.close(self._w)
+        while os.read(self._r, 1):
+            pass
+        os.close(self._r)
+
+    def release(self) -> None:
+        """In the agent: let every rank go."""
+        os.close(self._w)
+        os.close(self._r)
+
+
+def ranks_start_together(context_class) -> None:
+    """Make ``context_class`` (torch's ``MultiprocessContext``, the agent's forked ranks)
+    hold its ranks at a :class:`StartLine` until it has started them all."""
+    start = context_class._start
+
+    def _start(self) -> None:
+        line, entrypoint = StartLine(), self.entrypoint
+
+        @functools.wraps(entrypoint)
+        def held(*args, **kwargs):
+            line.hold()
+            return entrypoint(*args, **kwargs)
+
+        self.entrypoint = held
+        try:
+            start(self)
+        finally:
+            line.release()
+
+    context_class._start = _start
+
+
 def launch(argv: List[str]) -> None:
     """One launch: torchrun's own run, ranks forked (the command line of this module)."""
     preload, torchrun_argv = split_preloads(argv)
     if REPO not in sys.path:
         sys.path.insert(0, REPO)  # the gate modules, as the gate file's own sys.path line does
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = torchrun.parse_args(torchrun_argv)
@@ -112,6 +169,7 @@ def launch(argv: List[str]) -> None:
         importlib.import_module(module)
     unbuffered_std_streams()
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(ExceptionTextUpFront())
+    ranks_start_together(MultiprocessContext)  # this process only: the agent of this launch
     record(torchrun.run)(args)
 
 

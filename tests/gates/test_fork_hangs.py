@@ -1,6 +1,7 @@
-"""A launch killed at its test's timeout leaves a diagnosis: where each process was stuck.
+"""Fork hangs: forked ranks never fork while the agent's store thread is busy, and a
+launch killed at its test's timeout leaves a diagnosis of where each process was stuck.
 
-The hung process here is the classic fork deadlock made certain: a thread holds a lock
+The hung process of the diagnosis test is the classic fork deadlock made certain: a thread holds a lock
 while the main thread forks, and the child (which inherited the lock held, and not the
 thread that would release it) waits for it forever. The parent then waits for the child.
 Nothing of it is printed by the program; the diagnosis must name both processes, where
@@ -14,6 +15,7 @@ import time
 
 from tests.gates.conftest import GateRun
 from tests.gates.hang_dump import HEADER, read_output
+from tests.gates.launch_forked import ranks_start_together
 from tests.gates.proc_table import live_processes
 
 PROGRAM = r'''
@@ -75,3 +77,49 @@ def test_a_hung_launch_is_killed_with_every_process_stacks_and_threads_in_its_ou
     assert not [pid for pid, fields in live_processes() if int(fields[3]) == proc.pid]
     run = GateRun(-9, 0.0, "x" * 5000 + output, tmp_path / "r.json", timed_out=True)
     assert run.hang_diagnosis().endswith(output[output.index(HEADER):])
+
+
+class _Agent:
+    """torch's ``MultiprocessContext`` as far as the start line sees it: ``_start`` forks
+    one process per rank running ``entrypoint(rank)``. Here it lingers after the forks,
+    long enough for an unheld rank to get going (a fork runs at once)."""
+
+    def __init__(self, entrypoint, nprocs: int) -> None:
+        self.entrypoint, self.nprocs, self.pids, self.forked_all = entrypoint, nprocs, [], 0.0
+
+    def _start(self) -> None:
+        for rank in range(self.nprocs):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    self.entrypoint(rank)
+                finally:
+                    os._exit(0)
+            self.pids.append(pid)
+        time.sleep(0.3)
+        self.forked_all = time.monotonic()
+
+
+def test_forked_ranks_wait_for_the_last_fork_before_running():
+    """tests/gates/launch_forked.py: no rank runs (connects to the agent's store, whose
+    thread must be idle whenever the agent forks) before the agent has forked them all."""
+    out_r, out_w = os.pipe()
+
+    def rank_entry(rank):
+        """What a rank runs: the gate (here: say when it started)."""
+        os.write(out_w, f"{rank} {time.monotonic()}\n".encode())
+
+    class Agent(_Agent):
+        pass
+
+    ranks_start_together(Agent)
+    agent = Agent(rank_entry, 3)
+    agent._start()
+    os.close(out_w)
+    for pid in agent.pids:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    with os.fdopen(out_r) as fh:
+        started = {int(rank): float(at) for rank, at in (line.split() for line in fh)}
+    assert sorted(started) == [0, 1, 2]
+    assert all(at > agent.forked_all for at in started.values()), (started, agent.forked_all)
+    assert Agent.__dict__["_start"].__name__ == "_start" and agent.entrypoint.__name__ == "rank_entry"
