@@ -100,7 +100,7 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_path_problem  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_export_problem, refit_path_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
@@ -374,6 +374,9 @@ def _pipeline(
     problem = refit_path_problem(vals, train, infer, gpu)
     if problem is not None:
         raise ctx.fail(f"{path}.refit_path", problem)
+    problem = refit_export_problem(vals)
+    if problem is not None:
+        raise ctx.fail(f"{path}.refit_export", problem)
     vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:
