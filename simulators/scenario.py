@@ -266,6 +266,9 @@ def _defaults(ctx: _Ctx, data: Any) -> Dict[str, Dict[str, Any]]:
 
 
 def _workload_cross_checks(ctx: _Ctx, path: str, w: WorkloadSpec) -> None:
+    if w.decode_tokens_cap_share >= 1:
+        raise ctx.fail(f"{path}.decode_tokens_cap_share",
+                       f"must be below 1 (a share of the answers), got {_fmt_num(w.decode_tokens_cap_share)}")
     if w.decode_tokens_median > w.decode_tokens_max:
         raise ctx.fail(
             f"{path}.decode_tokens_median",

@@ -55,6 +55,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "generations_per_prompt": _r("int", ">0", "generations"),
         "decode_tokens_median": _r("float", ">0", "tokens"),
         "decode_tokens_sigma": _r("float", ">=0", "log-space sigma"),
+        "decode_tokens_cap_share": _r("float", ">=0", "share of answers"),
         "decode_tokens_max": _r("int", ">0", "tokens"),
         "max_trajectory_age_steps": _r("int", ">=0", "steps"),
         "max_concurrent_per_rank": _r("int", ">0", "requests"),

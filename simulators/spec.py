@@ -67,6 +67,10 @@ class WorkloadSpec:
     decode_tokens_median: float = 512.0  # tokens; decode lengths are log-normal around this
     decode_tokens_sigma: float = 0.8  # log-space sigma: the long tail
     decode_tokens_max: int = 8192
+    # share of answers that run to decode_tokens_max (a run's clip ratio: verl's
+    # response_length/clip_ratio, TRL's completions/clipped_ratio, NeMo RL's truncation rate):
+    # the draws above the log-normal's (1 - share) quantile take the cap; 0 = the log-normal cut at the cap
+    decode_tokens_cap_share: float = 0.0
     max_trajectory_age_steps: int = 1  # async GRPO staleness window
     max_concurrent_per_rank: int = 64  # batching limit of one DP rank
     tokens_per_s_per_rank: float = 2400.0  # aggregate decode throughput of a full rank (per TP bundle)

@@ -132,7 +132,9 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
                        cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
                        cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"],
                        decode_step_overhead_s=cost_vals["decode_step_overhead_s"])
-    decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"])
+    share = wl["decode_tokens_cap_share"]
+    share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share < 1 else 0.0
+    decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"], share)
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
     sleep_level = pipe.get("sleep_level", 2)

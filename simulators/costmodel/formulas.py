@@ -178,29 +178,36 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     return out
 
 
-def mean_decode_tokens(median: float, sigma: float, cap: int) -> float:
+def mean_decode_tokens(median: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
     """Mean decode length the workload draws: a log-normal (median m, log-space σ) cut at the
-    cap, E[min(L, c)] = m·e^(σ²/2)·Φ((ln(c/m) − σ²)/σ) + c·(1 − Φ(ln(c/m)/σ)) — the
+    cap, E[min(L, c)] = m·e^(σ²/2)·Φ(z_c − σ) + c·(1 − Φ(z_c)), z_c = ln(c/m)/σ — the
     uncapped mean m·e^(σ²/2) where the cap is far, less where it bites (a run's published
-    mean length is of the lengths it generated, which the cap cut)."""
-    if sigma <= 0:
-        return min(float(cap), float(median))
-    z = math.log(cap / median) / sigma
+    mean length is of the lengths it generated, which the cap cut). With ``cap_share`` s
+    (``workload.decode_tokens_cap_share``) the draws above the normal's (1 − s) quantile z_s
+    run to the cap, so z_c becomes min(z_c, z_s) in the same expression."""
     phi = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+    if sigma <= 0:
+        return (1.0 - cap_share) * min(float(cap), float(median)) + cap_share * cap
+    z = math.log(cap / median) / sigma
+    if cap_share > 0:
+        from statistics import NormalDist
+
+        z = min(z, NormalDist().inv_cdf(1.0 - cap_share))
     return median * math.exp(sigma * sigma / 2.0) * phi(z - sigma) + cap * (1.0 - phi(z))
 
 
-def median_for_mean(mean: float, sigma: float, cap: int) -> float:
+def median_for_mean(mean: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
     """The log-normal median whose capped mean (:func:`mean_decode_tokens`) is ``mean``
-    (< cap), by bisection on the median (the capped mean grows with it)."""
-    if not 0 < mean < cap:
-        raise ValueError(f"a mean of {mean} tokens needs 0 < mean < cap {cap}")
+    (between cap_share·cap and the cap), by bisection on the median (the capped mean grows
+    with it)."""
+    if not cap_share * cap < mean < cap:
+        raise ValueError(f"a mean of {mean} tokens needs {cap_share * cap:g} < mean < cap {cap}")
     lo, hi = 1e-9, float(cap)
-    while mean_decode_tokens(hi, sigma, cap) < mean:
+    while mean_decode_tokens(hi, sigma, cap, cap_share) < mean:
         hi *= 2.0
     for _ in range(200):
         mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if mean_decode_tokens(mid, sigma, cap) < mean else (lo, mid)
+        lo, hi = (mid, hi) if mean_decode_tokens(mid, sigma, cap, cap_share) < mean else (lo, mid)
     return (lo + hi) / 2.0
 
 
