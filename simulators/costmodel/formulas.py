@@ -354,7 +354,8 @@ def refit_gather_s(a: Arch, p: Parallel, gpus: int, links: Links, e: Efficiency,
 
     Every GPU ends up holding every tensor whole, in Hugging Face's layout, one tensor (or
     one refit group) at a time, and its vLLM worker keeps its own slice: W bytes arrive,
-    W = N·b, of which W_x are the routed experts (:func:`routed_expert_params`) and
+    W = N·b, of which W_x are the routed experts (:func:`routed_expert_params`; 0 where the
+    model gives no ``num_experts``, every weight then counted as a dense, TP-sharded one) and
     W_d = W − W_x the rest. The collectives run one tensor after another, every GPU taking
     part in each, so a group's time is the sum over tensors of one collective's time,
     which NCCL sets by the bytes over the group's link (B, :meth:`Links.for_group`):
