@@ -63,6 +63,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 # a single controller's engines never pause for a shrink: it has no such fields
                 **({} if p.type == "single_controller" else {"pause_mode": p.pause_mode, "wake": p.wake}),
                 **({} if p.refit_path == "cpu_cache" else {"refit_path": p.refit_path}),
+                **({} if p.refit_export == "megatron_bridge" else {"refit_export": p.refit_export}),
                 "model": _sparse(p.model),
                 "workload": _sparse(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
