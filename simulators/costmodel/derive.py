@@ -9,7 +9,7 @@ exactly as before). Derived per pipeline, since each has its own model and TP:
 * ``workload``: ``tokens_per_s_per_rank``, ``batching_half_point``, ``max_concurrent_per_rank``;
 * ``costs`` (the pipeline's own section): ``train_s_per_trajectory``,
   ``old_log_probs_s_per_trajectory`` (from the pipeline's training layout ``train_tp`` ...
-  ``train_global_batch`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``.
+  ``train_global_batch``, ``train_recompute`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``.
 
 A ``step_calibration`` file (``rlharness calibrate step``) first fills the scenario's
 ``costs`` efficiency factors it does not set.
@@ -166,8 +166,10 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n."""
     gpus = len(pipe.get("train_gpus") or ()) or 1
     given = {k: pipe[k] for k in _LAYOUT if isinstance(pipe.get(k), int) and not isinstance(pipe.get(k), bool)}
+    recompute = pipe.get("train_recompute", False) is True  # anything else: validation names it
     layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
-                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0))
+                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0),
+                        recompute)
     if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch) < 1 or layout.global_batch < 0:
         return {}  # validation names the field
     problem = f.layout_problem(gpus, layout)
