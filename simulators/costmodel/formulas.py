@@ -32,7 +32,8 @@ HBM bytes/s.
       "GShard"): per MoE layer, 2 all-to-alls forward and 2 backward, each moving a token's
       k routed copies (k·d·b bytes), of which (ep−1)/ep leave the GPU; the group is ep
       consecutive GPUs (expert TP 1, Megatron's MoE parallel folding: :data:`EP_GROUP_SOURCE`),
-      so EP8 stays in a node whatever the attention's TP;
+      so EP8 stays in a node whatever the attention's TP; a group over several nodes sends
+      its in-node share over NVLink and the rest over the NICs at once (:func:`ep_alltoall_s`);
     - full activation recomputation (``recompute``, a recipe's ``activation_checkpointing``:
       :data:`RECOMPUTE_SOURCE`): the backward reruns each layer's forward, so the training
       pass does 4 passes of matmul work instead of 3 (8·N·T instead of 6·N·T) and each
@@ -173,8 +174,8 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     if p.cp > 1:
         out["cp_comm"] = k * stage_layers * tok_gpu * 2.0 * a.kv_dim * b * (p.cp - 1) / p.cp / links.for_group(p.tp * p.cp, e)
     if a.moe and p.ep > 1:
-        volume = collectives * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b * (p.ep - 1) / p.ep
-        out["ep_comm"] = volume / links.for_group(p.ep, e)  # expert TP 1: ep consecutive GPUs (EP_GROUP_SOURCE)
+        copies = collectives * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b
+        out["ep_comm"] = ep_alltoall_s(copies, p.ep, links, e)  # expert TP 1: ep consecutive GPUs (EP_GROUP_SOURCE)
     if backward and dp > 1:
         shard = a.params / (p.tp * p.pp * (p.ep if a.moe else 1)) * e.grad_bytes
         steps = -(-seqs // per_step)
@@ -197,6 +198,31 @@ RECOMPUTE_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/models/megatron/setup.py (aea463d
 #: an EP group is ep consecutive GPUs, whatever the attention's TP
 EP_GROUP_SOURCE = ("NVIDIA/Megatron-LM", "megatron/core/parallel_state.py (initialize_model_parallel: "
                    "expert_decoder_rank_generator)", "NVIDIA-NeMo/RL examples/configs/grpo_math_1B.yaml")
+
+
+def ep_alltoall_s(copies_bytes: float, ep: int, links: Links, e: Efficiency) -> float:
+    """Seconds of a GPU's all-to-alls among an EP group of ``ep`` consecutive GPUs that send
+    ``copies_bytes`` in all (an equal 1/ep to each member, itself included). An all-to-all
+    is a send and a receive per peer, and NCCL picks each peer pair's own transport
+    (:data:`NCCL_PEER_TRANSPORT_SOURCE`): NVLink to the peers in the node, the network to
+    the others, both at once. So a group inside a node moves (ep−1)/ep of the bytes over
+    NVLink; a group over n whole nodes moves (g−1)/ep over NVLink and (ep−g)/ep over the
+    GPU's NIC share (g GPUs a node), and the slower of the two is the time. (A ring
+    collective differs: every byte crosses the ring's slowest hop, hence ``for_group``.)"""
+    g = links.gpus_per_node
+    if ep <= g:
+        return copies_bytes * (ep - 1) / ep / links.for_group(ep, e)
+    in_node = copies_bytes * (g - 1) / ep / links.for_group(g, e)
+    off_node = copies_bytes * (ep - g) / ep / links.for_group(ep, e)
+    return max(in_node, off_node)
+
+
+#: where an all-to-all's per-peer links are read from: NCCL chooses the transport of each
+#: peer pair (NVLink P2P inside a node, InfiniBand or TCP across), and an all-to-all is one
+#: send and receive per peer
+NCCL_PEER_TRANSPORT_SOURCE = ("NVIDIA/nccl", "docs/contrib/GIN/NCCL_Gin_and_Symmetric_Memory/"
+                              "NCCL_Gin_and_Symmetric_Memory.md (Initialization: transport setup)",
+                              "5067397c2676d5aed50042fc39e5c8ee96eb0027")
 
 
 def mean_decode_tokens(median: float, sigma: float, cap: int) -> float:
