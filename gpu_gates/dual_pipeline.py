@@ -133,6 +133,22 @@ def _check_no_group_survives(ctx: GateContext, baseline: Dict[str, Any], after_f
     ctx.check("no_group_survives", not survivors, detail)
 
 
+def _record_verdicts(ctx: GateContext, records: List[Dict[str, Any]], driver_errors: List[str]) -> list:
+    """The harness's invariant checks over the driver log, then the driver's own errors:
+    an order bug is the cause and the errors it led to follow it. On a run cut short the
+    log is a prefix of a run, on which each of these checks (all safety properties) holds
+    or fails as it would on the whole run."""
+    from harness.invariants import check_log
+
+    violations = check_log(records, CHECKS)
+    for name in CHECKS:
+        found = [v for v in violations if v.invariant == name]
+        ctx.check(f"invariant:{name}", not found, "; ".join(str(v) for v in found[:3]))
+    for err in driver_errors:
+        ctx.fail(f"driver: {err}")
+    return violations
+
+
 def run(ctx: GateContext) -> None:
     worker = Worker(ctx)
     baseline = pg_registry.live_groups()
@@ -147,7 +163,6 @@ def run(ctx: GateContext) -> None:
         _check_no_group_survives(ctx, baseline, after_failure=worker.run_failed)
         return
     from gpu_gates.dual_driver import Driver
-    from harness.invariants import check_log
 
     solo = ctx.hooks.get("solo_pipelines") is not None
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
@@ -184,6 +199,17 @@ def run(ctx: GateContext) -> None:
         salvage()
         worker.drop_training_group()
         _check_no_group_survives(ctx, baseline, after_failure=True)
+        # The driver's own error (a resize or drain that timed out) stopped this rank's
+        # serve loop with the abort it posted: record the checks and that error here, so
+        # the cause heads the report rather than this rank's knock-on abort, whichever
+        # peers still manage to report before rank 0's collection window closes.
+        got = driver.lock.acquire(timeout=1.0)
+        try:
+            records, errors = list(driver.log.records), list(driver.errors)
+        finally:
+            if got:
+                driver.lock.release()
+        _record_verdicts(ctx, records, errors)
         raise
     ctx.salvage.remove(salvage)
     thread.join(10.0)
@@ -192,12 +218,7 @@ def run(ctx: GateContext) -> None:
     # after a driver error (a resize that timed out on a hung peer) a leaked group is its consequence
     _check_no_group_survives(ctx, baseline, after_failure=bool(driver.errors))
     records = driver.log.records
-    violations = check_log(records, CHECKS)  # first: an order bug is the cause, knock-on errors follow
-    for name in CHECKS:
-        found = [v for v in violations if v.invariant == name]
-        ctx.check(f"invariant:{name}", not found, "; ".join(str(v) for v in found[:3]))
-    for err in driver.errors:
-        ctx.fail(f"driver: {err}")
+    violations = _record_verdicts(ctx, records, driver.errors)
     if not driver.errors:  # after a driver error the missing steps are its consequence, not news
         for pid, n in driver.steps_done.items():
             ctx.check("steps_done", n >= ctx.args.steps, f"{pid} finished {n} of {ctx.args.steps} steps")

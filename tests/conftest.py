@@ -1,7 +1,7 @@
 """Suite-wide setup.
 
 The suite runs under pytest-xdist (``-n auto`` in pyproject.toml: a worker per core plus
-one, see ``pytest_xdist_auto_num_workers``); gate launches of one session take turns in
+two, see ``pytest_xdist_auto_num_workers``); gate launches of one session take turns in
 two lanes (``tests/gates/conftest.py``), the rest runs beside them. The rlharness pytest plugin is loaded here when the environment's install
 predates its entry point. The leak guard (``tests/leak_guard.py``) fails the session if it
 left project files in ``/dev/shm`` or the temp folder.
@@ -50,23 +50,25 @@ def pytest_configure(config):
         config.pluginmanager.register(importlib.import_module("tests.leak_guard"), "rlharness-leak-guard")
 
 
-#: xdist work units that start first, in this order (a test file is a unit, see addopts).
-#: The gate tests that launch CPU-bound runs are two units, two lanes of launches that
-#: each take turns (one lock per lane and session, tests/gates/conftest.py): chains that
-#: are the bulk of the suite's gate time, of about equal length, started first on two
-#: workers so they run beside everything else instead of after it. A gate launch keeps
-#: about half a core busy on average (its wall is process starts, rendezvous and
-#: teardown as much as work), so two of them side by side fit the 2-core machine; their
-#: deadlines are tens of seconds. The gate launches that mostly wait
-#: (tests/gates/test_gate_waits.py) are a third unit with a lock of its own. Next, the
-#: files that share the session's local Ray (:data:`RAY_UNIT`).
-#: Everything else follows in xdist's own order (most tests first).
+#: xdist work units that start first, in this order (a test file is a unit, see addopts),
+#: each on a worker of its own (``-n auto`` gives one more worker than there are such units
+#: on the 2-core machine, for everything else):
+#:
+#: - every gate test file whose launches are CPU-bound, as ONE unit: its launches take turns
+#:   in one lane anyway (two lanes side by side made the dual gate's designed failures lose
+#:   a rank's report on a loaded 2-core machine), so a second worker on it would only wait
+#:   for the lock; this chain of launches is the longest unit of the suite;
+#: - the gate launches that mostly wait for a deadline or a grace window
+#:   (tests/gates/test_gate_waits.py), with a lock of its own;
+#: - the files that share the session's local Ray (:data:`RAY_UNIT`), whose start-up and
+#:   TransferQueue's actors mostly wait too.
+#:
+#: Started together, the three chains run beside each other and beside the rest (xdist's
+#: own order, most tests first, on the remaining worker and on each chain's worker once it
+#: is done); queued behind the gate chain, Ray's unit had been the suite's tail.
 GATES, GATE_WAITS = "tests/gates/", "tests/gates/test_gate_waits.py"
-#: The gate files of the second lane of CPU-bound launches (the first has the others).
-GATES_B_FILES = ("test_dual_pipeline_gate.py", "test_gate_checks_fire.py", "test_selective_sync_gate.py",
-                 "test_dataplane_writeback_gate.py", "test_train_pump_parity_gate.py", "test_refit_stream_gate.py")
-GATES_A, GATES_B = GATES + "[busy-a]", GATES + "[busy-b]"
-FIRST_UNITS = (GATES_A, GATES_B, GATE_WAITS, "tests/[ray]")
+GATES_BUSY = GATES + "[busy]"
+FIRST_UNITS = (GATES_BUSY, GATE_WAITS, "tests/[ray]")
 
 
 def gate_lane(path: str) -> str:
@@ -74,11 +76,7 @@ def gate_lane(path: str) -> str:
     name = path.rsplit("/", 1)[-1]
     if name == GATE_WAITS.rsplit("/", 1)[-1]:
         return "waits"
-    # One lane for every CPU-bound launch: two such lanes side by side (one per half of the
-    # gate files) made the dual gate's designed failures lose a rank's report to the
-    # collection window on a loaded 2-core machine ("rank 1 never reported"); the halves
-    # stay two work units, so their other work still runs beside each other.
-    return "busy"
+    return "busy"  # one lane for every CPU-bound launch (see FIRST_UNITS)
 
 
 def work_unit(nodeid: str) -> str:
@@ -88,18 +86,19 @@ def work_unit(nodeid: str) -> str:
         return RAY_UNIT
     if not path.startswith(GATES) or path == GATE_WAITS:
         return path
-    return GATES_B if path.rsplit("/", 1)[-1] in GATES_B_FILES else GATES_A
+    return GATES_BUSY
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per core, plus one: the chains of gate launches keep their
-    workers idle much of the time (process starts, rendezvous, a hung rank's deadline, a
-    crashed rank's grace window), so without it a core would idle with them.
+    """``-n auto``: one worker per core, plus two: the chains of :data:`FIRST_UNITS` keep
+    their workers idle much of the time (process starts, rendezvous, a hung rank's
+    deadline, a crashed rank's grace window, Ray's start-up), so with fewer the cores would
+    idle with them.
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still decides when set (xdist's own rule)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
+    return len(os.sched_getaffinity(0)) + 2 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 2
 
 
 class _FirstUnitsFirst(OrderedDict):
@@ -114,7 +113,7 @@ class _FirstUnitsFirst(OrderedDict):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with the CPU-bound gate tests as two units and the long units first.
+    """``--dist loadfile`` with the CPU-bound gate tests as one unit and the long units first.
 
     xdist orders units by their number of tests, which put the few-but-long gate files
     last: their serialized chains then ran after everything else (the slow tail).

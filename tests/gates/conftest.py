@@ -197,13 +197,12 @@ def _one_gate_at_a_time(tmp_path: Path, lane: str):
     """Under pytest-xdist, gate launches of one test session take turns, per lane.
 
     A gate job is 2-6 processes; too many side by side on a 2-core machine push each other
-    past their deadlines. So the launches of each lane run one at a time: two lanes of
-    CPU-bound launches (``busy-a``, ``busy-b``: the gate files split in two, see
-    ``tests/conftest.py``; a launch keeps about half a core busy on average, and their
-    deadlines are tens of seconds) and the launches that mostly sit waiting for a deadline
-    or a grace window (lane ``waits``: tests/gates/test_gate_waits.py, which runs its own
+    past their deadlines. So the launches of each lane run one at a time: one lane of
+    CPU-bound launches (``busy``: every other gate file, one xdist unit, see
+    ``tests/conftest.py``) and the launches that mostly sit waiting for a deadline or a
+    grace window (lane ``waits``: tests/gates/test_gate_waits.py, which runs its own
     launches side by side within its turn, :class:`SideBySide`); one launch of each lane
-    may run at once, on three xdist workers, the waits overlapping real work. The other
+    may run at once, on two xdist workers, the waits overlapping real work. The other
     workers go on with the rest of the suite meanwhile. (xdist's own ``--dist loadgroup`` cannot do this here: with pytest
     9.2 its group suffix on the node id no longer takes effect.) The locks live in the
     session's base temp folder, shared by its workers only, so other sessions on the

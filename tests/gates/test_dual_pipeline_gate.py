@@ -68,7 +68,7 @@ def test_expand_before_shrink_is_caught_by_the_order_check(gate_runner):
     run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="swap_resize_order")
     assert run.returncode != 0
     assert run.report["status"] == "failed"
-    assert "invariant:resize_order" in run.report["message"]
+    assert "invariant:resize_order" in run.report["message"], (run.report["message"], run.report.get("failures"), run.output[-6000:])
     assert "T1 < T2 broken" in run.report["message"] or "shrink of" in run.report["message"]
 
 

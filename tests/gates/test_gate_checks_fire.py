@@ -70,7 +70,7 @@ def test_dual_gate_fails_when_no_cycle_shrank_and_expanded(gate_runner):
 def test_dual_gate_names_a_sync_group_that_outlives_its_close(gate_runner):
     run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="leak_sync_group", timeout_s=120)
     assert run.report["status"] == "failed" and run.returncode != 0
-    assert "still alive after its close" in run.report["message"], run.report["message"]
+    assert "still alive after its close" in run.report["message"], (run.report["message"], run.report.get("failures"), run.output[-6000:])
     gate_log = [json.loads(line) for line in open(run.event_log)]
     destroyed = {r["name"] for r in gate_log if r["kind"] == "group_destroy"}
     created = {r["name"] for r in gate_log if r["kind"] == "group_create"}

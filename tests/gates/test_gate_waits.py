@@ -163,7 +163,11 @@ def test_a_drain_that_never_ends_fails_the_run_at_the_shrink_drain_timeout(waits
     # fails the run (before the real drain, the shrink slept the rank with requests in it)
     run = waits["drain never ends"]
     assert run.report["status"] == "failed" and run.returncode != 0
-    assert "shrink_drain timed out after 2 s" in run.report["message"], run.report["message"]
+    # the driver's own error heads the report (rank 0 records it before its knock-on abort),
+    # whether or not every peer reports before the collection window closes
+    message = run.report["message"]
+    assert message.startswith("rank 0: driver: ") and "shrink_drain timed out after 2 s" in message, (
+        run.report["message"], run.report.get("failures"), run.output[-6000:])
     assert run.elapsed_s < 45, run.elapsed_s  # the drain's deadline ended it, not the gate's 50 s
     records = run.driver_records()
     timeouts = [r for r in records if r["kind"] == "timeout"]
