@@ -147,6 +147,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_micro_batch": _r("int", ">0", "sequences"),
         "train_global_batch": _r("int", ">=0", "sequences"),
         "log_prob_passes": _r("int", ">0", "forward passes"),
+        "train_recompute": _r("bool"),
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),

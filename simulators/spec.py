@@ -206,6 +206,9 @@ class PipelineSpec:
     # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
     # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0)
     log_prob_passes: int = 1
+    # full activation recomputation in training: each layer's forward rerun in the backward
+    # (a NeMo RL recipe's megatron_cfg.activation_checkpointing), one more forward's work
+    train_recompute: bool = False
     model: ModelSpec = field(default_factory=ModelSpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     steps: int = 4

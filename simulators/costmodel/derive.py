@@ -9,8 +9,8 @@ exactly as before). Derived per pipeline, since each has its own model and TP:
 * ``workload``: ``tokens_per_s_per_rank``, ``batching_half_point``, ``max_concurrent_per_rank``;
 * ``costs`` (the pipeline's own section): ``train_s_per_trajectory``,
   ``old_log_probs_s_per_trajectory`` (from the pipeline's training layout ``train_tp`` ...
-  ``train_global_batch`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``, and on NeMo
-  RL's colocated refit ``refit_gather_s`` (from the layout and ``refit_export``).
+  ``train_global_batch``, ``train_recompute`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``,
+  and on NeMo RL's colocated refit ``refit_gather_s`` (from the layout and ``refit_export``).
 
 A ``step_calibration`` file (``rlharness calibrate step``) first fills the scenario's
 ``costs`` efficiency factors it does not set.
@@ -188,8 +188,10 @@ def _layout(pipe: Mapping[str, Any]) -> Optional["f.Parallel"]:
     """The pipeline's training layout as given (1s where it gives none); None where a value
     is out of range (validation names it)."""
     given = {k: pipe[k] for k in _LAYOUT if isinstance(pipe.get(k), int) and not isinstance(pipe.get(k), bool)}
+    recompute = pipe.get("train_recompute", False) is True  # anything else: validation names it
     layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
-                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0))
+                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0),
+                        recompute)
     if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch) < 1 or layout.global_batch < 0:
         return None
     return layout

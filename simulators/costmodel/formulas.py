@@ -30,7 +30,14 @@ HBM bytes/s.
       (2·kv·b per token and layer) to the cp−1 others, forward once and backward twice;
     - expert parallelism (the MoE token dispatch and combine, Lepikhin et al. 2020
       "GShard"): per MoE layer, 2 all-to-alls forward and 2 backward, each moving a token's
-      k routed copies (k·d·b bytes), of which (ep−1)/ep leave the GPU.
+      k routed copies (k·d·b bytes), of which (ep−1)/ep leave the GPU; the group is ep
+      consecutive GPUs (expert TP 1, Megatron's MoE parallel folding: :data:`EP_GROUP_SOURCE`),
+      so EP8 stays in a node whatever the attention's TP; a group over several nodes sends
+      its in-node share over NVLink and the rest over the NICs at once (:func:`ep_alltoall_s`);
+    - full activation recomputation (``recompute``, a recipe's ``activation_checkpointing``:
+      :data:`RECOMPUTE_SOURCE`): the backward reruns each layer's forward, so the training
+      pass does 4 passes of matmul work instead of 3 (8·N·T instead of 6·N·T) and each
+      forward collective (TP all-reduce, EP all-to-all, CP exchange) runs once more.
   Every communication is counted as not overlapped with compute (Megatron overlaps some of
   it; ``link_efficiency`` scales every link figure). A group's link is NVLink while it fits
   in a node, else the node's NICs (per GPU: the node's figure / GPUs per node).
@@ -122,6 +129,7 @@ class Parallel:
     ep: int = 1
     micro_batch: int = 1   # sequences per microbatch
     global_batch: int = 0  # sequences per optimizer step; 0 = a step's whole batch
+    recompute: bool = False  # full activation recomputation: the backward reruns each layer's forward
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,8 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     """Wall seconds of one training (``backward``) or log-prob pass over ``seqs`` sequences
     of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc)."""
     dp = gpus // (p.tp * p.pp * p.cp)
-    k = 3.0 if backward else 1.0  # forward + backward (2x) against forward only
+    recompute = backward and p.recompute  # the backward reruns the forward (:data:`RECOMPUTE_SOURCE`)
+    k = (4.0 if recompute else 3.0) if backward else 1.0  # forward (+ recomputed forward) + backward (2x)
     work = 2.0 * k * seqs * (a.active_params * tokens + a.layers * a.hidden_size * tokens * tokens)
     compute = work / (gpus * flops * e.mfu(a))
     per_step = p.global_batch or seqs
@@ -161,21 +170,63 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     tok_gpu = seqs * tokens / (dp * p.cp)  # tokens a TP group of one stage handles
     b = a.bytes_per_param
     out = {"compute": compute, "pp_bubble": bubble, "tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0, "dp_comm": 0.0}
+    # per layer: 2 collectives each forward (the recomputed one too), 2 more in the backward
+    collectives = 2.0 * (2.0 if recompute else 1.0) + (2.0 if backward else 0.0)
     if p.tp > 1:
-        volume = 2.0 * (k + 1) / 2 * stage_layers * tok_gpu * a.hidden_size * b * 2.0 * (p.tp - 1) / p.tp
+        volume = collectives * stage_layers * tok_gpu * a.hidden_size * b * 2.0 * (p.tp - 1) / p.tp
         out["tp_comm"] = volume / links.for_group(p.tp, e)
     if p.cp > 1:
         out["cp_comm"] = k * stage_layers * tok_gpu * 2.0 * a.kv_dim * b * (p.cp - 1) / p.cp / links.for_group(p.tp * p.cp, e)
     if a.moe and p.ep > 1:
-        a2a = 2.0 * (k + 1) / 2  # 2 forward, 2 more backward
-        volume = a2a * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b * (p.ep - 1) / p.ep
-        out["ep_comm"] = volume / links.for_group(p.ep * p.tp, e)
+        copies = collectives * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b
+        out["ep_comm"] = ep_alltoall_s(copies, p.ep, links, e)  # expert TP 1: ep consecutive GPUs (EP_GROUP_SOURCE)
     if backward and dp > 1:
         shard = a.params / (p.tp * p.pp * (p.ep if a.moe else 1)) * e.grad_bytes
         steps = -(-seqs // per_step)
         out["dp_comm"] = steps * 2.0 * (dp - 1) / dp * shard / links.for_group(gpus, e)
     out["total"] = ordered_sum(out.values())
     return out
+
+
+#: where full activation recomputation is read from: NeMo RL maps a recipe's
+#: ``activation_checkpointing: true`` to Megatron's ``recompute_granularity="full"``,
+#: ``recompute_method="uniform"``, ``recompute_num_layers=1`` (every layer's forward is rerun
+#: in the backward); Narayanan et al. 2021 count the training pass with it as 4 passes (their
+#: eq. 3, 96·B·s·l·h²: forward, recomputed forward, backward twice) against 3 without
+RECOMPUTE_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/models/megatron/setup.py (aea463dd2dad3c9dd39d92df3a1616647c8ff45a); "
+                    "nemo_rl/models/policy/workers/megatron_policy_worker.py", "108bffdab368507a5500f27089ea2e7d90a06dea")
+
+#: where the expert-parallel group's GPUs are read from: Megatron Core's MoE parallel folding
+#: lays the expert layers out by their own rank generator (expert TP × EP × expert DP × PP,
+#: order tp-cp-ep-dp-pp), so with expert TP 1 (NeMo RL's ``expert_tensor_parallel_size: 1``)
+#: an EP group is ep consecutive GPUs, whatever the attention's TP
+EP_GROUP_SOURCE = ("NVIDIA/Megatron-LM", "megatron/core/parallel_state.py (initialize_model_parallel: "
+                   "expert_decoder_rank_generator)", "NVIDIA-NeMo/RL examples/configs/grpo_math_1B.yaml")
+
+
+def ep_alltoall_s(copies_bytes: float, ep: int, links: Links, e: Efficiency) -> float:
+    """Seconds of a GPU's all-to-alls among an EP group of ``ep`` consecutive GPUs that send
+    ``copies_bytes`` in all (an equal 1/ep to each member, itself included). An all-to-all
+    is a send and a receive per peer, and NCCL picks each peer pair's own transport
+    (:data:`NCCL_PEER_TRANSPORT_SOURCE`): NVLink to the peers in the node, the network to
+    the others, both at once. So a group inside a node moves (ep−1)/ep of the bytes over
+    NVLink; a group over n whole nodes moves (g−1)/ep over NVLink and (ep−g)/ep over the
+    GPU's NIC share (g GPUs a node), and the slower of the two is the time. (A ring
+    collective differs: every byte crosses the ring's slowest hop, hence ``for_group``.)"""
+    g = links.gpus_per_node
+    if ep <= g:
+        return copies_bytes * (ep - 1) / ep / links.for_group(ep, e)
+    in_node = copies_bytes * (g - 1) / ep / links.for_group(g, e)
+    off_node = copies_bytes * (ep - g) / ep / links.for_group(ep, e)
+    return max(in_node, off_node)
+
+
+#: where an all-to-all's per-peer links are read from: NCCL chooses the transport of each
+#: peer pair (NVLink P2P inside a node, InfiniBand or TCP across), and an all-to-all is one
+#: send and receive per peer
+NCCL_PEER_TRANSPORT_SOURCE = ("NVIDIA/nccl", "docs/contrib/GIN/NCCL_Gin_and_Symmetric_Memory/"
+                              "NCCL_Gin_and_Symmetric_Memory.md (Initialization: transport setup)",
+                              "5067397c2676d5aed50042fc39e5c8ee96eb0027")
 
 
 def mean_decode_tokens(median: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
