@@ -209,8 +209,11 @@ class _ColocatedIpcTiming(_SyncTiming):
     """The effects' costs on the ``colocated_ipc`` refit path (standalone NeMo RL): every
     target takes the same-GPU IPC path, so a bucket is one of NeMo RL's refit groups —
     packed into a consolidated tensor on the trainer's GPU, then copied into place by the
-    vLLM worker on that GPU, both over that GPU's HBM. Every GPU does the same at once, so
-    one timeline stands for all; no host link and no fabric is held.
+    vLLM worker on that GPU, both over that GPU's HBM; before the pack, the group's share of
+    ``refit_gather_s`` (every GPU gathering its tensors whole from the training layout,
+    ``formulas.refit_gather_s``). Every GPU does the same at once, so one timeline stands
+    for all; no host link and no fabric is held (the gather's collectives are the
+    training's own groups, charged as time).
     ``formulas.colocated_ipc_refit_s`` is the closed form (a test checks the two agree)."""
 
     def __init__(self, pipe, e) -> None:
@@ -226,7 +229,8 @@ class _ColocatedIpcTiming(_SyncTiming):
                                     f"{self.e.path}_sync")
             if c.refit_setup_s:
                 yield self.env.timeout(c.refit_setup_s)
-        yield self.env.timeout(e.nbytes * self.copy_s_per_byte + c.refit_tensor_overhead_s)
+        gather = c.refit_gather_s * e.nbytes / self.pipe.weight_bytes if c.refit_gather_s else 0.0
+        yield self.env.timeout(gather + e.nbytes * self.copy_s_per_byte + c.refit_tensor_overhead_s)
 
     def _load_s(self, nbytes: int) -> float:  # the worker copies it into place, same HBM
         c = self.c

@@ -100,7 +100,7 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_path_problem  # noqa: E402  (the field table lives there)
+from simulators.scenario_rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_export_problem, refit_path_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario_streaming import streaming_problem  # noqa: E402
 
 
@@ -266,6 +266,9 @@ def _defaults(ctx: _Ctx, data: Any) -> Dict[str, Dict[str, Any]]:
 
 
 def _workload_cross_checks(ctx: _Ctx, path: str, w: WorkloadSpec) -> None:
+    if w.decode_tokens_cap_share >= 1:
+        raise ctx.fail(f"{path}.decode_tokens_cap_share",
+                       f"must be below 1 (a share of the answers), got {_fmt_num(w.decode_tokens_cap_share)}")
     if w.decode_tokens_median > w.decode_tokens_max:
         raise ctx.fail(
             f"{path}.decode_tokens_median",
@@ -374,6 +377,9 @@ def _pipeline(
     problem = refit_path_problem(vals, train, infer, gpu)
     if problem is not None:
         raise ctx.fail(f"{path}.refit_path", problem)
+    problem = refit_export_problem(vals)
+    if problem is not None:
+        raise ctx.fail(f"{path}.refit_export", problem)
     vals["train_gpus"] = tuple(entry.clusters[ACTOR_TRAIN].device_mapping)
     vals["infer_gpus"] = tuple(entry.clusters[GENERATION_CLUSTER].device_mapping)
     if "data_plane" in data:

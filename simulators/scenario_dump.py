@@ -27,7 +27,7 @@ _UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "h
                   "num_experts": 0, "decode_timing": "at_start", "decode_expert_read_s": 0.0}
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
 _LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0,
-           "log_prob_passes": 1}
+           "log_prob_passes": 1, "train_recompute": False}
 
 
 def _sparse(obj: Any) -> Dict[str, Any]:
@@ -63,6 +63,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 # a single controller's engines never pause for a shrink: it has no such fields
                 **({} if p.type == "single_controller" else {"pause_mode": p.pause_mode, "wake": p.wake}),
                 **({} if p.refit_path == "cpu_cache" else {"refit_path": p.refit_path}),
+                **({} if p.refit_export == "megatron_bridge" else {"refit_export": p.refit_export}),
                 "model": _sparse(p.model),
                 "workload": _sparse(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),

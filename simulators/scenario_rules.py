@@ -55,6 +55,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "generations_per_prompt": _r("int", ">0", "generations"),
         "decode_tokens_median": _r("float", ">0", "tokens"),
         "decode_tokens_sigma": _r("float", ">=0", "log-space sigma"),
+        "decode_tokens_cap_share": _r("float", ">=0", "share of answers"),
         "decode_tokens_max": _r("int", ">0", "tokens"),
         "max_trajectory_age_steps": _r("int", ">=0", "steps"),
         "max_concurrent_per_rank": _r("int", ">0", "requests"),
@@ -84,6 +85,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "refit_pack_bytes_per_s": _r("float", ">=0", "bytes/s (0 = PCIe link)"),
         "refit_group_overhead_s": _r("float", ">=0", "s"),
         "refit_tensor_overhead_s": _r("float", ">=0", "s"),
+        "refit_gather_s": _r("float", ">=0", "s per sync"),
         "refit_setup_s": _r("float", ">=0", "s"),
         "refit_staging_bytes_per_s": _r("float", ">=0", "bytes/s (0 = free)"),
         "refit_complete_s": _r("float", ">=0", "s"),
@@ -145,6 +147,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_micro_batch": _r("int", ">0", "sequences"),
         "train_global_batch": _r("int", ">=0", "sequences"),
         "log_prob_passes": _r("int", ">0", "forward passes"),
+        "train_recompute": _r("bool"),
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),
@@ -153,6 +156,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "pause_mode": _r("str"),
         "wake": _r("str"),
         "refit_path": _r("str"),
+        "refit_export": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
     },
     DataPlaneSpec: {
@@ -218,6 +222,17 @@ def refit_path_problem(vals: Dict[str, Any], train: Any, infer: Any, gpu: str) -
         return f"colocated_ipc needs a trainer on every inference GPU; infer GPUs {outside} are not train_gpus"
     if not gpu:
         return "colocated_ipc needs cluster.gpu (its copies run at the GPU preset's HBM bandwidth)"
+    return None
+
+
+def refit_export_problem(vals: Dict[str, Any]) -> Optional[str]:
+    """Why a pipeline's ``refit_export`` (how NeMo RL's refit gathers each tensor whole,
+    ``formulas.refit_gather_s``) is not one of the two modelled, or None."""
+    from simulators.costmodel.formulas import REFIT_EXPORTS
+
+    export = vals.get("refit_export", "megatron_bridge")
+    if export not in REFIT_EXPORTS:
+        return f"must be one of {', '.join(REFIT_EXPORTS)}, got {export!r}"
     return None
 
 

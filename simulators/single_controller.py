@@ -43,6 +43,7 @@ from simulators.dataplane import ROLLOUT_FIELDS, WRITEBACK_FIELDS, DataPlaneSim
 from simulators.env import Link
 from simulators.runtime import SimFailure, Simulation
 from simulators.spec import PipelineSpec
+from simulators.workload import cap_quantile
 
 _WORKLOAD_STREAM = 0x5C  # seed-sequence tag of the per-prompt decode lengths
 
@@ -222,7 +223,11 @@ class SingleControllerSim:
     def _decode_tokens(self, prompt_id: int, attempt: int) -> List[int]:
         w = self.spec.workload
         rng = np.random.default_rng([self._seed, _WORKLOAD_STREAM, prompt_id, attempt])
-        lengths = np.exp(np.log(w.decode_tokens_median) + w.decode_tokens_sigma * rng.standard_normal(w.generations_per_prompt))
+        z = rng.standard_normal(w.generations_per_prompt)
+        lengths = np.exp(np.log(w.decode_tokens_median) + w.decode_tokens_sigma * z)
+        cap_z = cap_quantile(w.decode_tokens_cap_share)
+        if cap_z is not None:  # the top share of the draws runs to the cap
+            lengths = np.where(z > cap_z, float(w.decode_tokens_max), lengths)
         self._fail_draw = float(rng.random())
         return [int(min(max(1.0, round(x)), w.decode_tokens_max)) for x in lengths.tolist()]
 

@@ -67,6 +67,10 @@ class WorkloadSpec:
     decode_tokens_median: float = 512.0  # tokens; decode lengths are log-normal around this
     decode_tokens_sigma: float = 0.8  # log-space sigma: the long tail
     decode_tokens_max: int = 8192
+    # share of answers that run to decode_tokens_max (a run's clip ratio: verl's
+    # response_length/clip_ratio, TRL's completions/clipped_ratio, NeMo RL's truncation rate):
+    # the draws above the log-normal's (1 - share) quantile take the cap; 0 = the log-normal cut at the cap
+    decode_tokens_cap_share: float = 0.0
     max_trajectory_age_steps: int = 1  # async GRPO staleness window
     max_concurrent_per_rank: int = 64  # batching limit of one DP rank
     tokens_per_s_per_rank: float = 2400.0  # aggregate decode throughput of a full rank (per TP bundle)
@@ -116,6 +120,10 @@ class CostSpec:
     refit_setup_s: float = 0.0  # per sync: take the two staging buffers (from the allocator's cache)
     refit_staging_bytes_per_s: float = 0.0  # allocate + first-touch an oversized tensor's fresh buffer; 0 = free
     refit_complete_s: float = 0.0  # release the buffers, COMPLETE and its ACK
+    # colocated_ipc only: seconds per sync each GPU spends gathering the training shards into
+    # whole tensors before the hand-over (TP all-gather, PP broadcast, EP all-gather);
+    # derived by the cost model (formulas.refit_gather_s), 0 = not modelled
+    refit_gather_s: float = 0.0
     kv_cache_fraction: float = 0.9  # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
     cuda_context_bytes: int = 500 * MiB  # residue per process on a GPU
     # The cost model's efficiency factors (used only where cluster.gpu and a model
@@ -198,6 +206,9 @@ class PipelineSpec:
     # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
     # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0)
     log_prob_passes: int = 1
+    # full activation recomputation in training: each layer's forward rerun in the backward
+    # (a NeMo RL recipe's megatron_cfg.activation_checkpointing), one more forward's work
+    train_recompute: bool = False
     model: ModelSpec = field(default_factory=ModelSpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     steps: int = 4
@@ -222,6 +233,11 @@ class PipelineSpec:
     # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
     # worker on the same GPU by CUDA IPC, group by group (no host-RAM cache)
     refit_path: str = "cpu_cache"
+    # how NeMo RL's Megatron refit gathers each tensor whole (colocated_ipc, the cost model's
+    # costs.refit_gather_s): megatron_bridge = NeMo RL v0.4 on (the TP shard crosses the
+    # pipeline stages, then the TP all-gather); gather_params = v0.3 (the TP all-gather first,
+    # then the whole tensor crosses the stages)
+    refit_export: str = "megatron_bridge"
     # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
     # (simulators/weight_sync_groups.py); None = not modelled (the sync's group is created per sync)
     weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None

@@ -92,6 +92,16 @@ class ReplayBuffer:
 _DRAW_BLOCK = 256  # decode lengths drawn per numpy call (see Collector)
 
 
+def cap_quantile(share: float) -> Optional[float]:
+    """The standard-normal draw above which an answer runs to the cap, so that ``share`` of
+    the draws do (``workload.decode_tokens_cap_share``); None for no such share."""
+    if share <= 0:
+        return None
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(1.0 - share)
+
+
 class Collector:
     """Draws the requests of one pipeline from its seeded generator.
 
@@ -111,13 +121,17 @@ class Collector:
         self.outstanding = 0  # submitted and not yet completed
         self.dead = False  # fault collector_dies: nothing is drawn any more
         self._log_median = np.log(spec.decode_tokens_median)  # the spec is frozen
+        self._cap_z = cap_quantile(spec.decode_tokens_cap_share)
         self._tokens: List[int] = []  # decode lengths drawn ahead, handed out from ``_next``
         self._next = 0
 
     def _lengths(self, n: int) -> List[int]:
         """The next ``n`` decode lengths from the generator (one numpy pass)."""
         s = self.spec
-        lengths = np.exp(self._log_median + s.decode_tokens_sigma * self.rng.standard_normal(n))
+        z = self.rng.standard_normal(n)
+        lengths = np.exp(self._log_median + s.decode_tokens_sigma * z)
+        if self._cap_z is not None:  # the top share of the draws runs to the cap (element-wise: blocks stay exact)
+            lengths = np.where(z > self._cap_z, float(s.decode_tokens_max), lengths)
         # np.rint rounds half to even exactly as round() does
         return np.minimum(np.maximum(1.0, np.rint(lengths)), s.decode_tokens_max).astype(np.int64).tolist()
 

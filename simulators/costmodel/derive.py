@@ -9,7 +9,8 @@ exactly as before). Derived per pipeline, since each has its own model and TP:
 * ``workload``: ``tokens_per_s_per_rank``, ``batching_half_point``, ``max_concurrent_per_rank``;
 * ``costs`` (the pipeline's own section): ``train_s_per_trajectory``,
   ``old_log_probs_s_per_trajectory`` (from the pipeline's training layout ``train_tp`` ...
-  ``train_global_batch`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``.
+  ``train_global_batch``, ``train_recompute`` and ``log_prob_passes``), ``wake_s``, ``sleep_s``,
+  and on NeMo RL's colocated refit ``refit_gather_s`` (from the layout and ``refit_export``).
 
 A ``step_calibration`` file (``rlharness calibrate step``) first fills the scenario's
 ``costs`` efficiency factors it does not set.
@@ -131,7 +132,9 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
                        cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
                        cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"],
                        decode_step_overhead_s=cost_vals["decode_step_overhead_s"])
-    decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"])
+    share = wl["decode_tokens_cap_share"]
+    share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share < 1 else 0.0
+    decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"], share)
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
     sleep_level = pipe.get("sleep_level", 2)
@@ -152,6 +155,7 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
                     fail),
         **f.wake_sleep_s(arch, tp, float(cluster.get("pcie_bytes_per_s", gpu.pcie_bytes_per_s)),
                          sleep_level if sleep_level in (1, 2) else 2, eff),
+        **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
     _fill(pipe, "workload", derived_workload, workload_given)
     _fill(pipe, "costs", derived_costs, costs_given)
@@ -165,10 +169,8 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     """Per-trajectory training and log-prob costs of the pipeline's layout: the simulator
     charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n."""
     gpus = len(pipe.get("train_gpus") or ()) or 1
-    given = {k: pipe[k] for k in _LAYOUT if isinstance(pipe.get(k), int) and not isinstance(pipe.get(k), bool)}
-    layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
-                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0))
-    if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch) < 1 or layout.global_batch < 0:
+    layout = _layout(pipe)
+    if layout is None:
         return {}  # validation names the field
     problem = f.layout_problem(gpus, layout)
     if problem is not None:
@@ -180,6 +182,36 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes > 0 else 1
     return {"train_s_per_trajectory": train["total"] * gpus / seqs,
             "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs}
+
+
+def _layout(pipe: Mapping[str, Any]) -> Optional["f.Parallel"]:
+    """The pipeline's training layout as given (1s where it gives none); None where a value
+    is out of range (validation names it)."""
+    given = {k: pipe[k] for k in _LAYOUT if isinstance(pipe.get(k), int) and not isinstance(pipe.get(k), bool)}
+    recompute = pipe.get("train_recompute", False) is True  # anything else: validation names it
+    layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
+                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0),
+                        recompute)
+    if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch) < 1 or layout.global_batch < 0:
+        return None
+    return layout
+
+
+def _refit_gather(pipe: Mapping[str, Any], arch: "f.Arch", cluster: Mapping[str, Any], gpu: GpuSpec,
+                  eff: "f.Efficiency") -> Dict[str, float]:
+    """``costs.refit_gather_s`` of a pipeline on NeMo RL's colocated refit
+    (``refit_path: colocated_ipc``): every GPU gathers each tensor whole from the training
+    layout before the hand-over (``formulas.refit_gather_s``, the way ``refit_export``
+    names). Nothing for the CPU-cache path (RLix's), or where a field is bad (validation
+    names it)."""
+    if pipe.get("refit_path") != "colocated_ipc":
+        return {}
+    export = pipe.get("refit_export", "megatron_bridge")
+    layout = _layout(pipe)
+    gpus = len(pipe.get("train_gpus") or ()) or 1
+    if export not in f.REFIT_EXPORTS or layout is None or f.layout_problem(gpus, layout) is not None:
+        return {}
+    return {"refit_gather_s": f.refit_gather_s(arch, layout, gpus, _links(cluster, gpu), eff, export)["total"]}
 
 
 def _links(cluster: Mapping[str, Any], gpu: GpuSpec) -> "f.Links":

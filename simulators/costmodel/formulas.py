@@ -30,7 +30,14 @@ HBM bytes/s.
       (2·kv·b per token and layer) to the cp−1 others, forward once and backward twice;
     - expert parallelism (the MoE token dispatch and combine, Lepikhin et al. 2020
       "GShard"): per MoE layer, 2 all-to-alls forward and 2 backward, each moving a token's
-      k routed copies (k·d·b bytes), of which (ep−1)/ep leave the GPU.
+      k routed copies (k·d·b bytes), of which (ep−1)/ep leave the GPU; the group is ep
+      consecutive GPUs (expert TP 1, Megatron's MoE parallel folding: :data:`EP_GROUP_SOURCE`),
+      so EP8 stays in a node whatever the attention's TP; a group over several nodes sends
+      its in-node share over NVLink and the rest over the NICs at once (:func:`ep_alltoall_s`);
+    - full activation recomputation (``recompute``, a recipe's ``activation_checkpointing``:
+      :data:`RECOMPUTE_SOURCE`): the backward reruns each layer's forward, so the training
+      pass does 4 passes of matmul work instead of 3 (8·N·T instead of 6·N·T) and each
+      forward collective (TP all-reduce, EP all-to-all, CP exchange) runs once more.
   Every communication is counted as not overlapped with compute (Megatron overlaps some of
   it; ``link_efficiency`` scales every link figure). A group's link is NVLink while it fits
   in a node, else the node's NICs (per GPU: the node's figure / GPUs per node).
@@ -63,6 +70,10 @@ HBM bytes/s.
 * Refit from the CPU bucket cache (:func:`refit_s`, the closed form of what
   ``simulators/refit.py`` charges): W·(1/pcie + 1/fabric + 1/load) + buckets·(2·τ_tensor + τ_group)
   + fixed; the fabric is NVLink inside a node, the NICs across nodes, none on the owner's GPU.
+* NeMo RL's colocated refit (:func:`colocated_ipc_refit_s`): first every GPU gathers each
+  tensor whole from the training layout (:func:`refit_gather_s`: the TP all-gather over
+  NVLink, the PP broadcast over the NICs once the training GPUs span nodes, the EP
+  all-gather), then packs it and hands it to its vLLM worker by CUDA IPC (HBM copies).
 """
 
 from __future__ import annotations
@@ -118,6 +129,7 @@ class Parallel:
     ep: int = 1
     micro_batch: int = 1   # sequences per microbatch
     global_batch: int = 0  # sequences per optimizer step; 0 = a step's whole batch
+    recompute: bool = False  # full activation recomputation: the backward reruns each layer's forward
 
 
 @dataclass(frozen=True)
@@ -147,7 +159,8 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     """Wall seconds of one training (``backward``) or log-prob pass over ``seqs`` sequences
     of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc)."""
     dp = gpus // (p.tp * p.pp * p.cp)
-    k = 3.0 if backward else 1.0  # forward + backward (2x) against forward only
+    recompute = backward and p.recompute  # the backward reruns the forward (:data:`RECOMPUTE_SOURCE`)
+    k = (4.0 if recompute else 3.0) if backward else 1.0  # forward (+ recomputed forward) + backward (2x)
     work = 2.0 * k * seqs * (a.active_params * tokens + a.layers * a.hidden_size * tokens * tokens)
     compute = work / (gpus * flops * e.mfu(a))
     per_step = p.global_batch or seqs
@@ -157,15 +170,16 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     tok_gpu = seqs * tokens / (dp * p.cp)  # tokens a TP group of one stage handles
     b = a.bytes_per_param
     out = {"compute": compute, "pp_bubble": bubble, "tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0, "dp_comm": 0.0}
+    # per layer: 2 collectives each forward (the recomputed one too), 2 more in the backward
+    collectives = 2.0 * (2.0 if recompute else 1.0) + (2.0 if backward else 0.0)
     if p.tp > 1:
-        volume = 2.0 * (k + 1) / 2 * stage_layers * tok_gpu * a.hidden_size * b * 2.0 * (p.tp - 1) / p.tp
+        volume = collectives * stage_layers * tok_gpu * a.hidden_size * b * 2.0 * (p.tp - 1) / p.tp
         out["tp_comm"] = volume / links.for_group(p.tp, e)
     if p.cp > 1:
         out["cp_comm"] = k * stage_layers * tok_gpu * 2.0 * a.kv_dim * b * (p.cp - 1) / p.cp / links.for_group(p.tp * p.cp, e)
     if a.moe and p.ep > 1:
-        a2a = 2.0 * (k + 1) / 2  # 2 forward, 2 more backward
-        volume = a2a * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b * (p.ep - 1) / p.ep
-        out["ep_comm"] = volume / links.for_group(p.ep * p.tp, e)
+        copies = collectives * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b
+        out["ep_comm"] = ep_alltoall_s(copies, p.ep, links, e)  # expert TP 1: ep consecutive GPUs (EP_GROUP_SOURCE)
     if backward and dp > 1:
         shard = a.params / (p.tp * p.pp * (p.ep if a.moe else 1)) * e.grad_bytes
         steps = -(-seqs // per_step)
@@ -174,29 +188,77 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     return out
 
 
-def mean_decode_tokens(median: float, sigma: float, cap: int) -> float:
+#: where full activation recomputation is read from: NeMo RL maps a recipe's
+#: ``activation_checkpointing: true`` to Megatron's ``recompute_granularity="full"``,
+#: ``recompute_method="uniform"``, ``recompute_num_layers=1`` (every layer's forward is rerun
+#: in the backward); Narayanan et al. 2021 count the training pass with it as 4 passes (their
+#: eq. 3, 96·B·s·l·h²: forward, recomputed forward, backward twice) against 3 without
+RECOMPUTE_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/models/megatron/setup.py (aea463dd2dad3c9dd39d92df3a1616647c8ff45a); "
+                    "nemo_rl/models/policy/workers/megatron_policy_worker.py", "108bffdab368507a5500f27089ea2e7d90a06dea")
+
+#: where the expert-parallel group's GPUs are read from: Megatron Core's MoE parallel folding
+#: lays the expert layers out by their own rank generator (expert TP × EP × expert DP × PP,
+#: order tp-cp-ep-dp-pp), so with expert TP 1 (NeMo RL's ``expert_tensor_parallel_size: 1``)
+#: an EP group is ep consecutive GPUs, whatever the attention's TP
+EP_GROUP_SOURCE = ("NVIDIA/Megatron-LM", "megatron/core/parallel_state.py (initialize_model_parallel: "
+                   "expert_decoder_rank_generator)", "NVIDIA-NeMo/RL examples/configs/grpo_math_1B.yaml")
+
+
+def ep_alltoall_s(copies_bytes: float, ep: int, links: Links, e: Efficiency) -> float:
+    """Seconds of a GPU's all-to-alls among an EP group of ``ep`` consecutive GPUs that send
+    ``copies_bytes`` in all (an equal 1/ep to each member, itself included). An all-to-all
+    is a send and a receive per peer, and NCCL picks each peer pair's own transport
+    (:data:`NCCL_PEER_TRANSPORT_SOURCE`): NVLink to the peers in the node, the network to
+    the others, both at once. So a group inside a node moves (ep−1)/ep of the bytes over
+    NVLink; a group over n whole nodes moves (g−1)/ep over NVLink and (ep−g)/ep over the
+    GPU's NIC share (g GPUs a node), and the slower of the two is the time. (A ring
+    collective differs: every byte crosses the ring's slowest hop, hence ``for_group``.)"""
+    g = links.gpus_per_node
+    if ep <= g:
+        return copies_bytes * (ep - 1) / ep / links.for_group(ep, e)
+    in_node = copies_bytes * (g - 1) / ep / links.for_group(g, e)
+    off_node = copies_bytes * (ep - g) / ep / links.for_group(ep, e)
+    return max(in_node, off_node)
+
+
+#: where an all-to-all's per-peer links are read from: NCCL chooses the transport of each
+#: peer pair (NVLink P2P inside a node, InfiniBand or TCP across), and an all-to-all is one
+#: send and receive per peer
+NCCL_PEER_TRANSPORT_SOURCE = ("NVIDIA/nccl", "docs/contrib/GIN/NCCL_Gin_and_Symmetric_Memory/"
+                              "NCCL_Gin_and_Symmetric_Memory.md (Initialization: transport setup)",
+                              "5067397c2676d5aed50042fc39e5c8ee96eb0027")
+
+
+def mean_decode_tokens(median: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
     """Mean decode length the workload draws: a log-normal (median m, log-space σ) cut at the
-    cap, E[min(L, c)] = m·e^(σ²/2)·Φ((ln(c/m) − σ²)/σ) + c·(1 − Φ(ln(c/m)/σ)) — the
+    cap, E[min(L, c)] = m·e^(σ²/2)·Φ(z_c − σ) + c·(1 − Φ(z_c)), z_c = ln(c/m)/σ — the
     uncapped mean m·e^(σ²/2) where the cap is far, less where it bites (a run's published
-    mean length is of the lengths it generated, which the cap cut)."""
-    if sigma <= 0:
-        return min(float(cap), float(median))
-    z = math.log(cap / median) / sigma
+    mean length is of the lengths it generated, which the cap cut). With ``cap_share`` s
+    (``workload.decode_tokens_cap_share``) the draws above the normal's (1 − s) quantile z_s
+    run to the cap, so z_c becomes min(z_c, z_s) in the same expression."""
     phi = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+    if sigma <= 0:
+        return (1.0 - cap_share) * min(float(cap), float(median)) + cap_share * cap
+    z = math.log(cap / median) / sigma
+    if cap_share > 0:
+        from statistics import NormalDist
+
+        z = min(z, NormalDist().inv_cdf(1.0 - cap_share))
     return median * math.exp(sigma * sigma / 2.0) * phi(z - sigma) + cap * (1.0 - phi(z))
 
 
-def median_for_mean(mean: float, sigma: float, cap: int) -> float:
+def median_for_mean(mean: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
     """The log-normal median whose capped mean (:func:`mean_decode_tokens`) is ``mean``
-    (< cap), by bisection on the median (the capped mean grows with it)."""
-    if not 0 < mean < cap:
-        raise ValueError(f"a mean of {mean} tokens needs 0 < mean < cap {cap}")
+    (between cap_share·cap and the cap), by bisection on the median (the capped mean grows
+    with it)."""
+    if not cap_share * cap < mean < cap:
+        raise ValueError(f"a mean of {mean} tokens needs {cap_share * cap:g} < mean < cap {cap}")
     lo, hi = 1e-9, float(cap)
-    while mean_decode_tokens(hi, sigma, cap) < mean:
+    while mean_decode_tokens(hi, sigma, cap, cap_share) < mean:
         hi *= 2.0
     for _ in range(200):
         mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if mean_decode_tokens(mid, sigma, cap) < mean else (lo, mid)
+        lo, hi = (mid, hi) if mean_decode_tokens(mid, sigma, cap, cap_share) < mean else (lo, mid)
     return (lo + hi) / 2.0
 
 
@@ -290,7 +352,7 @@ NEMO_RL_IPC_REFIT_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/algorithms/grpo.py (refit
 
 def colocated_ipc_refit_s(weight_bytes: float, group_bytes: int, hbm_bytes_per_s: float, hbm_efficiency: float,
                           tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
-                          fixed_s: float = 0.0) -> float:
+                          fixed_s: float = 0.0, gather_s: float = 0.0) -> float:
     """Standalone NeMo RL's colocated refit, the weight hand-over only (refit path
     ``colocated_ipc``; source :data:`NEMO_RL_IPC_REFIT_SOURCE`). Its
     ``refit_policy_generation`` splits the weights into groups that fit a refit buffer; per
@@ -301,8 +363,82 @@ def colocated_ipc_refit_s(weight_bytes: float, group_bytes: int, hbm_bytes_per_s
     (one memory); every GPU does this for its own worker at once. Per group: the pack (2·b /
     (B·hbm_eff) + one tensor overhead), the load (the same, + one tensor overhead + the
     group's round trip); ``fixed_s`` the stream's setup and completion. No host RAM, no PCIe,
-    no fabric. The offload of the trainer's optimizer state and the wake of vLLM's weights
-    around it are the pipeline's own effects (``OffloadTraining``, ``Wake``), not here."""
+    no fabric. ``gather_s``: gathering the training shards into whole tensors before they
+    are packed (:func:`refit_gather_s`, ``costs.refit_gather_s``), charged group by group in
+    proportion to its bytes. The offload of the trainer's optimizer state and the wake of
+    vLLM's weights around it are the pipeline's own effects (``OffloadTraining``, ``Wake``),
+    not here."""
     groups = max(1, math.ceil(weight_bytes / group_bytes))
     return (4.0 * weight_bytes / (hbm_bytes_per_s * hbm_efficiency)
-            + groups * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s)
+            + groups * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s + gather_s)
+
+
+#: where :func:`refit_gather_s` is read from: NeMo RL v0.3.0's own gather (``gather_params``:
+#: TP all-gather on the owning stage, then the whole tensor broadcast over PP, then the EP
+#: all-gather), Megatron-Bridge's export that NeMo RL v0.4 and later call (each mapping's
+#: ``megatron_to_hf``: the TP shard broadcast over PP first, then the TP and EP all-gathers;
+#: the commit NeMo RL v0.6.0 pins), Megatron-LM's rank order (``initialize_model_parallel``,
+#: order "tp-cp-ep-dp-pp"; experts laid out "tp-ep-dp-pp" with the expert TP, which NeMo RL's
+#: configs set to 1), and NCCL's collective times (nccl-tests' bus-bandwidth formulas)
+REFIT_GATHER_SOURCES = (
+    ("NVIDIA-NeMo/RL", "nemo_rl/models/megatron/refit_utils.py (gather_params); "
+     "nemo_rl/models/policy/megatron_policy_worker.py (get_weights_ipc_handles)",
+     "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf"),
+    ("NVIDIA-NeMo/Megatron-Bridge", "src/megatron/bridge/models/conversion/param_mapping.py "
+     "(broadcast_from_pp_rank, gather_from_tp_ranks, gather_from_ep_ranks)", "554c7b9324225aa863eee52e8b8fdde7abced2b1"),
+    ("NVIDIA/Megatron-LM", "megatron/core/parallel_state.py (initialize_model_parallel)",
+     "2ff0f099ffc30ffd152e3e29e921a1609d00855c"),
+    ("NVIDIA-NeMo/RL", "examples/configs/grpo_math_qwen30ba3b_megatron.yaml (expert_tensor_parallel_size: 1)",
+     "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf"),
+    ("NVIDIA/nccl-tests", "doc/PERFORMANCE.md (broadcast t = S/B; all-gather t = S(n-1)/(nB))",
+     "03a204a1f38aaea17f1a777885bb2d9600ba7eff"),
+)
+
+#: the two ways NeMo RL's Megatron refit gathers a tensor whole (``PipelineSpec.refit_export``)
+REFIT_EXPORTS = ("megatron_bridge", "gather_params")
+
+
+def refit_gather_s(a: Arch, p: Parallel, gpus: int, links: Links, e: Efficiency,
+                   export: str = "megatron_bridge") -> Dict[str, float]:
+    """Seconds each GPU spends gathering the training shards into whole tensors before NeMo
+    RL's colocated refit hands them to vLLM, by group (sources: :data:`REFIT_GATHER_SOURCES`).
+
+    Every GPU ends up holding every tensor whole, in Hugging Face's layout, one tensor (or
+    one refit group) at a time, and its vLLM worker keeps its own slice: W bytes arrive,
+    W = N·b, of which W_x are the routed experts (:func:`routed_expert_params`; 0 where the
+    model gives no ``num_experts``, every weight then counted as a dense, TP-sharded one) and
+    W_d = W − W_x the rest. The collectives run one tensor after another, every GPU taking
+    part in each, so a group's time is the sum over tensors of one collective's time,
+    which NCCL sets by the bytes over the group's link (B, :meth:`Links.for_group`):
+
+    * TP all-gather of the dense tensors, S·(t−1)/t / B each: W_d·(t−1)/t / B_tp; the
+      experts are not TP-sharded (expert TP 1);
+    * PP broadcast from the stage that owns the tensor, S / B each (the root sends the whole
+      of it; the ring passes it on): ``gather_params`` (NeMo RL v0.3) broadcasts the
+      gathered whole tensor, (W_d + W_x/ep) / B_pp; ``megatron_bridge`` (v0.4 on) the TP
+      shard before gathering it, (W_d/t + W_x/ep) / B_pp;
+    * EP all-gather of each local expert: W_x·(ep−1)/ep / B_ep.
+
+    The groups' spans come from Megatron's rank order (TP innermost, PP outermost): TP t
+    consecutive GPUs, EP ep consecutive GPUs, a PP group one GPU every G/p, spanning
+    (p−1)·G/p + 1 — across nodes as soon as the training GPUs fill more than one node, so
+    that broadcast goes over the NICs. Per-collective latencies are left out (a few hundred
+    tensors × tens of µs: under 0.1 s for a 70B), and so is the Megatron → Hugging Face
+    conversion's own work (a reshape or a QKV split per tensor), for which no measured
+    figure was found."""
+    if export not in REFIT_EXPORTS:
+        raise ValueError(f"refit export {export!r} is not one of {REFIT_EXPORTS}")
+    b = a.bytes_per_param
+    w_x = routed_expert_params(a) * b
+    w_d = a.params * b - w_x
+    ep = p.ep if a.moe else 1
+    out = {"tp": 0.0, "pp": 0.0, "ep": 0.0}
+    if p.tp > 1:
+        out["tp"] = w_d * (p.tp - 1) / p.tp / links.for_group(p.tp, e)
+    if p.pp > 1:
+        dense = w_d if export == "gather_params" else w_d / p.tp
+        out["pp"] = (dense + w_x / ep) / links.for_group((p.pp - 1) * (gpus // p.pp) + 1, e)
+    if ep > 1 and w_x:
+        out["ep"] = w_x * (ep - 1) / ep / links.for_group(ep, e)
+    out["total"] = ordered_sum(out.values())
+    return out

@@ -13,9 +13,11 @@ calibration's factors and reports the per-stage error. The stages and what they 
   t(c) = a + β·c (:func:`formulas.decode_curve`), so y = X_h / hbm + X_d / flops + X_0;
   with a single configuration the two cannot be told apart and ``decode_flops_efficiency``
   keeps its default;
-* ``refit_s`` -> ``link_efficiency``: y = (W / infer_tp) / (link · efficiency), the bytes
-  each inference GPU receives over the link the path uses (NVLink inside a node, the NIC
-  share across nodes; see :func:`refit_link`).
+* ``refit_s`` -> ``link_efficiency``: y = X / efficiency. Colocated (NeMo RL's refit), X is
+  the gather of every tensor whole from the training layout over its groups' links
+  (:func:`formulas.refit_gather_s`, Megatron-Bridge's order, at efficiency 1): a run with
+  nothing to gather (TP, PP and EP all 1) measures no link and is left out of the fit.
+  Disaggregated, X = (W / infer_tp) / NIC share, the bytes each inference GPU receives.
 
 Each factor is the least-squares fit of relative errors, clipped to (0, 1]. Explicit
 fields of a scenario still win over a calibration (``step_calibration: FILE``).
@@ -98,13 +100,9 @@ def links(run: Run) -> f.Links:
 
 
 def refit_link(run: Run) -> float:
-    """Bytes/s the refit's bytes cross (efficiency 1): colocated, the reshard gathers over
-    NVLink while the training model fits a node (else the NICs); disaggregated, the weights
-    leave the training nodes over the NICs."""
-    ln = links(run)
-    if run.colocated:
-        return ln.intra if run.layout.tp * run.layout.pp <= run.per_node else ln.inter
-    return ln.inter
+    """Bytes/s a disaggregated run's weights cross (efficiency 1): they leave the training
+    nodes over the NICs (a colocated run's refit is the gather, :func:`_refit_term`)."""
+    return links(run).inter
 
 
 # ---------------------------------------------------------------------- the stage model
@@ -141,6 +139,10 @@ def _gen_terms(run: Run, e: f.Efficiency) -> Tuple[float, float, float]:
 
 
 def _refit_term(run: Run) -> float:
+    """Seconds of the refit's link time at ``link_efficiency`` 1 (see the module doc)."""
+    if run.colocated:
+        one = efficiency({"link_efficiency": 1.0})
+        return f.refit_gather_s(run.arch, run.layout, run.train_gpus, links(run), one)["total"]
     return run.arch.params * run.arch.bytes_per_param / run.infer_tp / refit_link(run)
 
 
@@ -178,7 +180,8 @@ def _fit_inverse(rows: Sequence[Tuple[float, float, float]]) -> Optional[float]:
 def fit(runs: Sequence[Run]) -> Dict[str, float]:
     """The factors the measured stages determine (a factor no stage measures is left out)."""
     out: Dict[str, float] = {}
-    refit_rows = [(_refit_term(r), 0.0, s["refit_s"]) for r in runs for s in r.steps if "refit_s" in s]
+    refit_rows = [(_refit_term(r), 0.0, s["refit_s"]) for r in runs for s in r.steps
+                  if "refit_s" in s and _refit_term(r) > 0]  # nothing gathered: no link measured
     if refit_rows:
         v = _clip(_fit_inverse(refit_rows) or -1)
         if v is not None:

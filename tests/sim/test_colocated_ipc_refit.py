@@ -108,3 +108,70 @@ def test_colocated_ipc_needs_a_gpu_preset():
     with pytest.raises(ScenarioError) as e:
         scenario_from_mapping(data, "t.yaml")
     assert "pipelines[0].refit_path: colocated_ipc needs cluster.gpu" in str(e.value)
+
+
+# ----------------------------------------------------------------- the gather before the hand-over
+_E = f.Efficiency(0.35, 0.5, 0.8, 10e-6, 256, 0.0, 0.0)
+_LINKS = f.Links(400e9, 100e9, 8)  # NVLink 400 GB/s, 100 GB/s of NIC per GPU, 8 GPUs a node
+
+
+def test_the_gather_against_a_hand_computation():
+    dense = f.Arch(1e9, 1e9, 8, 1024, 256, 2)  # W = 2e9 bytes
+    # TP2 PP2 on 16 GPUs: TP pairs inside a node (2e9 x 1/2 / 400e9 = 2.5 ms); a PP group is
+    # GPUs g and g + 8, across nodes (span 9 > 8): the whole tensor 2e9 / 100e9 = 20 ms with
+    # gather_params, the TP shard 1e9 / 100e9 = 10 ms with megatron_bridge
+    v03 = f.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 16, _LINKS, _E, "gather_params")
+    assert (v03["tp"], v03["pp"], v03["ep"]) == pytest.approx((2.5e-3, 20e-3, 0.0))
+    assert v03["total"] == pytest.approx(22.5e-3)
+    assert f.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 16, _LINKS, _E)["pp"] == pytest.approx(10e-3)
+    # the same on 8 GPUs: the PP group (g, g + 4) stays in the node, 2e9 / 400e9 = 5 ms
+    assert f.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 8, _LINKS, _E, "gather_params")["pp"] == pytest.approx(5e-3)
+    assert f.refit_gather_s(dense, f.Parallel(), 8, _LINKS, _E)["total"] == 0.0  # DP only: nothing to gather
+    # a MoE: N 12e9, N_act 4.5e9, top-2 of 8 -> routed experts 7.5e9 / (1 - 1/4) = 10e9
+    # parameters (W_x = 20e9 bytes), the rest 2e9 (W_d = 4e9 bytes)
+    moe = f.Arch(12e9, 4.5e9, 8, 1024, 256, 2, experts_per_token=2, num_experts=8)
+    one_node = f.refit_gather_s(moe, f.Parallel(ep=4), 8, _LINKS, _E)
+    assert one_node["ep"] == pytest.approx(20e9 * 3 / 4 / 400e9) and one_node["pp"] == one_node["tp"] == 0.0
+    wide = f.refit_gather_s(moe, f.Parallel(ep=16), 16, _LINKS, _E)  # EP 16 spans two nodes
+    assert wide["ep"] == pytest.approx(20e9 * 15 / 16 / 100e9)
+    staged = f.refit_gather_s(moe, f.Parallel(ep=4, pp=2), 16, _LINKS, _E)  # each local expert crosses the stages
+    assert staged["pp"] == pytest.approx((4e9 + 20e9 / 4) / 100e9)
+    with pytest.raises(ValueError):
+        f.refit_gather_s(dense, f.Parallel(), 8, _LINKS, _E, "nccl")
+    assert "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf" in str(f.REFIT_GATHER_SOURCES)
+
+
+def _layout_scenario(**pipe):
+    return _scenario("colocated_ipc", train_tp=2, train_pp=2, **pipe)
+
+
+@pytest.mark.parametrize("export, expected", [
+    # qwen2.5-1.5b: W = 1.54e9 x 2 bytes; TP2 PP2 on one node of 4 (NVLink 450 GB/s): the TP
+    # all-gather W/2 / 450e9, the PP broadcast the TP shard W/2 (megatron_bridge) or W
+    ("megatron_bridge", 3.08e9 / 2 / 450e9 + 3.08e9 / 2 / 450e9),
+    ("gather_params", 3.08e9 / 2 / 450e9 + 3.08e9 / 450e9),
+])
+def test_the_gather_is_derived_and_charged_inside_the_sync(export, expected):
+    s = _layout_scenario(refit_export=export)
+    p = s.pipelines[0]
+    assert p.refit_export == export and p.costs.refit_gather_s == pytest.approx(expected)
+    c = p.costs
+    closed = f.colocated_ipc_refit_s(p.model.weight_bytes, c.bucket_bytes, GPU_PRESETS["h100_sxm"].hbm_bytes_per_s,
+                                     c.hbm_efficiency, c.refit_tensor_overhead_s, c.refit_group_overhead_s,
+                                     c.refit_setup_s + c.refit_complete_s, gather_s=c.refit_gather_s)
+    syncs = _sync_s(Simulation(s).run().records)
+    assert syncs and all(t == pytest.approx(closed, rel=1e-9) for t in syncs)
+
+
+def test_the_gather_is_the_colocated_paths_only_and_explicit_wins():
+    assert _scenario("cpu_cache", train_tp=2, train_pp=2).pipelines[0].costs.refit_gather_s == 0.0
+    kept = _layout_scenario(costs={"refit_gather_s": 2.5}).pipelines[0].costs.refit_gather_s
+    assert kept == 2.5
+
+
+def test_a_bad_refit_export_is_one_line_naming_the_field():
+    with pytest.raises(ScenarioError) as e:
+        _layout_scenario(refit_export="nccl")
+    msg = str(e.value)
+    assert "pipelines[0].refit_export: must be one of megatron_bridge, gather_params, got 'nccl'" in msg
+    assert "\n" not in msg

@@ -151,3 +151,16 @@ def test_a_reference_policy_doubles_the_log_prob_stage_and_nothing_else():
     two = _scenario(pipe_extra={"infer_tp": 2, "log_prob_passes": 2}).pipelines[0].costs
     assert two.old_log_probs_s_per_trajectory == pytest.approx(2 * one.old_log_probs_s_per_trajectory)
     assert two.train_s_per_trajectory == one.train_s_per_trajectory
+
+
+def test_the_mean_decode_length_with_a_share_at_the_cap():
+    # sigma 0: 90 % of the answers at the median 100, 10 % at the cap 1000 -> 190
+    assert f.mean_decode_tokens(100, 0.0, 1000, 0.1) == pytest.approx(190.0)
+    # median 100, sigma 1, cap 1000, half at the cap: z_s = 0 < ln(10), so the lower half
+    # averages 100 e^0.5 Phi(-1) = 164.8721 x 0.1586553 = 26.1578, the upper half 1000 x 0.5
+    assert f.mean_decode_tokens(100, 1.0, 1000, 0.5) == pytest.approx(526.1578, rel=1e-6)
+    assert f.mean_decode_tokens(586, 0.7, 16224, 0.0) == f.mean_decode_tokens(586, 0.7, 16224)
+    m = f.median_for_mean(749, 0.7, 16224, 0.001)
+    assert f.mean_decode_tokens(m, 0.7, 16224, 0.001) == pytest.approx(749, rel=1e-9)
+    with pytest.raises(ValueError):
+        f.median_for_mean(10, 0.7, 16224, 0.001)  # below what the share at the cap alone averages

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import pytest
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -54,3 +55,17 @@ def test_seconds_table_prints_published_beside_simulated(capsys):
     out = capsys.readouterr().out
     assert "84.0 ->  60.0" in out and "14.0 ->   4.0" in out
     assert "llama3.1_8b_grpo_onpolicy" not in out  # totals only: no stage seconds published
+
+
+def test_the_cap_share_what_if_keeps_each_scenarios_mean():
+    from simulators.costmodel import formulas as f
+
+    b = _bench()
+    path = os.path.join(ROOT, "examples", "published", "llama3.1_70b_grpo_v03_breakdown.yaml")
+    with open(path) as fh:
+        w = yaml.safe_load(fh)["pipelines"][0]["workload"]
+    mean = f.mean_decode_tokens(w["decode_tokens_median"], w["decode_tokens_sigma"], w["decode_tokens_max"])
+    got = b.with_cap_share(path, 0.001).pipelines[0].workload
+    assert got.decode_tokens_cap_share == 0.001 and got.decode_tokens_median < w["decode_tokens_median"]
+    assert f.mean_decode_tokens(got.decode_tokens_median, got.decode_tokens_sigma, got.decode_tokens_max,
+                                0.001) == pytest.approx(mean, rel=1e-9)

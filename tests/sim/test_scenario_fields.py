@@ -280,3 +280,13 @@ def test_workload_median_above_max():
     assert error_of(data) == (
         "x.yaml: pipelines[0].workload.decode_tokens_median: median 512 tokens exceeds decode_tokens_max 256 tokens"
     )
+
+
+def test_workload_cap_share_is_a_share():
+    data = base()
+    data["defaults"] = {"workload": {"decode_tokens_cap_share": 1}}
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].workload.decode_tokens_cap_share: must be below 1 (a share of the answers), got 1"
+    )
+    data["defaults"] = {"workload": {"decode_tokens_cap_share": -0.1}}
+    assert error_of(data) == "x.yaml: defaults.workload.decode_tokens_cap_share: must be >= 0 (share of answers), got -0.1"

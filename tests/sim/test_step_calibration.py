@@ -45,7 +45,11 @@ def _truth(gpus, infer_tp, tp, pp, n, prompt, decode, k):
     if infer_tp > 1:
         step += 4 * L * 10e-6 + c * 4 * L * D * 2 * (infer_tp - 1) / infer_tp / link
     stages["generation_s"] = seqs * decode / c * step
-    stages["refit_s"] = 2 * N / infer_tp / link
+    # colocated refit: every tensor gathered whole in Megatron-Bridge's order, all inside the
+    # node: the TP all-gather moves (tp-1)/tp of the 2N bytes, the PP broadcast the TP shard 2N/tp
+    refit = (2 * N * (tp - 1) / tp if tp > 1 else 0.0) + (2 * N / tp if pp > 1 else 0.0)
+    if refit:  # DP only: nothing to gather, so no link to measure
+        stages["refit_s"] = refit / link
     wobble = 1 + 0.01 * math.sin(k)  # a measured run is never exactly the model
     return {s: v * wobble for s, v in stages.items()}
 

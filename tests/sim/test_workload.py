@@ -95,3 +95,16 @@ def test_the_replay_buffer_takes_as_a_filter_of_its_item_list_would(ops):
         assert (buf.items, buf.evicted, buf.last_taken) == (ref.items, ref.evicted, ref.last_taken)
         assert buf.versions == {v: [w for w, _ in ref.items].count(v) for v, _ in ref.items}
         assert buf.usable(3, 1) == sum(1 for v, _ in ref.items if v >= 2)
+
+
+def test_the_cap_share_sends_the_top_draws_to_the_cap():
+    # share 0.25: a draw whose normal exceeds the 75th percentile (0.6744897501960817, the
+    # standard normal's table value) runs to the cap; the rest keep their log-normal length
+    spec = WorkloadSpec(decode_tokens_median=100, decode_tokens_sigma=0.5, decode_tokens_max=5000,
+                        decode_tokens_cap_share=0.25)
+    got = [r.tokens for r in Collector(spec, "sync", np.random.default_rng(3)).draw(4000)]
+    z = np.random.default_rng(3).standard_normal(4000)
+    expected = [5000 if x > 0.6744897501960817 else int(min(max(1.0, round(float(np.exp(np.log(100) + 0.5 * x)))), 5000))
+                for x in z]
+    assert got == expected
+    assert 0.23 < got.count(5000) / 4000 < 0.27  # about a quarter, as drawn
