@@ -102,14 +102,16 @@ class ExceptionTextUpFront(logging.Filter):
 class StartLine:
     """Forked ranks wait at a start line until the agent has forked the last of them.
 
-    When the agent forks, its TCP store thread (torch's ``pt_tcpstore_uv``) is running;
-    a rank forked while that thread holds a lock inherits the lock held, and no thread
-    of the rank will ever release it. The thread is busy exactly when earlier ranks are
-    connecting to the store, which they do at once: in a CI run under load, the last of
-    four ranks hung in its ``TCPStore`` client's constructor on a futex while the other
-    three waited for it in ``init_process_group``. Held here until every rank is forked,
-    no rank talks to the store while the agent forks, so the thread sits idle in its
-    event loop, holding nothing, at every fork.
+    When the agent forks, its TCP store thread (torch's ``pt_tcpstore_uv``) is running,
+    and it is busy exactly when the ranks already forked connect to the store, which
+    they do at once. On each connection it formats the peer's address with glibc's
+    ``getnameinfo`` (a reverse lookup: ``gethostbyaddr_r``, under the resolver's lock).
+    A rank forked in that moment inherits the lock held, with no thread left to release
+    it, and its own first ``getnameinfo`` (its ``TCPStore`` client's connect) waits for
+    good: seen under load, the last of four ranks stuck in ``__resolv_context_get`` in
+    its ``TCPStore`` constructor while the other three waited for it in
+    ``init_process_group``. Held here until every rank is forked, no rank connects
+    while the agent forks, so the thread sits idle in its event loop at each fork.
 
     A pipe: each rank closes its copy of the write end and reads until end of file,
     which comes when the agent closes its own (:meth:`release`)."""
