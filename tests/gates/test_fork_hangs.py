@@ -1,5 +1,6 @@
-"""Fork hangs: forked ranks never fork while the agent's store thread is busy, and a
-launch killed at its test's timeout leaves a diagnosis of where each process was stuck.
+"""Fork hangs: forked ranks never fork while the agent's store thread is busy, a gate's
+deadline ends its launch (with a report) before the test's timeout, and a launch the
+test still has to kill leaves a diagnosis of where each process was stuck.
 
 The hung process of the diagnosis test is the classic fork deadlock made certain: a thread holds a lock
 while the main thread forks, and the child (which inherited the lock held, and not the
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import time
 
-from tests.gates.conftest import GateRun
+import pytest
+
+from tests.gates.conftest import GateRun, with_gate_deadline
 from tests.gates.hang_dump import HEADER, read_output
 from tests.gates.launch_forked import ranks_start_together
 from tests.gates.proc_table import live_processes
@@ -123,3 +126,14 @@ def test_forked_ranks_wait_for_the_last_fork_before_running():
     assert sorted(started) == [0, 1, 2]
     assert all(at > agent.forked_all for at in started.values()), (started, agent.forked_all)
     assert Agent.__dict__["_start"].__name__ == "_start" and agent.entrypoint.__name__ == "rank_entry"
+
+
+def test_the_gate_deadline_always_ends_a_launch_before_the_test_kills_it():
+    """A gate launch gets a per-rank deadline that leaves rank 0 time to report before
+    the test's timeout (the gate's default 120 s had been past the default 90 s)."""
+    assert with_gate_deadline(["--cycles", "2"], 90.0) == ["--cycles", "2", "--timeout-s", "70"]
+    assert with_gate_deadline(["--timeout-s", "50"], 90.0) == ["--timeout-s", "50"]
+    with pytest.raises(AssertionError, match="--timeout-s 120 does not fit in the test's timeout_s=90"):
+        with_gate_deadline(["--timeout-s", "120"], 90.0)
+    with pytest.raises(AssertionError, match="leaves the gate's ranks no deadline"):
+        with_gate_deadline([], 25.0)
