@@ -87,7 +87,7 @@ class Channel:
 
 class Driver(DriverEffects, LifecycleEffects):
     def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
-                 late_receivers_s: float = 0.0, solo: bool = False, script: Any = None,
+                 late_receivers_s: float = 0.0, late_start_s: float = 0.0, solo: bool = False, script: Any = None,
                  shrink_drain_timeout_s: float = 30.0, explorer: Any = None) -> None:
         self.ctx = ctx
         self.explorer = explorer  # --explore: seeded delays before concurrent operations (dual_explore.py)
@@ -97,6 +97,7 @@ class Driver(DriverEffects, LifecycleEffects):
         self.script = script
         self.shrink_drain_timeout_s = shrink_drain_timeout_s  # RLix's rebalance_on_shrink (30 s)
         self.late_receivers_s = late_receivers_s  # test hook: receivers' commands posted after the owner's
+        self.late_start_s = late_start_s  # test hook: ppl2's pipeline starts this long after ppl1's
         self.steps = steps
         self.bucket_size = bucket_size
         self.swap = swap_resize_order
@@ -374,6 +375,8 @@ class Driver(DriverEffects, LifecycleEffects):
         threads += [threading.Thread(target=self.pipeline_main, args=(p,), daemon=True, name=p) for p in PIPELINES]
         threads[0].start()
         for th in threads[1:3]:
+            if th.name == "ppl2" and self.late_start_s:
+                time.sleep(self.late_start_s)
             th.start()
             if self.solo:  # one pipeline at a time
                 while th.is_alive() and not self.errors:

@@ -10,9 +10,10 @@ driver consults it before each effect it dispatches. At step 0:
 * ppl2's first GENERATION request waits until ppl1 holds both inference GPUs;
 * ppl1's first batch starts only once ppl2 has asked, so ppl1 is still generating when
   the scheduler takes a GPU from it;
-* ppl1's first shrink aborts only once ppl1 has requests in flight on the ranks it
-  aborts (or its first batch is already over), so the drain that follows has something
-  to drain.
+* ppl1's first shrink after ppl2 has asked for GENERATION aborts only once ppl1 has
+  requests in flight on the ranks it aborts (or its first batch is already over), so the
+  drain that follows has something to drain. (A shrink before that ask, ppl2's
+  INITIALIZATION taking its training GPU when ppl2 starts late, goes at once.)
 
 Every wait is bounded and never gives up silently: one that runs out is a driver error,
 and the gate fails with what it waited for. The ``solo_pipelines`` test hook runs the gate
@@ -43,7 +44,12 @@ class HandoverScript:
             self.ppl2_asked.set()
         elif name == "WaitBatch" and pid == "ppl1" and effect.global_step == 0:
             driver._wait_until(self.ppl2_asked.is_set, LIMIT_S, "ppl2 to ask for GENERATION")
-        elif name == "Abort" and pid == "ppl1" and not self.ppl1_aborted:
+        elif name == "Abort" and pid == "ppl1" and not self.ppl1_aborted and self.ppl2_asked.is_set():
+            # Only the handover to ppl2's GENERATION is held: an earlier shrink of ppl1 (ppl2's
+            # INITIALIZATION taking its training GPU, when ppl2 starts after ppl1 holds both)
+            # goes at once. Held, it would wait for ppl1's first batch, which waits for ppl2's
+            # GENERATION request, which comes only after that INITIALIZATION is granted: a
+            # cycle of the script's own making (seen on a loaded CI machine, 20 s then a failure).
             self.ppl1_aborted = True
             driver._wait_until(lambda: driver.batches_done[pid] > 0 or any(
                 driver._infer(pid, d).call("in_flight") for d in effect.ranks),

@@ -23,6 +23,10 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``late_receivers[:S]``  dual_pipeline: the driver posts a sync's receive commands S seconds
                         (default 1) after the owner's send command — the ordering that a
                         loaded machine produces now and then, made certain
+``late_start[:S]``      dual_pipeline: ppl2's pipeline starts S seconds (default 0.2) after
+                        ppl1's, so its INITIALIZATION takes its training GPU from a ppl1 that
+                        already holds both — the start order a loaded machine produces now
+                        and then, made certain
 ``leader_gate_off``     dataplane_writeback: every TP sibling writes back, not only the
                         replica leader (the -601 duplicate-writer bug)
 ``wrong_normalizer``    train_pump_parity: the trainer rescales by the other count (tokens
@@ -53,7 +57,7 @@ from typing import List, Optional
 ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise", "kill")
-PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers",
+PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers", "late_start",
                "leader_gate_off", "fail_report_write", "world_sync_group", "solo_pipelines",
                "wrong_normalizer", "wrong_loss", "chunk_grads_lost", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
                "leak_cycle_group", "refit_slows", "drop_kv_scales")
@@ -94,13 +98,13 @@ def parse_hooks(text: Optional[str]) -> List[Hook]:
             name, _, arg = spec.partition(":")
             if name not in PLAIN_HOOKS:
                 raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} (known: {', '.join(POINT_HOOKS + PLAIN_HOOKS)})")
-            if name == "late_receivers" and arg:
+            if name in ("late_receivers", "late_start") and arg:
                 try:
                     ok = float(arg) > 0
                 except ValueError:
                     ok = False
                 if not ok:
-                    raise HookSpecError(f"{ENV_VAR}: late_receivers takes a positive number of seconds, got {arg!r}")
+                    raise HookSpecError(f"{ENV_VAR}: {name} takes a positive number of seconds, got {arg!r}")
             hooks.append(Hook(name=name, arg=arg or None))
     return hooks
 

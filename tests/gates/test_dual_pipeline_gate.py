@@ -12,11 +12,17 @@ pytestmark = pytest.mark.gate
 
 def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     # forked (6 ranks under plain torchrun are 7 imports of torch); the gate's plain
-    # torchrun launch is test_wrong_world_size_is_a_skip_with_reason's
-    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50")
+    # torchrun launch is test_wrong_world_size_is_a_skip_with_reason's. Hook late_start:
+    # ppl2 starts after ppl1 holds both GPUs, so ppl2's INITIALIZATION shrinks ppl1 before
+    # any handover — the arrival order under which the workload script once waited on
+    # itself (a loaded CI machine); the explore test below runs the on-time start.
+    run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="late_start")
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
-    assert report["status"] == "passed", report["message"]
+    assert report["status"] == "passed", (report["message"], run.output[-3000:])
+    early = next(r for r in run.driver_records() if r["kind"] == "plan" and r["shrinks"])
+    assert [s["cluster_id"] for s in early["shrinks"]] == ["ppl1_actor_infer"]
+    assert [s["cluster_id"] for s in early["signals"]] == ["ppl2_actor_train"], early  # INITIALIZATION took the GPU
     summary = report["summary"]
     assert summary["steps_done"] == {"ppl1": 3, "ppl2": 3}
     assert summary["published_versions"] == {"ppl1": 3, "ppl2": 3}  # one bump per cache: 0 (base) .. 3
