@@ -24,18 +24,20 @@ def _cache_bytecode(config) -> None:
     suite starts (its xdist workers, each gate rank under plain torchrun, each ``rlharness``
     subprocess, the launch servers, Ray's workers) compiled every module of the project
     and rewrote every test module's asserts again: about 4 of a pytest worker's 7 CPU s
-    of collection. The suite keeps that variable's intent, nothing written beside the
-    sources, and caches the bytecode under pytest's own ignored ``.pytest_cache`` folder
-    instead (``PYTHONPYCACHEPREFIX``, which pytest's assert rewriting honours too), for this
-    process and, through the environment, for every process it starts. A prefix the user
-    chose is kept."""
+    of collection. For this session and every process it starts (through the
+    environment), the suite lets Python keep its bytecode in the usual ``__pycache__``
+    folders, which git ignores.
+
+    Not under a ``PYTHONPYCACHEPREFIX`` folder, as it once did: Python then reads *every*
+    module's bytecode from that folder only, so the bytecode pip wrote when it installed
+    torch, Ray, matplotlib and the rest was ignored, and on a fresh checkout the first
+    processes, started together, each compiled torch again (about 2 CPU s apiece): a clean
+    clone's suite took about 20 s longer than a second run. A prefix the user chose is
+    kept."""
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
-    prefix = str(config.rootpath / ".pytest_cache" / "pycache")
     del os.environ["PYTHONDONTWRITEBYTECODE"]
-    os.environ["PYTHONPYCACHEPREFIX"] = prefix
     sys.dont_write_bytecode = False
-    sys.pycache_prefix = prefix
 
 
 def pytest_configure(config):
