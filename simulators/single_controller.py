@@ -40,10 +40,10 @@ from harness.streaming.controller import ControllerState, StreamingConfig, setup
 from harness.streaming.split_step import SplitApiError, SplitStepMachine
 from simulators.cluster import OutOfMemory
 from simulators.dataplane import ROLLOUT_FIELDS, WRITEBACK_FIELDS, DataPlaneSim
+from simulators.costmodel.formulas import cap_quantile
 from simulators.env import Link
 from simulators.runtime import SimFailure, Simulation
 from simulators.spec import PipelineSpec
-from simulators.workload import cap_quantile
 
 _WORKLOAD_STREAM = 0x5C  # seed-sequence tag of the per-prompt decode lengths
 

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from simulators.costmodel.formulas import cap_quantile
 from simulators.inference import Request
 from simulators.spec import WorkloadSpec
 
@@ -90,16 +91,6 @@ class ReplayBuffer:
 
 
 _DRAW_BLOCK = 256  # decode lengths drawn per numpy call (see Collector)
-
-
-def cap_quantile(share: float) -> Optional[float]:
-    """The standard-normal draw above which an answer runs to the cap, so that ``share`` of
-    the draws do (``workload.decode_tokens_cap_share``); None for no such share."""
-    if share <= 0:
-        return None
-    from statistics import NormalDist
-
-    return NormalDist().inv_cdf(1.0 - share)
 
 
 class Collector:

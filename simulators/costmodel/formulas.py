@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Dict, Optional
 
 from harness.ordered_sum import ordered_sum
@@ -240,11 +241,20 @@ def mean_decode_tokens(median: float, sigma: float, cap: int, cap_share: float =
     if sigma <= 0:
         return (1.0 - cap_share) * min(float(cap), float(median)) + cap_share * cap
     z = math.log(cap / median) / sigma
-    if cap_share > 0:
-        from statistics import NormalDist
-
-        z = min(z, NormalDist().inv_cdf(1.0 - cap_share))
+    z_s = cap_quantile(cap_share)
+    if z_s is not None:
+        z = min(z, z_s)
     return median * math.exp(sigma * sigma / 2.0) * phi(z - sigma) + cap * (1.0 - phi(z))
+
+
+def cap_quantile(share: float) -> Optional[float]:
+    """The standard-normal draw above which an answer runs to the cap, so that ``share`` of
+    the draws do (``workload.decode_tokens_cap_share``); None for no such share. The one
+    rule both the workload's draws (``simulators/workload.py``, ``single_controller.py``)
+    and :func:`mean_decode_tokens` follow."""
+    if share <= 0:
+        return None
+    return NormalDist().inv_cdf(1.0 - share)
 
 
 def median_for_mean(mean: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
