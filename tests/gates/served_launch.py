@@ -8,7 +8,8 @@ would be: its own session and process group, the launch's environment, working f
 and output, then the same ``launch(ARGV)`` (torch's agent, the ranks forked from it).
 The server never launches anything itself, so every launch starts from the same state.
 
-A launch whose environment differs from the server's in anything read at (only the gate hook and the run's private folders may differ: the gates read those when
+A launch whose environment differs from the server's in anything read at import time
+(only the gate hook and the run's private folders may differ: the gates read those when
 they run), or that wants a module the server did not import, is started as a program.
 """
 
