@@ -57,6 +57,17 @@ def _until(fd: int, text: bytes, limit_s: float = 60.0) -> bytes:
     return got
 
 
+def _child_asleep(parent: int, limit_s: float = 60.0) -> None:
+    """Wait until the parent's child sleeps: "child blocking" is printed just *before* it
+    blocks, and a snapshot taken in between sees it running (state R, no wait channel)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if any(int(fields[1]) == parent and fields[0] == "S" for _, fields in live_processes()):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the child of {parent} never blocked")
+
+
 def test_a_hung_launch_is_killed_with_every_process_stacks_and_threads_in_its_output(tmp_path):
     mark = str(tmp_path / "hung-launch-marker")
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", PROGRAM, mark], stdout=subprocess.PIPE,
@@ -64,6 +75,7 @@ def test_a_hung_launch_is_killed_with_every_process_stacks_and_threads_in_its_ou
     with proc.stdout:
         fd = proc.stdout.fileno()
         _until(fd, b"child blocking")
+        _child_asleep(proc.pid)
         output, timed_out = read_output(fd, 0.0, proc.pid, mark)  # due at once: diagnose now
     assert timed_out and proc.wait(timeout=10) != 0
     assert HEADER in output and "its 2 process(es)" in output, output
