@@ -398,15 +398,49 @@ class _GateRun:
             return False
 
     def _skip(self, backend: str, reason: str) -> int:
+        """Every rank skips (the node cannot host the world); rank 0 writes the report.
+
+        A skip is a non-zero exit, and torchrun's agent tears the job down at the first
+        one: a rank 1 that left at once killed rank 0 before its report was written (seen
+        under load). So the ranks meet on the launch's store first: rank 0 posts ``done``
+        once its report is written and the others leave only then, bounded by the gate's
+        deadline (a rank that cannot reach the store leaves at once: never hang)."""
+        timeout = datetime.timedelta(seconds=max(1.0, self.deadline - time.monotonic()))
+        try:
+            self.report_store = connect_store(self.env, timeout, host=(self.env.rank == 0 and not self.env.agent_store))
+        except Exception as exc:
+            print(f"rank {self.env.rank}: skipping without the launch's store: {exc}", file=sys.stderr, flush=True)
+        code = rep.EXIT_SKIPPED
         if self.env.rank == 0:
+            late = self.hooks.get("late_skip_report")  # its seconds were checked when the hooks were parsed
+            if late is not None:
+                time.sleep(float(late.arg) if late.arg else 1.0)
             self.backend = backend
             report = self._base_report(rep.SKIPPED)
             report.update(message=f"skipped: {reason}", skip_reason=reason, ranks=[], failures=[], summary={})
             written = self._write(self.args.report, report)
             print(f"gate {self.spec.name}: SKIPPED: {reason}", flush=True)
-            if not written:
-                return rep.EXIT_FAILED
-        return rep.EXIT_SKIPPED
+            code = rep.EXIT_SKIPPED if written else rep.EXIT_FAILED
+            if self.report_store is not None:
+                self._post("done", {"status": report["status"]})
+                self._wait_seen(self.deadline)
+        elif self.report_store is not None:
+            self._wait_done(self.deadline)
+            self._post(f"seen/{self.env.rank}", {})
+        return code
+
+    def _wait_seen(self, until: float) -> None:
+        """Rank 0 hosting the store (no agent store) stays until each peer has read ``done``:
+        the store goes with rank 0's process."""
+        if self.env.agent_store:
+            return
+        keys = [f"{KEY_PREFIX}seen/{r}" for r in range(1, self.env.world_size)]
+        while keys and time.monotonic() < until:
+            try:
+                keys = [k for k in keys if not self.report_store.check([k])]
+            except Exception:
+                return
+            time.sleep(0.05)
 
 
 def _ends_by_returning() -> bool:
