@@ -10,7 +10,9 @@ the store in :class:`~harness.dataplane.store.RefuseOverwrite` to get Mooncake's
 
 ``start()`` brings up TQ on the already-initialized Ray and bounds the wait: TQ's
 controller and each storage unit ask Ray for a CPU, and with too few logical CPUs its
-``init`` waits forever.
+``init`` waits forever; with Ray's workers at its default nice 15 beside busy processes,
+the controller's start-up can starve for minutes (the drivers here start Ray at nice 0).
+A timeout names the TQ call the init thread was still in.
 
 Other processes attach **without Ray**: TQ's client reaches the controller and the storage
 units over ZMQ, and the addresses are in the config ``init`` returns. The starting process
@@ -33,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import threading
 import uuid
 from typing import Dict, List, Optional, Sequence
@@ -45,6 +48,20 @@ from harness.dataplane.store import RowStore, Rows
 
 SCHEMA_KEY = "__schema__"
 LEDGER_PREFIX = "__ledger__/"
+
+
+def _innermost_tq_call(thread: threading.Thread) -> str:
+    """Where a stuck init thread waits: its innermost TransferQueue frame (the call that
+    never returned, e.g. the controller actor's ZMQ info a starved Ray worker never sent)."""
+    frame = sys._current_frames().get(thread.ident)
+    where = "an unknown place"
+    while frame is not None:
+        if "transfer_queue" in frame.f_code.co_filename:
+            name = frame.f_code.co_filename.split("transfer_queue", 1)[1].lstrip("/")
+            where = f"transfer_queue/{name}:{frame.f_lineno} {frame.f_code.co_name}"
+            break
+        frame = frame.f_back
+    return where
 
 
 class TransferQueueStore(RowStore):
@@ -82,8 +99,9 @@ class TransferQueueStore(RowStore):
         t.start()
         t.join(timeout_s)
         if t.is_alive():
-            raise TimeoutError(f"TransferQueue init did not finish in {timeout_s:.0f} s "
-                               "(does Ray have a logical CPU for the controller and each storage unit?)")
+            raise TimeoutError(f"TransferQueue init did not finish in {timeout_s:g} s, waiting in {_innermost_tq_call(t)} "
+                               "(does Ray have a logical CPU for the controller and each storage unit, "
+                               "and CPU time for its workers?)")
         if failure:
             raise DataPlaneError(f"TransferQueue init failed: {failure[0]}") from failure[0]
         return cls(final[0] if final else None)

@@ -150,7 +150,10 @@ def run_on_ray(jobs: Iterable[Job], *, address: str, workers: int, budget: Optio
     started_here = not ray.is_initialized()  # a caller's Ray (tests, benchmarks) is left running
     if started_here:
         if address == "local":
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            # worker_niceness 0: the tasks are the work asked for, at the priority the local
+            # executor's processes get (Ray's default nice 15 would yield to any busy process)
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     _system_config={"worker_niceness": 0})
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     task = ray.remote(num_cpus=1, max_retries=0)(isolated_job)
