@@ -22,6 +22,8 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``late_skip_report[:S]`` any gate: on a skip, rank 0 writes its report S seconds (default 1)
                         after the others have decided to skip — the order a loaded machine
                         produces now and then, made certain
+``late_usage_error[:S]`` any gate: on a usage error, rank 0 prints it S seconds (default 1)
+                        late (the same race, for the usage message)
 ``world_sync_group``    selective_sync: the sync group is the whole world, not a subset
 ``late_receivers[:S]``  dual_pipeline: the driver posts a sync's receive commands S seconds
                         (default 1) after the owner's send command — the ordering that a
@@ -61,7 +63,7 @@ ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers", "late_start",
-               "leader_gate_off", "fail_report_write", "late_skip_report", "world_sync_group", "solo_pipelines",
+               "leader_gate_off", "fail_report_write", "late_skip_report", "late_usage_error", "world_sync_group", "solo_pipelines",
                "wrong_normalizer", "wrong_loss", "chunk_grads_lost", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
                "leak_cycle_group", "refit_slows", "drop_kv_scales")
 
@@ -101,7 +103,7 @@ def parse_hooks(text: Optional[str]) -> List[Hook]:
             name, _, arg = spec.partition(":")
             if name not in PLAIN_HOOKS:
                 raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} (known: {', '.join(POINT_HOOKS + PLAIN_HOOKS)})")
-            if name in ("late_receivers", "late_start", "late_skip_report") and arg:
+            if name in ("late_receivers", "late_start", "late_skip_report", "late_usage_error") and arg:
                 try:
                     ok = float(arg) > 0
                 except ValueError:

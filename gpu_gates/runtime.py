@@ -37,6 +37,7 @@ from gpu_gates.dist_setup import (LaunchEnv, connect_store, device_for, device_s
 from gpu_gates.events import merge_events, write_event_log
 from gpu_gates.hooks import HookSpecError, TestHooks
 from gpu_gates.memory import MemoryMeter
+from gpu_gates.rank0_first import rank0_speaks_first
 from gpu_gates.watchdog import Watchdog, start_sigterm_listener, thread_stacks
 from gpu_gates.transports import private_dirs
 
@@ -77,6 +78,15 @@ class _RankZeroParser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: Any = None) -> None:
         if os.environ.get("RANK", "0") == "0":
             super()._print_message(message, file)
+
+    def error(self, message: str):  # type: ignore[override]
+        """argparse's message, raised for :func:`run_gate` to print once rank 0's turn comes
+        (argparse itself prints and exits on every rank at once)."""
+        raise _UsageError(f"{self.format_usage()}{self.prog}: error: {message}\n")
+
+
+class _UsageError(Exception):
+    """A bad flag or hook variable: its whole message, usage line included."""
 
 
 def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
@@ -398,49 +408,30 @@ class _GateRun:
             return False
 
     def _skip(self, backend: str, reason: str) -> int:
-        """Every rank skips (the node cannot host the world); rank 0 writes the report.
+        """Every rank skips (the node cannot host the world); rank 0 writes the report, and
+        the others wait for it (:mod:`gpu_gates.rank0_first`: a peer's early exit 3 would
+        make torchrun kill rank 0 before its write)."""
+        code = [rep.EXIT_SKIPPED]
 
-        A skip is a non-zero exit, and torchrun's agent tears the job down at the first
-        one: a rank 1 that left at once killed rank 0 before its report was written (seen
-        under load). So the ranks meet on the launch's store first: rank 0 posts ``done``
-        once its report is written and the others leave only then, bounded by the gate's
-        deadline (a rank that cannot reach the store leaves at once: never hang)."""
-        timeout = datetime.timedelta(seconds=max(1.0, self.deadline - time.monotonic()))
-        try:
-            self.report_store = connect_store(self.env, timeout, host=(self.env.rank == 0 and not self.env.agent_store))
-        except Exception as exc:
-            print(f"rank {self.env.rank}: skipping without the launch's store: {exc}", file=sys.stderr, flush=True)
-        code = rep.EXIT_SKIPPED
-        if self.env.rank == 0:
-            late = self.hooks.get("late_skip_report")  # its seconds were checked when the hooks were parsed
-            if late is not None:
-                time.sleep(float(late.arg) if late.arg else 1.0)
+        def report() -> None:
             self.backend = backend
-            report = self._base_report(rep.SKIPPED)
-            report.update(message=f"skipped: {reason}", skip_reason=reason, ranks=[], failures=[], summary={})
-            written = self._write(self.args.report, report)
+            body = self._base_report(rep.SKIPPED)
+            body.update(message=f"skipped: {reason}", skip_reason=reason, ranks=[], failures=[], summary={})
+            written = self._write(self.args.report, body)
             print(f"gate {self.spec.name}: SKIPPED: {reason}", flush=True)
-            code = rep.EXIT_SKIPPED if written else rep.EXIT_FAILED
-            if self.report_store is not None:
-                self._post("done", {"status": report["status"]})
-                self._wait_seen(self.deadline)
-        elif self.report_store is not None:
-            self._wait_done(self.deadline)
-            self._post(f"seen/{self.env.rank}", {})
-        return code
+            if not written:
+                code[0] = rep.EXIT_FAILED
 
-    def _wait_seen(self, until: float) -> None:
-        """Rank 0 hosting the store (no agent store) stays until each peer has read ``done``:
-        the store goes with rank 0's process."""
-        if self.env.agent_store:
-            return
-        keys = [f"{KEY_PREFIX}seen/{r}" for r in range(1, self.env.world_size)]
-        while keys and time.monotonic() < until:
-            try:
-                keys = [k for k in keys if not self.report_store.check([k])]
-            except Exception:
-                return
-            time.sleep(0.05)
+        rank0_speaks_first(self.env, self.deadline, report, _hook_seconds(self.hooks, "late_skip_report"))
+        return code[0]
+
+
+def _hook_seconds(hooks: TestHooks, name: str) -> float:
+    """A delay hook's seconds (checked when the hooks were parsed; default 1), 0 when unset."""
+    hook = hooks.get(name)
+    if hook is None:
+        return 0.0
+    return float(hook.arg) if hook.arg else 1.0
 
 
 def _ends_by_returning() -> bool:
@@ -475,15 +466,30 @@ def _report_path_problem(path: Optional[str]) -> Optional[str]:
 def run_gate(spec: GateSpec, argv: Optional[List[str]] = None) -> int:
     """Parse flags, then run this rank; returns only for usage errors, skips and (a rank run
     as a function, see :func:`_ends_by_returning`) a pass."""
-    parser = build_parser(spec)
-    args = parser.parse_args(argv)
-    problem = _report_path_problem(args.report) or _report_path_problem(args.event_log)
-    if problem:
-        parser.error(problem)  # usage error: printed once (rank 0), exit code 2 on every rank
     env = LaunchEnv.from_environ()
+    parser = build_parser(spec)
     try:
+        args = parser.parse_args(argv)
+        problem = _report_path_problem(args.report) or _report_path_problem(args.event_log)
+        if problem:
+            parser.error(problem)  # usage error: printed once (rank 0), exit code 2 on every rank
         hooks = TestHooks.from_env(env.rank, env.world_size)
+    except _UsageError as exc:
+        return _usage_error(env, str(exc))
     except HookSpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return rep.EXIT_USAGE
+        return _usage_error(env, f"error: {exc}\n")
     return _GateRun(spec, args, env, hooks).execute()
+
+
+#: how long the other ranks wait for rank 0's usage message (no --timeout-s was parsed)
+USAGE_WAIT_S = 30.0
+
+
+def _usage_error(env: LaunchEnv, message: str) -> int:
+    """Rank 0 prints the message in one write; every rank exits 2 once it has."""
+    try:
+        late = _hook_seconds(TestHooks.from_env(env.rank, env.world_size), "late_usage_error")
+    except HookSpecError:  # the hook variable is the usage error itself
+        late = 0.0
+    rank0_speaks_first(env, time.monotonic() + USAGE_WAIT_S, lambda: write_at_once(sys.stderr, message), late)
+    return rep.EXIT_USAGE

@@ -49,6 +49,16 @@ def test_an_unwritable_report_path_is_a_usage_error_before_any_work(gate_launch,
     assert "gate_start" not in run.output
 
 
+def test_a_usage_error_is_printed_whole_however_late_rank_0_is(gate_launch, tmp_path):
+    """Every rank exits 2 on a usage error and torchrun's agent ends the job at the first:
+    the others wait until rank 0 has printed the message (rank 0 late here)."""
+    report = tmp_path / "missing" / "report.json"
+    run = gate_launch("nccl_teardown", 2, "--report", str(report), hook="late_usage_error:1.5", timeout_s=60)
+    assert run.returncode != 0 and run.elapsed_s >= 1.5
+    assert run.output.count("usage: gpu_gates/nccl_teardown.py") == 1, run.output[-3000:]
+    assert run.output.count(f"error: {report}: folder {report.parent} does not exist") == 1, run.output[-3000:]
+
+
 def test_a_report_that_cannot_be_written_is_a_non_zero_exit(gate_launch):
     run = gate_launch("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--cycles", "1",
                       hook="fail_report_write", timeout_s=60)
