@@ -110,20 +110,6 @@ def _order_evidence(records: List[Dict[str, Any]]) -> List[str]:
     return lines
 
 
-def _late_receivers_s(ctx: GateContext) -> float:
-    hook = ctx.hooks.get("late_receivers")  # its seconds were checked when the hooks were parsed
-    if hook is None:
-        return 0.0
-    return float(hook.arg) if hook.arg else 1.0
-
-
-def _late_start_s(ctx: GateContext) -> float:
-    hook = ctx.hooks.get("late_start")  # its seconds were checked when the hooks were parsed
-    if hook is None:
-        return 0.0
-    return float(hook.arg) if hook.arg else 0.2
-
-
 def _exercised_cycles(records: List[Dict[str, Any]]) -> List[int]:
     """Cycles that both shrank and expanded ranks: where T1 < T2 < T3 has something to check."""
     return sorted(c for c, m in resize_walk(records)[1].items() if m.t1 is not None and m.t2 is not None)
@@ -175,7 +161,7 @@ def run(ctx: GateContext) -> None:
     solo = ctx.hooks.get("solo_pipelines") is not None
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
                     swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve,
-                    late_receivers_s=_late_receivers_s(ctx), late_start_s=_late_start_s(ctx), solo=solo, script=None if solo else HandoverScript(),
+                    late_receivers_s=ctx.hooks.seconds("late_receivers", 1.0), late_start_s=ctx.hooks.seconds("late_start", 0.2), solo=solo, script=None if solo else HandoverScript(),
                     shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s,
                     explorer=None if ctx.args.explore is None else GateExplorer(ctx.args.explore,
                                                                                 ctx.args.explore_max_delay_s))

@@ -67,6 +67,9 @@ PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_ord
                "wrong_normalizer", "wrong_loss", "chunk_grads_lost", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
                "leak_cycle_group", "refit_slows", "drop_kv_scales")
 
+#: plain hooks whose argument is a delay in seconds (checked positive when parsed)
+DELAY_HOOKS = ("late_receivers", "late_start", "late_skip_report", "late_usage_error")
+
 
 class HookSpecError(ValueError):
     """The hook variable could not be parsed (a usage error, exit code 2)."""
@@ -103,7 +106,7 @@ def parse_hooks(text: Optional[str]) -> List[Hook]:
             name, _, arg = spec.partition(":")
             if name not in PLAIN_HOOKS:
                 raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} (known: {', '.join(POINT_HOOKS + PLAIN_HOOKS)})")
-            if name in ("late_receivers", "late_start", "late_skip_report", "late_usage_error") and arg:
+            if name in DELAY_HOOKS and arg:
                 try:
                     ok = float(arg) > 0
                 except ValueError:
@@ -133,6 +136,13 @@ class TestHooks:
             if hook.name == name:
                 return hook
         return None
+
+    def seconds(self, name: str, default: float) -> float:
+        """A delay hook's seconds (``default`` when given without any), 0 when it is unset."""
+        hook = self.get(name)
+        if hook is None:
+            return 0.0
+        return float(hook.arg) if hook.arg else default
 
     def describe(self) -> List[str]:
         return [h.name + (f"@{h.point}" if h.point else "") + (f":{h.rank}" if h.rank is not None else "")

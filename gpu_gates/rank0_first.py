@@ -40,9 +40,9 @@ def rank0_speaks_first(env: LaunchEnv, until: float, speak: Callable[[], None], 
             time.sleep(delay_s)
         speak()
         if store is not None and _post(store, SPOKE) and not env.agent_store:
-            _wait_for(store, [f"{KEY_PREFIX}rank0_heard/{r}" for r in range(1, env.world_size)], until)
+            wait_for_keys(store, [f"{KEY_PREFIX}rank0_heard/{r}" for r in range(1, env.world_size)], until)
     elif store is not None:
-        _wait_for(store, [SPOKE], until)
+        wait_for_keys(store, [SPOKE], until)
         _post(store, f"{KEY_PREFIX}rank0_heard/{env.rank}")
 
 
@@ -54,7 +54,8 @@ def _post(store, key: str) -> bool:
         return False
 
 
-def _wait_for(store, keys: List[str], until: float) -> None:
+def wait_for_keys(store, keys: List[str], until: float) -> None:
+    """Poll the store until every key is set, ``until`` passes, or the store is gone."""
     while keys and time.monotonic() < until:
         try:
             keys = [k for k in keys if not store.check([k])]

@@ -37,7 +37,7 @@ from gpu_gates.dist_setup import (LaunchEnv, connect_store, device_for, device_s
 from gpu_gates.events import merge_events, write_event_log
 from gpu_gates.hooks import HookSpecError, TestHooks
 from gpu_gates.memory import MemoryMeter
-from gpu_gates.rank0_first import rank0_speaks_first
+from gpu_gates.rank0_first import rank0_speaks_first, wait_for_keys
 from gpu_gates.watchdog import Watchdog, start_sigterm_listener, thread_stacks
 from gpu_gates.transports import private_dirs
 
@@ -345,13 +345,7 @@ class _GateRun:
         return results
 
     def _wait_done(self, until: float) -> None:
-        while time.monotonic() < until:
-            try:
-                if self.report_store.check([KEY_PREFIX + "done"]):
-                    return
-            except Exception:
-                return
-            time.sleep(0.05)
+        wait_for_keys(self.report_store, [KEY_PREFIX + "done"], until)
 
     def _build_report(self, results: List[Optional[Dict[str, Any]]]) -> Dict[str, Any]:
         present = [r for r in results if r is not None]
@@ -422,16 +416,8 @@ class _GateRun:
             if not written:
                 code[0] = rep.EXIT_FAILED
 
-        rank0_speaks_first(self.env, self.deadline, report, _hook_seconds(self.hooks, "late_skip_report"))
+        rank0_speaks_first(self.env, self.deadline, report, self.hooks.seconds("late_skip_report", 1.0))
         return code[0]
-
-
-def _hook_seconds(hooks: TestHooks, name: str) -> float:
-    """A delay hook's seconds (checked when the hooks were parsed; default 1), 0 when unset."""
-    hook = hooks.get(name)
-    if hook is None:
-        return 0.0
-    return float(hook.arg) if hook.arg else 1.0
 
 
 def _ends_by_returning() -> bool:
@@ -488,7 +474,7 @@ USAGE_WAIT_S = 30.0
 def _usage_error(env: LaunchEnv, message: str) -> int:
     """Rank 0 prints the message in one write; every rank exits 2 once it has."""
     try:
-        late = _hook_seconds(TestHooks.from_env(env.rank, env.world_size), "late_usage_error")
+        late = TestHooks.from_env(env.rank, env.world_size).seconds("late_usage_error", 1.0)
     except HookSpecError:  # the hook variable is the usage error itself
         late = 0.0
     rank0_speaks_first(env, time.monotonic() + USAGE_WAIT_S, lambda: write_at_once(sys.stderr, message), late)

@@ -30,7 +30,15 @@ def test_hook_parsing_and_rank_targeting():
     assert default_rank.matching_point("x") is not None  # default target: the last rank
 
 
-@pytest.mark.parametrize("bad", ["explode", "hang@", "hang@x:one", "corrupt@x", "late_receivers:soon", "late_receivers:-1"])
+def test_a_delay_hook_gives_its_seconds_its_default_or_nothing():
+    hooks = TestHooks(parse_hooks("late_start:0.5,late_skip_report"), rank=0, world_size=2)
+    assert hooks.seconds("late_start", 0.2) == 0.5
+    assert hooks.seconds("late_skip_report", 1.0) == 1.0
+    assert hooks.seconds("late_usage_error", 1.0) == 0.0
+
+
+@pytest.mark.parametrize("bad", ["explode", "hang@", "hang@x:one", "corrupt@x", "late_receivers:soon", "late_receivers:-1",
+                                 "late_usage_error:0"])
 def test_bad_hooks_are_rejected(bad):
     with pytest.raises(HookSpecError):
         parse_hooks(bad)
