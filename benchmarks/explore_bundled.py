@@ -27,10 +27,10 @@ sys.path.insert(0, ROOT)
 
 def outcome(scenario, explore):
     """(signature, every check the run violates, the log's sha256 without its header) of one run."""
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
     from simulators.fuzz.seed_run import lines_sha256
     from simulators.fuzz.signature import signature
-    from simulators.runtime import Simulation
+    from simulators.runtime.simulation import Simulation
 
     result = Simulation(scenario, explore=explore).run()
     records = result.records
@@ -40,8 +40,8 @@ def outcome(scenario, explore):
 
 
 def main() -> None:
-    from simulators.explore import ExploreSpec
-    from simulators.scenario import load_scenario
+    from simulators.runtime.explore import ExploreSpec
+    from simulators.scenario.loader import load_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=100, help="schedule seeds per strategy and scenario")

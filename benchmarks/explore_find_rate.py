@@ -47,10 +47,10 @@ NEW_CHECKS = ("deadlock", "lost_wakeup", "hot_state", "livelock")
 
 def findings(path, seed, strategy: str, depth: int = 3, checks=NEW_CHECKS):
     """The findings of one run of ``path`` (a scenario file, or a loaded Scenario)."""
-    from harness.invariants import check_log
-    from simulators.explore import ExploreSpec
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
+    from harness.logs.invariants import check_log
+    from simulators.runtime.explore import ExploreSpec
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
 
     explore = None if seed is None else ExploreSpec(seed, strategy, depth=depth)
     scenario = load_scenario(path) if isinstance(path, str) else path
@@ -62,7 +62,7 @@ def depth_cases():
     with three engines, and RLix's premature planned-release ack."""
     import dataclasses
 
-    from simulators.scenario import load_scenario
+    from simulators.scenario.loader import load_scenario
 
     out = [(name, load_scenario(scenario_path(name)), check) for name, check in BUGS.items() if check == "deadlock"]
     slime = out[0][1]
@@ -76,7 +76,7 @@ def depth_cases():
 
 def depth_table(n: int) -> None:
     """First seed and rate of random and of pct at depths 1..3, with PCT's k per scenario."""
-    from simulators.explore import _PILOTS
+    from simulators.runtime.explore import _PILOTS
 
     print(f"\n{'bug':34s} {'strategy':10s} {'k':>6s} {'first seed':>10s} {'found in':>14s}")
     for label, scenario, check in depth_cases():
@@ -95,7 +95,7 @@ def scenario_path(name: str) -> str:
 
 def shape_rates(n: int, m: int = 8, others: int = 7):
     """{(shape, strategy label): seeds of n that meet it} for the two shapes of ``--shapes``."""
-    from simulators.explore import Explorer, ExploreSpec
+    from simulators.runtime.explore import Explorer, ExploreSpec
 
     keys = [(1,), (2,)] + [(3, i) for i in range(others)]  # A, B, the others
     k = len(keys) * m  # every process is ranked at every instant: PCT's k

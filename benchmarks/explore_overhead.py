@@ -21,10 +21,10 @@ sys.path.insert(0, ROOT)
 
 
 def main() -> None:
-    from simulators.explore import ExploreSpec
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
-    from simulators.spec import default_scenario
+    from simulators.runtime.explore import ExploreSpec
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
+    from simulators.scenario.spec import default_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)

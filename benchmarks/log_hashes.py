@@ -7,7 +7,7 @@ record kinds and scenarios changed, and why), and performance work is held to se
 equivalence (the same decisions, findings and figures), which a hash diff shows only when
 the bytes happen to be unchanged. One line per scenario: the sha256 of the bytes
 ``rlharness simulate`` writes to events.jsonl, the record count, and the scenario. The
-default scenario is ``default`` (``simulators.spec.default_scenario``).
+default scenario is ``default`` (``simulators.scenario.spec.default_scenario``).
 
     python benchmarks/log_hashes.py [--skip-large] [SCENARIO.yaml ...]
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 def log_sha256(scenario) -> "tuple[str, int]":
     """The sha256 of the run's events.jsonl bytes (the lines the writer writes, each
     followed by a newline) and the number of records."""
-    from simulators.runtime import Simulation
+    from simulators.runtime.simulation import Simulation
 
     result = Simulation(scenario).run()
     digest = hashlib.sha256()
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-large", action="store_true", help="skip the 1024-GPU scenario")
     ap.add_argument("paths", nargs="*", help="scenarios (default: the default one and examples/scenarios/*.yaml)")
     args = ap.parse_args(argv)
-    from simulators.scenario import load_scenario
-    from simulators.spec import default_scenario
+    from simulators.scenario.loader import load_scenario
+    from simulators.scenario.spec import default_scenario
 
     paths = args.paths or [None] + sorted(glob.glob(os.path.join(ROOT, "examples", "scenarios", "*.yaml")))
     for path in paths:

@@ -40,8 +40,8 @@ def hash_one(path: str, files) -> None:
     """Child mode: simulate ``path`` ("" for the default), print ``name file sha256`` lines."""
     sys.path.insert(0, ROOT)
     from simulators.run import OUTPUT_FILES, simulate
-    from simulators.scenario import load_scenario
-    from simulators.spec import default_scenario
+    from simulators.scenario.loader import load_scenario
+    from simulators.scenario.spec import default_scenario
 
     scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
     name = os.path.basename(path) if path else "(default)"

@@ -5,7 +5,7 @@ different moments cannot be compared. This runs the 1024-GPU scenario (or ``--sc
 in a fresh process of each checkout, alternating, and reports per phase the CPU time
 (``time.process_time``) of that process: the simulation, the invariant check, the summary,
 each output file, and the costliest checks one by one — all in one process (no fork: the
-split of simulators/check_fork.py moves work between processes, it saves none). Then the
+split of simulators/verdict/check_fork.py moves work between processes, it saves none). Then the
 command line end to end (``rlharness simulate ... --out DIR --quiet``) per checkout: wall
 seconds, CPU seconds of it and its children (the forked share included), and the load
 average when it started.
@@ -32,10 +32,10 @@ LARGE = "examples/scenarios/large_1024gpu.yaml"
 _CHILD = r'''
 import gc, inspect, json, os, sys, tempfile, time
 sys.path.insert(0, ".")
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 import simulators.run as run
-from harness.invariants import CHECKS, SEES, kind_views
+from harness.logs.invariants import CHECKS, SEES, kind_views
 
 class _Cpu:  # the stopwatch of write_outputs, reading CPU time instead of wall time
     perf_counter = staticmethod(time.process_time)

@@ -77,7 +77,7 @@ def with_cap_share(path: str, share: float):
     median re-solved so that the drawn mean stays the one the file draws (the published
     mean; at most the cap, as the files' own medians)."""
     from simulators.costmodel import formulas as f
-    from simulators.scenario import check_feasible, read_mapping, scenario_from_mapping
+    from simulators.scenario.loader import check_feasible, read_mapping, scenario_from_mapping
 
     data = read_mapping(path)
     w = data["pipelines"][0]["workload"]
@@ -92,11 +92,11 @@ def with_cap_share(path: str, share: float):
 
 def run_all(cap_share: float = 0.0):
     """[(name, published s, release, simulated s, {stage: s})] for every scenario of examples/published/."""
-    from harness.outputs.run_view import RunView
-    from harness.outputs.summary import summarize
-    from harness.outputs.summary_text import summary_json
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
+    from harness.logs.outputs.run_view import RunView
+    from harness.logs.outputs.summary import summarize
+    from harness.logs.outputs.summary_text import summary_json
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
 
     rows = []
     for path in sorted(glob.glob(os.path.join(ROOT, "examples", "published", "*.yaml"))):

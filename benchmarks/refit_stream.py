@@ -7,7 +7,7 @@ and loading it cost about the same — the case ping-pong is for):
   /dev/shm staging buffers, a receiver process), the sender packing group g+1 while the
   receiver loads group g;
 * single buffer: the same stream with every ACK collected before the next group is
-  packed (no overlap) — what gpu_gates/ipc.py did per bucket;
+  packed (no overlap) — what gpu_gates/sync/ipc.py did per bucket;
 * raw memcpy: one copy of the same number of bytes between two touched buffers.
 
 Each figure is the median of --repeats rounds (the variants interleaved, their order

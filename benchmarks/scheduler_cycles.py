@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 
 from harness.scheduler import Priority, SchedulerModel  # noqa: E402
 from harness.scheduler.progress import ProgressReport  # noqa: E402
-from harness.topology import ClusterTopology  # noqa: E402
+from harness.scheduler.topology import ClusterTopology  # noqa: E402
 
 SIZES = ((64, 8), (256, 16), (992, 64))
 RLIX_BOOTSTRAP_MS = {64: 1.9, 256: 10.6, 992: 179.0}

@@ -24,9 +24,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 _CHILD = r'''
 import gc, json, sys, time
 sys.path.insert(0, ".")
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import default_scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import default_scenario
 scenario = load_scenario(sys.argv[1])
 Simulation(default_scenario()).run()  # warm-up: imports and first calls are not the run's
 best = float("inf")

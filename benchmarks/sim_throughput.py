@@ -26,7 +26,7 @@ the invariant check, the summary, events.jsonl, trace.json, timeline.png, ...), 
 real command line end to end on the 1024-GPU scenario, ``rlharness simulate ... --out
 DIR``: wall time and peak RSS, every output included (issue #16: under 15 s, under 1 GiB);
 it runs most checks and writes the event log in a forked child while it makes the
-summary, trace and picture (simulators/check_fork.py), so its wall time is less than the
+summary, trace and picture (simulators/verdict/check_fork.py), so its wall time is less than the
 sum of the outputs' (its peak RSS is the larger of the two processes').
 
 Targets (issue #16, which withdrew the per-event ones of the simulator issue: 0.5 M
@@ -68,7 +68,7 @@ def bare_simpy(n_events: int = 400_000, *, log_records: bool = False) -> float:
     also appends one record (the shape of a request completion) to an :class:`EventLog`."""
     import simpy
 
-    from harness.eventlog.writer import EventLog, header_record
+    from harness.logs.writer import EventLog, header_record
 
     env = simpy.Environment()
     log = EventLog(header_record({"nodes": 1, "gpus_per_node": 1}))
@@ -100,7 +100,7 @@ def _scheduler_share(scenario) -> float:
     model (RLix's decisions, reproduced exactly): the part of the cost that is the
     scheduler's, not the simulator's. The timers add a little to both sides."""
     from harness.scheduler.model import SchedulerModel
-    from simulators.runtime import Simulation
+    from simulators.runtime.simulation import Simulation
 
     spent = [0.0]
     clock = time.perf_counter
@@ -132,9 +132,9 @@ _REPEATS = 7  # runs of a scenario that takes under 0.5 s; the best wall time is
 
 def run_one(path, with_outputs, repeats=_REPEATS):
     """Child mode: run one scenario, print a JSON line with the figures."""
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
-    from simulators.spec import default_scenario
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
+    from simulators.scenario.spec import default_scenario
 
     scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
     Simulation(default_scenario()).run()  # warm-up: imports and first-call costs are not the run's
@@ -159,7 +159,7 @@ def run_one(path, with_outputs, repeats=_REPEATS):
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             # in one process, one output after another: each output's own cost (the command
-            # line below forks the checks and the event log off: simulators/check_fork.py)
+            # line below forks the checks and the event log off: simulators/verdict/check_fork.py)
             write_outputs(res, tmp, timings=steps, fork=False)
             out_wall = time.perf_counter() - t0
         out_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

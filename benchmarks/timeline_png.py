@@ -29,11 +29,11 @@ def _load() -> str:
 
 
 def measure(path: str, repeats: int, keep: str = "") -> tuple:
-    from harness.outputs.run_view import RunView
-    from harness.outputs.summary import summarize
-    from harness.outputs.timeline import render_timeline_png
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
+    from harness.logs.outputs.run_view import RunView
+    from harness.logs.outputs.summary import summarize
+    from harness.logs.outputs.timeline import render_timeline_png
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
 
     scenario = load_scenario(path)
     sim_s, sim_cpu, result = float("inf"), float("inf"), None

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 gpu_gates/cycle_trends.py [--cycles 20] [--budget-bytes 16384]
 
 Rank 0 is the trainer (the refit's producer), rank 1 a colocated inference engine
-(``gpu_gates/tiny_engine.py``: weights and a KV cache on the device, tagged as vLLM tags
+(``gpu_gates/engines/tiny_engine.py``: weights and a KV cache on the device, tagged as vLLM tags
 them, plus FP8 KV-cache scales the engine needs). Every cycle, after vLLM's RL sequence:
 
 1. the engine sleeps (level 1 on even cycles, level 2 on odd ones) and its residue is
@@ -20,7 +20,7 @@ sleep), ``ipc_bytes`` (trainer: its staging memory after the refit — its ``/de
 on CPU, ``memory_allocated`` growth on CUDA), ``live_groups`` (each rank, c10d's
 registry) and ``refit_s`` (trainer, wall time of the stream). At the end each rank fits
 a least-squares line through its series and checks the slope against the documented
-bound (``harness/invariants/trends.py``, docs/trends.md); rank 0 checks the merged log
+bound (``harness/logs/invariants/trends.py``, docs/trends.md); rank 0 checks the merged log
 with ``cycle_trends``, ``refit_payload`` and ``refit_wire`` again.
 
 Fault hooks (``RLHARNESS_GATE_TEST_HOOK``), one per leak class: ``residue_grows`` (the
@@ -46,15 +46,16 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gpu_gates import ipc, pg_registry  # noqa: E402
-from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
-from gpu_gates.tiny_engine import KV_SCALE_NAMES, TinyEngine  # noqa: E402
-from gpu_gates.tiny_model import TinyModel  # noqa: E402
+from gpu_gates.sync import ipc  # noqa: E402
+from gpu_gates.runtime import pg_registry  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.engines.tiny_engine import KV_SCALE_NAMES, TinyEngine  # noqa: E402
+from gpu_gates.sync.tiny_model import TinyModel  # noqa: E402
 from gpu_gates.transports import zmq_stream as zs  # noqa: E402
 from gpu_gates.transports.staging import leftover_shm  # noqa: E402
-from harness.invariants import trends  # noqa: E402
+from harness.logs.invariants import trends  # noqa: E402
 from harness.refit import stream as proto  # noqa: E402
-from harness.refit.bucket_cache import dtype_name, state_digests  # noqa: E402
+from gpu_gates.sync.bucket_cache import dtype_name, state_digests  # noqa: E402
 
 SENDER, ENGINE = 0, 1
 TRAIN_SEED = 2619
@@ -215,7 +216,7 @@ def run(ctx: GateContext) -> None:
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     """Slopes and bounds per series, the cycles' wall time, and the oracle over both ranks' records."""
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
 
     by_rank = {r["rank"]: r.get("data") or {} for r in results}
     recs = sorted((rec for d in by_rank.values() for rec in d.get("records", [])),

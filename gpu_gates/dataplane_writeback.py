@@ -39,13 +39,13 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.transports import served_store as served  # noqa: E402
-from harness.dataplane.client import DataPlaneClient  # noqa: E402
-from harness.dataplane.codec import FieldSpec, Schema  # noqa: E402
+from gpu_gates.dataplane.client import DataPlaneClient  # noqa: E402
+from gpu_gates.dataplane.codec import FieldSpec, Schema  # noqa: E402
 from harness.dataplane.errors import DuplicateWriteError  # noqa: E402
 from harness.dataplane.meta import KVBatchMeta  # noqa: E402
-from harness.dataplane.store import InProcessStore, RefuseOverwrite  # noqa: E402
+from gpu_gates.dataplane.store import InProcessStore, RefuseOverwrite  # noqa: E402
 from gpu_gates.transports.tq_store import TransferQueueStore  # noqa: E402
 from gpu_gates.tq_host import CONF_ENV  # noqa: E402
 from gpu_gates.transports.worker_mixin import DataPlaneWorkerMixin  # noqa: E402

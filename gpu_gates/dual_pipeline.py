@@ -5,12 +5,12 @@
 Roles (6 processes): ppl1 trainer (logical GPU 0), ppl1 inference dp0 (GPU 0) and dp1
 (GPU 1); ppl2 trainer (GPU 1), ppl2 dp0 (GPU 0), dp1 (GPU 1) — the NeMo 2-GPU partial
 overlap: ppl1 train [0] infer [0,1]; ppl2 train [1] infer [0,1]. Rank 0 also runs the
-driver (gpu_gates/dual_driver.py): the harness ``SchedulerModel`` and the harness control
+driver (gpu_gates/dual/driver.py): the harness ``SchedulerModel`` and the harness control
 logic for both pipelines, every effect done for real by the worker that owns it (real
 training steps, CPU bucket caches, dynamic sync groups, IPC, bit-exact digest checks).
 
 Verdict, from the event log with the harness's own invariant checks
-(``harness.invariants``): GPU single ownership, T1 < T2 < T3 resize order, no rank
+(``harness.logs.invariants``): GPU single ownership, T1 < T2 < T3 resize order, no rank
 removed and re-added in a cycle, activation only after sync + finalize + publish,
 versions published once per cache and never before their sync, ``actor_train`` released
 only after refresh + publish, step order, no cache build or promote while a sync reads
@@ -24,7 +24,7 @@ Outputs next to the report: ``<report>.driver.jsonl`` (the harness log the check
 ``<report>.trace.json`` (Perfetto) and ``<report>.timeline.png``.
 
 ``--explore SEED`` sleeps small seeded delays before the driver's concurrent operations
-(``gpu_gates/dual_explore.py``), so an ordering the simulator's exploration found can be
+(``gpu_gates/dual/explore.py``), so an ordering the simulator's exploration found can be
 tried on real process groups; the driver log's header records the seed and every delay.
 """
 
@@ -40,12 +40,12 @@ import argparse  # noqa: E402
 import threading  # noqa: E402
 from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
-from gpu_gates import pg_registry  # noqa: E402
-from gpu_gates.runtime import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
-from gpu_gates.dual_explore import DEFAULT_MAX_DELAY_S, GateExplorer  # noqa: E402
-from gpu_gates.dual_script import HandoverScript  # noqa: E402
-from gpu_gates.dual_worker import WORLD, Worker  # noqa: E402
-from harness.invariants.ordering import resize_walk  # noqa: E402
+from gpu_gates.runtime import pg_registry  # noqa: E402
+from gpu_gates.runtime.gate import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
+from gpu_gates.dual.explore import DEFAULT_MAX_DELAY_S, GateExplorer  # noqa: E402
+from gpu_gates.dual.script import HandoverScript  # noqa: E402
+from gpu_gates.dual.worker import WORLD, Worker  # noqa: E402
+from harness.logs.invariants.ordering import resize_walk  # noqa: E402
 
 CHECKS = ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
           "release_after_publish", "step_order", "cache_lock")
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long a shrink's drain may wait for the aborted requests to leave its ranks "
                              "(RLix's rebalance_on_shrink, 30 s); past it the run fails")
     parser.add_argument("--explore", type=_seed, metavar="SEED",
-                        help="sleep small seeded delays before concurrent operations (gpu_gates/dual_explore.py)")
+                        help="sleep small seeded delays before concurrent operations (gpu_gates/dual/explore.py)")
     parser.add_argument("--explore-max-delay-s", type=positive_float, default=DEFAULT_MAX_DELAY_S, metavar="S",
                         help=f"with --explore: the bound of one delay (default {DEFAULT_MAX_DELAY_S} s)")
 
@@ -84,14 +84,14 @@ def _outputs(ctx: GateContext, records: List[Dict[str, Any]], out: Optional[Dict
     if not report:
         return out
     stem = report[:-5] if report.endswith(".json") else report
-    from harness.eventlog.writer import dumps, write_atomic
+    from harness.logs.writer import dumps, write_atomic
     write_atomic(stem + ".driver.jsonl", (dumps(r) for r in records))
     out["driver_log"] = stem + ".driver.jsonl"
     try:
-        from harness.outputs.perfetto import write_chrome_trace
+        from harness.logs.outputs.perfetto import write_chrome_trace
         write_chrome_trace(records, stem + ".trace.json")
         out["perfetto"] = stem + ".trace.json"
-        from harness.outputs.timeline import write_timeline_png
+        from harness.logs.outputs.timeline import write_timeline_png
         write_timeline_png(records, stem + ".timeline.png")
         out["png"] = stem + ".timeline.png"
     except ImportError as exc:  # matplotlib is optional on GPU nodes
@@ -132,7 +132,7 @@ def _record_verdicts(ctx: GateContext, records: List[Dict[str, Any]], driver_err
     an order bug is the cause and the errors it led to follow it. On a run cut short the
     log is a prefix of a run, on which each of these checks (all safety properties) holds
     or fails as it would on the whole run."""
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
 
     violations = check_log(records, CHECKS)
     for name in CHECKS:
@@ -156,7 +156,7 @@ def run(ctx: GateContext) -> None:
             raise
         _check_no_group_survives(ctx, baseline, after_failure=worker.run_failed)
         return
-    from gpu_gates.dual_driver import Driver
+    from gpu_gates.dual.driver import Driver
 
     solo = ctx.hooks.get("solo_pipelines") is not None
     driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,

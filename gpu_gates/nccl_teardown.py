@@ -33,9 +33,10 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gpu_gates import mp_groups, pg_registry  # noqa: E402
-from gpu_gates.memory import MIB  # noqa: E402
-from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.teardown import mp_groups  # noqa: E402
+from gpu_gates.runtime import pg_registry  # noqa: E402
+from gpu_gates.runtime.memory import MIB  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 
 MODES = ("megatron", "full")
 

@@ -20,7 +20,7 @@ overlap figure: seconds during which the sender packed group g+1 while the recei
 loaded group g, and that as a share of the receiver's load time. Invariant 18 (refit
 wire) is checked over both sides' records; ``rlharness check`` on the event log checks it
 again. Nothing is left in ``/dev/shm``; the socket lives in the run's private folder, which
-the last rank out removes (``gpu_gates/ipc.py`` ``gate_folders``), a killed rank's files with it.
+the last rank out removes (``gpu_gates/sync/ipc.py`` ``gate_folders``), a killed rank's files with it.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 
-from gpu_gates import ipc  # noqa: E402
-from gpu_gates.runtime import GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
-from gpu_gates.tiny_model import TinyModel  # noqa: E402
+from gpu_gates.sync import ipc  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
+from gpu_gates.sync.tiny_model import TinyModel  # noqa: E402
 from harness.refit import stream as proto  # noqa: E402
 from gpu_gates.transports import zmq_stream as zs  # noqa: E402
 from gpu_gates.transports.staging import leftover_shm  # noqa: E402
-from harness.refit.bucket_cache import dtype_from_name, dtype_name, state_digests  # noqa: E402
+from gpu_gates.sync.bucket_cache import dtype_from_name, dtype_name, state_digests  # noqa: E402
 
 SENDER, RECEIVER = 0, 1
 TRAIN_SEED = 4321
@@ -163,7 +163,7 @@ def run(ctx: GateContext) -> None:
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     """Per cycle: groups, bytes/s, per-group timings, overlap; invariant 18 over both sides."""
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
 
     by_rank = {r["rank"]: r.get("data") or {} for r in results}
     sent, received = by_rank.get(SENDER, {}).get("cycles", []), by_rank.get(RECEIVER, {}).get("cycles", [])

@@ -8,11 +8,11 @@ inference receivers (dp rank = rank - 2). Every cycle:
 1. both trainers take the same deterministic "train step"; the owner packs the state
    into a versioned CPU bucket cache (explicit bucket size) and promotes it;
 2. the selective sync in the harness's order (``harness.control.selective_sync``, run by
-   ``gpu_gates/sync_runtime.py`` exactly as the dual-pipeline gate runs it): the comm
+   ``gpu_gates/sync/runtime.py`` exactly as the dual-pipeline gate runs it): the comm
    plan puts receivers declared colocated with the owner on the IPC path and the others
    in a dynamic group = owner + broadcast targets, a proper subset of the world, created
    for this sync only; per bucket a staging copy is handed to the IPC receivers over the
-   refit stream (``gpu_gates/ipc.py``; invariant 18 on its records) and broadcast to the
+   refit stream (``gpu_gates/sync/ipc.py``; invariant 18 on its records) and broadcast to the
    group, a barrier, the staging freed; the group is destroyed on every exit path;
 3. targets compare per-tensor SHA-256 digests with the owner's (bit-exact or fail, the
    failure names tensor and bucket); non-targets must be untouched; targets alternate
@@ -36,13 +36,14 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gpu_gates import ipc, pg_registry  # noqa: E402
-from gpu_gates.sync_runtime import OwnerSync, SyncLink, run_owner, serve_receiver  # noqa: E402
-from gpu_gates.memory import MIB, own_device_bytes  # noqa: E402
-from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
-from gpu_gates.tiny_model import TinyModel  # noqa: E402
+from gpu_gates.sync import ipc  # noqa: E402
+from gpu_gates.runtime import pg_registry  # noqa: E402
+from gpu_gates.sync.runtime import OwnerSync, SyncLink, run_owner, serve_receiver  # noqa: E402
+from gpu_gates.runtime.memory import MIB, own_device_bytes  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.sync.tiny_model import TinyModel  # noqa: E402
 from harness.control.selective_sync import SyncPlan  # noqa: E402
-from harness.refit.bucket_cache import VersionedBucketCache, build_buckets, state_digests  # noqa: E402
+from gpu_gates.sync.bucket_cache import VersionedBucketCache, build_buckets, state_digests  # noqa: E402
 from gpu_gates.transports.staging import leftover_shm  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
 

@@ -4,12 +4,12 @@
 
 Every step draws a global batch of prompt groups (random masks, so some sequences have
 no valid token). Each data-parallel rank gets every world-th group and streams its
-groups into the split train API (``gpu_gates/split_trainer.py``) in a long-tailed
+groups into the split train API (``gpu_gates/streaming/split_trainer.py``) in a long-tailed
 arrival order, one group per ``train_microbatch``: un-normalized sums inside DDP's
 ``no_sync``, counts all-reduced and gradients reduced and rescaled once by 1/N at
 ``finish_train_step``, one optimizer and scheduler step. Every rank also runs the
 reference — one synchronous step on the whole global batch, in the same dtype, with the
-loss written from its definition apart from the trainer (``gpu_gates/parity_reference.py``:
+loss written from its definition apart from the trainer (``gpu_gates/streaming/parity_reference.py``:
 it shares no helper with ``split_trainer.py``, so a wrong loss in the trainer cannot cancel
 out) — and after every step checks:
 
@@ -28,7 +28,7 @@ out) — and after every step checks:
 The trainer writes ``trainer_step`` records and the gate a ``ClearSamples`` effect as it
 drops each trained group, so invariant 15 (``streaming_step``) reads the merged event log.
 
-Faults, installed by the tests through the test-hook variable (``gpu_gates/hooks.py``), never a
+Faults, installed by the tests through the test-hook variable (``gpu_gates/runtime/hooks.py``), never a
 flag: ``wrong_normalizer`` makes the trainer rescale by the other count (tokens for a sequence
 loss and back); ``wrong_loss`` makes its loss sum ignore the mask (padding positions count),
 counts unchanged — a bug in the trainer's loss helper, which a reference calling that same
@@ -54,9 +54,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from gpu_gates.parity_reference import ReferenceStep  # noqa: E402
-from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
-from gpu_gates.split_trainer import (  # noqa: E402
+from gpu_gates.streaming.parity_reference import ReferenceStep  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.streaming.split_trainer import (  # noqa: E402
     Batch, SplitTrainer, TinyPolicy, combine_leader_metrics, loss_sum_and_counts, make_batch,
 )
 

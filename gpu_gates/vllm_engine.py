@@ -15,7 +15,7 @@ serves it with ``vllm.LLM(..., enable_sleep_mode=True, skip_tokenizer_init=True)
    ["weights"])``; a refit of *other* weights (a second random init, the "trained" state)
    over the harness's refit stream — this process is the trainer (``RefitSender``, CUDA IPC
    staging, two ping-pong buffers, oversized tensors alone), vLLM's worker the receiver
-   (``gpu_gates/vllm_worker_ext.py`` through ``collective_rpc``), which loads them with the
+   (``gpu_gates/engines/vllm_worker_ext.py`` through ``collective_rpc``), which loads them with the
    model's own ``load_weights`` only after a complete transfer; then ``wake_up(tags=
    ["kv_cache"])`` — vLLM's RL order (weights awake for the refit, KV cache after);
 4. a fresh engine on the refitted weights saved to disk: its greedy output and its
@@ -42,10 +42,10 @@ from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 
-from gpu_gates import ipc  # noqa: E402
-from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
+from gpu_gates.sync import ipc  # noqa: E402
+from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from harness.refit import stream as proto  # noqa: E402
-from harness.refit.bucket_cache import dtype_name  # noqa: E402
+from gpu_gates.sync.bucket_cache import dtype_name  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [[1, 17, 42, 99, 7], [3, 5, 8, 13, 21, 34]]
@@ -94,7 +94,7 @@ def make_llm(ctx: GateContext, folder: str):
 
     return LLM(model=folder, enable_sleep_mode=True, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
                max_model_len=128, gpu_memory_utilization=ctx.args.gpu_memory_utilization, seed=0,
-               worker_extension_cls="gpu_gates.vllm_worker_ext.RefitWorkerExtension")
+               worker_extension_cls="gpu_gates.engines.vllm_worker_ext.RefitWorkerExtension")
 
 
 def greedy(ctx: GateContext, llm) -> List[List[int]]:

@@ -7,7 +7,7 @@ One exit-code convention for every subcommand, applied here in :func:`main`:
   replay diverged from ``--expect``, a determinism check found a difference; a finding
   that the scenario's ``expect:`` list or ``--baseline`` covers is reported and does not
   count, and ``--strict`` counts an expectation that matched nothing
-  (:mod:`harness.expect`);
+  (:mod:`harness.logs.expect`);
 * 3 — ``replay --expect`` only: a decision diverged from the recorded log (1 from replay
   is then an invariant violation in a replay whose decisions matched, or were not
   compared); ``replay --verdict FILE`` writes the verdict as JSON;
@@ -33,11 +33,11 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Sequence
 
-from harness.eventlog.records import InputError, read_records
-from harness.eventlog.writer import write_atomic
-from harness.expect import report_lines
-from harness.outputs.paths import OutputPathError, check_output_dir, check_output_file
-from harness.replay import compare_decisions, format_table, replay_file
+from harness.logs.records import InputError, read_records
+from harness.logs.writer import write_atomic
+from harness.logs.expect import report_lines
+from harness.logs.outputs.paths import OutputPathError, check_output_dir, check_output_file
+from harness.logs.replay import compare_decisions, format_table, replay_file
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
 #: replay --expect: the model decided differently from the recorded log (exit 1 stays an
@@ -217,7 +217,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     cycles = sum(1 for d in result.decisions if d["kind"] == "commit")
     print(f"replayed {args.trace}: {cycles} cycles committed, {len(result.decisions)} decisions, {result.rejected} inputs rejected"
           + (f"; decision log: {args.out}" if args.out else ""))
-    from harness.check import oracle_log, render, run_oracle
+    from harness.logs.check import oracle_log, render, run_oracle
     log = oracle_log(read_records(args.trace), args.trace)  # the whole input log, not only the replayed decisions
     rows = run_oracle(log.records)
     violations = [v for r in rows for v in r.violations]
@@ -226,7 +226,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print_violations(violations, "rlharness check lists them with their context")
     else:
         print(render(args.trace, log, rows))
-    from harness.expect import classify, from_violations
+    from harness.logs.expect import classify, from_violations
 
     verdict = classify(from_violations(violations, log.records), baseline)
     if baseline:
@@ -263,9 +263,9 @@ def replay_verdict(code: int, compared: bool, div, verdict, violations: int) -> 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from simulators.run import OUTPUT_FILES, simulate, with_seed
-    from simulators.runtime import print_progress
-    from simulators.scenario import ScenarioError
-    from simulators.overrides import OverrideError, load_with_overrides, parse_override
+    from simulators.runtime.simulation import print_progress
+    from simulators.scenario.loader import ScenarioError
+    from simulators.scenario.overrides import OverrideError, load_with_overrides, parse_override
 
     try:
         overrides = [parse_override(text) for text in args.overrides]
@@ -277,7 +277,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     scenario = with_seed(scenario, args.seed)
     explore = None
     if args.explore is not None:
-        from simulators.explore import ExploreSpec
+        from simulators.runtime.explore import ExploreSpec
 
         if not 0 <= args.explore < 2**63:
             raise UsageError(f"--explore: must be in 0..2**63-1, got {args.explore}")
@@ -312,7 +312,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _read_baseline(path: Optional[str]):
-    from simulators.baseline import BaselineError, read_baseline
+    from simulators.verdict.baseline import BaselineError, read_baseline
 
     try:
         return read_baseline(path)
@@ -321,7 +321,7 @@ def _read_baseline(path: Optional[str]):
 
 
 def _check_determinism(res, args: argparse.Namespace) -> bool:
-    from simulators.determinism import check_determinism
+    from simulators.selfcheck.determinism import check_determinism
 
     if not args.quiet:
         print("checking determinism: the same run again in a fresh process", file=sys.stderr)
@@ -342,7 +342,7 @@ def _check_determinism(res, args: argparse.Namespace) -> bool:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from harness.importers.rlix_log import import_rlix_log
+    from harness.logs.importers.rlix_log import import_rlix_log
 
     if args.source != "rlix-log":
         raise UsageError("import: a source is required (rlix-log)")
@@ -387,14 +387,14 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from harness.eventlog.schema import render
+    from harness.logs.schema import render
 
     sys.stdout.write(render())
     return EXIT_OK
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from harness.check import run_check
+    from harness.logs.check import run_check
 
     if args.write_baseline:
         check_output_file(args.write_baseline, "--write-baseline", inputs=list(args.logs) + [args.baseline])
@@ -406,7 +406,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _baseline_writer(path: Optional[str], logs: Sequence[str]):
     if not path:
         return None
-    from simulators.baseline import baseline_text
+    from simulators.verdict.baseline import baseline_text
 
     def write(findings) -> None:
         write_atomic(path, [baseline_text(findings, ", ".join(logs))])

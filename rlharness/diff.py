@@ -32,7 +32,7 @@ def _load(path: str, arg: str, usage_error) -> Dict[str, Any]:
 
 
 def run(args: argparse.Namespace, usage_error) -> int:
-    from harness.outputs.run_diff import diff_rows, format_diff
+    from harness.logs.outputs.run_diff import diff_rows, format_diff
 
     a = _load(args.run_a, "RUN_A", usage_error)
     b = _load(args.run_b, "RUN_B", usage_error)

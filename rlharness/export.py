@@ -7,7 +7,7 @@ before anything is drawn; each output is written atomically.
 
 The PNG is the work timeline (GPU x time, by kind of work and pipeline) when the log
 has work intervals. A log with only scheduler records gets the allocation timeline
-instead (GPU x time, by cluster and priority: :mod:`harness.outputs.allocation_timeline`)
+instead (GPU x time, by cluster and priority: :mod:`harness.logs.outputs.allocation_timeline`)
 — from its decisions (a ``replay --out`` log), or, for an input trace with no decisions
 (an imported RLix log), from the decisions the scheduler model makes replaying it. A log
 with neither is refused in one line before anything is written: a picture of empty axes
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.eventlog.records import read_records
-from harness.outputs.paths import check_output_file
+from harness.logs.records import read_records
+from harness.logs.outputs.paths import check_output_file
 
 
 def add_parser(sub) -> None:
@@ -40,18 +40,18 @@ def run(args: argparse.Namespace, usage_error) -> int:
         check_output_file(args.png, "--png", inputs=[args.log])
     records = [r.data for r in read_records(args.log)]
 
-    from harness.outputs.run_view import RunView
+    from harness.logs.outputs.run_view import RunView
 
     view = RunView(records)
     png_kind = _png_kind(view, args, usage_error) if args.png else None
     written = []
     if args.perfetto:
-        from harness.outputs.perfetto import write_chrome_trace
+        from harness.logs.outputs.perfetto import write_chrome_trace
 
         write_chrome_trace(view, args.perfetto)
         written.append(args.perfetto)
     if png_kind == "work":
-        from harness.outputs.timeline import write_timeline_png
+        from harness.logs.outputs.timeline import write_timeline_png
 
         write_timeline_png(view, args.png)
         written.append(args.png)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
 def _png_kind(view, args: argparse.Namespace, usage_error) -> str:
     """"work", "decisions" or "replayed": which picture the log can give (or a usage error)."""
     from harness.eventlog.kinds import category
-    from harness.outputs.allocation_timeline import has_decisions
+    from harness.logs.outputs.allocation_timeline import has_decisions
 
     if len(view.work_columns.start):
         return "work"
@@ -79,13 +79,13 @@ def _png_kind(view, args: argparse.Namespace, usage_error) -> str:
 
 
 def _write_allocations(view, args: argparse.Namespace, png_kind: str) -> None:
-    from harness.outputs.allocation_timeline import write_allocation_png
-    from harness.outputs.timeline import time_label
+    from harness.logs.outputs.allocation_timeline import write_allocation_png
+    from harness.logs.outputs.timeline import time_label
 
     records = view.records
     name = view.scenario or args.log.rsplit("/", 1)[-1]
     if png_kind == "replayed":
-        from harness.replay import replay_records
+        from harness.logs.replay import replay_records
 
         records = replay_records(read_records(args.log), args.log, merge=True).merged
         title = f"{name} - GPU allocations (replayed by the scheduler model)"

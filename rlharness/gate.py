@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
-from harness.outputs.paths import check_output_file
+from harness.logs.outputs.paths import check_output_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GATES_DIR = os.path.join(ROOT, "gpu_gates")
@@ -91,7 +91,7 @@ def _load_spec(name: str, usage_error):
 
 def _parse_gate_options(spec, argv: List[str], usage_error) -> Optional[argparse.Namespace]:
     """The gate's own parser on its options; ``None`` after ``--help`` (printed)."""
-    from gpu_gates.runtime import build_parser
+    from gpu_gates.runtime.gate import build_parser
 
     parser = build_parser(spec)
 
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
     if not opts.report:
         opts.report = os.path.join("runs", "gates", f"{spec.name}.json")
         gate_argv = gate_argv + ["--report", opts.report]
-    from gpu_gates.report import default_event_log_path
+    from gpu_gates.runtime.report import default_event_log_path
 
     event_log = opts.event_log or default_event_log_path(opts.report)
     check_output_file(opts.report, "--report")
@@ -150,7 +150,7 @@ def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log:
     if report is None:
         print(f"gate {spec.name}: FAILED: no report was written (torchrun exit {code}); see {launch_log}")
         return EXIT_FAILED
-    from gpu_gates.report import summary_text
+    from gpu_gates.runtime.report import summary_text
 
     print(summary_text(report))
     where = [f"report: {report_path}"]

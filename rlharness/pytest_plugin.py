@@ -4,7 +4,7 @@ makes it available in any project's pytest.
 Fixtures:
 
 * ``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False)`` — load a
-  scenario (a YAML path, a mapping, a :class:`~simulators.spec.Scenario`, or ``None``
+  scenario (a YAML path, a mapping, a :class:`~simulators.scenario.spec.Scenario`, or ``None``
   for the default), apply ``overrides`` (``{"pipelines[0].steps": 2, "horizon_s": 600}``:
   dotted field paths, as in the scenario error messages), simulate it and return a
   :class:`SimRun`: ``.reason``, ``.records``, ``.of_kind(kind)``, ``.violations``,
@@ -120,12 +120,12 @@ def apply_overrides(mapping: Dict[str, Any], overrides: Mapping[str, Any]) -> Di
 
 
 def load(scenario: Any = None, overrides: Optional[Mapping[str, Any]] = None):
-    """The validated :class:`~simulators.spec.Scenario` for ``scenario`` plus ``overrides``."""
+    """The validated :class:`~simulators.scenario.spec.Scenario` for ``scenario`` plus ``overrides``."""
     import os
 
-    from simulators.scenario import load_scenario, parse_yaml, scenario_from_mapping
-    from simulators.scenario_dump import scenario_to_mapping
-    from simulators.spec import Scenario, default_scenario
+    from simulators.scenario.loader import load_scenario, parse_yaml, scenario_from_mapping
+    from simulators.scenario.dump import scenario_to_mapping
+    from simulators.scenario.spec import Scenario, default_scenario
 
     if scenario is None:
         source, mapping = "<default scenario>", scenario_to_mapping(default_scenario())
@@ -136,7 +136,7 @@ def load(scenario: Any = None, overrides: Optional[Mapping[str, Any]] = None):
     elif isinstance(scenario, (str, os.PathLike)):
         if not overrides:
             return load_scenario(scenario)
-        from simulators.scenario_yaml import read_scenario_text
+        from simulators.scenario.yaml_dialect import read_scenario_text
 
         source = str(scenario)
         mapping = parse_yaml(read_scenario_text(scenario), source)
@@ -165,17 +165,17 @@ class SimRun:
     """A finished simulation, ready for assertions."""
 
     scenario: Any
-    result: Any  # simulators.runtime.RunResult
-    violations: List[Any]  # harness.invariants.Violation
-    summary: Any  # harness.outputs.summary.Summary
+    result: Any  # simulators.runtime.simulation.RunResult
+    violations: List[Any]  # harness.logs.invariants.Violation
+    summary: Any  # harness.logs.outputs.summary.Summary
     summary_text: str
     out_dir: Optional[str] = None
     files: List[str] = field(default_factory=list)
-    verdict: Any = None  # harness.expect.Verdict
+    verdict: Any = None  # harness.logs.expect.Verdict
 
     @property
     def unexpected(self) -> List[Any]:
-        """Findings no expectation covers (harness.expect.Finding): assert this is empty."""
+        """Findings no expectation covers (harness.logs.expect.Finding): assert this is empty."""
         return list(self.verdict.unexpected)
 
     @property
@@ -220,11 +220,11 @@ def _baseline(baseline: Any) -> List[Any]:
     if baseline is None:
         return []
     if isinstance(baseline, (str, os.PathLike)):
-        from simulators.baseline import read_baseline
+        from simulators.verdict.baseline import read_baseline
 
         return read_baseline(str(baseline), "baseline")
-    from harness.expect import parse_expectations
-    from harness.invariants import CHECKS
+    from harness.logs.expect import parse_expectations
+    from harness.logs.invariants import CHECKS
 
     return parse_expectations(list(baseline), "baseline", lambda where, problem: ValueError(f"{where}: {problem}"), CHECKS)
 
@@ -237,14 +237,14 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
     adds expectations to the scenario's ``expect:`` list."""
     import dataclasses
 
-    from harness.outputs.summary import summarize
-    from harness.outputs.summary_text import format_summary
+    from harness.logs.outputs.summary import summarize
+    from harness.logs.outputs.summary_text import format_summary
     from simulators.run import simulate
 
     spec = load(scenario, overrides)
     if seed is not None:
         spec = dataclasses.replace(spec, seed=seed)
-    from simulators.explore import ExploreSpec
+    from simulators.runtime.explore import ExploreSpec
 
     out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy),
                    baseline=_baseline(baseline))

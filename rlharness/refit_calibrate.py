@@ -3,15 +3,15 @@ model, fitted to and checked against the real transport on this machine.
 
 calibrate: run the real stream (gpu_gates/transports/measure.py: pyzmq ipc://, /dev/shm
 ping-pong buffers, a receiver process) over a grid of model sizes x buffer budgets, fit
-the costs :func:`simulators.refit.stream_sync` charges for each effect of the one
-protocol (:func:`simulators.refit_fit.fit`), and write a calibration file
-(simulators/calibration.py) a scenario can name.
+the costs :func:`simulators.refit.sync.stream_sync` charges for each effect of the one
+protocol (:func:`simulators.refit.fit.fit`), and write a calibration file
+(simulators/refit/calibration.py) a scenario can name.
 
 It lives in ``rlharness/`` (above both runtimes) because it needs the real transport from
 ``gpu_gates/`` and the simulator's model from ``simulators/``, and neither of those may
 import the other.
 
-A fit is written only when :func:`simulators.refit_fit.fit_problem` finds nothing wrong
+A fit is written only when :func:`simulators.refit.fit.fit_problem` finds nothing wrong
 with it (every cost physical, the grid predicted better than by one bytes/s rate);
 otherwise the table is printed, then one ``error: calibrate refit: ...`` line, exit 1,
 nothing written. (A one-repeat ``--quick`` run on a loaded machine once wrote a receiver
@@ -41,8 +41,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from simulators.calibration import CalibrationError, load_calibration, write_calibration
-from simulators.refit_fit import fit, fit_problem, predict
+from simulators.refit.calibration import CalibrationError, load_calibration, write_calibration
+from simulators.refit.fit import fit, fit_problem, predict
 
 MiB = 1 << 20
 GRID = [(m * MiB, b * MiB) for m in (4, 16, 48) for b in (1, 4, 16)]

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any, Dict, List, Sequence
 
-from harness.eventlog.writer import atomic_write
+from harness.logs.writer import atomic_write
 from simulators.costmodel import stepfit, stepfit_parse
 
 
@@ -23,7 +23,7 @@ class StepCalibrationError(ValueError):
 
 
 def read_timings(path: str) -> List[stepfit.Run]:
-    from simulators.scenario_yaml import strict_safe_load
+    from simulators.scenario.yaml_dialect import strict_safe_load
 
     try:
         with open(path, encoding="utf-8") as fh:

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace, usage_error) -> int:
-    from simulators.scenario import ScenarioError, load_scenario
+    from simulators.scenario.loader import ScenarioError, load_scenario
 
     for path in args.scenarios:
         try:

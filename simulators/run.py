@@ -3,19 +3,19 @@
 Outputs in the run folder, written together: every output path is checked before the
 run starts (the CLI calls ``check_output_dir``), and the files are staged beside the
 folder and moved in only when all were written, so the folder is complete or untouched
-(:class:`harness.outputs.paths.RunFolder`); an output this run does not make
+(:class:`harness.logs.outputs.paths.RunFolder`); an output this run does not make
 (``timeline.png`` after ``--no-png``) is removed so no stale file is left beside new ones:
 
     events.jsonl    the event log (harness schema; replays with ``rlharness replay``)
     summary.txt     the summary tables, as printed
-    summary.json    the same figures, machine-readable (harness.outputs.summary.summary_json)
+    summary.json    the same figures, machine-readable (harness.logs.outputs.summary.summary_json)
     trace.json      Chrome trace-event JSON: open it in the Perfetto UI (ui.perfetto.dev)
     timeline.png    a picture of who used which GPU when
     scenario.yaml   the scenario as resolved (defaults filled in, seed applied)
     violations.txt  the invariant oracle's findings (empty file when there are none)
 
 The run's *findings* (the oracle's violations, and the outcome of a run that failed) are
-classified against the scenario's ``expect:`` list plus any baseline (harness.expect):
+classified against the scenario's ``expect:`` list plus any baseline (harness.logs.expect):
 summary.txt and summary.json show expected and unexpected findings apart.
 """
 
@@ -30,21 +30,21 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import yaml
 
-from harness.eventlog.writer import atomic_write
-from harness.expect import Expectation, Finding, Verdict, classify, from_violations, report_lines
-from harness.gc_pause import gc_paused
-from harness.outputs.paths import RunFolder
-from harness.invariants import Violation
-from harness.outputs.run_view import RunView
-from harness.outputs.perfetto import write_chrome_trace
-from harness.outputs.summary import Summary, summarize
-from harness.outputs.summary_text import format_summary, summary_json
-from harness.outputs.timeline import write_timeline_png
-from simulators.check_fork import check_beside
-from simulators.explore import ExploreSpec
-from simulators.runtime import RunResult, Simulation
-from simulators.scenario_dump import scenario_to_mapping
-from simulators.spec import Scenario
+from harness.logs.writer import atomic_write
+from harness.logs.expect import Expectation, Finding, Verdict, classify, from_violations, report_lines
+from simulators.runtime.gc_pause import gc_paused
+from harness.logs.outputs.paths import RunFolder
+from harness.logs.invariants import Violation
+from harness.logs.outputs.run_view import RunView
+from harness.logs.outputs.perfetto import write_chrome_trace
+from harness.logs.outputs.summary import Summary, summarize
+from harness.logs.outputs.summary_text import format_summary, summary_json
+from harness.logs.outputs.timeline import write_timeline_png
+from simulators.verdict.check_fork import check_beside
+from simulators.runtime.explore import ExploreSpec
+from simulators.runtime.simulation import RunResult, Simulation
+from simulators.scenario.dump import scenario_to_mapping
+from simulators.scenario.spec import Scenario
 
 
 #: every file a run folder holds, in the order they are written
@@ -105,10 +105,10 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
     each step (``check``: the oracle and the summary's figures, ``summary``: its
     findings and text, then each file by name): the benchmark's figures. ``fork``:
     whether the oracle's checks run in a forked child while this process summarizes
-    (default: for a long run, :func:`simulators.check_fork.fork_worthwhile`; the outputs
+    (default: for a long run, :func:`simulators.verdict.check_fork.fork_worthwhile`; the outputs
     are the same either way).
 
-    The cyclic garbage collector is paused meanwhile (:func:`harness.gc_pause.gc_paused`):
+    The cyclic garbage collector is paused meanwhile (:func:`simulators.runtime.gc_pause.gc_paused`):
     the outputs allocate millions of small objects (slices, trace events) next to a log of
     millions more, so it kept re-walking the log — 4 of 17 CPU seconds of the 1024-GPU
     run's outputs, with the same peak RSS without it (the outputs make little cyclic
@@ -123,7 +123,7 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
                    progress: Optional[Callable[[str], None]],
                    timings: Optional[Dict[str, float]], expectations: List[Expectation],
                    strict: bool, fork: Optional[bool] = None) -> SimulationOutput:
-    """The outputs, in two shares (simulators/check_fork.py): the oracle's checks and the
+    """The outputs, in two shares (simulators/verdict/check_fork.py): the oracle's checks and the
     event log, which read only the records, run in a forked child for a long run, while
     this process makes what reads the intervals (the summary's figures, the trace, the
     picture); the findings' outputs come once both are done."""

@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from harness.eventlog.writer import EventLog, header_record, write_atomic  # noqa: E402
+from harness.logs.writer import EventLog, header_record, write_atomic  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

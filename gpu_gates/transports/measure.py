@@ -34,7 +34,7 @@ import torch
 from gpu_gates.transports import private_dirs
 from gpu_gates.transports import zmq_stream as zs
 from harness.refit import stream as proto
-from harness.refit.bucket_cache import build_buckets, dtype_from_name
+from gpu_gates.sync.bucket_cache import build_buckets, dtype_from_name
 
 MiB = 1 << 20
 

@@ -19,7 +19,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from harness.dataplane.store import RowStore, Rows
+from gpu_gates.dataplane.store import RowStore, Rows
 
 METHODS = ("register", "partition", "samples", "write_bytes", "read_bytes", "drop", "claim", "consumption",
            "write_ledger")

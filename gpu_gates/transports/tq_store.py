@@ -6,7 +6,7 @@ jagged one (per-token rows, object bytes) becomes a ``torch.nested`` jagged tens
 The partition's schema rides on a placeholder key's tags (``__schema__``), which is also
 how NeMo RL avoids TQ's field-registration race, and makes the registration visible to
 every process attached to the same controller. TQ upserts, so a rewrite is silent: wrap
-the store in :class:`~harness.dataplane.store.RefuseOverwrite` to get Mooncake's refusal.
+the store in :class:`~gpu_gates.dataplane.store.RefuseOverwrite` to get Mooncake's refusal.
 
 ``start()`` brings up TQ on the already-initialized Ray and bounds the wait: TQ's
 controller and each storage unit ask Ray for a CPU, and with too few logical CPUs its
@@ -24,7 +24,7 @@ silently, so a store opened with ``ledger=True`` also puts one tags-only key per
 (sample, field) into a ``__ledger__/<partition>`` partition, and :meth:`write_ledger` reads
 the writes back from the store (the gate's one-write-per-(sample, field) check).
 
-Each row's digest (``harness/dataplane/digest.py``) is written with it as a sample tag
+Each row's digest (``gpu_gates/dataplane/digest.py``) is written with it as a sample tag
 ``__digest/<field>`` — through TQ's controller, not the storage unit that carries the row —
 and every read compares what came back with it (Relax #256: a transfer engine that
 truncated reads and reported success). ``truncate_reads`` is that fault, for the tests.
@@ -42,9 +42,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from harness.dataplane import digest
+from gpu_gates.dataplane import digest
 from harness.dataplane.errors import DataPlaneError, DataPlaneInputError
-from harness.dataplane.store import RowStore, Rows
+from gpu_gates.dataplane.store import RowStore, Rows
 
 SCHEMA_KEY = "__schema__"
 LEDGER_PREFIX = "__ledger__/"

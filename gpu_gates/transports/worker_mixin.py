@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from harness.dataplane.client import DataPlaneClient
-from harness.dataplane.codec import DTYPE_NAMES, DTYPES
+from gpu_gates.dataplane.client import DataPlaneClient
+from gpu_gates.dataplane.codec import DTYPE_NAMES, DTYPES
 from harness.dataplane.errors import DataPlaneError
 from harness.dataplane.meta import KVBatchMeta
 

@@ -48,7 +48,7 @@ import zmq
 
 from gpu_gates.transports.staging import ShmBuffer, cuda_handle, open_cuda_handle
 from harness.refit import stream as proto
-from harness.refit.bucket_cache import dtype_from_name, dtype_name
+from gpu_gates.sync.bucket_cache import dtype_from_name, dtype_name
 
 Emit = Callable[..., None]
 

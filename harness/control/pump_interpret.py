@@ -7,10 +7,10 @@ effect (admission, capacity, in-flight, permit, selection) until the controller 
 changes, apply the instant bookkeeping effects and hand the ones that take time to the
 runtime. That loop is :meth:`PumpInterpreter.drive`. Both runtimes use it:
 
-* ``simulators/single_controller.py`` runs it inside simpy processes (``yield from``):
+* ``simulators/pipelines/single_controller.py`` runs it inside simpy processes (``yield from``):
   its handlers are generators yielding simpy events, and the "state changed" wait is a
   simpy event;
-* ``gpu_gates/streaming_runtime.py`` runs it under asyncio through :func:`run_awaiting`:
+* ``gpu_gates/streaming/runtime.py`` runs it under asyncio through :func:`run_awaiting`:
   its handlers are coroutines and the wait is ``asyncio.Event.wait()``.
 
 The loop itself never reads a clock (``now`` is the runtime's), never sleeps and does no

@@ -7,7 +7,7 @@ communicator buffers of the training process groups), which of them leave the GP
 the phase ends, and whether the process groups are destroyed then. Both runtimes read this
 table: the control logic (``roll_sync``, ``nemo_async``, ``init``) yields the offload and
 group-destroy effects it prescribes, and the simulator charges the VRAM it lists; the
-``handover`` check (harness/invariants/handover.py) then finds, from the log alone, what a
+``handover`` check (harness/logs/invariants/handover.py) then finds, from the log alone, what a
 phase left behind on a GPU that changed hands. ``docs/residency.md`` is generated from
 :func:`residency_markdown` (a test keeps them equal).
 

@@ -3,7 +3,7 @@
 A kind is an *input* (something the scheduler is told), a *decision* (something the
 scheduler model decided), the *header*, or a kind added by a runtime (gates, simulator),
 which replay passes over. The JSON Schema file shipped in this package is generated
-from this table (``python -m harness.eventlog.schema --write``) and a test checks the two
+from this table (``python -m harness.logs.schema --write``) and a test checks the two
 agree, so the documentation, the schema and the reader cannot drift apart.
 
 Field types: int, number, str, bool, object, list, int_list, priority (a name such as

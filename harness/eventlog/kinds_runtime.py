@@ -1,7 +1,7 @@
 """Record kinds written by the runtimes that interpret control logic (simulator, gates).
 
 ``effect_start`` / ``effect_end`` bracket every effect a pipeline's control logic yields
-(see harness/control/effects.py); the invariants in harness/invariants read them, so a
+(see harness/control/effects.py); the invariants in harness/logs/invariants read them, so a
 simulator trace and a gate trace are checked by the same code. A gate rank's records carry its ``rank``.
 """
 

@@ -1,7 +1,7 @@
 """Record kinds of the streaming single controller (docs/trace-format.md, "Streaming records").
 
 Written by every runtime that interprets ``harness.control.train_pump`` (the simulator's
-``single_controller`` pipelines, the real CPU runtime in ``gpu_gates/streaming_runtime.py``).
+``single_controller`` pipelines, the real CPU runtime in ``gpu_gates/streaming/runtime.py``).
 ``trainer_step`` is written by the *trainer* for what it did (not by the driver for what
 it asked), which is what invariants 14 and 15 read next to the pumps' effect records.
 A gate's records also carry the ``rank`` that wrote them.

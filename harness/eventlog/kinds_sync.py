@@ -34,7 +34,7 @@ SYNC_KINDS: dict = {
     "group_destroy": _kind("A process group was destroyed.",
                            {"name": "str"}, {"desc": "str", "members": "int_list", "mode": "str", "purpose": "str"}),
     # the weight-sync groups' rendezvous and broadcasts, member by member (the wait-for
-    # graph's records: harness/invariants/waitfor.py). A member is a process name: a trainer
+    # graph's records: harness/logs/invariants/waitfor.py). A member is a process name: a trainer
     # PP stage's source ("src0") or a rollout engine ("eng1").
     "rendezvous_join": _kind("A member arrived at a group's rendezvous (a blocking join): it waits until every "
                              "one of members has joined.",

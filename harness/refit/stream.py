@@ -6,7 +6,7 @@ This module is that protocol and nothing else: no sockets, no tensors, no clock.
 sender is a generator that yields effects (pack these tensors into that buffer, send this
 group, wait for that ACK, ...); a runtime performs each one and resumes it. The real
 transport (:mod:`gpu_gates.transports.zmq_stream`), the refit gate and the simulator's refit
-timing (``simulators/refit.py``) all interpret this one generator, so the order below is
+timing (``simulators/refit/sync.py``) all interpret this one generator, so the order below is
 the order everywhere:
 
 * the budget is halved: each of the two buffers holds at most ``budget // 2`` bytes of

@@ -2,7 +2,7 @@
 
 Entry point: :class:`harness.scheduler.model.SchedulerModel`. The names below are
 loaded lazily so that low-level modules (``types``) import without pulling in the model
-(``harness.topology`` needs ``types``; the model needs ``harness.topology``).
+(``harness.scheduler.topology`` needs ``types``; the model needs ``harness.scheduler.topology``).
 """
 
 from importlib import import_module

@@ -7,7 +7,7 @@ and a time and writes to the event log. Blocking RLix calls become tickets: a ca
 returns at once with either a result or a pending request id, and the waiter is
 released later by a :class:`~harness.scheduler.commit.Signal` from a commit.
 
-Both runtimes drive this one object: the replay (``harness.replay``), the simpy
+Both runtimes drive this one object: the replay (``harness.logs.replay``), the simpy
 simulator, and the dual-pipeline GPU gate.
 
 A cycle is split like RLix's: :meth:`plan_cycle` (phases 0.5-5 under the lock),
@@ -45,7 +45,7 @@ from harness.scheduler.types import (
     parse_cluster_id,
     validate_cluster_id,
 )
-from harness.topology import ClusterTopology, TopologyError, build_pipeline_entry, validate_pipeline_id
+from harness.scheduler.topology import ClusterTopology, TopologyError, build_pipeline_entry, validate_pipeline_id
 
 
 @dataclass

@@ -4,7 +4,7 @@ NeMo RL's Megatron worker (docs/modelled-systems.md#nemo-rl-split-training-api) 
 ``begin_train_step`` (raises if a step is open), any number of ``train_microbatch``
 calls, and ``finish_train_step`` (one optimizer step); ``abort_train_step`` drops the
 step. The trainer version ticks at finish and only there. Every trainer (the torch one
-in ``gpu_gates/split_trainer.py``, the simulator's modelled one) holds one of these and
+in ``gpu_gates/streaming/split_trainer.py``, the simulator's modelled one) holds one of these and
 calls it first, so an illegal call fails the same way in every runtime.
 
 An *empty* step (opened, no microbatch) finishes as a no-op: there is no gradient to

@@ -67,7 +67,7 @@ def _step_calibration(data: dict, source: str, fail: Fail) -> None:
         return
     if not isinstance(path, str):
         raise fail("step_calibration", f"expected a file path, got {path!r}")
-    from simulators.calibration import resolve
+    from simulators.refit.calibration import resolve
     from simulators.costmodel.stepfit import StepTimingsError
     from simulators.costmodel.stepfit_parse import load_calibration
 
@@ -109,7 +109,7 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
                     model[key] = own[key]
     if gpu is None or not all(isinstance(model.get(k), int) and model[k] > 0 for k in _ARCH):
         return  # nothing to derive from: the explicit (or default) costs apply
-    from simulators.spec import CostSpec, ModelSpec, WorkloadSpec
+    from simulators.scenario.spec import CostSpec, ModelSpec, WorkloadSpec
 
     num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
     costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}

@@ -68,7 +68,7 @@ HBM bytes/s.
 * Wake and sleep (level 1: weights to and from host RAM over PCIe): fixed + (W/tp)/pcie;
   level 2 drops the weights (the sync brings them), so only the fixed part.
 * Refit from the CPU bucket cache (:func:`refit_s`, the closed form of what
-  ``simulators/refit.py`` charges): W·(1/pcie + 1/fabric + 1/load) + buckets·(2·τ_tensor + τ_group)
+  ``simulators/refit/sync.py`` charges): W·(1/pcie + 1/fabric + 1/load) + buckets·(2·τ_tensor + τ_group)
   + fixed; the fabric is NVLink inside a node, the NICs across nodes, none on the owner's GPU.
 * NeMo RL's colocated refit (:func:`colocated_ipc_refit_s`): first every GPU gathers each
   tensor whole from the training layout (:func:`refit_gather_s`: the TP all-gather over
@@ -250,7 +250,7 @@ def mean_decode_tokens(median: float, sigma: float, cap: int, cap_share: float =
 def cap_quantile(share: float) -> Optional[float]:
     """The standard-normal draw above which an answer runs to the cap, so that ``share`` of
     the draws do (``workload.decode_tokens_cap_share``); None for no such share. The one
-    rule both the workload's draws (``simulators/workload.py``, ``single_controller.py``)
+    rule both the workload's draws (``simulators/pipelines/workload.py``, ``single_controller.py``)
     and :func:`mean_decode_tokens` follow."""
     if share <= 0:
         return None
@@ -339,7 +339,7 @@ def wake_sleep_s(a: Arch, tp: int, pcie: float, sleep_level: int, e: Efficiency)
 def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fabric_bytes_per_s: Optional[float],
             load_bytes_per_s: float, tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
             fixed_s: float = 0.0) -> float:
-    """One selective sync from the CPU bucket cache, uncontended (``simulators/refit.py``
+    """One selective sync from the CPU bucket cache, uncontended (``simulators/refit/sync.py``
     times it effect by effect; this is its closed form, for the docs' what-ifs). Per
     bucket of b bytes, behind a barrier: stage it over the owner's host link (b / pack),
     broadcast it over the fabric the targets sit behind (b / fabric: NVLink in a node, the

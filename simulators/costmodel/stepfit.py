@@ -53,7 +53,7 @@ from harness.ordered_sum import ordered_sum
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec
 from simulators.costmodel.models import MODEL_PRESETS
-from simulators.spec import CostSpec
+from simulators.scenario.spec import CostSpec
 
 TIMINGS_FORMAT = "rlharness-step-timings"
 CALIBRATION_FORMAT = "rlharness-step-calibration"

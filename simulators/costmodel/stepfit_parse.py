@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any, Dict, List, Mapping
 
-from simulators.calibration import read_calibration_file
+from simulators.refit.calibration import read_calibration_file
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.costmodel.models import MODEL_PRESETS

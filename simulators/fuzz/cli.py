@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Callable
 
-from harness.eventlog.writer import atomic_write
+from harness.logs.writer import atomic_write
 
 MAX_SEEDS = 1_000_000
 MAX_WORKERS = 256
@@ -64,7 +64,7 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
                           f"got {args.seeds * (args.explore + 1)}")
     if not 0 < args.time_budget <= 86400:
         raise usage_error(f"--time-budget: must be in (0, 86400] seconds, got {args.time_budget:g}")
-    from harness.outputs.paths import OutputPathError, check_output_dir
+    from harness.logs.outputs.paths import OutputPathError, check_output_dir
 
     try:  # the folder must take files before any seed runs (a read-only place, /proc, /sys)
         check_output_dir(args.out, ["results.json", "signatures.txt"], "--out", inputs=[args.baseline])
@@ -73,7 +73,7 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
 
 
 def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
-    from simulators.baseline import BaselineError, read_baseline
+    from simulators.verdict.baseline import BaselineError, read_baseline
     from simulators.fuzz.sweep import Progress, SweepConfig, format_table, results_json, run_sweep
 
     _validate(args, usage_error)

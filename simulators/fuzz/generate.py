@@ -4,7 +4,7 @@ Swarm testing (FoundationDB's simulation, TigerBeetle's VOPR; docs/modelled-syst
 different world per seed — topology, pipelines, workloads, costs, scheduler options and
 a fault mix — so that thousands of seeds cover combinations nobody would write by hand.
 Every drawn scenario is valid by construction (it passes the same loader as a scenario
-file: :func:`simulators.scenario.scenario_from_mapping`), so a finding is always about
+file: :func:`simulators.scenario.loader.scenario_from_mapping`), so a finding is always about
 the modelled system, never about the generator.
 
 Reproducibility across Python versions: only ``random.Random.random()`` is guaranteed to
@@ -17,8 +17,8 @@ from __future__ import annotations
 import random
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 
-from simulators.scenario import scenario_from_mapping
-from simulators.spec import FAULT_NAMES, ORACLE_FAULT_NAMES, PIPELINE_TYPES, Scenario
+from simulators.scenario.loader import scenario_from_mapping
+from simulators.scenario.spec import FAULT_NAMES, ORACLE_FAULT_NAMES, PIPELINE_TYPES, Scenario
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from simulators.fuzz.seed_run import run_scenario
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 Mapping = Dict[str, Any]
 

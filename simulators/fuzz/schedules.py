@@ -1,7 +1,7 @@
 """Schedule seeds in a sweep (``rlharness fuzz --explore K``): which findings only a schedule gives.
 
 With ``--explore K`` every scenario seed runs K + 1 times: the fixed same-time order, then
-schedule seeds 0..K-1 under one strategy (``simulators/explore.py``). Runs of one scenario
+schedule seeds 0..K-1 under one strategy (``simulators/runtime/explore.py``). Runs of one scenario
 seed that end with the same signature differ only by schedule: they are one *family*. A
 family is ``schedule-only`` when the fixed order of its scenario seed does not end with that
 signature (only another interleaving reaches it), else ``fixed-order`` (the fixed order has it

@@ -22,13 +22,13 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from harness.invariants import check_log
-from simulators.determinism import first_divergence, other_hash_seed
-from simulators.explore import ExploreSpec
+from harness.logs.invariants import check_log
+from simulators.selfcheck.determinism import first_divergence, other_hash_seed
+from simulators.runtime.explore import ExploreSpec
 from simulators.fuzz.generate import scenario_for_seed
 from simulators.fuzz.signature import CLEAN, signature
-from simulators.runtime import Simulation
-from simulators.spec import Scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.spec import Scenario
 
 # Violations kept per result (the rest are counted): enough to read, small enough for
 # a results file of thousands of seeds.
@@ -153,7 +153,7 @@ def _hashes_main(runs: List[str]) -> None:
 
 
 def _log_main(rid: str, path: str) -> None:
-    from harness.eventlog.writer import write_atomic
+    from harness.logs.writer import write_atomic
 
     write_atomic(path, _simulate_run(rid).log.lines())
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from harness.invariants import Violation
+from harness.logs.invariants import Violation
 
 CLEAN = "clean"
 # a pipeline name stands alone, or heads a cluster id (``p0_actor_train``) or an owner
@@ -66,9 +66,9 @@ def _failure(records: Sequence[dict], types: Dict[str, str]) -> Optional[tuple]:
 
 
 def failure_finding(records: Sequence[dict], types: Dict[str, str]):
-    """The record that ended a failed run as a :class:`harness.expect.Finding` (its
+    """The record that ended a failed run as a :class:`harness.logs.expect.Finding` (its
     check is the signature's head, its pipelines the names and types it names)."""
-    from harness.expect import Finding, from_signature, named_in
+    from harness.logs.expect import Finding, from_signature, named_in
 
     found = _failure(records, types)
     seq, head = found if found is not None else (records[-1]["seq"] if records else -1, "failed:unknown")

@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import yaml
 
-from harness.eventlog.writer import atomic_write
-from harness.expect import Expectation, from_signature, matches
-from simulators.explore import ExploreSpec
+from harness.logs.writer import atomic_write
+from harness.logs.expect import Expectation, from_signature, matches
+from simulators.runtime.explore import ExploreSpec
 from simulators.fuzz.executors import Job, Result, run_isolated, run_on_ray, seed_job
 from simulators.fuzz.generate import scenario_mapping
 from simulators.fuzz.minimize import minimize, signature_of
@@ -97,7 +97,7 @@ class SweepResult:
 
 
 def _is_expected(sig: str, expectations: Iterable[Expectation]) -> bool:
-    """A signature read as a finding (harness.expect.from_signature: its head is the
+    """A signature read as a finding (harness.logs.expect.from_signature: its head is the
     check, its roles the pipeline types, its ``+`` suffixes the faults fired before it)."""
     found = from_signature(sig)
     return any(matches(e, found) for e in expectations)

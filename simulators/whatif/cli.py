@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Callable, List
 
-from harness.eventlog.writer import atomic_write
+from harness.logs.writer import atomic_write
 
 MAX_WORKERS = 256
 SWEEP_FILES = ("results.json", "table.txt", "sweep.png")
@@ -46,9 +46,9 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace, usage_error) -> int:
-    from harness.outputs.paths import check_output_dir
-    from simulators.overrides import OverrideError
-    from simulators.scenario import ScenarioError
+    from harness.logs.outputs.paths import check_output_dir
+    from simulators.scenario.overrides import OverrideError
+    from simulators.scenario.loader import ScenarioError
     from simulators.whatif.compare import aggregate, draw, format_table, results_json
     from simulators.whatif.grid import MAX_RUNS, build_grid, parse_axis
 

@@ -67,7 +67,7 @@ def aggregate(variants, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-#: per-run policy figures (harness/outputs/policy_figures.py) a variant averages over seeds
+#: per-run policy figures (harness/logs/outputs/policy_figures.py) a variant averages over seeds
 POLICY_FIGURES = ("cost_efficiency_pct", "useful_gpu_s", "gpu_s", "preemptions", "expands", "wasted_expands",
                   "resize_s")
 

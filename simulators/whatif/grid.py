@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
-from simulators.overrides import (Override, OverrideError, apply_overrides, describe, parse_path,
+from simulators.scenario.overrides import (Override, OverrideError, apply_overrides, describe, parse_path,
                                   scenario_mapping, split_values, _yaml_value)
 
 MAX_RUNS = 100_000
@@ -54,7 +54,7 @@ def parse_axis(text: str) -> Axis:
 def build_grid(scenario: Optional[str], axes: Sequence[Axis]) -> Tuple[List[Variant], str]:
     """Every combination, in the order the axes were given (the last varies fastest);
     each validated. Returns the variants and the scenario's source label."""
-    from simulators.scenario import ScenarioError, check_feasible, scenario_from_mapping
+    from simulators.scenario.loader import ScenarioError, check_feasible, scenario_from_mapping
 
     paths = [a.path for a in axes]
     if len(set(paths)) != len(paths):

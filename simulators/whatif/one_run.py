@@ -11,18 +11,18 @@ import dataclasses
 from collections import Counter
 from typing import Any, Dict
 
-from harness.gc_pause import gc_paused
-from harness.invariants import check_log
+from simulators.runtime.gc_pause import gc_paused
+from harness.logs.invariants import check_log
 from harness.ordered_sum import ordered_sum
-from harness.outputs.policy_figures import policy_figures
-from harness.outputs.run_view import RunView
-from harness.outputs.summary import summarize
-from harness.outputs.summary_text import summary_json
+from harness.logs.outputs.policy_figures import policy_figures
+from harness.logs.outputs.run_view import RunView
+from harness.logs.outputs.summary import summarize
+from harness.logs.outputs.summary_text import summary_json
 
 
 def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int) -> Dict[str, Any]:
-    from simulators.runtime import Simulation
-    from simulators.scenario import scenario_from_mapping
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import scenario_from_mapping
 
     scenario = dataclasses.replace(scenario_from_mapping(mapping, source), seed=seed)
     result = Simulation(scenario).run()

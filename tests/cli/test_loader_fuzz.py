@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.eventlog.records import InputError, read_records
-from simulators.scenario import ScenarioError, load_scenario
+from harness.logs.records import InputError, read_records
+from simulators.scenario.loader import ScenarioError, load_scenario
 
 VALID = {"name": "fuzz", "horizon_s": 600, "cluster": {"nodes": 1, "gpus_per_node": 2},
          "costs": {"wake_s": 0.8}, "scheduler": {"epsilon": 0.0},

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from rlharness.cli import main
-from harness.outputs.summary import Summary, summarize
-from harness.outputs.summary_text import format_summary, summary_json
-from harness.outputs.timeline import KIND_STYLE, legend_kinds, picture_kind
+from harness.logs.outputs.summary import Summary, summarize
+from harness.logs.outputs.summary_text import format_summary, summary_json
+from harness.logs.outputs.timeline import KIND_STYLE, legend_kinds, picture_kind
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCENARIOS = os.path.join(ROOT, "examples", "scenarios")
@@ -129,7 +129,7 @@ def test_legend_lists_only_what_is_drawn_and_phases_have_their_own_colours():
     assert picture_kind("wake_sleep", "Wake ppl1 s0") == "wake" and picture_kind("wake_sleep", "Sleep ppl1 s0") == "sleep"
     assert picture_kind("wake_sleep", "Drain ppl1") == "drain" and picture_kind("train", "Compute(train) p") == "train"
     assert legend_kinds({"sleep", "train"}) == ["train", "sleep"]
-    from harness.outputs.run_view import RunView
+    from harness.logs.outputs.run_view import RunView
 
     records = [json.loads(line) for line in open(os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl"))]
     drawn = {picture_kind(s.kind, s.label) for s in RunView(records).work_slices}
@@ -137,7 +137,7 @@ def test_legend_lists_only_what_is_drawn_and_phases_have_their_own_colours():
 
 
 def test_scenario_reference_is_current(capsys):
-    from simulators import scenario_doc
+    from simulators.scenario import doc as scenario_doc
 
     assert scenario_doc.main(["--check"]) == 0, capsys.readouterr().err
 
@@ -145,8 +145,8 @@ def test_scenario_reference_is_current(capsys):
 def test_scenario_reference_covers_every_field():
     import dataclasses
 
-    from simulators import spec
-    from simulators.scenario_doc import render
+    from simulators.scenario import spec
+    from simulators.scenario.doc import render
 
     text = render()
     for cls, prefix in ((spec.ClusterSpec, "cluster."), (spec.CostSpec, "costs."), (spec.WorkloadSpec, "workload."),

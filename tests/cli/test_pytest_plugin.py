@@ -93,7 +93,7 @@ def test_fixture_runs_with_overrides_and_writes_a_run_folder(rlharness_run):
 
 
 def test_fixture_scenario_errors_are_scenario_errors(rlharness_scenario):
-    from simulators.scenario import ScenarioError
+    from simulators.scenario.loader import ScenarioError
 
     with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.steps: must be > 0"):
         rlharness_scenario(overrides={"pipelines[0].steps": 0})

@@ -19,8 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from harness.dataplane.client import DataPlaneClient  # noqa: E402
-from harness.dataplane.store import InProcessStore, RefuseOverwrite  # noqa: E402
+from gpu_gates.dataplane.client import DataPlaneClient  # noqa: E402
+from gpu_gates.dataplane.store import InProcessStore, RefuseOverwrite  # noqa: E402
 
 BACKENDS = ["inprocess", "transferqueue"]
 _counter = itertools.count()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.dataplane.codec import FieldSpec, Schema, decode, encode
+from gpu_gates.dataplane.codec import FieldSpec, Schema, decode, encode
 from harness.dataplane.errors import DataPlaneInputError
 
 SCHEMA = Schema.of(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.dataplane.codec import FieldSpec, Schema
+from gpu_gates.dataplane.codec import FieldSpec, Schema
 from harness.dataplane.meta import KVBatchMeta
 from harness.dataplane.errors import (ClosedClientError, DataPlaneInputError, DuplicateWriteError,
                                       MissingSamplesError, UnknownPartitionError, UnknownTaskError,
@@ -141,7 +141,7 @@ def test_bad_input_to_every_public_call_names_the_field_and_leaves_the_store_unc
 
 
 def test_client_construction_rejects_bad_role(backend):
-    from harness.dataplane.client import DataPlaneClient
+    from gpu_gates.dataplane.client import DataPlaneClient
     with pytest.raises(DataPlaneInputError, match="role: must be one of"):
         DataPlaneClient(backend, actor="x", role="trainer")
 
@@ -318,7 +318,7 @@ def test_a_truncated_read_fails_naming_the_row_and_field(producer, make_client, 
     """Per-row digests (issue 30, item 6): the fault truncates every read (Relax #256:
     half the bytes never copied, success reported); the store's digest check names the
     partition, the sample and the field; the clean read of the same rows passes."""
-    from harness.dataplane.digest import RowDigestError
+    from gpu_gates.dataplane.digest import RowDigestError
 
     producer.put_samples(IDS, partition, rollout_fields(), sequence_lengths=LENS)
     worker = make_client("worker", actor="train/dp0", dp_rank=0)

@@ -3,12 +3,12 @@ fetching bulk, a second writer (refused or silent) each make it fire; a clear re
 
 import torch
 
-from harness.dataplane.client import DataPlaneClient
-from harness.dataplane.codec import FieldSpec, Schema
-from harness.dataplane.store import InProcessStore, RefuseOverwrite
+from gpu_gates.dataplane.client import DataPlaneClient
+from gpu_gates.dataplane.codec import FieldSpec, Schema
+from gpu_gates.dataplane.store import InProcessStore, RefuseOverwrite
 from harness.dataplane.errors import DuplicateWriteError
-from harness.eventlog.writer import EventLog, header_record
-from harness.invariants import check_log
+from harness.logs.writer import EventLog, header_record
+from harness.logs.invariants import check_log
 
 SCHEMA = Schema.of(FieldSpec("input_ids", "per_token", "int64"), FieldSpec("logprobs", "per_token", "float32"))
 IDS = ["a", "b", "c", "d"]

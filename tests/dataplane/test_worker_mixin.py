@@ -4,9 +4,9 @@ siblings do not write back, and a size-1 replica fetches for itself."""
 import pytest
 import torch
 
-from harness.dataplane.client import DataPlaneClient
-from harness.dataplane.codec import FieldSpec, Schema
-from harness.dataplane.store import InProcessStore
+from gpu_gates.dataplane.client import DataPlaneClient
+from gpu_gates.dataplane.codec import FieldSpec, Schema
+from gpu_gates.dataplane.store import InProcessStore
 from gpu_gates.transports.worker_mixin import DataPlaneWorkerMixin, MissingCoordinatesError
 
 SCHEMA = Schema.of(FieldSpec("input_ids", "per_token", "int64"), FieldSpec("logprobs", "per_token", "float32"))

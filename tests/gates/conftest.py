@@ -122,7 +122,7 @@ class GateRun:
 
     def driver_records(self) -> List[Dict]:
         """The dual-pipeline gate's harness log (its driver's records, as the checks read them)."""
-        from harness.eventlog.records import read_records
+        from harness.logs.records import read_records
         return [r.data for r in read_records(self.report["summary"]["outputs"]["driver_log"])]
 
     @property
@@ -149,7 +149,7 @@ class GateRun:
 #: grace, at most 5 s): the agent's and the ranks' start on a loaded machine, rank 0's
 #: report after its watchdog fired, the other ranks' exits and the agent's teardown.
 DEADLINE_MARGIN_S = 15.0
-MAX_GRACE_S = 5.0  # gpu_gates/runtime.py: grace = max(2, min(5, timeout_s / 10))
+MAX_GRACE_S = 5.0  # gpu_gates/runtime/gate.py: grace = max(2, min(5, timeout_s / 10))
 
 
 def with_gate_deadline(args: Sequence[str], timeout_s: float) -> List[str]:

@@ -22,7 +22,7 @@ a real process group, and the gate file runs as ``__main__`` as it does under to
 What differs, and only there: a rank is a fork of the agent (``multiprocessing``'s fork
 start method) running the gate file through ``runpy`` (torch's ``--run-path``), not a new
 ``python -u GATE.py``. So a passing rank returns 0 to the agent rather than ending with
-``os._exit(0)`` (``gpu_gates/runtime.py: _ends_by_returning``; torch counts a function
+``os._exit(0)`` (``gpu_gates/runtime/gate.py: _ends_by_returning``; torch counts a function
 rank as done only when it returns), every rank's command line is this launcher's, and
 the ranks inherit the agent's signal handlers until the gate installs its own. The agent
 has torch's TCP store thread running when it forks (Python 3.12+ warns about forking a

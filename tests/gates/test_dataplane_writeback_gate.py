@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from harness.invariants import check_log  # noqa: E402
+from harness.logs.invariants import check_log  # noqa: E402
 
 pytestmark = pytest.mark.gate
 

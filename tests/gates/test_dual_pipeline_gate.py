@@ -33,7 +33,7 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     assert checks and all(checks.values())
     # the event log is the harness schema and the same oracle finds nothing
     records = run.driver_records()
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
     found = check_log(records)
     # The gate runs RLix's default planned releases. A finished pipeline's end-of-run
     # await_release can land in a cycle whose gap-ratio plan re-expands that pipeline (its
@@ -54,7 +54,7 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     assert digests and all(r["ok"] for r in digests)
     assert {r["path"] for r in gate_log if r["kind"] == "sync_bucket"} == {"ipc", "broadcast"}
     assert any(r["kind"] == "refit_finalize" for r in gate_log)  # the same-GPU path is the refit stream
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
     assert check_log([{**r, "seq": i} for i, r in enumerate(gate_log)], ["refit_wire"]) == []
     creates = [r for r in gate_log if r["kind"] == "group_create"]
     destroys = [r for r in gate_log if r["kind"] == "group_destroy"]

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpu_gates import report as rep  # noqa: E402
-from gpu_gates.dist_setup import LaunchEnv, select_backend  # noqa: E402
-from gpu_gates.hooks import HookSpecError, TestHooks, parse_hooks  # noqa: E402
-from gpu_gates import runtime  # noqa: E402
-from gpu_gates.runtime import AFTER_FAILURE_MARKER, primary_failure  # noqa: E402
+from gpu_gates.runtime import report as rep  # noqa: E402
+from gpu_gates.runtime.dist_setup import LaunchEnv, select_backend  # noqa: E402
+from gpu_gates.runtime.hooks import HookSpecError, TestHooks, parse_hooks  # noqa: E402
+from gpu_gates.runtime import gate as runtime  # noqa: E402
+from gpu_gates.runtime.gate import AFTER_FAILURE_MARKER, primary_failure  # noqa: E402
 from gpu_gates.selective_sync import targets_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_backend_selection_on_this_node():
 
 def test_device_flag_is_a_skip_where_the_node_cannot_honour_it():
     import torch
-    from gpu_gates.dist_setup import device_for, device_skip_reason
+    from gpu_gates.runtime.dist_setup import device_for, device_skip_reason
     env = LaunchEnv(rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="127.0.0.1",
                     master_port=1, agent_store=True)
     assert device_skip_reason("nccl", "cpu") is not None  # NCCL keeps tensors on GPUs
@@ -138,7 +138,7 @@ def test_bad_hook_env_is_a_usage_error_with_one_line():
 
 ENDED_THEN_SIGNALLED = """
 import threading
-from gpu_gates import runtime
+from gpu_gates.runtime import gate as runtime
 run = runtime._GateRun.__new__(runtime._GateRun)  # only what finishing needs
 run._finish_lock, run.ended = threading.Lock(), None
 run._finish_lock.acquire()  # the main thread's finish is under way ...
@@ -214,7 +214,7 @@ def test_a_failure_headline_on_a_closed_stderr_does_not_stop_the_rank(monkeypatc
 
 
 def test_a_growth_check_on_a_shared_gpu_reads_the_process_own_memory():
-    from gpu_gates.memory import own_device_bytes
+    from gpu_gates.runtime.memory import own_device_bytes
     sample = {"used": 2_000, "reserved": 300, "process_used": 500}
     assert own_device_bytes(sample, shared=False) == (2_000, "device memory")
     assert own_device_bytes(sample, shared=True)[0] == 500  # NVML's count of this process

@@ -41,7 +41,7 @@ def _hung_worker(launch):
     # driver would not yet stand at SyncFromCache (about 1.5 s into the run on a quiet
     # machine). Such a run says nothing about the hang, so it is tried once more with a
     # longer deadline. Both stay under the workload script's own wait
-    # (gpu_gates/dual_script.py LIMIT_S, 20 s, which starts at about the hang): a deadline
+    # (gpu_gates/dual/script.py LIMIT_S, 20 s, which starts at about the hang): a deadline
     # past it would let the driver give up first and headline that instead.
     for deadline_s in (8, 18):
         run = launch("dual_pipeline", 6, "--steps", "3", "--timeout-s", str(deadline_s), hook="hang@sync_recv:2",
@@ -204,7 +204,7 @@ def test_hung_rank_ends_in_failed_report_within_timeout(waits):
     # (only rank 2 runs the hook, so its frame is rank 2's)
     assert re.search(r"rank 2 timed out: deadline passed while in phase '.*test hook hang@cycle_begin.*'; its threads:",
                      run.output), run.output[-4000:]
-    assert re.search(r'File ".*/gpu_gates/hooks.py", line \d+ in act\n', run.output), run.output[-4000:]
+    assert re.search(r'File ".*/gpu_gates/runtime/hooks.py", line \d+ in act\n', run.output), run.output[-4000:]
     assert run.rank_report(2) is not None and run.rank_report(2)["status"] == "failed"
     # ended_cleanly: no orphan workers, the launch ended before the test timeout
 

@@ -30,8 +30,8 @@ def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_r
     assert len(run.checks("bit_exact")) == 3 and all(c["passed"] for c in run.checks("bit_exact"))
     assert all(c["passed"] for c in run.checks("weights_changed"))
     # the oracle reads the merged event log: invariant 18 holds on it
-    from harness.eventlog.records import read_records
-    from harness.invariants import check_log
+    from harness.logs.records import read_records
+    from harness.logs.invariants import check_log
     records = [r.data for r in read_records(str(run.event_log))]
     kinds = {r["kind"] for r in records}
     assert {"refit_group_send", "refit_ack", "refit_complete_send", "refit_group_recv", "refit_finalize"} <= kinds

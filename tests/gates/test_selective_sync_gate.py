@@ -42,8 +42,8 @@ def test_selective_sync_passes_with_ipc_and_broadcast_paths(gate_runner):
 def _sim_sync_sequence(model_bytes: int, bucket_bytes: int):
     """The simulator's first sync to dp ranks [0, 1] — dp 0 on the cache owner's GPU (IPC
     path), dp 1 on the other GPU (broadcast) — as (bucket, path, dp_ranks) records."""
-    from simulators.runtime import Simulation
-    from simulators.spec import ClusterSpec, CostSpec, ModelSpec, PipelineSpec, Scenario
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.spec import ClusterSpec, CostSpec, ModelSpec, PipelineSpec, Scenario
 
     scenario = Scenario(
         name="parity", cluster=ClusterSpec(nodes=1, gpus_per_node=2),
@@ -82,7 +82,7 @@ def _check_same_sync_as_the_simulator(run):
 
 def _check_event_log(run):
     """The merged log validates against the harness schema and shows every group destroyed."""
-    records_mod = pytest.importorskip("harness.eventlog.records")
+    records_mod = pytest.importorskip("harness.logs.records")
     assert run.report["event_log"] == str(run.event_log)
     records = [r.data for r in records_mod.read_records(str(run.event_log))]
     assert records[0]["kind"] == "header" and records[0]["source"] == "gate:selective_sync"
@@ -109,7 +109,7 @@ def test_corrupted_byte_fails_naming_tensor_and_bucket(gate_runner):
 
 
 def test_leaked_sync_group_is_reported(gate_runner):
-    # the sync's teardown (shared with the dual gate, gpu_gates/sync_runtime.py) finds the
+    # the sync's teardown (shared with the dual gate, gpu_gates/sync/runtime.py) finds the
     # group alive after its close: a failed check naming it, no group_destroy logged, and
     # the oracle's sync_groups finds the group the sync left alive
     run = gate_runner("selective_sync", 4, "--cycles", "1", hook="leak_sync_group")
@@ -119,7 +119,7 @@ def test_leaked_sync_group_is_reported(gate_runner):
     created = {r["name"] for r in records if r["kind"] == "group_create"}
     assert created == {"selective_sync_c0"} and not any(r["kind"] == "group_destroy" for r in records)
     assert [c for c in run.checks("no_group_survives") if not c["passed"]]
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
     found = check_log([{**r, "seq": i} for i, r in enumerate(records)], ["sync_groups"])
     assert found and "selective_sync_c0" in found[0].message
 

@@ -21,8 +21,8 @@ def test_streaming_split_api_under_dp_equals_the_synchronous_step(gate_runner):
     for name, per_rank_steps in (("parity", 4), ("loss", 4), ("leader_metrics", 4), ("version", 4), ("no_sync", 8)):
         got = run.checks(name)
         assert len(got) == 2 * per_rank_steps and all(c["passed"] for c in got), name
-    records_mod = pytest.importorskip("harness.eventlog.records")
-    from harness.invariants import check_log
+    records_mod = pytest.importorskip("harness.logs.records")
+    from harness.logs.invariants import check_log
 
     records = [r.data for r in records_mod.read_records(str(run.event_log))]
     steps = [r for r in records if r["kind"] == "trainer_step"]

@@ -41,9 +41,9 @@ def test_the_worker_extension_loads_a_complete_refit_only_after_complete(endpoin
     import threading
 
     from gpu_gates.transports import zmq_stream as zs
-    from gpu_gates.vllm_worker_ext import RefitWorkerExtension
+    from gpu_gates.engines.vllm_worker_ext import RefitWorkerExtension
     from harness.refit import stream as proto
-    from harness.refit.bucket_cache import dtype_name
+    from gpu_gates.sync.bucket_cache import dtype_name
 
     calls = []
 

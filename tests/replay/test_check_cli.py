@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from harness.check import check_file, run_check
+from harness.logs.check import check_file, run_check
 from rlharness.cli import main
-from harness.invariants.base import CHECKS, READS, Violation
+from harness.logs.invariants.base import CHECKS, READS, Violation
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TRACES = os.path.join(ROOT, "examples", "traces")
@@ -45,7 +45,7 @@ def test_roll_trace_passes_with_exact_planned_releases(tmp_path, capsys):
 
 def test_simulator_log_is_checked_as_recorded_and_replay_checks_the_whole_log(tmp_path, capsys):
     from simulators.run import simulate
-    from simulators.scenario import load_scenario
+    from simulators.scenario.loader import load_scenario
 
     # its findings (data_plane, handover) come from records replay does not replay: the
     # whole log is read, not only the decisions

@@ -12,8 +12,8 @@ import json
 import pytest
 
 from rlharness.cli import main
-from harness.importers.rlix_log import import_rlix_log
-from harness.replay import replay_file
+from harness.logs.importers.rlix_log import import_rlix_log
+from harness.logs.replay import replay_file
 
 TOPOLOGY = """\
 cluster: {nodes: 1, gpus_per_node: 2}

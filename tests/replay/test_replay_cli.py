@@ -252,6 +252,6 @@ def test_a_refused_release_then_request_keeps_its_release_in_the_decision_log(tm
     kinds = [(r["kind"], r.get("cluster_id"), r.get("reason")) for r in map(json.loads, out.read_text().splitlines())]
     i = kinds.index(("released", "p1_actor_train", "release"))
     assert kinds[i + 1][0] == "rejected"
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert check_log(records) == []

@@ -24,7 +24,7 @@ def _install(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(textwrap.dedent("""
-        import simulators.workload as workload
+        import simulators.pipelines.workload as workload
         _draw = workload.Collector.draw
         def draw(self, n):
             requests = _draw(self, n)

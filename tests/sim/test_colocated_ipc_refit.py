@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS
-from simulators.runtime import Simulation
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 COSTS = {"refit_group_overhead_s": 0.004, "refit_tensor_overhead_s": 0.001, "refit_setup_s": 0.01,
          "refit_complete_s": 0.02, "bucket_bytes": 1 << 30}

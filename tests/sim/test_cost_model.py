@@ -9,8 +9,8 @@ import pytest
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.costmodel.models import MODEL_PRESETS
-from simulators.scenario import ScenarioError, scenario_from_mapping
-from simulators.spec import CostSpec, WorkloadSpec
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
+from simulators.scenario.spec import CostSpec, WorkloadSpec
 
 EFF = f.Efficiency(train_mfu=0.4, decode_flops_efficiency=0.5, hbm_efficiency=0.8, allreduce_latency_s=1e-5,
                    max_num_seqs=256, wake_fixed_s=0.5, sleep_fixed_s=0.2)
@@ -110,8 +110,8 @@ def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
     """A 7B's sync from the cache: the simulated sync_start -> sync_end equals formulas.refit_s
     over NVLink (H100) and over PCIe (L40S, no NVLink), and a bigger bucket saves exactly
     the per-bucket overheads it no longer pays."""
-    from simulators.runtime import Simulation
-    from simulators.scenario_yaml import strict_safe_load
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.yaml_dialect import strict_safe_load
 
     path = "examples/scenarios/costmodel_7b_and_1p5b_h100.yaml"
     for gpu in ("h100_sxm", "l40s"):
@@ -138,8 +138,8 @@ def test_published_scenarios_round_trip_through_the_dumped_scenario_yaml():
     the derived costs survive (the dump names each non-default layout field)."""
     import glob
 
-    from simulators.scenario import load_scenario
-    from simulators.scenario_dump import scenario_to_mapping
+    from simulators.scenario.loader import load_scenario
+    from simulators.scenario.dump import scenario_to_mapping
 
     for path in sorted(glob.glob("examples/published/*.yaml")):
         s = load_scenario(path)

@@ -14,7 +14,7 @@ import pytest
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.costmodel.models import MODEL_PRESETS
-from simulators.scenario import load_scenario, scenario_from_mapping
+from simulators.scenario.loader import load_scenario, scenario_from_mapping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

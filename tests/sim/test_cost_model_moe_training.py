@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from simulators.costmodel import formulas as f
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 F, NVL, NIC = 1e15, 400e9, 25e9
 EFF = f.Efficiency(train_mfu=0.5, decode_flops_efficiency=0.5, hbm_efficiency=0.8, allreduce_latency_s=1e-5,

@@ -1,4 +1,4 @@
-"""Byte-identical outputs on Python 3.11-3.13 (simulators/cross_version.py).
+"""Byte-identical outputs on Python 3.11-3.13 (simulators/selfcheck/cross_version.py).
 
 The comparison needs another CPython with the simulator's dependencies: the interpreters
 named in ``RLHARNESS_OTHER_PYTHONS`` (``os.pathsep``-separated). ``.ci/run`` sets it when it
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from simulators import cross_version
-from simulators.cross_version import dependency_versions, differences, hashes_under, output_hashes
+from simulators.selfcheck import cross_version
+from simulators.selfcheck.cross_version import dependency_versions, differences, hashes_under, output_hashes
 
 OTHER_PYTHONS = [p for p in os.environ.get("RLHARNESS_OTHER_PYTHONS", "").split(os.pathsep) if p]
 SMALL = ["", "examples/scenarios/default.yaml", "examples/scenarios/lost_finish.yaml"]

@@ -1,4 +1,4 @@
-"""N-cycle trends (``cycle_trends``, harness/invariants/trends.py): a leak per cycle shows
+"""N-cycle trends (``cycle_trends``, harness/logs/invariants/trends.py): a leak per cycle shows
 as a fitted slope over >= 20 sleep/wake/refit cycles, in crafted logs and in simulated
 runs with each leak class's fault; the clean runs stay flat."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.invariants import check_log, trends
+from harness.logs.invariants import check_log, trends
 from rlharness.pytest_plugin import run
 
 STEPS = {"pipelines[0].steps": 24, "pipelines[1].steps": 24}

@@ -7,12 +7,12 @@ from collections import defaultdict
 
 import pytest
 
-from harness.invariants import check_log
-from harness.outputs.summary import summarize
-from harness.outputs.summary_text import format_summary
-from simulators.runtime import Simulation
-from simulators.scenario import ScenarioError, load_scenario, scenario_from_mapping
-from simulators.scenario_dump import scenario_to_mapping
+from harness.logs.invariants import check_log
+from harness.logs.outputs.summary import summarize
+from harness.logs.outputs.summary_text import format_summary
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import ScenarioError, load_scenario, scenario_from_mapping
+from simulators.scenario.dump import scenario_to_mapping
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 _RUNS = {}

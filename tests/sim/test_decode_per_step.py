@@ -1,4 +1,4 @@
-"""Per-step decode timing (``workload.decode_timing: per_step``, simulators/inference.py):
+"""Per-step decode timing (``workload.decode_timing: per_step``, simulators/pipelines/inference.py):
 every decode step of a rank is charged at the concurrency of that step, so a batch's last
 sequences decode at the low-batch step time; a mixture of experts' step reads only the
 experts its tokens route to. References are hand-computed step sums, not the router's
@@ -11,9 +11,9 @@ import math
 import pytest
 
 from harness.control.rank_state import RankLifecycle, RankState
-from simulators.env import SimEnv
-from simulators.inference import RankSim, Request, Router
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.runtime.env import SimEnv
+from simulators.pipelines.inference import RankSim, Request, Router
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 T, H = 1000.0, 4.0  # tokens/s asymptote, half point: a step of c sequences takes (4 + c) / 1000 s
 
@@ -135,7 +135,7 @@ def test_an_expert_read_needs_a_mixture_of_experts():
 def test_a_scenario_with_per_step_timing_finishes_its_steps():
     data = _scenario(decode_timing="per_step", decode_expert_read_s=0.001, tokens_per_s_per_rank=1000.0,
                      batching_half_point=4.0)
-    from simulators.runtime import Simulation
+    from simulators.runtime.simulation import Simulation
 
     result = Simulation(scenario_from_mapping(data)).run()
     done = [r for r in result.records if r["kind"] == "request_done"]

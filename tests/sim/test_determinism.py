@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from rlharness.cli import main
-from simulators.determinism import Divergence, check_determinism, first_divergence, other_hash_seed
-from simulators.runtime import Simulation
-from simulators.spec import default_scenario
+from simulators.selfcheck.determinism import Divergence, check_determinism, first_divergence, other_hash_seed
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.spec import default_scenario
 
 
 def test_first_divergence_names_the_first_differing_line():

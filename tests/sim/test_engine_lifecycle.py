@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from harness.invariants import check_log
-from harness.outputs.summary import summarize
-from harness.outputs.summary_text import format_summary, summary_json
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from harness.logs.invariants import check_log
+from harness.logs.outputs.summary import summarize
+from harness.logs.outputs.summary_text import format_summary, summary_json
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 

@@ -8,8 +8,8 @@ import simpy
 from simpy.core import NORMAL
 
 from harness.control.rank_state import RankLifecycle
-from simulators.env import Actor, Link, SimEnv, Timer
-from simulators.inference import RankSim, Request, Router
+from simulators.runtime.env import Actor, Link, SimEnv, Timer
+from simulators.pipelines.inference import RankSim, Request, Router
 
 
 def test_same_time_wakeups_follow_the_key_not_the_creation_order():

@@ -14,7 +14,7 @@ import os
 import pytest
 import yaml
 
-from harness.expect import Expectation, Finding, classify, from_signature, matches
+from harness.logs.expect import Expectation, Finding, classify, from_signature, matches
 from rlharness.cli import main
 from rlharness.pytest_plugin import run
 

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from rlharness.cli import main
-from simulators.cache_lock import CacheLock
-from simulators.env import Link, SimEnv
-from simulators.explore import Explorer, ExploreSpec
-from simulators.runtime import Simulation
-from simulators.spec import default_scenario
+from simulators.pipelines.cache_lock import CacheLock
+from simulators.runtime.env import Link, SimEnv
+from simulators.runtime.explore import Explorer, ExploreSpec
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.spec import default_scenario
 
 
 def _order(explorer):
@@ -85,7 +85,7 @@ def test_pct_change_points_take_their_priorities_in_the_draws_order_not_in_time(
 
 
 def test_pct_counts_the_runs_scheduling_points_and_the_header_names_them():
-    from simulators.explore import _PILOTS
+    from simulators.runtime.explore import _PILOTS
 
     scen = default_scenario()
     res = Simulation(scen, explore=ExploreSpec(5, "pct")).run()

@@ -16,9 +16,9 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import FAULT_NAMES, FaultSpec
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import FAULT_NAMES, FaultSpec
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BASES = {name: load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))

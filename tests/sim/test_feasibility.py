@@ -1,4 +1,4 @@
-"""Layouts certain to fail are refused before anything runs (simulators/scenario_feasibility.py).
+"""Layouts certain to fail are refused before anything runs (simulators/scenario/feasibility.py).
 
 Each infeasible layout below is (1) refused by ``rlharness validate`` and ``simulate`` in
 one line naming the field and the rule, before any simulation, and (2) run through the
@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from rlharness.cli import main
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario, scenario_from_mapping
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario, scenario_from_mapping
 
 from tests.cli.test_cli_error_contract import ROOT, run_error
 
@@ -109,7 +109,7 @@ def test_every_bundled_scenario_is_feasible(path, capsys):
 def test_every_rule_is_documented():
     import re
 
-    from simulators import scenario_feasibility
+    from simulators.scenario import feasibility as scenario_feasibility
 
     source = open(scenario_feasibility.__file__).read()
     rules = set(re.findall(r"\(rule: (\w+)\)", source))

@@ -1,5 +1,5 @@
 """Failure modes users reported, each reproduced by a bundled scenario (a fault hook of
-``simulators/field_faults.py``): the named check or failure kind catches it from the log,
+``simulators/faults/field.py``): the named check or failure kind catches it from the log,
 and the same scenario without the fault (the fixed behaviour) runs clean."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from harness.invariants import check_log
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from harness.logs.invariants import check_log
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 
 SCENARIOS = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "scenarios")
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rlharness.cli import main
-from harness.expect import from_signature
-from harness.invariants import Violation
+from harness.logs.expect import from_signature
+from harness.logs.invariants import Violation
 from simulators.fuzz import executors
 from simulators.fuzz.executors import Job, run_isolated, seed_job
 from simulators.fuzz.generate import scenario_for_seed, scenario_mapping
@@ -22,9 +22,9 @@ from simulators.fuzz.minimize import minimize
 from simulators.fuzz.seed_run import run_scenario, run_seed
 from simulators.fuzz.signature import CLEAN, signature
 from simulators.fuzz.sweep import SweepConfig, results_json, run_sweep
-from simulators.scenario import load_scenario
-from simulators.runtime import Simulation
-from simulators.spec import PIPELINE_TYPES
+from simulators.scenario.loader import load_scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.spec import PIPELINE_TYPES
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -325,9 +325,9 @@ def test_the_age0_reproducer_trains_now():
 
 
 def test_the_known_findings_baseline_covers_a_fault_pattern_for_every_fault():
-    from simulators.baseline import read_baseline
+    from simulators.verdict.baseline import read_baseline
     from simulators.fuzz.sweep import _is_expected
-    from simulators.spec import FAULT_NAMES, ORACLE_FAULT_NAMES
+    from simulators.scenario.spec import FAULT_NAMES, ORACLE_FAULT_NAMES
 
     allowed = read_baseline(os.path.join(ROOT, "examples", "fuzz", "known-findings.yaml"))
     for fault in FAULT_NAMES:

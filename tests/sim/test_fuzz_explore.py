@@ -8,12 +8,12 @@ import json
 import pytest
 
 from rlharness.cli import main
-from simulators.explore import ExploreSpec
+from simulators.runtime.explore import ExploreSpec
 from simulators.fuzz.executors import Job, run_isolated
 from simulators.fuzz.schedules import SCHEDULE_ONLY, mark_families
 from simulators.fuzz.seed_run import run_scenario
 from simulators.fuzz.sweep import SweepConfig, format_table, results_json, run_sweep
-from simulators.scenario import load_scenario
+from simulators.scenario.loader import load_scenario
 
 # Scenario seed 31 (two roll_sync pipelines and a nemo_async one, fault offload_keeps_params):
 # the fixed order's first violation is a handover naming both pipeline types; pct schedule

@@ -9,11 +9,11 @@ import copy
 import os
 
 from harness.control.residency import residency_markdown
-from harness.invariants import check_log
-from harness.outputs.summary import summarize
-from harness.outputs.summary_text import format_summary
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from harness.logs.invariants import check_log
+from harness.logs.outputs.summary import summarize
+from harness.logs.outputs.summary_text import format_summary
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _CACHE = {}

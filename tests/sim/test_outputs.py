@@ -17,12 +17,12 @@ import matplotlib  # noqa: F401  (a hard dependency of the outputs: fail, do not
 
 from harness.control import effects as effects_mod
 from harness.control import streaming_effects as streaming_effects_mod
-from harness.eventlog.records import read_records
-from harness.outputs import chrome_trace, format_summary, summarize, write_chrome_trace, write_timeline_png
-from harness.outputs.perfetto import dumps_chrome_trace
-from harness.outputs.intervals import REFIT_EFFECTS, TRAIN_EFFECTS, WAITING_EFFECTS, gpu_slices, p95, union_length
-from harness.outputs.lanes import assign_lanes
-from harness.outputs.timeline import render_timeline_png, timeline_size_px
+from harness.logs.records import read_records
+from harness.logs.outputs import chrome_trace, format_summary, summarize, write_chrome_trace, write_timeline_png
+from harness.logs.outputs.perfetto import dumps_chrome_trace
+from harness.logs.outputs.intervals import REFIT_EFFECTS, TRAIN_EFFECTS, WAITING_EFFECTS, gpu_slices, p95, union_length
+from harness.logs.outputs.lanes import assign_lanes
+from harness.logs.outputs.timeline import render_timeline_png, timeline_size_px
 
 
 class Log:
@@ -377,7 +377,7 @@ def test_lanes_are_greedy_and_stable():
 def test_slice_sort_breaks_full_ties_by_canonical_args_like_the_sort_key():
     import random
 
-    from harness.outputs.intervals import GpuSlice, sort_slices
+    from harness.logs.outputs.intervals import GpuSlice, sort_slices
 
     # seq 0 everywhere (a hand-made log): several slices tie on everything but their args
     base = [GpuSlice(g, start, start + 1.0, "train", "p", "Compute p", {"k": k, "x": [k, g]}, 0)
@@ -394,7 +394,7 @@ def test_slice_sort_breaks_full_ties_by_canonical_args_like_the_sort_key():
 
 
 def test_a_shared_run_view_gives_every_output_what_the_records_give(tmp_path):
-    from harness.outputs.run_view import RunView
+    from harness.logs.outputs.run_view import RunView
 
     records = build_log()
     view = RunView(records)

@@ -13,9 +13,9 @@ from typing import Dict, List, Set, Tuple
 
 import pytest
 
-from harness.invariants import check_log
-from harness.eventlog.records import read_records
-from harness.replay import compare_decisions, replay_file
+from harness.logs.invariants import check_log
+from harness.logs.records import read_records
+from harness.logs.replay import compare_decisions, replay_file
 from rlharness.cli import main
 from tests.unit.test_mutations import reseq
 
@@ -26,13 +26,13 @@ PARTS = {"pa": [0, 1, 2], "pb": [3, 4, 5], "pc": [6, 7]}
 
 
 def _scenario(**scheduler):
-    from simulators.scenario import load_scenario
+    from simulators.scenario.loader import load_scenario
     return dataclasses.replace(load_scenario(SCENARIO), scheduler=scheduler)
 
 
 @pytest.fixture(scope="module")
 def logs() -> Dict[str, List[dict]]:
-    from simulators.runtime import Simulation
+    from simulators.runtime.simulation import Simulation
     out = {}
     for policy, extra in (("static_partition", {"partition": PARTS}), ("round_robin", {}), ("acquire_yield", {})):
         result = Simulation(_scenario(policy=policy, **extra)).run()
@@ -130,8 +130,8 @@ def test_each_policy_replays_decision_exact_from_its_header(policy, tmp_path):
     reproduces every decision. (The 4-pipeline scenario: in the 3-pipeline one acquire_yield
     plans a last expand for pa while pa unregisters, a cycle that never commits, which a
     replay does not reproduce whatever the policy.)"""
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
 
     s = load_scenario(os.path.join(ROOT, "examples", "scenarios", "policies_4pipelines_32gpu.yaml"))
     # one step each (two for c32b, which then outlives d8b): cheap, every pipeline still contends
@@ -173,8 +173,8 @@ def test_bad_policy_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsy
 
 
 def test_every_output_names_the_policy(logs, tmp_path, capsys):
-    from harness.outputs.summary import summarize
-    from harness.outputs.summary_text import format_summary, summary_json
+    from harness.logs.outputs.summary import summarize
+    from harness.logs.outputs.summary_text import format_summary, summary_json
 
     s = summarize(logs["round_robin"])
     assert "scheduler policy round_robin" in format_summary(s).splitlines()[1]

@@ -10,9 +10,9 @@ import pytest
 
 from gpu_gates.transports.measure import Measurement, synthetic_specs
 from rlharness import refit_calibrate
-from simulators import refit_fit
-from simulators.calibration import CALIBRATED_COSTS, load_calibration, write_calibration
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.refit import fit as refit_fit
+from simulators.refit.calibration import CALIBRATED_COSTS, load_calibration, write_calibration
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 MiB = 1 << 20
 KNOWN = {"refit_pack_bytes_per_s": 3e9, "receiver_load_bytes_per_s": 2e9, "refit_tensor_overhead_s": 2e-5,
@@ -205,7 +205,7 @@ def test_a_lone_stream_predicts_the_float_a_simpy_environment_ends_at():
     for bit, on every grid point and with every cost zero or not."""
     import simpy
 
-    from simulators.refit import predict_sync_seconds, stream_sync
+    from simulators.refit.sync import predict_sync_seconds, stream_sync
 
     def on_simpy(specs, budget, costs):
         env = simpy.Environment()

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from simulators.runtime import Simulation
-from simulators.spec import ClusterSpec, CostSpec, ModelSpec, PipelineSpec, Scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.spec import ClusterSpec, CostSpec, ModelSpec, PipelineSpec, Scenario
 
 MiB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""The simulated router routes as RLix's NeMo port does (simulators/inference.py): a
+"""The simulated router routes as RLix's NeMo port does (simulators/pipelines/inference.py): a
 resize's ranks join routing together, round robin per request with one cursor over the DP
 indices, the engine's own queue beyond max_num_seqs, 50 ms polling while no rank is
 active — and the ``routing_policy`` check catches a log where a fresh set's queue went to
@@ -11,11 +11,11 @@ import os
 from collections import Counter
 
 from harness.control.rank_state import RankLifecycle, RankState
-from harness.invariants import check_log
-from simulators.env import SimEnv
-from simulators.inference import POLL_S, RankSim, Request, Router
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from harness.logs.invariants import check_log
+from simulators.runtime.env import SimEnv
+from simulators.pipelines.inference import POLL_S, RankSim, Request, Router
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

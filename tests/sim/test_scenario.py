@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulators.scenario import (
+from simulators.scenario.loader import (
     FIELD_RULES,
     ScenarioError,
     load_scenario,
     scenario_from_mapping,
 )
-from simulators.scenario_dump import scenario_to_mapping
+from simulators.scenario.dump import scenario_to_mapping
 from tests.sim.scenario_cases import BASE, base
-from simulators.spec import (
+from simulators.scenario.spec import (
     ClusterSpec,
     CostSpec,
     FaultSpec,

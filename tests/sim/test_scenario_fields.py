@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 from tests.sim.scenario_cases import base
 
 

@@ -10,13 +10,13 @@ import dataclasses
 import os
 
 from rlharness.cli import main
-from harness.invariants import check_log
-from harness.outputs.intervals import rank_intervals
-from harness.outputs.perfetto import chrome_trace
-from harness.outputs.summary import summarize
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import default_scenario
+from harness.logs.invariants import check_log
+from harness.logs.outputs.intervals import rank_intervals
+from harness.logs.outputs.perfetto import chrome_trace
+from harness.logs.outputs.summary import summarize
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import default_scenario
 
 HERE = os.path.dirname(__file__)
 SCENARIOS = os.path.join(HERE, "..", "..", "examples", "scenarios")

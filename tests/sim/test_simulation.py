@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from harness.eventlog.records import read_records
-from harness.eventlog.writer import write_atomic
-from harness.invariants import check_log
-from harness.replay import compare_decisions, replay_file
-from simulators.determinism import first_divergence, other_hash_seed
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import CostSpec, FaultSpec, default_scenario
+from harness.logs.records import read_records
+from harness.logs.writer import write_atomic
+from harness.logs.invariants import check_log
+from harness.logs.replay import compare_decisions, replay_file
+from simulators.selfcheck.determinism import first_divergence, other_hash_seed
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import CostSpec, FaultSpec, default_scenario
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCENARIOS = sorted(glob.glob(os.path.join(ROOT, "examples", "scenarios", "*.yaml")))
@@ -206,8 +206,8 @@ def fresh_process_logs(tmp_path_factory):
     out = tmp_path_factory.mktemp("fresh-logs")
     script = (
         "import os, sys\n"
-        "from simulators.determinism import _fresh_run\n"
-        "from simulators.scenario import load_scenario\n"
+        "from simulators.selfcheck.determinism import _fresh_run\n"
+        "from simulators.scenario.loader import load_scenario\n"
         "for path in sys.argv[2:]:\n"
         "    _fresh_run(path, load_scenario(path).seed, os.path.join(sys.argv[1], os.path.basename(path) + '.jsonl'))\n"
     )

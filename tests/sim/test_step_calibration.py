@@ -11,7 +11,7 @@ import pytest
 
 from rlharness.cli import main
 from simulators.costmodel import formulas as f
-from simulators.scenario import ScenarioError, scenario_from_mapping
+from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 F, B, NVL, VRAM = 989e12, 3.35e12, 450e9, 80 * (1 << 30)  # H100 SXM as the datasheet gives it
 TRUTH = {"train_mfu": 0.42, "hbm_efficiency": 0.7, "decode_flops_efficiency": 0.35, "link_efficiency": 0.6}

@@ -9,10 +9,10 @@ import os
 import pytest
 import yaml
 
-from harness.invariants import check_log
-from simulators.runtime import Simulation
-from simulators.scenario import ScenarioError, load_scenario, scenario_from_mapping
-from simulators.spec import ClusterSpec
+from harness.logs.invariants import check_log
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import ScenarioError, load_scenario, scenario_from_mapping
+from simulators.scenario.spec import ClusterSpec
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 

@@ -1,4 +1,4 @@
-"""The wait-for graph's scheduler and cache-lock edges (harness/invariants/waitfor_edges.py):
+"""The wait-for graph's scheduler and cache-lock edges (harness/logs/invariants/waitfor_edges.py):
 each edge type makes ``deadlock`` or ``lost_wakeup`` fire on a crafted log and stays quiet
 once the wait is answered; the faults ``lost_release_ack`` and ``lost_cache_handoff``
 make ``lost_wakeup`` fire on real runs."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from harness.invariants import check_log
-from harness.invariants.waitfor import wait_graph
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import FaultSpec
+from harness.logs.invariants import check_log
+from harness.logs.invariants.waitfor import wait_graph
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import FaultSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAPH = ["deadlock", "lost_wakeup"]
@@ -195,7 +195,7 @@ def test_a_watchdog_that_requests_under_the_resize_lock_deadlocks_through_a_requ
     _generation_watchdog_loop); the fault keeps it: a cycle through the coordinator lock,
     the GENERATION request and the scheduler's expand, in the fixed order and under every
     schedule seed tried, while RLix's order stays clean under the same seeds."""
-    from simulators.explore import ExploreSpec
+    from simulators.runtime.explore import ExploreSpec
 
     def run(name, explore=None):
         return Simulation(load_scenario(ROOT / "examples" / "scenarios" / f"{name}.yaml"), explore=explore).run()

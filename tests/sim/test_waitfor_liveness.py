@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.invariants import check_log
-from simulators.explore import ExploreSpec
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import FaultSpec
+from harness.logs.invariants import check_log
+from simulators.runtime.explore import ExploreSpec
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import FaultSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = ("deadlock", "lost_wakeup", "hot_state", "livelock")

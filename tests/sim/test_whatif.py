@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.outputs.run_diff import diff_rows, format_diff
+from harness.logs.outputs.run_diff import diff_rows, format_diff
 from rlharness.cli import main
-from simulators.overrides import OverrideError, apply_overrides, parse_override, parse_path, split_values
+from simulators.scenario.overrides import OverrideError, apply_overrides, parse_override, parse_path, split_values
 from simulators.whatif.compare import aggregate
 from simulators.whatif.grid import Variant
 

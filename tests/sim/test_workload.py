@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulators.spec import WorkloadSpec
-from simulators.workload import _DRAW_BLOCK, Collector
+from simulators.scenario.spec import WorkloadSpec
+from simulators.pipelines.workload import _DRAW_BLOCK, Collector
 
 
 def _one_call_per_draw(spec: WorkloadSpec, seed: int, sizes):
@@ -45,7 +45,7 @@ def test_the_replay_buffer_counts_versions_as_its_items_do():
     adds, evictions and takes; a take returns the staleness histogram of the oldest n."""
     from collections import Counter
 
-    from simulators.workload import ReplayBuffer
+    from simulators.pipelines.workload import ReplayBuffer
 
     buf = ReplayBuffer()
     for rid, version in enumerate([0, 0, 1, 2, 2, 2, 3, 1]):
@@ -83,7 +83,7 @@ class _ListBuffer:
                 max_size=60))
 @settings(max_examples=300, deadline=None)
 def test_the_replay_buffer_takes_as_a_filter_of_its_item_list_would(ops):
-    from simulators.workload import ReplayBuffer
+    from simulators.pipelines.workload import ReplayBuffer
 
     buf, ref = ReplayBuffer(), _ListBuffer()
     for rid, op in enumerate(ops):

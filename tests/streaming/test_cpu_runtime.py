@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_gates.split_trainer import Batch, SplitTrainer, TinyPolicy, make_optimizer, sync_train_step  # noqa: E402
-from gpu_gates.streaming_runtime import FakeGenerator, GeneratorSpec, StreamingRuntime, intervals, overlap_s  # noqa: E402
-from harness.invariants import check_log  # noqa: E402
+from gpu_gates.streaming.split_trainer import Batch, SplitTrainer, TinyPolicy, make_optimizer, sync_train_step  # noqa: E402
+from gpu_gates.streaming.runtime import FakeGenerator, GeneratorSpec, StreamingRuntime, intervals, overlap_s  # noqa: E402
+from harness.logs.invariants import check_log  # noqa: E402
 from harness.streaming.controller import StreamingConfig  # noqa: E402
 
 

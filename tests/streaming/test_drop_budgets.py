@@ -10,10 +10,10 @@ import asyncio
 
 import pytest
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from harness.streaming.controller import ControllerState, DropBudgetExceeded, StreamingConfig
-from simulators.runtime import Simulation
-from simulators.scenario import ScenarioError
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import ScenarioError
 from tests.streaming.test_single_controller_sim import sc_scenario
 
 
@@ -86,8 +86,8 @@ def test_in_the_simulator_a_drop_past_the_budget_fails_the_run_and_within_it_clo
 
 
 torch = pytest.importorskip("torch")
-from gpu_gates.split_trainer import SplitTrainer, TinyPolicy  # noqa: E402
-from gpu_gates.streaming_runtime import FakeGenerator, GeneratorSpec, StreamingRuntime  # noqa: E402
+from gpu_gates.streaming.split_trainer import SplitTrainer, TinyPolicy  # noqa: E402
+from gpu_gates.streaming.runtime import FakeGenerator, GeneratorSpec, StreamingRuntime  # noqa: E402
 
 
 def _runtime(**cfg_kw):

@@ -1,5 +1,5 @@
-"""The parity gate's reference (gpu_gates/parity_reference.py) is independent of the trainer:
-it shares no code with gpu_gates/split_trainer.py, it equals the trainer when the trainer is
+"""The parity gate's reference (gpu_gates/streaming/parity_reference.py) is independent of the trainer:
+it shares no code with gpu_gates/streaming/split_trainer.py, it equals the trainer when the trainer is
 right, and it sees a bug in the trainer's loss helper that a reference calling that helper
 (the gate's reference before) does not."""
 
@@ -13,8 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_gates import parity_reference, split_trainer  # noqa: E402
-from gpu_gates.split_trainer import Batch, SplitTrainer, TinyPolicy, make_batch, make_optimizer, sync_train_step  # noqa: E402
+from gpu_gates.streaming import parity_reference  # noqa: E402
+from gpu_gates.streaming import split_trainer  # noqa: E402
+from gpu_gates.streaming.split_trainer import Batch, SplitTrainer, TinyPolicy, make_batch, make_optimizer, sync_train_step  # noqa: E402
 from gpu_gates.train_pump_parity import maskless_loss_sum_and_counts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def close(a, b) -> bool:
 
 
 def test_the_reference_imports_nothing_of_the_trainer_or_the_gates():
-    tree = ast.parse((ROOT / "gpu_gates" / "parity_reference.py").read_text())
+    tree = ast.parse((ROOT / "gpu_gates" / "streaming" / "parity_reference.py").read_text())
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert names and not [n for n in names if n.split(".")[0] in ("gpu_gates", "harness", "simulators")], names

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.invariants import check_log
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import FaultSpec
+from harness.logs.invariants import check_log
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import FaultSpec
 
 SCEN = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "in_order_drop_wedge.yaml"
 
@@ -136,8 +136,8 @@ def test_crafted_select_with_a_rollout_under_way_or_answered_is_no_finding():
 
 
 def test_the_summary_reports_drops_and_steps_closed_short():
-    from harness.outputs.summary import summarize
-    from harness.outputs.summary_text import format_summary
+    from harness.logs.outputs.summary import summarize
+    from harness.logs.outputs.summary_text import format_summary
 
     res = _run(1)
     drops = _credited_drops(res.records)

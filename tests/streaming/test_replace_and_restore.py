@@ -16,13 +16,13 @@ from typing import Dict, List
 
 import pytest
 
-from harness.invariants import check_log
-from harness.outputs.streaming_summary import streaming_rows
+from harness.logs.invariants import check_log
+from harness.logs.outputs.streaming_summary import streaming_rows
 from harness.streaming.checkpoint import RestoreError, restore, snapshot
 from harness.streaming.controller import ControllerState, StreamingConfig
 from simulators.run import with_seed
-from simulators.runtime import Simulation
-from simulators.scenario import ScenarioError, load_scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import ScenarioError, load_scenario
 from tests.streaming.test_single_controller_sim import sc_scenario
 
 EXAMPLE = "examples/scenarios/in_order_drop_replace.yaml"
@@ -224,8 +224,8 @@ def test_replace_leaves_fewer_steps_short_than_shrink_on_the_same_workload():
 
 
 torch = pytest.importorskip("torch")
-from gpu_gates.split_trainer import SplitTrainer, TinyPolicy  # noqa: E402
-from gpu_gates.streaming_runtime import FakeGenerator, GeneratorSpec, StreamingRuntime  # noqa: E402
+from gpu_gates.streaming.split_trainer import SplitTrainer, TinyPolicy  # noqa: E402
+from gpu_gates.streaming.runtime import FakeGenerator, GeneratorSpec, StreamingRuntime  # noqa: E402
 
 
 def test_in_the_asyncio_runtime_drops_are_replaced_and_a_restored_run_is_topped_up_and_exact():

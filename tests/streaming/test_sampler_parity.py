@@ -10,7 +10,7 @@ import pytest
 from harness.streaming.buffer import RolloutBuffer
 from harness.streaming.controller import ControllerState, StreamingConfig
 from harness.streaming.samplers import SamplerError, make_sampler
-from simulators.runtime import Simulation
+from simulators.runtime.simulation import Simulation
 from tests.streaming.test_single_controller_sim import sc_scenario
 
 

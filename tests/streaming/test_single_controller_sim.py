@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.invariants import check_log
-from harness.outputs.summary import summarize
-from harness.outputs.summary_text import format_summary
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario, scenario_from_mapping
-from simulators.scenario import ScenarioError
+from harness.logs.invariants import check_log
+from harness.logs.outputs.summary import summarize
+from harness.logs.outputs.summary_text import format_summary
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario, scenario_from_mapping
+from simulators.scenario.loader import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCEN = ROOT / "examples" / "scenarios"
@@ -131,7 +131,7 @@ def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp
         sc_scenario(max_buffered_rollouts=3, min_groups_for_streaming_train=4)
     path = tmp_path / "dead.yaml"
     good = sc_scenario()
-    from simulators.scenario_dump import scenario_to_mapping
+    from simulators.scenario.dump import scenario_to_mapping
 
     data = scenario_to_mapping(good)
     data["pipelines"][0]["streaming"]["max_buffered_rollouts"] = 3

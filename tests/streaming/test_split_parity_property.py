@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from gpu_gates.split_trainer import (  # noqa: E402
+from gpu_gates.streaming.split_trainer import (  # noqa: E402
     Batch, SplitTrainer, TinyPolicy, WorkerMetrics, combine_leader_metrics, make_batch, make_optimizer, sync_train_step,
 )
 from harness.streaming.split_step import SplitApiError  # noqa: E402
@@ -72,7 +72,7 @@ def test_a_missing_rescale_or_a_per_microbatch_mean_would_be_caught():
     opt, sched = make_optimizer(ref)
     want = sync_train_step(ref, opt, sched, batch, "token")
     m = TinyPolicy(seed=1)
-    from gpu_gates.split_trainer import loss_sum_and_counts
+    from gpu_gates.streaming.split_trainer import loss_sum_and_counts
 
     mean_of_means = [torch.zeros_like(p) for p in m.parameters()]
     for rows in ([0], [1, 2, 3]):

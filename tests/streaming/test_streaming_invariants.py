@@ -7,9 +7,9 @@ import copy
 
 import pytest
 
-from harness.invariants import check_log
-from simulators.runtime import Simulation
-from simulators.scenario import scenario_from_mapping
+from harness.logs.invariants import check_log
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import scenario_from_mapping
 
 _BASE = None
 

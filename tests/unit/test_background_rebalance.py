@@ -15,7 +15,7 @@ from harness.scheduler.model import SchedulerModel
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.progress import ProgressReport
 from harness.scheduler.types import Priority
-from harness.topology import ClusterTopology
+from harness.scheduler.topology import ClusterTopology
 
 
 def gen(pid):

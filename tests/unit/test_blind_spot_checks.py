@@ -14,7 +14,7 @@ from typing import List
 
 import pytest
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from tests.unit.test_mutations import holdings_at, index, inject_cycle, reseq, sim_log  # noqa: F401 (a fixture)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -205,7 +205,7 @@ def test_data_plane_judges_the_metadata_hop_by_its_bytes():
 # ---------------------------------------------------------------- the simulated system does it
 
 def _scenario(name):
-    from simulators.scenario import load_scenario
+    from simulators.scenario.loader import load_scenario
     return load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
 
 
@@ -261,7 +261,7 @@ def test_in_flight_at_sleep_follows_rlix_premature_release_ack():
 
 
 def test_sync_targets_when_an_expand_sync_writes_every_rank():
-    from simulators.spec import FaultSpec, default_scenario
+    from simulators.scenario.spec import FaultSpec, default_scenario
 
     found = _run(_with(default_scenario(), faults=[FaultSpec("sync_outside_expand", "ppl1", 1)]))
     assert {v.invariant for v in found} == {"sync_targets"}, [str(v) for v in found][:5]
@@ -269,7 +269,7 @@ def test_sync_targets_when_an_expand_sync_writes_every_rank():
 
 
 def test_rank_lifecycle_when_the_controller_activates_an_engine_that_never_synced():
-    from simulators.spec import FaultSpec, default_scenario
+    from simulators.scenario.spec import FaultSpec, default_scenario
 
     found = _run(_with(default_scenario(), faults=[FaultSpec("unchecked_activation", "ppl1", 1)]))
     lifecycle = [v for v in found if v.invariant == "rank_lifecycle"]
@@ -278,7 +278,7 @@ def test_rank_lifecycle_when_the_controller_activates_an_engine_that_never_synce
 
 
 def test_trajectory_age_when_the_trainer_takes_a_stale_batch():
-    from simulators.spec import FaultSpec
+    from simulators.scenario.spec import FaultSpec
 
     s = _scenario("gap_ratio_3pipelines")
     found = _named(_run(_with(s, faults=[FaultSpec("stale_batch", "pa", 1)])), "trajectory_age")
@@ -287,7 +287,7 @@ def test_trajectory_age_when_the_trainer_takes_a_stale_batch():
 
 
 def test_host_ram_when_the_cache_build_skips_its_guard():
-    from simulators.spec import FaultSpec, default_scenario
+    from simulators.scenario.spec import FaultSpec, default_scenario
 
     d = default_scenario()
     small = dataclasses.replace(d, cluster=dataclasses.replace(d.cluster, host_ram_bytes=1_500_000_000))
@@ -298,7 +298,7 @@ def test_host_ram_when_the_cache_build_skips_its_guard():
 
 
 def test_data_plane_when_the_driver_packs_tensors_into_the_metadata():
-    from simulators.spec import FaultSpec
+    from simulators.scenario.spec import FaultSpec
 
     s = _scenario("dataplane_one_hop")
     assert _named(_run(s), "data_plane") == []

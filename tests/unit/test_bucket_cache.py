@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from harness.refit.bucket_cache import (  # noqa: E402
+from gpu_gates.sync.bucket_cache import (  # noqa: E402
     ALIGNMENT_BYTES,
     BucketRecord,
     VersionedBucketCache,

@@ -1,4 +1,4 @@
-"""The oracle split over a forked child (simulators/check_fork.py) finds exactly what one
+"""The oracle split over a forked child (simulators/verdict/check_fork.py) finds exactly what one
 process finds, writes the same outputs, and survives a child that fails."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from harness.invariants import CHECKS, check_log
-from harness.invariants.base import READS, SEES, Violation
-from simulators.check_fork import check_beside
+from harness.logs.invariants import CHECKS, check_log
+from harness.logs.invariants.base import READS, SEES, Violation
+from simulators.verdict.check_fork import check_beside
 from simulators.run import OUTPUT_FILES, write_outputs
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: the split needs it (one process otherwise)")
@@ -70,7 +70,7 @@ def test_a_child_that_fails_leaves_its_share_to_the_parent(run, tmp_path):
 
 
 def test_the_split_is_taken_only_with_a_cpu_to_spare(monkeypatch):
-    from simulators import check_fork
+    from simulators.verdict import check_fork
 
     monkeypatch.setattr(check_fork.os, "getloadavg", lambda: (0.4, 0.0, 0.0))
     assert check_fork._spare_cpu(2) and not check_fork._spare_cpu(1)

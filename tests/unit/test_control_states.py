@@ -14,7 +14,7 @@ from harness.control.watchdog import REREQUEST, watchdog_alive, watchdog_tick
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.progress import CoordinatorProgress
 from harness.scheduler.types import Priority
-from harness.topology import ClusterTopology
+from harness.scheduler.topology import ClusterTopology
 
 S = RankState
 EVENTS = ("wake", "woken", "synced", "refreshed", "finalized", "activated", "abort", "slept", "shutdown")

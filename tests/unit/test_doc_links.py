@@ -1,7 +1,7 @@
 """Every relative link and repository path the README and docs/ name exists.
 
 A reader follows what the docs name: a markdown link (``[text](docs/x.md#anchor)``) or a
-path in backticks (`` `harness/invariants/` ``). Both are checked against the working tree
+path in backticks (`` `harness/logs/invariants/` ``). Both are checked against the working tree
 (and a link's ``#anchor`` against the headings of the file it points to, as GitHub makes
 anchors), so a renamed file or heading breaks this test instead of a reader's first hour.
 Paths that are outputs a command writes, not files of the repository, are listed in

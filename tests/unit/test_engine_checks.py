@@ -1,5 +1,5 @@
 """The engine model after vLLM's RL sequence (harness/control/engine.py) and its five
-checks (harness/invariants/engine.py): the state machine's refusals, the orders the
+checks (harness/logs/invariants/engine.py): the state machine's refusals, the orders the
 control logic yields per mode, and each check firing, alone, on the default scenario's
 log broken in exactly its way (the real runs that fire them are
 tests/sim/test_engine_lifecycle.py).
@@ -15,7 +15,7 @@ from harness.control.context import PipelineContext
 from harness.control.engine import EngineConfig, EngineStateError, EngineTags
 from harness.control.interpret import Refused
 from harness.control.resize import expand_order, shrink_order
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from tests.unit.test_mutations import index, reseq, sim_log  # noqa: F401 (a fixture)
 
 

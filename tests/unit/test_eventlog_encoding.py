@@ -13,8 +13,8 @@ import struct
 
 import pytest
 
-from harness.eventlog import writer
-from harness.eventlog.writer import EventLog, dumps, encode, encoded_chunks, header_record
+from harness.logs import writer
+from harness.logs.writer import EventLog, dumps, encode, encoded_chunks, header_record
 
 CANONICAL = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 

@@ -10,15 +10,15 @@ import jsonschema
 import pytest
 
 from harness.eventlog import kinds
-from harness.eventlog.schema import SCHEMA_PATH, render
-from harness.eventlog.records import InputError, check_record
+from harness.logs.schema import SCHEMA_PATH, render
+from harness.logs.records import InputError, check_record
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_shipped_schema_is_generated_from_kinds_table():
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        assert fh.read() == render(), "run: python -m harness.eventlog.schema --write"
+        assert fh.read() == render(), "run: python -m harness.logs.schema --write"
 
 
 def test_every_input_and_decision_kind_is_documented():

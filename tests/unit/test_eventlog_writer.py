@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from harness.eventlog.writer import write_atomic
+from harness.logs.writer import write_atomic
 
 
 def test_streamed_log_is_every_line_once_with_its_newline(tmp_path):

@@ -1,6 +1,6 @@
-"""Which pipeline and cluster names a finding's message names (harness/expect.py)."""
+"""Which pipeline and cluster names a finding's message names (harness/logs/expect.py)."""
 
-from harness.expect import named_in
+from harness.logs.expect import named_in
 
 
 def test_names_are_found_as_whole_words_only():

@@ -1,8 +1,8 @@
-"""harness.gc_pause: no collection inside; survivors in the oldest generation after."""
+"""simulators.runtime.gc_pause: no collection inside; survivors in the oldest generation after."""
 
 import gc
 
-from harness.gc_pause import gc_paused
+from simulators.runtime.gc_pause import gc_paused
 
 
 def test_survivors_are_promoted_and_collection_is_back_on():

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from harness.invariants import CHECKS, SEES, check_log, kind_views
-from harness.replay import replay_file
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
+from harness.logs.invariants import CHECKS, SEES, check_log, kind_views
+from harness.logs.replay import replay_file
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # small scenarios whose logs hold findings of many checks and records of most kinds

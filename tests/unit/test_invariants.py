@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from harness.invariants import CHECKS, check_log
-from harness.replay import replay_file
+from harness.logs.invariants import CHECKS, check_log
+from harness.logs.replay import replay_file
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TRACES = sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl")))
@@ -40,8 +40,8 @@ def test_replayed_examples_satisfy_every_invariant_but_their_documented_finding(
 
 
 def test_planned_release_ack_fires_on_premature_ack_and_not_with_exact_releases(tmp_path):
-    from harness.replay import replay_records
-    from harness.eventlog.records import read_records
+    from harness.logs.replay import replay_records
+    from harness.logs.records import read_records
     path = os.path.join(ROOT, "examples", "traces", "gap_ratio_3pipelines.jsonl")
     found = check_log(decisions(path), ["planned_release_ack"])
     assert len(found) == 1 and "pb_actor_infer" in found[0].message
@@ -52,8 +52,8 @@ def test_planned_release_ack_fires_on_premature_ack_and_not_with_exact_releases(
 
 
 def test_planned_release_ack_fires_at_cycle_23_of_the_roll_trace_and_not_with_exact_releases():
-    from harness.eventlog.records import read_records
-    from harness.replay import replay_records
+    from harness.logs.records import read_records
+    from harness.logs.replay import replay_records
     path = os.path.join(ROOT, "examples", "traces", "roll_dual_4gpu.jsonl")
     found = check_log(decisions(path), ["planned_release_ack"])
     assert any("acked in cycle 23 while it still holds dp ranks [0, 1]" in v.message for v in found), found

@@ -1,5 +1,5 @@
-"""The package layers ("harness/ imports neither simulators/ nor gpu_gates/", and harness/
-is clock- and I/O-free; docs/architecture.md).
+"""The package layers ("harness/ imports neither simulators/ nor gpu_gates/", harness/ is
+clock- and transport-free, and its model core is free of every kind of I/O; docs/architecture.md).
 
 ``harness/`` is the clock-free core both runtimes interpret; ``gpu_gates/`` is the real-time
 runtime and must not lean on the simulated one; ``rlharness/`` (the command line and the
@@ -13,6 +13,12 @@ processes or read time itself: no module under it imports a transport (zmq, ray,
 multiprocessing, socket, subprocess, mmap, torch.distributed, TransferQueue) or reads the wall
 clock or sleeps (``time.time/monotonic/perf_counter/sleep``, ``datetime.now`` and kin, by
 any alias). The real transports live in ``gpu_gates/transports/``.
+
+Inside ``harness/``, the **model core** (everything but ``harness/logs/``: the scheduler, the
+control logic, the protocols, the event log's vocabulary) is stricter still: no files (no
+``open``, os, io, pathlib, shutil, tempfile, glob), no threads or event loops (threading,
+concurrent, asyncio), no torch, no plotting, no signals, and nothing from ``harness/logs/``,
+which reads and writes event logs and sits above the core.
 """
 
 from __future__ import annotations
@@ -114,18 +120,18 @@ def cmd():
 @pytest.mark.parametrize("source, module, is_package, expected", [
     (LAZY, "harness.x", False, ["harness.x:6 imports simulators.run"]),
     ("import gpu_gates.launch as g\n", "harness.x", False, ["harness.x:1 imports gpu_gates.launch"]),
-    ("import importlib\ndef f():\n    return importlib.import_module('simulators.spec')\n", "harness.x", False,
-     ["harness.x:3 imports simulators.spec"]),
+    ("import importlib\ndef f():\n    return importlib.import_module('simulators.scenario.spec')\n", "harness.x", False,
+     ["harness.x:3 imports simulators.scenario.spec"]),
     ("x = __import__('gpu_gates')\n", "harness.x", False, ["harness.x:1 imports gpu_gates"]),
-    ("from harness.replay import replay_file\nfrom . import simulators_like\n", "harness.x", False, []),
+    ("from harness.logs.replay import replay_file\nfrom . import simulators_like\n", "harness.x", False, []),
 ])
 def test_the_scan_finds_every_form_of_import(source, module, is_package, expected):
     assert layer_violations(source, module, FORBIDDEN["harness"], is_package) == expected
 
 
 def test_relative_imports_resolve_against_the_package():
-    names = [n for _, n in imported_names("from .. import replay\nfrom .cycle import plan\n", "harness.scheduler.model")]
-    assert names == ["harness", "harness.replay", "harness.scheduler.cycle", "harness.scheduler.cycle.plan"]
+    names = [n for _, n in imported_names("from .. import limits\nfrom .cycle import plan\n", "harness.scheduler.model")]
+    assert names == ["harness", "harness.limits", "harness.scheduler.cycle", "harness.scheduler.cycle.plan"]
     names = [n for _, n in imported_names("from . import model\n", "harness.scheduler", is_package=True)]
     assert names == ["harness.scheduler", "harness.scheduler.model"]
 
@@ -144,8 +150,6 @@ CLOCK_NAMES = frozenset(
     + [f"datetime.datetime.{f}" for f in ("now", "utcnow", "today")] + ["datetime.date.today", "asyncio.sleep"])
 
 #: harness module -> why it may do what the rule forbids. Empty: no module needs an exception.
-#: (The in-process store and the bucket cache use ``threading.Lock``, which is neither a
-#: transport nor a clock: the lock is part of their contract, as RLix's cache lock is.)
 IO_EXCEPTIONS: Dict[str, str] = {}
 
 
@@ -214,6 +218,77 @@ def harness_io_violations(root: str) -> Tuple[int, List[str]]:
         with open(path, encoding="utf-8") as fh:
             found += io_violations(fh.read(), module, is_package)
     return count, found
+
+
+#: the model core: every module under harness/ outside this folder
+LOGS_PACKAGE = "harness.logs"
+
+#: modules (and their submodules) no module of the model core may import, beyond IO_MODULES
+CORE_FORBIDDEN = ("os", "io", "pathlib", "shutil", "tempfile", "glob", "threading", "_thread", "concurrent",
+                  "asyncio", "torch", "matplotlib", "signal", "gc", LOGS_PACKAGE)
+
+
+def _in_core(module: str) -> bool:
+    return module.startswith("harness") and not (module == LOGS_PACKAGE or module.startswith(LOGS_PACKAGE + "."))
+
+
+@functools.lru_cache(maxsize=None)
+def core_violations(source: str, module: str, is_package: bool = False) -> List[str]:
+    """One line per source line of a model-core ``module`` that does I/O, starts threads, uses
+    torch or plotting, or reaches into ``harness/logs/``."""
+    found: Dict[int, str] = {}
+    for line, name in imported_names(source, module, is_package):
+        hit = next((m for m in CORE_FORBIDDEN if name == m or name.startswith(m + ".")), "")
+        if hit:
+            found.setdefault(line, f"imports {name} (the model core may not use {hit})")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("open", "print", "input"):
+            found.setdefault(node.lineno, f"calls {node.func.id}() (the model core does no I/O)")
+    return [f"{module}:{line} {what}" for line, what in sorted(found.items())]
+
+
+def harness_core_violations(root: str) -> Tuple[int, List[str]]:
+    """(core modules scanned, violations) for the model core under ``root``."""
+    found: List[str] = []
+    count = 0
+    for path, module, is_package in modules_of("harness", root):
+        if not _in_core(module):
+            continue
+        count += 1
+        with open(path, encoding="utf-8") as fh:
+            found += core_violations(fh.read(), module, is_package)
+    return count, found
+
+
+def test_the_model_core_does_no_io_and_uses_no_threads_torch_or_plotting():
+    count, found = harness_core_violations(ROOT)
+    assert count > 40, f"the model core has only {count} modules: the scan looks in the wrong place"
+    assert not found, ("harness/'s model core must stay free of I/O, threads, torch and plotting (file I/O "
+                       "belongs in harness/logs/, real runtimes in simulators/ or gpu_gates/):\n" + "\n".join(found))
+
+
+def test_the_log_readers_are_their_own_folder_above_the_core():
+    logs = [m for _, m, _ in modules_of("harness", ROOT) if not _in_core(m)]
+    assert {f"{LOGS_PACKAGE}.{n}" for n in ("invariants", "outputs", "replay", "importers", "writer")} <= set(logs)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import threading\n", "imports threading (the model core may not use threading)"),
+    ("import torch\n", "imports torch (the model core may not use torch)"),
+    ("def f():\n    import matplotlib.pyplot as plt\n    return plt\n", "imports matplotlib.pyplot"),
+    ("def f(p):\n    with open(p) as fh:\n        return fh.read()\n", "calls open()"),
+    ("from pathlib import Path\n", "imports pathlib (the model core may not use pathlib)"),
+    ("from harness.logs.writer import EventLog\n", "imports harness.logs.writer"),
+    ("from concurrent.futures import ThreadPoolExecutor\n", "imports concurrent.futures"),
+])
+def test_the_core_scan_fires_on_each_kind_of_io(source, expected):
+    found = core_violations(source, "harness.control.x")
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_the_core_scan_accepts_pure_code():
+    assert core_violations("import math\nfrom harness.scheduler.types import Priority\nx = math.ceil(1.5)\n",
+                           "harness.control.x") == []
 
 
 def test_harness_imports_no_transport_and_reads_no_clock():

@@ -18,8 +18,8 @@ from typing import Callable, Dict, List
 
 import pytest
 
-from harness.invariants import CHECKS, check_log
-from harness.invariants.allocations import DecisionWalk
+from harness.logs.invariants import CHECKS, check_log
+from harness.logs.invariants.allocations import DecisionWalk
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -29,7 +29,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 @pytest.fixture(scope="module")
 def sim_log() -> List[dict]:
     from simulators.run import Simulation
-    from simulators.spec import default_scenario
+    from simulators.scenario.spec import default_scenario
 
     res = Simulation(default_scenario()).run()
     assert res.reason == "done" and check_log(res.records) == []
@@ -39,8 +39,8 @@ def sim_log() -> List[dict]:
 @pytest.fixture(scope="module")
 def roll_log() -> List[dict]:
     """The ROLL trace's inputs and replayed decisions, with exact planned releases (valid)."""
-    from harness.check import oracle_log
-    from harness.eventlog.records import read_records
+    from harness.logs.check import oracle_log
+    from harness.logs.records import read_records
 
     path = os.path.join(ROOT, "examples", "traces", "roll_dual_4gpu.jsonl")
     records = read_records(path)
@@ -315,7 +315,7 @@ def test_every_check_has_a_mutation_test():
 # ---------------------------------------------------------------- fault hooks
 
 def _scenario(name):
-    from simulators.scenario import load_scenario
+    from simulators.scenario.loader import load_scenario
     return load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
 
 

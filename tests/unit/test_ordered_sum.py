@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 
 from harness.ordered_sum import ordered_sum
-from harness.outputs import summarize
-from simulators.runtime import Simulation
-from simulators.spec import default_scenario
+from harness.logs.outputs import summarize
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.spec import default_scenario
 
 
 def _left_to_right(values):

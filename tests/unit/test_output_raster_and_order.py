@@ -14,9 +14,9 @@ import random
 import numpy as np
 import pytest
 
-from harness.outputs.canonical_order import column_order, sort_canon_last
-from harness.outputs.timeline import DETAIL_GPUS, KIND_STYLE, render_timeline_png
-from harness.outputs.timeline_raster import bar_image, coverage
+from harness.logs.outputs.canonical_order import column_order, sort_canon_last
+from harness.logs.outputs.timeline import DETAIL_GPUS, KIND_STYLE, render_timeline_png
+from harness.logs.outputs.timeline_raster import bar_image, coverage
 from tests.unit.output_logs import dense_log as _dense_log
 
 
@@ -128,8 +128,8 @@ def test_up_to_the_detail_limit_bars_are_polygons(monkeypatch):
     """At the detail limit and below, bars stay polygons (hatching, labels); one GPU more
     and the picture is one image (the bundled 64-GPU scenario's is: its polygons cost 17x
     the simulation)."""
-    from harness.outputs import timeline
-    from harness.outputs.run_view import RunView
+    from harness.logs.outputs import timeline
+    from harness.logs.outputs.run_view import RunView
 
     log = _dense_log()
     n = len(RunView(log).gpus)
@@ -147,7 +147,7 @@ def test_up_to_the_detail_limit_bars_are_polygons(monkeypatch):
 def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
     import dataclasses
 
-    from harness.outputs.intervals import _EFFECT_FIELDS, EffectInterval, effect_intervals
+    from harness.logs.outputs.intervals import _EFFECT_FIELDS, EffectInterval, effect_intervals
 
     assert _EFFECT_FIELDS == tuple(f.name for f in dataclasses.fields(EffectInterval))
     (iv,) = effect_intervals([r for r in _dense_log() if r["kind"] != "rank_state"][:3])
@@ -160,7 +160,7 @@ def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
 def test_rank_intervals_are_built_with_every_field_of_the_dataclass():
     import dataclasses
 
-    from harness.outputs.intervals import _RANK_FIELDS, RankInterval, rank_intervals
+    from harness.logs.outputs.intervals import _RANK_FIELDS, RankInterval, rank_intervals
 
     assert _RANK_FIELDS == tuple(f.name for f in dataclasses.fields(RankInterval))
     recs = [r for r in _dense_log() if r["kind"] == "rank_state"]
@@ -176,7 +176,7 @@ def test_rank_intervals_are_built_with_every_field_of_the_dataclass():
 def test_new_slice_is_the_dataclass_with_every_field():
     import dataclasses
 
-    from harness.outputs.intervals import GpuSlice, new_slice
+    from harness.logs.outputs.intervals import GpuSlice, new_slice
 
     fields = dict(gpu=3, start=1.5, end=2.0, kind="train", pipeline_id="p", label="Compute p", args={"a": 1}, seq=9)
     made = new_slice(*fields.values())
@@ -189,8 +189,8 @@ def test_new_slice_is_the_dataclass_with_every_field():
 def test_a_views_two_lane_sets_are_each_assign_lanes_of_its_slices():
     """The trace's lanes (every slice) and the picture's (without kind "other") share one
     sort; each must still be assign_lanes of its own slices."""
-    from harness.outputs.lanes import assign_lanes
-    from harness.outputs.run_view import RunView
+    from harness.logs.outputs.lanes import assign_lanes
+    from harness.logs.outputs.run_view import RunView
 
     recs = _dense_log(nodes=1, gpn=8)
     sim_end = recs.pop()

@@ -14,10 +14,10 @@ import os
 import numpy as np
 import pytest
 
-from harness.outputs.allocation_timeline import PRIORITY_STYLE, Hold, allocation_holds, render_allocation_png
-from harness.outputs.run_view import RunView
-from harness.outputs.timeline import time_label
-from harness.outputs.timeline_rows import PIPELINE_BAND, row_image, row_layout
+from harness.logs.outputs.allocation_timeline import PRIORITY_STYLE, Hold, allocation_holds, render_allocation_png
+from harness.logs.outputs.run_view import RunView
+from harness.logs.outputs.timeline import time_label
+from harness.logs.outputs.timeline_rows import PIPELINE_BAND, row_image, row_layout
 from rlharness.cli import main
 from tests.cli.test_cli_error_contract import ROOT, run_error
 

@@ -28,7 +28,7 @@ from harness.scheduler.types import (
     SignalOp,
 )
 from harness.scheduler.validation import validate_plan
-from harness.topology import ClusterTopology
+from harness.scheduler.topology import ClusterTopology
 
 P_INF, P_TRN = "P_actor_infer", "P_actor_train"
 Q_INF, Q_TRN = "Q_actor_infer", "Q_actor_train"

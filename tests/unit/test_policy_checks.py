@@ -1,14 +1,14 @@
-"""The oracle's policy parameters (harness/invariants/policy_rules.py) on crafted logs: the
+"""The oracle's policy parameters (harness/logs/invariants/policy_rules.py) on crafted logs: the
 same log, with only the header's ``scheduler.policy`` changed, is or is not a finding, as
-docs/policies.md says; and the policy figures (harness/outputs/policy_figures.py) counted
+docs/policies.md says; and the policy figures (harness/logs/outputs/policy_figures.py) counted
 by hand on a tiny log."""
 
 from __future__ import annotations
 
 import copy
 
-from harness.invariants import check_log
-from harness.outputs.policy_figures import policy_figures
+from harness.logs.invariants import check_log
+from harness.logs.outputs.policy_figures import policy_figures
 from harness.scheduler.options import SchedulerOptions
 from tests.unit.test_mutations import reseq, sim_log  # noqa: F401 (a fixture)
 

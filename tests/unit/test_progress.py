@@ -20,7 +20,7 @@ from harness.scheduler.progress import (
     ProgressStore,
 )
 from harness.scheduler.types import Priority, Rejected
-from harness.topology import ClusterTopology
+from harness.scheduler.topology import ClusterTopology
 
 # --------------------------------------------------------------------------- ProgressStore
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from harness.refit import stream as proto
-from simulators.refit import StreamCosts, predict_sync_seconds
+from simulators.refit.sync import StreamCosts, predict_sync_seconds
 from tests.unit.refit_pair import Log, drive_sender, endpoint, run_pair, specs_of_sizes  # noqa: F401 (fixture)
 
 BUDGET = 16384

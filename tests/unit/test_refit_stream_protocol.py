@@ -1,7 +1,7 @@
 """The sans-IO refit stream protocol (harness/refit/stream.py) and invariant 18 over it.
 
 The sender is driven with an instant runtime; its effects become the wire records the
-real transport writes, and invariant 18 (harness/invariants/refit_wire.py) reads them.
+real transport writes, and invariant 18 (harness/logs/invariants/refit_wire.py) reads them.
 Sizes are drawn around the alignment and buffer boundaries (Hypothesis)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from harness.refit import stream as proto
 from tests.unit.refit_pair import drive_sender, specs_of_sizes
 

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from harness.refit import stream as proto
 from tests.unit.refit_pair import drive_sender, endpoint  # noqa: F401  (fixture)
 

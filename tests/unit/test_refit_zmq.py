@@ -18,7 +18,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from harness.refit import stream as proto
 from gpu_gates.transports import staging, zmq_stream as zs
 from tests.unit.refit_pair import Log, endpoint, run_pair  # noqa: F401  (fixture)

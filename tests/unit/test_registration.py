@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-# harness.scheduler must be imported before harness.topology (see the circular-import test).
+# harness.scheduler must be imported before harness.scheduler.topology (see the circular-import test).
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.types import (
     ACTOR_TRAIN,
@@ -29,7 +29,7 @@ from harness.scheduler.types import (
     is_generation_cluster,
     parse_cluster_id,
 )
-from harness.topology import (
+from harness.scheduler.topology import (
     ClusterTopology,
     TopologyError,
     build_pipeline_entry,
@@ -199,7 +199,7 @@ def test_tp_in_248_larger_than_node_but_not_multiple_is_rejected(topo, tp, mappi
 
 
 def test_harness_topology_importable_on_its_own():
-    proc = subprocess.run([sys.executable, "-c", "import harness.topology"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-c", "import harness.scheduler.topology"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr[-500:]
 
 
@@ -326,7 +326,7 @@ def test_unknown_cluster_name_rejected_by_model_register():
 def test_a_request_for_a_cluster_the_pipeline_never_registered_is_refused_where_rlix_would_enqueue():
     """RLix has no such check: its refusals (registry, admission, allocation, duplicate) come
     first, and a release-then-request's release sticks before the enqueue is refused."""
-    from harness.topology import ClusterTopology
+    from harness.scheduler.topology import ClusterTopology
 
     m = SchedulerModel(ClusterTopology(1, 2))
     m.register("ft_a", {"actor_train": 1, "actor_infer": 1}, {"actor_train": [0], "actor_infer": [0, 1]})

@@ -11,17 +11,17 @@ from typing import Dict, List, Optional, Set
 
 import pytest
 
-from harness.invariants.release_reuse import reactivated_after_release
+from harness.logs.invariants.release_reuse import reactivated_after_release
 from harness.eventlog.kinds import category
-from harness.eventlog.records import Record
-from harness.replay import _Feeder
+from harness.logs.records import Record
+from harness.logs.replay import _Feeder
 from harness.scheduler.model import SchedulerModel
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.types import Rejected
-from harness.topology import ClusterTopology
-from simulators.runtime import Simulation
-from simulators.scenario import load_scenario
-from simulators.spec import default_scenario
+from harness.scheduler.topology import ClusterTopology
+from simulators.runtime.simulation import Simulation
+from simulators.scenario.loader import load_scenario
+from simulators.scenario.spec import default_scenario
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -201,7 +201,7 @@ def _train_releases_after_the_fault(records):
 
 
 def test_release_after_offload_releases_the_training_gpus_when_the_sync_fails():
-    from harness.invariants import check_log
+    from harness.logs.invariants import check_log
     miles, main = _release_run(True), _release_run(False)
     assert miles.reason == main.reason == "failed"
     (rel,) = _train_releases_after_the_fault(miles.records)
@@ -238,7 +238,7 @@ def test_reactivated_after_release_counts_an_expand_whose_cycle_never_commits():
 
 
 def test_the_demand_floor_with_another_policy_is_refused_naming_the_field(tmp_path):
-    from simulators.scenario import ScenarioError, load_scenario as load
+    from simulators.scenario.loader import ScenarioError, load_scenario as load
     text = open(os.path.join(ROOT, "examples", "scenarios", "default.yaml")).read()
     path = tmp_path / "x.yaml"
     path.write_text(text + "\nscheduler: {policy: static_partition, demand_floor: true}\n")

@@ -8,7 +8,7 @@ import pytest
 
 from harness.scheduler import Priority, Rejected, SchedulerModel, SchedulerOptions
 from harness.scheduler.progress import ProgressReport
-from harness.topology import ClusterTopology
+from harness.scheduler.topology import ClusterTopology
 
 GEN, TRN, INIT = Priority.GENERATION, Priority.ACTOR_TRAINING, Priority.INITIALIZATION
 

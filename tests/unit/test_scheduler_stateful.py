@@ -31,7 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from harness.scheduler import Priority, Rejected, SchedulerModel
 from harness.scheduler.progress import ProgressReport
 from harness.scheduler.types import GENERATION_CLUSTER, cluster_id_of, parse_cluster_id
-from harness.topology import ClusterTopology
+from harness.scheduler.topology import ClusterTopology
 
 ALL = list(Priority)
 ESTIMATES = st.sampled_from([True, True, True, False]).flatmap(lambda pos: st.integers(1, 16) if pos else st.none())

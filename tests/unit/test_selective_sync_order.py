@@ -117,8 +117,8 @@ def test_a_yielding_handler_is_refused_by_the_blocking_runner():
 def test_a_log_in_the_retired_sync_vocabulary_is_refused_naming_the_kind(tmp_path, kind, now):
     import json
 
-    from harness.eventlog.records import InputError, read_records
-    from harness.eventlog.writer import dumps, header_record
+    from harness.logs.records import InputError, read_records
+    from harness.logs.writer import dumps, header_record
 
     path = tmp_path / "old.jsonl"
     path.write_text(dumps({**header_record({"nodes": 1, "gpus_per_node": 2}), "seq": 0, "t": 0}) + "\n"

@@ -1,4 +1,4 @@
-"""GPU slices built, sorted and read as columns (harness/outputs/slice_columns.py) are
+"""GPU slices built, sorted and read as columns (harness/logs/outputs/slice_columns.py) are
 the slices the objects gave: the same fields in the same order, the same lanes, the
 same per-GPU times in the summary and the same picture when some slices are left out."""
 
@@ -9,9 +9,9 @@ from collections import defaultdict
 
 import pytest
 
-from harness.outputs.intervals import EffectInterval, GpuSlice, RankInterval, effect_label
-from harness.outputs.lanes import assign_lanes
-from harness.outputs.slice_columns import SLICE_FIELDS, slice_columns_of
+from harness.logs.outputs.intervals import EffectInterval, GpuSlice, RankInterval, effect_label
+from harness.logs.outputs.lanes import assign_lanes
+from harness.logs.outputs.slice_columns import SLICE_FIELDS, slice_columns_of
 from tests.unit.output_logs import dense_log
 
 
@@ -80,8 +80,8 @@ def test_no_intervals_no_slices():
 def test_the_summarys_per_gpu_times_are_those_of_each_gpus_slices():
     """The summary splits the columns into each GPU's run (they are sorted by GPU); the
     times must be those of the GPU's slices picked out one by one."""
-    from harness.outputs.run_view import RunView
-    from harness.outputs.summary import _exclusive_gpu_time, summarize
+    from harness.logs.outputs.run_view import RunView
+    from harness.logs.outputs.summary import _exclusive_gpu_time, summarize
 
     view = RunView(dense_log(nodes=2))
     by_gpu = defaultdict(list)
@@ -100,7 +100,7 @@ def test_the_summarys_per_gpu_times_are_those_of_each_gpus_slices():
 def test_a_picture_that_leaves_slices_out_draws_the_rest(monkeypatch, nodes):
     """A slice whose picture kind has no style is left out of the picture (its columns
     filtered, its lanes assigned anew): the same picture as a log without it."""
-    from harness.outputs import timeline
+    from harness.logs.outputs import timeline
 
     recs = dense_log(nodes)
     # the same run with a wait more, overlapping the training on GPU 0 (a lane of its own)

@@ -1,4 +1,4 @@
-"""The refit stream's ACKs as wait-for edges (harness/invariants/waitfor_refit.py): crafted
+"""The refit stream's ACKs as wait-for edges (harness/logs/invariants/waitfor_refit.py): crafted
 logs that make ``deadlock`` and ``lost_wakeup`` fire through them, and a real stream on the
 ZMQ transport whose receiver dies holding its ACK."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from harness.invariants import check_log
+from harness.logs.invariants import check_log
 from tests.unit.refit_pair import Log, endpoint  # noqa: F401  (fixture)
 
 WAITS = ["deadlock", "lost_wakeup", "hot_state"]
@@ -54,7 +54,7 @@ WHOLE = BEGIN + [_send(0), _recv(0), _ack(0), _send(1), _recv(1), _ack(1), ("ref
 
 def test_a_whole_stream_leaves_no_wait_and_every_prefix_has_the_lockstep_waits():
     assert check_log(_log(*WHOLE), WAITS + ["refit_wire"]) == []
-    from harness.invariants.waitfor import wait_graph
+    from harness.logs.invariants.waitfor import wait_graph
 
     mid = wait_graph(_log(*WHOLE[:3]))  # group 0 sent, not yet received: both sides wait
     assert sorted((w.waiter, w.on, w.what) for w in mid.waits) == [
@@ -103,7 +103,7 @@ def test_a_new_stream_of_the_same_key_is_judged_on_its_own():
     second = [("refit_stream_begin", S, {"budget_bytes": 4096, "half_bytes": 2048, "tensors": 2}), _send(0)]
     found = check_log(_log(*WHOLE, *second), WAITS)
     assert found == []
-    from harness.invariants.waitfor import wait_graph
+    from harness.logs.invariants.waitfor import wait_graph
 
     assert [(w.waiter, w.on) for w in wait_graph(_log(*WHOLE, *second)).waits] == [("sender", "receiver")]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.outputs.waste import scheduler_waste
+from harness.logs.outputs.waste import scheduler_waste
 
 
 def rs(t, kind, phase, ranks, cycle, pid="p"):
@@ -89,9 +89,9 @@ def test_an_open_cycle_is_lock_held_and_comes_first():
 def test_every_cause_in_a_real_run():
     """One bundled scenario per cause, each the cause it is about."""
     import os
-    from simulators.runtime import Simulation
-    from simulators.scenario import load_scenario
-    from harness.outputs.summary import summarize
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
+    from harness.logs.outputs.summary import summarize
     root = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "scenarios")
     for name, cause in (("gen_request_without_demand", "no_demand"), ("ungrantable_preemption", "ungrantable"),
                         ("finished_pipeline_keeps_gen", "planner_cap"), ("default", "lock_held")):

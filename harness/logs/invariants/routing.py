@@ -1,0 +1,218 @@
+"""Routing invariants: requests go only to routable ranks that hold weights, and no
+request is lost or completed twice (an aborted request is dispatched again) (8); every
+dispatch goes where RLix's router sends it, and the ranks of one resize join routing
+together (20); liveness (17)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Set, Tuple
+
+from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.hot_states import hot_bound
+from harness.logs.invariants.waitfor import WAIT_KINDS, WAIT_SEES, WaitGraph, caller_of, describe, wait_graph
+
+
+@invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
+def routing(records: Records) -> List[Violation]:
+    out: List[Violation] = []
+    state: Dict[Tuple[str, int], str] = {}
+    version: Dict[Tuple[str, int], object] = {}
+    inflight: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank
+    done: Set[Tuple[str, int]] = set()
+    for r in records:
+        k = r["kind"]
+        if k == "rank_state":
+            key = (r["pipeline_id"], r["dp_rank"])
+            state[key] = r["state"]
+            version[key] = r.get("version")
+        elif k == "request_dispatch":
+            key, req = (r["pipeline_id"], r["dp_rank"]), (r["pipeline_id"], r["request"])
+            if state.get(key) != "routable":
+                out.append(Violation("routing", r["seq"], f"request {req[1]} dispatched to {key[0]} dp{key[1]} in state {state.get(key, 'unknown')}"))
+            if r.get("version") is None:
+                out.append(Violation("routing", r["seq"], f"request {req[1]} dispatched to {key[0]} dp{key[1]}, which holds no weights"))
+            if req in done:
+                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} dispatched after it completed"))
+            if req in inflight:
+                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} dispatched twice"))
+            inflight[req] = r["dp_rank"]
+        elif k == "request_done":
+            req = (r["pipeline_id"], r["request"])
+            if req in done:
+                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} completed twice"))
+            if inflight.pop(req, None) != r["dp_rank"]:
+                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} completed on dp{r['dp_rank']} where it was not running"))
+            done.add(req)
+        elif k == "request_abort":
+            req = (r["pipeline_id"], r["request"])
+            if inflight.pop(req, None) is None:
+                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} aborted while not running"))
+    return out
+
+
+def _dp_sizes(records: Records) -> Dict[str, int]:
+    """Inference DP ranks per pipeline, from its registration: len(actor_infer mapping) / tp."""
+    sizes: Dict[str, int] = {}
+    for r in records:
+        if r["kind"] == "register":
+            mapping = r["cluster_device_mappings"].get("actor_infer")
+            tp = r["cluster_tp_configs"].get("actor_infer") or 1
+            if mapping:
+                sizes[r["pipeline_id"]] = len(mapping) // tp
+    return sizes
+
+
+@invariant("routing_policy", reads=("register", "rank_state", "effect_start", "effect_end", "request_dispatch"))
+def routing_policy(records: Records) -> List[Violation]:
+    """Each dispatch goes to the rank RLix's router picks given the routable set at that
+    moment — round robin per request, one cursor over the DP indices 0..dp_size-1 that
+    skips ranks not routable (NeMo ``_select_next_active_dp_rank``) — and the ranks of
+    one ``Activate`` join routing together: no request is routed while some of them are
+    routable and others not yet. The cursor is rebuilt from the log alone (it starts at
+    0 and moves past every rank a dispatch went to); after a wrong dispatch it follows
+    the rank actually used, and the wrong dispatches of one routable set are reported
+    once, with their count."""
+    out: List[Violation] = []
+    sizes = _dp_sizes(records)
+    routable: Dict[str, Set[int]] = {}
+    cursor: Dict[str, int] = {}
+    joining: Dict[str, Tuple[int, Set[int]]] = {}  # pipeline -> (seq of Activate start, its ranks)
+    wrong: Dict[str, List] = {}  # pipeline -> [first violation seq, message, count] for the current set
+
+    def flush(pid: str) -> None:
+        w = wrong.pop(pid, None)
+        if w is not None:
+            extra = f" ({w[2]} dispatches off the round robin while this set was routable)" if w[2] > 1 else ""
+            out.append(Violation("routing_policy", w[0], w[1] + extra))
+
+    for r in records:
+        k = r["kind"]
+        if k == "rank_state":
+            pid, dp = r["pipeline_id"], r["dp_rank"]
+            ranks = routable.setdefault(pid, set())
+            was = dp in ranks
+            (ranks.add if r["state"] == "routable" else ranks.discard)(dp)
+            if was != (dp in ranks):
+                flush(pid)
+        elif k == "effect_start" and r["effect"] == "Activate":
+            joining[r["pipeline_id"]] = (r["seq"], set(r["args"]["ranks"]))
+        elif k == "effect_end" and r["effect"] == "Activate":
+            joining.pop(r["pipeline_id"], None)
+        elif k == "request_dispatch":
+            pid, dp = r["pipeline_id"], r["dp_rank"]
+            ranks = routable.get(pid, set())
+            join = joining.get(pid)
+            if join is not None and join[1] & ranks and not join[1] <= ranks:
+                out.append(Violation("routing_policy", r["seq"],
+                                     f"request {r['request']} of {pid} routed while the ranks {sorted(join[1])} of one "
+                                     f"Activate (seq {join[0]}) join routing one at a time: only {sorted(join[1] & ranks)} routable"))
+            n = sizes.get(pid)
+            if not n or not ranks:
+                continue  # unknown pipeline size, or nothing routable (the routing check reports that)
+            at = cursor.get(pid, 0)  # (always below n)
+            # the cursor's own rank when routable (most dispatches), else the next routable one
+            expected = at if at in ranks else next(((at + i) % n for i in range(n) if (at + i) % n in ranks), None)
+            if expected is not None and dp != expected:
+                w = wrong.get(pid)
+                if w is None:
+                    wrong[pid] = [r["seq"], f"request {r['request']} of {pid} routed to dp{dp}; round robin from cursor "
+                                            f"{at} over routable {sorted(ranks)} sends it to dp{expected}", 1]
+                else:
+                    w[2] += 1
+            cursor[pid] = (dp + 1) % n
+    for pid in sorted(wrong):
+        flush(pid)
+    return out
+
+
+#: How long a waiter must have waited, with its pipeline showing no progress, for a run
+#: cut by its horizon to count it as stalled: RLix's longest fail-fast deadline
+#: (``RLIX_NOTIFY_READY_TIMEOUT_S``, 300 s) by default; a log whose header carries the
+#: scenario's own deadlines (``meta.timeouts``) uses the longest of those
+#: (harness/logs/invariants/hot_states.py ``hot_bound``). Anything shorter is a run still going.
+STALL_WINDOW_S = DEFAULT_STALL_WINDOW_S = 300.0
+
+# records that show a pipeline is still moving: work finished, a batch taken
+_PROGRESS_KINDS = ("request_done", "batch_consumed", "effect_end")
+
+
+def _chain_of(graph: WaitGraph, start: dict) -> str:
+    """"; chain of waits: ..." for an effect that waits in the wait-for graph, else ""."""
+    chain = graph.chain(caller_of(start))
+    return f"; chain of waits: {describe(chain, graph.exited)}" if chain else ""
+
+
+def _ends_at_horizon(records: Records) -> bool:
+    """Whether the log's last ``sim_end`` (the one the walk below keeps) says ``horizon``:
+    found from the end, so a finished million-record run skips the walk at once."""
+    for r in reversed(records):
+        if r["kind"] == "sim_end":
+            return r["reason"] == "horizon"
+    return False
+
+
+@invariant("liveness", reads=("effect_start", "effect_end", "enqueued", "release_pending", "signalled", "sim_end",
+                               "register", "request_done", "batch_consumed"), sees=("header",) + WAIT_KINDS + WAIT_SEES)
+def liveness(records: Records) -> List[Violation]:
+    """Every pending request and planned release is eventually signalled (or errored) (invariant 17).
+
+    Reaching the horizon is an outcome of its own, not a finding: a run cut while it was
+    progressing passes. A waiter left at the horizon is a stall only when it has waited at
+    least :data:`STALL_WINDOW_S` and its pipeline logged no progress (a request done, a batch
+    consumed, an effect ended) during that last window: then nothing was going to release it.
+    An open effect that waits in the wait-for graph (a coordinator-lock acquire) names its
+    chain of waits (harness/logs/invariants/waitfor.py)."""
+    window = hot_bound(records)
+    out: List[Violation] = []
+    if not _ends_at_horizon(records):
+        return out  # the walk below finds a stall only in a run cut by its horizon
+    waiting: Dict[int, Tuple[int, float, str, str]] = {}  # request id -> (seq, t, cluster, what)
+    open_effects: Dict[Tuple[str, str, str], dict] = {}
+    last_progress: Dict[str, float] = {}
+    pipelines: List[str] = []
+    end = None
+    for r in records:
+        k = r["kind"]
+        if k in _PROGRESS_KINDS and "pipeline_id" in r:
+            last_progress[r["pipeline_id"]] = r["t"]
+        if k in ("effect_start", "effect_end"):
+            key = (r["pipeline_id"], r["effect"], r.get("scope", ""))
+            if k == "effect_start":
+                open_effects[key] = r
+            else:
+                open_effects.pop(key, None)
+        elif k == "register":
+            pipelines.append(r["pipeline_id"])
+        elif k == "enqueued":
+            waiting[r["request_id"]] = (r["seq"], r["t"], r["cluster_id"], f"request of {r['cluster_id']} at {r['priority']}")
+        elif k == "release_pending":
+            waiting[r["request_id"]] = (r["seq"], r["t"], r["cluster_id"], f"await_release of {r['cluster_id']}")
+        elif k == "signalled":
+            waiting.pop(r["request_id"], None)
+        elif k == "sim_end":
+            end = r
+    if end is None or end["reason"] != "horizon":
+        return out
+    cutoff = end["t"] - window
+
+    def stalled(pid: str, since: float) -> bool:
+        return since <= cutoff and last_progress.get(pid, float("-inf")) <= cutoff
+
+    def owner(cluster_id: str) -> str:
+        # cluster ids are "<pipeline>_<cluster>"; a log without its register records falls
+        # back on the cluster names every pipeline has (actor_train, actor_infer)
+        return next((p for p in pipelines if cluster_id.startswith(p + "_")), cluster_id.rsplit("_actor_", 1)[0])
+
+    for rid, (seq, t, cid, what) in sorted(waiting.items()):
+        if stalled(owner(cid), t):
+            out.append(Violation("liveness", end["seq"], f"{what} (request {rid}, enqueued at seq {seq}, t={t:.1f}s) "
+                                 f"never returned; its pipeline made no progress in the last {window:g} s"))
+    graph: List[WaitGraph] = []  # built once, only when an effect stalled
+    for (pid, effect, scope), start in sorted(open_effects.items()):
+        if stalled(pid, start["t"]):
+            if not graph:
+                graph.append(wait_graph(records))
+            step = f" of step {start['step']}" if start.get("step") is not None else ""
+            out.append(Violation("liveness", end["seq"], f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
+                                 f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}"))
+    return out

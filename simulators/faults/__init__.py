@@ -1,0 +1,1 @@
+"""Fault hooks: failures users reported, and breaks of what the oracle checks."""

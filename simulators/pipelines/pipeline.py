@@ -1,0 +1,433 @@
+"""One simulated pipeline: interprets the harness control logic in simulated time.
+
+``drive`` runs a control generator (``harness.control.nemo_async``, ``roll_sync``,
+``resize.expand_order`` / ``shrink_order``), logging ``effect_start``/``effect_end``
+around every effect and dispatching it to a handler here. Handlers cost modelled time
+(``CostSpec``), move memory in the VRAM ledger, drive rank lifecycles and the router,
+and call the scheduler model through the :class:`~simulators.runtime.simulation.Simulation`.
+The order of anything is decided by the control logic, never here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from harness.control.context import PipelineContext
+from harness.control.engine import EngineConfig, EngineTags
+from harness.control.cycle import run_resize
+from harness.control.effects import TRAINER_EFFECTS
+from harness.control.interpret import HALT, Handling, drive, interpret
+from harness.control.lifecycle import pipeline_run
+from harness.control.residency import TrainerSwitches
+from harness.control.rank_state import RankLifecycle, RankStateError
+from harness.control.resize import COORDINATOR_GONE
+from harness.control.reporting import clear_progress_due, request_input
+from harness.control.versions import VersionBook, VersionError
+from harness.control.watchdog import watchdog_alive, watchdog_tick
+from harness.scheduler.progress import CoordinatorProgress
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
+from simulators.pipelines.cache_lock import CacheLock
+from simulators.runtime.cluster import HostOutOfMemory, OutOfMemory
+from simulators.pipelines.dataplane import DataPlaneSim
+from simulators.pipelines.engine_effects import EngineEffects
+from simulators.runtime.env import Actor, Link, Timer
+from simulators.faults.field import FieldFaults
+from simulators.pipelines.inference import RankSim, Router, decode_step_time
+from simulators.pipelines.rollouts import RolloutEffects
+from simulators.pipelines.training import TrainingEffects
+from simulators.faults.oracle import OracleFaults, request_under_lock
+from simulators.refit.groups import WeightSyncGroups
+from simulators.pipelines.ranks import RankEffects
+from simulators.refit.sync import RefitEffects
+from simulators.runtime.simulation import SimFailure, Simulation
+from simulators.scenario.spec import PipelineSpec
+from simulators.runtime.timeouts import Deadlines
+from simulators.pipelines.workload import Collector, ReplayBuffer
+
+TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (docs/modelled-systems.md#rlix-selective-sync)
+_TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old_log_probs",
+                   Priority.ACTOR_TRAINING: "train"}
+
+
+class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
+    """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
+    :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
+    (pipeline_training.py), workload effects and trajectory collection from
+    :class:`RolloutEffects` (pipeline_rollouts.py), the field-report fault hooks from
+    :class:`FieldFaults` (field_faults.py), the oracle's fault hooks from :class:`OracleFaults`
+    (oracle_faults.py); lifecycle, scheduler and coordinator-lock
+    effects, the generation watchdog and the effect dispatch are here."""
+
+    def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
+        self.sim, self.spec, self.index = sim, spec, index
+        self.env = sim.env
+        self.pid = spec.name
+        self.costs = spec.costs or sim.scenario.costs
+        nemo = spec.type == "nemo_async"
+        self.ctx = PipelineContext(
+            pipeline_id=spec.name, kind=spec.type, steps=spec.steps, sleep_level=spec.sleep_level,
+            step_target=spec.workload.trajectories_per_step,
+            gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
+            versions=VersionBook(clamp_bootstrap=nemo),
+            release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
+            trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
+                                    offload_nccl=spec.offload_nccl),
+            engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))
+        self.train_gpus = tuple(sorted(spec.train_gpus))
+        infer = sorted(spec.infer_gpus)
+        tp = spec.infer_tp
+        self.ranks: Dict[int, RankSim] = {
+            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r),
+                       engine=EngineTags(f"{self.pid} dp{r}"))
+            for r in range(len(infer) // tp)
+        }
+        w = spec.workload
+        # NeMo re-dispatches a preempted turn at most min(3, dp_size) times; ROLL migrates without limit
+        attempts = min(3, len(infer) // tp) if nemo else None
+        self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
+                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up,
+                             decode_step_time(w, spec.model))
+        self.router.ranks = self.ranks
+        seed = np.random.SeedSequence([sim.scenario.seed, index])
+        ahead = w  # fault stale_batch: generation runs two more steps ahead (oracle_faults.py)
+        if any(f.name == "stale_batch" and f.pipeline == self.pid for f in sim.scenario.faults):
+            ahead = dataclasses.replace(w, max_trajectory_age_steps=w.max_trajectory_age_steps + 2)
+        self.collector = Collector(ahead, "async" if nemo else "sync", np.random.default_rng(seed))
+        self.buffer = ReplayBuffer()
+        self.progress = CoordinatorProgress(self.pid)
+        self.batch_step: Optional[int] = None  # the step whose batch is being collected
+        self.batch_ready = self.env.event()
+        # RLix's coordinator _resize_sync_lock (a threading.Lock: no order among waiters, so
+        # an explored run picks the next holder); == simpy.Resource(env, 1), cheaper (see Link)
+        self.lock = Link(self.env, 1, unordered=True)
+        self._lock_req: List[Any] = []
+        self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
+        self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # run-level effect class -> bound handler
+        self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
+        self.train_loaded: set = set()  # training-state kinds on the training GPUs
+        self.train_comm_live = False  # training process groups exist (their buffers are resident)
+        self.train_phase = "init"  # the phase whose loads are being charged (vram records' phase)
+        self.leaked_train_state = False
+        self.steps_done = 0
+        self.finished = False
+        self.gone = False  # unregistered and torn down: its coordinator is dead
+        self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
+        self.progress_hooks = "noop_progress_hooks" not in self.faults
+        self.weight_bytes = spec.model.weight_bytes
+        # read on every completion: the frozen spec's values, looked up once
+        self._per_step = w.trajectories_per_step
+        self._max_age = w.max_trajectory_age_steps
+        self._sync_targets_of: Dict[Tuple[int, ...], Tuple[List[int], List[int]]] = {}  # RefitEffects._sync_targets
+        self._sync_plans: Dict[Tuple[int, ...], Tuple[Any, Any, Any]] = {}  # RefitEffects._sync_plan
+        self._bucket_sizes_kept: Optional[Tuple[int, ...]] = None  # RefitEffects._bucket_sizes
+        self.cache_versions: List[int] = []
+        self.cache_lock = CacheLock(sim, self.pid, self if "lost_cache_handoff" in self.faults else None)
+        self.deadlines = Deadlines(sim, self.pid, index)
+        if "stamp_at_completion" in self.faults:
+            self.router.stamp_at_completion = lambda: self._armed_once("stamp_at_completion")
+        self._abort_hung = 0  # requests a shrink's abort left undrainable (fault abort_never_wakes)
+        self.dataplane = None if spec.data_plane is None else DataPlaneSim(self, spec.data_plane)
+        # one-shot field-report faults (field_faults.py) that already fired
+        self._straggled = self._crashed = self._params_left = self._estimate_dropped = self._expand_failed = False
+        self._active_sync_failed = False
+
+    # ------------------------------------------------------------------ lifecycle of the pipeline
+    def main(self):
+        """The pipeline's process: ``harness.control.lifecycle.pipeline_run`` (the gate's
+        driver runs the same generator), after the scenario's start delay."""
+        try:
+            if self.spec.start_s > 0:
+                yield self.env.timeout(self.spec.start_s)
+            if self.spec.weight_sync_groups is not None:  # the groups exist before the first sync
+                groups = WeightSyncGroups(self.sim, self.index, self.pid, self.spec.weight_sync_groups)
+                groups.start()
+                yield groups.done
+            yield from interpret(pipeline_run(self.ctx), self._handle)
+        except (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError) as e:
+            self._failed(self.pid, e)
+
+    def _failed(self, where: str, e: Exception) -> None:
+        """The simulated system failed: end the run, with an ``oom`` / ``host_oom`` record
+        when memory ran out (a modelled failure, never an exception escaping the run)."""
+        sim = self.sim
+        sim.fail(f"{where}: {e}")
+        if isinstance(e, OutOfMemory):
+            sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+        elif isinstance(e, HostOutOfMemory):
+            sim.emit("host_oom", node=e.node, owner=e.owner, requested=e.requested, used=e.used, capacity=e.capacity)
+
+    def resize(self, phase: str, ranks: List[int], cycle: int):
+        """A coordinator resize_infer call (runs as its own process), interpreted by
+        ``harness.control.cycle.run_resize`` (which writes its resize records)."""
+        yield from run_resize(self.ctx, phase, ranks, cycle, self._handle, self._resize_record,
+                              lambda exc: self._resize_failed(phase, ranks, exc),
+                              self._after_expand if phase == "expand" else None)
+
+    def _after_expand(self) -> None:
+        if not self.gone:
+            self._maybe_crash_after_refit()
+
+    def _resize_record(self, kind: str, fields: Dict[str, Any]) -> None:
+        self.sim.log.emit(kind, self.env.now, **fields)
+
+    def _resize_failed(self, phase: str, ranks: List[int], e: Exception) -> None:
+        if not isinstance(e, (SimFailure, OutOfMemory, HostOutOfMemory, RankStateError, VersionError, RuntimeError)):
+            raise e
+        self._failed(f"{self.pid} {phase} {ranks}", e)
+
+    def _handle(self, effect: Any) -> Any:
+        """A run-level effect (``harness.control.run_effects``): its ``_<Name>`` handler
+        (looked up once per effect class: this runs for every run-level effect)."""
+        cls = type(effect)
+        handler = self._run_handlers.get(cls)
+        if handler is None:
+            handler = self._run_handlers[cls] = getattr(self, "_" + cls.__name__)
+        return handler(effect)
+
+    def _Register(self, e):
+        sim = self.sim
+        tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: self.spec.infer_tp}
+        maps = {ACTOR_TRAIN: list(self.train_gpus), GENERATION_CLUSTER: sorted(self.spec.infer_gpus)}
+        sim.call("register", {"pipeline_id": self.pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
+                 lambda: sim.model.register(self.pid, tps, maps))
+
+    def _Admit(self, e):
+        sim = self.sim
+        sim.call("admit", {"pipeline_id": self.pid}, lambda: sim.model.admit(self.pid))
+
+    def _StartWorkers(self, e):
+        for g in set(self.train_gpus) | set(self.spec.infer_gpus):
+            self.sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
+
+    def _StartWatchdog(self, e):
+        """NeMo's GENERATION re-request (``harness.control.watchdog``), every ``watchdog_s``.
+
+        A :class:`~simulators.runtime.env.Timer` chain run for the ``("watchdog", index)`` actor: each
+        tick is the one event a watchdog process's timeout would be, with the same key (so
+        the same order), without resuming a process per tick."""
+        if "no_gen_watchdog" in self.faults:
+            return
+        self._watchdog_actor = Actor("watchdog", self.index)
+        self._watchdog_rearm()
+
+    def _RunControl(self, e):
+        return self.drive(e.gen, e.scope, e.step, e.cycle)
+
+    def _StepDone(self, e):
+        self.steps_done += 1
+
+    def _MarkFinished(self, e):
+        self.finished = True
+
+    def _ClearProgress(self, e):
+        if clear_progress_due(self.progress) and self.progress_hooks:
+            sim = self.sim
+            sim.call("clear_progress", {"pipeline_id": self.pid}, lambda: sim.model.clear_progress(self.pid))
+
+    def _GenerationHeld(self, e):
+        if "keep_gen_on_finish" in self.faults:  # MILES B-13: the allocation lives until shutdown
+            self.sim.emit("fault_fired", name="keep_gen_on_finish", pipeline_id=self.pid, step=self.ctx.step)
+            return HALT
+        alloc = self.sim.model.state.allocations.get(self._cid(GENERATION_CLUSTER))
+        return alloc is not None and bool(alloc.active_dp_ranks)
+
+    def _HoldCoordinator(self, e):
+        req = self.lock.request()
+        yield req
+        self._lock_req.append(req)
+        yield from self._hold_longer()
+
+    def _hold_longer(self):
+        """Under exploration a new lock holder may go on a small seeded delay later
+        (simulators/runtime/explore.py): the lock is held that much longer."""
+        explorer = self.env.explorer
+        if explorer is not None:
+            delay = explorer.delay()
+            if delay:
+                yield self.env.timeout(delay)
+
+    def _Unregister(self, e):
+        sim = self.sim
+        sim.call("unregister", {"pipeline_id": self.pid}, lambda: sim.model.unregister(self.pid))
+        self.gone = True
+
+    def _Teardown(self, e):
+        """The pipeline's processes die: their ranks stop, their memory (VRAM, host RAM) goes."""
+        self._stop_ranks()
+        sim = self.sim
+        vram = sim.cluster.vram
+        for g in range(len(vram.used)):
+            for owner, mem in [k for k in vram.entries[g] if k[0].startswith(self.pid + "/")]:
+                vram.free(g, owner, mem)
+        host = sim.cluster.host
+        for node in range(len(host.used)):
+            for owner in [o for o in host.entries[node] if o.startswith(self.pid + "/")]:
+                host.set(node, owner, 0)
+
+    def _stop_ranks(self) -> None:
+        """The unregistered pipeline's engines exit: every rank leaves routing (its in-flight
+        requests are aborted and dropped with the queue: nobody will collect them) and is
+        logged ``stopped``, so no output counts it as generating after the unregister."""
+        self.router.stop()  # all off routing first: nothing is re-dispatched
+        for rank in self.ranks.values():
+            if rank.life.state.value != "asleep":
+                rank.life.on("shutdown")
+                self._log_rank(rank)
+
+    def _FreeCoordinator(self, e):
+        self.lock.release(self._lock_req.pop())
+
+    def _CoordinatorAlive(self, e):
+        return not self.gone
+
+    # ------------------------------------------------------------------ the interpreter
+    def drive(self, gen, scope: str, step: Optional[int], cycle: Optional[int] = None):
+        """Interpret a step or resize generator with the shared logged loop
+        (``harness.control.interpret.drive``): ``effect_start``, the handler, ``effect_end``.
+
+        A handler is ``_<EffectName>``: a generator function when the effect takes simulated
+        time, a plain function when it completes at once. How this pipeline handles an
+        effect class is worked out once (:meth:`_handling_of`), not per effect."""
+        return drive(gen, self._handling_of, self.sim.log.add, self._now, self.pid, scope, step, cycle)
+
+    def _now(self) -> float:
+        return self.env._now
+
+    def _handling_of(self, effect_cls: type):
+        handling = self._handlings.get(effect_cls)
+        if handling is None:
+            handling = self._handlings[effect_cls] = _handling_of(self, effect_cls)
+        return handling
+
+    # ------------------------------------------------------------------ scheduler effects
+    def _cid(self, cluster: str) -> str:
+        return f"{self.pid}_{cluster}"
+
+    def _wait_ticket(self, ticket, timeout: Optional[Tuple[str, float]] = None):
+        """Wait for a scheduler ticket; ``timeout`` = (what, limit) arms an RLix deadline."""
+        if ticket.done:
+            return ticket.gpus
+        waiter = self.sim.waiter(ticket.request_id)
+        if timeout is not None:
+            self.deadlines.arm(*timeout, lambda: waiter.triggered)
+        signal = yield waiter
+        if signal.error:
+            raise SimFailure(f"request {ticket.request_id} failed: {signal.error}")
+        return signal.gpus
+
+    def _RequestGpus(self, e):
+        cid, sim = self._cid(e.cluster), self.sim
+        if e.cluster == ACTOR_TRAIN:
+            self.train_phase = _TRAIN_PHASE_OF.get(e.priority, self.train_phase)
+        estimate = self._gen_estimate(e.cluster, e.step_target_estimate)  # a field fault may drop it
+        if estimate != e.step_target_estimate:
+            e = dataclasses.replace(e, step_target_estimate=estimate)
+        ticket = sim.call("request", *request_input(sim.model, cid, e))
+        gpus = yield from self._wait_ticket(ticket)
+        return gpus
+
+    def _ReleaseGpus(self, e):
+        sim, cid = self.sim, self._cid(e.cluster)
+        fields = {"cluster_id": cid}
+        if e.global_step is not None:
+            fields["global_step"] = e.global_step
+        sim.call("release", fields, lambda: sim.model.release(cid, global_step=e.global_step))
+        return None
+
+    def _ReleaseThenRequest(self, e):
+        sim = self.sim
+        if e.request_cluster == ACTOR_TRAIN:
+            self.train_phase = _TRAIN_PHASE_OF.get(e.priority, self.train_phase)
+        rel, req = self._cid(e.release_cluster), self._cid(e.request_cluster)
+        fields = {"release_cluster_id": rel, "request_cluster_id": req, "request_priority": e.priority.name}
+        if e.global_step is not None:
+            fields.update(release_global_step=e.global_step, request_global_step=e.global_step)
+        ticket = sim.call("release_then_request", fields, lambda: sim.model.release_then_request(
+            rel, req, e.priority, release_global_step=e.global_step, request_global_step=e.global_step))
+        gpus = yield from self._wait_ticket(ticket)
+        return gpus
+
+    def _AwaitRelease(self, e):
+        sim = self.sim
+        fields = {"pipeline_id": self.pid}
+        if e.global_step is not None:
+            fields["global_step"] = e.global_step
+        ticket = sim.call("await_release", fields, lambda: sim.model.await_release(pipeline_id=self.pid, global_step=e.global_step))
+        yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
+        return None
+
+    # ------------------------------------------------------------------ coordinator lock
+    def _LockCoordinator(self, e):
+        req = self.lock.request()
+        if not req.triggered:  # held by a resize or a sync: RLix's acquire has a deadline
+            self.deadlines.arm("resize_sync_lock", self.costs.resize_lock_timeout_s, lambda: req.triggered)
+        yield req
+        if self.gone:  # the pipeline unregistered while this call waited: its coordinator is gone
+            self.lock.release(req)
+            return COORDINATOR_GONE
+        self._lock_req.append(req)
+        yield from self._hold_longer()
+        return None
+
+    def _UnlockCoordinator(self, e):
+        self._drop_lock_waiter()  # fault lost_lock_handoff (oracle_faults.py)
+        self.lock.release(self._lock_req.pop())
+        return None
+
+    # ------------------------------------------------------------------ generation watchdog
+    def _watchdog_rearm(self) -> None:
+        if watchdog_alive(self.finished, self.sim.failure is not None):
+            Timer(self.env, self.costs.watchdog_s, self._watchdog_actor, self._watchdog_tick, None)
+
+    def _watchdog_locked(self, e):
+        """The watchdog's re-request made while it holds the pipeline's resize lock (the
+        fault ``watchdog_request_under_lock``, simulators/faults/oracle.py); it ticks again
+        once its request returned."""
+        try:
+            yield from self.drive(request_under_lock(e), "watchdog", None)
+        except SimFailure as exc:
+            self.sim.fail(f"{self.pid} watchdog: {exc}")
+            return
+        self._watchdog_rearm()
+
+    def _watchdog_tick(self, _arg: Any) -> None:
+        sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
+        e = watchdog_tick(self.finished, sim.failure is not None, sim.model.state, cid,
+                          [r.life.state for r in self.ranks.values()])
+        if e is not None and self._request_under_lock_due():  # fault watchdog_request_under_lock
+            self.env.spawn(self._watchdog_locked(e), "watchdog", self.index, 1)
+            return  # the watchdog's thread is blocked in its request: no tick until it returns
+        if e is not None:
+            try:
+                estimate = self._gen_estimate(GENERATION_CLUSTER, e.step_target_estimate)  # a field fault may drop it
+                if estimate != e.step_target_estimate:
+                    e = dataclasses.replace(e, step_target_estimate=estimate)
+                sim.call("request", *request_input(sim.model, cid, e))
+            except SimFailure as exc:
+                sim.fail(f"{self.pid} watchdog: {exc}")
+                return
+        self._watchdog_rearm()
+
+
+# ---------------------------------------------------------------------- effect dispatch
+def _handling_of(sim: "PipelineSim", effect_cls: type) -> Handling:
+    """How ``sim`` handles ``effect_cls``: (name, bound handler, takes simulated time, the
+    record's "gpus" of an effect). Worked out on the class's first effect, then kept."""
+    name = effect_cls.__name__  # == effect_name(effect)
+    handler = getattr(sim, "_" + name)
+    gpus_of: Optional[Callable[[Any], List[int]]] = None
+    if "ranks" in {f.name for f in dataclasses.fields(effect_cls)}:
+        ranks = sim.ranks  # the effect names inference ranks: their GPUs
+
+        def gpus_of(effect: Any) -> List[int]:
+            return sorted([g for r in effect.ranks for g in ranks[r].gpus])
+    elif name in TRAINER_EFFECTS:
+        train_gpus = sim.train_gpus  # a training-cluster effect: the trainer's GPUs
+
+        def gpus_of(effect: Any) -> List[int]:
+            return list(train_gpus)
+    return (name, handler, inspect.isgeneratorfunction(handler), gpus_of)

@@ -1,0 +1,1 @@
+"""How a run's log is judged: the oracle over two processes and the baseline files."""
