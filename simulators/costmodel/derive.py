@@ -137,7 +137,6 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"], share)
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
-    sleep_level = pipe.get("sleep_level", 2)
     cluster = data["cluster"]
     link = _links(cluster, gpu).for_group(tp, eff)  # a TP group wider than a node all-reduces over the NICs
     derived_workload = f.decode_curve(arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops,
@@ -153,8 +152,7 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     derived_costs = {
         **_training(pipe, path, arch, tokens, wl["prompts_per_step"] * wl["generations_per_prompt"], cluster, gpu, eff,
                     fail),
-        **f.wake_sleep_s(arch, tp, float(cluster.get("pcie_bytes_per_s", gpu.pcie_bytes_per_s)),
-                         sleep_level if sleep_level in (1, 2) else 2, eff),
+        **f.wake_sleep_s(eff),
         **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
     _fill(pipe, "workload", derived_workload, workload_given)

@@ -331,9 +331,12 @@ def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens:
     return max(0, min(e.max_num_seqs, int(free // (kv_bytes_per_token(a) * tokens))))
 
 
-def wake_sleep_s(a: Arch, tp: int, pcie: float, sleep_level: int, e: Efficiency) -> Dict[str, float]:
-    moved = a.params * a.bytes_per_param / tp / pcie if sleep_level == 1 else 0.0
-    return {"wake_s": e.wake_fixed_s + moved, "sleep_s": e.sleep_fixed_s + moved}
+def wake_sleep_s(e: Efficiency) -> Dict[str, float]:
+    """The fixed parts of a wake and a sleep only. A level-1 sleep's copy of the weights over
+    the host link is charged by the simulator where its host-RAM ledger moves them
+    (``simulators/ranks.py``: a GPU's share of the weights over ``pcie_bytes_per_s``), so a
+    wake copies back exactly what a sleep left on the host, and a first wake nothing."""
+    return {"wake_s": e.wake_fixed_s, "sleep_s": e.sleep_fixed_s}
 
 
 def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fabric_bytes_per_s: Optional[float],
