@@ -73,6 +73,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         )
         if p.type == "single_controller":
             pipelines[-1]["streaming"] = _flat_to_mapping(p.streaming)
+        if p.disaggregated is not None:
+            pipelines[-1]["disaggregated"] = _flat_to_mapping(p.disaggregated)
     return {
         "name": s.name,
         "description": s.description,

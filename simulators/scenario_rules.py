@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from harness.control.engine import PAUSE_MODES, WAKE_MODES
-from simulators.spec import (ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
+from simulators.spec import (ClusterSpec, CostSpec, DataPlaneSpec, DisaggregatedSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
                              WeightSyncGroupsSpec, WorkloadSpec)
 
 
@@ -167,6 +167,10 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "bytes_per_token": _r("int", ">0", "bytes per token"),
         "writeback_bytes_per_token": _r("int", ">=0", "bytes per token"),
         "train_tp": _r("int", ">0", "GPUs per training DP replica"),
+    },
+    DisaggregatedSpec: {
+        "shape": _r("str"),
+        "weight_sync": _r("str"),
     },
     WeightSyncGroupsSpec: {
         "pp_stages": _r("int", ">0", "PP stages"),
