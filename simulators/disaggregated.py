@@ -24,8 +24,9 @@ order's bound, ``trajectory_age_bound``).
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Tuple
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from simulators.cluster import OutOfMemory
 from simulators.env import Actor, Timer
 from simulators.inference import decode_step_time
 from simulators.runtime import SimFailure, Simulation
+from simulators.single_controller import hold_own_gpus, weight_sync_s
 from simulators.spec import PipelineSpec
 from simulators.workload import Collector
 
@@ -120,24 +122,11 @@ class DisaggregatedSim:
         raise RuntimeError(f"{self.pid}: a disaggregated pipeline is not resized by the scheduler")
 
     def _setup(self) -> None:
-        c, vram = self.costs, self.sim.cluster.vram
-        weights = self.spec.model.weight_bytes
-        for g in self.train_gpus:
-            vram.alloc(g, f"{self.pid}/ctx", "cuda_context", c.cuda_context_bytes)
-            vram.alloc(g, f"{self.pid}/train", "train_state", int(weights * c.train_state_multiplier / len(self.train_gpus)))
-        per_gpu = weights // self.spec.infer_tp
-        kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu - c.cuda_context_bytes)
-        for rank in self.ranks:
-            for g in rank.gpus:
-                vram.alloc(g, f"{self.pid}/ctx", "cuda_context", c.cuda_context_bytes)
-                vram.alloc(g, f"{self.pid}/dp{rank.index}", "weights", per_gpu)
-                vram.alloc(g, f"{self.pid}/dp{rank.index}", "kv_cache", kv)
+        hold_own_gpus(self.sim, self.pid, self.costs, self.spec, self.train_gpus, [r.gpus for r in self.ranks])
 
     def _handling_of(self, effect_cls: type):
         name = effect_cls.__name__
         handler = getattr(self, "_" + name)
-        import inspect
-
         gpus = None
         if name in TRAINER_EFFECTS:
             gpus = lambda e: list(self.train_gpus)  # noqa: E731
@@ -202,10 +191,8 @@ class DisaggregatedSim:
         return None
 
     def _SyncWeights(self, e):
-        cl = self.sim.cluster
-        gpus = self.train_gpus + tuple(g for r in self.ranks for g in r.gpus)
-        bw = cl.spec.inter_node_bytes_per_s if len({cl.node_of(g) for g in gpus}) > 1 else cl.spec.intra_node_bytes_per_s
-        yield self.env.timeout(self.spec.model.weight_bytes / bw + self.costs.finalize_s)
+        yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus,
+                                             [r.gpus for r in self.ranks]))
         self.gen_version = e.version  # in_flight: the running sequences go on with these weights
         return None
 
