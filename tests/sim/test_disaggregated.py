@@ -98,3 +98,18 @@ def test_bad_disaggregated_input_is_one_line_naming_the_field(pipe, message):
     with pytest.raises(ScenarioError) as e:
         _scenario(**pipe)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_no_other_pipeline_may_use_a_disaggregated_pipelines_gpus():
+    from simulators.scenario import check_feasible
+
+    s = _scenario()
+    data = {"name": "s", "horizon_s": 5000, "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
+            "pipelines": [{"name": "p", "type": "disaggregated", "train_gpus": [0], "infer_gpus": [1],
+                           "model": {"preset": "qwen2.5-1.5b"}},
+                          {"name": "rl", "type": "roll_sync", "train_gpus": [1], "infer_gpus": [1, 2],
+                           "model": {"preset": "qwen2.5-1.5b"}}]}
+    with pytest.raises(ScenarioError) as e:
+        check_feasible(scenario_from_mapping(data, "t.yaml"), "t.yaml")
+    assert "pipelines[1].train_gpus: GPU(s) [1] also belong to pipeline 'p'; disaggregated 'p' owns" in str(e.value)
+    check_feasible(s, "t.yaml")  # alone, the same pipeline is fine
