@@ -330,6 +330,8 @@ def _pipeline(
         raise ctx.fail(f"{path}.name", e.problem) from None
     if vals["type"] not in PIPELINE_TYPES:
         raise ctx.fail(f"{path}.type", f"unknown pipeline type {vals['type']!r}; known: {', '.join(PIPELINE_TYPES)}")
+    if vals.get("train_backend", "megatron") not in ("megatron", "fsdp2"):
+        raise ctx.fail(f"{path}.train_backend", f"must be megatron or fsdp2, got {vals['train_backend']!r}")
     if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
         raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
     problem = engine_field_problem(vals)

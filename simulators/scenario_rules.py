@@ -148,6 +148,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_global_batch": _r("int", ">=0", "sequences"),
         "log_prob_passes": _r("int", ">0", "forward passes"),
         "train_recompute": _r("bool"),
+        "train_backend": _r("str"),
+        "train_sp": _r("int", ">0", "GPUs per sequence-parallel group"),
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),

@@ -220,6 +220,10 @@ class PipelineSpec:
     # full activation recomputation in training: each layer's forward rerun in the backward
     # (a NeMo RL recipe's megatron_cfg.activation_checkpointing), one more forward's work
     train_recompute: bool = False
+    # the training backend: megatron (the layout above) or fsdp2 (verl's FSDP2: every training GPU
+    # one shard; simulators/costmodel/fsdp2.py), and fsdp2's Ulysses sequence parallelism
+    train_backend: str = "megatron"
+    train_sp: int = 1
     model: ModelSpec = field(default_factory=ModelSpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     steps: int = 4
