@@ -181,9 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_parser(sub)
     gate.add_parser(sub)
     from rlharness import diff
-    from simulators.whatif.cli import add_parser as add_sweep_parser
+    from simulators.whatif.cli import add_parser as add_sweep_parser, add_what_if_parser
 
     add_sweep_parser(sub, UsageError)
+    add_what_if_parser(sub)
     diff.add_parser(sub)
     return parser
 
@@ -439,6 +440,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return cmd_sweep(args, UsageError)
 
 
+def _cmd_what_if(args: argparse.Namespace) -> int:
+    from simulators.whatif.cli import cmd_what_if
+
+    return cmd_what_if(args, UsageError)
+
+
 def _cmd_diff(args: argparse.Namespace) -> int:
     from rlharness import diff
 
@@ -459,6 +466,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "export": _cmd_export,
     "gate": _cmd_gate,
     "sweep": _cmd_sweep,
+    "what-if": _cmd_what_if,
     "diff": _cmd_diff,
 }
 

@@ -28,8 +28,13 @@ SIM_KINDS: dict = {
                         {"pipeline_id": "str", "request": "int", "dp_rank": "int"}),
     "request_failed": _k("A request aborted on its last allowed attempt (NeMo: min(3, dp_size)) failed with ShardPreemptedError; its rollout drops it.",
                          {"pipeline_id": "str", "request": "int", "attempts": "int", "error": "str"}),
-    "batch_consumed": _k("The trainer took a batch for a step; staleness maps age in steps to trajectory count.",
-                         {"pipeline_id": "str", "step": "int", "trajectories": "int", "staleness": "object"}),
+    "batch_consumed": _k("The trainer took a batch for a step; staleness maps age in steps to trajectory count; "
+                         "dropped: completed trajectories evicted as older than the bound (a disaggregated fully_async pipeline).",
+                         {"pipeline_id": "str", "step": "int", "trajectories": "int", "staleness": "object"},
+                         {"dropped": "int"}),
+    "trajectory": _k("A disaggregated pipeline's trajectory finished on a generation rank, with the weight versions it started "
+                     "and ended with (a partial rollout or an in-flight weight update spans more than one).",
+                     {"pipeline_id": "str", "trajectory": "int", "dp_rank": "int", "first_version": "int", "version": "int"}),
     "vram": _k("Resident bytes on a GPU changed (owner = pipeline/train|dpN|sync|ctx, mem = weights|kv_cache|params|grads|optimizer|nccl|staging|cuda_context); phase = what loaded them (init|old_log_probs|train|wake|expand_sync|active_sync; docs/residency.md).",
                {"gpu": "int", "owner": "str", "mem": "str", "delta": "int", "used": "int"}, {"phase": "str"}),
     "oom": _k("A GPU allocation would exceed capacity: the simulated process dies (fault).",

@@ -25,6 +25,7 @@ from dataclasses import fields
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from simulators.costmodel import formulas as f
+from simulators.costmodel.fsdp2 import fsdp2_pass_s
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec, cluster_fields
 from simulators.costmodel.models import MODEL_PRESETS, PRESET_FIELDS
 
@@ -137,7 +138,6 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"], share)
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
-    sleep_level = pipe.get("sleep_level", 2)
     cluster = data["cluster"]
     link = _links(cluster, gpu).for_group(tp, eff)  # a TP group wider than a node all-reduces over the NICs
     derived_workload = f.decode_curve(arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops,
@@ -153,15 +153,14 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     derived_costs = {
         **_training(pipe, path, arch, tokens, wl["prompts_per_step"] * wl["generations_per_prompt"], cluster, gpu, eff,
                     fail),
-        **f.wake_sleep_s(arch, tp, float(cluster.get("pcie_bytes_per_s", gpu.pcie_bytes_per_s)),
-                         sleep_level if sleep_level in (1, 2) else 2, eff),
+        **f.wake_sleep_s(eff),
         **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
     _fill(pipe, "workload", derived_workload, workload_given)
     _fill(pipe, "costs", derived_costs, costs_given)
 
 
-_LAYOUT = ("train_tp", "train_pp", "train_cp", "train_ep", "train_micro_batch", "train_global_batch")
+_LAYOUT = ("train_tp", "train_pp", "train_cp", "train_ep", "train_micro_batch", "train_global_batch", "train_sp")
 
 
 def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float, seqs: int, cluster: Mapping[str, Any],
@@ -174,10 +173,12 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
         return {}  # validation names the field
     problem = f.layout_problem(gpus, layout)
     if problem is not None:
-        raise fail(f"{path}.train_tp", problem)
+        field = "train_backend" if problem.startswith("fsdp2") else "train_sp" if "train_sp" in problem else "train_tp"
+        raise fail(f"{path}.{field}", problem)
     links = _links(cluster, gpu)
-    train = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
-    fwd = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
+    pass_s = fsdp2_pass_s if layout.backend == "fsdp2" else f.train_pass_s
+    train = pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
+    fwd = pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
     passes = pipe.get("log_prob_passes", 1)
     passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes > 0 else 1
     return {"train_s_per_trajectory": train["total"] * gpus / seqs,
@@ -189,10 +190,13 @@ def _layout(pipe: Mapping[str, Any]) -> Optional["f.Parallel"]:
     is out of range (validation names it)."""
     given = {k: pipe[k] for k in _LAYOUT if isinstance(pipe.get(k), int) and not isinstance(pipe.get(k), bool)}
     recompute = pipe.get("train_recompute", False) is True  # anything else: validation names it
+    backend = pipe.get("train_backend", "megatron")
+    if backend not in ("megatron", "fsdp2"):
+        return None
     layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
                         given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0),
-                        recompute)
-    if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch) < 1 or layout.global_batch < 0:
+                        recompute, backend, given.get("train_sp", 1))
+    if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch, layout.sp) < 1 or layout.global_batch < 0:
         return None
     return layout
 

@@ -65,8 +65,11 @@ HBM bytes/s.
   hundreds, k/E = 1/16) the step reads all of them; a lone sequence reads k/E of them.
 * KV capacity: (tp·vram·kv_cache_fraction − W) / kv_bytes(T_mean), capped at the engine's
   ``max_num_seqs`` (vLLM's default 256): ``max_concurrent_per_rank``.
-* Wake and sleep (level 1: weights to and from host RAM over PCIe): fixed + (W/tp)/pcie;
-  level 2 drops the weights (the sync brings them), so only the fixed part.
+* Wake and sleep: the fixed parts only (:func:`wake_sleep_s`). At level 1 the simulator
+  adds (W/tp)/pcie where its host-RAM ledger moves the weights (a sleep, and a wake that
+  finds them on the host); level 2 drops them (the sync brings them back).
+* FSDP2 training (``train_backend: fsdp2``, with Ulysses sequence parallelism ``train_sp``):
+  ``simulators/costmodel/fsdp2.py``.
 * Refit from the CPU bucket cache (:func:`refit_s`, the closed form of what
   ``simulators/refit/sync.py`` charges): W·(1/pcie + 1/fabric + 1/load) + buckets·(2·τ_tensor + τ_group)
   + fixed; the fabric is NVLink inside a node, the NICs across nodes, none on the owner's GPU.
@@ -131,6 +134,8 @@ class Parallel:
     micro_batch: int = 1   # sequences per microbatch
     global_batch: int = 0  # sequences per optimizer step; 0 = a step's whole batch
     recompute: bool = False  # full activation recomputation: the backward reruns each layer's forward
+    backend: str = "megatron"  # or "fsdp2": every training GPU one FSDP shard (simulators/costmodel/fsdp2.py)
+    sp: int = 1  # fsdp2's Ulysses sequence parallelism: GPUs that split one microbatch's sequence
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,14 @@ class Links:
 
 def layout_problem(gpus: int, p: Parallel) -> Optional[str]:
     """Why ``gpus`` training GPUs cannot take layout ``p`` (None: they can)."""
+    if p.backend == "fsdp2":
+        if (p.tp, p.pp, p.cp, p.ep) != (1, 1, 1, 1):
+            return "fsdp2 shards over every training GPU: train_tp, train_pp, train_cp and train_ep stay 1 (train_sp splits sequences)"
+        if gpus % p.sp:
+            return f"{gpus} training GPUs are not a multiple of train_sp {p.sp}"
+        return None
+    if p.sp != 1:
+        return "train_sp is fsdp2's Ulysses sequence parallelism (Megatron's is train_cp)"
     if gpus % (p.tp * p.pp * p.cp):
         return f"{gpus} training GPUs are not a multiple of tp x pp x cp = {p.tp * p.pp * p.cp}"
     if (gpus // p.pp) % p.ep:
@@ -331,9 +344,12 @@ def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens:
     return max(0, min(e.max_num_seqs, int(free // (kv_bytes_per_token(a) * tokens))))
 
 
-def wake_sleep_s(a: Arch, tp: int, pcie: float, sleep_level: int, e: Efficiency) -> Dict[str, float]:
-    moved = a.params * a.bytes_per_param / tp / pcie if sleep_level == 1 else 0.0
-    return {"wake_s": e.wake_fixed_s + moved, "sleep_s": e.sleep_fixed_s + moved}
+def wake_sleep_s(e: Efficiency) -> Dict[str, float]:
+    """The fixed parts of a wake and a sleep only. A level-1 sleep's copy of the weights over
+    the host link is charged by the simulator where its host-RAM ledger moves them
+    (``simulators/pipelines/ranks.py``: a GPU's share of the weights over ``pcie_bytes_per_s``), so a
+    wake copies back exactly what a sleep left on the host, and a first wake nothing."""
+    return {"wake_s": e.wake_fixed_s, "sleep_s": e.sleep_fixed_s}
 
 
 def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fabric_bytes_per_s: Optional[float],

@@ -73,7 +73,7 @@ def _mappings(d: Draw, ptype: str, nodes: int, gpn: int, taken: Set[int], reserv
     run), so it gets GPUs nobody else uses, and later pipelines keep off them."""
     tp = 2 if gpn >= 4 and d.chance(0.3) else 1
     groups = _tp_groups(nodes, gpn, tp)
-    if ptype == "single_controller":
+    if ptype in ("single_controller", "disaggregated"):
         free = [grp for grp in groups if not set(grp) & taken]
         if len(free) < 2:  # one group serves, the GPUs of another train
             return None
@@ -121,6 +121,9 @@ def _pipeline(d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: i
     }
     if ptype == "single_controller":
         p["streaming"] = _streaming(d, p["workload"]["prompts_per_step"])
+    if ptype == "disaggregated":
+        p["disaggregated"] = {"shape": d.choice(["sync", "one_step_off", "fully_async"]),
+                              "weight_sync": d.choice(["drain", "pause", "in_flight"])}
     return p
 
 
@@ -202,7 +205,7 @@ def scenario_mapping(seed: int) -> Dict[str, Any]:
         tp, train, infer = drawn
         pipelines.append(_pipeline(d, i, ptype, nodes, gpn, vram_gib, tp, train, infer))
         taken.update(train, infer)
-        if ptype == "single_controller":
+        if ptype in ("single_controller", "disaggregated"):  # outside the scheduler: GPUs of their own
             reserved.update(train, infer)
     mapping: Dict[str, Any] = {
         "name": f"fuzz_{seed}",
@@ -226,7 +229,7 @@ def scenario_mapping(seed: int) -> Dict[str, Any]:
 
 # Pipeline types the generator knows how to draw (a type the simulator adds joins the
 # swarm with a drawing rule in ``_mappings`` / ``_pipeline``; a test checks none is missing).
-_SUPPORTED_TYPES = ("nemo_async", "roll_sync", "single_controller")
+_SUPPORTED_TYPES = ("nemo_async", "roll_sync", "single_controller", "disaggregated")
 
 
 def scenario_for_seed(seed: int) -> Scenario:

@@ -64,6 +64,33 @@ def streaming_config(spec: PipelineSpec) -> StreamingConfig:
         max_replacement_attempts=s.max_replacement_attempts, replacement_reserve_prompts=s.replacement_reserve_prompts)
 
 
+def hold_own_gpus(sim: Simulation, pid: str, c, spec: PipelineSpec, train_gpus, rank_gpus) -> None:
+    """A pipeline that owns its GPUs for the run (no scheduler) loads everything once: on
+    each training GPU a CUDA context and its share of the training state; on each
+    generation GPU a context, its rank's weight shard and the KV cache's share of the GPU."""
+    vram = sim.cluster.vram
+    weights = spec.model.weight_bytes
+    for g in train_gpus:
+        vram.alloc(g, f"{pid}/ctx", "cuda_context", c.cuda_context_bytes)
+        vram.alloc(g, f"{pid}/train", "train_state", int(weights * c.train_state_multiplier / len(train_gpus)))
+    per_gpu = weights // spec.infer_tp
+    kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu - c.cuda_context_bytes)
+    for r, gpus in enumerate(rank_gpus):
+        for g in gpus:
+            vram.alloc(g, f"{pid}/ctx", "cuda_context", c.cuda_context_bytes)
+            vram.alloc(g, f"{pid}/dp{r}", "weights", per_gpu)
+            vram.alloc(g, f"{pid}/dp{r}", "kv_cache", kv)
+
+
+def weight_sync_s(cl, spec: PipelineSpec, c, train_gpus, rank_gpus) -> float:
+    """A non-colocated weight sync: the whole weights from the trainer to the generation
+    GPUs over the slowest link between them (the NICs when they span nodes), plus the
+    receivers' ``finalize_s``."""
+    spans = {cl.node_of(g) for g in train_gpus} | {cl.node_of(g) for gs in rank_gpus for g in gs}
+    bw = cl.spec.inter_node_bytes_per_s if len(spans) > 1 else cl.spec.intra_node_bytes_per_s
+    return spec.model.weight_bytes / bw + c.finalize_s
+
+
 class SingleControllerSim:
     def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
         self.sim, self.spec, self.index = sim, spec, index
@@ -151,20 +178,8 @@ class SingleControllerSim:
         raise RuntimeError(f"{self.pid}: a single controller is not resized by the scheduler")
 
     def _setup(self) -> None:
-        sim, c, s = self.sim, self.costs, self.spec
-        sim.emit("streaming_setup", pipeline_id=self.pid, **setup_fields(self.cfg))
-        vram = sim.cluster.vram
-        weights = s.model.weight_bytes
-        for g in self.train_gpus:
-            vram.alloc(g, f"{self.pid}/ctx", "cuda_context", c.cuda_context_bytes)
-            vram.alloc(g, f"{self.pid}/train", "train_state", int(weights * c.train_state_multiplier / len(self.train_gpus)))
-        per_gpu = weights // s.infer_tp
-        kv = max(0, int(c.kv_cache_fraction * vram.capacity) - per_gpu - c.cuda_context_bytes)
-        for r, gpus in enumerate(self.rank_gpus):
-            for g in gpus:
-                vram.alloc(g, f"{self.pid}/ctx", "cuda_context", c.cuda_context_bytes)
-                vram.alloc(g, f"{self.pid}/dp{r}", "weights", per_gpu)
-                vram.alloc(g, f"{self.pid}/dp{r}", "kv_cache", kv)
+        self.sim.emit("streaming_setup", pipeline_id=self.pid, **setup_fields(self.cfg))
+        hold_own_gpus(self.sim, self.pid, self.costs, self.spec, self.train_gpus, self.rank_gpus)
 
     def _stop(self) -> None:
         """The train pump is done (or failed): cancel the rest, as NeMo's first finished
@@ -347,10 +362,7 @@ class SingleControllerSim:
         return had
 
     def _SyncWeights(self, e):
-        cl = self.sim.cluster
-        spans = {cl.node_of(g) for g in self.train_gpus} | {cl.node_of(g) for gs in self.rank_gpus for g in gs}
-        bw = cl.spec.inter_node_bytes_per_s if len(spans) > 1 else cl.spec.intra_node_bytes_per_s
-        yield self.env.timeout(self.spec.model.weight_bytes / bw + self.costs.finalize_s)
+        yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus, self.rank_gpus))
 
     def _WatchdogTick(self, e):
         yield self.env.timeout(e.interval_s)

@@ -86,7 +86,7 @@ class Simulation:
                   # the oracle's post-sleep residue threshold (invariant 6, harness/logs/invariants/memory.py)
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
                   # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
-                  "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
+                  "max_trajectory_age_steps": {p.name: _age_bound(p) for p in scenario.pipelines
                                                if p.type != "single_controller"},
                   # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
                   **_timeouts_meta(scenario.costs),
@@ -103,10 +103,11 @@ class Simulation:
         self.failure: Optional[str] = None
         self.progress = progress
         from simulators.pipelines.pipeline import PipelineSim  # local: pipeline imports this module's types
+        from simulators.pipelines.disaggregated import DisaggregatedSim
         from simulators.pipelines.single_controller import SingleControllerSim
 
-        self.pipelines = [(SingleControllerSim if spec.type == "single_controller" else PipelineSim)(self, spec, i)
-                          for i, spec in enumerate(scenario.pipelines)]
+        runtimes = {"single_controller": SingleControllerSim, "disaggregated": DisaggregatedSim}
+        self.pipelines = [runtimes.get(spec.type, PipelineSim)(self, spec, i) for i, spec in enumerate(scenario.pipelines)]
         self.by_id = {p.pid: p for p in self.pipelines}
         self._ack_droppers = [p for p in self.pipelines if "lost_release_ack" in p.faults]
 
@@ -311,6 +312,16 @@ def _after(env: SimEnv, delay: float, gen: Any):
 
 
 _KEEP_NULL = {"version", "result", "error", "cycle", "step"}
+
+
+def _age_bound(p) -> int:
+    """A pipeline's staleness bound (invariant 14): its workload's window, or what a
+    disaggregated order allows by construction (``harness.control.disaggregated``)."""
+    if p.disaggregated is None:
+        return p.workload.max_trajectory_age_steps
+    from harness.control.disaggregated import trajectory_age_bound
+
+    return trajectory_age_bound(p.disaggregated.shape, p.workload.max_trajectory_age_steps)
 
 
 def _timeouts_meta(costs) -> Dict[str, Any]:

@@ -58,6 +58,8 @@ _ALLOWED = {
     "streaming.stall_action": "warn or abort",
     "streaming.custom_target": "module:Class (sampler custom only)",
     "data_plane.route": "one_hop or via_driver",
+    "disaggregated.shape": "sync, one_step_off or fully_async",
+    "disaggregated.weight_sync": "drain, pause or in_flight (fully_async)",
     "weight_sync_groups.join_order": "concurrent or phased",
     "weight_sync_groups.receiver_slot": "single or per_group",
     "pipelines[].sleep_level": "1 (weights kept in host RAM) or 2 (weights dropped)",
@@ -314,6 +316,8 @@ def render() -> str:
     out += ["", "## `model` (in a pipeline or `defaults`)", ""] + _table(spec.ModelSpec, "model.", "model.")
     out += ["", "## `workload` (in a pipeline or `defaults`)", ""] + _table(spec.WorkloadSpec, "workload.", "workload.")
     out += ["", "## `streaming` (in a `single_controller` pipeline)", ""] + _table(spec.StreamingSpec, "streaming.", "streaming.")
+    out += ["", "## `disaggregated` (in a `disaggregated` pipeline)", ""] + _table(
+        spec.DisaggregatedSpec, "disaggregated.", "disaggregated.")
     out += ["", "## `data_plane` (in a pipeline)", ""] + _table(DataPlaneSpec, "data_plane.", "data_plane.")
     out += ["", "## `weight_sync_groups` (in a nemo_async or roll_sync pipeline)", ""] + _table(
         spec.WeightSyncGroupsSpec, "weight_sync_groups.", "weight_sync_groups.")

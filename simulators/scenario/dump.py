@@ -27,7 +27,7 @@ _UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "h
                   "num_experts": 0, "decode_timing": "at_start", "decode_expert_read_s": 0.0}
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
 _LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0,
-           "log_prob_passes": 1, "train_recompute": False}
+           "log_prob_passes": 1, "train_recompute": False, "train_backend": "megatron", "train_sp": 1}
 
 
 def _sparse(obj: Any) -> Dict[str, Any]:
@@ -73,6 +73,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         )
         if p.type == "single_controller":
             pipelines[-1]["streaming"] = _flat_to_mapping(p.streaming)
+        if p.disaggregated is not None:
+            pipelines[-1]["disaggregated"] = _flat_to_mapping(p.disaggregated)
     return {
         "name": s.name,
         "description": s.description,

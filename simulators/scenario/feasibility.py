@@ -9,10 +9,11 @@ about the modelled system. ``rlharness validate`` and ``simulate`` (through
 
 The rules (docs/feasibility.md):
 
-* ``single_controller_exclusive`` — a ``single_controller`` pipeline owns its training
-  and inference GPUs for the whole run and never registers with the scheduler (NeMo
-  RL's non-colocated controller), so no other pipeline may list any of them: the other
-  pipeline's first wake would meet the controller's resident weights and KV cache.
+* ``single_controller_exclusive`` — a ``single_controller`` or ``disaggregated`` pipeline
+  owns its training and inference GPUs for the whole run and never registers with the
+  scheduler (NeMo RL's non-colocated controller; the disaggregated orders), so no other
+  pipeline may list any of them: the other pipeline's first wake would meet the owner's
+  resident weights and KV cache.
 * ``init_fits`` — a pipeline's training GPUs hold its whole training state at init
   (parameters, gradients and optimizer moments: ``train_state_multiplier`` x weight
   bytes over its training GPUs, the communicator buffers when it trains on more than
@@ -37,6 +38,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from simulators.scenario.spec import CostSpec, PipelineSpec, Scenario
 
+#: pipeline types that load their GPUs once for the run, outside the scheduler
+#: (``simulators.pipelines.single_controller.hold_own_gpus``)
+OWNS_ITS_GPUS = ("single_controller", "disaggregated")
+
 #: (dotted field path, problem) — what the loader turns into one ScenarioError line
 Problem = Tuple[str, str]
 
@@ -54,20 +59,21 @@ def _train_state_bytes(p: PipelineSpec, c: CostSpec) -> int:
 
 
 def _exclusive(s: Scenario) -> Optional[Problem]:
-    """A single controller's GPUs are no other pipeline's; the later of the two is named."""
+    """The GPUs of a pipeline that owns them (:data:`OWNS_ITS_GPUS`) are no other
+    pipeline's; the later of the two is named."""
     pipes = s.pipelines
     for j, q in enumerate(pipes):
         for i in range(j):
             p = pipes[i]
-            if "single_controller" not in (p.type, q.type):
+            if p.type not in OWNS_ITS_GPUS and q.type not in OWNS_ITS_GPUS:
                 continue
             theirs = set(p.train_gpus) | set(p.infer_gpus)
             for key in ("train_gpus", "infer_gpus"):
                 shared = sorted(set(getattr(q, key)) & theirs)
                 if shared:
-                    sc = p if p.type == "single_controller" else q
+                    sc = p if p.type in OWNS_ITS_GPUS else q
                     return (f"pipelines[{j}].{key}",
-                            f"GPU(s) {shared} also belong to pipeline {p.name!r}; single_controller {sc.name!r} owns "
+                            f"GPU(s) {shared} also belong to pipeline {p.name!r}; {sc.type} {sc.name!r} owns "
                             "its GPUs for the whole run and is not scheduled, so no other pipeline may use them "
                             "(rule: single_controller_exclusive)")
     return None
@@ -75,7 +81,7 @@ def _exclusive(s: Scenario) -> Optional[Problem]:
 
 def _init(i: int, p: PipelineSpec, c: CostSpec, cap: int) -> Optional[Problem]:
     state = _train_state_bytes(p, c)
-    nccl = c.nccl_buffer_bytes if len(p.train_gpus) > 1 and p.type != "single_controller" else 0
+    nccl = c.nccl_buffer_bytes if len(p.train_gpus) > 1 and p.type not in OWNS_ITS_GPUS else 0
     need = c.cuda_context_bytes + state + nccl
     if need > cap:
         return (f"pipelines[{i}].model.params",
@@ -90,7 +96,7 @@ def _init(i: int, p: PipelineSpec, c: CostSpec, cap: int) -> Optional[Problem]:
 def _wake(i: int, p: PipelineSpec, c: CostSpec, cap: int) -> Optional[Problem]:
     shard = p.model.weight_bytes // p.infer_tp
     ctx = c.cuda_context_bytes
-    if p.type == "single_controller":
+    if p.type in OWNS_ITS_GPUS:
         fixed, kv_part = ctx + shard, 0
     else:
         fixed = ctx + shard + (c.nccl_buffer_bytes if p.infer_tp > 1 else 0)

@@ -62,6 +62,7 @@ from simulators.scenario.spec import (
     ClusterSpec,
     CostSpec,
     DataPlaneSpec,
+    DisaggregatedSpec,
     WeightSyncGroupsSpec,
     FaultSpec,
     ModelSpec,
@@ -105,7 +106,7 @@ from simulators.scenario.streaming import streaming_problem  # noqa: E402
 
 
 _PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs",
-                        "weight_sync_groups")
+                        "weight_sync_groups", "disaggregated")
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults", "expect")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
@@ -329,6 +330,8 @@ def _pipeline(
         raise ctx.fail(f"{path}.name", e.problem) from None
     if vals["type"] not in PIPELINE_TYPES:
         raise ctx.fail(f"{path}.type", f"unknown pipeline type {vals['type']!r}; known: {', '.join(PIPELINE_TYPES)}")
+    if vals.get("train_backend", "megatron") not in ("megatron", "fsdp2"):
+        raise ctx.fail(f"{path}.train_backend", f"must be megatron or fsdp2, got {vals['train_backend']!r}")
     if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
         raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
     problem = engine_field_problem(vals)
@@ -364,6 +367,10 @@ def _pipeline(
             validate_partial_overlap(entry)
     except TopologyError as e:
         raise ctx.fail(_topology_path(path, e), f"{e.problem} (rule: {e.rule})") from None
+    if vals["type"] == "disaggregated":
+        vals["disaggregated"] = _disaggregated(ctx, f"{path}.disaggregated", data.get("disaggregated", {}), train, infer)
+    elif "disaggregated" in data:
+        raise ctx.fail(f"{path}.disaggregated", f"only a disaggregated pipeline has an order section (this one is {vals['type']})")
     if vals["type"] == "single_controller" and set(train) & set(infer):
         raise ctx.fail(f"{path}.train_gpus", f"train GPUs {sorted(set(train) & set(infer))} are also infer_gpus "
                        "(the single controller is non-colocated)")
@@ -392,6 +399,21 @@ def _pipeline(
         base = {f.name: getattr(scenario_costs or CostSpec(), f.name) for f in fields(CostSpec)}
         vals["costs"] = CostSpec(**{**base, **_flat_fields(ctx, f"{path}.costs", data["costs"], CostSpec)})
     return PipelineSpec(**vals)
+
+
+def _disaggregated(ctx: _Ctx, path: str, data: Any, train: List[int], infer: List[int]) -> DisaggregatedSpec:
+    from harness.control.disaggregated import SHAPES, WEIGHT_SYNC_MODES
+
+    spec = DisaggregatedSpec(**_flat_fields(ctx, path, data, DisaggregatedSpec))
+    if spec.shape not in SHAPES:
+        raise ctx.fail(f"{path}.shape", f"unknown shape {spec.shape!r}; known: {', '.join(SHAPES)}")
+    if spec.weight_sync not in WEIGHT_SYNC_MODES:
+        raise ctx.fail(f"{path}.weight_sync", f"unknown mode {spec.weight_sync!r}; known: {', '.join(WEIGHT_SYNC_MODES)}")
+    shared = sorted(set(train) & set(infer))
+    if shared:
+        raise ctx.fail(path.rsplit(".", 1)[0] + ".train_gpus",
+                       f"train GPUs {shared} are also infer_gpus (a disaggregated pipeline's are disjoint)")
+    return spec
 
 
 def _weight_sync_groups(ctx: _Ctx, path: str, data: Any) -> WeightSyncGroupsSpec:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from harness.control.engine import PAUSE_MODES, WAKE_MODES
-from simulators.scenario.spec import (ClusterSpec, CostSpec, DataPlaneSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
+from simulators.scenario.spec import (ClusterSpec, CostSpec, DataPlaneSpec, DisaggregatedSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
                              WeightSyncGroupsSpec, WorkloadSpec)
 
 
@@ -148,6 +148,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_global_batch": _r("int", ">=0", "sequences"),
         "log_prob_passes": _r("int", ">0", "forward passes"),
         "train_recompute": _r("bool"),
+        "train_backend": _r("str"),
+        "train_sp": _r("int", ">0", "GPUs per sequence-parallel group"),
         "steps": _r("int", ">0", "training steps"),
         "sleep_level": _r("int"),
         "start_s": _r("float", ">=0", "s"),
@@ -167,6 +169,10 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "bytes_per_token": _r("int", ">0", "bytes per token"),
         "writeback_bytes_per_token": _r("int", ">=0", "bytes per token"),
         "train_tp": _r("int", ">0", "GPUs per training DP replica"),
+    },
+    DisaggregatedSpec: {
+        "shape": _r("str"),
+        "weight_sync": _r("str"),
     },
     WeightSyncGroupsSpec: {
         "pp_stages": _r("int", ">0", "PP stages"),

@@ -152,6 +152,17 @@ class CostSpec:
 
 
 @dataclass(frozen=True)
+class DisaggregatedSpec:
+    """A ``disaggregated`` pipeline's order (``harness/control/disaggregated.py``): ``sync``,
+    ``one_step_off`` or ``fully_async``; and, fully asynchronous, what the generation does
+    during a weight sync: ``drain``, ``pause`` (a partial rollout) or ``in_flight``. The
+    staleness bound of ``fully_async`` is ``workload.max_trajectory_age_steps``."""
+
+    shape: str = "sync"  # the order: NeMo RL's synchronous, verl's one step off, or fully asynchronous
+    weight_sync: str = "pause"  # fully_async: drain the running answers, pause them (partial rollout), or sync under them
+
+
+@dataclass(frozen=True)
 class StreamingSpec:
     """The single controller's ``async_rl`` knobs (``type: single_controller`` only;
     docs/modelled-systems.md#nemo-rl-streaming-single-controller). ``min_groups_for_streaming_train`` = ``prompts_per_step``
@@ -190,7 +201,7 @@ class StreamingSpec:
 @dataclass(frozen=True)
 class PipelineSpec:
     name: str
-    type: str  # "nemo_async" | "roll_sync" | "single_controller"
+    type: str  # "nemo_async" | "roll_sync" | "single_controller" | "disaggregated"
     train_gpus: Tuple[int, ...]
     infer_gpus: Tuple[int, ...]
     infer_tp: int = 1
@@ -209,6 +220,10 @@ class PipelineSpec:
     # full activation recomputation in training: each layer's forward rerun in the backward
     # (a NeMo RL recipe's megatron_cfg.activation_checkpointing), one more forward's work
     train_recompute: bool = False
+    # the training backend: megatron (the layout above) or fsdp2 (verl's FSDP2: every training GPU
+    # one shard; simulators/costmodel/fsdp2.py), and fsdp2's Ulysses sequence parallelism
+    train_backend: str = "megatron"
+    train_sp: int = 1
     model: ModelSpec = field(default_factory=ModelSpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     steps: int = 4
@@ -241,6 +256,8 @@ class PipelineSpec:
     # the weight-sync groups' creation before the first sync, as a rendezvous per PP stage
     # (simulators/refit/groups.py); None = not modelled (the sync's group is created per sync)
     weight_sync_groups: Optional["WeightSyncGroupsSpec"] = None
+    # a disaggregated pipeline's order (None for every other type)
+    disaggregated: Optional[DisaggregatedSpec] = None
 
 
 @dataclass(frozen=True)
@@ -397,7 +414,7 @@ class Scenario:
     expect: Tuple[Any, ...] = ()  # list of mappings: findings known to occur, each with its reason (table below)
 
 
-PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller")
+PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller", "disaggregated")
 FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
                "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
                "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",

@@ -36,6 +36,46 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
     sw.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
+def add_what_if_parser(sub) -> None:
+    wi = sub.add_parser("what-if", help="what-if: one workload recast into other shapes (colocate: colocated, "
+                                        "partial overlap, one step off, fully async)")
+    wsub = wi.add_subparsers(dest="what_if", metavar="QUESTION")
+    co = wsub.add_parser("colocate", help="the scenario's one pipeline as colocated, RLix partial overlap, "
+                                          "disaggregated one step off and fully async, side by side (docs/what-if.md)")
+    co.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with one pipeline (the workload)")
+    co.add_argument("--out", metavar="DIR", help="table.txt, results.json and colocate.png (default runs/colocate-<name>)")
+    co.add_argument("--no-png", action="store_true", help="skip the picture")
+
+
+def cmd_what_if(args: argparse.Namespace, usage_error) -> int:
+    """``what-if colocate``: every variant is built and validated before any runs."""
+    from harness.logs.outputs.paths import check_output_dir
+    from simulators.scenario.loader import ScenarioError, read_mapping, scenario_from_mapping
+    from simulators.whatif import colocate
+
+    if args.what_if != "colocate":
+        raise usage_error("what-if: a question is required (colocate); see rlharness what-if --help")
+    try:
+        mapping = read_mapping(args.scenario)
+        if not isinstance(mapping, dict):
+            raise usage_error(f"{args.scenario}: a scenario is a mapping")
+        for m in colocate.variants(mapping):
+            scenario_from_mapping(m, f"{args.scenario} as {m['name']}")
+    except colocate.ColocateError as e:
+        raise usage_error(f"{args.scenario}: {e}") from None
+    except ScenarioError as e:
+        raise usage_error(str(e)) from None
+    name = str(mapping.get("name", "scenario"))
+    out_dir = args.out or os.path.join("runs", f"colocate-{name}")
+    check_output_dir(out_dir, colocate.FILES, "--out" if args.out else "what-if folder", inputs=[args.scenario])
+    rows = colocate.compare(mapping, args.scenario)
+    pipe = mapping["pipelines"][0]
+    gpus = len(set(pipe.get("train_gpus", [])) | set(pipe.get("infer_gpus", [])))
+    print(colocate.write(out_dir, args.scenario, rows, gpus, not args.no_png))
+    print(f"results: {os.path.join(out_dir, 'results.json')}")
+    return 0 if all(r["end"] == "done" for r in rows) else 1
+
+
 def _validate(args: argparse.Namespace, usage_error) -> None:
     if not 1 <= args.seeds <= 10_000:
         raise usage_error(f"--seeds: must be between 1 and 10000, got {args.seeds}")

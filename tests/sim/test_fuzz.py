@@ -50,7 +50,7 @@ def test_partial_overlap_is_drawn_for_nemo_pipelines():
     overlaps = 0
     for seed in range(100):
         for p in scenario_for_seed(seed).pipelines:
-            if p.type == "single_controller":  # non-colocated, on GPUs of its own (no scheduler)
+            if p.type in ("single_controller", "disaggregated"):  # non-colocated, on GPUs of its own (no scheduler)
                 assert not set(p.train_gpus) & set(p.infer_gpus)
                 others = {g for q in scenario_for_seed(seed).pipelines if q.name != p.name for g in q.train_gpus + q.infer_gpus}
                 assert not (set(p.train_gpus) | set(p.infer_gpus)) & others

@@ -123,7 +123,7 @@ def test_sleep_level():
 def test_unknown_pipeline_type():
     data = base()
     data["pipelines"][1]["type"] = "nemo_sync"
-    assert error_of(data) == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync, single_controller"
+    assert error_of(data) == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync, single_controller, disaggregated"
 
 
 def test_duplicate_pipeline_name():

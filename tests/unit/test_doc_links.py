@@ -37,11 +37,12 @@ OUTPUT_PATHS: Dict[str, str] = {
     "runs/gates/NAME.json": "rlharness gate's default report path (docs/gates.md)",
 }
 
-#: upstream repositories' paths (RLix, NeMo RL, ROLL, vLLM, Megatron-LM and Megatron-Bridge,
+#: upstream repositories' paths (RLix, NeMo RL, ROLL, vLLM, verl, Megatron-LM and Megatron-Bridge,
 #: nccl-tests) the docs cite as sources, by prefix
 UPSTREAM_PREFIXES = ("rlix/", "nemo_rl/", "roll/", "vllm/", "megatron/core/", "src/megatron/", "doc/PERFORMANCE.md", "tests/test_", "tests/unit/algorithms/", "tests/unit/data_plane/",
                      "tests/unit/single_controller/", "tests/unit/models/", "tests/integration/", "examples/RLIX_EXPERIMENT.md",
-                     "examples/nemo_rl_test/", "plans/", "docs/design-docs/", "docs/about/", "examples/run_grpo")
+                     "examples/nemo_rl_test/", "plans/", "docs/design-docs/", "docs/about/", "examples/run_grpo", "recipe/", "verl/",
+                     "examples/configs/")
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"`([^`\n]+)`")

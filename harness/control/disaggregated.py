@@ -1,0 +1,143 @@
+"""Disaggregated pipelines: training and generation on GPUs of their own, outside RLix's
+scheduler (docs/modelled-systems.md#disaggregated-pipelines). Three orders, each from its
+reference implementation:
+
+* ``sync`` — NeMo RL's GRPO with generation on its own GPUs (``grpo_train`` with
+  ``colocated.enabled: false``): generate the step's batch with the current weights, then
+  log-probs, training, and the weight broadcast to the generation GPUs. Nothing overlaps.
+* ``one_step_off`` — verl's ``recipe/one_step_off_policy`` (``OneStepOffRayTrainer.fit``):
+  the next batch is generated while the current one trains. Per step: wait for batch k,
+  sync the weights (after k updates) to the rollout workers, start batch k+1 on them, then
+  log-probs and training on batch k. Batch k+1 is one version behind when it trains.
+* ``fully_async`` — verl's ``recipe/fully_async_policy`` and NeMo RL's async GRPO: the
+  rollouter admits trajectories one at a time while the staleness window allows
+  (:func:`may_admit`), the trainer takes each step's batch as it completes
+  (:func:`select_batch`), and after each step the weights are synced with one of three
+  behaviours of the generation (:data:`WEIGHT_SYNC_MODES`):
+
+  - ``drain``: no new trajectory is started and the sync waits for the running ones to
+    finish (verl's ``partial_rollout: False``);
+  - ``pause``: the running trajectories are interrupted, the weights synced, and they go
+    on with the new weights (verl's ``partial_rollout: True``: a partial rollout);
+  - ``in_flight``: generation goes on during the sync, and the running trajectories take
+    the new weights where the sync lands (NeMo RL's ``in_flight_weight_updates: true``).
+
+  With ``pause`` and ``in_flight`` a trajectory's tokens span weight versions; its
+  staleness is counted from the version it started with (the oldest it used).
+
+Only the order and the rules live here (no clock, no I/O); ``simulators/pipelines/disaggregated.py``
+interprets the effects in simulated time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generator, List, Optional, Sequence, Tuple
+
+from harness.control.effects import Compute, WaitBatch
+from harness.control.streaming_effects import SyncWeights
+
+SHAPES = ("sync", "one_step_off", "fully_async")
+WEIGHT_SYNC_MODES = ("drain", "pause", "in_flight")
+
+
+@dataclass(frozen=True)
+class StartRollout:
+    """Generate the ``batch``-th batch of trajectories on the generation GPUs with the
+    weights of ``version``; returns at once (the trainer waits with ``WaitBatch``)."""
+
+    batch: int
+    version: int
+
+
+@dataclass(frozen=True)
+class PauseGeneration:
+    """Before a weight sync: ``drain`` stops admitting and waits for the running
+    trajectories to finish; ``pause`` interrupts them where they are (kept, to go on)."""
+
+    mode: str
+
+
+@dataclass(frozen=True)
+class ResumeGeneration:
+    """After a weight sync: admitting (and the interrupted trajectories) go on."""
+
+    version: int
+
+
+def trajectory_age_bound(shape: str, max_age: int) -> int:
+    """The most versions a trained trajectory may lag the trainer, by construction of the
+    order: 0 synchronous, 1 one step off, the configured window when fully asynchronous."""
+    return {"sync": 0, "one_step_off": 1}.get(shape, max_age)
+
+
+def sync(steps: int) -> Generator:
+    """``(step, generator)`` pairs: each step's effects, in NeMo RL's synchronous order."""
+    for step in range(steps):
+        yield step, _sync_step(step)
+
+
+def _sync_step(step: int) -> Generator:
+    yield StartRollout(step, step)
+    yield WaitBatch(step)
+    yield Compute("old_log_probs", step)
+    yield Compute("train", step)
+    yield SyncWeights(step + 1)
+
+
+def one_step_off(steps: int) -> Generator:
+    """``(step, generator)`` pairs in verl's one-step-off order. The first batch starts
+    before step 0 with the initial weights (version 0)."""
+    for step in range(steps):
+        yield step, _one_step_off_step(step, steps)
+
+
+def _one_step_off_step(step: int, steps: int) -> Generator:
+    if step == 0:
+        yield StartRollout(0, 0)
+    yield WaitBatch(step)
+    yield SyncWeights(step)  # the weights after ``step`` updates (step 0: the initial ones again)
+    if step + 1 < steps:
+        yield StartRollout(step + 1, step)
+    yield Compute("old_log_probs", step)
+    yield Compute("train", step)
+
+
+def fully_async(steps: int, weight_sync: str) -> Generator:
+    """``(step, generator)`` pairs of the trainer's side; the rollouter admits by
+    :func:`may_admit` on its own."""
+    for step in range(steps):
+        yield step, _fully_async_step(step, weight_sync)
+
+
+def _fully_async_step(step: int, weight_sync: str) -> Generator:
+    yield WaitBatch(step)
+    yield Compute("old_log_probs", step)
+    yield Compute("train", step)
+    if weight_sync != "in_flight":
+        yield PauseGeneration(weight_sync)
+    yield SyncWeights(step + 1)
+    if weight_sync != "in_flight":
+        yield ResumeGeneration(step + 1)
+
+
+def may_admit(started: int, trainer_version: int, batch: int, max_age: int, total: int) -> bool:
+    """The rollouter may start one more trajectory: at most ``(v + 1 + max_age)`` batches
+    started while the trainer is at version ``v`` (NeMo RL's buffer window, verl's
+    ``(1 + staleness_threshold)`` batches per version), and no more than the run needs."""
+    return started < min(total, (trainer_version + 1 + max_age) * batch)
+
+
+def select_batch(completed: Sequence[Tuple[int, int]], trainer_version: int, batch: int,
+                 max_age: int) -> Tuple[Optional[List[int]], List[int]]:
+    """The trainer's batch from the completed trajectories ``(trajectory id, version it
+    started with)``: ``(taken, dropped)``, ``taken`` None while fewer than ``batch`` are
+    usable. Oldest start first (ties by id); a trajectory older than ``max_age`` versions
+    is dropped, not trained (NeMo RL's replay buffer evicts it), batch or not, so that the
+    rollouter's window (:func:`may_admit`, which counts what was started less what was
+    dropped) starts its replacement."""
+    usable = sorted((v, t) for t, v in completed if trainer_version - v <= max_age)
+    dropped = sorted(t for t, v in completed if trainer_version - v > max_age)
+    if len(usable) < batch:
+        return None, dropped
+    return [t for _, t in usable[:batch]], dropped

@@ -1,0 +1,293 @@
+"""A ``disaggregated`` pipeline in simulated time: training on ``train_gpus``, generation on
+``infer_gpus`` (disjoint), no RLix scheduler (the pipeline owns its GPUs for the run, as a
+single controller does). The orders and the rules are ``harness.control.disaggregated``'s;
+this module charges their time:
+
+* **generation**: each trajectory's decode length is drawn by the workload's
+  :class:`~simulators.pipelines.workload.Collector` (the log-normal, the cap); a rank runs at most
+  ``max_concurrent_per_rank`` at once (the rest queue, as vLLM's waiting queue) and decodes
+  step by step: every running sequence advances one token per decode step, a step at ``c``
+  running sequences taking ``t(c)`` (``simulators.pipelines.inference.decode_step_time``: the batching
+  curve's ``(h + c)/T``, less the experts no token reads). A batch's tail is its longest
+  answer decoding alone at ``t(1)``.
+* **training**: the batch's log-probs and training pass at the cost fields' rate over the
+  training GPUs (as ``PipelineSim._Compute``).
+* **weight sync**: the weights from the trainer to the generation GPUs over the slowest link
+  between them (the NICs when they span nodes), plus ``finalize_s``, as the single
+  controller's ``SyncWeights``.
+
+Each trajectory's completion is a ``trajectory`` record with the weight versions it started
+and ended with (a partial rollout spans more than one); each trained batch a
+``batch_consumed`` record with its staleness histogram (invariant 14 reads it against the
+order's bound, ``trajectory_age_bound``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from typing import Any, Deque, Dict, List, Tuple
+
+import numpy as np
+
+from harness.control import disaggregated as order
+from harness.control.interpret import drive
+from harness.control.effects import TRAINER_EFFECTS
+from simulators.runtime.cluster import OutOfMemory
+from simulators.runtime.env import Actor, Timer
+from simulators.pipelines.inference import decode_step_time
+from simulators.runtime.simulation import SimFailure, Simulation
+from simulators.pipelines.single_controller import hold_own_gpus, weight_sync_s
+from simulators.scenario.spec import PipelineSpec
+from simulators.pipelines.workload import Collector
+
+_EPS = 1e-9
+
+
+class _Rank:
+    """One generation DP rank: a token clock shared by its running sequences."""
+
+    __slots__ = ("index", "gpus", "running", "queue", "clock", "last_t", "paused", "armed")
+
+    def __init__(self, index: int, gpus: Tuple[int, ...]) -> None:
+        self.index, self.gpus = index, gpus
+        self.running: Dict[int, float] = {}  # trajectory -> the clock value it finishes at
+        self.queue: Deque[Tuple[int, int]] = deque()  # (trajectory, tokens) waiting for a slot
+        self.clock = 0.0  # tokens decoded by each running sequence since the rank started
+        self.last_t = 0.0
+        self.paused = False
+        self.armed = 0  # the live timer's number (a re-arm makes older timers stale)
+
+
+class DisaggregatedSim:
+    def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
+        self.sim, self.spec, self.index = sim, spec, index
+        self.env = sim.env
+        self.pid = spec.name
+        self.costs = spec.costs or sim.scenario.costs
+        self.shape, self.weight_sync = spec.disaggregated.shape, spec.disaggregated.weight_sync
+        w = spec.workload
+        self.batch = w.prompts_per_step * w.generations_per_prompt
+        self.max_age = order.trajectory_age_bound(self.shape, w.max_trajectory_age_steps)
+        self.train_gpus = tuple(sorted(spec.train_gpus))
+        infer, tp = sorted(spec.infer_gpus), spec.infer_tp
+        self.ranks = [_Rank(r, tuple(infer[r * tp:(r + 1) * tp])) for r in range(len(infer) // tp)]
+        self.cap = w.max_concurrent_per_rank
+        step = decode_step_time(w, spec.model)
+        T, h = w.tokens_per_s_per_rank, w.batching_half_point
+        self.step_s = step if step is not None else (lambda c: (h + c) / T)
+        self.collector = Collector(w, "sync", np.random.default_rng(np.random.SeedSequence([sim.scenario.seed, index])))
+        self.actor = Actor("pipeline", index, 4)
+        self.faults: Dict[str, Any] = {}
+        self.steps_done = 0
+        self.gen_version = 0  # the weights the generation GPUs hold
+        self.trainer_version = 0
+        self.admitting = True
+        self.started = 0  # trajectories started (fully_async's window)
+        self.dropped = 0
+        self.first_version: Dict[int, int] = {}
+        self.batch_of: Dict[int, int] = {}  # trajectory -> its batch (sync, one_step_off)
+        self.left: Dict[int, int] = {}  # batch -> trajectories not yet complete
+        self.batch_version: Dict[int, int] = {}
+        self.completed: List[Tuple[int, int]] = []  # fully_async: (trajectory, first version) done, not trained
+        self._changed = self.env.event()
+        self._busy: set = set()  # ranks with a Generate effect open
+
+    # ------------------------------------------------------------------ process
+    def main(self):
+        try:
+            if self.spec.start_s > 0:
+                yield self.env.timeout(self.spec.start_s)
+            self._setup()
+            steps = self.spec.steps
+            if self.shape == "fully_async":
+                self.env.spawn(self._rollouter(), "pipeline", self.index, 1)
+                orders = order.fully_async(steps, self.weight_sync)
+            else:
+                orders = order.sync(steps) if self.shape == "sync" else order.one_step_off(steps)
+            for step, gen in orders:
+                yield from drive(gen, self._handling_of, self.sim.log.add, lambda: self.env._now, self.pid, "step", step)
+                self.steps_done += 1
+        except (SimFailure, OutOfMemory, RuntimeError) as e:
+            self.sim.fail(f"{self.pid}: {e}")
+        self.admitting = False
+        for rank in self.ranks:  # what still runs when the last step is trained is abandoned
+            if rank.index in self._busy:
+                self._generate_record(rank, "effect_end")
+            rank.armed += 1
+        self._busy.clear()
+        self._notify()
+
+    def resize(self, phase, ranks, cycle):  # pragma: no cover - never registered with the scheduler
+        raise RuntimeError(f"{self.pid}: a disaggregated pipeline is not resized by the scheduler")
+
+    def _setup(self) -> None:
+        hold_own_gpus(self.sim, self.pid, self.costs, self.spec, self.train_gpus, [r.gpus for r in self.ranks])
+
+    def _handling_of(self, effect_cls: type):
+        name = effect_cls.__name__
+        handler = getattr(self, "_" + name)
+        gpus = None
+        if name in TRAINER_EFFECTS:
+            gpus = lambda e: list(self.train_gpus)  # noqa: E731
+        elif name in ("SyncWeights", "StartRollout", "PauseGeneration", "ResumeGeneration"):
+            every = sorted(self.train_gpus + tuple(g for r in self.ranks for g in r.gpus))
+            gpus = (lambda e: every) if name == "SyncWeights" else None  # noqa: E731
+        return name, handler, inspect.isgeneratorfunction(handler), gpus
+
+    def _notify(self) -> None:
+        if not self._changed.triggered:
+            self._changed.succeed()
+        self._changed = self.env.event()
+
+    # ------------------------------------------------------------------ trainer effects
+    def _StartRollout(self, e):
+        reqs = self.collector.draw(self.batch)
+        self.left[e.batch] = len(reqs)
+        self.batch_version[e.batch] = e.version
+        for req in reqs:
+            self.batch_of[req.rid] = e.batch
+            self._dispatch(req.rid, req.tokens)
+        return None
+
+    def _WaitBatch(self, e):
+        if self.shape == "fully_async":
+            dropped: List[int] = []
+            while True:
+                taken, gone = order.select_batch(self.completed, self.trainer_version, self.batch, self.max_age)
+                if gone:  # evicted now: the rollouter's window starts their replacements
+                    dropped += gone
+                    self.dropped += len(gone)
+                    self.completed = [(t, v) for t, v in self.completed if t not in set(gone)]
+                    self._notify()
+                if taken is not None:
+                    break
+                yield self._changed
+            ages: Dict[int, int] = {}
+            for t, v in self.completed:
+                if t in taken:
+                    ages[self.trainer_version - v] = ages.get(self.trainer_version - v, 0) + 1
+            self.completed = [(t, v) for t, v in self.completed if t not in set(taken)]
+        else:
+            while self.left.get(e.global_step, 1):
+                yield self._changed
+            ages = {self.trainer_version - self.batch_version[e.global_step]: self.batch}
+            dropped = []
+        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=sum(ages.values()),
+                      staleness={str(k): v for k, v in sorted(ages.items())},
+                      **({"dropped": len(dropped)} if dropped else {}))
+        return None
+
+    def _Compute(self, e):
+        c, n = self.costs, self.batch
+        if e.what == "train":
+            dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
+        else:
+            dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
+        yield self.env.timeout(dt)
+        if e.what == "train":
+            self.trainer_version += 1
+            self._notify()
+        return None
+
+    def _SyncWeights(self, e):
+        yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus,
+                                             [r.gpus for r in self.ranks]))
+        self.gen_version = e.version  # in_flight: the running sequences go on with these weights
+        return None
+
+    def _PauseGeneration(self, e):
+        self.admitting = False
+        if e.mode == "drain":
+            while any(r.running or r.queue for r in self.ranks):
+                yield self._changed
+        else:
+            for rank in self.ranks:
+                self._advance(rank)
+                rank.paused = True
+                rank.armed += 1  # its pending completion is off until the resume
+        return None
+
+    def _ResumeGeneration(self, e):
+        self.admitting = True
+        for rank in self.ranks:
+            if rank.paused:
+                rank.paused = False
+                rank.last_t = self.env._now
+                self._arm(rank)
+        self._notify()
+        return None
+
+    # ------------------------------------------------------------------ rollouter (fully_async)
+    def _rollouter(self):
+        total = self.spec.steps * self.batch
+        while self.steps_done < self.spec.steps and not self.sim.stop.triggered:
+            if self.admitting and order.may_admit(self.started - self.dropped, self.trainer_version, self.batch,
+                                                  self.max_age, total):
+                req = self.collector.draw(1)[0]
+                self.started += 1
+                self._dispatch(req.rid, req.tokens)
+                continue
+            yield self._changed
+
+    # ------------------------------------------------------------------ decode, step by step
+    def _dispatch(self, tid: int, tokens: int) -> None:
+        rank = min(self.ranks, key=lambda r: (len(r.running) + len(r.queue), r.index))
+        rank.queue.append((tid, tokens))
+        self._fill(rank)
+
+    def _fill(self, rank: _Rank) -> None:
+        """Queued sequences take free slots; the rank's clock is re-timed."""
+        self._advance(rank)
+        while rank.queue and len(rank.running) < self.cap:
+            tid, tokens = rank.queue.popleft()
+            rank.running[tid] = rank.clock + tokens
+            self.first_version[tid] = self.gen_version
+        if rank.running and rank.index not in self._busy:
+            self._busy.add(rank.index)
+            self._generate_record(rank, "effect_start")
+        self._arm(rank)
+
+    def _advance(self, rank: _Rank) -> None:
+        now = self.env._now
+        if rank.running and not rank.paused:
+            rank.clock += (now - rank.last_t) / self.step_s(len(rank.running))
+        rank.last_t = now
+
+    def _arm(self, rank: _Rank) -> None:
+        rank.armed += 1
+        if not rank.running or rank.paused:
+            return
+        left = min(rank.running.values()) - rank.clock
+        Timer(self.env, max(0.0, left) * self.step_s(len(rank.running)), self.actor, self._fire, (rank, rank.armed))
+
+    def _fire(self, arg) -> None:
+        rank, armed = arg
+        if armed != rank.armed:
+            return
+        self._advance(rank)
+        done = sorted(t for t, mark in rank.running.items() if mark <= rank.clock + _EPS)
+        for tid in done:
+            del rank.running[tid]
+            self._complete(rank, tid)
+        self._fill(rank)
+        if not rank.running:
+            self._busy.discard(rank.index)
+            self._generate_record(rank, "effect_end")
+        self._notify()
+
+    def _complete(self, rank: _Rank, tid: int) -> None:
+        first = self.first_version.pop(tid)
+        self.sim.emit("trajectory", pipeline_id=self.pid, trajectory=tid, dp_rank=rank.index,
+                      first_version=first, version=self.gen_version)
+        batch = self.batch_of.pop(tid, None)
+        if batch is not None:
+            self.left[batch] -= 1
+        else:
+            self.completed.append((tid, first))
+
+    def _generate_record(self, rank: _Rank, kind: str) -> None:
+        """One ``Generate`` effect per busy period of a rank (from its first running
+        sequence to its last): what the timeline and the summary count as generation."""
+        self.sim.log.add({"seq": 0, "t": self.env._now, "kind": kind, "pipeline_id": self.pid, "effect": "Generate",
+                          "args": {"dp_rank": rank.index}, "scope": "rollout", "step": None, "gpus": list(rank.gpus)})
