@@ -40,6 +40,7 @@ from gpu_gates.memory import MemoryMeter
 from gpu_gates.rank0_first import rank0_speaks_first, wait_for_keys
 from gpu_gates.watchdog import Watchdog, start_sigterm_listener, thread_stacks
 from gpu_gates.transports import private_dirs
+from harness.exit_codes import ExitCode
 
 __all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
 
@@ -278,8 +279,8 @@ class _GateRun:
             print(rep.summary_text(report), flush=True)
             self._post("done", {"status": report["status"]})
             code = rep.exit_code_for(report["status"])
-            if not written and code in (rep.EXIT_PASSED, rep.EXIT_SKIPPED):
-                code = rep.EXIT_FAILED  # a verdict nobody can read is not a pass
+            if not written and code in (ExitCode.OK, ExitCode.SKIPPED):
+                code = ExitCode.FINDING  # a verdict nobody can read is not a pass
         else:
             if ctx.status == rep.FAILED:
                 self._write(self.args.report and rep.rank_report_path(self.args.report, self.env.rank),
@@ -299,7 +300,7 @@ class _GateRun:
             folder.leave()
         sys.stdout.flush()
         sys.stderr.flush()
-        if code == rep.EXIT_PASSED and _ends_by_returning():
+        if code == ExitCode.OK and _ends_by_returning():
             self.watchdog.stop()
             self.ended = code
             return code
@@ -319,7 +320,7 @@ class _GateRun:
             if self.ended is not None:
                 os._exit(self.ended)
             if time.monotonic() >= give_up:
-                os._exit(rep.EXIT_FAILED)
+                os._exit(ExitCode.FINDING)
 
     def _post(self, name: str, payload: Dict[str, Any]) -> None:
         try:
@@ -403,9 +404,9 @@ class _GateRun:
 
     def _skip(self, backend: str, reason: str) -> int:
         """Every rank skips (the node cannot host the world); rank 0 writes the report, and
-        the others wait for it (:mod:`gpu_gates.rank0_first`: a peer's early exit 3 would
+        the others wait for it (:mod:`gpu_gates.rank0_first`: a peer's early skip exit would
         make torchrun kill rank 0 before its write)."""
-        code = [rep.EXIT_SKIPPED]
+        code = [ExitCode.SKIPPED]
 
         def report() -> None:
             self.backend = backend
@@ -414,7 +415,7 @@ class _GateRun:
             written = self._write(self.args.report, body)
             print(f"gate {self.spec.name}: SKIPPED: {reason}", flush=True)
             if not written:
-                code[0] = rep.EXIT_FAILED
+                code[0] = ExitCode.FINDING
 
         rank0_speaks_first(self.env, self.deadline, report, self.hooks.seconds("late_skip_report", 1.0))
         return code[0]
@@ -478,4 +479,4 @@ def _usage_error(env: LaunchEnv, message: str) -> int:
     except HookSpecError:  # the hook variable is the usage error itself
         late = 0.0
     rank0_speaks_first(env, time.monotonic() + USAGE_WAIT_S, lambda: write_at_once(sys.stderr, message), late)
-    return rep.EXIT_USAGE
+    return ExitCode.BAD_INPUT

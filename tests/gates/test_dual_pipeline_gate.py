@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from harness.exit_codes import ExitCode
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
@@ -87,7 +89,7 @@ def test_wrong_world_size_is_a_skip_with_reason(gate_runner):
     # the gate file runs as the documented command, to its report and exit code
     run = gate_runner("dual_pipeline", 1, "--steps", "3", launcher="torchrun")  # any world but 6; 1 rank starts fastest
     assert run.report["status"] == "skipped" and "exactly 6 ranks" in run.report["message"]
-    assert run.returncode != 0 and run.report["exit_code"] == 3
+    assert run.returncode != 0 and run.report["exit_code"] == ExitCode.SKIPPED
 
 
 def _seeded_delay(seed, stream, i, bound=0.05):

@@ -5,6 +5,8 @@ import socket
 
 import pytest
 
+from harness.exit_codes import ExitCode
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
@@ -143,4 +145,4 @@ def test_under_plain_torchrun_the_gate_file_runs_to_its_report_and_exit_code(gat
     # report and exit code 3 (a skip), which torchrun passes on as a failure
     run = gate_runner("selective_sync", 1, launcher="torchrun")
     assert run.report["status"] == "skipped" and "needs 4+ ranks" in run.report["message"]
-    assert run.report["exit_code"] == 3 and run.returncode != 0
+    assert run.report["exit_code"] == ExitCode.SKIPPED and run.returncode != 0
