@@ -80,12 +80,12 @@ class Simulation:
         self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), options)
         self.log = EventLog(header_record(
             {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30),
-             "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity (invariant 25)
+             "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
-                  # the oracle's post-sleep residue threshold (invariant 6, harness/invariants/memory.py)
+                  # the oracle's post-sleep residue threshold (``vram``, harness/invariants/memory.py)
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
-                  # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
+                  # the trajectory_age check's bound per pipeline with a trajectory buffer
                   "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
                                                if p.type != "single_controller"},
                   # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)

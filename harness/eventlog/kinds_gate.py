@@ -2,7 +2,7 @@
 
 Every gate record carries ``rank`` (the torch.distributed rank that emitted it); rank 0
 merges all ranks' records ordered by ``(t, rank, per-rank order)``. ``t`` is seconds since
-rank 0 started the gate. Invariant 9 reads ``weights_publish``. A sync's and a group's records are
+rank 0 started the gate. The ``versions`` check reads ``weights_publish``. A sync's and a group's records are
 shared with the simulator (``kinds_sync.py``).
 """
 

@@ -1,4 +1,4 @@
-"""Record kinds of the refit stream's wire (gpu_gates/transports/zmq_stream.py), read by invariant 18.
+"""Record kinds of the refit stream's wire (gpu_gates/transports/zmq_stream.py), read by ``refit_wire``.
 
 Written by whoever runs the real transport (the refit gate, the selective-sync and
 dual-pipeline gates' same-GPU path). ``rank`` is optional: a gate adds it, a bare

@@ -3,7 +3,7 @@ argument and the problem, no traceback, nothing written — and every check done
 any simulation starts.
 
 Each case is an input a fresh-clone trial of rlharness turned into a traceback, a stray
-file or a run that grew without end (issue 15). Most run ``main()`` in-process (an
+file or a run that grew without end. Most run ``main()`` in-process (an
 escaping exception fails the test); the pipe and ``/dev/zero`` cases run the real
 command in a subprocess.
 """

@@ -47,7 +47,7 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     both = [r for r in records if r["kind"] == "plan" and r["shrinks"] and r["expands"]]
     assert both
     # every build and every sync of each cache held its pipeline's cache lock (the log's
-    # evidence for invariant 12: without it the check judged each effect unlocked)
+    # evidence for cache_lock: without it the check judged each effect unlocked)
     holds = {(r["pipeline_id"], r["holder"]) for r in records if r["kind"] == "cache_lock" and r["action"] == "acquire"}
     assert {(p, h) for p in ("ppl1", "ppl2") for h in ("build", "sync")} <= holds, holds
     # refits really moved weights over both paths and every synced rank matched bit for bit
