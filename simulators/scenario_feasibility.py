@@ -33,7 +33,7 @@ simulator to show the out-of-memory the rule predicts.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from simulators.spec import CostSpec, PipelineSpec, Scenario
 

@@ -6,10 +6,12 @@ rank 0 started the gate. The ``versions`` check reads ``weights_publish``. A syn
 shared with the simulator (``kinds_sync.py``).
 """
 
+from typing import Optional
+
 _R = {"rank": "int"}
 
 
-def _kind(doc: str, required: dict, optional: dict = None) -> dict:
+def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
     return {"required": {**_R, **required}, "optional": dict(optional or {}), "doc": doc}
 
 

@@ -5,10 +5,12 @@ dual-pipeline gates' same-GPU path). ``rank`` is optional: a gate adds it, a bar
 transport run in a test has none. ``peer`` names the other side, ``step`` the sync.
 """
 
+from typing import Optional
+
 _S = {"step": "int", "role": "str", "peer": "str"}
 
 
-def _kind(doc: str, required: dict, optional: dict = None) -> dict:
+def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
     return {"required": {**_S, **required}, "optional": {"rank": "int", **(optional or {})}, "doc": doc}
 
 

@@ -15,7 +15,6 @@ import pytest
 from harness.eventlog import writer
 from harness.outputs import paths
 from harness.outputs.paths import OutputPathError, RunFolder, check_output_dir, check_output_file
-from rlharness.cli import main
 
 from tests.cli.test_cli_error_contract import DEFAULT, TRACE, run_error
 

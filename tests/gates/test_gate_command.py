@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 
 from rlharness import gate as gate_cmd  # noqa: E402
 from harness.exit_codes import ExitCode  # noqa: E402
-from rlharness.cli import main  # noqa: E402
 from tests.cli.test_cli_error_contract import run_error  # noqa: E402
 from tests.gates.conftest import HOOK_ENV, REPO, _one_gate_at_a_time, lane_of  # noqa: E402
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 
 from harness.invariants import check_log
 from simulators.runtime import Simulation

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from typing import List
 
 import pytest
 
