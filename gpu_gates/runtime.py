@@ -8,8 +8,9 @@ safe to run unattended lives here, once:
   report, never a stuck job;
 * results move through the TCP store, not collectives, so rank 0 can still merge what
   every live rank knew when some rank is broken;
-* the report is written atomically on every exit path; exit codes: 0 passed,
-  1 failed, 2 usage error, 3 skipped (the node cannot host the requested world).
+* the report is written atomically on every exit path; exit codes (the project's one
+  table, :class:`harness.exit_codes.ExitCode`): 0 passed, 1 failed, 2 usage error,
+  77 skipped (the node cannot host the requested world).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
     parser = _RankZeroParser(
         prog=f"gpu_gates/{spec.name}.py", description=spec.description,
         epilog=f"launch: torchrun --nproc-per-node {spec.default_world} gpu_gates/{spec.name}.py [flags]; "
-               "exit codes: 0 passed, 1 failed, 2 usage error, 3 skipped; see docs/gates.md")
+               f"exit codes: {ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, {ExitCode.BAD_INPUT:d} usage "
+               f"error, {ExitCode.SKIPPED:d} skipped; see docs/cli.md#exit-codes")
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="auto = nccl when CUDA has a GPU per local rank, else gloo on CPU")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

@@ -54,6 +54,11 @@ def test_a_gate_and_the_gate_command_use_the_table():
         assert rep.exit_code_for(status) == docs[name], status
         assert exit_code_from_report({"status": status}) == docs[name], status
     assert exit_code_from_report({"status": "garbled"}) == docs["FINDING"]  # never a pass
+    from gpu_gates.nccl_teardown import SPEC
+    from gpu_gates.runtime import build_parser
+
+    epilog = build_parser(SPEC).epilog  # what `torchrun gpu_gates/NAME.py --help` prints
+    assert f"{docs['SKIPPED']} skipped" in epilog and f"{docs['BAD_INPUT']} usage error" in epilog, epilog
 
 
 def test_readme_and_gates_doc_link_to_the_table():
