@@ -1,17 +1,13 @@
 """The ``rlharness`` command line.
 
-One exit-code table for every subcommand (:class:`harness.exit_codes.ExitCode`, shown by
-``--help`` and in docs/cli.md#exit-codes), applied here in :func:`main`: 0 nothing found,
-1 a finding (a finding that the scenario's ``expect:`` list or ``--baseline`` covers is
-reported and does not count, and ``--strict`` counts an expectation that matched nothing:
-:mod:`harness.expect`), 2 bad input (one line ``error: <file/field/argument>: <what>`` on
-stderr, no traceback, nothing written), 3 ``replay --expect`` saw a decision diverge from
-the recorded log (``replay --verdict FILE`` writes the verdict as JSON), 77 a gate skipped
-(``rlharness gate``), 130 interrupted, 141 the reader of the output went away
-(``rlharness replay X | head``): a quiet exit, nothing on stderr, for every command and for
-``--help``/``--version`` alike. As with any Unix tool, output the pipe took in whole before
-its reader left (``rlharness schema | head -1``: the schema fits the pipe's buffer) was
-written, and the command exits as usual.
+Every subcommand exits with a code of the project's one table
+(:class:`harness.exit_codes.ExitCode`, listed by ``--help`` and in docs/cli.md#exit-codes),
+applied here in :func:`main`: bad input is one line ``error: <file/field/argument>:
+<what>`` on stderr, no traceback, nothing written; a reader of the output that went away
+(``rlharness replay X | head``) is a quiet exit, nothing on stderr, for every command and
+for ``--help``/``--version`` alike. As with any Unix tool, output the pipe took in whole
+before its reader left (``rlharness schema | head -1``: the schema fits the pipe's buffer)
+was written, and the command exits as usual.
 
 Every input and output path is checked before any work starts. A subcommand is a parser
 block in :func:`build_parser` (its logic in a module of its own) and a line in
