@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     names = list(best["this"]["phases"]) + [n for n in best.get("other", {}).get("phases", {}) if n not in best["this"]["phases"]]
     for name in names:
         print(f"  {name:<28}" + "".join(f"{best[label]['phases'].get(name, float('nan')):>10.2f}" for label in labels))
-    print(f"costliest checks (CPU s, each on its own view):")
+    print("costliest checks (CPU s, each on its own view):")
     top = sorted(best["this"]["checks"], key=lambda n: -max(best[label]["checks"].get(n, 0.0) for label in labels))
     for name in top[:args.checks]:
         print(f"  {name:<28}" + "".join(f"{best[label]['checks'].get(name, float('nan')):>10.3f}" for label in labels))

@@ -76,9 +76,9 @@ def main(argv=None) -> int:
     best["raw memcpy"] = total / min(memcpy)
     groups = runs["ping-pong"].groups
     alone = runs["single buffer"]  # pack and load each run alone there: their uncontended times
-    p, l = med(alone.pack_s) / max(groups, 1), med(alone.load_s) / max(groups, 1)
-    bound_pp = p + (groups - 1) * max(p, l) + l
-    bound_single = groups * (p + l)
+    pack, load = med(alone.pack_s) / max(groups, 1), med(alone.load_s) / max(groups, 1)
+    bound_pp = pack + (groups - 1) * max(pack, load) + load
+    bound_single = groups * (pack + load)
     print(f"refit stream: {total / MiB:.0f} MiB in {len(specs)} bf16 tensors of {args.tensor_mib:g} MiB, "
           f"budget {args.budget_mib} MiB (half {proto.half_buffer_bytes(budget) / MiB:g} MiB), {groups} groups; "
           f"median of {args.repeats} interleaved rounds; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
               f"packing overlapped with loading {med(m.overlap_s) * 1e3:.1f} ms")
     print("copies per byte: 2 in both stream variants (pack into the /dev/shm staging buffer, load out of it; "
           "ZMQ carries only a JSON header, the payload is never pickled nor copied through the socket), 1 in raw memcpy")
-    print(f"bound from the single-buffer run's pack ({p * 1e3:.2f} ms/group) and load ({l * 1e3:.2f} ms/group; "
-          f"pack/load {p / l if l else 0:.2f}), each running alone: with two free cores ping-pong takes >= "
+    print(f"bound from the single-buffer run's pack ({pack * 1e3:.2f} ms/group) and load ({load * 1e3:.2f} ms/group; "
+          f"pack/load {pack / load if load else 0:.2f}), each running alone: with two free cores ping-pong takes >= "
           f"{bound_pp * 1e3:.1f} ms against {bound_single * 1e3:.1f} ms, at most {bound_single / bound_pp:.2f}x faster "
           f"and {med(memcpy) / bound_pp * 100:.0f} % of memcpy; with in effect one core, no faster at all")
     speedup = rate["ping-pong"] / rate["single buffer"]

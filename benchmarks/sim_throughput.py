@@ -24,16 +24,14 @@ separates what the event loop and the log cost from what the model itself costs.
 Then, per scenario, each output's wall time and its cost per event-log record (µs/record:
 the invariant check, the summary, events.jsonl, trace.json, timeline.png, ...), and the
 real command line end to end on the 1024-GPU scenario, ``rlharness simulate ... --out
-DIR``: wall time and peak RSS, every output included (issue #16: under 15 s, under 1 GiB);
+DIR``: wall time and peak RSS, every output included (targets: under 15 s, under 1 GiB);
 it runs most checks and writes the event log in a forked child while it makes the
 summary, trace and picture (simulators/verdict/check_fork.py), so its wall time is less than the
 sum of the outputs' (its peak RSS is the larger of the two processes').
 
-Targets (issue #16, which withdrew the per-event ones of the simulator issue: 0.5 M
-events/s, 4x bare simpy): >= 10,000x time compression (simulated s per wall s) on the
-64-GPU scenario; the 1024-GPU scenario's simulation alone under 6 s (and under the
-simulator issue's 2 GiB RSS). events/s and records/s stay printed as figures: they
-describe the model's granularity as much as its speed. The wall time is the run's
+Targets: >= 10,000x time compression (simulated s per wall s) on the 64-GPU scenario;
+the 1024-GPU scenario's simulation alone under 6 s and 2 GiB RSS. events/s and records/s
+stay printed as figures: they describe the model's granularity as much as its speed. The wall time is the run's
 (``Simulation(...).run()``); building the ``Simulation`` is under 1 ms of it.
 
     python benchmarks/sim_throughput.py [--skip-large] [--repeats N] [--bare-events N]
@@ -273,7 +271,7 @@ def print_targets(figures, bare, e2e=None) -> None:
     if large is not None:
         rows += [("1024-GPU simulation alone < 6 s", f"{large['wall']:.2f} s", large["wall"] < 6),
                  ("1024-GPU run < 2 GiB RSS", f"{large['rss'] / 2**20:.0f} MiB", large["rss"] < 2 * 2**30)]
-    if e2e is not None:  # issue #16: the command line with every output
+    if e2e is not None:  # the command line with every output
         rows += [("1024-GPU simulate end to end < 15 s", f"{e2e['wall']:.1f} s", e2e["wall"] < 15),
                  ("1024-GPU simulate end to end < 1 GiB", f"{e2e['rss'] / 2**20:.0f} MiB", e2e["rss"] < 2**30)]
     if rows:
@@ -281,7 +279,7 @@ def print_targets(figures, bare, e2e=None) -> None:
         for what, got, met in rows:
             print(f"  {what:<36} {got:>10}  {'met' if met else 'NOT met'}")
     figures_only = [(label, figures.get(path)) for label, path in SCENARIOS[1:] if figures.get(path) is not None]
-    if figures_only:  # no targets any more (issue #16): the model's granularity as much as its speed
+    if figures_only:  # no targets: the model's granularity as much as its speed
         print("figures:")
         for label, d in figures_only:
             print(f"  {label}: {d['eps'] / 1e6:.3f} M simpy events/s, {d['records'] / d['wall'] / 1e6:.3f} M "

@@ -17,8 +17,8 @@ loads into its own weights, finalizes only a complete transfer, and compares dig
 bit for bit (a failure names the tensors). The report carries, per cycle, the per-group
 timings (pack, send, ACK wait on the sender; load on the receiver), bytes/s and the
 overlap figure: seconds during which the sender packed group g+1 while the receiver
-loaded group g, and that as a share of the receiver's load time. Invariant 18 (refit
-wire) is checked over both sides' records; ``rlharness check`` on the event log checks it
+loaded group g, and that as a share of the receiver's load time. ``refit_wire`` is
+checked over both sides' records; ``rlharness check`` on the event log checks it
 again. Nothing is left in ``/dev/shm``; the socket lives in the run's private folder, which
 the last rank out removes (``gpu_gates/sync/ipc.py`` ``gate_folders``), a killed rank's files with it.
 """
@@ -162,7 +162,7 @@ def run(ctx: GateContext) -> None:
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
-    """Per cycle: groups, bytes/s, per-group timings, overlap; invariant 18 over both sides."""
+    """Per cycle: groups, bytes/s, per-group timings, overlap; ``refit_wire`` over both sides."""
     from harness.logs.invariants import check_log
 
     by_rank = {r["rank"]: r.get("data") or {} for r in results}

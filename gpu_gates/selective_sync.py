@@ -12,7 +12,7 @@ inference receivers (dp rank = rank - 2). Every cycle:
    plan puts receivers declared colocated with the owner on the IPC path and the others
    in a dynamic group = owner + broadcast targets, a proper subset of the world, created
    for this sync only; per bucket a staging copy is handed to the IPC receivers over the
-   refit stream (``gpu_gates/sync/ipc.py``; invariant 18 on its records) and broadcast to the
+   refit stream (``gpu_gates/sync/ipc.py``; ``refit_wire`` on its records) and broadcast to the
    group, a barrier, the staging freed; the group is destroyed on every exit path;
 3. targets compare per-tensor SHA-256 digests with the owner's (bit-exact or fail, the
    failure names tensor and bucket); non-targets must be untouched; targets alternate

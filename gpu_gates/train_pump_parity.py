@@ -26,7 +26,7 @@ out) — and after every step checks:
 * ``version``: the trainer version ticks once per step, at finish.
 
 The trainer writes ``trainer_step`` records and the gate a ``ClearSamples`` effect as it
-drops each trained group, so invariant 15 (``streaming_step``) reads the merged event log.
+drops each trained group, so ``streaming_step`` reads the merged event log.
 
 Faults, installed by the tests through the test-hook variable (``gpu_gates/runtime/hooks.py``), never a
 flag: ``wrong_normalizer`` makes the trainer rescale by the other count (tokens for a sequence

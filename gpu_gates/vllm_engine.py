@@ -21,7 +21,7 @@ serves it with ``vllm.LLM(..., enable_sleep_mode=True, skip_tokenizer_init=True)
 4. a fresh engine on the refitted weights saved to disk: its greedy output and its
    parameter digest must equal the refitted engine's.
 
-Without vLLM or without CUDA the gate is a skip (exit 3) that says which; it has not yet
+Without vLLM or without CUDA the gate is a skip (``ExitCode.SKIPPED``) that says which; it has not yet
 run on a GPU (docs/gpu-runs.md).
 """
 

@@ -1,23 +1,13 @@
 """The ``rlharness`` command line.
 
-One exit-code convention for every subcommand, applied here in :func:`main`:
-
-* 0 — done, and nothing was found (a replay matched, every invariant held);
-* 1 — a finding: the simulated system failed (OOM, fail-fast), an invariant broke, a
-  replay diverged from ``--expect``, a determinism check found a difference; a finding
-  that the scenario's ``expect:`` list or ``--baseline`` covers is reported and does not
-  count, and ``--strict`` counts an expectation that matched nothing
-  (:mod:`harness.logs.expect`);
-* 3 — ``replay --expect`` only: a decision diverged from the recorded log (1 from replay
-  is then an invariant violation in a replay whose decisions matched, or were not
-  compared); ``replay --verdict FILE`` writes the verdict as JSON;
-* 2 — bad input (arguments, files, records, scenarios, output paths): one line
-  ``error: <file/field/argument>: <what>`` on stderr, no traceback, nothing written;
-* 130 — interrupted (Ctrl-C);
-* 141 — the reader of the output went away (``rlharness replay X | head``): a quiet exit,
-  nothing on stderr, for every command and for ``--help``/``--version`` alike. As with any
-  Unix tool, output the pipe took in whole before its reader left (``rlharness schema |
-  head -1``: the schema fits the pipe's buffer) was written, and the command exits as usual.
+Every subcommand exits with a code of the project's one table
+(:class:`harness.exit_codes.ExitCode`, listed by ``--help`` and in docs/cli.md#exit-codes),
+applied here in :func:`main`: bad input is one line ``error: <file/field/argument>:
+<what>`` on stderr, no traceback, nothing written; a reader of the output that went away
+(``rlharness replay X | head``) is a quiet exit, nothing on stderr, for every command and
+for ``--help``/``--version`` alike. As with any Unix tool, output the pipe took in whole
+before its reader left (``rlharness schema | head -1``: the schema fits the pipe's buffer)
+was written, and the command exits as usual.
 
 Every input and output path is checked before any work starts. A subcommand is a parser
 block in :func:`build_parser` (its logic in a module of its own) and a line in
@@ -35,29 +25,27 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from harness.logs.records import InputError, read_records
 from harness.logs.writer import write_atomic
+from harness.exit_codes import ExitCode
 from harness.logs.expect import report_lines
 from harness.logs.outputs.paths import OutputPathError, check_output_dir, check_output_file
 from harness.logs.replay import compare_decisions, format_table, replay_file
 
-EXIT_OK, EXIT_DIVERGED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 0, 1, 2, 130, 141
-#: replay --expect: the model decided differently from the recorded log (exit 1 stays an
-#: invariant violation, so a script tells the two apart; --verdict writes both as JSON)
-EXIT_DECISION_DIVERGED = 3
 #: violations printed before the list is cut (the count of the rest is printed)
 SHOWN_VIOLATIONS = 20
 
-EXIT_CODES_HELP = """exit codes (every command):
-  0    done, nothing found (every invariant held, a replay matched)
-  1    a finding: the simulated system failed, an invariant broke, a replay diverged
-       (a simulation cut by its horizon is an outcome: 0 unless the oracle finds a stall);
-       findings a scenario's expect: list or --baseline FILE covers are reported, not
-       failures, and --strict also fails on an expected finding that did not occur
-       (docs/expected-findings.md)
-  2    bad input: one line "error: <where>: <what>" on stderr, nothing written
-  3    replay --expect: a decision diverged from the recorded log (whatever the
-       invariants say; exit 1 from replay is an invariant violation alone)
-  130  interrupted
-  141  the output pipe was closed before all output was written (e.g. | head);
+EXIT_CODES_HELP = f"""exit codes (every command; docs/cli.md#exit-codes):
+  {ExitCode.OK:<4d} done, nothing found (every invariant held, a replay matched)
+  {ExitCode.FINDING:<4d} a finding: the simulated system failed, an invariant broke, a determinism
+       check found a difference (a simulation cut by its horizon is an outcome: 0 unless
+       the oracle finds a stall); findings a scenario's expect: list or --baseline FILE
+       covers are reported, not failures, and --strict also fails on an expected finding
+       that did not occur (docs/expected-findings.md)
+  {ExitCode.BAD_INPUT:<4d} bad input: one line "error: <where>: <what>" on stderr, nothing written
+  {ExitCode.DIVERGED:<4d} replay --expect: a decision diverged from the recorded log (whatever the
+       invariants say; a finding from replay is an invariant violation alone)
+  {ExitCode.SKIPPED:<4d} gate: the gate skipped (the node cannot host it; the reason is in its report)
+  {ExitCode.INTERRUPTED:<4d} interrupted
+  {ExitCode.BROKEN_PIPE:<4d} the output pipe was closed before all output was written (e.g. | head);
        nothing more is printed, nothing on stderr (--help and --version too)"""
 
 
@@ -108,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("trace", metavar="INPUTS.jsonl", help="event log whose input records are replayed")
     rp.add_argument("--out", metavar="PATH", help="write the decision log (JSONL) here")
-    rp.add_argument("--expect", metavar="RECORDED.jsonl", help="compare decisions with a recorded log; exit 1 at the first divergence")
+    rp.add_argument("--expect", metavar="RECORDED.jsonl", help=f"compare decisions with a recorded log; exit {ExitCode.DIVERGED:d} at the first divergence")
     rp.add_argument("--quiet", action="store_true", help="print no table, only the summary line")
     rp.add_argument("--verdict", metavar="FILE", help="write the verdict as JSON: decisions (matched / diverged / "
                     "not compared), invariants, findings, exit code (docs/trace-format.md)")
@@ -240,8 +228,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
     elif expected is not None:
         print(f"matches {args.expect}: {len(result.decisions)} decisions identical")
-    code = (EXIT_DECISION_DIVERGED if div is not None
-            else EXIT_DIVERGED if verdict.failed(args.strict) else EXIT_OK)
+    code = (ExitCode.DIVERGED if div is not None
+            else ExitCode.FINDING if verdict.failed(args.strict) else ExitCode.OK)
     if args.verdict:
         write_atomic(args.verdict, [json.dumps(replay_verdict(code, expected is not None, div, verdict, len(violations)),
                                                sort_keys=True)])
@@ -252,7 +240,7 @@ def replay_verdict(code: int, compared: bool, div, verdict, violations: int) -> 
     """``replay --verdict``: what a script needs to tell a decision divergence (the model
     and the recording disagree: a model or system change) from an invariant violation
     in a replay whose decisions agree (the recorded behaviour itself is wrong)."""
-    name = {EXIT_DECISION_DIVERGED: "diverged", EXIT_DIVERGED: "violation", EXIT_OK: "ok"}[code]
+    name = {ExitCode.DIVERGED: "diverged", ExitCode.FINDING: "violation", ExitCode.OK: "ok"}[code]
     return {
         "verdict": name, "exit": code,
         "decisions": "diverged" if div is not None else "identical" if compared else "not_compared",
@@ -309,7 +297,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     deterministic = _check_determinism(res, args) if args.check_determinism else True
     # a failed run is a finding (oom:..., failed:...) and a horizon stall a liveness
     # violation: both are in the verdict, with the expectations that may cover them
-    return EXIT_OK if not out.verdict.failed(args.strict) and deterministic else EXIT_DIVERGED
+    return ExitCode.OK if not out.verdict.failed(args.strict) and deterministic else ExitCode.FINDING
 
 
 def _read_baseline(path: Optional[str]):
@@ -356,7 +344,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         print(f"  note: {note}")
     print(f"imported {args.log}: {res.inputs} inputs from RLix's log, {res.poll_cycles} poll cycle(s) added, "
           f"{len(res.notes)} note(s); trace: {args.out} (rlharness replay {args.out})")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
@@ -369,7 +357,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from rlharness.step_calibrate import step_command
 
     if step_command(args, UsageError, check_output_file):
-        return 0
+        return ExitCode.OK
     from rlharness.refit_calibrate import cmd_calibrate
 
     out = args.out or "refit-calibration.json"
@@ -381,7 +369,7 @@ def _cmd_fidelity(args: argparse.Namespace) -> int:
     from rlharness.step_calibrate import step_command
 
     if step_command(args, UsageError, check_output_file):
-        return 0
+        return ExitCode.OK
     from rlharness.refit_calibrate import cmd_fidelity
 
     return cmd_fidelity(args.calibration, args.repeats, args.strict, alongside=args.fit_alongside)
@@ -391,7 +379,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     from harness.logs.schema import render
 
     sys.stdout.write(render())
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -473,7 +461,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _error(text: str) -> int:
     print(f"error: {' '.join(str(text).split())}", file=sys.stderr)
-    return EXIT_USAGE
+    return ExitCode.BAD_INPUT
 
 
 def _quiet_broken_pipe() -> int:
@@ -484,7 +472,7 @@ def _quiet_broken_pipe() -> int:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
-    return EXIT_BROKEN_PIPE
+    return ExitCode.BROKEN_PIPE
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -512,7 +500,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _error(f"{where}: {e.strerror or e}" if where else (e.strerror or str(e)))
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
 
 
 def run() -> int:

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any, Dict
 
+from harness.exit_codes import ExitCode
+
 
 def add_parser(sub) -> None:
     df = sub.add_parser("diff", help="two run folders' figures side by side (from their summary.json), with the deltas")
@@ -38,4 +40,4 @@ def run(args: argparse.Namespace, usage_error) -> int:
     b = _load(args.run_b, "RUN_B", usage_error)
     print(format_diff(diff_rows(a, b), f"{args.run_a} ({a.get('scenario', '?')})", f"{args.run_b} ({b.get('scenario', '?')})",
                       changed_only=args.changed))
-    return 0
+    return ExitCode.OK

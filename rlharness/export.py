@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from harness.logs.records import read_records
+from harness.exit_codes import ExitCode
 from harness.logs.outputs.paths import check_output_file
 
 
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
         _write_allocations(view, args, png_kind)
         written.append(f"{args.png} (GPU allocations{' as replayed by the scheduler model' if png_kind == 'replayed' else ''})")
     print(f"exported {args.log} ({len(records)} records): {', '.join(written)}")
-    return 0
+    return ExitCode.OK
 
 
 def _png_kind(view, args: argparse.Namespace, usage_error) -> str:

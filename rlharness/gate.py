@@ -13,7 +13,9 @@ them. This command is the user's way in:
   to ``<report stem>.log``; what is printed is the gate's verdict read from the report:
   status, headline, the per-rank and per-check tables, and where the report, event log
   and launch log are;
-* the exit code is the gate's: 0 passed, 1 failed, 2 usage error, 3 skipped.
+* the exit code is the gate's verdict in the project's one table
+  (:class:`harness.exit_codes.ExitCode`): OK passed, FINDING failed, BAD_INPUT a usage
+  error, SKIPPED skipped (:func:`exit_code_from_report`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
+from harness.exit_codes import ExitCode
 from harness.logs.outputs.paths import check_output_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GATES_DIR = os.path.join(ROOT, "gpu_gates")
-EXIT_PASSED, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 3
 
 
 def gate_names() -> List[str]:
@@ -49,8 +51,10 @@ def add_parser(sub) -> None:
     gp = sub.add_parser("gate", help="run a GPU gate under torchrun and print its verdict (exit: the gate's)",
                         description="Run gpu_gates/NAME.py under torchrun (gloo on CPU, NCCL on GPUs) and print "
                                     "its verdict. Options after NAME go to the gate (`rlharness gate NAME --help` "
-                                    "lists them), except --nproc. Exit codes: 0 passed, 1 failed, 2 usage error, "
-                                    "3 skipped. See docs/gates.md.")
+                                    "lists them), except --nproc. Exit codes: "
+                                    f"{ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, "
+                                    f"{ExitCode.BAD_INPUT:d} usage error, {ExitCode.SKIPPED:d} skipped. "
+                                    "See docs/gates.md.")
     gp.add_argument("name", metavar="NAME", help="the gate: " + ", ".join(gate_names()))
     gp.add_argument("gate_args", nargs=argparse.REMAINDER, metavar="...",
                     help="--nproc N (ranks; default: the gate's world) and the gate's own options")
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
     spec = _load_spec(args.name, usage_error)
     opts = _parse_gate_options(spec, gate_argv, usage_error)
     if opts is None:
-        return EXIT_PASSED
+        return ExitCode.OK
     nproc = nproc or spec.default_world
     if not opts.report:
         opts.report = os.path.join("runs", "gates", f"{spec.name}.json")
@@ -149,7 +153,7 @@ def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log:
             report = json.load(fh)
     if report is None:
         print(f"gate {spec.name}: FAILED: no report was written (torchrun exit {code}); see {launch_log}")
-        return EXIT_FAILED
+        return ExitCode.FINDING
     from gpu_gates.runtime.report import summary_text
 
     print(summary_text(report))
@@ -158,5 +162,14 @@ def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log:
         where.append(f"event log: {report['event_log']}")
     where.append(f"launch output: {launch_log}")
     print("; ".join(where))
-    verdict = report.get("exit_code", EXIT_FAILED)
-    return verdict if verdict in (EXIT_PASSED, EXIT_FAILED, EXIT_SKIPPED) else EXIT_FAILED
+    return exit_code_from_report(report)
+
+
+def exit_code_from_report(report: dict) -> ExitCode:
+    """The exit code of ``rlharness gate`` for a gate's report: its ``status`` mapped onto
+    the one table (torchrun's own exit is 1 for every non-zero rank exit, so the report is
+    what tells a skip from a failure). A status this command does not know is a failure."""
+    from gpu_gates.runtime.report import FAILED, PASSED, SKIPPED
+
+    return {PASSED: ExitCode.OK, FAILED: ExitCode.FINDING, SKIPPED: ExitCode.SKIPPED}.get(
+        report.get("status"), ExitCode.FINDING)

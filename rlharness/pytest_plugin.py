@@ -238,7 +238,6 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
     import dataclasses
 
     from harness.logs.outputs.summary import summarize
-    from harness.logs.outputs.summary_text import format_summary
     from simulators.run import simulate
 
     spec = load(scenario, overrides)

@@ -41,6 +41,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from harness.exit_codes import ExitCode
 from simulators.refit.calibration import CalibrationError, load_calibration, write_calibration
 from simulators.refit.fit import fit, fit_problem, predict
 
@@ -114,12 +115,12 @@ def cmd_calibrate(out: str, repeats: int, quick: bool) -> int:
     if problem is not None:
         print(f"error: calibrate refit: {problem}; {out} not written (measure again: without --quick, with more "
               f"--repeats, on a quieter machine)", file=sys.stderr)
-        return 1
+        return ExitCode.FINDING
     write_calibration(out, costs, machine=_machine(), repeats=repeats,
                       grid=[m.to_json() for _, m in points],
                       fit={"errors_on_grid": [round(e, 4) for e in errors]})
     print(f"wrote {out} ({time.monotonic() - t0:.0f} s); a scenario uses it with `refit_calibration: {out}`")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_fidelity(calibration: Optional[str], repeats: int, strict: bool, alongside: bool = False) -> int:
@@ -135,7 +136,7 @@ def cmd_fidelity(calibration: Optional[str], repeats: int, strict: bool, alongsi
             costs = load_calibration(calibration)
         except CalibrationError as e:
             print(f"error: {e}", file=sys.stderr)
-            return 2
+            return ExitCode.BAD_INPUT
         print(f"refit fidelity: {len(HELD_OUT)} configurations not on the calibration grid, {repeats} repeats each, "
               f"costs from {calibration}, load {_machine()['load_1min']}")
         points = _measure(HELD_OUT, repeats, lambda line: None)
@@ -146,4 +147,4 @@ def cmd_fidelity(calibration: Optional[str], repeats: int, strict: bool, alongsi
     ok = med <= TARGET_MEDIAN and worst <= TARGET_WORST
     print(f"median |error| {med * 100:.1f} % (target <= {TARGET_MEDIAN * 100:.0f} %), "
           f"worst |error| {worst * 100:.1f} % (target <= {TARGET_WORST * 100:.0f} %): {'met' if ok else 'MISSED'}")
-    return 1 if strict and not ok else 0
+    return ExitCode.FINDING if strict and not ok else ExitCode.OK

@@ -15,6 +15,7 @@ import os
 from typing import Any, Dict, List, Sequence
 
 from harness.logs.writer import atomic_write
+from harness.exit_codes import ExitCode
 from simulators.costmodel import stepfit, stepfit_parse
 
 
@@ -68,7 +69,7 @@ def cmd_calibrate_step(timings: str, out: str, hold_out: Sequence[str]) -> int:
     for key in stepfit.FACTORS:
         print(f"{key:24} {factors[key]:.4f}" if key in factors else f"{key:24} (not measured: default kept)")
     print(f"wrote {out}; a scenario uses it with `step_calibration: {out}` (its own costs still win)")
-    return 0
+    return ExitCode.OK
 
 
 def cmd_fidelity_step(timings: str, calibration: str) -> int:
@@ -82,7 +83,7 @@ def cmd_fidelity_step(timings: str, calibration: str) -> int:
         print(f"{run:20} {tag:9} {stage:13} {measured:11.2f} {predicted:11.2f} {100 * (predicted - measured) / measured:+6.1f}%")
     _summary("held-out runs", [r for r in rows if r[0] in held])
     _summary("fitted runs", [r for r in rows if r[0] not in held])
-    return 0
+    return ExitCode.OK
 
 
 def _summary(label: str, rows: List[Any]) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from harness.exit_codes import ExitCode
+
 
 def add_parser(sub) -> None:
     va = sub.add_parser("validate", help="check scenario files without running them (exit 0 valid, 2 not)")
@@ -27,4 +29,4 @@ def run(args: argparse.Namespace, usage_error) -> int:
         steps = sum(p.steps for p in s.pipelines)
         print(f"{path}: valid: scenario {s.name!r}, {len(s.pipelines)} pipeline(s) on {s.cluster.num_gpus} GPU(s), "
               f"{steps} step(s) in all, {len(s.faults)} fault(s), seed {s.seed}, horizon {s.horizon_s:g} simulated s")
-    return 0
+    return ExitCode.OK

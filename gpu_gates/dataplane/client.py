@@ -8,7 +8,7 @@ call validates all of its arguments (and encodes all of its fields) before the s
 touched, so a bad call leaves nothing half-written. Every call that moves bulk bytes
 reports one ``dp_transfer`` record to the client's sink: the hop (``producer_to_store``,
 ``store_to_worker``, ``worker_to_store``, ``store_to_driver``, ...), who, which samples
-and fields, and the bytes actually encoded or decoded — invariant 16 reads those.
+and fields, and the bytes actually encoded or decoded — ``data_plane`` reads those.
 """
 
 from __future__ import annotations

@@ -216,4 +216,4 @@ class RefuseOverwrite(RowStore):
         self.inner.close()
 
     def write_ledger(self):
-        return self.inner.write_ledger()  # type: ignore[attr-defined]
+        return self.inner.write_ledger()

@@ -67,7 +67,7 @@ class DriverEffects:
     def _cache_held(self, pid: str, holder: str, version: Optional[int]) -> Iterator[None]:
         """RLix's ``_cache_lock`` on the pipeline's cache owner, held by a build, a promote
         or a whole sync, as the simulator's handlers hold theirs (simulators/pipelines/cache_lock.py),
-        each acquire and release a ``cache_lock`` record for invariant 12. The trainer
+        each acquire and release a ``cache_lock`` record for ``cache_lock``. The trainer
         rank's cache also locks a build out while it is read (its data's own guard); this
         lock is the exclusion where the driver orders the effects, and the log's evidence
         of it: without it, a build of v3 and a sync of v2 issued from two driver threads

@@ -8,8 +8,9 @@ safe to run unattended lives here, once:
   report, never a stuck job;
 * results move through the TCP store, not collectives, so rank 0 can still merge what
   every live rank knew when some rank is broken;
-* the report is written atomically on every exit path; exit codes: 0 passed,
-  1 failed, 2 usage error, 3 skipped (the node cannot host the requested world).
+* the report is written atomically on every exit path; exit codes (the project's one
+  table, :class:`harness.exit_codes.ExitCode`): 0 passed, 1 failed, 2 usage error,
+  77 skipped (the node cannot host the requested world).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from gpu_gates.runtime.memory import MemoryMeter
 from gpu_gates.runtime.rank0_first import rank0_speaks_first, wait_for_keys
 from gpu_gates.runtime.watchdog import Watchdog, start_sigterm_listener, thread_stacks
 from gpu_gates.transports import private_dirs
+from harness.exit_codes import ExitCode
 
 __all__ = ["GateAbort", "GateContext", "GateSpec", "positive_float", "positive_int", "run_gate"]
 
@@ -93,7 +95,8 @@ def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
     parser = _RankZeroParser(
         prog=f"gpu_gates/{spec.name}.py", description=spec.description,
         epilog=f"launch: torchrun --nproc-per-node {spec.default_world} gpu_gates/{spec.name}.py [flags]; "
-               "exit codes: 0 passed, 1 failed, 2 usage error, 3 skipped; see docs/gates.md")
+               f"exit codes: {ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, {ExitCode.BAD_INPUT:d} usage "
+               f"error, {ExitCode.SKIPPED:d} skipped; see docs/cli.md#exit-codes")
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="auto = nccl when CUDA has a GPU per local rank, else gloo on CPU")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -278,8 +281,8 @@ class _GateRun:
             print(rep.summary_text(report), flush=True)
             self._post("done", {"status": report["status"]})
             code = rep.exit_code_for(report["status"])
-            if not written and code in (rep.EXIT_PASSED, rep.EXIT_SKIPPED):
-                code = rep.EXIT_FAILED  # a verdict nobody can read is not a pass
+            if not written and code in (ExitCode.OK, ExitCode.SKIPPED):
+                code = ExitCode.FINDING  # a verdict nobody can read is not a pass
         else:
             if ctx.status == rep.FAILED:
                 self._write(self.args.report and rep.rank_report_path(self.args.report, self.env.rank),
@@ -299,7 +302,7 @@ class _GateRun:
             folder.leave()
         sys.stdout.flush()
         sys.stderr.flush()
-        if code == rep.EXIT_PASSED and _ends_by_returning():
+        if code == ExitCode.OK and _ends_by_returning():
             self.watchdog.stop()
             self.ended = code
             return code
@@ -319,7 +322,7 @@ class _GateRun:
             if self.ended is not None:
                 os._exit(self.ended)
             if time.monotonic() >= give_up:
-                os._exit(rep.EXIT_FAILED)
+                os._exit(ExitCode.FINDING)
 
     def _post(self, name: str, payload: Dict[str, Any]) -> None:
         try:
@@ -403,9 +406,9 @@ class _GateRun:
 
     def _skip(self, backend: str, reason: str) -> int:
         """Every rank skips (the node cannot host the world); rank 0 writes the report, and
-        the others wait for it (:mod:`gpu_gates.runtime.rank0_first`: a peer's early exit 3 would
+        the others wait for it (:mod:`gpu_gates.runtime.rank0_first`: a peer's early skip exit would
         make torchrun kill rank 0 before its write)."""
-        code = [rep.EXIT_SKIPPED]
+        code = [ExitCode.SKIPPED]
 
         def report() -> None:
             self.backend = backend
@@ -414,7 +417,7 @@ class _GateRun:
             written = self._write(self.args.report, body)
             print(f"gate {self.spec.name}: SKIPPED: {reason}", flush=True)
             if not written:
-                code[0] = rep.EXIT_FAILED
+                code[0] = ExitCode.FINDING
 
         rank0_speaks_first(self.env, self.deadline, report, self.hooks.seconds("late_skip_report", 1.0))
         return code[0]
@@ -478,4 +481,4 @@ def _usage_error(env: LaunchEnv, message: str) -> int:
     except HookSpecError:  # the hook variable is the usage error itself
         late = 0.0
     rank0_speaks_first(env, time.monotonic() + USAGE_WAIT_S, lambda: write_at_once(sys.stderr, message), late)
-    return rep.EXIT_USAGE
+    return ExitCode.BAD_INPUT

@@ -1,6 +1,6 @@
 """Rank 0 speaks first: the exits every rank takes at the same point, before any group.
 
-A skip (exit 3) and a usage error (exit 2) end every rank before a process group exists,
+A skip (exit 77) and a usage error (exit 2) end every rank before a process group exists,
 and only rank 0 reports them (the skip's report, the usage message: one copy, not one per
 rank). But torchrun's agent tears the whole job down at the first non-zero exit, so a peer
 that left at once SIGTERMed rank 0 before it had written its report or printed its usage

@@ -13,18 +13,17 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional
 
+from harness.exit_codes import ExitCode
+
 PASSED = "passed"
 FAILED = "failed"
 SKIPPED = "skipped"
 
-EXIT_PASSED = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_SKIPPED = 3
 
-
-def exit_code_for(status: str) -> int:
-    return {PASSED: EXIT_PASSED, SKIPPED: EXIT_SKIPPED}.get(status, EXIT_FAILED)
+def exit_code_for(status: str) -> ExitCode:
+    """A gate's verdict as an exit code of the project's one table (a usage error is
+    ``ExitCode.BAD_INPUT``, decided before there is a status)."""
+    return {PASSED: ExitCode.OK, SKIPPED: ExitCode.SKIPPED}.get(status, ExitCode.FINDING)
 
 
 def atomic_write_json(path: str, payload: Dict[str, Any]) -> None:

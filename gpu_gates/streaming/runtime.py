@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from harness.control import rollout_pump, train_pump
-from harness.control import streaming_effects as fx
 from harness.control.pump_interpret import PumpInterpreter, run_awaiting
 from harness.logs.writer import EventLog, header_record
 from harness.streaming import checkpoint

@@ -12,7 +12,7 @@ exact layout, so it is defined here once and used by the gates and the simulator
 Two model copies at most live in host RAM: the cache keeps only the latest built
 version and the active (promoted) one, and garbage-collects the rest after every build
 or promote. Readers (transports) hold the cache lock for the whole sync, so a build or
-promote can never swap buckets under a transfer (invariant 12).
+promote can never swap buckets under a transfer (``cache_lock``).
 """
 
 from __future__ import annotations

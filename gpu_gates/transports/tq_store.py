@@ -38,7 +38,7 @@ import pickle
 import sys
 import threading
 import uuid
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 

@@ -141,7 +141,7 @@ class _Endpoint:
 class RefitSender(_Endpoint):
     """Trainer side: binds REQ and streams named tensors with ping-pong buffers.
 
-    ``emit(kind, **fields)`` (optional) receives the wire records invariant 18 reads.
+    ``emit(kind, **fields)`` (optional) receives the wire records ``refit_wire`` reads.
     ``pause_after_group`` is a test hook: seconds to sleep after each send (so a test can
     kill the receiver mid-stream deterministically)."""
 

@@ -58,7 +58,7 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
         yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
         yield from _offload(ctx)
         yield from _refresh_and_publish(version)
-        yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (invariant 10)
+        yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (release_after_publish)
     yield BeginProgressBatch(step + 1)
 
 

@@ -97,7 +97,7 @@ class PumpInterpreter:
                 gen.close()
                 return None
 
-    def _wait(self, effect: Any) -> Generator:
+    def _wait(self, effect: Any) -> Generator[Any, Any, Any]:
         """Try a blocking effect; until it succeeds, wait for the next state change.
         ``None`` when the controller stopped first."""
         st, change = self.state, self.runtime.change

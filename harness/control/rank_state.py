@@ -10,7 +10,7 @@ A rank may only serve requests in ``routable``. Sleep level 1 keeps weights in h
 (copied back on wake: the rank wakes holding its old version); level 2 drops them (the
 rank wakes holding nothing and must be synced before it can serve). Either way the
 expand path syncs before activation; the state machine refuses ``activated`` before
-``synced`` and ``finalized``, which is the oracle's invariant 7 (``activate_after_sync``, docs/trace-format.md)
+``synced`` and ``finalized``, which is the oracle's ``activate_after_sync`` (docs/trace-format.md)
 enforced at the source.
 """
 

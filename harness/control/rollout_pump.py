@@ -13,7 +13,7 @@ train pump (the sampler can no longer select it) just gives its slots back.
 
 from __future__ import annotations
 
-from typing import Generator, Optional
+from typing import Any, Generator, Optional
 
 from harness.control.streaming_effects import (
     AcquireCapacity,
@@ -40,7 +40,7 @@ from harness.control.streaming_effects import (
 from harness.streaming.controller import StreamingConfig
 
 
-def run(cfg: StreamingConfig, first_prompt: int = 0, top_up: bool = False) -> Generator:
+def run(cfg: StreamingConfig, first_prompt: int = 0, top_up: bool = False) -> Generator[Any, Any, None]:
     """Admit batches forever; the runtime stops the pump when the train pump is done.
     With ``on_dropped_prompt: replace`` a batch may go to the spare pool instead of being
     admitted. ``top_up`` (a run restored from a checkpoint): a stamped step dispatches
@@ -67,7 +67,7 @@ def run(cfg: StreamingConfig, first_prompt: int = 0, top_up: bool = False) -> Ge
             prompt_id += 1
 
 
-def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optional[int], group_id: int) -> Generator:
+def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optional[int], group_id: int) -> Generator[Any, Any, None]:
     """One slot of a step: the prompt's attempts; a prompt dropped after its retries is
     either replaced by a spare (which keeps the slot, maybe re-aimed at the step that lent
     this one a finished group) or skipped (its step closes short)."""
@@ -114,7 +114,7 @@ def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optio
     yield ReleaseCapacity()
 
 
-def stall_watchdog(cfg: StreamingConfig) -> Generator:
+def stall_watchdog(cfg: StreamingConfig) -> Generator[Any, Any, str]:
     """Every interval: no progress (commit or trained group) for ``stall_timeout_s`` is a
     stall; ``warn`` logs it and goes on, ``abort`` ends the run."""
     while True:

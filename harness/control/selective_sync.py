@@ -157,7 +157,7 @@ class Emit:
 
 
 # ------------------------------------------------------------------ the order
-def selective_sync(plan: SyncPlan) -> Generator:
+def selective_sync(plan: SyncPlan) -> Generator[Any, Any, Dict[str, int]]:
     """The sync's order (module docstring). Returns the bytes delivered per path.
 
     Teardown runs on every exit an interpreter can report (an error or the timeout thrown

@@ -15,7 +15,7 @@ non-streaming controller: the trainer waits for a whole batch before it starts.
 
 from __future__ import annotations
 
-from typing import Generator, Iterator, Tuple
+from typing import Any, Generator, Iterator, Tuple
 
 from harness.control.streaming_effects import (
     AbortStaleInflight,
@@ -39,7 +39,7 @@ class EmptyStep(RuntimeError):
     """A step that lost every prompt group: the run fails rather than park forever."""
 
 
-def train_step(cfg: StreamingConfig, step: int) -> Generator:
+def train_step(cfg: StreamingConfig, step: int) -> Generator[Any, Any, None]:
     trained = 0
     step_open = False
     while True:

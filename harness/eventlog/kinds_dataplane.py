@@ -3,7 +3,7 @@
 One ``dp_transfer`` per hop that moved bytes: ``hop`` is ``<role>_to_store`` for a put,
 ``store_to_<role>`` for a get (role producer|worker|driver), ``leader_to_siblings`` for a
 replica leader's broadcast, ``driver_meta`` for metadata the driver handed to a worker.
-``bytes`` is what was encoded or decoded, not a claim. Invariant 16 reads these records,
+``bytes`` is what was encoded or decoded, not a claim. The ``data_plane`` check reads these records,
 ``dp_clear`` and ``dp_write_refused``.
 """
 

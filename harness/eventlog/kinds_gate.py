@@ -2,14 +2,16 @@
 
 Every gate record carries ``rank`` (the torch.distributed rank that emitted it); rank 0
 merges all ranks' records ordered by ``(t, rank, per-rank order)``. ``t`` is seconds since
-rank 0 started the gate. Invariant 9 reads ``weights_publish``. A sync's and a group's records are
+rank 0 started the gate. The ``versions`` check reads ``weights_publish``. A sync's and a group's records are
 shared with the simulator (``kinds_sync.py``).
 """
+
+from typing import Optional
 
 _R = {"rank": "int"}
 
 
-def _kind(doc: str, required: dict, optional: dict = None) -> dict:
+def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
     return {"required": {**_R, **required}, "optional": dict(optional or {}), "doc": doc}
 
 

@@ -1,14 +1,16 @@
-"""Record kinds of the refit stream's wire (gpu_gates/transports/zmq_stream.py), read by invariant 18.
+"""Record kinds of the refit stream's wire (gpu_gates/transports/zmq_stream.py), read by ``refit_wire``.
 
 Written by whoever runs the real transport (the refit gate, the selective-sync and
 dual-pipeline gates' same-GPU path). ``rank`` is optional: a gate adds it, a bare
 transport run in a test has none. ``peer`` names the other side, ``step`` the sync.
 """
 
+from typing import Optional
+
 _S = {"step": "int", "role": "str", "peer": "str"}
 
 
-def _kind(doc: str, required: dict, optional: dict = None) -> dict:
+def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
     return {"required": {**_S, **required}, "optional": {"rank": "int", **(optional or {})}, "doc": doc}
 
 

@@ -4,8 +4,10 @@ Every kind here is a *runtime* kind: replay passes over it; the invariants and t
 simulator's outputs (summary table, Perfetto trace, PNG timeline) read it.
 """
 
+from typing import Optional
 
-def _k(doc: str, required: dict, optional: dict = None) -> dict:
+
+def _k(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
     return {"required": required, "optional": dict(optional or {}), "doc": doc}
 
 

@@ -3,7 +3,7 @@
 Written by every runtime that interprets ``harness.control.train_pump`` (the simulator's
 ``single_controller`` pipelines, the real CPU runtime in ``gpu_gates/streaming/runtime.py``).
 ``trainer_step`` is written by the *trainer* for what it did (not by the driver for what
-it asked), which is what invariants 14 and 15 read next to the pumps' effect records.
+it asked), which is what ``staleness_window`` and ``streaming_step`` read next to the pumps' effect records.
 A gate's records also carry the ``rank`` that wrote them.
 """
 

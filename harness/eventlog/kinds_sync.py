@@ -11,10 +11,12 @@ Kinds an earlier version wrote (:data:`RETIRED_KINDS`) are refused by the reader
 the kind named and its replacement.
 """
 
+from typing import Optional
+
 _W = {"pipeline_id": "str", "rank": "int"}
 
 
-def _kind(doc: str, required: dict, optional: dict = None) -> dict:
+def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
     return {"required": required, "optional": {**_W, **(optional or {})}, "doc": doc}
 
 

@@ -12,7 +12,8 @@ are derived by replaying the inputs through the scheduler model, interleaved aft
 input that caused them, and the oracle reads that (``rlharness replay`` reads the same
 log, so both commands agree on every input).
 
-Exit codes: 0 every check holds, 1 a violation in any log, 2 bad input (one line).
+Exit codes (:class:`harness.exit_codes.ExitCode`): OK every check holds, FINDING a
+violation in any log, BAD_INPUT bad input (one line).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from harness.eventlog.kinds import category
+from harness.exit_codes import ExitCode
 from harness.logs.expect import Expectation, Finding, classify, from_violations, report_lines
 from harness.logs.records import InputError, Record, read_records
 from harness.logs.invariants import CHECKS, check_log
 from harness.logs.invariants.base import Violation, examined
 
-EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
 PASS, FAIL, NOT_APPLICABLE = "pass", "FAIL", "n/a"
 
 
@@ -139,9 +140,9 @@ def run_check(paths: Sequence[str], *, names: Optional[Sequence[str]] = None, co
         findings += from_violations([v for r in rows for v in r.violations], log.records)
     if write_baseline is not None:
         write_baseline(findings)
-        return EXIT_OK
+        return ExitCode.OK
     verdict = classify(findings, baseline)
     if baseline:
         for line in report_lines(verdict, strict):
             emit(line)
-    return EXIT_VIOLATION if verdict.failed(strict) else EXIT_OK
+    return ExitCode.FINDING if verdict.failed(strict) else ExitCode.OK

@@ -30,7 +30,7 @@ import fnmatch
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 #: keys of one expectation; ``check`` and ``reason`` are required
 FIELDS = ("check", "pipeline", "cluster", "after_fault", "reason")
@@ -151,7 +151,8 @@ class _NameMatcher:
 
 def log_names(records: Iterable[Mapping[str, Any]]) -> Tuple[List[str], List[str]]:
     """(pipeline names, cluster ids) the log registers."""
-    pipes, clusters = set(), set()
+    pipes: Set[str] = set()
+    clusters: Set[str] = set()
     for r in records:
         if r.get("kind") == "register":
             pid = r.get("pipeline_id")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 from harness.logs.jsonline import JsonLineError, loads, numbered_lines
 from harness.eventlog.kinds import ALL_KINDS, COMMON_FIELDS, RETIRED_KINDS, SCHEMA_NAME, SCHEMA_VERSION

@@ -258,7 +258,7 @@ def _nested_finite(obj: Any) -> bool:
     return True
 
 
-def atomic_write(path: str, data: "str | bytes | Iterable[str] | Iterable[bytes]") -> str:
+def atomic_write(path: str, data: "str | bytes | Iterable[str] | Iterable[bytes | memoryview]") -> str:
     """Write ``data`` to ``path`` through a temp file beside it and a rename, so a reader
     (or a crash) never sees a half-written file; returns the path. The one place every
     output of rlharness (logs, reports, traces, pictures) is written. ``data`` may be

@@ -40,7 +40,7 @@ complete, clean transfer is finalized — a partial one never is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Generator, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 ALIGNMENT_BYTES = 512
 DEDICATED = "dedicated"  # the buffer id of an oversized tensor's one-off buffer
@@ -383,7 +383,7 @@ def check_layout(msg: GroupMessage, half_bytes: Optional[int]) -> List[str]:
     return problems
 
 
-def receiver(manifest: Manifest, half_bytes: Optional[int] = None) -> Generator[ReceiverEffect, object, ManifestReport]:
+def receiver(manifest: Manifest, half_bytes: Optional[int] = None) -> Generator[ReceiverEffect, Any, ManifestReport]:
     """The receiver's side of one stream; returns the (clean) report or raises
     :class:`ManifestError` after COMPLETE was ACKed. Loads only slots that match the
     manifest; a slot already seen, unknown, or of another shape/dtype is not loaded."""

@@ -42,7 +42,7 @@ class SchedulerOptions:
     # releases and re-requests itself (ROLL's OLD_LOG_PROBS -> ACTOR_TRAINING), the
     # released GPUs stay reserved for that request until it is granted.
     reserve_same_cluster_release: bool = False
-    # Not an RLix behaviour: a fault for the oracle (invariant 21, ``grant_order``). True =
+    # Not an RLix behaviour: a fault for the oracle (``grant_order``). True =
     # Phase 2 walks each tier's pending requests newest first, so a later request can take
     # the GPUs an earlier one of the same tier could have had.
     grant_newest_first: bool = False

@@ -25,7 +25,7 @@ left (``remaining == 0``), or when it releases its GENERATION cluster itself.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from harness.scheduler.planner import GapRatioResult
 from harness.scheduler.types import ExecutionPlan, ExpandOp, PipelineEntry, Priority, ShrinkOp, parse_cluster_id
@@ -162,7 +162,7 @@ def _yield_all(plan: ExecutionPlan, g: _Gen, available: Set[int]) -> None:
 
 
 def _fill(plan: ExecutionPlan, g: _Gen, available: Set[int], pending_gen, allowed: Optional[Set[int]] = None,
-          blocked: Set[int] = frozenset()) -> int:
+          blocked: AbstractSet[int] = frozenset()) -> int:
     """Expand every inactive rank of ``g`` whose whole bundle is available (and inside
     ``allowed``, and outside ``blocked``). Returns the number of ranks added."""
     added = 0

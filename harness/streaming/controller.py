@@ -121,7 +121,7 @@ def check_capacity(sampler: PromptGroupSampler, groups_per_step: int, max_buffer
 
 def setup_fields(cfg: StreamingConfig) -> Dict[str, object]:
     """Fields of the ``streaming_setup`` record every runtime writes first. ``max_age`` is
-    the staleness bound invariant 14 holds consumption to: the window for the samplers
+    the staleness bound ``staleness_window`` holds consumption to: the window for the samplers
     that filter on it, none for ``ready_first`` (anything not from the future) and for a
     custom sampler (its policy is its own)."""
     return {"sampler": cfg.sampler, "window": cfg.window,

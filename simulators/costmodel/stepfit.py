@@ -51,8 +51,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from simulators.costmodel import formulas as f
-from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec
-from simulators.costmodel.models import MODEL_PRESETS
+from simulators.costmodel.hardware import GpuSpec
 from simulators.scenario.spec import CostSpec
 
 TIMINGS_FORMAT = "rlharness-step-timings"

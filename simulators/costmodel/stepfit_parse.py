@@ -3,7 +3,6 @@ problem is one ``StepTimingsError`` naming the field, found before any fitting."
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Dict, List, Mapping
 

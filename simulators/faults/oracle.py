@@ -38,7 +38,7 @@ class OracleFaults:
             self._fire(name)
         return True
 
-    # invariant 23 (sync_targets)
+    # sync_targets
     def _sync_written_ranks(self, path: str, ranks) -> List[int]:
         """The ranks an expand's bucket lands on. Armed (``sync_outside_expand``): every
         rank of the pipeline, as if the target list were the whole DP range rather than
@@ -88,7 +88,7 @@ class OracleFaults:
                 and self._armed_once("lost_release_ack")):
             del state.planned_releases[cid]
 
-    # invariant 24 (rank_lifecycle)
+    # rank_lifecycle
     def _unchecked_activation_now(self) -> bool:
         """Armed at exactly this step (``unchecked_activation``): the expand skips its sync
         and the controller finalizes and activates without the lifecycle's consent."""
@@ -99,7 +99,7 @@ class OracleFaults:
         rank.life.state = state
         rank.life.finalized = True
 
-    # invariant 16 (data_plane: the metadata hop judged by its bytes)
+    # data_plane: the metadata hop judged by its bytes
     def _driver_meta_bytes(self, meta_bytes: int, bulk_bytes: int) -> int:
         """Bytes of one ``driver_meta`` hop. Armed (``bulk_in_driver_meta``): the driver
         packs the shard's tensors into the metadata it hands a worker."""
@@ -107,7 +107,7 @@ class OracleFaults:
             return meta_bytes + bulk_bytes
         return meta_bytes
 
-    # invariant 14 (trajectory_age)
+    # trajectory_age
     def _batch_age_bound(self, max_age: int) -> int:
         """The age window ``WaitBatch`` takes trajectories in. Armed (``stale_batch``): two
         steps wider than ``max_trajectory_age_steps`` (and, for the whole run, an async
@@ -116,7 +116,7 @@ class OracleFaults:
             return max_age + 2
         return max_age
 
-    # invariant 25 (host_ram)
+    # host_ram
     def _host_ram_guarded(self) -> bool:
         """Whether the cache build's host-RAM charge is guarded. Armed
         (``no_host_ram_guard``): the charge goes through whatever the node holds (the

@@ -13,6 +13,7 @@ import sys
 from typing import Callable
 
 from harness.logs.writer import atomic_write
+from harness.exit_codes import ExitCode
 
 MAX_SEEDS = 1_000_000
 MAX_WORKERS = 256
@@ -102,8 +103,8 @@ def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
     if sweep.unexpected:
         print(f"{len(sweep.unexpected)} signature(s) no expectation covers"
               + (f" (baseline {args.baseline})" if args.baseline else " (none given: --baseline FILE)"))
-        return 1
+        return ExitCode.FINDING
     if args.strict and sweep.not_found:
         print(f"{len(sweep.not_found)} expected finding(s) occurred in no seed (--strict)")
-        return 1
-    return 0
+        return ExitCode.FINDING
+    return ExitCode.OK

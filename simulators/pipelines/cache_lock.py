@@ -3,7 +3,7 @@
 The owner holds the lock across a whole weight sync — active-bucket lookup, every bucket
 transport, the sender's group destroy — and a cache build or promote takes the same
 lock, so a version is never rebuilt or re-pointed while a transport reads it. Every
-acquire and release is logged (``cache_lock`` records) for invariant 12
+acquire and release is logged (``cache_lock`` records) for ``cache_lock``
 (``harness/logs/invariants/cache.py``).
 
 An uncontended acquire costs no simulated event (the holder is set and the caller goes

@@ -16,7 +16,7 @@ through a key-value store, as NeMo RL with TransferQueue does (docs/modelled-sys
 
 ``route: via_driver`` is the design the 1-hop rule forbids: the driver fetches the whole
 batch from the store and sends each training rank its shard over its own link, and
-write-backs come back through it. It exists to show the step-time cost (and invariant 16
+write-backs come back through it. It exists to show the step-time cost (and ``data_plane``
 fires on its log). The store and the driver's link are FIFO resources modelled as
 timelines (each transfer starts when the previous one on that resource ended), so
 contention is deterministic without extra processes. Fetch and write-back run inside the

@@ -18,7 +18,7 @@ this module charges their time:
 
 Each trajectory's completion is a ``trajectory`` record with the weight versions it started
 and ended with (a partial rollout spans more than one); each trained batch a
-``batch_consumed`` record with its staleness histogram (invariant 14 reads it against the
+``batch_consumed`` record with its staleness histogram (the trajectory_age check reads it against the
 order's bound, ``trajectory_age_bound``).
 """
 

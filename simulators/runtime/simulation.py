@@ -80,12 +80,12 @@ class Simulation:
         self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), options)
         self.log = EventLog(header_record(
             {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30),
-             "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity (invariant 25)
+             "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
-                  # the oracle's post-sleep residue threshold (invariant 6, harness/logs/invariants/memory.py)
+                  # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
-                  # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
+                  # the trajectory_age check's bound per pipeline with a trajectory buffer
                   "max_trajectory_age_steps": {p.name: _age_bound(p) for p in scenario.pipelines
                                                if p.type != "single_controller"},
                   # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
@@ -315,7 +315,7 @@ _KEEP_NULL = {"version", "result", "error", "cycle", "step"}
 
 
 def _age_bound(p) -> int:
-    """A pipeline's staleness bound (invariant 14): its workload's window, or what a
+    """A pipeline's staleness bound (the trajectory_age check): its workload's window, or what a
     disaggregated order allows by construction (``harness.control.disaggregated``)."""
     if p.disaggregated is None:
         return p.workload.max_trajectory_age_steps

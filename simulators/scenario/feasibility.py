@@ -34,7 +34,7 @@ simulator to show the out-of-memory the rule predicts.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from simulators.scenario.spec import CostSpec, PipelineSpec, Scenario
 

@@ -305,10 +305,10 @@ class FaultSpec:
       the shrink times out.
     * ``lost_finish`` — (single_controller) at that step the driver's ``finish_train_step``
       never reaches the trainer, but the driver ticks its version and syncs anyway: the
-      next ``begin_train_step`` finds the step still open (invariant 15).
+      next ``begin_train_step`` finds the step still open (``streaming_step``).
     * ``stale_select_target`` — (single_controller, whole run) the train pump's waiting
       select keeps the size it was asked for when a drop shrinks its step's target (the
-      wedge of issue 31): with in_order and data failures the pump parks on groups that
+      in-order drop wedge): with in_order and data failures the pump parks on groups that
       can never come (check ``pump_parked``).
     * ``keep_gen_on_finish`` — (whole run) the finished pipeline neither releases its
       GENERATION ranks (``await_release``) nor unregisters: its allocation lives until
@@ -340,18 +340,17 @@ class FaultSpec:
     Faults for the oracle's checks (``simulators/faults/oracle.py``; not user reports):
 
     * ``sync_outside_expand`` — from that step on, an expand's weight sync writes every
-      rank of the pipeline, not only the expanded ones (invariant 23, ``sync_targets``).
+      rank of the pipeline, not only the expanded ones (``sync_targets``).
     * ``bulk_in_driver_meta`` — (one_hop data plane) from that step on, the driver packs
-      each shard's tensors into the metadata it hands a worker (invariant 16, ``data_plane``).
+      each shard's tensors into the metadata it hands a worker (``data_plane``).
     * ``stale_batch`` — from that step on, the trainer takes trajectories up to two steps
-      older than ``max_trajectory_age_steps`` allows (invariant 14, ``trajectory_age``).
+      older than ``max_trajectory_age_steps`` allows (``trajectory_age``).
     * ``no_host_ram_guard`` — from that step on, a CPU bucket cache build is charged to host
-      RAM without the guard: a node can go above its RAM with no ``host_oom`` (invariant 25,
-      ``host_ram``).
+      RAM without the guard: a node can go above its RAM with no ``host_oom`` (``host_ram``).
     * ``unchecked_activation`` — at that step an expand skips the weight sync and the
       controller then finalizes and activates the woken ranks without asking their state:
       an engine that never loaded weights becomes routable (vLLM's level-2 wake without a
-      reload; invariant 24, ``rank_lifecycle``).
+      reload; ``rank_lifecycle``).
     * ``sleep_residue_grows`` — (NeMo RL #2619) from that step on, every sleep of a rank
       leaves 32 MiB more on each of its GPUs than the one before: the residue after sleep
       grows per cycle (check ``cycle_trends``, series ``residue_bytes``).

@@ -14,6 +14,7 @@ import time
 from typing import Callable, List
 
 from harness.logs.writer import atomic_write
+from harness.exit_codes import ExitCode
 
 MAX_WORKERS = 256
 SWEEP_FILES = ("results.json", "table.txt", "sweep.png")
@@ -127,8 +128,8 @@ def cmd_sweep(args: argparse.Namespace, usage_error) -> int:
     if failed:
         print(f"{len(failed)} run(s) did not finish: " + "; ".join(f"v{r.get('variant')} seed {r.get('run_seed')}: "
                                                                 f"{r['status']} ({r.get('detail', '')})" for r in failed[:5]))
-        return 1
-    return 0
+        return ExitCode.FINDING
+    return ExitCode.OK
 
 
 def _jobs(variants, seeds: List[int], source: str):

@@ -15,7 +15,6 @@ import pytest
 from harness.logs import writer
 from harness.logs.outputs import paths
 from harness.logs.outputs.paths import OutputPathError, RunFolder, check_output_dir, check_output_file
-from rlharness.cli import main
 
 from tests.cli.test_cli_error_contract import DEFAULT, TRACE, run_error
 

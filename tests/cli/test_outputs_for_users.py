@@ -7,12 +7,10 @@ import json
 import os
 import re
 
-import pytest
-import yaml
 
 from rlharness.cli import main
-from harness.logs.outputs.summary import Summary, summarize
-from harness.logs.outputs.summary_text import format_summary, summary_json
+from harness.logs.outputs.summary import summarize
+from harness.logs.outputs.summary_text import format_summary
 from harness.logs.outputs.timeline import KIND_STYLE, legend_kinds, picture_kind
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -315,7 +315,7 @@ def test_registering_again_is_idempotent_and_a_different_schema_is_refused(scala
 
 
 def test_a_truncated_read_fails_naming_the_row_and_field(producer, make_client, backend, partition):
-    """Per-row digests (issue 30, item 6): the fault truncates every read (Relax #256:
+    """Per-row digests: the fault truncates every read (Relax #256:
     half the bytes never copied, success reported); the store's digest check names the
     partition, the sample and the field; the clean read of the same rows passes."""
     from gpu_gates.dataplane.digest import RowDigestError

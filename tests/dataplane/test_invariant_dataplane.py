@@ -1,4 +1,4 @@
-"""Invariant 16 over logs written by real clients: clean 1-hop traffic passes; the driver
+"""``data_plane`` over logs written by real clients: clean 1-hop traffic passes; the driver
 fetching bulk, a second writer (refused or silent) each make it fire; a clear resets."""
 
 import torch

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from harness.exit_codes import ExitCode
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
@@ -45,7 +47,7 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     both = [r for r in records if r["kind"] == "plan" and r["shrinks"] and r["expands"]]
     assert both
     # every build and every sync of each cache held its pipeline's cache lock (the log's
-    # evidence for invariant 12: without it the check judged each effect unlocked)
+    # evidence for cache_lock: without it the check judged each effect unlocked)
     holds = {(r["pipeline_id"], r["holder"]) for r in records if r["kind"] == "cache_lock" and r["action"] == "acquire"}
     assert {(p, h) for p in ("ppl1", "ppl2") for h in ("build", "sync")} <= holds, holds
     # refits really moved weights over both paths and every synced rank matched bit for bit
@@ -87,7 +89,7 @@ def test_wrong_world_size_is_a_skip_with_reason(gate_runner):
     # the gate file runs as the documented command, to its report and exit code
     run = gate_runner("dual_pipeline", 1, "--steps", "3", launcher="torchrun")  # any world but 6; 1 rank starts fastest
     assert run.report["status"] == "skipped" and "exactly 6 ranks" in run.report["message"]
-    assert run.returncode != 0 and run.report["exit_code"] == 3
+    assert run.returncode != 0 and run.report["exit_code"] == ExitCode.SKIPPED
 
 
 def _seeded_delay(seed, stream, i, bound=0.05):

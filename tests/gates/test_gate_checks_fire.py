@@ -1,5 +1,5 @@
 """Every gate check can fail, and every exit path reports: each test breaks one thing on
-purpose and sees the gate say so (issue #9: gates that can fail, gate exit paths)."""
+purpose and sees the gate say so (gates that can fail, gate exit paths)."""
 
 from __future__ import annotations
 

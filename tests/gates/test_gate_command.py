@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rlharness import gate as gate_cmd  # noqa: E402
-from rlharness.cli import main  # noqa: E402
+from harness.exit_codes import ExitCode  # noqa: E402
 from tests.cli.test_cli_error_contract import run_error  # noqa: E402
 from tests.gates.conftest import HOOK_ENV, REPO, _one_gate_at_a_time, lane_of  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_a_skip_is_exit_3(tmp_path, request):
     # one rank: the skip is decided before any collective (two would only start another torch)
     proc = _rlharness(tmp_path, request, "nccl_teardown", "--nproc", "1", "--backend", "nccl",
                       "--report", str(tmp_path / "s.json"))
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.returncode == ExitCode.SKIPPED, proc.stdout + proc.stderr
     _no_torchrun_noise(proc)
     assert proc.stdout.startswith("gate nccl_teardown: SKIPPED") and "no NCCL" in proc.stdout
 

@@ -16,6 +16,7 @@ from gpu_gates.runtime.hooks import HookSpecError, TestHooks, parse_hooks  # noq
 from gpu_gates.runtime import gate as runtime  # noqa: E402
 from gpu_gates.runtime.gate import AFTER_FAILURE_MARKER, primary_failure  # noqa: E402
 from gpu_gates.selective_sync import targets_for  # noqa: E402
+from harness.exit_codes import ExitCode  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +88,7 @@ def test_atomic_write_and_paths(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]
     assert rep.rank_report_path(str(path), 2).endswith("r.rank2.json")
     assert rep.default_event_log_path(str(path)).endswith("r.events.jsonl")
-    assert rep.exit_code_for("passed") == 0 and rep.exit_code_for("skipped") == 3 and rep.exit_code_for("failed") == 1
+    assert rep.exit_code_for("passed") == 0 and rep.exit_code_for("skipped") == ExitCode.SKIPPED and rep.exit_code_for("failed") == 1
 
 
 def test_summary_text_renders_tables():

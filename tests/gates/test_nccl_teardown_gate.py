@@ -4,6 +4,8 @@ import importlib.util
 
 import pytest
 
+from harness.exit_codes import ExitCode
+
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
@@ -83,7 +85,7 @@ def test_megatron_missing_is_an_explicit_skip(gate_runner, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this node has CUDA")
 def test_nccl_without_gpu_is_a_skip(gate_runner):
     run = gate_runner("nccl_teardown", 2, "--backend", "nccl")
-    assert run.report["status"] == "skipped" and run.report["exit_code"] == 3
+    assert run.report["status"] == "skipped" and run.report["exit_code"] == ExitCode.SKIPPED
     assert "nccl requested" in run.report["message"]
 
 
@@ -92,12 +94,12 @@ def test_a_skip_waits_for_rank_0s_report(gate_runner):
     """Every rank skips with a non-zero exit, and torchrun's agent ends the job at the first
     one: the others must not leave before rank 0 has written the report (rank 0 late here)."""
     run = gate_runner("nccl_teardown", 2, "--backend", "nccl", hook="late_skip_report:1.5")
-    assert run.report["status"] == "skipped" and run.report["exit_code"] == 3
+    assert run.report["status"] == "skipped" and run.report["exit_code"] == ExitCode.SKIPPED
     assert run.elapsed_s >= 1.5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this node has CUDA")
 def test_device_cuda_without_gpu_is_a_skip(gate_runner):
     run = gate_runner("refit_stream", 2, "--device", "cuda", "--cycles", "1")
-    assert run.report["status"] == "skipped" and run.report["exit_code"] == 3
+    assert run.report["status"] == "skipped" and run.report["exit_code"] == ExitCode.SKIPPED
     assert "--device cuda requested" in run.report["message"]

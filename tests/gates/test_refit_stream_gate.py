@@ -1,5 +1,5 @@
 """The refit stream gate on gloo/CPU: sender and receiver processes under torchrun,
-bit-exact syncs, per-group timings, invariant 18 on its event log, and its failures."""
+bit-exact syncs, per-group timings, ``refit_wire`` on its event log, and its failures."""
 
 import os
 
@@ -29,7 +29,7 @@ def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_r
         assert cycle["bytes_per_s"] > 0 and 0.0 <= cycle["overlap_share_of_load"] <= 1.0
     assert len(run.checks("bit_exact")) == 3 and all(c["passed"] for c in run.checks("bit_exact"))
     assert all(c["passed"] for c in run.checks("weights_changed"))
-    # the oracle reads the merged event log: invariant 18 holds on it
+    # the oracle reads the merged event log: refit_wire holds on it
     from harness.logs.records import read_records
     from harness.logs.invariants import check_log
     records = [r.data for r in read_records(str(run.event_log))]

@@ -5,6 +5,8 @@ import socket
 
 import pytest
 
+from harness.exit_codes import ExitCode
+
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
@@ -140,7 +142,7 @@ def test_too_small_world_is_a_skip_with_reason_even_when_its_first_port_is_taken
 def test_under_plain_torchrun_the_gate_file_runs_to_its_report_and_exit_code(gate_runner):
     # the documented command (each rank a `python gpu_gates/selective_sync.py` of its own),
     # on one rank: the gate file as a program, through its checks of the world, to its
-    # report and exit code 3 (a skip), which torchrun passes on as a failure
+    # report and the skip exit code, which torchrun passes on as a failure
     run = gate_runner("selective_sync", 1, launcher="torchrun")
     assert run.report["status"] == "skipped" and "needs 4+ ranks" in run.report["message"]
-    assert run.report["exit_code"] == 3 and run.returncode != 0
+    assert run.report["exit_code"] == ExitCode.SKIPPED and run.returncode != 0

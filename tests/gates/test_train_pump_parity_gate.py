@@ -27,7 +27,7 @@ def test_streaming_split_api_under_dp_equals_the_synchronous_step(gate_runner):
     records = [r.data for r in records_mod.read_records(str(run.event_log))]
     steps = [r for r in records if r["kind"] == "trainer_step"]
     assert {r["pipeline_id"] for r in steps} == {"token/rank0", "token/rank1", "sequence/rank0", "sequence/rank1"}
-    assert check_log(records, ["streaming_step"]) == []  # invariant 15 on the gate's own log
+    assert check_log(records, ["streaming_step"]) == []  # on the gate's own log
     assert sorted({r["version"] for r in steps if r["action"] == "finish"}) == [1, 2]
 
 

@@ -12,6 +12,7 @@ import sysconfig
 
 import pytest
 
+from harness.exit_codes import ExitCode
 from rlharness.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -85,7 +86,7 @@ def test_expect_reports_first_divergence_with_both_sides(tmp_path, capsys):
             break
     out.write_text("\n".join(lines) + "\n")
     capsys.readouterr()
-    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == 3  # a divergence, not a violation
+    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == ExitCode.DIVERGED  # a divergence, not a violation
     text = capsys.readouterr().out
     assert f"expected file line {tampered_line}" in text
     assert "model:" in text and "recorded:" in text and "[99]" in text
@@ -97,7 +98,7 @@ def test_expect_detects_missing_decisions(tmp_path, capsys):
     main(["replay", trace, "--out", str(out), "--quiet"])
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:-3]) + "\n")
-    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == 3
+    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == ExitCode.DIVERGED
     assert "<no more decisions>" in capsys.readouterr().out
 
 

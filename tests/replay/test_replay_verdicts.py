@@ -1,4 +1,4 @@
-"""Replay's verdicts a script can act on: a decision divergence (exit 3) is not an
+"""Replay's verdicts a script can act on: a decision divergence (exit DIVERGED) is not an
 invariant violation in a replay whose decisions agree (exit 1), and ``--verdict`` says
 which as JSON; a commit after the model failed fast is a divergence, not bad input; an
 input is refused for the reason RLix checks first."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+from harness.exit_codes import ExitCode
 from rlharness.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -59,7 +60,7 @@ def test_a_decision_divergence_is_exit_3_with_or_without_violations(tmp_path):
         own, v = tmp_path / "own.jsonl", tmp_path / "v.json"
         main(["replay", trace, "--out", str(own), "--quiet"])
         _tamper_first_grant(own)
-        assert main(["replay", trace, "--expect", str(own), "--quiet", "--verdict", str(v)]) == 3, trace
+        assert main(["replay", trace, "--expect", str(own), "--quiet", "--verdict", str(v)]) == ExitCode.DIVERGED, trace
         got = verdict(v)
         assert (got["verdict"], got["decisions"]) == ("diverged", "diverged")
         assert got["divergence"]["recorded"]["gpus"][0] >= 100 and got["divergence"]["model"]["gpus"][0] < 100
@@ -99,7 +100,7 @@ def test_a_commit_after_fail_fast_is_a_divergence_not_bad_input(tmp_path, capsys
     main(["replay", _gen_request_trace(tmp_path, "ok.jsonl"), "--out", str(recorded), "--quiet"])
     v = tmp_path / "v.json"
     capsys.readouterr()
-    assert main(["replay", failing, "--expect", str(recorded), "--quiet", "--verdict", str(v)]) == 3
+    assert main(["replay", failing, "--expect", str(recorded), "--quiet", "--verdict", str(v)]) == ExitCode.DIVERGED
     assert verdict(v)["divergence"]["model"]["kind"] == "scheduler_failed"
     assert "error:" not in capsys.readouterr().err
 

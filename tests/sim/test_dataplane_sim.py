@@ -48,13 +48,13 @@ def test_one_hop_moves_bulk_store_to_leaders_and_the_driver_only_metadata():
     assert "ppl1: driver bulk bytes 0 (1-hop: the driver moved metadata only)" in text
 
 
-def test_routing_bulk_through_the_driver_costs_step_time_and_breaks_invariant_16():
+def test_routing_bulk_through_the_driver_costs_step_time_and_breaks_data_plane():
     one, via = run("dataplane_one_hop"), run("dataplane_via_driver")
     assert {v.invariant for v in check_log(via.records)} - {"handover"} == {"data_plane"}
     assert any("the driver held bulk tensors: store_to_driver" in v.message for v in check_log(via.records))
     a, b = summarize(one.records).pipelines[0], summarize(via.records).pipelines[0]
     # the driver hop costs training time; the mean step also moves with where RLix's round robin
-    # put each request (issue 18), which here outweighs it by 0.08 s, so only train_s is compared
+    # put each request, which here outweighs it by 0.08 s, so only train_s is compared
     assert b.train_s > a.train_s + 0.5
     text = format_summary(summarize(via.records))
     assert "driver bulk bytes 0" not in text and "(bulk tensors went through the driver)" in text
@@ -140,7 +140,7 @@ def test_single_controller_write_back_is_leader_only_once_per_sample_and_cleared
     assert set(cleared) <= put
 
 
-def test_single_controller_via_driver_costs_step_time_and_breaks_invariant_16():
+def test_single_controller_via_driver_costs_step_time_and_breaks_data_plane():
     one, via = run(SC), run(SC + "_via_driver")
     assert {v.invariant for v in check_log(via.records)} == {"data_plane"}
     assert any("the driver held bulk tensors: store_to_driver" in v.message for v in check_log(via.records))

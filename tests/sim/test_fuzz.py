@@ -15,7 +15,6 @@ import yaml
 from rlharness.cli import main
 from harness.logs.expect import from_signature
 from harness.logs.invariants import Violation
-from simulators.fuzz import executors
 from simulators.fuzz.executors import Job, run_isolated, seed_job
 from simulators.fuzz.generate import scenario_for_seed, scenario_mapping
 from simulators.fuzz.minimize import minimize

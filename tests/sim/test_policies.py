@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Set
 
 import pytest
 
@@ -17,7 +17,6 @@ from harness.logs.invariants import check_log
 from harness.logs.records import read_records
 from harness.logs.replay import compare_decisions, replay_file
 from rlharness.cli import main
-from tests.unit.test_mutations import reseq
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCENARIO = os.path.join(ROOT, "examples", "scenarios", "gap_ratio_3pipelines.yaml")

@@ -4,7 +4,6 @@ are one clear error, and the CLI runs the real transport end to end."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 

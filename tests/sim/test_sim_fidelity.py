@@ -49,7 +49,7 @@ def test_a_finished_pipeline_stops_generating_and_its_gpus_go_idle_or_to_others(
     assert stopped
     s = summarize(recs)
     p0 = next(p for p in s.pipelines if p.pipeline_id == "p0")
-    # p0 unregisters at ~61 s of a ~327 s run (RLix routing, issue 18): it generated for at most that long
+    # p0 unregisters at ~61 s of a ~327 s run (RLix routing): it generated for at most that long
     assert p0.generate_s <= gone["p0"]["t"] and p0.generate_s / (s.t_end - s.t_start) < 0.2
     for g in (4, 5, 7):  # p0's long-lived GEN GPUs: no longer ~97 % generating to the end
         gpu = next(x for x in s.gpus if x.gpu == g)

@@ -286,26 +286,26 @@ EXPECTED_FINDINGS = {
     # ranks that were never shrunk keep serving the previous weights after a publish.
     # (and, handover: NeMo's init keeps its multi-GPU trainers' groups, docs/residency.md)
     # The premature ack also lets a finished pipeline unregister while those ranks still run
-    # requests (in_flight_at_sleep, invariant 22): it follows that pipeline's planned_release_ack.
+    # requests (in_flight_at_sleep): it follows that pipeline's planned_release_ack.
     "mixed_64gpu": ("done", {"stale_serving", "planned_release_ack", "handover", "in_flight_at_sleep"}),
     # RLix's premature planned-release ack, which the faithful (faster) routing now times into
     "roll_dual_4gpu": ("done", {"planned_release_ack"}),
     # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
     "handover_old_log_probs_fits": ("done", {"handover"}),
     "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack", "vram", "run_outcome"}),
-    # bulk tensors routed through the driver: invariant 16 (the 1-hop rule) fires
+    # bulk tensors routed through the driver: data_plane (the 1-hop rule) fires
     "dataplane_via_driver": ("done", {"data_plane", "handover"}),
     # NeMo's init keeps its multi-GPU trainer's groups (docs/residency.md)
     "dataplane_one_hop": ("done", {"handover"}),
     # the 16-GPU mix: all three listed under its expect: (tests/sim/test_expected_findings.py)
     "mixed_16gpu_expected": ("done", {"handover", "planned_release_ack", "stale_serving"}),
-    # the single controller's data plane with the bulk routed through the driver: invariant 16
+    # the single controller's data plane with the bulk routed through the driver: data_plane
     "dataplane_single_controller_via_driver": ("done", {"data_plane"}),
     # NeMo's no-op progress hooks without the GENERATION watchdog: one-shot GENERATION starves
-    # while its bundle idles (idle_bundle_starvation, invariant 26)
+    # while its bundle idles (idle_bundle_starvation)
     "starve_one_shot_generation": ("horizon", {"liveness", "idle_bundle_starvation"}),
     # RLix keeps GEN shrinks made for a training request it cannot grant, and thrashes
-    # (invariant 26); NeMo's init-kept groups; the premature ack
+    # (ungrantable_preemption); NeMo's init-kept groups; the premature ack
     "ungrantable_preemption": ("done", {"ungrantable_preemption", "handover", "planned_release_ack"}),
     # failures users reported (tests/sim/test_field_failures.py)
     "collector_dies_at_epoch_end": ("horizon", {"liveness"}),  # NeMo RL #2899

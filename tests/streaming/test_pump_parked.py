@@ -1,4 +1,4 @@
-"""Issue 31's wedge: the train pump closes a step short when a drop lands while it
+"""The in-order drop wedge: the train pump closes a step short when a drop lands while it
 selects, on every seed of the bundled scenario; with the fault that restores the old
 select, the ``pump_parked`` check names the parked pump. Crafted logs make both of the
 check's rules fire and show what does not."""

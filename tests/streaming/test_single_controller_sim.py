@@ -4,7 +4,6 @@ back from the event log, the bundled scenarios, and the setup refusal."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 

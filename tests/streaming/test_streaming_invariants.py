@@ -1,11 +1,10 @@
-"""Invariants 14 (staleness_window) and 15 (streaming_step): quiet on a sound trace,
+"""The checks staleness_window and streaming_step: quiet on a sound trace,
 firing on each way of breaking it."""
 
 from __future__ import annotations
 
 import copy
 
-import pytest
 
 from harness.logs.invariants import check_log
 from simulators.runtime.simulation import Simulation

@@ -14,7 +14,7 @@ oracle appends to the same ``ExecutionPlan`` types and returns the GPUs left idl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from harness.scheduler.types import (

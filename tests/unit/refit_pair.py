@@ -4,7 +4,6 @@ socket path is limited to ~107 bytes) that is removed afterwards; xdist-safe."""
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 

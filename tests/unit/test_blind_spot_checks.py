@@ -1,5 +1,5 @@
-"""The oracle's checks for invariants 21-26 (grant order, nothing in flight at sleep, sync
-targets, rank lifecycle, host RAM, scheduler waste), the NeMo trajectory age bound and the
+"""The oracle's checks grant_order, in_flight_at_sleep, sync_targets, rank_lifecycle,
+host_ram, ungrantable_preemption and idle_bundle_starvation, the NeMo trajectory age bound and the
 data plane's byte-derived metadata rule: each fires, alone, on a log broken in exactly its
 way (the default scenario's log, or a small hand-written one), and on a run of the
 simulator where the modelled system really does it (a bundled scenario or a fault hook).
@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from typing import List
 
 import pytest
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Dict, Iterator, List, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -44,6 +44,10 @@ UPSTREAM_PREFIXES = ("rlix/", "nemo_rl/", "roll/", "vllm/", "megatron/core/", "s
                      "examples/nemo_rl_test/", "plans/", "docs/design-docs/", "docs/about/", "examples/run_grpo", "recipe/", "verl/",
                      "examples/configs/")
 
+#: test files of upstream repositories (NeMo RL) that the parity docs cite by file name alone
+UPSTREAM_TEST_FILES = {"test_resiliency_config.py", "test_rollout_pump.py", "test_sampler_interface.py",
+                       "test_sc_checkpointing.py", "test_single_controller.py", "test_tq_replay_buffer.py"}
+
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"`([^`\n]+)`")
 _PATHLIKE = re.compile(r"^\.?[A-Za-z0-9_][A-Za-z0-9_.\-]*(?:/[A-Za-z0-9_.\-*]+)*/?$")
@@ -57,7 +61,7 @@ def doc_files() -> List[str]:
 
 def _strip_fences(text: str) -> str:
     """Text outside ``` fences: commands in a code block are examples, not references."""
-    return re.sub(r"```.*?```", "", text, flags=re.S)
+    return re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
 
 
 def slugs(path: str) -> Set[str]:
@@ -112,6 +116,50 @@ def _exists(base: str, rel: str) -> bool:
     return False
 
 
+_TEST_REF = re.compile(r"`((?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_.\-]+\.py)?((?:::[A-Za-z_]\w*)*)`")
+
+
+def cited_tests(path: str) -> Iterator[Tuple[int, str, str]]:
+    """``(line, file, name)`` for each backticked `` `file.py::name` `` (or
+    ``file.py::Class::name``); a bare `` `::name` `` names a test of the last ``.py`` file
+    named before it on the same line."""
+    text = _strip_fences(open(path, encoding="utf-8").read())
+    for number, line in enumerate(text.splitlines(), 1):
+        last = None
+        for m in _TEST_REF.finditer(line):
+            last = m.group(1) or last
+            if last is not None and m.group(2):
+                yield number, last, m.group(2).rsplit("::", 1)[1]
+
+
+def _test_file(base: str, rel: str) -> Optional[str]:
+    """The project file a test reference names: a path as ``_exists`` resolves it, or a
+    bare file name found once under tests/."""
+    if "/" not in rel:
+        found = glob.glob(os.path.join(ROOT, "tests", "**", rel), recursive=True)
+        return found[0] if len(found) == 1 else None
+    for start in (base, ROOT):
+        p = os.path.normpath(os.path.join(start, rel))
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def broken_test_references(path: str) -> List[str]:
+    """A `` `path::test` `` reference whose file is missing or does not define the test."""
+    problems: List[str] = []
+    name = os.path.relpath(path, ROOT)
+    for line, rel, test in cited_tests(path):
+        if os.path.basename(rel) in UPSTREAM_TEST_FILES or (rel.startswith(UPSTREAM_PREFIXES) and not rel.startswith("tests/")):
+            continue
+        found = _test_file(os.path.dirname(path), rel)
+        if found is None:
+            problems.append(f"{name}:{line}: test `{rel}::{test}`: no such test file")
+        elif not re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{test}\b", open(found, encoding="utf-8").read(), re.M):
+            problems.append(f"{name}:{line}: test `{rel}::{test}`: {rel} defines no {test}")
+    return problems
+
+
 def broken_references() -> List[str]:
     problems: List[str] = []
     for path in doc_files():
@@ -129,6 +177,7 @@ def broken_references() -> List[str]:
                 continue
             if not _exists(base, rel):
                 problems.append(f"{name}:{line}: path `{rel}`: not in the repository")
+        problems += broken_test_references(path)
     return problems
 
 
@@ -146,6 +195,11 @@ def test_the_output_allow_list_names_only_paths_that_are_not_in_the_repository()
     ("see [x](docs/nowhere.md)", "no such file"),
     ("see [x](MODELLED#no-such-heading)", "no heading with anchor"),
     ("the folder `harness/nowhere/` holds it", "not in the repository"),
+    ("see `tests/unit/test_doc_links.py::test_nothing_by_this_name`", "defines no test_nothing_by_this_name"),
+    ("see `tests/unit/test_doc_links.py::test_slugs_follow_github`, `::test_nothing_by_this_name`",
+     "defines no test_nothing_by_this_name"),
+    ("see `tests/unit/test_no_such_file.py::test_slugs_follow_github`", "no such test file"),
+    ("see `test_no_such_file.py::test_slugs_follow_github`", "no such test file"),
 ])
 def test_a_broken_reference_is_reported(tmp_path, monkeypatch, text, expected):
     fake = tmp_path / "README.md"

@@ -433,16 +433,22 @@ def policy_trace(dispatch_ranks, activate_between=False):
     d = lambda seq, req, dp: {"seq": seq, "t": 1, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": dp, "version": 0}
     recs, seq = [reg, act(2, "effect_start")], 3
     if activate_between:  # rank 0 routable, a dispatch, then the others (one at a time)
-        recs.append(rs(seq, 0)); seq += 1
-        recs.append(d(seq, 100, 0)); seq += 1
+        recs.append(rs(seq, 0))
+        seq += 1
+        recs.append(d(seq, 100, 0))
+        seq += 1
         for dp in (1, 2, 3):
-            recs.append(rs(seq, dp)); seq += 1
+            recs.append(rs(seq, dp))
+            seq += 1
     else:
         for dp in range(4):
-            recs.append(rs(seq, dp)); seq += 1
-    recs.append(act(seq, "effect_end")); seq += 1
+            recs.append(rs(seq, dp))
+            seq += 1
+    recs.append(act(seq, "effect_end"))
+    seq += 1
     for i, dp in enumerate(dispatch_ranks):
-        recs.append(d(seq, i, dp)); seq += 1
+        recs.append(d(seq, i, dp))
+        seq += 1
     return recs
 
 

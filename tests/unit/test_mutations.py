@@ -263,7 +263,7 @@ MUTATIONS: Dict[str, Callable] = {
 # liveness needs a run that stalls for its 300 s window: a fault hook (test_liveness_... below)
 FAULT_HOOK_TESTED = {"liveness"}
 # a mutation whose damage another check must also see: a KV cache that is never freed is
-# still on its GPU when the scheduler grants that GPU to another cluster (handover, #18)
+# still on its GPU when the scheduler grants that GPU to another cluster (handover)
 ALSO_FIRES = {"vram": {"handover"}}
 
 
@@ -323,7 +323,7 @@ def test_liveness_fires_when_one_shot_generation_starves_and_not_with_the_watchd
     from simulators.run import Simulation
 
     s = _scenario("starve_one_shot_generation")
-    # the starved pipeline's bundle idles meanwhile: invariant 26 names that waste too
+    # the starved pipeline's bundle idles meanwhile: idle_bundle_starvation names that waste too
     assert {v.invariant for v in check_log(Simulation(s).run().records)} == {"liveness", "idle_bundle_starvation"}
     healed = dataclasses.replace(s, faults=[f for f in s.faults if f.name != "no_gen_watchdog"])
     assert check_log(Simulation(healed).run().records) == []

@@ -17,7 +17,6 @@ import copy
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -1,4 +1,4 @@
-"""Refit completeness (issue 30, item 4): the ``refit_payload`` check over logs, and a
+"""Refit completeness: the ``refit_payload`` check over logs, and a
 tensor larger than a ping-pong buffer going through (NeMo RL #3280: sent alone) at the
 boundary (exactly the buffer, one byte over) and well above it (1.05x, 3x) — in the
 protocol, on the real transport and in the simulator's refit cost model."""

@@ -1,7 +1,7 @@
-"""The sans-IO refit stream protocol (harness/refit/stream.py) and invariant 18 over it.
+"""The sans-IO refit stream protocol (harness/refit/stream.py) and ``refit_wire`` over it.
 
 The sender is driven with an instant runtime; its effects become the wire records the
-real transport writes, and invariant 18 (harness/logs/invariants/refit_wire.py) reads them.
+real transport writes, and ``refit_wire`` (harness/logs/invariants/refit_wire.py) reads them.
 Sizes are drawn around the alignment and buffer boundaries (Hypothesis)."""
 
 from __future__ import annotations
@@ -172,23 +172,23 @@ def test_receiver_flags_a_bad_layout():
     assert isinstance(outcome, proto.ManifestError) and "at offset 16, expected 512" in str(outcome)
 
 
-# ------------------------------------------------------------------ invariant 18 fires
+# ------------------------------------------------------------------ refit_wire fires
 def good_records():
     effects = drive_sender(specs_of_sizes([300, 300, 600, 5000, 100, 200, 900]), 2048)
     return wire_records(effects, 1024)
 
 
-def test_invariant_18_passes_a_good_stream():
+def test_refit_wire_passes_a_good_stream():
     assert check_log(good_records(), ["refit_wire"]) == []
 
 
-def test_invariant_18_fires_on_a_missing_ack():
+def test_refit_wire_fires_on_a_missing_ack():
     recs = [r for r in good_records() if not (r["kind"] == "refit_ack" and r["group"] == "0")]
     msgs = [v.message for v in check_log(recs, ["refit_wire"])]
     assert any("still un-ACKed" in m for m in msgs) and any("ACKs for" in m for m in msgs)
 
 
-def test_invariant_18_fires_on_a_misaligned_slot_and_an_overfull_buffer():
+def test_refit_wire_fires_on_a_misaligned_slot_and_an_overfull_buffer():
     recs = good_records()
     send = next(r for r in recs if r["kind"] == "refit_group_send" and len(r["offsets"]) > 1)
     send["offsets"][1] += 8
@@ -201,7 +201,7 @@ def test_invariant_18_fires_on_a_misaligned_slot_and_an_overfull_buffer():
     assert any("half buffer" in v.message for v in check_log(recs, ["refit_wire"]))
 
 
-def test_invariant_18_fires_on_a_buffer_refilled_before_its_ack():
+def test_refit_wire_fires_on_a_buffer_refilled_before_its_ack():
     recs = good_records()
     sends = [r for r in recs if r["kind"] == "refit_group_send" and r["buffer"] in ("0", "1")]
     sends[1]["buffer"] = sends[0]["buffer"]
@@ -211,7 +211,7 @@ def test_invariant_18_fires_on_a_buffer_refilled_before_its_ack():
     assert any("refilled" in v.message for v in check_log(recs, ["refit_wire"]))
 
 
-def test_invariant_18_fires_when_an_incomplete_transfer_is_finalized():
+def test_refit_wire_fires_when_an_incomplete_transfer_is_finalized():
     base = {"t": 0.0, "step": 0, "peer": "tx", "role": "receiver"}
     recs = [{"seq": 0, "kind": "refit_stream_begin", "expected": ["a", "b", "c"], **base},
             {"seq": 1, "kind": "refit_group_recv", "group": 0, "buffer": "0", "bytes": 16, "names": ["a", "a"],

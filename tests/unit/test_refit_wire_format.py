@@ -154,7 +154,7 @@ def test_nemo_rl_groups_decode_in_the_harness_receiver():
 def test_used_bytes_at_the_end_of_the_last_tensor_is_refused_by_both_rules():
     """The format the harness used before: ``used_bytes`` = end of the last (unaligned)
     tensor. NeMo RL's receiver rule refuses it, and so do the harness's receiver and
-    invariant 18 now."""
+    ``refit_wire`` now."""
     tensors = [("w", payload(1, 1000)), ("b", payload(2, 3))]
     manifest = {"w": ((1000,), "uint8"), "b": ((3,), "uint8")}
     buf, names, _ = ref_encode(tensors)
@@ -196,7 +196,7 @@ def test_capacity_is_half_the_budget_unrounded():
 def test_a_sender_announcing_the_old_used_bytes_is_refused_on_the_real_transport(endpoint, monkeypatch):
     """The fault for real: the pyzmq sender and receiver, with the sender's ``used_bytes``
     put back to the end of the last tensor. The receiver refuses every group (nothing is
-    finalized) and invariant 18 over the transport's own records names each group."""
+    finalized) and ``refit_wire`` over the transport's own records names each group."""
     import torch
 
     from tests.unit.refit_pair import Log, run_pair

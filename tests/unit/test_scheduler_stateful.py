@@ -21,7 +21,7 @@ after every step the ownership invariants of docs/modelled-systems.md#rlix-one-s
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Set
 
 import pytest
 from hypothesis import HealthCheck, settings

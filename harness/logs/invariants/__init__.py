@@ -7,7 +7,7 @@ trace and sees it fire (tests/unit/test_invariants.py).
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 from harness.logs.invariants import (  # noqa: F401  (registration)
     cache, dataplane, engine, groups, handover, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
@@ -48,7 +48,7 @@ def kind_views(records: Records, kind_sets: Iterable[Optional[FrozenSet[str]]]) 
     first and last record (``None``: the whole log). One pass over the log fills every
     view: each record is appended to the views of its kind, so a check that keeps state
     from 30 thousand scheduler records no longer walks a million request records."""
-    views: Dict[Optional[FrozenSet[str]], Records] = {}
+    views: Dict[Optional[FrozenSet[str]], Any] = {}  # the whole log, or a list of its records
     appenders: Dict[str, list] = {}
     for kinds in set(kind_sets):
         if kinds is None:

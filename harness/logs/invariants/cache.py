@@ -1,4 +1,4 @@
-"""Cache lock (invariant 12): no cache build or promote while a transport reads the cache.
+"""Cache lock (``cache_lock``): no cache build or promote while a transport reads the cache.
 
 Every access to a cache owner's CPU bucket cache is an interval of ``seq``s, keyed by
 the owner that wrote it (``pipeline_id``, or a gate's ``rank`` where no pipeline is

@@ -1,4 +1,4 @@
-"""Invariant 16, the data plane: one write per (sample, field); the driver holds no bulk.
+"""``data_plane``: one write per (sample, field); the driver holds no bulk.
 
 Read from ``dp_transfer`` / ``dp_write_refused`` / ``dp_clear`` records only:
 

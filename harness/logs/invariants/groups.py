@@ -1,4 +1,4 @@
-"""Dynamic sync groups (invariant 13): proper subsets, destroyed after every sync, never
+"""Dynamic sync groups (``sync_groups``): proper subsets, destroyed after every sync, never
 leaked — on the ``group_create`` / ``group_destroy`` records every runtime writes.
 
 A *dynamic sync group* is one whose ``group_create`` says purpose ``sync`` (never read

@@ -1,4 +1,4 @@
-"""Clean handover of GPUs between clusters (invariant 19), read from the log alone.
+"""Clean handover of GPUs between clusters (``handover``, ``gpu_tenancy``), read from the log alone.
 
 Who holds a GPU is rebuilt from the scheduler's records: a non-GENERATION grant holds its
 GPUs from the ``signalled`` record that hands them over until the cluster's ``released``

@@ -1,6 +1,6 @@
-"""Host-RAM invariant (25), read from the simulator's ``host_ram`` ledger records.
+"""Host RAM (``host_ram``), read from the simulator's ``host_ram`` ledger records.
 
-The same ledger rules as VRAM (invariant 6): holdings per (node, owner) are the running
+The same ledger rules as VRAM (``vram``): holdings per (node, owner) are the running
 sum of the records' ``delta``; the ledger's own ``used`` figure is only compared with the
 sum of holdings. The capacity is the header's ``cluster.host_ram_bytes``; a charge that
 would exceed it must appear as a ``host_oom`` record (the process is killed, RLix's

@@ -33,7 +33,7 @@ Rank = Tuple[str, int]
 
 @invariant("rank_lifecycle", reads=("rank_state",))
 def rank_lifecycle(records: Records) -> List[Violation]:
-    """Invariant 24: each ``rank_state`` record is an edge of the lifecycle from the rank's
+    """``rank_lifecycle``: each ``rank_state`` record is an edge of the lifecycle from the rank's
     previous state (asleep before its first record)."""
     out: List[Violation] = []
     state: Dict[Rank, str] = {}
@@ -53,7 +53,7 @@ def rank_lifecycle(records: Records) -> List[Violation]:
 @invariant("in_flight_at_sleep", reads=("rank_state", "unregister", "request_dispatch", "request_done",
                                         "request_abort", "request_failed"), sees=("request_pause", "request_resume"))
 def in_flight_at_sleep(records: Records) -> List[Violation]:
-    """Invariant 22: a rank enters ``asleep`` (or ``stopped``), and a pipeline unregisters,
+    """``in_flight_at_sleep``: a rank enters ``asleep`` (or ``stopped``), and a pipeline unregisters,
     only with no request dispatched to it still running (abort -> drain -> sleep). A
     request a keep pause froze (``request_pause``) is not running until its
     ``request_resume``; a kept one is still counted at the unregister (nobody resumes it)."""
@@ -168,7 +168,7 @@ class _SyncTargets(DecisionWalk):
 @invariant("sync_targets", reads=("sync_bucket",),
            sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end"))
 def sync_targets(records: Records) -> List[Violation]:
-    """Invariant 23: an expand's weight sync writes only the ranks that expand adds, awake,
+    """``sync_targets``: an expand's weight sync writes only the ranks that expand adds, awake,
     on GPUs their cluster holds or is being given; an active refresh writes only routable
     ranks."""
     # only SyncFromCache among the effects matters: drop the rest before the (slower) walk

@@ -1,4 +1,4 @@
-"""VRAM invariant (6), read from the simulator's ledger records.
+"""VRAM (``vram``), read from the simulator's ledger records.
 
 Resident bytes per GPU are the running sum of the ``vram`` records' ``delta`` (who
 allocated what, in the order it happened), not the ``used`` figure the ledger reports

@@ -1,6 +1,7 @@
-"""Ordering invariants: resize order (4), no remove-and-re-add (5), activation only after
-sync + finalize + publish (7), actor_train released only after refresh + publish (10),
-and one training step after another (11)."""
+"""Ordering invariants: resize order (``resize_order``), no remove-and-re-add
+(``no_readd_in_cycle``), activation only after sync + finalize + publish
+(``activate_after_sync``), actor_train released only after refresh + publish
+(``release_after_publish``), and one training step after another (``step_order``)."""
 
 from __future__ import annotations
 

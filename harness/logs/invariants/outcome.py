@@ -1,4 +1,4 @@
-"""How the run ended: a fail-fast failure is a finding (invariant 17's "the run terminates"
+"""How the run ended: a fail-fast failure is a finding (``liveness``'s "the run terminates"
 means it completes or reaches its horizon, not that it is shut down).
 
 Reads the ``sim_end`` record (reason ``failed`` with its detail: a timeout, an OOM, a

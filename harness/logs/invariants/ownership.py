@@ -1,4 +1,4 @@
-"""GPU conservation and single ownership, read from scheduler decisions (invariant 1).
+"""GPU conservation and single ownership, read from scheduler decisions (``gpu_ownership``).
 
 Ownership is rebuilt from the decision records alone (:mod:`harness.logs.invariants.allocations`:
 plan ops applied at their cycle's commit, and releases), so the check does not trust the

@@ -1,5 +1,5 @@
-"""Plan invariants re-derived from the log: the 11 plan-validation conditions (2) and the
-shape of grants (3).
+"""Plan invariants re-derived from the log: the 11 plan-validation conditions
+(``plan_validation``) and the shape of grants (``grant_shape``).
 
 The scheduler model validates its own plans (``harness/scheduler/validation.py``); these
 checks do not call it. Each ``plan`` record is judged against the state the log itself
@@ -122,7 +122,7 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
 
 @invariant("plan_validation", reads=("plan",), sees=DECISION_KINDS)
 def plan_validation(records: Records) -> List[Violation]:
-    """Invariant 2: every plan satisfies RLix's 11 plan-validation conditions."""
+    """``plan_validation``: every plan satisfies RLix's 11 plan-validation conditions."""
     out: List[Violation] = []
 
     class Walk(DecisionWalk):
@@ -137,7 +137,7 @@ def plan_validation(records: Records) -> List[Violation]:
 
 @invariant("grant_shape", reads=("plan",), sees=DECISION_KINDS)
 def grant_shape(records: Records) -> List[Violation]:
-    """Invariant 3: a non-GENERATION grant is the cluster's whole device mapping; a
+    """``grant_shape``: a non-GENERATION grant is the cluster's whole device mapping; a
     GENERATION expand adds whole TP bundles — dp rank r is exactly
     ``sorted(mapping)[r*tp:(r+1)*tp]`` — below max DP."""
     out: List[Violation] = []

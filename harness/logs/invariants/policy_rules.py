@@ -18,12 +18,12 @@ the documented default rules, independently of the model's code:
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Set
+from typing import Any, Dict, List, Mapping, Optional, Set
 
 GENERATION_SUFFIX = "actor_infer"
 
 
-def header_policy(records) -> Dict[str, object]:
+def header_policy(records) -> Dict[str, Any]:
     """The header's policy fields: ``policy`` (default gap_ratio), ``partition``, ``groups``."""
     header = records[0] if records and records[0]["kind"] == "header" else {}
     sched = header.get("scheduler") or {}
@@ -31,7 +31,7 @@ def header_policy(records) -> Dict[str, object]:
             "groups": sched.get("groups")}
 
 
-def parts(registry: Mapping[str, object], explicit: Optional[Mapping[str, List[int]]]) -> Dict[str, Set[int]]:
+def parts(registry: Mapping[str, Any], explicit: Optional[Mapping[str, List[int]]]) -> Dict[str, Set[int]]:
     """Each registered pipeline's part under static_partition (see the module docstring)."""
     if explicit:
         return {pid: set(explicit.get(pid, ())) for pid in registry}
@@ -48,7 +48,7 @@ def parts(registry: Mapping[str, object], explicit: Optional[Mapping[str, List[i
     return out
 
 
-def group_mates(registry: Mapping[str, object], explicit: Optional[List[List[str]]], pid: str) -> Set[str]:
+def group_mates(registry: Mapping[str, Any], explicit: Optional[List[List[str]]], pid: str) -> Set[str]:
     """The other members of ``pid``'s co-execution group under round_robin."""
     if explicit:
         for group in explicit:

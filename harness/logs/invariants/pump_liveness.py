@@ -10,7 +10,7 @@ This check needs no time window: it rebuilds, from the log alone, why the open
   minus the prompts dropped for that step (``SkipPrompt`` ends whose ``target_step`` is the
   step: only a stamped prompt is owed to one step), minus the groups already trained in it
   (``ClearSamples`` ends). A select still asking for more than that, after the drop that
-  shrank it, waits for groups no one is generating (issue 31's wedge).
+  shrank it, waits for groups no one is generating (the in-order drop wedge).
 * **Nothing can arrive.** The pump waits in ``SelectGroups`` and nothing of its pipeline is
   under way that could change the buffer: no rollout generating, backing off or committing
   — only the rollout pump parked on its admission gate, a buffer slot or an in-flight slot

@@ -1,6 +1,6 @@
 """Refit completeness (``refit_payload``): a finalized refit carried every tensor the engine needs.
 
-The refit stream's own manifest check (invariant 18, ``refit_wire``) compares what
+The refit stream's own manifest check (``refit_wire``) compares what
 arrived with the receiver's manifest, but that manifest is usually built from what the
 trainer says it will send. When the trainer's export leaves out state that is not a
 parameter, both sides agree and the transfer is "clean": NeMo RL's colocated refit did

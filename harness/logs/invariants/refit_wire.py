@@ -1,4 +1,4 @@
-"""Invariant 18, the refit wire: read from the ``refit_*`` records of the stream's two sides.
+"""``refit_wire``, the refit stream's wire rules: read from the ``refit_*`` records of the stream's two sides.
 
 Sender side, per stream (rank, peer, step):
 * at most one data group is un-ACKed at any time, and COMPLETE is sent with none;

@@ -1,7 +1,7 @@
 """Routing invariants: requests go only to routable ranks that hold weights, and no
-request is lost or completed twice (an aborted request is dispatched again) (8); every
-dispatch goes where RLix's router sends it, and the ranks of one resize join routing
-together (20); liveness (17)."""
+request is lost or completed twice (an aborted request is dispatched again) (``routing``);
+every dispatch goes where RLix's router sends it, and the ranks of one resize join routing
+together (``routing_policy``); ``liveness``."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def _ends_at_horizon(records: Records) -> bool:
 @invariant("liveness", reads=("effect_start", "effect_end", "enqueued", "release_pending", "signalled", "sim_end",
                                "register", "request_done", "batch_consumed"), sees=("header",) + WAIT_KINDS + WAIT_SEES)
 def liveness(records: Records) -> List[Violation]:
-    """Every pending request and planned release is eventually signalled (or errored) (invariant 17).
+    """Every pending request and planned release is eventually signalled (or errored).
 
     Reaching the horizon is an outcome of its own, not a finding: a run cut while it was
     progressing passes. A waiter left at the horizon is a stall only when it has waited at

@@ -136,7 +136,7 @@ class _GrantOrder(_Pending):
 @invariant("grant_order", reads=("plan", "enqueued", "signalled"),
            sees=DECISION_KINDS + ("release_then_request",))
 def grant_order(records: Records) -> List[Violation]:
-    """Invariant 21: a non-GENERATION grant never overtakes an earlier pending request
+    """``grant_order``: a non-GENERATION grant never overtakes an earlier pending request
     (lower tier number, or same tier and enqueued first) that those decisions left
     grantable, nor — under ``head_of_line_blocking`` — one that was blocked."""
     walk = _GrantOrder(records)
@@ -145,7 +145,7 @@ def grant_order(records: Records) -> List[Violation]:
 
 
 class _Waste(_Pending):
-    """Invariant 26, first half: GENERATION ranks shrunk for a non-GENERATION request that
+    """``ungrantable_preemption``: GENERATION ranks shrunk for a non-GENERATION request that
     the same plan does not grant (RLix Phase 2 keeps such shrinks unless
     ``rollback_ungrantable_preemption``; rlix.md's "GEN shrink for a non-GEN request that
     still cannot be granted"), and the thrash that follows (the rank re-expanded and shrunk
@@ -203,7 +203,7 @@ class _Waste(_Pending):
 @invariant("ungrantable_preemption", reads=("plan",),
            sees=DECISION_KINDS + ("enqueued", "signalled", "release_pending", "release_then_request"))
 def ungrantable_preemption(records: Records) -> List[Violation]:
-    """Invariant 26: no GENERATION rank is shrunk for a request its cycle does not grant
+    """``ungrantable_preemption``: no GENERATION rank is shrunk for a request its cycle does not grant
     (scheduler waste), nor shrunk again and again for the same waiting request (thrash)."""
     walk = _Waste(records)
     walk.run()
@@ -218,7 +218,7 @@ IDLE_BUNDLE_BOUND_S = 60.0
 
 
 class _IdleBundle(DecisionWalk):
-    """Invariant 26, second half: a pipeline starved while a bundle it could use idles."""
+    """``idle_bundle_starvation``: a pipeline starved while a bundle it could use idles."""
 
     def __init__(self, records) -> None:
         super().__init__(records)
@@ -302,7 +302,7 @@ class _IdleBundle(DecisionWalk):
 
 @invariant("idle_bundle_starvation", reads=("effect_start", "effect_end", "rank_state"), sees=DECISION_KINDS)
 def idle_bundle_starvation(records: Records) -> List[Violation]:
-    """Invariant 26: no pipeline waits for its batch with no routable rank for longer than
+    """``idle_bundle_starvation``: no pipeline waits for its batch with no routable rank for longer than
     :data:`IDLE_BUNDLE_BOUND_S` while a whole TP bundle of its inference mapping is idle."""
     # only WaitBatch among the effects matters: drop the rest before the (slower) walk
     walk = _IdleBundle([r for r in records if r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"])

@@ -1,4 +1,4 @@
-"""Invariant 14 for trajectory-buffer pipelines (NeMo RL async GRPO, ROLL): every batch the
+"""``trajectory_age``, the staleness bound for trajectory-buffer pipelines (NeMo RL async GRPO, ROLL): every batch the
 trainer consumes is within the pipeline's ``max_trajectory_age_steps``.
 
 NeMo RL's ``ReplayBuffer.sample`` (NVIDIA-NeMo/RL, ``nemo_rl/algorithms/async_utils/replay_buffer.py``)

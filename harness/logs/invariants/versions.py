@@ -1,4 +1,4 @@
-"""Version invariants (9): caches built in increasing version order; only a built
+"""Versions (``versions``, ``stale_serving``): caches built in increasing version order; only a built
 version is promoted; a sync reads and a publish names the promoted (active) version, a
 publish on the expand path comes after that path's sync; published values never go back
 (compared raw: a publish of the base -1 after version 0 goes back in any pipeline)."""

@@ -1,4 +1,4 @@
-"""Wait-for edges of the refit stream, rebuilt from its wire records (invariant 18's).
+"""Wait-for edges of the refit stream, rebuilt from its wire records (``refit_wire``'s).
 
 The refit stream is a lockstep between a producer and a consumer
 (gpu_gates/transports/zmq_stream.py): the sender sends a data group and blocks until the

@@ -43,7 +43,7 @@ class CanonKey:
     def __lt__(self, other: "CanonKey") -> bool:
         return self.text() < other.text()
 
-    __hash__ = None  # type: ignore[assignment]  # compared, never hashed
+    __hash__ = None  # compared, never hashed
 
 
 def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Callable[[Any], Any]) -> None:

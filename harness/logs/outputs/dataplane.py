@@ -2,7 +2,7 @@
 
 Read from ``dp_transfer`` records only. The driver's bulk bytes (any hop of role
 ``driver`` other than ``driver_meta``) get their own line, because "zero" there is the
-1-hop rule (invariant 16) and a person should see it without adding up a table.
+1-hop rule (``data_plane``) and a person should see it without adding up a table.
 """
 
 from __future__ import annotations

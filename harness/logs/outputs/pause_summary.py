@@ -111,7 +111,7 @@ class _Walk:
             self.row(pid, "keep").resumed += 1
 
 
-_UNSEEN = object()
+_UNSEEN: Any = object()
 
 
 def pause_rows(records: Sequence[Mapping[str, Any]]) -> List[PauseRow]:

@@ -7,7 +7,7 @@ the other side empty). Each row: A, B, B - A and the change in percent of A.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 

@@ -153,6 +153,7 @@ class _LogIndex:
         self.records = records
         t0 = records[0].get("t", 0.0) if records else 0.0
         rows = [(r.get("kind"), r.get("t", t0), r.get("pipeline_id"), r.get("gpus"), r.get("seq")) for r in records]
+        self.seqs: Tuple[Any, ...]
         kinds, times, pids, gpus, self.seqs = zip(*rows) if rows else ((), (), (), (), ())
         del rows
         # group the positions by kind with numpy (a stable sort of each record's kind

@@ -368,7 +368,7 @@ def _handovers(view: RunView, found: Optional[Sequence[Any]] = None) -> List[Dic
         from harness.logs.invariants.handover import handover  # the oracle's own reading of the log
 
         kinds = SEES["handover"]
-        found = handover(kind_views(view.records, [kinds])[kinds])
+        found = handover(kind_views(view.records, [kinds])[kinds])  # type: ignore[arg-type]  # records are dicts
     if not found:
         return []
     want = {v.seq for v in found}

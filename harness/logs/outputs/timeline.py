@@ -289,7 +289,7 @@ def _draw_bar_polygons(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_
     for kind, pid in sorted(groups):
         ax.add_collection(PolyCollection(
             # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
-            _bar_vertices(*groups[(kind, pid)]), facecolors=KIND_STYLE[kind][1], edgecolors="black",
+            _bar_vertices(*groups[(kind, pid)]), facecolors=KIND_STYLE[kind][1], edgecolors="black",  # type: ignore[arg-type]
             linewidths=0.3, hatch=hatch_of[pid] or None))
     for x, y, text in sorted(labels):
         ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)

@@ -70,7 +70,7 @@ def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, wid
 
 
 def bar_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, codes: np.ndarray,
-              colours: Sequence[Tuple[float, float, float]], width: int, height: int,
+              colours: Sequence[Tuple[float, ...]], width: int, height: int,
               weight: "np.ndarray | None" = None) -> np.ndarray:
     """(height, width, 4) RGBA bytes of the bars (pixel units, see :func:`coverage`), bar
     i in ``colours[codes[i]]`` (RGB in [0, 1]): each pixel the mix of the colours weighted

@@ -39,7 +39,7 @@ def pipeline_colours(n: int) -> List[Tuple[float, float, float]]:
     mistaken for."""
     from matplotlib import colormaps
 
-    base = [c[:3] for name in ("Pastel1", "Pastel2", "Set3") for c in colormaps[name].colors]
+    base = [c[:3] for name in ("Pastel1", "Pastel2", "Set3") for c in colormaps[name].colors]  # type: ignore[attr-defined]  # qualitative: listed
     return [tuple(base[i % len(base)]) for i in range(n)]
 
 
@@ -80,8 +80,8 @@ def row_layout(gpus: Sequence[int], gpus_per_node: int) -> Tuple[Dict[int, int],
 
 
 def row_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, rows: np.ndarray,
-              members: np.ndarray, kind_codes: np.ndarray, kind_colours: Sequence[Tuple[float, float, float]],
-              pipe_codes: np.ndarray, pipe_colours: Sequence[Tuple[float, float, float]], width: int, height: int,
+              members: np.ndarray, kind_codes: np.ndarray, kind_colours: Sequence[Tuple[float, ...]],
+              pipe_codes: np.ndarray, pipe_colours: Sequence[Tuple[float, ...]], width: int, height: int,
               sub_rows: int = 1) -> np.ndarray:
     """(height, width, 4) RGBA of the rows: bar i spans [x0[i], x1[i]) pixels and
     [y0[i], y1[i]) rows (its lane's band inside row ``rows[i]``), weighted
