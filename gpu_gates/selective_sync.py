@@ -41,6 +41,7 @@ from gpu_gates.sync_runtime import OwnerSync, SyncLink, run_owner, serve_receive
 from gpu_gates.memory import MIB, own_device_bytes  # noqa: E402
 from gpu_gates.runtime import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.tiny_model import TinyModel  # noqa: E402
+from harness.control.cache_lock import CacheLockRecords  # noqa: E402
 from harness.control.selective_sync import SyncPlan, plan_sync  # noqa: E402
 from harness.refit.bucket_cache import VersionedBucketCache, build_buckets, state_digests  # noqa: E402
 from gpu_gates.transports.staging import leftover_shm  # noqa: E402
@@ -95,7 +96,7 @@ class SyncState:
     def __init__(self, ctx: GateContext) -> None:
         seed = TRAIN_SEED if ctx.rank in (OWNER, TRAINER) else 100 + ctx.rank
         self.model = TinyModel(seed).to(ctx.device)
-        self.cache = VersionedBucketCache() if ctx.rank == OWNER else None
+        self.cache = VersionedBucketCache(CacheLockRecords(ctx.emit)) if ctx.rank == OWNER else None  # holds logged
         self.prev_digests: Optional[Dict[str, str]] = None
         self.held_version: Optional[int] = None
         self.transport = ipc.STREAM
