@@ -421,12 +421,16 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
 
 
 # ---------------------------------------------------------------------- effect dispatch
-def _handling_of(sim: "PipelineSim", effect_cls: type) -> Tuple[Callable[[Any], Any], Optional[Callable[[Any], List[int]]]]:
+#: The GPUs an effect runs on (the effect record's "gpus").
+GpusOf = Callable[[Any], List[int]]
+
+
+def _handling_of(sim: "PipelineSim", effect_cls: type) -> Tuple[Callable[[Any], Any], Optional[GpusOf]]:
     """How ``sim`` handles ``effect_cls``: (bound handler, the record's "gpus" of an
     effect). Worked out on the class's first effect, then kept."""
     name = effect_cls.__name__  # == effect_name(effect)
     handler = getattr(sim, "_" + name)
-    gpus_of: Optional[Callable[[Any], List[int]]] = None
+    gpus_of: Optional[GpusOf] = None
     if "ranks" in {f.name for f in dataclasses.fields(effect_cls)}:
         ranks = sim.ranks  # the effect names inference ranks: their GPUs
 

@@ -413,7 +413,8 @@ def test_cache_lock_on_gate_records():
     overlapping = [hold(1, "acquire", "sync", 1), hold(2, "acquire", "build", 2), hold(3, "release", "build", 2),
                    hold(4, "release", "sync", 1)]
     found = check_log(overlapping, ["cache_lock"])
-    assert len(found) == 1 and "rank 0: cache build of v2 (seq 2..3) while the sync of v1 (seq 1..4) reads" in found[0].message
+    assert len(found) == 1
+    assert "rank 0: cache build of v2 (seq 2..3) while the sync of v1 (seq 1..4) reads" in found[0].message
     in_turn = [hold(1, "acquire", "sync", 1), hold(2, "release", "sync", 1), hold(3, "acquire", "build", 2),
                hold(4, "release", "build", 2)]
     assert check_log(in_turn, ["cache_lock"]) == []

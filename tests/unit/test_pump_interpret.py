@@ -1,7 +1,8 @@
 """The single controller's pumps under the one interpreter (``harness.control.interpret``)
-with their handlers (``harness.streaming.apply.PumpHandlers``) alone: no simpy, no torch. A scripted runtime stands in for the simulator (handlers that are
-generators, a "state changed" token it yields) and asyncio for the real CPU runtime
-(:func:`run_awaiting`). The controller state and its bookkeeping are the real ones."""
+with their handlers (``harness.streaming.apply.PumpHandlers``) alone: no simpy, no torch.
+A scripted runtime stands in for the simulator (handlers that are generators, a "state
+changed" token it yields) and asyncio for the real CPU runtime (:func:`run_awaiting`).
+The controller state and its bookkeeping are the real ones."""
 
 from __future__ import annotations
 
