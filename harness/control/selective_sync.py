@@ -164,7 +164,7 @@ def selective_sync(plan: SyncPlan) -> Generator:
 
     Teardown runs on every exit an interpreter can report (an error or the timeout thrown
     in); a teardown effect failing after that error does not replace it (the first error
-    wins, as RLix's ``finally`` re-raises the original). A generator *closed* by its
+    wins: it is the one the caller sees). A generator *closed* by its
     runtime (``GeneratorExit``: the run itself ended and drops the process) yields nothing
     more, as Python requires."""
     yield LockCache(plan.version)
