@@ -42,7 +42,8 @@ from gpu_gates.sync.runtime import OwnerSync, SyncLink, run_owner, serve_receive
 from gpu_gates.runtime.memory import MIB, own_device_bytes  # noqa: E402
 from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.sync.tiny_model import TinyModel  # noqa: E402
-from harness.control.selective_sync import SyncPlan  # noqa: E402
+from harness.control.cache_lock import CacheLockRecords  # noqa: E402
+from harness.control.selective_sync import SyncPlan, plan_sync  # noqa: E402
 from gpu_gates.sync.bucket_cache import VersionedBucketCache, build_buckets, state_digests  # noqa: E402
 from gpu_gates.transports.staging import leftover_shm  # noqa: E402
 from harness.refit.comm_plan import build_comm_plan  # noqa: E402
@@ -96,7 +97,7 @@ class SyncState:
     def __init__(self, ctx: GateContext) -> None:
         seed = TRAIN_SEED if ctx.rank in (OWNER, TRAINER) else 100 + ctx.rank
         self.model = TinyModel(seed).to(ctx.device)
-        self.cache = VersionedBucketCache() if ctx.rank == OWNER else None
+        self.cache = VersionedBucketCache(CacheLockRecords(ctx.emit)) if ctx.rank == OWNER else None  # holds logged
         self.prev_digests: Optional[Dict[str, str]] = None
         self.held_version: Optional[int] = None
         self.transport = ipc.STREAM
@@ -188,8 +189,8 @@ def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
     members = list(range(ctx.world_size)) if ctx.hooks.get("world_sync_group") is not None else [OWNER] + bcast_ranks
     if ctx.rank == OWNER:
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))
-        plan = SyncPlan(cycle, tuple(b["used_bytes"] for b in manifest["buckets"]), tuple(sorted(comm.ipc)),
-                        tuple(sorted(comm.broadcast)), link.sync_id, tuple([OWNER] + bcast_ranks))
+        plan = plan_sync(cycle, [b["used_bytes"] for b in manifest["buckets"]], comm.ipc, comm.broadcast,
+                         link.sync_id, [OWNER] + bcast_ranks)
         info.update(owner_send(ctx, st, cycle, plan, link))
     elif ctx.rank in targets or (comm.needs_group and ctx.rank in members):
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))

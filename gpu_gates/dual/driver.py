@@ -2,7 +2,7 @@
 
 Runs in a thread of rank 0. It owns one :class:`~harness.scheduler.model.SchedulerModel`
 (the same object the simulator drives) and interprets the same control generators as
-the simulator, with the same interpreter loops (``harness.control.interpret``), turning
+the simulator, with the same interpreter (``harness.control.interpret``), turning
 each effect into a command for the worker process that must do it (the per-effect
 handlers are in ``gpu_gates.dual.effects``). Threads:
 
@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 from harness.control.context import PipelineContext
 from harness.control.cycle import execute_cycle, run_resize
 from harness.control.effects import TRAINER_EFFECTS, effect_fields
-from harness.control.interpret import drive, interpret, run_blocking
+from harness.control.interpret import EffectLog, run_blocking
 from harness.control.lifecycle import pipeline_run
 from harness.control.rank_state import RankLifecycle
 from harness.control.run_effects import RunResizes
@@ -208,7 +208,7 @@ class Driver(DriverEffects, LifecycleEffects):
         gen = execute_cycle(reason)
         if self.swap:
             gen = swapped_resize_phases(gen)
-        run_blocking(interpret(gen, self._handle_cycle))
+        run_blocking(gen, self._handle_cycle)
 
     def _handle_cycle(self, effect: Any) -> Any:
         return getattr(self, "_" + type(effect).__name__)(effect)
@@ -264,14 +264,13 @@ class Driver(DriverEffects, LifecycleEffects):
     def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int) -> None:
         """One coordinator call, interpreted by ``harness.control.cycle.run_resize``."""
         self._pause()
-        run_blocking(run_resize(self.ctxs[pid], phase, ranks, cycle, self._handler(pid),
-                                lambda kind, fields: self.emit(kind, **fields),
-                                lambda exc: self.fail(f"{pid} {phase} {ranks}: {exc}")))
+        run_blocking(run_resize(self.ctxs[pid], phase, ranks, cycle, lambda kind, fields: self.emit(kind, **fields),
+                                lambda exc: self.fail(f"{pid} {phase} {ranks}: {exc}")), self._handler(pid))
 
     # ------------------------------------------------------------------ pipelines
     def pipeline_main(self, pid: str) -> None:
         try:
-            run_blocking(interpret(pipeline_run(self.ctxs[pid]), self._handler(pid)))
+            run_blocking(pipeline_run(self.ctxs[pid]), self._handler(pid))
         except Exception as exc:
             self.fail(f"{pid}: {exc}")
 
@@ -320,24 +319,22 @@ class Driver(DriverEffects, LifecycleEffects):
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, pid: str, gen, scope: str, step: Optional[int], cycle: Optional[int] = None) -> None:
-        """Interpret a step or resize generator with the shared logged loop
-        (``harness.control.interpret.drive``); ``activity`` says what each is executing."""
+        """Interpret a step or resize generator, logged (``harness.control.interpret``);
+        ``activity`` says what each is executing."""
         who = f"{pid} {scope}" + ("" if cycle is None else f" (cycle {cycle})")
-        handlings: Dict[type, Any] = {}
+        handlers: Dict[type, Callable[[Any], Any]] = {}
 
-        def handling_of(effect_cls: type) -> Any:
-            handling = handlings.get(effect_cls)
-            if handling is None:
-                name, handler = effect_cls.__name__, getattr(self, "_" + effect_cls.__name__)
+        def handle(effect: Any) -> Any:
+            handler = handlers.get(type(effect))
+            if handler is None:
+                handler = handlers[type(effect)] = getattr(self, "_" + type(effect).__name__)
+            self.activity[who] = f"{type(effect).__name__} {effect_fields(effect)}" + (
+                "" if step is None else f" in step {step}")
+            self._before(pid, effect)
+            return handler(pid, effect)
 
-                def call(effect: Any) -> Any:
-                    self.activity[who] = f"{name} {effect_fields(effect)}" + ("" if step is None else f" in step {step}")
-                    self._before(pid, effect)
-                    return handler(pid, effect)
-                handling = handlings[effect_cls] = (name, call, False, lambda effect: self._gpus(pid, effect))
-            return handling
-
-        run_blocking(drive(gen, handling_of, self._add, self.now, pid, scope, step, cycle, guard=self._guard))
+        run_blocking(gen, handle, log=EffectLog(self._add, self.now, pid, scope, step, cycle,
+                                                lambda effect: self._gpus(pid, effect)), guard=self._guard)
         self.activity.pop(who, None)
 
     def _add(self, record: Dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from gpu_gates.dual.worker import ROLES, rank_of
+from harness.control.cache_lock import CacheLockRecords
 from harness.control.reporting import progress_input, request_input
 from harness.control.resize import COORDINATOR_GONE
 from harness.refit.comm_plan import build_comm_plan
@@ -67,7 +68,7 @@ class DriverEffects:
     def _cache_held(self, pid: str, holder: str, version: Optional[int]) -> Iterator[None]:
         """RLix's ``_cache_lock`` on the pipeline's cache owner, held by a build, a promote
         or a whole sync, as the simulator's handlers hold theirs (simulators/pipelines/cache_lock.py),
-        each acquire and release a ``cache_lock`` record for ``cache_lock``. The trainer
+        each acquire and release a ``cache_lock`` record (``harness.control.cache_lock``). The trainer
         rank's cache also locks a build out while it is read (its data's own guard); this
         lock is the exclusion where the driver orders the effects, and the log's evidence
         of it: without it, a build of v3 and a sync of v2 issued from two driver threads
@@ -79,11 +80,12 @@ class DriverEffects:
                 raise DriverError("aborted: " + self.errors[0])
             if time.monotonic() >= end:
                 raise DriverError(f"{pid}: gave up waiting for the cache lock ({holder} of v{version})")
-        self.emit("cache_lock", pipeline_id=pid, action="acquire", holder=holder, version=version)
+        records = CacheLockRecords(self.emit, pipeline_id=pid)
+        records.acquired(holder, version)
         try:
             yield
         finally:
-            self.emit("cache_lock", pipeline_id=pid, action="release", holder=holder, version=version)
+            records.released(holder, version)
             lock.release()
 
     def _OffloadTraining(self, pid, e):

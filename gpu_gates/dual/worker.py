@@ -22,7 +22,7 @@ import torch
 from gpu_gates.runtime.gate import GateContext
 from gpu_gates.sync.runtime import OwnerSync, SyncGroup, SyncLink, run_owner, serve_receiver
 from gpu_gates.sync.tiny_model import TinyModel
-from harness.control.selective_sync import SyncPlan
+from harness.control.selective_sync import plan_sync
 from gpu_gates.sync.bucket_cache import VersionedBucketCache, build_buckets, state_digests
 
 # rank -> (pipeline, role, dp rank or None, logical GPU)
@@ -144,8 +144,8 @@ class Worker:
         """The owner's side: ``harness.control.selective_sync`` with the gates' handlers."""
         link = self._link(sync_id, rank_of, self.ctx.rank)
         manifest = self._manifest_of(sync_id)
-        plan = SyncPlan(version, tuple(b["used_bytes"] for b in manifest["buckets"]), tuple(ipc_dp), tuple(bcast_dp),
-                        sync_id, tuple([self.ctx.rank] + link.ranks(bcast_dp)))
+        plan = plan_sync(version, [b["used_bytes"] for b in manifest["buckets"]], ipc_dp, bcast_dp,
+                         sync_id, [self.ctx.rank] + link.ranks(bcast_dp))
         sent = run_owner(self.ctx, OwnerSync(self.ctx, self.cache, link), plan)
         return {"bytes": sum(sent.values()), "buckets": len(plan.bucket_bytes)}
 

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from harness.control import rollout_pump, train_pump
-from harness.control.pump_interpret import PumpInterpreter, run_awaiting
+from harness.control.interpret import run_awaiting
 from harness.logs.writer import EventLog, header_record
 from harness.streaming import checkpoint
+from harness.streaming.apply import PumpHandlers
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from gpu_gates.streaming.split_trainer import Batch, SplitTrainer, make_batch
 
@@ -92,7 +93,7 @@ class StreamingRuntime:
         self._retired: set = set()  # the pumps of the state a restore replaced
         self._t0 = 0.0
         self._changed: Optional[asyncio.Event] = None
-        self.pumps = PumpInterpreter(self, self.state, self.pid, self.log.add, self.now)
+        self.pumps = PumpHandlers(self, self.state, self.pid, self.log.add, self.now)
         self._aborts: Dict[int, asyncio.Event] = {}
         self._data: Dict[int, Batch] = {}  # group id -> its sequences, from commit until trained or dropped
         self._tasks: List[asyncio.Task] = []
@@ -184,15 +185,15 @@ class StreamingRuntime:
         await asyncio.gather(*old, return_exceptions=True)
         self._tasks = []
         self.state = checkpoint.restore(self.cfg, snap)
-        self.pumps = PumpInterpreter(self, self.state, self.pid, self.log.add, self.now)
+        self.pumps = PumpHandlers(self, self.state, self.pid, self.log.add, self.now)
         self.emit("buffer_restore", pipeline_id=self.pid, step=self.state.trainer_version,
                   groups=[e.group_id for e in self.state.buffer.ready()], reserve=len(self.state.spares))
         self._start_pumps(top_up=True)
 
     # ------------------------------------------------------------------ the interpreter
     async def drive(self, gen, scope: str, step: Optional[int] = None) -> Any:
-        """The pump-resume loop (``harness.control.pump_interpret``) on this event loop."""
-        return await run_awaiting(self.pumps.drive(gen, scope, step))
+        """The interpreter over a pump (``harness.streaming.apply.PumpHandlers``) on this event loop."""
+        return await run_awaiting(gen, self.pumps.handle, **self.pumps.options(scope, step))
 
     def change(self):
         """What a parked blocking effect awaits: the next state change (see ``notify``)."""

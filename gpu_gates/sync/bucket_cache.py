@@ -21,11 +21,14 @@ import contextlib
 import hashlib
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from harness.refit.stream import ALIGNMENT_BYTES, align_up  # noqa: F401  (one definition of the slot alignment)
+
+if TYPE_CHECKING:
+    from harness.control.cache_lock import CacheLockRecords
 
 NamedTensors = Sequence[Tuple[str, torch.Tensor]]
 
@@ -230,10 +233,16 @@ class VersionedBucketCache:
     Versions are the training step whose weights the buckets hold (``-1`` = base weights)
     and must strictly increase from build to build, so one build is one version. Only
     latest and active survive a build or promote, which bounds host RAM to two copies.
+
+    Its lock is RLix's ``_cache_lock``: a build, a promote and a whole transfer
+    (:meth:`reading`) each hold it. ``lock_records`` (optional) records each hold as it is
+    taken and let go (``harness.control.cache_lock``), where no other part of the runtime
+    records them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lock_records: Optional[CacheLockRecords] = None) -> None:
         self._lock = threading.Lock()
+        self._records = lock_records
         self._versions: Dict[int, List[BucketRecord]] = {}
         self._latest: Optional[int] = None
         self._active: Optional[int] = None
@@ -265,7 +274,7 @@ class VersionedBucketCache:
         """Store ``buckets`` as ``version`` and make it the latest; waits for readers."""
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {version!r}")
-        with self._lock:
+        with self._held("build", version):
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"version {version} is not newer than the latest built version {self._latest}")
             self._versions[version] = list(buckets)
@@ -274,7 +283,7 @@ class VersionedBucketCache:
 
     def promote(self, version: int) -> None:
         """Make a built version the active one (what transports send)."""
-        with self._lock:
+        with self._held("promote", version):
             if version not in self._versions:
                 raise KeyError(f"version {version} is not built (held: {sorted(self._versions)})")
             self._active = version
@@ -291,8 +300,22 @@ class VersionedBucketCache:
     @contextlib.contextmanager
     def reading(self) -> Iterator[List[BucketRecord]]:
         """Hold the cache lock for a whole transfer; yields the active buckets."""
-        with self._lock:
+        with self._held("sync", None):
             yield self.get_active_buckets()
+
+    @contextlib.contextmanager
+    def _held(self, holder: str, version: Optional[int]) -> Iterator[None]:
+        """The lock, its hold recorded (``version`` None: the active one, read under the lock)."""
+        with self._lock:
+            if version is None:
+                version = self._active
+            if self._records is not None:
+                self._records.acquired(holder, version)
+            try:
+                yield
+            finally:
+                if self._records is not None:
+                    self._records.released(holder, version)
 
     def _gc(self) -> None:
         keep = {v for v in (self._latest, self._active) if v is not None}

@@ -29,6 +29,7 @@ import torch
 from gpu_gates.sync import ipc
 from gpu_gates.runtime import pg_registry
 from harness.control import selective_sync as ss
+from harness.control.interpret import run_blocking
 from gpu_gates.sync.bucket_cache import BucketRecord, unpack_bucket
 
 
@@ -214,7 +215,8 @@ def run_owner(ctx: Any, handlers: OwnerSync, plan: ss.SyncPlan) -> Dict[str, int
     """The owner's side of one sync: the harness's order with these handlers, under
     RLix's timeout (a hung peer past it is thrown into the sync, which tears down)."""
     deadline = time.monotonic() + ss.SYNC_TIMEOUT_S
-    return ss.run_blocking(ss.selective_sync(plan), handlers.handle, lambda: time.monotonic() > deadline)
+    return run_blocking(ss.selective_sync(plan), handlers.handle,
+                        deadline=ss.sync_deadline(lambda: time.monotonic() > deadline))
 
 
 def serve_receiver(ctx: Any, link: SyncLink, buckets_meta: List[Dict[str, Any]], model: Any,

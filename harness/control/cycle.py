@@ -11,7 +11,7 @@ fails during a phase, nothing of the next phase starts and nothing is committed.
 When a cycle runs (wake-up on input, the 1 s background poll) is the runtime's: it is a
 clock. Each resize runs :func:`resize_call`: a coordinator ``resize_infer`` that finds
 its pipeline unregistered does nothing (dead coordinator, tolerated as in RLix). Every
-runtime interprets a resize call through :func:`run_resize`, which writes its
+runtime interprets a resize call as :func:`run_resize`, which writes its
 ``resize_start`` / ``resize_end`` records (what ``resize_order`` reads) on every path.
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Generator, Optional, Sequence
 
 from harness.control.context import PipelineContext
-from harness.control.interpret import interpret
 from harness.control.resize import expand_order, shrink_order
 from harness.control.run_effects import (
     CommitCycle,
@@ -61,17 +60,18 @@ def resize_call(ctx: PipelineContext, phase: str, ranks: Sequence[int], cycle: i
     yield RunControl(order(ctx, ranks), phase, None, cycle)
 
 
-def run_resize(ctx: PipelineContext, phase: str, ranks: Sequence[int], cycle: int, handle: Callable[[Any], Any],
+def run_resize(ctx: PipelineContext, phase: str, ranks: Sequence[int], cycle: int,
                record: Callable[[str, Dict[str, Any]], None], on_error: Optional[Callable[[Exception], None]] = None,
                then: Optional[Callable[[], None]] = None) -> Generator:
-    """Interpret one :func:`resize_call` between its ``resize_start`` and ``resize_end``
-    records (``record(kind, fields)`` is the runtime's log append). ``on_error`` takes an
-    error of the call (it re-raises what it does not handle); ``then`` runs after a call
-    that completed (a runtime's fault hook). The end is recorded on every path."""
+    """One :func:`resize_call` between its ``resize_start`` and ``resize_end`` records
+    (``record(kind, fields)`` is the runtime's log append), for the interpreter to run with
+    the runtime's run-level handlers. ``on_error`` takes an error of the call (it re-raises
+    what it does not handle); ``then`` runs after a call that completed (a runtime's fault
+    hook). The end is recorded on every path."""
     fields = {"cycle": cycle, "pipeline_id": ctx.pipeline_id, "phase": phase, "dp_ranks": list(ranks)}
     record("resize_start", fields)
     try:
-        yield from interpret(resize_call(ctx, phase, ranks, cycle), handle)
+        yield from resize_call(ctx, phase, ranks, cycle)
         if then is not None:
             then()
     except Exception as exc:

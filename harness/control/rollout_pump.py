@@ -13,7 +13,7 @@ train pump (the sampler can no longer select it) just gives its slots back.
 
 from __future__ import annotations
 
-from typing import Any, Generator, Optional
+from typing import TYPE_CHECKING, Any, Generator, Optional
 
 from harness.control.streaming_effects import (
     AcquireCapacity,
@@ -37,7 +37,8 @@ from harness.control.streaming_effects import (
     TakeReplacement,
     WatchdogTick,
 )
-from harness.streaming.controller import StreamingConfig
+if TYPE_CHECKING:  # the pumps read the config; harness.streaming runs them (no import back)
+    from harness.streaming.controller import StreamingConfig
 
 
 def run(cfg: StreamingConfig, first_prompt: int = 0, top_up: bool = False) -> Generator[Any, Any, None]:

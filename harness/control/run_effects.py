@@ -4,8 +4,8 @@ Unlike the step and resize effects (``effects.py``), these are not logged as
 ``effect_start`` / ``effect_end`` records: each already has its own record in the event
 log (a scheduler input such as ``register``, a ``cycle`` or ``resize_start`` record), or
 none at all (starting the watchdog). They are interpreted by
-:func:`harness.control.interpret.interpret`; :class:`RunControl` hands a step or resize
-generator to the logged loop (:func:`harness.control.interpret.drive`).
+:func:`harness.control.interpret.interpret` without an ``EffectLog``; :class:`RunControl`
+hands a step or resize generator to the runtime, which interprets it with one.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class StartWatchdog:
 
 @dataclass(frozen=True, eq=False)
 class RunControl:
-    """Interpret a step or resize generator through the logged loop. Result: None."""
+    """Interpret a step or resize generator, logged (an ``EffectLog``). Result: None."""
 
     gen: Generator
     scope: str  # init | step | shrink | expand

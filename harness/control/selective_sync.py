@@ -16,10 +16,11 @@ at b4534cb5c330d984a4d833e002564ade0162495d; docs/control-logic.md, "Selective s
    the group destroyed — on every exit path, an error or the sync's timeout included —
    and the lock released.
 
-The generator never reads a clock: the runtime arms the deadline (:data:`SYNC_TIMEOUT_S`,
-RLix's ``ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S``) and throws :class:`SyncTimeout` into it
-when it expires (:func:`run_blocking`); a handler's exception is thrown in the same way,
-so the ``finally`` below runs as RLix's teardown would. The sync's records
+The generator never reads a clock: the runtime's clock decides when the deadline
+(:data:`SYNC_TIMEOUT_S`, RLix's ``ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S``) has passed, and
+the interpreter (``harness.control.interpret``, with :func:`sync_deadline`) throws
+:class:`SyncTimeout` into it then; a handler's exception is thrown in the same way, so
+the teardown below runs as RLix's would. The sync's records
 (``sync_start``, ``group_create``, ``sync_bucket``, ``group_destroy``, ``sync_end``) are
 yielded here as :class:`Emit` effects, so every runtime writes the same ones in the same
 order. Receivers' finalize (``finalize_weight_update``) is the pipeline's ``Finalize``
@@ -29,10 +30,9 @@ effect after the sync (ROLL's branch: the pipeline owns finalize), not part of i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import GeneratorType
-from typing import Any, Callable, Dict, Generator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterable, Sequence, Tuple
 
-from harness.refit.comm_plan import CommPlan
+from harness.control.interpret import Deadline
 
 #: RLix ``ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S`` default: one whole sync, fail-fast after.
 SYNC_TIMEOUT_S = 150.0
@@ -67,13 +67,15 @@ class SyncPlan:
         return tuple(sorted(set(self.ipc) | set(self.broadcast)))
 
 
-def plan_sync(version: int, bucket_bytes: Sequence[int], comm_plan: CommPlan, group_name: str,
-              group_members: Sequence[int]) -> SyncPlan:
-    """A :class:`SyncPlan` from a comm plan (``build_comm_plan``)."""
+def plan_sync(version: int, bucket_bytes: Sequence[int], ipc: Iterable[int], broadcast: Iterable[int],
+              group_name: str, group_members: Sequence[int]) -> SyncPlan:
+    """The one way to build a :class:`SyncPlan`: the target dp ranks on each path come
+    from a comm plan (``build_comm_plan``: its ``ipc`` and ``broadcast``), the group's
+    members are the runtime's ids, owner first."""
     if not bucket_bytes:
         raise ValueError("a sync needs at least one bucket")
-    return SyncPlan(int(version), tuple(int(b) for b in bucket_bytes), tuple(sorted(comm_plan.ipc)),
-                    tuple(sorted(comm_plan.broadcast)), group_name, tuple(group_members))
+    return SyncPlan(int(version), tuple(int(b) for b in bucket_bytes), tuple(sorted(ipc)), tuple(sorted(broadcast)),
+                    group_name, tuple(group_members))
 
 
 # ------------------------------------------------------------------ effects
@@ -161,8 +163,10 @@ def selective_sync(plan: SyncPlan) -> Generator[Any, Any, Dict[str, int]]:
     """The sync's order (module docstring). Returns the bytes delivered per path.
 
     Teardown runs on every exit an interpreter can report (an error or the timeout thrown
-    in); a generator *closed* by its runtime (``GeneratorExit``: the run itself ended and
-    drops the process) yields nothing more, as Python requires."""
+    in); a teardown effect failing after that error does not replace it (the first error
+    wins: it is the one the caller sees). A generator *closed* by its
+    runtime (``GeneratorExit``: the run itself ended and drops the process) yields nothing
+    more, as Python requires."""
     yield LockCache(plan.version)
     sent = {IPC: 0, BROADCAST: 0}
     try:
@@ -173,16 +177,26 @@ def selective_sync(plan: SyncPlan) -> Generator[Any, Any, Dict[str, int]]:
         except GeneratorExit:
             raise
         except BaseException as exc:
-            yield Emit("sync_end", {"version": plan.version, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            yield from _teardown(Emit("sync_end", {"version": plan.version, "ok": False,
+                                                   "error": f"{type(exc).__name__}: {exc}"}))
             raise
         yield Emit("sync_end", {"version": plan.version, "ok": True})
     except GeneratorExit:
         raise
     except BaseException:
-        yield UnlockCache(plan.version)
+        yield from _teardown(UnlockCache(plan.version))
         raise
     yield UnlockCache(plan.version)
     return sent
+
+
+def _teardown(effect: Any, failed: Any = None) -> Generator[Any, Any, Any]:
+    """A teardown effect after an earlier error: its own failure answers ``failed`` and is
+    dropped, so the error being handled is the one that goes on up."""
+    try:
+        return (yield effect)
+    except Exception:
+        return failed
 
 
 def _group_and_buckets(plan: SyncPlan, sent: Dict[str, int]) -> Generator:
@@ -197,7 +211,7 @@ def _group_and_buckets(plan: SyncPlan, sent: Dict[str, int]) -> Generator:
         raise
     except BaseException:
         if members is not None:
-            yield from _destroy(plan, members)
+            yield from _destroy(plan, members, tearing_down=True)
         raise
     if members is not None:
         yield from _destroy(plan, members)
@@ -221,54 +235,18 @@ def _buckets(plan: SyncPlan, sent: Dict[str, int]) -> Generator:
     yield FinishSend(len(plan.bucket_bytes))
 
 
-def _destroy(plan: SyncPlan, members: Tuple[int, ...]) -> Generator:
-    destroyed = yield DestroySyncGroup(plan.group_name, members)
-    if destroyed is not False:  # False: the group is still alive (a fault hook, a failed destroy)
-        yield Emit("group_destroy", {"name": plan.group_name, "members": list(members), "purpose": "sync"})
+def _destroy(plan: SyncPlan, members: Tuple[int, ...], tearing_down: bool = False) -> Generator:
+    """Destroy the group; a destroy that failed while tearing down counts as not destroyed."""
+    destroy = DestroySyncGroup(plan.group_name, members)
+    record = Emit("group_destroy", {"name": plan.group_name, "members": list(members), "purpose": "sync"})
+    if not tearing_down:
+        if (yield destroy) is not False:  # False: the group is still alive (a fault hook, a failed destroy)
+            yield record
+    elif (yield from _teardown(destroy, False)) is not False:
+        yield from _teardown(record)
 
 
-# ------------------------------------------------------------------ the interpreters
-def interpret(gen: Generator, handle: Callable[[Any], Any], expired: Optional[Callable[[], bool]] = None,
-              timeout_s: float = SYNC_TIMEOUT_S) -> Generator:
-    """Run the sync: each effect goes to ``handle`` (a value, or a generator the loop runs
-    with ``yield from``: the simulator's handlers take simulated time). A handler's
-    exception, or :class:`SyncTimeout` once ``expired()`` says the deadline passed, is
-    thrown into the sync, so its teardown effects still run; the first error is re-raised
-    at the end (a teardown effect failing after it does not replace it, and a group whose
-    destroy failed is not recorded as destroyed). Returns the sync's value."""
-    error: Optional[BaseException] = None
-    result: Any = None
-    while True:
-        try:
-            effect = gen.throw(error) if error is not None and result is _THROW else gen.send(result)
-        except StopIteration as stop:
-            if error is not None:
-                raise error
-            return stop.value
-        result = None
-        try:
-            if error is None and expired is not None and expired():
-                raise SyncTimeout(f"selective sync timed out after {timeout_s:g}s")
-            result = handle(effect)
-            if type(result) is GeneratorType:
-                result = yield from result
-        except Exception as exc:
-            if error is None:
-                error, result = exc, _THROW
-            else:  # a teardown effect failing after the first error: the first error wins
-                result = False if isinstance(effect, DestroySyncGroup) else None
-
-
-_THROW = object()  # "throw the error in" marker for the loop above
-
-
-def run_blocking(gen: Generator, handle: Callable[[Any], Any], expired: Optional[Callable[[], bool]] = None,
-                 timeout_s: float = SYNC_TIMEOUT_S) -> Any:
-    """:func:`interpret` with handlers that block and return (a gate's): none may yield."""
-    loop = interpret(gen, handle, expired, timeout_s)
-    try:
-        item = next(loop)
-    except StopIteration as stop:
-        return stop.value
-    loop.close()
-    raise RuntimeError(f"a blocking runtime's sync handler yielded {item!r}: it must complete before returning")
+def sync_deadline(expired: Callable[[], bool], timeout_s: float = SYNC_TIMEOUT_S) -> Deadline:
+    """The sync's deadline for the interpreter: once ``expired()`` (the runtime's clock)
+    says it passed, :class:`SyncTimeout` is thrown into the sync, which tears down."""
+    return Deadline(expired, lambda: SyncTimeout(f"selective sync timed out after {timeout_s:g}s"))

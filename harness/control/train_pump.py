@@ -15,7 +15,7 @@ non-streaming controller: the trainer waits for a whole batch before it starts.
 
 from __future__ import annotations
 
-from typing import Any, Generator, Iterator, Tuple
+from typing import TYPE_CHECKING, Any, Generator, Iterator, Tuple
 
 from harness.control.streaming_effects import (
     AbortStaleInflight,
@@ -32,7 +32,8 @@ from harness.control.streaming_effects import (
     SyncWeights,
     TrainMicrobatches,
 )
-from harness.streaming.controller import StreamingConfig
+if TYPE_CHECKING:  # the pumps read the config; harness.streaming runs them (no import back)
+    from harness.streaming.controller import StreamingConfig
 
 
 class EmptyStep(RuntimeError):

@@ -41,8 +41,6 @@ SIM_KINDS: dict = {
                {"gpu": "int", "owner": "str", "mem": "str", "delta": "int", "used": "int"}, {"phase": "str"}),
     "oom": _k("A GPU allocation would exceed capacity: the simulated process dies (fault).",
               {"gpu": "int", "owner": "str", "mem": "str", "requested": "int", "used": "int", "capacity": "int"}),
-    "cache_lock": _k("The cache owner's _cache_lock was acquired or released (holder = build|promote|sync).",
-                     {"pipeline_id": "str", "action": "str", "holder": "str"}, {"version": "int?"}),
     "timeout": _k("An RLix timeout expired (what = await_release|resize_sync_lock|selective_sync|shrink_drain|weight_sync_join|weight_sync_broadcast): fail-fast shutdown.",
                   {"pipeline_id": "str", "what": "str", "limit_s": "number", "since": "number"}),
     "fault_fired": _k("A scenario fault hook fired.", {"name": "str", "pipeline_id": "str"}, {"step": "int?"}),

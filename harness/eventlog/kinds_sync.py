@@ -1,4 +1,4 @@
-"""Record kinds of a weight sync and its groups: one vocabulary for every runtime.
+"""Record kinds of a weight sync, its groups and the cache lock: one vocabulary for every runtime.
 
 The simulator and the gates write these through the same control logic
 (``harness.control.selective_sync`` yields them as ``Emit`` effects), so every check
@@ -21,6 +21,9 @@ def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
 
 
 SYNC_KINDS: dict = {
+    "cache_lock": _kind("The cache owner's _cache_lock was acquired or released (holder = build|promote|sync); "
+                        "every runtime writes it the same way (harness/control/cache_lock.py).",
+                        {"action": "str", "holder": "str"}, {"version": "int?"}),
     "sync_start": _kind("A selective sync of a cache version starts (under the cache lock): its target DP ranks "
                         "and which of them take the same-GPU IPC path and the broadcast path.",
                         {"version": "int", "dp_ranks": "int_list", "ipc_dp_ranks": "int_list",

@@ -1,17 +1,19 @@
 """What the pumps' effects do to the controller state, written once for every runtime.
 
-A runtime interpreting ``train_pump`` / ``rollout_pump`` handles the effects that take
-time itself (generation, training, weight sync, sleeps) and hands every other effect to
-:func:`apply_instant` (done at once) or :func:`try_blocking` (``None`` = wait and try
-again when the state changes). Keeping this table here is what makes the simulator and
+A runtime running ``train_pump`` / ``rollout_pump`` handles the effects that take time
+itself (generation, training, weight sync, sleeps); :class:`PumpHandlers` handles every
+other effect with :func:`apply_instant` (done at once) or :func:`try_blocking` (``None`` =
+wait and try again when the state changes), and hands the pumps to the one interpreter
+(``harness.control.interpret``). Keeping this table here is what makes the simulator and
 the real CPU runtime agree on the bookkeeping: only time differs between them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 from harness.control import streaming_effects as fx
+from harness.control.interpret import EffectLog, Halt, interpret
 from harness.streaming.controller import ControllerState
 
 _NO_RESULT = object()
@@ -97,24 +99,72 @@ def try_blocking(st: ControllerState, effect: Any) -> Any:
     return BLOCKING[type(effect)](st, effect)
 
 
-def is_blocking(effect: Any) -> bool:
-    return type(effect) in BLOCKING
-
-
 NOT_INSTANT = _NO_RESULT
 
-#: :func:`next_effect` says the generator is finished (its return value comes with it).
-FINISHED = object()
+#: A parked blocking effect that the controller's stop cut short.
+STOPPED = Halt("stopped")
 
 
-def next_effect(gen, result: Any, st: ControllerState, scope: str) -> Tuple[Any, Any]:
-    """Resume a pump with the last effect's result: ``(effect, None)``, or ``(FINISHED,
-    return value)`` when it returned — or when the controller stopped, which closes every
-    pump but the train pump (NeMo: the first pump to finish decides, the rest are cancelled)."""
-    if st.stopped and scope != "step":
-        gen.close()
-        return FINISHED, None
-    try:
-        return gen.send(result), None
-    except StopIteration as stop:
-        return FINISHED, stop.value
+class PumpHandlers:
+    """The handlers of the pumps' effects against one :class:`ControllerState`, for the
+    interpreter (``harness.control.interpret``), which runs every pump.
+
+    A blocking effect (admission, capacity, in-flight, permit, selection) is parked until
+    it succeeds: tried, then retried after each state change (``runtime.change()``, what
+    the runtime yields to wait for one); the controller's stop ends it with ``error:
+    "stopped"`` and closes the pump. An instant effect is applied to the state here, then
+    the runtime's optional ``_after_<EffectName>(effect, result)`` runs (stop the
+    generations of the groups ``AbortStaleInflight`` dropped, clear the data plane's
+    samples of the groups ``ClearSamples`` names). Every other effect takes time: the
+    runtime's ``_<EffectName>(effect)`` answers (a value, a generator, an awaitable).
+    ``runtime.notify()`` is called once after an effect that changed the state, to wake
+    every parked effect. Once stopped, every pump but the train pump (``scope == "step"``)
+    is closed at its next effect (NeMo: the first pump to finish decides, the rest are
+    cancelled)."""
+
+    def __init__(self, runtime: Any, state: ControllerState, pipeline_id: str, add: Callable[[Dict[str, Any]], Any],
+                 now: Callable[[], float], gpus_of: Optional[Callable[[Any], Optional[List[int]]]] = None) -> None:
+        self.runtime, self.state, self.pipeline_id = runtime, state, pipeline_id
+        self.add, self.now, self.gpus_of = add, now, gpus_of
+        self._seen_changes = 0  # the state's change counter when the runtime last notified
+
+    def run(self, gen: Generator, scope: str, step: Optional[int] = None) -> Generator:
+        """The interpreter over one pump, logged; returns its value (``None`` once stopped)."""
+        return interpret(gen, self.handle, **self.options(scope, step))
+
+    def options(self, scope: str, step: Optional[int] = None) -> Dict[str, Any]:
+        """The interpreter's options for one pump (``run_awaiting`` takes them too)."""
+        return {"log": EffectLog(self.add, self.now, self.pipeline_id, scope, step, gpus_of=self.gpus_of),
+                "guard": None if scope == "step" else self._stopped, "after": self._after}
+
+    def handle(self, effect: Any) -> Any:
+        st = self.state
+        if type(effect) in BLOCKING:
+            return self._wait(effect)
+        result = apply_instant(st, effect)
+        name = type(effect).__name__
+        if result is NOT_INSTANT:
+            return getattr(self.runtime, "_" + name)(effect)
+        hook = getattr(self.runtime, "_after_" + name, None)
+        if hook is not None:
+            hook(effect, result)
+        return result
+
+    def _wait(self, effect: Any) -> Generator[Any, Any, Any]:
+        st, change = self.state, self.runtime.change
+        while True:
+            if st.stopped:
+                return STOPPED
+            got = try_blocking(st, effect)
+            if got is not None:
+                return got
+            yield change()
+
+    def _stopped(self) -> bool:
+        return self.state.stopped
+
+    def _after(self) -> None:
+        st = self.state
+        if st.changes != self._seen_changes:
+            self._seen_changes = st.changes
+            self.runtime.notify()

@@ -3,7 +3,8 @@
 The owner holds the lock across a whole weight sync — active-bucket lookup, every bucket
 transport, the sender's group destroy — and a cache build or promote takes the same
 lock, so a version is never rebuilt or re-pointed while a transport reads it. Every
-acquire and release is logged (``cache_lock`` records) for ``cache_lock``
+acquire and release is logged through ``harness.control.cache_lock.CacheLockRecords``
+(the ``cache_lock`` record every runtime writes the same way) for the cache-lock check
 (``harness/logs/invariants/cache.py``).
 
 An uncontended acquire costs no simulated event (the holder is set and the caller goes
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Optional, Tuple
 
+from harness.control.cache_lock import CacheLockRecords
+
 
 class CacheLock:
     def __init__(self, sim, pipeline_id: str, owner_faults=None) -> None:
@@ -27,6 +30,7 @@ class CacheLock:
         self.owner_faults = owner_faults  # the owning pipeline when it carries faults (oracle_faults.py)
         self.holder: Optional[str] = None
         self.waiting: Deque[Tuple[object, str, object]] = deque()  # (event, holder, waiter's key)
+        self.records = CacheLockRecords(sim.emit, pipeline_id=pipeline_id)
 
     def acquire(self, holder: str, version: Optional[int]):
         """Generator: ``yield from lock.acquire("build" | "promote" | "sync", version)``."""
@@ -36,7 +40,7 @@ class CacheLock:
             yield ev  # the releasing holder hands the lock over (holder already set)
         else:
             self.holder = holder
-        self._log("acquire", holder, version)
+        self.records.acquired(holder, version)
         explorer = self.env.explorer
         if explorer is not None:
             delay = explorer.delay()
@@ -48,8 +52,7 @@ class CacheLock:
         return getattr(proc, "order_key", None)
 
     def release(self, version: Optional[int]) -> None:
-        holder = self.holder
-        self._log("release", holder, version)
+        self.records.released(self.holder, version)
         if self.waiting and self.owner_faults is not None and self.owner_faults._drop_cache_waiter():
             self.waiting.popleft()  # fault lost_cache_handoff (oracle_faults.py): the waiter is forgotten
         if self.waiting:
@@ -62,6 +65,3 @@ class CacheLock:
             ev.succeed()
         else:
             self.holder = None
-
-    def _log(self, action: str, holder: Optional[str], version: Optional[int]) -> None:
-        self.sim.emit("cache_lock", pipeline_id=self.pid, action=action, holder=holder, version=version)

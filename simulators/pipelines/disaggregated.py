@@ -24,14 +24,13 @@ order's bound, ``trajectory_age_bound``).
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
-from typing import Any, Deque, Dict, List, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from harness.control import disaggregated as order
-from harness.control.interpret import drive
+from harness.control.interpret import EffectLog, interpret
 from harness.control.effects import TRAINER_EFFECTS
 from simulators.runtime.cluster import OutOfMemory
 from simulators.runtime.env import Actor, Timer
@@ -106,7 +105,8 @@ class DisaggregatedSim:
             else:
                 orders = order.sync(steps) if self.shape == "sync" else order.one_step_off(steps)
             for step, gen in orders:
-                yield from drive(gen, self._handling_of, self.sim.log.add, lambda: self.env._now, self.pid, "step", step)
+                log = EffectLog(self.sim.log.add, lambda: self.env._now, self.pid, "step", step, None, self._gpus_of)
+                yield from interpret(gen, self._handle, log)
                 self.steps_done += 1
         except (SimFailure, OutOfMemory, RuntimeError) as e:
             self.sim.fail(f"{self.pid}: {e}")
@@ -124,16 +124,18 @@ class DisaggregatedSim:
     def _setup(self) -> None:
         hold_own_gpus(self.sim, self.pid, self.costs, self.spec, self.train_gpus, [r.gpus for r in self.ranks])
 
-    def _handling_of(self, effect_cls: type):
-        name = effect_cls.__name__
-        handler = getattr(self, "_" + name)
-        gpus = None
+    def _handle(self, effect: Any) -> Any:
+        """The handler ``_<EffectName>`` (a generator when the effect takes simulated time;
+        the one interpreter runs it either way)."""
+        return getattr(self, "_" + type(effect).__name__)(effect)
+
+    def _gpus_of(self, effect: Any) -> Optional[List[int]]:
+        name = type(effect).__name__
         if name in TRAINER_EFFECTS:
-            gpus = lambda e: list(self.train_gpus)  # noqa: E731
-        elif name in ("SyncWeights", "StartRollout", "PauseGeneration", "ResumeGeneration"):
-            every = sorted(self.train_gpus + tuple(g for r in self.ranks for g in r.gpus))
-            gpus = (lambda e: every) if name == "SyncWeights" else None  # noqa: E731
-        return name, handler, inspect.isgeneratorfunction(handler), gpus
+            return list(self.train_gpus)
+        if name == "SyncWeights":
+            return sorted(self.train_gpus + tuple(g for r in self.ranks for g in r.gpus))
+        return None
 
     def _notify(self) -> None:
         if not self._changed.triggered:

@@ -11,7 +11,6 @@ The order of anything is decided by the control logic, never here.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -20,7 +19,7 @@ from harness.control.context import PipelineContext
 from harness.control.engine import EngineConfig, EngineTags
 from harness.control.cycle import run_resize
 from harness.control.effects import TRAINER_EFFECTS
-from harness.control.interpret import HALT, Handling, drive, interpret
+from harness.control.interpret import HALT, EffectLog, interpret
 from harness.control.lifecycle import pipeline_run
 from harness.control.residency import TrainerSwitches
 from harness.control.rank_state import RankLifecycle, RankStateError
@@ -105,7 +104,7 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
         # an explored run picks the next holder); == simpy.Resource(env, 1), cheaper (see Link)
         self.lock = Link(self.env, 1, unordered=True)
         self._lock_req: List[Any] = []
-        self._handlings: Dict[type, Handling] = {}  # effect class -> how this pipeline handles it
+        self._handlings: Dict[type, Tuple[Any, Any]] = {}  # effect class -> how this pipeline handles it (_handling_of)
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # run-level effect class -> bound handler
         self.owner_gpu = self.train_gpus[0]  # cache owner: pipeline-first stage, tp0/dp0/cp0
         self.train_loaded: set = set()  # training-state kinds on the training GPUs
@@ -163,9 +162,9 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
     def resize(self, phase: str, ranks: List[int], cycle: int):
         """A coordinator resize_infer call (runs as its own process), interpreted by
         ``harness.control.cycle.run_resize`` (which writes its resize records)."""
-        yield from run_resize(self.ctx, phase, ranks, cycle, self._handle, self._resize_record,
-                              lambda exc: self._resize_failed(phase, ranks, exc),
-                              self._after_expand if phase == "expand" else None)
+        yield from interpret(run_resize(self.ctx, phase, ranks, cycle, self._resize_record,
+                                        lambda exc: self._resize_failed(phase, ranks, exc),
+                                        self._after_expand if phase == "expand" else None), self._handle)
 
     def _after_expand(self) -> None:
         if not self.gone:
@@ -286,13 +285,21 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, gen, scope: str, step: Optional[int], cycle: Optional[int] = None):
-        """Interpret a step or resize generator with the shared logged loop
-        (``harness.control.interpret.drive``): ``effect_start``, the handler, ``effect_end``.
+        """Interpret a step or resize generator, logged (``harness.control.interpret``):
+        ``effect_start``, the handler, ``effect_end``.
 
         A handler is ``_<EffectName>``: a generator function when the effect takes simulated
         time, a plain function when it completes at once. How this pipeline handles an
         effect class is worked out once (:meth:`_handling_of`), not per effect."""
-        return drive(gen, self._handling_of, self.sim.log.add, self._now, self.pid, scope, step, cycle)
+        return interpret(gen, self._handle_step, EffectLog(self.sim.log.add, self._now, self.pid, scope, step, cycle,
+                                                           self._gpus_of))
+
+    def _handle_step(self, effect: Any) -> Any:
+        return self._handling_of(type(effect))[0](effect)
+
+    def _gpus_of(self, effect: Any) -> Optional[List[int]]:
+        gpus_of = self._handling_of(type(effect))[1]
+        return None if gpus_of is None else gpus_of(effect)
 
     def _now(self) -> float:
         return self.env._now
@@ -414,12 +421,16 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
 
 
 # ---------------------------------------------------------------------- effect dispatch
-def _handling_of(sim: "PipelineSim", effect_cls: type) -> Handling:
-    """How ``sim`` handles ``effect_cls``: (name, bound handler, takes simulated time, the
-    record's "gpus" of an effect). Worked out on the class's first effect, then kept."""
+#: The GPUs an effect runs on (the effect record's "gpus").
+GpusOf = Callable[[Any], List[int]]
+
+
+def _handling_of(sim: "PipelineSim", effect_cls: type) -> Tuple[Callable[[Any], Any], Optional[GpusOf]]:
+    """How ``sim`` handles ``effect_cls``: (bound handler, the record's "gpus" of an
+    effect). Worked out on the class's first effect, then kept."""
     name = effect_cls.__name__  # == effect_name(effect)
     handler = getattr(sim, "_" + name)
-    gpus_of: Optional[Callable[[Any], List[int]]] = None
+    gpus_of: Optional[GpusOf] = None
     if "ranks" in {f.name for f in dataclasses.fields(effect_cls)}:
         ranks = sim.ranks  # the effect names inference ranks: their GPUs
 
@@ -430,4 +441,4 @@ def _handling_of(sim: "PipelineSim", effect_cls: type) -> Handling:
 
         def gpus_of(effect: Any) -> List[int]:
             return list(train_gpus)
-    return (name, handler, inspect.isgeneratorfunction(handler), gpus_of)
+    return (handler, gpus_of)

@@ -34,8 +34,8 @@ import numpy as np
 
 from harness.control import rollout_pump, train_pump
 from harness.control import streaming_effects as fx
-from harness.control.pump_interpret import PumpInterpreter
 from harness.streaming import checkpoint
+from harness.streaming.apply import PumpHandlers
 from harness.streaming.controller import ControllerState, StreamingConfig, setup_fields
 from harness.streaming.split_step import SplitApiError, SplitStepMachine
 from simulators.runtime.cluster import OutOfMemory
@@ -116,7 +116,7 @@ class SingleControllerSim:
         self.step = 0
         self._changed = self.env.event()
         env = self.env
-        self.pumps = PumpInterpreter(self, self.state, self.pid, sim.log.add, lambda: env._now, self._gpus_of)
+        self.pumps = PumpHandlers(self, self.state, self.pid, sim.log.add, lambda: env._now, self._gpus_of)
         self._ages: Dict[int, int] = {}  # staleness (versions) -> trajectories trained in the open step
         self._gen_rank: Dict[int, int] = {}  # group id -> rank generating it
         self._aborts: Dict[int, Any] = {}  # group id -> event fired when the train pump aborts it
@@ -169,7 +169,7 @@ class SingleControllerSim:
         self.state = checkpoint.restore(self.cfg, snap)
         self.state.stale_select_target = "stale_select_target" in self.faults
         env = self.env
-        self.pumps = PumpInterpreter(self, self.state, self.pid, self.sim.log.add, lambda: env._now, self._gpus_of)
+        self.pumps = PumpHandlers(self, self.state, self.pid, self.sim.log.add, lambda: env._now, self._gpus_of)
         self.sim.emit("buffer_restore", pipeline_id=self.pid, step=self.state.trainer_version,
                       groups=[e.group_id for e in self.state.buffer.ready()], reserve=len(self.state.spares))
         self._start_pumps(top_up=True)
@@ -214,8 +214,8 @@ class SingleControllerSim:
 
     # ------------------------------------------------------------------ the interpreter
     def drive(self, gen, scope: str, step: Optional[int] = None):
-        """The pump-resume loop (``harness.control.pump_interpret``) in this simpy process."""
-        return self.pumps.drive(gen, scope, step)
+        """The interpreter over a pump (``harness.streaming.apply.PumpHandlers``) in this simpy process."""
+        return self.pumps.run(gen, scope, step)
 
     def change(self):
         """What a parked blocking effect yields: the next state change (see ``notify``)."""

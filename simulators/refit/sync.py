@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 from harness.control import selective_sync as ss
+from harness.control.interpret import interpret
 from harness.control.rank_state import RankState
 from harness.refit import stream as proto
 from harness.refit.comm_plan import build_comm_plan
@@ -50,7 +51,7 @@ class RefitEffects:
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
         partial = self._partial_reload(e)
         timing = _ColocatedIpcTiming(self, e) if self.spec.refit_path == "colocated_ipc" else _SyncTiming(self, e)
-        yield from ss.interpret(ss.selective_sync(self._sync_plan(e, partial)), timing.handle)
+        yield from interpret(ss.selective_sync(self._sync_plan(e, partial)), timing.handle)
         for r in e.ranks:
             rank = self.ranks[r]
             if rank.life.state is RankState.ROUTABLE:
@@ -81,8 +82,8 @@ class RefitEffects:
                                                  (self.owner_gpu,) + tuple(sorted(bcast)))
         ipc, bcast_ranks, members = got
         buckets = self._bucket_sizes()
-        return ss.SyncPlan(e.version, buckets[:1] if partial else buckets, ipc, bcast_ranks,
-                           f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, ranks))}", members)
+        return ss.plan_sync(e.version, buckets[:1] if partial else buckets, ipc, bcast_ranks,
+                            f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, ranks))}", members)
 
     def _sync_targets(self, ranks: Tuple[int, ...]) -> Tuple[List[int], List[int]]:
         """The target GPUs of a sync to ``ranks`` on each path (same-GPU IPC, broadcast):

@@ -96,6 +96,25 @@ def _check_event_log(run):
     assert published == [0, 1, 2]
     times = [(r["t"], r["seq"]) for r in records]
     assert times == sorted(times)
+    _check_cache_lock(records)
+
+
+def _check_cache_lock(records):
+    """The owner's cache lock leaves the same ``cache_lock`` holds as in every runtime (a
+    build, a promote and a sync per cycle, each acquired then released by rank 0), and
+    the cache-lock check runs on this log: clean as run, and it fires once a build is
+    moved inside a sync's hold."""
+    from harness.logs.invariants import check_log
+
+    holds = [(r["holder"], r["action"], r["version"]) for r in records if r["kind"] == "cache_lock"]
+    assert holds == [(h, a, v) for v in (0, 1, 2) for h in ("build", "promote", "sync") for a in ("acquire", "release")]
+    assert {r["rank"] for r in records if r["kind"] == "cache_lock"} == {0} and check_log(records, ["cache_lock"]) == []
+    build = [r for r in records if r["kind"] == "cache_lock" and r["holder"] == "build" and r["version"] == 1]
+    rest = [r for r in records if not any(r is b for b in build)]
+    sync0 = next(i for i, r in enumerate(rest) if r["kind"] == "cache_lock" and r["holder"] == "sync")
+    moved = rest[:sync0 + 1] + build + rest[sync0 + 1:]  # v1's build while v0's sync holds the lock
+    found = check_log([dict(r, seq=i) for i, r in enumerate(moved)], ["cache_lock"])
+    assert len(found) == 1 and "rank 0: cache build of v1" in found[0].message and "sync of v0" in found[0].message
 
 
 def test_corrupted_byte_fails_naming_tensor_and_bucket(gate_runner):

@@ -18,7 +18,7 @@ from harness.control import nemo_async, roll_sync
 from harness.control.context import PipelineContext
 from harness.control.cycle import execute_cycle, resize_call
 from harness.control.effects import effect_fields
-from harness.control.interpret import HALT, Refused, drive, interpret, run_blocking
+from harness.control.interpret import HALT, EffectLog, Refused, interpret, run_blocking
 from harness.control.lifecycle import finish, pipeline_run
 from harness.control.rank_state import RankLifecycle, RankState
 from harness.control.resize import COORDINATOR_GONE, expand_order, shrink_order
@@ -101,7 +101,7 @@ class Script:
             self.life[d].on("slept", level=e.level)
 
     def _RunControl(self, e):
-        run_blocking(interpret(e.gen, self))
+        run_blocking(e.gen, self)
 
 
 def nemo_ctx(steps: int = 2) -> PipelineContext:
@@ -115,7 +115,7 @@ def roll_ctx(steps: int = 2) -> PipelineContext:
 
 
 def run(gen, script: Script) -> List[str]:
-    run_blocking(interpret(gen, script))
+    run_blocking(gen, script)
     return script.seen
 
 
@@ -323,7 +323,7 @@ class CycleScript:
 
 def test_cycle_execution_order():
     script = CycleScript(plan(shrinks=(("a", [1]), ("c", [0])), expands=(("b", [0, 1]),)))
-    run_blocking(interpret(execute_cycle("wakeup"), script))
+    run_blocking(execute_cycle("wakeup"), script)
     kinds = [s[0] if s[0] != "RunResizes" else f"RunResizes:{s[1]}" for s in script.seen]
     assert kinds == ["PlanCycle", "RunResizes:shrink", "resize", "resize", "RunResizes:expand", "resize", "CommitCycle",
                      "SignalWaiters"]
@@ -336,36 +336,36 @@ def test_cycle_execution_order():
 
 def test_cycle_with_nothing_to_resize_still_commits_and_signals():
     script = CycleScript(plan(shrinks=(), expands=()))
-    run_blocking(interpret(execute_cycle("background:x"), script))
+    run_blocking(execute_cycle("background:x"), script)
     assert [s[0] for s in script.seen] == ["PlanCycle", "RunResizes", "RunResizes", "CommitCycle", "SignalWaiters"]
 
 
 @pytest.mark.parametrize("fail_in", ["Abort", "Drain", "Sleep"])
 def test_a_shrink_failing_mid_cycle_starts_no_expand_and_commits_nothing(fail_in):
     script = CycleScript(plan(), fail_in=fail_in)
-    run_blocking(interpret(execute_cycle("wakeup"), script))
+    run_blocking(execute_cycle("wakeup"), script)
     assert [s[0] for s in script.seen] == ["PlanCycle", "RunResizes", "resize"]
     assert script.seen[2][3][-1] == fail_in
 
 
 def test_an_expand_failing_commits_nothing_and_signals_no_one():
     script = CycleScript(plan(), fail_in="SyncFromCache")
-    run_blocking(interpret(execute_cycle("wakeup"), script))
+    run_blocking(execute_cycle("wakeup"), script)
     assert [s[0] for s in script.seen] == ["PlanCycle", "RunResizes", "resize", "RunResizes", "resize"]
 
 
 def test_a_failed_plan_or_commit_fails_the_scheduler():
     script = CycleScript(None)
-    run_blocking(interpret(execute_cycle("wakeup"), script))
+    run_blocking(execute_cycle("wakeup"), script)
     assert [s[0] for s in script.seen] == ["PlanCycle", "SchedulerFailed"]
     script = CycleScript(plan(), commit=None)
-    run_blocking(interpret(execute_cycle("wakeup"), script))
+    run_blocking(execute_cycle("wakeup"), script)
     assert [s[0] for s in script.seen][-2:] == ["CommitCycle", "SchedulerFailed"]
 
 
 def test_a_resize_for_a_gone_pipeline_is_a_no_op():
     script = CycleScript(plan(), gone=lambda pid: pid == "b")
-    run_blocking(interpret(execute_cycle("wakeup"), script))
+    run_blocking(execute_cycle("wakeup"), script)
     assert script.seen[4] == ("resize", "b", "expand", ("CoordinatorAlive",))
     assert script.seen[-2:] == [("CommitCycle",), ("SignalWaiters", "sig")]
 
@@ -425,11 +425,11 @@ def test_drive_records_start_and_end_of_every_effect_and_a_refusal_as_error():
     clock = iter(range(100))
     script = Script(ctx, answers={"LockCoordinator": Refused("gone")})
 
-    def handling_of(cls):
-        return (cls.__name__, script, False, lambda e: [9] if hasattr(e, "ranks") else None)
+    def gpus_of(e):
+        return [9] if hasattr(e, "ranks") else None
 
-    run_blocking(drive(shrink_order(ctx, [0]), handling_of, records.append, lambda: float(next(clock)), "p", "shrink",
-                       None, 3))
+    run_blocking(shrink_order(ctx, [0]), script,
+                 log=EffectLog(records.append, lambda: float(next(clock)), "p", "shrink", None, 3, gpus_of))
     assert records == [
         {"seq": 0, "t": 0.0, "kind": "effect_start", "pipeline_id": "p", "effect": "LockCoordinator",
          "args": {"purpose": "shrink"}, "scope": "shrink", "step": None, "cycle": 3},
@@ -437,7 +437,7 @@ def test_drive_records_start_and_end_of_every_effect_and_a_refusal_as_error():
          "args": {"purpose": "shrink"}, "error": "gone", "scope": "shrink", "step": None, "cycle": 3}]
     records.clear()
     script.answers.clear()
-    run_blocking(drive(nemo_async.train_step(ctx, 0), handling_of, records.append, lambda: 0.0, "p", "step", 0))
+    run_blocking(nemo_async.train_step(ctx, 0), script, log=EffectLog(records.append, lambda: 0.0, "p", "step", 0))
     starts = [r["effect"] for r in records if r["kind"] == "effect_start"]
     ends = [r["effect"] for r in records if r["kind"] == "effect_end"]
     assert starts == ends == [n for n in script.seen[1:]]
@@ -456,8 +456,8 @@ def test_drive_guard_aborts_before_the_next_effect():
             raise Injected("aborted")
 
     with pytest.raises(Injected):
-        run_blocking(drive(expand_order(ctx, [0]), lambda cls: (cls.__name__, script, False, None), lambda r: None,
-                           lambda: 0.0, "p", "expand", None, guard=guard))
+        run_blocking(expand_order(ctx, [0]), script, log=EffectLog(lambda r: None, lambda: 0.0, "p", "expand"),
+                     guard=guard)
     assert script.seen == ["LockCoordinator", "MarkInactive"]
 
 
@@ -465,7 +465,7 @@ def test_run_blocking_refuses_a_handler_that_yields():
     def waits(effect):
         yield "an event"
     with pytest.raises(RuntimeError, match="must complete"):
-        run_blocking(interpret(nemo_async.initialize(nemo_ctx()), waits))
+        run_blocking(nemo_async.initialize(nemo_ctx()), waits)
 
 
 def test_interpret_runs_generator_handlers_with_yield_from():

@@ -407,12 +407,19 @@ def test_sync_groups_on_gate_records():
 
 
 def test_cache_lock_on_gate_records():
-    s = {"seq": 1, "t": 1, "kind": "sync_start", "rank": 0, "version": 1, "dp_ranks": [0], "ipc_dp_ranks": [],
-         "broadcast_dp_ranks": [0]}
-    b = {"seq": 2, "t": 2, "kind": "cache_build", "rank": 0, "version": 2, "buckets": 1, "bytes": 8}
-    e = {"seq": 3, "t": 3, "kind": "sync_end", "rank": 0, "version": 1, "ok": True}
-    assert "rank 0: cache build of v2 (seq 2..2) while the sync of v1 (seq 1..3) reads" in check_log([s, b, e], ["cache_lock"])[0].message
-    assert check_log([s, dict(e, seq=2), dict(b, seq=3)], ["cache_lock"]) == []
+    # a gate's rank log: the holds name no pipeline, so the owner is the rank that wrote them
+    hold = lambda seq, action, holder, v: {"seq": seq, "t": seq, "kind": "cache_lock", "rank": 0, "action": action,
+                                           "holder": holder, "version": v}
+    overlapping = [hold(1, "acquire", "sync", 1), hold(2, "acquire", "build", 2), hold(3, "release", "build", 2),
+                   hold(4, "release", "sync", 1)]
+    found = check_log(overlapping, ["cache_lock"])
+    assert len(found) == 1
+    assert "rank 0: cache build of v2 (seq 2..3) while the sync of v1 (seq 1..4) reads" in found[0].message
+    in_turn = [hold(1, "acquire", "sync", 1), hold(2, "release", "sync", 1), hold(3, "acquire", "build", 2),
+               hold(4, "release", "build", 2)]
+    assert check_log(in_turn, ["cache_lock"]) == []
+    other_rank = [dict(r, rank=5) if r["holder"] == "build" else r for r in overlapping]
+    assert check_log(other_rank, ["cache_lock"]) == []  # another owner's cache
 
 
 def test_cache_lock_treats_an_unlocked_build_as_holding_the_cache_for_its_whole_effect():

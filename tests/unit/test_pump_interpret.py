@@ -1,7 +1,8 @@
-"""The single controller's pump-resume loop (``harness.control.pump_interpret``) alone:
-no simpy, no torch. A scripted runtime stands in for the simulator (handlers that are
-generators, a "state changed" token it yields) and asyncio for the real CPU runtime
-(:func:`run_awaiting`). The controller state and its bookkeeping are the real ones."""
+"""The single controller's pumps under the one interpreter (``harness.control.interpret``)
+with their handlers (``harness.streaming.apply.PumpHandlers``) alone: no simpy, no torch.
+A scripted runtime stands in for the simulator (handlers that are generators, a "state
+changed" token it yields) and asyncio for the real CPU runtime (:func:`run_awaiting`).
+The controller state and its bookkeeping are the real ones."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import asyncio
 import pytest
 
 from harness.control import streaming_effects as fx
-from harness.control.pump_interpret import PumpInterpreter, run_awaiting
+from harness.control.interpret import run_awaiting
+from harness.streaming.apply import PumpHandlers
 from harness.streaming.controller import ControllerState, StreamingConfig
 
 CHANGE = "state-changed?"
@@ -25,7 +27,7 @@ class Script:
         self.clock = 0.0
         self.notified = 0
         self.after = []
-        self.interp = PumpInterpreter(self, self.state, "p", self.records.append, lambda: self.clock)
+        self.interp = PumpHandlers(self, self.state, "p", self.records.append, lambda: self.clock)
 
     def change(self):
         return CHANGE
@@ -47,7 +49,7 @@ class Script:
 
 def run_alone(rt: Script, gen, scope="step", step=None):
     """Run one drive to its end; ("sleep", s) items are answered, CHANGE is not allowed."""
-    loop = rt.interp.drive(gen, scope, step)
+    loop = rt.interp.run(gen, scope, step)
     sent = None
     seen = []
     while True:
@@ -113,8 +115,8 @@ def test_a_blocking_effect_parks_until_a_change_and_the_runtime_is_notified_once
         yield fx.AcquireInflight()
         order.append("waiter acquired")
 
-    first = rt.interp.drive(holder(), "rollout")
-    second = rt.interp.drive(waiter(), "rollout")
+    first = rt.interp.run(holder(), "rollout")
+    second = rt.interp.run(waiter(), "rollout")
     # the holder runs until its handler-free effects are done: no yield at all
     with pytest.raises(StopIteration):
         first.send(None)
@@ -142,7 +144,7 @@ def test_a_stop_ends_a_parked_effect_with_stopped_and_closes_the_pump():
         finally:
             closed.append("closed")
 
-    loop = rt.interp.drive(pump(), "step")
+    loop = rt.interp.run(pump(), "step")
     assert loop.send(None) == CHANGE
     rt.state.stopped = True
     with pytest.raises(StopIteration) as stop:
@@ -186,7 +188,7 @@ def test_run_awaiting_drives_the_loop_with_coroutine_handlers_under_asyncio():
             self.state = ControllerState(StreamingConfig(max_inflight_prompts=1))
             self.records = []
             self.event = asyncio.Event()
-            self.interp = PumpInterpreter(self, self.state, "p", self.records.append, lambda: 0.0)
+            self.interp = PumpHandlers(self, self.state, "p", self.records.append, lambda: 0.0)
 
         def change(self):
             return self.event.wait()
@@ -212,12 +214,12 @@ def test_run_awaiting_drives_the_loop_with_coroutine_handlers_under_asyncio():
             got = yield fx.AcquireInflight()
             return got
 
-        w = asyncio.ensure_future(run_awaiting(rt.interp.drive(waiter(), "rollout")))
+        w = asyncio.ensure_future(run_awaiting(waiter(), rt.interp.handle, **rt.interp.options("rollout")))
         rt.state.inflight = 1  # the waiter parks on its first try
         await asyncio.sleep(0)
         assert not w.done()
         rt.state.inflight = 0
-        h = await run_awaiting(rt.interp.drive(holder(), "rollout"))
+        h = await run_awaiting(holder(), rt.interp.handle, **rt.interp.options("rollout"))
         assert h == 3
         assert await asyncio.wait_for(w, 1.0) is True
         return rt
@@ -233,7 +235,7 @@ def test_run_awaiting_throws_a_cancellation_into_the_loop_and_the_pump_is_not_re
         def __init__(self) -> None:
             self.state = ControllerState(StreamingConfig())
             self.records = []
-            self.interp = PumpInterpreter(self, self.state, "p", self.records.append, lambda: 0.0)
+            self.interp = PumpHandlers(self, self.state, "p", self.records.append, lambda: 0.0)
 
         def change(self):  # pragma: no cover - nothing parks here
             raise AssertionError
@@ -250,7 +252,7 @@ def test_run_awaiting_throws_a_cancellation_into_the_loop_and_the_pump_is_not_re
 
     async def main():
         rt = Slow()
-        task = asyncio.ensure_future(run_awaiting(rt.interp.drive(pump(), "step", 0)))
+        task = asyncio.ensure_future(run_awaiting(pump(), rt.interp.handle, **rt.interp.options("step", 0)))
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

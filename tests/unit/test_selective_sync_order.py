@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from harness.control import selective_sync as ss
+from harness.control.interpret import run_blocking
 
 
 def plan(ipc=(0,), broadcast=(1,), buckets=(10, 10, 4)):
-    return ss.SyncPlan(7, tuple(buckets), tuple(ipc), tuple(broadcast), "g", (0,) + tuple(2 + d for d in broadcast))
+    return ss.plan_sync(7, buckets, ipc, broadcast, "g", (0,) + tuple(2 + d for d in broadcast))
 
 
 def script(p, fail_at=None, expire_at=None, destroy_result=True):
@@ -36,7 +37,7 @@ def script(p, fail_at=None, expire_at=None, destroy_result=True):
         return expire_at is not None and count["n"] >= expire_at
 
     try:
-        value = ss.run_blocking(ss.selective_sync(p), handle, expired)
+        value = run_blocking(ss.selective_sync(p), handle, deadline=ss.sync_deadline(expired))
         return seen, None, value
     except Exception as exc:  # noqa: BLE001 - the test looks at which
         return seen, exc, None
@@ -98,10 +99,28 @@ def test_a_failing_destroy_after_an_error_keeps_the_first_error_and_records_no_d
             raise RuntimeError("second")
 
     with pytest.raises(RuntimeError, match="first"):
-        ss.run_blocking(ss.selective_sync(plan()), handle)
+        run_blocking(ss.selective_sync(plan()), handle)
     kinds = [k for k, _ in records]
     assert "group_destroy" not in kinds and kinds[-1] == "sync_end"
     assert records[-1][1]["ok"] is False and "first" in records[-1][1]["error"]
+
+
+@pytest.mark.parametrize("second", ["Emit group_destroy", "Emit sync_end", "UnlockCache"])
+def test_any_teardown_effect_failing_after_an_error_keeps_the_first_error_and_the_rest_of_the_teardown(second):
+    seen = []
+
+    def handle(e):
+        tag = f"Emit {e.kind}" if isinstance(e, ss.Emit) else type(e).__name__
+        seen.append(tag)
+        if isinstance(e, ss.Broadcast):
+            raise RuntimeError("first")
+        if tag == second:
+            raise RuntimeError("second")
+
+    with pytest.raises(RuntimeError, match="first"):
+        run_blocking(ss.selective_sync(plan()), handle)
+    assert seen[seen.index("Broadcast") + 1:] == ["DestroySyncGroup", "Emit group_destroy", "Emit sync_end",
+                                                  "UnlockCache"]
 
 
 def test_a_yielding_handler_is_refused_by_the_blocking_runner():
@@ -109,7 +128,7 @@ def test_a_yielding_handler_is_refused_by_the_blocking_runner():
         yield "time"
 
     with pytest.raises(RuntimeError, match="yielded"):
-        ss.run_blocking(ss.selective_sync(plan()), handle)
+        run_blocking(ss.selective_sync(plan()), handle)
 
 
 @pytest.mark.parametrize("kind, now", [("refit_bucket", "sync_bucket"), ("nccl_group", "group_create"),

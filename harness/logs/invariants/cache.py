@@ -1,15 +1,15 @@
 """Cache lock (``cache_lock``): no cache build or promote while a transport reads the cache.
 
-Every access to a cache owner's CPU bucket cache is an interval of ``seq``s, keyed by
-the owner that wrote it (``pipeline_id``, or a gate's ``rank`` where no pipeline is
-named): a ``cache_lock`` hold (acquire .. release) by ``build``, ``promote`` or
-``sync``; a selective sync (``sync_start`` .. ``sync_end``, a read); a ``cache_build`` /
-``cache_promote`` record (a write at that point); a ``BuildCache``, ``PromoteCache`` or
-``SyncFromCache`` effect with no hold of its own inside it (it accessed the cache
-without the lock, so its whole effect interval counts). A write that overlaps a read of
-the same owner is a violation, reported once per write; reads may overlap each other.
-Order is the log's ``seq`` (what happened first), not time, so same-instant records are
-judged as they were sequenced.
+One kind of evidence, written the same way by every runtime
+(``harness.control.cache_lock``): each access to a cache owner's CPU bucket cache is a
+``cache_lock`` hold (acquire .. release, ``seq``s) by ``build``, ``promote`` or ``sync``,
+keyed by the owner that wrote it (``pipeline_id``, or a gate's ``rank`` where no pipeline
+is named). Where a runtime logs its effects, a ``BuildCache``, ``PromoteCache`` or
+``SyncFromCache`` effect with no hold of its own inside it accessed the cache without the
+lock, so its whole effect interval counts. A write that overlaps a read of the same owner
+is a violation, reported once per write; reads may overlap each other. Order is the log's
+``seq`` (what happened first), not time, so same-instant records are judged as they were
+sequenced.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _accesses(records: Records) -> List[Access]:
     for r in records:
         k = r["kind"]
         if k == "cache_lock":
-            pid = r["pipeline_id"]
+            pid = owner_of(r)
             key = (pid, r["holder"])
             if r["action"] == "acquire":
                 holds.setdefault(key, []).append((r["seq"], r.get("version")))
@@ -75,12 +75,11 @@ def _describe(a: Access) -> str:
     return f"{a.what} of v{a.version} (seq {a.start}..{a.end}{lock})"
 
 
-@invariant(NAME, reads=("cache_lock", "effect_start", "effect_end", "cache_build", "cache_promote", "sync_start", "sync_end"))
+@invariant(NAME, reads=("cache_lock", "effect_start", "effect_end"))
 def cache_lock(records: Records) -> List[Violation]:
     out: List[Violation] = []
     by_pipeline: Dict[str, List[Access]] = {}
-    last = records[-1]["seq"] if records else 0
-    for a in _accesses(records) + _record_accesses(records, last):
+    for a in _accesses(records):
         by_pipeline.setdefault(a.pipeline, []).append(a)
     for pid, accesses in sorted(by_pipeline.items()):
         reads = [a for a in accesses if a.what == "sync"]
@@ -97,23 +96,3 @@ def owner_of(r: dict) -> str:
     """Whose cache a record is about: its pipeline, or the gate rank that wrote it."""
     pid = r.get("pipeline_id")
     return pid if pid is not None else f"rank {r.get('rank')}"
-
-
-def _record_accesses(records: Records, last: int) -> List[Access]:
-    """Syncs (``sync_start`` .. ``sync_end``) and point writes (``cache_build`` /
-    ``cache_promote``)."""
-    out: List[Access] = []
-    open_sync: Dict[str, List[dict]] = {}
-    for r in records:
-        k = r["kind"]
-        if k == "sync_start":
-            open_sync.setdefault(owner_of(r), []).append(r)
-        elif k == "sync_end" and open_sync.get(owner_of(r)):
-            s = open_sync[owner_of(r)].pop()
-            out.append(Access(owner_of(r), "sync", s["seq"], r["seq"], s["version"], True))
-        elif k in ("cache_build", "cache_promote"):
-            what = "build" if k == "cache_build" else "promote"
-            out.append(Access(owner_of(r), what, r["seq"], r["seq"], r["version"], True))
-    for who, stack in open_sync.items():
-        out += [Access(who, "sync", s["seq"], last, s["version"], True) for s in stack]
-    return out
