@@ -141,7 +141,7 @@ def run_check(paths: Sequence[str], *, names: Optional[Sequence[str]] = None, co
         write_baseline(findings)
         return EXIT_OK
     verdict = classify(findings, baseline)
-    if baseline:
+    if verdict.reported:
         for line in report_lines(verdict, strict):
             emit(line)
     return EXIT_VIOLATION if verdict.failed(strict) else EXIT_OK
