@@ -186,6 +186,15 @@ def log_names(records: Iterable[Mapping[str, Any]]) -> Tuple[List[str], List[str
     return sorted(pipes), sorted(clusters)
 
 
+def log_types(records: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+    """Pipeline name -> type, as the log's header records them (``meta.pipeline_types``,
+    written by the simulator); ``{}`` for a log that does not (a gate's, an imported one):
+    there an expectation's ``pipeline`` matches names only."""
+    head = records[0] if records else {}
+    types = (head.get("meta") or {}).get("pipeline_types") if head.get("kind") == "header" else None
+    return {str(k): str(v) for k, v in types.items()} if isinstance(types, Mapping) else {}
+
+
 def from_violations(violations: Iterable[Any], records: Sequence[Mapping[str, Any]],
                     types: Optional[Mapping[str, str]] = None,
                     of: Optional[Callable[[str], Sequence[Mapping[str, Any]]]] = None) -> List[Finding]:
@@ -199,7 +208,7 @@ def from_violations(violations: Iterable[Any], records: Sequence[Mapping[str, An
     if not violations:
         return []
     pipes, clusters = log_names(records if of is None else of("register"))
-    types = dict(types or {})
+    types = dict(types if types is not None else log_types(records))
     in_pipes, in_clusters = _NameMatcher(set(pipes) | set(types)), _NameMatcher(clusters)
     fired = [(r["seq"], r["name"]) for r in (records if of is None else of("fault_fired"))
              if r.get("kind") == "fault_fired"]

@@ -83,6 +83,9 @@ class Simulation:
              "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity (invariant 25)
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
+                  # each pipeline's type: an expectation's `pipeline` matches a type in every command
+                  # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
+                  "pipeline_types": {p.name: p.type for p in scenario.pipelines},
                   # the oracle's post-sleep residue threshold (invariant 6, harness/invariants/memory.py)
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
                   # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
