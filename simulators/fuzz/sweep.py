@@ -285,11 +285,24 @@ def format_table(sweep: SweepResult) -> str:
     lines = _explored_table(sweep) if sweep.explore else _table(sweep)
     for e in sweep.not_found:
         lines.append(f"  expected, not found: {e.label()} ({e.source}): {e.reason}")
+    lines += _known_lines(results)
     dets = [r.get("determinism", {}).get("status") for r in results]
     if any(d is not None for d in dets):
         lines.append(f"determinism: {dets.count('identical')} identical, {dets.count('diverged')} diverged, "
                      f"{dets.count('not_checked')} not checked (fresh process failed)")
     return "\n".join(lines)
+
+
+def _known_lines(results: List[Result]) -> List[str]:
+    """One line per known upstream behaviour the seeds hit (no signature: harness.known_upstream)."""
+    from harness.known_upstream import BY_NAME
+
+    seeds: Dict[str, List[int]] = {}
+    for r in results:
+        for name in r.get("known_upstream") or {}:
+            seeds.setdefault(name, []).append(r["seed"])
+    return [f"  known upstream  {BY_NAME[name].check} in {len(ss)} seed(s) (first {min(ss)}): {BY_NAME[name].what} "
+            f"[{BY_NAME[name].source}]" for name, ss in sorted(seeds.items())]
 
 
 def _table(sweep: SweepResult) -> List[str]:
