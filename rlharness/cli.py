@@ -306,6 +306,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
           + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)")
           + (f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected or known"
              if out.verdict.reported else ""))
+    if out.figures is not None and out.figures.headroom is not None:
+        from harness.outputs.headroom import headroom_brief
+
+        print(headroom_brief(out.figures.headroom))
     if not out.verdict.reported:
         print_violations(out.violations, f"all in {os.path.join(out_dir, 'violations.txt')}")
     elif args.quiet:  # the summary (not printed) holds these lines otherwise

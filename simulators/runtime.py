@@ -88,6 +88,8 @@ class Simulation:
                   "pipeline_types": {p.name: p.type for p in scenario.pipelines},
                   # the oracle's post-sleep residue threshold (invariant 6, harness/invariants/memory.py)
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+                  # the handover_headroom check's margin (harness/invariants/handover_headroom.py)
+                  "handover_margin_bytes": scenario.costs.handover_margin_bytes,
                   # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
                   "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
                                                if p.type != "single_controller"},

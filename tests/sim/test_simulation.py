@@ -273,7 +273,7 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 EXPECTED_FINDINGS = {
     # an OOM is the VRAM invariant's finding (vram) and ends the run (run_outcome); the leaked
     # training state is also seen at the grant, before the OOM (handover)
-    "oom_wake_before_offload": ("failed", {"vram", "run_outcome", "handover"}),
+    "oom_wake_before_offload": ("failed", {"vram", "run_outcome", "handover", "handover_headroom"}),
     "nccl_kept_on_sleep": ("failed", {"vram", "run_outcome"}),  # RLix Bug 4: leaked communicator buffers end in an OOM
     "cache_built_after_offload": ("failed", {"run_outcome"}),  # debug #34/#35: the build finds no parameters
     # RLix's selective-sync timeout (test_timeouts.py); NeMo's init keeps the 4-GPU trainer's
@@ -293,7 +293,7 @@ EXPECTED_FINDINGS = {
     "roll_dual_4gpu": ("done", {"planned_release_ack"}),
     # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
     "handover_old_log_probs_fits": ("done", {"handover"}),
-    "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack", "vram", "run_outcome"}),
+    "handover_old_log_probs_oom": ("failed", {"handover", "handover_headroom", "planned_release_ack", "vram", "run_outcome"}),
     # bulk tensors routed through the driver: invariant 16 (the 1-hop rule) fires
     "dataplane_via_driver": ("done", {"data_plane", "handover"}),
     # NeMo's init keeps its multi-GPU trainer's groups (docs/residency.md)
@@ -313,7 +313,7 @@ EXPECTED_FINDINGS = {
     "engines_crash_after_refit": ("horizon", {"liveness"}),  # NeMo RL #3488
     "stuck_rollout_straggler": ("horizon", {"liveness"}),  # NeMo RL #3238
     # NeMo RL #2775: handover at the grant, then the OOM on the next wake
-    "offload_keeps_params": ("failed", {"handover", "vram", "run_outcome"}),
+    "offload_keeps_params": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     # NeMo RL #3591: sync groups never destroyed (sync_groups) pile up until an OOM
     "stranded_sync_group": ("failed", {"sync_groups", "vram", "run_outcome"}),
     "gen_request_without_demand": ("horizon", {"liveness"}),  # RLix debug #27
@@ -358,11 +358,17 @@ EXPECTED_FINDINGS = {
     # watchdog_request_under_lock): a cycle through the lock, the request and the expand,
     # until RLix's resize-lock deadline fails the run (tests/sim/test_waitfor_edges.py)
     "watchdog_request_under_lock": ("failed", {"deadlock", "run_outcome"}),
+    # a new user's own layouts: NeMo's init keeps its Megatron groups (known upstream behaviour);
+    # the two 8B pipelines also meet the premature planned-release ack and its unregister
+    "user_qwen3_8b_two_nemo_16gpu": ("done", {"handover", "planned_release_ack", "in_flight_at_sleep"}),
+    "user_llama70b_64gpu": ("done", {"handover"}),
+    # the same residue where it leaves the wake under the scenario's margin
+    "handover_headroom_tight": ("done", {"handover", "handover_headroom"}),
 }
 
 
-#: bundled scenarios whose documented purpose is a red run (the file says so): none today
-RED_BY_PURPOSE: set = set()
+#: bundled scenarios whose documented purpose is a red run (the file says so)
+RED_BY_PURPOSE = {"handover_headroom_tight"}
 
 
 def test_every_bundled_scenario_runs_to_its_expected_end():
