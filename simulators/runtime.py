@@ -39,6 +39,7 @@ from simulators.cluster import SimCluster
 from simulators.env import Actor, SimEnv, Timer
 from simulators.explore import Explorer, ExploreSpec, pilot_steps
 from simulators.spec import Scenario
+from simulators.timeouts import idle_bundle_bounds
 
 
 class SimFailure(RuntimeError):
@@ -90,6 +91,8 @@ class Simulation:
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
                   # the handover_headroom check's margin (harness/invariants/handover_headroom.py)
                   "handover_margin_bytes": scenario.costs.handover_margin_bytes,
+                  # the idle_bundle_starvation check's bound per pipeline (simulators/timeouts.py)
+                  "idle_bundle_bound_s": idle_bundle_bounds(scenario),
                   # the trajectory_age check's bound per pipeline with a trajectory buffer (invariant 14)
                   "max_trajectory_age_steps": {p.name: p.workload.max_trajectory_age_steps for p in scenario.pipelines
                                                if p.type != "single_controller"},

@@ -329,7 +329,8 @@ EXPECTED_FINDINGS = {
     "level2_partial_reload": ("done", {"engine_weights"}),  # vllm #29341
     "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep"}),  # vllm #44483
     "kv_wake_before_weights": ("done", {"engine_resume"}),
-    "pause_wait_aborted": ("done", {"pause_lost_work"}),  # miles #2372
+    "pause_wait_aborted": ("done", {"pause_lost_work", "idle_bundle_starvation"}),  # miles #2372; the wait pause stalls the cycle
+    "engine_pause_modes": ("done", {"idle_bundle_starvation"}),  # the wait-mode pause stalls the serial cycle
     "version_stamped_at_completion": ("done", {"version_at_dispatch"}),  # rllm #622
     # the realistic workloads (costs from the cost model): the same two by-design findings (the
     # 32-GPU mix's premature ack went with the per-step decode timing: a race of the releases)
