@@ -45,12 +45,14 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / (1 << 30):.1f} GiB"
 
 
-def _train_state_bytes(p: PipelineSpec, c: CostSpec) -> int:
+def _train_state_bytes(p: PipelineSpec, c: CostSpec) -> float:
     """Per-GPU training state at init: params + grads + optimizer, as the simulator
-    allocates it (each kind rounded down, a negative remainder allocates nothing)."""
+    allocates it (each kind rounded down, a negative remainder allocates nothing; a
+    multiplier so large the bytes are no finite number is infinitely many)."""
     w, n = p.model.weight_bytes, len(p.train_gpus)
     mults = (1.0, c.optimizer_state_multiplier, c.train_state_multiplier - 1.0 - c.optimizer_state_multiplier)
-    return sum(max(0, int(w * m / n)) for m in mults)
+    parts = [w * m / n for m in mults]
+    return sum(max(0, int(x)) if x < float("inf") else x for x in parts)
 
 
 def _exclusive(s: Scenario) -> Optional[Problem]:

@@ -88,3 +88,30 @@ def test_a_model_preset_on_nodes_of_zero_gpus_names_gpus_per_node(tmp_path):
     data["pipelines"][0]["train_gpus"], data["pipelines"][0]["infer_gpus"] = [0, 1, 2], [0, 1, 2, 3]
     with pytest.raises(ScenarioError, match=r"cluster\.gpus_per_node: must be > 0"):
         scenario_from_mapping(data, "zero-gpus")
+
+
+def test_every_numeric_field_through_set_and_a_sweep_axis_is_one_line_or_valid():
+    """The same values as ``--set PATH=VALUE`` text (parsed as YAML, as the command does)
+    and as a sweep axis: an OverrideError or ScenarioError (one line, exit 2) or a
+    scenario, never another exception."""
+    from simulators.overrides import OverrideError, load_with_overrides, parse_override
+    from simulators.whatif.grid import build_grid, parse_axis
+
+    texts = ("0", "-1", "1e300", "-0.0", ".inf", "1e-300", "2e19")
+    checked = 0
+    for path, _where, name in _targets():
+        for text in texts:
+            try:
+                load_with_overrides(SCENARIO, [parse_override(f"{path}.{name}={text}")])
+            except (OverrideError, ScenarioError) as e:
+                assert "\n" not in str(e), str(e)
+            except Exception as e:
+                pytest.fail(f"--set {path}.{name}={text}: {type(e).__name__}: {e}")
+            checked += 1
+        try:
+            build_grid(SCENARIO, [parse_axis(f"{path}.{name}=1,0,-2")])
+        except (OverrideError, ScenarioError) as e:
+            assert "\n" not in str(e), str(e)
+        except Exception as e:
+            pytest.fail(f"sweep --set {path}.{name}=1,0,-2: {type(e).__name__}: {e}")
+    assert checked > 500
