@@ -91,27 +91,27 @@ def test_a_model_preset_on_nodes_of_zero_gpus_names_gpus_per_node(tmp_path):
 
 
 def test_every_numeric_field_through_set_and_a_sweep_axis_is_one_line_or_valid():
-    """The same values as ``--set PATH=VALUE`` text (parsed as YAML, as the command does)
-    and as a sweep axis: an OverrideError or ScenarioError (one line, exit 2) or a
-    scenario, never another exception."""
-    from simulators.overrides import OverrideError, load_with_overrides, parse_override
+    """The same values as ``--set PATH=VALUE`` text (parsed as YAML and applied as the
+    command does, then the layout rules), and a few fields as a sweep axis: one line
+    (exit 2) or a scenario, never another exception."""
+    from simulators.overrides import OverrideError, apply_overrides, parse_override, scenario_mapping
+    from simulators.scenario import check_feasible
     from simulators.whatif.grid import build_grid, parse_axis
 
-    texts = ("0", "-1", "1e300", "-0.0", ".inf", "1e-300", "2e19")
+    mapping, _ = scenario_mapping(SCENARIO)
     checked = 0
     for path, _where, name in _targets():
-        for text in texts:
+        for text in ("0", "-1", "1e300", ".inf", "1e-300", "2e19"):
             try:
-                load_with_overrides(SCENARIO, [parse_override(f"{path}.{name}={text}")])
+                check_feasible(scenario_from_mapping(apply_overrides(copy.deepcopy(mapping),
+                                                                      [parse_override(f"{path}.{name}={text}")]), "s"), "s")
             except (OverrideError, ScenarioError) as e:
                 assert "\n" not in str(e), str(e)
             except Exception as e:
                 pytest.fail(f"--set {path}.{name}={text}: {type(e).__name__}: {e}")
             checked += 1
-        try:
-            build_grid(SCENARIO, [parse_axis(f"{path}.{name}=1,0,-2")])
-        except (OverrideError, ScenarioError) as e:
-            assert "\n" not in str(e), str(e)
-        except Exception as e:
-            pytest.fail(f"sweep --set {path}.{name}=1,0,-2: {type(e).__name__}: {e}")
     assert checked > 500
+    for axis in ("pipelines[0].infer_tp=2,0", "cluster.gpus_per_node=8,0", "costs.train_mfu=0.3,0,2",
+                 "pipelines[0].workload.prompts_per_step=8,-1"):
+        with pytest.raises((OverrideError, ScenarioError)):
+            build_grid(SCENARIO, [parse_axis(axis)])
