@@ -85,6 +85,13 @@ def _add_baseline(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", metavar="FILE",
                    help="expected findings (docs/expected-findings.md): reported, not failures")
     p.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding did not occur")
+    add_upstream_flag(p)
+
+
+def add_upstream_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upstream-as-findings", action="store_true",
+                   help="count known upstream behaviour (RLix, NeMo RL, ROLL as they are today; "
+                        "docs/expected-findings.md) as findings: for people changing those systems")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,7 +199,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.verdict:
         check_output_file(args.verdict, "--verdict", inputs=[args.trace, args.expect, args.baseline, args.out])
     expected = read_records(args.expect) if args.expect else None  # fail on a bad --expect before any output
-    baseline = _read_baseline(args.baseline)
+    baseline = _read_baseline(args.baseline, args.upstream_as_findings)
     result = replay_file(args.trace)
     if not args.quiet:
         table, notes = format_table(result)
@@ -218,7 +225,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from harness.logs.expect import classify, from_violations
 
     verdict = classify(from_violations(violations, log.records), baseline)
-    if baseline:
+    if verdict.reported:
         for line in report_lines(verdict, args.strict):
             print(line)
     div = compare_decisions(result.decisions, expected) if expected is not None else None
@@ -272,7 +279,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(f"--explore: must be in 0..2**63-1, got {args.explore}")
         explore = ExploreSpec(args.explore, args.explore_strategy)
     args.explore_spec = explore
-    baseline = _read_baseline(args.baseline)
+    baseline = _read_baseline(args.baseline, args.upstream_as_findings)
     out_dir = args.out or os.path.join("runs", scenario.name)
     check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario, args.baseline])
     if not args.quiet:
@@ -286,9 +293,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     print(f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
           f"{res.events} events, {len(res.records)} records; invariants: "
           + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)")
-          + (f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected"
-             if out.verdict.expectations else ""))
-    if not out.verdict.expectations:
+          + (f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected or known"
+             if out.verdict.reported else ""))
+    if out.figures is not None and out.figures.headroom is not None:
+        from harness.logs.outputs.headroom import headroom_brief
+
+        print(headroom_brief(out.figures.headroom))
+    if not out.verdict.reported:
         print_violations(out.violations, f"all in {os.path.join(out_dir, 'violations.txt')}")
     elif args.quiet:  # the summary (not printed) holds these lines otherwise
         for line in report_lines(out.verdict, args.strict):
@@ -300,11 +311,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return ExitCode.OK if not out.verdict.failed(args.strict) and deterministic else ExitCode.FINDING
 
 
-def _read_baseline(path: Optional[str]):
+def _read_baseline(path: Optional[str], upstream_as_findings: bool = False):
+    """The baseline's expectations, then the known upstream behaviours (unless counted as findings)."""
+    from harness.logs.known_upstream import upstream_expectations
     from simulators.verdict.baseline import BaselineError, read_baseline
 
     try:
-        return read_baseline(path)
+        return read_baseline(path) + upstream_expectations(upstream_as_findings)
     except BaselineError as e:
         raise UsageError(str(e)) from None
 
@@ -388,7 +401,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.write_baseline:
         check_output_file(args.write_baseline, "--write-baseline", inputs=list(args.logs) + [args.baseline])
     return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0),
-                     baseline=_read_baseline(args.baseline), strict=args.strict,
+                     baseline=_read_baseline(args.baseline, args.upstream_as_findings), strict=args.strict,
                      write_baseline=_baseline_writer(args.write_baseline, args.logs))
 
 

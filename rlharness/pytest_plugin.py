@@ -231,10 +231,13 @@ def _baseline(baseline: Any) -> List[Any]:
 
 def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
         out_dir: Optional[str] = None, png: bool = False, explore: Optional[int] = None,
-        explore_strategy: str = "pct", baseline: Any = None) -> SimRun:
+        explore_strategy: str = "pct", baseline: Any = None, upstream_as_findings: bool = False) -> SimRun:
     """Simulate and check a scenario; with ``out_dir`` also write its run folder; with
     ``explore`` (a seed) same-time events are ordered by that schedule seed; ``baseline``
-    adds expectations to the scenario's ``expect:`` list."""
+    adds expectations to the scenario's ``expect:`` list, and known upstream behaviour is
+    apart from ``.unexpected`` as in every command (unless ``upstream_as_findings``)."""
+    from harness.logs.known_upstream import upstream_expectations
+
     import dataclasses
 
     from harness.logs.outputs.summary import summarize
@@ -246,7 +249,7 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
     from simulators.runtime.explore import ExploreSpec
 
     out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy),
-                   baseline=_baseline(baseline))
+                   baseline=_baseline(baseline) + upstream_expectations(upstream_as_findings))
     return SimRun(spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files,
                   out.verdict)
 
@@ -260,12 +263,13 @@ def rlharness_scenario():
 @pytest.fixture
 def rlharness_run(tmp_path):
     """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, explore=None,
-    baseline=None)`` -> SimRun."""
+    baseline=None, upstream_as_findings=False)`` -> SimRun."""
 
     def _run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
              write: bool = False, png: bool = False, explore: Optional[int] = None,
-             explore_strategy: str = "pct", baseline: Any = None) -> SimRun:
+             explore_strategy: str = "pct", baseline: Any = None, upstream_as_findings: bool = False) -> SimRun:
         return run(scenario, overrides=overrides, seed=seed, out_dir=str(tmp_path / "run") if write else None, png=png,
-                   explore=explore, explore_strategy=explore_strategy, baseline=baseline)
+                   explore=explore, explore_strategy=explore_strategy, baseline=baseline,
+                   upstream_as_findings=upstream_as_findings)
 
     return _run

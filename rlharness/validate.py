@@ -28,5 +28,19 @@ def run(args: argparse.Namespace, usage_error) -> int:
             raise usage_error(str(e)) from None
         steps = sum(p.steps for p in s.pipelines)
         print(f"{path}: valid: scenario {s.name!r}, {len(s.pipelines)} pipeline(s) on {s.cluster.num_gpus} GPU(s), "
-              f"{steps} step(s) in all, {len(s.faults)} fault(s), seed {s.seed}, horizon {s.horizon_s:g} simulated s")
+              f"{steps} step(s) in all, {len(s.faults)} fault(s), seed {s.seed}, horizon {s.horizon_s:g} simulated s"
+              + _headroom(s))
     return ExitCode.OK
+
+
+def _headroom(s) -> str:
+    """The static worst-case wake headroom (simulators/scenario/feasibility.py), against the margin."""
+    from simulators.scenario.feasibility import static_headroom
+
+    worst = static_headroom(s)
+    if worst is None:
+        return ""
+    gpu, free, what = worst
+    margin = s.costs.handover_margin_bytes
+    return (f"; static worst-case wake headroom {free / (1 << 30):.2f} GiB on {what}"
+            + (f" (under the {margin / (1 << 30):.2f} GiB margin)" if free < margin else ""))

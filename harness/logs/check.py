@@ -142,7 +142,7 @@ def run_check(paths: Sequence[str], *, names: Optional[Sequence[str]] = None, co
         write_baseline(findings)
         return ExitCode.OK
     verdict = classify(findings, baseline)
-    if baseline:
+    if verdict.reported:
         for line in report_lines(verdict, strict):
             emit(line)
     return ExitCode.FINDING if verdict.failed(strict) else ExitCode.OK

@@ -48,6 +48,8 @@ class Expectation:
     cluster: Optional[str] = None
     after_fault: Optional[str] = None
     source: str = ""  # where it was written (scenario / baseline file and index): shown in reports
+    message: Optional[str] = None  # a glob on the finding's message (the built-in list's entries only)
+    known: str = ""  # the name of a known upstream behaviour (harness.logs.known_upstream): never "not found"
 
     def label(self) -> str:
         scope = "".join(f" {k}={getattr(self, k)}" for k in ("pipeline", "cluster", "after_fault") if getattr(self, k))
@@ -75,7 +77,21 @@ class Verdict:
     expected: List[Tuple[Finding, Expectation]] = field(default_factory=list)
     unexpected: List[Finding] = field(default_factory=list)
     not_found: List[Expectation] = field(default_factory=list)
-    expectations: int = 0  # how many were given (none: the report is the plain violation list)
+    expectations: int = 0  # how many the user gave (scenario, baseline); the built-in list is not counted
+
+    @property
+    def reported(self) -> bool:
+        """Whether the verdict has lines of its own: expectations were given, or a known
+        upstream behaviour was hit (otherwise the report is the plain violation list)."""
+        return bool(self.expectations) or any(e.known for _, e in self.expected)
+
+    def known_hits(self) -> Dict[str, List[Finding]]:
+        """Findings of each known upstream behaviour hit, by its name (in first-hit order)."""
+        out: Dict[str, List[Finding]] = {}
+        for f, e in self.expected:
+            if e.known:
+                out.setdefault(e.known, []).append(f)
+        return out
 
     def failed(self, strict: bool = False) -> bool:
         return bool(self.unexpected) or (strict and bool(self.not_found))
@@ -85,10 +101,18 @@ class Verdict:
         groups: Dict[int, Dict[str, Any]] = {}
         for f, e in self.expected:
             g = groups.setdefault(id(e), {**e.as_mapping(), "count": 0, "first_seq": f.seq})
+            if e.known:  # the built-in list's: its name and upstream source
+                g.update(known_upstream=e.known, source=_known_source(e.known))
             g["count"] += 1
         return {"expected": list(groups.values()),
                 "unexpected": [{"check": f.check, "seq": f.seq, "message": f.message} for f in self.unexpected],
                 "expected_not_found": [e.as_mapping() for e in self.not_found]}
+
+
+def _known_source(name: str) -> str:
+    from harness.logs.known_upstream import BY_NAME  # (it imports this module)
+
+    return BY_NAME[name].source
 
 
 def _glob(pattern: Optional[str], values: Iterable[str]) -> bool:
@@ -101,12 +125,12 @@ def _glob(pattern: Optional[str], values: Iterable[str]) -> bool:
 
 def matches(e: Expectation, f: Finding) -> bool:
     return (_glob(e.check, (f.check,)) and _glob(e.pipeline, f.pipelines) and _glob(e.cluster, f.clusters)
-            and _glob(e.after_fault, f.faults))
+            and _glob(e.after_fault, f.faults) and _glob(e.message, (f.message,)))
 
 
 def classify(findings: Sequence[Finding], expectations: Sequence[Expectation]) -> Verdict:
     """Each finding against the expectations in order (the first match claims it)."""
-    v = Verdict(expectations=len(expectations))
+    v = Verdict(expectations=sum(1 for e in expectations if not e.known))
     used = set()
     for f in findings:
         for i, e in enumerate(expectations):
@@ -116,7 +140,8 @@ def classify(findings: Sequence[Finding], expectations: Sequence[Expectation]) -
                 break
         else:
             v.unexpected.append(f)
-    v.not_found = [e for i, e in enumerate(expectations) if i not in used]
+    # a known upstream behaviour is a property of the modelled system: not hitting it is no news
+    v.not_found = [e for i, e in enumerate(expectations) if i not in used and not e.known]
     return v
 
 
@@ -162,6 +187,15 @@ def log_names(records: Iterable[Mapping[str, Any]]) -> Tuple[List[str], List[str
     return sorted(pipes), sorted(clusters)
 
 
+def log_types(records: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+    """Pipeline name -> type, as the log's header records them (``meta.pipeline_types``,
+    written by the simulator); ``{}`` for a log that does not (a gate's, an imported one):
+    there an expectation's ``pipeline`` matches names only."""
+    head = records[0] if records else {}
+    types = (head.get("meta") or {}).get("pipeline_types") if head.get("kind") == "header" else None
+    return {str(k): str(v) for k, v in types.items()} if isinstance(types, Mapping) else {}
+
+
 def from_violations(violations: Iterable[Any], records: Sequence[Mapping[str, Any]],
                     types: Optional[Mapping[str, str]] = None,
                     of: Optional[Callable[[str], Sequence[Mapping[str, Any]]]] = None) -> List[Finding]:
@@ -175,7 +209,7 @@ def from_violations(violations: Iterable[Any], records: Sequence[Mapping[str, An
     if not violations:
         return []
     pipes, clusters = log_names(records if of is None else of("register"))
-    types = dict(types or {})
+    types = dict(types if types is not None else log_types(records))
     in_pipes, in_clusters = _NameMatcher(set(pipes) | set(types)), _NameMatcher(clusters)
     fired = [(r["seq"], r["name"]) for r in (records if of is None else of("fault_fired"))
              if r.get("kind") == "fault_fired"]
@@ -258,15 +292,23 @@ def report_lines(v: Verdict, strict: bool = False, shown: int = 20) -> List[str]
     """Expected findings grouped by their expectation, then each unexpected finding,
     then the expectations that matched nothing (a failure under ``--strict``)."""
     lines: List[str] = []
-    if not v.expectations:
+    if not v.reported:
         return lines
     counts: Dict[int, List[Any]] = {}
     for f, e in v.expected:
-        counts.setdefault(id(e), [e, 0])[1] += 1
-    lines.append(f"findings: {len(v.unexpected)} unexpected, {len(v.expected)} expected"
+        if not e.known:
+            counts.setdefault(id(e), [e, 0])[1] += 1
+    known = v.known_hits()
+    n_known = sum(len(fs) for fs in known.values())
+    lines.append(f"findings: {len(v.unexpected)} unexpected, {len(v.expected) - n_known} expected"
+                 + (f", {n_known} known upstream behaviour" if known else "")
                  + (f", {len(v.not_found)} expected but not found" if v.not_found else ""))
     for e, n in counts.values():
         lines.append(f"  expected    {e.label()} x{n}: {e.reason}")
+    if known:
+        from harness.logs.known_upstream import behaviour_line  # (it imports this module)
+
+        lines += [behaviour_line(name, fs) for name, fs in known.items()]
     for f in v.unexpected[:shown]:
         lines.append(f"  UNEXPECTED  {f}")
     if len(v.unexpected) > shown:

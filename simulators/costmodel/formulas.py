@@ -265,7 +265,7 @@ def cap_quantile(share: float) -> Optional[float]:
     the draws do (``workload.decode_tokens_cap_share``); None for no such share. The one
     rule both the workload's draws (``simulators/pipelines/workload.py``, ``single_controller.py``)
     and :func:`mean_decode_tokens` follow."""
-    if share <= 0:
+    if share <= 0 or 1.0 - share >= 1.0:  # a share below float resolution: no draw runs to the cap
         return None
     return NormalDist().inv_cdf(1.0 - share)
 

@@ -40,6 +40,9 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
                          "other signatures exit 1 (--expect: the same, its old name)")
     fz.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding occurred in no seed")
     fz.add_argument("--no-minimize", action="store_true", help="skip writing minimized reproducers")
+    fz.add_argument("--upstream-as-findings", action="store_true",
+                    help="known upstream behaviour (docs/expected-findings.md) names a signature too; by default a "
+                         "seed that hits only that is clean")
     fz.add_argument("--explore", type=int, default=0, metavar="K",
                     help="also run each seed under schedule seeds 0..K-1 (docs/exploration.md); runs of one seed "
                          "that differ only by schedule are one family, 'schedule-only' when the fixed order misses it")
@@ -86,7 +89,7 @@ def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
     cfg = SweepConfig(seeds=args.seeds, start=args.start, workers=args.workers or args.ray_cpus or cpus,
                       ray_address=args.ray, out_dir=args.out, check_determinism=args.check_determinism,
                       time_budget_s=args.time_budget, expect=expect, explore=args.explore,
-                      explore_strategy=args.explore_strategy)
+                      explore_strategy=args.explore_strategy, upstream_as_findings=args.upstream_as_findings)
     os.makedirs(args.out, exist_ok=True)
     if not args.quiet:
         where = f"Ray at {args.ray}" if args.ray else f"{cfg.workers} local worker(s)"

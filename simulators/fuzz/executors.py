@@ -63,11 +63,11 @@ class Job(NamedTuple):
     extra: Optional[Dict[str, Any]] = None
 
 
-def seed_job(seed: int, explore: Optional[Any] = None) -> Job:
+def seed_job(seed: int, explore: Optional[Any] = None, upstream_as_findings: bool = False) -> Job:
     """One seed's run; ``explore`` (an ExploreSpec): under that schedule seed."""
     if explore is None:
-        return Job(seed, run_seed, (seed,))
-    return Job(seed, run_seed, (seed, explore), {"explore": explore_fields(explore)})
+        return Job(seed, run_seed, (seed, None, upstream_as_findings))
+    return Job(seed, run_seed, (seed, explore, upstream_as_findings), {"explore": explore_fields(explore)})
 
 
 def explore_fields(explore: Any) -> Dict[str, Any]:

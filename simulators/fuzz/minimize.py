@@ -126,7 +126,7 @@ _STEPS: List[Callable[[Mapping], Iterator[Mapping]]] = [
 ]
 
 
-def signature_of(mapping: Mapping, explore: Any = None) -> Optional[str]:
+def signature_of(mapping: Mapping, explore: Any = None, upstream_as_findings: bool = False) -> Optional[str]:
     """The mapping's signature (under the schedule seed ``explore``, an ExploreSpec, kept
     through the whole shrink), or None when the loader refuses it."""
     try:
@@ -134,7 +134,7 @@ def signature_of(mapping: Mapping, explore: Any = None) -> Optional[str]:
     except ScenarioError:
         return None
     try:
-        return run_scenario(scenario, explore)["signature"]
+        return run_scenario(scenario, explore, upstream_as_findings)["signature"]
     except Exception as e:  # a crash is a signature too
         return f"crashed:{type(e).__name__}"
 

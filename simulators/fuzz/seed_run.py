@@ -23,6 +23,7 @@ import tempfile
 from typing import Any, Dict, List, Optional
 
 from harness.logs.invariants import check_log
+from harness.logs.known_upstream import split_known
 from simulators.selfcheck.determinism import first_divergence, other_hash_seed
 from simulators.runtime.explore import ExploreSpec
 from simulators.fuzz.generate import scenario_for_seed
@@ -41,15 +42,21 @@ def scenario_size(s: Scenario) -> tuple:
             sum(p.workload.trajectories_per_step for p in s.pipelines))
 
 
-def run_scenario(scenario: Scenario, explore: Optional[ExploreSpec] = None) -> Dict[str, Any]:
+def run_scenario(scenario: Scenario, explore: Optional[ExploreSpec] = None,
+                 upstream_as_findings: bool = False) -> Dict[str, Any]:
     """Simulate one scenario (under a schedule seed, if given) and describe what it found
-    (the seed-independent part)."""
+    (the seed-independent part). Known upstream behaviour (harness.logs.known_upstream) is
+    counted apart and names no signature, unless ``upstream_as_findings``."""
     result = Simulation(scenario, explore=explore).run()
     records = result.records
     violations = check_log(records)
     types = {p.name: p.type for p in scenario.pipelines}
+    known: Dict[str, int] = {}
+    if not upstream_as_findings:
+        violations, known = split_known(violations, records, types)
     sig = signature(records, violations, types)
     return {
+        "known_upstream": known,
         "status": "clean" if sig == CLEAN else "finding",
         "signature": sig,
         "reason": result.reason,
@@ -130,7 +137,7 @@ def divergence(seed: int, timeout_s: Optional[float], explore: Optional[Dict[str
     return {"status": "diverged", "line": div.line, "ours": div.ours, "theirs": div.theirs}
 
 
-def run_seed(seed: int, explore: Optional[ExploreSpec] = None) -> Dict[str, Any]:
+def run_seed(seed: int, explore: Optional[ExploreSpec] = None, upstream_as_findings: bool = False) -> Dict[str, Any]:
     """Everything a sweep records about one seed (under a schedule seed, if given). An
     exception escaping the simulator is the caller's to turn into a ``crashed`` result (see
     :mod:`simulators.fuzz.executors`)."""
@@ -138,7 +145,7 @@ def run_seed(seed: int, explore: Optional[ExploreSpec] = None) -> Dict[str, Any]
     out: Dict[str, Any] = {"seed": seed, "scenario": _describe(scenario)}
     if explore is not None:
         out["explore"] = {"seed": explore.seed, "strategy": explore.strategy}
-    out.update(run_scenario(scenario, explore))
+    out.update(run_scenario(scenario, explore, upstream_as_findings))
     return out
 
 

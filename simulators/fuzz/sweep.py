@@ -48,10 +48,11 @@ class SweepConfig:
     minimize_wall_s: float = 20.0  # wall seconds per minimization
     explore: int = 0  # schedule seeds per scenario seed (0..explore-1), beside the fixed order
     explore_strategy: str = "pct"
+    upstream_as_findings: bool = False  # known upstream behaviour names a signature too
 
     def runs(self) -> List[Job]:
         """One job per run: each seed's fixed order, then its schedule seeds."""
-        return [seed_job(s, None if k < 0 else ExploreSpec(k, self.explore_strategy))
+        return [seed_job(s, None if k < 0 else ExploreSpec(k, self.explore_strategy), self.upstream_as_findings)
                 for s in range(self.start, self.start + self.seeds) for k in range(-1, self.explore)]
 
 
@@ -151,11 +152,11 @@ class Progress:
 
 
 def _minimize_job(index: int, seed: int, sig: str, max_runs: int, wall_s: float,
-                  explore: Optional[Dict[str, Any]] = None) -> Result:
+                  explore: Optional[Dict[str, Any]] = None, upstream_as_findings: bool = False) -> Result:
     """Shrink seed's scenario, every candidate under the finding's schedule seed (kept)."""
     spec = None if explore is None else ExploreSpec(explore["seed"], explore["strategy"])
     mapping, runs = minimize(scenario_mapping(seed), sig, max_runs=max_runs, wall_s=wall_s,
-                             signature_fn=lambda m: signature_of(m, spec))
+                             signature_fn=lambda m: signature_of(m, spec, upstream_as_findings))
     return {"seed": index, "mapping": mapping, "runs": runs}
 
 
@@ -242,7 +243,7 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None,
         if progress is not None:
             progress.say(f"minimizing {len(to_minimize)} finding(s) ...")
         jobs = [Job(i, _minimize_job, (i, f.smallest_seed, f.signature, cfg.minimize_runs, cfg.minimize_wall_s,
-                                       f.explore)) for i, f in enumerate(to_minimize)]
+                                       f.explore, cfg.upstream_as_findings)) for i, f in enumerate(to_minimize)]
         budget = cfg.minimize_wall_s + cfg.time_budget_s  # the last candidate may start just in time
         for res in run_isolated(jobs, workers=cfg.workers, budget=budget, clock=time.monotonic):
             f = to_minimize[res["seed"]]
@@ -284,11 +285,24 @@ def format_table(sweep: SweepResult) -> str:
     lines = _explored_table(sweep) if sweep.explore else _table(sweep)
     for e in sweep.not_found:
         lines.append(f"  expected, not found: {e.label()} ({e.source}): {e.reason}")
+    lines += _known_lines(results)
     dets = [r.get("determinism", {}).get("status") for r in results]
     if any(d is not None for d in dets):
         lines.append(f"determinism: {dets.count('identical')} identical, {dets.count('diverged')} diverged, "
                      f"{dets.count('not_checked')} not checked (fresh process failed)")
     return "\n".join(lines)
+
+
+def _known_lines(results: List[Result]) -> List[str]:
+    """One line per known upstream behaviour the seeds hit (no signature: harness.logs.known_upstream)."""
+    from harness.logs.known_upstream import BY_NAME
+
+    seeds: Dict[str, List[int]] = {}
+    for r in results:
+        for name in r.get("known_upstream") or {}:
+            seeds.setdefault(name, []).append(r["seed"])
+    return [f"  known upstream  {BY_NAME[name].check} in {len(ss)} seed(s) (first {min(ss)}): {BY_NAME[name].what} "
+            f"[{BY_NAME[name].source}]" for name, ss in sorted(seeds.items())]
 
 
 def _table(sweep: SweepResult) -> List[str]:

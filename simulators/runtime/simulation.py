@@ -39,6 +39,7 @@ from simulators.runtime.cluster import SimCluster
 from simulators.runtime.env import Actor, SimEnv, Timer
 from simulators.runtime.explore import Explorer, ExploreSpec, pilot_steps
 from simulators.scenario.spec import Scenario
+from simulators.runtime.timeouts import idle_bundle_bounds
 
 
 class SimFailure(RuntimeError):
@@ -83,8 +84,15 @@ class Simulation:
              "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity
             scheduler=options.to_mapping(), source="simulator",
             meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
+                  # each pipeline's type: an expectation's `pipeline` matches a type in every command
+                  # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
+                  "pipeline_types": {p.name: p.type for p in scenario.pipelines},
                   # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
                   "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+                  # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
+                  "handover_margin_bytes": scenario.costs.handover_margin_bytes,
+                  # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
+                  "idle_bundle_bound_s": idle_bundle_bounds(scenario),
                   # the trajectory_age check's bound per pipeline with a trajectory buffer
                   "max_trajectory_age_steps": {p.name: _age_bound(p) for p in scenario.pipelines
                                                if p.type != "single_controller"},

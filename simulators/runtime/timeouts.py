@@ -52,3 +52,28 @@ class Deadlines:
                      "fail-fast shutdown")
 
         Timer(sim.env, limit_s, self.actor, expire, None)
+
+
+def idle_bundle_bounds(scenario) -> dict:
+    """Per pipeline, how long it may wait for its batch with no routable rank while a whole
+    bundle of its inference mapping idles (the ``idle_bundle_starvation`` check's bound,
+    written into the log header). ``costs.idle_bundle_bound_s`` when the scenario sets it;
+    otherwise derived from the scenario's own timescales: twice what a healthy scheduler
+    needs to hand the bundle over — two scheduler polls and a GENERATION watchdog period
+    (the request is seen and planned), a donor's drain and sleep, and the expand itself
+    (wake, a sync group, one bundle's weights loaded, finalize). Seconds on a 2-GPU default
+    scenario (16 s), longer for a big model's refit; the former fixed 60 s let 11-21 s
+    idles next to a waiting request pass."""
+    c = scenario.costs
+    out = {}
+    for p in scenario.pipelines:
+        if c.idle_bundle_bound_s > 0:
+            out[p.name] = c.idle_bundle_bound_s
+            continue
+        pc = p.costs or c
+        shard = p.model.weight_bytes / p.infer_tp
+        handover = (2 * c.scheduler_poll_s + c.watchdog_s + pc.drain_s + pc.sleep_fixed_s + pc.sleep_s
+                    + pc.wake_fixed_s + pc.wake_s + pc.nccl_group_create_s + shard / pc.receiver_load_bytes_per_s
+                    + pc.finalize_s)
+        out[p.name] = round(2 * handover, 3)
+    return out

@@ -50,12 +50,14 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / (1 << 30):.1f} GiB"
 
 
-def _train_state_bytes(p: PipelineSpec, c: CostSpec) -> int:
+def _train_state_bytes(p: PipelineSpec, c: CostSpec) -> float:
     """Per-GPU training state at init: params + grads + optimizer, as the simulator
-    allocates it (each kind rounded down, a negative remainder allocates nothing)."""
+    allocates it (each kind rounded down, a negative remainder allocates nothing; a
+    multiplier so large the bytes are no finite number is infinitely many)."""
     w, n = p.model.weight_bytes, len(p.train_gpus)
     mults = (1.0, c.optimizer_state_multiplier, c.train_state_multiplier - 1.0 - c.optimizer_state_multiplier)
-    return sum(max(0, int(w * m / n)) for m in mults)
+    parts = [w * m / n for m in mults]
+    return sum(max(0, int(x)) if x < float("inf") else x for x in parts)
 
 
 def _exclusive(s: Scenario) -> Optional[Problem]:
@@ -130,3 +132,31 @@ def infeasible(s: Scenario) -> Optional[Problem]:
             if problem:
                 return problem
     return None
+
+
+def static_headroom(s: Scenario) -> Optional[Tuple[int, int, str]]:
+    """The least free memory any inference GPU keeps when a rank wakes on it, from the
+    static memory plan (``rlharness validate``; the run's own figure is the summary's):
+    capacity minus the CUDA context of every pipeline on the GPU, the largest wake there
+    (``kv_cache_fraction`` x capacity or the weight shard, and TP buffers), the known
+    residue (NeMo's init keeps a multi-GPU trainer's communicator buffers on its training
+    GPUs: harness/logs/known_upstream.py) and the cache owner's sync bucket. (gpu, bytes, what)
+    of the tightest GPU; None for a scenario without inference GPUs."""
+    c, cap = s.costs, s.cluster.vram_bytes
+    worst: Optional[Tuple[int, int, str]] = None
+    gpus = sorted({g for p in s.pipelines for g in p.infer_gpus})
+    for g in gpus:
+        on = [p for p in s.pipelines if g in p.infer_gpus or g in p.train_gpus]
+        ctx = c.cuda_context_bytes * len(on)
+        wakes = [(c.nccl_buffer_bytes if p.infer_tp > 1 else 0)
+                 + max(p.model.weight_bytes // p.infer_tp, int(c.kv_cache_fraction * cap)) if p.type != "single_controller"
+                 else p.model.weight_bytes // p.infer_tp for p in on if g in p.infer_gpus]
+        kept = [p.name for p in on if p.type == "nemo_async" and g in p.train_gpus and len(p.train_gpus) > 1]
+        staging = c.bucket_bytes if any(sorted(p.train_gpus)[0] == g for p in on if p.type != "single_controller") else 0
+        free = cap - ctx - max(wakes) - c.nccl_buffer_bytes * len(kept) - staging
+        what = (f"GPU {g}: {len(on)} CUDA context(s), a wake of {_gib(max(wakes))}"
+                + (f", the kept Megatron groups of {', '.join(kept)} ({_gib(c.nccl_buffer_bytes * len(kept))})" if kept else "")
+                + (f", a {_gib(staging)} sync bucket" if staging else ""))
+        if worst is None or free < worst[1]:
+            worst = (g, free, what)
+    return worst

@@ -103,6 +103,7 @@ class ScenarioError(ValueError):
 
 from simulators.scenario.rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_export_problem, refit_path_problem  # noqa: E402  (the field table lives there)
 from simulators.scenario.streaming import streaming_problem  # noqa: E402
+from simulators.scenario.bounds import BoundError, check_cost_inputs  # noqa: E402
 
 
 _PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs",
@@ -475,6 +476,10 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     if not isinstance(data, Mapping):
         raise ctx.fail("(top level)", f"expected a mapping, got {_describe(data)}")
     data = _mapping(ctx, "(top level)", data)
+    try:  # bounds before formulas
+        check_cost_inputs(data, lambda path, value, rule: _check_value(ctx, path, value, rule))
+    except BoundError as e:
+        raise ctx.fail(e.path, e.problem) from None
     data = expand_cost_model(data, ctx.fail, str(source))  # presets and derived costs, where the file gives none
     known = tuple(FIELD_RULES[Scenario]) + _SCENARIO_STRUCTURED + ("defaults",)
     _reject_unknown(ctx, "", data, known)

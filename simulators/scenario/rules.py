@@ -103,6 +103,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "sleep_fixed_s": _r("float", ">=0", "s"),
         "post_sleep_residue_bytes": _r("int", ">=0", "bytes"),
         "post_sleep_threshold_bytes": _r("int", ">0", "bytes"),
+        "handover_margin_bytes": _r("int", ">=0", "bytes"),
+        "idle_bundle_bound_s": _r("float", ">=0", "s (0 = derived)"),
         "watchdog_s": _r("float", ">0", "s"),
         "scheduler_poll_s": _r("float", ">0", "s"),
         "await_release_timeout_s": _r("float", ">0", "s"),

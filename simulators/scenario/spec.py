@@ -142,6 +142,13 @@ class CostSpec:
     sleep_fixed_s: float = 0.2
     post_sleep_residue_bytes: int = 256 * MiB  # what a sleeping rank keeps (threshold check: < 1 GiB)
     post_sleep_threshold_bytes: int = 1 * GiB
+    # least free memory a wake must keep beside a residue another cluster left on a GPU it
+    # was handed (the handover_headroom check; docs/residency.md)
+    handover_margin_bytes: int = 1 * GiB
+    # how long a pipeline may wait for its batch with no routable rank while a whole bundle of
+    # its inference mapping idles (idle_bundle_starvation); 0 = derived from the scenario's
+    # own timescales (polls, watchdog, a wake and a sync: simulators/runtime/timeouts.py)
+    idle_bundle_bound_s: float = 0.0
     watchdog_s: float = 2.0  # NeMo GEN re-request watchdog period
     scheduler_poll_s: float = 1.0  # RLix central loop poll (background rebalance)
     # RLix's timeouts; each expiry is a fail-fast shutdown of the run (simulators/runtime/timeouts.py)

@@ -35,6 +35,8 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
                     help="wall seconds one run may take before it is recorded as 'timeout' (default 600)")
     sw.add_argument("--no-png", action="store_true", help="skip the comparison plot")
     sw.add_argument("--quiet", action="store_true", help="no progress lines")
+    sw.add_argument("--upstream-as-findings", action="store_true",
+                    help="count known upstream behaviour with the findings (by default it is listed as known:<check>)")
 
 
 def add_what_if_parser(sub) -> None:
@@ -106,7 +108,7 @@ def cmd_sweep(args: argparse.Namespace, usage_error) -> int:
     check_output_dir(out_dir, SWEEP_FILES, "--out" if args.out else "sweep folder", inputs=[args.scenario])
     base_seed = int(variants[0].mapping.get("seed", 0) or 0)
     seeds = [base_seed + k for k in range(args.seeds)]
-    jobs = _jobs(variants, seeds, source)
+    jobs = _jobs(variants, seeds, source, args.upstream_as_findings)
     workers = args.workers or os.cpu_count() or 1
     if not args.quiet:
         where = f"Ray at {args.ray}" if args.ray else f"{workers} local worker(s)"
@@ -132,7 +134,7 @@ def cmd_sweep(args: argparse.Namespace, usage_error) -> int:
     return ExitCode.OK
 
 
-def _jobs(variants, seeds: List[int], source: str):
+def _jobs(variants, seeds: List[int], source: str, upstream_as_findings: bool = False):
     from simulators.fuzz.executors import Job
     from simulators.whatif.one_run import run_one
 
@@ -140,7 +142,8 @@ def _jobs(variants, seeds: List[int], source: str):
     for v in variants:
         for s in seeds:
             job_id = len(jobs)
-            jobs.append(Job(job_id, run_one, (job_id, v.index, v.mapping, f"{source} with --set {v.label}", s)))
+            jobs.append(Job(job_id, run_one, (job_id, v.index, v.mapping, f"{source} with --set {v.label}", s,
+                                              upstream_as_findings)))
     return jobs
 
 

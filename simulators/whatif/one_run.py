@@ -20,7 +20,11 @@ from harness.logs.outputs.summary import summarize
 from harness.logs.outputs.summary_text import summary_json
 
 
-def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int) -> Dict[str, Any]:
+def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int,
+            upstream_as_findings: bool = False) -> Dict[str, Any]:
+    """One variant and seed; known upstream behaviour (harness.logs.known_upstream) is counted
+    apart, as ``known:<check>``, unless ``upstream_as_findings``."""
+    from harness.logs.known_upstream import BY_NAME, split_known
     from simulators.runtime.simulation import Simulation
     from simulators.scenario.loader import scenario_from_mapping
 
@@ -31,8 +35,14 @@ def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int) ->
         figures = summary_json(summarize(RunView(result.records),
                                          handover_findings=[v for v in violations if v.invariant == "handover"]))
         policy = policy_figures(result.records, figures)
+        found = Counter(v.invariant for v in violations)
+        if not upstream_as_findings:
+            rest, known = split_known(violations, result.records, {p.name: p.type for p in scenario.pipelines})
+            found = Counter(v.invariant for v in rest)
+            for name, n in known.items():
+                found[f"known:{BY_NAME[name].check}"] += n
     return {"seed": job_id, "status": "ok", "variant": variant, "run_seed": seed,
-            **run_figures(figures, result.reason, Counter(v.invariant for v in violations)), **policy}
+            **run_figures(figures, result.reason, found), **policy}
 
 
 def run_figures(summary: Dict[str, Any], end: str, findings: Counter) -> Dict[str, Any]:

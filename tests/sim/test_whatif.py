@@ -134,3 +134,16 @@ def test_diff_pairs_pipelines_and_gives_deltas(tmp_path, capsys):
     assert "pipeline p2" in capsys.readouterr().out
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
     assert "RUN_B" in capsys.readouterr().err
+
+
+def test_a_sweep_run_counts_known_upstream_behaviour_apart():
+    """``known:<check>`` beside the findings, as simulate's verdict reads them; with
+    ``--upstream-as-findings`` they are findings again."""
+    from simulators.scenario.yaml_dialect import strict_safe_load
+    from simulators.whatif.one_run import run_one
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "scenarios", "roll_dual_4gpu.yaml")
+    with open(path, encoding="utf-8") as fh:
+        mapping = strict_safe_load(fh.read())
+    assert run_one(0, 0, mapping, path, 0)["findings"] == {"known:planned_release_ack": 2}
+    assert run_one(0, 0, mapping, path, 0, True)["findings"] == {"planned_release_ack": 2}

@@ -190,6 +190,31 @@ def test_idle_bundle_starvation_fires_for_a_pipeline_starved_beside_an_idle_bund
     assert check_log(short) == []  # 49 s: within the bound
     log = _tiny([reg, dict(wait, t=1.0, kind="effect_start"), dict(wait, t=90.0, kind="effect_end"), end])
     fires(log, "idle_bundle_starvation", "p has waited for its batch with no routable rank since t=1.0 s while GPUs [0]")
+    # the header's per-pipeline bound (a simulator log's: derived from the scenario) replaces the 60 s
+    short[0]["meta"] = {"idle_bundle_bound_s": {"p": 16.0}}
+    fires(short, "idle_bundle_starvation", "more than 16 s")
+    log[0]["meta"] = {"idle_bundle_bound_s": {"p": 120.0}}
+    assert check_log(log) == []
+
+
+def test_the_derived_idle_bound_follows_the_scenario_timescales():
+    """Twice the hand-over a healthy scheduler makes: polls, watchdog, a donor's drain and
+    sleep, the wake, a sync group and one bundle's weights (simulators/runtime/timeouts.py); a
+    scenario's costs.idle_bundle_bound_s wins."""
+    import dataclasses
+
+    from simulators.scenario.spec import default_scenario
+    from simulators.runtime.timeouts import idle_bundle_bounds
+
+    s = default_scenario()
+    c = s.costs
+    one = (2 * c.scheduler_poll_s + c.watchdog_s + c.drain_s + c.sleep_fixed_s + c.sleep_s + c.wake_fixed_s + c.wake_s
+           + c.nccl_group_create_s + s.pipelines[0].model.weight_bytes / c.receiver_load_bytes_per_s + c.finalize_s)
+    assert idle_bundle_bounds(s)["ppl1"] == round(2 * one, 3) and 10 < 2 * one < 30
+    slower = dataclasses.replace(s, costs=dataclasses.replace(c, scheduler_poll_s=10.0))
+    assert idle_bundle_bounds(slower)["ppl1"] == round(2 * (one + 18.0), 3)
+    fixed = dataclasses.replace(s, costs=dataclasses.replace(c, idle_bundle_bound_s=45.0))
+    assert idle_bundle_bounds(fixed) == {"ppl1": 45.0, "ppl2": 45.0}
 
 
 def test_data_plane_judges_the_metadata_hop_by_its_bytes():

@@ -224,6 +224,7 @@ OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py"
               "pump_parked": "tests/streaming/test_pump_parked.py",
               **{name: "tests/sim/test_waitfor_liveness.py" for name in ("deadlock", "lost_wakeup", "hot_state", "livelock")},
               "refit_wire": "tests/unit/test_refit_stream_protocol.py",
+              "handover_headroom": "tests/unit/test_handover_headroom.py",
               "reactivated_after_release": "tests/unit/test_rlix_variants.py",
               "refit_payload": "tests/unit/test_refit_completeness.py",
               "cycle_trends": "tests/sim/test_cycle_trends.py",

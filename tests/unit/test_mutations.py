@@ -263,8 +263,9 @@ MUTATIONS: Dict[str, Callable] = {
 # liveness needs a run that stalls for its 300 s window: a fault hook (test_liveness_... below)
 FAULT_HOOK_TESTED = {"liveness"}
 # a mutation whose damage another check must also see: a KV cache that is never freed is
-# still on its GPU when the scheduler grants that GPU to another cluster (handover)
-ALSO_FIRES = {"vram": {"handover"}}
+# still on its GPU when the scheduler grants that GPU to another cluster (handover), and
+# the wake there has less than the margin left beside it (handover_headroom)
+ALSO_FIRES = {"vram": {"handover", "handover_headroom"}}
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))

@@ -211,8 +211,10 @@ def ungrantable_preemption(records: Records) -> List[Violation]:
 
 
 #: how long a pipeline may wait for its batch with no routable rank while a whole TP bundle
-#: of its inference mapping idles. A healthy scheduler expands such a bundle within a cycle
-#: or two plus a wake and a sync (seconds in every bundled scenario); the field report of
+#: of its inference mapping idles, where the log's header does not say (a gate's or an
+#: imported log). A simulator log carries a bound per pipeline (``meta.idle_bundle_bound_s``:
+#: the scenario's ``costs.idle_bundle_bound_s``, or twice the polls, wake and sync a healthy
+#: scheduler needs to hand a bundle over, simulators/runtime/timeouts.py); the field report of
 #: rlix.md §8 (one-shot GENERATION starving after preemption) idled ~90 s.
 IDLE_BUNDLE_BOUND_S = 60.0
 
@@ -223,6 +225,8 @@ class _IdleBundle(DecisionWalk):
     def __init__(self, records) -> None:
         super().__init__(records)
         self.policy = header_policy(records)
+        head = records[0] if records and records[0].get("kind") == "header" else {}
+        self.bounds: Dict[str, float] = dict((head.get("meta") or {}).get("idle_bundle_bound_s") or {})
         self.ever: Dict[str, object] = {}  # every registration seen, first-registration order
         self.out: List[Violation] = []
         self.waiting: Dict[str, bool] = {}
@@ -277,12 +281,13 @@ class _IdleBundle(DecisionWalk):
         self._refresh()
         now = r["t"]
         for pid, (t0, bundle) in (self.since.items() if self.since else ()):
-            if pid not in self.reported and now - t0 > IDLE_BUNDLE_BOUND_S:
+            bound = self.bounds.get(pid, IDLE_BUNDLE_BOUND_S)
+            if pid not in self.reported and now - t0 > bound:
                 self.reported.add(pid)
                 self.out.append(Violation("idle_bundle_starvation", r["seq"],
                                           f"{pid} has waited for its batch with no routable rank since t={t0:.1f} s "
                                           f"while GPUs {bundle} (a whole bundle of its inference mapping) idle: more "
-                                          f"than {IDLE_BUNDLE_BOUND_S:.0f} s"))
+                                          f"than {bound:g} s"))
         k = r["kind"]
         if k == "effect_start" or k == "effect_end":
             if r["effect"] == "WaitBatch":
@@ -303,7 +308,8 @@ class _IdleBundle(DecisionWalk):
 @invariant("idle_bundle_starvation", reads=("effect_start", "effect_end", "rank_state"), sees=DECISION_KINDS)
 def idle_bundle_starvation(records: Records) -> List[Violation]:
     """``idle_bundle_starvation``: no pipeline waits for its batch with no routable rank for longer than
-    :data:`IDLE_BUNDLE_BOUND_S` while a whole TP bundle of its inference mapping is idle."""
+    its bound (the header's ``meta.idle_bundle_bound_s``, else :data:`IDLE_BUNDLE_BOUND_S`)
+    while a whole TP bundle of its inference mapping is idle."""
     # only WaitBatch among the effects matters: drop the rest before the (slower) walk
     walk = _IdleBundle([r for r in records if r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"])
     walk.run()

@@ -37,8 +37,9 @@ from __future__ import annotations
 from collections import defaultdict
 from itertools import groupby
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
+from harness.logs.outputs.headroom import Headroom, headroom
 from harness.ordered_sum import ordered_sum
 from harness.logs.outputs.dataplane import HopTotal, dataplane_totals
 from harness.logs.outputs.pause_summary import PAUSE_KINDS, PauseRow, pause_rows
@@ -130,6 +131,7 @@ class Summary:
     first_oom_seq: Optional[int] = None  # to say whether an unclean handover came first
     # the scheduling policy the header names (absent: gap_ratio, RLix's planner; docs/policies.md)
     policy: str = "gap_ratio"
+    headroom: Optional[Headroom] = None  # memory headroom per GPU, phase and handover (headroom.py)
 
     @property
     def duration_s(self) -> float:
@@ -358,6 +360,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
         pauses=pause_rows(view.of(*PAUSE_KINDS)),
         policy=policy_name(view.records),
+        headroom=headroom(cast(Sequence[dict], view.records), view.of),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from harness.logs.outputs.dataplane import format_dataplane
+from harness.logs.outputs.headroom import headroom_lines
 from harness.logs.outputs.pause_summary import lost_by_mode, pause_lines
 from harness.logs.outputs.streaming_summary import streaming_lines
 from harness.logs.outputs.summary import Summary
@@ -137,6 +138,7 @@ def format_summary(summary: Summary) -> str:
             first = "before" if h["seq"] < summary.first_oom_seq else "after"
             out.append(f"the first unclean handover (t={_s(h['t'])} s, seq {h['seq']}) came {first} the first OOM "
                        f"(t={_s(o['t'])} s, seq {summary.first_oom_seq}, GPU {o.get('gpu')})")
+    out += headroom_lines(summary.headroom, _table)
     if summary.dataplane:
         out += format_dataplane(summary.dataplane, _bytes, _table)
 
@@ -229,6 +231,7 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
                   "idle_gpu_s_by_cause": dict(summary.waste.idle_by_cause)},
         "faults": [{"t": t, "line": line} for t, _, line in sorted(_fault_lines(summary))],
         "ooms": summary.ooms,
+        "memory_headroom": None if summary.headroom is None else summary.headroom.as_json(),
         "fault_hooks_fired": summary.faults,
         "timeouts": summary.timeouts,
         # sections other runtimes added (single controllers, data plane): every row whole

@@ -1,0 +1,167 @@
+"""How much memory a residue left on a handed-over GPU leaves the cluster that gets it.
+
+The ``handover`` check says *that* a GPU was granted while another cluster's bytes were
+still on it; some of those residues are known upstream behaviour (NeMo's init keeps its
+Megatron groups: harness/logs/known_upstream.py) and are not a finding by themselves. What
+decides whether the residue hurts is the headroom it leaves: a woken vLLM rank takes
+``kv_cache_fraction`` of the GPU for weights and KV cache, and whatever else the GPU must
+still take during the wake — a sync bucket staged on it, communicator buffers, another
+pipeline's CUDA context — must fit in what is left beside the residue.
+
+For every unclean handover (the handover check's rule: another cluster holds more than
+its documented residue when the GPU is granted) the *window* runs from the grant to the
+end of the wake it hands the GPU to: the ``resize_end`` of that expand for a GENERATION
+grant, the cluster's ``released`` for any other grant (or the log's end). The window's
+headroom is the least free memory the GPU had in it (capacity minus resident bytes after
+each ``vram`` record on it).
+
+``handover_headroom``: a window whose headroom falls below the margin is a finding, even
+when the residue itself is known behaviour. The margin is the log header's
+``meta.handover_margin_bytes`` (a scenario's ``costs.handover_margin_bytes``), else
+:data:`DEFAULT_MARGIN_BYTES`. The same windows are the summary's per-handover rows
+(harness/logs/outputs/headroom.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.handover import _Holders, _residue, cluster_of
+
+GIB = 1 << 30
+#: least free memory a wake must keep beside a residue: a sync bucket (RLix's default bucket
+#: is 512 MiB) plus its scratch, or another TP group's communicator buffers
+DEFAULT_MARGIN_BYTES = 1 * GIB
+
+READS = ("vram", "oom", "plan", "resize_start", "resize_end", "signalled", "released")
+
+
+@dataclass
+class Window:
+    """One unclean handover and the least free memory on its GPU until the wake it served ended."""
+
+    seq: int
+    t: float
+    gpu: int
+    cluster: str  # the cluster the GPU was granted to
+    residue: Dict[str, int]  # other cluster -> bytes it left above nothing
+    phases: Dict[str, str]  # other cluster -> the phase(s) that loaded them
+    headroom: Optional[int] = None  # least free bytes in the window (None: no capacity in the header)
+    low_seq: int = -1  # where it was least
+    end_seq: Optional[int] = None
+    owners_at_low: Dict[str, int] = field(default_factory=dict)
+
+    def residue_bytes(self) -> int:
+        return sum(self.residue.values())
+
+
+def capacity_of(records: Records) -> Optional[int]:
+    head = records[0] if records and records[0].get("kind") == "header" else None
+    gib = None if head is None else (head.get("cluster") or {}).get("vram_gib")
+    return None if gib is None else int(round(gib * GIB))
+
+
+def margin_of(records: Records) -> int:
+    head = records[0] if records and records[0].get("kind") == "header" else {}
+    value = (head.get("meta") or {}).get("handover_margin_bytes")
+    return int(value) if isinstance(value, (int, float)) else DEFAULT_MARGIN_BYTES
+
+
+def _ends(r: dict, w: Window) -> bool:
+    """Whether record ``r`` ends the wake window ``w`` opened."""
+    if w.cluster.endswith("_actor_infer") and r["kind"] == "resize_end" and r["phase"] == "expand":
+        return f"{r['pipeline_id']}_actor_infer" == w.cluster
+    return r["kind"] == "released" and r.get("cluster_id") == w.cluster and w.gpu in r.get("gpus", ())
+
+
+def _others(on: Dict[Tuple[str, str], int], left_by: Dict[Tuple[str, str], Optional[str]],
+            cid: str) -> Tuple[Dict[str, int], Dict[str, str]]:
+    """Bytes (and the phases that loaded them) of each cluster other than ``cid`` above its residue."""
+    by: Dict[str, int] = {}
+    phases: Dict[str, set] = {}
+    for (owner, kind), nbytes in on.items():
+        other = cluster_of(owner)
+        if nbytes > 0 and other is not None and other != cid:
+            by[other] = by.get(other, 0) + nbytes
+            phases.setdefault(other, set()).add(left_by.get((owner, kind)) or "unknown")
+    over = {o: b for o, b in sorted(by.items()) if b > _residue(o)}
+    return over, {o: "/".join(sorted(phases[o])) for o in over}
+
+
+def handover_windows(records: Records) -> List[Window]:
+    """Every unclean handover with the least free memory on its GPU until its wake ended."""
+    cap = capacity_of(records)
+    holders = _Holders()
+    resident: Dict[int, Dict[Tuple[str, str], int]] = {}
+    left_by: Dict[int, Dict[Tuple[str, str], Optional[str]]] = {}
+    used: Dict[int, int] = {}
+    open_: Dict[int, List[Window]] = {}  # gpu -> windows still open on it
+    out: List[Window] = []
+
+    def see(w: Window, seq: int, asked: int = 0) -> None:
+        if cap is None:
+            return
+        free = cap - used.get(w.gpu, 0) - asked  # an allocation that did not fit: below zero
+        if w.headroom is None or free < w.headroom:
+            w.headroom, w.low_seq = free, seq
+            w.owners_at_low = {o: b for o, b in _by_owner(resident.get(w.gpu, {})).items() if b > 0}
+
+    for r in records:
+        if r["kind"] == "vram":
+            g, key = r["gpu"], (r["owner"], r["mem"])
+            on = resident.setdefault(g, {})
+            on[key] = on.get(key, 0) + r["delta"]
+            used[g] = used.get(g, 0) + r["delta"]
+            if r["delta"] > 0:
+                left_by.setdefault(g, {})[key] = r.get("phase")
+            for w in open_.get(g, ()):
+                see(w, r["seq"])
+            continue
+        if r["kind"] == "oom":
+            for w in open_.get(r["gpu"], ()):
+                see(w, r["seq"], r["requested"])
+            continue
+        for g, ws in list(open_.items()):
+            for w in [w for w in ws if _ends(r, w)]:
+                w.end_seq = r["seq"]
+                ws.remove(w)
+        grant = holders.grant_of(r)
+        if grant is None:
+            continue
+        cid, gpus = grant
+        for g in gpus:
+            residue, phases = _others(resident.get(g, {}), left_by.get(g, {}), cid)
+            if residue:
+                w = Window(r["seq"], r.get("t", 0.0), g, cid, residue, phases)
+                see(w, r["seq"])
+                out.append(w)
+                open_.setdefault(g, []).append(w)
+    return out
+
+
+def _by_owner(on: Dict[Tuple[str, str], int]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for (owner, _kind), nbytes in sorted(on.items()):
+        out[owner] = out.get(owner, 0) + nbytes
+    return out
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+@invariant("handover_headroom", reads=READS, sees=("header",))
+def handover_headroom(records: Records) -> List[Violation]:
+    margin = margin_of(records)
+    out: List[Violation] = []
+    for w in handover_windows(records):
+        if w.headroom is None or w.headroom >= margin:
+            continue
+        left = ", ".join(f"{o}'s {b} B (phase {w.phases[o]})" for o, b in w.residue.items())
+        out.append(Violation("handover_headroom", w.low_seq,
+                             f"GPU {w.gpu} granted to {w.cluster} (seq {w.seq}) with {left} still on it: the wake's "
+                             f"headroom fell to {w.headroom} B ({gib(w.headroom)}) at seq {w.low_seq}, under the "
+                             f"margin {margin} B ({gib(margin)})"))
+    return out
