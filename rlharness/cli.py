@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
+    from rlharness import import_config
+
+    import_config.add_parsers(imp_sub)
     cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine "
                          "(refit), or the cost model's efficiency factors to measured step times (step TIMINGS)")
     cal.add_argument("target", choices=["refit", "step"], help="what to calibrate")
@@ -343,9 +346,12 @@ def _check_determinism(res, args: argparse.Namespace) -> bool:
 
 def _cmd_import(args: argparse.Namespace) -> int:
     from harness.importers.rlix_log import import_rlix_log
+    from rlharness import import_config
 
+    if args.source in import_config.SOURCES:
+        return import_config.run(args, UsageError)
     if args.source != "rlix-log":
-        raise UsageError("import: a source is required (rlix-log)")
+        raise UsageError(f"import: a source is required (rlix-log, {', '.join(import_config.SOURCES)})")
     if not 0 < args.poll_s <= 3600:
         raise UsageError(f"--poll-s: must be in (0, 3600] seconds, got {args.poll_s:g}")
     check_output_file(args.out, "--out", inputs=[args.log, args.topology])
