@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sweep_parser(sub, UsageError)
     diff.add_parser(sub)
+    from rlharness import preflight
+
+    preflight.add_parser(sub)
     return parser
 
 
@@ -466,6 +469,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "gate": _cmd_gate,
     "sweep": _cmd_sweep,
     "diff": _cmd_diff,
+    "preflight": lambda args: __import__("rlharness.preflight", fromlist=["run"]).run(args, UsageError),
 }
 
 
