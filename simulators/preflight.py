@@ -114,8 +114,10 @@ def simulated(s: Scenario, steps: int) -> List[Verdict]:
             verdicts.append(Verdict(f"step time: {row['pipeline_id']}", None, "no step finished"))
             continue
         per_step = row["tokens"] / max(1, row["steps_done"])
+        rate = (f"{per_step / step:,.0f} generated tokens/s" if per_step else
+                "generated tokens not counted (the single controller's log has no per-request records)")
         verdicts.append(Verdict(f"step time: {row['pipeline_id']}", True,
-                                f"{step:.1f} s simulated ({_band(s, step)}); {per_step / step:,.0f} generated tokens/s "
+                                f"{step:.1f} s simulated ({_band(s, step)}); {rate} "
                                 f"over {row['steps_done']} step(s): generation {row['generate_pct']:.0f} %, "
                                 f"training {row['train_pct']:.0f} %, refit {row['refit_pct']:.0f} %"))
     findings = out.unexpected
