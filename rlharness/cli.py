@@ -188,9 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sweep_parser(sub, UsageError)
     diff.add_parser(sub)
-    from rlharness import preflight
+    from rlharness import differential, preflight
 
     preflight.add_parser(sub)
+    differential.add_parser(sub)
     return parser
 
 
@@ -470,6 +471,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "sweep": _cmd_sweep,
     "diff": _cmd_diff,
     "preflight": lambda args: __import__("rlharness.preflight", fromlist=["run"]).run(args, UsageError),
+    "differential": lambda args: __import__("rlharness.differential", fromlist=["run"]).run(args, UsageError),
 }
 
 

@@ -46,6 +46,12 @@ class RlixModules:
 
 
 def _commit(source: str) -> str:
+    """The checkout's commit: git's, or the ``-<hash>`` of an unpacked archive's folder name."""
+    import re
+
+    named = re.search(r"-([0-9a-f]{7,40})$", os.path.basename(source.rstrip(os.sep)))
+    if named:
+        return named.group(1)
     try:
         out = subprocess.run(["git", "-C", source, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                              timeout=10)
