@@ -120,3 +120,36 @@ def test_the_stand_in_ray_is_only_there_while_rlix_imports(tmp_path):
     mods = load_rlix(_fake_checkout(tmp_path, with_cycle=True))
     assert sys.modules.get("ray") is before and "rlix" not in sys.modules
     assert mods.scheduler.ActorDiedError.__name__ == "ActorDiedError"
+
+
+@needs_rlix
+@pytest.mark.parametrize("name,commit", [("gap_ratio_3pipelines", "f77d913"),
+                                         ("miles_floor_reactivates_after_release", "d455b0c")])
+def test_rlix_in_the_loop_writes_the_models_event_log(checkouts, name, commit):
+    """scheduler.implementation: rlix — RLix decides every cycle; where it decides as the
+    model does, every record of the run (decisions, runtime, memory) is the model run's."""
+    import json
+
+    from simulators.scenario import read_mapping, scenario_from_mapping
+
+    data = read_mapping(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
+    model_run = Simulation(scenario_from_mapping(data, "model")).run()
+    live = dict(data, scheduler=dict(data.get("scheduler") or {}, implementation="rlix", source=checkouts[commit]))
+    rlix_run = Simulation(scenario_from_mapping(live, "rlix")).run()
+    assert rlix_run.records[0]["meta"]["scheduler_implementation"] == f"rlix {commit}"
+    assert [json.dumps(r) for r in rlix_run.records[1:]] == [json.dumps(r) for r in model_run.records[1:]]
+    assert sum(r["kind"] == "plan" for r in rlix_run.records) > 50
+
+
+def test_a_drifted_rlix_in_a_scenario_is_bad_input(tmp_path, capsys):
+    drifted = _fake_checkout(tmp_path / "rlix", with_cycle=False)
+    scenario = tmp_path / "s.yaml"
+    base = open(os.path.join(ROOT, "examples", "scenarios", "default.yaml")).read()
+    scenario.write_text(base + f"\nscheduler: {{implementation: rlix, source: {drifted}}}\n"
+                        if "scheduler:" not in base else base)
+    assert main(["validate", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "scheduler.source" in err and "SchedulerImpl.scheduling_cycle" in err
+    scenario.write_text(base + "\nscheduler: {implementation: sglang}\n")
+    assert main(["validate", str(scenario)]) == 2
+    assert "scheduler.implementation" in capsys.readouterr().err
