@@ -8,7 +8,11 @@ with the model's options set as the commit ships (d455b0c: ``demand_floor``). Sc
 whose own scheduler options are not RLix behaviours (another policy, the oracle's fault
 options) are compared with RLix's options all the same: the inputs are what matter.
 
-    RLHARNESS_UPSTREAM=DIR python benchmarks/rlix_differential.py [--seeds N] [--max-gpus G]
+With ``--in-loop``, each bundled scenario whose scheduler options are the commit's also
+runs with RLix's scheduler deciding (``scheduler.implementation: rlix``), and its event log
+is compared with the model's run record by record.
+
+    RLHARNESS_UPSTREAM=DIR python benchmarks/rlix_differential.py [--seeds N] [--max-gpus G] [--in-loop]
 """
 
 from __future__ import annotations
@@ -48,10 +52,36 @@ def traces(max_gpus: int, seeds: int):
             yield f"fuzz seed {seed}", s
 
 
+def in_loop(source: str, commit: str, max_gpus: int) -> None:
+    """Bundled scenarios whose scheduler options are exactly the commit's, run with RLix deciding."""
+    import json
+
+    from simulators.scenario import read_mapping, scenario_from_mapping
+
+    root = os.path.join(os.path.dirname(__file__), "..", "examples", "scenarios")
+    same = ran = 0
+    for path in sorted(glob.glob(os.path.join(root, "*.yaml"))):
+        data = read_mapping(path)
+        if (data.get("scheduler") or {}) != COMMIT_OPTIONS[commit]:
+            continue
+        model_run = Simulation(scenario_from_mapping(data, path)).run()
+        if model_run.scenario.cluster.num_gpus > max_gpus:
+            continue
+        live = dict(data, scheduler=dict(COMMIT_OPTIONS[commit], implementation="rlix", source=source))
+        rlix_run = Simulation(scenario_from_mapping(live, path)).run()
+        ran += 1
+        if [json.dumps(r) for r in rlix_run.records[1:]] == [json.dumps(r) for r in model_run.records[1:]]:
+            same += 1
+        else:
+            print(f"  {commit} in the loop: {os.path.basename(path)}: event log differs from the model's run")
+    print(f"rlix {commit} in the loop: {same}/{ran} bundled scenarios give the model's event log record for record")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--max-gpus", type=int, default=64)
+    ap.add_argument("--in-loop", action="store_true", help="also run the bundled scenarios with RLix deciding")
     args = ap.parse_args()
     upstream = upstream_dir()
     if upstream is None:
@@ -82,6 +112,8 @@ def main() -> int:
                           f"rlix {dv.rlix}")
             print(f"rlix {commit} (options {COMMIT_OPTIONS[commit] or 'default'}): {agree}/{len(runs)} traces agree, "
                   f"{cycles} cycles compared, {time.process_time() - t0:.1f} CPU s")
+            if args.in_loop:
+                in_loop(os.path.join(tmp, f"rlix-{commit}"), commit, args.max_gpus)
     return 0
 
 

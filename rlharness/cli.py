@@ -150,9 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
-    from rlharness import import_config
-
-    import_config.add_parsers(imp_sub)
+    __import__("rlharness.import_config", fromlist=["add_parsers"]).add_parsers(imp_sub)
     cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine "
                          "(refit), or the cost model's efficiency factors to measured step times (step TIMINGS)")
     cal.add_argument("target", choices=["refit", "step"], help="what to calibrate")
@@ -183,15 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_parser(sub)
     export.add_parser(sub)
     gate.add_parser(sub)
-    from rlharness import diff
     from simulators.whatif.cli import add_parser as add_sweep_parser
 
     add_sweep_parser(sub, UsageError)
-    diff.add_parser(sub)
-    from rlharness import differential, preflight
-
-    preflight.add_parser(sub)
-    differential.add_parser(sub)
+    for name in ("diff", "preflight", "differential"):  # each module adds its parser
+        __import__(f"rlharness.{name}", fromlist=["add_parser"]).add_parser(sub)
     return parser
 
 
@@ -449,10 +443,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return cmd_sweep(args, UsageError)
 
 
-def _cmd_diff(args: argparse.Namespace) -> int:
-    from rlharness import diff
-
-    return diff.run(args, UsageError)
+def _module_command(name: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand whose module has ``run(args, usage_error)``."""
+    return lambda args: __import__(f"rlharness.{name}", fromlist=["run"]).run(args, UsageError)
 
 
 #: subcommand -> its function (argparse namespace -> exit code)
@@ -469,9 +462,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "export": _cmd_export,
     "gate": _cmd_gate,
     "sweep": _cmd_sweep,
-    "diff": _cmd_diff,
-    "preflight": lambda args: __import__("rlharness.preflight", fromlist=["run"]).run(args, UsageError),
-    "differential": lambda args: __import__("rlharness.differential", fromlist=["run"]).run(args, UsageError),
+    **{name: _module_command(name) for name in ("diff", "preflight", "differential")},
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from simulators.config_import.draft import ScenarioDraft
 
@@ -324,6 +324,19 @@ def _blamed_key(draft: ScenarioDraft, field: str, problem: str) -> str:
             if src:
                 return src
     return draft.source_of(field) or field or "(scenario)"
+
+
+def start_draft(what: str, command: str, files: str, chain: Sequence[str], name: str,
+                seed: Optional[Tuple[int, str]] = None) -> ScenarioDraft:
+    """A draft with the header every importer writes, its name, seed and horizon."""
+    d = ScenarioDraft([f"Imported from {what} {files}" + (f" (defaults: {', '.join(chain)})" if chain else "")
+                       + f" by rlharness import {command}.",
+                       "Each field's comment names the config key it came from; 'not in the config' marks a default."])
+    d.set(("name",), name, "the config file's name")
+    if seed is not None:
+        d.set(("seed",), seed[0], seed[1])
+    d.set(("horizon_s",), 86400, "not in the config: one simulated day, the run stops there if steps remain")
+    return d
 
 
 def finish(draft: ScenarioDraft, source: str) -> Tuple[str, Any]:

@@ -22,7 +22,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from simulators.config_import.common import (ConfigRefused, apply_overrides, get, load_yaml, merge, model_preset,
-                                             scenario_name, typed)
+                                             scenario_name, start_draft, typed)
 from simulators.config_import.draft import ScenarioDraft
 
 #: (key, what it does that a scenario cannot hold) — the first one set refuses the config
@@ -147,12 +147,8 @@ def translate(cfg: Dict[str, Any], source: str, chain: Sequence[str], *, gpu: st
     _refuse_unsupported(cfg)
     train, infer, nodes, gpn, how = _layout(cfg, isinstance(get(cfg, "async_rl", None), dict))
     name = name or scenario_name(source)
-    d = ScenarioDraft([f"Imported from the NeMo RL config {os.path.basename(source)}"
-                       + (f" (defaults: {', '.join(chain)})" if chain else "") + " by rlharness import nemo-rl-config.",
-                       "Each field's comment names the config key it came from; 'not in the config' marks a default."])
-    d.set(("name",), name, "the config file's name")
-    d.set(("seed",), typed(cfg, "grpo.seed", int, 0), "grpo.seed")
-    d.set(("horizon_s",), 86400, "not in the config: one simulated day, the run stops there if steps remain")
+    d = start_draft("the NeMo RL config", "nemo-rl-config", os.path.basename(source), chain, name,
+                    (typed(cfg, "grpo.seed", int, 0), "grpo.seed"))
     d.set(("cluster", "nodes"), nodes, "cluster.num_nodes")
     d.set(("cluster", "gpus_per_node"), gpn, "cluster.gpus_per_node")
     d.set(("cluster", "gpu"), gpu, "--gpu (a NeMo RL config names no GPU type)")

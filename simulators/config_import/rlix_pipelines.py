@@ -18,7 +18,8 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from simulators.config_import import nemo_rl, roll
-from simulators.config_import.common import ConfigRefused, apply_overrides, device_mapping, get, scenario_name, typed
+from simulators.config_import.common import (ConfigRefused, apply_overrides, device_mapping, get, scenario_name,
+                                             start_draft, typed)
 from simulators.config_import.draft import ScenarioDraft
 
 
@@ -78,11 +79,8 @@ def translate(paths: Sequence[str], *, gpu: str, steps: int, name: Optional[str]
               nemo_configs: Optional[str] = None) -> ScenarioDraft:
     """One scenario from the pipeline files ``paths``; a refusal names the file and its key."""
     name = name or scenario_name(paths[0]) + (f"_and_{len(paths) - 1}_more" if len(paths) > 1 else "")
-    d = ScenarioDraft([f"Imported from the RLix pipeline configs {', '.join(os.path.basename(p) for p in paths)} "
-                       "by rlharness import rlix-pipelines.",
-                       "Each field's comment names the config key it came from; 'not in the config' marks a default."])
-    d.set(("name",), name, "the first pipeline file's name")
-    d.set(("horizon_s",), 86400, "not in the config: one simulated day, the run stops there if steps remain")
+    d = start_draft("the RLix pipeline configs", "rlix-pipelines", ", ".join(os.path.basename(p) for p in paths),
+                    (), name)
     node_sizes, every_gpu = [], []
     for i, path in enumerate(paths):
         try:

@@ -23,7 +23,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from simulators.config_import.common import (ConfigRefused, device_mapping, get, load_yaml, merge, model_preset,
-                                             scenario_name, typed)
+                                             scenario_name, start_draft, typed)
 from simulators.config_import.draft import ScenarioDraft
 
 _TRAIN = "actor_train.strategy_args.strategy_config."
@@ -83,12 +83,8 @@ def _refuse_unsupported(cfg: Dict[str, Any]) -> None:
 def translate(cfg: Dict[str, Any], source: str, chain: List[str], *, gpu: str, steps: int,
               name: Optional[str] = None) -> ScenarioDraft:
     name = name or scenario_name(source)
-    d = ScenarioDraft([f"Imported from the ROLL config {os.path.basename(source)}"
-                       + (f" (defaults: {', '.join(chain)})" if chain else "") + " by rlharness import roll-config.",
-                       "Each field's comment names the config key it came from; 'not in the config' marks a default."])
-    d.set(("name",), name, "the config file's name")
-    d.set(("seed",), typed(cfg, "seed", int, 0), "seed")
-    d.set(("horizon_s",), 86400, "not in the config: one simulated day, the run stops there if steps remain")
+    d = start_draft("the ROLL config", "roll-config", os.path.basename(source), chain, name,
+                    (typed(cfg, "seed", int, 0), "seed"))
     _refuse_unsupported(cfg)
     gpn = typed(cfg, "num_gpus_per_node", int, 8)
     if gpn < 1:
