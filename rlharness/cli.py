@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     from simulators.whatif.cli import add_parser as add_sweep_parser
 
     add_sweep_parser(sub, UsageError)
-    for name in ("diff", "preflight", "differential"):  # each module adds its parser
+    for name in ("diff", "preflight", "differential", "size"):  # each module adds its parser
         __import__(f"rlharness.{name}", fromlist=["add_parser"]).add_parser(sub)
     return parser
 
@@ -462,7 +462,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "export": _cmd_export,
     "gate": _cmd_gate,
     "sweep": _cmd_sweep,
-    **{name: _module_command(name) for name in ("diff", "preflight", "differential")},
+    **{name: _module_command(name) for name in ("diff", "preflight", "differential", "size")},
 }
 
 
