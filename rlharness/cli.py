@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
+    __import__("rlharness.import_config", fromlist=["add_parsers"]).add_parsers(imp_sub)
     cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine "
                          "(refit), or the cost model's efficiency factors to measured step times (step TIMINGS)")
     cal.add_argument("target", choices=["refit", "step"], help="what to calibrate")
@@ -175,12 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_parser(sub)
     export.add_parser(sub)
     gate.add_parser(sub)
-    from rlharness import diff
     from simulators.whatif.cli import add_parser as add_sweep_parser, add_what_if_parser
 
     add_sweep_parser(sub, UsageError)
     add_what_if_parser(sub)
-    diff.add_parser(sub)
+    for name in ("diff", "preflight", "differential", "size"):  # each module adds its parser
+        __import__(f"rlharness.{name}", fromlist=["add_parser"]).add_parser(sub)
     return parser
 
 
@@ -345,9 +346,12 @@ def _check_determinism(res, args: argparse.Namespace) -> bool:
 
 def _cmd_import(args: argparse.Namespace) -> int:
     from harness.logs.importers.rlix_log import import_rlix_log
+    from rlharness import import_config
 
+    if args.source in import_config.SOURCES:
+        return import_config.run(args, UsageError)
     if args.source != "rlix-log":
-        raise UsageError("import: a source is required (rlix-log)")
+        raise UsageError(f"import: a source is required (rlix-log, {', '.join(import_config.SOURCES)})")
     if not 0 < args.poll_s <= 3600:
         raise UsageError(f"--poll-s: must be in (0, 3600] seconds, got {args.poll_s:g}")
     check_output_file(args.out, "--out", inputs=[args.log, args.topology])
@@ -447,10 +451,9 @@ def _cmd_what_if(args: argparse.Namespace) -> int:
     return cmd_what_if(args, UsageError)
 
 
-def _cmd_diff(args: argparse.Namespace) -> int:
-    from rlharness import diff
-
-    return diff.run(args, UsageError)
+def _module_command(name: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand whose module has ``run(args, usage_error)``."""
+    return lambda args: __import__(f"rlharness.{name}", fromlist=["run"]).run(args, UsageError)
 
 
 #: subcommand -> its function (argparse namespace -> exit code)
@@ -468,7 +471,7 @@ COMMANDS: Dict[str, Callable[[argparse.Namespace], int]] = {
     "gate": _cmd_gate,
     "sweep": _cmd_sweep,
     "what-if": _cmd_what_if,
-    "diff": _cmd_diff,
+    **{name: _module_command(name) for name in ("diff", "preflight", "differential", "size")},
 }
 
 

@@ -77,8 +77,14 @@ class Simulation:
         self.explore = explore
         self.env = SimEnv(explorer=None if explore is None else Explorer(explore))
         c = scenario.cluster
-        options = SchedulerOptions.from_mapping(scenario.scheduler)
-        self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), options)
+        if scenario.scheduler.get("implementation", "model") == "rlix":  # RLix's own scheduler (docs/rlix-live.md)
+            from simulators.rlix_live.in_loop import scheduler_for
+
+            self.model = scheduler_for(ClusterTopology(c.nodes, c.gpus_per_node), dict(scenario.scheduler))
+        else:
+            self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node),
+                                        SchedulerOptions.from_mapping(scenario.scheduler))
+        options = self.model.options
         self.log = EventLog(header_record(
             {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30),
              "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity
@@ -99,7 +105,10 @@ class Simulation:
                   # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
                   **_timeouts_meta(scenario.costs),
                   # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
-                  **({} if explore is None else {"explore": explore.describe()})}))
+                  **({} if explore is None else {"explore": explore.describe()}),
+                  # RLix's own scheduler decided (scheduler.implementation: rlix)
+                  **({"scheduler_implementation": f"rlix {self.model.mods.version}"}
+                     if hasattr(self.model, "mods") else {})}))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
@@ -277,8 +286,12 @@ class Simulation:
         # (simulators.runtime.gc_pause), and a later full collection finds that garbage. When a
         # collection runs has no part in the log: a process still running is referenced by
         # the event queue, so nothing of the run is collected while it runs.
-        with gc_paused():
-            env.run(until=env.any_of([all_done, self.stop, horizon]))
+        try:
+            with gc_paused():
+                env.run(until=env.any_of([all_done, self.stop, horizon]))
+        finally:
+            if hasattr(self.model, "close"):  # RLix's own scheduler: its event loop and parked callers
+                self.model.close()
         if self.failure:
             reason, detail = "failed", self.failure
         elif all_done.triggered:

@@ -229,6 +229,11 @@ def _scheduler_table() -> List[str]:
             kind, allowed = policy_rows[f.name]
         rows.append("| " + " | ".join(_cell(x) for x in (f"`scheduler.{f.name}`", kind, _default(SchedulerOptions, f), allowed,
                                                            comments.get(f.name, ""))) + " |")
+    rows.append("| `scheduler.implementation` | str | 'model' | model / rlix | Which scheduler decides: the model, or RLix's "
+                "own scheduler imported from `scheduler.source` (docs/rlix-live.md); the options above still configure "
+                "the model's bookkeeping. |")
+    rows.append("| `scheduler.source` | str | none | an RLix checkout (the folder holding rlix/); implementation rlix only | "
+                "Checked before the run: an RLix whose interfaces changed is one error line naming what is missing. |")
     return rows
 
 

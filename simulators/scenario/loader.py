@@ -37,6 +37,7 @@ exponents without a dot (``25e9``) are read as floats, not strings.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -244,7 +245,8 @@ def _costs(ctx: _Ctx, data: Any) -> CostSpec:
 
 
 def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
-    data = _mapping(ctx, "scheduler", data)
+    data = dict(_mapping(ctx, "scheduler", data))
+    impl = _implementation(ctx, data)  # implementation / source: which scheduler, not an option of the model
     known = tuple(f.name for f in fields(SchedulerOptions))
     _reject_unknown(ctx, "scheduler", data, known)
     for key, value in data.items():
@@ -258,7 +260,32 @@ def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
     if opts.demand_floor and opts.policy != "gap_ratio":
         raise ctx.fail("scheduler.demand_floor", f"a variant of RLix's gap-ratio planner; policy {opts.policy!r} does not use it")
     # Keep only the options the file names (normalized: ints given for floats become floats).
-    return {key: getattr(opts, key) for key in data}
+    return {**{key: getattr(opts, key) for key in data}, **impl}
+
+
+def _implementation(ctx: _Ctx, data: Dict[str, Any]) -> Dict[str, object]:
+    """``implementation: model | rlix`` and, for rlix, ``source``: the checkout RLix's scheduler
+    is imported from (docs/rlix-live.md), checked here so that drift is bad input found
+    before the run (one line naming what the checkout lacks)."""
+    impl = data.pop("implementation", "model")
+    source = data.pop("source", None)
+    if impl not in ("model", "rlix"):
+        raise ctx.fail("scheduler.implementation", f"must be model or rlix, got {impl!r}")
+    if impl == "model":
+        if source is not None:
+            raise ctx.fail("scheduler.source", "only with implementation: rlix")
+        return {}
+    if not isinstance(source, str) or not source:
+        raise ctx.fail("scheduler.source", "implementation rlix needs the RLix checkout's path")
+    if not os.path.isabs(source) and ctx.source not in ("", "<scenario>") and os.path.exists(ctx.source):
+        source = os.path.join(os.path.dirname(os.path.abspath(ctx.source)), source)
+    from simulators.rlix_live.loader import RlixLoadError, load_rlix
+
+    try:
+        load_rlix(source)
+    except RlixLoadError as e:
+        raise ctx.fail("scheduler.source", str(e)) from None
+    return {"implementation": "rlix", "source": os.path.abspath(source)}
 
 
 def _defaults(ctx: _Ctx, data: Any) -> Dict[str, Dict[str, Any]]:
