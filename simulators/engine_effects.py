@@ -25,7 +25,7 @@ class EngineEffects:
         self._abort_hung = 0
         for rank in ranks:
             rank.life.on("abort")  # off routing, on the way to sleep: the lifecycle's draining
-            rank.engine.pause()
+            rank.engine.pause(e.mode)
             self._log_rank(rank)
         if self._fault_due("abort_on_pause") and routed:
             # miles #2372: the weight update aborts every request whatever the pause mode
@@ -65,7 +65,7 @@ class EngineEffects:
             if rank.engine.tags["kv_cache"] == "awake":
                 continue
             if forced:
-                rank.engine.tags["kv_cache"] = "awake"  # the fault: past the engine's refusal
+                rank.engine.force("wake(kv_cache)")  # the fault: past the engine's refusal
             else:
                 rank.engine.wake(("kv_cache",))
             for g in rank.gpus:
@@ -86,10 +86,9 @@ class EngineEffects:
             partial.discard(rank.dp_rank)
             forced = True
         if forced or late:
-            rank.engine.paused = False
+            rank.engine.force("resume")
         else:
             rank.engine.resume()
-        self.router.resume_kept(rank)
 
     def _after_activate(self, ranks) -> None:
         """Fault ``resume_before_kv_wake``: the KV cache of the ranks the controller resumed
@@ -102,7 +101,7 @@ class EngineEffects:
     def _engine_loaded(self, e, complete: bool) -> None:
         for r in e.ranks:
             rank = self.ranks[r]
-            if rank.engine.tags["weights"] == "awake":
+            if rank.engine.state["weights"] == "loading":
                 rank.engine.load(complete)
             if not complete:
                 self.__dict__.setdefault("_partially_loaded", set()).add(r)

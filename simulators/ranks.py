@@ -82,6 +82,8 @@ class RankEffects:
                 continue  # the fault's controller does not ask (oracle_faults.py)
             # refused by the lifecycle unless the rank holds synced weights (SYNCED/ROUTABLE)
             rank.life.on("finalized")
+            if rank.engine.state["weights"] == "loaded":  # an update to end (an active refresh may have none)
+                rank.engine.finalize()
         return None
 
     def _PublishVersion(self, e):
@@ -100,6 +102,7 @@ class RankEffects:
                 rank.life.on("activated")
             self._resume(rank, forced=unchecked)
             self._log_rank(rank)
+            self.router.resume_kept(rank)  # a keep pause's frozen requests go on once the engine runs
         self.router.activate(ranks)
         self._after_activate(ranks)
         return None
@@ -111,7 +114,7 @@ class RankEffects:
         routed = [rank for rank in ranks if rank.routable]
         for rank in ranks:
             rank.life.on("abort")
-            rank.engine.pause()
+            rank.engine.pause("abort")
             self._log_rank(rank)
         aborted = len(self.router.deactivate(routed)) if routed else 0
         at = self.faults.get("abort_never_wakes")
@@ -135,6 +138,8 @@ class RankEffects:
             yield from self._drain_paused(e.ranks)
         yield self.env.timeout(c.drain_s)
         drained.append(True)
+        for r in e.ranks:  # the pause acknowledged: nothing of it runs any more
+            self.ranks[r].engine.drained()
         return None
 
     def _Sleep(self, e):

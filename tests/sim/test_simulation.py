@@ -326,8 +326,8 @@ EXPECTED_FINDINGS = {
     "costmodel_7b_and_1p5b_h100": ("done", {"handover"}),
     # the engine lifecycle's classes (docs/engine-lifecycle.md, tests/sim/test_engine_lifecycle.py)
     "level2_partial_reload": ("done", {"engine_weights"}),  # vllm #29341
-    "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep"}),  # vllm #44483
-    "kv_wake_before_weights": ("done", {"engine_resume"}),
+    "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep", "engine_transition"}),  # vllm #44483
+    "kv_wake_before_weights": ("done", {"engine_resume", "engine_transition"}),
     "pause_wait_aborted": ("done", {"pause_lost_work"}),  # miles #2372
     "version_stamped_at_completion": ("done", {"version_at_dispatch"}),  # rllm #622
     # the realistic workloads (costs from the cost model): the same two by-design findings (the
