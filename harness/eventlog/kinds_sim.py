@@ -13,7 +13,8 @@ SIM_KINDS: dict = {
     "rank_state": _k("An inference DP rank entered a lifecycle state (asleep|waking|awake_unrouted|synced|routable|draining|stopped).",
                      {"pipeline_id": "str", "dp_rank": "int", "state": "str", "gpus": "int_list"},
                      {"version": "int?", "asleep_tags": "list"}),
-    "engine_tag": _k("A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py). "
+    "engine_tag": _k("A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py; "
+                     "a gate's engine writes one per tag it wakes, and tag prefix_cache state invalidated for a prefix-cache reset). "
                      "A rank_state record's asleep_tags lists the tags still asleep in a state past waking.",
                      {"pipeline_id": "str", "dp_rank": "int", "tag": "str", "state": "str"}),
     "request_pause": _k("A keep pause froze a request in its rank's engine (it goes on after the rank resumes).",
