@@ -143,7 +143,7 @@ class RankEffects:
         return None
 
     def _Sleep(self, e):
-        vram, c = self.sim.cluster.vram, self.costs
+        c = self.costs
         if e.level == 1:
             # level 1 keeps the weights in host RAM: charged before VRAM is freed (a full
             # node fails the sleep), and the D2H copy lengthens the sleep
@@ -160,13 +160,11 @@ class RankEffects:
         for r in e.ranks:
             rank = self.ranks[r]
             owner = self._owner(rank)
+            # freed at once, or late (costs.release_to_freed_s; simulators/late_release.py)
+            self._release(rank, ("kv_cache", "weights") if keep_nccl else ("kv_cache", "weights", "nccl"))
             for g in rank.gpus:
-                vram.free(g, owner, "kv_cache")
-                vram.free(g, owner, "weights")
-                if not keep_nccl:
-                    vram.free(g, owner, "nccl")
                 self._sleep_residue(g, owner)  # fault sleep_residue_grows (oracle_faults.py)
-                left = vram.held(g, owner)
+                left = self._residue(g, owner)
                 if left > c.post_sleep_threshold_bytes:
                     residues.append(f"dp{r} keeps {left} B on GPU {g}")
             rank.life.on("slept", level=e.level)

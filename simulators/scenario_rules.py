@@ -103,6 +103,9 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "sleep_fixed_s": _r("float", ">=0", "s"),
         "post_sleep_residue_bytes": _r("int", ">=0", "bytes"),
         "post_sleep_threshold_bytes": _r("int", ">0", "bytes"),
+        "release_to_freed_s": _r("float", ">=0", "s"),
+        "offload_wait_timeout_s": _r("float", ">0", "s"),
+        "max_residual_gpu_mem_bytes": _r("int", ">=0", "bytes"),
         "watchdog_s": _r("float", ">0", "s"),
         "scheduler_poll_s": _r("float", ">0", "s"),
         "await_release_timeout_s": _r("float", ">0", "s"),
@@ -155,6 +158,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "offload_nccl": _r("bool"),
         "pause_mode": _r("str"),
         "wake": _r("str"),
+        "wait_offloaded": _r("bool"),
         "refit_path": _r("str"),
         "refit_export": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()

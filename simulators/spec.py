@@ -142,6 +142,15 @@ class CostSpec:
     sleep_fixed_s: float = 0.2
     post_sleep_residue_bytes: int = 256 * MiB  # what a sleeping rank keeps (threshold check: < 1 GiB)
     post_sleep_threshold_bytes: int = 1 * GiB
+    # seconds from an engine's sleep returning to its memory leaving the VRAM ledger: SGLang's
+    # release_memory_occupation answers 200 before the driver has the memory back (THUDM/slime
+    # #579; radixark/miles #86: 29.39 GB still used); 0 = freed at the return (vLLM's sleep)
+    release_to_freed_s: float = 0.0
+    # the MILES wait after the training grant (pipeline option wait_offloaded; rlops/rlix PR #11,
+    # f73bfaf): each phase's timeout (timeout_s=60) and the largest residue it waits for
+    # (MILES_MAX_RESIDUAL_GPU_MEM_GB = 10; nvidia-smi's MiB / 1024)
+    offload_wait_timeout_s: float = 60.0
+    max_residual_gpu_mem_bytes: int = 10 * GiB
     watchdog_s: float = 2.0  # NeMo GEN re-request watchdog period
     scheduler_poll_s: float = 1.0  # RLix central loop poll (background rebalance)
     # RLix's timeouts; each expiry is a fail-fast shutdown of the run (simulators/timeouts.py)
@@ -228,6 +237,9 @@ class PipelineSpec:
     # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
     pause_mode: str = "abort"
     wake: str = "all"
+    # RLix's MILES wait after the training grant until the engines' memory is back (rlops/rlix
+    # PR #11; docs/engine-lifecycle.md); off by default, as on RLix's nemo branch
+    wait_offloaded: bool = False
     # how a refit reaches the inference ranks (simulators/refit.py, docs/cost-model.md):
     # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
     # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
@@ -367,6 +379,10 @@ class FaultSpec:
       first (docs/rlix-variants.md).
     * ``lost_cache_handoff`` — from that step on, a release of the cache owner's lock forgets
       the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
+    * ``double_onload`` — at that step the controller onloads the training state before
+      training, whose own wake onloads it again: the second onload is refused as MILES'
+      torch_memory_saver refuses it ("Cannot resume allocation that is not paused"; rlops/rlix
+      ``rlix/pipeline/miles_pipeline.py`` at f73bfaf, ``_before_training``) and the run fails.
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
@@ -408,7 +424,8 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
-                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock")
+                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
+                      "double_onload")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

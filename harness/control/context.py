@@ -30,6 +30,9 @@ class PipelineContext:
     # RLix's MILES release-after-offload (scheduler option release_after_offload): the
     # training GPUs are released once the offload ran, even when the sync after it fails
     release_after_offload: bool = False
+    # RLix's MILES wait for the engines' memory after the training grant (rlops/rlix PR #11:
+    # pipeline option wait_offloaded; harness/control/effects.py WaitEnginesOffloaded)
+    wait_offloaded: bool = False
 
     @property
     def residency(self) -> Dict[str, PhaseResidency]:

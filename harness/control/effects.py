@@ -163,6 +163,15 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class WaitEnginesOffloaded:
+    """RLix's MILES wait after the training grant (rlops/rlix PR #11, f73bfaf,
+    ``MilesPipeline._wait_for_overlap_engines_offloaded``): phase 1 polls the engines on the
+    granted GPUs until they are offloaded, phase 2 polls the GPUs' used memory until the
+    largest is at most the residual target; each phase gives up after its timeout, and the
+    second one's expiry only warns ("wake_up may OOM") before training goes on."""
+
+
+@dataclass(frozen=True)
 class WakeTags:
     """Wake some memory tags of the ranks (vLLM ``wake_up(tags=[...])``): the staged wake
     brings the weights back for the refit and the KV cache only after it."""

@@ -30,6 +30,7 @@ from harness.control.effects import (
     SyncFromCache,
     UnlockCoordinator,
     WaitBatch,
+    WaitEnginesOffloaded,
 )
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 
@@ -49,6 +50,8 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     yield WaitBatch(step)
     # before_training: ACTOR_TRAINING preempts the GEN ranks on the training GPUs
     yield RequestGpus(ACTOR_TRAIN, Priority.ACTOR_TRAINING, step)
+    if ctx.wait_offloaded:  # the engines' release may answer before the driver has the memory back
+        yield WaitEnginesOffloaded()
     yield ReloadTrainComm()
     yield Compute("train", step)
     version = step + 1

@@ -357,6 +357,12 @@ EXPECTED_FINDINGS = {
     # watchdog_request_under_lock): a cycle through the lock, the request and the expand,
     # until RLix's resize-lock deadline fails the run (tests/sim/test_waitfor_edges.py)
     "watchdog_request_under_lock": ("failed", {"deadlock", "run_outcome"}),
+    # memory released late (slime #579, miles #86): the grant comes while it is on the GPU
+    # (handover); without RLix PR #11's wait, or past its timeout, the trainer's onload OOMs
+    "late_release_wake_oom": ("failed", {"handover", "vram", "run_outcome"}),
+    "late_release_wait_saves_wake": ("done", {"handover"}),
+    "late_release_wait_times_out": ("failed", {"handover", "vram", "run_outcome"}),
+    "miles_double_onload": ("failed", {"run_outcome"}),  # torch_memory_saver refuses the second onload
 }
 
 
