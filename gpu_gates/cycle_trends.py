@@ -251,7 +251,8 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     recs = sorted((rec for d in by_rank.values() for rec in d.get("records", [])),
                   key=lambda rec: (rec["t"], rec["rank"], rec["_seq"]))
     violations = check_log([{**rec, "seq": i} for i, rec in enumerate(recs)],
-                           ["cycle_trends", "refit_payload", "refit_wire", "engine_transition"])
+                           ["cycle_trends", "refit_payload", "refit_wire", "engine_transition",
+                            "engine_stood_down"])
     figures = {s: f for d in by_rank.values() for s, f in d.get("trends", {}).items()}
     wall = max((d.get("cycles_wall_s", 0.0) for d in by_rank.values()), default=0.0)
     return {"cycles": args.cycles, "trends": figures, "cycles_wall_s": wall,

@@ -76,7 +76,7 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
             versions=VersionBook(clamp_bootstrap=nemo),
             release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
-            wait_offloaded=spec.wait_offloaded,
+            wait_offloaded=spec.wait_offloaded, finalize_pause=spec.finalize_pause,
             trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
                                     offload_nccl=spec.offload_nccl),
             engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))

@@ -159,6 +159,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "pause_mode": _r("str"),
         "wake": _r("str"),
         "wait_offloaded": _r("bool"),
+        "finalize_pause": _r("str"),
         "refit_path": _r("str"),
         "refit_export": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
@@ -240,9 +241,13 @@ def refit_export_problem(vals: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+#: RLix's MILES pause around the active refresh's finalize (harness/control/context.py finalize_pause)
+FINALIZE_PAUSES = ("none", "continue_after", "continue_finally")
+
+
 def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """(field, problem) for a pipeline's engine modes (harness/control/engine.py), or None."""
-    for key, allowed in (("pause_mode", PAUSE_MODES), ("wake", WAKE_MODES)):
+    for key, allowed in (("pause_mode", PAUSE_MODES), ("wake", WAKE_MODES), ("finalize_pause", FINALIZE_PAUSES)):
         if key in vals and vals[key] not in allowed:
             return key, f"must be one of {', '.join(allowed)}, got {vals[key]!r}"
     for key in ("pause_mode", "wake"):

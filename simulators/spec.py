@@ -240,6 +240,10 @@ class PipelineSpec:
     # RLix's MILES wait after the training grant until the engines' memory is back (rlops/rlix
     # PR #11; docs/engine-lifecycle.md); off by default, as on RLix's nemo branch
     wait_offloaded: bool = False
+    # RLix's MILES pause of the serving ranks around the active refresh's finalize (rlops/rlix
+    # rlix/pipeline/miles_model_update_service.py): none (RLix nemo), continue_after (before
+    # PR #14), continue_finally (PR #14: continue_generation in a finally)
+    finalize_pause: str = "none"
     # how a refit reaches the inference ranks (simulators/refit.py, docs/cost-model.md):
     # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
     # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
@@ -383,6 +387,9 @@ class FaultSpec:
       training, whose own wake onloads it again: the second onload is refused as MILES'
       torch_memory_saver refuses it ("Cannot resume allocation that is not paused"; rlops/rlix
       ``rlix/pipeline/miles_pipeline.py`` at f73bfaf, ``_before_training``) and the run fails.
+    * ``finalize_fails`` — at that step the active refresh's finalize fails on the serving
+      ranks (``finalize_weight_update`` raises): the run fails; with ``finalize_pause:
+      continue_after`` the ranks stay paused (rlops/rlix PR #14's bug; ``engine_stood_down``).
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
@@ -425,7 +432,7 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
                       "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
-                      "double_onload")
+                      "double_onload", "finalize_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -33,6 +33,10 @@ class PipelineContext:
     # RLix's MILES wait for the engines' memory after the training grant (rlops/rlix PR #11:
     # pipeline option wait_offloaded; harness/control/effects.py WaitEnginesOffloaded)
     wait_offloaded: bool = False
+    # RLix's MILES refit pauses the serving ranks around finalize (pipeline option
+    # finalize_pause): "none" (RLix nemo), "continue_after" (continue_generation after a
+    # finalize that returned: before rlops/rlix PR #14), "continue_finally" (in a finally: PR #14)
+    finalize_pause: str = "none"
 
     @property
     def residency(self) -> Dict[str, PhaseResidency]:

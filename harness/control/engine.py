@@ -122,6 +122,10 @@ class EngineTags:
     def finalize(self) -> None:
         self._step("finalize")
 
+    def invalidate(self) -> None:
+        """The prefix cache flushed (SGLang's ``flush_cache`` in ``finalize_weight_update``)."""
+        self._step("invalidate")
+
     def resume(self) -> None:
         why = table.illegal(self.state, "resume")
         if why is not None:

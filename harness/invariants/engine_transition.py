@@ -1,5 +1,6 @@
 """``engine_transition``: every engine event in the log is legal by the engine's transition
-table (``harness/engine_table.py``, docs/engine-lifecycle.md).
+table (``harness/engine_table.py``, docs/engine-lifecycle.md). ``engine_stood_down``: no engine
+ends the log paused and awake, with nothing left to wake it.
 
 The events are read from what the runtimes record, one vocabulary for the simulator and the
 gates:
@@ -14,6 +15,7 @@ gates:
 | ``effect_start`` / ``effect_end`` ``SyncFromCache`` (one version) | ``load_start`` / ``load_end`` (``load_failed`` with an ``error``) |
 | ``sync_end`` with ``ok`` false (the sync of that version failed) | ``load_failed`` |
 | ``effect_start`` ``Finalize`` | ``finalize`` |
+| ``effect_start`` ``PauseGeneration`` / ``ContinueGeneration`` | ``pause(keep)`` / ``resume`` |
 | ``rank_state`` ``routable`` after another state | ``resume`` |
 | ``request_dispatch`` / ``request_resume`` | ``generate`` |
 
@@ -43,6 +45,7 @@ class _Replay:
         self.open: Dict[str, Dict[object, List[Rank]]] = {}  # pipeline -> version -> ranks its open sync writes
         self.out: List[Violation] = []
         self._memo: Dict[Tuple[Tuple[str, ...], str], Optional[table.Illegal]] = {}
+        self.paused_at: Dict[Rank, dict] = {}  # rank -> the record of its pause not yet followed by a resume or sleep
 
     def event(self, key: Rank, event: str, r: dict) -> None:
         state = self.state.get(key)
@@ -52,6 +55,10 @@ class _Replay:
         why = self._memo.get(memo_key, False)
         if why is False:
             why = self._memo[memo_key] = table.illegal(state, event)
+        if event.startswith("pause("):
+            self.paused_at.setdefault(key, r)
+        elif event == "resume" or event.startswith("sleep("):
+            self.paused_at.pop(key, None)
         if why is not None:
             self.out.append(Violation("engine_transition", r["seq"], f"{key[0]} dp{key[1]}: illegal {why.describe()} "
                                       f"(record {r['kind']}{' ' + r['effect'] if 'effect' in r else ''})"))
@@ -102,6 +109,10 @@ class _Replay:
             event = f"pause({r['args']['mode']})"
         elif start and name == "Sleep":
             event = table.sleep_event(r["args"]["level"])
+        elif start and name == "PauseGeneration":
+            event = "pause(keep)"
+        elif start and name == "ContinueGeneration":
+            event = "resume"
         elif start and name == "Finalize":
             event = "finalize"
         elif not start and name == "Drain":
@@ -122,6 +133,7 @@ class _Replay:
         self.life[key] = new
         if new == "stopped":
             self.state.pop(key, None)
+            self.paused_at.pop(key, None)
             return
         if new not in _ASLEEP_STATES:
             asleep = set(r.get("asleep_tags") or ())
@@ -138,3 +150,20 @@ def engine_transition(records: Records) -> List[Violation]:
     for r in records:
         replay.on(r)
     return replay.out
+
+
+@invariant("engine_stood_down", reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end",
+                                       "request_dispatch", "request_resume"))
+def engine_stood_down(records: Records) -> List[Violation]:
+    """No engine ends the log paused and awake: a pause that neither a resume nor a sleep
+    followed has nothing left to wake it (NVIDIA-NeMo/RL #3730: a stood-down engine nobody
+    wakes; rlops/rlix PR #14: a failed finalize left generation paused for good)."""
+    replay = _Replay()
+    for r in records:
+        replay.on(r)
+    if not records:
+        return []
+    last = records[-1]["seq"]
+    return [Violation("engine_stood_down", last, f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
+                      f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log wakes it")
+            for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))]

@@ -278,7 +278,8 @@ EXPECTED_FINDINGS = {
     # RLix's selective-sync timeout (test_timeouts.py); NeMo's init keeps the 4-GPU trainer's
     # Megatron groups (debug #24), whose buffers are on the GPUs its ranks first wake on
     "refit_over_slow_interconnect": ("failed", {"run_outcome", "handover"}),
-    "abort_never_wakes": ("failed", {"run_outcome"}),  # RLix Bug 7: the shrink drain times out (test_timeouts.py)
+    # RLix Bug 7: the shrink drain times out (test_timeouts.py); the aborted engine is left paused
+    "abort_never_wakes": ("failed", {"run_outcome", "engine_stood_down"}),
     "whole_model_sync_bucket": ("failed", {"vram", "run_outcome"}),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
@@ -363,6 +364,9 @@ EXPECTED_FINDINGS = {
     "late_release_wait_saves_wake": ("done", {"handover"}),
     "late_release_wait_times_out": ("failed", {"handover", "vram", "run_outcome"}),
     "miles_double_onload": ("failed", {"run_outcome"}),  # torch_memory_saver refuses the second onload
+    # rlops/rlix PR #14: a failed finalize left generation paused; the fix resumes it (unflushed)
+    "miles_finalize_fails_paused": ("failed", {"engine_stood_down", "run_outcome"}),
+    "miles_finalize_fails_resumed": ("failed", {"engine_transition", "run_outcome"}),
 }
 
 

@@ -208,3 +208,26 @@ def test_the_runtime_engine_refuses_what_the_table_refuses():
     engine.drained()
     engine.sleep(1)
     assert engine.tags == {"weights": "offloaded", "kv_cache": "asleep"} and engine.paused
+
+
+def stood_down(events: List[str]) -> List:
+    log = Log()
+    for e in events:
+        log.event(e)
+    return check_log(log.records, ["engine_stood_down"])
+
+
+def test_an_engine_left_paused_and_awake_is_named_at_the_logs_end():
+    # NeMo RL #3730 / rlix PR #14: paused, never resumed nor put to sleep
+    events = RLIX_CYCLE[:7] + ["pause(keep)", "load_start", "load_end"]
+    (v,) = stood_down(events)
+    assert f"p dp0 paused at seq {_last_seq(events[:8])}" in v.message and "nothing in the log wakes it" in v.message
+    assert v.seq == _last_seq(events)  # named at the log's last record
+    # a pause that was acknowledged but never followed by the sleep is stood down too
+    assert len(stood_down(RLIX_CYCLE[:7] + ["pause(abort)", "drained"])) == 1
+
+
+@pytest.mark.parametrize("events", [RLIX_CYCLE, NEMO_STAGED, KEEP_IN_PLACE, RLIX_CYCLE[:7]], ids=["slept", "staged",
+                                                                                             "resumed", "serving"])
+def test_an_engine_that_resumed_or_slept_is_not_stood_down(events):
+    assert stood_down(events) == []
