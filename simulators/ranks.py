@@ -130,7 +130,8 @@ class RankEffects:
         c = self.costs
         hung = self._abort_hung
         drained = []
-        if hung or c.drain_s >= c.shrink_drain_timeout_s or self.ctx.engine.pause_mode == "wait":
+        bounded = c.shrink_drain_timeout_s > 0  # 0: no deadline (NVIDIA-NeMo/RL #3929's refit_timeout_s: null)
+        if bounded and (hung or c.drain_s >= c.shrink_drain_timeout_s or self.ctx.engine.pause_mode == "wait"):
             self.deadlines.arm("shrink_drain", c.shrink_drain_timeout_s, lambda: bool(drained))
         if hung:  # RLix Bug 7: abort_requests never wakes generate(), so nothing ever drains
             self.sim.emit("fault_fired", name="abort_never_wakes", pipeline_id=self.pid, step=self.ctx.step)

@@ -111,7 +111,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "await_release_timeout_s": _r("float", ">0", "s"),
         "resize_lock_timeout_s": _r("float", ">0", "s"),
         "selective_sync_timeout_s": _r("float", ">0", "s"),
-        "shrink_drain_timeout_s": _r("float", ">0", "s"),
+        "shrink_drain_timeout_s": _r("float", ">=0", "s; 0 = none"),
     },
     StreamingSpec: {
         "sampler": _r("str"),

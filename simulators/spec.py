@@ -157,7 +157,9 @@ class CostSpec:
     await_release_timeout_s: float = 300.0  # RLIX_NOTIFY_READY_TIMEOUT_S: planned shrink-to-zero
     resize_lock_timeout_s: float = 180.0  # RLIX_RESIZE_LOCK_TIMEOUT_S: coordinator lock acquire
     selective_sync_timeout_s: float = 150.0  # ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S: one weight sync
-    shrink_drain_timeout_s: float = 30.0  # rebalance_on_shrink: aborted requests draining out of a rank
+    # rebalance_on_shrink: aborted requests draining out of a rank; 0 = no deadline (an
+    # unbounded pause: NeMo RL's refit_timeout_s: null, NVIDIA-NeMo/RL #3929)
+    shrink_drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ def engine_transition(records: Records) -> List[Violation]:
 
 
 @invariant("engine_stood_down", reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end",
-                                       "request_dispatch", "request_resume"))
+                                       "request_dispatch", "request_resume"), sees=("header",))
 def engine_stood_down(records: Records) -> List[Violation]:
     """No engine ends the log paused and awake: a pause that neither a resume nor a sleep
     followed has nothing left to wake it (NVIDIA-NeMo/RL #3730: a stood-down engine nobody
@@ -164,6 +164,11 @@ def engine_stood_down(records: Records) -> List[Violation]:
     if not records:
         return []
     last = records[-1]["seq"]
+    head = records[0] if records[0]["kind"] == "header" else {}
+    timeouts = (head.get("meta") or {}).get("timeouts") or {}
+    unbounded = ("; the drain has no deadline (an unbounded pause: NVIDIA-NeMo/RL #3929's refit_timeout_s: null)"
+                 if timeouts.get("shrink_drain_s") == 0 else "")
     return [Violation("engine_stood_down", last, f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
-                      f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log wakes it")
+                      f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log "
+                      f"wakes it{unbounded}")
             for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))]

@@ -43,3 +43,15 @@ def test_pr14_resumes_generation_in_a_finally():
     assert clean.reason == "done" and found == []
     flushes = [r for r in clean.records if r["kind"] == "engine_tag" and r["tag"] == "prefix_cache"]
     assert flushes and all(r["state"] == "invalidated" for r in flushes)
+
+
+def test_a_pause_without_a_deadline_hangs_with_the_engine_paused_and_names_it_unbounded():
+    res, found = run("unbounded_pause_hangs")
+    assert res.reason == "horizon" and {v.invariant for v in found} == {"engine_stood_down", "liveness"}
+    (v,) = [v for v in found if v.invariant == "engine_stood_down"]
+    assert "ppl1 dp0 paused" in v.message and "unbounded pause" in v.message
+    assert not [r for r in res.records if r["kind"] == "timeout"]
+    # with RLix's 30 s deadline (abort_never_wakes.yaml) the run fails fast instead
+    bounded, found = run("abort_never_wakes")
+    assert bounded.reason == "failed" and [r["what"] for r in bounded.records if r["kind"] == "timeout"] == ["shrink_drain"]
+    assert "unbounded" not in next(v.message for v in found if v.invariant == "engine_stood_down")

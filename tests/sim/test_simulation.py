@@ -367,6 +367,8 @@ EXPECTED_FINDINGS = {
     # rlops/rlix PR #14: a failed finalize left generation paused; the fix resumes it (unflushed)
     "miles_finalize_fails_paused": ("failed", {"engine_stood_down", "run_outcome"}),
     "miles_finalize_fails_resumed": ("failed", {"engine_transition", "run_outcome"}),
+    # NeMo RL #3929: abort_never_wakes without the drain's deadline hangs to the horizon
+    "unbounded_pause_hangs": ("horizon", {"engine_stood_down", "liveness"}),
 }
 
 
