@@ -50,7 +50,8 @@ RLIX_SHRINK = "rlops/rlix rlix/pipeline/nemo_rl_pipeline.py f77d913 (sleep_parti
 RLIX_EXPAND = "rlops/rlix rlix/pipeline/nemo_rl_pipeline.py f77d913 (wake_up_partial, selective sync, finalize, activate)"
 RLIX_ACTIVE = "rlops/rlix rlix/pipeline/coordinator.py f77d913 (sync_base_weights_to_active: an update into serving ranks)"
 RLIX_FINALIZE = "rlops/rlix rlix/pipeline/nemo_rl_model_update_service.py f77d913 (finalize_weight_update after the load)"
-MILES_ONLOAD = "radixark/miles (torch_memory_saver: 'Cannot resume allocation that is not paused' on a second onload)"
+MILES_ONLOAD = ("rlops/rlix rlix/pipeline/miles_pipeline.py f73bfaf (_before_training: a second wake hits torch_memory_saver's "
+                "'Cannot resume allocation that is not paused')")
 VERL_OMNI_380 = "verl-project/verl-omni #380 (an abort with no acknowledgement; default wake tags leave the KV cache asleep)"
 VERL_7846 = "volcengine/verl #7846 (a KV restore resumes the scheduler and resume_generation resumes it again)"
 OMNI_4473 = "vllm-project/vllm-omni #4473 (a repeated sleep is not idempotent)"
