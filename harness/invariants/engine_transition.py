@@ -13,6 +13,7 @@ gates:
 | ``rank_state`` past ``waking`` whose tags are awake (not in ``asleep_tags``); ``effect_end`` ``Wake`` (every tag) | ``wake(...)`` of those tags that were asleep |
 | ``engine_tag`` ``weights`` / ``kv_cache`` ``awake`` | ``wake(tag)``; ``prefix_cache`` ``invalidated``: ``invalidate`` |
 | ``effect_start`` / ``effect_end`` ``SyncFromCache`` (one version) | ``load_start`` / ``load_end`` (``load_failed`` with an ``error``) |
+| ``rank_state`` turning ``synced`` with no update open on the rank (a log without the effects) | ``load_start``, ``load_end``, ``finalize`` |
 | ``sync_end`` with ``ok`` false (the sync of that version failed) | ``load_failed`` |
 | ``effect_start`` ``Finalize`` | ``finalize`` |
 | ``effect_start`` ``PauseGeneration`` / ``ContinueGeneration`` | ``pause(keep)`` / ``resume`` |
@@ -138,6 +139,11 @@ class _Replay:
         if new not in _ASLEEP_STATES:
             asleep = set(r.get("asleep_tags") or ())
             self._woken(key, [t for t in (table.WEIGHTS, table.KV) if t not in asleep], r)
+        if new == "synced" and old != "synced" and self.state[key][table.WEIGHTS] not in ("loading", "loaded"):
+            # a log whose only record of the update is the lifecycle's (no effects): the rank's
+            # lifecycle activates only a finalized update, so the finalize is read from it too
+            for event in ("load_start", "load_end", "finalize"):
+                self.event(key, event, r)
         if new == "routable" and old != "routable":
             self.event(key, "resume", r)
 
