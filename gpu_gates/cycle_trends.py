@@ -6,14 +6,20 @@ Rank 0 is the trainer (the refit's producer), rank 1 a colocated inference engin
 (``gpu_gates/engines/tiny_engine.py``: weights and a KV cache on the device, tagged as vLLM tags
 them, plus FP8 KV-cache scales the engine needs). Every cycle, after vLLM's RL sequence:
 
-1. the engine sleeps (level 1 on even cycles, level 2 on odd ones) and its residue is
-   measured (CUDA ``memory_allocated``; on CPU the live bytes of the tensors it allocated);
-2. it wakes its ``weights`` tag, takes a refit over the harness's refit stream
+1. the engine wakes its ``weights`` tag, takes a refit over the harness's refit stream
    (``harness/refit/stream.py`` on ``gpu_gates/transports/zmq_stream.py``; oversized
-   tensors alone) of the trainer's changed state, KV-cache scales included, then wakes its
-   ``kv_cache`` tag; the weights must be bit-exact and every tensor the engine requires
-   must have arrived (check ``refit_complete``; NeMo RL #3226);
+   tensors alone) of the trainer's changed state, KV-cache scales included, finalizes, wakes
+   its ``kv_cache`` tag, invalidates its prefix cache, resumes and serves one request; the
+   weights must be bit-exact and every tensor the engine requires must have arrived (check
+   ``refit_complete``; NeMo RL #3226);
+2. it pauses (``abort`` and ``keep`` by turns), is drained, sleeps (level 1 on even cycles,
+   level 2 on odd ones) and its residue is measured (CUDA ``memory_allocated``; on CPU the
+   live bytes of the tensors it allocated);
 3. both ranks build a process group for the cycle and destroy it.
+
+Each engine call is an event of the engine's transition table (``harness/control/engine_table.py``),
+refused when illegal, and recorded; the oracle's ``engine_transition`` judges the gate's log
+against the same table.
 
 Per cycle the gate writes ``trend_sample`` records: ``residue_bytes`` (engine, after
 sleep), ``ipc_bytes`` (trainer: its staging memory after the refit — its ``/dev/shm`` files
@@ -27,7 +33,9 @@ Fault hooks (``RLHARNESS_GATE_TEST_HOOK``), one per leak class: ``residue_grows`
 engine's sleep keeps its KV cache: NeMo RL #2619), ``ipc_staging_leak`` (the producer keeps
 each released staging pair: vLLM #51258), ``leak_cycle_group`` (the cycle's group is never
 destroyed), ``refit_slows`` (each refit's load waits ``20 ms x cycle``), and
-``drop_kv_scales`` (the trainer exports parameters and buffers only: NeMo RL #3226).
+``drop_kv_scales`` (the trainer exports parameters and buffers only: NeMo RL #3226); and
+``resume_kv_asleep`` for the table (cycle 1 resumes with its KV cache asleep on an engine that
+does not refuse, verl-omni #380: ``engine_transition``).
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ from harness.refit import stream as proto  # noqa: E402
 from gpu_gates.sync.bucket_cache import dtype_name, state_digests  # noqa: E402
 
 SENDER, ENGINE = 0, 1
+#: the records the oracle reads: the trends, the refit's wire, the engine's calls (engine_transition)
+ENGINE_KINDS = ("trend_sample", "engine_required", "effect_start", "effect_end", "rank_state", "engine_tag",
+                "request_dispatch")
 TRAIN_SEED = 2619
 SLOW_STEP_S = 0.02
 
@@ -163,23 +174,42 @@ def refit_engine(ctx: GateContext, receiver: zs.RefitReceiver, engine: TinyEngin
     ctx.check("bit_exact", not bad, f"cycle {cycle}: {len(bad)} tensor(s) differ from the trainer's: {bad}")
 
 
+def engine_cycle(ctx: GateContext, receiver: zs.RefitReceiver, engine: TinyEngine, cycle: int) -> None:
+    """vLLM's RL sequence, one call per event of the engine's table: wake the weights, take
+    the refit, finalize, wake the KV cache, invalidate the prefix cache, resume, serve one
+    request, pause (``abort`` and ``keep`` by turns) and, acknowledged, sleep (levels 1 and 2
+    by turns); the residue is measured after the sleep."""
+    ctx.set_phase(f"cycle {cycle}: refit")
+    engine.wake(["weights"])
+    engine.begin_load(cycle)
+    refit_engine(ctx, receiver, engine, cycle)
+    engine.end_load(cycle)
+    engine.finalize()
+    if not (cycle == 1 and ctx.hooks.get("resume_kv_asleep") is not None):
+        engine.wake(["kv_cache"])  # the hook: verl-omni #380's default wake tags ['weights'] leave it asleep
+    engine.invalidate()
+    engine.resume()
+    engine.generate(cycle)
+    engine.pause("abort" if cycle % 2 == 0 else "keep")
+    engine.drained()
+    level = 1 if cycle % 2 == 0 else 2
+    ctx.set_phase(f"cycle {cycle}: sleep level {level}")
+    engine.sleep(level)
+    sample(ctx, "residue_bytes/engine", cycle, engine.device_bytes())
+
+
 def run_engine(ctx: GateContext, endpoint: str) -> None:
     spec_model = TinyModel(TRAIN_SEED)
     spec = {n: (tuple(t.shape), dtype_name(t.dtype)) for n, t in spec_model.named_state()}
     spec.update({n: ((), "float32") for n in KV_SCALE_NAMES})
-    engine = TinyEngine(ctx.device, spec, ctx.args.kv_bytes, keep_kv_on_sleep=ctx.hooks.get("residue_grows") is not None)
+    # the hook resume_kv_asleep runs an engine from before vLLM's guard (#44483): it does not refuse
+    engine = TinyEngine(ctx.device, spec, ctx.args.kv_bytes, keep_kv_on_sleep=ctx.hooks.get("residue_grows") is not None,
+                        emit=ctx.emit, unguarded=ctx.hooks.get("resume_kv_asleep") is not None)
     receiver = zs.RefitReceiver(endpoint, peer=f"rank {SENDER}", timeout_s=ctx.args.stream_timeout_s,
                                 device=ctx.device, emit=ctx.emit)
     try:
         for cycle in range(ctx.args.cycles):
-            level = 1 if cycle % 2 == 0 else 2
-            ctx.set_phase(f"cycle {cycle}: sleep level {level}")
-            engine.sleep(level)
-            sample(ctx, "residue_bytes/engine", cycle, engine.device_bytes())
-            engine.wake(["weights"])
-            ctx.set_phase(f"cycle {cycle}: refit")
-            refit_engine(ctx, receiver, engine, cycle)
-            engine.wake(["kv_cache"])
+            engine_cycle(ctx, receiver, engine, cycle)
             ctx.set_phase(f"cycle {cycle}: group")
             cycle_group(ctx, cycle)
     finally:
@@ -211,7 +241,7 @@ def run(ctx: GateContext) -> None:
     ctx.data["cycles_wall_s"] = time.monotonic() - t0
     judge_own(ctx)
     ctx.data["records"] = [dict(r) for r in ctx.events.records
-                           if r["kind"].startswith("refit_") or r["kind"] in ("trend_sample", "engine_required")]
+                           if r["kind"].startswith("refit_") or r["kind"] in ENGINE_KINDS]
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
@@ -222,7 +252,8 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     recs = sorted((rec for d in by_rank.values() for rec in d.get("records", [])),
                   key=lambda rec: (rec["t"], rec["rank"], rec["_seq"]))
     violations = check_log([{**rec, "seq": i} for i, rec in enumerate(recs)],
-                           ["cycle_trends", "refit_payload", "refit_wire"])
+                           ["cycle_trends", "refit_payload", "refit_wire", "engine_transition",
+                            "engine_stood_down"])
     figures = {s: f for d in by_rank.values() for s, f in d.get("trends", {}).items()}
     wall = max((d.get("cycles_wall_s", 0.0) for d in by_rank.values()), default=0.0)
     return {"cycles": args.cycles, "trends": figures, "cycles_wall_s": wall,

@@ -46,6 +46,8 @@ passes one by accident on a real node). The value is a comma-separated list of s
 ``refit_slows``         cycle_trends: each refit's first load waits 20 ms x the cycle number
 ``drop_kv_scales``      cycle_trends: the trainer exports parameters and buffers only, not the
                         engine's FP8 KV-cache scales (NeMo RL #3226)
+``resume_kv_asleep``    cycle_trends: cycle 1 skips the KV-cache wake and the engine, unguarded, resumes
+                        and serves with it asleep (verl-omni #380)
 
 POINT is a name a gate passes to :meth:`GateContext.hook`, e.g. ``cycle_begin``.
 """
@@ -65,7 +67,7 @@ POINT_HOOKS = ("hang", "raise", "kill")
 PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers", "late_start",
                "leader_gate_off", "fail_report_write", "late_skip_report", "late_usage_error", "world_sync_group", "solo_pipelines",
                "wrong_normalizer", "wrong_loss", "chunk_grads_lost", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
-               "leak_cycle_group", "refit_slows", "drop_kv_scales")
+               "leak_cycle_group", "refit_slows", "drop_kv_scales", "resume_kv_asleep")
 
 #: plain hooks whose argument is a delay in seconds (checked positive when parsed)
 DELAY_HOOKS = ("late_receivers", "late_start", "late_skip_report", "late_usage_error")

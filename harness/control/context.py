@@ -30,6 +30,13 @@ class PipelineContext:
     # RLix's MILES release-after-offload (scheduler option release_after_offload): the
     # training GPUs are released once the offload ran, even when the sync after it fails
     release_after_offload: bool = False
+    # RLix's MILES wait for the engines' memory after the training grant (rlops/rlix PR #11:
+    # pipeline option wait_offloaded; harness/control/effects.py WaitEnginesOffloaded)
+    wait_offloaded: bool = False
+    # RLix's MILES refit pauses the serving ranks around finalize (pipeline option
+    # finalize_pause): "none" (RLix nemo), "continue_after" (continue_generation after a
+    # finalize that returned: before rlops/rlix PR #14), "continue_finally" (in a finally: PR #14)
+    finalize_pause: str = "none"
 
     @property
     def residency(self) -> Dict[str, PhaseResidency]:

@@ -163,6 +163,32 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class PauseGeneration:
+    """Pause the serving ranks' schedulers around the refit's finalize (RLix's MILES model
+    update service: ``pause_generation(mode="retract")``, rlops/rlix
+    ``rlix/pipeline/miles_model_update_service.py`` at a8460a9): in-flight requests are kept
+    and go on at :class:`ContinueGeneration`; the ranks stay in routing's active set."""
+
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class ContinueGeneration:
+    """``continue_generation``: the paused schedulers run again."""
+
+    ranks: Ranks
+
+
+@dataclass(frozen=True)
+class WaitEnginesOffloaded:
+    """RLix's MILES wait after the training grant (rlops/rlix PR #11, f73bfaf,
+    ``MilesPipeline._wait_for_overlap_engines_offloaded``): phase 1 polls the engines on the
+    granted GPUs until they are offloaded, phase 2 polls the GPUs' used memory until the
+    largest is at most the residual target; each phase gives up after its timeout, and the
+    second one's expiry only warns ("wake_up may OOM") before training goes on."""
+
+
+@dataclass(frozen=True)
 class WakeTags:
     """Wake some memory tags of the ranks (vLLM ``wake_up(tags=[...])``): the staged wake
     brings the weights back for the refit and the KV cache only after it."""

@@ -28,9 +28,10 @@ a resume with a tag asleep or a KV wake before the weights, as vLLM does since #
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
+from harness.control import engine_table as table
 from harness.control.effects import Abort, Pause, Ranks
 from harness.control.rank_state import RankStateError
 
@@ -60,45 +61,75 @@ class EngineStateError(RankStateError):
     """An engine call vLLM refuses (or that would corrupt it): the order was broken."""
 
 
-@dataclass
 class EngineTags:
-    """One DP rank's engine: its tags, whether its scheduler is paused, how it slept."""
+    """One DP rank's engine: its state in the engine's transition table
+    (``harness/control/engine_table.py``), asked before every call, and whether its weights hold a
+    whole model (a level-1 copy, or every bucket reloaded: what the table cannot see)."""
 
-    name: str
-    tags: Dict[str, str] = field(default_factory=lambda: {"weights": "discarded", "kv_cache": "asleep"})
-    paused: bool = True  # created asleep (RLix offloads every engine after init)
-    level: int = 2
-    loaded: bool = False  # weights hold a whole model (restored from host, or fully reloaded)
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state: Dict[str, str] = dict(table.INITIAL)  # created asleep (RLix offloads every engine after init)
+        self.whole = False
+
+    @property
+    def tags(self) -> Dict[str, str]:
+        """vLLM's view of the memory tags: ``awake`` once mapped (the weights also while blank or
+        being written), else how they sleep (``offloaded`` / ``discarded``; ``asleep``)."""
+        weights = self.state[table.WEIGHTS]
+        return {"weights": weights if weights in ("offloaded", "discarded") else "awake",
+                "kv_cache": self.state[table.KV]}
+
+    @property
+    def paused(self) -> bool:
+        return self.state[table.SCHEDULER] != "running"
 
     def asleep_tags(self) -> List[str]:
-        return [t for t in TAGS if self.tags[t] != "awake"]
+        tags = self.tags
+        return [t for t in TAGS if tags[t] != "awake"]
 
-    def pause(self) -> None:
-        self.paused = True
+    def _step(self, event: str) -> None:
+        why = table.step(self.state, event)
+        if why is not None:
+            raise EngineStateError(f"{self.name}: {why.name} refused ({why.describe()})")
+
+    def force(self, event: str) -> None:
+        """What a fault's controller does past the engine's refusal (recorded as it happened)."""
+        table.apply(self.state, event)
+
+    def pause(self, mode: str) -> None:
+        self._step(f"pause({mode})")
+
+    def drained(self) -> None:
+        """The pause acknowledged: no request of the engine still runs."""
+        self._step("drained")
 
     def sleep(self, level: int) -> None:
-        if not self.paused:
-            raise EngineStateError(f"{self.name}: sleep while the scheduler runs (pause first)")
-        self.level = level
-        self.tags = {"weights": "offloaded" if level == 1 else "discarded", "kv_cache": "asleep"}
-        self.loaded = level == 1  # a level-1 copy is whole; level 2 keeps nothing
+        self._step(table.sleep_event(level))
+        self.whole = level == 1  # a level-1 copy is whole; level 2 keeps nothing
 
     def wake(self, tags: Tuple[str, ...]) -> None:
-        if "kv_cache" in tags and "weights" not in tags and self.tags["weights"] != "awake":
-            raise EngineStateError(f"{self.name}: KV cache woken before the weights")
-        for tag in tags:
-            self.tags[tag] = "awake"
+        for event in table.wake_events(tags):
+            self._step(event)
+
+    def begin_load(self) -> None:
+        self._step("load_start")
 
     def load(self, complete: bool) -> None:
-        """Weights written by a refit: ``complete`` when every bucket of the model arrived."""
-        if self.tags["weights"] != "awake":
-            raise EngineStateError(f"{self.name}: weights loaded while asleep")
-        self.loaded = self.loaded or complete
+        """The update's write ended: ``complete`` when every bucket of the model arrived."""
+        self._step("load_end")
+        self.whole = self.whole or complete
+
+    def finalize(self) -> None:
+        self._step("finalize")
+
+    def invalidate(self) -> None:
+        """The prefix cache flushed (SGLang's ``flush_cache`` in ``finalize_weight_update``)."""
+        self._step("invalidate")
 
     def resume(self) -> None:
-        asleep = self.asleep_tags()
-        if asleep:
-            raise EngineStateError(f"{self.name}: resume with {', '.join(asleep)} asleep (vllm #44483)")
-        if not self.loaded:
+        why = table.illegal(self.state, "resume")
+        if why is not None:
+            raise EngineStateError(f"{self.name}: {why.name} refused ({why.describe()})")
+        if not self.whole:
             raise EngineStateError(f"{self.name}: resume before the weights were fully reloaded")
-        self.paused = False
+        table.apply(self.state, "resume")

@@ -18,10 +18,12 @@ from harness.control.effects import (
     BeginProgressBatch,
     BuildCache,
     Compute,
+    ContinueGeneration,
     DestroyTrainComm,
     Finalize,
     LockCoordinator,
     OffloadTraining,
+    PauseGeneration,
     PromoteCache,
     PublishVersion,
     ReleaseGpus,
@@ -30,6 +32,7 @@ from harness.control.effects import (
     SyncFromCache,
     UnlockCoordinator,
     WaitBatch,
+    WaitEnginesOffloaded,
 )
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 
@@ -49,6 +52,8 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     yield WaitBatch(step)
     # before_training: ACTOR_TRAINING preempts the GEN ranks on the training GPUs
     yield RequestGpus(ACTOR_TRAIN, Priority.ACTOR_TRAINING, step)
+    if ctx.wait_offloaded:  # the engines' release may answer before the driver has the memory back
+        yield WaitEnginesOffloaded()
     yield ReloadTrainComm()
     yield Compute("train", step)
     version = step + 1
@@ -57,7 +62,7 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     else:
         yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
         yield from _offload(ctx)
-        yield from _refresh_and_publish(version)
+        yield from _refresh_and_publish(version, ctx.finalize_pause)
         yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (release_after_publish)
     yield BeginProgressBatch(step + 1)
 
@@ -68,16 +73,37 @@ def _offload(ctx: PipelineContext) -> Generator:
         yield DestroyTrainComm()
 
 
-def _refresh_and_publish(version: int) -> Generator:
+def _refresh_and_publish(version: int, finalize_pause: str = "none") -> Generator:
     """after_training: active refresh of the ranks still serving, under the coordinator lock."""
     yield LockCoordinator("active_refresh")
     yield PromoteCache(version)
     ranks = yield ActiveRanks()
     if ranks:
         yield SyncFromCache(tuple(ranks), version, "active")
-        yield Finalize(tuple(ranks))
+        yield from _finalize(tuple(ranks), finalize_pause)
     yield PublishVersion(version, "active")
     yield UnlockCoordinator("active_refresh")
+
+
+def _finalize(ranks, finalize_pause: str) -> Generator:
+    """Finalize the serving ranks; RLix's MILES model update service pauses their schedulers
+    around it (rlops/rlix ``rlix/pipeline/miles_model_update_service.py``): before PR #14
+    ``continue_generation`` came after a finalize that returned, so a failed finalize left
+    generation paused for good; PR #14 (0302437, in a8460a9) moved it into a ``finally``."""
+    if finalize_pause == "none":
+        yield Finalize(ranks)
+        return
+    yield PauseGeneration(ranks)
+    if finalize_pause == "continue_after":
+        yield Finalize(ranks)
+        yield ContinueGeneration(ranks)
+        return
+    try:
+        yield Finalize(ranks)
+    except Exception:  # PR #14's finally (not a finally: a generator closed at the run's end must not yield)
+        yield ContinueGeneration(ranks)
+        raise
+    yield ContinueGeneration(ranks)
 
 
 def _after_training_miles(ctx: PipelineContext, step: int, version: int) -> Generator:
@@ -97,7 +123,7 @@ def _after_training_miles(ctx: PipelineContext, step: int, version: int) -> Gene
             raise
         yield from _offload(ctx)
         offloaded = True
-        yield from _refresh_and_publish(version)
+        yield from _refresh_and_publish(version, ctx.finalize_pause)
     except Exception:
         if offloaded:
             yield ReleaseGpus(ACTOR_TRAIN, step)

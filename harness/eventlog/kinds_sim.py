@@ -15,9 +15,14 @@ SIM_KINDS: dict = {
     "rank_state": _k("An inference DP rank entered a lifecycle state (asleep|waking|awake_unrouted|synced|routable|draining|stopped).",
                      {"pipeline_id": "str", "dp_rank": "int", "state": "str", "gpus": "int_list"},
                      {"version": "int?", "asleep_tags": "list"}),
-    "engine_tag": _k("A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py). "
+    "engine_tag": _k("A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py; "
+                     "a gate's engine writes one per tag it wakes, and tag prefix_cache state invalidated for a prefix-cache reset). "
                      "A rank_state record's asleep_tags lists the tags still asleep in a state past waking.",
                      {"pipeline_id": "str", "dp_rank": "int", "tag": "str", "state": "str"}),
+    "offload_wait": _k("RLix's MILES wait after the training grant ended (rlops/rlix PR #11): outcome ok (the largest used "
+                       "memory of the GPUs reached the threshold) or timeout (RLix warns 'wake_up may OOM' and trains anyway).",
+                       {"pipeline_id": "str", "step": "int", "gpus": "int_list", "outcome": "str", "state_wait_s": "number",
+                        "memory_wait_s": "number", "max_used": "int", "threshold": "int"}),
     "request_pause": _k("A keep pause froze a request in its rank's engine (it goes on after the rank resumes).",
                         {"pipeline_id": "str", "request": "int", "dp_rank": "int", "mode": "str"}, {"tokens_left": "int"}),
     "request_resume": _k("A request a keep pause froze goes on, on the rank that kept it.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from harness.control.rank_state import RankState
 from simulators.runtime.env import Timer
+from simulators.runtime.simulation import SimFailure
 
 DRAIN_POLL_S = 0.05  # how often a drain looks at num_requests_running (RLix polls it)
 _NONE: dict = {}  # no extra rank_state fields (read only)
@@ -25,7 +26,7 @@ class EngineEffects:
         self._abort_hung = 0
         for rank in ranks:
             rank.life.on("abort")  # off routing, on the way to sleep: the lifecycle's draining
-            rank.engine.pause()
+            rank.engine.pause(e.mode)
             self._log_rank(rank)
         if self._fault_due("abort_on_pause") and routed:
             # miles #2372: the weight update aborts every request whatever the pause mode
@@ -65,7 +66,7 @@ class EngineEffects:
             if rank.engine.tags["kv_cache"] == "awake":
                 continue
             if forced:
-                rank.engine.tags["kv_cache"] = "awake"  # the fault: past the engine's refusal
+                rank.engine.force("wake(kv_cache)")  # the fault: past the engine's refusal
             else:
                 rank.engine.wake(("kv_cache",))
             for g in rank.gpus:
@@ -75,6 +76,39 @@ class EngineEffects:
     def _kv_bytes(self) -> int:
         per_gpu_weights = self.weight_bytes // self.spec.infer_tp
         return max(0, int(self.costs.kv_cache_fraction * self.sim.cluster.vram.capacity) - per_gpu_weights)
+
+    # ------------------------------------------------------------------ MILES' pause around finalize
+    def _PauseGeneration(self, e):
+        """``pause_generation(mode="retract")`` on serving ranks: their schedulers stop, what
+        they run is kept (a ``keep`` pause) and no new request is routed to them."""
+        ranks = [self.ranks[r] for r in e.ranks if self.ranks[r].routable]
+        for rank in ranks:
+            rank.engine.pause("keep")
+        self.router.pause_ranks(ranks, "keep")
+        return None
+
+    def _ContinueGeneration(self, e):
+        """``continue_generation``: the schedulers run again, the kept requests go on."""
+        ranks = [self.ranks[r] for r in e.ranks if self.ranks[r].routable and self.ranks[r].engine.paused]
+        for rank in ranks:
+            rank.engine.resume()
+        self.router.activate(ranks)
+        for rank in ranks:
+            self.router.resume_kept(rank)
+        return None
+
+    def _finalize_flush(self, ranks) -> None:
+        """MILES' ``finalize_weight_update`` flushes the prefix cache (SGLang ``/flush_cache``);
+        fault ``finalize_fails``: it raises on the serving ranks instead."""
+        if self.ctx.finalize_pause == "none":
+            return
+        serving = [r for r in ranks if self.ranks[r].routable]
+        if serving and self.faults.get("finalize_fails") == self.ctx.step:
+            self._fire("finalize_fails")
+            raise SimFailure(f"{self.pid} finalize_weight_update failed on dp {serving}")
+        for r in serving:
+            self.ranks[r].engine.invalidate()
+            self.sim.emit("engine_tag", pipeline_id=self.pid, dp_rank=r, tag="prefix_cache", state="invalidated")
 
     # ------------------------------------------------------------------ resume
     def _resume(self, rank, forced: bool) -> None:
@@ -86,10 +120,9 @@ class EngineEffects:
             partial.discard(rank.dp_rank)
             forced = True
         if forced or late:
-            rank.engine.paused = False
+            rank.engine.force("resume")
         else:
             rank.engine.resume()
-        self.router.resume_kept(rank)
 
     def _after_activate(self, ranks) -> None:
         """Fault ``resume_before_kv_wake``: the KV cache of the ranks the controller resumed
@@ -102,7 +135,7 @@ class EngineEffects:
     def _engine_loaded(self, e, complete: bool) -> None:
         for r in e.ranks:
             rank = self.ranks[r]
-            if rank.engine.tags["weights"] == "awake":
+            if rank.engine.state["weights"] == "loading":
                 rank.engine.load(complete)
             if not complete:
                 self.__dict__.setdefault("_partially_loaded", set()).add(r)

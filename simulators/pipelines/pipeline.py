@@ -36,6 +36,7 @@ from simulators.pipelines.engine_effects import EngineEffects
 from simulators.runtime.env import Actor, Link, Timer
 from simulators.faults.field import FieldFaults
 from simulators.pipelines.inference import RankSim, Router, decode_step_time
+from simulators.pipelines.late_release import LateRelease
 from simulators.pipelines.rollouts import RolloutEffects
 from simulators.pipelines.training import TrainingEffects
 from simulators.faults.oracle import OracleFaults, request_under_lock
@@ -52,7 +53,8 @@ _TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old
                    Priority.ACTOR_TRAINING: "train"}
 
 
-class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults):
+class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults,
+                  OracleFaults):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
     :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
     (pipeline_training.py), workload effects and trajectory collection from
@@ -73,6 +75,7 @@ class PipelineSim(RankEffects, EngineEffects, RefitEffects, TrainingEffects, Rol
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
             versions=VersionBook(clamp_bootstrap=nemo),
             release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
+            wait_offloaded=spec.wait_offloaded, finalize_pause=spec.finalize_pause,
             trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
                                     offload_nccl=spec.offload_nccl),
             engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))

@@ -82,6 +82,9 @@ class RankEffects:
                 continue  # the fault's controller does not ask (oracle_faults.py)
             # refused by the lifecycle unless the rank holds synced weights (SYNCED/ROUTABLE)
             rank.life.on("finalized")
+            if rank.engine.state["weights"] == "loaded":  # an update to end (an active refresh may have none)
+                rank.engine.finalize()
+        self._finalize_flush(e.ranks)  # MILES' finalize flushes the prefix cache (engine_effects.py)
         return None
 
     def _PublishVersion(self, e):
@@ -100,6 +103,7 @@ class RankEffects:
                 rank.life.on("activated")
             self._resume(rank, forced=unchecked)
             self._log_rank(rank)
+            self.router.resume_kept(rank)  # a keep pause's frozen requests go on once the engine runs
         self.router.activate(ranks)
         self._after_activate(ranks)
         return None
@@ -111,7 +115,7 @@ class RankEffects:
         routed = [rank for rank in ranks if rank.routable]
         for rank in ranks:
             rank.life.on("abort")
-            rank.engine.pause()
+            rank.engine.pause("abort")
             self._log_rank(rank)
         aborted = len(self.router.deactivate(routed)) if routed else 0
         at = self.faults.get("abort_never_wakes")
@@ -126,7 +130,8 @@ class RankEffects:
         c = self.costs
         hung = self._abort_hung
         drained = []
-        if hung or c.drain_s >= c.shrink_drain_timeout_s or self.ctx.engine.pause_mode == "wait":
+        bounded = c.shrink_drain_timeout_s > 0  # 0: no deadline (NVIDIA-NeMo/RL #3929's refit_timeout_s: null)
+        if bounded and (hung or c.drain_s >= c.shrink_drain_timeout_s or self.ctx.engine.pause_mode == "wait"):
             self.deadlines.arm("shrink_drain", c.shrink_drain_timeout_s, lambda: bool(drained))
         if hung:  # RLix Bug 7: abort_requests never wakes generate(), so nothing ever drains
             self.sim.emit("fault_fired", name="abort_never_wakes", pipeline_id=self.pid, step=self.ctx.step)
@@ -135,10 +140,12 @@ class RankEffects:
             yield from self._drain_paused(e.ranks)
         yield self.env.timeout(c.drain_s)
         drained.append(True)
+        for r in e.ranks:  # the pause acknowledged: nothing of it runs any more
+            self.ranks[r].engine.drained()
         return None
 
     def _Sleep(self, e):
-        vram, c = self.sim.cluster.vram, self.costs
+        c = self.costs
         if e.level == 1:
             # level 1 keeps the weights in host RAM: charged before VRAM is freed (a full
             # node fails the sleep), and the D2H copy lengthens the sleep
@@ -155,13 +162,11 @@ class RankEffects:
         for r in e.ranks:
             rank = self.ranks[r]
             owner = self._owner(rank)
+            # freed at once, or late (costs.release_to_freed_s; simulators/pipelines/late_release.py)
+            self._release(rank, ("kv_cache", "weights") if keep_nccl else ("kv_cache", "weights", "nccl"))
             for g in rank.gpus:
-                vram.free(g, owner, "kv_cache")
-                vram.free(g, owner, "weights")
-                if not keep_nccl:
-                    vram.free(g, owner, "nccl")
                 self._sleep_residue(g, owner)  # fault sleep_residue_grows (oracle_faults.py)
-                left = vram.held(g, owner)
+                left = self._residue(g, owner)
                 if left > c.post_sleep_threshold_bytes:
                     residues.append(f"dp{r} keeps {left} B on GPU {g}")
             rank.life.on("slept", level=e.level)

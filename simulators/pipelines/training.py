@@ -42,6 +42,17 @@ class TrainingEffects:
                     vram.alloc(g, owner, kind, nbytes, self.train_phase)
                 self.train_loaded.add(kind)
 
+    def _onload_again(self, kinds) -> None:
+        """Fault ``double_onload``: a second onload of training state already resident. MILES'
+        torch_memory_saver refuses to resume a region that is not paused, and the run fails
+        (rlops/rlix ``rlix/pipeline/miles_pipeline.py`` at f73bfaf: ``_before_training`` does not
+        onload because ``train()`` wakes on its own)."""
+        resident = [kind for kind in TRAIN_STATE_KINDS if kind in kinds and kind in self.train_loaded]
+        self.sim.emit("fault_fired", name="double_onload", pipeline_id=self.pid, step=self.ctx.step)
+        if resident:
+            raise SimFailure(f"{self.pid}/train onload of {', '.join(resident)}: [torch_memory_saver.cpp] "
+                             "Cannot resume allocation that is not paused")
+
     def _create_train_comm(self):
         """Create (or reload) the training process groups. A group of one GPU has no peer
         and holds no communicator buffers (ROLL's ReloadableProcessGroup skips it): bytes
@@ -74,6 +85,8 @@ class TrainingEffects:
         if "nccl" in row.loads and not self.train_comm_live:
             yield from self._create_train_comm()
         self._load_train(row.loads)
+        if e.what == "train" and self.faults.get("double_onload") == self.ctx.step:
+            self._onload_again(row.loads)
         c, n = self.costs, self.ctx.step_target
         if e.what == "train":
             dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)

@@ -50,6 +50,8 @@ class RefitEffects:
         finished = []  # RLix wraps the whole sync in one deadline (selective_sync)
         self.deadlines.arm("selective_sync", c.selective_sync_timeout_s, lambda: bool(finished))
         partial = self._partial_reload(e)
+        for r in e.ranks:  # the engines take the update (refused into sleeping weights: vllm #57853)
+            self.ranks[r].engine.begin_load()
         timing = _ColocatedIpcTiming(self, e) if self.spec.refit_path == "colocated_ipc" else _SyncTiming(self, e)
         yield from interpret(ss.selective_sync(self._sync_plan(e, partial)), timing.handle)
         for r in e.ranks:

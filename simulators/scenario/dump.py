@@ -62,6 +62,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "offload_nccl": p.offload_nccl,
                 # a single controller's engines never pause for a shrink: it has no such fields
                 **({} if p.type == "single_controller" else {"pause_mode": p.pause_mode, "wake": p.wake}),
+                **({"wait_offloaded": True} if p.wait_offloaded else {}),
+                **({} if p.finalize_pause == "none" else {"finalize_pause": p.finalize_pause}),
                 **({} if p.refit_path == "cpu_cache" else {"refit_path": p.refit_path}),
                 **({} if p.refit_export == "megatron_bridge" else {"refit_export": p.refit_export}),
                 "model": _sparse(p.model),

@@ -105,12 +105,15 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "post_sleep_threshold_bytes": _r("int", ">0", "bytes"),
         "handover_margin_bytes": _r("int", ">=0", "bytes"),
         "idle_bundle_bound_s": _r("float", ">=0", "s (0 = derived)"),
+        "release_to_freed_s": _r("float", ">=0", "s"),
+        "offload_wait_timeout_s": _r("float", ">0", "s"),
+        "max_residual_gpu_mem_bytes": _r("int", ">=0", "bytes"),
         "watchdog_s": _r("float", ">0", "s"),
         "scheduler_poll_s": _r("float", ">0", "s"),
         "await_release_timeout_s": _r("float", ">0", "s"),
         "resize_lock_timeout_s": _r("float", ">0", "s"),
         "selective_sync_timeout_s": _r("float", ">0", "s"),
-        "shrink_drain_timeout_s": _r("float", ">0", "s"),
+        "shrink_drain_timeout_s": _r("float", ">=0", "s; 0 = none"),
     },
     StreamingSpec: {
         "sampler": _r("str"),
@@ -159,6 +162,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "offload_nccl": _r("bool"),
         "pause_mode": _r("str"),
         "wake": _r("str"),
+        "wait_offloaded": _r("bool"),
+        "finalize_pause": _r("str"),
         "refit_path": _r("str"),
         "refit_export": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
@@ -244,9 +249,13 @@ def refit_export_problem(vals: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+#: RLix's MILES pause around the active refresh's finalize (harness/control/context.py finalize_pause)
+FINALIZE_PAUSES = ("none", "continue_after", "continue_finally")
+
+
 def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """(field, problem) for a pipeline's engine modes (harness/control/engine.py), or None."""
-    for key, allowed in (("pause_mode", PAUSE_MODES), ("wake", WAKE_MODES)):
+    for key, allowed in (("pause_mode", PAUSE_MODES), ("wake", WAKE_MODES), ("finalize_pause", FINALIZE_PAUSES)):
         if key in vals and vals[key] not in allowed:
             return key, f"must be one of {', '.join(allowed)}, got {vals[key]!r}"
     for key in ("pause_mode", "wake"):

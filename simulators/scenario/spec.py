@@ -149,13 +149,24 @@ class CostSpec:
     # its inference mapping idles (idle_bundle_starvation); 0 = derived from the scenario's
     # own timescales (polls, watchdog, a wake and a sync: simulators/runtime/timeouts.py)
     idle_bundle_bound_s: float = 0.0
+    # seconds from an engine's sleep returning to its memory leaving the VRAM ledger: SGLang's
+    # release_memory_occupation answers 200 before the driver has the memory back (THUDM/slime
+    # #579; radixark/miles #86: 29.39 GB still used); 0 = freed at the return (vLLM's sleep)
+    release_to_freed_s: float = 0.0
+    # the MILES wait after the training grant (pipeline option wait_offloaded; rlops/rlix PR #11,
+    # f73bfaf): each phase's timeout (timeout_s=60) and the largest residue it waits for
+    # (MILES_MAX_RESIDUAL_GPU_MEM_GB = 10; nvidia-smi's MiB / 1024)
+    offload_wait_timeout_s: float = 60.0
+    max_residual_gpu_mem_bytes: int = 10 * GiB
     watchdog_s: float = 2.0  # NeMo GEN re-request watchdog period
     scheduler_poll_s: float = 1.0  # RLix central loop poll (background rebalance)
     # RLix's timeouts; each expiry is a fail-fast shutdown of the run (simulators/runtime/timeouts.py)
     await_release_timeout_s: float = 300.0  # RLIX_NOTIFY_READY_TIMEOUT_S: planned shrink-to-zero
     resize_lock_timeout_s: float = 180.0  # RLIX_RESIZE_LOCK_TIMEOUT_S: coordinator lock acquire
     selective_sync_timeout_s: float = 150.0  # ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S: one weight sync
-    shrink_drain_timeout_s: float = 30.0  # rebalance_on_shrink: aborted requests draining out of a rank
+    # rebalance_on_shrink: aborted requests draining out of a rank; 0 = no deadline (an
+    # unbounded pause: NeMo RL's refit_timeout_s: null, NVIDIA-NeMo/RL #3929)
+    shrink_drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -250,6 +261,13 @@ class PipelineSpec:
     # defaults are RLix's: sleep_partial(mode="abort"), one wake of every tag
     pause_mode: str = "abort"
     wake: str = "all"
+    # RLix's MILES wait after the training grant until the engines' memory is back (rlops/rlix
+    # PR #11; docs/engine-lifecycle.md); off by default, as on RLix's nemo branch
+    wait_offloaded: bool = False
+    # RLix's MILES pause of the serving ranks around the active refresh's finalize (rlops/rlix
+    # rlix/pipeline/miles_model_update_service.py): none (RLix nemo), continue_after (before
+    # PR #14), continue_finally (PR #14: continue_generation in a finally)
+    finalize_pause: str = "none"
     # how a refit reaches the inference ranks (simulators/refit/sync.py, docs/cost-model.md):
     # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
     # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
@@ -390,6 +408,13 @@ class FaultSpec:
       first (docs/rlix-variants.md).
     * ``lost_cache_handoff`` — from that step on, a release of the cache owner's lock forgets
       the call queued for it: the lock is free and the waiter is never woken (``lost_wakeup``).
+    * ``double_onload`` — at that step the controller onloads the training state before
+      training, whose own wake onloads it again: the second onload is refused as MILES'
+      torch_memory_saver refuses it ("Cannot resume allocation that is not paused"; rlops/rlix
+      ``rlix/pipeline/miles_pipeline.py`` at f73bfaf, ``_before_training``) and the run fails.
+    * ``finalize_fails`` — at that step the active refresh's finalize fails on the serving
+      ranks (``finalize_weight_update`` raises): the run fails; with ``finalize_pause:
+      continue_after`` the ranks stay paused (rlops/rlix PR #14's bug; ``engine_stood_down``).
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
@@ -431,7 +456,8 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
-                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock")
+                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
+                      "double_onload", "finalize_fails")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

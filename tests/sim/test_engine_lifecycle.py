@@ -102,8 +102,8 @@ def test_a_level2_wake_with_a_partial_reload_fires_engine_weights_and_level1_or_
 
 def test_resuming_before_the_kv_wake_fires_and_the_staged_wake_in_order_is_clean():
     res, found = run(scenario("resume_before_kv_wake"))
-    assert res.reason == "done" and found == {"engine_resume", "kv_cache_asleep"}
-    assert run(scenario("kv_wake_before_weights"))[1] == {"engine_resume"}
+    assert res.reason == "done" and found == {"engine_resume", "kv_cache_asleep", "engine_transition"}
+    assert run(scenario("kv_wake_before_weights"))[1] == {"engine_resume", "engine_transition"}
     fixed, found = run(scenario("nemo_level1_staged_wake"))
     assert fixed.reason == "done" and found == set()
     # the staged wake charges the KV cache to the VRAM ledger only after the refit

@@ -155,7 +155,7 @@ def test_fault_unknown_name():
         "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows, "
         "unclamped_base_stamp, lost_lock_handoff, partial_reload, resume_before_kv_wake, kv_wake_before_weights, "
         "abort_on_pause, stamp_at_completion, active_sync_fails, lost_cache_handoff, lost_release_ack, "
-        "watchdog_request_under_lock"
+        "watchdog_request_under_lock, double_onload, finalize_fails"
     )
 
 

@@ -279,7 +279,8 @@ EXPECTED_FINDINGS = {
     # RLix's selective-sync timeout (test_timeouts.py); NeMo's init keeps the 4-GPU trainer's
     # Megatron groups (debug #24), whose buffers are on the GPUs its ranks first wake on
     "refit_over_slow_interconnect": ("failed", {"run_outcome", "handover"}),
-    "abort_never_wakes": ("failed", {"run_outcome"}),  # RLix Bug 7: the shrink drain times out (test_timeouts.py)
+    # RLix Bug 7: the shrink drain times out (test_timeouts.py); the aborted engine is left paused
+    "abort_never_wakes": ("failed", {"run_outcome", "engine_stood_down"}),
     "whole_model_sync_bucket": ("failed", {"vram", "run_outcome"}),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
@@ -327,8 +328,8 @@ EXPECTED_FINDINGS = {
     "costmodel_7b_and_1p5b_h100": ("done", {"handover"}),
     # the engine lifecycle's classes (docs/engine-lifecycle.md, tests/sim/test_engine_lifecycle.py)
     "level2_partial_reload": ("done", {"engine_weights"}),  # vllm #29341
-    "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep"}),  # vllm #44483
-    "kv_wake_before_weights": ("done", {"engine_resume"}),
+    "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep", "engine_transition"}),  # vllm #44483
+    "kv_wake_before_weights": ("done", {"engine_resume", "engine_transition"}),
     "pause_wait_aborted": ("done", {"pause_lost_work", "idle_bundle_starvation"}),  # miles #2372; the wait pause stalls the cycle
     "engine_pause_modes": ("done", {"idle_bundle_starvation"}),  # the wait-mode pause stalls the serial cycle
     "version_stamped_at_completion": ("done", {"version_at_dispatch"}),  # rllm #622
@@ -372,6 +373,17 @@ EXPECTED_FINDINGS = {
     # with the wake and sleep copies charged once, qa finishes in a cycle whose planned release
     # is acked early: known upstream behaviour beside the finding the scenario is for
     "handover_headroom_tight": ("done", {"handover", "handover_headroom", "planned_release_ack", "in_flight_at_sleep"}),
+    # memory released late (slime #579, miles #86): the grant comes while it is on the GPU
+    # (handover); without RLix PR #11's wait, or past its timeout, the trainer's onload OOMs
+    "late_release_wake_oom": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
+    "late_release_wait_saves_wake": ("done", {"handover"}),
+    "late_release_wait_times_out": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
+    "miles_double_onload": ("failed", {"run_outcome"}),  # torch_memory_saver refuses the second onload
+    # rlops/rlix PR #14: a failed finalize left generation paused; the fix resumes it (unflushed)
+    "miles_finalize_fails_paused": ("failed", {"engine_stood_down", "run_outcome"}),
+    "miles_finalize_fails_resumed": ("failed", {"engine_transition", "run_outcome"}),
+    # NeMo RL #3929: abort_never_wakes without the drain's deadline hangs to the horizon
+    "unbounded_pause_hangs": ("horizon", {"engine_stood_down", "liveness"}),
 }
 
 

@@ -29,36 +29,45 @@ def fires(log, name, text):
 # ---------------------------------------------------------------- the state machine
 
 def test_a_level2_engine_resumes_only_after_both_tags_and_a_whole_reload():
-    e = EngineTags("p dp0")
-    e.sleep(2)
+    e = EngineTags("p dp0")  # created asleep at level 2, as RLix leaves every engine after init
     assert e.asleep_tags() == ["weights", "kv_cache"] and e.tags["weights"] == "discarded"
-    with pytest.raises(EngineStateError, match="KV cache woken before the weights"):
+    with pytest.raises(EngineStateError, match="kv_before_weights"):
         e.wake(("kv_cache",))
     e.wake(("weights",))
-    with pytest.raises(EngineStateError, match="kv_cache asleep"):
-        e.resume()
-    e.wake(("kv_cache",))
-    with pytest.raises(EngineStateError, match="fully reloaded"):
+    with pytest.raises(EngineStateError, match="resume_weights_not_ready"):
         e.resume()  # level 2 kept nothing: a wake alone is garbage (vllm #29341)
+    e.wake(("kv_cache",))
+    e.begin_load()
     e.load(complete=False)
+    e.finalize()
     with pytest.raises(EngineStateError, match="fully reloaded"):
         e.resume()
+    e.begin_load()
     e.load(complete=True)
+    e.finalize()
     e.resume()
     assert not e.paused
-    with pytest.raises(EngineStateError, match="pause first"):
+    with pytest.raises(EngineStateError, match="sleep_unquiesced"):
         e.sleep(1)
 
 
 def test_a_level1_engine_holds_its_whole_old_model_after_the_wake():
     e = EngineTags("p dp0")
+    e.wake(("weights", "kv_cache"))
+    e.begin_load()
+    e.load(complete=True)
+    e.finalize()
+    e.resume()
+    e.pause("keep")
     e.sleep(1)
     assert e.tags["weights"] == "offloaded"
     e.wake(("weights", "kv_cache"))
     e.resume()  # the old version, restored from host RAM: stale maybe, never garbage
-    e.pause()
-    with pytest.raises(EngineStateError, match="while asleep"):
-        EngineTags("q").load(complete=True)
+    e.pause("abort")
+    e.drained()
+    e.sleep(2)
+    with pytest.raises(EngineStateError, match="load_start"):
+        e.begin_load()  # into sleeping weights (vllm #57853)
 
 
 # ---------------------------------------------------------------- the orders per mode
@@ -120,7 +129,10 @@ def test_kv_cache_asleep_fires_on_a_dispatch_between_the_two_halves_of_a_wake(si
     log.insert(j + 1, {"seq": 0, "t": log[j]["t"], "kind": "engine_tag", "pipeline_id": rank["pipeline_id"],
                        "dp_rank": rank["dp_rank"], "tag": "kv_cache", "state": "awake"})
     found = check_log(reseq(log))
-    assert {v.invariant for v in found} == {"kv_cache_asleep", "engine_resume"}, [str(v) for v in found][:4]
+    # engine_transition: the log's wake had both tags awake, so the inserted one is a second KV onload
+    assert {v.invariant for v in found} == {"kv_cache_asleep", "engine_resume", "engine_transition"}, \
+        [str(v) for v in found][:4]
+    assert [v.message for v in found if v.invariant == "engine_transition"][0].count("kv_cache awake --wake(kv_cache)-->")
     assert [v.seq for v in found if v.invariant == "kv_cache_asleep"] == [log[j]["seq"]]
 
 
@@ -129,7 +141,10 @@ def test_engine_resume_fires_on_a_kv_wake_before_the_weights(sim_log):
     i = index(log, lambda r: r["kind"] == "rank_state" and r["state"] == "waking")
     log.insert(i, {"seq": 0, "t": log[i]["t"], "kind": "engine_tag", "pipeline_id": log[i]["pipeline_id"],
                    "dp_rank": log[i]["dp_rank"], "tag": "kv_cache", "state": "awake"})
-    fires(log, "engine_resume", "woke its KV cache while its weights were asleep")
+    found = check_log(reseq(log))
+    assert {v.invariant for v in found} == {"engine_resume", "engine_transition"}, [str(v) for v in found][:4]
+    assert any("woke its KV cache while its weights were asleep" in v.message for v in found)
+    assert [v.seq for v in found if "kv_before_weights" in v.message] == [log[i]["seq"]]
 
 
 def test_engine_weights_fires_when_a_level2_rank_serves_with_a_bucket_never_reloaded(sim_log):

@@ -233,6 +233,8 @@ OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py"
                   "ungrantable_preemption", "idle_bundle_starvation")},
               **{name: "tests/unit/test_engine_checks.py" for name in (
                   "kv_cache_asleep", "engine_resume", "engine_weights", "version_at_dispatch", "pause_lost_work")},
+              "engine_transition": "tests/unit/test_engine_transition.py",
+              "engine_stood_down": "tests/unit/test_engine_transition.py",
               **{name: "tests/unit/test_mutations.py" for name in (
                   "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
 

@@ -22,7 +22,9 @@ def vram(records: Records) -> List[Violation]:
     """Per GPU, resident bytes never exceed capacity — an ``oom`` record is an allocation
     that would have — no owner frees more than it holds, and a rank that went to sleep
     keeps at most the post-sleep threshold on each of its GPUs (rank owner
-    ``<pipeline>/dp<rank>``: weights, KV cache and communicator buffers must be gone)."""
+    ``<pipeline>/dp<rank>``: weights, KV cache and communicator buffers must be gone). Memory
+    the engine gave back that the driver has not yet freed (mem ``releasing``: a late release,
+    simulators/pipelines/late_release.py) is not the engine's residue; it still counts toward capacity."""
     out: List[Violation] = []
     capacity: Optional[int] = None
     threshold = DEFAULT_POST_SLEEP_THRESHOLD
@@ -33,6 +35,7 @@ def vram(records: Records) -> List[Violation]:
         threshold = (head.get("meta") or {}).get("post_sleep_threshold_bytes", threshold)
     used: Dict[int, int] = {}
     held: Dict[Tuple[int, str], int] = {}  # (gpu, owner) -> bytes
+    releasing: Dict[Tuple[int, str], int] = {}  # (gpu, owner) -> bytes released, not yet freed
     reported_over = set()
     for r in records:
         k = r["kind"]
@@ -43,6 +46,8 @@ def vram(records: Records) -> List[Violation]:
                 out.append(Violation("vram", r["seq"], f"GPU {g}: {owner} frees {-delta} B of {r['mem']} holding {now - delta} B"))
                 now = 0
             held[(g, owner)] = now
+            if r["mem"] == "releasing":
+                releasing[(g, owner)] = releasing.get((g, owner), 0) + delta
             total = used[g] = used.get(g, 0) + delta
             if capacity is not None and total > capacity and g not in reported_over:
                 reported_over.add(g)
@@ -58,7 +63,7 @@ def vram(records: Records) -> List[Violation]:
         elif k == "rank_state" and r["state"] == "asleep":
             owner = f"{r['pipeline_id']}/dp{r['dp_rank']}"
             for g in r["gpus"]:
-                left = held.get((g, owner), 0)
+                left = held.get((g, owner), 0) - releasing.get((g, owner), 0)
                 if left > threshold:
                     out.append(Violation("vram", r["seq"], f"{owner} asleep keeps {left} B on GPU {g}, above the post-sleep threshold {threshold} B"))
     return out

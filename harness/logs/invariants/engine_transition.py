@@ -1,0 +1,182 @@
+"""``engine_transition``: every engine event in the log is legal by the engine's transition
+table (``harness/control/engine_table.py``, docs/engine-lifecycle.md). ``engine_stood_down``: no engine
+ends the log paused and awake, with nothing left to wake it.
+
+The events are read from what the runtimes record, one vocabulary for the simulator and the
+gates:
+
+| record | event of each named rank |
+|---|---|
+| ``effect_start`` ``Abort`` / ``Pause`` (``mode``) | ``pause(abort)`` / ``pause(mode)`` |
+| ``effect_end`` ``Drain`` | ``drained`` (the pause's acknowledgement: no request left running) |
+| ``effect_start`` ``Sleep`` (``level``) | ``sleep(level)`` |
+| ``rank_state`` past ``waking`` whose tags are awake (not in ``asleep_tags``); ``effect_end`` ``Wake`` (every tag) | ``wake(...)`` of those tags that were asleep |
+| ``engine_tag`` ``weights`` / ``kv_cache`` ``awake`` | ``wake(tag)``; ``prefix_cache`` ``invalidated``: ``invalidate`` |
+| ``effect_start`` / ``effect_end`` ``SyncFromCache`` (one version) | ``load_start`` / ``load_end`` (``load_failed`` with an ``error``) |
+| ``rank_state`` turning ``synced`` with no update open on the rank (a log without the effects) | ``load_start``, ``load_end``, ``finalize`` |
+| ``sync_end`` with ``ok`` false (the sync of that version failed) | ``load_failed`` |
+| ``effect_start`` ``Finalize`` | ``finalize`` |
+| ``effect_start`` ``PauseGeneration`` / ``ContinueGeneration`` | ``pause(keep)`` / ``resume`` |
+| ``rank_state`` ``routable`` after another state | ``resume`` |
+| ``request_dispatch`` / ``request_resume`` | ``generate`` |
+
+A rank enters the table at :data:`~harness.control.engine_table.INITIAL` (asleep, level 2) and leaves it
+at ``stopped``. After an illegal event the replay moves on as the engine did (``apply``), so one
+misstep is named once, at its record.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from harness.control import engine_table as table
+from harness.logs.invariants.base import Records, Violation, invariant
+
+Rank = Tuple[str, int]
+_ASLEEP_STATES = ("asleep", "waking", "stopped")  # lifecycle states where no tag is awake
+_TAG_ASLEEP = {table.WEIGHTS: ("offloaded", "discarded"), table.KV: ("asleep",)}
+
+
+class _Replay:
+    """Each rank's table state, driven by the log's records."""
+
+    def __init__(self) -> None:
+        self.state: Dict[Rank, Dict[str, str]] = {}
+        self.life: Dict[Rank, str] = {}
+        self.open: Dict[str, Dict[object, List[Rank]]] = {}  # pipeline -> version -> ranks its open sync writes
+        self.out: List[Violation] = []
+        self._memo: Dict[Tuple[Tuple[str, ...], str], Optional[table.Illegal]] = {}
+        self.paused_at: Dict[Rank, dict] = {}  # rank -> the record of its pause not yet followed by a resume or sleep
+
+    def event(self, key: Rank, event: str, r: dict) -> None:
+        state = self.state.get(key)
+        if state is None:
+            state = self.state[key] = dict(table.INITIAL)
+        memo_key = (tuple(state.values()), event)
+        if memo_key not in self._memo:  # the table's answer depends only on the state and the event
+            self._memo[memo_key] = table.illegal(state, event)
+        why = self._memo[memo_key]
+        if event.startswith("pause("):
+            self.paused_at.setdefault(key, r)
+        elif event == "resume" or event.startswith("sleep("):
+            self.paused_at.pop(key, None)
+        if why is not None:
+            self.out.append(Violation("engine_transition", r["seq"], f"{key[0]} dp{key[1]}: illegal {why.describe()} "
+                                      f"(record {r['kind']}{' ' + r['effect'] if 'effect' in r else ''})"))
+        table.apply(state, event)
+
+    def on(self, r: dict) -> None:
+        kind = r["kind"]
+        pid = r.get("pipeline_id")
+        if kind in ("request_dispatch", "request_resume"):
+            self.event((pid, r["dp_rank"]), "generate", r)
+        elif kind == "rank_state":
+            self._rank_state(r, (pid, r["dp_rank"]))
+        elif kind == "engine_tag":
+            key = (pid, r["dp_rank"])
+            if r["tag"] == table.PREFIX and r["state"] == "invalidated":
+                self.event(key, "invalidate", r)
+            elif r["tag"] in _TAG_ASLEEP and r["state"] == "awake":
+                self.event(key, f"wake({r['tag']})", r)
+        elif kind == "sync_end" and pid is not None and r.get("ok") is False:
+            self._load_ended(pid, r.get("version"), "load_failed", r)
+        elif kind in ("effect_start", "effect_end"):
+            self._effect(r, pid)
+
+    def _load_ended(self, pid: str, version, event: str, r: dict) -> None:
+        syncs = self.open.get(pid) or {}
+        for key in syncs.pop(version, ()):
+            self.event(key, event, r)
+
+    def _effect(self, r: dict, pid: str) -> None:
+        name, start = r["effect"], r["kind"] == "effect_start"
+        if name == "SyncFromCache":  # the update: one per version of a pipeline at a time
+            version = r["args"].get("version")
+            if start:
+                ranks = [(pid, dp) for dp in r["args"]["ranks"]]
+                self.open.setdefault(pid, {})[version] = ranks
+                for key in ranks:
+                    self.event(key, "load_start", r)
+            else:
+                self._load_ended(pid, version, "load_failed" if r.get("error") else "load_end", r)
+            return
+        if not start and name == "Wake" and not r.get("error"):  # RLix's wake returned: every tag is awake
+            for dp in r["args"]["ranks"]:
+                self._woken((pid, dp), [table.WEIGHTS, table.KV], r)
+            return
+        if start and name == "Abort":
+            event = "pause(abort)"
+        elif start and name == "Pause":
+            event = f"pause({r['args']['mode']})"
+        elif start and name == "Sleep":
+            event = table.sleep_event(r["args"]["level"])
+        elif start and name == "PauseGeneration":
+            event = "pause(keep)"
+        elif start and name == "ContinueGeneration":
+            event = "resume"
+        elif start and name == "Finalize":
+            event = "finalize"
+        elif not start and name == "Drain":
+            event = "drained"
+        else:
+            return
+        # an effect that names no ranks (a disaggregated pipeline pauses its whole generation
+        # side) is not an engine call the table judges
+        for dp in r["args"].get("ranks", ()):
+            self.event((pid, dp), event, r)
+
+    def _woken(self, key: Rank, awake, r: dict) -> None:
+        """A record says ``awake`` tags are awake: those still asleep here woke (weights first)."""
+        state = self.state.setdefault(key, dict(table.INITIAL))
+        for event in table.wake_events([t for t in awake if state[t] in _TAG_ASLEEP[t]]):
+            self.event(key, event, r)
+
+    def _rank_state(self, r: dict, key: Rank) -> None:
+        new, old = r["state"], self.life.get(key)
+        self.life[key] = new
+        if new == "stopped":
+            self.state.pop(key, None)
+            self.paused_at.pop(key, None)
+            return
+        if new not in _ASLEEP_STATES:
+            asleep = set(r.get("asleep_tags") or ())
+            self._woken(key, [t for t in (table.WEIGHTS, table.KV) if t not in asleep], r)
+        if new == "synced" and old != "synced" and self.state[key][table.WEIGHTS] not in ("loading", "loaded"):
+            # a log whose only record of the update is the lifecycle's (no effects): the rank's
+            # lifecycle activates only a finalized update, so the finalize is read from it too
+            for event in ("load_start", "load_end", "finalize"):
+                self.event(key, event, r)
+        if new == "routable" and old != "routable":
+            self.event(key, "resume", r)
+
+
+@invariant("engine_transition", reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end",
+                                       "request_dispatch", "request_resume"))
+def engine_transition(records: Records) -> List[Violation]:
+    """Every engine event the log records is a legal transition of the engine's table."""
+    replay = _Replay()
+    for r in records:
+        replay.on(r)
+    return replay.out
+
+
+@invariant("engine_stood_down", reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end",
+                                       "request_dispatch", "request_resume"), sees=("header",))
+def engine_stood_down(records: Records) -> List[Violation]:
+    """No engine ends the log paused and awake: a pause that neither a resume nor a sleep
+    followed has nothing left to wake it (NVIDIA-NeMo/RL #3730: a stood-down engine nobody
+    wakes; rlops/rlix PR #14: a failed finalize left generation paused for good)."""
+    replay = _Replay()
+    for r in records:
+        replay.on(r)
+    if not records:
+        return []
+    last = records[-1]["seq"]
+    head = records[0] if records[0]["kind"] == "header" else {}
+    timeouts = (head.get("meta") or {}).get("timeouts") or {}
+    unbounded = ("; the drain has no deadline (an unbounded pause: NVIDIA-NeMo/RL #3929's refit_timeout_s: null)"
+                 if timeouts.get("shrink_drain_s") == 0 else "")
+    return [Violation("engine_stood_down", last, f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
+                      f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log "
+                      f"wakes it{unbounded}")
+            for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))]

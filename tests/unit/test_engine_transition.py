@@ -1,0 +1,233 @@
+"""The engine's transition table (harness/control/engine_table.py) and its check, engine_transition:
+every illegal transition the table defines is reached by a log and named at its record; the
+field's reports, written as logs by hand, are named; the legal sequences stay clean; the
+runtime's engine refuses what the table refuses."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Dict, List, Optional, Tuple
+
+import pytest
+
+from harness.control import engine_table as table
+from harness.control.engine import EngineStateError, EngineTags
+from harness.logs.invariants import check_log
+
+PID = "p"
+ASLEEP = {"weights": ("offloaded", "discarded"), "kv_cache": ("asleep",)}
+
+
+class Log:
+    """Writes the records a runtime writes for each engine event of rank 0 (the check's
+    vocabulary, docs/engine-lifecycle.md), keeping the tags the records must report."""
+
+    def __init__(self) -> None:
+        self.records: List[dict] = []
+        self.state = dict(table.INITIAL)
+        self.open: List[int] = []  # versions of the syncs still writing
+
+    def add(self, kind: str, **fields) -> int:
+        seq = len(self.records)
+        self.records.append({"seq": seq, "t": float(seq), "kind": kind, "pipeline_id": PID, **fields})
+        return seq
+
+    def _asleep(self) -> List[str]:
+        return [t for t in ("weights", "kv_cache") if self.state[t] in ASLEEP[t]]
+
+    def event(self, event: str) -> int:
+        """The records of ``event``; returns the seq of the one the check reads it from."""
+        one = {"ranks": [0]}
+        if event.startswith("pause("):
+            mode = event[6:-1]
+            seq = (self.add("effect_start", effect="Abort", args=one) if mode == "abort"
+                   else self.add("effect_start", effect="Pause", args={**one, "mode": mode}))
+        elif event == "drained":
+            seq = self.add("effect_end", effect="Drain", args=one)
+        elif event.startswith("sleep("):
+            seq = self.add("effect_start", effect="Sleep", args={**one, "level": int(event[6])})
+        elif event.startswith("wake("):
+            seq = self.add("engine_tag", dp_rank=0, tag=event[5:-1], state="awake")
+        elif event == "invalidate":
+            seq = self.add("engine_tag", dp_rank=0, tag="prefix_cache", state="invalidated")
+        elif event == "load_start":
+            self.open.append(len(self.records))
+            seq = self.add("effect_start", effect="SyncFromCache", args={**one, "version": self.open[-1]})
+        elif event == "load_end":
+            seq = self.add("effect_end", effect="SyncFromCache", args={**one, "version": self.open.pop()})
+        elif event == "load_failed":
+            seq = self.add("sync_end", version=self.open.pop(), ok=False)
+        elif event == "finalize":
+            seq = self.add("effect_start", effect="Finalize", args=one)
+        elif event == "resume":  # off routing, then routable: the engine resumes
+            self.add("rank_state", dp_rank=0, state="awake_unrouted", asleep_tags=self._asleep())
+            seq = self.add("rank_state", dp_rank=0, state="routable", asleep_tags=self._asleep())
+        elif event == "generate":
+            seq = self.add("request_dispatch", dp_rank=0, request=seq_id(self))
+        else:
+            raise AssertionError(event)
+        table.apply(self.state, event)
+        return seq
+
+
+def seq_id(log: Log) -> int:
+    return len(log.records)
+
+
+def findings(records) -> List:
+    return check_log(records, ["engine_transition"])
+
+
+def paths() -> Dict[Tuple[Tuple[str, ...], int], List[str]]:
+    """Breadth first from the initial state, over every event a log can record: the shortest
+    event sequence to each (table state, open syncs) pair. A sync can end only when one is open."""
+    start = (tuple(table.INITIAL.values()), 0)
+    seen = {start: []}
+    queue = deque([start])
+    while queue:
+        state, open_syncs = queue.popleft()
+        for event in table.EVENTS:
+            if event in ("load_end", "load_failed") and not open_syncs:
+                continue
+            if event == "load_start" and open_syncs == 2:
+                continue
+            moved = dict(zip(table.COMPONENTS, state))
+            table.apply(moved, event)
+            opened = open_syncs + (event == "load_start") - (event in ("load_end", "load_failed"))
+            key = (tuple(moved.values()), opened)
+            if key not in seen:
+                seen[key] = seen[(state, open_syncs)] + [event]
+                queue.append(key)
+    return seen
+
+
+def expected_name(event: str, component: str, state: str, guard: Optional[str]) -> str:
+    return f"{guard}: {event} with {component} {state}" if guard else f"{component} {state} --{event}-->"
+
+
+def test_every_illegal_transition_is_reached_by_a_log_and_named():
+    reach = paths()
+    cases = table.illegal_cases()
+    assert len(cases) > 40
+    for event, component, state, guard in cases:
+        path = next((p for (s, n), p in reach.items()
+                     if (n or event not in ("load_end", "load_failed"))
+                     and _reports(dict(zip(table.COMPONENTS, s)), event, component, state, guard)), None)
+        assert path is not None, (event, component, state, guard)
+        log = Log()
+        for e in path:
+            log.event(e)
+        before = {v.seq for v in findings(log.records)}
+        at = log.event(event)
+        new = [v for v in findings(log.records) if v.seq not in before]
+        name = expected_name(event, component, state, guard)
+        assert [v.seq for v in new] == [at] and name in new[0].message, (path, event, [str(v) for v in new])
+
+
+def _reports(state, event, component, st, guard) -> bool:
+    why = table.illegal(state, event)
+    return why is not None and (why.component, why.state, why.guard.name if why.guard else None) == (component, st, guard)
+
+
+def run(events: List[str]) -> List:
+    log = Log()
+    for e in events:
+        log.event(e)
+    return findings(log.records)
+
+
+RLIX_CYCLE = ["wake(weights)", "wake(kv_cache)", "load_start", "load_end", "finalize", "resume", "generate",
+              "pause(abort)", "drained", "sleep(2)"]
+NEMO_STAGED = ["wake(weights)", "load_start", "load_end", "finalize", "wake(kv_cache)", "resume", "generate",
+               "pause(wait)", "drained", "sleep(1)", "wake(weights)", "load_start", "load_end", "finalize",
+               "wake(kv_cache)", "resume"]
+KEEP_IN_PLACE = RLIX_CYCLE[:7] + ["pause(keep)", "load_start", "load_end", "finalize", "invalidate", "resume",
+                                  "generate", "load_start", "load_end", "generate"]  # the last: RLix's active refresh
+
+
+@pytest.mark.parametrize("events", [RLIX_CYCLE * 2, NEMO_STAGED, KEEP_IN_PLACE], ids=["rlix", "nemo_staged", "keep"])
+def test_legal_sequences_are_clean(events):
+    assert run(events) == []
+
+
+@pytest.mark.parametrize("events,named", [
+    # vllm #57853: /sleep then /update_weights
+    (RLIX_CYCLE + ["load_start"], "weights discarded --load_start-->"),
+    # verl #7846: a KV restore resumed the scheduler, resume_generation resumes again
+    (RLIX_CYCLE[:7] + ["resume"], "scheduler running --resume-->"),
+    # vllm-omni #4473: a repeated sleep
+    (RLIX_CYCLE + ["sleep(2)"], "weights discarded --sleep(2)-->"),
+    # MILES: a second onload ('Cannot resume allocation that is not paused')
+    (RLIX_CYCLE[:1] + ["wake(weights)"], "weights blank --wake(weights)-->"),
+    # verl-omni #380: an abort with no acknowledgement, then the update
+    (RLIX_CYCLE[:7] + ["pause(abort)", "load_start"], "load_unacknowledged_abort: load_start with scheduler pausing"),
+    # verl-omni #380: default wake tags ['weights'] leave the KV cache asleep; generation resumes
+    (["wake(weights)", "load_start", "load_end", "finalize", "resume"], "resume_kv_asleep: resume with kv_cache asleep"),
+    # lmdeploy #4917: prefix-cache entries not invalidated by the update
+    (KEEP_IN_PLACE[:11] + ["resume"], "resume_stale_prefix_cache: resume with prefix_cache stale"),
+    # vllm #29341: serving a level-2 wake without the reload
+    (["wake(weights)", "wake(kv_cache)", "resume"], "resume_weights_not_ready: resume with weights blank"),
+    # the sleep before the drain acknowledged the pause
+    (RLIX_CYCLE[:7] + ["pause(abort)", "sleep(2)"], "sleep_unquiesced: sleep(2) with scheduler pausing"),
+])
+def test_field_reports_are_named_at_their_record(events, named):
+    out = run(events)
+    assert len(out) == 1 and named in out[0].message, [str(v) for v in out]
+    assert out[0].seq == len(Log().records) + _last_seq(events)
+
+
+def _last_seq(events: List[str]) -> int:
+    log = Log()
+    seq = 0
+    for e in events:
+        seq = log.event(e)
+    return seq
+
+
+def test_every_row_and_guard_names_its_source():
+    for item in table.ROWS + table.GUARDS:
+        assert "/" in item.source and ("#" in item.source or " " in item.source), item
+
+
+def test_the_runtime_engine_refuses_what_the_table_refuses():
+    engine = EngineTags("p dp0")
+    with pytest.raises(EngineStateError, match="load_start"):
+        engine.begin_load()  # vllm #57853: into sleeping weights
+    engine.wake(("weights", "kv_cache"))
+    with pytest.raises(EngineStateError, match="wake"):
+        engine.wake(("weights",))  # a second onload
+    engine.begin_load()
+    engine.load(complete=True)
+    engine.finalize()
+    engine.resume()
+    with pytest.raises(EngineStateError, match="resume"):
+        engine.resume()  # verl #7846
+    engine.pause("abort")
+    with pytest.raises(EngineStateError, match="sleep_unquiesced"):
+        engine.sleep(2)
+    engine.drained()
+    engine.sleep(1)
+    assert engine.tags == {"weights": "offloaded", "kv_cache": "asleep"} and engine.paused
+
+
+def stood_down(events: List[str]) -> List:
+    log = Log()
+    for e in events:
+        log.event(e)
+    return check_log(log.records, ["engine_stood_down"])
+
+
+def test_an_engine_left_paused_and_awake_is_named_at_the_logs_end():
+    # NeMo RL #3730 / rlix PR #14: paused, never resumed nor put to sleep
+    events = RLIX_CYCLE[:7] + ["pause(keep)", "load_start", "load_end"]
+    (v,) = stood_down(events)
+    assert f"p dp0 paused at seq {_last_seq(events[:8])}" in v.message and "nothing in the log wakes it" in v.message
+    assert v.seq == _last_seq(events)  # named at the log's last record
+    # a pause that was acknowledged but never followed by the sleep is stood down too
+    assert len(stood_down(RLIX_CYCLE[:7] + ["pause(abort)", "drained"])) == 1
+
+
+@pytest.mark.parametrize("events", [RLIX_CYCLE, NEMO_STAGED, KEEP_IN_PLACE, RLIX_CYCLE[:7]], ids=["slept", "staged",
+                                                                                             "resumed", "serving"])
+def test_an_engine_that_resumed_or_slept_is_not_stood_down(events):
+    assert stood_down(events) == []
