@@ -10,8 +10,8 @@ and N -> 2N GPUs) with its direction right or wrong.
 
     python benchmarks/published_comparison.py [--fit]
 
-``--fit`` re-fits the set's one fitted figure (a workload's mean generated length) on its
-fitted colocated rows and prints it; the file keeps the value.
+``--fit`` re-fits the set's two fitted figures (the verl workload's mean generated length and
+share of answers at the cap) on its fitted colocated rows and prints them; the file keeps them.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SET_PATH = os.path.join(ROOT, "examples", "published", "comparison", "set.yaml")
 STAGES = ("generation", "log_probs", "training")
 TOLERANCE = 0.25
-#: grid of the fitted mean generated length (tokens)
-FIT_GRID = range(400, 3001, 100)
+#: grids of the two fitted workload figures: the mean generated length (tokens) and the share of
+#: answers at the length cap
+MEAN_GRID = range(600, 2401, 100)
+CAP_SHARE_GRID = (0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
 
 
 def load_set(path: str = SET_PATH) -> dict:
@@ -50,7 +52,7 @@ def _gpus(first: int, count: int) -> list:
     return list(range(first, first + count))
 
 
-def verl_mapping(row: dict, workload: dict, mean_tokens: float) -> dict:
+def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float) -> dict:
     """The scenario mapping of a verl row: the workload's recipe figures, the row's GPUs and shape.
     A colocated row is one roll_sync pipeline on every GPU (verl's hybrid engine); an asynchronous
     row a disaggregated pipeline with ``rollout_gpus`` generating and the rest training."""
@@ -62,9 +64,10 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float) -> dict:
     train = n - rollout if rollout else n
     load = {"prompts_per_step": workload["prompts_per_step"], "generations_per_prompt": workload["generations_per_prompt"],
             "prompt_tokens": workload["prompt_tokens"], "decode_tokens_sigma": sigma, "decode_tokens_max": cap,
-            "decode_tokens_median": min(float(cap), f.median_for_mean(mean_tokens, sigma, cap, 0.0))}
+            "decode_tokens_cap_share": cap_share,
+            "decode_tokens_median": min(float(cap), f.median_for_mean(mean_tokens, sigma, cap, cap_share))}
     pipe = {"name": "grpo", "infer_tp": workload["infer_tp"], "train_backend": "fsdp2", "train_sp": workload["train_sp"],
-            "train_global_batch": 512, "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
+            "train_global_batch": 512, "log_prob_passes": int(row.get("log_prob_passes", 1)), "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
             "model": {"preset": workload["model"]}, "workload": load}
     if row["shape"] == "colocated_sync":
         pipe.update(type="roll_sync", train_gpus=_gpus(0, n), infer_gpus=_gpus(0, n), steps=2, sleep_level=1,
@@ -90,14 +93,17 @@ def simulate(scenario):
     return p["mean_step_s"], stage_seconds(result.records, p["steps_done"] or 1)
 
 
-def row_scenario(row: dict, data: dict, mean_tokens=None):
+def row_scenario(row: dict, data: dict, mean_tokens=None, cap_share=None):
+    """The row's scenario: its bundled file, or a verl row built from its workload (with the
+    workload's fitted figures unless others are given)."""
     from simulators.scenario.loader import check_feasible, load_scenario, scenario_from_mapping
 
     if "scenario" in row:
         return load_scenario(os.path.join(ROOT, "examples", "published", row["scenario"] + ".yaml"))
     workload = data["workloads"][row["workload"]]
     mean = workload["decode_tokens_mean"] if mean_tokens is None else mean_tokens
-    scenario = scenario_from_mapping(verl_mapping(row, workload, float(mean)), SET_PATH)
+    share = workload["decode_tokens_cap_share"] if cap_share is None else cap_share
+    scenario = scenario_from_mapping(verl_mapping(row, workload, float(mean), float(share)), SET_PATH)
     check_feasible(scenario, SET_PATH)
     return scenario
 
@@ -114,18 +120,35 @@ def published_of(row: dict) -> dict:
     return out
 
 
-def fit_mean_tokens(data: dict) -> float:
-    """The workload's mean generated length minimizing the squared log error of the step time
-    over the fitted colocated rows of that workload (the held-out rows are not read)."""
+def _grid_min(label: str, grid, loss_of):
+    best = None
+    for value in grid:
+        loss = loss_of(value)
+        print(f"  {label} {value:g}: sum of squared log errors {loss:.4f}")
+        if best is None or loss < best[1]:
+            best = (value, loss)
+    return best[0]
+
+
+def fit_workload(data: dict):
+    """(mean generated length, share at the cap) of the verl workload, fitted on its fitted
+    colocated rows only (the held-out rows are not read), in two stages: the mean on the
+    log-prob + training seconds (which the share leaves alone: the median is re-solved so that
+    the drawn mean stays), then the share on the generation seconds at that mean."""
     rows = [r for r in data["rows"] if r.get("workload") and r["split"] == "fitted" and r["shape"] == "colocated_sync"
             and "decode_tokens_max" not in r]
-    best = None
-    for mean in FIT_GRID:
-        loss = sum(math.log(simulate(row_scenario(r, data, mean))[0] / r["published"]["step"]) ** 2 for r in rows)
-        print(f"  mean {mean:5d} tokens: sum of squared log errors {loss:.4f}")
-        if best is None or loss < best[1]:
-            best = (mean, loss)
-    return float(best[0])
+
+    def loss(stage_of, mean, share):
+        total = 0.0
+        for r in rows:
+            _, stages = simulate(row_scenario(r, data, mean, share))
+            total += math.log(stage_of(stages) / stage_of(r["published"])) ** 2
+        return total
+
+    trained = lambda st: st["log_probs"] + st["training"]  # noqa: E731
+    mean = _grid_min("mean", MEAN_GRID, lambda m: loss(trained, m, 0.0))
+    share = _grid_min("cap share", CAP_SHARE_GRID, lambda s: loss(lambda st: st["generation"], mean, s))
+    return float(mean), float(share)
 
 
 def run_rows(data: dict) -> dict:
@@ -177,7 +200,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     data = load_set()
     if args.fit:
-        print(f"fitted mean generated length: {fit_mean_tokens(copy.deepcopy(data)):.0f} tokens")
+        mean, share = fit_workload(copy.deepcopy(data))
+        print(f"fitted: mean generated length {mean:.0f} tokens, share at the cap {share:g}")
         return 0
     results = run_rows(data)
     print_rows(results)
