@@ -67,7 +67,8 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float
             "decode_tokens_cap_share": cap_share,
             "decode_tokens_median": min(float(cap), f.median_for_mean(mean_tokens, sigma, cap, cap_share))}
     pipe = {"name": "grpo", "infer_tp": workload["infer_tp"], "train_backend": "fsdp2", "train_sp": workload["train_sp"],
-            "train_global_batch": 512, "log_prob_passes": int(row.get("log_prob_passes", 1)), "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
+            "train_global_batch": 512, "log_prob_passes": int(row.get("log_prob_passes", 1)),
+            "train_recompute": bool(workload["train_recompute"]), "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
             "model": {"preset": workload["model"]}, "workload": load}
     if row["shape"] == "colocated_sync":
         pipe.update(type="roll_sync", train_gpus=_gpus(0, n), infer_gpus=_gpus(0, n), steps=2, sleep_level=1,
