@@ -6,10 +6,11 @@ feasible scenario of the shape it names (no simulation: the comparison is a prin
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 
 import yaml
+
+from tests.sim.benchmark_module import load_benchmark
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SET = os.path.join(ROOT, "examples", "published", "comparison", "set.yaml")
@@ -21,10 +22,7 @@ def _data():
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("published_comparison", os.path.join(ROOT, "benchmarks", "published_comparison.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("published_comparison")
 
 
 def test_recorded_split_is_the_hash_rule_and_a_third():
