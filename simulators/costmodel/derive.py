@@ -180,7 +180,9 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     train = pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
     fwd = pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
     passes = pipe.get("log_prob_passes", 1)
-    passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes > 0 else 1
+    # 0: the trainer takes the log-probs the rollout engine returned with each answer (verl's
+    # rollout.calculate_log_probs); the stage then costs nothing
+    passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes >= 0 else 1
     return {"train_s_per_trajectory": train["total"] * gpus / seqs,
             "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs}
 

@@ -233,7 +233,8 @@ class PipelineSpec:
     train_micro_batch: int = 1
     train_global_batch: int = 0
     # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
-    # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0)
+    # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0); 0 where
+    # the trainer takes the log-probs the rollout engine returned (verl's rollout.calculate_log_probs)
     log_prob_passes: int = 1
     # full activation recomputation in training: each layer's forward rerun in the backward
     # (a NeMo RL recipe's megatron_cfg.activation_checkpointing), one more forward's work

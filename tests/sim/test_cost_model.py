@@ -153,6 +153,13 @@ def test_a_reference_policy_doubles_the_log_prob_stage_and_nothing_else():
     assert two.train_s_per_trajectory == one.train_s_per_trajectory
 
 
+def test_log_probs_taken_from_the_rollout_cost_no_pass():
+    one = _scenario(pipe_extra={"infer_tp": 2}).pipelines[0].costs
+    none = _scenario(pipe_extra={"infer_tp": 2, "log_prob_passes": 0}).pipelines[0].costs
+    assert none.old_log_probs_s_per_trajectory == 0.0 < one.old_log_probs_s_per_trajectory
+    assert none.train_s_per_trajectory == one.train_s_per_trajectory
+
+
 def test_the_mean_decode_length_with_a_share_at_the_cap():
     # sigma 0: 90 % of the answers at the median 100, 10 % at the cap 1000 -> 190
     assert f.mean_decode_tokens(100, 0.0, 1000, 0.1) == pytest.approx(190.0)

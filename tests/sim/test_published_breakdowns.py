@@ -5,20 +5,18 @@ printed benchmark, not a test)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 import yaml
 
+from tests.sim.benchmark_module import load_benchmark
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("published_step_times", os.path.join(ROOT, "benchmarks", "published_step_times.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("published_step_times")
 
 
 def test_every_published_breakdown_has_its_scenario_and_fits_its_total():

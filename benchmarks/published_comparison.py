@@ -1,0 +1,214 @@
+"""The published comparison set, simulated (a printed comparison, not a test).
+
+Reads examples/published/comparison/set.yaml: published step times of RL post-training runs
+(NeMo RL on H100, verl on H20; colocated synchronous, one-step-off and fully asynchronous), each
+row citing its source, a third of the rows held out by a hash of the row id before anything was
+fitted. Runs every row with the cost model's one shared set of factors and prints, fitted and
+held-out apart: per row published / simulated / error of the step time and the stage shares;
+then every published pair's ratio (async / sync, which is also colocated / disaggregated here,
+and N -> 2N GPUs) with its direction right or wrong.
+
+    python benchmarks/published_comparison.py [--fit]
+
+``--fit`` re-fits the set's two fitted figures (the verl workload's mean generated length and
+share of answers at the cap) on its fitted colocated rows and prints them; the file keeps them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SET_PATH = os.path.join(ROOT, "examples", "published", "comparison", "set.yaml")
+STAGES = ("generation", "log_probs", "training")
+TOLERANCE = 0.25
+#: grids of the two fitted workload figures: the mean generated length (tokens) and the share of
+#: answers at the length cap
+MEAN_GRID = range(600, 2401, 100)
+CAP_SHARE_GRID = (0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
+
+
+def load_set(path: str = SET_PATH) -> dict:
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def held_out_ids(ids) -> set:
+    """The held-out third: ids sorted by the sha256 of the id, the first round(n/3)."""
+    ordered = sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    return set(ordered[: round(len(ordered) / 3)])
+
+
+def _gpus(first: int, count: int) -> list:
+    return list(range(first, first + count))
+
+
+def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float) -> dict:
+    """The scenario mapping of a verl row: the workload's recipe figures, the row's GPUs and shape.
+    A colocated row is one roll_sync pipeline on every GPU (verl's hybrid engine); an asynchronous
+    row a disaggregated pipeline with ``rollout_gpus`` generating and the rest training."""
+    from simulators.costmodel import formulas as f
+
+    cap = int(row.get("decode_tokens_max", 28672))
+    sigma = float(workload["decode_tokens_sigma"])
+    n, rollout = int(row["gpus"]), int(row.get("rollout_gpus", 0))
+    train = n - rollout if rollout else n
+    load = {"prompts_per_step": workload["prompts_per_step"], "generations_per_prompt": workload["generations_per_prompt"],
+            "prompt_tokens": workload["prompt_tokens"], "decode_tokens_sigma": sigma, "decode_tokens_max": cap,
+            "decode_tokens_cap_share": cap_share,
+            "decode_tokens_median": min(float(cap), f.median_for_mean(mean_tokens, sigma, cap, cap_share))}
+    pipe = {"name": "grpo", "infer_tp": workload["infer_tp"], "train_backend": "fsdp2", "train_sp": workload["train_sp"],
+            "train_global_batch": 512, "log_prob_passes": int(row.get("log_prob_passes", 1)),
+            "train_recompute": bool(workload["train_recompute"]), "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
+            "model": {"preset": workload["model"]}, "workload": load}
+    if row["shape"] == "colocated_sync":
+        pipe.update(type="roll_sync", train_gpus=_gpus(0, n), infer_gpus=_gpus(0, n), steps=2, sleep_level=1,
+                    refit_path="colocated_ipc")
+    else:
+        pipe.update(type="disaggregated", train_gpus=_gpus(0, train), infer_gpus=_gpus(train, rollout), steps=4,
+                    disaggregated={"shape": row["shape"], **({"weight_sync": "pause"} if row["shape"] == "fully_async" else {})})
+        load["max_trajectory_age_steps"] = 1
+    return {"name": row["id"], "seed": 0, "horizon_s": 200000, "costs": {"kv_cache_fraction": workload["kv_cache_fraction"]},
+            "cluster": {"nodes": max(1, n // 8), "gpus_per_node": min(8, n), "gpu": row["gpu"]}, "pipelines": [pipe]}
+
+
+def simulate(scenario):
+    """(mean step s, {stage: s per step}) of one scenario run."""
+    from harness.logs.outputs.run_view import RunView
+    from harness.logs.outputs.summary import summarize
+    from harness.logs.outputs.summary_text import summary_json
+    from published_step_times import stage_seconds
+    from simulators.runtime.simulation import Simulation
+
+    result = Simulation(scenario).run()
+    p = summary_json(summarize(RunView(result.records)))["pipelines"][0]
+    return p["mean_step_s"], stage_seconds(result.records, p["steps_done"] or 1)
+
+
+def row_scenario(row: dict, data: dict, mean_tokens=None, cap_share=None):
+    """The row's scenario: its bundled file, or a verl row built from its workload (with the
+    workload's fitted figures unless others are given)."""
+    from simulators.scenario.loader import check_feasible, load_scenario, scenario_from_mapping
+
+    if "scenario" in row:
+        return load_scenario(os.path.join(ROOT, "examples", "published", row["scenario"] + ".yaml"))
+    workload = data["workloads"][row["workload"]]
+    mean = workload["decode_tokens_mean"] if mean_tokens is None else mean_tokens
+    share = workload["decode_tokens_cap_share"] if cap_share is None else cap_share
+    scenario = scenario_from_mapping(verl_mapping(row, workload, float(mean), float(share)), SET_PATH)
+    check_feasible(scenario, SET_PATH)
+    return scenario
+
+
+def published_of(row: dict) -> dict:
+    """{'step': s, stage: s ...} as published; NeMo RL rows from benchmarks/published_step_times.py."""
+    if "published" in row:
+        return dict(row["published"])
+    from published_step_times import PUBLISHED_STAGES_S, PUBLISHED_STEP_S
+
+    out = {"step": PUBLISHED_STEP_S[row["scenario"]][0]}
+    if row["scenario"] in PUBLISHED_STAGES_S:
+        out.update(zip(STAGES, PUBLISHED_STAGES_S[row["scenario"]][1][:3]))
+    return out
+
+
+def _grid_min(label: str, grid, loss_of):
+    best = None
+    for value in grid:
+        loss = loss_of(value)
+        print(f"  {label} {value:g}: sum of squared log errors {loss:.4f}")
+        if best is None or loss < best[1]:
+            best = (value, loss)
+    return best[0]
+
+
+def fit_workload(data: dict):
+    """(mean generated length, share at the cap) of the verl workload, fitted on its fitted
+    colocated rows only (the held-out rows are not read), in two stages: the mean on the
+    log-prob + training seconds (which the share leaves alone: the median is re-solved so that
+    the drawn mean stays), then the share on the generation seconds at that mean."""
+    rows = [r for r in data["rows"] if r.get("workload") and r["split"] == "fitted" and r["shape"] == "colocated_sync"
+            and "decode_tokens_max" not in r]
+
+    def loss(stage_of, mean, share):
+        total = 0.0
+        for r in rows:
+            _, stages = simulate(row_scenario(r, data, mean, share))
+            total += math.log(stage_of(stages) / stage_of(r["published"])) ** 2
+        return total
+
+    trained = lambda st: st["log_probs"] + st["training"]  # noqa: E731
+    mean = _grid_min("mean", MEAN_GRID, lambda m: loss(trained, m, 0.0))
+    share = _grid_min("cap share", CAP_SHARE_GRID, lambda s: loss(lambda st: st["generation"], mean, s))
+    return float(mean), float(share)
+
+
+def run_rows(data: dict) -> dict:
+    """{row id: (row, published, simulated step s, {stage: s})}."""
+    out = {}
+    for row in data["rows"]:
+        step, stages = simulate(row_scenario(row, data))
+        out[row["id"]] = (row, published_of(row), step, stages)
+    return out
+
+
+def print_rows(results: dict) -> None:
+    for split in ("fitted", "held_out"):
+        chosen = [v for v in results.values() if v[0]["split"] == split]
+        within = 0
+        print(f"\n{split.upper()} rows ({len(chosen)}): step time published / simulated / error; stage shares of the "
+              f"step published -> simulated (points: generation / log-probs / training)")
+        for row, pub, sim, stages in chosen:
+            err = (sim - pub["step"]) / pub["step"]
+            within += abs(err) <= TOLERANCE
+            shares = " / ".join(
+                (f"{100 * pub[k] / pub['step']:.0f}->{100 * stages[k] / sim:.0f}" if k in pub else f"-->{100 * stages[k] / sim:.0f}")
+                for k in STAGES)
+            print(f"  {row['id']:30} {row['framework']:7} {row['shape']:14} {row['gpu']:8} {row['gpus']:4d} GPUs "
+                  f"{pub['step']:8.1f} {sim:8.1f} {100 * err:+5.0f}%  {shares}")
+        errs = sorted(abs(v[2] - v[1]["step"]) / v[1]["step"] for v in chosen)
+        print(f"  {within} of {len(chosen)} within +-{100 * TOLERANCE:.0f} %; median |error| "
+              f"{100 * errs[len(errs) // 2]:.0f} %, worst {100 * errs[-1]:.0f} %")
+
+
+def print_pairs(data: dict, results: dict) -> None:
+    print("\npublished pairs: ratio published / simulated, direction (second vs first)")
+    right = 0
+    for first, second, kind in data["pairs"]:
+        (_, p1, s1, _), (_, p2, s2, _) = results[first], results[second]
+        pub, sim = p2["step"] / p1["step"], s2 / s1
+        ok = (pub < 1) == (sim < 1)
+        right += ok
+        label = {"async_sync": "async/sync = disaggregated/colocated", "scaling": "2N / N GPUs"}[kind]
+        print(f"  {second:28} / {first:28} {label:38} {pub:5.2f} {sim:5.2f}  direction {'right' if ok else 'WRONG'}")
+    print(f"  direction right on {right} of {len(data['pairs'])} pairs")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="re-fit the fitted mean length on the fitted rows and print it")
+    args = parser.parse_args(argv)
+    data = load_set()
+    if args.fit:
+        mean, share = fit_workload(copy.deepcopy(data))
+        print(f"fitted: mean generated length {mean:.0f} tokens, share at the cap {share:g}")
+        return 0
+    results = run_rows(data)
+    print_rows(results)
+    print_pairs(data, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

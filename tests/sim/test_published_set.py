@@ -1,0 +1,64 @@
+"""examples/published/comparison/set.yaml, the published comparison set: its held-out split is the
+one its rule gives (recomputed here from the ids, independently of the benchmark's helper), every
+row cites a source or a bundled scenario, every pair names rows of the set, and a verl row builds a
+feasible scenario of the shape it names (no simulation: the comparison is a printed benchmark)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import yaml
+
+from tests.sim.benchmark_module import load_benchmark
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SET = os.path.join(ROOT, "examples", "published", "comparison", "set.yaml")
+
+
+def _data():
+    with open(SET, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def _bench():
+    return load_benchmark("published_comparison")
+
+
+def test_recorded_split_is_the_hash_rule_and_a_third():
+    rows = _data()["rows"]
+    digests = sorted((hashlib.sha256(r["id"].encode()).hexdigest(), r["id"]) for r in rows)
+    expected = {i for _, i in digests[: round(len(rows) / 3)]}
+    assert {r["id"] for r in rows if r["split"] == "held_out"} == expected
+    assert all(r["split"] in ("fitted", "held_out") for r in rows)
+    assert len({r["id"] for r in rows}) == len(rows)
+    assert _bench().held_out_ids([r["id"] for r in rows]) == expected
+
+
+def test_every_row_is_sourced_and_every_pair_is_in_the_set():
+    data = _data()
+    ids = {r["id"] for r in data["rows"]}
+    for r in data["rows"]:
+        if "scenario" in r:
+            assert os.path.exists(os.path.join(ROOT, "examples", "published", r["scenario"] + ".yaml"))
+        else:
+            src = r["source"]
+            assert len(src["commit"]) == 40 and src["repo"] and src["path"] and src["where"]
+            assert r["published"]["step"] > 0 and r["workload"] in data["workloads"]
+    assert {r["gpu"] for r in data["rows"]} >= {"h100_sxm", "h20"}
+    for first, second, kind in data["pairs"]:
+        assert first in ids and second in ids and kind in ("async_sync", "scaling")
+
+
+def test_verl_rows_build_the_shape_they_name():
+    b, data = _bench(), _data()
+    for r in data["rows"]:
+        if "workload" not in r:
+            continue
+        scenario = b.row_scenario(r, data)
+        pipe = scenario.pipelines[0]
+        if r["shape"] == "colocated_sync":
+            assert pipe.type == "roll_sync" and len(pipe.train_gpus) == r["gpus"]
+        else:
+            assert pipe.type == "disaggregated" and len(pipe.infer_gpus) == r["rollout_gpus"]
+            assert not set(pipe.train_gpus) & set(pipe.infer_gpus)
