@@ -10,8 +10,10 @@ and N -> 2N GPUs) with its direction right or wrong.
 
     python benchmarks/published_comparison.py [--fit]
 
-``--fit`` re-fits the set's two fitted figures (the verl workload's mean generated length and
-share of answers at the cap) on its fitted colocated rows and prints them; the file keeps them.
+``--fit`` re-fits the set's fitted figures and prints them: the verl workload's mean generated
+length and share of answers at the cap (on its fitted colocated rows; the file keeps them), and
+the cost model's colocated-training factor (on the published pairs whose two rows are both
+fitted; ``simulators/costmodel/colocation.py`` keeps it).
 """
 
 from __future__ import annotations
@@ -152,6 +154,24 @@ def fit_workload(data: dict):
     return float(mean), float(share)
 
 
+def fit_colocated_train_factor(data: dict) -> float:
+    """The colocated-training factor: the geometric mean, over the asynchronous/synchronous
+    pairs whose two rows are both fitted, of the colocated row's training GPU-seconds over the
+    dedicated row's (its training GPUs: ``gpus - rollout_gpus``). Held-out rows are not read."""
+    rows = {r["id"]: r for r in data["rows"]}
+    logs = []
+    for first, second, kind in data["pairs"]:
+        sync, dedicated = rows[first], rows[second]
+        if kind != "async_sync" or "fitted" != sync["split"] or "fitted" != dedicated["split"]:
+            continue
+        colocated_s = sync["gpus"] * sync["published"]["training"]
+        dedicated_s = (dedicated["gpus"] - dedicated["rollout_gpus"]) * dedicated["published"]["training"]
+        print(f"  {first} / {second}: training GPU-seconds {colocated_s:.0f} / {dedicated_s:.0f} = "
+              f"{colocated_s / dedicated_s:.3f}")
+        logs.append(math.log(colocated_s / dedicated_s))
+    return math.exp(sum(logs) / len(logs))
+
+
 def run_rows(data: dict) -> dict:
     """{row id: (row, published, simulated step s, {stage: s})}."""
     out = {}
@@ -203,6 +223,7 @@ def main(argv=None) -> int:
     if args.fit:
         mean, share = fit_workload(copy.deepcopy(data))
         print(f"fitted: mean generated length {mean:.0f} tokens, share at the cap {share:g}")
+        print(f"fitted: colocated-training factor {fit_colocated_train_factor(data):.2f}")
         return 0
     results = run_rows(data)
     print_rows(results)

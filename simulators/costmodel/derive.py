@@ -25,6 +25,7 @@ from dataclasses import fields
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from simulators.costmodel import formulas as f
+from simulators.costmodel.colocation import train_s, trains_on_dedicated_gpus
 from simulators.costmodel.fsdp2 import fsdp2_pass_s
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec, cluster_fields
 from simulators.costmodel.models import MODEL_PRESETS, PRESET_FIELDS
@@ -56,7 +57,7 @@ def expand(data: Any, fail: Fail, source: str = "<scenario>") -> Any:
         return data
     for i, pipe in enumerate(pipes):
         if isinstance(pipe, dict):
-            _pipeline(data, pipe, f"pipelines[{i}]", defaults, gpu, fail)
+            _pipeline(data, pipe, f"pipelines[{i}]", defaults, gpu, fail, trains_on_dedicated_gpus(pipes, i))
     return data
 
 
@@ -95,7 +96,8 @@ def _gpu(cluster: Mapping[str, Any], fail: Fail) -> Optional[GpuSpec]:
     return GPU_PRESETS[name]
 
 
-def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gpu: Optional[GpuSpec], fail: Fail) -> None:
+def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gpu: Optional[GpuSpec], fail: Fail,
+              dedicated: bool = False) -> None:
     model = {**_section(defaults, "model"), **_section(pipe, "model")}
     preset = model.get("preset")
     if preset not in (None, ""):
@@ -152,7 +154,7 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
         del derived_workload["decode_timing"], derived_workload["decode_expert_read_s"]  # a hand-set curve keeps its timing
     derived_costs = {
         **_training(pipe, path, arch, tokens, wl["prompts_per_step"] * wl["generations_per_prompt"], cluster, gpu, eff,
-                    fail),
+                    fail, dedicated),
         **f.wake_sleep_s(eff),
         **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
@@ -164,9 +166,11 @@ _LAYOUT = ("train_tp", "train_pp", "train_cp", "train_ep", "train_micro_batch", 
 
 
 def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float, seqs: int, cluster: Mapping[str, Any],
-              gpu: GpuSpec, eff: "f.Efficiency", fail: Fail) -> Dict[str, float]:
+              gpu: GpuSpec, eff: "f.Efficiency", fail: Fail, dedicated: bool = False) -> Dict[str, float]:
     """Per-trajectory training and log-prob costs of the pipeline's layout: the simulator
-    charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n."""
+    charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n. The
+    training rate is colocated training's; on ``dedicated`` GPUs the pass is charged
+    :func:`colocation.train_s` of it (faster by the colocated-training factor)."""
     gpus = len(pipe.get("train_gpus") or ()) or 1
     layout = _layout(pipe)
     if layout is None:
@@ -183,7 +187,7 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     # 0: the trainer takes the log-probs the rollout engine returned with each answer (verl's
     # rollout.calculate_log_probs); the stage then costs nothing
     passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes >= 0 else 1
-    return {"train_s_per_trajectory": train["total"] * gpus / seqs,
+    return {"train_s_per_trajectory": train_s(train["total"], dedicated) * gpus / seqs,
             "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs}
 
 

@@ -62,3 +62,14 @@ def test_verl_rows_build_the_shape_they_name():
         else:
             assert pipe.type == "disaggregated" and len(pipe.infer_gpus) == r["rollout_gpus"]
             assert not set(pipe.train_gpus) & set(pipe.infer_gpus)
+
+
+def test_the_cost_models_colocated_training_factor_is_the_fit_on_fitted_pairs_only():
+    from simulators.costmodel.colocation import COLOCATED_TRAIN_FACTOR
+
+    data = _data()
+    assert round(_bench().fit_colocated_train_factor(data), 2) == COLOCATED_TRAIN_FACTOR
+    for row in data["rows"]:  # a held-out row's figures cannot move the fit
+        if row["split"] == "held_out" and "published" in row:
+            row["published"] = {k: v * 3 for k, v in row["published"].items()}
+    assert round(_bench().fit_colocated_train_factor(data), 2) == COLOCATED_TRAIN_FACTOR
