@@ -119,6 +119,7 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         self.gone = False  # unregistered and torn down: its coordinator is dead
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.progress_hooks = "noop_progress_hooks" not in self.faults
+        self._progress_suppressed = False  # fault noop_progress_hooks withheld a report (fault_fired once)
         self.weight_bytes = spec.model.weight_bytes
         # read on every completion: the frozen spec's values, looked up once
         self._per_step = w.trajectories_per_step

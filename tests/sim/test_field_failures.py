@@ -136,3 +136,18 @@ def test_without_its_fault_the_scenario_runs_clean(name):
     keep = tuple(f for f in s.faults if f not in fixed)
     res = Simulation(dataclasses.replace(s, faults=keep)).run()
     assert res.reason == "done" and check_log(res.records) == [], (name, res.detail)
+
+
+def test_noop_progress_hooks_leaves_a_record_where_it_first_withholds_a_report():
+    # a whole-run fault still says when it acted: at the first report it withheld (a new
+    # batch forces one), so a finding after it names the fault (a fuzz baseline matches it)
+    res = run("gen_request_without_demand")
+    first = next(r for r in res.records if r["kind"] == "fault_fired" and r["name"] == "noop_progress_hooks")
+    assert first["pipeline_id"] == "ppl1" and first["step"] == 0
+    assert fired(res).count(("noop_progress_hooks", "ppl1")) == 1
+    begun = next(r for r in res.records if r["kind"] == "effect_start" and r["pipeline_id"] == "ppl1"
+                 and r["effect"] == "BeginProgressBatch")
+    assert begun["seq"] < first["seq"]  # fired inside the batch's opening, where the report was due
+    assert not any(r["kind"] == "progress" and r["pipeline_id"] == "ppl1" for r in res.records)
+    peer = [r for r in res.records if r["kind"] == "progress" and r["pipeline_id"] == "ppl2"]
+    assert peer and ("noop_progress_hooks", "ppl2") not in fired(res)  # hooks intact: reports, no record
