@@ -151,3 +151,20 @@ def test_noop_progress_hooks_leaves_a_record_where_it_first_withholds_a_report()
     assert not any(r["kind"] == "progress" and r["pipeline_id"] == "ppl1" for r in res.records)
     peer = [r for r in res.records if r["kind"] == "progress" and r["pipeline_id"] == "ppl2"]
     assert peer and ("noop_progress_hooks", "ppl2") not in fired(res)  # hooks intact: reports, no record
+
+
+def test_no_gen_watchdog_leaves_a_record_where_the_watchdog_would_have_re_requested():
+    # the reference: the same scenario with the watchdog present; its first GENERATION
+    # request that the faulted run lacks is the re-request the fault withheld
+    faulted = run("starve_one_shot_generation")
+    s = load_scenario(os.path.join(SCENARIOS, "starve_one_shot_generation.yaml"))
+    present = Simulation(dataclasses.replace(
+        s, faults=tuple(f for f in s.faults if f.name != "no_gen_watchdog"))).run()
+    requests = lambda res, pid: [(r["t"], r["priority"]) for r in res.records
+                                 if r["kind"] == "request" and r["cluster_id"] == f"{pid}_actor_infer"]
+    for pid in ("ppl1", "ppl2"):
+        records = [r for r in faulted.records if r["kind"] == "fault_fired" and r["name"] == "no_gen_watchdog"
+                   and r["pipeline_id"] == pid]
+        assert len(records) == 1, pid
+        withheld = next(req for req in requests(present, pid) if req not in requests(faulted, pid))
+        assert records[0]["t"] == withheld[0] and withheld[1] == "GENERATION", (pid, records, withheld)
