@@ -119,6 +119,7 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         self.gone = False  # unregistered and torn down: its coordinator is dead
         self.faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.progress_hooks = "noop_progress_hooks" not in self.faults
+        self._progress_suppressed = False  # fault noop_progress_hooks withheld a report (fault_fired once)
         self.weight_bytes = spec.model.weight_bytes
         # read on every completion: the frozen spec's values, looked up once
         self._per_step = w.trajectories_per_step
@@ -210,9 +211,9 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
 
         A :class:`~simulators.runtime.env.Timer` chain run for the ``("watchdog", index)`` actor: each
         tick is the one event a watchdog process's timeout would be, with the same key (so
-        the same order), without resuming a process per tick."""
-        if "no_gen_watchdog" in self.faults:
-            return
+        the same order), without resuming a process per tick. Under the fault
+        ``no_gen_watchdog`` the chain ticks but sends nothing: it finds where the missing
+        watchdog would have acted (:meth:`_watchdog_tick`)."""
         self._watchdog_actor = Actor("watchdog", self.index)
         self._watchdog_rearm()
 
@@ -408,6 +409,11 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
         e = watchdog_tick(self.finished, sim.failure is not None, sim.model.state, cid,
                           [r.life.state for r in self.ranks.values()])
+        if e is not None and "no_gen_watchdog" in self.faults:
+            # the absent watchdog (fault no_gen_watchdog) is seen where it would have
+            # re-requested GENERATION first: the record, and no tick after it
+            self._fire("no_gen_watchdog")
+            return
         if e is not None and self._request_under_lock_due():  # fault watchdog_request_under_lock
             self.env.spawn(self._watchdog_locked(e), "watchdog", self.index, 1)
             return  # the watchdog's thread is blocked in its request: no tick until it returns

@@ -77,7 +77,12 @@ class RolloutEffects:
     def _report_progress(self, new_batch: bool, usable: int) -> None:
         """Report ``usable`` (:meth:`_usable`) as collected; the coordinator forwards it
         to the scheduler when its 2 % bucket moves (or a new batch forces it)."""
-        if self.finished or not self.progress_hooks:
+        if self.finished:
+            return
+        if not self.progress_hooks:
+            if new_batch and not self._progress_suppressed:  # a new batch always forces a report
+                self._progress_suppressed = True  # the first report the fault withheld: it fired here
+                self._fire("noop_progress_hooks", self.batch_step)
             return
         out = progress_input(self.progress, self.pid, self._per_step, usable, new_batch)
         if out is not None:

@@ -320,9 +320,11 @@ class FaultSpec:
       level-2 rank holds no weights and its lifecycle refuses finalize/activation.
     * ``noop_progress_hooks`` — (whole run) the pipeline sends no progress reports, as the
       NeMo code's hooks do (docs/modelled-systems.md#rlix-progress-reports): demand reaches the scheduler only through
-      GENERATION requests and their ``step_target_estimate``.
+      GENERATION requests and their ``step_target_estimate``. Its ``fault_fired`` record
+      stands at the first report withheld.
     * ``no_gen_watchdog`` — (whole run) no NeMo GENERATION re-request watchdog: after a
-      preemption to zero nobody asks again (debug #32, "one-shot GENERATION").
+      preemption to zero nobody asks again (debug #32, "one-shot GENERATION"). Its
+      ``fault_fired`` record stands where the watchdog would first have re-requested.
     * ``cache_after_offload`` — at that step the CPU bucket cache is built after training
       offloaded (debug #34/#35: the hook ran too late): the build finds parameters without
       storage and the pipeline crashes.

@@ -136,3 +136,35 @@ def test_without_its_fault_the_scenario_runs_clean(name):
     keep = tuple(f for f in s.faults if f not in fixed)
     res = Simulation(dataclasses.replace(s, faults=keep)).run()
     assert res.reason == "done" and check_log(res.records) == [], (name, res.detail)
+
+
+def test_noop_progress_hooks_leaves_a_record_where_it_first_withholds_a_report():
+    # a whole-run fault still says when it acted: at the first report it withheld (a new
+    # batch forces one), so a finding after it names the fault (a fuzz baseline matches it)
+    res = run("gen_request_without_demand")
+    first = next(r for r in res.records if r["kind"] == "fault_fired" and r["name"] == "noop_progress_hooks")
+    assert first["pipeline_id"] == "ppl1" and first["step"] == 0
+    assert fired(res).count(("noop_progress_hooks", "ppl1")) == 1
+    begun = next(r for r in res.records if r["kind"] == "effect_start" and r["pipeline_id"] == "ppl1"
+                 and r["effect"] == "BeginProgressBatch")
+    assert begun["seq"] < first["seq"]  # fired inside the batch's opening, where the report was due
+    assert not any(r["kind"] == "progress" and r["pipeline_id"] == "ppl1" for r in res.records)
+    peer = [r for r in res.records if r["kind"] == "progress" and r["pipeline_id"] == "ppl2"]
+    assert peer and ("noop_progress_hooks", "ppl2") not in fired(res)  # hooks intact: reports, no record
+
+
+def test_no_gen_watchdog_leaves_a_record_where_the_watchdog_would_have_re_requested():
+    # the reference: the same scenario with the watchdog present; its first GENERATION
+    # request that the faulted run lacks is the re-request the fault withheld
+    faulted = run("starve_one_shot_generation")
+    s = load_scenario(os.path.join(SCENARIOS, "starve_one_shot_generation.yaml"))
+    present = Simulation(dataclasses.replace(
+        s, faults=tuple(f for f in s.faults if f.name != "no_gen_watchdog"))).run()
+    requests = lambda res, pid: [(r["t"], r["priority"]) for r in res.records
+                                 if r["kind"] == "request" and r["cluster_id"] == f"{pid}_actor_infer"]
+    for pid in ("ppl1", "ppl2"):
+        records = [r for r in faulted.records if r["kind"] == "fault_fired" and r["name"] == "no_gen_watchdog"
+                   and r["pipeline_id"] == pid]
+        assert len(records) == 1, pid
+        withheld = next(req for req in requests(present, pid) if req not in requests(faulted, pid))
+        assert records[0]["t"] == withheld[0] and withheld[1] == "GENERATION", (pid, records, withheld)

@@ -120,9 +120,10 @@ def test_acquire_yield_takes_the_whole_mapping_and_yields_only_at_the_phase_end(
                 yielded += 1
                 assert done[plan["seq"]].get(pid), (plan["seq"], pid, "yielded before its batch was complete")
     assert acquired >= 6 and yielded >= 3
-    # the idle bound derived from the scenario's timescales (16 s) sees pc wait ~48 s for its
-    # batch each step while its whole inference mapping idles (the former fixed 60 s did not):
-    # an open question about the acquire-yield model, pinned here so a change shows
+    # the FIFO lock queue's head-of-line blocking, which the derived idle bound (16 s) sees:
+    # pa queues for its mapping [0-5] while its own training holds GPU 0, and pc (mapping
+    # [2-7], all free) may not overtake an earlier waiter on GPUs 2-5, so pc waits (22 s from
+    # t = 145.4 s) beside its whole idle mapping, once a step (docs/policies.md): the policy's cost
     found = check_log(records)
     assert [(v.invariant, v.message.split()[0]) for v in found] == [("idle_bundle_starvation", "pc")] * 3, found
 

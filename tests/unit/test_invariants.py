@@ -434,6 +434,19 @@ def test_cache_lock_treats_an_unlocked_build_as_holding_the_cache_for_its_whole_
     assert found and "without the cache lock" in found[0].message
 
 
+def test_cache_lock_does_not_judge_a_build_the_log_ends_inside():
+    # a build that failed before it took the lock (the run ended inside it: its parameters
+    # were gone) never wrote the cache; a build that ended without a hold of its own did
+    e = lambda seq, kind, name, **args: {"seq": seq, "t": seq, "kind": kind, "pipeline_id": "p", "effect": name, "args": args, "scope": "step"}
+    sync_open = [e(1, "effect_start", "SyncFromCache", ranks=[1], version=1, path="expand"),
+                 {"seq": 2, "t": 2, "kind": "cache_lock", "pipeline_id": "p", "action": "acquire", "holder": "sync", "version": 1}]
+    cut_off = sync_open + [e(3, "effect_start", "BuildCache", version=2),
+                           {"seq": 4, "t": 4, "kind": "sim_end", "reason": "failed", "sim_time": 4, "events": 4, "detail": "x"}]
+    assert check_log(cut_off, ["cache_lock"]) == []
+    ended = sync_open + [e(3, "effect_start", "BuildCache", version=2), e(4, "effect_end", "BuildCache", version=2)]
+    assert "without the cache lock" in check_log(ended, ["cache_lock"])[0].message
+
+
 def policy_trace(dispatch_ranks, activate_between=False):
     """A pipeline with 4 inference ranks (tp 1); one Activate of all four, then dispatches."""
     reg = {"seq": 1, "t": 0, "kind": "register", "pipeline_id": "p", "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},

@@ -5,8 +5,9 @@ One kind of evidence, written the same way by every runtime
 ``cache_lock`` hold (acquire .. release, ``seq``s) by ``build``, ``promote`` or ``sync``,
 keyed by the owner that wrote it (``pipeline_id``, or a gate's ``rank`` where no pipeline
 is named). Where a runtime logs its effects, a ``BuildCache``, ``PromoteCache`` or
-``SyncFromCache`` effect with no hold of its own inside it accessed the cache without the
-lock, so its whole effect interval counts. A write that overlaps a read of the same owner
+``SyncFromCache`` effect that ended with no hold of its own inside it accessed the cache
+without the lock, so its whole effect interval counts (one the log ends inside is not judged:
+it may not have reached the cache). A write that overlaps a read of the same owner
 is a violation, reported once per write; reads may overlap each other. Order is the log's
 ``seq`` (what happened first), not time, so same-instant records are judged as they were
 sequenced.
@@ -63,10 +64,10 @@ def _accesses(records: Records) -> List[Access]:
     for (pid, holder), stack in holds.items():
         for seq, version in stack:
             out.append(Access(pid, holder, seq, last, version, True))
-    for (pid, what), stack in effects.items():
-        for start, version, seen in stack:
-            if held_count.get((pid, what), 0) == seen:
-                out.append(Access(pid, what, start, last, version, False))
+    # An effect still open when the log ends, with no hold of its own, is not counted: the
+    # runtimes take the hold before they touch the cache, so such an effect had not reached
+    # it (it waited for the lock, or the run failed inside it before the access: a build
+    # that finds its parameters gone never writes the cache)
     return out
 
 
