@@ -422,6 +422,14 @@ class FaultSpec:
       GENERATION watchdog holds the pipeline's resize lock across its re-request, the order
       RLix's watchdog avoids: the expand that would grant it waits on the lock, the
       scheduler on the expand (``deadlock``; RLix's resize-lock deadline then fails the run).
+    * ``requeue_ignores_partial_rollout`` — from that step on (a disaggregated ``fully_async``
+      pipeline with ``weight_sync: drain``), each weight sync interrupts the running
+      trajectories and requeues them with their tokens, as if partial rollout were on
+      (THUDM/slime #2092): a trajectory spans several weight versions (``version_span``).
+    * ``staleness_capacity_reset`` — at that step (a disaggregated ``fully_async`` pipeline)
+      the rollouter recovers from a restart with its count of started trajectories at zero
+      (inclusionAI/AReaL #1388): its staleness capacity admits a second window on top of
+      the running ones (``version_span``).
     """
 
     name: str
@@ -457,7 +465,7 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
                       "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
-                      "double_onload", "finalize_fails")
+                      "double_onload", "finalize_fails", "requeue_ignores_partial_rollout", "staleness_capacity_reset")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 
