@@ -15,6 +15,11 @@ record's first and last weight version (at its first token and at completion), e
 window). The settings come from the header (``meta.version_span``, pipeline ->
 ``partial_rollout``, and for a fully asynchronous rollouter ``max_age`` and ``batch``).
 A log without them (gates, imports, older logs) is skipped.
+
+Only disaggregated pipelines write these records: the RLix-scheduled ones retry an aborted
+request's turn from its start, so its tokens come from the version of its last dispatch by
+construction, and ``version_at_dispatch`` and ``trajectory_age`` judge what can go wrong there
+(docs/modelled-systems.md#disaggregated-pipelines).
 """
 
 from __future__ import annotations
