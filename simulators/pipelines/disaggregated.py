@@ -190,17 +190,34 @@ class DisaggregatedSim:
             dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
         else:
             dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
+        self._collectives(e.what, "start")
         yield self.env.timeout(dt)
+        self._collectives(e.what, "end")
         if e.what == "train":
             self.trainer_version += 1
             self._notify()
         return None
 
     def _SyncWeights(self, e):
+        if self._sync_off_thread():
+            self.env.spawn(self._sync(e.version), "pipeline", self.index, 2)
+            return None
+        yield from self._sync(e.version)
+        return None
+
+    def _sync(self, version: int):
+        self._collectives("weight_sync", "start")
         yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus,
                                              [r.gpus for r in self.ranks]))
-        self.gen_version = e.version  # in_flight: the running sequences go on with these weights
-        return None
+        self._collectives("weight_sync", "end")
+        self.gen_version = version  # in_flight: the running sequences go on with these weights
+
+    def _collectives(self, activity: str, phase: str) -> None:
+        """The trainer's log-probs, training and weight sync all issue collectives on the
+        training side's model-parallel communicator (verl's PP/EP groups): logged per
+        activity, so that ``collective_order`` sees two of them interleave."""
+        self.sim.emit("collectives", pipeline_id=self.pid, communicator=f"{self.pid}/train", activity=activity,
+                      phase=phase)
 
     def _PauseGeneration(self, e):
         self.admitting = False
@@ -248,6 +265,17 @@ class DisaggregatedSim:
         if at is None or self.steps_done < at:
             return False
         self.sim.emit("fault_fired", name="requeue_ignores_partial_rollout", pipeline_id=self.pid, step=self.steps_done)
+        return True
+
+    def _sync_off_thread(self) -> bool:
+        """Fault ``weight_sync_off_thread`` (volcengine/verl #7423): from its step on, the
+        weight sync runs on the event loop while the trainer goes on in its thread pool,
+        nothing ordering the two: the next step's log-probs and training issue collectives
+        on the communicator the sync is still using."""
+        at = self.faults.get("weight_sync_off_thread")
+        if at is None or self.steps_done < at:
+            return False
+        self.sim.emit("fault_fired", name="weight_sync_off_thread", pipeline_id=self.pid, step=self.steps_done)
         return True
 
     def _maybe_restart_window(self, step: int) -> None:

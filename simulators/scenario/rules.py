@@ -270,6 +270,8 @@ def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
 
 def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
     """Why fault ``name`` cannot fire on pipeline ``pipe`` (its engine mode lacks the step), or None."""
+    if name == "weight_sync_off_thread" and pipe.type != "disaggregated":
+        return f"fault {name} needs pipeline {pipe.name} to be disaggregated (it is {pipe.type})"
     if name in _FULLY_ASYNC_FAULTS:
         shape = pipe.disaggregated.shape if pipe.type == "disaggregated" else pipe.type
         if shape != "fully_async":

@@ -430,6 +430,11 @@ class FaultSpec:
       the rollouter recovers from a restart with its count of started trajectories at zero
       (inclusionAI/AReaL #1388): its staleness capacity admits a second window on top of
       the running ones (``version_span``).
+    * ``weight_sync_off_thread`` — from that step on (a disaggregated pipeline), the weight
+      sync runs beside the trainer instead of before its next step (volcengine/verl #7423:
+      ``update_weights`` on the event loop, ``update_actor`` in a thread pool): both issue
+      collectives on the training side's communicator with no order between them
+      (``collective_order``).
     """
 
     name: str
@@ -465,7 +470,8 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
                       "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
-                      "double_onload", "finalize_fails", "requeue_ignores_partial_rollout", "staleness_capacity_reset")
+                      "double_onload", "finalize_fails", "requeue_ignores_partial_rollout", "staleness_capacity_reset",
+                      "weight_sync_off_thread")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -388,6 +388,9 @@ EXPECTED_FINDINGS = {
     # AReaL #1388: a restarted count of started trajectories admits past the staleness window
     "slime_requeue_partial_rollout": ("done", {"version_span"}),
     "areal_staleness_capacity_restart": ("done", {"version_span"}),
+    # verl #7423: the weight sync runs beside the trainer on its communicator; the next batch
+    # starts generating before the synced weights land
+    "verl_weight_sync_shared_comm": ("done", {"collective_order", "version_span"}),
 }
 
 
