@@ -435,6 +435,10 @@ class FaultSpec:
       ``update_weights`` on the event loop, ``update_actor`` in a thread pool): both issue
       collectives on the training side's communicator with no order between them
       (``collective_order``).
+    * ``critic_warmup_no_wake`` — from that step on (a ``single_controller`` pipeline) each
+      step is a critic warm-up that stands generation down for the critic's training and
+      skips the refit, and with it the resume (NVIDIA-NeMo/RL #3730's review): once the
+      rollouts already running finish, nothing wakes generation (``engine_stood_down``).
     """
 
     name: str
@@ -471,7 +475,7 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
                       "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
                       "double_onload", "finalize_fails", "requeue_ignores_partial_rollout", "staleness_capacity_reset",
-                      "weight_sync_off_thread")
+                      "weight_sync_off_thread", "critic_warmup_no_wake")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 
