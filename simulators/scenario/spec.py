@@ -422,23 +422,14 @@ class FaultSpec:
       GENERATION watchdog holds the pipeline's resize lock across its re-request, the order
       RLix's watchdog avoids: the expand that would grant it waits on the lock, the
       scheduler on the expand (``deadlock``; RLix's resize-lock deadline then fails the run).
-    * ``requeue_ignores_partial_rollout`` — from that step on (a disaggregated ``fully_async``
-      pipeline with ``weight_sync: drain``), each weight sync interrupts the running
-      trajectories and requeues them with their tokens, as if partial rollout were on
-      (THUDM/slime #2092): a trajectory spans several weight versions (``version_span``).
-    * ``staleness_capacity_reset`` — at that step (a disaggregated ``fully_async`` pipeline)
-      the rollouter recovers from a restart with its count of started trajectories at zero
-      (inclusionAI/AReaL #1388): its staleness capacity admits a second window on top of
-      the running ones (``version_span``).
-    * ``weight_sync_off_thread`` — from that step on (a disaggregated pipeline), the weight
-      sync runs beside the trainer instead of before its next step (volcengine/verl #7423:
-      ``update_weights`` on the event loop, ``update_actor`` in a thread pool): both issue
-      collectives on the training side's communicator with no order between them
-      (``collective_order``).
-    * ``critic_warmup_no_wake`` — from that step on (a ``single_controller`` pipeline) each
-      step is a critic warm-up that stands generation down for the critic's training and
-      skips the refit, and with it the resume (NVIDIA-NeMo/RL #3730's review): once the
-      rollouts already running finish, nothing wakes generation (``engine_stood_down``).
+    * ``requeue_ignores_partial_rollout`` — from that step on (disaggregated ``fully_async``, ``weight_sync: drain``) a
+      sync requeues the running trajectories with their tokens (THUDM/slime #2092; ``version_span``).
+    * ``staleness_capacity_reset`` — at that step (disaggregated ``fully_async``) the rollouter's count of started
+      trajectories restarts at zero, as after a recovery (inclusionAI/AReaL #1388; ``version_span``).
+    * ``weight_sync_off_thread`` — from that step on (disaggregated) the weight sync runs beside the trainer on its
+      communicator (volcengine/verl #7423; ``collective_order``).
+    * ``critic_warmup_no_wake`` — from that step on (``single_controller``) a critic warm-up step stands generation
+      down and skips the refit and the resume (NVIDIA-NeMo/RL #3730's review; ``engine_stood_down``).
     """
 
     name: str
