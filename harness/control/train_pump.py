@@ -66,6 +66,10 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator[Any, Any, None]:
                         "tick the trainer version, so the next step could never be selected (NeMo RL fails the run)")
     version = yield FinishTrainStep(step)
     yield PauseRollouts()
+    if cfg.warmup_no_wake_step is not None and step >= cfg.warmup_no_wake_step:
+        # NVIDIA-NeMo/RL #3730's review: a critic warm-up step leaves the policy unchanged, so
+        # its refit is skipped, and the resume that only the refit path issued with it
+        return
     yield AbortStaleInflight(version)
     yield SyncWeights(version)
     yield ResumeRollouts(version)

@@ -42,6 +42,16 @@ SIM_KINDS: dict = {
     "trajectory": _k("A disaggregated pipeline's trajectory finished on a generation rank, with the weight versions it started "
                      "and ended with (a partial rollout or an in-flight weight update spans more than one).",
                      {"pipeline_id": "str", "trajectory": "int", "dp_rank": "int", "first_version": "int", "version": "int"}),
+    "trajectory_dispatch": _k("A disaggregated pipeline dispatched a trajectory to its generation ranks, with the trainer's weight "
+                              "version then (the fully asynchronous rollouter's admission window counts from it).",
+                              {"pipeline_id": "str", "trajectory": "int", "trainer_version": "int"}),
+    "trajectory_evicted": _k("A disaggregated fully_async trainer evicted completed trajectories older than its bound (they leave "
+                             "the rollouter's admission window).",
+                             {"pipeline_id": "str", "trajectories": "int_list", "trainer_version": "int"}),
+    "collectives": _k("An activity of a pipeline (train, old_log_probs, weight_sync) started or stopped issuing collectives on a "
+                      "communicator (phase start|end); two activities open on one communicator at once have no order between "
+                      "them (collective_order).",
+                      {"pipeline_id": "str", "communicator": "str", "activity": "str", "phase": "str"}),
     "vram": _k("Resident bytes on a GPU changed (owner = pipeline/train|dpN|sync|ctx, mem = weights|kv_cache|params|grads|optimizer|nccl|staging|cuda_context); phase = what loaded them (init|old_log_probs|train|wake|expand_sync|active_sync; docs/residency.md).",
                {"gpu": "int", "owner": "str", "mem": "str", "delta": "int", "used": "int"}, {"phase": "str"}),
     "oom": _k("A GPU allocation would exceed capacity: the simulated process dies (fault).",

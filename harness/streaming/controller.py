@@ -54,6 +54,9 @@ class StreamingConfig:
     on_dropped_prompt: str = "shrink"
     max_replacement_attempts: int = 1  # spares tried for one lost slot before shrinking
     replacement_reserve_prompts: int = 1  # the pool's low-water mark: below it a batch is diverted
+    # fault critic_warmup_no_wake (NVIDIA-NeMo/RL #3730's review): the first critic warm-up step;
+    # from it on each step stands generation down for the critic and skips the refit and the resume
+    warmup_no_wake_step: Optional[int] = None
 
     def __post_init__(self) -> None:
         bad = config_problem(self.sampler, self.watchdog_interval_s, self.stall_timeout_s, self.drop_budgets,

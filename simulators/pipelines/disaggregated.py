@@ -77,7 +77,8 @@ class DisaggregatedSim:
         self.step_s = step if step is not None else (lambda c: (h + c) / T)
         self.collector = Collector(w, "sync", np.random.default_rng(np.random.SeedSequence([sim.scenario.seed, index])))
         self.actor = Actor("pipeline", index, 4)
-        self.faults: Dict[str, Any] = {}
+        # the field faults of a fully asynchronous pipeline (simulators/scenario/spec.py FaultSpec)
+        self.faults: Dict[str, Any] = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.steps_done = 0
         self.gen_version = 0  # the weights the generation GPUs hold
         self.trainer_version = 0
@@ -153,11 +154,14 @@ class DisaggregatedSim:
         return None
 
     def _WaitBatch(self, e):
+        self._maybe_restart_window(e.global_step)
         if self.shape == "fully_async":
             dropped: List[int] = []
             while True:
                 taken, gone = order.select_batch(self.completed, self.trainer_version, self.batch, self.max_age)
                 if gone:  # evicted now: the rollouter's window starts their replacements
+                    self.sim.emit("trajectory_evicted", pipeline_id=self.pid, trajectories=gone,
+                                  trainer_version=self.trainer_version)
                     dropped += gone
                     self.dropped += len(gone)
                     self.completed = [(t, v) for t, v in self.completed if t not in set(gone)]
@@ -186,20 +190,39 @@ class DisaggregatedSim:
             dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
         else:
             dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
+        self._collectives(e.what, "start")
         yield self.env.timeout(dt)
+        self._collectives(e.what, "end")
         if e.what == "train":
             self.trainer_version += 1
             self._notify()
         return None
 
     def _SyncWeights(self, e):
+        if self._sync_off_thread():
+            self.env.spawn(self._sync(e.version), "pipeline", self.index, 2)
+            return None
+        yield from self._sync(e.version)
+        return None
+
+    def _sync(self, version: int):
+        self._collectives("weight_sync", "start")
         yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus,
                                              [r.gpus for r in self.ranks]))
-        self.gen_version = e.version  # in_flight: the running sequences go on with these weights
-        return None
+        self._collectives("weight_sync", "end")
+        self.gen_version = version  # in_flight: the running sequences go on with these weights
+
+    def _collectives(self, activity: str, phase: str) -> None:
+        """The trainer's log-probs, training and weight sync all issue collectives on the
+        training side's model-parallel communicator (verl's PP/EP groups): logged per
+        activity, so that ``collective_order`` sees two of them interleave."""
+        self.sim.emit("collectives", pipeline_id=self.pid, communicator=f"{self.pid}/train", activity=activity,
+                      phase=phase)
 
     def _PauseGeneration(self, e):
         self.admitting = False
+        if e.mode == "drain" and self._requeues_partial():
+            e = order.PauseGeneration("pause")
         if e.mode == "drain":
             while any(r.running or r.queue for r in self.ranks):
                 yield self._changed
@@ -232,8 +255,43 @@ class DisaggregatedSim:
                 continue
             yield self._changed
 
+    # ------------------------------------------------------------------ field faults
+    def _requeues_partial(self) -> bool:
+        """Fault ``requeue_ignores_partial_rollout`` (THUDM/slime #2092): from its step on,
+        a weight sync of a pipeline without partial rollouts (``weight_sync: drain``)
+        interrupts the running trajectories and requeues them with their tokens, so that
+        they go on with the new weights: one trajectory spans several weight versions."""
+        at = self.faults.get("requeue_ignores_partial_rollout")
+        if at is None or self.steps_done < at:
+            return False
+        self.sim.emit("fault_fired", name="requeue_ignores_partial_rollout", pipeline_id=self.pid, step=self.steps_done)
+        return True
+
+    def _sync_off_thread(self) -> bool:
+        """Fault ``weight_sync_off_thread`` (volcengine/verl #7423): from its step on, the
+        weight sync runs on the event loop while the trainer goes on in its thread pool,
+        nothing ordering the two: the next step's log-probs and training issue collectives
+        on the communicator the sync is still using."""
+        at = self.faults.get("weight_sync_off_thread")
+        if at is None or self.steps_done < at:
+            return False
+        self.sim.emit("fault_fired", name="weight_sync_off_thread", pipeline_id=self.pid, step=self.steps_done)
+        return True
+
+    def _maybe_restart_window(self, step: int) -> None:
+        """Fault ``staleness_capacity_reset`` (inclusionAI/AReaL #1388): at its step the
+        rollouter recovers from a restart with the trainer's version restored but its count
+        of started trajectories at zero, so its staleness capacity admits another whole
+        window on top of the trajectories already running or waiting to be trained."""
+        if self.faults.get("staleness_capacity_reset") != step:
+            return
+        self.started = self.dropped  # the window's count (started less dropped) restarts at zero
+        self.sim.emit("fault_fired", name="staleness_capacity_reset", pipeline_id=self.pid, step=step)
+        self._notify()
+
     # ------------------------------------------------------------------ decode, step by step
     def _dispatch(self, tid: int, tokens: int) -> None:
+        self.sim.emit("trajectory_dispatch", pipeline_id=self.pid, trajectory=tid, trainer_version=self.trainer_version)
         rank = min(self.ranks, key=lambda r: (len(r.running) + len(r.queue), r.index))
         rank.queue.append((tid, tokens))
         self._fill(rank)

@@ -28,6 +28,7 @@ RLix pipeline, so this pipeline does not register with the scheduler model.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -97,7 +98,8 @@ class SingleControllerSim:
         self.env = sim.env
         self.pid = spec.name
         self.costs = spec.costs or sim.scenario.costs
-        self.cfg = streaming_config(spec)
+        faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == spec.name}
+        self.cfg = dataclasses.replace(streaming_config(spec), warmup_no_wake_step=faults.get("critic_warmup_no_wake"))
         self.state = ControllerState(self.cfg)
         self.trainer = SplitStepMachine()
         self.train_gpus = tuple(sorted(spec.train_gpus))
@@ -270,6 +272,11 @@ class SingleControllerSim:
         if outcome == "ok":
             self._last_progress = self.env.now
         return outcome
+
+    def _after_PauseRollouts(self, _e, _result) -> None:
+        at = self.cfg.warmup_no_wake_step
+        if at is not None and self.step >= at:  # the pump returns after this pause (train_pump.py)
+            self.sim.emit("fault_fired", name="critic_warmup_no_wake", pipeline_id=self.pid, step=self.step)
 
     def _after_AbortStaleInflight(self, e, group_ids) -> None:
         """The state dropped the groups; their generations stop now."""

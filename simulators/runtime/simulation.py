@@ -102,6 +102,8 @@ class Simulation:
                   # the trajectory_age check's bound per pipeline with a trajectory buffer
                   "max_trajectory_age_steps": {p.name: _age_bound(p) for p in scenario.pipelines
                                                if p.type != "single_controller"},
+                  # the version_span check's settings per disaggregated pipeline (version_span.py)
+                  **_version_span_meta(scenario),
                   # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
                   **_timeouts_meta(scenario.costs),
                   # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
@@ -343,6 +345,24 @@ def _age_bound(p) -> int:
     from harness.control.disaggregated import trajectory_age_bound
 
     return trajectory_age_bound(p.disaggregated.shape, p.workload.max_trajectory_age_steps)
+
+
+def _version_span_meta(scenario: Scenario) -> Dict[str, Any]:
+    """``version_span``: per disaggregated pipeline whether a trajectory may span weight
+    versions (a partial rollout or an in-flight update) and, fully asynchronous, the
+    rollouter's admission window (its staleness bound and batch). Absent without such a
+    pipeline, so that other logs keep their bytes."""
+    spans = {}
+    for p in scenario.pipelines:
+        if p.type != "disaggregated":
+            continue
+        d = p.disaggregated
+        entry: Dict[str, Any] = {"partial_rollout": d.shape == "fully_async" and d.weight_sync != "drain"}
+        if d.shape == "fully_async":
+            w = p.workload
+            entry.update(max_age=_age_bound(p), batch=w.prompts_per_step * w.generations_per_prompt)
+        spans[p.name] = entry
+    return {"version_span": spans} if spans else {}
 
 
 def _timeouts_meta(costs) -> Dict[str, Any]:

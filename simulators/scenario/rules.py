@@ -214,6 +214,9 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
 _ENGINE_FAULT_NEEDS = {"resume_before_kv_wake": ("wake", ("staged",)), "kv_wake_before_weights": ("wake", ("staged",)),
                        "abort_on_pause": ("pause_mode", ("wait", "keep"))}
 
+#: faults of the disaggregated fully asynchronous rollouter (simulators/pipelines/disaggregated.py)
+_FULLY_ASYNC_FAULTS = ("requeue_ignores_partial_rollout", "staleness_capacity_reset")
+
 
 #: a pipeline's refit paths (PipelineSpec.refit_path)
 REFIT_PATHS = ("cpu_cache", "colocated_ipc")
@@ -267,6 +270,18 @@ def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
 
 def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
     """Why fault ``name`` cannot fire on pipeline ``pipe`` (its engine mode lacks the step), or None."""
+    if name == "critic_warmup_no_wake" and pipe.type != "single_controller":
+        return f"fault {name} needs pipeline {pipe.name} to be single_controller (it is {pipe.type})"
+    if name == "weight_sync_off_thread" and pipe.type != "disaggregated":
+        return f"fault {name} needs pipeline {pipe.name} to be disaggregated (it is {pipe.type})"
+    if name in _FULLY_ASYNC_FAULTS:
+        shape = pipe.disaggregated.shape if pipe.type == "disaggregated" else pipe.type
+        if shape != "fully_async":
+            return f"fault {name} needs pipeline {pipe.name} to be disaggregated with shape fully_async (it is {shape})"
+        if name == "requeue_ignores_partial_rollout" and pipe.disaggregated.weight_sync != "drain":
+            return (f"fault {name} needs pipeline {pipe.name}'s weight_sync to be drain (partial rollout off; "
+                    f"it is {pipe.disaggregated.weight_sync})")
+        return None
     need = _ENGINE_FAULT_NEEDS.get(name)
     if need is None or getattr(pipe, need[0]) in need[1]:
         return None

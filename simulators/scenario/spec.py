@@ -425,6 +425,14 @@ class FaultSpec:
       GENERATION watchdog holds the pipeline's resize lock across its re-request, the order
       RLix's watchdog avoids: the expand that would grant it waits on the lock, the
       scheduler on the expand (``deadlock``; RLix's resize-lock deadline then fails the run).
+    * ``requeue_ignores_partial_rollout`` — from that step on (disaggregated ``fully_async``, ``weight_sync: drain``) a
+      sync requeues the running trajectories with their tokens (THUDM/slime #2092; ``version_span``).
+    * ``staleness_capacity_reset`` — at that step (disaggregated ``fully_async``) the rollouter's count of started
+      trajectories restarts at zero, as after a recovery (inclusionAI/AReaL #1388; ``version_span``).
+    * ``weight_sync_off_thread`` — from that step on (disaggregated) the weight sync runs beside the trainer on its
+      communicator (volcengine/verl #7423; ``collective_order``).
+    * ``critic_warmup_no_wake`` — from that step on (``single_controller``) a critic warm-up step stands generation
+      down and skips the refit and the resume (NVIDIA-NeMo/RL #3730's review; ``engine_stood_down``).
     """
 
     name: str
@@ -460,7 +468,8 @@ ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch
                       "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
                       "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
                       "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
-                      "double_onload", "finalize_fails")
+                      "double_onload", "finalize_fails", "requeue_ignores_partial_rollout", "staleness_capacity_reset",
+                      "weight_sync_off_thread", "critic_warmup_no_wake")
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -155,8 +155,21 @@ def test_fault_unknown_name():
         "stale_batch, no_host_ram_guard, unchecked_activation, sleep_residue_grows, staging_leak, refit_slows, "
         "unclamped_base_stamp, lost_lock_handoff, partial_reload, resume_before_kv_wake, kv_wake_before_weights, "
         "abort_on_pause, stamp_at_completion, active_sync_fails, lost_cache_handoff, lost_release_ack, "
-        "watchdog_request_under_lock, double_onload, finalize_fails"
+        "watchdog_request_under_lock, double_onload, finalize_fails, requeue_ignores_partial_rollout, "
+        "staleness_capacity_reset, weight_sync_off_thread, critic_warmup_no_wake"
     )
+
+
+@pytest.mark.parametrize("fault, problem", [
+    ("critic_warmup_no_wake", "fault critic_warmup_no_wake needs pipeline ppl1 to be single_controller (it is nemo_async)"),
+    ("weight_sync_off_thread", "fault weight_sync_off_thread needs pipeline ppl1 to be disaggregated (it is nemo_async)"),
+    ("staleness_capacity_reset",
+     "fault staleness_capacity_reset needs pipeline ppl1 to be disaggregated with shape fully_async (it is nemo_async)"),
+])
+def test_a_fault_on_a_pipeline_that_cannot_fire_it_is_refused(fault, problem):
+    data = base()
+    data["faults"] = [{"name": fault, "pipeline": "ppl1"}]
+    assert error_of(data) == f"x.yaml: faults[0].name: {problem}"
 
 
 def test_engine_modes_are_checked_by_name():

@@ -384,6 +384,15 @@ EXPECTED_FINDINGS = {
     "miles_finalize_fails_resumed": ("failed", {"engine_transition", "run_outcome"}),
     # NeMo RL #3929: abort_never_wakes without the drain's deadline hangs to the horizon
     "unbounded_pause_hangs": ("horizon", {"engine_stood_down", "liveness"}),
+    # slime #2092: a requeue keeps a trajectory's tokens across syncs with partial rollout off;
+    # AReaL #1388: a restarted count of started trajectories admits past the staleness window
+    "slime_requeue_partial_rollout": ("done", {"version_span"}),
+    "areal_staleness_capacity_restart": ("done", {"version_span"}),
+    # verl #7423: the weight sync runs beside the trainer on its communicator; the next batch
+    # starts generating before the synced weights land
+    "verl_weight_sync_shared_comm": ("done", {"collective_order", "version_span"}),
+    # NeMo RL #3730's review: critic warm-up stands generation down and nothing resumes it
+    "nemo_critic_warmup_no_wake": ("horizon", {"engine_stood_down"}),
 }
 
 

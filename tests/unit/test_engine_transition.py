@@ -231,3 +231,31 @@ def test_an_engine_left_paused_and_awake_is_named_at_the_logs_end():
                                                                                              "resumed", "serving"])
 def test_an_engine_that_resumed_or_slept_is_not_stood_down(events):
     assert stood_down(events) == []
+
+
+def _rollouts(seq: int, effect: str) -> dict:
+    return {"seq": seq, "t": float(seq), "kind": "effect_start", "pipeline_id": "sc", "effect": effect, "args": {},
+            "scope": "step", "step": 0}
+
+
+def test_a_single_controllers_generation_left_paused_is_stood_down():
+    """PauseRollouts stands a single controller's whole generation side down; only a
+    ResumeRollouts wakes it (NVIDIA-NeMo/RL #3730's review)."""
+    end = {"seq": 9, "t": 9.0, "kind": "sim_end", "reason": "horizon", "sim_time": 9.0, "events": 9}
+    (v,) = check_log([_rollouts(1, "PauseRollouts"), end], ["engine_stood_down"])
+    assert v.seq == 9 and "sc generation paused at seq 1" in v.message
+    assert check_log([_rollouts(1, "PauseRollouts"), _rollouts(2, "ResumeRollouts"), end], ["engine_stood_down"]) == []
+
+
+@pytest.mark.parametrize("name, fires", [("nemo_critic_warmup_no_wake", True), ("nemo_critic_warmup_no_wake_fixed", False)])
+def test_nemo_rl_3730_critic_warmup_stands_generation_down(name, fires):
+    import os
+
+    from simulators.runtime.simulation import Simulation
+    from simulators.scenario.loader import load_scenario
+
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    res = Simulation(load_scenario(os.path.join(root, "examples", "scenarios", f"{name}.yaml"))).run()
+    found = check_log(res.records, ["engine_stood_down"])
+    assert res.reason == ("horizon" if fires else "done")
+    assert bool(found) == fires and all("ppo generation paused" in v.message for v in found)

@@ -235,6 +235,8 @@ OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py"
                   "kv_cache_asleep", "engine_resume", "engine_weights", "version_at_dispatch", "pause_lost_work")},
               "engine_transition": "tests/unit/test_engine_transition.py",
               "engine_stood_down": "tests/unit/test_engine_transition.py",
+              "version_span": "tests/unit/test_version_span.py",
+              "collective_order": "tests/unit/test_collective_order.py",
               **{name: "tests/unit/test_mutations.py" for name in (
                   "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
 

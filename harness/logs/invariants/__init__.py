@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 from harness.logs.invariants import (  # noqa: F401  (registration)
-    cache, dataplane, engine, engine_transition, groups, handover, handover_headroom, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
+    cache, collective_order, dataplane, engine, engine_transition, groups, handover, handover_headroom, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
     pump_liveness, refit_payload, refit_wire, release_reuse, routing, scheduling, streaming, trajectory_age, trends,
-    versions, waitfor, hot_states)
+    version_span, versions, waitfor, hot_states)
 from harness.logs.invariants.base import CHECKS, SEES, Records, Violation
 
 

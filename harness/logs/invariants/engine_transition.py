@@ -17,6 +17,7 @@ gates:
 | ``sync_end`` with ``ok`` false (the sync of that version failed) | ``load_failed`` |
 | ``effect_start`` ``Finalize`` | ``finalize`` |
 | ``effect_start`` ``PauseGeneration`` / ``ContinueGeneration`` | ``pause(keep)`` / ``resume`` |
+| ``effect_start`` ``PauseRollouts`` / ``ResumeRollouts`` | a single controller's whole generation side stands down / resumes (``engine_stood_down`` only) |
 | ``rank_state`` ``routable`` after another state | ``resume`` |
 | ``request_dispatch`` / ``request_resume`` | ``generate`` |
 
@@ -47,6 +48,8 @@ class _Replay:
         self.out: List[Violation] = []
         self._memo: Dict[Tuple[Tuple[str, ...], str], Optional[table.Illegal]] = {}
         self.paused_at: Dict[Rank, dict] = {}  # rank -> the record of its pause not yet followed by a resume or sleep
+        # a single controller's generation side -> its PauseRollouts not yet followed by a ResumeRollouts
+        self.rollouts_paused_at: Dict[str, dict] = {}
 
     def event(self, key: Rank, event: str, r: dict) -> None:
         state = self.state.get(key)
@@ -103,6 +106,12 @@ class _Replay:
         if not start and name == "Wake" and not r.get("error"):  # RLix's wake returned: every tag is awake
             for dp in r["args"]["ranks"]:
                 self._woken((pid, dp), [table.WEIGHTS, table.KV], r)
+            return
+        if start and name in ("PauseRollouts", "ResumeRollouts"):  # the whole generation side, not one engine
+            if name == "PauseRollouts":
+                self.rollouts_paused_at.setdefault(pid, r)
+            else:
+                self.rollouts_paused_at.pop(pid, None)
             return
         if start and name == "Abort":
             event = "pause(abort)"
@@ -176,7 +185,10 @@ def engine_stood_down(records: Records) -> List[Violation]:
     timeouts = (head.get("meta") or {}).get("timeouts") or {}
     unbounded = ("; the drain has no deadline (an unbounded pause: NVIDIA-NeMo/RL #3929's refit_timeout_s: null)"
                  if timeouts.get("shrink_drain_s") == 0 else "")
-    return [Violation("engine_stood_down", last, f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
-                      f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log "
-                      f"wakes it{unbounded}")
-            for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
+    ranks = [Violation("engine_stood_down", last, f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
+                       f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log "
+                       f"wakes it{unbounded}")
+             for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
+    return ranks + [Violation("engine_stood_down", last, f"{pid} generation paused at seq {r['seq']} (t={r['t']:g}, "
+                              f"PauseRollouts) and never resumed: nothing in the log wakes it")
+                    for pid, r in sorted(replay.rollouts_paused_at.items())]
