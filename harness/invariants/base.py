@@ -56,6 +56,13 @@ def invariant(name: str, reads: Optional[Iterable[str]] = None, sees: Iterable[s
     return wrap
 
 
+def known_whole(records: Records) -> bool:
+    """Whether ``records`` is all there in memory (a list or tuple), so a check may read
+    its end first to skip a walk that would find nothing. An online view
+    (harness/invariants/online.py) is read once, as the log is made: the walk runs."""
+    return isinstance(records, (list, tuple))
+
+
 def examined(name: str, records: Records) -> int:
     """How many records of ``records`` the check ``name`` reads (all, if it declared none)."""
     kinds = READS.get(name)

@@ -35,13 +35,31 @@ class Access:
 
 
 def _accesses(records: Records) -> List[Access]:
-    last = records[-1]["seq"] if records else 0
-    out: List[Access] = []
-    holds: Dict[Tuple[str, str], List[Tuple[int, Optional[int]]]] = {}  # (pipeline, holder) -> [(acquire seq, version)]
-    effects: Dict[Tuple[str, str], List[Tuple[int, Optional[int], int]]] = {}  # (pipeline, what) -> [(start, version, holds seen)]
-    held_count: Dict[Tuple[str, str], int] = {}
+    """Every access of the log: the lock holds and unlocked effects (:class:`_LockWalk`),
+    then the syncs and point writes (:class:`_RecordWalk`), in one pass (the check runs
+    online, harness/invariants/online.py): the two read disjoint kinds."""
+    locks, syncs = _LockWalk(), _RecordWalk()
     for r in records:
         k = r["kind"]
+        if k == "cache_lock" or k == "effect_start" or k == "effect_end":
+            locks.on(r, k)
+        else:
+            syncs.on(r, k)
+    last = records[-1]["seq"] if records else 0  # (after the pass: an online view knows its end then)
+    return locks.end(last) + syncs.end(last)
+
+
+class _LockWalk:
+    """Cache lock holds, and the cache effects that ran without a hold of their own."""
+
+    def __init__(self) -> None:
+        self.out: List[Access] = []
+        self.holds: Dict[Tuple[str, str], List[Tuple[int, Optional[int]]]] = {}  # (pipeline, holder) -> [(acquire seq, version)]
+        self.effects: Dict[Tuple[str, str], List[Tuple[int, Optional[int], int]]] = {}  # (pipeline, what) -> [(start, version, holds seen)]
+        self.held_count: Dict[Tuple[str, str], int] = {}
+
+    def on(self, r: dict, k: str) -> None:
+        holds, held_count = self.holds, self.held_count
         if k == "cache_lock":
             pid = r["pipeline_id"]
             key = (pid, r["holder"])
@@ -50,24 +68,27 @@ def _accesses(records: Records) -> List[Access]:
                 held_count[key] = held_count.get(key, 0) + 1
             elif holds.get(key):
                 seq, version = holds[key].pop()
-                out.append(Access(pid, r["holder"], seq, r["seq"], version, True))
-        elif k in ("effect_start", "effect_end") and r["effect"] in _EFFECT_ACCESS:
+                self.out.append(Access(pid, r["holder"], seq, r["seq"], version, True))
+        elif r["effect"] in _EFFECT_ACCESS:
             pid, what = r["pipeline_id"], _EFFECT_ACCESS[r["effect"]]
-            stack = effects.setdefault((pid, what), [])
+            stack = self.effects.setdefault((pid, what), [])
             if k == "effect_start":
                 stack.append((r["seq"], r["args"].get("version"), held_count.get((pid, what), 0)))
             elif stack:
                 start, version, seen = stack.pop()
                 if held_count.get((pid, what), 0) == seen and not r.get("error"):
-                    out.append(Access(pid, what, start, r["seq"], version, False))  # no hold of its own
-    for (pid, holder), stack in holds.items():
-        for seq, version in stack:
-            out.append(Access(pid, holder, seq, last, version, True))
-    for (pid, what), stack in effects.items():
-        for start, version, seen in stack:
-            if held_count.get((pid, what), 0) == seen:
-                out.append(Access(pid, what, start, last, version, False))
-    return out
+                    self.out.append(Access(pid, what, start, r["seq"], version, False))  # no hold of its own
+
+    def end(self, last: int) -> List[Access]:
+        out = self.out
+        for (pid, holder), stack in self.holds.items():
+            for seq, version in stack:
+                out.append(Access(pid, holder, seq, last, version, True))
+        for (pid, what), stack in self.effects.items():
+            for start, version, seen in stack:
+                if self.held_count.get((pid, what), 0) == seen:
+                    out.append(Access(pid, what, start, last, version, False))
+        return out
 
 
 def _describe(a: Access) -> str:
@@ -79,8 +100,7 @@ def _describe(a: Access) -> str:
 def cache_lock(records: Records) -> List[Violation]:
     out: List[Violation] = []
     by_pipeline: Dict[str, List[Access]] = {}
-    last = records[-1]["seq"] if records else 0
-    for a in _accesses(records) + _record_accesses(records, last):
+    for a in _accesses(records):
         by_pipeline.setdefault(a.pipeline, []).append(a)
     for pid, accesses in sorted(by_pipeline.items()):
         reads = [a for a in accesses if a.what == "sync"]
@@ -99,21 +119,26 @@ def owner_of(r: dict) -> str:
     return pid if pid is not None else f"rank {r.get('rank')}"
 
 
-def _record_accesses(records: Records, last: int) -> List[Access]:
+class _RecordWalk:
     """Syncs (``sync_start`` .. ``sync_end``) and point writes (``cache_build`` /
     ``cache_promote``)."""
-    out: List[Access] = []
-    open_sync: Dict[str, List[dict]] = {}
-    for r in records:
-        k = r["kind"]
+
+    def __init__(self) -> None:
+        self.out: List[Access] = []
+        self.open_sync: Dict[str, List[dict]] = {}
+
+    def on(self, r: dict, k: str) -> None:
         if k == "sync_start":
-            open_sync.setdefault(owner_of(r), []).append(r)
-        elif k == "sync_end" and open_sync.get(owner_of(r)):
-            s = open_sync[owner_of(r)].pop()
-            out.append(Access(owner_of(r), "sync", s["seq"], r["seq"], s["version"], True))
+            self.open_sync.setdefault(owner_of(r), []).append(r)
+        elif k == "sync_end" and self.open_sync.get(owner_of(r)):
+            s = self.open_sync[owner_of(r)].pop()
+            self.out.append(Access(owner_of(r), "sync", s["seq"], r["seq"], s["version"], True))
         elif k in ("cache_build", "cache_promote"):
             what = "build" if k == "cache_build" else "promote"
-            out.append(Access(owner_of(r), what, r["seq"], r["seq"], r["version"], True))
-    for who, stack in open_sync.items():
-        out += [Access(who, "sync", s["seq"], last, s["version"], True) for s in stack]
-    return out
+            self.out.append(Access(owner_of(r), what, r["seq"], r["seq"], r["version"], True))
+
+    def end(self, last: int) -> List[Access]:
+        out = self.out
+        for who, stack in self.open_sync.items():
+            out += [Access(who, "sync", s["seq"], last, s["version"], True) for s in stack]
+        return out

@@ -1,0 +1,225 @@
+"""The invariant oracle, online: records go in a chunk at a time, findings come out at the end.
+
+``check_log(records)`` needs the whole log in memory; :class:`OnlineOracle` reads it as
+it is made (a :class:`~harness.eventlog.stream.StreamedLog` consumer) or as it is read
+from a file, and returns exactly what ``run_checks`` returns on the same records — the
+same findings in the same order (tests/unit/test_online_oracle.py holds the two to it on
+bundled logs, broken ones included).
+
+Each check keeps only its own state. A check is a function over the records of the
+kinds it ``sees`` (plus the log's first and last record), and nearly every one reads
+them in a single pass: ``for r in records``, with ``records[0]`` (the header) read
+first. Such a check runs unchanged over a :class:`OnePassView` — an iterable that
+yields the records as they arrive — in a thread of its own that the oracle hands each
+chunk's records to and waits for (only one thread runs at a time, so a check sees what a
+batch run sees, in the same order; the hand-off costs two thread switches per check per
+chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
+interval. The records themselves are dropped once every check has read them.
+
+A check that reads its records more than once (a first pass for the registrations, then
+the main loop) or reads the log's end before it reaches it is named in
+:data:`WHOLE_HISTORY`, with why: for it the oracle keeps the records of the kinds it
+sees — scheduler and lifecycle records, a few percent of a long run's log (none keeps
+``vram`` or request records) — and runs it at the end. A check that breaks the
+one-pass rules anyway fails loudly (:class:`NotOnePass`), never silently.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
+
+from harness.invariants import CHECKS, SEES, Violation, merge_findings
+
+#: checks that need their kinds' whole history in memory, and why (see the module doc)
+WHOLE_HISTORY: Dict[str, str] = {}
+
+
+class NotOnePass(RuntimeError):
+    """A check read an online view as a list (twice, backwards, or its length)."""
+
+
+class OnePassView:
+    """The records one check sees, yielded once as they arrive: iterable once, with
+    ``view[0]`` (the log's first record), truth (never empty once a record exists) and,
+    once the pass has ended, ``view[-1]`` (the view's last record: the log's)."""
+
+    def __init__(self, first: Dict[str, Any], runner: "_Runner") -> None:
+        self._first = first
+        self._runner = runner
+        self._iterated = False
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __getitem__(self, index: Any) -> Dict[str, Any]:
+        if index == 0 and type(index) is int:
+            return self._first
+        if index == -1 and type(index) is int and self._runner.ended:
+            return self._runner.last
+        raise NotOnePass(f"records[{index!r}] of an online view: only records[0], and records[-1] after the pass")
+
+    def __len__(self) -> int:
+        raise NotOnePass("len() of an online view: the log's length is known only at its end")
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self._iterated:
+            raise NotOnePass("a second pass over an online view")
+        self._iterated = True
+        return self._runner.records()
+
+
+_END = object()
+
+
+class _Runner:
+    """One check in a thread of its own, fed batches by the oracle's thread: the two
+    strictly alternate (:meth:`push` returns when the check asks for the next batch or
+    has returned), so the check runs exactly as in a batch run, one record at a time."""
+
+    def __init__(self, name: str, first: Dict[str, Any]) -> None:
+        self.name = name
+        self._cv = threading.Condition()
+        self._batch: Any = None
+        self._waiting = False  # the check asked for the next batch
+        self._done = False
+        self.ended = False  # the check's pass has reached the end of the log
+        self.last: Optional[Dict[str, Any]] = None  # the last record it was handed
+        self.found: List[Violation] = []
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._main, args=(first,), name=f"check-{name}", daemon=True)
+        with self._cv:
+            self._thread.start()
+            self._cv.wait_for(self._idle)
+
+    def _idle(self) -> bool:
+        return self._waiting or self._done
+
+    def _main(self, first: Dict[str, Any]) -> None:
+        try:
+            self.found = list(CHECKS[self.name](OnePassView(first, self)))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the oracle's thread at the end
+            self.error = e
+        with self._cv:
+            self._done = True
+            self._cv.notify()
+
+    def records(self) -> Iterator[Dict[str, Any]]:
+        """The check's side: each batch's records, waiting for the next batch between."""
+        cv = self._cv
+        while True:
+            with cv:
+                self._waiting = True
+                cv.notify()
+                cv.wait_for(lambda: self._batch is not None)
+                batch, self._batch = self._batch, None
+            if batch is _END:
+                self.ended = True
+                return
+            self.last = batch[-1]
+            yield from batch
+
+    def push(self, batch: Any) -> None:
+        """Hand the check ``batch`` (a list, or the end) and wait until it is done with it."""
+        with self._cv:
+            if self._done:
+                return
+            self._batch = batch
+            self._waiting = False  # (set again when the check asks for the next batch)
+            self._cv.notify()
+            self._cv.wait_for(self._idle)
+
+    def finish(self) -> List[Violation]:
+        self.push(_END)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.found
+
+
+class OnlineOracle:
+    """``run_checks`` over records fed a chunk at a time (``oracle(chunk)``: a
+    :class:`~harness.eventlog.stream.StreamedLog` consumer); :meth:`finish` returns each
+    named check's findings, as ``run_checks`` does on the whole list."""
+
+    def __init__(self, names: Optional[Iterable[str]] = None) -> None:
+        self.names = list(CHECKS) if names is None else list(names)
+        unknown = [n for n in self.names if n not in CHECKS]
+        if unknown:
+            raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
+        self._sets = {name: SEES.get(name) for name in self.names}
+        self._first: Optional[Dict[str, Any]] = None
+        self._last: Optional[Dict[str, Any]] = None
+        self._runners: Dict[str, _Runner] = {}
+        self._kept: Dict[Optional[FrozenSet[str]], List[Dict[str, Any]]] = {}  # WHOLE_HISTORY checks' views
+        self._routes: Dict[str, tuple] = {}
+        self.count = 0
+
+    def _start(self, first: Dict[str, Any]) -> None:
+        self._first = first
+        kept_sets = {self._sets[n] for n in self.names if n in WHOLE_HISTORY}
+        self._kept = {kinds: [] for kinds in kept_sets}
+        self._runners = {n: _Runner(n, first) for n in self.names if n not in WHOLE_HISTORY}
+        self._streamed_sets = {self._sets[n] for n in self._runners}
+
+    def __call__(self, chunk: List[Dict[str, Any]]) -> None:
+        if not chunk:
+            return
+        if self._first is None:
+            self._start(chunk[0])
+        self.count += len(chunk)
+        self._last = chunk[-1]
+        # one walk of the chunk splits it by the kinds each check sees (as kind_views does)
+        batches: Dict[Optional[FrozenSet[str]], List[Dict[str, Any]]] = {k: [] for k in self._streamed_sets}
+        appenders: Dict[str, list] = {}
+        everything = []
+        for kinds, view in list(batches.items()) + list(self._kept.items()):
+            if kinds is None:
+                everything.append(view.append)
+                continue
+            for kind in kinds:
+                appenders.setdefault(kind, []).append(view.append)
+        targets = {kind: tuple(fns) + tuple(everything) for kind, fns in appenders.items()}
+        rest = tuple(everything)
+        for r in chunk:
+            for append in targets.get(r.get("kind"), rest):
+                append(r)
+        if chunk[0] is self._first:  # every view starts with the log's first record
+            for view in list(batches.values()) + list(self._kept.values()):
+                if not view or view[0] is not self._first:
+                    view.insert(0, self._first)
+        for name, runner in self._runners.items():
+            batch = batches[self._sets[name]]
+            if batch:
+                runner.push(batch)
+
+    def finish(self) -> Dict[str, List[Violation]]:
+        """Each check's findings (by check, in the order each found them)."""
+        if self._first is None:  # an empty log: every view is empty
+            return {name: CHECKS[name]([]) for name in self.names}
+        last = self._last
+        tail = [last] if last is not self._first else []
+        for name, runner in self._runners.items():
+            kinds = self._sets[name]
+            if tail and kinds is not None and last.get("kind") not in kinds:
+                runner.push(tail)  # every view ends with the log's last record
+        for kinds, view in self._kept.items():
+            if tail and view[-1] is not last:
+                view.append(last)
+        found: Dict[str, List[Violation]] = {}
+        errors = []
+        for name in self.names:
+            if name in self._runners:
+                try:
+                    found[name] = self._runners[name].finish()
+                except BaseException as e:  # noqa: BLE001 - every thread ends first
+                    errors.append(e)
+            else:
+                found[name] = CHECKS[name](self._kept[self._sets[name]])
+        if errors:
+            raise errors[0]
+        return found
+
+    def findings(self) -> List[Violation]:
+        """:func:`~harness.invariants.check_log` of the records fed: every finding, merged."""
+        return merge_findings(self.finish(), self.names)
