@@ -26,115 +26,13 @@ one-pass rules anyway fails loudly (:class:`NotOnePass`), never silently.
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
 from harness.invariants import CHECKS, SEES, Violation, merge_findings
+from harness.one_pass import NotOnePass, OnePassRun, OnePassView  # noqa: F401 (re-exported)
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
-
-
-class NotOnePass(RuntimeError):
-    """A check read an online view as a list (twice, backwards, or its length)."""
-
-
-class OnePassView:
-    """The records one check sees, yielded once as they arrive: iterable once, with
-    ``view[0]`` (the log's first record), truth (never empty once a record exists) and,
-    once the pass has ended, ``view[-1]`` (the view's last record: the log's)."""
-
-    def __init__(self, first: Dict[str, Any], runner: "_Runner") -> None:
-        self._first = first
-        self._runner = runner
-        self._iterated = False
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __getitem__(self, index: Any) -> Dict[str, Any]:
-        if index == 0 and type(index) is int:
-            return self._first
-        if index == -1 and type(index) is int and self._runner.ended:
-            return self._runner.last
-        raise NotOnePass(f"records[{index!r}] of an online view: only records[0], and records[-1] after the pass")
-
-    def __len__(self) -> int:
-        raise NotOnePass("len() of an online view: the log's length is known only at its end")
-
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
-        if self._iterated:
-            raise NotOnePass("a second pass over an online view")
-        self._iterated = True
-        return self._runner.records()
-
-
-_END = object()
-
-
-class _Runner:
-    """One check in a thread of its own, fed batches by the oracle's thread: the two
-    strictly alternate (:meth:`push` returns when the check asks for the next batch or
-    has returned), so the check runs exactly as in a batch run, one record at a time."""
-
-    def __init__(self, name: str, first: Dict[str, Any]) -> None:
-        self.name = name
-        self._cv = threading.Condition()
-        self._batch: Any = None
-        self._waiting = False  # the check asked for the next batch
-        self._done = False
-        self.ended = False  # the check's pass has reached the end of the log
-        self.last: Optional[Dict[str, Any]] = None  # the last record it was handed
-        self.found: List[Violation] = []
-        self.error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._main, args=(first,), name=f"check-{name}", daemon=True)
-        with self._cv:
-            self._thread.start()
-            self._cv.wait_for(self._idle)
-
-    def _idle(self) -> bool:
-        return self._waiting or self._done
-
-    def _main(self, first: Dict[str, Any]) -> None:
-        try:
-            self.found = list(CHECKS[self.name](OnePassView(first, self)))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the oracle's thread at the end
-            self.error = e
-        with self._cv:
-            self._done = True
-            self._cv.notify()
-
-    def records(self) -> Iterator[Dict[str, Any]]:
-        """The check's side: each batch's records, waiting for the next batch between."""
-        cv = self._cv
-        while True:
-            with cv:
-                self._waiting = True
-                cv.notify()
-                cv.wait_for(lambda: self._batch is not None)
-                batch, self._batch = self._batch, None
-            if batch is _END:
-                self.ended = True
-                return
-            self.last = batch[-1]
-            yield from batch
-
-    def push(self, batch: Any) -> None:
-        """Hand the check ``batch`` (a list, or the end) and wait until it is done with it."""
-        with self._cv:
-            if self._done:
-                return
-            self._batch = batch
-            self._waiting = False  # (set again when the check asks for the next batch)
-            self._cv.notify()
-            self._cv.wait_for(self._idle)
-
-    def finish(self) -> List[Violation]:
-        self.push(_END)
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.found
 
 
 class OnlineOracle:
@@ -150,7 +48,7 @@ class OnlineOracle:
         self._sets = {name: SEES.get(name) for name in self.names}
         self._first: Optional[Dict[str, Any]] = None
         self._last: Optional[Dict[str, Any]] = None
-        self._runners: Dict[str, _Runner] = {}
+        self._runners: Dict[str, OnePassRun] = {}
         self._kept: Dict[Optional[FrozenSet[str]], List[Dict[str, Any]]] = {}  # WHOLE_HISTORY checks' views
         self._routes: Dict[str, tuple] = {}
         self.count = 0
@@ -159,7 +57,7 @@ class OnlineOracle:
         self._first = first
         kept_sets = {self._sets[n] for n in self.names if n in WHOLE_HISTORY}
         self._kept = {kinds: [] for kinds in kept_sets}
-        self._runners = {n: _Runner(n, first) for n in self.names if n not in WHOLE_HISTORY}
+        self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in self.names if n not in WHOLE_HISTORY}
         self._streamed_sets = {self._sets[n] for n in self._runners}
 
     def __call__(self, chunk: List[Dict[str, Any]]) -> None:
@@ -211,7 +109,7 @@ class OnlineOracle:
         for name in self.names:
             if name in self._runners:
                 try:
-                    found[name] = self._runners[name].finish()
+                    found[name] = list(self._runners[name].finish())
                 except BaseException as e:  # noqa: BLE001 - every thread ends first
                     errors.append(e)
             else:
@@ -219,6 +117,14 @@ class OnlineOracle:
         if errors:
             raise errors[0]
         return found
+
+    def close(self) -> None:
+        """End every check's pass without reading it (the run failed before its end)."""
+        for runner in self._runners.values():
+            try:
+                runner.finish()
+            except BaseException:  # noqa: BLE001 - the caller is already handling a failure
+                pass
 
     def findings(self) -> List[Violation]:
         """:func:`~harness.invariants.check_log` of the records fed: every finding, merged."""

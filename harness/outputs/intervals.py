@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.streaming_effects import STREAMING_TRAINER_EFFECTS
@@ -198,9 +198,11 @@ def sort_slices(slices: List[GpuSlice]) -> None:
     slices[:] = [slices[i] for i in order]
 
 
-def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[EffectInterval]:
+def effect_intervals(records: Sequence[Mapping[str, Any]],
+                     t_end: Union[None, float, Callable[[], float]] = None) -> List[EffectInterval]:
     """Every effect as an interval, ordered by start (then start seq); one still open is
-    cut at ``t_end`` (default: the end of the run)."""
+    cut at ``t_end`` (default: the end of the run; a callable is asked after the pass,
+    when records arrive as the run is made: harness/outputs/derived.py)."""
     if t_end is None:
         _, t_end = run_bounds(records)
     open_: Dict[tuple, List[Mapping[str, Any]]] = defaultdict(list)
@@ -244,6 +246,8 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
             want = canonical_json(r.get("args"))
             idx = next((i for i, s in enumerate(pending) if canonical_json(s.get("args")) == want), 0)
         out.append(make(pending.pop(idx), r))
+    if callable(t_end):  # (``make`` reads it for the intervals still open, made below)
+        t_end = t_end()
     still_open = [key for key, pending in open_.items() if pending]  # (a closed key keeps an empty list)
     for key in sorted(still_open, key=lambda k: tuple("" if v is None else str(v) for v in k)):
         for s in open_[key]:
@@ -252,9 +256,10 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
     return out
 
 
-def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[RankInterval]:
+def rank_intervals(records: Sequence[Mapping[str, Any]],
+                   t_end: Union[None, float, Callable[[], float]] = None) -> List[RankInterval]:
     """Routable intervals of every DP rank, ordered by start (then seq); one still open is
-    cut at ``t_end`` (default: the end of the run)."""
+    cut at ``t_end`` (default: the end of the run; a callable is asked after the pass)."""
     if t_end is None:
         _, t_end = run_bounds(records)
     current: Dict[Tuple[str, int], Mapping[str, Any]] = {}
@@ -283,6 +288,8 @@ def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] 
             close(prev, float(r["t"]))
         if r.get("state") == "routable":
             current[key] = r
+    if callable(t_end):  # (``close`` reads it for the intervals still open, closed below)
+        t_end = t_end()
     for key in sorted(current):
         close(current[key], None)
     out.sort(key=lambda iv: (iv.start, iv.seq))

@@ -41,13 +41,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from harness.outputs.dataplane import HopTotal, dataplane_totals
-from harness.outputs.pause_summary import PAUSE_KINDS, PauseRow, pause_rows
+from harness.outputs.pause_summary import PauseRow
 from harness.outputs.streaming_summary import StreamingRow, streaming_rows
 from harness.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
 from harness.outputs.run_view import Log, RunView, as_view
 from harness.outputs.policy_figures import policy_name
-from harness.outputs.waste import WASTE_KINDS, WasteSummary, scheduler_waste
+from harness.outputs.waste import WasteSummary
 
 
 @dataclass
@@ -222,17 +222,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
     by_pipe_ranks: Dict[str, List[RankInterval]] = defaultdict(list)
     for rv in ranks:
         by_pipe_ranks[rv.pipeline_id].append(rv)
-    req_done: Dict[str, int] = defaultdict(int)
-    req_abort: Dict[str, int] = defaultdict(int)
-    req_failed: Dict[str, int] = defaultdict(int)
-    tokens: Dict[str, int] = defaultdict(int)
-    for r in view.of("request_done"):
-        req_done[r["pipeline_id"]] += 1
-        tokens[r["pipeline_id"]] += int(r.get("tokens", 0))
-    for r in view.of("request_abort"):
-        req_abort[r["pipeline_id"]] += 1
-    for r in view.of("request_failed"):
-        req_failed[r["pipeline_id"]] += 1
+    req_done, req_abort, req_failed, tokens = view.derived("requests")
 
     pipelines: List[PipelineSummary] = []
     for pid in view.pipeline_ids:
@@ -355,8 +345,8 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         streaming=streaming_rows(view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
                                  {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(view.of("dp_transfer")),
-        waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
-        pauses=pause_rows(view.of(*PAUSE_KINDS)),
+        waste=view.derived("waste"),
+        pauses=view.derived("pauses"),
         policy=policy_name(view.records),
     )
 
