@@ -83,6 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="bootstrap repetitions per size (median is printed)")
     ap.add_argument("--steady-reps", type=int, default=200, help="steady-state cycles per size")
     args = ap.parse_args(argv)
+    load = os.getloadavg()
+    print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min) on {os.cpu_count()} CPUs. 'RLix ms' is a STORED "
+          "figure from a quiet run, not measured in this sitting: on a loaded machine the speed-up column "
+          "understates the model (the model is timed now, RLix was not)")
     print(f"{'GPUs':>5} {'pipes':>5} | {'bootstrap ms':>12} {'RLix ms':>8} {'speed-up':>8} {'us/(GPU*pipe)':>13} | "
           f"{'steady med ms':>13} {'p90 ms':>7} {'bundles moved':>13}")
     rows = []

@@ -159,7 +159,9 @@ def engine_weights(records: Records) -> List[Violation]:
 
 @invariant("version_at_dispatch", reads=("request_done",), sees=("request_dispatch",))
 def version_at_dispatch(records: Records) -> List[Violation]:
-    """A finished request's version is the one stamped at its (last) dispatch."""
+    """A finished request's version is the one stamped at its (last) dispatch. A
+    completion ends the request's dispatch (its stamp is dropped: the state is the
+    requests in flight, not every request of the run)."""
     out: List[Violation] = []
     stamped: Dict[Tuple[str, int], object] = {}
     unseen = object()
@@ -169,7 +171,7 @@ def version_at_dispatch(records: Records) -> List[Violation]:
             stamped[(r["pipeline_id"], r["request"])] = r.get("version")
         elif kind == "request_done":
             key = (r["pipeline_id"], r["request"])
-            at_dispatch, version = stamped.get(key, unseen), r.get("version")
+            at_dispatch, version = stamped.pop(key, unseen), r.get("version")
             if at_dispatch is not unseen and version != at_dispatch:
                 out.append(Violation("version_at_dispatch", r["seq"], f"request {key[1]} of {key[0]} finished stamped "
                                      f"v{version} but was dispatched to v{at_dispatch}: stamped at completion, "

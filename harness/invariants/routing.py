@@ -5,11 +5,54 @@ together (20); liveness (17)."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Dict, List, Set, Tuple
 
 from harness.invariants.base import Records, Violation, invariant, known_whole
 from harness.invariants.hot_states import hot_bound
 from harness.invariants.waitfor import WAIT_KINDS, WAIT_SEES, GraphWalk, WaitGraph, caller_of, describe, wait_graph
+
+
+class Completed:
+    """The (pipeline, request) pairs completed so far, in memory bounded by the gaps: a
+    pipeline's integer request ids are kept as sorted runs ``[first, last]`` (requests are
+    numbered in order, so the runs are about as many as the requests still in flight),
+    any other id in a set. A long run's completed requests are most of its records."""
+
+    def __init__(self) -> None:
+        self.runs: Dict[str, List[List[int]]] = {}  # pipeline -> sorted disjoint runs [first, last]
+        self.other: Set[Tuple[object, object]] = set()
+
+    def __contains__(self, req: Tuple[object, object]) -> bool:
+        pid, n = req
+        if type(n) is not int or not isinstance(pid, str):
+            return req in self.other
+        runs = self.runs.get(pid)
+        if not runs:
+            return False
+        i = bisect_right(runs, [n, float("inf")]) - 1
+        return i >= 0 and runs[i][0] <= n <= runs[i][1]
+
+    def add(self, req: Tuple[object, object]) -> None:
+        pid, n = req
+        if type(n) is not int or not isinstance(pid, str):
+            self.other.add(req)
+            return
+        if req in self:
+            return
+        runs = self.runs.setdefault(pid, [])
+        i = bisect_right(runs, [n, float("inf")])  # runs[:i] start at or before n (and end before it)
+        joins_left = i > 0 and runs[i - 1][1] == n - 1
+        joins_right = i < len(runs) and runs[i][0] == n + 1
+        if joins_left and joins_right:
+            runs[i - 1][1] = runs[i][1]
+            del runs[i]
+        elif joins_left:
+            runs[i - 1][1] = n
+        elif joins_right:
+            runs[i][0] = n
+        else:
+            runs.insert(i, [n, n])
 
 
 @invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
@@ -18,7 +61,7 @@ def routing(records: Records) -> List[Violation]:
     state: Dict[Tuple[str, int], str] = {}
     version: Dict[Tuple[str, int], object] = {}
     inflight: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank
-    done: Set[Tuple[str, int]] = set()
+    done = Completed()
     for r in records:
         k = r["kind"]
         if k == "rank_state":

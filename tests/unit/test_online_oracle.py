@@ -121,3 +121,35 @@ def test_the_streamed_log_writes_the_bytes_the_in_memory_log_writes():
     assert streamed.log.records == [] and streamed.log.last == whole.records[-1]
     with pytest.raises(RuntimeError):
         streamed.records  # a streamed run keeps none: a caller that wants them must not get []
+
+
+def test_completed_requests_kept_as_runs_answer_as_a_set():
+    import random
+
+    from harness.invariants.routing import Completed
+
+    rng = random.Random(5)
+    for _ in range(100):
+        completed, reference = Completed(), set()
+        ids = list(range(40))
+        rng.shuffle(ids)
+        for n in ids[:rng.randint(0, 40)]:
+            req = (rng.choice("ab"), n)
+            completed.add(req)
+            reference.add(req)
+            assert all(((p, q) in completed) == ((p, q) in reference) for p in "ab" for q in range(-1, 42))
+        for runs in completed.runs.values():  # disjoint, sorted, never two that touch
+            assert all(runs[k][1] + 1 < runs[k + 1][0] for k in range(len(runs) - 1))
+    completed.add(("a", "x"))
+    assert ("a", "x") in completed and ("a", "y") not in completed
+
+
+def test_a_check_kept_whole_finds_what_the_batch_oracle_finds(monkeypatch):
+    from harness.invariants import online as online_module
+
+    monkeypatch.setitem(online_module.WHOLE_HISTORY, "vram", "(a test: the kept-records path)")
+    monkeypatch.setitem(online_module.WHOLE_HISTORY, "handover", "(a test: the kept-records path)")
+    records = Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", "handover_old_log_probs_oom.yaml"))).run().records
+    want = run_checks(records, list(CHECKS))
+    assert want["vram"] and want["handover"]
+    assert online(records, 50) == want
