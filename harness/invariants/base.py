@@ -63,6 +63,38 @@ def known_whole(records: Records) -> bool:
     return isinstance(records, (list, tuple))
 
 
+def kept(records: Records, keep: Callable[[dict], bool]) -> Records:
+    """The records ``keep`` keeps, for a walk that reads ``records[0]`` (the header, which
+    ``keep`` must keep) then iterates once: a list of a whole log (a later walk is faster
+    on it), a filter applied as the records arrive for an online view — a list would hold
+    every kept record of a long run."""
+    if known_whole(records):
+        return [r for r in records if keep(r)]
+    return _Kept(records, keep)
+
+
+class _Kept:
+    """:func:`kept` of an online view: one pass; truth and ``[0]`` are the view's. The
+    walks read ``[0]`` only to find the header (kept, and first when there is one), so
+    the view's first record answers as the filtered list's would: it is the header
+    exactly when the list's first is."""
+
+    def __init__(self, records: Records, keep: Callable[[dict], bool]) -> None:
+        self.records, self.keep = records, keep
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def __getitem__(self, index: int) -> dict:
+        if index != 0:
+            raise IndexError(index)
+        return self.records[0]
+
+    def __iter__(self):
+        keep = self.keep
+        return (r for r in self.records if keep(r))
+
+
 def examined(name: str, records: Records) -> int:
     """How many records of ``records`` the check ``name`` reads (all, if it declared none)."""
     kinds = READS.get(name)

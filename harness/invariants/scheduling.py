@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set, Tuple
 
 from harness.invariants.allocations import DECISION_KINDS, GENERATION, DecisionWalk, pipeline_of
-from harness.invariants.base import Records, Violation, invariant
+from harness.invariants.base import Records, Violation, invariant, kept
 from harness.invariants.policy_rules import group_mates, header_policy, parts
 
 #: RLix's priority order (lower first); GENERATION (6) is elastic and never granted here
@@ -305,6 +305,6 @@ def idle_bundle_starvation(records: Records) -> List[Violation]:
     """Invariant 26: no pipeline waits for its batch with no routable rank for longer than
     :data:`IDLE_BUNDLE_BOUND_S` while a whole TP bundle of its inference mapping is idle."""
     # only WaitBatch among the effects matters: drop the rest before the (slower) walk
-    walk = _IdleBundle([r for r in records if r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"])
+    walk = _IdleBundle(kept(records, lambda r: r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"))
     walk.run()
     return walk.out
