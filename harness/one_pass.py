@@ -16,7 +16,7 @@ fails loudly with :class:`NotOnePass`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
 
 
 class NotOnePass(RuntimeError):
@@ -122,3 +122,13 @@ class OnePassRun:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def abandon(runs: Iterable["OnePassRun"]) -> None:
+    """End every run's pass without reading its value: the caller is already handling a
+    failure (a run that died before its end), and no thread is left waiting."""
+    for run in runs:
+        try:
+            run.finish()
+        except BaseException:  # noqa: BLE001 - the failure being handled is the caller's
+            pass

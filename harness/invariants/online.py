@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
 from harness.invariants import CHECKS, SEES, Violation, merge_findings
-from harness.one_pass import NotOnePass, OnePassRun, OnePassView  # noqa: F401 (re-exported)
+from harness.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
@@ -120,11 +120,7 @@ class OnlineOracle:
 
     def close(self) -> None:
         """End every check's pass without reading it (the run failed before its end)."""
-        for runner in self._runners.values():
-            try:
-                runner.finish()
-            except BaseException:  # noqa: BLE001 - the caller is already handling a failure
-                pass
+        abandon(self._runners.values())
 
     def findings(self) -> List[Violation]:
         """:func:`~harness.invariants.check_log` of the records fed: every finding, merged."""

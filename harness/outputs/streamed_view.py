@@ -24,7 +24,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 import numpy as np
 
-from harness.one_pass import OnePassRun
+from harness.one_pass import OnePassRun, abandon
 from harness.outputs.derived import DERIVED
 from harness.outputs.run_view import RunView, _int_ids, _LogIndex
 
@@ -114,11 +114,7 @@ class StreamedRunView(RunView):
 
     def close(self) -> None:
         """End every table's pass without reading it (a run that failed before its end)."""
-        for run in self._runs.values():
-            try:
-                run.finish()
-            except BaseException:  # noqa: BLE001 - the caller is already handling a failure
-                pass
+        abandon(self._runs.values())
 
     @cached_property
     def _index(self) -> _LogIndex:

@@ -6,7 +6,6 @@ And the streamed event log writes the bytes ``EventLog.write`` writes."""
 
 from __future__ import annotations
 
-import glob
 import inspect
 import io
 import os
@@ -15,7 +14,7 @@ import pytest
 
 from harness.invariants import CHECKS, check_log, run_checks
 from harness.invariants.online import NotOnePass, OnePassView, OnlineOracle
-from harness.replay import replay_file
+from tests.unit.test_invariant_views import _logs
 from simulators.runtime import Simulation
 from simulators.scenario import load_scenario
 
@@ -36,14 +35,7 @@ def online(records, chunk, names=None):
     return oracle.finish()
 
 
-def _logs():
-    for name in SCENARIOS:
-        yield name, lambda name=name: Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", name + ".yaml"))).run().records
-    for path in sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl"))):
-        yield os.path.basename(path), lambda path=path: replay_file(path).log.records
-
-
-@pytest.mark.parametrize("name,records", list(_logs()), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name,records", list(_logs(SCENARIOS)), ids=lambda x: x if isinstance(x, str) else "")
 def test_online_findings_are_the_batch_findings(name, records):
     records = records()
     want = run_checks(records, list(CHECKS))
