@@ -108,7 +108,7 @@ def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
 # --------------------------------------------------------------------------- intervals
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a long run holds hundreds of thousands: a third of the memory)
 class EffectInterval:
     pipeline_id: str
     effect: str
@@ -132,7 +132,7 @@ class EffectInterval:
         return self.end - self.start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankInterval:
     """A DP rank's routable (generating) interval."""
 
@@ -173,8 +173,6 @@ class GpuSlice:
 
 
 _SLICE_FIELDS = ("gpu", "start", "end", "kind", "pipeline_id", "label", "args", "seq")
-_RANK_FIELDS = ("pipeline_id", "dp_rank", "gpus", "start", "end", "version", "open", "seq")
-_EFFECT_FIELDS = ("pipeline_id", "effect", "args", "scope", "step", "cycle", "gpus", "start", "end", "open", "error", "seq")
 
 
 def new_slice(gpu: int, start: float, end: float, kind: str, pipeline_id: str, label: str, args: Dict[str, Any],
@@ -212,8 +210,7 @@ def effect_intervals(records: Sequence[Mapping[str, Any]],
         gpus = start_rec.get("gpus")
         if not gpus and end_rec is not None:
             gpus = end_rec.get("gpus")
-        iv = _new_object(EffectInterval)  # the dataclass's fields, set at once (see new_slice)
-        iv.__dict__.update(zip(_EFFECT_FIELDS, (
+        return EffectInterval(*(  # (slots, frozen: the dataclass's own __init__ sets them)
             str(start_rec.get("pipeline_id")),
             str(start_rec.get("effect")),
             dict(start_rec.get("args") or {}),
@@ -226,8 +223,7 @@ def effect_intervals(records: Sequence[Mapping[str, Any]],
             end_rec is None,
             None if end_rec is None else end_rec.get("error"),
             int(start_rec.get("seq", 0)),
-        )))
-        return iv
+        ))
 
     for r in records:
         kind = r.get("kind")
@@ -266,8 +262,7 @@ def rank_intervals(records: Sequence[Mapping[str, Any]],
     out: List[RankInterval] = []
 
     def close(start_rec: Mapping[str, Any], end_t: Optional[float]) -> None:
-        iv = _new_object(RankInterval)  # the dataclass's fields, set at once (see new_slice)
-        iv.__dict__.update(zip(_RANK_FIELDS, (
+        out.append(RankInterval(*(  # (slots, frozen: the dataclass's own __init__ sets them)
             str(start_rec["pipeline_id"]),
             int(start_rec["dp_rank"]),
             tuple(sorted(set(start_rec.get("gpus") or ()))),
@@ -277,7 +272,6 @@ def rank_intervals(records: Sequence[Mapping[str, Any]],
             end_t is None,
             int(start_rec.get("seq", 0)),
         )))
-        out.append(iv)
 
     for r in records:
         if r.get("kind") != "rank_state":
