@@ -29,10 +29,16 @@ from __future__ import annotations
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
 from harness.invariants import CHECKS, SEES, Violation, merge_findings
+from harness.invariants.waitfor import on_graph, wait_graph
 from harness.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
+#: checks that read the log only through its wait-for graph (and the header): the graph
+#: is built once, in one pass, for all of them, as the batch oracle shares it
+#: (harness/invariants/waitfor.py ``wait_graph``), then each runs on the graph at the end
+SHARED_GRAPH = ("deadlock", "lost_wakeup", "hot_state")
+_GRAPH = "(wait-for graph)"
 
 
 class OnlineOracle:
@@ -57,7 +63,12 @@ class OnlineOracle:
         self._first = first
         kept_sets = {self._sets[n] for n in self.names if n in WHOLE_HISTORY}
         self._kept = {kinds: [] for kinds in kept_sets}
-        self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in self.names if n not in WHOLE_HISTORY}
+        own = [n for n in self.names if n not in WHOLE_HISTORY]
+        self._on_graph = [n for n in own if n in SHARED_GRAPH and SEES.get(n) == SEES.get(SHARED_GRAPH[0])]
+        self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in own if n not in self._on_graph}
+        if self._on_graph:
+            self._runners[_GRAPH] = OnePassRun(wait_graph, first, _GRAPH)
+            self._sets[_GRAPH] = self._sets[self._on_graph[0]]
         self._streamed_sets = {self._sets[n] for n in self._runners}
 
     def __call__(self, chunk: List[Dict[str, Any]]) -> None:
@@ -106,8 +117,17 @@ class OnlineOracle:
                 view.append(last)
         found: Dict[str, List[Violation]] = {}
         errors = []
+        graph = None
+        if _GRAPH in self._runners:
+            try:
+                graph = self._runners[_GRAPH].finish()
+            except BaseException as e:  # noqa: BLE001 - every thread ends first
+                errors.append(e)
         for name in self.names:
-            if name in self._runners:
+            if name in self._on_graph:
+                if graph is not None:
+                    found[name] = on_graph(CHECKS[name], graph, self._first, last)
+            elif name in self._runners:
                 try:
                     found[name] = list(self._runners[name].finish())
                 except BaseException as e:  # noqa: BLE001 - every thread ends first

@@ -169,6 +169,16 @@ def wait_graph(records: Records) -> WaitGraph:
     return g
 
 
+def on_graph(check, graph: WaitGraph, first: dict, last: dict) -> List[Violation]:
+    """``check`` (deadlock, lost_wakeup or hot_state: each reads its records only through
+    :func:`wait_graph` and the header) of a log whose graph is ``graph``, built already in
+    one pass (harness/invariants/online.py): the check is handed the log's first and last
+    record, with the graph they end cached as theirs."""
+    ends = [first] if last is first else [first, last]
+    _LAST[:] = [ends, graph]
+    return check(ends)
+
+
 class GraphWalk:
     """:func:`wait_graph` a record at a time: :meth:`on` each record of the log (the
     log's first is ``first``), then :meth:`graph` with the log's last record. A check
