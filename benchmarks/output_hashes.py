@@ -1,7 +1,9 @@
 """SHA-256 of every output of every bundled scenario: the before/after check of output work.
 
 Each scenario of ``examples/scenarios`` (and the built-in default) is simulated and its
-outputs written into a temporary folder exactly as ``rlharness simulate`` writes them;
+outputs written into a temporary folder exactly as ``rlharness simulate`` writes them
+(as the run goes: ``simulate(stream=True)``; ``--in-memory`` hashes the outputs written
+from the whole log instead, which must be the same);
 one line per scenario and file is printed, ``scenario file sha256``. For a pure refactor
 of the event log encoding, the oracle, the summary or the writers (a change meant to alter
 no output), run this before and after and diff; outputs are not frozen otherwise (a more
@@ -36,7 +38,7 @@ def bundled_scenarios(skip_large: bool):
     return [""] + [os.path.relpath(p, ROOT) for p in paths]  # "" is the built-in default
 
 
-def hash_one(path: str, files) -> None:
+def hash_one(path: str, files, in_memory: bool = False) -> None:
     """Child mode: simulate ``path`` ("" for the default), print ``name file sha256`` lines."""
     sys.path.insert(0, ROOT)
     from simulators.run import OUTPUT_FILES, simulate
@@ -47,7 +49,7 @@ def hash_one(path: str, files) -> None:
     name = os.path.basename(path) if path else "(default)"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run")
-        simulate(scenario, out)
+        simulate(scenario, out, stream=not in_memory)
         for f in OUTPUT_FILES:
             if files and f not in files:
                 continue
@@ -67,13 +69,16 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-large", action="store_true", help="leave out the 1024-GPU scenario")
     ap.add_argument("--files", nargs="*", default=None, help="only these outputs (e.g. events.jsonl summary.json)")
     ap.add_argument("-j", type=int, default=1, help="scenarios simulated at once")
+    ap.add_argument("--in-memory", action="store_true",
+                    help="write the outputs from the whole log in memory (simulate(stream=False)) instead of as the "
+                         "run makes it (what `rlharness simulate` does)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
-        hash_one(args.child, args.files)
+        hash_one(args.child, args.files, args.in_memory)
         return 0
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    extra = ["--files", *args.files] if args.files else []
+    extra = (["--files", *args.files] if args.files else []) + (["--in-memory"] if args.in_memory else [])
     pending = bundled_scenarios(args.skip_large)
     running = []
     failed = 0

@@ -286,13 +286,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
               f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s", file=sys.stderr)
+    # the outputs are made as the run goes (memory bounded by what is live: a run larger
+    # than memory fits); --check-determinism compares this run's log kept in memory
     out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress,
-                   explore=explore, baseline=baseline, strict=args.strict)
+                   explore=explore, baseline=baseline, strict=args.strict, stream=not args.check_determinism)
     res = out.result
     if not args.quiet:
         print(out.summary)
     print(f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
-          f"{res.events} events, {len(res.records)} records; invariants: "
+          f"{res.events} events, {res.log.made} records; invariants: "
           + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)")
           + (f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected or known"
              if out.verdict.reported else ""))

@@ -69,13 +69,15 @@ class SimulationOutput:
 def run_findings(result: RunResult, violations: List[Violation], view: Optional[RunView] = None) -> List[Finding]:
     """What the run found: each violation, then the record that ended a failed run
     (named as fuzz names it: ``oom:weights``, ``timeout:...``, ``failed:...``). ``view``:
-    the run's view, when the caller has one (its by-kind index finds the registrations)."""
+    the run's view, when the caller has one (its by-kind index finds the registrations;
+    a streamed run's view holds the records these read: simulators/run_streamed.py)."""
     types = {p.name: p.type for p in result.scenario.pipelines}
-    found = from_violations(violations, result.records, types, of=None if view is None else view.of)
+    records = result.records if view is None else view.records
+    found = from_violations(violations, records, types, of=None if view is None else view.of)
     if result.reason not in ("done", "horizon"):
         from simulators.fuzz.signature import failure_finding
 
-        found.append(failure_finding(result.records, types))
+        found.append(failure_finding(records, types))
     return found
 
 
@@ -89,8 +91,16 @@ def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:
 
 def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
              progress: Optional[Callable[[str], None]] = None, explore: Optional[ExploreSpec] = None,
-             baseline: Sequence[Expectation] = (), strict: bool = False) -> SimulationOutput:
-    """Run, check and write; ``baseline`` adds expectations to the scenario's own."""
+             baseline: Sequence[Expectation] = (), strict: bool = False, stream: bool = False) -> SimulationOutput:
+    """Run, check and write; ``baseline`` adds expectations to the scenario's own.
+    ``stream``: the event log is written, checked and summarized as the run makes it
+    (:func:`simulators.run_streamed.simulate_streamed`: the same files, memory bounded
+    by what is live; ``result.records`` is then not kept)."""
+    if stream:
+        from simulators.run_streamed import simulate_streamed
+
+        return simulate_streamed(scenario, out_dir, png=png, progress=progress, explore=explore,
+                                 expectations=list(scenario.expect) + list(baseline), strict=strict)
     result = Simulation(scenario, progress=progress, explore=explore).run()
     return write_outputs(result, out_dir, png=png, progress=progress, baseline=baseline, strict=strict)
 
@@ -170,13 +180,13 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
         summary = "\n".join([format_summary(figures)] + report_lines(verdict, strict))
         clock.lap("summary")
         if folder is not None:
-            _write_findings(out, result.scenario, figures, summary, verdict, violations)
+            write_findings(out, result.scenario, figures, summary, verdict, violations)
             clock.lap(None)
     files = folder.files if folder is not None else []
     return SimulationOutput(result, violations, summary, files, figures, verdict)
 
 
-def _write_findings(out: Callable[[str], str], scenario: Scenario, figures: Summary, summary: str, verdict: Verdict,
+def write_findings(out: Callable[[str], str], scenario: Scenario, figures: Summary, summary: str, verdict: Verdict,
                     violations: List[Violation]) -> None:
     """The files written once the findings are known (and the resolved scenario)."""
     _write_text(out("summary.txt"), summary + "\n")

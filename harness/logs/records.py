@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from harness.logs.jsonline import JsonLineError, loads, numbered_lines
 from harness.eventlog.kinds import ALL_KINDS, COMMON_FIELDS, RETIRED_KINDS, SCHEMA_NAME, SCHEMA_VERSION
@@ -139,7 +139,14 @@ def check_header(rec: Record, where: str) -> None:
 
 def read_records(path: str) -> List[Record]:
     """Read and check a whole JSONL log. The first record must be the header."""
-    records: List[Record] = []
+    return list(iter_records(path))
+
+
+def iter_records(path: str) -> Iterator[Record]:
+    """:func:`read_records` one record at a time, as the file is read (a log larger than
+    memory is checked in one pass: ``rlharness check``). Each record is checked before it
+    is yielded; a bad one raises :class:`InputError` where it is found."""
+    records = False  # (whether a record was read: the header)
     prev_seq: Optional[int] = None
     prev_t: Optional[float] = None
     try:
@@ -168,10 +175,10 @@ def read_records(path: str) -> List[Record]:
             if prev_t is not None and rec.t < prev_t:
                 raise InputError(f"{where}: field 't': {rec.t} goes back in time (previous {prev_t})")
             prev_seq, prev_t = rec.seq, rec.t
-            records.append(rec)
+            records = True
+            yield rec
     if not records:
         raise InputError(f"{path}:1: empty log (no header record)")
-    return records
 
 
 def _numbered(fh, path: str):

@@ -130,6 +130,12 @@ class EventLog:
             # seq, t, kind, then d's other fields in their order (as emit would)
             records.append({"seq": seq, "t": t, "kind": kind, **d})
 
+    @property
+    def made(self) -> int:
+        """How many records the log has made, the header (seq 0) included: ``len(records)``
+        here, more than the current chunk in a streamed log."""
+        return self._seq + 1
+
     def lines(self) -> Iterable[str]:
         for rec in self.records:
             yield dumps(rec)

@@ -21,13 +21,14 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence
 
 import simpy
 
 from harness.control.cycle import execute_cycle
 from harness.control.interpret import interpret
 from harness.control.run_effects import CommitCycle, PlanCycle, RunResizes, SchedulerFailed, SignalWaiters
+from harness.logs.stream import CHUNK_RECORDS, Consumer, StreamedLog
 from harness.logs.writer import EventLog, header_record
 from simulators.runtime.gc_pause import gc_paused
 from harness.scheduler.commit import Signal
@@ -58,6 +59,8 @@ class RunResult:
 
     @property
     def records(self) -> List[dict]:
+        if isinstance(self.log, StreamedLog):
+            raise RuntimeError("a streamed run keeps no records: its consumers read them as they were made")
         return self.log.records
 
 
@@ -70,7 +73,12 @@ def _pilot(scenario: Scenario, spec: ExploreSpec) -> Explorer:
 
 class Simulation:
     def __init__(self, scenario: Scenario, *, progress: Optional[Callable[[str], None]] = None,
-                 explore: Optional[ExploreSpec] = None) -> None:
+                 explore: Optional[ExploreSpec] = None, sink: Optional[IO[bytes]] = None,
+                 consumers: Sequence[Consumer] = (), per_chunk: int = CHUNK_RECORDS) -> None:
+        """With a ``sink`` or ``consumers`` the event log is streamed
+        (:class:`~harness.logs.stream.StreamedLog`): its bytes go to ``sink`` and its
+        records to each consumer, ``per_chunk`` at a time, as the run makes them, and the
+        result keeps none (``result.log.last`` is the final record)."""
         self.scenario = scenario
         if explore is not None and explore.strategy == "pct" and explore.steps == 0:
             explore = dataclasses.replace(explore, steps=pilot_steps(scenario, lambda spec: _pilot(scenario, spec)))
@@ -85,7 +93,7 @@ class Simulation:
             self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node),
                                         SchedulerOptions.from_mapping(scenario.scheduler))
         options = self.model.options
-        self.log = EventLog(header_record(
+        header = header_record(
             {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30),
              "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity
             scheduler=options.to_mapping(), source="simulator",
@@ -110,7 +118,9 @@ class Simulation:
                   **({} if explore is None else {"explore": explore.describe()}),
                   # RLix's own scheduler decided (scheduler.implementation: rlix)
                   **({"scheduler_implementation": f"rlix {self.model.mods.version}"}
-                     if hasattr(self.model, "mods") else {})}))
+                     if hasattr(self.model, "mods") else {})})
+        self.log = (EventLog(header) if sink is None and not consumers
+                    else StreamedLog(header, sink, consumers, per_chunk))
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
@@ -302,6 +312,8 @@ class Simulation:
             reason, detail = "horizon", f"horizon {self.scenario.horizon_s} s reached"
         events = env.scheduled_events() - self._progress_events
         self.log.emit("sim_end", env.now, reason=reason, sim_time=env.now, events=events, detail=detail)
+        if isinstance(self.log, StreamedLog):
+            self.log.close()
         return RunResult(self.scenario, self.log, reason, detail, env.now, events, time.perf_counter() - t0)
 
     def _progress_reporter(self, t0: float):
@@ -319,7 +331,7 @@ class Simulation:
                 last = now
                 done = sum(p.steps_done for p in self.pipelines)
                 total = sum(p.spec.steps for p in self.pipelines)
-                self.progress(f"  t={env.now:9.1f}s  steps {done}/{total}  events {len(self.log.records)}  wall {now - t0:5.1f}s")
+                self.progress(f"  t={env.now:9.1f}s  steps {done}/{total}  events {self.log.made}  wall {now - t0:5.1f}s")
 
 
 def _succeed_with(arg: Any) -> None:

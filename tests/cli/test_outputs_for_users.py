@@ -46,11 +46,13 @@ def test_a_failed_write_leaves_the_folder_untouched(tmp_path, capsys, monkeypatc
     assert main(["simulate", scenario, "--out", str(out), "--quiet", "--no-png"]) == 0
     before = {p: (out / p).read_bytes() for p in os.listdir(out)}
     import simulators.run
+    import simulators.run_streamed
 
     def broken(*a, **k):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(simulators.run, "write_chrome_trace", broken)
+    monkeypatch.setattr(simulators.run_streamed, "write_chrome_trace", broken)  # (the path the CLI takes)
     assert main(["simulate", scenario, "--out", str(out), "--quiet", "--seed", "7"]) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before

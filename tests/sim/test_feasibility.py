@@ -121,7 +121,6 @@ def test_every_rule_is_documented():
 def test_validate_reports_the_static_worst_case_wake_headroom_the_run_then_meets(capsys):
     """``validate`` adds the static plan's tightest wake headroom (and says when it is under
     the margin); the simulated run's summary finds the same least headroom after a handover."""
-    from harness.logs.outputs.headroom import headroom
     from harness.logs.outputs.run_view import RunView
 
     path = os.path.join(ROOT, "examples", "scenarios", "handover_headroom_tight.yaml")
@@ -129,5 +128,5 @@ def test_validate_reports_the_static_worst_case_wake_headroom_the_run_then_meets
     line = capsys.readouterr().out
     assert "static worst-case wake headroom 2.76 GiB on GPU 0" in line and "(under the 3.00 GiB margin)" in line
     records = Simulation(load_scenario(path)).run().records
-    h = headroom(records, RunView(records).of)
+    h = RunView(records).derived("headroom")
     assert f"{min(w.headroom for w in h.handovers) / (1 << 30):.2f}" == "2.76"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness.logs.invariants import check_log
 from harness.logs.invariants.handover_headroom import handover_windows
-from harness.logs.outputs.headroom import headroom, headroom_brief
+from harness.logs.outputs.headroom import HEADROOM_KINDS, headroom, headroom_brief
 
 GIB = 1 << 30
 
@@ -55,7 +55,7 @@ def test_a_residue_that_leaves_the_wake_under_the_margin_fires_naming_the_headro
 
 def test_the_summary_figures_per_gpu_phase_and_handover():
     recs = _log(margin=2 * GIB)
-    h = headroom(recs, lambda *kinds: [r for r in recs if r["kind"] in kinds])
+    h = headroom([r for r in recs if r["kind"] in HEADROOM_KINDS])
     assert h.capacity_bytes == 10 * GIB and h.margin_bytes == 2 * GIB
     (g,) = h.gpus
     assert (g.peak_bytes, g.headroom_bytes, g.phase) == (9 * GIB, GIB, "wake")

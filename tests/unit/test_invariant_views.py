@@ -21,8 +21,9 @@ SCENARIOS = ("handover_old_log_probs_oom", "stranded_sync_group", "nccl_kept_on_
              "expand_fails_midway", "tp2_broadcast")
 
 
-def _logs():
-    for name in SCENARIOS:
+def _logs(scenarios=SCENARIOS):
+    """(name, a function making its records) of each scenario, then of each replayed trace."""
+    for name in scenarios:
         yield name, lambda name=name: Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", name + ".yaml"))).run().records
     for path in sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl"))):
         yield os.path.basename(path), lambda path=path: replay_file(path).log.records

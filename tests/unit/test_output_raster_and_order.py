@@ -147,9 +147,9 @@ def test_up_to_the_detail_limit_bars_are_polygons(monkeypatch):
 def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
     import dataclasses
 
-    from harness.logs.outputs.intervals import _EFFECT_FIELDS, EffectInterval, effect_intervals
+    from harness.logs.outputs.intervals import EffectInterval, effect_intervals
 
-    assert _EFFECT_FIELDS == tuple(f.name for f in dataclasses.fields(EffectInterval))
+    assert not hasattr(EffectInterval("p", "e", {}, None, None, None, (), 0.0, 1.0), "__dict__")  # slotted
     (iv,) = effect_intervals([r for r in _dense_log() if r["kind"] != "rank_state"][:3])
     assert iv == EffectInterval("p0", "Compute", {"what": "train"}, "step", 1, None, tuple(range(8)), 0.0, 50.0,
                                 False, None, 1)
@@ -160,9 +160,9 @@ def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
 def test_rank_intervals_are_built_with_every_field_of_the_dataclass():
     import dataclasses
 
-    from harness.logs.outputs.intervals import _RANK_FIELDS, RankInterval, rank_intervals
+    from harness.logs.outputs.intervals import RankInterval, rank_intervals
 
-    assert _RANK_FIELDS == tuple(f.name for f in dataclasses.fields(RankInterval))
+    assert not hasattr(RankInterval("p", 0, (), 0.0, 1.0), "__dict__")  # slotted
     recs = [r for r in _dense_log() if r["kind"] == "rank_state"]
     closed, = rank_intervals(recs, 90.0)
     still_open, = rank_intervals(recs[:1], 80.0)

@@ -20,7 +20,7 @@ the only kinds it looks at: it is handed those.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, cast
 
 Records = Sequence[dict]
 
@@ -54,6 +54,45 @@ def invariant(name: str, reads: Optional[Iterable[str]] = None, sees: Iterable[s
         return fn
 
     return wrap
+
+
+def known_whole(records: Records) -> bool:
+    """Whether ``records`` is all there in memory (a list or tuple), so a check may read
+    its end first to skip a walk that would find nothing. An online view
+    (harness/logs/invariants/online.py) is read once, as the log is made: the walk runs."""
+    return isinstance(records, (list, tuple))
+
+
+def kept(records: Records, keep: Callable[[dict], bool]) -> Records:
+    """The records ``keep`` keeps, for a walk that reads ``records[0]`` (the header, which
+    ``keep`` must keep) then iterates once: a list of a whole log (a later walk is faster
+    on it), a filter applied as the records arrive for an online view — a list would hold
+    every kept record of a long run."""
+    if known_whole(records):
+        return [r for r in records if keep(r)]
+    return cast(Records, _Kept(records, keep))  # a Sequence to the walk: [0], then one iteration
+
+
+class _Kept:
+    """:func:`kept` of an online view: one pass; truth and ``[0]`` are the view's. The
+    walks read ``[0]`` only to find the header (kept, and first when there is one), so
+    the view's first record answers as the filtered list's would: it is the header
+    exactly when the list's first is."""
+
+    def __init__(self, records: Records, keep: Callable[[dict], bool]) -> None:
+        self.records, self.keep = records, keep
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def __getitem__(self, index: int) -> dict:
+        if index != 0:
+            raise IndexError(index)
+        return self.records[0]
+
+    def __iter__(self):
+        keep = self.keep
+        return (r for r in self.records if keep(r))
 
 
 def examined(name: str, records: Records) -> int:

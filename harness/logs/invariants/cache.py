@@ -36,13 +36,28 @@ class Access:
 
 
 def _accesses(records: Records) -> List[Access]:
-    last = records[-1]["seq"] if records else 0
-    out: List[Access] = []
-    holds: Dict[Tuple[str, str], List[Tuple[int, Optional[int]]]] = {}  # (pipeline, holder) -> [(acquire seq, version)]
-    effects: Dict[Tuple[str, str], List[Tuple[int, Optional[int], int]]] = {}  # (pipeline, what) -> [(start, version, holds seen)]
-    held_count: Dict[Tuple[str, str], int] = {}
+    """Every access of the log: the lock holds and unlocked effects (:class:`_LockWalk`),
+    in one pass (the check runs online, harness/logs/invariants/online.py)."""
+    locks = _LockWalk()
     for r in records:
         k = r["kind"]
+        if k == "cache_lock" or k == "effect_start" or k == "effect_end":
+            locks.on(r, k)
+    last = records[-1]["seq"] if records else 0  # (after the pass: an online view knows its end then)
+    return locks.end(last)
+
+
+class _LockWalk:
+    """Cache lock holds, and the cache effects that ran without a hold of their own."""
+
+    def __init__(self) -> None:
+        self.out: List[Access] = []
+        self.holds: Dict[Tuple[str, str], List[Tuple[int, Optional[int]]]] = {}  # (pipeline, holder) -> [(acquire seq, version)]
+        self.effects: Dict[Tuple[str, str], List[Tuple[int, Optional[int], int]]] = {}  # (pipeline, what) -> [(start, version, holds seen)]
+        self.held_count: Dict[Tuple[str, str], int] = {}
+
+    def on(self, r: dict, k: str) -> None:
+        holds, held_count = self.holds, self.held_count
         if k == "cache_lock":
             pid = owner_of(r)
             key = (pid, r["holder"])
@@ -51,24 +66,28 @@ def _accesses(records: Records) -> List[Access]:
                 held_count[key] = held_count.get(key, 0) + 1
             elif holds.get(key):
                 seq, version = holds[key].pop()
-                out.append(Access(pid, r["holder"], seq, r["seq"], version, True))
-        elif k in ("effect_start", "effect_end") and r["effect"] in _EFFECT_ACCESS:
+                self.out.append(Access(pid, r["holder"], seq, r["seq"], version, True))
+        elif r["effect"] in _EFFECT_ACCESS:
             pid, what = r["pipeline_id"], _EFFECT_ACCESS[r["effect"]]
-            stack = effects.setdefault((pid, what), [])
+            stack = self.effects.setdefault((pid, what), [])
             if k == "effect_start":
                 stack.append((r["seq"], r["args"].get("version"), held_count.get((pid, what), 0)))
             elif stack:
                 start, version, seen = stack.pop()
                 if held_count.get((pid, what), 0) == seen and not r.get("error"):
-                    out.append(Access(pid, what, start, r["seq"], version, False))  # no hold of its own
-    for (pid, holder), stack in holds.items():
-        for seq, version in stack:
-            out.append(Access(pid, holder, seq, last, version, True))
-    # An effect still open when the log ends, with no hold of its own, is not counted: the
-    # runtimes take the hold before they touch the cache, so such an effect had not reached
-    # it (it waited for the lock, or the run failed inside it before the access: a build
-    # that finds its parameters gone never writes the cache)
-    return out
+                    self.out.append(Access(pid, what, start, r["seq"], version, False))  # no hold of its own
+
+    def end(self, last: int) -> List[Access]:
+        """The holds still open at the end run to the last seq. An effect still open when the
+        log ends, with no hold of its own, is not counted: the runtimes take the hold before
+        they touch the cache, so such an effect had not reached it (it waited for the lock,
+        or the run failed inside it before the access: a build that finds its parameters gone
+        never writes the cache)."""
+        out = self.out
+        for (pid, holder), stack in self.holds.items():
+            for seq, version in stack:
+                out.append(Access(pid, holder, seq, last, version, True))
+        return out
 
 
 def _describe(a: Access) -> str:

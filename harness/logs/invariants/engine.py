@@ -23,7 +23,7 @@ request records. The tag rules are written here from vLLM's sequence, not import
 
 from __future__ import annotations
 
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Set, Tuple, Union
 
 from harness.logs.invariants.base import Records, Violation, invariant
 
@@ -84,16 +84,15 @@ class _Weights:
     """Per rank: the level it last slept at, the buckets it received since its wake, and
     whether a sync to it is open."""
 
-    def __init__(self, records: Records) -> None:
-        self.full: Dict[str, Set[int]] = {}  # pipeline -> every bucket index its syncs carried
-        for r in records:
-            if r["kind"] == "sync_bucket" and r.get("pipeline_id") is not None:
-                self.full.setdefault(r["pipeline_id"], set()).add(r["bucket"])
+    def __init__(self) -> None:
+        self.full: Dict[str, Set[int]] = {}  # pipeline -> every bucket index its syncs carried (the whole log's)
         self.level: Dict[Rank, int] = {}
         self.got: Dict[Rank, Set[int]] = {}
         self.open: Dict[Rank, int] = {}  # rank -> seq of the sync_start still writing it
         self.state: Dict[Rank, str] = {}
-        self.out: List[Violation] = []
+        # the findings in log order; a level-2 wake's is judged at the end, against every
+        # bucket the pipeline's syncs carried (later ones too): (seq, where, pipeline, buckets got)
+        self.found: List[Union[Violation, Tuple[int, str, str, Set[int]]]] = []
 
     def on(self, r: dict) -> None:
         k, pid = r["kind"], r.get("pipeline_id")
@@ -107,6 +106,7 @@ class _Weights:
             for key in [key for key in self.open if key[0] == pid]:
                 del self.open[key]
         elif k == "sync_bucket" and pid is not None:
+            self.full.setdefault(pid, set()).add(r["bucket"])
             for dp in r["dp_ranks"]:
                 self.got.setdefault((pid, dp), set()).add(r["bucket"])
         elif k == "rank_state":
@@ -125,29 +125,43 @@ class _Weights:
         elif key in self.open:
             self._bad(r, f"{where} routable while a sync (seq {self.open[key]}) is still writing its weights")
         elif self.level.get(key, 2) == 2:
-            full, got = self.full.get(key[0], set()), self.got.get(key, set())
-            missing = sorted(full - got)
-            if missing:
-                self._bad(r, f"{where} routable after a level-2 wake holding {len(got & full)} of the "
-                             f"{len(full)} weight buckets (never reloaded: {missing[:5]}{'…' if len(missing) > 5 else ''})")
+            self.found.append((r["seq"], where, key[0], set(self.got.get(key, ()))))
 
     def _bad(self, r: dict, message: str) -> None:
-        self.out.append(Violation("engine_weights", r["seq"], message))
+        self.found.append(Violation("engine_weights", r["seq"], message))
+
+    def violations(self) -> List[Violation]:
+        """The findings, a level-2 wake's now judged against the pipeline's whole bucket set."""
+        out: List[Violation] = []
+        for f in self.found:
+            if isinstance(f, Violation):
+                out.append(f)
+                continue
+            seq, where, pid, got = f
+            full = self.full.get(pid, set())
+            missing = sorted(full - got)
+            if missing:
+                out.append(Violation("engine_weights", seq, f"{where} routable after a level-2 wake holding "
+                                     f"{len(got & full)} of the {len(full)} weight buckets (never reloaded: "
+                                     f"{missing[:5]}{'…' if len(missing) > 5 else ''})"))
+        return out
 
 
 @invariant("engine_weights", reads=("rank_state",), sees=("effect_start", "sync_start", "sync_end", "sync_bucket"))
 def engine_weights(records: Records) -> List[Violation]:
     """A rank turns routable only with weights awake, no sync still writing them and,
     after a level-2 (or first) wake, every bucket reloaded since that wake."""
-    walk = _Weights(records)
+    walk = _Weights()
     for r in records:
         walk.on(r)
-    return walk.out
+    return walk.violations()
 
 
 @invariant("version_at_dispatch", reads=("request_done",), sees=("request_dispatch",))
 def version_at_dispatch(records: Records) -> List[Violation]:
-    """A finished request's version is the one stamped at its (last) dispatch."""
+    """A finished request's version is the one stamped at its (last) dispatch. A
+    completion ends the request's dispatch (its stamp is dropped: the state is the
+    requests in flight, not every request of the run)."""
     out: List[Violation] = []
     stamped: Dict[Tuple[str, int], object] = {}
     unseen = object()
@@ -157,7 +171,7 @@ def version_at_dispatch(records: Records) -> List[Violation]:
             stamped[(r["pipeline_id"], r["request"])] = r.get("version")
         elif kind == "request_done":
             key = (r["pipeline_id"], r["request"])
-            at_dispatch, version = stamped.get(key, unseen), r.get("version")
+            at_dispatch, version = stamped.pop(key, unseen), r.get("version")
             if at_dispatch is not unseen and version != at_dispatch:
                 out.append(Violation("version_at_dispatch", r["seq"], f"request {key[1]} of {key[0]} finished stamped "
                                      f"v{version} but was dispatched to v{at_dispatch}: stamped at completion, "

@@ -32,12 +32,9 @@ def _members_problem(members: List[int], world: Optional[int], what: str) -> Opt
     return None
 
 
-def _ended_in_failure(records: Records) -> bool:
-    for r in records:
-        k = r["kind"]
-        if (k == "sim_end" and r["reason"] == "failed") or k == "gate_abort" or (k == "gate_end" and r["status"] == "failed"):
-            return True
-    return False
+def _ends_in_failure(r: dict, k: str) -> bool:
+    """Whether ``r`` (of kind ``k``) says the run failed: its groups may then stay alive."""
+    return (k == "sim_end" and r["reason"] == "failed") or k == "gate_abort" or (k == "gate_end" and r["status"] == "failed")
 
 
 def _writer(r: dict) -> str:
@@ -63,7 +60,7 @@ def _create_problem(r: dict, world: Optional[int], registry: Dict[str, Registere
            sees=("sim_end", "gate_abort", "gate_end", "gate_start", "register"))
 def sync_groups(records: Records) -> List[Violation]:
     out: List[Violation] = []
-    failed = _ended_in_failure(records)
+    failed = False  # (found in the same pass: the check runs online, harness/logs/invariants/online.py)
     world: Optional[int] = None
     registry: Dict[str, Registered] = {}
     live: Dict[Tuple[str, str], int] = {}  # (writer, group name) -> seq of its create
@@ -71,6 +68,7 @@ def sync_groups(records: Records) -> List[Violation]:
     stranded: Set[Tuple[str, str]] = set()
     for r in records:
         k = r["kind"]
+        failed = failed or _ends_in_failure(r, k)
         if k == "gate_start":
             world = r["world_size"]
         elif k == "register":

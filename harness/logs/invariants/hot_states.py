@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.base import Records, Violation, invariant, known_whole
 from harness.logs.invariants.waitfor import WAIT_KINDS, WAIT_SEES, describe, wait_graph
 
 #: RLix's default deadlines (RLIX_NOTIFY_READY_TIMEOUT_S 300, RLIX_RESIZE_LOCK_TIMEOUT_S 180,
@@ -89,7 +89,7 @@ def _every_pipeline_left(records: Records) -> bool:
            sees=("header", "register", "unregister", "sim_end"))
 def livelock(records: Records) -> List[Violation]:
     bound = hot_bound(records)
-    if _every_pipeline_left(records):
+    if known_whole(records) and _every_pipeline_left(records):
         return []  # a finding names a pipeline still registered at the end: none is
     since: Dict[str, float] = {}  # pipeline -> when its last step completed (or it registered)
     done: Dict[str, int] = {}  # pipeline -> requests finished since then

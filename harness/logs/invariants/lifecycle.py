@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Dict, List, Set, Tuple
 
 from harness.logs.invariants.allocations import DECISION_KINDS, DecisionWalk
-from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.base import Records, Violation, invariant, kept
 
 #: state -> states it may enter next (any state may enter ``stopped``; ``stopped`` is final)
 EDGES = {
@@ -172,6 +172,6 @@ def sync_targets(records: Records) -> List[Violation]:
     on GPUs their cluster holds or is being given; an active refresh writes only routable
     ranks."""
     # only SyncFromCache among the effects matters: drop the rest before the (slower) walk
-    walk = _SyncTargets([r for r in records if r["kind"][:7] != "effect_" or r["effect"] == "SyncFromCache"])
+    walk = _SyncTargets(kept(records, lambda r: r["kind"][:7] != "effect_" or r["effect"] == "SyncFromCache"))
     walk.run()
     return walk.out

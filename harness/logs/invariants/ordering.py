@@ -140,11 +140,13 @@ def release_after_publish(records: Records) -> List[Violation]:
     docs/rlix-variants.md) a release is also right once the step's training offload ended
     while an effect of that step is still open, i.e. one failed: MILES releases in a
     ``finally`` after the offload even when the sync fails."""
-    out: List[Violation] = []
     head = records[0] if records and records[0]["kind"] == "header" else {}
     after_offload = bool((head.get("scheduler") or {}).get("release_after_offload"))
-    active_path = {r["pipeline_id"] for r in records
-                   if r["kind"] == "effect_start" and r["effect"] == "PublishVersion" and r["args"]["path"] == "active"}
+    # pipelines that refresh active ranks (a PublishVersion on path "active" anywhere in the
+    # log, later ones too): a candidate finding is kept at the end if its pipeline is one
+    # (one pass: the check runs online, harness/logs/invariants/online.py)
+    active_path: Set[str] = set()
+    candidates: List[Tuple[str, Violation]] = []
     built: Dict[str, int] = {}
     done: Dict[str, int] = {}
     offloaded: Dict[str, int] = {}  # pid -> step whose training offload ended
@@ -153,6 +155,8 @@ def release_after_publish(records: Records) -> List[Violation]:
         if r["kind"] not in ("effect_start", "effect_end"):
             continue
         pid, eff = r["pipeline_id"], r["effect"]
+        if r["kind"] == "effect_start" and eff == "PublishVersion" and r["args"]["path"] == "active":
+            active_path.add(pid)
         if after_offload and r.get("scope") == "step" and eff != "ReleaseGpus":
             opened = open_step.setdefault(pid, {})
             opened[eff] = opened.get(eff, 0) + (1 if r["kind"] == "effect_start" else -1)
@@ -162,7 +166,7 @@ def release_after_publish(records: Records) -> List[Violation]:
             built[pid] = r["args"]["version"]
         elif r["kind"] == "effect_end" and eff == "PublishVersion" and r["args"]["path"] == "active":
             done[pid] = r["args"]["version"]
-        elif r["kind"] == "effect_start" and eff == "ReleaseGpus" and _is_train(r["args"]) and pid in active_path:
+        elif r["kind"] == "effect_start" and eff == "ReleaseGpus" and _is_train(r["args"]):
             if r["args"].get("global_step") is None:
                 continue  # the init release: nothing was trained
             v = built.get(pid)
@@ -171,8 +175,9 @@ def release_after_publish(records: Records) -> List[Violation]:
             if (after_offload and offloaded.get(pid) == r.get("step")
                     and any(n > 0 for n in open_step.get(pid, {}).values())):
                 continue  # MILES: released in a finally after the offload, a call of the step failed
-            out.append(Violation("release_after_publish", r["seq"], f"{pid} releases actor_train before active refresh + publish of version {v}"))
-    return out
+            candidates.append((pid, Violation("release_after_publish", r["seq"],
+                                              f"{pid} releases actor_train before active refresh + publish of version {v}")))
+    return [v for pid, v in candidates if pid in active_path]
 
 
 @invariant("step_order", reads=("effect_start", "effect_end"))

@@ -5,11 +5,54 @@ together (``routing_policy``); ``liveness``."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Dict, List, Set, Tuple
 
-from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.base import Records, Violation, invariant, known_whole
 from harness.logs.invariants.hot_states import hot_bound
-from harness.logs.invariants.waitfor import WAIT_KINDS, WAIT_SEES, WaitGraph, caller_of, describe, wait_graph
+from harness.logs.invariants.waitfor import WAIT_KINDS, WAIT_SEES, GraphWalk, WaitGraph, caller_of, describe, wait_graph
+
+
+class Completed:
+    """The (pipeline, request) pairs completed so far, in memory bounded by the gaps: a
+    pipeline's integer request ids are kept as sorted runs ``[first, last]`` (requests are
+    numbered in order, so the runs are about as many as the requests still in flight),
+    any other id in a set. A long run's completed requests are most of its records."""
+
+    def __init__(self) -> None:
+        self.runs: Dict[str, List[List[int]]] = {}  # pipeline -> sorted disjoint runs [first, last]
+        self.other: Set[Tuple[object, object]] = set()
+
+    def __contains__(self, req: Tuple[object, object]) -> bool:
+        pid, n = req
+        if type(n) is not int or not isinstance(pid, str):
+            return req in self.other
+        runs = self.runs.get(pid)
+        if not runs:
+            return False
+        i = bisect_right(runs, [n, float("inf")]) - 1
+        return i >= 0 and runs[i][0] <= n <= runs[i][1]
+
+    def add(self, req: Tuple[object, object]) -> None:
+        pid, n = req
+        if type(n) is not int or not isinstance(pid, str):
+            self.other.add(req)
+            return
+        if req in self:
+            return
+        runs = self.runs.setdefault(pid, [])
+        i = bisect_right(runs, [n, float("inf")])  # runs[:i] start at or before n (and end before it)
+        joins_left = i > 0 and runs[i - 1][1] == n - 1
+        joins_right = i < len(runs) and runs[i][0] == n + 1
+        if joins_left and joins_right:
+            runs[i - 1][1] = runs[i][1]
+            del runs[i]
+        elif joins_left:
+            runs[i - 1][1] = n
+        elif joins_right:
+            runs[i][0] = n
+        else:
+            runs.insert(i, [n, n])
 
 
 @invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
@@ -18,7 +61,7 @@ def routing(records: Records) -> List[Violation]:
     state: Dict[Tuple[str, int], str] = {}
     version: Dict[Tuple[str, int], object] = {}
     inflight: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank
-    done: Set[Tuple[str, int]] = set()
+    done = Completed()
     for r in records:
         k = r["kind"]
         if k == "rank_state":
@@ -50,16 +93,12 @@ def routing(records: Records) -> List[Violation]:
     return out
 
 
-def _dp_sizes(records: Records) -> Dict[str, int]:
-    """Inference DP ranks per pipeline, from its registration: len(actor_infer mapping) / tp."""
-    sizes: Dict[str, int] = {}
-    for r in records:
-        if r["kind"] == "register":
-            mapping = r["cluster_device_mappings"].get("actor_infer")
-            tp = r["cluster_tp_configs"].get("actor_infer") or 1
-            if mapping:
-                sizes[r["pipeline_id"]] = len(mapping) // tp
-    return sizes
+def _note_dp_size(sizes: Dict[str, int], r: dict) -> None:
+    """A ``register`` record's inference DP ranks into ``sizes``: len(actor_infer mapping) / tp."""
+    mapping = r["cluster_device_mappings"].get("actor_infer")
+    tp = r["cluster_tp_configs"].get("actor_infer") or 1
+    if mapping:
+        sizes[r["pipeline_id"]] = len(mapping) // tp
 
 
 @invariant("routing_policy", reads=("register", "rank_state", "effect_start", "effect_end", "request_dispatch"))
@@ -71,9 +110,10 @@ def routing_policy(records: Records) -> List[Violation]:
     routable and others not yet. The cursor is rebuilt from the log alone (it starts at
     0 and moves past every rank a dispatch went to); after a wrong dispatch it follows
     the rank actually used, and the wrong dispatches of one routable set are reported
-    once, with their count."""
+    once, with their count. A pipeline's size is its registration's at the dispatch (read
+    in the same pass: the check runs online, harness/logs/invariants/online.py)."""
     out: List[Violation] = []
-    sizes = _dp_sizes(records)
+    sizes: Dict[str, int] = {}
     routable: Dict[str, Set[int]] = {}
     cursor: Dict[str, int] = {}
     joining: Dict[str, Tuple[int, Set[int]]] = {}  # pipeline -> (seq of Activate start, its ranks)
@@ -87,7 +127,9 @@ def routing_policy(records: Records) -> List[Violation]:
 
     for r in records:
         k = r["kind"]
-        if k == "rank_state":
+        if k == "register":
+            _note_dp_size(sizes, r)
+        elif k == "rank_state":
             pid, dp = r["pipeline_id"], r["dp_rank"]
             ranks = routable.setdefault(pid, set())
             was = dp in ranks
@@ -164,15 +206,20 @@ def liveness(records: Records) -> List[Violation]:
     chain of waits (harness/logs/invariants/waitfor.py)."""
     window = hot_bound(records)
     out: List[Violation] = []
-    if not _ends_at_horizon(records):
+    if known_whole(records) and not _ends_at_horizon(records):
         return out  # the walk below finds a stall only in a run cut by its horizon
     waiting: Dict[int, Tuple[int, float, str, str]] = {}  # request id -> (seq, t, cluster, what)
     open_effects: Dict[Tuple[str, str, str], dict] = {}
     last_progress: Dict[str, float] = {}
     pipelines: List[str] = []
     end = None
+    # online (a view read once) the wait-for graph is built in this pass, for the chains
+    # of waits a finding names; a whole log builds it only when an effect stalled
+    walk = None if known_whole(records) else GraphWalk(records[0])
     for r in records:
         k = r["kind"]
+        if walk is not None:
+            walk.on(r)
         if k in _PROGRESS_KINDS and "pipeline_id" in r:
             last_progress[r["pipeline_id"]] = r["t"]
         if k in ("effect_start", "effect_end"):
@@ -211,7 +258,7 @@ def liveness(records: Records) -> List[Violation]:
     for (pid, effect, scope), start in sorted(open_effects.items()):
         if stalled(pid, start["t"]):
             if not graph:
-                graph.append(wait_graph(records))
+                graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
             step = f" of step {start['step']}" if start.get("step") is not None else ""
             out.append(Violation("liveness", end["seq"], f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
                                  f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}"))

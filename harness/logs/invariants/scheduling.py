@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set, Tuple
 
 from harness.logs.invariants.allocations import DECISION_KINDS, GENERATION, DecisionWalk, pipeline_of
-from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.base import Records, Violation, invariant, kept
 from harness.logs.invariants.policy_rules import group_mates, header_policy, parts
 
 #: RLix's priority order (lower first); GENERATION (6) is elastic and never granted here
@@ -311,6 +311,6 @@ def idle_bundle_starvation(records: Records) -> List[Violation]:
     its bound (the header's ``meta.idle_bundle_bound_s``, else :data:`IDLE_BUNDLE_BOUND_S`)
     while a whole TP bundle of its inference mapping is idle."""
     # only WaitBatch among the effects matters: drop the rest before the (slower) walk
-    walk = _IdleBundle([r for r in records if r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"])
+    walk = _IdleBundle(kept(records, lambda r: r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"))
     walk.run()
     return walk.out

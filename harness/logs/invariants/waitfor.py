@@ -37,7 +37,7 @@ nothing and wakes no one. Two findings:
 
 from __future__ import annotations
 
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from harness.logs.invariants.base import Records, Violation, invariant
 from harness.logs.invariants.waitfor_edges import (CACHE_EFFECTS, REQUEST_EFFECTS, SCHED_READS, SCHED_SEES, CacheLockWaits,
@@ -158,36 +158,65 @@ _LAST: list = [None, None]  # the last records object a graph was built from, an
 def wait_graph(records: Records) -> WaitGraph:
     """The waits still open at the end of ``records`` (see the module docs). The graph of
     the same records object is built once (deadlock, lost_wakeup and hot_state share it)."""
-    if _LAST[0] is records and _LAST[1].end_seq == (records[-1].get("seq", 0) if records else 0):
+    if isinstance(records, list) and _LAST[0] is records and _LAST[1].end_seq == (records[-1].get("seq", 0) if records else 0):
         return _LAST[1]
-    g = WaitGraph()
-    if records:
-        g.end_seq, g.end_t = records[-1].get("seq", 0), records[-1].get("t", 0.0)
-    header = records[0] if records and records[0].get("kind") == "header" else None
-    locks, groups, sched, cache, refit = _Locks(), _Groups(g), SchedulerWaits(header), CacheLockWaits(), RefitWaits()
+    walk = GraphWalk(records[0] if records else None)
+    on = walk.on
     for r in records:
+        on(r)
+    g = walk.graph(records[-1] if records else None)  # (after the pass: an online view knows its end then)
+    _LAST[:] = [records, g]
+    return g
+
+
+def on_graph(check, graph: WaitGraph, first: dict, last: dict) -> List[Violation]:
+    """``check`` (deadlock, lost_wakeup or hot_state: each reads its records only through
+    :func:`wait_graph` and the header) of a log whose graph is ``graph``, built already in
+    one pass (harness/logs/invariants/online.py): the check is handed the log's first and last
+    record, with the graph they end cached as theirs."""
+    ends = [first] if last is first else [first, last]
+    _LAST[:] = [ends, graph]
+    return check(ends)
+
+
+class GraphWalk:
+    """:func:`wait_graph` a record at a time: :meth:`on` each record of the log (the
+    log's first is ``first``), then :meth:`graph` with the log's last record. A check
+    that reads its records once (online) builds the graph in its own pass this way."""
+
+    def __init__(self, first: Optional[dict]) -> None:
+        self.g = g = WaitGraph()
+        header = first if first is not None and first.get("kind") == "header" else None
+        self.locks, self.groups, self.sched = _Locks(), _Groups(g), SchedulerWaits(header)
+        self.cache, self.refit = CacheLockWaits(), RefitWaits()
+
+    def on(self, r: dict) -> None:
         k = r["kind"]
         if k == "effect_start" or k == "effect_end":  # most of a log's wait-kind records
             e = r["effect"]
             if e in _LOCK_EFFECTS:
-                locks.track(r)
+                self.locks.track(r)
             elif e in REQUEST_EFFECTS:
-                sched.effect(r)
+                self.sched.effect(r)
             elif e in CACHE_EFFECTS:
-                cache.effect(r)
+                self.cache.effect(r)
         elif k in _GROUP_KINDS:
-            groups.track(r)
+            self.groups.track(r)
         elif k in _SCHED_KINDS:
-            sched.track(r)
+            self.sched.track(r)
         elif k == "cache_lock":
-            cache.lock(r)
+            self.cache.lock(r)
         elif k in _REFIT_KINDS:
-            refit.track(r)
-    for part in (groups, locks, sched, cache, refit):
-        part.into(g)
-    g.waits.sort(key=lambda w: (w.seq, w.waiter, w.on))
-    _LAST[:] = [records, g]
-    return g
+            self.refit.track(r)
+
+    def graph(self, last: Optional[dict]) -> WaitGraph:
+        g = self.g
+        if last is not None:
+            g.end_seq, g.end_t = last.get("seq", 0), last.get("t", 0.0)
+        for part in (self.groups, self.locks, self.sched, self.cache, self.refit):
+            part.into(g)
+        g.waits.sort(key=lambda w: (w.seq, w.waiter, w.on))
+        return g
 
 
 @invariant("deadlock", reads=WAIT_KINDS, sees=WAIT_SEES)

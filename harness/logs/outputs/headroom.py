@@ -16,7 +16,7 @@ imported log reads the same way; a log without ``cluster.vram_gib`` has no headr
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 from harness.logs.invariants.handover_headroom import GIB, READS, Window, capacity_of, handover_windows, margin_of
 
@@ -54,35 +54,80 @@ class Headroom:
                                "owners_at_least": w.owners_at_low} for w in self.handovers]}
 
 
-def headroom(records: Sequence[dict], of) -> Optional[Headroom]:
-    """The headroom figures of a log (``of(*kinds)``: its records of those kinds in log
-    order, a RunView's index); None without a capacity in the header."""
-    cap = capacity_of(records)
-    vram = of("vram")
-    if cap is None:
-        return None
-    used: Dict[int, int] = {}
-    held: Dict[int, Dict[str, int]] = {}
-    peaks: Dict[int, GpuPeak] = {}
-    phases: Dict[str, Dict[str, Any]] = {}
-    for r in vram:
+#: what the headroom table reads: the header (capacity, margin), then the VRAM ledger and
+#: what opens and closes a handover window, in log order
+HEADROOM_KINDS = ("header",) + READS
+
+
+class _HeaderThen:
+    """The header, then a one-pass iterable: what :func:`handover_windows` reads (``[0]``,
+    then one iteration), without keeping the records."""
+
+    def __init__(self, header: Mapping[str, Any], rest: Iterable[Mapping[str, Any]]) -> None:
+        self.header, self.rest = header, rest
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __getitem__(self, i: int) -> Mapping[str, Any]:
+        if i != 0:
+            raise IndexError("a one-pass view has only its header by index")
+        return self.header
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        return iter(self.rest)
+
+
+class _Peaks:
+    """Per GPU and per phase, the highest resident bytes and who held what then."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.used: Dict[int, int] = {}
+        self.held: Dict[int, Dict[str, int]] = {}
+        self.gpus: Dict[int, GpuPeak] = {}
+        self.phases: Dict[str, Dict[str, Any]] = {}
+
+    def see(self, r: Mapping[str, Any]) -> None:
         g, delta = r["gpu"], r["delta"]
-        now = used[g] = used.get(g, 0) + delta
-        on = held.setdefault(g, {})
+        now = self.used[g] = self.used.get(g, 0) + delta
+        on = self.held.setdefault(g, {})
         on[r["owner"]] = on.get(r["owner"], 0) + delta
         if delta <= 0:
-            continue
+            return
         phase = r.get("phase") or r["mem"]
-        best = peaks.get(g)
+        best = self.gpus.get(g)
         if best is None or now > best.peak_bytes:
-            peaks[g] = GpuPeak(g, now, cap - now, r["t"], r["seq"], phase,
-                               {o: b for o, b in sorted(on.items()) if b > 0})
-        p = phases.get(phase)
+            self.gpus[g] = GpuPeak(g, now, self.cap - now, r["t"], r["seq"], phase,
+                                   {o: b for o, b in sorted(on.items()) if b > 0})
+        p = self.phases.get(phase)
         if p is None or now > p["peak_bytes"]:
-            phases[phase] = {"peak_bytes": now, "headroom_bytes": cap - now, "gpu": g, "seq": r["seq"], "t": r["t"]}
-    windows = handover_windows([records[0], *of(*READS)])
-    return Headroom(cap, margin_of(records), [peaks[g] for g in sorted(peaks)],
-                    {k: phases[k] for k in sorted(phases)}, windows)
+            self.phases[phase] = {"peak_bytes": now, "headroom_bytes": self.cap - now, "gpu": g, "seq": r["seq"],
+                                  "t": r["t"]}
+
+
+def headroom(records: Iterable[Mapping[str, Any]], end: Any = None) -> Optional[Headroom]:
+    """The headroom figures of a log, in one pass over its header and its records of
+    :data:`HEADROOM_KINDS` (a table of ``harness.logs.outputs.derived.DERIVED``, so a
+    streamed run derives it as its records pass); None without a capacity in the header."""
+    it = iter(records)
+    head = next(it, None)
+    cap = None if head is None else capacity_of([dict(head)])
+    if head is None or cap is None:
+        for _ in it:  # the pass is read to its end either way
+            pass
+        return None
+    peaks = _Peaks(cap)
+
+    def tap() -> Iterator[Mapping[str, Any]]:
+        for r in it:
+            if r["kind"] == "vram":
+                peaks.see(r)
+            yield r
+
+    windows = handover_windows(_HeaderThen(head, tap()))  # type: ignore[arg-type]
+    return Headroom(cap, margin_of([dict(head)]), [peaks.gpus[g] for g in sorted(peaks.gpus)],
+                    {k: peaks.phases[k] for k in sorted(peaks.phases)}, windows)
 
 
 def _gib(n: Optional[float]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from harness.control.effects import TRAINER_EFFECTS
 from harness.control.streaming_effects import STREAMING_TRAINER_EFFECTS
@@ -108,7 +108,7 @@ def all_gpus(records: Sequence[Mapping[str, Any]]) -> List[int]:
 # --------------------------------------------------------------------------- intervals
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a long run holds hundreds of thousands: a third of the memory)
 class EffectInterval:
     pipeline_id: str
     effect: str
@@ -132,7 +132,7 @@ class EffectInterval:
         return self.end - self.start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankInterval:
     """A DP rank's routable (generating) interval."""
 
@@ -173,8 +173,6 @@ class GpuSlice:
 
 
 _SLICE_FIELDS = ("gpu", "start", "end", "kind", "pipeline_id", "label", "args", "seq")
-_RANK_FIELDS = ("pipeline_id", "dp_rank", "gpus", "start", "end", "version", "open", "seq")
-_EFFECT_FIELDS = ("pipeline_id", "effect", "args", "scope", "step", "cycle", "gpus", "start", "end", "open", "error", "seq")
 
 
 def new_slice(gpu: int, start: float, end: float, kind: str, pipeline_id: str, label: str, args: Dict[str, Any],
@@ -198,9 +196,11 @@ def sort_slices(slices: List[GpuSlice]) -> None:
     slices[:] = [slices[i] for i in order]
 
 
-def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[EffectInterval]:
+def effect_intervals(records: Sequence[Mapping[str, Any]],
+                     t_end: Union[None, float, Callable[[], float]] = None) -> List[EffectInterval]:
     """Every effect as an interval, ordered by start (then start seq); one still open is
-    cut at ``t_end`` (default: the end of the run)."""
+    cut at ``t_end`` (default: the end of the run; a callable is asked after the pass,
+    when records arrive as the run is made: harness/logs/outputs/derived.py)."""
     if t_end is None:
         _, t_end = run_bounds(records)
     open_: Dict[tuple, List[Mapping[str, Any]]] = defaultdict(list)
@@ -210,8 +210,7 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
         gpus = start_rec.get("gpus")
         if not gpus and end_rec is not None:
             gpus = end_rec.get("gpus")
-        iv = _new_object(EffectInterval)  # the dataclass's fields, set at once (see new_slice)
-        iv.__dict__.update(zip(_EFFECT_FIELDS, (
+        return EffectInterval(*(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
             str(start_rec.get("pipeline_id")),
             str(start_rec.get("effect")),
             dict(start_rec.get("args") or {}),
@@ -224,8 +223,7 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
             end_rec is None,
             None if end_rec is None else end_rec.get("error"),
             int(start_rec.get("seq", 0)),
-        )))
-        return iv
+        ))
 
     for r in records:
         kind = r.get("kind")
@@ -244,6 +242,8 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
             want = canonical_json(r.get("args"))
             idx = next((i for i, s in enumerate(pending) if canonical_json(s.get("args")) == want), 0)
         out.append(make(pending.pop(idx), r))
+    if callable(t_end):  # (``make`` reads it for the intervals still open, made below)
+        t_end = t_end()
     still_open = [key for key, pending in open_.items() if pending]  # (a closed key keeps an empty list)
     for key in sorted(still_open, key=lambda k: tuple("" if v is None else str(v) for v in k)):
         for s in open_[key]:
@@ -252,17 +252,17 @@ def effect_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float
     return out
 
 
-def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] = None) -> List[RankInterval]:
+def rank_intervals(records: Sequence[Mapping[str, Any]],
+                   t_end: Union[None, float, Callable[[], float]] = None) -> List[RankInterval]:
     """Routable intervals of every DP rank, ordered by start (then seq); one still open is
-    cut at ``t_end`` (default: the end of the run)."""
+    cut at ``t_end`` (default: the end of the run; a callable is asked after the pass)."""
     if t_end is None:
         _, t_end = run_bounds(records)
     current: Dict[Tuple[str, int], Mapping[str, Any]] = {}
     out: List[RankInterval] = []
 
     def close(start_rec: Mapping[str, Any], end_t: Optional[float]) -> None:
-        iv = _new_object(RankInterval)  # the dataclass's fields, set at once (see new_slice)
-        iv.__dict__.update(zip(_RANK_FIELDS, (
+        out.append(RankInterval(*(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
             str(start_rec["pipeline_id"]),
             int(start_rec["dp_rank"]),
             tuple(sorted(set(start_rec.get("gpus") or ()))),
@@ -272,7 +272,6 @@ def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] 
             end_t is None,
             int(start_rec.get("seq", 0)),
         )))
-        out.append(iv)
 
     for r in records:
         if r.get("kind") != "rank_state":
@@ -283,6 +282,8 @@ def rank_intervals(records: Sequence[Mapping[str, Any]], t_end: Optional[float] 
             close(prev, float(r["t"]))
         if r.get("state") == "routable":
             current[key] = r
+    if callable(t_end):  # (``close`` reads it for the intervals still open, closed below)
+        t_end = t_end()
     for key in sorted(current):
         close(current[key], None)
     out.sort(key=lambda iv: (iv.start, iv.seq))

@@ -140,6 +140,7 @@ def pause_rows(records: Sequence[Mapping[str, Any]]) -> List[PauseRow]:
         elif k == "request_done":
             pid, req = r["pipeline_id"], r["request"]
             dp = where.pop((pid, req), _UNSEEN)
+            since.pop((pid, req), None)  # (kept while the request is in flight: a long run's state stays what is live)
             if dp is _UNSEEN:
                 walk.request(r)  # never dispatched: the general path
                 continue

@@ -17,8 +17,7 @@ from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tu
 
 import numpy as np
 
-from harness.logs.outputs.intervals import (EffectInterval, GpuSlice, RankInterval, _header, cluster_shape,
-                                       effect_intervals, rank_intervals, scenario_name)
+from harness.logs.outputs.intervals import EffectInterval, GpuSlice, RankInterval, _header, cluster_shape, scenario_name
 from harness.logs.outputs.lanes import _greedy_lanes
 from harness.logs.outputs.slice_columns import SliceColumns, slice_columns_of
 
@@ -81,13 +80,24 @@ class RunView:
     def scenario(self) -> Optional[str]:
         return scenario_name(self.records)
 
+    def derived(self, name: str) -> Any:
+        """The table ``name`` of :data:`harness.logs.outputs.derived.DERIVED` (effect and rank
+        intervals, request counts, pause rows, scheduler waste), made once, on first use."""
+        made = self.__dict__.setdefault("_derived", {})
+        if name not in made:
+            from harness.logs.outputs.derived import DERIVED  # (its tables import this module's neighbours)
+
+            fn, kinds = DERIVED[name]
+            made[name] = fn(self.of(*kinds), lambda: self.bounds[1])
+        return made[name]
+
     @cached_property
     def effects(self) -> List[EffectInterval]:
-        return effect_intervals(self.of("effect_start", "effect_end"), self.bounds[1])
+        return self.derived("effects")
 
     @cached_property
     def ranks(self) -> List[RankInterval]:
-        return rank_intervals(self.of("rank_state"), self.bounds[1])
+        return self.derived("ranks")
 
     @cached_property
     def slice_columns(self) -> SliceColumns:

@@ -37,18 +37,18 @@ from __future__ import annotations
 from collections import defaultdict
 from itertools import groupby
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from harness.logs.outputs.headroom import Headroom, headroom
+from harness.logs.outputs.headroom import Headroom
 from harness.ordered_sum import ordered_sum
 from harness.logs.outputs.dataplane import HopTotal, dataplane_totals
-from harness.logs.outputs.pause_summary import PAUSE_KINDS, PauseRow, pause_rows
+from harness.logs.outputs.pause_summary import PauseRow
 from harness.logs.outputs.streaming_summary import StreamingRow, streaming_rows
 from harness.logs.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
                                        union_length)
 from harness.logs.outputs.run_view import Log, RunView, as_view
 from harness.logs.outputs.policy_figures import policy_name
-from harness.logs.outputs.waste import WASTE_KINDS, WasteSummary, scheduler_waste
+from harness.logs.outputs.waste import WasteSummary
 
 
 @dataclass
@@ -224,17 +224,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
     by_pipe_ranks: Dict[str, List[RankInterval]] = defaultdict(list)
     for rv in ranks:
         by_pipe_ranks[rv.pipeline_id].append(rv)
-    req_done: Dict[str, int] = defaultdict(int)
-    req_abort: Dict[str, int] = defaultdict(int)
-    req_failed: Dict[str, int] = defaultdict(int)
-    tokens: Dict[str, int] = defaultdict(int)
-    for r in view.of("request_done"):
-        req_done[r["pipeline_id"]] += 1
-        tokens[r["pipeline_id"]] += int(r.get("tokens", 0))
-    for r in view.of("request_abort"):
-        req_abort[r["pipeline_id"]] += 1
-    for r in view.of("request_failed"):
-        req_failed[r["pipeline_id"]] += 1
+    req_done, req_abort, req_failed, tokens = view.derived("requests")
 
     pipelines: List[PipelineSummary] = []
     for pid in view.pipeline_ids:
@@ -357,10 +347,10 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         streaming=streaming_rows(view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
                                  {p.pipeline_id: p.mean_step_s for p in pipelines}),
         dataplane=dataplane_totals(view.of("dp_transfer")),
-        waste=scheduler_waste(view.of(*WASTE_KINDS), t1),
-        pauses=pause_rows(view.of(*PAUSE_KINDS)),
+        waste=view.derived("waste"),
+        pauses=view.derived("pauses"),
         policy=policy_name(view.records),
-        headroom=headroom(cast(Sequence[dict], view.records), view.of),
+        headroom=view.derived("headroom"),
     )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple, Union
 
 from harness.ordered_sum import ordered_sum
 
@@ -119,8 +119,9 @@ class _Waiting:
 _GEN_SUFFIX = "_actor_infer"
 
 
-def scheduler_waste(records: Sequence[Mapping[str, Any]], t_end: float) -> WasteSummary:
-    """``records``: the run's :data:`WASTE_KINDS` records, in log order."""
+def scheduler_waste(records: Sequence[Mapping[str, Any]], t_end: Union[float, Callable[[], float]]) -> WasteSummary:
+    """``records``: the run's :data:`WASTE_KINDS` records, in log order; ``t_end`` the
+    run's end (a callable is asked after the pass: harness/logs/outputs/derived.py)."""
     per: Dict[str, PipelineWaste] = {}
     open_resize: Dict[Tuple[str, str, int], float] = {}
     live: Dict[str, List[Tuple[Set[int], List[bool]]]] = defaultdict(list)  # pid -> (ranks, [served])
@@ -169,6 +170,8 @@ def scheduler_waste(records: Sequence[Mapping[str, Any]], t_end: float) -> Waste
             if kind == "commit":
                 idle = int(r.get("idle_gpus", idle))
             queue.see(kind, r)
+    if callable(t_end):
+        t_end = t_end()
     if last_t is not None and waiting and t_end > last_t:
         waiting_s.append(t_end - last_t)
         idle_gpu_s.append(idle * (t_end - last_t))

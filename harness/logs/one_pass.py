@@ -1,0 +1,134 @@
+"""A function written over a list of records, run over records that arrive in batches.
+
+Most readers of an event log — the oracle's checks, the outputs' interval and table
+builders — are one pass: ``for r in records``, after reading ``records[0]`` (the
+header), and the log's end only once the loop is over. :class:`OnePassRun` runs such a
+function unchanged while the log is being made or read: it gets a
+:class:`OnePassView`, an iterable that yields the records as the caller pushes them, in
+a thread of its own. The caller's thread and the function's strictly alternate (only
+one runs at a time), so the function sees exactly what it would see in a list, in the
+same order; what it keeps is what its loop keeps, and each batch can be dropped once
+pushed. A hand-off costs two thread switches per batch. A function that breaks the
+one-pass rules (a second loop, ``len()``, an index other than the first before the end)
+fails loudly with :class:`NotOnePass`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+
+
+class NotOnePass(RuntimeError):
+    """A function read a :class:`OnePassView` as a list (twice, backwards, or its length)."""
+
+
+class OnePassView:
+    """The records one function reads, yielded once as they arrive: iterable once, with
+    ``view[0]`` (``first``: the oracle's views start with the log's header), truth
+    (true: an oracle's view is never empty) and, once the pass has ended, ``view[-1]``
+    (the last record pushed: in the oracle's views, the log's last)."""
+
+    def __init__(self, first: Optional[Dict[str, Any]], runner: "OnePassRun") -> None:
+        self._first = first
+        self._runner = runner
+        self._iterated = False
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __getitem__(self, index: Any) -> Dict[str, Any]:
+        if index == 0 and type(index) is int and self._first is not None:
+            return self._first
+        if index == -1 and type(index) is int and self._runner.ended:
+            return self._runner.last
+        raise NotOnePass(f"records[{index!r}] of an online view: only records[0], and records[-1] after the pass")
+
+    def __len__(self) -> int:
+        raise NotOnePass("len() of an online view: the log's length is known only at its end")
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self._iterated:
+            raise NotOnePass("a second pass over an online view")
+        self._iterated = True
+        return self._runner.records()
+
+
+_END = object()
+
+
+class OnePassRun:
+    """``fn(view)`` in a thread of its own, fed batches of records by the caller's thread:
+    the two strictly alternate (:meth:`push` returns when ``fn`` asks for the next batch
+    or has returned), so ``fn`` runs exactly as over a list, one record at a time, and
+    :meth:`finish` returns what it returned (or raises what it raised)."""
+
+    def __init__(self, fn: Callable[[Any], Any], first: Optional[Dict[str, Any]] = None, name: str = "") -> None:
+        self.fn = fn
+        self._cv = threading.Condition()
+        self._batch: Any = None
+        self._waiting = False  # the check asked for the next batch
+        self._done = False
+        self.ended = False  # the pass has reached the end
+        self.last: Optional[Dict[str, Any]] = None  # the last record pushed
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._main, args=(first,), name=f"one-pass-{name}", daemon=True)
+        with self._cv:
+            self._thread.start()
+            self._cv.wait_for(self._idle)
+
+    def _idle(self) -> bool:
+        return self._waiting or self._done
+
+    def _main(self, first: Optional[Dict[str, Any]]) -> None:
+        try:
+            self.value = self.fn(OnePassView(first, self))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread by finish()
+            self.error = e
+        with self._cv:
+            self._done = True
+            self._cv.notify()
+
+    def records(self) -> Iterator[Dict[str, Any]]:
+        """The function's side: each batch's records, waiting for the next batch between."""
+        cv = self._cv
+        while True:
+            with cv:
+                self._waiting = True
+                cv.notify()
+                cv.wait_for(lambda: self._batch is not None)
+                batch, self._batch = self._batch, None
+            if batch is _END:
+                self.ended = True
+                return
+            self.last = batch[-1]
+            yield from batch
+
+    def push(self, batch: Any) -> None:
+        """Hand ``fn`` ``batch`` (a list, or the end) and wait until it is done with it."""
+        with self._cv:
+            if self._done:
+                return
+            self._batch = batch
+            self._waiting = False  # (set again when the check asks for the next batch)
+            self._cv.notify()
+            self._cv.wait_for(self._idle)
+
+    def finish(self) -> Any:
+        """End the pass; ``fn``'s value (what it raised is raised here)."""
+        self.push(_END)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def abandon(runs: Iterable["OnePassRun"]) -> None:
+    """End every run's pass without reading its value: the caller is already handling a
+    failure (a run that died before its end), and no thread is left waiting."""
+    for run in runs:
+        try:
+            run.finish()
+        except BaseException:  # noqa: BLE001 - the failure being handled is the caller's
+            pass

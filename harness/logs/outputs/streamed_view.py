@@ -1,0 +1,149 @@
+"""A :class:`~harness.logs.outputs.run_view.RunView` of a log read once, as it is made.
+
+The summary, trace and picture read a run through its view. :class:`StreamedRunView` is
+a :class:`~harness.logs.stream.StreamedLog` consumer that builds the same view
+without the whole log: the bulk of a long run (request, VRAM, rank-state and effect
+records) goes only into the one-pass tables of :mod:`harness.logs.outputs.derived`, each
+built as the records arrive (:class:`~harness.logs.one_pass.OnePassRun`); the few kinds the
+outputs read record by record (:data:`KEPT`: scheduler decisions, resizes, faults, the
+run's end, ...) are kept; and the index the outputs need of every record (the latest
+time, the GPU and pipeline ids named, each record's time by seq) is kept as it passes.
+Then :meth:`finish`, and the view answers as a view of the whole list would (the hash
+benchmark holds every output of every bundled scenario to it).
+
+What stays in memory is bounded by the run's intervals and tables, not by its records:
+at 4,096 GPUs a few hundred thousand intervals against five million records.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from functools import cached_property
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from harness.logs.one_pass import OnePassRun, abandon
+from harness.logs.outputs.derived import DERIVED
+from harness.logs.outputs.run_view import RunView, _int_ids, _LogIndex
+
+#: the kinds the outputs (and the findings) read record by record: kept whole. The
+#: perfetto trace's scheduler slices and events, the summary's scheduler table, sync
+#: buckets, steps, data plane and end, the picture's faults, the findings' registrations
+#: and the failure that ended a run
+KEPT = frozenset(("plan", "commit", "oom", "host_oom", "fault_fired", "timeout", "rejected", "scheduler_failed",
+                  "validation_failed", "cycle_start", "sim_end", "resize_start", "resize_end", "sync_bucket",
+                  "batch_consumed", "streaming_setup", "trainer_step", "dp_transfer", "register", "unregister"))
+#: kept besides when the run has single controllers (their streaming table reads effect ends)
+KEPT_STREAMING = frozenset(("effect_end",))
+
+
+class StreamedRunView(RunView):
+    """Feed it the log (``view(chunk)``, in order), call :meth:`finish`, then read it as a
+    :class:`RunView`. ``streaming``: keep ``effect_end`` records too (the summary's
+    streaming table reads them when the log has ``streaming_setup`` records)."""
+
+    def __init__(self, streaming: bool = False) -> None:
+        self.kept_kinds: FrozenSet[str] = KEPT | (KEPT_STREAMING if streaming else frozenset())
+        self.records: List[Mapping[str, Any]] = []
+        self._runs: Dict[str, OnePassRun] = {}
+        self._routes: Dict[str, Tuple[str, ...]] = {}
+        for name, (_fn, kinds) in DERIVED.items():
+            for kind in kinds:
+                self._routes[kind] = self._routes.get(kind, ()) + (name,)
+        self._t = array("d")  # each record's t, by seq (a simulator log's seq is its position)
+        self._t_max = -math.inf
+        self._gpu_ids: set = set()
+        self._pipeline_ids: set = set()
+        self._last: Optional[Mapping[str, Any]] = None
+        self.finished = False
+
+    def _with_end(self, fn: Callable[..., Any]) -> Callable[[Any], Any]:
+        """``fn(view, end)``: a derived table reads the run's end only after its pass."""
+        return lambda view: fn(view, self._end)
+
+    def __call__(self, chunk: List[Dict[str, Any]]) -> None:
+        if not chunk:
+            return
+        first = not self.records
+        if first:
+            self.records.append(chunk[0])  # the header
+            self._runs = {name: OnePassRun(self._with_end(fn), None, name)
+                          for name, (fn, _kinds) in DERIVED.items()}
+        if chunk[0]["seq"] != len(self._t):
+            raise ValueError(f"a streamed view reads a log whose seq counts its records: seq {chunk[0]['seq']} "
+                             f"at record {len(self._t)}")
+        times = [r["t"] for r in chunk]
+        self._t.extend(times)
+        self._t_max = max(self._t_max, float(np.array(times, dtype=float).max()))
+        body = chunk[1:] if first else chunk
+        batches: Dict[str, List[Dict[str, Any]]] = {name: [] for name in DERIVED}
+        kept, routes, kept_kinds = self.records, self._routes, self.kept_kinds
+        if first:  # a table that reads the header gets it first, as a list's of("header", ...) gives it
+            for name in routes.get("header", ()):
+                batches[name].append(chunk[0])
+        gpus, pids, nothing = [], set(), ()
+        for r in body:
+            kind = r["kind"]
+            for name in routes.get(kind, nothing):
+                batches[name].append(r)
+            if kind in kept_kinds:
+                kept.append(r)
+            gs = r.get("gpus")
+            if gs:
+                gpus.append(gs)
+            if kind == "vram" or kind == "oom":
+                g = r.get("gpu")
+                if isinstance(g, int):
+                    self._gpu_ids.add(g)
+            pids.add(r.get("pipeline_id"))
+        self._gpu_ids |= _int_ids(gpus)
+        self._pipeline_ids |= {p for p in pids if isinstance(p, str)}
+        self._last = chunk[-1]
+        for name, batch in batches.items():
+            if batch:
+                self._runs[name].push(batch)
+
+    def _end(self) -> float:
+        return self.bounds[1]
+
+    def finish(self) -> "StreamedRunView":
+        """The log has ended: its tables are made (each reads the run's end now)."""
+        if self.finished:
+            return self
+        if self._last is not None and self.records[-1] is not self._last:
+            self.records.append(self._last)  # a view's log ends with the log's last record
+        self.finished = True
+        self._made = {name: run.finish() for name, run in self._runs.items()}
+        self.__dict__["_derived"] = self._made
+        return self
+
+    def close(self) -> None:
+        """End every table's pass without reading it (a run that failed before its end)."""
+        abandon(self._runs.values())
+
+    @cached_property
+    def _index(self) -> _LogIndex:
+        index = _LogIndex(self.records)  # the kept records by kind
+        index.t_max = self._t_max if self._t_max > -math.inf else None
+        index.gpu_ids = self._gpu_ids
+        index.pipeline_ids = self._pipeline_ids
+        return index
+
+    def of(self, *kinds: str) -> Sequence[Mapping[str, Any]]:
+        missing = [k for k in kinds if k not in self.kept_kinds and k != "header"]
+        if missing:
+            raise KeyError(f"a streamed view keeps no {', '.join(missing)} records (read them through DERIVED)")
+        return super().of(*kinds)
+
+    @cached_property
+    def gpus(self) -> List[int]:
+        nodes, gpn = self.shape
+        return sorted(set(range(nodes * gpn)) | self._gpu_ids)
+
+    def with_seqs(self, want) -> List[Mapping[str, Any]]:
+        """``{"seq", "t"}`` of each record whose seq is in ``want`` (all the summary reads
+        of them: the handover findings' times)."""
+        t = self._t
+        return [{"seq": s, "t": t[s]} for s in sorted(s for s in want if isinstance(s, int) and 0 <= s < len(t))]
