@@ -35,8 +35,11 @@ def outcome(scenario, explore):
     result = Simulation(scenario, explore=explore).run()
     records = result.records
     violations = check_log(records)
-    return (signature(records, violations, {p.name: p.type for p in scenario.pipelines}),
-            frozenset(v.invariant for v in violations), lines_sha256(list(result.log.lines())[1:]))
+    return (
+        signature(records, violations, {p.name: p.type for p in scenario.pipelines}),
+        frozenset(v.invariant for v in violations),
+        lines_sha256(list(result.log.lines())[1:]),
+    )
 
 
 def main() -> None:
@@ -70,16 +73,34 @@ def main() -> None:
                 if sig != fixed or extra:
                     new[(strategy, sig + (f" (also {', '.join(extra)})" if extra else ""))].append(seed)
         wall = time.perf_counter() - t0
-        out[name] = {"fixed": fixed, "fixed_checks": sorted(fixed_checks), "runs": runs, "wall_s": round(wall, 1),
-                     "distinct_logs": len(logs),
-                     "new": [{"strategy": st, "signature": sig, "seeds": seeds,
-                              "reproduce": f"rlharness simulate examples/scenarios/{name}.yaml --explore {seeds[0]} "
-                                           f"--explore-strategy {st}"} for (st, sig), seeds in sorted(new.items())]}
-        print(f"{name}: fixed order {fixed}; {runs} explored runs in {wall:.1f} s, {len(logs)} distinct logs "
-              f"(the fixed order's included); "
-              f"{sum(len(s) for s in new.values())} new (another signature or another violated check)", flush=True)
+        out[name] = {
+            "fixed": fixed,
+            "fixed_checks": sorted(fixed_checks),
+            "runs": runs,
+            "wall_s": round(wall, 1),
+            "distinct_logs": len(logs),
+            "new": [
+                {
+                    "strategy": st,
+                    "signature": sig,
+                    "seeds": seeds,
+                    "reproduce": f"rlharness simulate examples/scenarios/{name}.yaml --explore {seeds[0]} "
+                    f"--explore-strategy {st}",
+                }
+                for (st, sig), seeds in sorted(new.items())
+            ],
+        }
+        print(
+            f"{name}: fixed order {fixed}; {runs} explored runs in {wall:.1f} s, {len(logs)} distinct logs "
+            f"(the fixed order's included); "
+            f"{sum(len(s) for s in new.values())} new (another signature or another violated check)",
+            flush=True,
+        )
         for item in out[name]["new"]:
-            print(f"    {item['strategy']:<6} {item['signature']}  x{len(item['seeds'])}  e.g. {item['reproduce']}", flush=True)
+            print(
+                f"    {item['strategy']:<6} {item['signature']}  x{len(item['seeds'])}  e.g. {item['reproduce']}",
+                flush=True,
+            )
     print(f"total {time.perf_counter() - t_all:.0f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

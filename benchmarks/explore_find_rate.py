@@ -67,8 +67,10 @@ def depth_cases():
     out = [(name, load_scenario(scenario_path(name)), check) for name, check in BUGS.items() if check == "deadlock"]
     slime = out[0][1]
     p0 = slime.pipelines[0]
-    three = dataclasses.replace(slime, pipelines=(dataclasses.replace(
-        p0, weight_sync_groups=dataclasses.replace(p0.weight_sync_groups, engines=3)),))
+    three = dataclasses.replace(
+        slime,
+        pipelines=(dataclasses.replace(p0, weight_sync_groups=dataclasses.replace(p0.weight_sync_groups, engines=3)),),
+    )
     out.insert(1, ("wsg_slime2331 with 3 engines", three, "deadlock"))
     out.append(("gap_ratio_3pipelines", load_scenario(scenario_path("gap_ratio_3pipelines")), "planned_release_ack"))
     return out
@@ -85,8 +87,10 @@ def depth_table(n: int) -> None:
             hits = [s for s in range(n) if findings(scenario, s, strategy, depth, (check,))]
             k = _PILOTS.get(repr(scenario), "") if strategy == "pct" else ""
             name = strategy if strategy == "random" else f"pct d={depth}"
-            print(f"{label:34s} {name:10s} {k!s:>6s} {(str(hits[0]) if hits else '-'):>10s} "
-                  f"{len(hits):>5d}/{n} ({100.0 * len(hits) / n:.0f}%){'' if not fixed else '  (fixed order: found)'}")
+            print(
+                f"{label:34s} {name:10s} {k!s:>6s} {(str(hits[0]) if hits else '-'):>10s} "
+                f"{len(hits):>5d}/{n} ({100.0 * len(hits) / n:.0f}%){'' if not fixed else '  (fixed order: found)'}"
+            )
 
 
 def scenario_path(name: str) -> str:
@@ -136,14 +140,20 @@ def main(argv=None) -> int:
     for name, check in BUGS.items():
         fixed = any(v.invariant == check for v in findings(scenario_path(name), None, ""))
         for strategy in ("random", "pct"):
-            hits = [s for s in range(n) if any(v.invariant == check for v in findings(scenario_path(name), s, strategy))]
+            hits = [
+                s for s in range(n) if any(v.invariant == check for v in findings(scenario_path(name), s, strategy))
+            ]
             first = str(hits[0]) if hits else "-"
-            print(f"{name:34s} {strategy:8s} {('found' if fixed else 'clean'):12s} {first:>10s} "
-                  f"{len(hits):>5d}/{n} ({100.0 * len(hits) / n:.0f}%)")
+            print(
+                f"{name:34s} {strategy:8s} {('found' if fixed else 'clean'):12s} {first:>10s} "
+                f"{len(hits):>5d}/{n} ({100.0 * len(hits) / n:.0f}%)"
+            )
     for name in FIXES:
         for strategy in ("random", "pct"):
             bad = [s for s in range(n) if findings(scenario_path(name), s, strategy)]
-            print(f"{name:34s} {strategy:8s} fixed variant: {len(bad)}/{n} seeds with a finding of {', '.join(NEW_CHECKS)}")
+            print(
+                f"{name:34s} {strategy:8s} fixed variant: {len(bad)}/{n} seeds with a finding of {', '.join(NEW_CHECKS)}"
+            )
     if args.depths:
         depth_table(n)
     if args.shapes:

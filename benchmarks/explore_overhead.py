@@ -29,8 +29,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    cases = [("default", default_scenario()),
-             ("mixed_64gpu", load_scenario(os.path.join(ROOT, "examples", "scenarios", "mixed_64gpu.yaml")))]
+    cases = [
+        ("default", default_scenario()),
+        ("mixed_64gpu", load_scenario(os.path.join(ROOT, "examples", "scenarios", "mixed_64gpu.yaml"))),
+    ]
     variants = [("fixed order", None), ("pct", "pct"), ("random", "random")]
     print(f"load {os.getloadavg()[0]:.2f}; best of {args.repeats} interleaved rounds (explored rounds use seeds 0..)")
     for name, scenario in cases:
@@ -45,9 +47,14 @@ def main() -> None:
                 best[label] = min(best[label], wall)
                 per_event[label] = min(per_event[label], wall / max(1, res.events))
         base, base_ev = best["fixed order"], per_event["fixed order"]
-        print(f"{name:12} " + "  ".join(f"{label} {best[label] * 1e3:7.1f} ms ({best[label] / base:.2f}x, "
-                                        f"{per_event[label] * 1e6:.2f} us/event = {per_event[label] / base_ev:.2f}x)"
-                                        for label, _ in variants))
+        print(
+            f"{name:12} "
+            + "  ".join(
+                f"{label} {best[label] * 1e3:7.1f} ms ({best[label] / base:.2f}x, "
+                f"{per_event[label] * 1e6:.2f} us/event = {per_event[label] / base_ev:.2f}x)"
+                for label, _ in variants
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,10 @@ def main() -> int:
                 ray.shutdown()
             rows.append((f"Ray (local, {k} CPUs)", ray_s))
             same = results_json(on_ray.results) == results_json(local.results)
-            ray_line = (f"Ray: start-up {init_s:.1f} s (not in its row); overhead {(ray_s - local_s) / n * 1000:+.0f} ms per seed "
-                        f"over local; results byte-identical to local: {'yes' if same else 'NO'}")
+            ray_line = (
+                f"Ray: start-up {init_s:.1f} s (not in its row); overhead {(ray_s - local_s) / n * 1000:+.0f} ms per seed "
+                f"over local; results byte-identical to local: {'yes' if same else 'NO'}"
+            )
     print(f"{n} seeds (0..{n - 1}), {os.cpu_count()} CPU(s) on this machine")
     print(f"{'executor':<44} {'wall s':>8} {'seeds/min':>10}")
     for label, wall in rows:
@@ -68,8 +70,10 @@ def main() -> int:
     if ray_line:
         print(ray_line)
     rate = n / checked_s * 60
-    print(f"target: 200 seeds with --check-determinism under 300 s -> {200 / rate * 60:.0f} s projected "
-          f"({rate:.0f} seeds/min): {'met' if 200 / rate * 60 < 300 else 'NOT met'}")
+    print(
+        f"target: 200 seeds with --check-determinism under 300 s -> {200 / rate * 60:.0f} s projected "
+        f"({rate:.0f} seeds/min): {'met' if 200 / rate * 60 < 300 else 'NOT met'}"
+    )
     return 0
 
 

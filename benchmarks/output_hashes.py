@@ -69,9 +69,12 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-large", action="store_true", help="leave out the 1024-GPU scenario")
     ap.add_argument("--files", nargs="*", default=None, help="only these outputs (e.g. events.jsonl summary.json)")
     ap.add_argument("-j", type=int, default=1, help="scenarios simulated at once")
-    ap.add_argument("--in-memory", action="store_true",
-                    help="write the outputs from the whole log in memory (simulate(stream=False)) instead of as the "
-                         "run makes it (what `rlharness simulate` does)")
+    ap.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="write the outputs from the whole log in memory (simulate(stream=False)) instead of as the "
+        "run makes it (what `rlharness simulate` does)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
@@ -85,15 +88,25 @@ def main(argv=None) -> int:
     while pending or running:
         while pending and len(running) < max(1, args.j):
             path = pending.pop(0)
-            running.append(subprocess.Popen([sys.executable, __file__, "--child", path, *extra], cwd=ROOT, env=env,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            running.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--child", path, *extra],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         proc = running.pop(0)
         out, err = proc.communicate()
         sys.stdout.write(out)
         if proc.returncode != 0:
             failed += 1
-            print(f"FAILED {proc.args[3]!r}: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}",
-                  file=sys.stderr)
+            print(
+                f"FAILED {proc.args[3]!r}: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}",
+                file=sys.stderr,
+            )
     return 1 if failed else 0
 
 

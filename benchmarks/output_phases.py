@@ -29,7 +29,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 LARGE = "examples/scenarios/large_1024gpu.yaml"
 
-_CHILD = r'''
+_CHILD = r"""
 import gc, inspect, json, os, sys, tempfile, time
 sys.path.insert(0, ".")
 from simulators.runtime.simulation import Simulation
@@ -61,12 +61,17 @@ with tempfile.TemporaryDirectory() as tmp:
     phases["outputs"] = time.process_time() - t
 phases.update(steps)
 print(json.dumps({"phases": phases, "checks": checks, "records": len(result.records)}))
-'''
+"""
 
 
 def phases_of(checkout: str, scenario: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, scenario], cwd=checkout, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=checkout))
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, scenario],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=checkout),
+    )
     if out.returncode != 0:
         raise SystemExit(f"{checkout}: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -78,9 +83,13 @@ def end_to_end(checkout: str, scenario: str) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "rlharness", "simulate", scenario, "--out", os.path.join(tmp, "run"),
-                               "--quiet"], cwd=checkout, capture_output=True, text=True,
-                              env=dict(os.environ, PYTHONPATH=checkout))
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlharness", "simulate", scenario, "--out", os.path.join(tmp, "run"), "--quiet"],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=checkout),
+        )
         wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in (0, 1):  # 1: findings, every output still written
@@ -111,12 +120,14 @@ def main(argv=None) -> int:
     labels = [label for label, _ in trees]
     print(f"{os.path.relpath(scenario, ROOT)}: CPU seconds per phase, least of {args.rounds} run(s), one process")
     print(f"  {'phase':<28}" + "".join(f"{label:>10}" for label in labels))
-    names = list(best["this"]["phases"]) + [n for n in best.get("other", {}).get("phases", {}) if n not in best["this"]["phases"]]
+    names = list(best["this"]["phases"]) + [
+        n for n in best.get("other", {}).get("phases", {}) if n not in best["this"]["phases"]
+    ]
     for name in names:
         print(f"  {name:<28}" + "".join(f"{best[label]['phases'].get(name, float('nan')):>10.2f}" for label in labels))
     print("costliest checks (CPU s, each on its own view):")
     top = sorted(best["this"]["checks"], key=lambda n: -max(best[label]["checks"].get(n, 0.0) for label in labels))
-    for name in top[:args.checks]:
+    for name in top[: args.checks]:
         print(f"  {name:<28}" + "".join(f"{best[label]['checks'].get(name, float('nan')):>10.3f}" for label in labels))
     print(f"  {'all checks':<28}" + "".join(f"{sum(best[label]['checks'].values()):>10.2f}" for label in labels))
     print("rlharness simulate ... --out DIR --quiet, end to end (wall s / CPU s with children / load at start):")

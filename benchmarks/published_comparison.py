@@ -64,23 +64,56 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float
     sigma = float(workload["decode_tokens_sigma"])
     n, rollout = int(row["gpus"]), int(row.get("rollout_gpus", 0))
     train = n - rollout if rollout else n
-    load = {"prompts_per_step": workload["prompts_per_step"], "generations_per_prompt": workload["generations_per_prompt"],
-            "prompt_tokens": workload["prompt_tokens"], "decode_tokens_sigma": sigma, "decode_tokens_max": cap,
-            "decode_tokens_cap_share": cap_share,
-            "decode_tokens_median": min(float(cap), f.median_for_mean(mean_tokens, sigma, cap, cap_share))}
-    pipe = {"name": "grpo", "infer_tp": workload["infer_tp"], "train_backend": "fsdp2", "train_sp": workload["train_sp"],
-            "train_global_batch": 512, "log_prob_passes": int(row.get("log_prob_passes", 1)),
-            "train_recompute": bool(workload["train_recompute"]), "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
-            "model": {"preset": workload["model"]}, "workload": load}
+    load = {
+        "prompts_per_step": workload["prompts_per_step"],
+        "generations_per_prompt": workload["generations_per_prompt"],
+        "prompt_tokens": workload["prompt_tokens"],
+        "decode_tokens_sigma": sigma,
+        "decode_tokens_max": cap,
+        "decode_tokens_cap_share": cap_share,
+        "decode_tokens_median": min(float(cap), f.median_for_mean(mean_tokens, sigma, cap, cap_share)),
+    }
+    pipe = {
+        "name": "grpo",
+        "infer_tp": workload["infer_tp"],
+        "train_backend": "fsdp2",
+        "train_sp": workload["train_sp"],
+        "train_global_batch": 512,
+        "log_prob_passes": int(row.get("log_prob_passes", 1)),
+        "train_recompute": bool(workload["train_recompute"]),
+        "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
+        "model": {"preset": workload["model"]},
+        "workload": load,
+    }
     if row["shape"] == "colocated_sync":
-        pipe.update(type="roll_sync", train_gpus=_gpus(0, n), infer_gpus=_gpus(0, n), steps=2, sleep_level=1,
-                    refit_path="colocated_ipc")
+        pipe.update(
+            type="roll_sync",
+            train_gpus=_gpus(0, n),
+            infer_gpus=_gpus(0, n),
+            steps=2,
+            sleep_level=1,
+            refit_path="colocated_ipc",
+        )
     else:
-        pipe.update(type="disaggregated", train_gpus=_gpus(0, train), infer_gpus=_gpus(train, rollout), steps=4,
-                    disaggregated={"shape": row["shape"], **({"weight_sync": "pause"} if row["shape"] == "fully_async" else {})})
+        pipe.update(
+            type="disaggregated",
+            train_gpus=_gpus(0, train),
+            infer_gpus=_gpus(train, rollout),
+            steps=4,
+            disaggregated={
+                "shape": row["shape"],
+                **({"weight_sync": "pause"} if row["shape"] == "fully_async" else {}),
+            },
+        )
         load["max_trajectory_age_steps"] = 1
-    return {"name": row["id"], "seed": 0, "horizon_s": 200000, "costs": {"kv_cache_fraction": workload["kv_cache_fraction"]},
-            "cluster": {"nodes": max(1, n // 8), "gpus_per_node": min(8, n), "gpu": row["gpu"]}, "pipelines": [pipe]}
+    return {
+        "name": row["id"],
+        "seed": 0,
+        "horizon_s": 200000,
+        "costs": {"kv_cache_fraction": workload["kv_cache_fraction"]},
+        "cluster": {"nodes": max(1, n // 8), "gpus_per_node": min(8, n), "gpu": row["gpu"]},
+        "pipelines": [pipe],
+    }
 
 
 def simulate(scenario):
@@ -138,8 +171,14 @@ def fit_workload(data: dict):
     colocated rows only (the held-out rows are not read), in two stages: the mean on the
     log-prob + training seconds (which the share leaves alone: the median is re-solved so that
     the drawn mean stays), then the share on the generation seconds at that mean."""
-    rows = [r for r in data["rows"] if r.get("workload") and r["split"] == "fitted" and r["shape"] == "colocated_sync"
-            and "decode_tokens_max" not in r]
+    rows = [
+        r
+        for r in data["rows"]
+        if r.get("workload")
+        and r["split"] == "fitted"
+        and r["shape"] == "colocated_sync"
+        and "decode_tokens_max" not in r
+    ]
 
     def loss(stage_of, mean, share):
         total = 0.0
@@ -166,8 +205,10 @@ def fit_colocated_train_factor(data: dict) -> float:
             continue
         colocated_s = sync["gpus"] * sync["published"]["training"]
         dedicated_s = (dedicated["gpus"] - dedicated["rollout_gpus"]) * dedicated["published"]["training"]
-        print(f"  {first} / {second}: training GPU-seconds {colocated_s:.0f} / {dedicated_s:.0f} = "
-              f"{colocated_s / dedicated_s:.3f}")
+        print(
+            f"  {first} / {second}: training GPU-seconds {colocated_s:.0f} / {dedicated_s:.0f} = "
+            f"{colocated_s / dedicated_s:.3f}"
+        )
         logs.append(math.log(colocated_s / dedicated_s))
     return math.exp(sum(logs) / len(logs))
 
@@ -185,19 +226,30 @@ def print_rows(results: dict) -> None:
     for split in ("fitted", "held_out"):
         chosen = [v for v in results.values() if v[0]["split"] == split]
         within = 0
-        print(f"\n{split.upper()} rows ({len(chosen)}): step time published / simulated / error; stage shares of the "
-              f"step published -> simulated (points: generation / log-probs / training)")
+        print(
+            f"\n{split.upper()} rows ({len(chosen)}): step time published / simulated / error; stage shares of the "
+            f"step published -> simulated (points: generation / log-probs / training)"
+        )
         for row, pub, sim, stages in chosen:
             err = (sim - pub["step"]) / pub["step"]
             within += abs(err) <= TOLERANCE
             shares = " / ".join(
-                (f"{100 * pub[k] / pub['step']:.0f}->{100 * stages[k] / sim:.0f}" if k in pub else f"-->{100 * stages[k] / sim:.0f}")
-                for k in STAGES)
-            print(f"  {row['id']:30} {row['framework']:7} {row['shape']:14} {row['gpu']:8} {row['gpus']:4d} GPUs "
-                  f"{pub['step']:8.1f} {sim:8.1f} {100 * err:+5.0f}%  {shares}")
+                (
+                    f"{100 * pub[k] / pub['step']:.0f}->{100 * stages[k] / sim:.0f}"
+                    if k in pub
+                    else f"-->{100 * stages[k] / sim:.0f}"
+                )
+                for k in STAGES
+            )
+            print(
+                f"  {row['id']:30} {row['framework']:7} {row['shape']:14} {row['gpu']:8} {row['gpus']:4d} GPUs "
+                f"{pub['step']:8.1f} {sim:8.1f} {100 * err:+5.0f}%  {shares}"
+            )
         errs = sorted(abs(v[2] - v[1]["step"]) / v[1]["step"] for v in chosen)
-        print(f"  {within} of {len(chosen)} within +-{100 * TOLERANCE:.0f} %; median |error| "
-              f"{100 * errs[len(errs) // 2]:.0f} %, worst {100 * errs[-1]:.0f} %")
+        print(
+            f"  {within} of {len(chosen)} within +-{100 * TOLERANCE:.0f} %; median |error| "
+            f"{100 * errs[len(errs) // 2]:.0f} %, worst {100 * errs[-1]:.0f} %"
+        )
 
 
 def print_pairs(data: dict, results: dict) -> None:
@@ -217,7 +269,9 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="re-fit the fitted mean length on the fitted rows and print it")
+    parser.add_argument(
+        "--fit", action="store_true", help="re-fit the fitted mean length on the fitted rows and print it"
+    )
     args = parser.parse_args(argv)
     data = load_set()
     if args.fit:

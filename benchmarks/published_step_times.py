@@ -58,7 +58,11 @@ def stage_seconds(records, steps: int):
     batch wait (WaitBatch), log-probs and training their Compute effects, and ``refit``
     the rest of the step (the weight sync with its wake, sleep, cache build and hand-offs)."""
     opened, total = {}, dict.fromkeys(STAGES[:3], 0.0)
-    names = {("WaitBatch", ""): "generation", ("Compute", "old_log_probs"): "log_probs", ("Compute", "train"): "training"}
+    names = {
+        ("WaitBatch", ""): "generation",
+        ("Compute", "old_log_probs"): "log_probs",
+        ("Compute", "train"): "training",
+    }
     for r in records:
         if r["kind"] not in ("effect_start", "effect_end") or r.get("scope") != "step":
             continue
@@ -130,21 +134,26 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cap-share", type=float, default=0.0,
-                        help="what-if: the share of every scenario's answers at the length cap")
+    parser.add_argument(
+        "--cap-share", type=float, default=0.0, help="what-if: the share of every scenario's answers at the length cap"
+    )
     args = parser.parse_args(argv)
     if args.cap_share:
         print(f"WHAT-IF: {args.cap_share:g} of every scenario's answers at the length cap (not the comparison)")
     rows, missed = run_all(args.cap_share), 0
-    print(f"{'configuration':42} {'release':>7} {'published s':>11} {'simulated s':>11} {'error':>6}  "
-          f"simulated shares: generation / log-probs / training / refit+transitions")
+    print(
+        f"{'configuration':42} {'release':>7} {'published s':>11} {'simulated s':>11} {'error':>6}  "
+        f"simulated shares: generation / log-probs / training / refit+transitions"
+    )
     for name, pub, release, sim, stages in rows:
         err = (sim - pub) / pub
         ok = abs(err) <= TOLERANCE
         missed += not ok
         shares = " / ".join(f"{100 * stages[k] / sim:.0f}" for k in STAGES)
-        print(f"{name:42} {release:>7} {pub:11.1f} {sim:11.1f} {100 * err:+5.0f}%  {shares} %  "
-              f"{'within' if ok else 'MISSED'} +-{100 * TOLERANCE:.0f} %")
+        print(
+            f"{name:42} {release:>7} {pub:11.1f} {sim:11.1f} {100 * err:+5.0f}%  {shares} %  "
+            f"{'within' if ok else 'MISSED'} +-{100 * TOLERANCE:.0f} %"
+        )
     print(f"{len(rows) - missed} of {len(rows)} within +-{100 * TOLERANCE:.0f} %")
     print_shares(rows)
     print_seconds(rows)
@@ -164,8 +173,10 @@ def print_seconds(rows) -> None:
 def print_shares(rows) -> None:
     """The per-stage shares, published against simulated, of every configuration whose source
     publishes a breakdown, with each share more than SHARE_TOLERANCE_POINTS off marked."""
-    print(f"\nper-stage shares of the step, published -> simulated (points; * = more than "
-          f"+-{SHARE_TOLERANCE_POINTS:.0f} off)")
+    print(
+        f"\nper-stage shares of the step, published -> simulated (points; * = more than "
+        f"+-{SHARE_TOLERANCE_POINTS:.0f} off)"
+    )
     print(f"{'configuration':42} " + " ".join(f"{k:>16}" for k in STAGES))
     checked = bad = 0
     for name, _pub, _release, sim, stages in rows:
@@ -175,7 +186,9 @@ def print_shares(rows) -> None:
         missed = {stage for stage, _, _ in share_misses(name, sim, stages)}
         cells = []
         for stage, pub_s in zip(STAGES, published):
-            cells.append(f"{100 * pub_s / total:5.0f} -> {100 * stages[stage] / sim:3.0f}{'*' if stage in missed else ' '}")
+            cells.append(
+                f"{100 * pub_s / total:5.0f} -> {100 * stages[stage] / sim:3.0f}{'*' if stage in missed else ' '}"
+            )
             checked += 1
         bad += len(missed)
         print(f"{name:42} " + " ".join(f"{c:>16}" for c in cells))

@@ -108,10 +108,14 @@ def main() -> int:
                     agree += 1
                 else:
                     dv = res.divergence
-                    print(f"  {commit} {name}: diverged at cycle {dv.cycle} (line {dv.at_line}): model {dv.model} "
-                          f"rlix {dv.rlix}")
-            print(f"rlix {commit} (options {COMMIT_OPTIONS[commit] or 'default'}): {agree}/{len(runs)} traces agree, "
-                  f"{cycles} cycles compared, {time.process_time() - t0:.1f} CPU s")
+                    print(
+                        f"  {commit} {name}: diverged at cycle {dv.cycle} (line {dv.at_line}): model {dv.model} "
+                        f"rlix {dv.rlix}"
+                    )
+            print(
+                f"rlix {commit} (options {COMMIT_OPTIONS[commit] or 'default'}): {agree}/{len(runs)} traces agree, "
+                f"{cycles} cycles compared, {time.process_time() - t0:.1f} CPU s"
+            )
             if args.in_loop:
                 in_loop(os.path.join(tmp, f"rlix-{commit}"), commit, args.max_gpus)
     return 0

@@ -31,9 +31,11 @@ def _archive() -> Optional[str]:
     """The pinned archive: in ``$RLHARNESS_UPSTREAM``, else ``shared/upstream`` beside the
     project (or beside the folder of its worktrees)."""
     places = [os.environ.get("RLHARNESS_UPSTREAM", "")] + [
-        os.path.join(ROOT, *[".."] * up, "shared", "upstream") for up in (1, 2)]
-    return next((os.path.join(p, ARCHIVE_NAME) for p in places if p and os.path.isfile(os.path.join(p, ARCHIVE_NAME))),
-                None)
+        os.path.join(ROOT, *[".."] * up, "shared", "upstream") for up in (1, 2)
+    ]
+    return next(
+        (os.path.join(p, ARCHIVE_NAME) for p in places if p and os.path.isfile(os.path.join(p, ARCHIVE_NAME))), None
+    )
 
 
 @contextlib.contextmanager
@@ -107,13 +109,24 @@ class RLixBootstrap:
         for i in range(pipelines):
             pid = pipeline_id(i)
             window = sorted({(i * stride + k) % gpus for k in range(2 * stride)})
-            await s.register_pipeline(pipeline_id=pid, ray_namespace="bench", cluster_tp_configs={"actor_infer": 1},
-                                      cluster_device_mappings={"actor_infer": window})
+            await s.register_pipeline(
+                pipeline_id=pid,
+                ray_namespace="bench",
+                cluster_tp_configs={"actor_infer": 1},
+                cluster_device_mappings={"actor_infer": window},
+            )
             await s.admit_pipeline(pipeline_id=pid)
             s._coordinator_handle_cache[pid] = ("bench", _Coordinator())
-        waiters = [asyncio.create_task(s.request_gpus(cluster_id=f"{pipeline_id(i)}_actor_infer",
-                                                      priority=self.priority.GENERATION, step_target_estimate=16))
-                   for i in range(pipelines)]
+        waiters = [
+            asyncio.create_task(
+                s.request_gpus(
+                    cluster_id=f"{pipeline_id(i)}_actor_infer",
+                    priority=self.priority.GENERATION,
+                    step_target_estimate=16,
+                )
+            )
+            for i in range(pipelines)
+        ]
         for _ in range(3):
             await asyncio.sleep(0)  # every request is queued
         t0 = time.perf_counter()

@@ -90,17 +90,26 @@ def main(argv=None) -> int:
     ap.add_argument("--png", action="store_true", help="draw timeline.png too (off by default: see the docs)")
     ap.add_argument("--skip-simulation", action="store_true", help="only the end-to-end runs")
     args = ap.parse_args(argv)
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (1/5/15 min), "
-          f"{os.cpu_count()} CPUs; {args.steps} steps per pipeline; picture {'on' if args.png else 'off'}", flush=True)
-    print(f"{'GPUs':>6} {'records':>9}  {'sim CPU s':>9} {'sim RSS MiB':>11}  {'e2e CPU s':>9} {'e2e wall s':>10} "
-          f"{'e2e RSS MiB':>11} {'e2e us/rec':>10} {'e2e/sim CPU':>11}", flush=True)
+    print(
+        f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} (1/5/15 min), "
+        f"{os.cpu_count()} CPUs; {args.steps} steps per pipeline; picture {'on' if args.png else 'off'}",
+        flush=True,
+    )
+    print(
+        f"{'GPUs':>6} {'records':>9}  {'sim CPU s':>9} {'sim RSS MiB':>11}  {'e2e CPU s':>9} {'e2e wall s':>10} "
+        f"{'e2e RSS MiB':>11} {'e2e us/rec':>10} {'e2e/sim CPU':>11}",
+        flush=True,
+    )
     for gpus in args.gpus:
         row = measure(gpus, args.steps, args.png, not args.skip_simulation)
         n = int(row.get("records") or 0)
         sim, e2e = row.get("sim"), row["e2e"]
-        print(f"{gpus:>6} {n:>9}  {sim['cpu'] if sim else float('nan'):>9.1f} {sim['rss'] if sim else float('nan'):>11.0f}  "
-              f"{e2e['cpu']:>9.1f} {e2e['wall']:>10.1f} {e2e['rss']:>11.0f} {1e6 * e2e['cpu'] / max(n, 1):>10.1f} "
-              f"{(e2e['cpu'] / sim['cpu']) if sim else float('nan'):>11.2f}", flush=True)
+        print(
+            f"{gpus:>6} {n:>9}  {sim['cpu'] if sim else float('nan'):>9.1f} {sim['rss'] if sim else float('nan'):>11.0f}  "
+            f"{e2e['cpu']:>9.1f} {e2e['wall']:>10.1f} {e2e['rss']:>11.0f} {1e6 * e2e['cpu'] / max(n, 1):>10.1f} "
+            f"{(e2e['cpu'] / sim['cpu']) if sim else float('nan'):>11.2f}",
+            flush=True,
+        )
     return 0
 
 

@@ -44,21 +44,37 @@ def scale_scenario(gpus: int, steps: int = 100) -> Dict[str, Any]:
     for i in range(count):
         start = WINDOW * i + WINDOW // 2
         window = [(start + k) % gpus for k in range(WINDOW)]
-        spec: Dict[str, Any] = {"name": f"p{i:02d}", "type": "nemo_async" if i % 2 == 0 else "roll_sync",
-                                "train_gpus": window[:TRAIN], "infer_gpus": sorted(window),
-                                "infer_tp": 2 if (i // 2) % 4 == 1 else 1, "steps": steps}
+        spec: Dict[str, Any] = {
+            "name": f"p{i:02d}",
+            "type": "nemo_async" if i % 2 == 0 else "roll_sync",
+            "train_gpus": window[:TRAIN],
+            "infer_gpus": sorted(window),
+            "infer_tp": 2 if (i // 2) % 4 == 1 else 1,
+            "steps": steps,
+        }
         if i % 3 == 1:
             spec["workload"] = {"prompts_per_step": 8, "decode_tokens_median": 128}
         spec["start_s"] = float(i % slots)
         pipelines.append(spec)
-    return {"name": f"scale_{gpus}gpu", "seed": 0, "horizon_s": 86400,
-            "description": f"{gpus // GPUS_PER_NODE} nodes x {GPUS_PER_NODE} GPUs, {len(pipelines)} pipelines x "
-                           f"{WINDOW} GPUs with half-overlapping windows, {steps} small steps each",
-            "cluster": {"nodes": gpus // GPUS_PER_NODE, "gpus_per_node": GPUS_PER_NODE},
-            "defaults": {"model": {"params": 0.5e9, "bytes_per_param": 2},
-                         "workload": {"prompts_per_step": 4, "generations_per_prompt": 4, "decode_tokens_median": 192,
-                                      "decode_tokens_sigma": 0.6, "decode_tokens_max": 1024}},
-            "pipelines": pipelines}
+    return {
+        "name": f"scale_{gpus}gpu",
+        "seed": 0,
+        "horizon_s": 86400,
+        "description": f"{gpus // GPUS_PER_NODE} nodes x {GPUS_PER_NODE} GPUs, {len(pipelines)} pipelines x "
+        f"{WINDOW} GPUs with half-overlapping windows, {steps} small steps each",
+        "cluster": {"nodes": gpus // GPUS_PER_NODE, "gpus_per_node": GPUS_PER_NODE},
+        "defaults": {
+            "model": {"params": 0.5e9, "bytes_per_param": 2},
+            "workload": {
+                "prompts_per_step": 4,
+                "generations_per_prompt": 4,
+                "decode_tokens_median": 192,
+                "decode_tokens_sigma": 0.6,
+                "decode_tokens_max": 1024,
+            },
+        },
+        "pipelines": pipelines,
+    }
 
 
 def main(argv: List[str]) -> int:

@@ -88,7 +88,9 @@ def steady(m: SchedulerModel, pipelines: int, reps: int, seed: int = 7):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=7, help="bootstrap repetitions per size and scheduler (median is printed)")
+    ap.add_argument(
+        "--reps", type=int, default=7, help="bootstrap repetitions per size and scheduler (median is printed)"
+    )
     ap.add_argument("--steady-reps", type=int, default=200, help="steady-state cycles per size")
     ap.add_argument("--rlix", help="an RLix checkout to time live (default: the pinned archive, see rlix_live.py)")
     ap.add_argument("--stored", action="store_true", help="do not time RLix: print its stored figures")
@@ -99,12 +101,19 @@ def main(argv=None) -> int:
         source = None if args.stored else stack.enter_context(rlix_source(args.rlix))
         rlix = RLixBootstrap(source) if source else None
         load = os.getloadavg()
-        print(f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min) on {os.cpu_count()} CPUs; RLix: "
-              + ("LIVE, timed in this sitting, alternating with the model (rlops/rlix f77d913 SchedulerImpl)" if rlix
-                 else "STORED figures from a quiet run, not this sitting (no RLix source found, or --stored): on a "
-                      "loaded machine the speed-up column understates the model"))
-        print(f"{'GPUs':>5} {'pipes':>5} | {'bootstrap ms':>12} {'RLix ms':>8} {'speed-up':>8} {'us/(GPU*pipe)':>13} | "
-              f"{'steady med ms':>13} {'p90 ms':>7} {'bundles moved':>13}")
+        print(
+            f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (1/5/15 min) on {os.cpu_count()} CPUs; RLix: "
+            + (
+                "LIVE, timed in this sitting, alternating with the model (rlops/rlix f77d913 SchedulerImpl)"
+                if rlix
+                else "STORED figures from a quiet run, not this sitting (no RLix source found, or --stored): on a "
+                "loaded machine the speed-up column understates the model"
+            )
+        )
+        print(
+            f"{'GPUs':>5} {'pipes':>5} | {'bootstrap ms':>12} {'RLix ms':>8} {'speed-up':>8} {'us/(GPU*pipe)':>13} | "
+            f"{'steady med ms':>13} {'p90 ms':>7} {'bundles moved':>13}"
+        )
         rows = []
         for gpus, pipes in SIZES:
             boots, theirs, model = [], [], None
@@ -125,9 +134,13 @@ def main(argv=None) -> int:
     g0, p0, b0, _, _ = rows[0]
     g2, p2, b2, _, s2 = rows[-1]
     growth = (b2 / b0) / ((g2 * p2) / (g0 * p0))
-    print(f"\nbootstrap cost growth from {g0}x{p0} to {g2}x{p2}: {b2 / b0:.1f}x for {(g2 * p2) / (g0 * p0):.0f}x more GPUs*pipelines "
-          f"(ratio {growth:.2f}; <= 1 means no worse than linear)")
-    print(f"steady state at {g2} GPUs: {s2:.3f} ms vs RLix's stored {RLIX_STEADY_MS_992} ms ({RLIX_STEADY_MS_992 / s2:.1f}x)")
+    print(
+        f"\nbootstrap cost growth from {g0}x{p0} to {g2}x{p2}: {b2 / b0:.1f}x for {(g2 * p2) / (g0 * p0):.0f}x more GPUs*pipelines "
+        f"(ratio {growth:.2f}; <= 1 means no worse than linear)"
+    )
+    print(
+        f"steady state at {g2} GPUs: {s2:.3f} ms vs RLix's stored {RLIX_STEADY_MS_992} ms ({RLIX_STEADY_MS_992 / s2:.1f}x)"
+    )
     return 0
 
 

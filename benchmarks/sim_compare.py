@@ -21,7 +21,7 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
-_CHILD = r'''
+_CHILD = r"""
 import gc, json, sys, time
 sys.path.insert(0, ".")
 from simulators.runtime.simulation import Simulation
@@ -36,14 +36,19 @@ for _ in range(int(sys.argv[2])):
     result = Simulation(scenario).run()
     best = min(best, time.process_time() - t0)
 print(json.dumps([best, result.sim_time]))
-'''
+"""
 
 
 def best_cpu(checkout: str, scenario: str, runs: int) -> "tuple[float, float]":
     """(best CPU seconds of one run, simulated seconds) in a fresh process of ``checkout``."""
     env = dict(os.environ, PYTHONPATH=checkout)
-    out = subprocess.run([sys.executable, "-c", _CHILD, os.path.abspath(scenario), str(runs)], cwd=checkout,
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, os.path.abspath(scenario), str(runs)],
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{checkout}: {out.stderr.strip()[-500:]}")
     best, sim = json.loads(out.stdout.strip().splitlines()[-1])
@@ -63,8 +68,10 @@ def main(argv=None) -> int:
         other.append(best_cpu(os.path.abspath(args.other), scenario, args.runs))
         this.append(best_cpu(ROOT, scenario, args.runs))
     o, t, sim = min(x[0] for x in other), min(x[0] for x in this), this[0][1]
-    print(f"{os.path.basename(scenario)}: other {o:.4f} s CPU ({sim / o:,.0f}x), this {t:.4f} s CPU "
-          f"({sim / t:,.0f}x): this is {o / t:.2f}x faster")
+    print(
+        f"{os.path.basename(scenario)}: other {o:.4f} s CPU ({sim / o:,.0f}x), this {t:.4f} s CPU "
+        f"({sim / t:,.0f}x): this is {o / t:.2f}x faster"
+    )
     return 0
 
 

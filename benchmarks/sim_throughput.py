@@ -75,8 +75,17 @@ def bare_simpy(n_events: int = 400_000, *, log_records: bool = False) -> float:
         for rid in range(n):
             yield env.timeout(1)
             if log_records:
-                log.add({"seq": 0, "t": env._now, "kind": "request_done", "pipeline_id": "p0", "rank": rank,
-                         "rid": rid, "tokens": 512})
+                log.add(
+                    {
+                        "seq": 0,
+                        "t": env._now,
+                        "kind": "request_done",
+                        "pipeline_id": "p0",
+                        "rank": rank,
+                        "rid": rid,
+                        "tokens": 512,
+                    }
+                )
 
     procs = 100
     for rank in range(procs):
@@ -88,9 +97,21 @@ def bare_simpy(n_events: int = 400_000, *, log_records: bool = False) -> float:
 
 
 # The scheduler model's entry points the simulator calls (inputs, cycles, the 1 s poll).
-_SCHEDULER_CALLS = ("register", "admit", "unregister", "request", "release", "release_then_request",
-                    "await_release", "report_progress", "clear_progress", "plan_cycle", "commit_cycle",
-                    "background_rebalance_reason", "drain")
+_SCHEDULER_CALLS = (
+    "register",
+    "admit",
+    "unregister",
+    "request",
+    "release",
+    "release_then_request",
+    "await_release",
+    "report_progress",
+    "clear_progress",
+    "plan_cycle",
+    "commit_cycle",
+    "background_rebalance_reason",
+    "drain",
+)
 
 
 def _scheduler_share(scenario) -> float:
@@ -111,6 +132,7 @@ def _scheduler_share(scenario) -> float:
                 return fn(*args, **kwargs)
             finally:
                 spent[0] += clock() - t
+
         return wrapper
 
     for name, fn in saved.items():
@@ -161,9 +183,22 @@ def run_one(path, with_outputs, repeats=_REPEATS):
             write_outputs(res, tmp, timings=steps, fork=False)
             out_wall = time.perf_counter() - t0
         out_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"reason": res.reason, "events": res.events, "records": len(res.records), "sim": res.sim_time,
-                      "wall": wall, "rss": rss, "out_wall": out_wall, "out_rss": out_rss,
-                      "sched_share": sched_share, "out_steps": steps if with_outputs else None}))
+    print(
+        json.dumps(
+            {
+                "reason": res.reason,
+                "events": res.events,
+                "records": len(res.records),
+                "sim": res.sim_time,
+                "wall": wall,
+                "rss": rss,
+                "out_wall": out_wall,
+                "out_rss": out_rss,
+                "sched_share": sched_share,
+                "out_steps": steps if with_outputs else None,
+            }
+        )
+    )
 
 
 LARGE = "examples/scenarios/large_1024gpu.yaml"
@@ -176,8 +211,16 @@ def end_to_end(path: str = LARGE) -> dict:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "rlharness", "simulate", os.path.join(ROOT, path), "--out",
-               os.path.join(tmp, "run"), "--quiet"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlharness",
+            "simulate",
+            os.path.join(ROOT, path),
+            "--out",
+            os.path.join(tmp, "run"),
+            "--quiet",
+        ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t0
@@ -190,10 +233,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-large", action="store_true", help="skip the 1024-GPU scenario")
     ap.add_argument("--no-outputs", action="store_true", help="time the runs only, not the writing of their outputs")
-    ap.add_argument("--repeats", type=int, default=_REPEATS,
-                    help=f"runs of a scenario under 0.5 s, best kept (default {_REPEATS})")
-    ap.add_argument("--bare-events", type=int, default=400_000,
-                    help="events of the bare simpy loop (default 400000)")
+    ap.add_argument(
+        "--repeats", type=int, default=_REPEATS, help=f"runs of a scenario under 0.5 s, best kept (default {_REPEATS})"
+    )
+    ap.add_argument("--bare-events", type=int, default=400_000, help="events of the bare simpy loop (default 400000)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--e2e", action="store_true", help=argparse.SUPPRESS)
@@ -210,17 +253,28 @@ def main(argv=None) -> int:
         return 0
     # in a child too: the logging loop's memory would otherwise be inherited by every
     # scenario child forked after it, and counted in their peak RSS
-    out = subprocess.run([sys.executable, __file__, "--bare", "--bare-events", str(args.bare_events)], capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--bare", "--bare-events", str(args.bare_events)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
     bare, per_record_s = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"bare simpy loop: {bare / 1e6:.2f} M events/s; one event-log record costs {per_record_s * 1e6:.2f} µs more\n")
-    print(f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
-          f"{'loop+log':>9} {'records/s':>10} {'sim s/wall s':>12} {'scheduler':>9} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}")
+    print(
+        f"bare simpy loop: {bare / 1e6:.2f} M events/s; one event-log record costs {per_record_s * 1e6:.2f} µs more\n"
+    )
+    print(
+        f"{'scenario':<38} {'end':<7} {'events':>9} {'records':>9} {'wall s':>7} {'events/s':>10} {'x bare':>7} "
+        f"{'loop+log':>9} {'records/s':>10} {'sim s/wall s':>12} {'scheduler':>9} {'RSS MiB':>8} {'outputs s':>9} {'RSS MiB':>8}"
+    )
     figures = {}
     for label, path in SCENARIOS:
         if args.skip_large and path and "1024" in path:
             continue
-        cmd = [sys.executable, __file__, "--child", path or "", "--repeats", str(args.repeats)] + \
-            (["--no-outputs"] if args.no_outputs else [])
+        cmd = [sys.executable, __file__, "--child", path or "", "--repeats", str(args.repeats)] + (
+            ["--no-outputs"] if args.no_outputs else []
+        )
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
             print(f"{label:<38} FAILED: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
@@ -230,9 +284,11 @@ def main(argv=None) -> int:
         ceiling = 1 / (1 / bare + d["records"] / d["events"] * per_record_s)  # loop+log: see the module doc
         outputs = "-" if d["out_wall"] is None else f"{d['out_wall']:.2f}"
         out_rss = "-" if d["out_rss"] is None else f"{d['out_rss'] / 2**20:.0f}"
-        print(f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
-              f"{bare / eps:>6.1f}x {ceiling:>9.0f} {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
-              f"{d['sched_share']:>8.0%} {d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}")
+        print(
+            f"{label:<38} {d['reason']:<7} {d['events']:>9} {d['records']:>9} {d['wall']:>7.2f} {eps:>10.0f} "
+            f"{bare / eps:>6.1f}x {ceiling:>9.0f} {d['records'] / d['wall']:>10.0f} {d['sim'] / d['wall']:>12.0f} "
+            f"{d['sched_share']:>8.0%} {d['rss'] / 2**20:>8.0f} {outputs:>9} {out_rss:>8}"
+        )
         figures[path] = dict(d, eps=eps)
     print_output_costs(figures)
     e2e = None
@@ -242,8 +298,10 @@ def main(argv=None) -> int:
             print(f"\nrlharness simulate {LARGE}: FAILED: {(out.stderr or out.stdout).strip()[-300:]}")
         else:
             e2e = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"\nrlharness simulate {LARGE} --out DIR (every output), end to end: "
-                  f"{e2e['wall']:.1f} s wall, peak RSS {e2e['rss'] / 2**20:.0f} MiB")
+            print(
+                f"\nrlharness simulate {LARGE} --out DIR (every output), end to end: "
+                f"{e2e['wall']:.1f} s wall, peak RSS {e2e['rss'] / 2**20:.0f} MiB"
+            )
     print_targets(figures, bare, e2e)
     return 0
 
@@ -257,8 +315,10 @@ def print_output_costs(figures) -> None:
     for path, d in rows:
         n = d["records"]
         cells = ", ".join(f"{name} {s / n * 1e6:.2f} ({s:.2f})" for name, s in d["out_steps"].items() if s >= 0.0005)
-        print(f"  {os.path.basename(path or 'default')}: {n} records; all outputs {d['out_wall'] / n * 1e6:.2f} µs/record "
-              f"({d['out_wall']:.2f} s); {cells}")
+        print(
+            f"  {os.path.basename(path or 'default')}: {n} records; all outputs {d['out_wall'] / n * 1e6:.2f} µs/record "
+            f"({d['out_wall']:.2f} s); {cells}"
+        )
 
 
 def print_targets(figures, bare, e2e=None) -> None:
@@ -266,14 +326,23 @@ def print_targets(figures, bare, e2e=None) -> None:
     mid, large = figures.get(SCENARIOS[1][1]), figures.get(SCENARIOS[2][1])
     rows = []
     if mid is not None:
-        rows += [("64-GPU time compression >= 10,000x", f"{mid['sim'] / mid['wall']:,.0f}x",
-                  mid["sim"] / mid["wall"] >= 10_000)]
+        rows += [
+            (
+                "64-GPU time compression >= 10,000x",
+                f"{mid['sim'] / mid['wall']:,.0f}x",
+                mid["sim"] / mid["wall"] >= 10_000,
+            )
+        ]
     if large is not None:
-        rows += [("1024-GPU simulation alone < 6 s", f"{large['wall']:.2f} s", large["wall"] < 6),
-                 ("1024-GPU run < 2 GiB RSS", f"{large['rss'] / 2**20:.0f} MiB", large["rss"] < 2 * 2**30)]
+        rows += [
+            ("1024-GPU simulation alone < 6 s", f"{large['wall']:.2f} s", large["wall"] < 6),
+            ("1024-GPU run < 2 GiB RSS", f"{large['rss'] / 2**20:.0f} MiB", large["rss"] < 2 * 2**30),
+        ]
     if e2e is not None:  # the command line with every output
-        rows += [("1024-GPU simulate end to end < 15 s", f"{e2e['wall']:.1f} s", e2e["wall"] < 15),
-                 ("1024-GPU simulate end to end < 1 GiB", f"{e2e['rss'] / 2**20:.0f} MiB", e2e["rss"] < 2**30)]
+        rows += [
+            ("1024-GPU simulate end to end < 15 s", f"{e2e['wall']:.1f} s", e2e["wall"] < 15),
+            ("1024-GPU simulate end to end < 1 GiB", f"{e2e['rss'] / 2**20:.0f} MiB", e2e["rss"] < 2**30),
+        ]
     if rows:
         print("\ntargets:")
         for what, got, met in rows:
@@ -282,8 +351,10 @@ def print_targets(figures, bare, e2e=None) -> None:
     if figures_only:  # no targets: the model's granularity as much as its speed
         print("figures:")
         for label, d in figures_only:
-            print(f"  {label}: {d['eps'] / 1e6:.3f} M simpy events/s, {d['records'] / d['wall'] / 1e6:.3f} M "
-                  f"event-log records per wall second ({bare / d['eps']:.1f}x bare simpy per event)")
+            print(
+                f"  {label}: {d['eps'] / 1e6:.3f} M simpy events/s, {d['records'] / d['wall'] / 1e6:.3f} M "
+                f"event-log records per wall second ({bare / d['eps']:.1f}x bare simpy per event)"
+            )
 
 
 if __name__ == "__main__":

@@ -21,9 +21,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIO = os.path.join(ROOT, "examples", "scenarios", "mixed_64gpu.yaml")
-GRID = ["--set", "costs.wake_s=0.4,0.6,0.8,1.0,1.2,1.4,1.6,1.8",
-        "--set", "costs.bucket_bytes=67108864,134217728,268435456,536870912,1073741824,"
-                 "2147483648,4294967296,8589934592"]
+GRID = [
+    "--set",
+    "costs.wake_s=0.4,0.6,0.8,1.0,1.2,1.4,1.6,1.8",
+    "--set",
+    "costs.bucket_bytes=67108864,134217728,268435456,536870912,1073741824,2147483648,4294967296,8589934592",
+]
 TARGET_S = 60.0
 
 
@@ -45,12 +48,15 @@ def main() -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rlharness-sweep-bench-") as tmp:
         local = _sweep(os.path.join(tmp, "local"), ["--workers", str(args.workers)])
-        print(f"64-variant sweep of mixed_64gpu, figures only, {args.workers} local workers: {local:.1f} s wall "
-              f"({64 / local:.2f} runs/s; load {load:.2f} at the start)")
+        print(
+            f"64-variant sweep of mixed_64gpu, figures only, {args.workers} local workers: {local:.1f} s wall "
+            f"({64 / local:.2f} runs/s; load {load:.2f} at the start)"
+        )
         if not args.no_ray:
             ray = _sweep(os.path.join(tmp, "ray"), ["--ray", "local"])
-            same = filecmp.cmp(os.path.join(tmp, "local", "results.json"), os.path.join(tmp, "ray", "results.json"),
-                               shallow=False)
+            same = filecmp.cmp(
+                os.path.join(tmp, "local", "results.json"), os.path.join(tmp, "ray", "results.json"), shallow=False
+            )
             print(f"same sweep on --ray local: {ray:.1f} s wall; results.json byte-identical: {same}")
     print(f"target: local sweep < {TARGET_S:.0f} s: {local:.1f} s {'met' if local < TARGET_S else 'NOT met'}")
 

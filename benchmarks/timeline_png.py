@@ -64,11 +64,14 @@ def main() -> int:
     print(f"load (1 min) at start: {_load()}, {os.cpu_count()} CPUs")
     figures = {}
     for label, name in SCENARIOS[:1] if args.skip_large else SCENARIOS:
-        sim_s, png_s, sim_cpu, png_cpu, records, size = measure(os.path.join(ROOT, "examples", "scenarios", name),
-                                                                args.repeats, args.keep)
+        sim_s, png_s, sim_cpu, png_cpu, records, size = measure(
+            os.path.join(ROOT, "examples", "scenarios", name), args.repeats, args.keep
+        )
         figures[label] = (sim_s, png_s)
-        print(f"{label:9s} simulation {sim_s:7.3f} s ({sim_cpu:.3f} CPU s)   PNG {png_s:7.3f} s ({png_cpu:.3f} CPU s)   "
-              f"({png_s / sim_s:5.2f}x the simulation; {records:,} records, {size:,} bytes)")
+        print(
+            f"{label:9s} simulation {sim_s:7.3f} s ({sim_cpu:.3f} CPU s)   PNG {png_s:7.3f} s ({png_cpu:.3f} CPU s)   "
+            f"({png_s / sim_s:5.2f}x the simulation; {records:,} records, {size:,} bytes)"
+        )
     sim_s, png_s = figures["64-GPU"]
     print(f"target 64-GPU PNG <= 3x simulation: {'met' if png_s <= 3 * sim_s else 'MISSED'} ({png_s / sim_s:.2f}x)")
     if "1024-GPU" in figures:

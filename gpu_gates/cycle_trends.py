@@ -67,15 +67,26 @@ from gpu_gates.sync.bucket_cache import dtype_name, state_digests  # noqa: E402
 
 SENDER, ENGINE = 0, 1
 #: the records the oracle reads: the trends, the refit's wire, the engine's calls (engine_transition)
-ENGINE_KINDS = ("trend_sample", "engine_required", "effect_start", "effect_end", "rank_state", "engine_tag",
-                "request_dispatch")
+ENGINE_KINDS = (
+    "trend_sample",
+    "engine_required",
+    "effect_start",
+    "effect_end",
+    "rank_state",
+    "engine_tag",
+    "request_dispatch",
+)
 TRAIN_SEED = 2619
 SLOW_STEP_S = 0.02
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget-bytes", type=positive_int, default=16384,
-                        help="refit staging budget (two ping-pong buffers of half each; the embedding is oversized)")
+    parser.add_argument(
+        "--budget-bytes",
+        type=positive_int,
+        default=16384,
+        help="refit staging budget (two ping-pong buffers of half each; the embedding is oversized)",
+    )
     parser.add_argument("--kv-bytes", type=positive_int, default=1 << 20, help="the engine's KV cache size")
     parser.add_argument("--stream-timeout-s", type=float, default=30.0)
 
@@ -129,8 +140,14 @@ def _device_allocated(ctx: GateContext) -> int:
 
 def run_sender(ctx: GateContext, endpoint: str) -> None:
     model = TinyModel(TRAIN_SEED).to(ctx.device)
-    sender = zs.RefitSender(endpoint, peer=f"rank {ENGINE}", timeout_s=ctx.args.stream_timeout_s, device=ctx.device,
-                            emit=ctx.emit, leak_staging=ctx.hooks.get("ipc_staging_leak") is not None)
+    sender = zs.RefitSender(
+        endpoint,
+        peer=f"rank {ENGINE}",
+        timeout_s=ctx.args.stream_timeout_s,
+        device=ctx.device,
+        emit=ctx.emit,
+        leak_staging=ctx.hooks.get("ipc_staging_leak") is not None,
+    )
     base = _device_allocated(ctx)
     try:
         for cycle in range(ctx.args.cycles):
@@ -138,13 +155,17 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
             model.train_step(cycle, TRAIN_SEED)
             named = export(ctx, model)
             manifest = {n: [list(t.shape), dtype_name(t.dtype)] for n, t in named}
-            ctx.put(f"trend/{cycle}/manifest", json.dumps({"manifest": manifest,
-                                                           "digests": state_digests(named)}).encode())
+            ctx.put(
+                f"trend/{cycle}/manifest", json.dumps({"manifest": manifest, "digests": state_digests(named)}).encode()
+            )
             ctx.set_phase(f"cycle {cycle}: refit")
             res = sender.stream(named, ctx.args.budget_bytes, step=cycle)
             sample(ctx, "refit_s/trainer", cycle, res.wall_s)
-            staged = (sum(os.path.getsize(p) for p in leftover_shm(os.getpid())) if ctx.device.type != "cuda"
-                      else _device_allocated(ctx) - base)
+            staged = (
+                sum(os.path.getsize(p) for p in leftover_shm(os.getpid()))
+                if ctx.device.type != "cuda"
+                else _device_allocated(ctx) - base
+            )
             sample(ctx, "ipc_bytes/trainer", cycle, staged)
             ctx.set_phase(f"cycle {cycle}: group")
             cycle_group(ctx, cycle)
@@ -167,8 +188,12 @@ def refit_engine(ctx: GateContext, receiver: zs.RefitReceiver, engine: TinyEngin
 
     receiver.receive(manifest, load, step=cycle, half_bytes=proto.half_buffer_bytes(ctx.args.budget_bytes))
     missing = [n for n in engine.required() if n not in received]
-    ctx.check("refit_complete", not missing, f"cycle {cycle}: the refit finalized without {len(missing)} tensor(s) "
-                                             f"the engine needs: {', '.join(map(repr, missing))}")
+    ctx.check(
+        "refit_complete",
+        not missing,
+        f"cycle {cycle}: the refit finalized without {len(missing)} tensor(s) "
+        f"the engine needs: {', '.join(map(repr, missing))}",
+    )
     mine = state_digests((n, engine.weights[n].cpu()) for n in body["digests"] if n in engine.weights)
     bad = sorted(n for n, d in body["digests"].items() if mine.get(n) != d)
     ctx.check("bit_exact", not bad, f"cycle {cycle}: {len(bad)} tensor(s) differ from the trainer's: {bad}")
@@ -203,10 +228,17 @@ def run_engine(ctx: GateContext, endpoint: str) -> None:
     spec = {n: (tuple(t.shape), dtype_name(t.dtype)) for n, t in spec_model.named_state()}
     spec.update({n: ((), "float32") for n in KV_SCALE_NAMES})
     # the hook resume_kv_asleep runs an engine from before vLLM's guard (#44483): it does not refuse
-    engine = TinyEngine(ctx.device, spec, ctx.args.kv_bytes, keep_kv_on_sleep=ctx.hooks.get("residue_grows") is not None,
-                        emit=ctx.emit, unguarded=ctx.hooks.get("resume_kv_asleep") is not None)
-    receiver = zs.RefitReceiver(endpoint, peer=f"rank {SENDER}", timeout_s=ctx.args.stream_timeout_s,
-                                device=ctx.device, emit=ctx.emit)
+    engine = TinyEngine(
+        ctx.device,
+        spec,
+        ctx.args.kv_bytes,
+        keep_kv_on_sleep=ctx.hooks.get("residue_grows") is not None,
+        emit=ctx.emit,
+        unguarded=ctx.hooks.get("resume_kv_asleep") is not None,
+    )
+    receiver = zs.RefitReceiver(
+        endpoint, peer=f"rank {SENDER}", timeout_s=ctx.args.stream_timeout_s, device=ctx.device, emit=ctx.emit
+    )
     try:
         for cycle in range(ctx.args.cycles):
             engine_cycle(ctx, receiver, engine, cycle)
@@ -229,8 +261,10 @@ def judge_own(ctx: GateContext) -> None:
 
 
 def run(ctx: GateContext) -> None:
-    ctx.data.update(role="trainer (refit producer)" if ctx.rank == SENDER else "engine (refit receiver)",
-                    transport="cuda_ipc" if ctx.device.type == "cuda" else "cpu_shm")
+    ctx.data.update(
+        role="trainer (refit producer)" if ctx.rank == SENDER else "engine (refit receiver)",
+        transport="cuda_ipc" if ctx.device.type == "cuda" else "cpu_shm",
+    )
     t0 = time.monotonic()
     if ctx.rank == SENDER:
         endpoint = f"ipc://{ipc.ipc_dir()}/trend.sock"
@@ -240,8 +274,9 @@ def run(ctx: GateContext) -> None:
         run_engine(ctx, ctx.wait_get("trend/endpoint", "the trainer's endpoint").decode())
     ctx.data["cycles_wall_s"] = time.monotonic() - t0
     judge_own(ctx)
-    ctx.data["records"] = [dict(r) for r in ctx.events.records
-                           if r["kind"].startswith("refit_") or r["kind"] in ENGINE_KINDS]
+    ctx.data["records"] = [
+        dict(r) for r in ctx.events.records if r["kind"].startswith("refit_") or r["kind"] in ENGINE_KINDS
+    ]
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
@@ -249,19 +284,34 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     from harness.logs.invariants import check_log
 
     by_rank = {r["rank"]: r.get("data") or {} for r in results}
-    recs = sorted((rec for d in by_rank.values() for rec in d.get("records", [])),
-                  key=lambda rec: (rec["t"], rec["rank"], rec["_seq"]))
-    violations = check_log([{**rec, "seq": i} for i, rec in enumerate(recs)],
-                           ["cycle_trends", "refit_payload", "refit_wire", "engine_transition",
-                            "engine_stood_down"])
+    recs = sorted(
+        (rec for d in by_rank.values() for rec in d.get("records", [])),
+        key=lambda rec: (rec["t"], rec["rank"], rec["_seq"]),
+    )
+    violations = check_log(
+        [{**rec, "seq": i} for i, rec in enumerate(recs)],
+        ["cycle_trends", "refit_payload", "refit_wire", "engine_transition", "engine_stood_down"],
+    )
     figures = {s: f for d in by_rank.values() for s, f in d.get("trends", {}).items()}
     wall = max((d.get("cycles_wall_s", 0.0) for d in by_rank.values()), default=0.0)
-    return {"cycles": args.cycles, "trends": figures, "cycles_wall_s": wall,
-            "violations": [str(v) for v in violations]}, [f"oracle: {v}" for v in violations[:5]]
+    return {
+        "cycles": args.cycles,
+        "trends": figures,
+        "cycles_wall_s": wall,
+        "violations": [str(v) for v in violations],
+    }, [f"oracle: {v}" for v in violations[:5]]
 
 
-SPEC = GateSpec(name="cycle_trends", description=__doc__.splitlines()[0], default_world=2, default_cycles=20,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="cycle_trends",
+    description=__doc__.splitlines()[0],
+    default_world=2,
+    default_cycles=20,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

@@ -57,12 +57,20 @@ SCHEMA = Schema.of(FieldSpec("input_ids", "per_token", "int64"), FieldSpec("logp
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=positive_int, default=2, help="TP siblings per DP replica (world %% tp == 0)")
     parser.add_argument("--samples", type=positive_int, default=8, help="samples per step")
-    parser.add_argument("--overwrite", choices=["refuse", "upsert"], default=None,
-                        help="refuse (default with --store served): Mooncake's no-upsert rule (-601 on a rewrite); "
-                             "upsert (default and only choice with --store transferqueue): plain TransferQueue")
-    parser.add_argument("--store", choices=["served", "transferqueue"], default="served",
-                        help="served: rank 0 hosts an in-process store; transferqueue: the one gpu_gates/tq_host.py "
-                             "started (ranks attach as TQ clients)")
+    parser.add_argument(
+        "--overwrite",
+        choices=["refuse", "upsert"],
+        default=None,
+        help="refuse (default with --store served): Mooncake's no-upsert rule (-601 on a rewrite); "
+        "upsert (default and only choice with --store transferqueue): plain TransferQueue",
+    )
+    parser.add_argument(
+        "--store",
+        choices=["served", "transferqueue"],
+        default="served",
+        help="served: rank 0 hosts an in-process store; transferqueue: the one gpu_gates/tq_host.py "
+        "started (ranks attach as TQ clients)",
+    )
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -74,11 +82,15 @@ def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
         args.overwrite = "refuse" if args.store == "served" else "upsert"
     if args.store == "transferqueue":
         if args.overwrite == "refuse":
-            return ("--overwrite refuse: needs --store served (TransferQueue has no conditional put, so the "
-                    "no-upsert refusal cannot be made atomic across rank processes)")
+            return (
+                "--overwrite refuse: needs --store served (TransferQueue has no conditional put, so the "
+                "no-upsert refusal cannot be made atomic across rank processes)"
+            )
         if not os.environ.get(CONF_ENV):
-            return (f"--store transferqueue: {CONF_ENV} is not set; run the gate under gpu_gates/tq_host.py, "
-                    "which starts Ray + TransferQueue and names its client config")
+            return (
+                f"--store transferqueue: {CONF_ENV} is not set; run the gate under gpu_gates/tq_host.py, "
+                "which starts Ray + TransferQueue and names its client config"
+            )
     return None
 
 
@@ -135,8 +147,14 @@ def run(ctx: GateContext) -> None:
         ctx.put("store", json.dumps(where).encode())
     where = json.loads(ctx.wait_get("store", "the store address"))
     store = tq if tq is not None else served.connect(tuple(where["address"]), bytes.fromhex(where["authkey"]))
-    worker = GateWorker(DataPlaneClient(store, actor=f"dp{dp}/tp{tp_rank}", role="worker", dp_rank=dp, sink=sink),
-                        dp, tp_rank, groups[dp], dp * tp, tp)
+    worker = GateWorker(
+        DataPlaneClient(store, actor=f"dp{dp}/tp{tp_rank}", role="worker", dp_rank=dp, sink=sink),
+        dp,
+        tp_rank,
+        groups[dp],
+        dp * tp,
+        tp,
+    )
     worker.dp_device = ctx.device
     if ctx.hooks.get("leader_gate_off"):
         worker.leader_gate = False
@@ -155,9 +173,12 @@ def run(ctx: GateContext) -> None:
         ctx.set_phase(f"step {step}: fetch + write back")
         data = {k: v.cpu() for k, v in worker.fetch_presharded(shard, ["input_ids"]).items()}
         rows = [ids.index(s) for s in shard.sample_ids]
-        expect = input_ids[rows][:, :max(shard.sequence_lengths)]
-        ctx.check("broadcast_matches_put", torch.equal(data["input_ids"], expect),
-                  f"step {step}: dp{dp}/tp{tp_rank} received tensors that differ from what the producer put")
+        expect = input_ids[rows][:, : max(shard.sequence_lengths)]
+        ctx.check(
+            "broadcast_matches_put",
+            torch.equal(data["input_ids"], expect),
+            f"step {step}: dp{dp}/tp{tp_rank} received tensors that differ from what the producer put",
+        )
         try:
             worker.write_back_presharded(shard, {"logprobs": logprob_fn(data["input_ids"])})
         except DuplicateWriteError as exc:
@@ -181,35 +202,64 @@ def _verify(ctx, store, step, ids, input_ids, lengths, dp_size, tp) -> None:
     dupes = {s: n for s, n in per_key.items() if n > 1}
     missing = [s for s in ids if s not in per_key]
     writers = sorted({w[0] for w in ledger})
-    ctx.check("one_write_per_sample_field", not dupes and not missing,
-              f"step {step}: " + (f"-601 class: duplicate writes {dict(sorted(dupes.items()))} by {writers}" if dupes
-                                  else f"no write-back for {missing}"))
-    ctx.check("only_leaders_wrote", all(w.endswith("/tp0") for w in writers),
-              f"step {step}: -601 class: non-leader writers among {writers}")
+    ctx.check(
+        "one_write_per_sample_field",
+        not dupes and not missing,
+        f"step {step}: "
+        + (
+            f"-601 class: duplicate writes {dict(sorted(dupes.items()))} by {writers}"
+            if dupes
+            else f"no write-back for {missing}"
+        ),
+    )
+    ctx.check(
+        "only_leaders_wrote",
+        all(w.endswith("/tp0") for w in writers),
+        f"step {step}: -601 class: non-leader writers among {writers}",
+    )
     stored = store.read(PARTITION, ids, ["logprobs"])["logprobs"] if not missing else []
     ok = len(stored) == len(ids) and all(
-        torch.equal(row, logprob_fn(input_ids[i, :lengths[i]])) for i, row in enumerate(stored))
+        torch.equal(row, logprob_fn(input_ids[i, : lengths[i]])) for i, row in enumerate(stored)
+    )
     ctx.check("stored_values", ok, f"step {step}: stored logprobs differ from the leaders' results")
 
 
 def _ledger_summary(store) -> Dict[str, Any]:
     ledger = [w for w in store.write_ledger() if w[3] == "logprobs"]
     per_key = Counter((w[2], w[3]) for w in ledger)
-    return {"writes": len(ledger), "keys": len(per_key), "max_writes_per_key": max(per_key.values(), default=0),
-            "writers": sorted({w[0] for w in ledger})}
+    return {
+        "writes": len(ledger),
+        "keys": len(per_key),
+        "max_writes_per_key": max(per_key.values(), default=0),
+        "writers": sorted({w[0] for w in ledger}),
+    }
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     ledger = next((r["data"].get("ledger") for r in results if r["rank"] == 0), None) or {}
     refused = sum(r["data"].get("refused", 0) for r in results)
-    summary = {"tp": args.tp, "dp": len(results) // args.tp, "store": args.store, "overwrite": args.overwrite,
-               "leader_gate": all(r["data"].get("leader_gate", True) for r in results),
-               "refused_writes": refused, **{f"ledger_{k}": v for k, v in ledger.items()}}
+    summary = {
+        "tp": args.tp,
+        "dp": len(results) // args.tp,
+        "store": args.store,
+        "overwrite": args.overwrite,
+        "leader_gate": all(r["data"].get("leader_gate", True) for r in results),
+        "refused_writes": refused,
+        **{f"ledger_{k}": v for k, v in ledger.items()},
+    }
     return summary, []
 
 
-SPEC = GateSpec(name="dataplane_writeback", description=__doc__.splitlines()[0], default_world=4, default_cycles=2,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="dataplane_writeback",
+    description=__doc__.splitlines()[0],
+    default_world=4,
+    default_cycles=2,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

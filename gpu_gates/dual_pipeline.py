@@ -47,20 +47,41 @@ from gpu_gates.dual.script import HandoverScript  # noqa: E402
 from gpu_gates.dual.worker import WORLD, Worker  # noqa: E402
 from harness.logs.invariants.ordering import resize_walk  # noqa: E402
 
-CHECKS = ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
-          "release_after_publish", "step_order", "cache_lock")
+CHECKS = (
+    "gpu_ownership",
+    "resize_order",
+    "no_readd_in_cycle",
+    "activate_after_sync",
+    "versions",
+    "release_after_publish",
+    "step_order",
+    "cache_lock",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=3, help="training steps per pipeline (>= 3 for the gate)")
     parser.add_argument("--bucket-size-bytes", type=positive_int, default=16384)
-    parser.add_argument("--shrink-drain-timeout-s", type=positive_float, default=30.0,
-                        help="how long a shrink's drain may wait for the aborted requests to leave its ranks "
-                             "(RLix's rebalance_on_shrink, 30 s); past it the run fails")
-    parser.add_argument("--explore", type=_seed, metavar="SEED",
-                        help="sleep small seeded delays before concurrent operations (gpu_gates/dual/explore.py)")
-    parser.add_argument("--explore-max-delay-s", type=positive_float, default=DEFAULT_MAX_DELAY_S, metavar="S",
-                        help=f"with --explore: the bound of one delay (default {DEFAULT_MAX_DELAY_S} s)")
+    parser.add_argument(
+        "--shrink-drain-timeout-s",
+        type=positive_float,
+        default=30.0,
+        help="how long a shrink's drain may wait for the aborted requests to leave its ranks "
+        "(RLix's rebalance_on_shrink, 30 s); past it the run fails",
+    )
+    parser.add_argument(
+        "--explore",
+        type=_seed,
+        metavar="SEED",
+        help="sleep small seeded delays before concurrent operations (gpu_gates/dual/explore.py)",
+    )
+    parser.add_argument(
+        "--explore-max-delay-s",
+        type=positive_float,
+        default=DEFAULT_MAX_DELAY_S,
+        metavar="S",
+        help=f"with --explore: the bound of one delay (default {DEFAULT_MAX_DELAY_S} s)",
+    )
 
 
 def _seed(text: str) -> int:
@@ -85,13 +106,16 @@ def _outputs(ctx: GateContext, records: List[Dict[str, Any]], out: Optional[Dict
         return out
     stem = report[:-5] if report.endswith(".json") else report
     from harness.logs.writer import dumps, write_atomic
+
     write_atomic(stem + ".driver.jsonl", (dumps(r) for r in records))
     out["driver_log"] = stem + ".driver.jsonl"
     try:
         from harness.logs.outputs.perfetto import write_chrome_trace
+
         write_chrome_trace(records, stem + ".trace.json")
         out["perfetto"] = stem + ".trace.json"
         from harness.logs.outputs.timeline import write_timeline_png
+
         write_timeline_png(records, stem + ".timeline.png")
         out["png"] = stem + ".timeline.png"
     except ImportError as exc:  # matplotlib is optional on GPU nodes
@@ -105,7 +129,9 @@ def _order_evidence(records: List[Dict[str, Any]]) -> List[str]:
     lines = []
     for c, m in sorted(resize_walk(records)[1].items()):
         if m.t1 is not None:
-            parts = [f"T1 {m.t1:.3f}s"] + [f"{k.upper()} {t:.3f}s" for k, t in (("t2", m.t2), ("t3", m.t3)) if t is not None]
+            parts = [f"T1 {m.t1:.3f}s"] + [
+                f"{k.upper()} {t:.3f}s" for k, t in (("t2", m.t2), ("t3", m.t3)) if t is not None
+            ]
             lines.append(f"cycle {c}: " + " < ".join(parts))
     return lines
 
@@ -159,12 +185,19 @@ def run(ctx: GateContext) -> None:
     from gpu_gates.dual.driver import Driver
 
     solo = ctx.hooks.get("solo_pipelines") is not None
-    driver = Driver(ctx, steps=ctx.args.steps, bucket_size=ctx.args.bucket_size_bytes,
-                    swap_resize_order=ctx.hooks.get("swap_resize_order") is not None, own_rank_serve=worker.serve,
-                    late_receivers_s=ctx.hooks.seconds("late_receivers", 1.0), late_start_s=ctx.hooks.seconds("late_start", 0.2), solo=solo, script=None if solo else HandoverScript(),
-                    shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s,
-                    explorer=None if ctx.args.explore is None else GateExplorer(ctx.args.explore,
-                                                                                ctx.args.explore_max_delay_s))
+    driver = Driver(
+        ctx,
+        steps=ctx.args.steps,
+        bucket_size=ctx.args.bucket_size_bytes,
+        swap_resize_order=ctx.hooks.get("swap_resize_order") is not None,
+        own_rank_serve=worker.serve,
+        late_receivers_s=ctx.hooks.seconds("late_receivers", 1.0),
+        late_start_s=ctx.hooks.seconds("late_start", 0.2),
+        solo=solo,
+        script=None if solo else HandoverScript(),
+        shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s,
+        explorer=None if ctx.args.explore is None else GateExplorer(ctx.args.explore, ctx.args.explore_max_delay_s),
+    )
 
     def salvage() -> None:
         """The run ended early (timeout, a failed peer): keep the partial driver log and
@@ -179,8 +212,9 @@ def run(ctx: GateContext) -> None:
         # what the run reached first (cheap), then the output files (slow: a PNG): a
         # deadline that finishes this rank meanwhile still reports where things stood
         out: Dict[str, Any] = {}
-        ctx.data.update(driver_activity=dict(driver.activity), records=len(records), steps_done=dict(driver.steps_done),
-                        outputs=out)
+        ctx.data.update(
+            driver_activity=dict(driver.activity), records=len(records), steps_done=dict(driver.steps_done), outputs=out
+        )
         _outputs(ctx, records, out)
 
     ctx.salvage.append(salvage)
@@ -217,28 +251,56 @@ def run(ctx: GateContext) -> None:
         for pid, n in driver.steps_done.items():
             ctx.check("steps_done", n >= ctx.args.steps, f"{pid} finished {n} of {ctx.args.steps} steps")
         exercised = _exercised_cycles(records)
-        ctx.check("shrink_expand_cycle", bool(exercised),
-                  "no scheduler cycle both shrank and expanded ranks: the resize-order check had nothing to check")
+        ctx.check(
+            "shrink_expand_cycle",
+            bool(exercised),
+            "no scheduler cycle both shrank and expanded ranks: the resize-order check had nothing to check",
+        )
         ctx.data["exercised_cycles"] = exercised
     published = {pid: driver.ctxs[pid].versions.published for pid in driver.ctxs}
     ctx.check("no_digest_mismatch", not driver.digest_failures, "; ".join(driver.digest_failures))
-    ctx.data.update(steps_done=driver.steps_done, published=published, cycles=driver.model.state.cycle_counter,
-                    order=_order_evidence(records), records=len(records), outputs=_outputs(ctx, records),
-                    violations=[str(v) for v in violations[:20]], driver_activity=dict(driver.activity))
+    ctx.data.update(
+        steps_done=driver.steps_done,
+        published=published,
+        cycles=driver.model.state.cycle_counter,
+        order=_order_evidence(records),
+        records=len(records),
+        outputs=_outputs(ctx, records),
+        violations=[str(v) for v in violations[:20]],
+        driver_activity=dict(driver.activity),
+    )
     if driver.explorer is not None:
-        ctx.data["explore"] = {"seed": driver.explorer.seed, "delays_slept": sum(map(len, driver.explorer.slept.values()))}
+        ctx.data["explore"] = {
+            "seed": driver.explorer.seed,
+            "delays_slept": sum(map(len, driver.explorer.slept.values())),
+        }
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
     d = next((r.get("data") or {} for r in results if r["rank"] == 0), {})
-    return {"steps_done": d.get("steps_done"), "published_versions": d.get("published"), "cycles": d.get("cycles"),
-            "resize_order": d.get("order", [])[:20], "driver_records": d.get("records"),
-            "outputs": d.get("outputs", {}), "violations": d.get("violations", []),
-            "driver_activity": d.get("driver_activity", {}), **({"explore": d["explore"]} if "explore" in d else {})}, []
+    return {
+        "steps_done": d.get("steps_done"),
+        "published_versions": d.get("published"),
+        "cycles": d.get("cycles"),
+        "resize_order": d.get("order", [])[:20],
+        "driver_records": d.get("records"),
+        "outputs": d.get("outputs", {}),
+        "violations": d.get("violations", []),
+        "driver_activity": d.get("driver_activity", {}),
+        **({"explore": d["explore"]} if "explore" in d else {}),
+    }, []
 
 
-SPEC = GateSpec(name="dual_pipeline", description=__doc__.splitlines()[0], default_world=WORLD, default_cycles=1,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="dual_pipeline",
+    description=__doc__.splitlines()[0],
+    default_world=WORLD,
+    default_cycles=1,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

@@ -44,10 +44,18 @@ MODES = ("megatron", "full")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["megatron", "full", "both"], default="both")
     parser.add_argument("--tp", type=positive_int, default=2, help="tensor-parallel size (world %% tp == 0)")
-    parser.add_argument("--builder", choices=["auto", "megatron", "torch"], default="auto",
-                        help="group builder for full mode (auto: megatron-core when importable)")
-    parser.add_argument("--fake-weights-mib", type=positive_int, default=None,
-                        help="fake weights per rank (default 256 on GPU, 8 on CPU)")
+    parser.add_argument(
+        "--builder",
+        choices=["auto", "megatron", "torch"],
+        default="auto",
+        help="group builder for full mode (auto: megatron-core when importable)",
+    )
+    parser.add_argument(
+        "--fake-weights-mib",
+        type=positive_int,
+        default=None,
+        help="fake weights per rank (default 256 on GPU, 8 on CPU)",
+    )
     parser.add_argument("--min-release-fraction", type=float, default=0.9)
     parser.add_argument("--max-residue-growth-mib", type=float, default=1.0)
 
@@ -64,8 +72,11 @@ def _all_reduce_check(ctx: GateContext, group: Any, ranks: List[int], label: str
     value = torch.tensor([float(ctx.rank + 1)], device=ctx.device)
     dist.all_reduce(value, group=group)
     expected = float(sum(r + 1 for r in ranks))
-    ok = ctx.check(f"allreduce_{label}", value.item() == expected,
-                   f"{cycle_tag}: {label} all-reduce over {ranks} gave {value.item()}, expected {expected}")
+    ok = ctx.check(
+        f"allreduce_{label}",
+        value.item() == expected,
+        f"{cycle_tag}: {label} all-reduce over {ranks} gave {value.item()}, expected {expected}",
+    )
     ctx.emit("allreduce_check", group=label, members=ranks, ok=ok)
     return ok
 
@@ -74,8 +85,11 @@ def _stale_probe(ctx: GateContext, built: mp_groups.BuiltGroups, cycle_tag: str)
     """Is the old TP handle still usable after teardown?"""
     label = f"TP group {built.tp_ranks}"
     registered = pg_registry.is_registered(built.tp)
-    ctx.check("stale_handle_unregistered", not registered,
-              f"{cycle_tag}: {label} is still registered after teardown (its communicator is alive)")
+    ctx.check(
+        "stale_handle_unregistered",
+        not registered,
+        f"{cycle_tag}: {label} is still registered after teardown (its communicator is alive)",
+    )
     probe: Dict[str, Any] = {"registered": registered}
     if ctx.backend == "nccl":
         try:
@@ -101,8 +115,11 @@ def _teardown(ctx: GateContext, mode: str, built: mp_groups.BuiltGroups, megatro
     hook = ctx.hooks.get("leak_group")
     if hook is not None:  # test hook: "forget" one group so the gate must name it
         want = hook.arg or mp_groups.DP_DESC
-        keep = pg_registry.info_of(built.dp) if want == mp_groups.DP_DESC else next(
-            (i for i in built.created.values() if i.desc == want), None)
+        keep = (
+            pg_registry.info_of(built.dp)
+            if want == mp_groups.DP_DESC
+            else next((i for i in built.created.values() if i.desc == want), None)
+        )
     return mp_groups.destroy_created(built, keep=keep)
 
 
@@ -113,14 +130,26 @@ def _memory_checks(ctx: GateContext, cycle: int, pre, peak, post, mode_start, pr
     released = peak["used"] - post["used"]
     fraction = released / added if added > 0 else 1.0
     residue = post["used"] - mode_start["used"]
-    ctx.check("memory_released", fraction >= ctx.args.min_release_fraction,
-              f"{tag}: released {released / MIB:.1f} of {added / MIB:.1f} MiB ({fraction:.1%})")
+    ctx.check(
+        "memory_released",
+        fraction >= ctx.args.min_release_fraction,
+        f"{tag}: released {released / MIB:.1f} of {added / MIB:.1f} MiB ({fraction:.1%})",
+    )
     if prev_residue is not None:
         growth = residue - prev_residue
-        ctx.check("residue_stable", growth <= ctx.args.max_residue_growth_mib * MIB,
-                  f"{tag}: residue grew {growth / MIB:.2f} MiB since the previous cycle")
-    return {"added_bytes": added, "released_bytes": released, "released_fraction": round(fraction, 4),
-            "residue_bytes": residue, "allocated": post.get("allocated"), "reserved": post.get("reserved")}, residue
+        ctx.check(
+            "residue_stable",
+            growth <= ctx.args.max_residue_growth_mib * MIB,
+            f"{tag}: residue grew {growth / MIB:.2f} MiB since the previous cycle",
+        )
+    return {
+        "added_bytes": added,
+        "released_bytes": released,
+        "released_fraction": round(fraction, 4),
+        "residue_bytes": residue,
+        "allocated": post.get("allocated"),
+        "reserved": post.get("reserved"),
+    }, residue
 
 
 def run_cycle(ctx: GateContext, mode: str, cycle: int, builder: str, megatron: Any, mode_start, prev_residue):
@@ -153,8 +182,11 @@ def run_cycle(ctx: GateContext, mode: str, cycle: int, builder: str, megatron: A
     ctx.set_phase(f"{tag}: verify")
     after = pg_registry.live_groups()
     survived = [info.label() for name, info in sorted(after.items()) if name not in baseline]
-    ctx.check("groups_released", not survived,
-              f"{tag}: {len(survived)} process group(s) survived teardown: {', '.join(survived)}")
+    ctx.check(
+        "groups_released",
+        not survived,
+        f"{tag}: {len(survived)} process group(s) survived teardown: {', '.join(survived)}",
+    )
     probe = _stale_probe(ctx, built, tag)
     del built
     gc.collect()
@@ -163,8 +195,15 @@ def run_cycle(ctx: GateContext, mode: str, cycle: int, builder: str, megatron: A
     memory, residue = _memory_checks(ctx, cycle, pre, peak, post, mode_start, prev_residue, tag)
     dist.barrier()
     ctx.emit("cycle_end", cycle=cycle, mode=mode, survived=len(survived))
-    return {"cycle": cycle, "created": created, "destroyed": len(destroyed), "allreduce_ok": allreduce_ok,
-            "survived": survived, "stale_probe": probe, "memory": memory}, residue
+    return {
+        "cycle": cycle,
+        "created": created,
+        "destroyed": len(destroyed),
+        "allreduce_ok": allreduce_ok,
+        "survived": survived,
+        "stale_probe": probe,
+        "memory": memory,
+    }, residue
 
 
 def run_mode(ctx: GateContext, mode: str, entry: Dict[str, Any]) -> None:
@@ -191,9 +230,11 @@ def run_mode(ctx: GateContext, mode: str, entry: Dict[str, Any]) -> None:
     ctx.set_phase(f"mode {mode}: clean-up")
     leftovers = mp_groups.destroy_leftovers(mode_baseline)
     dist.barrier()
-    entry.update(status="failed" if len(ctx.failures) > failures_before else "passed",
-                 cleanup_destroyed=len(leftovers),
-                 reinit_ok=all(c["allreduce_ok"] for c in cycles[1:]) if len(cycles) > 1 else None)
+    entry.update(
+        status="failed" if len(ctx.failures) > failures_before else "passed",
+        cleanup_destroyed=len(leftovers),
+        reinit_ok=all(c["allreduce_ok"] for c in cycles[1:]) if len(cycles) > 1 else None,
+    )
 
 
 def run(ctx: GateContext) -> None:
@@ -212,8 +253,15 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     for result in results:
         rank = str(result["rank"])
         for mode, info in (result.get("data") or {}).get("modes", {}).items():
-            entry = modes.setdefault(mode, {"status": info["status"], "reason": info.get("reason"),
-                                            "survived": set(), "survived_count_by_rank": {}})
+            entry = modes.setdefault(
+                mode,
+                {
+                    "status": info["status"],
+                    "reason": info.get("reason"),
+                    "survived": set(),
+                    "survived_count_by_rank": {},
+                },
+            )
             if info["status"] == "failed" or (info["status"] == "incomplete" and entry["status"] != "failed"):
                 entry["status"] = info["status"]
             for key in ("builder", "megatron_core"):
@@ -231,8 +279,10 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
         entry["survived"] = sorted(entry["survived"])
         if entry["status"] == "failed" and entry["survived"]:
             total = sum(entry["survived_count_by_rank"].values())
-            entry["verdict"] = (f"teardown left {total} group registration(s) alive across ranks "
-                                f"({len(entry['survived'])} kinds: {', '.join(entry['survived'])})")
+            entry["verdict"] = (
+                f"teardown left {total} group registration(s) alive across ranks "
+                f"({len(entry['survived'])} kinds: {', '.join(entry['survived'])})"
+            )
         elif entry["status"] == "passed":
             entry["verdict"] = "all groups destroyed, stale handle unusable, re-init works"
         elif entry["status"] == "incomplete":
@@ -242,8 +292,16 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     return {"modes": modes}, []
 
 
-SPEC = GateSpec(name="nccl_teardown", description=__doc__.splitlines()[0], default_world=2, default_cycles=5,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="nccl_teardown",
+    description=__doc__.splitlines()[0],
+    default_world=2,
+    default_cycles=5,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

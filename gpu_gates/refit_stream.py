@@ -50,11 +50,13 @@ TRAIN_SEED = 4321
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget-bytes", type=positive_int, default=16384,
-                        help="staging budget (two ping-pong buffers of half each)")
+    parser.add_argument(
+        "--budget-bytes", type=positive_int, default=16384, help="staging budget (two ping-pong buffers of half each)"
+    )
     parser.add_argument("--width", type=positive_int, default=64, help="model width (64: ~60 KiB of state)")
-    parser.add_argument("--stream-timeout-s", type=positive_float, default=30.0,
-                        help="socket send/receive timeout of the stream")
+    parser.add_argument(
+        "--stream-timeout-s", type=positive_float, default=30.0, help="socket send/receive timeout of the stream"
+    )
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -76,8 +78,9 @@ def _wire_records(ctx: GateContext) -> List[Dict[str, Any]]:
 
 def run_sender(ctx: GateContext, endpoint: str) -> None:
     model = TinyModel(TRAIN_SEED, width=ctx.args.width)
-    sender = zs.RefitSender(endpoint, peer=f"rank {RECEIVER}", timeout_s=ctx.args.stream_timeout_s,
-                            device=ctx.device, emit=ctx.emit)
+    sender = zs.RefitSender(
+        endpoint, peer=f"rank {RECEIVER}", timeout_s=ctx.args.stream_timeout_s, device=ctx.device, emit=ctx.emit
+    )
     # No emergency salvage closes the socket: the finish runs on the watchdog or SIGTERM
     # thread while this one may be blocked in the socket, and libzmq aborts the process
     # when a socket is closed under another thread's call ("Assertion failed: pfd.revents
@@ -102,12 +105,29 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
             ctx.hook("stream")
             ctx.hook(f"stream_cycle{cycle}")  # e.g. kill@stream_cycle1:0: the pooled staging buffers exist by then
             res = sender.stream(named, ctx.args.budget_bytes, step=cycle)
-            ctx.data["cycles"].append({
-                "cycle": cycle, "groups": res.groups, "bytes": res.bytes, "wall_s": res.wall_s,
-                "staging_s": res.staging_s, "complete_s": res.complete_s,
-                "groups_detail": [{"group": t.group, "buffer": str(t.buffer), "bytes": t.bytes, "tensors": t.tensors,
-                                   "pack_s": t.pack_s, "send_s": t.send_s, "ack_wait_s": t.ack_wait_s,
-                                   "pack_interval": list(t.pack_interval)} for t in res.timings]})
+            ctx.data["cycles"].append(
+                {
+                    "cycle": cycle,
+                    "groups": res.groups,
+                    "bytes": res.bytes,
+                    "wall_s": res.wall_s,
+                    "staging_s": res.staging_s,
+                    "complete_s": res.complete_s,
+                    "groups_detail": [
+                        {
+                            "group": t.group,
+                            "buffer": str(t.buffer),
+                            "bytes": t.bytes,
+                            "tensors": t.tensors,
+                            "pack_s": t.pack_s,
+                            "send_s": t.send_s,
+                            "ack_wait_s": t.ack_wait_s,
+                            "pack_interval": list(t.pack_interval),
+                        }
+                        for t in res.timings
+                    ],
+                }
+            )
             ctx.emit("cycle_end", cycle=cycle)
     finally:
         sender.close()
@@ -117,8 +137,9 @@ def run_sender(ctx: GateContext, endpoint: str) -> None:
 
 
 def run_receiver(ctx: GateContext, endpoint: str) -> None:
-    receiver = zs.RefitReceiver(endpoint, peer=f"rank {SENDER}", timeout_s=ctx.args.stream_timeout_s,
-                                device=ctx.device, emit=ctx.emit)  # no salvage: see run_sender
+    receiver = zs.RefitReceiver(
+        endpoint, peer=f"rank {SENDER}", timeout_s=ctx.args.stream_timeout_s, device=ctx.device, emit=ctx.emit
+    )  # no salvage: see run_sender
     weights: Dict[str, torch.Tensor] = {}
     try:
         for cycle in range(ctx.args.cycles):
@@ -135,24 +156,41 @@ def run_receiver(ctx: GateContext, endpoint: str) -> None:
                 weights[slot.name].copy_(view)
 
             ctx.set_phase(f"cycle {cycle}: receive")
-            res = receiver.receive(manifest, load, step=cycle, half_bytes=proto.half_buffer_bytes(ctx.args.budget_bytes),
-                                   finalize=finalized.append)
+            res = receiver.receive(
+                manifest,
+                load,
+                step=cycle,
+                half_bytes=proto.half_buffer_bytes(ctx.args.budget_bytes),
+                finalize=finalized.append,
+            )
             mine = state_digests((n, t.cpu()) for n, t in weights.items() if n in manifest)
             bad = sorted(n for n, d in body["digests"].items() if mine.get(n) != d)
             described = ", ".join(f"{n!r} ({manifest[n][1]}{list(manifest[n][0])})" for n in bad)
-            ctx.check("bit_exact", not bad, f"cycle {cycle}: {len(bad)} tensor(s) differ from the trainer's: {described}")
+            ctx.check(
+                "bit_exact", not bad, f"cycle {cycle}: {len(bad)} tensor(s) differ from the trainer's: {described}"
+            )
             ctx.check("finalized_once", finalized == [res.groups], f"cycle {cycle}: finalize calls {finalized}")
             ctx.emit("digest_check", version=cycle, ok=not bad, mismatches=len(bad), target=True)
-            ctx.data["cycles"].append({"cycle": cycle, "groups": res.groups, "bytes": res.bytes, "load_s": res.load_s,
-                                       "load_intervals": [list(x) for x in res.load_intervals]})
+            ctx.data["cycles"].append(
+                {
+                    "cycle": cycle,
+                    "groups": res.groups,
+                    "bytes": res.bytes,
+                    "load_s": res.load_s,
+                    "load_intervals": [list(x) for x in res.load_intervals],
+                }
+            )
     finally:
         receiver.close()
         ctx.data["wire"] = _wire_records(ctx)
 
 
 def run(ctx: GateContext) -> None:
-    ctx.data.update(role="trainer (sender)" if ctx.rank == SENDER else "inference (receiver)", cycles=[],
-                    transport="cuda_ipc" if ctx.device.type == "cuda" else "cpu_shm")
+    ctx.data.update(
+        role="trainer (sender)" if ctx.rank == SENDER else "inference (receiver)",
+        cycles=[],
+        transport="cuda_ipc" if ctx.device.type == "cuda" else "cpu_shm",
+    )
     if ctx.rank == SENDER:
         endpoint = f"ipc://{ipc.ipc_dir()}/refit.sock"  # the run's private folder (see ipc.gate_folders)
         ctx.put("refit/endpoint", endpoint.encode())
@@ -171,26 +209,49 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     for s in sent:
         r = next((x for x in received if x["cycle"] == s["cycle"]), None)
         loads = r["load_s"] if r else []
-        overlap = zs.overlap_seconds([tuple(g["pack_interval"]) for g in s["groups_detail"]],
-                                     [tuple(x) for x in r["load_intervals"]]) if r else 0.0
-        groups = [{**{k: v for k, v in g.items() if k != "pack_interval"},
-                   "load_s": loads[i] if i < len(loads) else None} for i, g in enumerate(s["groups_detail"])]
+        overlap = (
+            zs.overlap_seconds(
+                [tuple(g["pack_interval"]) for g in s["groups_detail"]], [tuple(x) for x in r["load_intervals"]]
+            )
+            if r
+            else 0.0
+        )
+        groups = [
+            {**{k: v for k, v in g.items() if k != "pack_interval"}, "load_s": loads[i] if i < len(loads) else None}
+            for i, g in enumerate(s["groups_detail"])
+        ]
         cycles[f"cycle {s['cycle']}"] = {
-            "groups": s["groups"], "bytes": s["bytes"], "wall_s": s["wall_s"],
+            "groups": s["groups"],
+            "bytes": s["bytes"],
+            "wall_s": s["wall_s"],
             "bytes_per_s": s["bytes"] / s["wall_s"] if s["wall_s"] > 0 else None,
-            "overlap_s": overlap, "overlap_share_of_load": overlap / sum(loads) if sum(loads) > 0 else 0.0,
-            "per_group": groups}
+            "overlap_s": overlap,
+            "overlap_share_of_load": overlap / sum(loads) if sum(loads) > 0 else 0.0,
+            "per_group": groups,
+        }
     wire = [rec for d in by_rank.values() for rec in d.get("wire", [])]
     wire.sort(key=lambda rec: (rec["t"], rec["rank"], rec["_seq"]))
     violations = check_log([{**rec, "seq": i} for i, rec in enumerate(wire)], ["refit_wire"])
     extra = [f"invariant refit_wire: {v}" for v in violations[:5]]
-    return {"cycles": cycles, "wire_records": len(wire), "refit_wire_violations": len(violations),
-            "transport": sorted({d.get("transport") for d in by_rank.values() if d.get("transport")}),
-            "budget_bytes": args.budget_bytes}, extra
+    return {
+        "cycles": cycles,
+        "wire_records": len(wire),
+        "refit_wire_violations": len(violations),
+        "transport": sorted({d.get("transport") for d in by_rank.values() if d.get("transport")}),
+        "budget_bytes": args.budget_bytes,
+    }, extra
 
 
-SPEC = GateSpec(name="refit_stream", description=__doc__.splitlines()[0], default_world=2, default_cycles=3,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="refit_stream",
+    description=__doc__.splitlines()[0],
+    default_world=2,
+    default_cycles=3,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

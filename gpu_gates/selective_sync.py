@@ -60,10 +60,18 @@ def _rank_list(text: str) -> List[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bucket-size-bytes", type=positive_int, default=16384,
-                        help="explicit bucket size (the cache has no default on purpose)")
-    parser.add_argument("--colocated-ranks", type=_rank_list, default=[2],
-                        help="receiver ranks declared on the owner's device -> IPC path ('' for none)")
+    parser.add_argument(
+        "--bucket-size-bytes",
+        type=positive_int,
+        default=16384,
+        help="explicit bucket size (the cache has no default on purpose)",
+    )
+    parser.add_argument(
+        "--colocated-ranks",
+        type=_rank_list,
+        default=[2],
+        help="receiver ranks declared on the owner's device -> IPC path ('' for none)",
+    )
     parser.add_argument("--max-vram-growth-mib", type=float, default=64.0)
 
 
@@ -118,24 +126,41 @@ def owner_build(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
         unchanged = [n for n, d in digests.items() if st.prev_digests.get(n) == d]
         ctx.check("weights_changed", not unchanged, f"cycle {cycle}: train step left {unchanged} unchanged")
     st.prev_digests = digests
-    ctx.check("cache_holds_at_most_two_versions", len(st.cache.versions_held()) <= 2,
-              f"cycle {cycle}: cache holds versions {st.cache.versions_held()}")
-    manifest = {"version": cycle, "buckets": [b.metadata() for b in buckets], "digests": digests,
-                "bucket_of": {n: i for i, b in enumerate(buckets) for n in b.param_names}}
+    ctx.check(
+        "cache_holds_at_most_two_versions",
+        len(st.cache.versions_held()) <= 2,
+        f"cycle {cycle}: cache holds versions {st.cache.versions_held()}",
+    )
+    manifest = {
+        "version": cycle,
+        "buckets": [b.metadata() for b in buckets],
+        "digests": digests,
+        "bucket_of": {n: i for i, b in enumerate(buckets) for n in b.param_names},
+    }
     ctx.put(f"sync{cycle}/manifest", json.dumps(manifest).encode())
     return manifest
 
 
 def _link(ctx: GateContext, cycle: int, receivers: List[int]) -> SyncLink:
-    return SyncLink(f"selective_sync_c{cycle}", f"sync{cycle}", OWNER, {r - FIRST_RECEIVER: r for r in receivers},
-                    ctx.args.bucket_size_bytes)
+    return SyncLink(
+        f"selective_sync_c{cycle}",
+        f"sync{cycle}",
+        OWNER,
+        {r - FIRST_RECEIVER: r for r in receivers},
+        ctx.args.bucket_size_bytes,
+    )
 
 
 def _subset_check(ctx: GateContext, cycle: int):
     """Every member checks the group it joined: a proper subset of the world."""
+
     def check(members: List[int]) -> None:
-        ctx.check("sync_group_proper_subset", len(members) < ctx.world_size,
-                  f"cycle {cycle}: sync group {members} is the whole world")
+        ctx.check(
+            "sync_group_proper_subset",
+            len(members) < ctx.world_size,
+            f"cycle {cycle}: sync group {members} is the whole world",
+        )
+
     return check
 
 
@@ -147,8 +172,14 @@ def owner_send(ctx: GateContext, st: SyncState, cycle: int, plan: SyncPlan, link
         damaged = min(int(corrupt.arg) if corrupt.arg else 1, len(plan.bucket_bytes) - 1)
     world_group = ctx.hooks.get("world_sync_group") is not None  # test hook: the bug the subset check must catch
 
-    handlers = OwnerSync(ctx, st.cache, link, damage_bucket=damaged, on_group=_subset_check(ctx, cycle),
-                         group_members=(lambda m: list(range(ctx.world_size))) if world_group else None)
+    handlers = OwnerSync(
+        ctx,
+        st.cache,
+        link,
+        damage_bucket=damaged,
+        on_group=_subset_check(ctx, cycle),
+        group_members=(lambda m: list(range(ctx.world_size))) if world_group else None,
+    )
     ctx.set_phase(f"cycle {cycle}: selective sync")
     sent = run_owner(ctx, handlers, plan)
     leftovers = leftover_shm(os.getpid())
@@ -161,8 +192,11 @@ def compare_digests(ctx: GateContext, cycle: int, mine: Dict[str, str], manifest
     bad = sorted(n for n in expected if mine.get(n) != expected[n])
     dtypes = {n: dt for b in manifest["buckets"] for n, dt in zip(b["param_names"], b["dtypes"])}
     named = ", ".join(f"{n!r} (bucket {manifest['bucket_of'][n]}, {dtypes[n]})" for n in bad)
-    ok = ctx.check(what, not bad, f"cycle {cycle}: {len(bad)} tensor(s) differ from the owner's version "
-                                  f"{manifest['version']}: {named}")
+    ok = ctx.check(
+        what,
+        not bad,
+        f"cycle {cycle}: {len(bad)} tensor(s) differ from the owner's version {manifest['version']}: {named}",
+    )
     ctx.emit("digest_check", version=manifest["version"], ok=ok, mismatches=len(bad), target=what == "bit_exact")
     return ok
 
@@ -189,8 +223,14 @@ def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
     members = list(range(ctx.world_size)) if ctx.hooks.get("world_sync_group") is not None else [OWNER] + bcast_ranks
     if ctx.rank == OWNER:
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))
-        plan = plan_sync(cycle, [b["used_bytes"] for b in manifest["buckets"]], comm.ipc, comm.broadcast,
-                         link.sync_id, [OWNER] + bcast_ranks)
+        plan = plan_sync(
+            cycle,
+            [b["used_bytes"] for b in manifest["buckets"]],
+            comm.ipc,
+            comm.broadcast,
+            link.sync_id,
+            [OWNER] + bcast_ranks,
+        )
         info.update(owner_send(ctx, st, cycle, plan, link))
     elif ctx.rank in targets or (comm.needs_group and ctx.rank in members):
         manifest = json.loads(ctx.wait_get(f"sync{cycle}/manifest", "the cache manifest"))
@@ -205,11 +245,15 @@ def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
             st.held_version = cycle
     else:
         changed = sorted(n for n, d in st.digests().items() if before.get(n) != d)
-        ctx.check("non_target_untouched", not changed,
-                  f"cycle {cycle}: rank {ctx.rank} was not a target but {changed} changed")
+        ctx.check(
+            "non_target_untouched",
+            not changed,
+            f"cycle {cycle}: rank {ctx.rank} was not a target but {changed} changed",
+        )
     survivors = [i.label() for n, i in sorted(pg_registry.live_groups().items()) if n not in baseline]
-    ctx.check("no_group_survives", not survivors,
-              f"cycle {cycle}: process group(s) survived the sync: {', '.join(survivors)}")
+    ctx.check(
+        "no_group_survives", not survivors, f"cycle {cycle}: process group(s) survived the sync: {', '.join(survivors)}"
+    )
     info["memory"] = ctx.sample_memory(f"cycle {cycle} end")
     info.update(held_version=st.held_version, ok=len(ctx.failures) == failures_before)
     dist.barrier()
@@ -219,8 +263,12 @@ def run_cycle(ctx: GateContext, st: SyncState, cycle: int) -> Dict[str, Any]:
 
 def run(ctx: GateContext) -> None:
     st = SyncState(ctx)
-    ctx.data.update(role=("owner" if ctx.rank == OWNER else "trainer" if ctx.rank == TRAINER else "receiver"),
-                    transport=st.transport, device=str(device_of(ctx, ctx.rank)), cycles=[])
+    ctx.data.update(
+        role=("owner" if ctx.rank == OWNER else "trainer" if ctx.rank == TRAINER else "receiver"),
+        transport=st.transport,
+        device=str(device_of(ctx, ctx.rank)),
+        cycles=[],
+    )
     for cycle in range(ctx.args.cycles):
         ctx.data["cycles"].append(run_cycle(ctx, st, cycle))
     if ctx.device.type == "cuda" and len(ctx.data["cycles"]) > 1:
@@ -228,8 +276,11 @@ def run(ctx: GateContext) -> None:
         shared = ctx.env.local_world_size > torch.cuda.device_count()  # ranks share a GPU (--device cuda)
         (a, what), (b, _) = own_device_bytes(first, shared), own_device_bytes(last, shared)
         growth = (b - a) if a is not None and b is not None else 0
-        ctx.check("vram_growth_bounded", growth <= ctx.args.max_vram_growth_mib * MIB,
-                  f"{what} grew {growth / MIB:.1f} MiB from cycle 0 to cycle {len(ctx.data['cycles']) - 1}")
+        ctx.check(
+            "vram_growth_bounded",
+            growth <= ctx.args.max_vram_growth_mib * MIB,
+            f"{what} grew {growth / MIB:.1f} MiB from cycle 0 to cycle {len(ctx.data['cycles']) - 1}",
+        )
 
 
 def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
@@ -243,18 +294,32 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
         non_targets = [r for r in sorted(by_rank) if r >= FIRST_RECEIVER and r not in info["targets"]]
         cycles[f"cycle {c}"] = {
             "status": "failed" if bad_ranks else "passed",
-            "verdict": (f"targets {info['targets']} (ipc {info['ipc_ranks']}, broadcast {info['broadcast_ranks']}), "
-                        f"{info.get('buckets')} buckets / {info.get('bytes')} B, non-targets {non_targets}; "
-                        f"ok on ranks {ok_ranks}" + (f", FAILED on ranks {bad_ranks}" if bad_ranks else "")),
-            "targets": info["targets"], "ipc_ranks": info["ipc_ranks"], "broadcast_ranks": info["broadcast_ranks"],
-            "buckets": info.get("buckets"), "bytes": info.get("bytes"), "failed_ranks": bad_ranks,
+            "verdict": (
+                f"targets {info['targets']} (ipc {info['ipc_ranks']}, broadcast {info['broadcast_ranks']}), "
+                f"{info.get('buckets')} buckets / {info.get('bytes')} B, non-targets {non_targets}; "
+                f"ok on ranks {ok_ranks}" + (f", FAILED on ranks {bad_ranks}" if bad_ranks else "")
+            ),
+            "targets": info["targets"],
+            "ipc_ranks": info["ipc_ranks"],
+            "broadcast_ranks": info["broadcast_ranks"],
+            "buckets": info.get("buckets"),
+            "bytes": info.get("bytes"),
+            "failed_ranks": bad_ranks,
         }
     transports = sorted({d.get("transport") for d in by_rank.values() if d.get("transport")})
     return {"cycles": cycles, "ipc_transport": transports, "bucket_size_bytes": args.bucket_size_bytes}, []
 
 
-SPEC = GateSpec(name="selective_sync", description=__doc__.splitlines()[0], default_world=4, default_cycles=3,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="selective_sync",
+    description=__doc__.splitlines()[0],
+    default_world=4,
+    default_cycles=3,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

@@ -76,8 +76,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         # worker_niceness 0: TransferQueue's actors serve the command's ranks, so they must
         # not run at Ray's default nice 15 (starved beside busy ranks: docs/gates.md)
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
-                 namespace="rlharness-tq-host", configure_logging=False, _system_config={"worker_niceness": 0})
+        ray.init(
+            num_cpus=args.num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace="rlharness-tq-host",
+            configure_logging=False,
+            _system_config={"worker_niceness": 0},
+        )
         try:
             store = TransferQueueStore.start(num_storage_units=1, timeout_s=args.startup_timeout)
         except Exception as exc:  # one line, not a traceback: the gate never ran

@@ -57,7 +57,12 @@ import torch.distributed as dist  # noqa: E402
 from gpu_gates.streaming.parity_reference import ReferenceStep  # noqa: E402
 from gpu_gates.runtime.gate import GateContext, GateSpec, positive_int, run_gate  # noqa: E402
 from gpu_gates.streaming.split_trainer import (  # noqa: E402
-    Batch, SplitTrainer, TinyPolicy, combine_leader_metrics, loss_sum_and_counts, make_batch,
+    Batch,
+    SplitTrainer,
+    TinyPolicy,
+    combine_leader_metrics,
+    loss_sum_and_counts,
+    make_batch,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -71,8 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generations", type=positive_int, default=2, help="sequences per prompt group")
     parser.add_argument("--seq-len", type=positive_int, default=12)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--chunks", type=positive_int, default=1,
-                        help="chunks per step on each rank, with a log-prob pass on the next chunk between them")
+    parser.add_argument(
+        "--chunks",
+        type=positive_int,
+        default=1,
+        help="chunks per step on each rank, with a log-prob pass on the next chunk between them",
+    )
 
 
 def check_world(args: argparse.Namespace, world: int) -> Optional[str]:
@@ -91,8 +100,9 @@ class WrongNormalizer(SplitTrainer):
 def maskless_loss_sum_and_counts(model, batch: Batch, loss_type: str):
     """Fault: the loss sum of ``split_trainer.loss_sum_and_counts`` with the mask dropped
     (padding positions count as valid tokens), the counts still right."""
-    total, _, _ = loss_sum_and_counts(model, Batch(batch.tokens, batch.targets, torch.ones_like(batch.mask),
-                                                   batch.advantages), loss_type)
+    total, _, _ = loss_sum_and_counts(
+        model, Batch(batch.tokens, batch.targets, torch.ones_like(batch.mask), batch.advantages), loss_type
+    )
     mask = batch.mask.float()
     return total, mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype)
 
@@ -176,13 +186,22 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         starts = set(bounds[1:-1].tolist())
         for i, g in enumerate(mine):
             if i in starts:  # a new chunk: its log-probs are computed while the step is open
-                trainer.compute_logprobs(_to(Batch.cat([groups[h] for h in mine[i:bounds[bounds > i][0]]]), ctx.device))
+                trainer.compute_logprobs(
+                    _to(Batch.cat([groups[h] for h in mine[i : bounds[bounds > i][0]]]), ctx.device)
+                )
             trainer.train_microbatch(_to(groups[g], ctx.device))
             gid = step * args.groups_per_step + g  # a group id is never reused
-            ctx.emit("trainer_step", pipeline_id=pid, action="microbatch", step=step, version=trainer.version, groups=[gid])
+            ctx.emit(
+                "trainer_step", pipeline_id=pid, action="microbatch", step=step, version=trainer.version, groups=[gid]
+            )
             # clear_samples: the trained group's data is dropped, once, inside its step
-            clear = {"pipeline_id": pid, "effect": "ClearSamples", "args": {"step": step, "groups": [gid]},
-                     "scope": "step", "step": step}
+            clear = {
+                "pipeline_id": pid,
+                "effect": "ClearSamples",
+                "args": {"step": step, "groups": [gid]},
+                "scope": "step",
+                "step": step,
+            }
             ctx.emit("effect_start", **clear)
             groups[g] = None
             ctx.emit("effect_end", **clear)
@@ -190,8 +209,15 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         digests = [torch.zeros_like(local) for _ in range(world)]
         dist.all_gather(digests, local)
         result, metrics = trainer.finish_train_step()
-        ctx.emit("trainer_step", pipeline_id=pid, action="finish", step=step, version=trainer.version,
-                 applied=result.applied, microbatches=result.microbatches)
+        ctx.emit(
+            "trainer_step",
+            pipeline_id=pid,
+            action="finish",
+            step=step,
+            version=trainer.version,
+            applied=result.applied,
+            microbatches=result.microbatches,
+        )
         after = [torch.zeros(1, dtype=torch.float64, device=ctx.device) for _ in range(world)]
         # the digest of what was applied: parameters after the step
         p_digest = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
@@ -199,28 +225,57 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, metrics)
 
-        ref_loss, ref_tokens, ref_seqs = reference.step([_to(g, ctx.device) for g in global_batch(args, step)], loss_type)
+        ref_loss, ref_tokens, ref_seqs = reference.step(
+            [_to(g, ctx.device) for g in global_batch(args, step)], loss_type
+        )
         ref_params = list(reference.model.parameters())
         abs_err, rel_err = _max_err(list(model.parameters()), ref_params)
-        close = all(torch.allclose(p.float(), r.float(), rtol=rtol, atol=atol) for p, r in zip(model.parameters(), ref_params))
-        ctx.check("parity", close, f"{loss_type} step {step}: parameters differ from the synchronous step by up to "
-                  f"{abs_err:.3g} (rel {rel_err:.3g}; tolerance rtol {rtol:g} atol {atol:g})")
+        close = all(
+            torch.allclose(p.float(), r.float(), rtol=rtol, atol=atol) for p, r in zip(model.parameters(), ref_params)
+        )
+        ctx.check(
+            "parity",
+            close,
+            f"{loss_type} step {step}: parameters differ from the synchronous step by up to "
+            f"{abs_err:.3g} (rel {rel_err:.3g}; tolerance rtol {rtol:g} atol {atol:g})",
+        )
         loss_ok = (metrics.global_loss is None) == (ref_loss is None) and (
-            ref_loss is None or abs(metrics.global_loss - ref_loss) <= max(atol, rtol * abs(ref_loss)) * 10)
-        ctx.check("loss", loss_ok, f"{loss_type} step {step}: streamed loss {metrics.global_loss} vs synchronous {ref_loss}")
+            ref_loss is None or abs(metrics.global_loss - ref_loss) <= max(atol, rtol * abs(ref_loss)) * 10
+        )
+        ctx.check(
+            "loss", loss_ok, f"{loss_type} step {step}: streamed loss {metrics.global_loss} vs synchronous {ref_loss}"
+        )
         if world > 1:
-            ctx.check("no_sync", len({float(d) for d in digests}) == world,
-                      f"{loss_type} step {step}: local gradients before finish already agree across ranks "
-                      f"(a reduce fired per microbatch): {[float(d) for d in digests]}")
-            ctx.check("no_sync", len({float(d) for d in after}) == 1,
-                      f"{loss_type} step {step}: parameters differ across ranks after finish: {[float(d) for d in after]}")
+            ctx.check(
+                "no_sync",
+                len({float(d) for d in digests}) == world,
+                f"{loss_type} step {step}: local gradients before finish already agree across ranks "
+                f"(a reduce fired per microbatch): {[float(d) for d in digests]}",
+            )
+            ctx.check(
+                "no_sync",
+                len({float(d) for d in after}) == 1,
+                f"{loss_type} step {step}: parameters differ across ranks after finish: {[float(d) for d in after]}",
+            )
         leaders = combine_leader_metrics(gathered)
-        ctx.check("leader_metrics", leaders["tokens"] == float(ref_tokens) and leaders["sequences"] == float(ref_seqs),
-                  f"{loss_type} step {step}: leaders count {leaders['tokens']} tokens / {leaders['sequences']} sequences, "
-                  f"the global batch has {float(ref_tokens)} / {float(ref_seqs)}")
+        ctx.check(
+            "leader_metrics",
+            leaders["tokens"] == float(ref_tokens) and leaders["sequences"] == float(ref_seqs),
+            f"{loss_type} step {step}: leaders count {leaders['tokens']} tokens / {leaders['sequences']} sequences, "
+            f"the global batch has {float(ref_tokens)} / {float(ref_seqs)}",
+        )
         ctx.check("version", trainer.version == step + 1, f"{loss_type} step {step}: trainer version {trainer.version}")
-        steps.append({"step": step, "max_abs_err": abs_err, "max_rel_err": rel_err, "close": close,
-                      "microbatches": len(mine), "loss": metrics.global_loss, "reference_loss": ref_loss})
+        steps.append(
+            {
+                "step": step,
+                "max_abs_err": abs_err,
+                "max_rel_err": rel_err,
+                "close": close,
+                "microbatches": len(mine),
+                "loss": metrics.global_loss,
+                "reference_loss": ref_loss,
+            }
+        )
     return {"steps": steps, "rtol": rtol, "atol": atol}
 
 
@@ -234,8 +289,17 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     out: Dict[str, Any] = {"dtype": args.dtype, "loss_types": {}}
     for result in results:
         for lt, info in (result.get("data") or {}).get("loss_types", {}).items():
-            entry = out["loss_types"].setdefault(lt, {"max_abs_err": 0.0, "max_rel_err": 0.0, "steps": 0,
-                                                     "rtol": info["rtol"], "atol": info["atol"], "close": True})
+            entry = out["loss_types"].setdefault(
+                lt,
+                {
+                    "max_abs_err": 0.0,
+                    "max_rel_err": 0.0,
+                    "steps": 0,
+                    "rtol": info["rtol"],
+                    "atol": info["atol"],
+                    "close": True,
+                },
+            )
             for s in info["steps"]:
                 entry["max_abs_err"] = max(entry["max_abs_err"], s["max_abs_err"])
                 entry["max_rel_err"] = max(entry["max_rel_err"], s["max_rel_err"])
@@ -244,8 +308,16 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     return out, []
 
 
-SPEC = GateSpec(name="train_pump_parity", description=__doc__.splitlines()[0], default_world=2, default_cycles=3,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="train_pump_parity",
+    description=__doc__.splitlines()[0],
+    default_world=2,
+    default_cycles=3,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

@@ -62,9 +62,13 @@ def skip_reason() -> Optional[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--budget-bytes", type=positive_int, default=256 << 10,
-                        help="refit staging budget (two ping-pong buffers of half each; by default the 256 KiB "
-                             "embedding and LM head are larger than a buffer and go alone)")
+    parser.add_argument(
+        "--budget-bytes",
+        type=positive_int,
+        default=256 << 10,
+        help="refit staging budget (two ping-pong buffers of half each; by default the 256 KiB "
+        "embedding and LM head are larger than a buffer and go alone)",
+    )
     parser.add_argument("--max-tokens", type=positive_int, default=16)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.15)
 
@@ -81,9 +85,17 @@ def write_tiny_llama(folder: str, seed: int) -> Dict[str, torch.Tensor]:
 
     torch.manual_seed(seed)
     # head size 64: every vLLM attention backend supports it (some refuse sizes below 32)
-    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False, torch_dtype="bfloat16")
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
@@ -92,9 +104,17 @@ def write_tiny_llama(folder: str, seed: int) -> Dict[str, torch.Tensor]:
 def make_llm(ctx: GateContext, folder: str):
     from vllm import LLM
 
-    return LLM(model=folder, enable_sleep_mode=True, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
-               max_model_len=128, gpu_memory_utilization=ctx.args.gpu_memory_utilization, seed=0,
-               worker_extension_cls="gpu_gates.engines.vllm_worker_ext.RefitWorkerExtension")
+    return LLM(
+        model=folder,
+        enable_sleep_mode=True,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="bfloat16",
+        max_model_len=128,
+        gpu_memory_utilization=ctx.args.gpu_memory_utilization,
+        seed=0,
+        worker_extension_cls="gpu_gates.engines.vllm_worker_ext.RefitWorkerExtension",
+    )
 
 
 def greedy(ctx: GateContext, llm) -> List[List[int]]:
@@ -139,22 +159,26 @@ def refit(ctx: GateContext, llm, state: Dict[str, torch.Tensor]) -> Dict[str, An
     thread = threading.Thread(target=stream, name="refit-sender", daemon=True)
     thread.start()
     try:
-        (got,) = llm.collective_rpc("rlh_receive_refit", args=(endpoint, manifest,
-                                                               proto.half_buffer_bytes(ctx.args.budget_bytes), 1))
+        (got,) = llm.collective_rpc(
+            "rlh_receive_refit", args=(endpoint, manifest, proto.half_buffer_bytes(ctx.args.budget_bytes), 1)
+        )
     finally:
         thread.join(150)
         sender.close()
     if "error" in sent:
         raise RuntimeError(f"refit sender failed: {sent['error']}")
     missing = sorted(set(state) - set(got["loaded"]))
-    ctx.check("refit_complete", got["finalized"] and not missing,
-              f"finalized {got['finalized']}, not loaded: {missing}")
+    ctx.check(
+        "refit_complete", got["finalized"] and not missing, f"finalized {got['finalized']}, not loaded: {missing}"
+    )
     res = sent["result"]
     return {"groups": res.groups, "bytes": res.bytes, "wall_s": res.wall_s, "dedicated_bytes": res.dedicated_bytes}
 
 
 def run(ctx: GateContext) -> None:
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # the worker imports gpu_gates
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p
+    )  # the worker imports gpu_gates
     with tempfile.TemporaryDirectory(prefix="rlh-vllm-") as tmp:
         original, trained = os.path.join(tmp, "original"), os.path.join(tmp, "trained")
         write_tiny_llama(original, seed=1)
@@ -180,8 +204,11 @@ def run(ctx: GateContext) -> None:
         expected, fresh_digest = greedy(ctx, fresh), fresh.collective_rpc("rlh_param_digest")[0]
         del fresh
         gc.collect()
-    ctx.check("refit_matches_fresh_weights", digest == fresh_digest, "the refitted engine's parameters differ from "
-                                                                     "a fresh engine's on the same weights")
+    ctx.check(
+        "refit_matches_fresh_weights",
+        digest == fresh_digest,
+        "the refitted engine's parameters differ from a fresh engine's on the same weights",
+    )
     ctx.check("greedy_matches_fresh_engine", refitted == expected, f"refitted {refitted} vs fresh {expected}")
     ctx.data.update(outputs={"original": out0, "refitted": refitted, "fresh": expected})
 
@@ -191,8 +218,16 @@ def summarize(args: argparse.Namespace, results: List[Dict[str, Any]]) -> Tuple[
     return {"sleep": data.get("sleep", {}), "refit": data.get("refit", {}), "outputs": data.get("outputs", {})}, []
 
 
-SPEC = GateSpec(name="vllm_engine", description=__doc__.splitlines()[0], default_world=1, default_cycles=1,
-                add_arguments=add_arguments, check_world=check_world, run=run, summarize=summarize)
+SPEC = GateSpec(
+    name="vllm_engine",
+    description=__doc__.splitlines()[0],
+    default_world=1,
+    default_cycles=1,
+    add_arguments=add_arguments,
+    check_world=check_world,
+    run=run,
+    summarize=summarize,
+)
 
 
 if __name__ == "__main__":

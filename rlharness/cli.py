@@ -82,58 +82,111 @@ def _positive_int(text: str) -> int:
 
 
 def _add_baseline(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--baseline", metavar="FILE",
-                   help="expected findings (docs/expected-findings.md): reported, not failures")
+    p.add_argument(
+        "--baseline", metavar="FILE", help="expected findings (docs/expected-findings.md): reported, not failures"
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding did not occur")
     add_upstream_flag(p)
 
 
 def add_upstream_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upstream-as-findings", action="store_true",
-                   help="count known upstream behaviour (RLix, NeMo RL, ROLL as they are today; "
-                        "docs/expected-findings.md) as findings: for people changing those systems")
+    p.add_argument(
+        "--upstream-as-findings",
+        action="store_true",
+        help="count known upstream behaviour (RLix, NeMo RL, ROLL as they are today; "
+        "docs/expected-findings.md) as findings: for people changing those systems",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rlharness", description="Simulation-backed test harness for RL post-training on shared GPUs.",
-                     epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="rlharness",
+        description="Simulation-backed test harness for RL post-training on shared GPUs.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"rlharness {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    rp = sub.add_parser("replay", help="replay a scheduler trace through the scheduler model",
-                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp = sub.add_parser(
+        "replay",
+        help="replay a scheduler trace through the scheduler model",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rp.add_argument("trace", metavar="INPUTS.jsonl", help="event log whose input records are replayed")
     rp.add_argument("--out", metavar="PATH", help="write the decision log (JSONL) here")
-    rp.add_argument("--expect", metavar="RECORDED.jsonl", help=f"compare decisions with a recorded log; exit {ExitCode.DIVERGED:d} at the first divergence")
+    rp.add_argument(
+        "--expect",
+        metavar="RECORDED.jsonl",
+        help=f"compare decisions with a recorded log; exit {ExitCode.DIVERGED:d} at the first divergence",
+    )
     rp.add_argument("--quiet", action="store_true", help="print no table, only the summary line")
-    rp.add_argument("--verdict", metavar="FILE", help="write the verdict as JSON: decisions (matched / diverged / "
-                    "not compared), invariants, findings, exit code (docs/trace-format.md)")
+    rp.add_argument(
+        "--verdict",
+        metavar="FILE",
+        help="write the verdict as JSON: decisions (matched / diverged / "
+        "not compared), invariants, findings, exit code (docs/trace-format.md)",
+    )
     _add_baseline(rp)
-    sim = sub.add_parser("simulate", help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)",
-                         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sim = sub.add_parser(
+        "simulate",
+        help="simulate a scenario (default: two nemo_async pipelines on 2 GPUs)",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sim.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario YAML (see examples/scenarios/)")
     sim.add_argument("--seed", type=int, help="override the scenario's seed")
-    sim.add_argument("--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
-                     help="change one field, written as error messages write it (pipelines[0].infer_tp=2, "
-                          "costs.wake_s=1.5, pipelines[ppl2].steps=8); repeatable; VALUE is YAML")
+    sim.add_argument(
+        "--set",
+        dest="overrides",
+        metavar="PATH=VALUE",
+        action="append",
+        default=[],
+        help="change one field, written as error messages write it (pipelines[0].infer_tp=2, "
+        "costs.wake_s=1.5, pipelines[ppl2].steps=8); repeatable; VALUE is YAML",
+    )
     sim.add_argument("--out", metavar="DIR", help="output folder (default: runs/<scenario name>)")
-    sim.add_argument("--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)")
-    sim.add_argument("--explore", type=int, metavar="SEED",
-                     help="a seeded strategy orders same-time events of different processes and lock hand-offs, "
-                          "and adds small delays to RPC returns and lock holds (docs/exploration.md)")
-    sim.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
-                     help="with --explore: pct (priority change points, default) or random (a random walk)")
+    sim.add_argument(
+        "--no-png", action="store_true", help="skip the PNG timeline (an old one in the folder is removed)"
+    )
+    sim.add_argument(
+        "--explore",
+        type=int,
+        metavar="SEED",
+        help="a seeded strategy orders same-time events of different processes and lock hand-offs, "
+        "and adds small delays to RPC returns and lock holds (docs/exploration.md)",
+    )
+    sim.add_argument(
+        "--explore-strategy",
+        choices=["pct", "random"],
+        default="pct",
+        help="with --explore: pct (priority change points, default) or random (a random walk)",
+    )
     sim.add_argument("--quiet", action="store_true", help="no progress lines, no summary table")
-    sim.add_argument("--check-determinism", action="store_true",
-                     help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical")
+    sim.add_argument(
+        "--check-determinism",
+        action="store_true",
+        help="run again in a fresh process under another PYTHONHASHSEED; exit 1 unless the event logs are byte-identical",
+    )
     _add_baseline(sim)
-    ck = sub.add_parser("check", help="run every invariant check on event logs (exit 1 on a violation)",
-                        epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ck.add_argument("logs", metavar="LOG", nargs="+", help="event log(s): simulator, gate, replay output or scheduler trace")
+    ck = sub.add_parser(
+        "check",
+        help="run every invariant check on event logs (exit 1 on a violation)",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ck.add_argument(
+        "logs", metavar="LOG", nargs="+", help="event log(s): simulator, gate, replay output or scheduler trace"
+    )
     ck.add_argument("--check", dest="names", metavar="NAME", action="append", help="run only this check (repeatable)")
-    ck.add_argument("--context", type=int, default=2, metavar="N", help="records shown either side of a violation (default 2)")
+    ck.add_argument(
+        "--context", type=int, default=2, metavar="N", help="records shown either side of a violation (default 2)"
+    )
     ck.add_argument("--max-shown", type=int, default=10, metavar="N", help="violations shown per log (default 10)")
     _add_baseline(ck)
-    ck.add_argument("--write-baseline", metavar="FILE", help="write today's findings as a baseline file to start from (exit 0)")
+    ck.add_argument(
+        "--write-baseline", metavar="FILE", help="write today's findings as a baseline file to start from (exit 0)"
+    )
     from simulators.fuzz.cli import add_parser as add_fuzz_parser
 
     add_fuzz_parser(sub, UsageError)
@@ -141,33 +194,68 @@ def build_parser() -> argparse.ArgumentParser:
     imp_sub = imp.add_subparsers(dest="source", metavar="SOURCE", parser_class=_Parser)
     rl = imp_sub.add_parser("rlix-log", help="RLix's [RLIX_SCHED_LOG] stdout lines (format: docs/rlix-log-format.md)")
     rl.add_argument("log", metavar="LOG", help="RLix stdout (other lines are passed over)")
-    rl.add_argument("--topology", required=True, metavar="TOPOLOGY.yaml",
-                    help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)")
+    rl.add_argument(
+        "--topology",
+        required=True,
+        metavar="TOPOLOGY.yaml",
+        help="cluster and pipeline registrations, which RLix's log does not carry (format: docs/rlix-log-format.md)",
+    )
     rl.add_argument("--out", required=True, metavar="TRACE.jsonl", help="the input trace to write")
     rl.add_argument("--poll-s", type=float, default=1.0, metavar="SECONDS", help="RLix's poll period (default 1)")
     __import__("rlharness.import_config", fromlist=["add_parsers"]).add_parsers(imp_sub)
-    cal = sub.add_parser("calibrate", help="fit the simulator's refit costs to the real transport on this machine "
-                         "(refit), or the cost model's efficiency factors to measured step times (step TIMINGS)")
+    cal = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's refit costs to the real transport on this machine "
+        "(refit), or the cost model's efficiency factors to measured step times (step TIMINGS)",
+    )
     cal.add_argument("target", choices=["refit", "step"], help="what to calibrate")
-    cal.add_argument("timings", nargs="?", metavar="TIMINGS",
-                     help="step only: measured per-stage step times (format: docs/cost-model.md)")
-    cal.add_argument("--out", metavar="FILE", help="calibration file to write (default refit-calibration.json / "
-                     "step-calibration.json)")
-    cal.add_argument("--hold-out", action="append", default=[], metavar="RUN",
-                     help="step only: leave this run of TIMINGS out of the fit (repeatable)")
-    cal.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
-                     help="runs per configuration (minimum of, each after a warm-up run)")
+    cal.add_argument(
+        "timings",
+        nargs="?",
+        metavar="TIMINGS",
+        help="step only: measured per-stage step times (format: docs/cost-model.md)",
+    )
+    cal.add_argument(
+        "--out",
+        metavar="FILE",
+        help="calibration file to write (default refit-calibration.json / step-calibration.json)",
+    )
+    cal.add_argument(
+        "--hold-out",
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="step only: leave this run of TIMINGS out of the fit (repeatable)",
+    )
+    cal.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=5,
+        metavar="N",
+        help="runs per configuration (minimum of, each after a warm-up run)",
+    )
     cal.add_argument("--quick", action="store_true", help="a 4-point grid instead of 9")
-    fid = sub.add_parser("fidelity", help="compare simulated refit times with fresh measurements on held-out "
-                         "configurations (refit), or predicted stage times with measured ones (step TIMINGS)")
+    fid = sub.add_parser(
+        "fidelity",
+        help="compare simulated refit times with fresh measurements on held-out "
+        "configurations (refit), or predicted stage times with measured ones (step TIMINGS)",
+    )
     fid.add_argument("target", choices=["refit", "step"], help="what to check")
     fid.add_argument("timings", nargs="?", metavar="TIMINGS", help="step only: measured per-stage step times")
     how = fid.add_mutually_exclusive_group(required=True)
     how.add_argument("--calibration", metavar="FILE", help="file written by `rlharness calibrate refit`")
-    how.add_argument("--fit-alongside", action="store_true",
-                     help="fit on the calibration grid measured in the same interleaved rounds (not from a file)")
-    fid.add_argument("--repeats", type=_positive_int, default=5, metavar="N",
-                     help="runs per configuration (minimum of, each after a warm-up run)")
+    how.add_argument(
+        "--fit-alongside",
+        action="store_true",
+        help="fit on the calibration grid measured in the same interleaved rounds (not from a file)",
+    )
+    fid.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=5,
+        metavar="N",
+        help="runs per configuration (minimum of, each after a warm-up run)",
+    )
     fid.add_argument("--strict", action="store_true", help="exit 1 when the error targets are missed")
     sp = sub.add_parser("schema", help="print the event-log JSON Schema")
     sp.set_defaults(command="schema")
@@ -212,9 +300,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.out:
         write_atomic(args.out, result.log.lines())
     cycles = sum(1 for d in result.decisions if d["kind"] == "commit")
-    print(f"replayed {args.trace}: {cycles} cycles committed, {len(result.decisions)} decisions, {result.rejected} inputs rejected"
-          + (f"; decision log: {args.out}" if args.out else ""))
+    print(
+        f"replayed {args.trace}: {cycles} cycles committed, {len(result.decisions)} decisions, {result.rejected} inputs rejected"
+        + (f"; decision log: {args.out}" if args.out else "")
+    )
     from harness.logs.check import oracle_log, render, run_oracle
+
     log = oracle_log(read_records(args.trace), args.trace)  # the whole input log, not only the replayed decisions
     rows = run_oracle(log.records)
     violations = [v for r in rows for v in r.violations]
@@ -236,11 +327,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"  recorded: {json.dumps(div.expected) if div.expected else '<no more decisions>'}")
     elif expected is not None:
         print(f"matches {args.expect}: {len(result.decisions)} decisions identical")
-    code = (ExitCode.DIVERGED if div is not None
-            else ExitCode.FINDING if verdict.failed(args.strict) else ExitCode.OK)
+    code = ExitCode.DIVERGED if div is not None else ExitCode.FINDING if verdict.failed(args.strict) else ExitCode.OK
     if args.verdict:
-        write_atomic(args.verdict, [json.dumps(replay_verdict(code, expected is not None, div, verdict, len(violations)),
-                                               sort_keys=True)])
+        write_atomic(
+            args.verdict,
+            [json.dumps(replay_verdict(code, expected is not None, div, verdict, len(violations)), sort_keys=True)],
+        )
     return code
 
 
@@ -250,10 +342,12 @@ def replay_verdict(code: int, compared: bool, div, verdict, violations: int) -> 
     in a replay whose decisions agree (the recorded behaviour itself is wrong)."""
     name = {ExitCode.DIVERGED: "diverged", ExitCode.FINDING: "violation", ExitCode.OK: "ok"}[code]
     return {
-        "verdict": name, "exit": code,
+        "verdict": name,
+        "exit": code,
         "decisions": "diverged" if div is not None else "identical" if compared else "not_compared",
-        "divergence": None if div is None else {"index": div.index, "expected_line": div.expected_line,
-                                                "model": div.produced, "recorded": div.expected},
+        "divergence": None
+        if div is None
+        else {"index": div.index, "expected_line": div.expected_line, "model": div.produced, "recorded": div.expected},
         "invariants": {"violations": violations, **verdict.as_json()},
     }
 
@@ -282,22 +376,40 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     args.explore_spec = explore
     baseline = _read_baseline(args.baseline, args.upstream_as_findings)
     out_dir = args.out or os.path.join("runs", scenario.name)
-    check_output_dir(out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario, args.baseline])
+    check_output_dir(
+        out_dir, OUTPUT_FILES, "--out" if args.out else "run folder", inputs=[args.scenario, args.baseline]
+    )
     if not args.quiet:
-        print(f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
-              f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s", file=sys.stderr)
+        print(
+            f"simulating {scenario.name!r}: {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.num_gpus} GPU(s), "
+            f"seed {scenario.seed}, horizon {scenario.horizon_s:g} simulated s",
+            file=sys.stderr,
+        )
     # the outputs are made as the run goes (memory bounded by what is live: a run larger
     # than memory fits); --check-determinism compares this run's log kept in memory
-    out = simulate(scenario, out_dir, png=not args.no_png, progress=None if args.quiet else print_progress,
-                   explore=explore, baseline=baseline, strict=args.strict, stream=not args.check_determinism)
+    out = simulate(
+        scenario,
+        out_dir,
+        png=not args.no_png,
+        progress=None if args.quiet else print_progress,
+        explore=explore,
+        baseline=baseline,
+        strict=args.strict,
+        stream=not args.check_determinism,
+    )
     res = out.result
     if not args.quiet:
         print(out.summary)
-    print(f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
-          f"{res.events} events, {res.log.made} records; invariants: "
-          + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)")
-          + (f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected or known"
-             if out.verdict.reported else ""))
+    print(
+        f"{scenario.name}: {res.reason} ({res.detail}); simulated {res.sim_time:.1f} s in {res.wall_s:.2f} s wall, "
+        f"{res.events} events, {res.log.made} records; invariants: "
+        + ("all hold" if not out.violations else f"{len(out.violations)} violation(s)")
+        + (
+            f"; findings: {len(out.verdict.unexpected)} unexpected, {len(out.verdict.expected)} expected or known"
+            if out.verdict.reported
+            else ""
+        )
+    )
     if out.figures is not None and out.figures.headroom is not None:
         from harness.logs.outputs.headroom import headroom_brief
 
@@ -361,8 +473,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
     write_atomic(args.out, res.log.lines())
     for note in res.notes:
         print(f"  note: {note}")
-    print(f"imported {args.log}: {res.inputs} inputs from RLix's log, {res.poll_cycles} poll cycle(s) added, "
-          f"{len(res.notes)} note(s); trace: {args.out} (rlharness replay {args.out})")
+    print(
+        f"imported {args.log}: {res.inputs} inputs from RLix's log, {res.poll_cycles} poll cycle(s) added, "
+        f"{len(res.notes)} note(s); trace: {args.out} (rlharness replay {args.out})"
+    )
     return ExitCode.OK
 
 
@@ -406,9 +520,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     if args.write_baseline:
         check_output_file(args.write_baseline, "--write-baseline", inputs=list(args.logs) + [args.baseline])
-    return run_check(args.logs, names=args.names, context=max(args.context, 0), limit=max(args.max_shown, 0),
-                     baseline=_read_baseline(args.baseline, args.upstream_as_findings), strict=args.strict,
-                     write_baseline=_baseline_writer(args.write_baseline, args.logs))
+    return run_check(
+        args.logs,
+        names=args.names,
+        context=max(args.context, 0),
+        limit=max(args.max_shown, 0),
+        baseline=_read_baseline(args.baseline, args.upstream_as_findings),
+        strict=args.strict,
+        write_baseline=_baseline_writer(args.write_baseline, args.logs),
+    )
 
 
 def _baseline_writer(path: Optional[str], logs: Sequence[str]):

@@ -38,6 +38,12 @@ def run(args: argparse.Namespace, usage_error) -> int:
 
     a = _load(args.run_a, "RUN_A", usage_error)
     b = _load(args.run_b, "RUN_B", usage_error)
-    print(format_diff(diff_rows(a, b), f"{args.run_a} ({a.get('scenario', '?')})", f"{args.run_b} ({b.get('scenario', '?')})",
-                      changed_only=args.changed))
+    print(
+        format_diff(
+            diff_rows(a, b),
+            f"{args.run_a} ({a.get('scenario', '?')})",
+            f"{args.run_b} ({b.get('scenario', '?')})",
+            changed_only=args.changed,
+        )
+    )
     return ExitCode.OK

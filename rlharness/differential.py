@@ -20,15 +20,32 @@ from typing import Any, Dict, List
 
 
 def add_parser(sub) -> None:
-    df = sub.add_parser("differential", help="the scheduler model against RLix's own scheduler on the same inputs "
-                                             "(exit 1 at the first diverging cycle)")
+    df = sub.add_parser(
+        "differential",
+        help="the scheduler model against RLix's own scheduler on the same inputs "
+        "(exit 1 at the first diverging cycle)",
+    )
     df.add_argument("input", metavar="SCENARIO_OR_TRACE", help="a scenario YAML (simulated first) or an event log")
-    df.add_argument("--rlix", metavar="PATH", default=os.environ.get("RLHARNESS_RLIX"),
-                    help="an RLix checkout (the folder holding rlix/); default $RLHARNESS_RLIX")
-    df.add_argument("--option", dest="options", action="append", default=[], metavar="KEY=VALUE",
-                    help="a scheduler option of the model (demand_floor=true, ...); repeatable")
-    df.add_argument("--out", default="divergence.jsonl", metavar="TRACE.jsonl",
-                    help="where a divergence's replayable trace goes (default divergence.jsonl)")
+    df.add_argument(
+        "--rlix",
+        metavar="PATH",
+        default=os.environ.get("RLHARNESS_RLIX"),
+        help="an RLix checkout (the folder holding rlix/); default $RLHARNESS_RLIX",
+    )
+    df.add_argument(
+        "--option",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scheduler option of the model (demand_floor=true, ...); repeatable",
+    )
+    df.add_argument(
+        "--out",
+        default="divergence.jsonl",
+        metavar="TRACE.jsonl",
+        help="where a divergence's replayable trace goes (default divergence.jsonl)",
+    )
 
 
 def _options(args: argparse.Namespace, base: Dict[str, Any], usage_error):
@@ -40,8 +57,10 @@ def _options(args: argparse.Namespace, base: Dict[str, Any], usage_error):
     for text in args.options:
         key, sep, raw = text.partition("=")
         if not sep or key not in SchedulerOptions.__dataclass_fields__:
-            raise usage_error(f"--option: expected KEY=VALUE with KEY a scheduler option "
-                              f"({', '.join(SchedulerOptions.__dataclass_fields__)}), got {text!r}")
+            raise usage_error(
+                f"--option: expected KEY=VALUE with KEY a scheduler option "
+                f"({', '.join(SchedulerOptions.__dataclass_fields__)}), got {text!r}"
+            )
         values[key] = yaml.safe_load(raw)
     try:
         return SchedulerOptions(**values)
@@ -63,8 +82,11 @@ def _records(args: argparse.Namespace, usage_error):
     from simulators.runtime.simulation import Simulation
 
     records = Simulation(scenario).run().records
-    opts = {k: v for k, v in scenario.scheduler.items()
-            if k not in ("policy", "partition", "groups", "release_after_offload")}
+    opts = {
+        k: v
+        for k, v in scenario.scheduler.items()
+        if k not in ("policy", "partition", "groups", "release_after_offload")
+    }
     return [Record(i + 1, r) for i, r in enumerate(records)], opts
 
 
@@ -102,5 +124,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
     for rec in shown:
         print(f"    {json.dumps({k: v for k, v in rec.items() if k not in ('seq', 't')})}")
     write_atomic(args.out, trace_lines(res.prefix))
-    print(f"replayable trace: {args.out} (rlharness differential {args.out} --rlix {args.rlix}; rlharness replay {args.out})")
+    print(
+        f"replayable trace: {args.out} (rlharness differential {args.out} --rlix {args.rlix}; rlharness replay {args.out})"
+    )
     return 1

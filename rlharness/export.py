@@ -26,7 +26,9 @@ from harness.logs.outputs.paths import check_output_file
 def add_parser(sub) -> None:
     ex = sub.add_parser("export", help="draw the Perfetto trace and/or PNG timeline of any event log")
     ex.add_argument("log", metavar="LOG.jsonl", help="event log (simulator, gate or replay)")
-    ex.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace here (open in ui.perfetto.dev)")
+    ex.add_argument(
+        "--perfetto", metavar="OUT.json", help="write a Chrome/Perfetto trace here (open in ui.perfetto.dev)"
+    )
     ex.add_argument("--png", metavar="OUT.png", help="write a PNG timeline here")
 
 
@@ -58,13 +60,15 @@ def run(args: argparse.Namespace, usage_error) -> int:
         written.append(args.png)
     elif png_kind is not None:
         _write_allocations(view, args, png_kind)
-        written.append(f"{args.png} (GPU allocations{' as replayed by the scheduler model' if png_kind == 'replayed' else ''})")
+        written.append(
+            f"{args.png} (GPU allocations{' as replayed by the scheduler model' if png_kind == 'replayed' else ''})"
+        )
     print(f"exported {args.log} ({len(records)} records): {', '.join(written)}")
     return ExitCode.OK
 
 
 def _png_kind(view, args: argparse.Namespace, usage_error) -> str:
-    """"work", "decisions" or "replayed": which picture the log can give (or a usage error)."""
+    """ "work", "decisions" or "replayed": which picture the log can give (or a usage error)."""
     from harness.eventlog.kinds import category
     from harness.logs.outputs.allocation_timeline import has_decisions
 
@@ -75,8 +79,10 @@ def _png_kind(view, args: argparse.Namespace, usage_error) -> str:
     if any(category(r["kind"]) == "input" for r in view.records[1:]):
         return "replayed"
     kinds = sorted({r["kind"] for r in view.records[1:]})
-    raise usage_error(f"--png {args.png}: {args.log} has no work intervals and no scheduler records to draw "
-                      f"(its kinds: {', '.join(kinds) or 'only a header'})")
+    raise usage_error(
+        f"--png {args.png}: {args.log} has no work intervals and no scheduler records to draw "
+        f"(its kinds: {', '.join(kinds) or 'only a header'})"
+    )
 
 
 def _write_allocations(view, args: argparse.Namespace, png_kind: str) -> None:

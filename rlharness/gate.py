@@ -48,16 +48,23 @@ def gate_names() -> List[str]:
 
 
 def add_parser(sub) -> None:
-    gp = sub.add_parser("gate", help="run a GPU gate under torchrun and print its verdict (exit: the gate's)",
-                        description="Run gpu_gates/NAME.py under torchrun (gloo on CPU, NCCL on GPUs) and print "
-                                    "its verdict. Options after NAME go to the gate (`rlharness gate NAME --help` "
-                                    "lists them), except --nproc. Exit codes: "
-                                    f"{ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, "
-                                    f"{ExitCode.BAD_INPUT:d} usage error, {ExitCode.SKIPPED:d} skipped. "
-                                    "See docs/gates.md.")
+    gp = sub.add_parser(
+        "gate",
+        help="run a GPU gate under torchrun and print its verdict (exit: the gate's)",
+        description="Run gpu_gates/NAME.py under torchrun (gloo on CPU, NCCL on GPUs) and print "
+        "its verdict. Options after NAME go to the gate (`rlharness gate NAME --help` "
+        "lists them), except --nproc. Exit codes: "
+        f"{ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, "
+        f"{ExitCode.BAD_INPUT:d} usage error, {ExitCode.SKIPPED:d} skipped. "
+        "See docs/gates.md.",
+    )
     gp.add_argument("name", metavar="NAME", help="the gate: " + ", ".join(gate_names()))
-    gp.add_argument("gate_args", nargs=argparse.REMAINDER, metavar="...",
-                    help="--nproc N (ranks; default: the gate's world) and the gate's own options")
+    gp.add_argument(
+        "gate_args",
+        nargs=argparse.REMAINDER,
+        metavar="...",
+        help="--nproc N (ranks; default: the gate's world) and the gate's own options",
+    )
 
 
 def _split_nproc(argv: List[str], usage_error) -> Tuple[Optional[int], List[str]]:
@@ -139,10 +146,21 @@ def run(args: argparse.Namespace, usage_error) -> int:
 
 
 def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log: str, launch_log: str) -> int:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           os.path.join(GATES_DIR, f"{spec.name}.py"), *gate_argv]
-    print(f"running gate {spec.name} on {nproc} rank(s) under torchrun; launch output: {launch_log}",
-          file=sys.stderr, flush=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        os.path.join(GATES_DIR, f"{spec.name}.py"),
+        *gate_argv,
+    ]
+    print(
+        f"running gate {spec.name} on {nproc} rank(s) under torchrun; launch output: {launch_log}",
+        file=sys.stderr,
+        flush=True,
+    )
     os.makedirs(os.path.dirname(os.path.abspath(launch_log)), exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with open(launch_log, "wb") as log:
@@ -172,4 +190,5 @@ def exit_code_from_report(report: dict) -> ExitCode:
     from gpu_gates.runtime.report import FAILED, PASSED, SKIPPED
 
     return {PASSED: ExitCode.OK, FAILED: ExitCode.FINDING, SKIPPED: ExitCode.SKIPPED}.get(
-        report.get("status"), ExitCode.FINDING)
+        report.get("status"), ExitCode.FINDING
+    )

@@ -17,25 +17,40 @@ SOURCES = ("nemo-rl-config", "roll-config", "rlix-pipelines")
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="SCENARIO.yaml", help="the scenario to write")
-    p.add_argument("--gpu", default="h100_sxm", metavar="PRESET",
-                   help="the GPU type (configs name none): a preset of simulators/costmodel/hardware.py (default h100_sxm)")
+    p.add_argument(
+        "--gpu",
+        default="h100_sxm",
+        metavar="PRESET",
+        help="the GPU type (configs name none): a preset of simulators/costmodel/hardware.py (default h100_sxm)",
+    )
     p.add_argument("--steps", type=int, default=4, metavar="N", help="training steps to simulate (default 4)")
     p.add_argument("--name", metavar="NAME", help="the scenario's name (default: from the file name)")
 
 
 def add_parsers(imp_sub) -> None:
-    nr = imp_sub.add_parser("nemo-rl-config", help="a NeMo RL GRPO config (defaults: inheritance, overrides) -> a scenario")
+    nr = imp_sub.add_parser(
+        "nemo-rl-config", help="a NeMo RL GRPO config (defaults: inheritance, overrides) -> a scenario"
+    )
     nr.add_argument("config", metavar="CONFIG.yaml", help="NeMo RL config (examples/configs/... or your own)")
-    nr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="a NeMo RL command-line override (KEY=V, +KEY=V, ++KEY=V, ~KEY); repeatable")
+    nr.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a NeMo RL command-line override (KEY=V, +KEY=V, ++KEY=V, ~KEY); repeatable",
+    )
     _common(nr)
     ro = imp_sub.add_parser("roll-config", help="a ROLL RLVR or agentic pipeline config -> a scenario")
     ro.add_argument("config", metavar="CONFIG.yaml", help="ROLL config (examples/**/*.yaml or your own)")
     _common(ro)
     rx = imp_sub.add_parser("rlix-pipelines", help="RLix pipeline configs (one per pipeline) -> one scenario")
     rx.add_argument("configs", metavar="PIPELINE.yaml", nargs="+", help="RLix pipeline YAMLs (NeMo RL or ROLL)")
-    rx.add_argument("--nemo-configs", metavar="DIR",
-                    help="a NeMo RL checkout's examples/configs, for nemo_config_path (a path on the machine that ran it)")
+    rx.add_argument(
+        "--nemo-configs",
+        metavar="DIR",
+        help="a NeMo RL checkout's examples/configs, for nemo_config_path (a path on the machine that ran it)",
+    )
     _common(rx)
 
 
@@ -51,8 +66,9 @@ def import_scenario(args: argparse.Namespace):
         cfg, chain = roll.load(args.config)
         draft = roll.translate(cfg, args.config, chain, gpu=args.gpu, steps=args.steps, name=args.name)
     else:
-        draft = rlix_pipelines.translate(args.configs, gpu=args.gpu, steps=args.steps, name=args.name,
-                                         nemo_configs=args.nemo_configs)
+        draft = rlix_pipelines.translate(
+            args.configs, gpu=args.gpu, steps=args.steps, name=args.name, nemo_configs=args.nemo_configs
+        )
     return finish(draft, args.out)
 
 
@@ -86,8 +102,11 @@ def run(args: argparse.Namespace, usage_error) -> int:
         where = getattr(e, "file", None) or inputs[0]
         raise usage_error(f"{where}: {e}") from None
     write_atomic(args.out, [text.rstrip("\n")])
-    pipes = ", ".join(f"{p.name} ({p.type}, {len(p.train_gpus)} train / {len(p.infer_gpus)} infer GPUs)"
-                      for p in scenario.pipelines)
-    print(f"imported {', '.join(inputs)}: scenario {scenario.name!r} on {scenario.cluster.num_gpus} GPU(s): {pipes}; "
-          f"written to {args.out} (rlharness preflight {args.out}; rlharness simulate {args.out})")
+    pipes = ", ".join(
+        f"{p.name} ({p.type}, {len(p.train_gpus)} train / {len(p.infer_gpus)} infer GPUs)" for p in scenario.pipelines
+    )
+    print(
+        f"imported {', '.join(inputs)}: scenario {scenario.name!r} on {scenario.cluster.num_gpus} GPU(s): {pipes}; "
+        f"written to {args.out} (rlharness preflight {args.out}; rlharness simulate {args.out})"
+    )
     return 0

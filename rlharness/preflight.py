@@ -18,15 +18,27 @@ _CLUSTER = re.compile(r"^(\d+)x(\d+)x([a-z0-9_]+)$")
 
 
 def add_parser(sub) -> None:
-    pf = sub.add_parser("preflight", help="verdicts before a run: fits, cannot deadlock, staleness, step time, "
-                                          "known upstream behaviours (exit 1 when one refuses)")
-    pf.add_argument("input", metavar="CONFIG_OR_SCENARIO",
-                    help="a scenario, or a NeMo RL / ROLL / RLix pipeline config (read as `rlharness import` reads it)")
+    pf = sub.add_parser(
+        "preflight",
+        help="verdicts before a run: fits, cannot deadlock, staleness, step time, "
+        "known upstream behaviours (exit 1 when one refuses)",
+    )
+    pf.add_argument(
+        "input",
+        metavar="CONFIG_OR_SCENARIO",
+        help="a scenario, or a NeMo RL / ROLL / RLix pipeline config (read as `rlharness import` reads it)",
+    )
     pf.add_argument("--cluster", metavar="NODESxGPUSxTYPE", help="the cluster to check against, e.g. 8x8xh100_sxm")
     pf.add_argument("--gpu", default="h100_sxm", metavar="PRESET", help="a config's GPU type (default h100_sxm)")
     pf.add_argument("--steps", type=int, default=2, metavar="N", help="steps of the short simulation (default 2)")
-    pf.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="a NeMo RL config: a command-line override as NeMo RL takes it (repeatable)")
+    pf.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a NeMo RL config: a command-line override as NeMo RL takes it (repeatable)",
+    )
     pf.add_argument("--nemo-configs", metavar="DIR", help="for an RLix NeMo RL pipeline: NeMo RL's examples/configs")
 
 
@@ -50,7 +62,11 @@ def kind_of(data: Dict[str, Any]) -> str:
     if "pipeline_cls" in data:
         return "rlix-pipelines"
     defaults = data.get("defaults")
-    if "actor_train" in data or "actor_infer" in data or (isinstance(defaults, list) and any("@" in str(d) for d in defaults)):
+    if (
+        "actor_train" in data
+        or "actor_infer" in data
+        or (isinstance(defaults, list) and any("@" in str(d) for d in defaults))
+    ):
         return "roll-config"
     if {"grpo", "policy", "loss_fn", "defaults"} & set(data):
         return "nemo-rl-config"
@@ -61,8 +77,11 @@ def _scenario(data: Dict[str, Any], path: str, cluster, usage_error):
     from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
     if cluster:
-        kept = {k: v for k, v in (data.get("cluster") or {}).items()
-                if k not in ("vram_bytes", "pcie_bytes_per_s", "intra_node_bytes_per_s", "inter_node_bytes_per_s")}
+        kept = {
+            k: v
+            for k, v in (data.get("cluster") or {}).items()
+            if k not in ("vram_bytes", "pcie_bytes_per_s", "intra_node_bytes_per_s", "inter_node_bytes_per_s")
+        }
         data = dict(data, cluster=dict(kept, nodes=cluster[0], gpus_per_node=cluster[1], gpu=cluster[2]))
     try:
         return scenario_from_mapping(data, path)
@@ -122,13 +141,17 @@ def run(args: argparse.Namespace, usage_error) -> int:
         key_of: Callable[[str], str] = lambda field: field
     else:
         scenario, key_of = _config(kind, args, cluster, usage_error)
-    print(f"preflight {args.input} ({kind}): {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.nodes} x "
-          f"{scenario.cluster.gpus_per_node} {scenario.cluster.gpu or 'GPUs'} ({scenario.cluster.vram_bytes / (1 << 30):.0f} GiB each)")
+    print(
+        f"preflight {args.input} ({kind}): {len(scenario.pipelines)} pipeline(s) on {scenario.cluster.nodes} x "
+        f"{scenario.cluster.gpus_per_node} {scenario.cluster.gpu or 'GPUs'} ({scenario.cluster.vram_bytes / (1 << 30):.0f} GiB each)"
+    )
     verdicts = preflight(scenario, key_of, steps=args.steps)
     for v in verdicts:
         mark = {True: "ok     ", False: "REFUSED", None: "note   "}[v.ok]
-        print(f"  {mark} {v.question}: {v.figure}" + (f"; change {v.key}" if v.key and v.ok is False else
-                                                      f" (key: {v.key})" if v.key else ""))
+        print(
+            f"  {mark} {v.question}: {v.figure}"
+            + (f"; change {v.key}" if v.key and v.ok is False else f" (key: {v.key})" if v.key else "")
+        )
     refused = [v for v in verdicts if v.ok is False]
     print(f"verdict: {'refused: ' + '; '.join(v.question for v in refused) if refused else 'every check holds'}")
     return 1 if refused else 0

@@ -103,7 +103,9 @@ def apply_overrides(mapping: Dict[str, Any], overrides: Mapping[str, Any]) -> Di
         for i, step in enumerate(steps[:-1]):
             if isinstance(step, int):
                 if not isinstance(node, list) or step >= len(node):
-                    raise ValueError(f"override {path!r}: {'.'.join(map(str, steps[:i])) or 'scenario'} has no item {step}")
+                    raise ValueError(
+                        f"override {path!r}: {'.'.join(map(str, steps[:i])) or 'scenario'} has no item {step}"
+                    )
                 node = node[step]
             else:
                 if not isinstance(node, dict):
@@ -210,7 +212,9 @@ class SimRun:
         for p in self.summary.pipelines:
             if p.pipeline_id == pipeline_id:
                 return p
-        raise KeyError(f"no pipeline {pipeline_id!r} in the summary; have {[p.pipeline_id for p in self.summary.pipelines]}")
+        raise KeyError(
+            f"no pipeline {pipeline_id!r} in the summary; have {[p.pipeline_id for p in self.summary.pipelines]}"
+        )
 
 
 def _baseline(baseline: Any) -> List[Any]:
@@ -226,12 +230,23 @@ def _baseline(baseline: Any) -> List[Any]:
     from harness.logs.expect import parse_expectations
     from harness.logs.invariants import CHECKS
 
-    return parse_expectations(list(baseline), "baseline", lambda where, problem: ValueError(f"{where}: {problem}"), CHECKS)
+    return parse_expectations(
+        list(baseline), "baseline", lambda where, problem: ValueError(f"{where}: {problem}"), CHECKS
+    )
 
 
-def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
-        out_dir: Optional[str] = None, png: bool = False, explore: Optional[int] = None,
-        explore_strategy: str = "pct", baseline: Any = None, upstream_as_findings: bool = False) -> SimRun:
+def run(
+    scenario: Any = None,
+    *,
+    overrides: Optional[Mapping[str, Any]] = None,
+    seed: Optional[int] = None,
+    out_dir: Optional[str] = None,
+    png: bool = False,
+    explore: Optional[int] = None,
+    explore_strategy: str = "pct",
+    baseline: Any = None,
+    upstream_as_findings: bool = False,
+) -> SimRun:
     """Simulate and check a scenario; with ``out_dir`` also write its run folder; with
     ``explore`` (a seed) same-time events are ordered by that schedule seed; ``baseline``
     adds expectations to the scenario's ``expect:`` list, and known upstream behaviour is
@@ -248,10 +263,16 @@ def run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, 
         spec = dataclasses.replace(spec, seed=seed)
     from simulators.runtime.explore import ExploreSpec
 
-    out = simulate(spec, out_dir, png=png, explore=None if explore is None else ExploreSpec(explore, explore_strategy),
-                   baseline=_baseline(baseline) + upstream_expectations(upstream_as_findings))
-    return SimRun(spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files,
-                  out.verdict)
+    out = simulate(
+        spec,
+        out_dir,
+        png=png,
+        explore=None if explore is None else ExploreSpec(explore, explore_strategy),
+        baseline=_baseline(baseline) + upstream_expectations(upstream_as_findings),
+    )
+    return SimRun(
+        spec, out.result, out.violations, summarize(out.result.records), out.summary, out_dir, out.files, out.verdict
+    )
 
 
 @pytest.fixture
@@ -265,11 +286,28 @@ def rlharness_run(tmp_path):
     """``rlharness_run(scenario=None, *, overrides=None, seed=None, write=False, png=False, explore=None,
     baseline=None, upstream_as_findings=False)`` -> SimRun."""
 
-    def _run(scenario: Any = None, *, overrides: Optional[Mapping[str, Any]] = None, seed: Optional[int] = None,
-             write: bool = False, png: bool = False, explore: Optional[int] = None,
-             explore_strategy: str = "pct", baseline: Any = None, upstream_as_findings: bool = False) -> SimRun:
-        return run(scenario, overrides=overrides, seed=seed, out_dir=str(tmp_path / "run") if write else None, png=png,
-                   explore=explore, explore_strategy=explore_strategy, baseline=baseline,
-                   upstream_as_findings=upstream_as_findings)
+    def _run(
+        scenario: Any = None,
+        *,
+        overrides: Optional[Mapping[str, Any]] = None,
+        seed: Optional[int] = None,
+        write: bool = False,
+        png: bool = False,
+        explore: Optional[int] = None,
+        explore_strategy: str = "pct",
+        baseline: Any = None,
+        upstream_as_findings: bool = False,
+    ) -> SimRun:
+        return run(
+            scenario,
+            overrides=overrides,
+            seed=seed,
+            out_dir=str(tmp_path / "run") if write else None,
+            png=png,
+            explore=explore,
+            explore_strategy=explore_strategy,
+            baseline=baseline,
+            upstream_as_findings=upstream_as_findings,
+        )
 
     return _run

@@ -48,8 +48,14 @@ from simulators.refit.fit import fit, fit_problem, predict
 MiB = 1 << 20
 GRID = [(m * MiB, b * MiB) for m in (4, 16, 48) for b in (1, 4, 16)]
 QUICK_GRID = [(m * MiB, b * MiB) for m in (4, 24) for b in (1, 8)]
-HELD_OUT = [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB), (24 * MiB, 2 * MiB), (32 * MiB, 12 * MiB),
-            (40 * MiB, 24 * MiB), (64 * MiB, 8 * MiB)]
+HELD_OUT = [
+    (6 * MiB, 3 * MiB),
+    (12 * MiB, 6 * MiB),
+    (24 * MiB, 2 * MiB),
+    (32 * MiB, 12 * MiB),
+    (40 * MiB, 24 * MiB),
+    (64 * MiB, 8 * MiB),
+]
 TARGET_MEDIAN, TARGET_WORST = 0.10, 0.20
 
 
@@ -66,42 +72,67 @@ def _measure(grid: Sequence[Tuple[int, int]], repeats: int, progress) -> list:
     with StreamBench() as bench:
         for i, (model, budget) in enumerate(grid):
             specs = synthetic_specs(model)
-            points.append((specs, Measurement(sum(s.nbytes for s in specs), budget, 0, len(specs)),
-                           materialize(specs, i), max(budget // 2, max(s.nbytes for s in specs))))
+            points.append(
+                (
+                    specs,
+                    Measurement(sum(s.nbytes for s in specs), budget, 0, len(specs)),
+                    materialize(specs, i),
+                    max(budget // 2, max(s.nbytes for s in specs)),
+                )
+            )
         for _ in range(repeats):
             for specs, m, named, cache_bucket in points:
-                bench.measure(specs, m.budget_bytes, repeats=1, cache_bucket_bytes=cache_bucket, into=m, named=named,
-                              warmup=WARMUP)
+                bench.measure(
+                    specs,
+                    m.budget_bytes,
+                    repeats=1,
+                    cache_bucket_bytes=cache_bucket,
+                    into=m,
+                    named=named,
+                    warmup=WARMUP,
+                )
     for _specs, m, _named, _ in points:
-        progress(f"  {m.model_bytes / MiB:5.0f} MiB model, {m.budget_bytes / MiB:4.1f} MiB budget: {m.groups:3d} groups, "
-                 f"median {m.median_s * 1e3:7.1f} ms, best {m.best_s * 1e3:7.1f} ms")
+        progress(
+            f"  {m.model_bytes / MiB:5.0f} MiB model, {m.budget_bytes / MiB:4.1f} MiB budget: {m.groups:3d} groups, "
+            f"median {m.median_s * 1e3:7.1f} ms, best {m.best_s * 1e3:7.1f} ms"
+        )
     return [(specs, m) for specs, m, _named, _ in points]
 
 
 def _machine() -> Dict[str, object]:
     import os
 
-    return {"host": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
 
 
 def _table(points: list, costs: Dict[str, float]) -> Tuple[List[str], List[float]]:
-    lines = [f"{'model MiB':>9} {'budget MiB':>10} {'groups':>6} {'measured ms':>11} {'median ms':>9} "
-             f"{'simulated ms':>12} {'error':>7}"]
+    lines = [
+        f"{'model MiB':>9} {'budget MiB':>10} {'groups':>6} {'measured ms':>11} {'median ms':>9} "
+        f"{'simulated ms':>12} {'error':>7}"
+    ]
     errors = []
     for specs, m in points:
         p = predict(specs, m.budget_bytes, costs)
         err = (p - m.best_s) / m.best_s
         errors.append(err)
-        lines.append(f"{m.model_bytes / MiB:9.0f} {m.budget_bytes / MiB:10.1f} {m.groups:6d} {m.best_s * 1e3:11.1f} "
-                     f"{m.median_s * 1e3:9.1f} {p * 1e3:12.1f} {err * 100:+6.1f}%")
+        lines.append(
+            f"{m.model_bytes / MiB:9.0f} {m.budget_bytes / MiB:10.1f} {m.groups:6d} {m.best_s * 1e3:11.1f} "
+            f"{m.median_s * 1e3:9.1f} {p * 1e3:12.1f} {err * 100:+6.1f}%"
+        )
     return lines, errors
 
 
 def cmd_calibrate(out: str, repeats: int, quick: bool) -> int:
     grid = QUICK_GRID if quick else GRID
-    print(f"calibrating the refit stream on this machine: {len(grid)} configurations x {repeats} repeats "
-          f"(real transport: pyzmq ipc://, /dev/shm ping-pong buffers, a receiver process)")
+    print(
+        f"calibrating the refit stream on this machine: {len(grid)} configurations x {repeats} repeats "
+        f"(real transport: pyzmq ipc://, /dev/shm ping-pong buffers, a receiver process)"
+    )
     t0 = time.monotonic()
     points = _measure(grid, repeats, print)
     costs = fit(points)
@@ -113,38 +144,52 @@ def cmd_calibrate(out: str, repeats: int, quick: bool) -> int:
     print("\n".join("  " + line for line in lines))
     problem = fit_problem(points, costs)  # a fit no simulation should use is not written
     if problem is not None:
-        print(f"error: calibrate refit: {problem}; {out} not written (measure again: without --quick, with more "
-              f"--repeats, on a quieter machine)", file=sys.stderr)
+        print(
+            f"error: calibrate refit: {problem}; {out} not written (measure again: without --quick, with more "
+            f"--repeats, on a quieter machine)",
+            file=sys.stderr,
+        )
         return ExitCode.FINDING
-    write_calibration(out, costs, machine=_machine(), repeats=repeats,
-                      grid=[m.to_json() for _, m in points],
-                      fit={"errors_on_grid": [round(e, 4) for e in errors]})
+    write_calibration(
+        out,
+        costs,
+        machine=_machine(),
+        repeats=repeats,
+        grid=[m.to_json() for _, m in points],
+        fit={"errors_on_grid": [round(e, 4) for e in errors]},
+    )
     print(f"wrote {out} ({time.monotonic() - t0:.0f} s); a scenario uses it with `refit_calibration: {out}`")
     return ExitCode.OK
 
 
 def cmd_fidelity(calibration: Optional[str], repeats: int, strict: bool, alongside: bool = False) -> int:
     if alongside:
-        print(f"refit fidelity: {len(HELD_OUT)} configurations not on the calibration grid, measured in the same "
-              f"interleaved rounds as the {len(GRID)}-point grid the costs are fitted on; {repeats} repeats each, "
-              f"load {_machine()['load_1min']}")
+        print(
+            f"refit fidelity: {len(HELD_OUT)} configurations not on the calibration grid, measured in the same "
+            f"interleaved rounds as the {len(GRID)}-point grid the costs are fitted on; {repeats} repeats each, "
+            f"load {_machine()['load_1min']}"
+        )
         measured = _measure(GRID + HELD_OUT, repeats, lambda line: None)
-        costs = fit(measured[:len(GRID)])
-        points = measured[len(GRID):]
+        costs = fit(measured[: len(GRID)])
+        points = measured[len(GRID) :]
     else:
         try:
             costs = load_calibration(calibration)
         except CalibrationError as e:
             print(f"error: {e}", file=sys.stderr)
             return ExitCode.BAD_INPUT
-        print(f"refit fidelity: {len(HELD_OUT)} configurations not on the calibration grid, {repeats} repeats each, "
-              f"costs from {calibration}, load {_machine()['load_1min']}")
+        print(
+            f"refit fidelity: {len(HELD_OUT)} configurations not on the calibration grid, {repeats} repeats each, "
+            f"costs from {calibration}, load {_machine()['load_1min']}"
+        )
         points = _measure(HELD_OUT, repeats, lambda line: None)
     lines, errors = _table(points, costs)
     print("\n".join(lines))
     med = statistics.median(abs(e) for e in errors)
     worst = max(abs(e) for e in errors)
     ok = med <= TARGET_MEDIAN and worst <= TARGET_WORST
-    print(f"median |error| {med * 100:.1f} % (target <= {TARGET_MEDIAN * 100:.0f} %), "
-          f"worst |error| {worst * 100:.1f} % (target <= {TARGET_WORST * 100:.0f} %): {'met' if ok else 'MISSED'}")
+    print(
+        f"median |error| {med * 100:.1f} % (target <= {TARGET_MEDIAN * 100:.0f} %), "
+        f"worst |error| {worst * 100:.1f} % (target <= {TARGET_WORST * 100:.0f} %): {'met' if ok else 'MISSED'}"
+    )
     return ExitCode.FINDING if strict and not ok else ExitCode.OK

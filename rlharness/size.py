@@ -25,8 +25,14 @@ def add_parser(sub) -> None:
     sz.add_argument("--max-nodes", type=int, default=8, metavar="N", help="largest node count tried (default 8)")
     sz.add_argument("--gpu", default="h100_sxm", metavar="PRESET", help="the GPU type (default h100_sxm)")
     sz.add_argument("--steps", type=int, default=2, metavar="N", help="simulated steps per layout (default 2)")
-    sz.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="a NeMo RL override applied to every layout (repeatable)")
+    sz.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a NeMo RL override applied to every layout (repeatable)",
+    )
     sz.add_argument("--plot", metavar="PNG", help="write tokens/s against GPUs here")
 
 
@@ -42,8 +48,10 @@ def _candidate(args: argparse.Namespace, nodes: int, tp: int) -> Dict[str, Any]:
 
     row: Dict[str, Any] = {"nodes": nodes, "infer_tp": tp}
     try:
-        over = list(args.overrides) + [f"++cluster.num_nodes={nodes}",
-                                       f"policy.generation.vllm_cfg.tensor_parallel_size={tp}"]
+        over = list(args.overrides) + [
+            f"++cluster.num_nodes={nodes}",
+            f"policy.generation.vllm_cfg.tensor_parallel_size={tp}",
+        ]
         cfg, chain = nemo_rl.load(args.config, over)
         _, s = finish(nemo_rl.translate(cfg, args.config, chain, gpu=args.gpu, steps=args.steps), args.config)
     except ConfigRefused as e:
@@ -59,8 +67,12 @@ def _candidate(args: argparse.Namespace, nodes: int, tp: int) -> Dict[str, Any]:
     if out.result.reason != "done" or not p.get("mean_step_s"):
         return {**row, "refused": f"the simulated run ended {out.result.reason}: {out.result.detail}"}
     step = p["mean_step_s"]
-    return {**row, "step_s": step, "tokens_per_s": p["tokens"] / max(1, p["steps_done"]) / step,
-            "gpu_hours_per_step": s.cluster.num_gpus * step / 3600.0}
+    return {
+        **row,
+        "step_s": step,
+        "tokens_per_s": p["tokens"] / max(1, p["steps_done"]) / step,
+        "gpu_hours_per_step": s.cluster.num_gpus * step / 3600.0,
+    }
 
 
 def _tps(gpus_per_node: int) -> List[int]:
@@ -116,20 +128,28 @@ def run(args: argparse.Namespace, usage_error) -> int:
     except ValueError as e:
         raise usage_error(f"{args.config}: {e}") from None
     rows = [_candidate(args, n, tp) for n in range(1, args.max_nodes + 1) for tp in _tps(int(gpn))]
-    meets = sorted((r for r in rows if r.get("tokens_per_s", 0) >= args.target_tokens_per_s),
-                   key=lambda r: (r["gpus"], r["gpu_hours_per_step"]))
-    print(f"size {args.config}: {len(rows)} layouts ({args.max_nodes} node counts x generation TP "
-          f"{', '.join(map(str, _tps(int(gpn))))}, {gpn} {args.gpu} per node), target "
-          f"{args.target_tokens_per_s:,.0f} generated tokens/s")
+    meets = sorted(
+        (r for r in rows if r.get("tokens_per_s", 0) >= args.target_tokens_per_s),
+        key=lambda r: (r["gpus"], r["gpu_hours_per_step"]),
+    )
+    print(
+        f"size {args.config}: {len(rows)} layouts ({args.max_nodes} node counts x generation TP "
+        f"{', '.join(map(str, _tps(int(gpn))))}, {gpn} {args.gpu} per node), target "
+        f"{args.target_tokens_per_s:,.0f} generated tokens/s"
+    )
     print(f"  {'nodes':>5} {'GPUs':>5} {'gen TP':>6} {'step s':>8} {'tokens/s':>10} {'GPU-h/step':>10}  verdict")
     for r in rows:
         if "tokens_per_s" in r:
             verdict = "meets" if r in meets else "below target"
-            print(f"  {r['nodes']:>5} {r['gpus']:>5} {r['infer_tp']:>6} {r['step_s']:>8.1f} {r['tokens_per_s']:>10,.0f} "
-                  f"{r['gpu_hours_per_step']:>10.3f}  {verdict}")
+            print(
+                f"  {r['nodes']:>5} {r['gpus']:>5} {r['infer_tp']:>6} {r['step_s']:>8.1f} {r['tokens_per_s']:>10,.0f} "
+                f"{r['gpu_hours_per_step']:>10.3f}  {verdict}"
+            )
         else:
-            print(f"  {r['nodes']:>5} {r.get('gpus', '-'):>5} {r['infer_tp']:>6} {'-':>8} {'-':>10} {'-':>10}  "
-                  f"refused: {r['refused'][:110]}")
+            print(
+                f"  {r['nodes']:>5} {r.get('gpus', '-'):>5} {r['infer_tp']:>6} {'-':>8} {'-':>10} {'-':>10}  "
+                f"refused: {r['refused'][:110]}"
+            )
     if args.plot:
         _draw(rows, args.target_tokens_per_s, args.plot)
         print(f"plot: {args.plot}")
@@ -137,6 +157,8 @@ def run(args: argparse.Namespace, usage_error) -> int:
         print("cheapest: none of these layouts reaches the target (raise --max-nodes)")
         return 1
     best = meets[0]
-    print(f"cheapest: {best['nodes']} node(s), {best['gpus']} GPUs, generation TP {best['infer_tp']}: "
-          f"{best['tokens_per_s']:,.0f} tokens/s, {best['gpu_hours_per_step']:.3f} GPU-hours per step")
+    print(
+        f"cheapest: {best['nodes']} node(s), {best['gpus']} GPUs, generation TP {best['infer_tp']}: "
+        f"{best['tokens_per_s']:,.0f} tokens/s, {best['gpu_hours_per_step']:.3f} GPU-hours per step"
+    )
     return 0

@@ -36,8 +36,9 @@ def read_timings(path: str) -> List[stepfit.Run]:
     try:
         data = json.loads(text) if path.endswith(".json") else strict_safe_load(text)
     except Exception as e:  # noqa: BLE001 - a parser's error becomes one line naming the file
-        raise StepCalibrationError(f"{path}: not {'JSON' if path.endswith('.json') else 'YAML'}: "
-                                   f"{' '.join(str(e).split())}") from None
+        raise StepCalibrationError(
+            f"{path}: not {'JSON' if path.endswith('.json') else 'YAML'}: {' '.join(str(e).split())}"
+        ) from None
     try:
         return stepfit.parse_timings(data, path)
     except stepfit.StepTimingsError as e:
@@ -61,10 +62,14 @@ def cmd_calibrate_step(timings: str, out: str, hold_out: Sequence[str]) -> int:
     if not fitted:
         raise StepCalibrationError("--hold-out: every run is held out; nothing is left to fit")
     factors = stepfit.fit(fitted)
-    body = {"format": stepfit.CALIBRATION_FORMAT, "version": stepfit.VERSION,
-            "costs": {k: round(factors[k], 6) for k in stepfit.FACTORS if k in factors},
-            "timings": os.path.basename(timings), "fitted": sorted(r.name for r in fitted),
-            "held_out": sorted(hold_out)}
+    body = {
+        "format": stepfit.CALIBRATION_FORMAT,
+        "version": stepfit.VERSION,
+        "costs": {k: round(factors[k], 6) for k in stepfit.FACTORS if k in factors},
+        "timings": os.path.basename(timings),
+        "fitted": sorted(r.name for r in fitted),
+        "held_out": sorted(hold_out),
+    }
     atomic_write(out, [json.dumps(body, indent=2) + "\n"])
     for key in stepfit.FACTORS:
         print(f"{key:24} {factors[key]:.4f}" if key in factors else f"{key:24} (not measured: default kept)")
@@ -80,7 +85,9 @@ def cmd_fidelity_step(timings: str, calibration: str) -> int:
     print(f"{'run':20} {'':9} {'stage':13} {'measured s':>11} {'predicted s':>11} {'error':>7}")
     for run, stage, measured, predicted in rows:
         tag = "held out" if run in held else "fitted"
-        print(f"{run:20} {tag:9} {stage:13} {measured:11.2f} {predicted:11.2f} {100 * (predicted - measured) / measured:+6.1f}%")
+        print(
+            f"{run:20} {tag:9} {stage:13} {measured:11.2f} {predicted:11.2f} {100 * (predicted - measured) / measured:+6.1f}%"
+        )
     _summary("held-out runs", [r for r in rows if r[0] in held])
     _summary("fitted runs", [r for r in rows if r[0] not in held])
     return ExitCode.OK
@@ -113,8 +120,10 @@ def step_command(args: Any, usage_error: type, check_output_file: Any) -> bool:
             cmd_calibrate_step(args.timings, out, args.hold_out)
         else:
             if not args.calibration:
-                raise usage_error("fidelity step: --calibration FILE (from `rlharness calibrate step`) is required "
-                                  "(--fit-alongside is for fidelity refit)")
+                raise usage_error(
+                    "fidelity step: --calibration FILE (from `rlharness calibrate step`) is required "
+                    "(--fit-alongside is for fidelity refit)"
+                )
             cmd_fidelity_step(args.timings, args.calibration)
     except StepCalibrationError as e:
         raise usage_error(str(e)) from None

@@ -27,9 +27,11 @@ def run(args: argparse.Namespace, usage_error) -> int:
         except ScenarioError as e:
             raise usage_error(str(e)) from None
         steps = sum(p.steps for p in s.pipelines)
-        print(f"{path}: valid: scenario {s.name!r}, {len(s.pipelines)} pipeline(s) on {s.cluster.num_gpus} GPU(s), "
-              f"{steps} step(s) in all, {len(s.faults)} fault(s), seed {s.seed}, horizon {s.horizon_s:g} simulated s"
-              + _headroom(s))
+        print(
+            f"{path}: valid: scenario {s.name!r}, {len(s.pipelines)} pipeline(s) on {s.cluster.num_gpus} GPU(s), "
+            f"{steps} step(s) in all, {len(s.faults)} fault(s), seed {s.seed}, horizon {s.horizon_s:g} simulated s"
+            + _headroom(s)
+        )
     return ExitCode.OK
 
 
@@ -42,5 +44,6 @@ def _headroom(s) -> str:
         return ""
     gpu, free, what = worst
     margin = s.costs.handover_margin_bytes
-    return (f"; static worst-case wake headroom {free / (1 << 30):.2f} GiB on {what}"
-            + (f" (under the {margin / (1 << 30):.2f} GiB margin)" if free < margin else ""))
+    return f"; static worst-case wake headroom {free / (1 << 30):.2f} GiB on {what}" + (
+        f" (under the {margin / (1 << 30):.2f} GiB margin)" if free < margin else ""
+    )

@@ -48,8 +48,15 @@ from simulators.scenario.spec import Scenario
 
 
 #: every file a run folder holds, in the order they are written
-OUTPUT_FILES = ("events.jsonl", "summary.txt", "summary.json", "trace.json", "timeline.png", "scenario.yaml",
-                "violations.txt")
+OUTPUT_FILES = (
+    "events.jsonl",
+    "summary.txt",
+    "summary.json",
+    "trace.json",
+    "timeline.png",
+    "scenario.yaml",
+    "violations.txt",
+)
 
 
 @dataclass
@@ -89,9 +96,17 @@ def with_seed(scenario: Scenario, seed: Optional[int]) -> Scenario:
     return scenario if seed is None else dataclasses.replace(scenario, seed=seed)
 
 
-def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
-             progress: Optional[Callable[[str], None]] = None, explore: Optional[ExploreSpec] = None,
-             baseline: Sequence[Expectation] = (), strict: bool = False, stream: bool = False) -> SimulationOutput:
+def simulate(
+    scenario: Scenario,
+    out_dir: Optional[str],
+    *,
+    png: bool = True,
+    progress: Optional[Callable[[str], None]] = None,
+    explore: Optional[ExploreSpec] = None,
+    baseline: Sequence[Expectation] = (),
+    strict: bool = False,
+    stream: bool = False,
+) -> SimulationOutput:
     """Run, check and write; ``baseline`` adds expectations to the scenario's own.
     ``stream``: the event log is written, checked and summarized as the run makes it
     (:func:`simulators.run_streamed.simulate_streamed`: the same files, memory bounded
@@ -99,17 +114,30 @@ def simulate(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
     if stream:
         from simulators.run_streamed import simulate_streamed
 
-        return simulate_streamed(scenario, out_dir, png=png, progress=progress, explore=explore,
-                                 expectations=list(scenario.expect) + list(baseline), strict=strict)
+        return simulate_streamed(
+            scenario,
+            out_dir,
+            png=png,
+            progress=progress,
+            explore=explore,
+            expectations=list(scenario.expect) + list(baseline),
+            strict=strict,
+        )
     result = Simulation(scenario, progress=progress, explore=explore).run()
     return write_outputs(result, out_dir, png=png, progress=progress, baseline=baseline, strict=strict)
 
 
-def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True,
-                  progress: Optional[Callable[[str], None]] = None,
-                  timings: Optional[Dict[str, float]] = None,
-                  baseline: Sequence[Expectation] = (), strict: bool = False,
-                  fork: Optional[bool] = None) -> SimulationOutput:
+def write_outputs(
+    result: RunResult,
+    out_dir: Optional[str],
+    *,
+    png: bool = True,
+    progress: Optional[Callable[[str], None]] = None,
+    timings: Optional[Dict[str, float]] = None,
+    baseline: Sequence[Expectation] = (),
+    strict: bool = False,
+    fork: Optional[bool] = None,
+) -> SimulationOutput:
     """Check the invariants and summarize a finished run; with ``out_dir``, write the
     outputs listed above into it. ``timings``, if given, receives the wall seconds of
     each step (``check``: the oracle and the summary's figures, ``summary``: its
@@ -124,15 +152,29 @@ def write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool = True
     run's outputs, with the same peak RSS without it (the outputs make little cyclic
     garbage; it is collected after)."""
     with gc_paused():
-        return _write_outputs(result, out_dir, png=png, progress=progress, timings=timings,
-                              expectations=list(result.scenario.expect) + list(baseline), strict=strict,
-                              fork=fork)
+        return _write_outputs(
+            result,
+            out_dir,
+            png=png,
+            progress=progress,
+            timings=timings,
+            expectations=list(result.scenario.expect) + list(baseline),
+            strict=strict,
+            fork=fork,
+        )
 
 
-def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
-                   progress: Optional[Callable[[str], None]],
-                   timings: Optional[Dict[str, float]], expectations: List[Expectation],
-                   strict: bool, fork: Optional[bool] = None) -> SimulationOutput:
+def _write_outputs(
+    result: RunResult,
+    out_dir: Optional[str],
+    *,
+    png: bool,
+    progress: Optional[Callable[[str], None]],
+    timings: Optional[Dict[str, float]],
+    expectations: List[Expectation],
+    strict: bool,
+    fork: Optional[bool] = None,
+) -> SimulationOutput:
     """The outputs, in two shares (simulators/verdict/check_fork.py): the oracle's checks and the
     event log, which read only the records, run in a forked child for a long run, while
     this process makes what reads the intervals (the summary's figures, the trace, the
@@ -142,7 +184,9 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
     long_run = progress is not None and (result.wall_s > 2.0 or len(records) > 200_000)
     say = progress if long_run else (lambda _line: None)
     clock = _Stopwatch(timings)
-    say(f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; checking invariants on {len(records)} records")
+    say(
+        f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; checking invariants on {len(records)} records"
+    )
     view = RunView(records)  # the summary, trace and picture share one derivation of the intervals
     with ExitStack() as stack:
         folder = stack.enter_context(RunFolder(out_dir, OUTPUT_FILES)) if out_dir is not None else None
@@ -173,8 +217,9 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
             clock.lap("events.jsonl")
 
         events = out("events.jsonl") if folder is not None else None
-        violations, figures = check_beside(records, intervals_share, fork=fork,
-                                           child_work=None if events is None else write_events)
+        violations, figures = check_beside(
+            records, intervals_share, fork=fork, child_work=None if events is None else write_events
+        )
         clock.lap("check")  # (the wait for the other share)
         verdict = classify(run_findings(result, violations, view), expectations)
         summary = "\n".join([format_summary(figures)] + report_lines(verdict, strict))
@@ -186,12 +231,20 @@ def _write_outputs(result: RunResult, out_dir: Optional[str], *, png: bool,
     return SimulationOutput(result, violations, summary, files, figures, verdict)
 
 
-def write_findings(out: Callable[[str], str], scenario: Scenario, figures: Summary, summary: str, verdict: Verdict,
-                    violations: List[Violation]) -> None:
+def write_findings(
+    out: Callable[[str], str],
+    scenario: Scenario,
+    figures: Summary,
+    summary: str,
+    verdict: Verdict,
+    violations: List[Violation],
+) -> None:
     """The files written once the findings are known (and the resolved scenario)."""
     _write_text(out("summary.txt"), summary + "\n")
-    _write_text(out("summary.json"), json.dumps({**summary_json(figures), "findings": verdict.as_json()}, indent=1,
-                                                allow_nan=False) + "\n")
+    _write_text(
+        out("summary.json"),
+        json.dumps({**summary_json(figures), "findings": verdict.as_json()}, indent=1, allow_nan=False) + "\n",
+    )
     _write_text(out("scenario.yaml"), yaml.safe_dump(scenario_to_mapping(scenario), sort_keys=False))
     _write_text(out("violations.txt"), "".join(f"{v}\n" for v in violations))
 

@@ -35,9 +35,16 @@ from simulators.runtime.simulation import Simulation
 from simulators.scenario.spec import Scenario
 
 
-def simulate_streamed(scenario: Scenario, out_dir: Optional[str], *, png: bool = True,
-                      progress: Optional[Callable[[str], None]] = None, explore: Optional[ExploreSpec] = None,
-                      expectations: List[Expectation] = (), strict: bool = False) -> SimulationOutput:
+def simulate_streamed(
+    scenario: Scenario,
+    out_dir: Optional[str],
+    *,
+    png: bool = True,
+    progress: Optional[Callable[[str], None]] = None,
+    explore: Optional[ExploreSpec] = None,
+    expectations: List[Expectation] = (),
+    strict: bool = False,
+) -> SimulationOutput:
     """Run ``scenario`` with its outputs made as it goes; the files of ``simulate``."""
     say = progress if progress is not None else (lambda _line: None)
     oracle = OnlineOracle()
@@ -47,8 +54,10 @@ def simulate_streamed(scenario: Scenario, out_dir: Optional[str], *, png: bool =
         sink = stack.enter_context(open(folder.path("events.jsonl"), "wb")) if folder is not None else None
         try:
             result = Simulation(scenario, progress=progress, explore=explore, sink=sink, consumers=[oracle, view]).run()
-            say(f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; {result.log.made} records "
-                "written and checked as they were made")
+            say(
+                f"  run ended ({result.reason}) after {result.wall_s:.1f} s wall; {result.log.made} records "
+                "written and checked as they were made"
+            )
             with gc_paused():
                 found = oracle.finish()
                 view.finish()

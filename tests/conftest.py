@@ -164,8 +164,14 @@ def local_ray(tmp_path_factory):
         # worker_niceness 0: Ray starts its workers at nice 15 by default, and beside the
         # suite's busy xdist workers TransferQueue's controller then got ~2 % of a core: its
         # init ran past 180 s on a loaded run (past 60 s alone against 5 busy loops; 15-19 s at 0)
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, namespace="rlharness-tests",
-                 configure_logging=False, _system_config={"worker_niceness": 0})
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=False,
+            namespace="rlharness-tests",
+            configure_logging=False,
+            _system_config={"worker_niceness": 0},
+        )
         try:
             yield ray
         finally:

@@ -64,10 +64,14 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter):
     if _state.get("leaks"):
         terminalreporter.section("files left behind", red=True)
-        terminalreporter.write_line(f"this session (tag {_state['tag']}) left {len(_state['leaks'])} project file(s) "
-                                    "in /dev/shm or the temp folder: the session fails")
+        terminalreporter.write_line(
+            f"this session (tag {_state['tag']}) left {len(_state['leaks'])} project file(s) "
+            "in /dev/shm or the temp folder: the session fails"
+        )
         for path in _state["leaks"]:
             terminalreporter.write_line(f"  {path}")
     if _state.get("others"):
-        terminalreporter.write_line(f"new project names without this session's tag (other sessions on this machine?): "
-                                    f"{', '.join(_state['others'][:10])}")
+        terminalreporter.write_line(
+            f"new project names without this session's tag (other sessions on this machine?): "
+            f"{', '.join(_state['others'][:10])}"
+        )

@@ -82,7 +82,9 @@ def scan(root: str = ROOT) -> Tuple[Dict[str, Tuple[int, int]], Dict[str, Set[st
                 modules[dotted[: -len(".__init__")] if dotted.endswith(".__init__") else dotted] = concept
                 sources[concept + "\0" + rel] = text
                 sizes[concept][0] += 1
-                sizes[concept][1] += sum(1 for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+                sizes[concept][1] += sum(
+                    1 for line in text.splitlines() if line.strip() and not line.strip().startswith("#")
+                )
     edges: Dict[str, Set[str]] = defaultdict(set)
     for key, text in sources.items():
         concept = key.split("\0")[0]
@@ -152,8 +154,11 @@ def draw(root: str = ROOT, out: str = OUT) -> None:
     centres: Dict[int, Tuple[float, float]] = {}
     for i, (title, _, colour) in enumerate(LAYERS):
         y = height - (i + 1) * row_h
-        ax.add_patch(FancyBboxPatch((0.1, y + 0.08), width - 0.2, row_h - 0.16, boxstyle="round,pad=0.01",
-                                    fc=colour, ec="#333333", lw=0.8))
+        ax.add_patch(
+            FancyBboxPatch(
+                (0.1, y + 0.08), width - 0.2, row_h - 0.16, boxstyle="round,pad=0.01", fc=colour, ec="#333333", lw=0.8
+            )
+        )
         ax.text(0.25, y + row_h - 0.2, title, fontsize=9, weight="bold", va="top")
         folders = sorted(by_layer[i])
         cell = (width - 0.5) / max(len(folders), 1)
@@ -161,9 +166,15 @@ def draw(root: str = ROOT, out: str = OUT) -> None:
             files, lines = sizes[folder]
             label = folder.split("/", 1)[1] + "/" if "/" in folder and folder != LAYERS[i][1] else folder + "/"
             if folder.startswith("harness/logs/"):
-                label = folder[len("harness/logs/"):] + "/"
-            ax.text(0.3 + cell * (j + 0.5), y + 0.42, f"{label}\n{lines:,}", ha="center", va="center",
-                    fontsize=7.2 if len(folders) > 9 else 8)
+                label = folder[len("harness/logs/") :] + "/"
+            ax.text(
+                0.3 + cell * (j + 0.5),
+                y + 0.42,
+                f"{label}\n{lines:,}",
+                ha="center",
+                va="center",
+                fontsize=7.2 if len(folders) > 9 else 8,
+            )
         centres[i] = (width / 2, y + row_h / 2)
     counts: Dict[Tuple[int, int], int] = defaultdict(int)
     for src, targets in edges.items():
@@ -175,8 +186,11 @@ def draw(root: str = ROOT, out: str = OUT) -> None:
         x = 1.0 + 1.6 * b + 0.25 * a
         ya = height - (a + 1) * row_h + 0.1
         yb = height - b * row_h - 0.1
-        ax.add_patch(FancyArrowPatch((x, ya), (x, yb), arrowstyle="-|>", mutation_scale=9, lw=0.8,
-                                     color="#7a3b00" if b < a else "#333333"))
+        ax.add_patch(
+            FancyArrowPatch(
+                (x, ya), (x, yb), arrowstyle="-|>", mutation_scale=9, lw=0.8, color="#7a3b00" if b < a else "#333333"
+            )
+        )
         ax.text(x + 0.05, (ya + yb) / 2, str(n), fontsize=6.5, color="#7a3b00")
     fig.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)

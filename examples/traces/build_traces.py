@@ -18,8 +18,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Trace:
     def __init__(self, nodes: int, gpus_per_node: int, **scheduler):
-        self.log = EventLog(header_record({"nodes": nodes, "gpus_per_node": gpus_per_node},
-                                          scheduler=scheduler or None, source="example"))
+        self.log = EventLog(
+            header_record(
+                {"nodes": nodes, "gpus_per_node": gpus_per_node}, scheduler=scheduler or None, source="example"
+            )
+        )
         self.t = 0.0
 
     def at(self, dt: float) -> "Trace":
@@ -41,9 +44,13 @@ def partial_overlap_2gpu() -> Trace:
     """NeMo-style: ppl1 train [0] infer [0,1]; ppl2 train [1] infer [0,1] (the default scenario)."""
     tr = Trace(1, 2)
     for pid, train in (("ppl1", [0]), ("ppl2", [1])):
-        tr("register", pipeline_id=pid, topology="partial_overlap",
-           cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
-           cluster_device_mappings={"actor_train": train, "actor_infer": [0, 1]})
+        tr(
+            "register",
+            pipeline_id=pid,
+            topology="partial_overlap",
+            cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
+            cluster_device_mappings={"actor_train": train, "actor_infer": [0, 1]},
+        )
         tr("admit", pipeline_id=pid)
         # initialize_pipeline: INIT actor_train, build cache, offload, release; INIT actor_infer, sleep, release
         tr.at(0.1)("request", cluster_id=f"{pid}_actor_train", priority="INITIALIZATION").cycle()
@@ -60,7 +67,9 @@ def partial_overlap_2gpu() -> Trace:
             # before_training: ACTOR_TRAINING preempts the overlapping infer rank
             tr.at(1.0)("request", cluster_id=f"{pid}_actor_train", priority="ACTOR_TRAINING", global_step=step).cycle()
             # watchdog: no active rank left -> re-request GENERATION
-            tr.at(2.0)("request", cluster_id=f"{pid}_actor_infer", priority="GENERATION", step_target_estimate=1).cycle()
+            tr.at(2.0)(
+                "request", cluster_id=f"{pid}_actor_infer", priority="GENERATION", step_target_estimate=1
+            ).cycle()
             # after_training: active refresh + publish, then release actor_train; next cycle expands back
             tr.at(6.0)("release", cluster_id=f"{pid}_actor_train", global_step=step).cycle()
             tr("clear_progress", pipeline_id=pid)
@@ -79,14 +88,22 @@ def roll_dual_4gpu() -> Trace:
     tr = Trace(1, 4)
     pipes = (("ft_000000000001", [0, 1]), ("ft_000000000002", [2, 3]))
     for pid, train in pipes:
-        tr("register", pipeline_id=pid,
-           cluster_tp_configs={"actor_train": 1, "actor_infer": 1, "reference": 1},
-           cluster_device_mappings={"actor_train": train, "actor_infer": [0, 1, 2, 3], "reference": train})
+        tr(
+            "register",
+            pipeline_id=pid,
+            cluster_tp_configs={"actor_train": 1, "actor_infer": 1, "reference": 1},
+            cluster_device_mappings={"actor_train": train, "actor_infer": [0, 1, 2, 3], "reference": train},
+        )
         tr("admit", pipeline_id=pid)
     for step in range(3):
         for pid, _ in pipes:
-            tr.at(0.2)("request", cluster_id=f"{pid}_actor_infer", priority="GENERATION",
-                       global_step=step, step_target_estimate=16)
+            tr.at(0.2)(
+                "request",
+                cluster_id=f"{pid}_actor_infer",
+                priority="GENERATION",
+                global_step=step,
+                step_target_estimate=16,
+            )
         tr.cycle()
         for done in (4, 8, 12, 16):
             for n, (pid, _) in enumerate(pipes):
@@ -97,10 +114,22 @@ def roll_dual_4gpu() -> Trace:
             tr.at(0.5)("await_release", pipeline_id=pid, global_step=step).cycle()
             tr("clear_progress", pipeline_id=pid)
             tr.at(0.3)("request", cluster_id=g + "reference", priority="REF_LOG_PROBS", global_step=step).cycle()
-            tr.at(2.0)("release_then_request", release_cluster_id=g + "reference", release_global_step=step,
-                       request_cluster_id=g + "actor_train", request_priority="OLD_LOG_PROBS", request_global_step=step).cycle()
-            tr.at(2.0)("release_then_request", release_cluster_id=g + "actor_train", release_global_step=step,
-                       request_cluster_id=g + "actor_train", request_priority="ACTOR_TRAINING", request_global_step=step).cycle()
+            tr.at(2.0)(
+                "release_then_request",
+                release_cluster_id=g + "reference",
+                release_global_step=step,
+                request_cluster_id=g + "actor_train",
+                request_priority="OLD_LOG_PROBS",
+                request_global_step=step,
+            ).cycle()
+            tr.at(2.0)(
+                "release_then_request",
+                release_cluster_id=g + "actor_train",
+                release_global_step=step,
+                request_cluster_id=g + "actor_train",
+                request_priority="ACTOR_TRAINING",
+                request_global_step=step,
+            ).cycle()
             tr.at(5.0)("release", cluster_id=g + "actor_train", global_step=step)
     return tr
 
@@ -108,9 +137,18 @@ def roll_dual_4gpu() -> Trace:
 def gap_ratio_3pipelines() -> Trace:
     """Three pipelines share 8 GPUs by remaining demand; background rebalance moves bundles."""
     tr = Trace(1, 8)
-    specs = (("pa", 1, [0, 1, 2, 3, 4, 5, 6, 7]), ("pb", 1, [0, 1, 2, 3, 4, 5, 6, 7]), ("pc", 1, [0, 1, 2, 3, 4, 5, 6, 7]))
+    specs = (
+        ("pa", 1, [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("pb", 1, [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("pc", 1, [0, 1, 2, 3, 4, 5, 6, 7]),
+    )
     for pid, tp, infer in specs:
-        tr("register", pipeline_id=pid, cluster_tp_configs={"actor_infer": tp}, cluster_device_mappings={"actor_infer": infer})
+        tr(
+            "register",
+            pipeline_id=pid,
+            cluster_tp_configs={"actor_infer": tp},
+            cluster_device_mappings={"actor_infer": infer},
+        )
         tr("admit", pipeline_id=pid)
     for pid, _, _ in specs:
         tr.at(0.1)("request", cluster_id=f"{pid}_actor_infer", priority="GENERATION", step_target_estimate=32)

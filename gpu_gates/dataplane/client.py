@@ -16,9 +16,16 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from gpu_gates.dataplane.codec import Schema, decode, encode, rows_nbytes
-from harness.dataplane.errors import (ClosedClientError, DataPlaneInputError, DuplicateWriteError,
-                                      MissingSamplesError, UnknownPartitionError, UnknownTaskError,
-                                      UnproducedFieldError, sample_list)
+from harness.dataplane.errors import (
+    ClosedClientError,
+    DataPlaneInputError,
+    DuplicateWriteError,
+    MissingSamplesError,
+    UnknownPartitionError,
+    UnknownTaskError,
+    UnproducedFieldError,
+    sample_list,
+)
 from harness.dataplane.meta import KVBatchMeta, check_sample_ids, check_tags
 from gpu_gates.dataplane.store import RowStore
 
@@ -35,8 +42,9 @@ def _check_partition_id(partition_id: Any) -> str:
 class DataPlaneClient:
     """One process's view of the store; ``actor``/``role``/``dp_rank`` label its records."""
 
-    def __init__(self, store: RowStore, *, actor: str, role: str, dp_rank: Optional[int] = None,
-                 sink: Optional[Sink] = None) -> None:
+    def __init__(
+        self, store: RowStore, *, actor: str, role: str, dp_rank: Optional[int] = None, sink: Optional[Sink] = None
+    ) -> None:
         if role not in ROLES:
             raise DataPlaneInputError(f"role: must be one of {', '.join(ROLES)}, got {role!r}")
         if not isinstance(actor, str) or not actor:
@@ -57,8 +65,16 @@ class DataPlaneClient:
     def record_meta_dispatch(self, meta: KVBatchMeta, to: str) -> int:
         """The driver handing metadata to a worker: the only thing the driver may move."""
         size = len(meta.to_json().encode())
-        self._emit("dp_transfer", hop="driver_meta", partition=meta.partition_id, samples=list(meta.sample_ids),
-                   fields=list(meta.fields), bytes=size, bulk=False, to=to)
+        self._emit(
+            "dp_transfer",
+            hop="driver_meta",
+            partition=meta.partition_id,
+            samples=list(meta.sample_ids),
+            fields=list(meta.fields),
+            bytes=size,
+            bulk=False,
+            to=to,
+        )
         return size
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -85,15 +101,24 @@ class DataPlaneClient:
         held = self.store.partition(partition_id)
         if held is None:
             self._schemas.pop(partition_id, None)
-            raise UnknownPartitionError(f"partition_id: {partition_id!r} is not registered (never, or dropped by clear_samples(None))")
+            raise UnknownPartitionError(
+                f"partition_id: {partition_id!r} is not registered (never, or dropped by clear_samples(None))"
+            )
         schema = self._schemas.get(partition_id)
         if schema is None or schema.to_json() != held[0]:
             schema = self._schemas[partition_id] = Schema.from_json(held[0])
         return schema
 
     # -- the contract --------------------------------------------------------------------
-    def put_samples(self, sample_ids: Sequence[str], partition_id: str, fields: Mapping[str, Any], *,
-                    tags: Optional[List[dict]] = None, sequence_lengths: Optional[Sequence[int]] = None) -> KVBatchMeta:
+    def put_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        fields: Mapping[str, Any],
+        *,
+        tags: Optional[List[dict]] = None,
+        sequence_lengths: Optional[Sequence[int]] = None,
+    ) -> KVBatchMeta:
         self._live()
         ids = check_sample_ids(sample_ids)
         schema = self.schema(partition_id)
@@ -104,17 +129,38 @@ class DataPlaneClient:
         try:
             self.store.write(partition_id, ids, batch.rows, merged, self.actor)
         except DuplicateWriteError as exc:
-            self._emit("dp_write_refused", partition=partition_id, samples=list(ids), fields=sorted(batch.rows),
-                       code=exc.code, reason=str(exc))
+            self._emit(
+                "dp_write_refused",
+                partition=partition_id,
+                samples=list(ids),
+                fields=sorted(batch.rows),
+                code=exc.code,
+                reason=str(exc),
+            )
             raise
-        self._emit("dp_transfer", hop=f"{self.role}_to_store", partition=partition_id, samples=list(ids),
-                   fields=list(batch.rows), bytes=batch.nbytes, bulk=True)
+        self._emit(
+            "dp_transfer",
+            hop=f"{self.role}_to_store",
+            partition=partition_id,
+            samples=list(ids),
+            fields=list(batch.rows),
+            bytes=batch.nbytes,
+            bulk=True,
+        )
         lens = None if sequence_lengths is None else tuple(int(v) for v in list(sequence_lengths))
-        return KVBatchMeta(partition_id, ids, tuple(batch.rows), lens, tuple(merged),
-                           {"object_fields": list(batch.object_fields)})
+        return KVBatchMeta(
+            partition_id, ids, tuple(batch.rows), lens, tuple(merged), {"object_fields": list(batch.object_fields)}
+        )
 
-    def get_samples(self, sample_ids: Sequence[str], partition_id: str, select_fields: Sequence[str], *,
-                    task_name: Optional[str] = None, pad_to: Optional[int] = None) -> Dict[str, Any]:
+    def get_samples(
+        self,
+        sample_ids: Sequence[str],
+        partition_id: str,
+        select_fields: Sequence[str],
+        *,
+        task_name: Optional[str] = None,
+        pad_to: Optional[int] = None,
+    ) -> Dict[str, Any]:
         """Only the named fields, never "everything": ``select_fields`` is required."""
         self._live()
         ids = check_sample_ids(sample_ids)
@@ -122,8 +168,10 @@ class DataPlaneClient:
         if task_name is not None:
             tasks = self.store.partition(partition_id)[1]
             if task_name not in tasks:
-                raise UnknownTaskError(f"task_name: {task_name!r} is not a consumer task of partition {partition_id!r} "
-                                       f"(tasks: {', '.join(tasks) or 'none'})")
+                raise UnknownTaskError(
+                    f"task_name: {task_name!r} is not a consumer task of partition {partition_id!r} "
+                    f"(tasks: {', '.join(tasks) or 'none'})"
+                )
         if isinstance(select_fields, str) or not isinstance(select_fields, (list, tuple)) or not select_fields:
             raise DataPlaneInputError("select_fields: must be a non-empty list of field names (never implicit)")
         for f in select_fields:
@@ -134,15 +182,25 @@ class DataPlaneClient:
         held = self.store.samples(partition_id, ids)
         missing = [s for s in ids if s not in held]
         if missing:
-            raise MissingSamplesError(f"sample_ids: {sample_list(missing)} not in partition {partition_id!r} "
-                                      "(never put, or cleared)")
+            raise MissingSamplesError(
+                f"sample_ids: {sample_list(missing)} not in partition {partition_id!r} (never put, or cleared)"
+            )
         for f in select_fields:
             lacking = [s for s in ids if f not in held[s][1]]
             if lacking:
-                raise UnproducedFieldError(f"select_fields: field {f!r} has not been produced for samples {sample_list(lacking)}")
+                raise UnproducedFieldError(
+                    f"select_fields: field {f!r} has not been produced for samples {sample_list(lacking)}"
+                )
         rows = self.store.read(partition_id, ids, list(select_fields))
-        self._emit("dp_transfer", hop=f"store_to_{self.role}", partition=partition_id, samples=list(ids),
-                   fields=list(select_fields), bytes=sum(rows_nbytes(r) for r in rows.values()), bulk=True)
+        self._emit(
+            "dp_transfer",
+            hop=f"store_to_{self.role}",
+            partition=partition_id,
+            samples=list(ids),
+            fields=list(select_fields),
+            bytes=sum(rows_nbytes(r) for r in rows.values()),
+            bulk=True,
+        )
         return decode(schema, rows, pad_to)
 
     # -- consumption (task-mediated reads) ---------------------------------------------
@@ -151,12 +209,15 @@ class DataPlaneClient:
             raise DataPlaneInputError(f"task_name: must be a non-empty string, got {task_name!r}")
         tasks = self.store.partition(partition_id)[1]
         if task_name not in tasks:
-            raise UnknownTaskError(f"task_name: {task_name!r} is not a consumer task of partition {partition_id!r} "
-                                   f"(tasks: {', '.join(tasks) or 'none'})")
+            raise UnknownTaskError(
+                f"task_name: {task_name!r} is not a consumer task of partition {partition_id!r} "
+                f"(tasks: {', '.join(tasks) or 'none'})"
+            )
         return task_name
 
-    def claim_meta(self, partition_id: str, task_name: str, required_fields: Sequence[str],
-                   batch_size: int) -> KVBatchMeta:
+    def claim_meta(
+        self, partition_id: str, task_name: str, required_fields: Sequence[str], batch_size: int
+    ) -> KVBatchMeta:
         """Claim ``batch_size`` samples whose ``required_fields`` are all produced and that
         ``task_name`` has not claimed yet; they are never handed to that task again (other
         tasks keep their own cursor). Never blocks: with fewer ready than ``batch_size`` the
@@ -179,11 +240,13 @@ class DataPlaneClient:
         lens = None  # as NeMo RL: lifted from an ``input_lengths`` tag when every row has one
         if ids and all("input_lengths" in t for t in tags):
             lens = tuple(int(t["input_lengths"]) for t in tags)
-        return KVBatchMeta(partition_id, tuple(ids), tuple(dict.fromkeys(required_fields)), lens, tags,
-                           {"task_name": task})
+        return KVBatchMeta(
+            partition_id, tuple(ids), tuple(dict.fromkeys(required_fields)), lens, tags, {"task_name": task}
+        )
 
-    def get_data(self, meta: KVBatchMeta, select_fields: Optional[Sequence[str]] = None, *,
-                 pad_to: Optional[int] = None) -> Dict[str, Any]:
+    def get_data(
+        self, meta: KVBatchMeta, select_fields: Optional[Sequence[str]] = None, *, pad_to: Optional[int] = None
+    ) -> Dict[str, Any]:
         """The rows a meta names: ``select_fields`` if given, else the meta's own fields —
         never every field (a meta with neither is refused)."""
         if not isinstance(meta, KVBatchMeta):

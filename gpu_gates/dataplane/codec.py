@@ -25,8 +25,15 @@ from harness.dataplane.errors import DataPlaneInputError
 KINDS = ("per_token", "rect", "scalar", "object")
 
 DTYPES: Dict[str, torch.dtype] = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
     "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
@@ -45,12 +52,16 @@ class FieldSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise DataPlaneInputError(f"schema field {self.name!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise DataPlaneInputError(
+                f"schema field {self.name!r}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}"
+            )
         if self.kind == "object":
             if self.dtype is not None:
                 raise DataPlaneInputError(f"schema field {self.name!r}: an object field has no dtype")
         elif self.dtype not in DTYPES:
-            raise DataPlaneInputError(f"schema field {self.name!r}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+            raise DataPlaneInputError(
+                f"schema field {self.name!r}: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
         if self.kind != "rect" and self.shape:
             raise DataPlaneInputError(f"schema field {self.name!r}: only rect fields declare a shape")
         if any(not isinstance(d, int) or d <= 0 for d in self.shape):
@@ -83,8 +94,11 @@ class Schema:
             unknown = set(spec) - {"kind", "dtype", "shape", "pad_value"}
             if unknown:
                 raise DataPlaneInputError(f"schema field {name!r}: unknown key(s) {sorted(unknown)}")
-            specs.append(FieldSpec(name, spec.get("kind"), spec.get("dtype"), tuple(spec.get("shape") or ()),
-                                   spec.get("pad_value", 0)))
+            specs.append(
+                FieldSpec(
+                    name, spec.get("kind"), spec.get("dtype"), tuple(spec.get("shape") or ()), spec.get("pad_value", 0)
+                )
+            )
         return cls.of(*specs)
 
     def to_json(self) -> Dict[str, Any]:
@@ -119,7 +133,8 @@ def check_lengths(sequence_lengths: Any, n: int) -> List[int]:
             raise DataPlaneInputError("sequence_lengths: must be a 1-D integer tensor or list of ints")
         sequence_lengths = sequence_lengths.tolist()
     if not isinstance(sequence_lengths, (list, tuple)) or any(
-            not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in sequence_lengths):
+        not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in sequence_lengths
+    ):
         raise DataPlaneInputError("sequence_lengths: must be a list of non-negative ints")
     if len(sequence_lengths) != n:
         raise DataPlaneInputError(f"sequence_lengths: has {len(sequence_lengths)} entries for {n} samples")
@@ -132,27 +147,36 @@ def _check_tensor(spec: FieldSpec, value: Any, n: int) -> torch.Tensor:
     if value.is_nested:
         raise DataPlaneInputError(f"field {spec.name!r}: pass a padded tensor, not a nested one")
     if value.dtype != spec.torch_dtype:
-        raise DataPlaneInputError(f"field {spec.name!r}: dtype {DTYPE_NAMES.get(value.dtype, value.dtype)} "
-                                  f"but the schema declares {spec.dtype}")
+        raise DataPlaneInputError(
+            f"field {spec.name!r}: dtype {DTYPE_NAMES.get(value.dtype, value.dtype)} "
+            f"but the schema declares {spec.dtype}"
+        )
     want_ndim = {"per_token": 2, "scalar": 1, "rect": 1 + len(spec.shape)}[spec.kind]
     if value.ndim != want_ndim:
-        raise DataPlaneInputError(f"field {spec.name!r}: {value.ndim}-D tensor but the schema declares "
-                                  f"{want_ndim}-D ({spec.kind}{'' if spec.kind != 'rect' else ' ' + str(tuple(spec.shape))})")
+        raise DataPlaneInputError(
+            f"field {spec.name!r}: {value.ndim}-D tensor but the schema declares "
+            f"{want_ndim}-D ({spec.kind}{'' if spec.kind != 'rect' else ' ' + str(tuple(spec.shape))})"
+        )
     if value.shape[0] != n:
         raise DataPlaneInputError(f"field {spec.name!r}: {value.shape[0]} rows for {n} samples")
     if spec.kind == "rect" and tuple(value.shape[1:]) != tuple(spec.shape):
-        raise DataPlaneInputError(f"field {spec.name!r}: row shape {tuple(value.shape[1:])} but the schema declares {tuple(spec.shape)}")
+        raise DataPlaneInputError(
+            f"field {spec.name!r}: row shape {tuple(value.shape[1:])} but the schema declares {tuple(spec.shape)}"
+        )
     return value.detach().cpu()
 
 
-def encode(schema: Schema, fields: Mapping[str, Any], n: int, sequence_lengths: Optional[Sequence[int]]) -> EncodedBatch:
+def encode(
+    schema: Schema, fields: Mapping[str, Any], n: int, sequence_lengths: Optional[Sequence[int]]
+) -> EncodedBatch:
     """Validate every field, then cut rows; raises before producing anything on bad input."""
     if not isinstance(fields, Mapping) or not fields:
         raise DataPlaneInputError("fields: must be a non-empty mapping of field name to values")
     for name in fields:
         if name not in schema:
-            raise DataPlaneInputError(f"field {name!r}: not declared in the partition's schema "
-                                      f"(declared: {', '.join(sorted(schema.fields))})")
+            raise DataPlaneInputError(
+                f"field {name!r}: not declared in the partition's schema (declared: {', '.join(sorted(schema.fields))})"
+            )
     lengths: Optional[List[int]] = None
     if any(schema[name].kind == "per_token" for name in fields):
         if sequence_lengths is None:
@@ -173,9 +197,10 @@ def encode(schema: Schema, fields: Mapping[str, Any], n: int, sequence_lengths: 
             longest = max(lengths, default=0)
             if longest > t.shape[1]:
                 i = lengths.index(longest)
-                raise DataPlaneInputError(f"field {name!r}: row {i} has sequence length {longest} "
-                                          f"but the tensor is only {t.shape[1]} wide")
-            rows[name] = [t[i, :lengths[i]].clone() for i in range(n)]
+                raise DataPlaneInputError(
+                    f"field {name!r}: row {i} has sequence length {longest} but the tensor is only {t.shape[1]} wide"
+                )
+            rows[name] = [t[i, : lengths[i]].clone() for i in range(n)]
         elif spec.kind == "scalar":
             rows[name] = list(t.reshape(n, 1).clone().unbind(0))
         else:
@@ -185,7 +210,9 @@ def encode(schema: Schema, fields: Mapping[str, Any], n: int, sequence_lengths: 
 
 def _encode_objects(spec: FieldSpec, value: Any, n: int) -> List[torch.Tensor]:
     if isinstance(value, torch.Tensor) or isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-        raise DataPlaneInputError(f"field {spec.name!r}: an object field takes a list or object array, got {type(value).__name__}")
+        raise DataPlaneInputError(
+            f"field {spec.name!r}: an object field takes a list or object array, got {type(value).__name__}"
+        )
     if len(value) != n:
         raise DataPlaneInputError(f"field {spec.name!r}: {len(value)} rows for {n} samples")
     out = []
@@ -212,15 +239,20 @@ def decode(schema: Schema, rows: Mapping[str, Sequence[torch.Tensor]], pad_to: O
             width = max((int(r.shape[0]) for r in field_rows), default=0)
             if pad_to is not None:
                 if pad_to < width:
-                    raise DataPlaneInputError(f"pad_to: {pad_to} is shorter than field {name!r}'s longest row ({width})")
+                    raise DataPlaneInputError(
+                        f"pad_to: {pad_to} is shorter than field {name!r}'s longest row ({width})"
+                    )
                 width = pad_to
             t = torch.full((len(field_rows), width), spec.pad_value, dtype=spec.torch_dtype)
             for i, r in enumerate(field_rows):
-                t[i, :r.shape[0]] = r.to(spec.torch_dtype)
+                t[i, : r.shape[0]] = r.to(spec.torch_dtype)
             out[name] = t
         else:
             shape = (1,) if spec.kind == "scalar" else tuple(spec.shape)
-            t = (torch.stack([r.to(spec.torch_dtype).reshape(shape) for r in field_rows])
-                 if field_rows else torch.empty((0, *shape), dtype=spec.torch_dtype))
+            t = (
+                torch.stack([r.to(spec.torch_dtype).reshape(shape) for r in field_rows])
+                if field_rows
+                else torch.empty((0, *shape), dtype=spec.torch_dtype)
+            )
             out[name] = t.reshape(-1) if spec.kind == "scalar" else t
     return out

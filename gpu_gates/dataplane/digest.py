@@ -27,14 +27,17 @@ DIGEST_TAG = "__digest/"  # a TransferQueue sample tag holding one field's row d
 class RowDigestError(DataPlaneError):
     """A row read back does not hash to the digest written with it (or has none)."""
 
-    def __init__(self, partition_id: str, sample: str, field: str, written: Optional[str], read: str,
-                 row: torch.Tensor) -> None:
+    def __init__(
+        self, partition_id: str, sample: str, field: str, written: Optional[str], read: str, row: torch.Tensor
+    ) -> None:
         self.partition_id, self.sample, self.field = partition_id, sample, field
         self.written, self.read = written, read
         what = "no digest was written with it" if written is None else f"written with digest {written}"
-        super().__init__(f"row digest mismatch: partition {partition_id!r} sample {sample!r} field {field!r}: "
-                         f"the read returned {str(row.dtype).replace('torch.', '')}{list(row.shape)} hashing to "
-                         f"{read}, {what} (a truncated or corrupted read)")
+        super().__init__(
+            f"row digest mismatch: partition {partition_id!r} sample {sample!r} field {field!r}: "
+            f"the read returned {str(row.dtype).replace('torch.', '')}{list(row.shape)} hashing to "
+            f"{read}, {what} (a truncated or corrupted read)"
+        )
 
     def __reduce__(self):  # survives pickling through a served store's proxy
         return (_rebuild, (self.args[0], self.partition_id, self.sample, self.field, self.written, self.read))
@@ -64,8 +67,12 @@ def digests_of(rows: Dict[str, List[torch.Tensor]]) -> Dict[str, List[str]]:
     return {name: [row_digest(r) for r in field_rows] for name, field_rows in rows.items()}
 
 
-def verify(partition_id: str, sample_ids: Sequence[str], rows: Dict[str, List[torch.Tensor]],
-           written: Callable[[str, str], Optional[str]]) -> None:
+def verify(
+    partition_id: str,
+    sample_ids: Sequence[str],
+    rows: Dict[str, List[torch.Tensor]],
+    written: Callable[[str, str], Optional[str]],
+) -> None:
     """Raise :class:`RowDigestError` for the first row whose digest is not the one written."""
     for name, field_rows in rows.items():
         for sample, row in zip(sample_ids, field_rows):
@@ -81,5 +88,5 @@ def truncated(row: torch.Tensor) -> torch.Tensor:
     copied (zeros, as a fresh receive buffer holds)."""
     out = row.detach().clone().contiguous()
     flat = out.reshape(-1).view(torch.uint8)
-    flat[flat.numel() // 2:] = 0
+    flat[flat.numel() // 2 :] = 0
     return out

@@ -41,7 +41,9 @@ class RowStore(ABC):
         """For each of ``sample_ids`` the store holds: (tags, produced fields)."""
 
     @abstractmethod
-    def write(self, partition_id: str, sample_ids: Sequence[str], rows: Rows, tags: List[dict], writer: str) -> None: ...
+    def write(
+        self, partition_id: str, sample_ids: Sequence[str], rows: Rows, tags: List[dict], writer: str
+    ) -> None: ...
 
     @abstractmethod
     def read(self, partition_id: str, sample_ids: Sequence[str], fields: Sequence[str]) -> Rows: ...
@@ -86,7 +88,9 @@ class InProcessStore(RowStore):
         with self._lock:
             held = self._partitions.get(partition_id)
             if held is not None and held != (schema, list(tasks)):
-                raise DataPlaneInputError(f"partition_id: {partition_id!r} is already registered with a different schema or tasks")
+                raise DataPlaneInputError(
+                    f"partition_id: {partition_id!r} is already registered with a different schema or tasks"
+                )
             self._partitions[partition_id] = (schema, list(tasks))
             self._rows.setdefault(partition_id, {})
             self._tags.setdefault(partition_id, {})

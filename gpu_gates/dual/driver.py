@@ -48,6 +48,7 @@ from gpu_gates.dual.effects import PIPELINES, TRAIN_GPU, DriverEffects, DriverEr
 from gpu_gates.dual.lifecycle import LifecycleEffects
 from gpu_gates.dual.worker import ROLES, rank_of
 
+
 def swapped_resize_phases(gen: Generator) -> Generator:
     """Test hook ``swap_resize_order``: a cycle whose expands run before its shrinks — the
     bug the T1 < T2 < T3 check must catch. It rewrites the cycle generator's effects and
@@ -78,17 +79,30 @@ class Channel:
         with self.lock:
             i, self.n = self.n, self.n + 1
             self.ctx.put(f"dual/cmd/{self.rank}/{i}", json.dumps({"op": op, "args": args}).encode(), store=self.store)
-            reply = json.loads(self.ctx.wait_get(f"dual/res/{self.rank}/{i}", f"rank {self.rank} finishing {op}",
-                                                 store=self.store))
+            reply = json.loads(
+                self.ctx.wait_get(f"dual/res/{self.rank}/{i}", f"rank {self.rank} finishing {op}", store=self.store)
+            )
         if not reply["ok"]:
             raise DriverError(reply["error"])
         return reply["result"]
 
 
 class Driver(DriverEffects, LifecycleEffects):
-    def __init__(self, ctx, *, steps: int, bucket_size: int, swap_resize_order: bool, own_rank_serve: Callable[[], None],
-                 late_receivers_s: float = 0.0, late_start_s: float = 0.0, solo: bool = False, script: Any = None,
-                 shrink_drain_timeout_s: float = 30.0, explorer: Any = None) -> None:
+    def __init__(
+        self,
+        ctx,
+        *,
+        steps: int,
+        bucket_size: int,
+        swap_resize_order: bool,
+        own_rank_serve: Callable[[], None],
+        late_receivers_s: float = 0.0,
+        late_start_s: float = 0.0,
+        solo: bool = False,
+        script: Any = None,
+        shrink_drain_timeout_s: float = 30.0,
+        explorer: Any = None,
+    ) -> None:
         self.ctx = ctx
         self.explorer = explorer  # --explore: seeded delays before concurrent operations (dual_explore.py)
         self.solo = solo  # test hook: ppl2 runs after ppl1, no choreography: no GPU ever changes hands
@@ -105,8 +119,13 @@ class Driver(DriverEffects, LifecycleEffects):
         self.t0 = time.monotonic()
         self.model = SchedulerModel(ClusterTopology(1, 2))
         self.lock = threading.RLock()  # model + log
-        self.log = EventLog(header_record({"nodes": 1, "gpus_per_node": 2}, source="gate:dual_pipeline",
-                                          meta={"backend": ctx.backend, "steps": steps}))
+        self.log = EventLog(
+            header_record(
+                {"nodes": 1, "gpus_per_node": 2},
+                source="gate:dual_pipeline",
+                meta={"backend": ctx.backend, "steps": steps},
+            )
+        )
         # The driver's own store connection: rank 0's worker (main thread) blocks on its
         # client in every group rendezvous, and the commands that let the peers join must
         # not queue behind that wait (see GateContext.wait_get).
@@ -116,8 +135,18 @@ class Driver(DriverEffects, LifecycleEffects):
         self.wake = threading.Event()
         self.errors: List[str] = []
         self.done = threading.Event()
-        self.ctxs = {p: PipelineContext(p, "nemo_async", steps, sleep_level=2, step_target=4, gen_estimate=1,
-                                        versions=VersionBook(clamp_bootstrap=True)) for p in PIPELINES}
+        self.ctxs = {
+            p: PipelineContext(
+                p,
+                "nemo_async",
+                steps,
+                sleep_level=2,
+                step_target=4,
+                gen_estimate=1,
+                versions=VersionBook(clamp_bootstrap=True),
+            )
+            for p in PIPELINES
+        }
         self.life = {(p, d): RankLifecycle(p, d) for p in PIPELINES for d in (0, 1)}
         self.routable: Dict[str, set] = {p: set() for p in PIPELINES}
         self.coord_lock = {p: threading.Lock() for p in PIPELINES}
@@ -227,8 +256,12 @@ class Driver(DriverEffects, LifecycleEffects):
         """Every call of the phase in its own thread (a coordinator call); joins them all."""
         threads = []
         for pid, ranks in e.calls:  # each call writes its own resize records (cycle.run_resize)
-            th = threading.Thread(target=self._resize, args=(pid, e.phase, list(ranks), e.cycle), daemon=True,
-                                  name=f"resize {pid} {e.phase} cycle {e.cycle}")  # the --explore stream
+            th = threading.Thread(
+                target=self._resize,
+                args=(pid, e.phase, list(ranks), e.cycle),
+                daemon=True,
+                name=f"resize {pid} {e.phase} cycle {e.cycle}",
+            )  # the --explore stream
             th.start()
             threads.append(th)
         for th in threads:
@@ -264,8 +297,17 @@ class Driver(DriverEffects, LifecycleEffects):
     def _resize(self, pid: str, phase: str, ranks: List[int], cycle: int) -> None:
         """One coordinator call, interpreted by ``harness.control.cycle.run_resize``."""
         self._pause()
-        run_blocking(run_resize(self.ctxs[pid], phase, ranks, cycle, lambda kind, fields: self.emit(kind, **fields),
-                                lambda exc: self.fail(f"{pid} {phase} {ranks}: {exc}")), self._handler(pid))
+        run_blocking(
+            run_resize(
+                self.ctxs[pid],
+                phase,
+                ranks,
+                cycle,
+                lambda kind, fields: self.emit(kind, **fields),
+                lambda exc: self.fail(f"{pid} {phase} {ranks}: {exc}"),
+            ),
+            self._handler(pid),
+        )
 
     # ------------------------------------------------------------------ pipelines
     def pipeline_main(self, pid: str) -> None:
@@ -276,9 +318,11 @@ class Driver(DriverEffects, LifecycleEffects):
 
     def _handler(self, pid: str) -> Callable[[Any], Any]:
         """Run-level effects of one pipeline: ``_<Name>(pid, effect)``."""
+
         def handle(effect: Any) -> Any:
             self._before(pid, effect)
             return getattr(self, "_" + type(effect).__name__)(pid, effect)
+
         return handle
 
     def _before(self, pid: str, effect: Any) -> None:
@@ -297,8 +341,9 @@ class Driver(DriverEffects, LifecycleEffects):
                 stopped = self.done.is_set() or bool(self.model.failed)
                 if not watchdog_alive(self.finished[pid], stopped):
                     return
-                e = watchdog_tick(self.finished[pid], stopped, self.model.state, cid,
-                                  [self.life[(pid, d)].state for d in (0, 1)])
+                e = watchdog_tick(
+                    self.finished[pid], stopped, self.model.state, cid, [self.life[(pid, d)].state for d in (0, 1)]
+                )
             if e is None:
                 continue
             try:
@@ -313,6 +358,7 @@ class Driver(DriverEffects, LifecycleEffects):
         self.done.set()
         try:  # release every worker waiting on a command or a peer: they report and exit
             from gpu_gates.runtime.context import KEY_PREFIX
+
             self.store.set(KEY_PREFIX + "abort", f"driver: {message}".encode())
         except Exception:
             pass
@@ -329,12 +375,17 @@ class Driver(DriverEffects, LifecycleEffects):
             if handler is None:
                 handler = handlers[type(effect)] = getattr(self, "_" + type(effect).__name__)
             self.activity[who] = f"{type(effect).__name__} {effect_fields(effect)}" + (
-                "" if step is None else f" in step {step}")
+                "" if step is None else f" in step {step}"
+            )
             self._before(pid, effect)
             return handler(pid, effect)
 
-        run_blocking(gen, handle, log=EffectLog(self._add, self.now, pid, scope, step, cycle,
-                                                lambda effect: self._gpus(pid, effect)), guard=self._guard)
+        run_blocking(
+            gen,
+            handle,
+            log=EffectLog(self._add, self.now, pid, scope, step, cycle, lambda effect: self._gpus(pid, effect)),
+            guard=self._guard,
+        )
         self.activity.pop(who, None)
 
     def _add(self, record: Dict[str, Any]) -> None:
@@ -362,8 +413,14 @@ class Driver(DriverEffects, LifecycleEffects):
     def _rank_state(self, pid: str, dp: int, event: str, **kw: Any) -> None:
         life = self.life[(pid, dp)]
         life.on(event, **kw)
-        self.emit("rank_state", pipeline_id=pid, dp_rank=dp, state=life.state.value,
-                  gpus=[ROLES[rank_of(pid, "infer", dp)][3]], version=life.weights_version)
+        self.emit(
+            "rank_state",
+            pipeline_id=pid,
+            dp_rank=dp,
+            state=life.state.value,
+            gpus=[ROLES[rank_of(pid, "infer", dp)][3]],
+            version=life.weights_version,
+        )
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:

@@ -44,8 +44,11 @@ class DriverEffects:
 
     def _AwaitRelease(self, pid, e):
         fields = {"pipeline_id": pid} if e.global_step is None else {"pipeline_id": pid, "global_step": e.global_step}
-        self.wait_ticket(self.call_model("await_release", fields, lambda: self.model.await_release(
-            pipeline_id=pid, global_step=e.global_step)))
+        self.wait_ticket(
+            self.call_model(
+                "await_release", fields, lambda: self.model.await_release(pipeline_id=pid, global_step=e.global_step)
+            )
+        )
 
     # training effects
     def _ReloadTrainComm(self, pid, e):
@@ -109,7 +112,9 @@ class DriverEffects:
 
     def _MarkInactive(self, pid, e):
         if set(e.ranks) & self.routable[pid]:
-            raise DriverError(f"{pid}: expand of ranks {sorted(set(e.ranks) & self.routable[pid])} that are still routable")
+            raise DriverError(
+                f"{pid}: expand of ranks {sorted(set(e.ranks) & self.routable[pid])} that are still routable"
+            )
 
     def _Wake(self, pid, e):
         for d in e.ranks:
@@ -139,12 +144,36 @@ class DriverEffects:
             except Exception as exc:
                 errors.append(str(exc))
 
-        threads = [threading.Thread(target=run, args=(owner, lambda: self.channels[owner].call(
-            "sync_send", sync_id=sync_id, version=e.version, rank_of=ranks_of, ipc_dp=sorted(plan.ipc),
-            bcast_dp=sorted(plan.broadcast))), daemon=True)]
+        threads = [
+            threading.Thread(
+                target=run,
+                args=(
+                    owner,
+                    lambda: self.channels[owner].call(
+                        "sync_send",
+                        sync_id=sync_id,
+                        version=e.version,
+                        rank_of=ranks_of,
+                        ipc_dp=sorted(plan.ipc),
+                        bcast_dp=sorted(plan.broadcast),
+                    ),
+                ),
+                daemon=True,
+            )
+        ]
         for r in ipc_ranks + bcast_ranks:
-            threads.append(threading.Thread(target=run, args=(r, lambda r=r: self.channels[r].call(
-                "sync_recv", sync_id=sync_id, version=e.version, owner=owner, rank_of=ranks_of)), daemon=True))
+            threads.append(
+                threading.Thread(
+                    target=run,
+                    args=(
+                        r,
+                        lambda r=r: self.channels[r].call(
+                            "sync_recv", sync_id=sync_id, version=e.version, owner=owner, rank_of=ranks_of
+                        ),
+                    ),
+                    daemon=True,
+                )
+            )
         for i, th in enumerate(threads):
             if i == 1 and self.late_receivers_s:
                 time.sleep(self.late_receivers_s)
@@ -161,8 +190,10 @@ class DriverEffects:
         for d in e.ranks:
             out = self._infer(pid, d).call("finalize", version=self.ctxs[pid].versions.active)
             if not out["ok"]:
-                self.digest_failures.append(f"{pid} dp{d}: tensors {out['mismatched']} differ from the owner's version "
-                                            f"{self.ctxs[pid].versions.active}")
+                self.digest_failures.append(
+                    f"{pid} dp{d}: tensors {out['mismatched']} differ from the owner's version "
+                    f"{self.ctxs[pid].versions.active}"
+                )
                 raise DriverError(self.digest_failures[-1])
             self._rank_state(pid, d, "finalized")
 

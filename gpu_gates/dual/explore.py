@@ -60,5 +60,8 @@ class GateExplorer:
     def describe(self) -> Dict[str, object]:
         """The header's ``meta.explore``: seed, bound, and each stream's delays in order."""
         with self._lock:
-            return {"seed": self.seed, "max_delay_s": self.max_delay_s,
-                    "delays": {s: list(d) for s, d in sorted(self.slept.items())}}
+            return {
+                "seed": self.seed,
+                "max_delay_s": self.max_delay_s,
+                "delays": {s: list(d) for s, d in sorted(self.slept.items())},
+            }

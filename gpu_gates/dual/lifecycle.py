@@ -16,8 +16,11 @@ class LifecycleEffects:
     def _Register(self, pid, e):
         tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: 1}
         maps = {ACTOR_TRAIN: [TRAIN_GPU[pid]], GENERATION_CLUSTER: list(INFER_GPUS)}
-        self.call_model("register", {"pipeline_id": pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
-                        lambda: self.model.register(pid, tps, maps))
+        self.call_model(
+            "register",
+            {"pipeline_id": pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
+            lambda: self.model.register(pid, tps, maps),
+        )
 
     def _Admit(self, pid, e):
         self.call_model("admit", {"pipeline_id": pid}, lambda: self.model.admit(pid))

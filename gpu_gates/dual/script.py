@@ -38,8 +38,12 @@ class HandoverScript:
     def before(self, driver: Any, pid: str, effect: Any) -> None:
         """Hold ``effect`` of pipeline ``pid`` until the script's condition for it holds."""
         name = type(effect).__name__
-        if name == "RequestGpus" and pid == "ppl2" and effect.priority == Priority.GENERATION \
-                and not self.ppl2_asked.is_set():
+        if (
+            name == "RequestGpus"
+            and pid == "ppl2"
+            and effect.priority == Priority.GENERATION
+            and not self.ppl2_asked.is_set()
+        ):
             driver._wait_until(lambda: len(driver.routable["ppl1"]) == 2, LIMIT_S, "ppl1 to hold both GPUs")
             self.ppl2_asked.set()
         elif name == "WaitBatch" and pid == "ppl1" and effect.global_step == 0:
@@ -51,6 +55,10 @@ class HandoverScript:
             # GENERATION request, which comes only after that INITIALIZATION is granted: a
             # cycle of the script's own making (seen on a loaded CI machine, 20 s then a failure).
             self.ppl1_aborted = True
-            driver._wait_until(lambda: driver.batches_done[pid] > 0 or any(
-                driver._infer(pid, d).call("in_flight") for d in effect.ranks),
-                LIMIT_S, "ppl1 requests in flight on the ranks its first shrink aborts")
+            driver._wait_until(
+                lambda: (
+                    driver.batches_done[pid] > 0 or any(driver._infer(pid, d).call("in_flight") for d in effect.ranks)
+                ),
+                LIMIT_S,
+                "ppl1 requests in flight on the ranks its first shrink aborts",
+            )

@@ -63,7 +63,9 @@ class Worker:
     def serve(self) -> None:
         ctx, i = self.ctx, 0
         while True:
-            ctx.set_phase(f"{self.pipeline} {self.role}{'' if self.dp is None else f' dp{self.dp}'}: waiting for command {i}")
+            ctx.set_phase(
+                f"{self.pipeline} {self.role}{'' if self.dp is None else f' dp{self.dp}'}: waiting for command {i}"
+            )
             msg = json.loads(ctx.wait_get(f"dual/cmd/{ctx.rank}/{i}", f"command {i} from the driver"))
             if msg["op"] == "stop":
                 self.run_failed = bool(msg.get("failed"))
@@ -85,8 +87,9 @@ class Worker:
         group still alive (NeMo keeps it across init, docs/residency.md) is reused, as
         ROLL's ``reload_process_groups`` and NeMo's snapshot reload do."""
         if self.train_group is None:
-            self.train_group = SyncGroup(self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank],
-                                         purpose="training", emit=True)
+            self.train_group = SyncGroup(
+                self.ctx, f"{self.pipeline}_megatron_s{step}", [self.ctx.rank], purpose="training", emit=True
+            )
         return self.train_group.name
 
     def drop_training_group(self) -> None:
@@ -132,20 +135,34 @@ class Worker:
 
     def _link(self, sync_id: str, rank_of: Dict[str, int], owner: int) -> SyncLink:
         manifest = self._manifest_of(sync_id)
-        return SyncLink(sync_id, f"dual/{sync_id}", owner, {int(d): r for d, r in rank_of.items()},
-                        max(b["used_bytes"] for b in manifest["buckets"]))
+        return SyncLink(
+            sync_id,
+            f"dual/{sync_id}",
+            owner,
+            {int(d): r for d, r in rank_of.items()},
+            max(b["used_bytes"] for b in manifest["buckets"]),
+        )
 
     def _manifest_of(self, sync_id: str) -> Dict[str, Any]:
         version = int(sync_id.rsplit("_v", 1)[1])
-        return json.loads(self.ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
+        return json.loads(
+            self.ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}")
+        )
 
-    def op_sync_send(self, sync_id: str, version: int, rank_of: Dict[str, int], ipc_dp: List[int],
-                     bcast_dp: List[int]) -> Dict[str, Any]:
+    def op_sync_send(
+        self, sync_id: str, version: int, rank_of: Dict[str, int], ipc_dp: List[int], bcast_dp: List[int]
+    ) -> Dict[str, Any]:
         """The owner's side: ``harness.control.selective_sync`` with the gates' handlers."""
         link = self._link(sync_id, rank_of, self.ctx.rank)
         manifest = self._manifest_of(sync_id)
-        plan = plan_sync(version, [b["used_bytes"] for b in manifest["buckets"]], ipc_dp, bcast_dp,
-                         sync_id, [self.ctx.rank] + link.ranks(bcast_dp))
+        plan = plan_sync(
+            version,
+            [b["used_bytes"] for b in manifest["buckets"]],
+            ipc_dp,
+            bcast_dp,
+            sync_id,
+            [self.ctx.rank] + link.ranks(bcast_dp),
+        )
         sent = run_owner(self.ctx, OwnerSync(self.ctx, self.cache, link), plan)
         return {"bytes": sum(sent.values()), "buckets": len(plan.bucket_bytes)}
 
@@ -164,7 +181,9 @@ class Worker:
         return version
 
     def op_finalize(self, version: int) -> Dict[str, Any]:
-        manifest = json.loads(self.ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}"))
+        manifest = json.loads(
+            self.ctx.wait_get(f"dual/{self.pipeline}/manifest/{version}", f"manifest of version {version}")
+        )
         mine = state_digests((n, t.detach().cpu()) for n, t in self.model.named_state())
         bad = sorted(n for n, d in manifest["digests"].items() if mine.get(n) != d)
         self.ctx.emit("digest_check", version=version, ok=not bad, mismatches=len(bad), target=True)
@@ -224,8 +243,9 @@ class Requests:
             if request_id in self.running:
                 raise RuntimeError(f"request {request_id} is already in flight")
             self.running.add(request_id)
-        threading.Thread(target=self._decode, args=(request_id, tokens, model), name=f"request {request_id}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._decode, args=(request_id, tokens, model), name=f"request {request_id}", daemon=True
+        ).start()
 
     def _decode(self, request_id: int, tokens: int, model: TinyModel) -> None:
         status = "done"

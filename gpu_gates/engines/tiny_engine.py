@@ -43,9 +43,16 @@ class TinyEngine:
     a reference to the KV cache it should free (a graph pool or allocator segment held
     past the sleep), so what is left after sleep grows by one KV cache per cycle."""
 
-    def __init__(self, device: torch.device, weight_spec: Dict[str, Tuple[Tuple[int, ...], str]], kv_bytes: int,
-                 keep_kv_on_sleep: bool = False, emit: Optional[Callable[..., None]] = None,
-                 unguarded: bool = False, name: str = "engine") -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        weight_spec: Dict[str, Tuple[Tuple[int, ...], str]],
+        kv_bytes: int,
+        keep_kv_on_sleep: bool = False,
+        emit: Optional[Callable[..., None]] = None,
+        unguarded: bool = False,
+        name: str = "engine",
+    ) -> None:
         self.device = device
         self.emit = emit or (lambda kind, **fields: None)
         self.unguarded = unguarded

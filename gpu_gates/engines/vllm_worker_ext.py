@@ -23,8 +23,9 @@ import torch
 class RefitWorkerExtension:
     """Mixed into vLLM's worker class by vLLM itself; ``self.model_runner`` is the worker's."""
 
-    def rlh_receive_refit(self, endpoint: str, manifest: Dict[str, Any], half_bytes: int, step: int,
-                          timeout_s: float = 120.0) -> Dict[str, Any]:
+    def rlh_receive_refit(
+        self, endpoint: str, manifest: Dict[str, Any], half_bytes: int, step: int, timeout_s: float = 120.0
+    ) -> Dict[str, Any]:
         from gpu_gates.transports import zmq_stream as zs
 
         # vLLM's worker is always on a GPU; the CPU branch is for the glue's unit test

@@ -36,8 +36,16 @@ class GateAbort(RuntimeError):
 class GateContext:
     """What a gate body sees: identity, device, checks, events, memory, store helpers."""
 
-    def __init__(self, spec: "GateSpec", args: argparse.Namespace, env: LaunchEnv, backend: str,
-                 device: torch.device, hooks: TestHooks, deadline: float) -> None:
+    def __init__(
+        self,
+        spec: "GateSpec",
+        args: argparse.Namespace,
+        env: LaunchEnv,
+        backend: str,
+        device: torch.device,
+        hooks: TestHooks,
+        deadline: float,
+    ) -> None:
         self.spec, self.args, self.env = spec, args, env
         self.rank, self.world_size, self.local_rank = env.rank, env.world_size, env.local_rank
         self.backend, self.device, self.hooks = backend, device, hooks
@@ -89,8 +97,13 @@ class GateContext:
         assert self.memory is not None
         sample = self.memory.sample(label)
         self.memory_samples.append(sample)
-        self.emit("memory_sample", label=label, used=sample.get("used"), delta_used=sample.get("delta_used"),
-                  informational=sample["informational"])
+        self.emit(
+            "memory_sample",
+            label=label,
+            used=sample.get("used"),
+            delta_used=sample.get("delta_used"),
+            informational=sample["informational"],
+        )
         return sample
 
     @property
@@ -129,6 +142,14 @@ class GateContext:
             time.sleep(0.005)
 
     def rank_result(self) -> Dict[str, Any]:
-        return {"rank": self.rank, "pid": os.getpid(), "status": self.status, "phase": self.phase,
-                "checks": self.checks, "failures": self.failures, "data": self.data,
-                "memory": self.memory_samples, "skip_reason": self.skip_reason}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "status": self.status,
+            "phase": self.phase,
+            "checks": self.checks,
+            "failures": self.failures,
+            "data": self.data,
+            "memory": self.memory_samples,
+            "skip_reason": self.skip_reason,
+        }

@@ -65,8 +65,10 @@ def select_backend(requested: str, env: LaunchEnv) -> Tuple[Optional[str], Optio
     if requested == "nccl" and not nccl_ok:
         if not nccl_built:
             return None, "nccl requested but this torch build has no NCCL (CPU build?)"
-        return None, (f"nccl requested but CUDA shows {cuda_devices} device(s) for "
-                      f"{env.local_world_size} local rank(s); NCCL needs one GPU per rank")
+        return None, (
+            f"nccl requested but CUDA shows {cuda_devices} device(s) for "
+            f"{env.local_world_size} local rank(s); NCCL needs one GPU per rank"
+        )
     if requested == "gloo" and not dist.is_gloo_available():
         return None, "gloo requested but this torch build has no gloo"
     return requested, None
@@ -105,16 +107,25 @@ def device_skip_reason(backend: str, requested: str) -> Optional[str]:
 def connect_store(env: LaunchEnv, timeout: datetime.timedelta, host: bool) -> dist.Store:
     """A TCP store client (or the server on rank 0 when torchrun is not hosting one)."""
     return dist.TCPStore(
-        env.master_addr, env.master_port, env.world_size if host else None,
-        is_master=host, timeout=timeout, wait_for_workers=False,
+        env.master_addr,
+        env.master_port,
+        env.world_size if host else None,
+        is_master=host,
+        timeout=timeout,
+        wait_for_workers=False,
     )
 
 
 def init_world(backend: str, env: LaunchEnv, device: torch.device, timeout: datetime.timedelta) -> dist.Store:
     """Init the default group on a fresh store; returns the store for gate control traffic."""
     store = connect_store(env, timeout, host=(env.rank == 0 and not env.agent_store))
-    kwargs = dict(backend=backend, store=dist.PrefixStore("rlharness_pg", store), rank=env.rank,
-                  world_size=env.world_size, timeout=timeout)
+    kwargs = dict(
+        backend=backend,
+        store=dist.PrefixStore("rlharness_pg", store),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+    )
     if backend == "nccl":  # gloo with device_id would split groups with NCCL-only calls
         try:
             dist.init_process_group(device_id=device, **kwargs)  # eager NCCL init, torch >= 2.3

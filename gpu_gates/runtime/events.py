@@ -36,8 +36,13 @@ def merge_events(per_rank: List[List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
     return sorted(flat, key=lambda r: (r["t"], r["rank"], r["_seq"]))
 
 
-def write_event_log(path: str, gate_name: str, records: List[Dict[str, Any]],
-                    cluster: Optional[Dict[str, Any]] = None, meta: Optional[Dict[str, Any]] = None) -> Optional[str]:
+def write_event_log(
+    path: str,
+    gate_name: str,
+    records: List[Dict[str, Any]],
+    cluster: Optional[Dict[str, Any]] = None,
+    meta: Optional[Dict[str, Any]] = None,
+) -> Optional[str]:
     """Write the merged log; returns an error string instead of raising (reports must still be written)."""
     try:
         from harness.logs.writer import EventLogWriter

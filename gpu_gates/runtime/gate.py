@@ -33,8 +33,14 @@ import torch.distributed as dist
 from gpu_gates.sync import ipc
 from gpu_gates.runtime import report as rep
 from gpu_gates.runtime.context import KEY_PREFIX, GateAbort, GateContext  # noqa: F401 (re-exported for gates)
-from gpu_gates.runtime.dist_setup import (LaunchEnv, connect_store, device_for, device_skip_reason, init_world,
-                                  select_backend)
+from gpu_gates.runtime.dist_setup import (
+    LaunchEnv,
+    connect_store,
+    device_for,
+    device_skip_reason,
+    init_world,
+    select_backend,
+)
 from gpu_gates.runtime.events import merge_events, write_event_log
 from gpu_gates.runtime.hooks import HookSpecError, TestHooks
 from gpu_gates.runtime.memory import MemoryMeter
@@ -93,15 +99,25 @@ class _UsageError(Exception):
 
 def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
     parser = _RankZeroParser(
-        prog=f"gpu_gates/{spec.name}.py", description=spec.description,
+        prog=f"gpu_gates/{spec.name}.py",
+        description=spec.description,
         epilog=f"launch: torchrun --nproc-per-node {spec.default_world} gpu_gates/{spec.name}.py [flags]; "
-               f"exit codes: {ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, {ExitCode.BAD_INPUT:d} usage "
-               f"error, {ExitCode.SKIPPED:d} skipped; see docs/cli.md#exit-codes")
-    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                        help="auto = nccl when CUDA has a GPU per local rank, else gloo on CPU")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="auto = the GPU under nccl, the CPU under gloo; cuda with gloo puts several "
-                             "ranks on one GPU (same-GPU IPC and VRAM paths on a one-GPU node)")
+        f"exit codes: {ExitCode.OK:d} passed, {ExitCode.FINDING:d} failed, {ExitCode.BAD_INPUT:d} usage "
+        f"error, {ExitCode.SKIPPED:d} skipped; see docs/cli.md#exit-codes",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "nccl", "gloo"],
+        default="auto",
+        help="auto = nccl when CUDA has a GPU per local rank, else gloo on CPU",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto = the GPU under nccl, the CPU under gloo; cuda with gloo puts several "
+        "ranks on one GPU (same-GPU IPC and VRAM paths on a one-GPU node)",
+    )
     parser.add_argument("--cycles", type=positive_int, default=spec.default_cycles)
     parser.add_argument("--report", metavar="PATH", help="JSON report (rank 0 merged; .rankN on per-rank failure)")
     parser.add_argument("--timeout-s", type=positive_float, default=120.0, help="per-rank deadline")
@@ -113,8 +129,14 @@ def build_parser(spec: GateSpec) -> argparse.ArgumentParser:
 #: said of a check failure found while tearing down a run that had already failed (a
 #: process group a hung peer still holds): a consequence, never the headline
 AFTER_FAILURE_MARKER = "found after the run had already failed"
-SECONDARY_MARKERS = ("terminated by SIGTERM", "GateAbort", "never reported", "closed by peer", "reset by peer",
-                     AFTER_FAILURE_MARKER)
+SECONDARY_MARKERS = (
+    "terminated by SIGTERM",
+    "GateAbort",
+    "never reported",
+    "closed by peer",
+    "reset by peer",
+    AFTER_FAILURE_MARKER,
+)
 TIMEOUT_MARKER = "timed out: deadline passed while"
 
 
@@ -148,7 +170,7 @@ def write_at_once(stream, text: str) -> None:
         return
     data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 class _GateRun:
@@ -191,8 +213,14 @@ class _GateRun:
             ctx.store = init_world(backend, self.env, device, ctx.timeout)
             self.report_store = connect_store(self.env, datetime.timedelta(seconds=30), host=False)
             self._share_epoch()
-            ctx.emit("gate_start", gate=self.spec.name, backend=backend, world_size=self.env.world_size,
-                     cycles=self.args.cycles, device=str(device))
+            ctx.emit(
+                "gate_start",
+                gate=self.spec.name,
+                backend=backend,
+                world_size=self.env.world_size,
+                cycles=self.args.cycles,
+                device=str(device),
+            )
             ctx.sample_memory("start")
             ctx.hook("start")
             self.spec.run(ctx)
@@ -285,8 +313,10 @@ class _GateRun:
                 code = ExitCode.FINDING  # a verdict nobody can read is not a pass
         else:
             if ctx.status == rep.FAILED:
-                self._write(self.args.report and rep.rank_report_path(self.args.report, self.env.rank),
-                            self._build_report([result]))
+                self._write(
+                    self.args.report and rep.rank_report_path(self.args.report, self.env.rank),
+                    self._build_report([result]),
+                )
             # After a crash, leave soon: peers stuck in a collective with this rank are freed
             # when it exits (torchrun then tears the job down and rank 0 reports). After a
             # normal finish, wait for rank 0's merged report so its write is never cut short.
@@ -364,9 +394,16 @@ class _GateRun:
         skipped = present and all(r["status"] == rep.SKIPPED for r in present)
         status = rep.FAILED if failures else (rep.SKIPPED if skipped else rep.PASSED)
         report = self._base_report(status)
-        report.update(summary=summary, ranks=present, missing_ranks=missing, failures=failures,
-                      message=primary_failure(failures) if failures else (present[0].get("skip_reason") if skipped else "all checks passed"),
-                      events_recorded=len(records))
+        report.update(
+            summary=summary,
+            ranks=present,
+            missing_ranks=missing,
+            failures=failures,
+            message=primary_failure(failures)
+            if failures
+            else (present[0].get("skip_reason") if skipped else "all checks passed"),
+            events_recorded=len(records),
+        )
         if self.env.rank == 0 and self.event_log and len(results) == self.env.world_size:
             per_node = max(1, self.env.local_world_size)
             cluster = {"nodes": max(1, self.env.world_size // per_node), "gpus_per_node": per_node}
@@ -380,15 +417,27 @@ class _GateRun:
     def _base_report(self, status: str) -> Dict[str, Any]:
         try:
             from importlib.metadata import version
+
             megatron = version("megatron-core")
         except Exception:
             megatron = None
-        return {"gate": self.spec.name, "status": status, "exit_code": rep.exit_code_for(status),
-                "backend": self.backend, "world_size": self.env.world_size, "cycles": self.args.cycles,
-                "timeout_s": self.args.timeout_s, "hooks": self.hooks.describe(), "torch_version": torch.__version__,
-                "megatron_core_version": megatron, "cuda_available": torch.cuda.is_available(),
-                "started_at": self.started, "elapsed_s": round(time.time() - self.started, 3),
-                "config": {k: v for k, v in vars(self.args).items()}, "reporting_rank": self.env.rank}
+        return {
+            "gate": self.spec.name,
+            "status": status,
+            "exit_code": rep.exit_code_for(status),
+            "backend": self.backend,
+            "world_size": self.env.world_size,
+            "cycles": self.args.cycles,
+            "timeout_s": self.args.timeout_s,
+            "hooks": self.hooks.describe(),
+            "torch_version": torch.__version__,
+            "megatron_core_version": megatron,
+            "cuda_available": torch.cuda.is_available(),
+            "started_at": self.started,
+            "elapsed_s": round(time.time() - self.started, 3),
+            "config": {k: v for k, v in vars(self.args).items()},
+            "reporting_rank": self.env.rank,
+        }
 
     def _write(self, path: Optional[str], report: Dict[str, Any]) -> bool:
         """Write a report; False (with one clear line on stderr) when it could not be written."""
@@ -400,8 +449,11 @@ class _GateRun:
             rep.atomic_write_json(path, report)
             return True
         except Exception as exc:
-            print(f"error: rank {self.env.rank} could not write the report {path}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"error: rank {self.env.rank} could not write the report {path}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             return False
 
     def _skip(self, backend: str, reason: str) -> int:

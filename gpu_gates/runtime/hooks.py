@@ -64,10 +64,30 @@ from typing import List, Optional
 ENV_VAR = "RLHARNESS_GATE_TEST_HOOK"
 
 POINT_HOOKS = ("hang", "raise", "kill")
-PLAIN_HOOKS = ("corrupt_byte", "leak_group", "leak_sync_group", "swap_resize_order", "late_receivers", "late_start",
-               "leader_gate_off", "fail_report_write", "late_skip_report", "late_usage_error", "world_sync_group", "solo_pipelines",
-               "wrong_normalizer", "wrong_loss", "chunk_grads_lost", "abort_never_wakes", "residue_grows", "ipc_staging_leak",
-               "leak_cycle_group", "refit_slows", "drop_kv_scales", "resume_kv_asleep")
+PLAIN_HOOKS = (
+    "corrupt_byte",
+    "leak_group",
+    "leak_sync_group",
+    "swap_resize_order",
+    "late_receivers",
+    "late_start",
+    "leader_gate_off",
+    "fail_report_write",
+    "late_skip_report",
+    "late_usage_error",
+    "world_sync_group",
+    "solo_pipelines",
+    "wrong_normalizer",
+    "wrong_loss",
+    "chunk_grads_lost",
+    "abort_never_wakes",
+    "residue_grows",
+    "ipc_staging_leak",
+    "leak_cycle_group",
+    "refit_slows",
+    "drop_kv_scales",
+    "resume_kv_asleep",
+)
 
 #: plain hooks whose argument is a delay in seconds (checked positive when parsed)
 DELAY_HOOKS = ("late_receivers", "late_start", "late_skip_report", "late_usage_error")
@@ -94,7 +114,9 @@ def parse_hooks(text: Optional[str]) -> List[Hook]:
         if "@" in spec:
             name, _, rest = spec.partition("@")
             if name not in POINT_HOOKS:
-                raise HookSpecError(f"{ENV_VAR}: unknown hook {name!r} in {spec!r} (point hooks: {', '.join(POINT_HOOKS)})")
+                raise HookSpecError(
+                    f"{ENV_VAR}: unknown hook {name!r} in {spec!r} (point hooks: {', '.join(POINT_HOOKS)})"
+                )
             point, _, rank_text = rest.partition(":")
             if not point:
                 raise HookSpecError(f"{ENV_VAR}: hook {spec!r} names no point")
@@ -147,8 +169,13 @@ class TestHooks:
         return float(hook.arg) if hook.arg else default
 
     def describe(self) -> List[str]:
-        return [h.name + (f"@{h.point}" if h.point else "") + (f":{h.rank}" if h.rank is not None else "")
-                + (f":{h.arg}" if h.arg else "") for h in self.hooks]
+        return [
+            h.name
+            + (f"@{h.point}" if h.point else "")
+            + (f":{h.rank}" if h.rank is not None else "")
+            + (f":{h.arg}" if h.arg else "")
+            for h in self.hooks
+        ]
 
     def matching_point(self, point: str) -> Optional[Hook]:
         for hook in self.hooks:

@@ -93,8 +93,11 @@ class MemoryMeter:
     def sample(self, label: str) -> Dict[str, object]:
         now = self._read()
         base_used = self.baseline.get("used")
-        out: Dict[str, object] = {"label": label, "kind": "cuda" if self.is_cuda else "cpu_rss",
-                                  "informational": self.informational}
+        out: Dict[str, object] = {
+            "label": label,
+            "kind": "cuda" if self.is_cuda else "cpu_rss",
+            "informational": self.informational,
+        }
         out.update(now)
         if now.get("used") is not None and base_used is not None:
             out["delta_used"] = int(now["used"]) - int(base_used)

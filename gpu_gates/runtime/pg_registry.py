@@ -44,7 +44,9 @@ def _registry(attr: str) -> Dict[Any, Any]:
     if table is None:
         table = getattr(c10d, "_" + attr, None)
     if table is None:
-        raise RuntimeError(f"cannot find torch.distributed's {attr} registry in torch {getattr(dist, '__version__', '')}")
+        raise RuntimeError(
+            f"cannot find torch.distributed's {attr} registry in torch {getattr(dist, '__version__', '')}"
+        )
     return table
 
 

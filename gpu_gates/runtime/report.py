@@ -28,6 +28,7 @@ def exit_code_for(status: str) -> ExitCode:
 
 def atomic_write_json(path: str, payload: Dict[str, Any]) -> None:
     from harness.logs.writer import atomic_write
+
     atomic_write(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -62,8 +63,10 @@ def format_table(headers: List[str], rows: Iterable[List[Any]], max_width: int =
 
 def summary_text(report: Dict[str, Any]) -> str:
     """What rank 0 prints: verdict, per-rank table, per-check table, gate summary lines."""
-    head = (f"gate {report.get('gate')}: {str(report.get('status')).upper()} "
-            f"({report.get('backend')}, world {report.get('world_size')}, {report.get('elapsed_s', 0):.1f} s)")
+    head = (
+        f"gate {report.get('gate')}: {str(report.get('status')).upper()} "
+        f"({report.get('backend')}, world {report.get('world_size')}, {report.get('elapsed_s', 0):.1f} s)"
+    )
     lines = [head]
     if report.get("message"):
         lines.append(f"  {report['message']}")
@@ -74,7 +77,9 @@ def summary_text(report: Dict[str, Any]) -> str:
             checks = r.get("checks", [])
             failed = sum(1 for c in checks if not c.get("passed"))
             first = (r.get("failures") or [""])[0]
-            rows.append([r.get("rank"), r.get("status"), r.get("phase"), f"{len(checks) - failed}/{len(checks)}", first])
+            rows.append(
+                [r.get("rank"), r.get("status"), r.get("phase"), f"{len(checks) - failed}/{len(checks)}", first]
+            )
         lines += ["", format_table(["rank", "status", "last phase", "checks ok", "first failure"], rows)]
     by_check: Dict[str, List[int]] = {}
     for r in ranks:

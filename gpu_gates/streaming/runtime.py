@@ -64,12 +64,16 @@ class FakeGenerator:
         rng = np.random.default_rng([s.seed, prompt_id, attempt])
         latency = float(min(s.max_s, s.median_s * np.exp(s.sigma * rng.standard_normal())))
         u = float(rng.random())
-        outcome = "infra" if u < s.infra_failure_rate else "data" if u < s.infra_failure_rate + s.data_failure_rate else "ok"
+        outcome = (
+            "infra" if u < s.infra_failure_rate else "data" if u < s.infra_failure_rate + s.data_failure_rate else "ok"
+        )
         return latency, outcome
 
     def group(self, prompt_id: int) -> Batch:
         """The group's sequences; advantages are group-normalized rewards (GRPO)."""
-        batch = make_batch(self.spec.seed * 100_003 + prompt_id, self.generations, self.spec.sequence_length, min_valid=1)
+        batch = make_batch(
+            self.spec.seed * 100_003 + prompt_id, self.generations, self.spec.sequence_length, min_valid=1
+        )
         rewards = batch.advantages
         batch.advantages = rewards - rewards.mean()
         return batch
@@ -80,9 +84,17 @@ class FakeGenerator:
 
 
 class StreamingRuntime:
-    def __init__(self, cfg: StreamingConfig, steps: int, trainer: SplitTrainer, generator: FakeGenerator,
-                 pipeline_id: str = "sc", log: Optional[EventLog] = None,
-                 lost_finish_at: Optional[int] = None, checkpoint_after: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        cfg: StreamingConfig,
+        steps: int,
+        trainer: SplitTrainer,
+        generator: FakeGenerator,
+        pipeline_id: str = "sc",
+        log: Optional[EventLog] = None,
+        lost_finish_at: Optional[int] = None,
+        checkpoint_after: Optional[int] = None,
+    ) -> None:
         self.cfg, self.steps, self.trainer, self.gen = cfg, steps, trainer, generator
         self.pid = pipeline_id
         self.state = ControllerState(cfg)
@@ -97,7 +109,9 @@ class StreamingRuntime:
         self._aborts: Dict[int, asyncio.Event] = {}
         self._data: Dict[int, Batch] = {}  # group id -> its sequences, from commit until trained or dropped
         self._tasks: List[asyncio.Task] = []
-        self._fatal: Optional[asyncio.Future] = None  # a rollout's error: ends the run (NeMo: it propagates through run())
+        self._fatal: Optional[asyncio.Future] = (
+            None  # a rollout's error: ends the run (NeMo: it propagates through run())
+        )
         self._last_progress = 0.0
         self.steps_done = 0
 
@@ -123,8 +137,11 @@ class StreamingRuntime:
         deadline = loop.time() + timeout_s
         try:
             while True:  # a pump retired by a restore ending is not the run ending
-                done, _ = await asyncio.wait([train, *self._pumps, self._fatal], timeout=max(0.0, deadline - loop.time()),
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    [train, *self._pumps, self._fatal],
+                    timeout=max(0.0, deadline - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 done = {d for d in done if d not in self._retired}
                 if done or loop.time() >= deadline:
                     break
@@ -147,13 +164,16 @@ class StreamingRuntime:
             await asyncio.gather(train, *self._tasks, return_exceptions=True)
             if not self._fatal.done():
                 self._fatal.cancel()
-        self.emit("sim_end", reason=reason.split(":")[0], sim_time=self.now(), events=len(self.log.records), detail=reason)
+        self.emit(
+            "sim_end", reason=reason.split(":")[0], sim_time=self.now(), events=len(self.log.records), detail=reason
+        )
         return reason
 
     def _start_pumps(self, top_up: bool = False) -> None:
-        self._pumps = [asyncio.ensure_future(self.drive(rollout_pump.run(self.cfg, self.state.next_prompt, top_up),
-                                                        "rollout")),
-                       asyncio.ensure_future(self.drive(rollout_pump.stall_watchdog(self.cfg), "watchdog"))]
+        self._pumps = [
+            asyncio.ensure_future(self.drive(rollout_pump.run(self.cfg, self.state.next_prompt, top_up), "rollout")),
+            asyncio.ensure_future(self.drive(rollout_pump.stall_watchdog(self.cfg), "watchdog")),
+        ]
         self._tasks.extend(self._pumps)
 
     async def _train(self) -> None:
@@ -173,8 +193,14 @@ class StreamingRuntime:
         the save, its pumps restarted with top-up (harness/streaming/checkpoint.py)."""
         snap = checkpoint.snapshot(self.state)
         lost = [e.group_id for e in self.state.buffer.inflight()]
-        self.emit("buffer_checkpoint", pipeline_id=self.pid, step=self.state.trainer_version,
-                  groups=[g["group_id"] for g in snap["groups"]], reserve=len(snap["reserve"]), lost_inflight=lost)
+        self.emit(
+            "buffer_checkpoint",
+            pipeline_id=self.pid,
+            step=self.state.trainer_version,
+            groups=[g["group_id"] for g in snap["groups"]],
+            reserve=len(snap["reserve"]),
+            lost_inflight=lost,
+        )
         self.state.stopped = True
         for ev in self._aborts.values():
             ev.set()
@@ -186,8 +212,13 @@ class StreamingRuntime:
         self._tasks = []
         self.state = checkpoint.restore(self.cfg, snap)
         self.pumps = PumpHandlers(self, self.state, self.pid, self.log.add, self.now)
-        self.emit("buffer_restore", pipeline_id=self.pid, step=self.state.trainer_version,
-                  groups=[e.group_id for e in self.state.buffer.ready()], reserve=len(self.state.spares))
+        self.emit(
+            "buffer_restore",
+            pipeline_id=self.pid,
+            step=self.state.trainer_version,
+            groups=[e.group_id for e in self.state.buffer.ready()],
+            reserve=len(self.state.spares),
+        )
         self._start_pumps(top_up=True)
 
     # ------------------------------------------------------------------ the interpreter
@@ -273,7 +304,7 @@ class StreamingRuntime:
     async def _TrainMicrobatches(self, e):
         mb = self.cfg.microbatch_groups
         for i in range(0, len(e.groups), mb):
-            chunk = e.groups[i:i + mb]
+            chunk = e.groups[i : i + mb]
             await asyncio.to_thread(self.trainer.train_microbatch, self._batch(chunk))
             self._trainer_record("microbatch", e.step, groups=list(chunk))
         for g in e.groups:
@@ -331,6 +362,7 @@ def intervals(records, effect: str, pid: Optional[str] = None) -> List[Tuple[flo
 
 def overlap_s(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
     """Length of time covered by both interval sets."""
+
     def union(iv):
         merged: List[List[float]] = []
         for s, e in sorted(iv):

@@ -46,8 +46,8 @@ class TinyPolicy(nn.Module):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.embed = nn.Parameter((torch.randn(vocab, width, generator=gen) * 0.5).to(dtype))
-        self.hidden = nn.Parameter((torch.randn(width, width, generator=gen) / width ** 0.5).to(dtype))
-        self.head = nn.Parameter((torch.randn(vocab, width, generator=gen) / width ** 0.5).to(dtype))
+        self.hidden = nn.Parameter((torch.randn(width, width, generator=gen) / width**0.5).to(dtype))
+        self.head = nn.Parameter((torch.randn(vocab, width, generator=gen) / width**0.5).to(dtype))
         self.vocab = vocab
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -80,8 +80,12 @@ class Batch:
         def pad(t: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.pad(t, (0, width - t.shape[1]))
 
-        return Batch(torch.cat([pad(p.tokens) for p in parts]), torch.cat([pad(p.targets) for p in parts]),
-                     torch.cat([pad(p.mask) for p in parts]), torch.cat([p.advantages for p in parts]))
+        return Batch(
+            torch.cat([pad(p.tokens) for p in parts]),
+            torch.cat([pad(p.targets) for p in parts]),
+            torch.cat([pad(p.mask) for p in parts]),
+            torch.cat([p.advantages for p in parts]),
+        )
 
 
 def make_batch(seed: int, sequences: int, length: int, vocab: int = 32, min_valid: int = 0) -> Batch:
@@ -127,7 +131,9 @@ def make_optimizer(model: nn.Module, lr: float = 0.1):
     return opt, sched
 
 
-def sync_train_step(model: nn.Module, optimizer, scheduler, batch: Batch, loss_type: str) -> Optional[List[torch.Tensor]]:
+def sync_train_step(
+    model: nn.Module, optimizer, scheduler, batch: Batch, loss_type: str
+) -> Optional[List[torch.Tensor]]:
     """The reference: one synchronous step on the whole (global) batch; returns the
     normalized gradients it applied (None when nothing was valid: no step)."""
     optimizer.zero_grad(set_to_none=False)
@@ -154,13 +160,25 @@ class WorkerMetrics:
 def combine_leader_metrics(results: Sequence[WorkerMetrics]) -> Dict[str, float]:
     """Driver side: sum the per-replica figures of replica leaders only."""
     leaders = [r for r in results if r.is_replica_leader]
-    return {"loss_sum": sum(r.loss_sum for r in leaders), "tokens": sum(r.tokens for r in leaders),
-            "sequences": sum(r.sequences for r in leaders), "workers": len(results), "leaders": len(leaders)}
+    return {
+        "loss_sum": sum(r.loss_sum for r in leaders),
+        "tokens": sum(r.tokens for r in leaders),
+        "sequences": sum(r.sequences for r in leaders),
+        "workers": len(results),
+        "leaders": len(leaders),
+    }
 
 
 class SplitTrainer:
-    def __init__(self, model: nn.Module, loss_type: str = "token", lr: float = 0.1,
-                 group: Optional[Any] = None, is_replica_leader: bool = True, keep_grads: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_type: str = "token",
+        lr: float = 0.1,
+        group: Optional[Any] = None,
+        is_replica_leader: bool = True,
+        keep_grads: bool = False,
+    ) -> None:
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
         self.model = model
@@ -233,8 +251,9 @@ class SplitTrainer:
             self.optimizer.step()
             self.scheduler.step()
         result: FinishResult = self.machine.finish(applied=applied)
-        metrics = WorkerMetrics(self.is_replica_leader, self._loss_sum, self._tokens, self._seqs,
-                                loss_sum / n if applied else None)
+        metrics = WorkerMetrics(
+            self.is_replica_leader, self._loss_sum, self._tokens, self._seqs, loss_sum / n if applied else None
+        )
         self.optimizer.zero_grad(set_to_none=False)
         self._reset()
         return result, metrics

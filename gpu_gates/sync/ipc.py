@@ -82,8 +82,15 @@ def stream_budget(bucket_size_bytes: int) -> int:
     return 2 * max(proto.align_up(bucket_size_bytes), proto.ALIGNMENT_BYTES)
 
 
-def stream_to(ctx: Any, sync_id: str, receiver: int, named: Sequence[Tuple[str, torch.Tensor]], budget: int,
-              version: int, timeout_s: float) -> zs.SendResult:
+def stream_to(
+    ctx: Any,
+    sync_id: str,
+    receiver: int,
+    named: Sequence[Tuple[str, torch.Tensor]],
+    budget: int,
+    version: int,
+    timeout_s: float,
+) -> zs.SendResult:
     """Owner side: stream the cache to one colocated receiver; raises on a timeout or a
     broken peer (the error names the peer, the step and the group)."""
     endpoint = endpoint_for(ctx, sync_id, receiver)
@@ -95,13 +102,25 @@ def stream_to(ctx: Any, sync_id: str, receiver: int, named: Sequence[Tuple[str, 
         _remove(endpoint)
 
 
-def receive_from(ctx: Any, sync_id: str, manifest: Dict[str, Tuple[Tuple[int, ...], str]],
-                 load: Callable[[proto.Slot, torch.Tensor], None], budget: int, version: int, owner: int,
-                 timeout_s: float) -> zs.ReceiveResult:
+def receive_from(
+    ctx: Any,
+    sync_id: str,
+    manifest: Dict[str, Tuple[Tuple[int, ...], str]],
+    load: Callable[[proto.Slot, torch.Tensor], None],
+    budget: int,
+    version: int,
+    owner: int,
+    timeout_s: float,
+) -> zs.ReceiveResult:
     """Receiver side: connect, load every group through ``load``, finalize only a complete
     transfer (a manifest problem raises after the COMPLETE was ACKed)."""
-    receiver = zs.RefitReceiver(endpoint_for(ctx, sync_id, ctx.rank), peer=f"rank {owner}", timeout_s=timeout_s,
-                                device=ctx.device, emit=ctx.emit)
+    receiver = zs.RefitReceiver(
+        endpoint_for(ctx, sync_id, ctx.rank),
+        peer=f"rank {owner}",
+        timeout_s=timeout_s,
+        device=ctx.device,
+        emit=ctx.emit,
+    )
     try:
         return receiver.receive(manifest, load, step=version, half_bytes=proto.half_buffer_bytes(budget))
     finally:
@@ -125,6 +144,6 @@ def manifest_of_buckets(buckets_meta: Sequence[Dict[str, Any]]) -> Dict[str, Tup
 
 def _remove(endpoint: str) -> None:
     try:
-        os.unlink(endpoint[len("ipc://"):])
+        os.unlink(endpoint[len("ipc://") :])
     except FileNotFoundError:
         pass

@@ -52,8 +52,7 @@ class SyncGroup:
 
     _stray: List[Any] = []  # test hook leak_sync_group: the reference a buggy teardown forgets
 
-    def __init__(self, ctx: Any, sync_id: str, members: List[int], purpose: str = "sync",
-                 emit: bool = False) -> None:
+    def __init__(self, ctx: Any, sync_id: str, members: List[int], purpose: str = "sync", emit: bool = False) -> None:
         import torch.distributed as dist
 
         self.members, self.ctx, self.emit = members, ctx, emit
@@ -81,8 +80,11 @@ class SyncGroup:
         except Exception:  # gloo may have nothing to shut down on some versions
             pass
         del pg
-        gone = self.ctx.check("sync_group_destroyed", not pg_registry.direct_alive(self.name),
-                              f"sync group {self.name} is still alive after its close (a reference survived)")
+        gone = self.ctx.check(
+            "sync_group_destroyed",
+            not pg_registry.direct_alive(self.name),
+            f"sync group {self.name} is still alive after its close (a reference survived)",
+        )
         if gone and self.emit:
             self.ctx.emit("group_destroy", name=self.name, desc=self.name, members=self.members)
         return gone
@@ -105,9 +107,16 @@ class SyncLink:
 class OwnerSync:
     """The owner's handlers: one ``_<Effect>`` per effect of the selective sync."""
 
-    def __init__(self, ctx: Any, cache: Any, link: SyncLink, *, damage_bucket: Optional[int] = None,
-                 on_group: Optional[Callable[[List[int]], None]] = None,
-                 group_members: Optional[Callable[[List[int]], List[int]]] = None) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        cache: Any,
+        link: SyncLink,
+        *,
+        damage_bucket: Optional[int] = None,
+        on_group: Optional[Callable[[List[int]], None]] = None,
+        group_members: Optional[Callable[[List[int]], List[int]]] = None,
+    ) -> None:
         self.ctx, self.cache, self.link = ctx, cache, link
         self.damage_bucket, self.on_group, self.group_members = damage_bucket, on_group, group_members
         self.n_ops = 0
@@ -174,8 +183,15 @@ class OwnerSync:
 
     def _stream(self, r: int, bucket: int, named, budget: int) -> None:
         try:
-            ipc.stream_to(self.ctx, f"{self.link.sync_id}_b{bucket}", r, named, budget, self._version(),
-                          timeout_s=ipc.stream_timeout(self.ctx))
+            ipc.stream_to(
+                self.ctx,
+                f"{self.link.sync_id}_b{bucket}",
+                r,
+                named,
+                budget,
+                self._version(),
+                timeout_s=ipc.stream_timeout(self.ctx),
+            )
         except BaseException as exc:  # re-raised by the barrier
             self.stream_errors.append(exc)
 
@@ -215,12 +231,19 @@ def run_owner(ctx: Any, handlers: OwnerSync, plan: ss.SyncPlan) -> Dict[str, int
     """The owner's side of one sync: the harness's order with these handlers, under
     RLix's timeout (a hung peer past it is thrown into the sync, which tears down)."""
     deadline = time.monotonic() + ss.SYNC_TIMEOUT_S
-    return run_blocking(ss.selective_sync(plan), handlers.handle,
-                        deadline=ss.sync_deadline(lambda: time.monotonic() > deadline))
+    return run_blocking(
+        ss.selective_sync(plan), handlers.handle, deadline=ss.sync_deadline(lambda: time.monotonic() > deadline)
+    )
 
 
-def serve_receiver(ctx: Any, link: SyncLink, buckets_meta: List[Dict[str, Any]], model: Any,
-                   version: int, on_group: Optional[Callable[[List[int]], None]] = None) -> List[int]:
+def serve_receiver(
+    ctx: Any,
+    link: SyncLink,
+    buckets_meta: List[Dict[str, Any]],
+    model: Any,
+    version: int,
+    on_group: Optional[Callable[[List[int]], None]] = None,
+) -> List[int]:
     """A receiver's side: execute the owner's orders until ``end``. Returns the buckets
     this rank loaded (a group member that is no target joins each broadcast — a
     collective needs every member — and drops what it got)."""
@@ -260,9 +283,15 @@ def serve_receiver(ctx: Any, link: SyncLink, buckets_meta: List[Dict[str, Any]],
 
 def _receive_stream(ctx: Any, link: SyncLink, bucket: int, meta: Dict[str, Any], model: Any, version: int) -> None:
     ctx.set_phase(f"{link.sync_id}: receive bucket {bucket} over the refit stream")
-    res = ipc.receive_from(ctx, f"{link.sync_id}_b{bucket}",
-                           ipc.manifest_of_buckets([meta]), ipc.load_into(model),
-                           ipc.stream_budget(link.bucket_size_bytes), version, link.owner,
-                           timeout_s=ipc.stream_timeout(ctx))
+    res = ipc.receive_from(
+        ctx,
+        f"{link.sync_id}_b{bucket}",
+        ipc.manifest_of_buckets([meta]),
+        ipc.load_into(model),
+        ipc.stream_budget(link.bucket_size_bytes),
+        version,
+        link.owner,
+        timeout_s=ipc.stream_timeout(ctx),
+    )
     if not res.finalized:
         raise RuntimeError(f"{link.sync_id}: the refit stream ended without finalizing")

@@ -48,6 +48,8 @@ class TinyModel(nn.Module):
                 raise KeyError(f"received unknown tensor {name!r}")
             target = state[name]
             if target.dtype != tensor.dtype or target.shape != tensor.shape:
-                raise ValueError(f"tensor {name!r}: got {tensor.dtype}{tuple(tensor.shape)}, "
-                                 f"model has {target.dtype}{tuple(target.shape)}")
+                raise ValueError(
+                    f"tensor {name!r}: got {tensor.dtype}{tuple(tensor.shape)}, "
+                    f"model has {target.dtype}{tuple(target.shape)}"
+                )
             target.copy_(tensor.to(target.device))

@@ -43,6 +43,7 @@ def load_megatron() -> Tuple[Optional[Any], str]:
         return None, f"megatron-core not importable: {type(exc).__name__}: {exc}"
     try:
         from importlib.metadata import version
+
         return parallel_state, version("megatron-core")
     except Exception:
         return parallel_state, "unknown"
@@ -94,8 +95,14 @@ def build_groups(builder: str, tp_size: int, timeout: datetime.timedelta, megatr
         tp, dp = build_torch_groups(tp_size, timeout)
     after = pg_registry.live_groups()
     created = {name: info for name, info in after.items() if name not in before}
-    return BuiltGroups(builder=builder, tp=tp, dp=dp, tp_ranks=dist.get_process_group_ranks(tp),
-                       dp_ranks=dist.get_process_group_ranks(dp), created=created)
+    return BuiltGroups(
+        builder=builder,
+        tp=tp,
+        dp=dp,
+        tp_ranks=dist.get_process_group_ranks(tp),
+        dp_ranks=dist.get_process_group_ranks(dp),
+        created=created,
+    )
 
 
 def destroy_created(built: BuiltGroups, keep: Optional[GroupInfo] = None) -> List[GroupInfo]:

@@ -53,8 +53,7 @@ def _rank(rank: int, init: str, backend: str, mode: str, deadline_s: float, hook
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=2,
-                            timeout=timedelta(seconds=deadline_s))
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=deadline_s))
     dist.all_reduce(torch.ones(1, device=device))
     if rank == 1:
         os._exit(0)  # the peer dies: no teardown, no goodbye
@@ -96,15 +95,20 @@ def run_case(mode: str, backend: str = "gloo", deadline_s: float = 10.0, hook: O
     reports, out = ctx.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="peer-died-") as tmp:
         init = "file://" + os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_rank, args=(r, init, backend, mode, deadline_s, hook, out), daemon=True)
-                 for r in (0, 1)]
+        procs = [
+            ctx.Process(target=_rank, args=(r, init, backend, mode, deadline_s, hook, out), daemon=True) for r in (0, 1)
+        ]
         for p in procs:
             p.start()
         if reports.poll(3 * deadline_s + 30):  # start-up (imports) + collective + teardown
             report = reports.recv()
         else:
-            report = {"mode": mode, "backend": backend, "teardown_returned": False,
-                      "error": "rank 0 sent no report (killed past the deadline)"}
+            report = {
+                "mode": mode,
+                "backend": backend,
+                "teardown_returned": False,
+                "error": "rank 0 sent no report (killed past the deadline)",
+            }
         for p in procs:
             p.join(timeout=2)
             if p.is_alive():
@@ -112,8 +116,9 @@ def run_case(mode: str, backend: str = "gloo", deadline_s: float = 10.0, hook: O
                 p.join()
     report["ok"] = bool(report.get("teardown_returned")) and report.get("collective") != "returned"
     if not report.get("teardown_returned"):
-        report["finding"] = (f"{mode} did not return within {deadline_s:g} s after a peer died "
-                             "(sgl-project/SpecForge #781)")
+        report["finding"] = (
+            f"{mode} did not return within {deadline_s:g} s after a peer died (sgl-project/SpecForge #781)"
+        )
     elif report.get("collective") == "returned":
         report["finding"] = "a collective with a dead peer returned as if it had completed"
     return report
@@ -129,7 +134,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.deadline_s <= 0:
         print("error: --deadline-s: must be positive", file=sys.stderr)
         return 2
-    reports = [run_case(m, args.backend, args.deadline_s, args.hook) for m in (MODES if args.mode == "both" else (args.mode,))]
+    reports = [
+        run_case(m, args.backend, args.deadline_s, args.hook) for m in (MODES if args.mode == "both" else (args.mode,))
+    ]
     print(json.dumps({"gate": "teardown_peer_died", "cases": reports}, indent=1))
     return 0 if all(r["ok"] for r in reports) else 1
 

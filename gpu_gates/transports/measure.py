@@ -48,8 +48,14 @@ def synthetic_specs(total_bytes: int, layers: int = 6) -> List[proto.TensorSpec]
     vocab = max(8, int(0.1 * total_bytes / elem / h))
     specs = [proto.TensorSpec("embed", (vocab, h), "bfloat16", vocab * h * elem)]
     for i in range(layers):
-        for name, shape in (("qkv", (3 * h, h)), ("o", (h, h)), ("up", (4 * h, h)), ("down", (h, 4 * h)),
-                            ("ln1", (h,)), ("ln2", (h,))):
+        for name, shape in (
+            ("qkv", (3 * h, h)),
+            ("o", (h, h)),
+            ("up", (4 * h, h)),
+            ("down", (h, 4 * h)),
+            ("ln1", (h,)),
+            ("ln2", (h,)),
+        ):
             specs.append(proto.TensorSpec(f"l{i}.{name}", shape, "bfloat16", math.prod(shape) * elem))
     return specs
 
@@ -86,11 +92,20 @@ class Measurement:
         return statistics.median(self.wall_s)
 
     def to_json(self) -> dict:
-        return {"model_bytes": self.model_bytes, "budget_bytes": self.budget_bytes, "groups": self.groups,
-                "tensors": self.tensors, "wall_s": self.wall_s, "staging_s": self.staging_s,
-                "dedicated_s": self.dedicated_s, "dedicated_bytes": self.dedicated_bytes,
-                "cache_build_s": self.cache_build_s, "pack_s": self.pack_s, "load_s": self.load_s,
-                "overlap_s": self.overlap_s}
+        return {
+            "model_bytes": self.model_bytes,
+            "budget_bytes": self.budget_bytes,
+            "groups": self.groups,
+            "tensors": self.tensors,
+            "wall_s": self.wall_s,
+            "staging_s": self.staging_s,
+            "dedicated_s": self.dedicated_s,
+            "dedicated_bytes": self.dedicated_bytes,
+            "cache_build_s": self.cache_build_s,
+            "pack_s": self.pack_s,
+            "load_s": self.load_s,
+            "overlap_s": self.overlap_s,
+        }
 
 
 class StreamBench:
@@ -109,11 +124,23 @@ class StreamBench:
         self._threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            self.sender = zs.RefitSender(self.endpoint, peer="measure-peer", timeout_s=timeout_s,
-                                         single_buffer=single_buffer)
-            self.peer = subprocess.Popen([sys.executable, "-m", "gpu_gates.transports.measure", "--peer", self.endpoint,
-                                          "--timeout", str(timeout_s)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.sender = zs.RefitSender(
+                self.endpoint, peer="measure-peer", timeout_s=timeout_s, single_buffer=single_buffer
+            )
+            self.peer = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpu_gates.transports.measure",
+                    "--peer",
+                    self.endpoint,
+                    "--timeout",
+                    str(timeout_s),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
         except BaseException:
             self.close()
             raise
@@ -147,9 +174,17 @@ class StreamBench:
             raise RuntimeError(f"refit measurement peer exited (code {self.peer.poll()})")
         return line.strip()
 
-    def measure(self, specs: Sequence[proto.TensorSpec], budget_bytes: int, repeats: int = 3,
-                seed: int = 0, cache_bucket_bytes: Optional[int] = None, into: Optional[Measurement] = None,
-                named: Optional[List[Tuple[str, torch.Tensor]]] = None, warmup: int = 0) -> Measurement:
+    def measure(
+        self,
+        specs: Sequence[proto.TensorSpec],
+        budget_bytes: int,
+        repeats: int = 3,
+        seed: int = 0,
+        cache_bucket_bytes: Optional[int] = None,
+        into: Optional[Measurement] = None,
+        named: Optional[List[Tuple[str, torch.Tensor]]] = None,
+        warmup: int = 0,
+    ) -> Measurement:
         """Run one configuration ``repeats`` times (appending to ``into`` if given, so callers
         can interleave configurations and spread a burst of load over all of them).
         ``warmup`` syncs run first and are not recorded: after another configuration they
@@ -158,8 +193,9 @@ class StreamBench:
         named = named if named is not None else materialize(specs, seed)
         m = into if into is not None else Measurement(sum(s.nbytes for s in specs), budget_bytes, 0, len(specs))
         for i in range(warmup + repeats):
-            res, peer = self._sync(specs, budget_bytes, named, m if i >= warmup and cache_bucket_bytes else None,
-                                   cache_bucket_bytes)
+            res, peer = self._sync(
+                specs, budget_bytes, named, m if i >= warmup and cache_bucket_bytes else None, cache_bucket_bytes
+            )
             if i < warmup:
                 continue
             m.groups = res.groups
@@ -170,8 +206,9 @@ class StreamBench:
             m.pack_s.append(sum(t.pack_s for t in res.timings))
             m.ack_wait_s.append(sum(t.ack_wait_s for t in res.timings) + res.complete_s)
             m.load_s.append(sum(peer["load_s"]))
-            m.overlap_s.append(zs.overlap_seconds([t.pack_interval for t in res.timings],
-                                                  [tuple(x) for x in peer["load_intervals"]]))
+            m.overlap_s.append(
+                zs.overlap_seconds([t.pack_interval for t in res.timings], [tuple(x) for x in peer["load_intervals"]])
+            )
         return m
 
     def _sync(self, specs, budget_bytes: int, named, m: Optional[Measurement], cache_bucket_bytes: Optional[int]):
@@ -181,8 +218,11 @@ class StreamBench:
             t = time.perf_counter()
             build_buckets(named, cache_bucket_bytes)
             m.cache_build_s.append(time.perf_counter() - t)
-        cmd = {"step": self.step, "budget": budget_bytes,
-               "specs": [[s.name, list(s.shape), s.dtype, s.nbytes] for s in specs]}
+        cmd = {
+            "step": self.step,
+            "budget": budget_bytes,
+            "specs": [[s.name, list(s.shape), s.dtype, s.nbytes] for s in specs],
+        }
         self.peer.stdin.write(json.dumps(cmd) + "\n")
         self.peer.stdin.flush()
         ready = self._line()
@@ -205,13 +245,21 @@ def _peer(endpoint: str, timeout_s: float) -> int:
             weights = {s.name: torch.zeros(s.shape, dtype=dtype_from_name(s.dtype)) for s in specs}  # touched
             print(f"ready {cmd['step']}", flush=True)
             try:
-                res = receiver.receive(proto.manifest_of(specs), zs.copy_into(weights), step=cmd["step"],
-                                       half_bytes=proto.half_buffer_bytes(cmd["budget"]))
+                res = receiver.receive(
+                    proto.manifest_of(specs),
+                    zs.copy_into(weights),
+                    step=cmd["step"],
+                    half_bytes=proto.half_buffer_bytes(cmd["budget"]),
+                )
             except Exception as exc:
                 print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
                 return 1
-            print(json.dumps({"step": res.step, "wall_s": res.wall_s, "load_s": res.load_s,
-                              "load_intervals": res.load_intervals}), flush=True)
+            print(
+                json.dumps(
+                    {"step": res.step, "wall_s": res.wall_s, "load_s": res.load_s, "load_intervals": res.load_intervals}
+                ),
+                flush=True,
+            )
     finally:
         receiver.close()
     return 0

@@ -104,7 +104,7 @@ class RunFolder:
         except FileNotFoundError:
             pass
         try:
-            members = [int(n[len(_MEMBER):]) for n in os.listdir(self.path) if n.startswith(_MEMBER)]
+            members = [int(n[len(_MEMBER) :]) for n in os.listdir(self.path) if n.startswith(_MEMBER)]
         except FileNotFoundError:
             return False
         if any(_alive(pid) for pid in members):

@@ -21,8 +21,17 @@ import torch
 
 from gpu_gates.dataplane.store import RowStore, Rows
 
-METHODS = ("register", "partition", "samples", "write_bytes", "read_bytes", "drop", "claim", "consumption",
-           "write_ledger")
+METHODS = (
+    "register",
+    "partition",
+    "samples",
+    "write_bytes",
+    "read_bytes",
+    "drop",
+    "claim",
+    "consumption",
+    "write_ledger",
+)
 
 
 def _dump(rows: Rows) -> bytes:

@@ -75,7 +75,11 @@ class ShmBuffer:
         finally:
             os.close(fd)
         self.owner = create
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+        self.tensor = (
+            torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes)
+            if nbytes
+            else torch.empty(0, dtype=torch.uint8)
+        )
 
     def close(self) -> None:
         self.tensor = None
@@ -95,12 +99,14 @@ class ShmBuffer:
 
 def cuda_handle(buf: torch.Tensor) -> bytes:
     from torch.multiprocessing.reductions import reduce_tensor
+
     _rebuild, args = reduce_tensor(buf.detach())
     return pickle.dumps(args)  # the rebuild function is known on the other side
 
 
 def open_cuda_handle(blob: bytes) -> torch.Tensor:
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
     args = list(pickle.loads(blob))
     args[6] = torch.cuda.current_device()  # storage_device: the receiver's local index of the same GPU
     return rebuild_cuda_tensor(*args)

@@ -67,6 +67,7 @@ def _innermost_tq_call(thread: threading.Thread) -> str:
 class TransferQueueStore(RowStore):
     def __init__(self, conf=None, ledger: bool = False, truncate_reads: bool = False) -> None:
         import transfer_queue as tq  # the one import of TQ in the project
+
         self.tq = tq
         self.truncate_reads = truncate_reads
         self.client = tq.get_client()
@@ -83,8 +84,12 @@ class TransferQueueStore(RowStore):
             raise DataPlaneError("TransferQueueStore.start: Ray is not initialized (ray.init(num_cpus=...) first)")
         # polling_mode: a fetch that finds fewer ready samples than asked returns nothing at
         # once, instead of the controller sleeping on it (claim never blocks; see claim())
-        conf = OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}},
-                                 "controller": {"polling_mode": True}})
+        conf = OmegaConf.create(
+            {
+                "backend": {"SimpleStorage": {"num_data_storage_units": num_storage_units}},
+                "controller": {"polling_mode": True},
+            }
+        )
         failure: List[BaseException] = []
 
         final: List = []
@@ -99,9 +104,11 @@ class TransferQueueStore(RowStore):
         t.start()
         t.join(timeout_s)
         if t.is_alive():
-            raise TimeoutError(f"TransferQueue init did not finish in {timeout_s:g} s, waiting in {_innermost_tq_call(t)} "
-                               "(does Ray have a logical CPU for the controller and each storage unit, "
-                               "and CPU time for its workers?)")
+            raise TimeoutError(
+                f"TransferQueue init did not finish in {timeout_s:g} s, waiting in {_innermost_tq_call(t)} "
+                "(does Ray have a logical CPU for the controller and each storage unit, "
+                "and CPU time for its workers?)"
+            )
         if failure:
             raise DataPlaneError(f"TransferQueue init failed: {failure[0]}") from failure[0]
         return cls(final[0] if final else None)
@@ -145,7 +152,9 @@ class TransferQueueStore(RowStore):
         held = self.partition(partition_id)
         if held is not None:
             if held != (schema, list(tasks)):
-                raise DataPlaneInputError(f"partition_id: {partition_id!r} is already registered with a different schema or tasks")
+                raise DataPlaneInputError(
+                    f"partition_id: {partition_id!r} is already registered with a different schema or tasks"
+                )
             return
         tag = {"__schema": json.dumps(schema, sort_keys=True), "__tasks": json.dumps(list(tasks))}
         self.tq.kv_batch_put(keys=[SCHEMA_KEY], partition_id=partition_id, tags=[tag])
@@ -173,22 +182,29 @@ class TransferQueueStore(RowStore):
         td = TensorDict(columns, batch_size=[len(sample_ids)])
         sums = digest.digests_of(rows)
         listing = self._listing(partition_id)  # a put replaces a sample's tags: keep the other fields' digests
-        full = [{**{k: v for k, v in (listing.get(s) or {}).items() if k.startswith(digest.DIGEST_TAG)},
-                 **dict(tags[i]), **{digest.DIGEST_TAG + name: sums[name][i] for name in rows}}
-                for i, s in enumerate(sample_ids)]
+        full = [
+            {
+                **{k: v for k, v in (listing.get(s) or {}).items() if k.startswith(digest.DIGEST_TAG)},
+                **dict(tags[i]),
+                **{digest.DIGEST_TAG + name: sums[name][i] for name in rows},
+            }
+            for i, s in enumerate(sample_ids)
+        ]
         self.tq.kv_batch_put(keys=list(sample_ids), partition_id=partition_id, fields=td, tags=full)
         if self.ledger:  # after the put returned: the store holds these rows now
             entries = [(s, f) for s in sample_ids for f in rows]
-            self.tq.kv_batch_put(keys=[f"{s}/{f}/{uuid.uuid4().hex}" for s, f in entries],
-                                 partition_id=LEDGER_PREFIX + partition_id,
-                                 tags=[{"writer": writer, "sample": s, "field": f} for s, f in entries])
+            self.tq.kv_batch_put(
+                keys=[f"{s}/{f}/{uuid.uuid4().hex}" for s, f in entries],
+                partition_id=LEDGER_PREFIX + partition_id,
+                tags=[{"writer": writer, "sample": s, "field": f} for s, f in entries],
+            )
 
     def write_ledger(self) -> List[tuple]:
         """(writer, partition, sample, field) of every write recorded in the store."""
         out = []
         for part, keys in sorted(self.tq.kv_list().items()):
             if part.startswith(LEDGER_PREFIX):
-                out += [(t["writer"], part[len(LEDGER_PREFIX):], t["sample"], t["field"]) for t in keys.values()]
+                out += [(t["writer"], part[len(LEDGER_PREFIX) :], t["sample"], t["field"]) for t in keys.values()]
         return out
 
     def read(self, partition_id, sample_ids, fields):
@@ -198,12 +214,13 @@ class TransferQueueStore(RowStore):
             value = td[name]
             out[name] = [r.clone() for r in value.unbind(0)]
             if len(out[name]) != len(sample_ids):
-                raise DataPlaneError(f"TransferQueue returned {len(out[name])} rows of {name!r} for {len(sample_ids)} samples")
+                raise DataPlaneError(
+                    f"TransferQueue returned {len(out[name])} rows of {name!r} for {len(sample_ids)} samples"
+                )
             if self.truncate_reads:
                 out[name] = [digest.truncated(r) for r in out[name]]
         listing = self._listing(partition_id)
-        digest.verify(partition_id, sample_ids, out,
-                      lambda s, f: (listing.get(s) or {}).get(digest.DIGEST_TAG + f))
+        digest.verify(partition_id, sample_ids, out, lambda s, f: (listing.get(s) or {}).get(digest.DIGEST_TAG + f))
         return out
 
     def drop(self, partition_id, sample_ids):
@@ -211,13 +228,17 @@ class TransferQueueStore(RowStore):
         if keys:
             self.tq.kv_clear(keys=keys, partition_id=partition_id)
 
-
     def claim(self, partition_id, task, required_fields, batch_size):
         """TQ's own per-task consumption cursor (``get_meta`` in fetch mode), as NeMo RL's
         adapter claims: the controller marks the samples consumed, so claims from several
         processes never overlap. The placeholder schema key has no fields and is never ready."""
-        meta = self.client.get_meta(data_fields=list(required_fields), batch_size=int(batch_size),
-                                    partition_id=partition_id, mode="fetch", task_name=task)
+        meta = self.client.get_meta(
+            data_fields=list(required_fields),
+            batch_size=int(batch_size),
+            partition_id=partition_id,
+            mode="fetch",
+            task_name=task,
+        )
         indexes = list(getattr(meta, "global_indexes", None) or [])
         if not indexes:
             return []

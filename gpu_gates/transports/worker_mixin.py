@@ -43,7 +43,8 @@ class DataPlaneWorkerMixin:
     def _local_coords(self) -> Dict[str, int]:
         raise MissingCoordinatesError(
             f"{type(self).__name__} does not implement _local_coords(): without its (dp, tp, cp, pp) "
-            "coordinates every rank would look like a replica leader and write back")
+            "coordinates every rank would look like a replica leader and write back"
+        )
 
     def _replica_group(self) -> Tuple[Any, int, int]:
         """(process group of this rank's TP x CP x PP siblings, leader's global rank, group size)."""
@@ -70,12 +71,17 @@ class DataPlaneWorkerMixin:
         descriptor: List[Any] = [None]
         if leader:
             data = self.dp_client.get_samples(list(meta.sample_ids), meta.partition_id, list(select_fields))
-            descriptor[0] = {name: (["object", v.tolist()] if isinstance(v, np.ndarray)
-                                    else ["tensor", list(v.shape), DTYPE_NAMES[v.dtype]])
-                             for name, v in data.items()}
-        dist.broadcast_object_list(descriptor, src=leader_rank, group=group)   # phase 1: what is coming
+            descriptor[0] = {
+                name: (
+                    ["object", v.tolist()]
+                    if isinstance(v, np.ndarray)
+                    else ["tensor", list(v.shape), DTYPE_NAMES[v.dtype]]
+                )
+                for name, v in data.items()
+            }
+        dist.broadcast_object_list(descriptor, src=leader_rank, group=group)  # phase 1: what is coming
         sent = 0
-        for name in sorted(descriptor[0]):                                       # phase 2: each tensor
+        for name in sorted(descriptor[0]):  # phase 2: each tensor
             entry = descriptor[0][name]
             if entry[0] == "object":
                 if not leader:
@@ -83,15 +89,24 @@ class DataPlaneWorkerMixin:
                     arr[:] = entry[1]
                     data[name] = arr
                 continue
-            t = (data[name].contiguous().to(self.dp_device) if leader
-                 else torch.empty(entry[1], dtype=DTYPES[entry[2]], device=self.dp_device))
+            t = (
+                data[name].contiguous().to(self.dp_device)
+                if leader
+                else torch.empty(entry[1], dtype=DTYPES[entry[2]], device=self.dp_device)
+            )
             dist.broadcast(t, src=leader_rank, group=group)
             data[name] = t
             sent += t.numel() * t.element_size()
         if leader:
-            self.dp_client._emit("dp_transfer", hop="leader_to_siblings", partition=meta.partition_id,
-                                 samples=list(meta.sample_ids), fields=sorted(descriptor[0]),
-                                 bytes=sent * (size - 1), bulk=True)
+            self.dp_client._emit(
+                "dp_transfer",
+                hop="leader_to_siblings",
+                partition=meta.partition_id,
+                samples=list(meta.sample_ids),
+                fields=sorted(descriptor[0]),
+                bytes=sent * (size - 1),
+                bulk=True,
+            )
         return data
 
     # -- write-back --------------------------------------------------------------------
@@ -99,8 +114,9 @@ class DataPlaneWorkerMixin:
         """Leader-only put of this DP shard's results; siblings return None."""
         if self.leader_gate and not self._is_replica_leader():
             return None
-        return self.dp_client.put_samples(list(meta.sample_ids), meta.partition_id, fields,
-                                          sequence_lengths=meta.sequence_lengths)
+        return self.dp_client.put_samples(
+            list(meta.sample_ids), meta.partition_id, fields, sequence_lengths=meta.sequence_lengths
+        )
 
     def get_logprobs_presharded(self, meta: KVBatchMeta, logprob_fn) -> Optional[KVBatchMeta]:
         """The shape of NeMo RL's ``get_logprobs_from_meta``: fetch, compute on every sibling, leader writes."""

@@ -121,12 +121,15 @@ class _Endpoint:
             return fn()
         except zmq.Again:
             self.close()
-            raise StreamTimeout(f"refit stream with {self.peer} ({self.endpoint}): {what}: nothing within "
-                                f"{self.timeout_s:g} s (the peer may be dead)") from None
+            raise StreamTimeout(
+                f"refit stream with {self.peer} ({self.endpoint}): {what}: nothing within "
+                f"{self.timeout_s:g} s (the peer may be dead)"
+            ) from None
         except zmq.ZMQError as exc:
             self.close()
-            raise StreamError(f"refit stream with {self.peer} ({self.endpoint}): {what}: ZMQ error "
-                              f"errno {exc.errno}: {exc}") from None
+            raise StreamError(
+                f"refit stream with {self.peer} ({self.endpoint}): {what}: ZMQ error errno {exc.errno}: {exc}"
+            ) from None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -145,9 +148,17 @@ class RefitSender(_Endpoint):
     ``pause_after_group`` is a test hook: seconds to sleep after each send (so a test can
     kill the receiver mid-stream deterministically)."""
 
-    def __init__(self, endpoint: str, *, peer: str = "receiver", timeout_s: float = 120.0,
-                 device: Optional[torch.device] = None, emit: Optional[Emit] = None,
-                 single_buffer: bool = False, leak_staging: bool = False) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        peer: str = "receiver",
+        timeout_s: float = 120.0,
+        device: Optional[torch.device] = None,
+        emit: Optional[Emit] = None,
+        single_buffer: bool = False,
+        leak_staging: bool = False,
+    ) -> None:
         super().__init__(endpoint, peer, timeout_s, zmq.REQ, bind=True)
         # fault ``ipc_staging_leak`` of the cycle-trends gate (vLLM #51258): the released
         # ping-pong pair is kept (mapped, referenced) instead of pooled, so every sync
@@ -167,8 +178,15 @@ class RefitSender(_Endpoint):
         timings: Dict[int, GroupTiming] = {}
         self._pending, self._complete_t = None, 0.0
         t0 = time.monotonic()
-        self.emit("refit_stream_begin", step=step, role="sender", peer=self.peer, budget_bytes=budget_bytes,
-                  half_bytes=proto.half_buffer_bytes(budget_bytes), tensors=len(specs))
+        self.emit(
+            "refit_stream_begin",
+            step=step,
+            role="sender",
+            peer=self.peer,
+            budget_bytes=budget_bytes,
+            half_bytes=proto.half_buffer_bytes(budget_bytes),
+            tensors=len(specs),
+        )
         gen = proto.sender(specs, budget_bytes)
         reply: Any = None
         try:
@@ -192,8 +210,15 @@ class RefitSender(_Endpoint):
         res.timings = [timings[g] for g in sorted(timings)]
         return res
 
-    def _perform(self, e: Any, step: int, sources: Deque, buffers: Dict[Any, Any], res: SendResult,
-                 timings: Dict[int, GroupTiming]) -> Any:
+    def _perform(
+        self,
+        e: Any,
+        step: int,
+        sources: Deque,
+        buffers: Dict[Any, Any],
+        res: SendResult,
+        timings: Dict[int, GroupTiming],
+    ) -> Any:
         if isinstance(e, proto.AllocBuffers):
             t = time.monotonic()
             for b in (0, 1):
@@ -212,31 +237,52 @@ class RefitSender(_Endpoint):
             for slot in e.slots:
                 name, src = sources.popleft()
                 if name != slot.name:
-                    raise StreamError(f"refit step {step}: protocol packs {slot.name!r} where the source yields {name!r}")
-                dst[slot.offset: slot.offset + slot.nbytes].copy_(raw_bytes(src), non_blocking=dst.is_cuda)
+                    raise StreamError(
+                        f"refit step {step}: protocol packs {slot.name!r} where the source yields {name!r}"
+                    )
+                dst[slot.offset : slot.offset + slot.nbytes].copy_(raw_bytes(src), non_blocking=dst.is_cuda)
             if dst.is_cuda:
                 torch.cuda.current_stream(dst.device).synchronize()
             end = time.monotonic()
-            timings[e.group] = GroupTiming(e.group, e.buffer, e.used_bytes, len(e.slots), pack_s=end - t,
-                                           pack_interval=(t, end))
+            timings[e.group] = GroupTiming(
+                e.group, e.buffer, e.used_bytes, len(e.slots), pack_s=end - t, pack_interval=(t, end)
+            )
         elif isinstance(e, proto.SendGroup):
             buf = buffers[e.buffer]
-            header = {"type": "group", "step": step, "group": e.group, "buffer": e.buffer, "used": e.used_bytes,
-                      "names": [s.name for s in e.slots], "slots": [s.to_wire() for s in e.slots]}
+            header = {
+                "type": "group",
+                "step": step,
+                "group": e.group,
+                "buffer": e.buffer,
+                "used": e.used_bytes,
+                "names": [s.name for s in e.slots],
+                "slots": [s.to_wire() for s in e.slots],
+            }
             frames = [b""]
             if isinstance(buf, ShmBuffer):
                 header["shm"], header["shm_bytes"] = buf.path, buf.nbytes
             else:
                 frames = [cuda_handle(buf)]
             t = time.monotonic()
-            self._io(f"step {step}: sending group {e.group}",
-                     lambda: self.sock.send_multipart([json.dumps(header).encode()] + frames))
+            self._io(
+                f"step {step}: sending group {e.group}",
+                lambda: self.sock.send_multipart([json.dumps(header).encode()] + frames),
+            )
             timings[e.group].send_s = time.monotonic() - t
             self._pending = e.group
             res.bytes += e.used_bytes
-            self.emit("refit_group_send", step=step, role="sender", peer=self.peer, group=e.group, buffer=str(e.buffer),
-                      bytes=e.used_bytes, names=[s.name for s in e.slots], offsets=[s.offset for s in e.slots],
-                      sizes=[s.nbytes for s in e.slots])
+            self.emit(
+                "refit_group_send",
+                step=step,
+                role="sender",
+                peer=self.peer,
+                group=e.group,
+                buffer=str(e.buffer),
+                bytes=e.used_bytes,
+                names=[s.name for s in e.slots],
+                offsets=[s.offset for s in e.slots],
+                sizes=[s.nbytes for s in e.slots],
+            )
         elif isinstance(e, proto.AwaitAck):
             if e.group == proto.COMPLETE:
                 self._await(step, proto.COMPLETE, timings)
@@ -259,7 +305,9 @@ class RefitSender(_Endpoint):
         elif isinstance(e, proto.SendComplete):
             self._complete_t = time.monotonic()
             msg = json.dumps({"type": "complete", "step": step, "groups": e.groups}).encode()
-            self._io(f"step {step}: sending COMPLETE after {e.groups} groups", lambda: self.sock.send_multipart([msg, b""]))
+            self._io(
+                f"step {step}: sending COMPLETE after {e.groups} groups", lambda: self.sock.send_multipart([msg, b""])
+            )
             self._pending = proto.COMPLETE
             self.emit("refit_complete_send", step=step, role="sender", peer=self.peer, groups=e.groups)
         else:  # pragma: no cover - a new effect without a runtime
@@ -334,16 +382,29 @@ class RefitReceiver(_Endpoint):
     ``view`` aliases the staging buffer (valid only during the call): copy it into the
     weights. ``finalize(groups)`` runs only for a complete, clean transfer."""
 
-    def __init__(self, endpoint: str, *, peer: str = "sender", timeout_s: float = 120.0,
-                 device: Optional[torch.device] = None, emit: Optional[Emit] = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        peer: str = "sender",
+        timeout_s: float = 120.0,
+        device: Optional[torch.device] = None,
+        emit: Optional[Emit] = None,
+    ) -> None:
         super().__init__(endpoint, peer, timeout_s, zmq.REP, bind=False)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.emit = emit or (lambda kind, **f: None)
         self._maps: Dict[str, ShmBuffer] = {}
         self._used: set = set()
 
-    def receive(self, manifest: proto.Manifest, load: Loader, step: int = 0, half_bytes: Optional[int] = None,
-                finalize: Optional[Callable[[int], None]] = None) -> ReceiveResult:
+    def receive(
+        self,
+        manifest: proto.Manifest,
+        load: Loader,
+        step: int = 0,
+        half_bytes: Optional[int] = None,
+        finalize: Optional[Callable[[int], None]] = None,
+    ) -> ReceiveResult:
         res = ReceiveResult(step=step, groups=0, bytes=0, wall_s=0.0)
         self.emit("refit_stream_begin", step=step, role="receiver", peer=self.peer, expected=list(manifest))
         gen = proto.receiver(manifest, half_bytes)
@@ -358,8 +419,9 @@ class RefitReceiver(_Endpoint):
                 except StopIteration:
                     break
                 except proto.ManifestError as exc:
-                    self.emit("refit_manifest_check", step=step, role="receiver", peer=self.peer,
-                              **_report_fields(exc.report))
+                    self.emit(
+                        "refit_manifest_check", step=step, role="receiver", peer=self.peer, **_report_fields(exc.report)
+                    )
                     raise proto.ManifestError(exc.report, f"step {step} from {self.peer}") from None
                 throw, reply = None, None
                 if isinstance(effect, proto.AwaitMessage):
@@ -375,8 +437,13 @@ class RefitReceiver(_Endpoint):
                     self._io(f"step {step}: sending the ACK of group {effect.group}", lambda: self.sock.send(ack))
                     current.clear()
                 elif isinstance(effect, proto.Finalize):
-                    self.emit("refit_manifest_check", step=step, role="receiver", peer=self.peer,
-                              **_report_fields(proto.ManifestReport()))
+                    self.emit(
+                        "refit_manifest_check",
+                        step=step,
+                        role="receiver",
+                        peer=self.peer,
+                        **_report_fields(proto.ManifestReport()),
+                    )
                     if finalize is not None:
                         finalize(effect.groups)
                     res.finalized = True
@@ -397,15 +464,25 @@ class RefitReceiver(_Endpoint):
         frames = self._io(f"step {step}: waiting for group {expect} (or COMPLETE)", self.sock.recv_multipart)
         header = json.loads(frames[0])
         if header.get("step") != step:
-            raise StreamError(f"refit stream from {self.peer}: step {step} expected, message is for step {header.get('step')}")
+            raise StreamError(
+                f"refit stream from {self.peer}: step {step} expected, message is for step {header.get('step')}"
+            )
         if header["type"] == "complete":
             return proto.CompleteMessage(int(header["groups"]))
         current["header"], current["blob"] = header, frames[1] if len(frames) > 1 else b""
         slots = tuple(proto.Slot.from_wire(s) for s in header["slots"])
         buffer = header["buffer"] if header["buffer"] == proto.DEDICATED else int(header["buffer"])
-        self.emit("refit_group_recv", step=step, role="receiver", peer=self.peer, group=int(header["group"]),
-                  buffer=str(buffer), bytes=int(header["used"]), names=[s.name for s in slots],
-                  offsets=[s.offset for s in slots])
+        self.emit(
+            "refit_group_recv",
+            step=step,
+            role="receiver",
+            peer=self.peer,
+            group=int(header["group"]),
+            buffer=str(buffer),
+            bytes=int(header["used"]),
+            names=[s.name for s in slots],
+            offsets=[s.offset for s in slots],
+        )
         return proto.GroupMessage(int(header["group"]), buffer, slots, int(header["used"]))
 
     def _staging(self, current: Dict[str, Any]) -> torch.Tensor:
@@ -423,7 +500,9 @@ class RefitReceiver(_Endpoint):
         t = time.monotonic()
         staging = self._staging(current)
         for slot in e.slots:
-            view = staging[slot.offset: slot.offset + slot.nbytes].view(dtype_from_name(slot.dtype)).reshape(slot.shape)
+            view = (
+                staging[slot.offset : slot.offset + slot.nbytes].view(dtype_from_name(slot.dtype)).reshape(slot.shape)
+            )
             load(slot, view)
         if staging.is_cuda:
             torch.cuda.synchronize(staging.device)
@@ -453,8 +532,14 @@ def _describe(exc: BaseException) -> str:
 
 
 def _report_fields(report: proto.ManifestReport) -> Dict[str, Any]:
-    return {"missing": report.missing, "duplicate": report.duplicate, "unexpected": report.unexpected,
-            "mismatched": report.mismatched, "layout": report.layout, "load_errors": report.load_errors}
+    return {
+        "missing": report.missing,
+        "duplicate": report.duplicate,
+        "unexpected": report.unexpected,
+        "mismatched": report.mismatched,
+        "layout": report.layout,
+        "load_errors": report.load_errors,
+    }
 
 
 def copy_into(weights: Dict[str, torch.Tensor]) -> Loader:

@@ -60,9 +60,15 @@ def resize_call(ctx: PipelineContext, phase: str, ranks: Sequence[int], cycle: i
     yield RunControl(order(ctx, ranks), phase, None, cycle)
 
 
-def run_resize(ctx: PipelineContext, phase: str, ranks: Sequence[int], cycle: int,
-               record: Callable[[str, Dict[str, Any]], None], on_error: Optional[Callable[[Exception], None]] = None,
-               then: Optional[Callable[[], None]] = None) -> Generator:
+def run_resize(
+    ctx: PipelineContext,
+    phase: str,
+    ranks: Sequence[int],
+    cycle: int,
+    record: Callable[[str, Dict[str, Any]], None],
+    on_error: Optional[Callable[[Exception], None]] = None,
+    then: Optional[Callable[[], None]] = None,
+) -> Generator:
     """One :func:`resize_call` between its ``resize_start`` and ``resize_end`` records
     (``record(kind, fields)`` is the runtime's log append), for the interpreter to run with
     the runtime's run-level handlers. ``on_error`` takes an error of the call (it re-raises

@@ -128,8 +128,9 @@ def may_admit(started: int, trainer_version: int, batch: int, max_age: int, tota
     return started < min(total, (trainer_version + 1 + max_age) * batch)
 
 
-def select_batch(completed: Sequence[Tuple[int, int]], trainer_version: int, batch: int,
-                 max_age: int) -> Tuple[Optional[List[int]], List[int]]:
+def select_batch(
+    completed: Sequence[Tuple[int, int]], trainer_version: int, batch: int, max_age: int
+) -> Tuple[Optional[List[int]], List[int]]:
     """The trainer's batch from the completed trajectories ``(trajectory id, version it
     started with)``: ``(taken, dropped)``, ``taken`` None while fewer than ``batch`` are
     usable. Oldest start first (ties by id); a trajectory older than ``max_age`` versions

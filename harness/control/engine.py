@@ -76,8 +76,10 @@ class EngineTags:
         """vLLM's view of the memory tags: ``awake`` once mapped (the weights also while blank or
         being written), else how they sleep (``offloaded`` / ``discarded``; ``asleep``)."""
         weights = self.state[table.WEIGHTS]
-        return {"weights": weights if weights in ("offloaded", "discarded") else "awake",
-                "kv_cache": self.state[table.KV]}
+        return {
+            "weights": weights if weights in ("offloaded", "discarded") else "awake",
+            "kv_cache": self.state[table.KV],
+        }
 
     @property
     def paused(self) -> bool:

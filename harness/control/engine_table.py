@@ -46,13 +46,25 @@ VLLM_SLEEP = "vllm-project/vllm vllm/entrypoints/llm.py (LLM.sleep(level), LLM.w
 VLLM_44483 = "vllm-project/vllm PR #44483 (the scheduler stays paused until every sleeping tag is awake)"
 VLLM_29341 = "vllm-project/vllm #29341 (a level-2 wake must reload every weight before serving)"
 VLLM_57853 = "vllm-project/vllm #57853 (/update_weights after /sleep copies into unmapped memory)"
-RLIX_SHRINK = "rlops/rlix rlix/pipeline/nemo_rl_pipeline.py f77d913 (sleep_partial(level, mode='abort'), then the drain)"
-RLIX_EXPAND = "rlops/rlix rlix/pipeline/nemo_rl_pipeline.py f77d913 (wake_up_partial, selective sync, finalize, activate)"
-RLIX_ACTIVE = "rlops/rlix rlix/pipeline/coordinator.py f77d913 (sync_base_weights_to_active: an update into serving ranks)"
-RLIX_FINALIZE = "rlops/rlix rlix/pipeline/nemo_rl_model_update_service.py f77d913 (finalize_weight_update after the load)"
-MILES_ONLOAD = ("rlops/rlix rlix/pipeline/miles_pipeline.py f73bfaf (_before_training: a second wake hits torch_memory_saver's "
-                "'Cannot resume allocation that is not paused')")
-VERL_OMNI_380 = "verl-project/verl-omni #380 (an abort with no acknowledgement; default wake tags leave the KV cache asleep)"
+RLIX_SHRINK = (
+    "rlops/rlix rlix/pipeline/nemo_rl_pipeline.py f77d913 (sleep_partial(level, mode='abort'), then the drain)"
+)
+RLIX_EXPAND = (
+    "rlops/rlix rlix/pipeline/nemo_rl_pipeline.py f77d913 (wake_up_partial, selective sync, finalize, activate)"
+)
+RLIX_ACTIVE = (
+    "rlops/rlix rlix/pipeline/coordinator.py f77d913 (sync_base_weights_to_active: an update into serving ranks)"
+)
+RLIX_FINALIZE = (
+    "rlops/rlix rlix/pipeline/nemo_rl_model_update_service.py f77d913 (finalize_weight_update after the load)"
+)
+MILES_ONLOAD = (
+    "rlops/rlix rlix/pipeline/miles_pipeline.py f73bfaf (_before_training: a second wake hits torch_memory_saver's "
+    "'Cannot resume allocation that is not paused')"
+)
+VERL_OMNI_380 = (
+    "verl-project/verl-omni #380 (an abort with no acknowledgement; default wake tags leave the KV cache asleep)"
+)
 VERL_7846 = "volcengine/verl #7846 (a KV restore resumes the scheduler and resume_generation resumes it again)"
 OMNI_4473 = "vllm-project/vllm-omni #4473 (a repeated sleep is not idempotent)"
 LMDEPLOY_4917 = "InternLM/lmdeploy #4917 (prefix-cache entries survive /update_weights)"
@@ -98,15 +110,26 @@ ROWS: Tuple[Row, ...] = tuple(
     + _rows("generate", PREFIX, {"empty": "filled", "filled": "filled", "stale": "stale"}, RLIX_ACTIVE)
     + _rows("sleep(1)", WEIGHTS, {s: "offloaded" for s in _SLEEP_WEIGHTS}, f"{VLLM_SLEEP}; {OMNI_4473}")
     + _rows("sleep(2)", WEIGHTS, {s: "discarded" for s in _SLEEP_WEIGHTS}, f"{VLLM_SLEEP}; {OMNI_4473}")
-    + [r for lv in ("sleep(1)", "sleep(2)") for r in
-       _rows(lv, KV, {"awake": "asleep", "asleep": "asleep"}, VLLM_SLEEP)
-       + _rows(lv, PREFIX, _EVERY_PREFIX_TO_EMPTY, VLLM_SLEEP)]
-    + _rows("wake(weights)", WEIGHTS, {"offloaded": "awake", "discarded": "blank"},
-            f"{VLLM_SLEEP}; {VLLM_29341}; {MILES_ONLOAD}")
+    + [
+        r
+        for lv in ("sleep(1)", "sleep(2)")
+        for r in _rows(lv, KV, {"awake": "asleep", "asleep": "asleep"}, VLLM_SLEEP)
+        + _rows(lv, PREFIX, _EVERY_PREFIX_TO_EMPTY, VLLM_SLEEP)
+    ]
+    + _rows(
+        "wake(weights)",
+        WEIGHTS,
+        {"offloaded": "awake", "discarded": "blank"},
+        f"{VLLM_SLEEP}; {VLLM_29341}; {MILES_ONLOAD}",
+    )
     + _rows("wake(kv_cache)", KV, {"asleep": "awake"}, f"{VLLM_SLEEP}; {MILES_ONLOAD}")
     + _rows("wake(kv_cache)", PREFIX, _EVERY_PREFIX_TO_EMPTY, VLLM_SLEEP)
-    + _rows("load_start", WEIGHTS, {"awake": "loading", "blank": "loading", "loaded": "loading"},
-            f"{RLIX_EXPAND}; {RLIX_ACTIVE}; {VLLM_57853}")
+    + _rows(
+        "load_start",
+        WEIGHTS,
+        {"awake": "loading", "blank": "loading", "loaded": "loading"},
+        f"{RLIX_EXPAND}; {RLIX_ACTIVE}; {VLLM_57853}",
+    )
     + _rows("load_end", WEIGHTS, {"loading": "loaded"}, RLIX_EXPAND)
     + _rows("load_end", PREFIX, {"empty": "empty", "filled": "stale", "stale": "stale"}, LMDEPLOY_4917)
     + _rows("load_failed", WEIGHTS, {"loading": "blank"}, RLIX_EXPAND)
@@ -117,14 +140,21 @@ ROWS: Tuple[Row, ...] = tuple(
 GUARDS: Tuple[Guard, ...] = (
     Guard("sleep(1)", SCHEDULER, frozenset({"paused"}), "sleep_unquiesced", f"{VLLM_SLEEP}; {VERL_OMNI_380}"),
     Guard("sleep(2)", SCHEDULER, frozenset({"paused"}), "sleep_unquiesced", f"{VLLM_SLEEP}; {VERL_OMNI_380}"),
-    Guard("wake(kv_cache)", WEIGHTS, frozenset({"awake", "blank", "loading", "loaded"}), "kv_before_weights", VLLM_44483),
+    Guard(
+        "wake(kv_cache)", WEIGHTS, frozenset({"awake", "blank", "loading", "loaded"}), "kv_before_weights", VLLM_44483
+    ),
     Guard("load_start", SCHEDULER, frozenset({"running", "paused"}), "load_unacknowledged_abort", VERL_OMNI_380),
     Guard("resume", WEIGHTS, frozenset({"awake"}), "resume_weights_not_ready", f"{VLLM_29341}; {RLIX_EXPAND}"),
     Guard("resume", KV, frozenset({"awake"}), "resume_kv_asleep", f"{VLLM_44483}; {VERL_OMNI_380}"),
     Guard("resume", PREFIX, frozenset({"empty", "filled"}), "resume_stale_prefix_cache", LMDEPLOY_4917),
     Guard("generate", KV, frozenset({"awake"}), "generate_kv_asleep", VLLM_44483),
-    Guard("generate", WEIGHTS, frozenset({"awake", "loading", "loaded"}), "generate_weights_asleep",
-          f"{VLLM_29341}; {RLIX_ACTIVE}"),
+    Guard(
+        "generate",
+        WEIGHTS,
+        frozenset({"awake", "loading", "loaded"}),
+        "generate_weights_asleep",
+        f"{VLLM_29341}; {RLIX_ACTIVE}",
+    ),
 )
 
 EVENTS: Tuple[str, ...] = tuple(dict.fromkeys(r.event for r in ROWS))
@@ -154,7 +184,7 @@ class Illegal:
 
     def describe(self) -> str:
         if self.guard is not None:
-            return (f"{self.name} (allowed: {', '.join(sorted(self.guard.allowed))}; {self.guard.source})")
+            return f"{self.name} (allowed: {', '.join(sorted(self.guard.allowed))}; {self.guard.source})"
         legal = sorted(src for src in _MOVES.get((self.event, self.component), {}))
         return f"{self.name} (no such transition; {self.event} moves {self.component} only from {', '.join(legal)})"
 

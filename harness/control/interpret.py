@@ -97,9 +97,14 @@ class Deadline:
     error: Callable[[], Exception]
 
 
-def interpret(gen: Generator, handle: Callable[[Any], Any], log: Optional[EffectLog] = None,
-              guard: Optional[Callable[[], Any]] = None, deadline: Optional[Deadline] = None,
-              after: Optional[Callable[[], None]] = None) -> Generator:
+def interpret(
+    gen: Generator,
+    handle: Callable[[Any], Any],
+    log: Optional[EffectLog] = None,
+    guard: Optional[Callable[[], Any]] = None,
+    deadline: Optional[Deadline] = None,
+    after: Optional[Callable[[], None]] = None,
+) -> Generator:
     """Run ``gen`` to its end (the module's rules); returns its return value (``None``
     when it was halted or closed by ``guard``)."""
     send, throw = gen.send, gen.throw
@@ -144,9 +149,16 @@ def interpret(gen: Generator, handle: Callable[[Any], Any], log: Optional[Effect
 
 
 def _start(log: EffectLog, effect: Any) -> Dict[str, Any]:
-    start: Dict[str, Any] = {"seq": 0, "t": log.now(), "kind": "effect_start", "pipeline_id": log.pipeline_id,
-                             "effect": type(effect).__name__, "args": effect_fields(effect), "scope": log.scope,
-                             "step": log.step}
+    start: Dict[str, Any] = {
+        "seq": 0,
+        "t": log.now(),
+        "kind": "effect_start",
+        "pipeline_id": log.pipeline_id,
+        "effect": type(effect).__name__,
+        "args": effect_fields(effect),
+        "scope": log.scope,
+        "step": log.step,
+    }
     if log.cycle is not None:
         start["cycle"] = log.cycle
     gpus = log.gpus_of(effect) if log.gpus_of is not None else None
@@ -158,9 +170,17 @@ def _start(log: EffectLog, effect: Any) -> Dict[str, Any]:
 
 def _end(log: EffectLog, start: Dict[str, Any], result: Any) -> None:
     if type(result) is Refused:  # the error where a result would be, before the context
-        end: Dict[str, Any] = {"seq": 0, "t": log.now(), "kind": "effect_end", "pipeline_id": log.pipeline_id,
-                               "effect": start["effect"], "args": start["args"], "error": result.error,
-                               "scope": log.scope, "step": log.step}
+        end: Dict[str, Any] = {
+            "seq": 0,
+            "t": log.now(),
+            "kind": "effect_end",
+            "pipeline_id": log.pipeline_id,
+            "effect": start["effect"],
+            "args": start["args"],
+            "error": result.error,
+            "scope": log.scope,
+            "step": log.step,
+        }
         if log.cycle is not None:
             end["cycle"] = log.cycle
         if "gpus" in start:

@@ -71,7 +71,9 @@ class RankLifecycle:
             return self.state
         nxt = _TRANSITIONS.get((self.state, event))
         if nxt is None:
-            raise RankStateError(f"{self.pipeline_id} dp{self.dp_rank}: '{event}' is not allowed in state {self.state.value}")
+            raise RankStateError(
+                f"{self.pipeline_id} dp{self.dp_rank}: '{event}' is not allowed in state {self.state.value}"
+            )
         if event == "activated" and not self.finalized:
             raise RankStateError(f"{self.pipeline_id} dp{self.dp_rank}: activated before finalize")
         if event == "woken":

@@ -18,15 +18,24 @@ from harness.scheduler.progress import CoordinatorProgress, ProgressReport
 MODE, ADAPTER = "train", None  # full fine-tuning: one stream per pipeline
 
 
-def progress_input(progress: CoordinatorProgress, pipeline_id: str, step_target: int, collected: float,
-                   new_batch: bool) -> Optional[Tuple[Dict[str, Any], ProgressReport]]:
+def progress_input(
+    progress: CoordinatorProgress, pipeline_id: str, step_target: int, collected: float, new_batch: bool
+) -> Optional[Tuple[Dict[str, Any], ProgressReport]]:
     """(``progress`` record fields, the report for ``SchedulerModel.report_progress``), or
     None when the coordinator throttles this update."""
     rep = progress.update(mode=MODE, adapter=ADAPTER, step_target=step_target, collected=collected, new_batch=new_batch)
     if not isinstance(rep, ProgressReport):
         return None
-    return ({"pipeline_id": pipeline_id, "step_target": rep.step_target, "completed": rep.completed,
-             "mode": rep.mode, "new_batch": new_batch}, rep)
+    return (
+        {
+            "pipeline_id": pipeline_id,
+            "step_target": rep.step_target,
+            "completed": rep.completed,
+            "mode": rep.mode,
+            "new_batch": new_batch,
+        },
+        rep,
+    )
 
 
 def clear_progress_due(progress: CoordinatorProgress) -> bool:
@@ -43,5 +52,6 @@ def request_input(model: SchedulerModel, cluster_id: str, e: RequestGpus) -> Tup
         fields["global_step"] = e.global_step
     if e.step_target_estimate is not None:
         fields["step_target_estimate"] = e.step_target_estimate
-    return fields, lambda: model.request(cluster_id, e.priority, global_step=e.global_step,
-                                         step_target_estimate=e.step_target_estimate)
+    return fields, lambda: model.request(
+        cluster_id, e.priority, global_step=e.global_step, step_target_estimate=e.step_target_estimate
+    )

@@ -26,6 +26,7 @@ from harness.control.effects import (
 )
 from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
 
+
 def initialize(ctx: PipelineContext) -> Generator:
     yield from initialize_training(ctx)
 

@@ -37,6 +37,7 @@ from harness.control.streaming_effects import (
     TakeReplacement,
     WatchdogTick,
 )
+
 if TYPE_CHECKING:  # the pumps read the config; harness.streaming runs them (no import back)
     from harness.streaming.controller import StreamingConfig
 
@@ -68,7 +69,9 @@ def run(cfg: StreamingConfig, first_prompt: int = 0, top_up: bool = False) -> Ge
             prompt_id += 1
 
 
-def rollout(cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optional[int], group_id: int) -> Generator[Any, Any, None]:
+def rollout(
+    cfg: StreamingConfig, prompt_id: int, batch: int, target_step: Optional[int], group_id: int
+) -> Generator[Any, Any, None]:
     """One slot of a step: the prompt's attempts; a prompt dropped after its retries is
     either replaced by a spare (which keeps the slot, maybe re-aimed at the step that lent
     this one a finished group) or skipped (its step closes short)."""

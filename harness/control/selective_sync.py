@@ -67,15 +67,27 @@ class SyncPlan:
         return tuple(sorted(set(self.ipc) | set(self.broadcast)))
 
 
-def plan_sync(version: int, bucket_bytes: Sequence[int], ipc: Iterable[int], broadcast: Iterable[int],
-              group_name: str, group_members: Sequence[int]) -> SyncPlan:
+def plan_sync(
+    version: int,
+    bucket_bytes: Sequence[int],
+    ipc: Iterable[int],
+    broadcast: Iterable[int],
+    group_name: str,
+    group_members: Sequence[int],
+) -> SyncPlan:
     """The one way to build a :class:`SyncPlan`: the target dp ranks on each path come
     from a comm plan (``build_comm_plan``: its ``ipc`` and ``broadcast``), the group's
     members are the runtime's ids, owner first."""
     if not bucket_bytes:
         raise ValueError("a sync needs at least one bucket")
-    return SyncPlan(int(version), tuple(int(b) for b in bucket_bytes), tuple(sorted(ipc)), tuple(sorted(broadcast)),
-                    group_name, tuple(group_members))
+    return SyncPlan(
+        int(version),
+        tuple(int(b) for b in bucket_bytes),
+        tuple(sorted(ipc)),
+        tuple(sorted(broadcast)),
+        group_name,
+        tuple(group_members),
+    )
 
 
 # ------------------------------------------------------------------ effects
@@ -170,15 +182,23 @@ def selective_sync(plan: SyncPlan) -> Generator[Any, Any, Dict[str, int]]:
     yield LockCache(plan.version)
     sent = {IPC: 0, BROADCAST: 0}
     try:
-        yield Emit("sync_start", {"version": plan.version, "dp_ranks": list(plan.targets),
-                                  "ipc_dp_ranks": list(plan.ipc), "broadcast_dp_ranks": list(plan.broadcast)})
+        yield Emit(
+            "sync_start",
+            {
+                "version": plan.version,
+                "dp_ranks": list(plan.targets),
+                "ipc_dp_ranks": list(plan.ipc),
+                "broadcast_dp_ranks": list(plan.broadcast),
+            },
+        )
         try:
             yield from _group_and_buckets(plan, sent)
         except GeneratorExit:
             raise
         except BaseException as exc:
-            yield from _teardown(Emit("sync_end", {"version": plan.version, "ok": False,
-                                                   "error": f"{type(exc).__name__}: {exc}"}))
+            yield from _teardown(
+                Emit("sync_end", {"version": plan.version, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            )
             raise
         yield Emit("sync_end", {"version": plan.version, "ok": True})
     except GeneratorExit:
@@ -229,8 +249,10 @@ def _buckets(plan: SyncPlan, sent: Dict[str, int]) -> Generator:
         for path, ranks in ((IPC, plan.ipc), (BROADCAST, plan.broadcast)):
             if ranks:
                 sent[path] += nbytes
-                yield Emit("sync_bucket", {"version": plan.version, "bucket": b, "path": path,
-                                           "dp_ranks": list(ranks), "bytes": nbytes})
+                yield Emit(
+                    "sync_bucket",
+                    {"version": plan.version, "bucket": b, "path": path, "dp_ranks": list(ranks), "bytes": nbytes},
+                )
         yield FreeStaging(b, b == last)
     yield FinishSend(len(plan.bucket_bytes))
 

@@ -262,5 +262,11 @@ class StallDetected:
 
 
 #: Effects that run on the trainer's GPUs (placed there by the runtimes' logs).
-STREAMING_TRAINER_EFFECTS = ("ComputeLogProbs", "ComputeAdvantages", "BeginTrainStep", "TrainMicrobatches",
-                             "FinishTrainStep", "AbortTrainStep")
+STREAMING_TRAINER_EFFECTS = (
+    "ComputeLogProbs",
+    "ComputeAdvantages",
+    "BeginTrainStep",
+    "TrainMicrobatches",
+    "FinishTrainStep",
+    "AbortTrainStep",
+)

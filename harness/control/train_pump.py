@@ -32,6 +32,7 @@ from harness.control.streaming_effects import (
     SyncWeights,
     TrainMicrobatches,
 )
+
 if TYPE_CHECKING:  # the pumps read the config; harness.streaming runs them (no import back)
     from harness.streaming.controller import StreamingConfig
 
@@ -62,8 +63,10 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator[Any, Any, None]:
         yield ClearSamples(step, groups)
         trained += len(groups)
     if not step_open:  # every prompt of the step was dropped: no optimizer step on an empty batch
-        raise EmptyStep(f"step {step}: every prompt group was dropped, nothing to train; an empty step cannot "
-                        "tick the trainer version, so the next step could never be selected (NeMo RL fails the run)")
+        raise EmptyStep(
+            f"step {step}: every prompt group was dropped, nothing to train; an empty step cannot "
+            "tick the trainer version, so the next step could never be selected (NeMo RL fails the run)"
+        )
     version = yield FinishTrainStep(step)
     yield PauseRollouts()
     if cfg.warmup_no_wake_step is not None and step >= cfg.warmup_no_wake_step:

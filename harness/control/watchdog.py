@@ -25,8 +25,9 @@ def watchdog_alive(finished: bool, stopped: bool) -> bool:
     return not (finished or stopped)
 
 
-def watchdog_tick(finished: bool, stopped: bool, state: SchedulerState, cluster_id: str,
-                  rank_states: Iterable[RankState]) -> Optional[RequestGpus]:
+def watchdog_tick(
+    finished: bool, stopped: bool, state: SchedulerState, cluster_id: str, rank_states: Iterable[RankState]
+) -> Optional[RequestGpus]:
     """The request to send now, or None. ``state``: the scheduler model's state (read
     only); ``cluster_id``: the pipeline's GENERATION cluster; ``rank_states``: its
     inference ranks' states."""

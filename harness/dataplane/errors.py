@@ -61,8 +61,10 @@ class DuplicateWriteError(DataPlaneError):
         self.writer = writer
         shown = ", ".join(f"{s}/{f}" for s, f in self.conflicts[:4])
         more = f" (+{len(self.conflicts) - 4} more)" if len(self.conflicts) > 4 else ""
-        super().__init__(f"{DUPLICATE_WRITE_CODE} ILLEGAL_CLIENT class: {writer} wrote (sample/field) {shown}{more} "
-                         f"in partition {partition_id!r}, already written by another writer")
+        super().__init__(
+            f"{DUPLICATE_WRITE_CODE} ILLEGAL_CLIENT class: {writer} wrote (sample/field) {shown}{more} "
+            f"in partition {partition_id!r}, already written by another writer"
+        )
 
     def __reduce__(self):  # survives pickling through a served store's proxy
         return (DuplicateWriteError, (self.partition_id, self.conflicts, self.writer))

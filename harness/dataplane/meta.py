@@ -46,7 +46,9 @@ def check_tags(tags: Any, n: int) -> List[Dict[str, Any]]:
             if not isinstance(k, str) or k.startswith("__"):
                 raise DataPlaneInputError(f"tags[{i}]: key {k!r} must be a string not starting with '__'")
             if not isinstance(v, TAG_TYPES):
-                raise DataPlaneInputError(f"tags[{i}][{k!r}]: must be a primitive (str/int/float/bool/None), got {type(v).__name__}")
+                raise DataPlaneInputError(
+                    f"tags[{i}][{k!r}]: must be a primitive (str/int/float/bool/None), got {type(v).__name__}"
+                )
     return [dict(t) for t in tags]
 
 
@@ -76,8 +78,14 @@ class KVBatchMeta:
         copies, so a consumer that edits a derived meta (stamping tags, noting a step in
         ``extra_info``) never edits the batch it came from."""
         lens = None if self.sequence_lengths is None else tuple(self.sequence_lengths[i] for i in idx)
-        return replace(self, sample_ids=tuple(self.sample_ids[i] for i in idx), sequence_lengths=lens,
-                       tags=tuple(dict(self.tags[i]) for i in idx), extra_info=dict(self.extra_info), **changes)
+        return replace(
+            self,
+            sample_ids=tuple(self.sample_ids[i] for i in idx),
+            sequence_lengths=lens,
+            tags=tuple(dict(self.tags[i]) for i in idx),
+            extra_info=dict(self.extra_info),
+            **changes,
+        )
 
     def _check_indices(self, indices: Any, what: str) -> List[int]:
         if isinstance(indices, (str, bytes)) or not isinstance(indices, (list, tuple, range)):
@@ -115,8 +123,13 @@ class KVBatchMeta:
         lens = None
         if all(m.sequence_lengths is not None for m in parts):
             lens = tuple(n for m in parts for n in m.sequence_lengths)
-        return replace(self, sample_ids=tuple(s for m in parts for s in m.sample_ids), sequence_lengths=lens,
-                       tags=tuple(dict(t) for m in parts for t in m.tags), extra_info=dict(self.extra_info))
+        return replace(
+            self,
+            sample_ids=tuple(s for m in parts for s in m.sample_ids),
+            sequence_lengths=lens,
+            tags=tuple(dict(t) for m in parts for t in m.tags),
+            extra_info=dict(self.extra_info),
+        )
 
     def with_fields(self, fields: Sequence[str]) -> "KVBatchMeta":
         """A copy whose field list is this one's followed by the new names not already in it
@@ -152,17 +165,30 @@ class KVBatchMeta:
 
     def to_json(self) -> str:
         """The wire form the driver sends to workers (metadata only; its size is the driver hop)."""
-        return json.dumps({"partition_id": self.partition_id, "sample_ids": list(self.sample_ids),
-                           "fields": list(self.fields),
-                           "sequence_lengths": None if self.sequence_lengths is None else list(self.sequence_lengths),
-                           "tags": list(self.tags), "extra_info": self.extra_info}, sort_keys=True)
+        return json.dumps(
+            {
+                "partition_id": self.partition_id,
+                "sample_ids": list(self.sample_ids),
+                "fields": list(self.fields),
+                "sequence_lengths": None if self.sequence_lengths is None else list(self.sequence_lengths),
+                "tags": list(self.tags),
+                "extra_info": self.extra_info,
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "KVBatchMeta":
         d = json.loads(text)
         lens = d.get("sequence_lengths")
-        return cls(d["partition_id"], tuple(d["sample_ids"]), tuple(d["fields"]),
-                   None if lens is None else tuple(lens), tuple(d["tags"]), d.get("extra_info") or {})
+        return cls(
+            d["partition_id"],
+            tuple(d["sample_ids"]),
+            tuple(d["fields"]),
+            None if lens is None else tuple(lens),
+            tuple(d["tags"]),
+            d.get("extra_info") or {},
+        )
 
 
 def restore_order(rows: Sequence[Any], inverse: Optional[Sequence[int]]) -> List[Any]:

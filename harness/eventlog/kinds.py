@@ -41,7 +41,11 @@ INPUT_KINDS: Dict[str, dict] = {
         "doc": "register_pipeline; topology='partial_overlap' also applies the F10 partial-overlap rules.",
     },
     "admit": {"required": {"pipeline_id": "str"}, "optional": {}, "doc": "admit_pipeline."},
-    "unregister": {"required": {"pipeline_id": "str"}, "optional": {}, "doc": "unregister_pipeline: frees allocations, errors waiters."},
+    "unregister": {
+        "required": {"pipeline_id": "str"},
+        "optional": {},
+        "doc": "unregister_pipeline: frees allocations, errors waiters.",
+    },
     "request": {
         "required": {"cluster_id": "str", "priority": "priority"},
         "optional": {"global_step": "int?", "step_target_estimate": "int?", "lora_name": "str?"},
@@ -50,8 +54,12 @@ INPUT_KINDS: Dict[str, dict] = {
     "release": {"required": {"cluster_id": "str"}, "optional": {"global_step": "int?"}, "doc": "notify_release_gpus."},
     "release_then_request": {
         "required": {"release_cluster_id": "str", "request_cluster_id": "str", "request_priority": "priority"},
-        "optional": {"release_global_step": "int?", "request_global_step": "int?",
-                     "request_step_target_estimate": "int?", "request_lora_name": "str?"},
+        "optional": {
+            "release_global_step": "int?",
+            "request_global_step": "int?",
+            "request_step_target_estimate": "int?",
+            "request_lora_name": "str?",
+        },
         "doc": "notify_release_then_request_gpus (atomic).",
     },
     "await_release": {
@@ -73,32 +81,83 @@ INPUT_KINDS: Dict[str, dict] = {
 }
 
 DECISION_KINDS: Dict[str, dict] = {
-    "enqueued": {"required": {"request_id": "int", "cluster_id": "str", "priority": "str"}, "optional": {}, "doc": "A request is now pending."},
-    "release_pending": {"required": {"request_id": "int", "cluster_id": "str", "dp_ranks": "int_list"}, "optional": {}, "doc": "A planned release waits for the next cycle."},
-    "released": {"required": {"cluster_id": "str", "gpus": "int_list", "reason": "str"}, "optional": {}, "doc": "An allocation returned its GPUs to idle (release or unregister)."},
+    "enqueued": {
+        "required": {"request_id": "int", "cluster_id": "str", "priority": "str"},
+        "optional": {},
+        "doc": "A request is now pending.",
+    },
+    "release_pending": {
+        "required": {"request_id": "int", "cluster_id": "str", "dp_ranks": "int_list"},
+        "optional": {},
+        "doc": "A planned release waits for the next cycle.",
+    },
+    "released": {
+        "required": {"cluster_id": "str", "gpus": "int_list", "reason": "str"},
+        "optional": {},
+        "doc": "An allocation returned its GPUs to idle (release or unregister).",
+    },
     "cycle_start": {"required": {"cycle": "int", "reason": "str"}, "optional": {}, "doc": "A scheduling cycle begins."},
     "plan": {
         "required": {"cycle": "int", "shrinks": "list", "signals": "list", "expands": "list"},
         "optional": {},
         "doc": "The validated plan: shrinks [{cluster_id, bundles:[{dp_rank,gpus}]}], signals [{cluster_id, priority, gpus}], expands [{cluster_id, has_pending_request, bundles}].",
     },
-    "validation_failed": {"required": {"cycle": "int", "condition": "int", "message": "str", "context": "object"}, "optional": {}, "doc": "A plan broke validation condition N (fatal)."},
-    "resize_start": {"required": {"cycle": "int", "pipeline_id": "str", "phase": "str", "dp_ranks": "int_list"}, "optional": {}, "doc": "A coordinator resize_infer call starts (phase shrink|expand)."},
-    "resize_end": {"required": {"cycle": "int", "pipeline_id": "str", "phase": "str", "dp_ranks": "int_list"}, "optional": {}, "doc": "A resize_infer call returned."},
+    "validation_failed": {
+        "required": {"cycle": "int", "condition": "int", "message": "str", "context": "object"},
+        "optional": {},
+        "doc": "A plan broke validation condition N (fatal).",
+    },
+    "resize_start": {
+        "required": {"cycle": "int", "pipeline_id": "str", "phase": "str", "dp_ranks": "int_list"},
+        "optional": {},
+        "doc": "A coordinator resize_infer call starts (phase shrink|expand).",
+    },
+    "resize_end": {
+        "required": {"cycle": "int", "pipeline_id": "str", "phase": "str", "dp_ranks": "int_list"},
+        "optional": {},
+        "doc": "A resize_infer call returned.",
+    },
     "signalled": {
-        "required": {"request_id": "int", "waiter": "str", "cluster_id": "str", "priority": "str?", "gpus": "int_list", "cycle": "int?", "error": "str?"},
+        "required": {
+            "request_id": "int",
+            "waiter": "str",
+            "cluster_id": "str",
+            "priority": "str?",
+            "gpus": "int_list",
+            "cycle": "int?",
+            "error": "str?",
+        },
         # shrink_executed: written by earlier versions (the model's word on its own ack); still
         # read without error, never written, and no check reads it
         "optional": {"shrink_executed": "bool"},
         "doc": "A blocked call returns: waiter request|planned_release; cycle null = returned at once or by unregister.",
     },
-    "commit": {"required": {"cycle": "int", "idle_gpus": "int", "skipped_stale": "list"}, "optional": {}, "doc": "Phase 6 applied; idle_gpus is the idle count after it."},
-    "rejected": {"required": {"input_seq": "int", "input_kind": "str", "reason": "str"}, "optional": {}, "doc": "An input RLix would refuse; replay goes on."},
-    "scheduler_failed": {"required": {"cycle": "int?", "reason": "str"}, "optional": {}, "doc": "Fail-fast: every waiter is errored, later inputs are rejected."},
+    "commit": {
+        "required": {"cycle": "int", "idle_gpus": "int", "skipped_stale": "list"},
+        "optional": {},
+        "doc": "Phase 6 applied; idle_gpus is the idle count after it.",
+    },
+    "rejected": {
+        "required": {"input_seq": "int", "input_kind": "str", "reason": "str"},
+        "optional": {},
+        "doc": "An input RLix would refuse; replay goes on.",
+    },
+    "scheduler_failed": {
+        "required": {"cycle": "int?", "reason": "str"},
+        "optional": {},
+        "doc": "Fail-fast: every waiter is errored, later inputs are rejected.",
+    },
 }
 
-RUNTIME_KINDS: Dict[str, dict] = {**EFFECT_KINDS, **SIM_KINDS, **GATE_KINDS, **DATAPLANE_KINDS, **STREAMING_KINDS,
-                                  **REFIT_KINDS, **SYNC_KINDS}
+RUNTIME_KINDS: Dict[str, dict] = {
+    **EFFECT_KINDS,
+    **SIM_KINDS,
+    **GATE_KINDS,
+    **DATAPLANE_KINDS,
+    **STREAMING_KINDS,
+    **REFIT_KINDS,
+    **SYNC_KINDS,
+}
 
 ALL_KINDS: Dict[str, dict] = {**HEADER, **INPUT_KINDS, **DECISION_KINDS, **RUNTIME_KINDS}
 

@@ -15,7 +15,7 @@ DATAPLANE_KINDS: dict = {
         "required": {**_WHO, "hop": "str", "samples": "list", "fields": "list", "bytes": "int"},
         "optional": {**_OPT, "bulk": "bool", "to": "str", "duration": "number"},
         "doc": "Bytes moved on one data-plane hop (producer_to_store, store_to_worker, worker_to_store, "
-               "leader_to_siblings, driver_meta, store_to_driver, ...).",
+        "leader_to_siblings, driver_meta, store_to_driver, ...).",
     },
     "dp_write_refused": {
         "required": {**_WHO, "samples": "list", "fields": "list", "code": "int", "reason": "str"},

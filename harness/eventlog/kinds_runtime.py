@@ -13,8 +13,15 @@ EFFECT_KINDS: dict = {
     },
     "effect_end": {
         "required": {"pipeline_id": "str", "effect": "str", "args": "object"},
-        "optional": {"scope": "str", "step": "int?", "cycle": "int?", "gpus": "int_list", "result": "any", "error": "str?",
-                     "rank": "int"},
+        "optional": {
+            "scope": "str",
+            "step": "int?",
+            "cycle": "int?",
+            "gpus": "int_list",
+            "result": "any",
+            "error": "str?",
+            "rank": "int",
+        },
         "doc": "The effect finished (result: its return value, e.g. GPUs granted or ranks refreshed).",
     },
 }

@@ -9,8 +9,13 @@ A gate's records also carry the ``rank`` that wrote them.
 
 STREAMING_KINDS: dict = {
     "streaming_setup": {
-        "required": {"pipeline_id": "str", "sampler": "str", "groups_per_step": "int", "max_buffered_rollouts": "int",
-                     "min_groups_for_streaming_train": "int"},
+        "required": {
+            "pipeline_id": "str",
+            "sampler": "str",
+            "groups_per_step": "int",
+            "max_buffered_rollouts": "int",
+            "min_groups_for_streaming_train": "int",
+        },
         "optional": {"max_age": "int?", "window": "int", "max_inflight_prompts": "int", "rank": "int"},
         "doc": "A single controller's configuration (max_age: the sampler's staleness bound in versions, null when it has none, e.g. ready_first).",
     },

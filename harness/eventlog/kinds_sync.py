@@ -21,45 +21,78 @@ def _kind(doc: str, required: dict, optional: Optional[dict] = None) -> dict:
 
 
 SYNC_KINDS: dict = {
-    "cache_lock": _kind("The cache owner's _cache_lock was acquired or released (holder = build|promote|sync); "
-                        "every runtime writes it the same way (harness/control/cache_lock.py).",
-                        {"action": "str", "holder": "str"}, {"version": "int?"}),
-    "sync_start": _kind("A selective sync of a cache version starts (under the cache lock): its target DP ranks "
-                        "and which of them take the same-GPU IPC path and the broadcast path.",
-                        {"version": "int", "dp_ranks": "int_list", "ipc_dp_ranks": "int_list",
-                         "broadcast_dp_ranks": "int_list"}),
-    "sync_bucket": _kind("One bucket of a sync reached its targets on one path (ipc|broadcast), after the "
-                         "bucket's barrier.",
-                         {"version": "int", "bucket": "int", "path": "str", "dp_ranks": "int_list", "bytes": "int"}),
-    "sync_end": _kind("A selective sync ended (ok false: an error or the timeout; the group was torn down first).",
-                      {"version": "int", "ok": "bool"}, {"error": "str"}),
-    "group_create": _kind("A process group was created (purpose sync: a sync's dynamic group; training: the "
-                          "trainer's groups). members: GPUs in the simulator, global ranks in a gate.",
-                          {"name": "str", "members": "int_list"}, {"desc": "str", "purpose": "str"}),
-    "group_destroy": _kind("A process group was destroyed.",
-                           {"name": "str"}, {"desc": "str", "members": "int_list", "mode": "str", "purpose": "str"}),
+    "cache_lock": _kind(
+        "The cache owner's _cache_lock was acquired or released (holder = build|promote|sync); "
+        "every runtime writes it the same way (harness/control/cache_lock.py).",
+        {"action": "str", "holder": "str"},
+        {"version": "int?"},
+    ),
+    "sync_start": _kind(
+        "A selective sync of a cache version starts (under the cache lock): its target DP ranks "
+        "and which of them take the same-GPU IPC path and the broadcast path.",
+        {"version": "int", "dp_ranks": "int_list", "ipc_dp_ranks": "int_list", "broadcast_dp_ranks": "int_list"},
+    ),
+    "sync_bucket": _kind(
+        "One bucket of a sync reached its targets on one path (ipc|broadcast), after the bucket's barrier.",
+        {"version": "int", "bucket": "int", "path": "str", "dp_ranks": "int_list", "bytes": "int"},
+    ),
+    "sync_end": _kind(
+        "A selective sync ended (ok false: an error or the timeout; the group was torn down first).",
+        {"version": "int", "ok": "bool"},
+        {"error": "str"},
+    ),
+    "group_create": _kind(
+        "A process group was created (purpose sync: a sync's dynamic group; training: the "
+        "trainer's groups). members: GPUs in the simulator, global ranks in a gate.",
+        {"name": "str", "members": "int_list"},
+        {"desc": "str", "purpose": "str"},
+    ),
+    "group_destroy": _kind(
+        "A process group was destroyed.",
+        {"name": "str"},
+        {"desc": "str", "members": "int_list", "mode": "str", "purpose": "str"},
+    ),
     # the weight-sync groups' rendezvous and broadcasts, member by member (the wait-for
     # graph's records: harness/logs/invariants/waitfor.py). A member is a process name: a trainer
     # PP stage's source ("src0") or a rollout engine ("eng1").
-    "rendezvous_join": _kind("A member arrived at a group's rendezvous (a blocking join): it waits until every "
-                             "one of members has joined.",
-                             {"name": "str", "member": "str", "members": "list"}, {"stage": "int"}),
-    "rendezvous_done": _kind("Every member of a group joined: the group exists and its joiners return.",
-                             {"name": "str", "members": "list"}),
-    "rendezvous_abort": _kind("A member's join gave up (its timeout): it waits no more, the group does not exist.",
-                              {"name": "str", "member": "str", "error": "str"}),
-    "comm_slot": _kind("A receiver's active communicator is now group name (previous: the group it replaced; "
-                       "an engine with one receiver slot keeps only the last).",
-                       {"member": "str", "name": "str"}, {"previous": "str?"}),
-    "broadcast_start": _kind("A source starts a broadcast on a group: it waits until every dst has posted the "
-                             "receive and the transfer ended (timeout_s null: no timeout).",
-                             {"name": "str", "src": "str", "dsts": "list"}, {"timeout_s": "number?", "stage": "int"}),
-    "broadcast_recv": _kind("A receiver posted its receive on group name, from src (it waits for src's broadcast).",
-                            {"name": "str", "member": "str", "src": "str"}, {"stage": "int"}),
-    "broadcast_end": _kind("A broadcast ended (ok false: its timeout; the source waits no more).",
-                           {"name": "str", "src": "str", "ok": "bool"}, {"error": "str"}),
-    "member_exit": _kind("A member process exited (died): it waits for nothing and wakes no one from now on.",
-                         {"member": "str", "reason": "str"}),
+    "rendezvous_join": _kind(
+        "A member arrived at a group's rendezvous (a blocking join): it waits until every one of members has joined.",
+        {"name": "str", "member": "str", "members": "list"},
+        {"stage": "int"},
+    ),
+    "rendezvous_done": _kind(
+        "Every member of a group joined: the group exists and its joiners return.", {"name": "str", "members": "list"}
+    ),
+    "rendezvous_abort": _kind(
+        "A member's join gave up (its timeout): it waits no more, the group does not exist.",
+        {"name": "str", "member": "str", "error": "str"},
+    ),
+    "comm_slot": _kind(
+        "A receiver's active communicator is now group name (previous: the group it replaced; "
+        "an engine with one receiver slot keeps only the last).",
+        {"member": "str", "name": "str"},
+        {"previous": "str?"},
+    ),
+    "broadcast_start": _kind(
+        "A source starts a broadcast on a group: it waits until every dst has posted the "
+        "receive and the transfer ended (timeout_s null: no timeout).",
+        {"name": "str", "src": "str", "dsts": "list"},
+        {"timeout_s": "number?", "stage": "int"},
+    ),
+    "broadcast_recv": _kind(
+        "A receiver posted its receive on group name, from src (it waits for src's broadcast).",
+        {"name": "str", "member": "str", "src": "str"},
+        {"stage": "int"},
+    ),
+    "broadcast_end": _kind(
+        "A broadcast ended (ok false: its timeout; the source waits no more).",
+        {"name": "str", "src": "str", "ok": "bool"},
+        {"error": "str"},
+    ),
+    "member_exit": _kind(
+        "A member process exited (died): it waits for nothing and wakes no one from now on.",
+        {"member": "str", "reason": "str"},
+    ),
 }
 
 #: Kinds of earlier versions -> what replaced them (the reader names both).

@@ -68,8 +68,14 @@ class OracleLog:
             spans = {s: index[s] for s in seqs if s in index}
             out = {}
             for s, i in spans.items():
-                out[s] = [(f"line {self.lines[j]}" if self.lines else f"seq {self.records[j]['seq']}", self.records[j], j == i)
-                          for j in range(max(0, i - context), min(len(self.records), i + context + 1))]
+                out[s] = [
+                    (
+                        f"line {self.lines[j]}" if self.lines else f"seq {self.records[j]['seq']}",
+                        self.records[j],
+                        j == i,
+                    )
+                    for j in range(max(0, i - context), min(len(self.records), i + context + 1))
+                ]
             return out
         return _around_in_file(self, seqs, context)
 
@@ -104,7 +110,7 @@ def run_oracle(records: Sequence[dict], names: Optional[Iterable[str]] = None) -
 
 def _compact(rec: dict, width: int = 150) -> str:
     text = json.dumps({k: v for k, v in rec.items() if k != "seq"}, separators=(",", ":"))
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def render(path: str, log: OracleLog, rows: List[CheckRow], *, context: int = 2, limit: int = 10) -> str:
@@ -114,7 +120,9 @@ def render(path: str, log: OracleLog, rows: List[CheckRow], *, context: int = 2,
     out.append(f"  {'check'.ljust(width)}  result  records examined  violations")
     out.append(f"  {'-' * width}  ------  ----------------  ----------")
     for r in rows:
-        out.append(f"  {r.name.ljust(width)}  {r.status.ljust(6)}  {str(r.examined).rjust(16)}  {str(len(r.violations)).rjust(10)}")
+        out.append(
+            f"  {r.name.ljust(width)}  {r.status.ljust(6)}  {str(r.examined).rjust(16)}  {str(len(r.violations)).rjust(10)}"
+        )
     found = sorted((v for r in rows for v in r.violations), key=lambda v: (v.seq, v.invariant))
     near = log.around([v.seq for v in found[:limit]], context)
     for v in found[:limit]:
@@ -212,14 +220,26 @@ def _around_in_file(log: OracleLog, seqs: Sequence[int], context: int) -> Dict[i
                 got[j] = loads(raw.decode("utf-8"))
                 if len(got) == len(by_line):
                     break
-    return {s: [(f"line {log.line_of[j]}", got[j], j == i)
-                for j in range(max(0, i - context), min(len(log.seqs), i + context + 1))]
-            for s, i in index.items()}
+    return {
+        s: [
+            (f"line {log.line_of[j]}", got[j], j == i)
+            for j in range(max(0, i - context), min(len(log.seqs), i + context + 1))
+        ]
+        for s, i in index.items()
+    }
 
 
-def run_check(paths: Sequence[str], *, names: Optional[Sequence[str]] = None, context: int = 2, limit: int = 10,
-              emit: Callable[[str], None] = print, baseline: Sequence[Expectation] = (), strict: bool = False,
-              write_baseline: Optional[Callable[[List[Finding]], None]] = None) -> int:
+def run_check(
+    paths: Sequence[str],
+    *,
+    names: Optional[Sequence[str]] = None,
+    context: int = 2,
+    limit: int = 10,
+    emit: Callable[[str], None] = print,
+    baseline: Sequence[Expectation] = (),
+    strict: bool = False,
+    write_baseline: Optional[Callable[[List[Finding]], None]] = None,
+) -> int:
     """``rlharness check``: every file is read and checked before anything is printed, so
     a bad file anywhere ends the command with one error line and no report.
 
@@ -236,7 +256,9 @@ def run_check(paths: Sequence[str], *, names: Optional[Sequence[str]] = None, co
         if n:
             emit("")
         emit(render(path, log, rows, context=context, limit=limit))
-        findings += from_violations([v for r in rows for v in r.violations], log.records)  # (a streamed log keeps what it reads)
+        findings += from_violations(
+            [v for r in rows for v in r.violations], log.records
+        )  # (a streamed log keeps what it reads)
     if write_baseline is not None:
         write_baseline(findings)
         return ExitCode.OK

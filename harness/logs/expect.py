@@ -35,8 +35,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 #: keys of one expectation; ``check`` and ``reason`` are required
 FIELDS = ("check", "pipeline", "cluster", "after_fault", "reason")
 #: run-ending outcomes an expectation may name besides the oracle's checks (``oom:weights``)
-OUTCOME_PREFIXES = ("oom:", "timeout:", "plan_validation:", "scheduler_failed:", "failed:", "horizon:",
-                    "crashed:")
+OUTCOME_PREFIXES = ("oom:", "timeout:", "plan_validation:", "scheduler_failed:", "failed:", "horizon:", "crashed:")
 OUTCOME_NAMES = ("timeout", "nondeterministic")
 
 
@@ -104,9 +103,11 @@ class Verdict:
             if e.known:  # the built-in list's: its name and upstream source
                 g.update(known_upstream=e.known, source=_known_source(e.known))
             g["count"] += 1
-        return {"expected": list(groups.values()),
-                "unexpected": [{"check": f.check, "seq": f.seq, "message": f.message} for f in self.unexpected],
-                "expected_not_found": [e.as_mapping() for e in self.not_found]}
+        return {
+            "expected": list(groups.values()),
+            "unexpected": [{"check": f.check, "seq": f.seq, "message": f.message} for f in self.unexpected],
+            "expected_not_found": [e.as_mapping() for e in self.not_found],
+        }
 
 
 def _known_source(name: str) -> str:
@@ -124,8 +125,13 @@ def _glob(pattern: Optional[str], values: Iterable[str]) -> bool:
 
 
 def matches(e: Expectation, f: Finding) -> bool:
-    return (_glob(e.check, (f.check,)) and _glob(e.pipeline, f.pipelines) and _glob(e.cluster, f.clusters)
-            and _glob(e.after_fault, f.faults) and _glob(e.message, (f.message,)))
+    return (
+        _glob(e.check, (f.check,))
+        and _glob(e.pipeline, f.pipelines)
+        and _glob(e.cluster, f.clusters)
+        and _glob(e.after_fault, f.faults)
+        and _glob(e.message, (f.message,))
+    )
 
 
 def classify(findings: Sequence[Finding], expectations: Sequence[Expectation]) -> Verdict:
@@ -196,9 +202,12 @@ def log_types(records: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
     return {str(k): str(v) for k, v in types.items()} if isinstance(types, Mapping) else {}
 
 
-def from_violations(violations: Iterable[Any], records: Sequence[Mapping[str, Any]],
-                    types: Optional[Mapping[str, str]] = None,
-                    of: Optional[Callable[[str], Sequence[Mapping[str, Any]]]] = None) -> List[Finding]:
+def from_violations(
+    violations: Iterable[Any],
+    records: Sequence[Mapping[str, Any]],
+    types: Optional[Mapping[str, str]] = None,
+    of: Optional[Callable[[str], Sequence[Mapping[str, Any]]]] = None,
+) -> List[Finding]:
     """The oracle's violations as findings: the pipelines (and their types, when
     ``types`` maps names to types) and clusters each message names, the faults fired
     before it. ``of(kind)``, when the caller has an index of the log by kind (a
@@ -211,13 +220,22 @@ def from_violations(violations: Iterable[Any], records: Sequence[Mapping[str, An
     pipes, clusters = log_names(records if of is None else of("register"))
     types = dict(types if types is not None else log_types(records))
     in_pipes, in_clusters = _NameMatcher(set(pipes) | set(types)), _NameMatcher(clusters)
-    fired = [(r["seq"], r["name"]) for r in (records if of is None else of("fault_fired"))
-             if r.get("kind") == "fault_fired"]
+    fired = [
+        (r["seq"], r["name"]) for r in (records if of is None else of("fault_fired")) if r.get("kind") == "fault_fired"
+    ]
     out = []
     for v in violations:
         names = in_pipes(v.message)
-        out.append(Finding(v.invariant, v.message, v.seq, tuple(names + sorted({types[n] for n in names if n in types})),
-                           tuple(in_clusters(v.message)), tuple(sorted({n for s, n in fired if s <= v.seq}))))
+        out.append(
+            Finding(
+                v.invariant,
+                v.message,
+                v.seq,
+                tuple(names + sorted({types[n] for n in names if n in types})),
+                tuple(in_clusters(v.message)),
+                tuple(sorted({n for s, n in fired if s <= v.seq})),
+            )
+        )
     return out
 
 
@@ -239,9 +257,15 @@ def _known_check(name: str, checks: Iterable[str]) -> bool:
     return name in set(checks) or name in OUTCOME_NAMES or name.startswith(OUTCOME_PREFIXES)
 
 
-def parse_expectations(raw: Any, path: str, fail: Callable[[str, str], Exception], checks: Iterable[str],
-                       source: str = "", pipelines: Optional[Iterable[str]] = None,
-                       faults: Optional[Iterable[str]] = None) -> List[Expectation]:
+def parse_expectations(
+    raw: Any,
+    path: str,
+    fail: Callable[[str, str], Exception],
+    checks: Iterable[str],
+    source: str = "",
+    pipelines: Optional[Iterable[str]] = None,
+    faults: Optional[Iterable[str]] = None,
+) -> List[Expectation]:
     """A validated ``expect:`` list. ``fail(field_path, problem)`` makes the one-line
     error the caller raises (the scenario loader's, or the baseline reader's). Where the
     scenario is known (``pipelines``: its names and types; ``faults``: the fault names),
@@ -260,22 +284,40 @@ def parse_expectations(raw: Any, path: str, fail: Callable[[str, str], Exception
                 raise fail(f"{where}.{key}", f"unknown field; known: {', '.join(FIELDS)}")
         for key in ("check", "reason"):
             if key not in item:
-                raise fail(f"{where}.{key}", "missing (required: say why this finding is expected)" if key == "reason"
-                           else "missing (required)")
+                raise fail(
+                    f"{where}.{key}",
+                    "missing (required: say why this finding is expected)" if key == "reason" else "missing (required)",
+                )
         for key, value in item.items():
             if not isinstance(value, str) or not value.strip():
                 raise fail(f"{where}.{key}", "expected a non-empty string")
         if not _known_check(item["check"], checks):
-            raise fail(f"{where}.check", f"unknown check {item['check']!r}; known: {', '.join(sorted(checks))}, "
-                       f"or an outcome ({', '.join(p + '*' for p in OUTCOME_PREFIXES)})")
+            raise fail(
+                f"{where}.check",
+                f"unknown check {item['check']!r}; known: {', '.join(sorted(checks))}, "
+                f"or an outcome ({', '.join(p + '*' for p in OUTCOME_PREFIXES)})",
+            )
         _check_refs(item, where, fail, pipelines, faults)
-        out.append(Expectation(item["check"], " ".join(item["reason"].split()), item.get("pipeline"), item.get("cluster"),
-                               item.get("after_fault"), source=f"{source}{where}"))
+        out.append(
+            Expectation(
+                item["check"],
+                " ".join(item["reason"].split()),
+                item.get("pipeline"),
+                item.get("cluster"),
+                item.get("after_fault"),
+                source=f"{source}{where}",
+            )
+        )
     return out
 
 
-def _check_refs(item: Mapping[str, str], where: str, fail: Callable[[str, str], Exception],
-                pipelines: Optional[Iterable[str]], faults: Optional[Iterable[str]]) -> None:
+def _check_refs(
+    item: Mapping[str, str],
+    where: str,
+    fail: Callable[[str, str], Exception],
+    pipelines: Optional[Iterable[str]],
+    faults: Optional[Iterable[str]],
+) -> None:
     for key, known, what in (("pipeline", pipelines, "pipeline or pipeline type"), ("after_fault", faults, "fault")):
         value = item.get(key)
         if value is None or known is None or any(c in value for c in "*?"):
@@ -300,9 +342,11 @@ def report_lines(v: Verdict, strict: bool = False, shown: int = 20) -> List[str]
             counts.setdefault(id(e), [e, 0])[1] += 1
     known = v.known_hits()
     n_known = sum(len(fs) for fs in known.values())
-    lines.append(f"findings: {len(v.unexpected)} unexpected, {len(v.expected) - n_known} expected"
-                 + (f", {n_known} known upstream behaviour" if known else "")
-                 + (f", {len(v.not_found)} expected but not found" if v.not_found else ""))
+    lines.append(
+        f"findings: {len(v.unexpected)} unexpected, {len(v.expected) - n_known} expected"
+        + (f", {n_known} known upstream behaviour" if known else "")
+        + (f", {len(v.not_found)} expected but not found" if v.not_found else "")
+    )
     for e, n in counts.values():
         lines.append(f"  expected    {e.label()} x{n}: {e.reason}")
     if known:
@@ -314,8 +358,10 @@ def report_lines(v: Verdict, strict: bool = False, shown: int = 20) -> List[str]
     if len(v.unexpected) > shown:
         lines.append(f"  ... and {len(v.unexpected) - shown} more unexpected finding(s)")
     for e in v.not_found:
-        lines.append(f"  {'NOT FOUND' if strict else 'not found'}   {e.label()} ({e.source}): expected, did not occur"
-                     + (" (--strict: a failure)" if strict else ""))
+        lines.append(
+            f"  {'NOT FOUND' if strict else 'not found'}   {e.label()} ({e.source}): expected, did not occur"
+            + (" (--strict: a failure)" if strict else "")
+        )
     return lines
 
 

@@ -42,50 +42,69 @@ class KnownBehaviour:
     message: str = "*"
 
     def expectation(self) -> Expectation:
-        return Expectation(self.check, self.what, pipeline=None if self.pipeline == "*" else self.pipeline,
-                           message=None if self.message == "*" else self.message, known=self.name,
-                           source=f"known upstream behaviour {self.name}")
+        return Expectation(
+            self.check,
+            self.what,
+            pipeline=None if self.pipeline == "*" else self.pipeline,
+            message=None if self.message == "*" else self.message,
+            known=self.name,
+            source=f"known upstream behaviour {self.name}",
+        )
 
 
 KNOWN_UPSTREAM: Tuple[KnownBehaviour, ...] = (
     KnownBehaviour(
-        "nemo_init_keeps_groups", "handover",
+        "nemo_init_keeps_groups",
+        "handover",
         "NeMo RL's init offloads the training state but keeps the Megatron process groups alive, so their "
         "communicator buffers stay on the training GPUs where inference ranks later wake",
         f"{RLIX} rlix/pipeline/nemo_rl_pipeline.py initialize_pipeline (pp_group kept alive: RLix debug #24)",
-        pipeline="nemo_async", message="*_actor_train's nccl * left by phase init"),
+        pipeline="nemo_async",
+        message="*_actor_train's nccl * left by phase init",
+    ),
     KnownBehaviour(
-        "roll_old_log_probs_keep_states", "handover",
+        "roll_old_log_probs_keep_states",
+        "handover",
         "RLix's ROLL pipeline computes old log-probs with is_offload_states=False, then release_then_request: "
         "another cluster can be granted the GPUs while the parameters and process groups are still there",
         f"{RLIX} rlix/pipeline/full_finetune_pipeline.py run() Phase 12/16; alibaba/ROLL 8eb27cc "
         "roll/utils/context_managers.py state_offload_manger",
-        pipeline="roll_sync", message="*left by phase old_log_probs"),
+        pipeline="roll_sync",
+        message="*left by phase old_log_probs",
+    ),
     KnownBehaviour(
-        "premature_planned_release_ack", "planned_release_ack",
+        "premature_planned_release_ack",
+        "planned_release_ack",
         "RLix's Phase 6 acks every pending planned release unconditionally, so a release registered in the "
         "cycle's lock gap is acked while ranks it expanded still serve",
         f"{RLIX} rlix/scheduler/scheduler.py _apply_plan_and_signal (Phase 6: planned releases signalled unconditionally); "
-        "scheduler option ack_unplanned_releases: false is the fix"),
+        "scheduler option ack_unplanned_releases: false is the fix",
+    ),
     KnownBehaviour(
-        "stale_after_premature_ack", "stale_serving",
+        "stale_after_premature_ack",
+        "stale_serving",
         "the premature planned-release ack's consequence on a ROLL pipeline: the ranks it left serving keep the "
         "previous weights after a new version is published",
         f"{RLIX} rlix/scheduler/scheduler.py _apply_plan_and_signal; rlix/pipeline/full_finetune_pipeline.py run()",
-        pipeline="roll_sync"),
+        pipeline="roll_sync",
+    ),
     KnownBehaviour(
-        "unregister_before_kill", "in_flight_at_sleep",
+        "unregister_before_kill",
+        "in_flight_at_sleep",
         "after a premature planned-release ack a finished pipeline still has ranks serving; RLix's cleanup "
         "unregisters it (its GPUs go idle) before killing its actors, which aborts what they still run",
         f"{RLIX} rlix/pipeline/nemo_rl_pipeline.py run() finally (await_release_actor_infer); "
         "rlix/orchestrator/orchestrator.py kill_pipeline (step 2 unregister, step 3 kill actors)",
-        message="* unregistered with * request(s) still running*"),
+        message="* unregistered with * request(s) still running*",
+    ),
     KnownBehaviour(
-        "ungrantable_preemption", "ungrantable_preemption",
+        "ungrantable_preemption",
+        "ungrantable_preemption",
         "RLix's Phase 2 keeps the GENERATION shrinks it made for a training request that still cannot be "
         "granted: the GPUs idle and the rank is re-expanded and shrunk again",
         f"{RLIX} rlix/scheduler/scheduler.py scheduling_cycle Phase 2 donor scan; scheduler option "
-        "rollback_ungrantable_preemption: true is the fix"),
+        "rollback_ungrantable_preemption: true is the fix",
+    ),
 )
 
 
@@ -128,8 +147,7 @@ def behaviour_line(name: str, findings: Sequence[Finding]) -> str:
     sizes = [int(m.group(1)) for f in findings for m in [_BYTES.search(f.message)] if m]
     where = "; ".join(x for x in (", ".join(pipes), f"GPU {_span(gpus)}" if gpus else "") if x)
     size = f"; up to {fmt_bytes(max(sizes))} per GPU" if sizes else ""
-    return (f"  known upstream  {k.check} x{len(findings)} ({where or 'no pipeline named'}{size}): "
-            f"{k.what} [{k.source}]")
+    return f"  known upstream  {k.check} x{len(findings)} ({where or 'no pipeline named'}{size}): {k.what} [{k.source}]"
 
 
 def split_known(violations: Sequence, records: Sequence[dict], types: Dict[str, str]) -> Tuple[list, Dict[str, int]]:

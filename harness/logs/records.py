@@ -66,9 +66,17 @@ def _type_ok(value: Any, spec: str) -> bool:
     raise AssertionError(f"unknown field type {spec!r}")
 
 
-_TYPE_WORDS = {"int": "an integer", "number": "a finite number", "str": "a string", "bool": "true or false",
-               "object": "an object", "list": "a list", "int_list": "a list of integers",
-               "priority": "a priority name or 0..6", "any": "any value"}
+_TYPE_WORDS = {
+    "int": "an integer",
+    "number": "a finite number",
+    "str": "a string",
+    "bool": "true or false",
+    "object": "an object",
+    "list": "a list",
+    "int_list": "a list of integers",
+    "priority": "a priority name or 0..6",
+    "any": "any value",
+}
 
 
 def _describe(spec: str) -> str:
@@ -86,9 +94,11 @@ def check_record(data: Any, where: str) -> Dict[str, Any]:
     spec = ALL_KINDS.get(kind)
     if spec is None:
         if kind in RETIRED_KINDS:
-            raise InputError(f"{where}: field 'kind': record kind {kind!r} was retired (one sync vocabulary for every "
-                             f"runtime, docs/trace-format.md): this log needs the version that wrote it; now "
-                             f"{RETIRED_KINDS[kind]}")
+            raise InputError(
+                f"{where}: field 'kind': record kind {kind!r} was retired (one sync vocabulary for every "
+                f"runtime, docs/trace-format.md): this log needs the version that wrote it; now "
+                f"{RETIRED_KINDS[kind]}"
+            )
         raise InputError(f"{where}: field 'kind': unknown record kind {kind!r}")
     seq = data.get("seq")
     if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
@@ -126,12 +136,16 @@ def check_header(rec: Record, where: str) -> None:
         if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
             raise InputError(f"{where}: field 'cluster.{key}': must be a positive integer")
     if cluster["nodes"] * cluster["gpus_per_node"] > MAX_GPUS:
-        raise InputError(f"{where}: field 'cluster': {cluster['nodes']:,} nodes x {cluster['gpus_per_node']:,} GPUs "
-                         f"exceeds the limit of {fmt_limit(MAX_GPUS)} GPUs")
+        raise InputError(
+            f"{where}: field 'cluster': {cluster['nodes']:,} nodes x {cluster['gpus_per_node']:,} GPUs "
+            f"exceeds the limit of {fmt_limit(MAX_GPUS)} GPUs"
+        )
     extra = set(cluster) - {"nodes", "gpus_per_node", "vram_gib", "host_ram_bytes"}
     if extra:
-        raise InputError(f"{where}: field 'cluster.{sorted(extra)[0]}': not a cluster field "
-                         f"(nodes, gpus_per_node, vram_gib, host_ram_bytes)")
+        raise InputError(
+            f"{where}: field 'cluster.{sorted(extra)[0]}': not a cluster field "
+            f"(nodes, gpus_per_node, vram_gib, host_ram_bytes)"
+        )
     ram = cluster.get("host_ram_bytes")
     if ram is not None and not (isinstance(ram, int) and not isinstance(ram, bool) and ram > 0):
         raise InputError(f"{where}: field 'cluster.host_ram_bytes': must be a positive integer (bytes per node)")

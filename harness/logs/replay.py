@@ -71,11 +71,18 @@ class _Feeder:
         kind = rec.kind
         if kind == "register":
             if d.get("topology") not in (None, "partial_overlap"):
-                raise InputError(f"{where}: field 'topology': must be 'partial_overlap' when given, got {d['topology']!r}")
+                raise InputError(
+                    f"{where}: field 'topology': must be 'partial_overlap' when given, got {d['topology']!r}"
+                )
             if d.get("topology") == "partial_overlap":
                 try:
-                    entry = build_pipeline_entry(d["pipeline_id"], d.get("namespace") or "ns", d["cluster_tp_configs"],
-                                                 d["cluster_device_mappings"], m.topology)
+                    entry = build_pipeline_entry(
+                        d["pipeline_id"],
+                        d.get("namespace") or "ns",
+                        d["cluster_tp_configs"],
+                        d["cluster_device_mappings"],
+                        m.topology,
+                    )
                     validate_partial_overlap(entry, train_parallel_size=d.get("train_parallel_size", 1))
                 except TopologyError as e:
                     raise Rejected(str(e)) from None
@@ -85,23 +92,41 @@ class _Feeder:
         elif kind == "unregister":
             m.unregister(d["pipeline_id"])
         elif kind == "request":
-            m.request(d["cluster_id"], _priority(d["priority"], where, "priority"), global_step=d.get("global_step"),
-                      step_target_estimate=d.get("step_target_estimate"), lora_name=d.get("lora_name"))
+            m.request(
+                d["cluster_id"],
+                _priority(d["priority"], where, "priority"),
+                global_step=d.get("global_step"),
+                step_target_estimate=d.get("step_target_estimate"),
+                lora_name=d.get("lora_name"),
+            )
         elif kind == "release":
             m.release(d["cluster_id"], global_step=d.get("global_step"))
         elif kind == "release_then_request":
             m.release_then_request(
-                d["release_cluster_id"], d["request_cluster_id"],
+                d["release_cluster_id"],
+                d["request_cluster_id"],
                 _priority(d["request_priority"], where, "request_priority"),
-                release_global_step=d.get("release_global_step"), request_global_step=d.get("request_global_step"),
+                release_global_step=d.get("release_global_step"),
+                request_global_step=d.get("request_global_step"),
                 request_step_target_estimate=d.get("request_step_target_estimate"),
-                request_lora_name=d.get("request_lora_name"))
+                request_lora_name=d.get("request_lora_name"),
+            )
         elif kind == "await_release":
-            m.await_release(cluster_id=d.get("cluster_id"), pipeline_id=d.get("pipeline_id"), global_step=d.get("global_step"))
+            m.await_release(
+                cluster_id=d.get("cluster_id"), pipeline_id=d.get("pipeline_id"), global_step=d.get("global_step")
+            )
         elif kind == "progress":
             wire = {"remaining": d["remaining"]} if "remaining" in d else None
-            m.report_progress(ProgressReport(d["pipeline_id"], d["step_target"], d["completed"],
-                                             mode=d.get("mode", "train"), adapter=d.get("adapter")), wire_fields=wire)
+            m.report_progress(
+                ProgressReport(
+                    d["pipeline_id"],
+                    d["step_target"],
+                    d["completed"],
+                    mode=d.get("mode", "train"),
+                    adapter=d.get("adapter"),
+                ),
+                wire_fields=wire,
+            )
         elif kind == "clear_progress":
             m.clear_progress(d["pipeline_id"])
         elif kind == "cycle":
@@ -116,7 +141,9 @@ class _Feeder:
         if phase not in ("full", "plan", "commit"):
             raise InputError(f"{where}: field 'phase': must be full, plan or commit, got {phase!r}")
         if phase in ("full", "plan") and self.open is not None:
-            raise InputError(f"{where}: field 'phase': cycle {self.open.cycle} was planned but not committed (cycles are serial)")
+            raise InputError(
+                f"{where}: field 'phase': cycle {self.open.cycle} was planned but not committed (cycles are serial)"
+            )
         if phase == "commit":
             if self.open is None and m.failed is not None:
                 # the model failed fast while planning (RLix shuts down): a runtime that
@@ -147,8 +174,9 @@ def replay_records(records: List[Record], path: str, *, merge: bool = False) -> 
     except ValueError as e:
         raise InputError(f"{where}: field 'scheduler': {e}") from None
     model = SchedulerModel(topo, options)
-    log = EventLog(header_record(cluster, scheduler=options.to_mapping(), source="replay",
-                                 meta={"input": os.path.basename(path)}))
+    log = EventLog(
+        header_record(cluster, scheduler=options.to_mapping(), source="replay", meta={"input": os.path.basename(path)})
+    )
     feeder = _Feeder(model, path)
     result = ReplayResult(log=log, model=model)
     merged: Optional[List[Dict[str, Any]]] = [dict(head.data)] if merge else None
@@ -192,11 +220,17 @@ def _strip(rec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 _RESIZE = ("resize_start", "resize_end")
-_PHASE_ORDER = {("resize_start", "shrink"): 0, ("resize_end", "shrink"): 1,
-                ("resize_start", "expand"): 2, ("resize_end", "expand"): 3}
+_PHASE_ORDER = {
+    ("resize_start", "shrink"): 0,
+    ("resize_end", "shrink"): 1,
+    ("resize_start", "expand"): 2,
+    ("resize_end", "expand"): 3,
+}
 
 
-def canonical_order(decisions: List[Tuple[Dict[str, Any], Optional[int]]]) -> List[Tuple[Dict[str, Any], Optional[int]]]:
+def canonical_order(
+    decisions: List[Tuple[Dict[str, Any], Optional[int]]],
+) -> List[Tuple[Dict[str, Any], Optional[int]]]:
     """Put each cycle's resize records in one canonical place and order.
 
     A runtime executes a cycle's resize calls concurrently and over time: their records
@@ -238,6 +272,7 @@ def compare_decisions(produced: List[Dict[str, Any]], expected: List[Record]) ->
 
 # ---------------------------------------------------------------- human-readable table
 
+
 def _bundles(items: List[Dict[str, Any]]) -> str:
     return ", ".join(f"dp{b['dp_rank']}->{b['gpus']}" for b in items)
 
@@ -251,7 +286,9 @@ def format_table(result: ReplayResult) -> Tuple[str, List[str]]:
         k = r["kind"]
         if k == "plan":
             shrinks = "; ".join(f"{s['cluster_id']} {_bundles(s['bundles'])}" for s in r["shrinks"]) or "-"
-            grants = "; ".join(f"{s['cluster_id']} {s['gpus']} {s['priority']}" for s in r["signals"] if s["gpus"]) or "-"
+            grants = (
+                "; ".join(f"{s['cluster_id']} {s['gpus']} {s['priority']}" for s in r["signals"] if s["gpus"]) or "-"
+            )
             expands = "; ".join(f"{e['cluster_id']} {_bundles(e['bundles'])}" for e in r["expands"]) or "-"
             current = [str(r["cycle"]), f"{r['t']:.3f}", shrinks, grants, expands, ""]
             rows.append(current)  # type: ignore[arg-type]

@@ -45,15 +45,17 @@ def build_schema() -> Dict[str, Any]:
         }
         for name, ftype in {**spec["required"], **spec["optional"]}.items():
             props[name] = _field_schema(ftype)
-        branches.append({
-            "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-            "then": {
-                "description": spec["doc"],
-                "properties": props,
-                "required": ["seq", "t", "kind", *spec["required"]],
-                "additionalProperties": False,
-            },
-        })
+        branches.append(
+            {
+                "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                "then": {
+                    "description": spec["doc"],
+                    "properties": props,
+                    "required": ["seq", "t", "kind", *spec["required"]],
+                    "additionalProperties": False,
+                },
+            }
+        )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"{SCHEMA_NAME}/{SCHEMA_VERSION}",

@@ -30,8 +30,13 @@ class StreamedLog(EventLog):
     """An :class:`EventLog` that writes its records to ``sink`` as they are made and
     hands them to ``consumers``; ``records`` holds only the current chunk."""
 
-    def __init__(self, header: Dict[str, Any], sink: Optional[IO[bytes]] = None,
-                 consumers: Sequence[Consumer] = (), per_chunk: int = CHUNK_RECORDS) -> None:
+    def __init__(
+        self,
+        header: Dict[str, Any],
+        sink: Optional[IO[bytes]] = None,
+        consumers: Sequence[Consumer] = (),
+        per_chunk: int = CHUNK_RECORDS,
+    ) -> None:
         super().__init__(header)
         self.sink = sink
         self.consumers = list(consumers)

@@ -30,6 +30,7 @@ try:
 except ImportError:  # pragma: no cover - the json path alone is correct, only slower
     orjson = None
 
+
 # What orjson (3.11.7 or later: positive exponents written "1e+16", as json writes them)
 # writes differently from json, found in its output: a float below 1e-4 (orjson
 # "0.00001" or "1.5e-7", json "1e-05", "1.5e-07"), and null (json writes None as null
@@ -45,7 +46,9 @@ if orjson is not None:
     _orjson_dumps = orjson.dumps
     # subclasses (an IntEnum, a str subclass), dataclasses and datetimes go to _refuse,
     # so json's rules apply to them; numpy arrays do by default
-    _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    _ORJSON_OPTIONS = (
+        orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    )
 
     def encode(rec: Any) -> bytes:
         """One record in the canonical encoding, as UTF-8 bytes (no newline)."""
@@ -57,6 +60,7 @@ if orjson is not None:
             return _json_encode(rec).encode("utf-8")
         return line
 else:  # pragma: no cover
+
     def encode(rec: Any) -> bytes:
         """One record in the canonical encoding, as UTF-8 bytes (no newline)."""
         return _json_encode(rec).encode("utf-8")
@@ -68,10 +72,21 @@ def dumps(rec: Any) -> str:
     return encode(rec).decode("utf-8")
 
 
-def header_record(cluster: Dict[str, Any], *, scheduler: Optional[Dict[str, Any]] = None,
-                  source: Optional[str] = None, meta: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    rec: Dict[str, Any] = {"seq": 0, "t": 0.0, "kind": "header", "schema": SCHEMA_NAME,
-                           "version": SCHEMA_VERSION, "cluster": dict(cluster)}
+def header_record(
+    cluster: Dict[str, Any],
+    *,
+    scheduler: Optional[Dict[str, Any]] = None,
+    source: Optional[str] = None,
+    meta: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
+    rec: Dict[str, Any] = {
+        "seq": 0,
+        "t": 0.0,
+        "kind": "header",
+        "schema": SCHEMA_NAME,
+        "version": SCHEMA_VERSION,
+        "cluster": dict(cluster),
+    }
     if scheduler is not None:
         rec["scheduler"] = dict(scheduler)
     if source is not None:
@@ -154,7 +169,7 @@ def encoded_chunks(records: List[Dict[str, Any]], per_chunk: int = 8192) -> Iter
     """JSONL bytes of ``records``, ``per_chunk`` newline-terminated lines per chunk: each
     line is :func:`encode` of its record."""
     for start in range(0, len(records), per_chunk):
-        yield _encode_lines(records[start:start + per_chunk])
+        yield _encode_lines(records[start : start + per_chunk])
 
 
 def _encode_lines(records: List[Dict[str, Any]]) -> bytes:
@@ -225,7 +240,7 @@ def _occurrences(np: Any, buf: Any, marker: bytes, anchor: int) -> Any:
     n, m = len(buf), len(marker)
     if n < m:
         return np.zeros(0, dtype=np.int64)
-    at = np.flatnonzero(buf[anchor:n - m + 1 + anchor] == marker[anchor])
+    at = np.flatnonzero(buf[anchor : n - m + 1 + anchor] == marker[anchor])
     for k, byte in enumerate(marker):
         if k != anchor and len(at):
             at = at[buf[at + k] == byte]
@@ -318,8 +333,9 @@ def _line_chunks(lines: Iterable[str], per_chunk: int = 4096) -> Iterator[str]:
 class EventLogWriter:
     """File-backed log for long-running producers (gates): emit, then close atomically."""
 
-    def __init__(self, path: str, *, source: str, cluster: Optional[Dict[str, Any]] = None,
-                 meta: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self, path: str, *, source: str, cluster: Optional[Dict[str, Any]] = None, meta: Optional[Dict[str, Any]] = None
+    ) -> None:
         self.path = path
         self.log = EventLog(header_record(cluster or {"nodes": 1, "gpus_per_node": 1}, source=source, meta=meta))
         self.closed = False

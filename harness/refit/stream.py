@@ -99,10 +99,28 @@ def span_bytes(slots: Sequence[Slot]) -> int:
 
 # Bytes per element of the dtype names the stream carries (torch's names without
 # ``torch.``); the receiver sizes a tensor from its manifest with them, as NeMo RL does.
-ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
-            "float8_e5m2fnuz": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
-            "uint32": 4, "float32": 4, "complex32": 4, "int64": 8, "uint64": 8, "float64": 8,
-            "complex64": 8, "complex128": 16}
+ITEMSIZE = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "complex32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
 
 
 def tensor_nbytes(shape: Sequence[int], dtype: str) -> int:
@@ -195,7 +213,9 @@ class SendComplete:
     groups: int
 
 
-SenderEffect = Union[AllocBuffers, AllocDedicated, Pack, SendGroup, AwaitAck, FreeDedicated, ReleaseBuffers, SendComplete]
+SenderEffect = Union[
+    AllocBuffers, AllocDedicated, Pack, SendGroup, AwaitAck, FreeDedicated, ReleaseBuffers, SendComplete
+]
 
 
 def half_capacity_bytes(budget_bytes: int) -> int:
@@ -342,10 +362,18 @@ class ManifestReport:
         return not any((self.missing, self.duplicate, self.unexpected, self.mismatched, self.layout, self.load_errors))
 
     def describe(self) -> str:
-        parts = [f"{label}: {', '.join(repr(x) if label != 'load errors' else x for x in items)}"
-                 for label, items in (("missing", self.missing), ("duplicate", self.duplicate),
-                                      ("unexpected", self.unexpected), ("shape/dtype mismatch", self.mismatched),
-                                      ("bad layout", self.layout), ("load errors", self.load_errors)) if items]
+        parts = [
+            f"{label}: {', '.join(repr(x) if label != 'load errors' else x for x in items)}"
+            for label, items in (
+                ("missing", self.missing),
+                ("duplicate", self.duplicate),
+                ("unexpected", self.unexpected),
+                ("shape/dtype mismatch", self.mismatched),
+                ("bad layout", self.layout),
+                ("load errors", self.load_errors),
+            )
+            if items
+        ]
         return "; ".join(parts) if parts else "ok"
 
 
@@ -376,8 +404,9 @@ def check_layout(msg: GroupMessage, half_bytes: Optional[int]) -> List[str]:
             problems.append(f"group {msg.group}: {slot.name!r} at offset {slot.offset}, expected {cursor}")
         cursor += align_up(slot.nbytes)
     if cursor != msg.used_bytes:
-        problems.append(f"group {msg.group}: running aligned offset {cursor} but the message says "
-                        f"{msg.used_bytes} used bytes")
+        problems.append(
+            f"group {msg.group}: running aligned offset {cursor} but the message says {msg.used_bytes} used bytes"
+        )
     if half_bytes is not None and msg.buffer != DEDICATED and msg.used_bytes > half_bytes:
         problems.append(f"group {msg.group}: {msg.used_bytes} bytes exceed the {half_bytes}-byte buffer")
     return problems

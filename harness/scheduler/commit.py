@@ -53,8 +53,9 @@ def _pop_pending(state: SchedulerState, cluster_id: str, priority: Priority) -> 
     return None
 
 
-def _signal(state: SchedulerState, out: List[Signal], cycle: int, cluster_id: str,
-            priority: Priority, gpus: List[int]) -> None:
+def _signal(
+    state: SchedulerState, out: List[Signal], cycle: int, cluster_id: str, priority: Priority, gpus: List[int]
+) -> None:
     pending = _pop_pending(state, cluster_id, priority)
     if pending is None:
         pid, _ = parse_cluster_id(cluster_id)
@@ -91,26 +92,38 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
     for op in plan.signals:
         if not op.gpus:
             existing = state.allocations.get(op.cluster_id)
-            gpus = list(existing.gpu_ids) if existing is not None and existing.priority == op.priority and existing.gpu_ids else []
+            gpus = (
+                list(existing.gpu_ids)
+                if existing is not None and existing.priority == op.priority and existing.gpu_ids
+                else []
+            )
             _signal(state, out, cycle, op.cluster_id, op.priority, gpus)
             continue
         pid, _ = parse_cluster_id(op.cluster_id)
         if pid not in state.registry:
             if state.pending_in(op.priority, op.cluster_id) is not None:
-                raise CycleFailure(f"Pipeline {pid!r} removed from registry but pending waiter still present for cluster_id={op.cluster_id!r} — cleanup corruption")
+                raise CycleFailure(
+                    f"Pipeline {pid!r} removed from registry but pending waiter still present for cluster_id={op.cluster_id!r} — cleanup corruption"
+                )
             skipped.append(f"grant {op.cluster_id}")
             continue
         if state.pending_in(op.priority, op.cluster_id) is None:
-            raise CycleFailure(f"Planned allocation has no pending waiter: cluster_id={op.cluster_id!r} priority={op.priority.name}")
+            raise CycleFailure(
+                f"Planned allocation has no pending waiter: cluster_id={op.cluster_id!r} priority={op.priority.name}"
+            )
         gpus = sorted(op.gpus)
         mapping = build_dp_rank_mapping(gpus, op.tp_size)
         state.idle_gpus -= set(gpus)
         if state.held_for:
             state.held_for.pop(op.cluster_id, None)  # its reservation ends with the grant
         state.allocations[op.cluster_id] = ClusterAllocation(
-            cluster_id=op.cluster_id, gpu_ids=gpus, priority=op.priority,
+            cluster_id=op.cluster_id,
+            gpu_ids=gpus,
+            priority=op.priority,
             active_dp_ranks=set(mapping) if is_generation_cluster(op.cluster_id) else set(),
-            dp_rank_to_gpus=mapping, timestamp=float(cycle))
+            dp_rank_to_gpus=mapping,
+            timestamp=float(cycle),
+        )
         _signal(state, out, cycle, op.cluster_id, op.priority, gpus)
 
     to_signal: Set[str] = set()
@@ -125,9 +138,13 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
         alloc = state.allocations.get(op.cluster_id)
         if alloc is None:
             state.allocations[op.cluster_id] = ClusterAllocation(
-                cluster_id=op.cluster_id, gpu_ids=sorted(added), priority=Priority.GENERATION,
+                cluster_id=op.cluster_id,
+                gpu_ids=sorted(added),
+                priority=Priority.GENERATION,
                 active_dp_ranks=set(op.dp_rank_to_gpus),
-                dp_rank_to_gpus={r: list(b) for r, b in op.dp_rank_to_gpus.items()}, timestamp=float(cycle))
+                dp_rank_to_gpus={r: list(b) for r, b in op.dp_rank_to_gpus.items()},
+                timestamp=float(cycle),
+            )
         else:
             alloc.dp_rank_to_gpus.update({r: list(b) for r, b in op.dp_rank_to_gpus.items()})
             alloc.active_dp_ranks |= set(op.dp_rank_to_gpus)
@@ -156,5 +173,6 @@ def _ack_planned_releases(state: SchedulerState, cp: CyclePlan, opts: SchedulerO
             if alloc is not None and alloc.active_dp_ranks:
                 continue  # fixed variant: ack only once the cluster really is at zero
         del state.planned_releases[cid]
-        out.append(Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], cycle,
-                          shrink_executed=executed))
+        out.append(
+            Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], cycle, shrink_executed=executed)
+        )

@@ -65,8 +65,9 @@ def _merge_shrink(plan: ExecutionPlan, cluster_id: str, ranks) -> bool:
     return fresh
 
 
-def _phase_planned_releases(state: SchedulerState, plan: ExecutionPlan, available: Set[int],
-                            opts: SchedulerOptions) -> None:
+def _phase_planned_releases(
+    state: SchedulerState, plan: ExecutionPlan, available: Set[int], opts: SchedulerOptions
+) -> None:
     for cid, req in list(state.planned_releases.items()):
         alloc = state.allocations.get(cid)
         if alloc is None:
@@ -89,15 +90,16 @@ _NON_GENERATION = tuple(Priority(p) for p in range(int(Priority.INITIALIZATION),
 _GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per cycle
 
 
-def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int],
-                          reserved: Set[int], opts: SchedulerOptions) -> None:
+def _phase_non_generation(
+    state: SchedulerState, plan: ExecutionPlan, available: Set[int], reserved: Set[int], opts: SchedulerOptions
+) -> None:
     targets: Set[str] = set()
     blocked = False
     for prio in _NON_GENERATION:
         bucket = state.pending[prio]
         if not bucket:
             continue
-        for pending in (list(reversed(bucket)) if opts.grant_newest_first else list(bucket)):
+        for pending in list(reversed(bucket)) if opts.grant_newest_first else list(bucket):
             cid = pending.cluster_id
             if cid in targets:
                 raise CycleFailure(f"Duplicate pending allocation planned for cluster_id={cid!r}")
@@ -118,14 +120,14 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
             if missing and opts.rollback_ungrantable_preemption:
                 snapshot = (copy.deepcopy(plan.shrinks), set(available))
             if missing:
-                _preempt_generation(state, plan, available, missing,
-                                    None if opts.policy == GAP_RATIO else (cid, opts))
+                _preempt_generation(state, plan, available, missing, None if opts.policy == GAP_RATIO else (cid, opts))
             if needed <= available:
                 available.difference_update(needed)
                 reserved.update(needed)
                 targets.add(cid)
-                plan.signals.append(SignalOp(cid, sorted(needed), prio, pending.lora_name,
-                                             entry.clusters[name].tp_size))
+                plan.signals.append(
+                    SignalOp(cid, sorted(needed), prio, pending.lora_name, entry.clusters[name].tp_size)
+                )
             else:
                 if snapshot is not None:
                     plan.shrinks, restored = snapshot
@@ -137,8 +139,13 @@ def _phase_non_generation(state: SchedulerState, plan: ExecutionPlan, available:
                     blocked = True
 
 
-def _preempt_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int], missing: Set[int],
-                        policy: Optional[Tuple[str, SchedulerOptions]] = None) -> None:
+def _preempt_generation(
+    state: SchedulerState,
+    plan: ExecutionPlan,
+    available: Set[int],
+    missing: Set[int],
+    policy: Optional[Tuple[str, SchedulerOptions]] = None,
+) -> None:
     """Shrink GEN ranks holding missing GPUs (RLix Phase 2 donor scan, allocation order).
     ``policy`` (requester, options) when a policy other than gap_ratio may refuse a donor."""
     for donor_cid, donor in list(state.allocations.items()):
@@ -161,8 +168,9 @@ def _preempt_generation(state: SchedulerState, plan: ExecutionPlan, available: S
             break
 
 
-def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set[int],
-                      reserved: Set[int], opts: SchedulerOptions) -> GapRatioResult:
+def _phase_generation(
+    state: SchedulerState, plan: ExecutionPlan, available: Set[int], reserved: Set[int], opts: SchedulerOptions
+) -> GapRatioResult:
     available.difference_update(reserved)
     shrinking: Dict[str, Set[int]] = {}
     for op in plan.shrinks:
@@ -189,22 +197,25 @@ def _phase_generation(state: SchedulerState, plan: ExecutionPlan, available: Set
     # and the planner copies the idle set it mutates: they are handed over uncopied.
     # Positional (in GapRatioInputs' field order): this runs every cycle and keyword
     # passing of 13 fields costs more than the early-exit planner itself.
-    return gap_ratio_plan(plan, GapRatioInputs(
-        state.registry,  # registry
-        state.allocations,  # allocations
-        reserved,  # non_gen_reserved
-        available,  # idle
-        estimates,  # pending_gen
-        state.progress.totals,  # progress_totals
-        opts.epsilon,  # epsilon
-        state.gpu_pipelines(),  # gpu_pipelines
-        state.neighbours(),  # neighbours
-        frozen,  # frozen
-        state.gen_clusters(),  # gen_clusters
-        opts.max_gap_iterations,  # max_iterations
-        opts.max_gap_activations,  # max_activations
-        opts.demand_floor,  # demand_floor
-    ))
+    return gap_ratio_plan(
+        plan,
+        GapRatioInputs(
+            state.registry,  # registry
+            state.allocations,  # allocations
+            reserved,  # non_gen_reserved
+            available,  # idle
+            estimates,  # pending_gen
+            state.progress.totals,  # progress_totals
+            opts.epsilon,  # epsilon
+            state.gpu_pipelines(),  # gpu_pipelines
+            state.neighbours(),  # neighbours
+            frozen,  # frozen
+            state.gen_clusters(),  # gen_clusters
+            opts.max_gap_iterations,  # max_iterations
+            opts.max_gap_activations,  # max_activations
+            opts.demand_floor,  # demand_floor
+        ),
+    )
 
 
 def _resize_calls(plan: ExecutionPlan) -> Tuple[List[ResizeCall], List[ResizeCall], Dict[str, Set[int]]]:
@@ -224,7 +235,9 @@ def _resize_calls(plan: ExecutionPlan) -> Tuple[List[ResizeCall], List[ResizeCal
     for pid in sorted(set(removes) | set(adds)):
         both = removes.get(pid, set()) & adds.get(pid, set())
         if both:
-            raise CycleFailure(f"resize_infer dp_rank overlap in a single scheduling cycle: pipeline_id={pid!r} overlapping_dp_ranks={sorted(both)}")
+            raise CycleFailure(
+                f"resize_infer dp_rank overlap in a single scheduling cycle: pipeline_id={pid!r} overlapping_dp_ranks={sorted(both)}"
+            )
         if removes.get(pid):
             shrink_calls.append(ResizeCall(pid, sorted(removes[pid]), []))
         if adds.get(pid):
@@ -249,8 +262,14 @@ def plan_cycle(state: SchedulerState, opts: SchedulerOptions, *, reason: str) ->
             reserved.update(gpus)
     _phase_non_generation(state, plan, available, reserved, opts)
     gap = _phase_generation(state, plan, available, reserved, opts)
-    validate_plan(plan, registry=state.registry, allocations=state.allocations,
-                  idle_gpus=state.idle_gpus, universe=state.universe())
+    validate_plan(
+        plan,
+        registry=state.registry,
+        allocations=state.allocations,
+        idle_gpus=state.idle_gpus,
+        universe=state.universe(),
+    )
     shrink_calls, expand_calls, removes = _resize_calls(plan)
-    return CyclePlan(state.cycle_counter, reason, plan, shrink_calls, expand_calls,
-                     {pid: set(r) for pid, r in removes.items()}, gap)
+    return CyclePlan(
+        state.cycle_counter, reason, plan, shrink_calls, expand_calls, {pid: set(r) for pid, r in removes.items()}, gap
+    )

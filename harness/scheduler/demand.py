@@ -77,8 +77,21 @@ def demand_rows(plan: ExecutionPlan, inp: GapRatioInputs, removed_by_plan: Mappi
         in_allocs = alloc is not None
         open_ = cid not in closed and cid not in frozen
         eligible = open_ and (has_pending or n_active > 0 or in_allocs)
-        rows.append((pid, cid, cfg, remaining, percent, eligible, open_ and (has_pending or in_allocs),
-                     has_pending, active, removed, n_active))
+        rows.append(
+            (
+                pid,
+                cid,
+                cfg,
+                remaining,
+                percent,
+                eligible,
+                open_ and (has_pending or in_allocs),
+                has_pending,
+                active,
+                removed,
+                n_active,
+            )
+        )
         tp = cfg.tp_size
         if eligible:
             weights.append(remaining * tp)

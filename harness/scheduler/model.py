@@ -73,23 +73,40 @@ def plan_record(cp: CyclePlan, state: SchedulerState) -> Dict[str, Any]:
     return {
         "kind": "plan",
         "cycle": cp.cycle,
-        "shrinks": [{"cluster_id": op.cluster_id,
-                     "bundles": [{"dp_rank": r, "gpus": _shrunk_bundle(state, op.cluster_id, r)}
-                                 for r in op.dp_ranks_to_remove]}
-                    for op in plan.shrinks],
-        "signals": [{"cluster_id": op.cluster_id, "priority": op.priority.name, "gpus": list(op.gpus)} for op in plan.signals],
+        "shrinks": [
+            {
+                "cluster_id": op.cluster_id,
+                "bundles": [
+                    {"dp_rank": r, "gpus": _shrunk_bundle(state, op.cluster_id, r)} for r in op.dp_ranks_to_remove
+                ],
+            }
+            for op in plan.shrinks
+        ],
+        "signals": [
+            {"cluster_id": op.cluster_id, "priority": op.priority.name, "gpus": list(op.gpus)} for op in plan.signals
+        ],
         "expands": [
-            {"cluster_id": op.cluster_id, "has_pending_request": op.has_pending_request,
-             "bundles": [{"dp_rank": r, "gpus": list(g)} for r, g in op.dp_rank_to_gpus.items()]}
+            {
+                "cluster_id": op.cluster_id,
+                "has_pending_request": op.has_pending_request,
+                "bundles": [{"dp_rank": r, "gpus": list(g)} for r, g in op.dp_rank_to_gpus.items()],
+            }
             for op in plan.expands
         ],
     }
 
 
 def signal_record(s: Signal) -> Dict[str, Any]:
-    rec: Dict[str, Any] = {"kind": "signalled", "request_id": s.request_id, "waiter": s.kind,
-                           "cluster_id": s.cluster_id, "priority": s.priority.name if s.priority is not None else None,
-                           "gpus": list(s.gpus), "cycle": s.cycle, "error": s.error}
+    rec: Dict[str, Any] = {
+        "kind": "signalled",
+        "request_id": s.request_id,
+        "waiter": s.kind,
+        "cluster_id": s.cluster_id,
+        "priority": s.priority.name if s.priority is not None else None,
+        "gpus": list(s.gpus),
+        "cycle": s.cycle,
+        "error": s.error,
+    }
     # Signal.shrink_executed stays in the model (its own tests read it) and out of the
     # log: no check may read what the system under test says about its own correctness.
     return rec
@@ -125,12 +142,22 @@ class SchedulerModel:
         return rid
 
     # ------------------------------------------------------------------ registration
-    def register(self, pipeline_id: str, cluster_tp_configs: Dict[str, int],
-                 cluster_device_mappings: Dict[str, List[int]], namespace: Optional[str] = None) -> None:
+    def register(
+        self,
+        pipeline_id: str,
+        cluster_tp_configs: Dict[str, int],
+        cluster_device_mappings: Dict[str, List[int]],
+        namespace: Optional[str] = None,
+    ) -> None:
         self._check_alive()
         try:
-            entry = build_pipeline_entry(pipeline_id, namespace or f"pipeline_{pipeline_id}_NS",
-                                         cluster_tp_configs, cluster_device_mappings, self.topology)
+            entry = build_pipeline_entry(
+                pipeline_id,
+                namespace or f"pipeline_{pipeline_id}_NS",
+                cluster_tp_configs,
+                cluster_device_mappings,
+                self.topology,
+            )
         except TopologyError as e:
             raise Rejected(str(e)) from None
         self.state.registry[entry.pipeline_id] = entry  # RLix overwrites a re-registration
@@ -208,18 +235,29 @@ class SchedulerModel:
         self._registered_cluster(cluster_id)
         st.request_seq += 1
         rid = self._new_request_id()
-        st.pending[priority].append(PendingRequest(rid, cluster_id, priority, st.request_seq, global_step, estimate, lora_name))
+        st.pending[priority].append(
+            PendingRequest(rid, cluster_id, priority, st.request_seq, global_step, estimate, lora_name)
+        )
         self._emit("enqueued", request_id=rid, cluster_id=cluster_id, priority=priority.name)
         return Ticket(rid, False, [])
 
-    def request(self, cluster_id: str, priority: Priority, *, global_step: Optional[int] = None,
-                step_target_estimate: Optional[int] = None, lora_name: Optional[str] = None) -> Ticket:
+    def request(
+        self,
+        cluster_id: str,
+        priority: Priority,
+        *,
+        global_step: Optional[int] = None,
+        step_target_estimate: Optional[int] = None,
+        lora_name: Optional[str] = None,
+    ) -> Ticket:
         self._check_alive()
         self._admitted_pipeline(cluster_id)
         existing = self.state.allocations.get(cluster_id)
         if existing is not None:
             if existing.priority != priority:
-                raise Rejected(f"cluster_id {cluster_id!r} already allocated with priority={existing.priority.name}, requested priority={priority.name}")
+                raise Rejected(
+                    f"cluster_id {cluster_id!r} already allocated with priority={existing.priority.name}, requested priority={priority.name}"
+                )
             live = existing.active_dp_ranks if priority == Priority.GENERATION else existing.gpu_ids
             if live:
                 rid = self._new_request_id()
@@ -236,10 +274,17 @@ class SchedulerModel:
         self._emit("released", cluster_id=cluster_id, gpus=sorted(alloc.gpu_ids), reason="release")
         return sorted(alloc.gpu_ids)
 
-    def release_then_request(self, release_cluster_id: str, request_cluster_id: str, request_priority: Priority, *,
-                             release_global_step: Optional[int] = None, request_global_step: Optional[int] = None,
-                             request_step_target_estimate: Optional[int] = None,
-                             request_lora_name: Optional[str] = None) -> Ticket:
+    def release_then_request(
+        self,
+        release_cluster_id: str,
+        request_cluster_id: str,
+        request_priority: Priority,
+        *,
+        release_global_step: Optional[int] = None,
+        request_global_step: Optional[int] = None,
+        request_step_target_estimate: Optional[int] = None,
+        request_lora_name: Optional[str] = None,
+    ) -> Ticket:
         """Atomic release + enqueue. As in RLix the release sticks even if the enqueue is refused."""
         self._check_alive()
         self._admitted_pipeline(request_cluster_id)
@@ -247,17 +292,21 @@ class SchedulerModel:
         if existing is None:
             raise Rejected(f"release_cluster_id {release_cluster_id!r} is not currently allocated")
         if existing.priority == request_priority:
-            raise Rejected(f"release_cluster_id {release_cluster_id!r} priority is already {existing.priority.name}; releasing and re-requesting the same priority is a no-op")
+            raise Rejected(
+                f"release_cluster_id {release_cluster_id!r} priority is already {existing.priority.name}; releasing and re-requesting the same priority is a no-op"
+            )
         released = list(existing.gpu_ids)
         self.release(release_cluster_id, global_step=release_global_step)
-        ticket = self._enqueue(request_cluster_id, request_priority, request_global_step,
-                               request_step_target_estimate, request_lora_name)
+        ticket = self._enqueue(
+            request_cluster_id, request_priority, request_global_step, request_step_target_estimate, request_lora_name
+        )
         if self.options.reserve_same_cluster_release and release_cluster_id == request_cluster_id and not ticket.done:
             self.state.held_for[request_cluster_id] = set(released)
         return ticket
 
-    def await_release(self, *, cluster_id: Optional[str] = None, pipeline_id: Optional[str] = None,
-                      global_step: Optional[int] = None) -> Ticket:
+    def await_release(
+        self, *, cluster_id: Optional[str] = None, pipeline_id: Optional[str] = None, global_step: Optional[int] = None
+    ) -> Ticket:
         """Planned shrink-to-zero of a GENERATION cluster; acked at the next commit."""
         self._check_alive()
         if (cluster_id is None) == (pipeline_id is None):
@@ -271,7 +320,11 @@ class SchedulerModel:
             raise Rejected(f"await_release_gpus only supports GENERATION clusters, got {cid!r}")
         if not alloc.active_dp_ranks:
             rid = self._new_request_id()
-            self._emit(**signal_record(Signal(rid, "planned_release", cid, Priority.GENERATION, [], None, shrink_executed=True)))
+            self._emit(
+                **signal_record(
+                    Signal(rid, "planned_release", cid, Priority.GENERATION, [], None, shrink_executed=True)
+                )
+            )
             return Ticket(rid, True, [])
         existing = st.planned_releases.get(cid)
         if existing is not None:
@@ -323,7 +376,9 @@ class SchedulerModel:
         try:
             cp = plan_cycle(self.state, self.options, reason=reason)
         except PlanValidationError as e:
-            self._emit("validation_failed", cycle=cycle, condition=e.condition, message=e.message, context=_jsonable(e.context))
+            self._emit(
+                "validation_failed", cycle=cycle, condition=e.condition, message=e.message, context=_jsonable(e.context)
+            )
             self._fail(f"plan validation failed: condition {e.condition}: {e.message}")
             return None
         except (CycleFailure, PlannerLimitExceeded) as e:
@@ -347,8 +402,14 @@ class SchedulerModel:
         outbox = self._outbox
         for s in result.signals:
             outbox.append(signal_record(s))
-        outbox.append({"kind": "commit", "cycle": cp.cycle, "idle_gpus": len(self.state.idle_gpus),
-                       "skipped_stale": result.skipped_stale})
+        outbox.append(
+            {
+                "kind": "commit",
+                "cycle": cp.cycle,
+                "idle_gpus": len(self.state.idle_gpus),
+                "skipped_stale": result.skipped_stale,
+            }
+        )
         return result.signals
 
     def resize_records(self, cp: CyclePlan, phase: str, edge: str) -> None:
@@ -379,7 +440,9 @@ class SchedulerModel:
                 self._emit(**signal_record(Signal(p.request_id, "request", p.cluster_id, prio, [], None, error)))
             st.pending[prio] = []
         for cid, req in st.planned_releases.items():
-            self._emit(**signal_record(Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], None, error)))
+            self._emit(
+                **signal_record(Signal(req.request_id, "planned_release", cid, Priority.GENERATION, [], None, error))
+            )
         st.planned_releases.clear()
 
     # ------------------------------------------------------------------ background rebalance
@@ -419,9 +482,14 @@ class SchedulerModel:
         st = self.state
         return {
             "idle": sorted(st.idle_gpus),
-            "allocations": {cid: {"priority": a.priority.name, "gpus": sorted(a.gpu_ids),
-                                  "active_dp_ranks": sorted(a.active_dp_ranks)}
-                            for cid, a in st.allocations.items()},
+            "allocations": {
+                cid: {
+                    "priority": a.priority.name,
+                    "gpus": sorted(a.gpu_ids),
+                    "active_dp_ranks": sorted(a.active_dp_ranks),
+                }
+                for cid, a in st.allocations.items()
+            },
         }
 
 

@@ -127,12 +127,20 @@ def _policy_field(key: str, value: Any) -> Any:
             raise ValueError(f"scheduler option 'partition' must map pipeline names to GPU lists, got {value!r}")
         out: Dict[str, Tuple[int, ...]] = {}
         for pid, gpus in value.items():
-            if not isinstance(gpus, (list, tuple)) or not gpus or \
-                    any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus):
-                raise ValueError(f"scheduler option 'partition' of {pid!r} must be a non-empty list of GPU ids, got {gpus!r}")
+            if (
+                not isinstance(gpus, (list, tuple))
+                or not gpus
+                or any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in gpus)
+            ):
+                raise ValueError(
+                    f"scheduler option 'partition' of {pid!r} must be a non-empty list of GPU ids, got {gpus!r}"
+                )
             out[str(pid)] = tuple(sorted(gpus))
         return out
-    if not isinstance(value, (list, tuple)) or not value or \
-            any(not isinstance(g, (list, tuple)) or not g or any(not isinstance(p, str) for p in g) for g in value):
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or any(not isinstance(g, (list, tuple)) or not g or any(not isinstance(p, str) for p in g) for g in value)
+    ):
         raise ValueError(f"scheduler option 'groups' must be a list of lists of pipeline names, got {value!r}")
     return tuple(tuple(g) for g in value)

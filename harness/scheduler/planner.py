@@ -51,13 +51,44 @@ class PlannerLimitExceeded(RuntimeError):
 class _PipelineState:
     """One pipeline as one planner call sees it (rebuilt every call, so a slots class)."""
 
-    __slots__ = ("index", "pipeline_id", "cluster_id", "tp", "mapping", "remaining", "percent_remaining",
-                 "eligible", "commit_ok", "has_pending", "cfg", "active_set", "donatable", "blocked_inactive",
-                 "max_dp", "target_ratio", "target_gpu_count", "gap", "free_heap", "failed_at", "version")
+    __slots__ = (
+        "index",
+        "pipeline_id",
+        "cluster_id",
+        "tp",
+        "mapping",
+        "remaining",
+        "percent_remaining",
+        "eligible",
+        "commit_ok",
+        "has_pending",
+        "cfg",
+        "active_set",
+        "donatable",
+        "blocked_inactive",
+        "max_dp",
+        "target_ratio",
+        "target_gpu_count",
+        "gap",
+        "free_heap",
+        "failed_at",
+        "version",
+    )
 
-    def __init__(self, index: int, pipeline_id: str, cluster_id: str, cfg: ClusterConfig, remaining: float,
-                 percent_remaining: float, eligible: bool, commit_ok: bool, has_pending: bool,
-                 active_set: Set[int], blocked_inactive: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        pipeline_id: str,
+        cluster_id: str,
+        cfg: ClusterConfig,
+        remaining: float,
+        percent_remaining: float,
+        eligible: bool,
+        commit_ok: bool,
+        has_pending: bool,
+        active_set: Set[int],
+        blocked_inactive: int,
+    ) -> None:
         self.index = index  # position in registry order: the stable tie-break RLix gets from sorted()
         self.pipeline_id = pipeline_id
         self.cluster_id = cluster_id
@@ -135,19 +166,34 @@ class GapRatioResult:
 def _check_bounds(inp: GapRatioInputs, iterations: int, activations: int) -> None:
     if iterations > inp.max_iterations or activations > inp.max_activations:
         raise PlannerLimitExceeded(
-            f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)")
+            f"gap-ratio planning exceeded its bounds ({inp.max_iterations} iterations / {inp.max_activations} activations)"
+        )
 
 
 def _pipeline_states(rows, fractions) -> List[_PipelineState]:
     """The mutable per-pipeline state of the activation loop, for the cycles that reach it."""
     states: List[_PipelineState] = []
-    for (pid, cid, cfg, remaining, percent, eligible, commit_ok, has_pending, active, removed, _n), \
-            (ratio, count, gap) in zip(rows, fractions):
+    for (pid, cid, cfg, remaining, percent, eligible, commit_ok, has_pending, active, removed, _n), (
+        ratio,
+        count,
+        gap,
+    ) in zip(rows, fractions):
         current = set(active)
         if removed:
             current -= removed
-        s = _PipelineState(len(states), pid, cid, cfg, remaining, percent, eligible, commit_ok, has_pending,
-                           current, len(removed) if removed else 0)
+        s = _PipelineState(
+            len(states),
+            pid,
+            cid,
+            cfg,
+            remaining,
+            percent,
+            eligible,
+            commit_ok,
+            has_pending,
+            current,
+            len(removed) if removed else 0,
+        )
         s.target_ratio, s.target_gpu_count, s.gap = ratio, count, gap
         s.donatable = set(current)  # no activation yet: active_set is still the snapshot
         states.append(s)
@@ -175,7 +221,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     targets = result.targets
     fractions = []  # (target_ratio, target_gpu_count, gap) per row
     contenders: List[int] = []  # rows that are possible first winners (see the early exit below)
-    for (pid, _cid, cfg, remaining, _pc, eligible, commit_ok, _hp, _act, removed, n_active) in rows:
+    for pid, _cid, cfg, remaining, _pc, eligible, commit_ok, _hp, _act, removed, n_active in rows:
         tp = cfg.tp_size
         ratio, count = 0.0, 0
         if eligible and total_weight != 0:
@@ -186,8 +232,14 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
         targets[pid] = count
         gap = ratio - (n_active * tp) / budget_gpus
         fractions.append((ratio, count, gap))
-        if (commit_ok and len(cfg.device_mapping) // tp - n_active - (len(removed) if removed else 0) > 0
-                and gap > eps and eligible and n_active * tp < count and ratio > 0):
+        if (
+            commit_ok
+            and len(cfg.device_mapping) // tp - n_active - (len(removed) if removed else 0) > 0
+            and gap > eps
+            and eligible
+            and n_active * tp < count
+            and ratio > 0
+        ):
             contenders.append(len(fractions) - 1)  # has_available_inactive(), commit_ok, acceptor_key(s) is not None
     # Early exit, exactly equivalent to running the loop below: iteration 1 can only pick
     # an acceptor (acceptor_key not None) that has an available inactive rank and passes the
@@ -368,7 +420,7 @@ def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
     def still_failed(s: _PipelineState, iteration: int) -> bool:
         if s.failed_at < 0:
             return False
-        for changed in dirty_since[s.failed_at - 1: iteration - 1]:
+        for changed in dirty_since[s.failed_at - 1 : iteration - 1]:
             if not s.cfg.mapping_set.isdisjoint(changed):
                 return False
         return True

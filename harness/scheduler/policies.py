@@ -42,8 +42,9 @@ def check_policy(name: object) -> str:
 
 
 # ---------------------------------------------------------------- parts and groups
-def partition_of(registry: Mapping[str, PipelineEntry],
-                 explicit: Optional[Mapping[str, Sequence[int]]]) -> Dict[str, Set[int]]:
+def partition_of(
+    registry: Mapping[str, PipelineEntry], explicit: Optional[Mapping[str, Sequence[int]]]
+) -> Dict[str, Set[int]]:
     """Each pipeline's fixed GPUs. Explicit parts are taken as given; without them, every
     pipeline first claims its training GPUs, then (in registry order) its inference GPUs,
     and a GPU goes to the first pipeline that claims it. (A pipeline that registers late
@@ -63,8 +64,7 @@ def partition_of(registry: Mapping[str, PipelineEntry],
     return parts
 
 
-def groups_of(registry: Mapping[str, PipelineEntry],
-              explicit: Optional[Sequence[Sequence[str]]]) -> List[List[str]]:
+def groups_of(registry: Mapping[str, PipelineEntry], explicit: Optional[Sequence[Sequence[str]]]) -> List[List[str]]:
     """Co-execution groups in a fixed order. Explicit groups are taken as given (a
     registered pipeline in none is a group of its own); without them, a group is a set of
     pipelines connected by shared GPUs (any mapping), members in registry order."""
@@ -130,8 +130,12 @@ def _gens(state, plan: ExecutionPlan, pending_gen: Mapping[str, Optional[int]], 
             est = pending_gen.get(cid) if has_pending else None
             wants = est is not None and int(est) > 0
         # a cluster awaiting its own release to zero never receives (RLix's fixed variant)
-        open_ = (has_pending or alloc is not None) and cid not in plan.clusters_to_remove and cid not in frozen \
+        open_ = (
+            (has_pending or alloc is not None)
+            and cid not in plan.clusters_to_remove
+            and cid not in frozen
             and cid not in state.planned_releases
+        )
         out.append(_Gen(pid, cid, cfg, active, shrinking.get(cid, set()), wants and open_, open_))
     return out
 
@@ -161,14 +165,23 @@ def _yield_all(plan: ExecutionPlan, g: _Gen, available: Set[int]) -> None:
     g.active.clear()
 
 
-def _fill(plan: ExecutionPlan, g: _Gen, available: Set[int], pending_gen, allowed: Optional[Set[int]] = None,
-          blocked: AbstractSet[int] = frozenset()) -> int:
+def _fill(
+    plan: ExecutionPlan,
+    g: _Gen,
+    available: Set[int],
+    pending_gen,
+    allowed: Optional[Set[int]] = None,
+    blocked: AbstractSet[int] = frozenset(),
+) -> int:
     """Expand every inactive rank of ``g`` whose whole bundle is available (and inside
     ``allowed``, and outside ``blocked``). Returns the number of ranks added."""
     added = 0
     for r, bundle in g.bundles():
-        if available.issuperset(bundle) and (allowed is None or allowed.issuperset(bundle)) \
-                and blocked.isdisjoint(bundle):
+        if (
+            available.issuperset(bundle)
+            and (allowed is None or allowed.issuperset(bundle))
+            and blocked.isdisjoint(bundle)
+        ):
             _expand(plan, g, r, bundle, pending_gen)
             available.difference_update(bundle)
             added += 1
@@ -248,8 +261,9 @@ def _acquire_yield(state, plan, available, gens, opts, pending_gen) -> None:
 _PLANNERS = {"static_partition": _static_partition, "round_robin": _round_robin, "acquire_yield": _acquire_yield}
 
 
-def plan_generation(state, plan: ExecutionPlan, available: Set[int], pending_gen: Mapping[str, Optional[int]],
-                    frozen: Set[str], opts) -> GapRatioResult:
+def plan_generation(
+    state, plan: ExecutionPlan, available: Set[int], pending_gen: Mapping[str, Optional[int]], frozen: Set[str], opts
+) -> GapRatioResult:
     """Phase 4 of a cycle under a policy other than gap_ratio: add GENERATION shrink and
     expand ops to ``plan`` from ``available`` (idle GPUs not reserved for non-GEN work)."""
     gens = _gens(state, plan, pending_gen, frozen)

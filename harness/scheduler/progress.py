@@ -59,13 +59,17 @@ class ProgressStore:
                     has_lora = True
         if rep.adapter is None:
             if has_lora:
-                raise Rejected(f"pipeline {rep.pipeline_id} already reports LoRA streams; a full-finetune report is a source-type mismatch")
+                raise Rejected(
+                    f"pipeline {rep.pipeline_id} already reports LoRA streams; a full-finetune report is a source-type mismatch"
+                )
             key = FULL_FINETUNE_STREAM
         else:
             if rep.adapter == FULL_FINETUNE_STREAM:
                 raise Rejected(f"adapter id {FULL_FINETUNE_STREAM!r} is reserved for the full-finetune stream")
             if has_full:
-                raise Rejected(f"pipeline {rep.pipeline_id} already reports a full-finetune stream; LoRA report for {rep.adapter!r} is a source-type mismatch")
+                raise Rejected(
+                    f"pipeline {rep.pipeline_id} already reports a full-finetune stream; LoRA report for {rep.adapter!r} is a source-type mismatch"
+                )
             key = rep.adapter
         per_mode.setdefault(rep.mode, {})[key] = rep
         self._totals.pop(rep.pipeline_id, None)
@@ -149,11 +153,21 @@ class CoordinatorProgress:
     def stream_key(mode: str, adapter: Optional[str]) -> str:
         key = _STREAM_KEYS.get((mode, adapter))  # built once per (mode, adapter): every update asks
         if key is None:
-            key = _STREAM_KEYS[(mode, adapter)] = f"{mode}:{adapter if adapter is not None else COORDINATOR_FULL_FT_KEY}"
+            key = _STREAM_KEYS[(mode, adapter)] = (
+                f"{mode}:{adapter if adapter is not None else COORDINATOR_FULL_FT_KEY}"
+            )
         return key
 
-    def update(self, *, mode: str, adapter: Optional[str], step_target: int, collected: float,
-               new_batch: bool = False, wire_fields: Optional[Dict[str, object]] = None):
+    def update(
+        self,
+        *,
+        mode: str,
+        adapter: Optional[str],
+        step_target: int,
+        collected: float,
+        new_batch: bool = False,
+        wire_fields: Optional[Dict[str, object]] = None,
+    ):
         if wire_fields and "remaining" in wire_fields:
             raise Rejected("reporter sent a wire-level 'remaining'; reporters send raw 'collected'")
         if step_target <= 0:

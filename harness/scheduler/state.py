@@ -83,8 +83,9 @@ class SchedulerState:
         :meth:`registry_changed`, which drops it.
         """
         if self.gen_clusters_cache is None:
-            self.gen_clusters_cache = [(pid, generation_cluster_id(pid), entry.infer)
-                                       for pid, entry in self.registry.items()]
+            self.gen_clusters_cache = [
+                (pid, generation_cluster_id(pid), entry.infer) for pid, entry in self.registry.items()
+            ]
         return self.gen_clusters_cache
 
     def neighbours(self) -> Dict[str, Set[str]]:

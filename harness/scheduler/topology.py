@@ -64,7 +64,12 @@ def validate_pipeline_id(pipeline_id: object) -> str:
         raise TopologyError(pipeline_id, None, "pipeline_id", "pipeline_id must not contain ':'")
     for ch in pipeline_id:
         if not (ch.isalnum() or ch in "_-"):
-            raise TopologyError(pipeline_id, None, "pipeline_id", f"pipeline_id has character {ch!r}; allowed: letters, digits, '_', '-'")
+            raise TopologyError(
+                pipeline_id,
+                None,
+                "pipeline_id",
+                f"pipeline_id has character {ch!r}; allowed: letters, digits, '_', '-'",
+            )
     return pipeline_id
 
 
@@ -81,16 +86,25 @@ def canonical_device_mapping(
         return canonical
     gpn = topo.gpus_per_node
     if tp_size not in (2, 4, 8) and tp_size % gpn != 0:
-        raise TopologyError(pipeline_id, cluster, "tp_size", f"tp_size={tp_size} must be 1, 2, 4, 8 or a multiple of gpus_per_node={gpn}")
+        raise TopologyError(
+            pipeline_id,
+            cluster,
+            "tp_size",
+            f"tp_size={tp_size} must be 1, 2, 4, 8 or a multiple of gpus_per_node={gpn}",
+        )
     for i in range(0, len(canonical), tp_size):
         group = canonical[i : i + tp_size]
         if group != list(range(group[0], group[0] + tp_size)):
             raise TopologyError(pipeline_id, cluster, "tp_contiguous", f"TP group {group} is not contiguous")
         if tp_size <= gpn:
             if topo.node_of(group[0]) != topo.node_of(group[-1]):
-                raise TopologyError(pipeline_id, cluster, "tp_node", f"TP group {group} crosses a node boundary (gpus_per_node={gpn})")
+                raise TopologyError(
+                    pipeline_id, cluster, "tp_node", f"TP group {group} crosses a node boundary (gpus_per_node={gpn})"
+                )
         elif group[0] % gpn != 0 or group[-1] % gpn != gpn - 1:
-            raise TopologyError(pipeline_id, cluster, "tp_node", f"TP group {group} does not cover whole nodes (gpus_per_node={gpn})")
+            raise TopologyError(
+                pipeline_id, cluster, "tp_node", f"TP group {group} does not cover whole nodes (gpus_per_node={gpn})"
+            )
     return canonical
 
 
@@ -112,13 +126,20 @@ def build_pipeline_entry(
     if set(cluster_tp_configs) != set(cluster_device_mappings):
         no_tp = sorted(set(cluster_device_mappings) - set(cluster_tp_configs))
         no_map = sorted(set(cluster_tp_configs) - set(cluster_device_mappings))
-        raise TopologyError(pid, None, "key_sets", f"tp configs and device mappings name different clusters (no tp for {no_tp}, no mapping for {no_map})")
+        raise TopologyError(
+            pid,
+            None,
+            "key_sets",
+            f"tp configs and device mappings name different clusters (no tp for {no_tp}, no mapping for {no_map})",
+        )
     if GENERATION_CLUSTER not in cluster_tp_configs:
         raise TopologyError(pid, None, "actor_infer_required", "an actor_infer cluster must be registered")
     clusters: Dict[str, ClusterConfig] = {}
     for name in cluster_tp_configs:
         if name not in ALL_CLUSTER_NAMES:
-            raise TopologyError(pid, str(name), "cluster_name", f"unknown cluster name; expected one of {', '.join(ALL_CLUSTER_NAMES)}")
+            raise TopologyError(
+                pid, str(name), "cluster_name", f"unknown cluster name; expected one of {', '.join(ALL_CLUSTER_NAMES)}"
+            )
         tp = cluster_tp_configs[name]
         if not isinstance(tp, int) or isinstance(tp, bool):
             raise TopologyError(pid, name, "tp_size", f"tp_size must be an integer, got {tp!r}")
@@ -129,7 +150,9 @@ def build_pipeline_entry(
             raise TopologyError(pid, name, "device_mapping", "device_mapping must be a list of integer GPU ids")
         if name == REWARD:
             if mapping:
-                raise TopologyError(pid, name, "reward_cpu_only", "the reward cluster is CPU-only: its device_mapping must be empty")
+                raise TopologyError(
+                    pid, name, "reward_cpu_only", "the reward cluster is CPU-only: its device_mapping must be empty"
+                )
             continue  # CPU-only: never a GPU cluster, never scheduled
         if not mapping:
             raise TopologyError(pid, name, "device_mapping", "device_mapping must be non-empty")
@@ -140,7 +163,9 @@ def build_pipeline_entry(
         if bad:
             raise TopologyError(pid, name, "gpu_range", f"GPU id(s) {bad} outside [0, {topo.num_gpus - 1}]")
         if len(mapping) % tp != 0:
-            raise TopologyError(pid, name, "tp_divides", f"len(device_mapping)={len(mapping)} is not divisible by tp_size={tp}")
+            raise TopologyError(
+                pid, name, "tp_divides", f"len(device_mapping)={len(mapping)} is not divisible by tp_size={tp}"
+            )
         canonical = canonical_device_mapping(pid, name, tp, mapping, topo)
         clusters[name] = ClusterConfig(name=name, tp_size=tp, device_mapping=tuple(canonical))
     return PipelineEntry(pipeline_id=pid, namespace=namespace, clusters=clusters)
@@ -159,13 +184,33 @@ def validate_partial_overlap(entry: PipelineEntry, *, train_parallel_size: int =
     infer_cfg = entry.infer
     infer = set(infer_cfg.device_mapping)
     if not train <= infer:
-        raise TopologyError(pid, ACTOR_TRAIN, "overlap_subset", f"train GPUs {sorted(train - infer)} are not in actor_infer's mapping (train must be a subset of infer)")
+        raise TopologyError(
+            pid,
+            ACTOR_TRAIN,
+            "overlap_subset",
+            f"train GPUs {sorted(train - infer)} are not in actor_infer's mapping (train must be a subset of infer)",
+        )
     if infer_cfg.max_dp_workers < 2:
-        raise TopologyError(pid, GENERATION_CLUSTER, "overlap_infer_dp", f"partial overlap needs infer dp >= 2, got {infer_cfg.max_dp_workers}")
+        raise TopologyError(
+            pid,
+            GENERATION_CLUSTER,
+            "overlap_infer_dp",
+            f"partial overlap needs infer dp >= 2, got {infer_cfg.max_dp_workers}",
+        )
     if len(train) % train_parallel_size != 0:
-        raise TopologyError(pid, ACTOR_TRAIN, "overlap_train_divides", f"len(train)={len(train)} is not divisible by tp*pp*cp*ep={train_parallel_size}")
+        raise TopologyError(
+            pid,
+            ACTOR_TRAIN,
+            "overlap_train_divides",
+            f"len(train)={len(train)} is not divisible by tp*pp*cp*ep={train_parallel_size}",
+        )
     if len(infer - train) < infer_cfg.tp_size:
-        raise TopologyError(pid, GENERATION_CLUSTER, "overlap_survivor", f"only {len(infer - train)} infer GPU(s) outside training; at least one full DP rank ({infer_cfg.tp_size} GPUs) must keep serving while training")
+        raise TopologyError(
+            pid,
+            GENERATION_CLUSTER,
+            "overlap_survivor",
+            f"only {len(infer - train)} infer GPU(s) outside training; at least one full DP rank ({infer_cfg.tp_size} GPUs) must keep serving while training",
+        )
 
 
 def overlapping_ranks(entry: PipelineEntry, gpus: Iterable[int]) -> List[int]:

@@ -260,7 +260,11 @@ class PlanValidationError(RuntimeError):
         self.context = dict(context or {})
 
     def __str__(self) -> str:
-        return f"condition {self.condition}: {self.message} {self.context}" if self.context else f"condition {self.condition}: {self.message}"
+        return (
+            f"condition {self.condition}: {self.message} {self.context}"
+            if self.context
+            else f"condition {self.condition}: {self.message}"
+        )
 
 
 class Rejected(RuntimeError):

@@ -74,8 +74,9 @@ def _union_if_disjoint(idle: Set[int], gpu_lists: List[List[int]], held: int) ->
     return covered if len(covered) == len(idle) + held else None
 
 
-def _validate_unchanged(allocations: Mapping[str, ClusterAllocation], covered: Set[int], held: int,
-                        n_allocated: int, universe: Set[int]) -> None:
+def _validate_unchanged(
+    allocations: Mapping[str, ClusterAllocation], covered: Set[int], held: int, n_allocated: int, universe: Set[int]
+) -> None:
     """The end-of-plan checks (8, 4, 10) for an empty plan, the common cycle.
 
     With no op, conditions 1, 2, 3, 5, 6, 7, 9 and 11 have nothing to check and the
@@ -86,7 +87,9 @@ def _validate_unchanged(allocations: Mapping[str, ClusterAllocation], covered: S
     allocated). Same conditions, same order, same error contexts as the general path below.
     """
     if universe and not covered.issuperset(universe):
-        raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(universe - covered), "extra": []})
+        raise PlanValidationError(
+            "GPU accounting does not cover the universe", 8, {"missing": sorted(universe - covered), "extra": []}
+        )
     if held != n_allocated:
         g, a, b = _first_double_owned(allocations)
         raise PlanValidationError("GPU owned by two clusters", 10, {"gpu": g, "cluster_a": a, "cluster_b": b})
@@ -148,7 +151,9 @@ def validate_plan(
         mapping = set(_config(registry, op.cluster_id).device_mapping)
         outside = set(op.gpus) - mapping
         if outside:
-            raise PlanValidationError("grant uses GPUs outside the device mapping", 6, {"cluster_id": op.cluster_id, "gpus": sorted(outside)})
+            raise PlanValidationError(
+                "grant uses GPUs outside the device mapping", 6, {"cluster_id": op.cluster_id, "gpus": sorted(outside)}
+            )
 
     # --- simulate: copy-on-write of the touched allocations only ---
     sim: Dict[str, ClusterAllocation] = dict(allocations)
@@ -174,19 +179,31 @@ def validate_plan(
         if not op.dp_ranks_to_remove:
             continue
         if op.cluster_id not in sim:
-            raise PlanValidationError("shrink op targets a cluster with no allocation", 11, {"cluster_id": op.cluster_id})
+            raise PlanValidationError(
+                "shrink op targets a cluster with no allocation", 11, {"cluster_id": op.cluster_id}
+            )
         alloc = writable(op.cluster_id)
         if alloc.priority != Priority.GENERATION:
             raise PlanValidationError("shrink on a non-generation allocation", 2, {"cluster_id": op.cluster_id})
         if not alloc.dp_rank_to_gpus:
             alloc.dp_rank_to_gpus = build_dp_rank_mapping(alloc.gpu_ids, _config(registry, op.cluster_id).tp_size)
         if not set(op.dp_ranks_to_remove) <= alloc.active_dp_ranks:
-            raise PlanValidationError("shrink removes inactive dp ranks", 5, {"cluster_id": op.cluster_id, "active": sorted(alloc.active_dp_ranks), "remove": list(op.dp_ranks_to_remove)})
+            raise PlanValidationError(
+                "shrink removes inactive dp ranks",
+                5,
+                {
+                    "cluster_id": op.cluster_id,
+                    "active": sorted(alloc.active_dp_ranks),
+                    "remove": list(op.dp_ranks_to_remove),
+                },
+            )
         shrunk: Set[int] = set()
         for rank in op.dp_ranks_to_remove:
             bundle = set(alloc.dp_rank_to_gpus.get(rank) or ())
             if not bundle:
-                raise PlanValidationError("shrunk dp rank has no GPU bundle", 6, {"cluster_id": op.cluster_id, "dp_rank": rank})
+                raise PlanValidationError(
+                    "shrunk dp rank has no GPU bundle", 6, {"cluster_id": op.cluster_id, "dp_rank": rank}
+                )
             free(op.cluster_id, bundle)
             alloc.active_dp_ranks.discard(rank)
             alloc.dp_rank_to_gpus.pop(rank, None)
@@ -204,7 +221,9 @@ def validate_plan(
             continue
         need = set(op.gpus)
         if not need <= idle:
-            raise PlanValidationError("grant consumes non-idle GPUs", 4, {"cluster_id": op.cluster_id, "gpus": sorted(need - idle)})
+            raise PlanValidationError(
+                "grant consumes non-idle GPUs", 4, {"cluster_id": op.cluster_id, "gpus": sorted(need - idle)}
+            )
         idle -= need
         tp = _config(registry, op.cluster_id).tp_size
         mapping = build_dp_rank_mapping(sorted(need), tp)
@@ -220,15 +239,23 @@ def validate_plan(
     for op in plan.expands:
         cfg = _config(registry, op.cluster_id)
         if any(len(b) != cfg.tp_size for b in op.dp_rank_to_gpus.values()):
-            raise PlanValidationError("expand bundle size differs from tp_size", 6, {"cluster_id": op.cluster_id, "tp_size": cfg.tp_size})
+            raise PlanValidationError(
+                "expand bundle size differs from tp_size", 6, {"cluster_id": op.cluster_id, "tp_size": cfg.tp_size}
+            )
         seen: Set[int] = set()
         for rank, bundle in op.dp_rank_to_gpus.items():
             twice = seen & set(bundle)
             if twice:
-                raise PlanValidationError("GPU appears twice in one expand op", 6, {"cluster_id": op.cluster_id, "dp_rank": rank, "gpus": sorted(twice)})
+                raise PlanValidationError(
+                    "GPU appears twice in one expand op",
+                    6,
+                    {"cluster_id": op.cluster_id, "dp_rank": rank, "gpus": sorted(twice)},
+                )
             seen.update(bundle)
         if not seen <= idle:
-            raise PlanValidationError("expand consumes non-idle GPUs", 4, {"cluster_id": op.cluster_id, "gpus": sorted(seen - idle)})
+            raise PlanValidationError(
+                "expand consumes non-idle GPUs", 4, {"cluster_id": op.cluster_id, "gpus": sorted(seen - idle)}
+            )
         idle -= seen
         if op.cluster_id in sim:
             alloc = writable(op.cluster_id)
@@ -239,14 +266,32 @@ def validate_plan(
         max_dp = cfg.max_dp_workers
         bad = [r for r in op.dp_rank_to_gpus if not isinstance(r, int) or r < 0 or r >= max_dp]
         if bad:
-            raise PlanValidationError("expand adds a dp rank outside [0, max_dp_workers)", 7, {"cluster_id": op.cluster_id, "dp_ranks": bad, "max_dp_workers": max_dp})
+            raise PlanValidationError(
+                "expand adds a dp rank outside [0, max_dp_workers)",
+                7,
+                {"cluster_id": op.cluster_id, "dp_ranks": bad, "max_dp_workers": max_dp},
+            )
         if len(alloc.active_dp_ranks | set(op.dp_rank_to_gpus)) > max_dp:
-            raise PlanValidationError("expand exceeds max_dp_workers", 7, {"cluster_id": op.cluster_id, "max_dp_workers": max_dp, "add": sorted(op.dp_rank_to_gpus)})
+            raise PlanValidationError(
+                "expand exceeds max_dp_workers",
+                7,
+                {"cluster_id": op.cluster_id, "max_dp_workers": max_dp, "add": sorted(op.dp_rank_to_gpus)},
+            )
         if set(op.dp_rank_to_gpus) & alloc.active_dp_ranks:
-            raise PlanValidationError("expand adds already-active dp ranks", 5, {"cluster_id": op.cluster_id, "active": sorted(alloc.active_dp_ranks), "add": sorted(op.dp_rank_to_gpus)})
+            raise PlanValidationError(
+                "expand adds already-active dp ranks",
+                5,
+                {
+                    "cluster_id": op.cluster_id,
+                    "active": sorted(alloc.active_dp_ranks),
+                    "add": sorted(op.dp_rank_to_gpus),
+                },
+            )
         for rank in op.dp_rank_to_gpus:
             if rank in alloc.dp_rank_to_gpus:
-                raise PlanValidationError("dp rank already mapped in the cluster", 10, {"cluster_id": op.cluster_id, "dp_rank": rank})
+                raise PlanValidationError(
+                    "dp rank already mapped in the cluster", 10, {"cluster_id": op.cluster_id, "dp_rank": rank}
+                )
         for rank, bundle in op.dp_rank_to_gpus.items():
             alloc.dp_rank_to_gpus[rank] = list(bundle)
             alloc.active_dp_ranks.add(rank)
@@ -263,9 +308,18 @@ def validate_plan(
     # the per-GPU owner scan (which names the first double-owned GPU) needed
     double_owned = _first_double_owned(sim) if held != len(final_allocated) else None
     if (final_allocated | idle) != full_universe:
-        raise PlanValidationError("GPU accounting does not cover the universe", 8, {"missing": sorted(full_universe - (final_allocated | idle)), "extra": sorted((final_allocated | idle) - full_universe)})
+        raise PlanValidationError(
+            "GPU accounting does not cover the universe",
+            8,
+            {
+                "missing": sorted(full_universe - (final_allocated | idle)),
+                "extra": sorted((final_allocated | idle) - full_universe),
+            },
+        )
     if not final_allocated.isdisjoint(idle):
-        raise PlanValidationError("final idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(final_allocated & idle)})
+        raise PlanValidationError(
+            "final idle GPUs overlap allocated GPUs", 4, {"overlap": sorted(final_allocated & idle)}
+        )
     if double_owned is not None:
         g, a, b = double_owned
         raise PlanValidationError("GPU owned by two clusters", 10, {"gpu": g, "cluster_a": a, "cluster_b": b})

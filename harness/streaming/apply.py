@@ -122,8 +122,15 @@ class PumpHandlers:
     is closed at its next effect (NeMo: the first pump to finish decides, the rest are
     cancelled)."""
 
-    def __init__(self, runtime: Any, state: ControllerState, pipeline_id: str, add: Callable[[Dict[str, Any]], Any],
-                 now: Callable[[], float], gpus_of: Optional[Callable[[Any], Optional[List[int]]]] = None) -> None:
+    def __init__(
+        self,
+        runtime: Any,
+        state: ControllerState,
+        pipeline_id: str,
+        add: Callable[[Dict[str, Any]], Any],
+        now: Callable[[], float],
+        gpus_of: Optional[Callable[[Any], Optional[List[int]]]] = None,
+    ) -> None:
         self.runtime, self.state, self.pipeline_id = runtime, state, pipeline_id
         self.add, self.now, self.gpus_of = add, now, gpus_of
         self._seen_changes = 0  # the state's change counter when the runtime last notified
@@ -134,8 +141,11 @@ class PumpHandlers:
 
     def options(self, scope: str, step: Optional[int] = None) -> Dict[str, Any]:
         """The interpreter's options for one pump (``run_awaiting`` takes them too)."""
-        return {"log": EffectLog(self.add, self.now, self.pipeline_id, scope, step, gpus_of=self.gpus_of),
-                "guard": None if scope == "step" else self._stopped, "after": self._after}
+        return {
+            "log": EffectLog(self.add, self.now, self.pipeline_id, scope, step, gpus_of=self.gpus_of),
+            "guard": None if scope == "step" else self._stopped,
+            "after": self._after,
+        }
 
     def handle(self, effect: Any) -> Any:
         st = self.state

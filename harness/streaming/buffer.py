@@ -56,8 +56,9 @@ class RolloutBuffer:
         return self.capacity - len(self._entries)
 
     # ---- protocol
-    def reserve(self, prompt_id: int, weight_version: int, target_step: Optional[int] = None,
-                size: int = 1) -> Optional[int]:
+    def reserve(
+        self, prompt_id: int, weight_version: int, target_step: Optional[int] = None, size: int = 1
+    ) -> Optional[int]:
         """A fresh group id for one rollout attempt, or None when the buffer is full."""
         if len(self._entries) >= self.capacity:
             return None

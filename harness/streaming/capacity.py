@@ -33,10 +33,15 @@ class Capacity(NamedTuple):
 def required_capacity(gated: bool, groups_per_step: int, window: int, min_groups: int) -> Capacity:
     """The smallest ``max_buffered_rollouts`` with which the pumps cannot wedge on the buffer."""
     if gated:
-        return Capacity(groups_per_step * (window + 1),
-                        f"a gated sampler admits window + 1 = {window + 1} batches of {groups_per_step} groups ahead")
-    return Capacity(min_groups, f"an ungated sampler's trainer takes a chunk of min_groups_for_streaming_train = "
-                                f"{min_groups} groups, each freeing its slot when selected")
+        return Capacity(
+            groups_per_step * (window + 1),
+            f"a gated sampler admits window + 1 = {window + 1} batches of {groups_per_step} groups ahead",
+        )
+    return Capacity(
+        min_groups,
+        f"an ungated sampler's trainer takes a chunk of min_groups_for_streaming_train = "
+        f"{min_groups} groups, each freeing its slot when selected",
+    )
 
 
 def upstream_requirement(gated: bool, groups_per_step: int, window: int) -> int:

@@ -30,9 +30,17 @@ def snapshot(st: ControllerState) -> Dict[str, Any]:
     """The state a resumed run needs: ready groups (in reservation order), the spare
     pool, the trainer and weight versions, the sampler that stamped the groups."""
     groups = [{k: getattr(e, k) for k in _GROUP_KEYS} for e in st.buffer.ready()]
-    return {"sampler": st.cfg.sampler, "trainer_version": st.trainer_version, "weight_version": st.weight_version,
-            "next_group": st.buffer._next_group, "groups": groups, "reserve": list(st.spares), "next_prompt": st.next_prompt,
-            "skipped": st.skipped, "saved_capacity": st.cfg.max_buffered_rollouts}
+    return {
+        "sampler": st.cfg.sampler,
+        "trainer_version": st.trainer_version,
+        "weight_version": st.weight_version,
+        "next_group": st.buffer._next_group,
+        "groups": groups,
+        "reserve": list(st.spares),
+        "next_prompt": st.next_prompt,
+        "skipped": st.skipped,
+        "saved_capacity": st.cfg.max_buffered_rollouts,
+    }
 
 
 def _checked_groups(cfg: StreamingConfig, snap: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -40,16 +48,22 @@ def _checked_groups(cfg: StreamingConfig, snap: Dict[str, Any]) -> List[Dict[str
     seen = set()
     for g in groups:
         if g["size"] != cfg.generations_per_prompt:
-            raise RestoreError(f"group {g['group_id']} holds {g['size']} trajectories, this run generates "
-                               f"{cfg.generations_per_prompt} per prompt (the group baseline would break)")
+            raise RestoreError(
+                f"group {g['group_id']} holds {g['size']} trajectories, this run generates "
+                f"{cfg.generations_per_prompt} per prompt (the group baseline would break)"
+            )
         if g["group_id"] in seen:
             raise RestoreError(f"group {g['group_id']} appears twice in the checkpoint")
         seen.add(g["group_id"])
     if len(groups) > cfg.max_buffered_rollouts:
         if any(g["target_step"] is not None for g in groups):
-            raise RestoreError(f"the checkpoint holds {len(groups)} stamped groups, above max_buffered_rollouts "
-                               f"{cfg.max_buffered_rollouts}: dropping any would leave its step waiting forever")
-        keep = sorted(range(len(groups)), key=lambda i: (groups[i]["start_version"], i))[len(groups) - cfg.max_buffered_rollouts:]
+            raise RestoreError(
+                f"the checkpoint holds {len(groups)} stamped groups, above max_buffered_rollouts "
+                f"{cfg.max_buffered_rollouts}: dropping any would leave its step waiting forever"
+            )
+        keep = sorted(range(len(groups)), key=lambda i: (groups[i]["start_version"], i))[
+            len(groups) - cfg.max_buffered_rollouts :
+        ]
         groups = [groups[i] for i in sorted(keep)]  # the freshest, in their order
     return groups
 
@@ -68,8 +82,17 @@ def restore(cfg: StreamingConfig, snap: Dict[str, Any]) -> ControllerState:
     groups = _checked_groups(cfg, snap) if snap["sampler"] == cfg.sampler else []
     buf = st.buffer
     for g in groups:
-        entry = GroupEntry(g["group_id"], g["prompt_id"], g["start_version"], g["target_step"], buf._reserve_seq,
-                           ready=True, end_version=g["end_version"], commit_seq=buf._commit_seq, size=g["size"])
+        entry = GroupEntry(
+            g["group_id"],
+            g["prompt_id"],
+            g["start_version"],
+            g["target_step"],
+            buf._reserve_seq,
+            ready=True,
+            end_version=g["end_version"],
+            commit_seq=buf._commit_seq,
+            size=g["size"],
+        )
         buf._entries[entry.group_id] = entry
         buf._reserve_seq += 1
         buf._commit_seq += 1

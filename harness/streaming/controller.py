@@ -59,10 +59,17 @@ class StreamingConfig:
     warmup_no_wake_step: Optional[int] = None
 
     def __post_init__(self) -> None:
-        bad = config_problem(self.sampler, self.watchdog_interval_s, self.stall_timeout_s, self.drop_budgets,
-                             self.max_skipped_prompts, self.max_consecutive_dropped_prompts,
-                             self.min_step_batch_fraction) or replace_problem(
-            self.on_dropped_prompt, self.max_replacement_attempts, self.replacement_reserve_prompts, self.sampler)
+        bad = config_problem(
+            self.sampler,
+            self.watchdog_interval_s,
+            self.stall_timeout_s,
+            self.drop_budgets,
+            self.max_skipped_prompts,
+            self.max_consecutive_dropped_prompts,
+            self.min_step_batch_fraction,
+        ) or replace_problem(
+            self.on_dropped_prompt, self.max_replacement_attempts, self.replacement_reserve_prompts, self.sampler
+        )
         if bad:
             raise ValueError(f"{bad[0]}: {bad[1]}")
 
@@ -72,13 +79,23 @@ class DropBudgetExceeded(RuntimeError):
     (NeMo RL's rollout failure propagates and ends the run)."""
 
 
-def config_problem(sampler: str, watchdog_interval_s: float, stall_timeout_s: float, drop_budgets: bool,
-                   max_skipped: int, max_consecutive: int, fraction: float) -> Optional[Tuple[str, str]]:
+def config_problem(
+    sampler: str,
+    watchdog_interval_s: float,
+    stall_timeout_s: float,
+    drop_budgets: bool,
+    max_skipped: int,
+    max_consecutive: int,
+    fraction: float,
+) -> Optional[Tuple[str, str]]:
     """(field, problem) for a failure/watchdog setting that cannot do what it is set for,
     as NeMo RL's setup refuses them; None when fine."""
     if stall_timeout_s <= watchdog_interval_s:
-        return ("stall_timeout_s", f"{stall_timeout_s:g} must be above watchdog_interval_s {watchdog_interval_s:g}: "
-                "otherwise one tick without progress already reads as a stall")
+        return (
+            "stall_timeout_s",
+            f"{stall_timeout_s:g} must be above watchdog_interval_s {watchdog_interval_s:g}: "
+            "otherwise one tick without progress already reads as a stall",
+        )
     if not drop_budgets:
         return None
     if max_skipped < 0 or max_consecutive < 0:
@@ -87,8 +104,11 @@ def config_problem(sampler: str, watchdog_interval_s: float, stall_timeout_s: fl
         return "min_step_batch_fraction", f"must be in (0, 1], got {fraction:g}"
     if sampler not in ("in_order", "custom") and max_skipped + max_consecutive > 0:
         field = "max_skipped_prompts" if max_skipped else "max_consecutive_dropped_prompts"
-        return (field, f"the {sampler} sampler stamps no target step, so a dropped prompt is owed to no step and "
-                "the step waiting for it never shrinks (a stalled run): use in_order, or budgets of 0")
+        return (
+            field,
+            f"the {sampler} sampler stamps no target step, so a dropped prompt is owed to no step and "
+            "the step waiting for it never shrinks (a stalled run): use in_order, or budgets of 0",
+        )
     return None
 
 
@@ -103,10 +123,15 @@ def replace_problem(mode: str, attempts: int, reserve: int, sampler: str) -> Opt
     if attempts < 1:
         return "max_replacement_attempts", f"must be >= 1 with on_dropped_prompt replace, got {attempts} (0 is shrink)"
     if reserve < 1:
-        return "replacement_reserve_prompts", f"must be >= 1 with on_dropped_prompt replace, got {reserve} (the pool would never fill)"
+        return (
+            "replacement_reserve_prompts",
+            f"must be >= 1 with on_dropped_prompt replace, got {reserve} (the pool would never fill)",
+        )
     if sampler not in ("in_order", "custom"):
-        return "on_dropped_prompt", (f"replace does nothing with the {sampler} sampler: it stamps no target step, "
-                                     "so no step waits for a dropped prompt")
+        return "on_dropped_prompt", (
+            f"replace does nothing with the {sampler} sampler: it stamps no target step, "
+            "so no step waits for a dropped prompt"
+        )
     return None
 
 
@@ -119,7 +144,8 @@ def check_capacity(sampler: PromptGroupSampler, groups_per_step: int, max_buffer
         raise CapacityDeadlock(
             f"max_buffered_rollouts {max_buffered_rollouts} is below the {need} groups the {sampler.name} sampler "
             f"needs (groups_per_step {groups_per_step} x (window {sampler.window} + 1)): admitted batches would fill "
-            f"the buffer and the step the trainer waits for could never be reserved (deadlock)")
+            f"the buffer and the step the trainer waits for could never be reserved (deadlock)"
+        )
 
 
 def setup_fields(cfg: StreamingConfig) -> Dict[str, object]:
@@ -127,18 +153,23 @@ def setup_fields(cfg: StreamingConfig) -> Dict[str, object]:
     the staleness bound ``staleness_window`` holds consumption to: the window for the samplers
     that filter on it, none for ``ready_first`` (anything not from the future) and for a
     custom sampler (its policy is its own)."""
-    return {"sampler": cfg.sampler, "window": cfg.window,
-            "max_age": None if cfg.sampler in ("ready_first", "custom") else cfg.window,
-            "groups_per_step": cfg.groups_per_step, "max_buffered_rollouts": cfg.max_buffered_rollouts,
-            "min_groups_for_streaming_train": cfg.min_groups_for_streaming_train,
-            "max_inflight_prompts": cfg.max_inflight_prompts}
+    return {
+        "sampler": cfg.sampler,
+        "window": cfg.window,
+        "max_age": None if cfg.sampler in ("ready_first", "custom") else cfg.window,
+        "groups_per_step": cfg.groups_per_step,
+        "max_buffered_rollouts": cfg.max_buffered_rollouts,
+        "min_groups_for_streaming_train": cfg.min_groups_for_streaming_train,
+        "max_inflight_prompts": cfg.max_inflight_prompts,
+    }
 
 
 class ControllerState:
     def __init__(self, cfg: StreamingConfig, sampler: Optional[PromptGroupSampler] = None) -> None:
         self.cfg = cfg
-        self.sampler = sampler or make_sampler(cfg.sampler, cfg.window, freshest_first=cfg.freshest_first,
-                                               target=cfg.custom_target)
+        self.sampler = sampler or make_sampler(
+            cfg.sampler, cfg.window, freshest_first=cfg.freshest_first, target=cfg.custom_target
+        )
         check_capacity(self.sampler, cfg.groups_per_step, cfg.max_buffered_rollouts)
         self.buffer = RolloutBuffer(cfg.max_buffered_rollouts)
         self.trainer_version = 0  # the driver's view, moved by FinishTrainStep
@@ -198,7 +229,9 @@ class ControllerState:
         gid = self.buffer.reserve(prompt_id, self.weight_version, target_step, size=self.cfg.generations_per_prompt)
         self.next_prompt = max(self.next_prompt, prompt_id + 1)
         if gid is None:  # the capacity semaphore is acquired first: this is a runtime bug
-            raise RuntimeError(f"buffer full ({self.buffer.used}/{self.buffer.capacity}) at reserve: capacity accounting broken")
+            raise RuntimeError(
+                f"buffer full ({self.buffer.used}/{self.buffer.capacity}) at reserve: capacity accounting broken"
+            )
         self.changed()
         return gid, self.weight_version
 
@@ -222,13 +255,17 @@ class ControllerState:
             if cause == "infra":
                 self.consecutive_infra += 1
                 if self.consecutive_infra > self.cfg.max_consecutive_dropped_prompts:
-                    raise DropBudgetExceeded(f"{self.consecutive_infra} prompts in a row dropped after infra failures, "
-                                             f"above max_consecutive_dropped_prompts {self.cfg.max_consecutive_dropped_prompts}")
+                    raise DropBudgetExceeded(
+                        f"{self.consecutive_infra} prompts in a row dropped after infra failures, "
+                        f"above max_consecutive_dropped_prompts {self.cfg.max_consecutive_dropped_prompts}"
+                    )
             else:
                 self.skipped += 1
                 if self.skipped > self.cfg.max_skipped_prompts:
-                    raise DropBudgetExceeded(f"{self.skipped} prompts dropped after data failures, above "
-                                             f"max_skipped_prompts {self.cfg.max_skipped_prompts}")
+                    raise DropBudgetExceeded(
+                        f"{self.skipped} prompts dropped after data failures, above "
+                        f"max_skipped_prompts {self.cfg.max_skipped_prompts}"
+                    )
         if target_step is not None:
             self.dropped[target_step] = self.dropped.get(target_step, 0) + 1
         self.changed()
@@ -250,8 +287,12 @@ class ControllerState:
         """(spare prompt, step it now fills) for a dropped stamped prompt, or None to
         shrink. With a spare in hand, a later step's finished group is re-stamped into the
         dropped step (it closes at once) and the spare repays that later step."""
-        if (self.cfg.on_dropped_prompt != "replace" or target_step is None
-                or used >= self.cfg.max_replacement_attempts or not self.spares):
+        if (
+            self.cfg.on_dropped_prompt != "replace"
+            or target_step is None
+            or used >= self.cfg.max_replacement_attempts
+            or not self.spares
+        ):
             return None
         spare = self.spares.pop(0)
         if target_step >= self.trainer_version:
@@ -280,9 +321,11 @@ class ControllerState:
         if self.cfg.drop_budgets:
             floor = math.ceil(self.cfg.groups_per_step * self.cfg.min_step_batch_fraction - 1e-9)
             if target < floor:
-                raise DropBudgetExceeded(f"step {step} lost {self.dropped[step]} of {self.cfg.groups_per_step} prompt "
-                                         f"groups, below the floor of {floor} (min_step_batch_fraction "
-                                         f"{self.cfg.min_step_batch_fraction:g})")
+                raise DropBudgetExceeded(
+                    f"step {step} lost {self.dropped[step]} of {self.cfg.groups_per_step} prompt "
+                    f"groups, below the floor of {floor} (min_step_batch_fraction "
+                    f"{self.cfg.min_step_batch_fraction:g})"
+                )
         return target
 
     def evict(self) -> List[int]:
@@ -306,5 +349,6 @@ class ControllerState:
         self.changed()
 
     def stale_inflight(self) -> List[int]:
-        return [e.group_id for e in self.buffer.inflight()
-                if self.sampler.should_abort_inflight(e, self.trainer_version)]
+        return [
+            e.group_id for e in self.buffer.inflight() if self.sampler.should_abort_inflight(e, self.trainer_version)
+        ]

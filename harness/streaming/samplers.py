@@ -67,7 +67,9 @@ class PromptGroupSampler(Protocol):
 
     def admit(self, trainer_version: int) -> Optional[Admission]: ...
 
-    def select(self, buffer: RolloutBuffer, trainer_version: int, min_groups: int, max_groups: int) -> List[GroupEntry]: ...
+    def select(
+        self, buffer: RolloutBuffer, trainer_version: int, min_groups: int, max_groups: int
+    ) -> List[GroupEntry]: ...
 
     def evict(self, buffer: RolloutBuffer, trainer_version: int) -> List[GroupEntry]: ...
 
@@ -183,8 +185,15 @@ class ReadyFirstSampler(_Base):
 
 
 _BUILTIN = {c.name: c for c in (InOrderSampler, WeightFifoSampler, WindowedSampler, ReadyFirstSampler)}
-_PROTOCOL_METHODS = ("admit", "select", "evict", "should_abort_inflight", "is_on_policy",
-                     "required_buffer_capacity", "set_dispatch_index")
+_PROTOCOL_METHODS = (
+    "admit",
+    "select",
+    "evict",
+    "should_abort_inflight",
+    "is_on_policy",
+    "required_buffer_capacity",
+    "set_dispatch_index",
+)
 
 
 def make_sampler(name: str, window: int = 1, *, freshest_first: bool = False, target: str = "") -> PromptGroupSampler:

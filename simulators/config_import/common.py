@@ -28,8 +28,13 @@ class ConfigRefused(Exception):
         self.key, self.problem = key, problem
 
 
-_RESOLVERS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-              "div": lambda a, b: a / b, "max": lambda a, b: max(a, b)}
+_RESOLVERS = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": lambda a, b: max(a, b),
+}
 
 
 _PARSED: Dict[Tuple[str, float], Any] = {}
@@ -46,8 +51,11 @@ def _config_loader():
     class Loader(base):  # type: ignore[misc, valid-type]
         pass
 
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                 re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
     return Loader
 
 
@@ -102,7 +110,7 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
     for text in overrides:
         text = str(text)
         mode = "~" if text.startswith("~") else "++" if text.startswith("++") else "+" if text.startswith("+") else ""
-        dotted, sep, raw = text[len(mode):].partition("=")
+        dotted, sep, raw = text[len(mode) :].partition("=")
         if not dotted or (not sep and mode != "~"):
             raise ConfigRefused(text, "an override is KEY=VALUE, +KEY=VALUE, ++KEY=VALUE or ~KEY")
         *parents, leaf = dotted.split(".")
@@ -191,7 +199,7 @@ def _resolve_value(root: Dict[str, Any], value: Any, here: List[str], depth: int
     spans = _interpolations(value)
     out, last, results = "", 0, []
     for start, end in spans:
-        body = value[start + 2:end - 1].strip()
+        body = value[start + 2 : end - 1].strip()
         head, colon, rest = body.partition(":")
         if colon and (head in _RESOLVERS or head == "oc.env"):
             args = [_resolve_value(root, a.strip(), here, depth + 1) for a in _split_top(rest)]
@@ -208,7 +216,7 @@ def _resolve_value(root: Dict[str, Any], value: Any, here: List[str], depth: int
         else:
             dots = len(body) - len(body.lstrip("."))
             parts = body.lstrip(".").split(".") if body.lstrip(".") else []
-            path = (here[:len(here) - (dots - 1)] if dots else []) + parts  # '.' = the key's own section
+            path = (here[: len(here) - (dots - 1)] if dots else []) + parts  # '.' = the key's own section
             node: Any = root
             for part in path:
                 if not isinstance(node, dict) or part not in node:
@@ -265,8 +273,16 @@ _PRESET_ALIASES = {
     "qwen3-32b": ("qwen/qwen3-32b",),
     "qwen3-30b-a3b": ("qwen/qwen3-30b-a3b", "qwen/qwen3-30b-a3b-base", "qwen/qwen3-30b-a3b-instruct-2507"),
     "qwen3-235b-a22b": ("qwen/qwen3-235b-a22b",),
-    "llama3.1-8b": ("meta-llama/llama-3.1-8b", "meta-llama/llama-3.1-8b-instruct", "meta-llama/meta-llama-3.1-8b-instruct"),
-    "llama3.1-70b": ("meta-llama/llama-3.1-70b", "meta-llama/llama-3.1-70b-instruct", "meta-llama/llama-3.3-70b-instruct"),
+    "llama3.1-8b": (
+        "meta-llama/llama-3.1-8b",
+        "meta-llama/llama-3.1-8b-instruct",
+        "meta-llama/meta-llama-3.1-8b-instruct",
+    ),
+    "llama3.1-70b": (
+        "meta-llama/llama-3.1-70b",
+        "meta-llama/llama-3.1-70b-instruct",
+        "meta-llama/llama-3.3-70b-instruct",
+    ),
 }
 _BY_REPO = {repo: preset for preset, repos in _PRESET_ALIASES.items() for repo in repos}
 
@@ -275,8 +291,11 @@ def model_preset(name: Any, key: str) -> str:
     """The preset whose architecture ``name`` (a Hugging Face repository) has, or a refusal."""
     preset = _BY_REPO.get(str(name).strip().lower())
     if preset is None:
-        raise ConfigRefused(key, f"model {name!r} has no preset with its architecture (simulators/costmodel/models.py: "
-                                 f"{', '.join(sorted(_PRESET_ALIASES))}); add one, or write the scenario's model by hand")
+        raise ConfigRefused(
+            key,
+            f"model {name!r} has no preset with its architecture (simulators/costmodel/models.py: "
+            f"{', '.join(sorted(_PRESET_ALIASES))}); add one, or write the scenario's model by hand",
+        )
     return preset
 
 
@@ -310,8 +329,12 @@ def device_mapping(value: Any, key: str) -> List[int]:
 
 
 #: words of a loader problem -> the scenario field to blame (the one the message asks to change)
-_BLAME = (("raise infer_tp", "infer_tp"), ("tp_size", "infer_tp"), ("lower kv_cache_fraction", "costs.kv_cache_fraction"),
-          ("kv_cache_fraction", "costs.kv_cache_fraction"))
+_BLAME = (
+    ("raise infer_tp", "infer_tp"),
+    ("tp_size", "infer_tp"),
+    ("lower kv_cache_fraction", "costs.kv_cache_fraction"),
+    ("kv_cache_fraction", "costs.kv_cache_fraction"),
+)
 
 
 def _blamed_key(draft: ScenarioDraft, field: str, problem: str) -> str:
@@ -326,12 +349,18 @@ def _blamed_key(draft: ScenarioDraft, field: str, problem: str) -> str:
     return draft.source_of(field) or field or "(scenario)"
 
 
-def start_draft(what: str, command: str, files: str, chain: Sequence[str], name: str,
-                seed: Optional[Tuple[int, str]] = None) -> ScenarioDraft:
+def start_draft(
+    what: str, command: str, files: str, chain: Sequence[str], name: str, seed: Optional[Tuple[int, str]] = None
+) -> ScenarioDraft:
     """A draft with the header every importer writes, its name, seed and horizon."""
-    d = ScenarioDraft([f"Imported from {what} {files}" + (f" (defaults: {', '.join(chain)})" if chain else "")
-                       + f" by rlharness import {command}.",
-                       "Each field's comment names the config key it came from; 'not in the config' marks a default."])
+    d = ScenarioDraft(
+        [
+            f"Imported from {what} {files}"
+            + (f" (defaults: {', '.join(chain)})" if chain else "")
+            + f" by rlharness import {command}.",
+            "Each field's comment names the config key it came from; 'not in the config' marks a default.",
+        ]
+    )
     d.set(("name",), name, "the config file's name")
     if seed is not None:
         d.set(("seed",), seed[0], seed[1])
@@ -350,8 +379,9 @@ def finish(draft: ScenarioDraft, source: str) -> Tuple[str, Any]:
     except ScenarioError as e:
         field = getattr(e, "path", None) or ""
         key = _blamed_key(draft, field, e.problem)
-        raise ConfigRefused(key.split(" ")[0], f"the scenario it gives is refused at {field or 'its top level'}: "
-                                               f"{e.problem}") from None
+        raise ConfigRefused(
+            key.split(" ")[0], f"the scenario it gives is refused at {field or 'its top level'}: {e.problem}"
+        ) from None
     return draft.text(), scenario
 
 

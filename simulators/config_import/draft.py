@@ -86,7 +86,7 @@ def _render(node: Dict[str, Any], path: Path, indent: int, lines: List[str], sou
                 sub: List[str] = []
                 _render(item, here + (i,), indent + 4, sub, sources)
                 first = sub[0]
-                sub[0] = pad + "  - " + first[indent + 4:]
+                sub[0] = pad + "  - " + first[indent + 4 :]
                 lines.extend(sub)
         else:
             lines.append(f"{pad}{key}: {_scalar(value)}{_comment(sources, here)}")

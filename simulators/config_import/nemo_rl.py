@@ -21,8 +21,17 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from simulators.config_import.common import (ConfigRefused, apply_overrides, get, load_yaml, merge, model_preset,
-                                             scenario_name, start_draft, typed)
+from simulators.config_import.common import (
+    ConfigRefused,
+    apply_overrides,
+    get,
+    load_yaml,
+    merge,
+    model_preset,
+    scenario_name,
+    start_draft,
+    typed,
+)
 from simulators.config_import.draft import ScenarioDraft
 
 #: (key, what it does that a scenario cannot hold) — the first one set refuses the config
@@ -71,11 +80,21 @@ def _load_inherited(path: str, base_dir: str, chain: List[str], depth: int) -> D
 
 def _refuse_unsupported(cfg: Dict[str, Any]) -> None:
     if not isinstance(get(cfg, "grpo", None), dict):
-        kinds = {"sft": "an SFT", "dpo": "a DPO", "rm": "a reward-model", "distillation": "a distillation",
-                 "eval": "an evaluation", "ppo": "a PPO"}
+        kinds = {
+            "sft": "an SFT",
+            "dpo": "a DPO",
+            "rm": "a reward-model",
+            "distillation": "a distillation",
+            "eval": "an evaluation",
+            "ppo": "a PPO",
+        }
         kind = next((v for k, v in kinds.items() if k in cfg), None)
-        raise ConfigRefused("grpo", "absent: not a GRPO config" + (f" ({kind} config)" if kind else "")
-                            + "; only RL training with rollouts is simulated")
+        raise ConfigRefused(
+            "grpo",
+            "absent: not a GRPO config"
+            + (f" ({kind} config)" if kind else "")
+            + "; only RL training with rollouts is simulated",
+        )
     if get(cfg, "on_policy_distillation", None):
         raise ConfigRefused("on_policy_distillation", "teacher models served beside the policy are not modelled")
     if isinstance(get(cfg, "value", None), dict) or isinstance(get(cfg, "ppo", None), dict):
@@ -85,7 +104,9 @@ def _refuse_unsupported(cfg: Dict[str, Any]) -> None:
         raise ConfigRefused("policy.generation.backend", f"{backend!r}: only vLLM generation is modelled")
     turns = get(cfg, "grpo.max_rollout_turns", 1)
     if isinstance(turns, int) and turns > 1:
-        raise ConfigRefused("grpo.max_rollout_turns", f"{turns}: multi-turn rollouts are not modelled (one decode each)")
+        raise ConfigRefused(
+            "grpo.max_rollout_turns", f"{turns}: multi-turn rollouts are not modelled (one decode each)"
+        )
     sc = isinstance(get(cfg, "async_rl", None), dict)
     for key, why in _UNSUPPORTED:
         if key == "data_plane.enabled" and sc:
@@ -119,47 +140,82 @@ def _layout(cfg: Dict[str, Any], sc: bool) -> Tuple[List[int], List[int], int, i
     total = nodes * gpn
     if get(cfg, "policy.generation.colocated.enabled", True) is True:
         if sc:
-            raise ConfigRefused("policy.generation.colocated.enabled",
-                                "true with async_rl: the colocated single controller is not modelled (its GPUs "
-                                "are modelled as its own, non-colocated)")
+            raise ConfigRefused(
+                "policy.generation.colocated.enabled",
+                "true with async_rl: the colocated single controller is not modelled (its GPUs "
+                "are modelled as its own, non-colocated)",
+            )
         return list(range(total)), list(range(total)), nodes, gpn, "policy.generation.colocated.enabled = true"
     if not sc:
-        raise ConfigRefused("policy.generation.colocated.enabled",
-                            "false: RLix's scheduler needs every training GPU among the inference GPUs (train ⊆ infer); "
-                            "a non-colocated layout is modelled for the single controller (async_rl) only")
+        raise ConfigRefused(
+            "policy.generation.colocated.enabled",
+            "false: RLix's scheduler needs every training GPU among the inference GPUs (train ⊆ infer); "
+            "a non-colocated layout is modelled for the single controller (async_rl) only",
+        )
     res_nodes = get(cfg, "policy.generation.colocated.resources.num_nodes", None)
     res_gpn = get(cfg, "policy.generation.colocated.resources.gpus_per_node", None)
     if nodes == 1:
         if not isinstance(res_gpn, int) or not 0 < res_gpn < gpn:
-            raise ConfigRefused("policy.generation.colocated.resources.gpus_per_node",
-                                f"{res_gpn!r}: on one node, the GPUs that generate (1..{gpn - 1})")
+            raise ConfigRefused(
+                "policy.generation.colocated.resources.gpus_per_node",
+                f"{res_gpn!r}: on one node, the GPUs that generate (1..{gpn - 1})",
+            )
         n_infer, how = res_gpn, f"the last policy.generation.colocated.resources.gpus_per_node = {res_gpn} GPUs"
     else:
         if not isinstance(res_nodes, int) or not 0 < res_nodes < nodes:
-            raise ConfigRefused("policy.generation.colocated.resources.num_nodes",
-                                f"{res_nodes!r}: the nodes that generate (1..{nodes - 1})")
+            raise ConfigRefused(
+                "policy.generation.colocated.resources.num_nodes",
+                f"{res_nodes!r}: the nodes that generate (1..{nodes - 1})",
+            )
         n_infer, how = res_nodes * gpn, f"the last policy.generation.colocated.resources.num_nodes = {res_nodes} nodes"
     return list(range(total - n_infer)), list(range(total - n_infer, total)), nodes, gpn, how
 
 
-def translate(cfg: Dict[str, Any], source: str, chain: Sequence[str], *, gpu: str, steps: int,
-              name: Optional[str] = None) -> ScenarioDraft:
+def translate(
+    cfg: Dict[str, Any], source: str, chain: Sequence[str], *, gpu: str, steps: int, name: Optional[str] = None
+) -> ScenarioDraft:
     _refuse_unsupported(cfg)
     train, infer, nodes, gpn, how = _layout(cfg, isinstance(get(cfg, "async_rl", None), dict))
     name = name or scenario_name(source)
-    d = start_draft("the NeMo RL config", "nemo-rl-config", os.path.basename(source), chain, name,
-                    (typed(cfg, "grpo.seed", int, 0), "grpo.seed"))
+    d = start_draft(
+        "the NeMo RL config",
+        "nemo-rl-config",
+        os.path.basename(source),
+        chain,
+        name,
+        (typed(cfg, "grpo.seed", int, 0), "grpo.seed"),
+    )
     d.set(("cluster", "nodes"), nodes, "cluster.num_nodes")
     d.set(("cluster", "gpus_per_node"), gpn, "cluster.gpus_per_node")
     d.set(("cluster", "gpu"), gpu, "--gpu (a NeMo RL config names no GPU type)")
-    add_pipeline(d, 0, cfg, name, train, infer, steps, layout=(
-        f"cluster.num_nodes x cluster.gpus_per_node = {nodes} x {gpn} GPUs; " + (how if train == infer else f"all but {how}"),
-        how if train != infer else f"{how}: every GPU generates"))
+    add_pipeline(
+        d,
+        0,
+        cfg,
+        name,
+        train,
+        infer,
+        steps,
+        layout=(
+            f"cluster.num_nodes x cluster.gpus_per_node = {nodes} x {gpn} GPUs; "
+            + (how if train == infer else f"all but {how}"),
+            how if train != infer else f"{how}: every GPU generates",
+        ),
+    )
     return d
 
 
-def add_pipeline(d: ScenarioDraft, index: int, cfg: Dict[str, Any], name: str, train: List[int], infer: List[int],
-                 steps: int, layout: Tuple[str, str], rlix: Optional[Dict[str, str]] = None) -> None:
+def add_pipeline(
+    d: ScenarioDraft,
+    index: int,
+    cfg: Dict[str, Any],
+    name: str,
+    train: List[int],
+    infer: List[int],
+    steps: int,
+    layout: Tuple[str, str],
+    rlix: Optional[Dict[str, str]] = None,
+) -> None:
     """Pipeline ``index`` of the draft from the (loaded) NeMo RL config ``cfg`` on the given
     GPUs; ``layout`` is where the two GPU lists came from. ``rlix`` (sleep_level's source)
     when RLix drives the pipeline: its refit and sleep level then stay RLix's."""
@@ -174,20 +230,33 @@ def add_pipeline(d: ScenarioDraft, index: int, cfg: Dict[str, Any], name: str, t
     elif get(cfg, "grpo.async_grpo.enabled", False) is True:
         d.set(p + ("type",), "nemo_async", "grpo.async_grpo.enabled = true")
     else:
-        d.set(p + ("type",), "roll_sync", "grpo.async_grpo.enabled = false: synchronous GRPO (generate, log-probs, "
-                                          "train, refit: roll_sync's step order)")
+        d.set(
+            p + ("type",),
+            "roll_sync",
+            "grpo.async_grpo.enabled = false: synchronous GRPO (generate, log-probs, "
+            "train, refit: roll_sync's step order)",
+        )
     d.set(p + ("train_gpus",), train, layout[0])
     d.set(p + ("infer_gpus",), infer, layout[1])
-    d.set(p + ("infer_tp",), typed(cfg, "policy.generation.vllm_cfg.tensor_parallel_size", int, 1),
-          "policy.generation.vllm_cfg.tensor_parallel_size")
+    d.set(
+        p + ("infer_tp",),
+        typed(cfg, "policy.generation.vllm_cfg.tensor_parallel_size", int, 1),
+        "policy.generation.vllm_cfg.tensor_parallel_size",
+    )
     _training(d, p, cfg)
     bpp, bsrc = _bytes_per_param(cfg)
-    d.set(p + ("model", "preset"), model_preset(get(cfg, "policy.model_name"), "policy.model_name"), "policy.model_name")
+    d.set(
+        p + ("model", "preset"), model_preset(get(cfg, "policy.model_name"), "policy.model_name"), "policy.model_name"
+    )
     d.set(p + ("model", "bytes_per_param"), bpp, bsrc)
-    d.set(p + ("steps",), steps, f"--steps (the config runs grpo.max_num_steps = {get(cfg, 'grpo.max_num_steps', '?')})")
+    d.set(
+        p + ("steps",), steps, f"--steps (the config runs grpo.max_num_steps = {get(cfg, 'grpo.max_num_steps', '?')})"
+    )
     if colocated:
         d.set(p + ("refit_path",), "colocated_ipc", "policy.generation.colocated.enabled = true: CUDA-IPC refit")
-        d.set(p + ("sleep_level",), 1, "policy.generation.colocated.enabled = true: standalone NeMo RL sleeps at level 1")
+        d.set(
+            p + ("sleep_level",), 1, "policy.generation.colocated.enabled = true: standalone NeMo RL sleeps at level 1"
+        )
     elif rlix and "sleep_level" in rlix:
         d.set(p + ("sleep_level",), int(rlix["sleep_level"]), "actor_infer.strategy_args.strategy_config.sleep_level")
     _workload(d, p, cfg, sc)
@@ -204,20 +273,38 @@ def add_pipeline(d: ScenarioDraft, index: int, cfg: Dict[str, Any], name: str, t
 def _training(d: ScenarioDraft, p: Tuple[Any, ...], cfg: Dict[str, Any]) -> None:
     if get(cfg, "policy.megatron_cfg.enabled", False) is True:
         m = "policy.megatron_cfg."
-        for field, key in (("train_tp", "tensor_model_parallel_size"), ("train_pp", "pipeline_model_parallel_size"),
-                           ("train_cp", "context_parallel_size"), ("train_ep", "expert_model_parallel_size")):
+        for field, key in (
+            ("train_tp", "tensor_model_parallel_size"),
+            ("train_pp", "pipeline_model_parallel_size"),
+            ("train_cp", "context_parallel_size"),
+            ("train_ep", "expert_model_parallel_size"),
+        ):
             d.set(p + (field,), typed(cfg, m + key, int, 1), m + key)
-        d.set(p + ("train_recompute",), get(cfg, m + "activation_checkpointing", False) is True, m + "activation_checkpointing")
+        d.set(
+            p + ("train_recompute",),
+            get(cfg, m + "activation_checkpointing", False) is True,
+            m + "activation_checkpointing",
+        )
     else:
         m = "policy.dtensor_cfg."
         d.set(p + ("train_tp",), typed(cfg, m + "tensor_parallel_size", int, 1), m + "tensor_parallel_size")
         d.set(p + ("train_cp",), typed(cfg, m + "context_parallel_size", int, 1), m + "context_parallel_size")
-        d.set(p + ("train_recompute",), get(cfg, m + "activation_checkpointing", False) is True, m + "activation_checkpointing")
+        d.set(
+            p + ("train_recompute",),
+            get(cfg, m + "activation_checkpointing", False) is True,
+            m + "activation_checkpointing",
+        )
     d.set(p + ("train_micro_batch",), typed(cfg, "policy.train_micro_batch_size", int), "policy.train_micro_batch_size")
-    d.set(p + ("train_global_batch",), typed(cfg, "policy.train_global_batch_size", int), "policy.train_global_batch_size")
+    d.set(
+        p + ("train_global_batch",), typed(cfg, "policy.train_global_batch_size", int), "policy.train_global_batch_size"
+    )
     kl = get(cfg, "loss_fn.reference_policy_kl_penalty", 0) or 0
-    d.set(p + ("log_prob_passes",), 2 if kl > 0 else 1,
-          f"loss_fn.reference_policy_kl_penalty = {kl}: " + ("the reference policy's pass too" if kl > 0 else "policy only"))
+    d.set(
+        p + ("log_prob_passes",),
+        2 if kl > 0 else 1,
+        f"loss_fn.reference_policy_kl_penalty = {kl}: "
+        + ("the reference policy's pass too" if kl > 0 else "policy only"),
+    )
 
 
 def _workload(d: ScenarioDraft, p: Tuple[Any, ...], cfg: Dict[str, Any], sc: bool) -> None:
@@ -225,24 +312,40 @@ def _workload(d: ScenarioDraft, p: Tuple[Any, ...], cfg: Dict[str, Any], sc: boo
     prompts = typed(cfg, "grpo.num_prompts_per_step", int)
     if get(cfg, "grpo.use_dynamic_sampling", False) is True:
         mult = typed(cfg, "grpo.batch_multiplier", int, 1)
-        d.set(w + ("prompts_per_step",), prompts * mult,
-              f"grpo.num_prompts_per_step x grpo.batch_multiplier = {prompts} x {mult} (grpo.use_dynamic_sampling: one "
-              f"generation batch; up to grpo.dynamic_sampling_max_gen_batches per step)")
+        d.set(
+            w + ("prompts_per_step",),
+            prompts * mult,
+            f"grpo.num_prompts_per_step x grpo.batch_multiplier = {prompts} x {mult} (grpo.use_dynamic_sampling: one "
+            f"generation batch; up to grpo.dynamic_sampling_max_gen_batches per step)",
+        )
     else:
         d.set(w + ("prompts_per_step",), prompts, "grpo.num_prompts_per_step")
-    d.set(w + ("generations_per_prompt",), typed(cfg, "grpo.num_generations_per_prompt", int), "grpo.num_generations_per_prompt")
+    d.set(
+        w + ("generations_per_prompt",),
+        typed(cfg, "grpo.num_generations_per_prompt", int),
+        "grpo.num_generations_per_prompt",
+    )
     total = typed(cfg, "policy.max_total_sequence_length", int)
     new = typed(cfg, "policy.generation.max_new_tokens", int, total)
     cap = min(new, total)
     d.set(w + ("decode_tokens_max",), cap, "min(policy.generation.max_new_tokens, policy.max_total_sequence_length)")
-    d.set(w + ("decode_tokens_median",), min(512, max(1, cap // 2)),
-          "not in the config (the dataset's answers): the workload's 512 tokens, at most half of decode_tokens_max")
-    d.set(w + ("prompt_tokens",), min(256, max(0, total - cap)) if total > cap else min(256, total // 4),
-          "not in the config (the dataset's prompts): 256 tokens at most, within policy.max_total_sequence_length "
-          "beside decode_tokens_max")
+    d.set(
+        w + ("decode_tokens_median",),
+        min(512, max(1, cap // 2)),
+        "not in the config (the dataset's answers): the workload's 512 tokens, at most half of decode_tokens_max",
+    )
+    d.set(
+        w + ("prompt_tokens",),
+        min(256, max(0, total - cap)) if total > cap else min(256, total // 4),
+        "not in the config (the dataset's prompts): 256 tokens at most, within policy.max_total_sequence_length "
+        "beside decode_tokens_max",
+    )
     if not sc and get(cfg, "grpo.async_grpo.enabled", False) is True:
-        d.set(w + ("max_trajectory_age_steps",), typed(cfg, "grpo.async_grpo.max_trajectory_age_steps", int, 1),
-              "grpo.async_grpo.max_trajectory_age_steps")
+        d.set(
+            w + ("max_trajectory_age_steps",),
+            typed(cfg, "grpo.async_grpo.max_trajectory_age_steps", int, 1),
+            "grpo.async_grpo.max_trajectory_age_steps",
+        )
 
 
 def _streaming(d: ScenarioDraft, p: Tuple[Any, ...], cfg: Dict[str, Any]) -> None:
@@ -256,26 +359,33 @@ def _streaming(d: ScenarioDraft, p: Tuple[Any, ...], cfg: Dict[str, Any]) -> Non
         if isinstance(window, int):
             d.set(s + ("window",), window, a + "sampler." + key)
             break
-    for field, key in (("min_groups_for_streaming_train", "min_groups_for_streaming_train"),
-                       ("max_inflight_prompts", "max_inflight_prompts"),
-                       ("max_buffered_rollouts", "max_buffered_rollouts"),
-                       ("max_infra_attempts_per_prompt", "rollout_failure.max_infra_attempts_per_prompt"),
-                       ("max_data_attempts_per_prompt", "rollout_failure.max_data_attempts_per_prompt"),
-                       ("max_skipped_prompts", "rollout_failure.max_skipped_prompts"),
-                       ("max_consecutive_dropped_prompts", "rollout_failure.max_consecutive_dropped_prompts"),
-                       ("on_dropped_prompt", "rollout_failure.on_dropped_prompt"),
-                       ("max_replacement_attempts", "rollout_failure.max_replacement_attempts"),
-                       ("replacement_reserve_prompts", "rollout_failure.replacement_reserve_prompts"),
-                       ("watchdog_interval_s", "stall_watchdog.interval_s"),
-                       ("stall_timeout_s", "stall_watchdog.stall_timeout_s"),
-                       ("stall_action", "stall_watchdog.stall_action")):
+    for field, key in (
+        ("min_groups_for_streaming_train", "min_groups_for_streaming_train"),
+        ("max_inflight_prompts", "max_inflight_prompts"),
+        ("max_buffered_rollouts", "max_buffered_rollouts"),
+        ("max_infra_attempts_per_prompt", "rollout_failure.max_infra_attempts_per_prompt"),
+        ("max_data_attempts_per_prompt", "rollout_failure.max_data_attempts_per_prompt"),
+        ("max_skipped_prompts", "rollout_failure.max_skipped_prompts"),
+        ("max_consecutive_dropped_prompts", "rollout_failure.max_consecutive_dropped_prompts"),
+        ("on_dropped_prompt", "rollout_failure.on_dropped_prompt"),
+        ("max_replacement_attempts", "rollout_failure.max_replacement_attempts"),
+        ("replacement_reserve_prompts", "rollout_failure.replacement_reserve_prompts"),
+        ("watchdog_interval_s", "stall_watchdog.interval_s"),
+        ("stall_timeout_s", "stall_watchdog.stall_timeout_s"),
+        ("stall_action", "stall_watchdog.stall_action"),
+    ):
         value = get(cfg, a + key, None)
         if value is not None:
             d.set(s + (field,), value, a + key)
-    budgets = (get(cfg, a + "rollout_failure.max_skipped_prompts", 0) or 0) + \
-        (get(cfg, a + "rollout_failure.max_consecutive_dropped_prompts", 0) or 0)
-    d.set(s + ("drop_budgets",), budgets > 0, "async_rl.rollout_failure.max_skipped_prompts / "
-                                              "max_consecutive_dropped_prompts: drops tolerated when either is > 0")
+    budgets = (get(cfg, a + "rollout_failure.max_skipped_prompts", 0) or 0) + (
+        get(cfg, a + "rollout_failure.max_consecutive_dropped_prompts", 0) or 0
+    )
+    d.set(
+        s + ("drop_budgets",),
+        budgets > 0,
+        "async_rl.rollout_failure.max_skipped_prompts / "
+        "max_consecutive_dropped_prompts: drops tolerated when either is > 0",
+    )
     frac = get(cfg, a + "rollout_failure.min_step_batch_fraction", None)
     if isinstance(frac, (int, float)):
         d.set(s + ("min_step_batch_fraction",), frac, a + "rollout_failure.min_step_batch_fraction")

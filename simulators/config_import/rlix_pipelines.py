@@ -18,8 +18,15 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from simulators.config_import import nemo_rl, roll
-from simulators.config_import.common import (ConfigRefused, apply_overrides, device_mapping, get, scenario_name,
-                                             start_draft, typed)
+from simulators.config_import.common import (
+    ConfigRefused,
+    apply_overrides,
+    device_mapping,
+    get,
+    scenario_name,
+    start_draft,
+    typed,
+)
 from simulators.config_import.draft import ScenarioDraft
 
 
@@ -39,8 +46,11 @@ def _nemo_config(cfg: Dict[str, Any], path: str, nemo_configs: Optional[str]) ->
         candidates.append(os.path.join(nemo_configs, raw.split(marker, 1)[1]))
     found = next((c for c in candidates if os.path.isfile(c)), None)
     if found is None:
-        raise ConfigRefused("nemo_config_path", f"{raw!r} not found" + ("" if nemo_configs else
-                            "; give --nemo-configs DIR (a NeMo RL checkout's examples/configs)"))
+        raise ConfigRefused(
+            "nemo_config_path",
+            f"{raw!r} not found"
+            + ("" if nemo_configs else "; give --nemo-configs DIR (a NeMo RL checkout's examples/configs)"),
+        )
     nemo, chain = nemo_rl.load(found)
     overrides = get(cfg, "nemo_config_overrides", []) or []
     if not isinstance(overrides, list):
@@ -63,8 +73,17 @@ def _add(d: ScenarioDraft, index: int, path: str, steps: int, nemo_configs: Opti
         nemo_rl._refuse_unsupported(nemo)
         train = device_mapping(get(cfg, "train_device_mapping"), "train_device_mapping")
         infer = device_mapping(get(cfg, "infer_device_mapping"), "infer_device_mapping")
-        nemo_rl.add_pipeline(d, index, nemo, name, train, infer, steps,
-                             ("train_device_mapping (RLix)", "infer_device_mapping (RLix)"), rlix=rlix)
+        nemo_rl.add_pipeline(
+            d,
+            index,
+            nemo,
+            name,
+            train,
+            infer,
+            steps,
+            ("train_device_mapping (RLix)", "infer_device_mapping (RLix)"),
+            rlix=rlix,
+        )
         gpus = train + infer
     elif "roll" in cls.lower():
         train, infer = roll.gpus(cfg)
@@ -75,12 +94,14 @@ def _add(d: ScenarioDraft, index: int, path: str, steps: int, nemo_configs: Opti
     return gpn, gpus
 
 
-def translate(paths: Sequence[str], *, gpu: str, steps: int, name: Optional[str] = None,
-              nemo_configs: Optional[str] = None) -> ScenarioDraft:
+def translate(
+    paths: Sequence[str], *, gpu: str, steps: int, name: Optional[str] = None, nemo_configs: Optional[str] = None
+) -> ScenarioDraft:
     """One scenario from the pipeline files ``paths``; a refusal names the file and its key."""
     name = name or scenario_name(paths[0]) + (f"_and_{len(paths) - 1}_more" if len(paths) > 1 else "")
-    d = start_draft("the RLix pipeline configs", "rlix-pipelines", ", ".join(os.path.basename(p) for p in paths),
-                    (), name)
+    d = start_draft(
+        "the RLix pipeline configs", "rlix-pipelines", ", ".join(os.path.basename(p) for p in paths), (), name
+    )
     node_sizes, every_gpu = [], []
     for i, path in enumerate(paths):
         try:
@@ -90,10 +111,15 @@ def translate(paths: Sequence[str], *, gpu: str, steps: int, name: Optional[str]
         node_sizes.append(gpn)
         every_gpu += gpus
     if len(set(node_sizes)) > 1:
-        raise ConfigRefused("num_gpus_per_node", f"the pipelines disagree: {node_sizes} (one cluster has one node size)")
+        raise ConfigRefused(
+            "num_gpus_per_node", f"the pipelines disagree: {node_sizes} (one cluster has one node size)"
+        )
     gpn = node_sizes[0]
-    d.set(("cluster", "nodes"), math.ceil((max(every_gpu) + 1) / gpn),
-          "the highest GPU any pipeline maps / num_gpus_per_node, rounded up")
+    d.set(
+        ("cluster", "nodes"),
+        math.ceil((max(every_gpu) + 1) / gpn),
+        "the highest GPU any pipeline maps / num_gpus_per_node, rounded up",
+    )
     d.set(("cluster", "gpus_per_node"), gpn, "num_gpus_per_node")
     d.set(("cluster", "gpu"), gpu, "--gpu (RLix's configs name no GPU type)")
     return d

@@ -38,8 +38,10 @@ def upstream_dir() -> Optional[str]:
     return where if all(os.path.isfile(os.path.join(where, a)) for a in (NEMO, ROLL) + RLIX) else None
 
 
-HOW = ("the pinned upstream archives are not there: set RLHARNESS_UPSTREAM to a folder holding "
-       f"{NEMO}, {ROLL} and {', '.join(RLIX)} (docs/importers.md)")
+HOW = (
+    "the pinned upstream archives are not there: set RLHARNESS_UPSTREAM to a folder holding "
+    f"{NEMO}, {ROLL} and {', '.join(RLIX)} (docs/importers.md)"
+)
 
 
 def _unpack(archive: str, dest: str) -> str:
@@ -98,8 +100,10 @@ def render(rows: List[Row]) -> str:
     out += ["", "| archive | config | verdict | key | reason |", "|---|---|---|---|---|"]
     for r in rows:
         reason = r.reason.replace("|", "\\|")
-        out.append(f"| {r.archive.split('-configs')[0].split('-example')[0].replace('.tar.gz', '')} | {r.config} | "
-                   + ("imported | | |" if r.imported else f"refused | `{r.key}` | {reason} |"))
+        out.append(
+            f"| {r.archive.split('-configs')[0].split('-example')[0].replace('.tar.gz', '')} | {r.config} | "
+            + ("imported | | |" if r.imported else f"refused | `{r.key}` | {reason} |")
+        )
     return "\n".join(out + ["", END])
 
 

@@ -52,6 +52,7 @@ def trains_on_dedicated_gpus(pipelines: Sequence[Any], index: int) -> bool:
     """Whether pipeline ``index`` trains on GPUs no pipeline of the scenario infers on.
     A pipeline whose GPU lists are missing or malformed counts as colocated (validation
     names the field; the figure then stays as it was)."""
+
     def gpus(pipe: Any, key: str):
         value = pipe.get(key) if isinstance(pipe, Mapping) else None
         if not isinstance(value, (list, tuple)) or not value:

@@ -96,13 +96,22 @@ def _gpu(cluster: Mapping[str, Any], fail: Fail) -> Optional[GpuSpec]:
     return GPU_PRESETS[name]
 
 
-def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gpu: Optional[GpuSpec], fail: Fail,
-              dedicated: bool = False) -> None:
+def _pipeline(
+    data: dict,
+    pipe: dict,
+    path: str,
+    defaults: Mapping[str, Any],
+    gpu: Optional[GpuSpec],
+    fail: Fail,
+    dedicated: bool = False,
+) -> None:
     model = {**_section(defaults, "model"), **_section(pipe, "model")}
     preset = model.get("preset")
     if preset not in (None, ""):
         if not isinstance(preset, str) or preset not in MODEL_PRESETS:
-            raise fail(f"{path}.model.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+            raise fail(
+                f"{path}.model.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}"
+            )
         p = MODEL_PRESETS[preset]
         own = pipe.setdefault("model", {}) if isinstance(pipe.get("model", {}), dict) else None
         if own is not None:
@@ -118,8 +127,10 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}
     cost_vals = {fl.name: costs_given.get(fl.name, fl.default) for fl in fields(CostSpec)}
     factors = ("train_mfu", "moe_train_mfu", "decode_flops_efficiency", "hbm_efficiency", "link_efficiency")
-    if not all(isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
-               for k in factors):
+    if not all(
+        isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
+        for k in factors
+    ):
         return  # validation names the bad factor
     overhead = cost_vals["decode_step_overhead_s"]
     if not isinstance(overhead, (int, float)) or isinstance(overhead, bool) or not 0 <= overhead < float("inf"):
@@ -128,13 +139,28 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
     params = float(model.get("params", ModelSpec.params))
     active = float(model.get("active_params") or params)
-    arch = f.Arch(params, active, model["layers"], model["hidden_size"], model["num_kv_heads"] * model["head_dim"],
-                  int(num(model, "bytes_per_param", ModelSpec)), int(model.get("experts_per_token") or 0),
-                  int(model.get("num_experts") or 0))
-    eff = f.Efficiency(cost_vals["train_mfu"], cost_vals["decode_flops_efficiency"], cost_vals["hbm_efficiency"],
-                       cost_vals["tp_allreduce_latency_s"], cost_vals["max_num_seqs"], cost_vals["wake_fixed_s"],
-                       cost_vals["sleep_fixed_s"], cost_vals["moe_train_mfu"], cost_vals["link_efficiency"],
-                       decode_step_overhead_s=cost_vals["decode_step_overhead_s"])
+    arch = f.Arch(
+        params,
+        active,
+        model["layers"],
+        model["hidden_size"],
+        model["num_kv_heads"] * model["head_dim"],
+        int(num(model, "bytes_per_param", ModelSpec)),
+        int(model.get("experts_per_token") or 0),
+        int(model.get("num_experts") or 0),
+    )
+    eff = f.Efficiency(
+        cost_vals["train_mfu"],
+        cost_vals["decode_flops_efficiency"],
+        cost_vals["hbm_efficiency"],
+        cost_vals["tp_allreduce_latency_s"],
+        cost_vals["max_num_seqs"],
+        cost_vals["wake_fixed_s"],
+        cost_vals["sleep_fixed_s"],
+        cost_vals["moe_train_mfu"],
+        cost_vals["link_efficiency"],
+        decode_step_overhead_s=cost_vals["decode_step_overhead_s"],
+    )
     share = wl["decode_tokens_cap_share"]
     share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share < 1 else 0.0
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"], share)
@@ -142,19 +168,37 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
     cluster = data["cluster"]
     link = _links(cluster, gpu).for_group(tp, eff)  # a TP group wider than a node all-reduces over the NICs
-    derived_workload = f.decode_curve(arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops,
-                                      gpu.hbm_bytes_per_s, float(link), eff)
-    capacity = f.kv_capacity(arch, tp, float(cluster.get("vram_bytes", gpu.hbm_bytes)),
-                             cost_vals["kv_cache_fraction"], tokens, eff)
+    derived_workload = f.decode_curve(
+        arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops, gpu.hbm_bytes_per_s, float(link), eff
+    )
+    capacity = f.kv_capacity(
+        arch, tp, float(cluster.get("vram_bytes", gpu.hbm_bytes)), cost_vals["kv_cache_fraction"], tokens, eff
+    )
     if capacity < 1:
-        raise fail(f"{path}.model", f"{params:.3g} parameters and one trajectory's KV cache ({tokens:.0f} tokens) do not "
-                   f"fit {tp} x {gpu.name} at kv_cache_fraction {cost_vals['kv_cache_fraction']} (raise infer_tp)")
+        raise fail(
+            f"{path}.model",
+            f"{params:.3g} parameters and one trajectory's KV cache ({tokens:.0f} tokens) do not "
+            f"fit {tp} x {gpu.name} at kv_cache_fraction {cost_vals['kv_cache_fraction']} (raise infer_tp)",
+        )
     derived_workload["max_concurrent_per_rank"] = capacity
     if "tokens_per_s_per_rank" in workload_given or "batching_half_point" in workload_given:
-        del derived_workload["decode_timing"], derived_workload["decode_expert_read_s"]  # a hand-set curve keeps its timing
+        del (
+            derived_workload["decode_timing"],
+            derived_workload["decode_expert_read_s"],
+        )  # a hand-set curve keeps its timing
     derived_costs = {
-        **_training(pipe, path, arch, tokens, wl["prompts_per_step"] * wl["generations_per_prompt"], cluster, gpu, eff,
-                    fail, dedicated),
+        **_training(
+            pipe,
+            path,
+            arch,
+            tokens,
+            wl["prompts_per_step"] * wl["generations_per_prompt"],
+            cluster,
+            gpu,
+            eff,
+            fail,
+            dedicated,
+        ),
         **f.wake_sleep_s(eff),
         **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
@@ -165,8 +209,18 @@ def _pipeline(data: dict, pipe: dict, path: str, defaults: Mapping[str, Any], gp
 _LAYOUT = ("train_tp", "train_pp", "train_cp", "train_ep", "train_micro_batch", "train_global_batch", "train_sp")
 
 
-def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float, seqs: int, cluster: Mapping[str, Any],
-              gpu: GpuSpec, eff: "f.Efficiency", fail: Fail, dedicated: bool = False) -> Dict[str, float]:
+def _training(
+    pipe: Mapping[str, Any],
+    path: str,
+    arch: "f.Arch",
+    tokens: float,
+    seqs: int,
+    cluster: Mapping[str, Any],
+    gpu: GpuSpec,
+    eff: "f.Efficiency",
+    fail: Fail,
+    dedicated: bool = False,
+) -> Dict[str, float]:
     """Per-trajectory training and log-prob costs of the pipeline's layout: the simulator
     charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n. The
     training rate is colocated training's; on ``dedicated`` GPUs the pass is charged
@@ -187,8 +241,10 @@ def _training(pipe: Mapping[str, Any], path: str, arch: "f.Arch", tokens: float,
     # 0: the trainer takes the log-probs the rollout engine returned with each answer (verl's
     # rollout.calculate_log_probs); the stage then costs nothing
     passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes >= 0 else 1
-    return {"train_s_per_trajectory": train_s(train["total"], dedicated) * gpus / seqs,
-            "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs}
+    return {
+        "train_s_per_trajectory": train_s(train["total"], dedicated) * gpus / seqs,
+        "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs,
+    }
 
 
 def _layout(pipe: Mapping[str, Any]) -> Optional["f.Parallel"]:
@@ -199,16 +255,25 @@ def _layout(pipe: Mapping[str, Any]) -> Optional["f.Parallel"]:
     backend = pipe.get("train_backend", "megatron")
     if backend not in ("megatron", "fsdp2"):
         return None
-    layout = f.Parallel(given.get("train_tp", 1), given.get("train_pp", 1), given.get("train_cp", 1),
-                        given.get("train_ep", 1), given.get("train_micro_batch", 1), given.get("train_global_batch", 0),
-                        recompute, backend, given.get("train_sp", 1))
+    layout = f.Parallel(
+        given.get("train_tp", 1),
+        given.get("train_pp", 1),
+        given.get("train_cp", 1),
+        given.get("train_ep", 1),
+        given.get("train_micro_batch", 1),
+        given.get("train_global_batch", 0),
+        recompute,
+        backend,
+        given.get("train_sp", 1),
+    )
     if min(layout.tp, layout.pp, layout.cp, layout.ep, layout.micro_batch, layout.sp) < 1 or layout.global_batch < 0:
         return None
     return layout
 
 
-def _refit_gather(pipe: Mapping[str, Any], arch: "f.Arch", cluster: Mapping[str, Any], gpu: GpuSpec,
-                  eff: "f.Efficiency") -> Dict[str, float]:
+def _refit_gather(
+    pipe: Mapping[str, Any], arch: "f.Arch", cluster: Mapping[str, Any], gpu: GpuSpec, eff: "f.Efficiency"
+) -> Dict[str, float]:
     """``costs.refit_gather_s`` of a pipeline on NeMo RL's colocated refit
     (``refit_path: colocated_ipc``): every GPU gathers each tensor whole from the training
     layout before the hand-over (``formulas.refit_gather_s``, the way ``refit_export``
@@ -227,8 +292,11 @@ def _refit_gather(pipe: Mapping[str, Any], arch: "f.Arch", cluster: Mapping[str,
 def _links(cluster: Mapping[str, Any], gpu: GpuSpec) -> "f.Links":
     per_node = cluster.get("gpus_per_node", 2)
     per_node = per_node if isinstance(per_node, int) and not isinstance(per_node, bool) and per_node > 0 else 2
-    return f.Links(float(cluster.get("intra_node_bytes_per_s", gpu.nvlink_bytes_per_s or gpu.pcie_bytes_per_s)),
-                   float(cluster.get("inter_node_bytes_per_s", gpu.nic_bytes_per_s * per_node)) / per_node, per_node)
+    return f.Links(
+        float(cluster.get("intra_node_bytes_per_s", gpu.nvlink_bytes_per_s or gpu.pcie_bytes_per_s)),
+        float(cluster.get("inter_node_bytes_per_s", gpu.nic_bytes_per_s * per_node)) / per_node,
+        per_node,
+    )
 
 
 def _fill(pipe: dict, key: str, derived: Mapping[str, Any], given: Mapping[str, Any]) -> None:

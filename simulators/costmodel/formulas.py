@@ -95,7 +95,7 @@ class Arch:
     active_params: float
     layers: int
     hidden_size: int
-    kv_dim: int          # KV heads x head dim
+    kv_dim: int  # KV heads x head dim
     bytes_per_param: int
     experts_per_token: int = 0  # routed experts per token (top-k); 0 = a dense model
     num_experts: int = 0  # routed experts per MoE layer (E); 0 = dense, or not given
@@ -131,7 +131,7 @@ class Parallel:
     pp: int = 1
     cp: int = 1
     ep: int = 1
-    micro_batch: int = 1   # sequences per microbatch
+    micro_batch: int = 1  # sequences per microbatch
     global_batch: int = 0  # sequences per optimizer step; 0 = a step's whole batch
     recompute: bool = False  # full activation recomputation: the backward reruns each layer's forward
     backend: str = "megatron"  # or "fsdp2": every training GPU one FSDP shard (simulators/costmodel/fsdp2.py)
@@ -168,8 +168,17 @@ def layout_problem(gpus: int, p: Parallel) -> Optional[str]:
     return None
 
 
-def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flops: float, links: Links,
-                 e: Efficiency, backward: bool = True) -> Dict[str, float]:
+def train_pass_s(
+    a: Arch,
+    p: Parallel,
+    seqs: int,
+    tokens: float,
+    gpus: int,
+    flops: float,
+    links: Links,
+    e: Efficiency,
+    backward: bool = True,
+) -> Dict[str, float]:
     """Wall seconds of one training (``backward``) or log-prob pass over ``seqs`` sequences
     of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc)."""
     dp = gpus // (p.tp * p.pp * p.cp)
@@ -190,7 +199,9 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
         volume = collectives * stage_layers * tok_gpu * a.hidden_size * b * 2.0 * (p.tp - 1) / p.tp
         out["tp_comm"] = volume / links.for_group(p.tp, e)
     if p.cp > 1:
-        out["cp_comm"] = k * stage_layers * tok_gpu * 2.0 * a.kv_dim * b * (p.cp - 1) / p.cp / links.for_group(p.tp * p.cp, e)
+        out["cp_comm"] = (
+            k * stage_layers * tok_gpu * 2.0 * a.kv_dim * b * (p.cp - 1) / p.cp / links.for_group(p.tp * p.cp, e)
+        )
     if a.moe and p.ep > 1:
         copies = collectives * stage_layers * (tok_gpu / p.tp) * a.experts_per_token * a.hidden_size * b
         out["ep_comm"] = ep_alltoall_s(copies, p.ep, links, e)  # expert TP 1: ep consecutive GPUs (EP_GROUP_SOURCE)
@@ -207,15 +218,22 @@ def train_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
 #: ``recompute_method="uniform"``, ``recompute_num_layers=1`` (every layer's forward is rerun
 #: in the backward); Narayanan et al. 2021 count the training pass with it as 4 passes (their
 #: eq. 3, 96·B·s·l·h²: forward, recomputed forward, backward twice) against 3 without
-RECOMPUTE_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/models/megatron/setup.py (aea463dd2dad3c9dd39d92df3a1616647c8ff45a); "
-                    "nemo_rl/models/policy/workers/megatron_policy_worker.py", "108bffdab368507a5500f27089ea2e7d90a06dea")
+RECOMPUTE_SOURCE = (
+    "NVIDIA-NeMo/RL",
+    "nemo_rl/models/megatron/setup.py (aea463dd2dad3c9dd39d92df3a1616647c8ff45a); "
+    "nemo_rl/models/policy/workers/megatron_policy_worker.py",
+    "108bffdab368507a5500f27089ea2e7d90a06dea",
+)
 
 #: where the expert-parallel group's GPUs are read from: Megatron Core's MoE parallel folding
 #: lays the expert layers out by their own rank generator (expert TP × EP × expert DP × PP,
 #: order tp-cp-ep-dp-pp), so with expert TP 1 (NeMo RL's ``expert_tensor_parallel_size: 1``)
 #: an EP group is ep consecutive GPUs, whatever the attention's TP
-EP_GROUP_SOURCE = ("NVIDIA/Megatron-LM", "megatron/core/parallel_state.py (initialize_model_parallel: "
-                   "expert_decoder_rank_generator)", "NVIDIA-NeMo/RL examples/configs/grpo_math_1B.yaml")
+EP_GROUP_SOURCE = (
+    "NVIDIA/Megatron-LM",
+    "megatron/core/parallel_state.py (initialize_model_parallel: expert_decoder_rank_generator)",
+    "NVIDIA-NeMo/RL examples/configs/grpo_math_1B.yaml",
+)
 
 
 def ep_alltoall_s(copies_bytes: float, ep: int, links: Links, e: Efficiency) -> float:
@@ -238,9 +256,11 @@ def ep_alltoall_s(copies_bytes: float, ep: int, links: Links, e: Efficiency) -> 
 #: where an all-to-all's per-peer links are read from: NCCL chooses the transport of each
 #: peer pair (NVLink P2P inside a node, InfiniBand or TCP across), and an all-to-all is one
 #: send and receive per peer
-NCCL_PEER_TRANSPORT_SOURCE = ("NVIDIA/nccl", "docs/contrib/GIN/NCCL_Gin_and_Symmetric_Memory/"
-                              "NCCL_Gin_and_Symmetric_Memory.md (Initialization: transport setup)",
-                              "5067397c2676d5aed50042fc39e5c8ee96eb0027")
+NCCL_PEER_TRANSPORT_SOURCE = (
+    "NVIDIA/nccl",
+    "docs/contrib/GIN/NCCL_Gin_and_Symmetric_Memory/NCCL_Gin_and_Symmetric_Memory.md (Initialization: transport setup)",
+    "5067397c2676d5aed50042fc39e5c8ee96eb0027",
+)
 
 
 def mean_decode_tokens(median: float, sigma: float, cap: int, cap_share: float = 0.0) -> float:
@@ -299,19 +319,28 @@ def kv_bytes_per_token(a: Arch) -> float:
     return 2.0 * a.layers * a.kv_dim * a.bytes_per_param
 
 
-def decode_curve(a: Arch, tp: int, mean_ctx: float, flops: float, hbm: float, link: float,
-                 e: Efficiency) -> Dict[str, float]:
+def decode_curve(
+    a: Arch, tp: int, mean_ctx: float, flops: float, hbm: float, link: float, e: Efficiency
+) -> Dict[str, float]:
     """``tokens_per_s_per_rank`` and ``batching_half_point`` of one rank (see the module doc)."""
     weights = a.params * a.bytes_per_param
-    fixed = (weights / (tp * hbm * e.hbm_efficiency) + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
-             + e.decode_step_overhead_s)
-    per_seq = (2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency)
-               + kv_bytes_per_token(a) * mean_ctx / (tp * hbm * e.hbm_efficiency))
+    fixed = (
+        weights / (tp * hbm * e.hbm_efficiency)
+        + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
+        + e.decode_step_overhead_s
+    )
+    per_seq = 2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency) + kv_bytes_per_token(a) * mean_ctx / (
+        tp * hbm * e.hbm_efficiency
+    )
     if tp > 1:
         per_seq += 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
     experts = routed_expert_params(a) * a.bytes_per_param / (tp * hbm * e.hbm_efficiency)
-    return {"tokens_per_s_per_rank": 1.0 / per_seq, "batching_half_point": fixed / per_seq,
-            "decode_timing": "per_step", "decode_expert_read_s": experts}
+    return {
+        "tokens_per_s_per_rank": 1.0 / per_seq,
+        "batching_half_point": fixed / per_seq,
+        "decode_timing": "per_step",
+        "decode_expert_read_s": experts,
+    }
 
 
 def routed_expert_params(a: Arch) -> float:
@@ -334,8 +363,11 @@ def expected_experts_read(a: Arch, c: int) -> float:
 #: where a decode step's expert read is read from: ``moe_align_block_size`` pads each
 #: expert's token count to the block size (0 tokens -> 0 blocks) and ``fused_moe_kernel`` runs
 #: one block per entry of its ``expert_ids``, loading that expert's weights
-FUSED_MOE_SOURCE = ("vllm-project/vllm", "vllm/model_executor/layers/fused_moe/moe_align_block_size.py, "
-                    "fused_moe.py", "05be99241939c8849bafef74932aed13f956c82f")
+FUSED_MOE_SOURCE = (
+    "vllm-project/vllm",
+    "vllm/model_executor/layers/fused_moe/moe_align_block_size.py, fused_moe.py",
+    "05be99241939c8849bafef74932aed13f956c82f",
+)
 
 
 def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens: float, e: Efficiency) -> int:
@@ -352,9 +384,16 @@ def wake_sleep_s(e: Efficiency) -> Dict[str, float]:
     return {"wake_s": e.wake_fixed_s, "sleep_s": e.sleep_fixed_s}
 
 
-def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fabric_bytes_per_s: Optional[float],
-            load_bytes_per_s: float, tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
-            fixed_s: float = 0.0) -> float:
+def refit_s(
+    weight_bytes: float,
+    bucket_bytes: int,
+    pack_bytes_per_s: float,
+    fabric_bytes_per_s: Optional[float],
+    load_bytes_per_s: float,
+    tensor_overhead_s: float = 0.0,
+    group_overhead_s: float = 0.0,
+    fixed_s: float = 0.0,
+) -> float:
     """One selective sync from the CPU bucket cache, uncontended (``simulators/refit/sync.py``
     times it effect by effect; this is its closed form, for the docs' what-ifs). Per
     bucket of b bytes, behind a barrier: stage it over the owner's host link (b / pack),
@@ -366,19 +405,32 @@ def refit_s(weight_bytes: float, bucket_bytes: int, pack_bytes_per_s: float, fab
     barrier lets no bucket's transfer overlap the next one's, so bigger buckets save
     overheads and nothing else."""
     buckets = max(1, math.ceil(weight_bytes / bucket_bytes))
-    per_byte = 1.0 / pack_bytes_per_s + (1.0 / fabric_bytes_per_s if fabric_bytes_per_s else 0.0) + 1.0 / load_bytes_per_s
+    per_byte = (
+        1.0 / pack_bytes_per_s + (1.0 / fabric_bytes_per_s if fabric_bytes_per_s else 0.0) + 1.0 / load_bytes_per_s
+    )
     return weight_bytes * per_byte + buckets * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s
 
 
 #: where :func:`colocated_ipc_refit_s` is read from (NeMo RL v0.3.0)
-NEMO_RL_IPC_REFIT_SOURCE = ("NVIDIA-NeMo/RL", "nemo_rl/algorithms/grpo.py (refit_policy_generation); "
-                            "nemo_rl/models/policy/megatron_policy_worker.py (prepare_weights_for_ipc, "
-                            "get_weights_ipc_handles)", "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf")
+NEMO_RL_IPC_REFIT_SOURCE = (
+    "NVIDIA-NeMo/RL",
+    "nemo_rl/algorithms/grpo.py (refit_policy_generation); "
+    "nemo_rl/models/policy/megatron_policy_worker.py (prepare_weights_for_ipc, "
+    "get_weights_ipc_handles)",
+    "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf",
+)
 
 
-def colocated_ipc_refit_s(weight_bytes: float, group_bytes: int, hbm_bytes_per_s: float, hbm_efficiency: float,
-                          tensor_overhead_s: float = 0.0, group_overhead_s: float = 0.0,
-                          fixed_s: float = 0.0, gather_s: float = 0.0) -> float:
+def colocated_ipc_refit_s(
+    weight_bytes: float,
+    group_bytes: int,
+    hbm_bytes_per_s: float,
+    hbm_efficiency: float,
+    tensor_overhead_s: float = 0.0,
+    group_overhead_s: float = 0.0,
+    fixed_s: float = 0.0,
+    gather_s: float = 0.0,
+) -> float:
     """Standalone NeMo RL's colocated refit, the weight hand-over only (refit path
     ``colocated_ipc``; source :data:`NEMO_RL_IPC_REFIT_SOURCE`). Its
     ``refit_policy_generation`` splits the weights into groups that fit a refit buffer; per
@@ -395,8 +447,12 @@ def colocated_ipc_refit_s(weight_bytes: float, group_bytes: int, hbm_bytes_per_s
     vLLM's weights around it are the pipeline's own effects (``OffloadTraining``, ``Wake``),
     not here."""
     groups = max(1, math.ceil(weight_bytes / group_bytes))
-    return (4.0 * weight_bytes / (hbm_bytes_per_s * hbm_efficiency)
-            + groups * (2.0 * tensor_overhead_s + group_overhead_s) + fixed_s + gather_s)
+    return (
+        4.0 * weight_bytes / (hbm_bytes_per_s * hbm_efficiency)
+        + groups * (2.0 * tensor_overhead_s + group_overhead_s)
+        + fixed_s
+        + gather_s
+    )
 
 
 #: where :func:`refit_gather_s` is read from: NeMo RL v0.3.0's own gather (``gather_params``:
@@ -407,25 +463,42 @@ def colocated_ipc_refit_s(weight_bytes: float, group_bytes: int, hbm_bytes_per_s
 #: order "tp-cp-ep-dp-pp"; experts laid out "tp-ep-dp-pp" with the expert TP, which NeMo RL's
 #: configs set to 1), and NCCL's collective times (nccl-tests' bus-bandwidth formulas)
 REFIT_GATHER_SOURCES = (
-    ("NVIDIA-NeMo/RL", "nemo_rl/models/megatron/refit_utils.py (gather_params); "
-     "nemo_rl/models/policy/megatron_policy_worker.py (get_weights_ipc_handles)",
-     "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf"),
-    ("NVIDIA-NeMo/Megatron-Bridge", "src/megatron/bridge/models/conversion/param_mapping.py "
-     "(broadcast_from_pp_rank, gather_from_tp_ranks, gather_from_ep_ranks)", "554c7b9324225aa863eee52e8b8fdde7abced2b1"),
-    ("NVIDIA/Megatron-LM", "megatron/core/parallel_state.py (initialize_model_parallel)",
-     "2ff0f099ffc30ffd152e3e29e921a1609d00855c"),
-    ("NVIDIA-NeMo/RL", "examples/configs/grpo_math_qwen30ba3b_megatron.yaml (expert_tensor_parallel_size: 1)",
-     "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf"),
-    ("NVIDIA/nccl-tests", "doc/PERFORMANCE.md (broadcast t = S/B; all-gather t = S(n-1)/(nB))",
-     "03a204a1f38aaea17f1a777885bb2d9600ba7eff"),
+    (
+        "NVIDIA-NeMo/RL",
+        "nemo_rl/models/megatron/refit_utils.py (gather_params); "
+        "nemo_rl/models/policy/megatron_policy_worker.py (get_weights_ipc_handles)",
+        "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf",
+    ),
+    (
+        "NVIDIA-NeMo/Megatron-Bridge",
+        "src/megatron/bridge/models/conversion/param_mapping.py "
+        "(broadcast_from_pp_rank, gather_from_tp_ranks, gather_from_ep_ranks)",
+        "554c7b9324225aa863eee52e8b8fdde7abced2b1",
+    ),
+    (
+        "NVIDIA/Megatron-LM",
+        "megatron/core/parallel_state.py (initialize_model_parallel)",
+        "2ff0f099ffc30ffd152e3e29e921a1609d00855c",
+    ),
+    (
+        "NVIDIA-NeMo/RL",
+        "examples/configs/grpo_math_qwen30ba3b_megatron.yaml (expert_tensor_parallel_size: 1)",
+        "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf",
+    ),
+    (
+        "NVIDIA/nccl-tests",
+        "doc/PERFORMANCE.md (broadcast t = S/B; all-gather t = S(n-1)/(nB))",
+        "03a204a1f38aaea17f1a777885bb2d9600ba7eff",
+    ),
 )
 
 #: the two ways NeMo RL's Megatron refit gathers a tensor whole (``PipelineSpec.refit_export``)
 REFIT_EXPORTS = ("megatron_bridge", "gather_params")
 
 
-def refit_gather_s(a: Arch, p: Parallel, gpus: int, links: Links, e: Efficiency,
-                   export: str = "megatron_bridge") -> Dict[str, float]:
+def refit_gather_s(
+    a: Arch, p: Parallel, gpus: int, links: Links, e: Efficiency, export: str = "megatron_bridge"
+) -> Dict[str, float]:
     """Seconds each GPU spends gathering the training shards into whole tensors before NeMo
     RL's colocated refit hands them to vLLM, by group (sources: :data:`REFIT_GATHER_SOURCES`).
 

@@ -37,14 +37,27 @@ from typing import Dict
 from harness.ordered_sum import ordered_sum
 from simulators.costmodel.formulas import Arch, Efficiency, Links, Parallel
 
-FSDP2_SOURCE = ("volcengine/verl", "verl/workers/fsdp_workers.py (_build_model_optimizer: fully_shard with "
-                "MixedPrecisionPolicy, reshard_after_forward) at b38119fa248231a6e1c6198d08c0a4e46354dd01; "
-                "verl/workers/actor/dp_actor.py (update_policy: loss.backward() per micro-batch, one optimizer step "
-                "per mini-batch)", "cc62eca95ed79d5a7270f3f92d20532a97b87c0e")
+FSDP2_SOURCE = (
+    "volcengine/verl",
+    "verl/workers/fsdp_workers.py (_build_model_optimizer: fully_shard with "
+    "MixedPrecisionPolicy, reshard_after_forward) at b38119fa248231a6e1c6198d08c0a4e46354dd01; "
+    "verl/workers/actor/dp_actor.py (update_policy: loss.backward() per micro-batch, one optimizer step "
+    "per mini-batch)",
+    "cc62eca95ed79d5a7270f3f92d20532a97b87c0e",
+)
 
 
-def fsdp2_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flops: float, links: Links,
-                 e: Efficiency, backward: bool = True) -> Dict[str, float]:
+def fsdp2_pass_s(
+    a: Arch,
+    p: Parallel,
+    seqs: int,
+    tokens: float,
+    gpus: int,
+    flops: float,
+    links: Links,
+    e: Efficiency,
+    backward: bool = True,
+) -> Dict[str, float]:
     """Wall seconds of one FSDP2 training (``backward``) or forward-only pass over ``seqs``
     sequences of ``tokens`` tokens on ``gpus`` GPUs, by part (the module doc)."""
     recompute = backward and p.recompute
@@ -57,8 +70,12 @@ def fsdp2_pass_s(a: Arch, p: Parallel, seqs: int, tokens: float, gpus: int, flop
     weights = a.params * a.bytes_per_param
     gathered = (2.0 if backward else 1.0) * weights * spread
     reduced = a.params * e.grad_bytes * spread if backward else 0.0
-    out = {"compute": compute, "fsdp_gather": micro * gathered / links.for_group(gpus, e),
-           "fsdp_reduce": micro * reduced / links.for_group(gpus, e), "sp_comm": 0.0}
+    out = {
+        "compute": compute,
+        "fsdp_gather": micro * gathered / links.for_group(gpus, e),
+        "fsdp_reduce": micro * reduced / links.for_group(gpus, e),
+        "sp_comm": 0.0,
+    }
     if p.sp > 1:
         tok_gpu = seqs * tokens / gpus
         passes = (2.0 if recompute else 1.0) + (1.0 if backward else 0.0)

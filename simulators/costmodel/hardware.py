@@ -26,23 +26,26 @@ GiB = 1 << 30
 @dataclass(frozen=True)
 class GpuSpec:
     name: str
-    bf16_flops: float      # dense peak, FLOP/s
-    fp8_flops: float       # dense peak, FLOP/s (0: no FP8 tensor cores)
-    hbm_bytes: int         # device memory
+    bf16_flops: float  # dense peak, FLOP/s
+    fp8_flops: float  # dense peak, FLOP/s (0: no FP8 tensor cores)
+    hbm_bytes: int  # device memory
     hbm_bytes_per_s: float
     nvlink_bytes_per_s: float  # per direction (0: none; GPU-GPU then goes over PCIe)
-    pcie_bytes_per_s: float    # host link, usable, per direction
-    nic_bytes_per_s: float     # scale-out network per GPU
+    pcie_bytes_per_s: float  # host link, usable, per direction
+    nic_bytes_per_s: float  # scale-out network per GPU
 
 
-GPU_PRESETS: Dict[str, GpuSpec] = {g.name: g for g in (
-    GpuSpec("h100_sxm", 989e12, 1979e12, 80 * GiB, 3.35e12, 450 * GB, 50 * GB, 50 * GB),
-    GpuSpec("h200", 989e12, 1979e12, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 50 * GB),
-    GpuSpec("a100_80gb", 312e12, 0.0, 80 * GiB, 2.039e12, 300 * GB, 25 * GB, 25 * GB),
-    GpuSpec("h20", 148e12, 296e12, 96 * GB, 4.0e12, 450 * GB, 50 * GB, 50 * GB),
-    GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 7.7e12, 900 * GB, 50 * GB, 50 * GB),
-    GpuSpec("l40s", 362e12, 733e12, 48 * GB, 864e9, 0.0, 25 * GB, 25 * GB),
-)}
+GPU_PRESETS: Dict[str, GpuSpec] = {
+    g.name: g
+    for g in (
+        GpuSpec("h100_sxm", 989e12, 1979e12, 80 * GiB, 3.35e12, 450 * GB, 50 * GB, 50 * GB),
+        GpuSpec("h200", 989e12, 1979e12, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 50 * GB),
+        GpuSpec("a100_80gb", 312e12, 0.0, 80 * GiB, 2.039e12, 300 * GB, 25 * GB, 25 * GB),
+        GpuSpec("h20", 148e12, 296e12, 96 * GB, 4.0e12, 450 * GB, 50 * GB, 50 * GB),
+        GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 7.7e12, 900 * GB, 50 * GB, 50 * GB),
+        GpuSpec("l40s", 362e12, 733e12, 48 * GB, 864e9, 0.0, 25 * GB, 25 * GB),
+    )
+}
 
 
 def cluster_fields(gpu: GpuSpec, gpus_per_node: int) -> Dict[str, float]:

@@ -60,8 +60,13 @@ VERSION = 1
 STAGES = ("generation_s", "log_probs_s", "training_s", "refit_s")
 #: the CostSpec fields a step calibration may set
 FACTORS = ("train_mfu", "moe_train_mfu", "hbm_efficiency", "decode_flops_efficiency", "link_efficiency")
-DEFAULTS = {"train_mfu": 0.35, "moe_train_mfu": 0.16, "hbm_efficiency": 0.8, "decode_flops_efficiency": 0.5,
-            "link_efficiency": 1.0}
+DEFAULTS = {
+    "train_mfu": 0.35,
+    "moe_train_mfu": 0.16,
+    "hbm_efficiency": 0.8,
+    "decode_flops_efficiency": 0.5,
+    "link_efficiency": 1.0,
+}
 
 
 class StepTimingsError(ValueError):
@@ -88,9 +93,18 @@ class Run:
 
 def efficiency(factors: Mapping[str, float]) -> f.Efficiency:
     v = {**DEFAULTS, **factors}
-    return f.Efficiency(v["train_mfu"], v["decode_flops_efficiency"], v["hbm_efficiency"], 10e-6, 256, 0.0, 0.0,
-                        v["moe_train_mfu"], v["link_efficiency"],
-                        decode_step_overhead_s=CostSpec.decode_step_overhead_s)  # not fitted: its source's figure
+    return f.Efficiency(
+        v["train_mfu"],
+        v["decode_flops_efficiency"],
+        v["hbm_efficiency"],
+        10e-6,
+        256,
+        0.0,
+        0.0,
+        v["moe_train_mfu"],
+        v["link_efficiency"],
+        decode_step_overhead_s=CostSpec.decode_step_overhead_s,
+    )  # not fitted: its source's figure
 
 
 def links(run: Run) -> f.Links:
@@ -110,8 +124,17 @@ def refit_link(run: Run) -> float:
 def _train_terms(run: Run, e: f.Efficiency, backward: bool) -> Tuple[float, float]:
     """(A, C): seconds at MFU 1 of compute + bubble, and of communication."""
     one = replace(e, train_mfu=1.0, moe_train_mfu=1.0)
-    parts = f.train_pass_s(run.arch, run.layout, run.trajectories, run.prompt_tokens + run.decode_tokens,
-                           run.train_gpus, run.gpu.bf16_flops, links(run), one, backward)
+    parts = f.train_pass_s(
+        run.arch,
+        run.layout,
+        run.trajectories,
+        run.prompt_tokens + run.decode_tokens,
+        run.train_gpus,
+        run.gpu.bf16_flops,
+        links(run),
+        one,
+        backward,
+    )
     a = parts["compute"] + parts["pp_bubble"]
     passes = 1 if backward else run.log_prob_passes
     return passes * a, passes * (parts["total"] - a)
@@ -132,8 +155,10 @@ def _gen_terms(run: Run, e: f.Efficiency) -> Tuple[float, float, float]:
     x_0 = n_steps * e.decode_step_overhead_s
     if tp > 1:
         link = links(run).for_group(tp, e)
-        x_0 += n_steps * (4 * a.layers * e.allreduce_latency_s
-                         + c * 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link)
+        x_0 += n_steps * (
+            4 * a.layers * e.allreduce_latency_s
+            + c * 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
+        )
     return x_h, x_d, x_0
 
 
@@ -179,8 +204,9 @@ def _fit_inverse(rows: Sequence[Tuple[float, float, float]]) -> Optional[float]:
 def fit(runs: Sequence[Run]) -> Dict[str, float]:
     """The factors the measured stages determine (a factor no stage measures is left out)."""
     out: Dict[str, float] = {}
-    refit_rows = [(_refit_term(r), 0.0, s["refit_s"]) for r in runs for s in r.steps
-                  if "refit_s" in s and _refit_term(r) > 0]  # nothing gathered: no link measured
+    refit_rows = [
+        (_refit_term(r), 0.0, s["refit_s"]) for r in runs for s in r.steps if "refit_s" in s and _refit_term(r) > 0
+    ]  # nothing gathered: no link measured
     if refit_rows:
         v = _clip(_fit_inverse(refit_rows) or -1)
         if v is not None:

@@ -10,12 +10,41 @@ from simulators.refit.calibration import read_calibration_file
 from simulators.costmodel import formulas as f
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.costmodel.models import MODEL_PRESETS
-from simulators.costmodel.stepfit import CALIBRATION_FORMAT, FACTORS, STAGES, TIMINGS_FORMAT, VERSION, Run, StepTimingsError
+from simulators.costmodel.stepfit import (
+    CALIBRATION_FORMAT,
+    FACTORS,
+    STAGES,
+    TIMINGS_FORMAT,
+    VERSION,
+    Run,
+    StepTimingsError,
+)
 
-_RUN_KEYS = ("name", "gpu", "gpus_per_node", "model", "train_gpus", "infer_gpus", "infer_tp", "colocated", "train",
-             "log_prob_passes", "batch", "steps")
-_MODEL_KEYS = ("preset", "params", "active_params", "layers", "hidden_size", "num_kv_heads", "head_dim",
-               "experts_per_token", "bytes_per_param")
+_RUN_KEYS = (
+    "name",
+    "gpu",
+    "gpus_per_node",
+    "model",
+    "train_gpus",
+    "infer_gpus",
+    "infer_tp",
+    "colocated",
+    "train",
+    "log_prob_passes",
+    "batch",
+    "steps",
+)
+_MODEL_KEYS = (
+    "preset",
+    "params",
+    "active_params",
+    "layers",
+    "hidden_size",
+    "num_kv_heads",
+    "head_dim",
+    "experts_per_token",
+    "bytes_per_param",
+)
 _TRAIN_KEYS = ("tp", "pp", "cp", "ep", "micro_batch", "global_batch")
 _BATCH_KEYS = ("trajectories", "prompt_tokens", "decode_tokens")
 
@@ -40,8 +69,13 @@ def _int(where: str, path: str, value: Any, low: int = 1) -> int:
 
 
 def _num(where: str, path: str, value: Any, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
         raise _fail(where, path, f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
     return float(value)
 
@@ -92,11 +126,22 @@ def _run(where: str, path: str, raw: Any) -> Run:
         if key not in b:
             raise _fail(where, f"{path}.batch.{key}", "missing (required)")
     steps = _steps(where, f"{path}.steps", r["steps"])
-    return Run(r["name"], GPU_PRESETS[r["gpu"]], per_node, _arch(where, f"{path}.model", r["model"]), train_gpus,
-               infer_gpus, tp, colocated, layout, _int(where, f"{path}.batch.trajectories", b["trajectories"]),
-               _num(where, f"{path}.batch.prompt_tokens", b["prompt_tokens"], positive=False),
-               _num(where, f"{path}.batch.decode_tokens", b["decode_tokens"]), steps,
-               _int(where, f"{path}.log_prob_passes", r.get("log_prob_passes", 1)))
+    return Run(
+        r["name"],
+        GPU_PRESETS[r["gpu"]],
+        per_node,
+        _arch(where, f"{path}.model", r["model"]),
+        train_gpus,
+        infer_gpus,
+        tp,
+        colocated,
+        layout,
+        _int(where, f"{path}.batch.trajectories", b["trajectories"]),
+        _num(where, f"{path}.batch.prompt_tokens", b["prompt_tokens"], positive=False),
+        _num(where, f"{path}.batch.decode_tokens", b["decode_tokens"]),
+        steps,
+        _int(where, f"{path}.log_prob_passes", r.get("log_prob_passes", 1)),
+    )
 
 
 def _layout(where: str, path: str, raw: Any) -> f.Parallel:
@@ -110,19 +155,33 @@ def _arch(where: str, path: str, raw: Any) -> f.Arch:
     preset = m.pop("preset", None)
     if preset is not None:
         if preset not in MODEL_PRESETS:
-            raise _fail(where, f"{path}.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}")
+            raise _fail(
+                where, f"{path}.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}"
+            )
         p = MODEL_PRESETS[preset]
-        m = {"params": p.params, "active_params": p.active_params, "layers": p.layers, "hidden_size": p.hidden_size,
-             "num_kv_heads": p.num_kv_heads, "head_dim": p.head_dim, "experts_per_token": p.experts_per_token, **m}
+        m = {
+            "params": p.params,
+            "active_params": p.active_params,
+            "layers": p.layers,
+            "hidden_size": p.hidden_size,
+            "num_kv_heads": p.num_kv_heads,
+            "head_dim": p.head_dim,
+            "experts_per_token": p.experts_per_token,
+            **m,
+        }
     for key in ("params", "layers", "hidden_size", "num_kv_heads", "head_dim"):
         if key not in m:
             raise _fail(where, f"{path}.{key}", "missing (required without a preset)")
     params = _num(where, f"{path}.params", m["params"])
-    return f.Arch(params, _num(where, f"{path}.active_params", m.get("active_params") or params),
-                  _int(where, f"{path}.layers", m["layers"]), _int(where, f"{path}.hidden_size", m["hidden_size"]),
-                  _int(where, f"{path}.num_kv_heads", m["num_kv_heads"]) * _int(where, f"{path}.head_dim", m["head_dim"]),
-                  _int(where, f"{path}.bytes_per_param", m.get("bytes_per_param", 2)),
-                  _int(where, f"{path}.experts_per_token", m.get("experts_per_token", 0), 0))
+    return f.Arch(
+        params,
+        _num(where, f"{path}.active_params", m.get("active_params") or params),
+        _int(where, f"{path}.layers", m["layers"]),
+        _int(where, f"{path}.hidden_size", m["hidden_size"]),
+        _int(where, f"{path}.num_kv_heads", m["num_kv_heads"]) * _int(where, f"{path}.head_dim", m["head_dim"]),
+        _int(where, f"{path}.bytes_per_param", m.get("bytes_per_param", 2)),
+        _int(where, f"{path}.experts_per_token", m.get("experts_per_token", 0), 0),
+    )
 
 
 def _steps(where: str, path: str, raw: Any):

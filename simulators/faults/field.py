@@ -102,6 +102,7 @@ class FieldFaults:
             self._active_sync_failed = True
             self._fire("active_sync_fails")
             from simulators.runtime.simulation import SimFailure  # runtime imports the pipeline's mixins
+
             raise SimFailure("active refresh sync failed at a receiver after the training offload")
 
     # an expand chain (wake → sync → publish → activate) that fails midway, no rollback
@@ -109,5 +110,7 @@ class FieldFaults:
         if self._fault_due("expand_sync_fails") and not self._expand_failed:
             self._expand_failed = True
             self._fire("expand_sync_fails")
-            raise RuntimeError("expand sync failed at a receiver; the woken ranks stay awake_unrouted "
-                               "(pre-activation) holding their memory, no rollback")
+            raise RuntimeError(
+                "expand sync failed at a receiver; the woken ranks stay awake_unrouted "
+                "(pre-activation) holding their memory, no rollback"
+            )

@@ -84,8 +84,11 @@ class OracleFaults:
         release: the cluster goes to zero and the ``await_release`` is never acked (it ends
         at RLix's await-release deadline). Called by the simulation just before a commit."""
         cid, state = f"{self.pid}_actor_infer", self.sim.model.state
-        if (cid in state.planned_releases and any(op.cluster_id == cid for op in cp.plan.shrinks)
-                and self._armed_once("lost_release_ack")):
+        if (
+            cid in state.planned_releases
+            and any(op.cluster_id == cid for op in cp.plan.shrinks)
+            and self._armed_once("lost_release_ack")
+        ):
             del state.planned_releases[cid]
 
     # rank_lifecycle

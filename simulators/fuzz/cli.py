@@ -26,28 +26,60 @@ def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
     fz.add_argument("--start", type=int, default=0, metavar="S", help="first seed (default 0)")
     where = fz.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="K", help="local worker processes (default: CPU count)")
-    where.add_argument("--ray", metavar="ADDRESS",
-                       help="run the seeds as tasks on a Ray cluster ('auto', ray://HOST:PORT, or 'local' for a local Ray)")
+    where.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the seeds as tasks on a Ray cluster ('auto', ray://HOST:PORT, or 'local' for a local Ray)",
+    )
     fz.add_argument("--ray-cpus", type=int, metavar="K", help="CPUs of a --ray local instance (default: CPU count)")
-    fz.add_argument("--out", metavar="DIR", default=os.path.join("runs", "fuzz"),
-                    help="results.json, signatures.txt and minimized/ go here (default runs/fuzz)")
-    fz.add_argument("--check-determinism", action="store_true",
-                    help="run each seed again in a fresh process under another PYTHONHASHSEED; a divergence is a finding")
-    fz.add_argument("--time-budget", type=float, default=120.0, metavar="SECONDS",
-                    help="wall seconds one seed may take before it is recorded as 'timeout' (default 120)")
-    fz.add_argument("--baseline", "--expect", dest="baseline", metavar="FILE",
-                    help="expected findings (docs/expected-findings.md; e.g. examples/fuzz/known-findings.yaml); "
-                         "other signatures exit 1 (--expect: the same, its old name)")
+    fz.add_argument(
+        "--out",
+        metavar="DIR",
+        default=os.path.join("runs", "fuzz"),
+        help="results.json, signatures.txt and minimized/ go here (default runs/fuzz)",
+    )
+    fz.add_argument(
+        "--check-determinism",
+        action="store_true",
+        help="run each seed again in a fresh process under another PYTHONHASHSEED; a divergence is a finding",
+    )
+    fz.add_argument(
+        "--time-budget",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="wall seconds one seed may take before it is recorded as 'timeout' (default 120)",
+    )
+    fz.add_argument(
+        "--baseline",
+        "--expect",
+        dest="baseline",
+        metavar="FILE",
+        help="expected findings (docs/expected-findings.md; e.g. examples/fuzz/known-findings.yaml); "
+        "other signatures exit 1 (--expect: the same, its old name)",
+    )
     fz.add_argument("--strict", action="store_true", help="exit 1 also when an expected finding occurred in no seed")
     fz.add_argument("--no-minimize", action="store_true", help="skip writing minimized reproducers")
-    fz.add_argument("--upstream-as-findings", action="store_true",
-                    help="known upstream behaviour (docs/expected-findings.md) names a signature too; by default a "
-                         "seed that hits only that is clean")
-    fz.add_argument("--explore", type=int, default=0, metavar="K",
-                    help="also run each seed under schedule seeds 0..K-1 (docs/exploration.md); runs of one seed "
-                         "that differ only by schedule are one family, 'schedule-only' when the fixed order misses it")
-    fz.add_argument("--explore-strategy", choices=["pct", "random"], default="pct",
-                    help="with --explore: pct (priority change points, default) or random (a random walk)")
+    fz.add_argument(
+        "--upstream-as-findings",
+        action="store_true",
+        help="known upstream behaviour (docs/expected-findings.md) names a signature too; by default a "
+        "seed that hits only that is clean",
+    )
+    fz.add_argument(
+        "--explore",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also run each seed under schedule seeds 0..K-1 (docs/exploration.md); runs of one seed "
+        "that differ only by schedule are one family, 'schedule-only' when the fixed order misses it",
+    )
+    fz.add_argument(
+        "--explore-strategy",
+        choices=["pct", "random"],
+        default="pct",
+        help="with --explore: pct (priority change points, default) or random (a random walk)",
+    )
     fz.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -64,8 +96,9 @@ def _validate(args: argparse.Namespace, usage_error) -> None:
     if not 0 <= args.explore <= MAX_EXPLORE:
         raise usage_error(f"--explore: must be between 0 and {MAX_EXPLORE} schedule seeds, got {args.explore}")
     if args.seeds * (args.explore + 1) > MAX_SEEDS:
-        raise usage_error(f"--explore: --seeds x (K + 1) runs must stay within {MAX_SEEDS}, "
-                          f"got {args.seeds * (args.explore + 1)}")
+        raise usage_error(
+            f"--explore: --seeds x (K + 1) runs must stay within {MAX_SEEDS}, got {args.seeds * (args.explore + 1)}"
+        )
     if not 0 < args.time_budget <= 86400:
         raise usage_error(f"--time-budget: must be in (0, 86400] seconds, got {args.time_budget:g}")
     from harness.logs.outputs.paths import OutputPathError, check_output_dir
@@ -86,17 +119,32 @@ def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
     except BaselineError as e:
         raise usage_error(str(e)) from None
     cpus = os.cpu_count() or 1
-    cfg = SweepConfig(seeds=args.seeds, start=args.start, workers=args.workers or args.ray_cpus or cpus,
-                      ray_address=args.ray, out_dir=args.out, check_determinism=args.check_determinism,
-                      time_budget_s=args.time_budget, expect=expect, explore=args.explore,
-                      explore_strategy=args.explore_strategy, upstream_as_findings=args.upstream_as_findings)
+    cfg = SweepConfig(
+        seeds=args.seeds,
+        start=args.start,
+        workers=args.workers or args.ray_cpus or cpus,
+        ray_address=args.ray,
+        out_dir=args.out,
+        check_determinism=args.check_determinism,
+        time_budget_s=args.time_budget,
+        expect=expect,
+        explore=args.explore,
+        explore_strategy=args.explore_strategy,
+        upstream_as_findings=args.upstream_as_findings,
+    )
     os.makedirs(args.out, exist_ok=True)
     if not args.quiet:
         where = f"Ray at {args.ray}" if args.ray else f"{cfg.workers} local worker(s)"
-        print(f"fuzzing seeds {cfg.start}..{cfg.start + cfg.seeds - 1} on {where}"
-              + (f", each in the fixed order and under {cfg.explore} {cfg.explore_strategy} schedule seed(s)"
-                 if cfg.explore else "")
-              + (", each checked for determinism" if cfg.check_determinism else ""), file=sys.stderr)
+        print(
+            f"fuzzing seeds {cfg.start}..{cfg.start + cfg.seeds - 1} on {where}"
+            + (
+                f", each in the fixed order and under {cfg.explore} {cfg.explore_strategy} schedule seed(s)"
+                if cfg.explore
+                else ""
+            )
+            + (", each checked for determinism" if cfg.check_determinism else ""),
+            file=sys.stderr,
+        )
     sweep = run_sweep(cfg, None if args.quiet else Progress(len(cfg.runs())), minimize_findings=not args.no_minimize)
     atomic_write(os.path.join(args.out, "results.json"), results_json(sweep.results))
     table = format_table(sweep)
@@ -104,8 +152,10 @@ def cmd_fuzz(args: argparse.Namespace, usage_error) -> int:
     print(table)
     print(f"results: {os.path.join(args.out, 'results.json')}")
     if sweep.unexpected:
-        print(f"{len(sweep.unexpected)} signature(s) no expectation covers"
-              + (f" (baseline {args.baseline})" if args.baseline else " (none given: --baseline FILE)"))
+        print(
+            f"{len(sweep.unexpected)} signature(s) no expectation covers"
+            + (f" (baseline {args.baseline})" if args.baseline else " (none given: --baseline FILE)")
+        )
         return ExitCode.FINDING
     if args.strict and sweep.not_found:
         print(f"{len(sweep.not_found)} expected finding(s) occurred in no seed (--strict)")

@@ -35,8 +35,12 @@ def crashed(seed: int, e: BaseException) -> Result:
     """The result of a seed whose run raised: the exception's type is the signature."""
     tb = traceback.extract_tb(e.__traceback__)
     where = f" at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else ""
-    return {"seed": seed, "status": "crashed", "signature": f"crashed:{type(e).__name__}",
-            "detail": f"{type(e).__name__}: {e}{where}"}
+    return {
+        "seed": seed,
+        "status": "crashed",
+        "signature": f"crashed:{type(e).__name__}",
+        "detail": f"{type(e).__name__}: {e}{where}",
+    }
 
 
 def _child(conn, job: "Job") -> None:
@@ -102,8 +106,9 @@ class _Running:
         return _lost(self.job, "timeout", f"over its time budget of {budget:g} s")
 
 
-def run_isolated(jobs: Iterable[Job], *, workers: int, budget: Optional[float],
-                 clock: Callable[[], float]) -> Iterator[Result]:
+def run_isolated(
+    jobs: Iterable[Job], *, workers: int, budget: Optional[float], clock: Callable[[], float]
+) -> Iterator[Result]:
     """Run each job in a forked child, ``workers`` at a time; yield results as they end."""
     ctx = _context()
     pending = list(jobs)
@@ -152,8 +157,13 @@ def run_on_ray(jobs: Iterable[Job], *, address: str, workers: int, budget: Optio
         if address == "local":
             # worker_niceness 0: the tasks are the work asked for, at the priority the local
             # executor's processes get (Ray's default nice 15 would yield to any busy process)
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     _system_config={"worker_niceness": 0})
+            ray.init(
+                num_cpus=workers,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                _system_config={"worker_niceness": 0},
+            )
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     task = ray.remote(num_cpus=1, max_retries=0)(isolated_job)

@@ -63,8 +63,9 @@ def _tp_groups(nodes: int, gpus_per_node: int, tp: int) -> List[Tuple[int, ...]]
     return out
 
 
-def _mappings(d: Draw, ptype: str, nodes: int, gpn: int, taken: Set[int], reserved: Set[int]
-              ) -> Optional[Tuple[int, List[int], List[int]]]:
+def _mappings(
+    d: Draw, ptype: str, nodes: int, gpn: int, taken: Set[int], reserved: Set[int]
+) -> Optional[Tuple[int, List[int], List[int]]]:
     """(infer_tp, train_gpus, infer_gpus) satisfying the type's registration rules, or None
     when the GPUs left cannot host the type.
 
@@ -96,8 +97,9 @@ def _mappings(d: Draw, ptype: str, nodes: int, gpn: int, taken: Set[int], reserv
     return tp, d.subset(infer, k), infer
 
 
-def _pipeline(d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: int,
-              tp: int, train: List[int], infer: List[int]) -> Dict[str, Any]:
+def _pipeline(
+    d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: int, tp: int, train: List[int], infer: List[int]
+) -> Dict[str, Any]:
     # training holds about 16 bytes a parameter (CostSpec.train_state_multiplier x bf16) on
     # one GPU: a model that cannot train on the drawn GPU would only rediscover that
     params = d.choice([p for p in (0.5e9, 0.5e9, 1.5e9, 3e9) if p * 16 <= 0.7 * vram_gib * GiB])
@@ -122,8 +124,10 @@ def _pipeline(d: Draw, index: int, ptype: str, nodes: int, gpn: int, vram_gib: i
     if ptype == "single_controller":
         p["streaming"] = _streaming(d, p["workload"]["prompts_per_step"])
     if ptype == "disaggregated":
-        p["disaggregated"] = {"shape": d.choice(["sync", "one_step_off", "fully_async"]),
-                              "weight_sync": d.choice(["drain", "pause", "in_flight"])}
+        p["disaggregated"] = {
+            "shape": d.choice(["sync", "one_step_off", "fully_async"]),
+            "weight_sync": d.choice(["drain", "pause", "in_flight"]),
+        }
     return p
 
 

@@ -50,7 +50,7 @@ def _drop_rank(m: Mapping) -> Iterator[Mapping]:
         tp = p.get("infer_tp", 1)
         infer = sorted(p["infer_gpus"])
         for r in range(len(infer) // tp):
-            bundle = set(infer[r * tp:(r + 1) * tp])
+            bundle = set(infer[r * tp : (r + 1) * tp])
             train = [g for g in p["train_gpus"] if g not in bundle]
             if not train:
                 continue
@@ -81,9 +81,13 @@ def _set(m: Mapping, i: int, section: str, key: str, value: Any) -> Optional[Map
 
 def _smaller_pipelines(m: Mapping) -> Iterator[Mapping]:
     for i, p in enumerate(m["pipelines"]):
-        for section, key, value in (("workload", "prompts_per_step", 1), ("workload", "generations_per_prompt", 1),
-                                    ("workload", "decode_tokens_median", 64.0), ("workload", "decode_tokens_sigma", 0.3),
-                                    ("model", "params", 5e8)):
+        for section, key, value in (
+            ("workload", "prompts_per_step", 1),
+            ("workload", "generations_per_prompt", 1),
+            ("workload", "decode_tokens_median", 64.0),
+            ("workload", "decode_tokens_sigma", 0.3),
+            ("model", "params", 5e8),
+        ):
             c = _set(m, i, section, key, value)
             if c is not None:
                 yield c
@@ -122,7 +126,13 @@ def _fewer_gpus(m: Mapping) -> Iterator[Mapping]:
 
 
 _STEPS: List[Callable[[Mapping], Iterator[Mapping]]] = [
-    _drop_pipeline, _drop_fault, _drop_rank, _fewer_steps, _smaller_pipelines, _defaults, _fewer_gpus,
+    _drop_pipeline,
+    _drop_fault,
+    _drop_rank,
+    _fewer_steps,
+    _smaller_pipelines,
+    _defaults,
+    _fewer_gpus,
 ]
 
 
@@ -139,8 +149,14 @@ def signature_of(mapping: Mapping, explore: Any = None, upstream_as_findings: bo
         return f"crashed:{type(e).__name__}"
 
 
-def minimize(mapping: Mapping, target: str, *, max_runs: int = 120, wall_s: Optional[float] = None,
-             signature_fn: Callable[[Mapping], Optional[str]] = signature_of) -> Tuple[Mapping, int]:
+def minimize(
+    mapping: Mapping,
+    target: str,
+    *,
+    max_runs: int = 120,
+    wall_s: Optional[float] = None,
+    signature_fn: Callable[[Mapping], Optional[str]] = signature_of,
+) -> Tuple[Mapping, int]:
     """The smallest mapping found whose run still has signature ``target``, and the number
     of candidate runs it took. It stops after ``max_runs`` candidate runs or ``wall_s``
     seconds, with the smallest reproducer found so far."""

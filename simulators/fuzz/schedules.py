@@ -58,10 +58,14 @@ def schedule_only_lines(findings: List[Any], results: List[Result], scenario_fil
     lines = []
     for f in findings:
         for seed in f.schedule_only:
-            runs = [r["explore"] for r in results if r["seed"] == seed and r["signature"] == f.signature and "explore" in r]
+            runs = [
+                r["explore"] for r in results if r["seed"] == seed and r["signature"] == f.signature and "explore" in r
+            ]
             shown = ", ".join(str(x["seed"]) for x in runs[:8]) + (", ..." if len(runs) > 8 else "")
-            lines.append(f"  {f.signature}  seed {seed}: schedule seed(s) {shown} ({len(runs)} of the sweep's "
-                         f"schedules): rlharness simulate {scenario_file(seed)}{explore_flags(runs[0])}")
+            lines.append(
+                f"  {f.signature}  seed {seed}: schedule seed(s) {shown} ({len(runs)} of the sweep's "
+                f"schedules): rlharness simulate {scenario_file(seed)}{explore_flags(runs[0])}"
+            )
     if lines:
         lines.insert(0, "schedule-only families (the fixed order of that scenario seed ends otherwise):")
     return lines

@@ -38,12 +38,18 @@ _KEPT_VIOLATIONS = 5
 
 def scenario_size(s: Scenario) -> tuple:
     """Smaller is a simpler reproducer: GPUs, pipelines, faults, steps, trajectories."""
-    return (s.cluster.num_gpus, len(s.pipelines), len(s.faults), sum(p.steps for p in s.pipelines),
-            sum(p.workload.trajectories_per_step for p in s.pipelines))
+    return (
+        s.cluster.num_gpus,
+        len(s.pipelines),
+        len(s.faults),
+        sum(p.steps for p in s.pipelines),
+        sum(p.workload.trajectories_per_step for p in s.pipelines),
+    )
 
 
-def run_scenario(scenario: Scenario, explore: Optional[ExploreSpec] = None,
-                 upstream_as_findings: bool = False) -> Dict[str, Any]:
+def run_scenario(
+    scenario: Scenario, explore: Optional[ExploreSpec] = None, upstream_as_findings: bool = False
+) -> Dict[str, Any]:
     """Simulate one scenario (under a schedule seed, if given) and describe what it found
     (the seed-independent part). Known upstream behaviour (harness.logs.known_upstream) is
     counted apart and names no signature, unless ``upstream_as_findings``."""

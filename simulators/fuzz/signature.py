@@ -84,8 +84,11 @@ def _horizon(records: Sequence[dict], types: Dict[str, str]) -> str:
     """``horizon:never_trained[...]`` when some pipeline never consumed a batch (a stall
     before its first step), else ``horizon:unfinished[...]`` (the pipelines still running)."""
     # a step's batch taken (colocated pipelines) or a split-API step finished (single controller)
-    trained = {r["pipeline_id"] for r in records if r["kind"] == "batch_consumed"
-               or (r["kind"] == "trainer_step" and r.get("action") == "finish")}
+    trained = {
+        r["pipeline_id"]
+        for r in records
+        if r["kind"] == "batch_consumed" or (r["kind"] == "trainer_step" and r.get("action") == "finish")
+    }
     gone = {r["pipeline_id"] for r in records if r["kind"] == "unregister"}
     never = sorted({types[p] for p in types if p not in trained and p not in gone})
     if never:

@@ -52,8 +52,11 @@ class SweepConfig:
 
     def runs(self) -> List[Job]:
         """One job per run: each seed's fixed order, then its schedule seeds."""
-        return [seed_job(s, None if k < 0 else ExploreSpec(k, self.explore_strategy), self.upstream_as_findings)
-                for s in range(self.start, self.start + self.seeds) for k in range(-1, self.explore)]
+        return [
+            seed_job(s, None if k < 0 else ExploreSpec(k, self.explore_strategy), self.upstream_as_findings)
+            for s in range(self.start, self.start + self.seeds)
+            for k in range(-1, self.explore)
+        ]
 
 
 @dataclass
@@ -137,9 +140,11 @@ class Progress:
         elapsed = now - self.t0
         rate = self.done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
-        line = (f"[{self.done:>{len(str(self.total))}}/{self.total}] {len(self.findings)} signature(s), "
-                f"{sum(self.findings.values())} finding(s), {self.lost} crashed/timeout, "
-                f"{rate * 60:.0f} seeds/min, eta {eta:.0f} s")
+        line = (
+            f"[{self.done:>{len(str(self.total))}}/{self.total}] {len(self.findings)} signature(s), "
+            f"{sum(self.findings.values())} finding(s), {self.lost} crashed/timeout, "
+            f"{rate * 60:.0f} seeds/min, eta {eta:.0f} s"
+        )
         if self.tty:
             self.stream.write("\r" + line + ("\n" if self.done == self.total else ""))
         else:
@@ -151,12 +156,24 @@ class Progress:
         self.stream.flush()
 
 
-def _minimize_job(index: int, seed: int, sig: str, max_runs: int, wall_s: float,
-                  explore: Optional[Dict[str, Any]] = None, upstream_as_findings: bool = False) -> Result:
+def _minimize_job(
+    index: int,
+    seed: int,
+    sig: str,
+    max_runs: int,
+    wall_s: float,
+    explore: Optional[Dict[str, Any]] = None,
+    upstream_as_findings: bool = False,
+) -> Result:
     """Shrink seed's scenario, every candidate under the finding's schedule seed (kept)."""
     spec = None if explore is None else ExploreSpec(explore["seed"], explore["strategy"])
-    mapping, runs = minimize(scenario_mapping(seed), sig, max_runs=max_runs, wall_s=wall_s,
-                             signature_fn=lambda m: signature_of(m, spec, upstream_as_findings))
+    mapping, runs = minimize(
+        scenario_mapping(seed),
+        sig,
+        max_runs=max_runs,
+        wall_s=wall_s,
+        signature_fn=lambda m: signature_of(m, spec, upstream_as_findings),
+    )
     return {"seed": index, "mapping": mapping, "runs": runs}
 
 
@@ -173,8 +190,18 @@ def _findings(results: List[Result], expect: List[str]) -> List[Finding]:
     for sig, rs in by_sig.items():
         smallest = min(rs, key=lambda r: (r.get("scenario", {}).get("size", [1 << 30]), run_key(r)))
         n, only = families(rs)
-        out.append(Finding(sig, len(rs), sorted({r["seed"] for r in rs}), smallest["seed"], _is_expected(sig, expect),
-                           explore=smallest.get("explore"), families=n, schedule_only=only))
+        out.append(
+            Finding(
+                sig,
+                len(rs),
+                sorted({r["seed"] for r in rs}),
+                smallest["seed"],
+                _is_expected(sig, expect),
+                explore=smallest.get("explore"),
+                families=n,
+                schedule_only=only,
+            )
+        )
     return sorted(out, key=lambda f: (-f.count, f.signature))
 
 
@@ -198,7 +225,7 @@ def _check_determinism(results: List[Result], cfg: SweepConfig, progress: Option
     if progress is not None:
         progress.say(f"checking determinism of {len(ran)} seed(s) in fresh processes ...")
     runs = [run_id(r["seed"], r.get("explore")) for r in ran]
-    chunks = [runs[i:i + _CHUNK] for i in range(0, len(runs), _CHUNK)]
+    chunks = [runs[i : i + _CHUNK] for i in range(0, len(runs), _CHUNK)]
     budget = cfg.time_budget_s * _CHUNK
     jobs = [Job(i, fresh_hashes, (c, budget, i)) for i, c in enumerate(chunks)]
     fresh: Dict[str, str] = {}
@@ -222,8 +249,7 @@ def results_json(results: List[Result]) -> str:
     return json.dumps(sorted(results, key=run_key), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
 
-def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None,
-              minimize_findings: bool = True) -> SweepResult:
+def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None, minimize_findings: bool = True) -> SweepResult:
     t0 = time.monotonic()
     results: List[Result] = []
     for res in _execute(cfg.runs(), cfg, cfg.time_budget_s):
@@ -242,8 +268,22 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None,
     if minimize_findings and to_minimize:
         if progress is not None:
             progress.say(f"minimizing {len(to_minimize)} finding(s) ...")
-        jobs = [Job(i, _minimize_job, (i, f.smallest_seed, f.signature, cfg.minimize_runs, cfg.minimize_wall_s,
-                                       f.explore, cfg.upstream_as_findings)) for i, f in enumerate(to_minimize)]
+        jobs = [
+            Job(
+                i,
+                _minimize_job,
+                (
+                    i,
+                    f.smallest_seed,
+                    f.signature,
+                    cfg.minimize_runs,
+                    cfg.minimize_wall_s,
+                    f.explore,
+                    cfg.upstream_as_findings,
+                ),
+            )
+            for i, f in enumerate(to_minimize)
+        ]
         budget = cfg.minimize_wall_s + cfg.time_budget_s  # the last candidate may start just in time
         for res in run_isolated(jobs, workers=cfg.workers, budget=budget, clock=time.monotonic):
             f = to_minimize[res["seed"]]
@@ -254,15 +294,25 @@ def run_sweep(cfg: SweepConfig, progress: Optional[Progress] = None,
         for f in findings:
             if f.minimized is None and f.signature != "timeout" and not f.signature.startswith("crashed"):
                 f.scenario_file = _write_scenario(cfg.out_dir, f.smallest_seed)
-    return SweepResult(results, findings, time.monotonic() - t0, unmatched(findings, cfg.expect),
-                       cfg.explore, cfg.explore_strategy, cfg.out_dir)
+    return SweepResult(
+        results,
+        findings,
+        time.monotonic() - t0,
+        unmatched(findings, cfg.expect),
+        cfg.explore,
+        cfg.explore_strategy,
+        cfg.out_dir,
+    )
 
 
 def _write_scenario(out_dir: str, seed: int) -> str:
     path = os.path.join(out_dir, "scenarios", f"seed{seed}.yaml")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, f"# The scenario of fuzz seed {seed} (not minimized).\n"
-                 + yaml.safe_dump(scenario_mapping(seed), sort_keys=False))
+    atomic_write(
+        path,
+        f"# The scenario of fuzz seed {seed} (not minimized).\n"
+        + yaml.safe_dump(scenario_mapping(seed), sort_keys=False),
+    )
     return path
 
 
@@ -271,10 +321,15 @@ def _write_minimized(out_dir: str, f: Finding, mapping: Dict[str, Any]) -> str:
     schedule = f" schedule seed {f.explore['seed']} ({f.explore['strategy']})" if f.explore else ""
     name = f"seed{f.smallest_seed}" + (f"_x{f.explore['seed']}{f.explore['strategy']}" if f.explore else "")
     path = os.path.join(out_dir, "minimized", f"{name}_{_slug(f.signature)}.yaml")
-    mapping = dict(mapping, name=f"min_{_slug(f.signature)}"[:60],
-                   description=f"minimized by rlharness fuzz from seed {f.smallest_seed}{schedule}: {f.signature}")
-    head = (f"# Minimized reproducer of '{f.signature}' (rlharness fuzz, seed {f.smallest_seed}{schedule}).\n"
-            f"# See it: rlharness simulate {path}{flags}\n")
+    mapping = dict(
+        mapping,
+        name=f"min_{_slug(f.signature)}"[:60],
+        description=f"minimized by rlharness fuzz from seed {f.smallest_seed}{schedule}: {f.signature}",
+    )
+    head = (
+        f"# Minimized reproducer of '{f.signature}' (rlharness fuzz, seed {f.smallest_seed}{schedule}).\n"
+        f"# See it: rlharness simulate {path}{flags}\n"
+    )
     os.makedirs(os.path.dirname(path), exist_ok=True)
     atomic_write(path, head + yaml.safe_dump(mapping, sort_keys=False))
     return path
@@ -288,8 +343,10 @@ def format_table(sweep: SweepResult) -> str:
     lines += _known_lines(results)
     dets = [r.get("determinism", {}).get("status") for r in results]
     if any(d is not None for d in dets):
-        lines.append(f"determinism: {dets.count('identical')} identical, {dets.count('diverged')} diverged, "
-                     f"{dets.count('not_checked')} not checked (fresh process failed)")
+        lines.append(
+            f"determinism: {dets.count('identical')} identical, {dets.count('diverged')} diverged, "
+            f"{dets.count('not_checked')} not checked (fresh process failed)"
+        )
     return "\n".join(lines)
 
 
@@ -301,21 +358,28 @@ def _known_lines(results: List[Result]) -> List[str]:
     for r in results:
         for name in r.get("known_upstream") or {}:
             seeds.setdefault(name, []).append(r["seed"])
-    return [f"  known upstream  {BY_NAME[name].check} in {len(ss)} seed(s) (first {min(ss)}): {BY_NAME[name].what} "
-            f"[{BY_NAME[name].source}]" for name, ss in sorted(seeds.items())]
+    return [
+        f"  known upstream  {BY_NAME[name].check} in {len(ss)} seed(s) (first {min(ss)}): {BY_NAME[name].what} "
+        f"[{BY_NAME[name].source}]"
+        for name, ss in sorted(seeds.items())
+    ]
 
 
 def _table(sweep: SweepResult) -> List[str]:
     results = sweep.results
     clean = sum(1 for r in results if r["signature"] == CLEAN)
-    lines = [f"{len(results)} seeds in {sweep.wall_s:.1f} s: {clean} clean, "
-             f"{len(results) - clean} with a finding, {len(sweep.findings)} distinct signature(s)"]
+    lines = [
+        f"{len(results)} seeds in {sweep.wall_s:.1f} s: {clean} clean, "
+        f"{len(results) - clean} with a finding, {len(sweep.findings)} distinct signature(s)"
+    ]
     if sweep.findings:
         width = max(len(f.signature) for f in sweep.findings)
         lines.append(f"  {'signature':<{width}}  count  smallest seed  expected  minimized reproducer")
         for f in sweep.findings:
-            lines.append(f"  {f.signature:<{width}}  {f.count:>5}  {f.smallest_seed:>13}  "
-                         f"{'yes' if f.expected else 'NO':>8}  {f.minimized or '-'}")
+            lines.append(
+                f"  {f.signature:<{width}}  {f.count:>5}  {f.smallest_seed:>13}  "
+                f"{'yes' if f.expected else 'NO':>8}  {f.minimized or '-'}"
+            )
     return lines
 
 
@@ -327,15 +391,19 @@ def _explored_table(sweep: SweepResult) -> List[str]:
     seeds = len({r["seed"] for r in results})
     clean = sum(1 for r in results if r["signature"] == CLEAN)
     only = sum(len(f.schedule_only) for f in findings)
-    lines = [f"{seeds} seeds x (fixed order + {sweep.explore} {sweep.explore_strategy} schedule seed(s)) = "
-             f"{len(results)} runs in {sweep.wall_s:.1f} s: {clean} clean, {len(results) - clean} with a finding, "
-             f"{len(findings)} distinct signature(s) in {sum(f.families for f in findings)} family(ies), "
-             f"{only} schedule-only"]
+    lines = [
+        f"{seeds} seeds x (fixed order + {sweep.explore} {sweep.explore_strategy} schedule seed(s)) = "
+        f"{len(results)} runs in {sweep.wall_s:.1f} s: {clean} clean, {len(results) - clean} with a finding, "
+        f"{len(findings)} distinct signature(s) in {sum(f.families for f in findings)} family(ies), "
+        f"{only} schedule-only"
+    ]
     if findings:
         width = max(len(f.signature) for f in findings)
         lines.append(f"  {'signature':<{width}}   runs  families  schedule-only  smallest run  expected  reproducer")
         for f in findings:
             run = f"{f.smallest_seed}" + (f" x{f.explore['seed']}" if f.explore else "")
-            lines.append(f"  {f.signature:<{width}}  {f.count:>5}  {f.families:>8}  {len(f.schedule_only):>13}  "
-                         f"{run:>12}  {'yes' if f.expected else 'NO':>8}  {f.reproducer}")
+            lines.append(
+                f"  {f.signature:<{width}}  {f.count:>5}  {f.families:>8}  {len(f.schedule_only):>13}  "
+                f"{run:>12}  {'yes' if f.expected else 'NO':>8}  {f.reproducer}"
+            )
     return lines + schedule_only_lines(findings, results, sweep.scenario_file)

@@ -37,19 +37,20 @@ from typing import Any, Callable, Dict, List, Optional
 from harness.dataplane.meta import KVBatchMeta
 
 ROUTES = ("one_hop", "via_driver")
-ROLLOUT_FIELDS = ["trajectory"]      # input_ids, generation logprobs, masks: one record per put
+ROLLOUT_FIELDS = ["trajectory"]  # input_ids, generation logprobs, masks: one record per put
 WRITEBACK_FIELDS = ["prev_logprobs"]
 
 
 @dataclass(frozen=True)
 class DataPlaneSpec:
-    route: str = "one_hop"                # one_hop: bulk store -> workers; via_driver: through the driver (the design the data plane forbids)
-    store_bytes_per_s: float = 5e9        # the store's aggregate bandwidth
-    store_latency_s: float = 0.002        # per transfer (request round trip)
-    driver_bytes_per_s: float = 1.25e9    # the driver process's link (only via_driver uses it for bulk)
-    bytes_per_token: int = 24             # per-token fields the rollout puts
-    writeback_bytes_per_token: int = 4    # per-token fields each leader writes back
-    train_tp: int = 1                     # TP x CP x PP siblings per training DP replica
+    # one_hop: bulk store -> workers; via_driver: through the driver (the design the data plane forbids)
+    route: str = "one_hop"
+    store_bytes_per_s: float = 5e9  # the store's aggregate bandwidth
+    store_latency_s: float = 0.002  # per transfer (request round trip)
+    driver_bytes_per_s: float = 1.25e9  # the driver process's link (only via_driver uses it for bulk)
+    bytes_per_token: int = 24  # per-token fields the rollout puts
+    writeback_bytes_per_token: int = 4  # per-token fields each leader writes back
+    train_tp: int = 1  # TP x CP x PP siblings per training DP replica
 
 
 class Timeline:
@@ -85,12 +86,34 @@ class DataPlaneSim:
         self.tokens: Dict[str, int] = {}
         self.shards: List[KVBatchMeta] = []
 
-    def _emit(self, hop: str, actor: str, role: str, samples: List[str], fields: List[str], nbytes: int,
-              end: float, dp_rank: Optional[int] = None, to: Optional[str] = None) -> None:
+    def _emit(
+        self,
+        hop: str,
+        actor: str,
+        role: str,
+        samples: List[str],
+        fields: List[str],
+        nbytes: int,
+        end: float,
+        dp_rank: Optional[int] = None,
+        to: Optional[str] = None,
+    ) -> None:
         p = self.pipe
-        self.pipe.sim.emit("dp_transfer", actor=f"{p.pid}/{actor}", role=role, partition=p.pid, hop=hop,
-                           samples=samples, fields=fields, bytes=int(nbytes), pipeline_id=p.pid, step=self.step_of(),
-                           dp_rank=dp_rank, to=to, duration=round(end - self.env.now, 9))
+        self.pipe.sim.emit(
+            "dp_transfer",
+            actor=f"{p.pid}/{actor}",
+            role=role,
+            partition=p.pid,
+            hop=hop,
+            samples=samples,
+            fields=fields,
+            bytes=int(nbytes),
+            pipeline_id=p.pid,
+            step=self.step_of(),
+            dp_rank=dp_rank,
+            to=to,
+            duration=round(end - self.env.now, 9),
+        )
 
     # ------------------------------------------------------------------ the core, by sample id
     def put(self, ids: List[str], tokens: List[int]) -> float:
@@ -119,17 +142,41 @@ class DataPlaneSim:
                 if hook is not None:
                     size = hook(size, sum(shard.sequence_lengths) * bytes_per_token)
                 t_meta = self.driver.transfer(now, size)
-                self._emit("driver_meta", "driver", "driver", list(shard.sample_ids), list(shard.fields), size,
-                           t_meta, to=f"dp{d}")
+                self._emit(
+                    "driver_meta",
+                    "driver",
+                    "driver",
+                    list(shard.sample_ids),
+                    list(shard.fields),
+                    size,
+                    t_meta,
+                    to=f"dp{d}",
+                )
             for d, shard in enumerate(shards):
                 nbytes = sum(shard.sequence_lengths) * bytes_per_token
                 end = self.store.transfer(t_meta, nbytes)
-                self._emit("store_to_worker", f"train/dp{d}/tp0", "worker", list(shard.sample_ids),
-                           list(fields), nbytes, end, dp_rank=d)
+                self._emit(
+                    "store_to_worker",
+                    f"train/dp{d}/tp0",
+                    "worker",
+                    list(shard.sample_ids),
+                    list(fields),
+                    nbytes,
+                    end,
+                    dp_rank=d,
+                )
                 if s.train_tp > 1:
                     end += nbytes / self.intra_bytes_per_s
-                    self._emit("leader_to_siblings", f"train/dp{d}/tp0", "worker", list(shard.sample_ids),
-                               list(fields), nbytes * (s.train_tp - 1), end, dp_rank=d)
+                    self._emit(
+                        "leader_to_siblings",
+                        f"train/dp{d}/tp0",
+                        "worker",
+                        list(shard.sample_ids),
+                        list(fields),
+                        nbytes * (s.train_tp - 1),
+                        end,
+                        dp_rank=d,
+                    )
                 done = max(done, end)
         else:
             total = sum(lens) * bytes_per_token
@@ -139,8 +186,16 @@ class DataPlaneSim:
                 nbytes = sum(shard.sequence_lengths) * bytes_per_token
                 for t in range(s.train_tp):  # the driver ships every rank its shard
                     end = self.driver.transfer(got, nbytes)
-                    self._emit("driver_to_worker", "driver", "driver", list(shard.sample_ids), list(fields),
-                               nbytes, end, to=f"dp{d}/tp{t}")
+                    self._emit(
+                        "driver_to_worker",
+                        "driver",
+                        "driver",
+                        list(shard.sample_ids),
+                        list(fields),
+                        nbytes,
+                        end,
+                        to=f"dp{d}/tp{t}",
+                    )
                     done = max(done, end)
         if done > now:
             yield self.env.timeout(done - now)
@@ -155,12 +210,28 @@ class DataPlaneSim:
             nbytes = sum(shard.sequence_lengths) * s.writeback_bytes_per_token
             if s.route == "one_hop":
                 end = self.store.transfer(now, nbytes)
-                self._emit("worker_to_store", f"train/dp{d}/tp0", "worker", list(shard.sample_ids), WRITEBACK_FIELDS,
-                           nbytes, end, dp_rank=d)
+                self._emit(
+                    "worker_to_store",
+                    f"train/dp{d}/tp0",
+                    "worker",
+                    list(shard.sample_ids),
+                    WRITEBACK_FIELDS,
+                    nbytes,
+                    end,
+                    dp_rank=d,
+                )
             else:
                 got = self.driver.transfer(now, nbytes)
-                self._emit("worker_to_driver", f"train/dp{d}/tp0", "worker", list(shard.sample_ids), WRITEBACK_FIELDS,
-                           nbytes, got, dp_rank=d)
+                self._emit(
+                    "worker_to_driver",
+                    f"train/dp{d}/tp0",
+                    "worker",
+                    list(shard.sample_ids),
+                    WRITEBACK_FIELDS,
+                    nbytes,
+                    got,
+                    dp_rank=d,
+                )
                 end = self.store.transfer(got, nbytes)
                 self._emit("driver_to_store", "driver", "driver", list(shard.sample_ids), WRITEBACK_FIELDS, nbytes, end)
             done = max(done, end)
@@ -171,8 +242,15 @@ class DataPlaneSim:
         """The driver's ``clear_samples``: metadata only, no bulk moves."""
         for i in ids:
             self.tokens.pop(i, None)
-        self.pipe.sim.emit("dp_clear", actor=f"{self.pipe.pid}/driver", role="driver", partition=self.pipe.pid,
-                           samples=list(ids), pipeline_id=self.pipe.pid, step=self.step_of())
+        self.pipe.sim.emit(
+            "dp_clear",
+            actor=f"{self.pipe.pid}/driver",
+            role="driver",
+            partition=self.pipe.pid,
+            samples=list(ids),
+            pipeline_id=self.pipe.pid,
+            step=self.step_of(),
+        )
 
     # ------------------------------------------------------------------ nemo_async's adapter
     def on_trajectory(self, rid: int, tokens: int) -> None:

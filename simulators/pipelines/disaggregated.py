@@ -70,7 +70,7 @@ class DisaggregatedSim:
         self.max_age = order.trajectory_age_bound(self.shape, w.max_trajectory_age_steps)
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer, tp = sorted(spec.infer_gpus), spec.infer_tp
-        self.ranks = [_Rank(r, tuple(infer[r * tp:(r + 1) * tp])) for r in range(len(infer) // tp)]
+        self.ranks = [_Rank(r, tuple(infer[r * tp : (r + 1) * tp])) for r in range(len(infer) // tp)]
         self.cap = w.max_concurrent_per_rank
         step = decode_step_time(w, spec.model)
         T, h = w.tokens_per_s_per_rank, w.batching_half_point
@@ -160,8 +160,12 @@ class DisaggregatedSim:
             while True:
                 taken, gone = order.select_batch(self.completed, self.trainer_version, self.batch, self.max_age)
                 if gone:  # evicted now: the rollouter's window starts their replacements
-                    self.sim.emit("trajectory_evicted", pipeline_id=self.pid, trajectories=gone,
-                                  trainer_version=self.trainer_version)
+                    self.sim.emit(
+                        "trajectory_evicted",
+                        pipeline_id=self.pid,
+                        trajectories=gone,
+                        trainer_version=self.trainer_version,
+                    )
                     dropped += gone
                     self.dropped += len(gone)
                     self.completed = [(t, v) for t, v in self.completed if t not in set(gone)]
@@ -179,9 +183,14 @@ class DisaggregatedSim:
                 yield self._changed
             ages = {self.trainer_version - self.batch_version[e.global_step]: self.batch}
             dropped = []
-        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=sum(ages.values()),
-                      staleness={str(k): v for k, v in sorted(ages.items())},
-                      **({"dropped": len(dropped)} if dropped else {}))
+        self.sim.emit(
+            "batch_consumed",
+            pipeline_id=self.pid,
+            step=e.global_step,
+            trajectories=sum(ages.values()),
+            staleness={str(k): v for k, v in sorted(ages.items())},
+            **({"dropped": len(dropped)} if dropped else {}),
+        )
         return None
 
     def _Compute(self, e):
@@ -207,8 +216,9 @@ class DisaggregatedSim:
 
     def _sync(self, version: int):
         self._collectives("weight_sync", "start")
-        yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus,
-                                             [r.gpus for r in self.ranks]))
+        yield self.env.timeout(
+            weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus, [r.gpus for r in self.ranks])
+        )
         self._collectives("weight_sync", "end")
         self.gen_version = version  # in_flight: the running sequences go on with these weights
 
@@ -216,8 +226,9 @@ class DisaggregatedSim:
         """The trainer's log-probs, training and weight sync all issue collectives on the
         training side's model-parallel communicator (verl's PP/EP groups): logged per
         activity, so that ``collective_order`` sees two of them interleave."""
-        self.sim.emit("collectives", pipeline_id=self.pid, communicator=f"{self.pid}/train", activity=activity,
-                      phase=phase)
+        self.sim.emit(
+            "collectives", pipeline_id=self.pid, communicator=f"{self.pid}/train", activity=activity, phase=phase
+        )
 
     def _PauseGeneration(self, e):
         self.admitting = False
@@ -247,8 +258,9 @@ class DisaggregatedSim:
     def _rollouter(self):
         total = self.spec.steps * self.batch
         while self.steps_done < self.spec.steps and not self.sim.stop.triggered:
-            if self.admitting and order.may_admit(self.started - self.dropped, self.trainer_version, self.batch,
-                                                  self.max_age, total):
+            if self.admitting and order.may_admit(
+                self.started - self.dropped, self.trainer_version, self.batch, self.max_age, total
+            ):
                 req = self.collector.draw(1)[0]
                 self.started += 1
                 self._dispatch(req.rid, req.tokens)
@@ -338,8 +350,14 @@ class DisaggregatedSim:
 
     def _complete(self, rank: _Rank, tid: int) -> None:
         first = self.first_version.pop(tid)
-        self.sim.emit("trajectory", pipeline_id=self.pid, trajectory=tid, dp_rank=rank.index,
-                      first_version=first, version=self.gen_version)
+        self.sim.emit(
+            "trajectory",
+            pipeline_id=self.pid,
+            trajectory=tid,
+            dp_rank=rank.index,
+            first_version=first,
+            version=self.gen_version,
+        )
         batch = self.batch_of.pop(tid, None)
         if batch is not None:
             self.left[batch] -= 1
@@ -349,5 +367,16 @@ class DisaggregatedSim:
     def _generate_record(self, rank: _Rank, kind: str) -> None:
         """One ``Generate`` effect per busy period of a rank (from its first running
         sequence to its last): what the timeline and the summary count as generation."""
-        self.sim.log.add({"seq": 0, "t": self.env._now, "kind": kind, "pipeline_id": self.pid, "effect": "Generate",
-                          "args": {"dp_rank": rank.index}, "scope": "rollout", "step": None, "gpus": list(rank.gpus)})
+        self.sim.log.add(
+            {
+                "seq": 0,
+                "t": self.env._now,
+                "kind": kind,
+                "pipeline_id": self.pid,
+                "effect": "Generate",
+                "args": {"dp_rank": rank.index},
+                "scope": "rollout",
+                "step": None,
+                "gpus": list(rank.gpus),
+            }
+        )

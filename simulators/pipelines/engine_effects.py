@@ -149,7 +149,10 @@ class EngineEffects:
         """``asleep_tags`` for a rank_state record: only when some tags are awake and some
         not (a staged wake's window), past waking; every other record stays as it was."""
         tags = rank.engine.tags
-        if (tags["weights"] == "awake") == (tags["kv_cache"] == "awake") or \
-                rank.life.state in (RankState.ASLEEP, RankState.WAKING, RankState.STOPPED):
+        if (tags["weights"] == "awake") == (tags["kv_cache"] == "awake") or rank.life.state in (
+            RankState.ASLEEP,
+            RankState.WAKING,
+            RankState.STOPPED,
+        ):
             return _NONE
         return {"asleep_tags": rank.engine.asleep_tags()}

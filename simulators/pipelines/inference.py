@@ -136,7 +136,7 @@ def decode_step_time(w: "WorkloadSpec", m: "ModelSpec") -> Optional[Callable[[in
     T, h, x = w.tokens_per_s_per_rank, w.batching_half_point, w.decode_expert_read_s
     if x and m.num_experts and m.experts_per_token:
         miss = 1.0 - m.experts_per_token / m.num_experts
-        return lambda c: (h + c) / T - x * miss ** c
+        return lambda c: (h + c) / T - x * miss**c
     return lambda c: (h + c) / T
 
 
@@ -145,11 +145,20 @@ class Router:
 
     ``log(record)`` appends a whole record to the event log (``EventLog.add``)."""
 
-    def __init__(self, env: SimEnv, pipeline_id: str, pipe_index: int, max_concurrent: int,
-                 tokens_per_s: float, half_point: float, log: Callable[[dict], object],
-                 on_done: Callable[[Request, RankSim], None], max_attempts: Optional[int] = None,
-                 on_give_up: Optional[Callable[[Request], None]] = None,
-                 step_time: Optional[Callable[[int], float]] = None) -> None:
+    def __init__(
+        self,
+        env: SimEnv,
+        pipeline_id: str,
+        pipe_index: int,
+        max_concurrent: int,
+        tokens_per_s: float,
+        half_point: float,
+        log: Callable[[dict], object],
+        on_done: Callable[[Request, RankSim], None],
+        max_attempts: Optional[int] = None,
+        on_give_up: Optional[Callable[[Request], None]] = None,
+        step_time: Optional[Callable[[int], float]] = None,
+    ) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
         self.pipe_index = pipe_index
@@ -194,8 +203,17 @@ class Router:
         given_up = [req for req in aborted if limit is not None and req.attempt >= limit]
         self.submit([req for req in aborted if limit is None or req.attempt < limit])
         for req in given_up:  # in request order
-            self.log({"seq": 0, "t": self.env._now, "kind": "request_failed", "pipeline_id": self.pipeline_id,
-                      "request": req.rid, "attempts": req.attempt, "error": "ShardPreemptedError"})
+            self.log(
+                {
+                    "seq": 0,
+                    "t": self.env._now,
+                    "kind": "request_failed",
+                    "pipeline_id": self.pipeline_id,
+                    "request": req.rid,
+                    "attempts": req.attempt,
+                    "error": "ShardPreemptedError",
+                }
+            )
             if self.on_give_up is not None:
                 self.on_give_up(req)
         return aborted
@@ -237,8 +255,16 @@ class Router:
             for req in reqs:
                 req.attempt += 1
                 req.remaining = None  # what it decoded is lost: a retry starts over
-                log({"seq": 0, "t": now, "kind": "request_abort", "pipeline_id": pid,
-                     "request": req.rid, "dp_rank": rank.dp_rank})
+                log(
+                    {
+                        "seq": 0,
+                        "t": now,
+                        "kind": "request_abort",
+                        "pipeline_id": pid,
+                        "request": req.rid,
+                        "dp_rank": rank.dp_rank,
+                    }
+                )
             aborted.extend(reqs)
         self.aborted += len(aborted)
         return aborted
@@ -274,9 +300,18 @@ class Router:
             rank.queued.clear()
             reqs.sort(key=lambda req: req.rid)
             for req in reqs:
-                self.log({"seq": 0, "t": now, "kind": "request_pause", "pipeline_id": self.pipeline_id,
-                          "request": req.rid, "dp_rank": rank.dp_rank, "mode": mode,
-                          "tokens_left": req.tokens if req.remaining is None else req.remaining})
+                self.log(
+                    {
+                        "seq": 0,
+                        "t": now,
+                        "kind": "request_pause",
+                        "pipeline_id": self.pipeline_id,
+                        "request": req.rid,
+                        "dp_rank": rank.dp_rank,
+                        "mode": mode,
+                        "tokens_left": req.tokens if req.remaining is None else req.remaining,
+                    }
+                )
             rank.kept.extend(reqs)
 
     def resume_kept(self, rank: RankSim) -> None:
@@ -287,8 +322,16 @@ class Router:
             rank.actor = Actor("rank", self.pipe_index, rank.dp_rank)
         reqs, rank.kept = rank.kept, []
         for req in reqs:
-            self.log({"seq": 0, "t": self.env._now, "kind": "request_resume", "pipeline_id": self.pipeline_id,
-                      "request": req.rid, "dp_rank": rank.dp_rank})
+            self.log(
+                {
+                    "seq": 0,
+                    "t": self.env._now,
+                    "kind": "request_resume",
+                    "pipeline_id": self.pipeline_id,
+                    "request": req.rid,
+                    "dp_rank": rank.dp_rank,
+                }
+            )
             if len(rank.inflight) < self.max_concurrent:
                 self._start(rank, req)
             else:
@@ -348,8 +391,18 @@ class Router:
 
     def _route(self, rank: RankSim, req: Request) -> None:
         req.version = version = rank.life.weights_version
-        self.log({"seq": 0, "t": self.env._now, "kind": "request_dispatch", "pipeline_id": self.pipeline_id,
-                  "request": req.rid, "dp_rank": rank.dp_rank, "version": version, "attempt": req.attempt})
+        self.log(
+            {
+                "seq": 0,
+                "t": self.env._now,
+                "kind": "request_dispatch",
+                "pipeline_id": self.pipeline_id,
+                "request": req.rid,
+                "dp_rank": rank.dp_rank,
+                "version": version,
+                "attempt": req.attempt,
+            }
+        )
         if len(rank.inflight) < self.max_concurrent:
             self._start(rank, req)
         else:
@@ -388,8 +441,18 @@ class Router:
         version = req.version
         if self.stamp_at_completion is not None and self.stamp_at_completion():
             version = rank.life.weights_version  # fault stamp_at_completion: the version it ended on
-        self.log({"seq": 0, "t": self.env._now, "kind": "request_done", "pipeline_id": self.pipeline_id,
-                  "request": req.rid, "dp_rank": rank.dp_rank, "tokens": req.tokens, "version": version})
+        self.log(
+            {
+                "seq": 0,
+                "t": self.env._now,
+                "kind": "request_done",
+                "pipeline_id": self.pipeline_id,
+                "request": req.rid,
+                "dp_rank": rank.dp_rank,
+                "tokens": req.tokens,
+                "version": version,
+            }
+        )
         if rank.queued:
             self._start(rank, rank.queued.popleft())
         self.on_done(req, rank)

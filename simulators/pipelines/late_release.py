@@ -55,7 +55,9 @@ class LateRelease:
         gpus = sorted(set(self.train_gpus))
         ranks = [rank for rank in self.ranks.values() if set(rank.gpus) & set(gpus)]
         start = self.env.now
-        while any(rank.life.state not in _OFFLOADED for rank in ranks) and self.env.now - start < c.offload_wait_timeout_s:
+        while (
+            any(rank.life.state not in _OFFLOADED for rank in ranks) and self.env.now - start < c.offload_wait_timeout_s
+        ):
             yield self.env.timeout(STATE_POLL_S)
         offloaded = self.env.now - start
         start = self.env.now
@@ -68,7 +70,15 @@ class LateRelease:
                 outcome = "timeout"  # RLix logs "wake_up may OOM" and trains anyway
                 break
             yield self.env.timeout(MEMORY_POLL_S)
-        self.sim.emit("offload_wait", pipeline_id=self.pid, step=self.ctx.step, gpus=gpus, outcome=outcome,
-                      state_wait_s=offloaded, memory_wait_s=self.env.now - start, max_used=used,
-                      threshold=c.max_residual_gpu_mem_bytes)
+        self.sim.emit(
+            "offload_wait",
+            pipeline_id=self.pid,
+            step=self.ctx.step,
+            gpus=gpus,
+            outcome=outcome,
+            state_wait_s=offloaded,
+            memory_wait_s=self.env.now - start,
+            max_used=used,
+            threshold=c.max_residual_gpu_mem_bytes,
+        )
         return None

@@ -49,12 +49,16 @@ from simulators.runtime.timeouts import Deadlines
 from simulators.pipelines.workload import Collector, ReplayBuffer
 
 TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (docs/modelled-systems.md#rlix-selective-sync)
-_TRAIN_PHASE_OF = {Priority.INITIALIZATION: "init", Priority.OLD_LOG_PROBS: "old_log_probs",
-                   Priority.ACTOR_TRAINING: "train"}
+_TRAIN_PHASE_OF = {
+    Priority.INITIALIZATION: "init",
+    Priority.OLD_LOG_PROBS: "old_log_probs",
+    Priority.ACTOR_TRAINING: "train",
+}
 
 
-class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults,
-                  OracleFaults):
+class PipelineSim(
+    RankEffects, EngineEffects, LateRelease, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults
+):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
     :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
     (pipeline_training.py), workload effects and trajectory collection from
@@ -70,29 +74,50 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         self.costs = spec.costs or sim.scenario.costs
         nemo = spec.type == "nemo_async"
         self.ctx = PipelineContext(
-            pipeline_id=spec.name, kind=spec.type, steps=spec.steps, sleep_level=spec.sleep_level,
+            pipeline_id=spec.name,
+            kind=spec.type,
+            steps=spec.steps,
+            sleep_level=spec.sleep_level,
             step_target=spec.workload.trajectories_per_step,
             gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
             versions=VersionBook(clamp_bootstrap=nemo),
             release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
-            wait_offloaded=spec.wait_offloaded, finalize_pause=spec.finalize_pause,
-            trainer=TrainerSwitches(old_log_probs_offload_states=spec.old_log_probs_offload_states,
-                                    offload_nccl=spec.offload_nccl),
-            engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake))
+            wait_offloaded=spec.wait_offloaded,
+            finalize_pause=spec.finalize_pause,
+            trainer=TrainerSwitches(
+                old_log_probs_offload_states=spec.old_log_probs_offload_states, offload_nccl=spec.offload_nccl
+            ),
+            engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake),
+        )
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
         self.ranks: Dict[int, RankSim] = {
-            r: RankSim(self.pid, r, tuple(infer[r * tp:(r + 1) * tp]), RankLifecycle(self.pid, r),
-                       engine=EngineTags(f"{self.pid} dp{r}"))
+            r: RankSim(
+                self.pid,
+                r,
+                tuple(infer[r * tp : (r + 1) * tp]),
+                RankLifecycle(self.pid, r),
+                engine=EngineTags(f"{self.pid} dp{r}"),
+            )
             for r in range(len(infer) // tp)
         }
         w = spec.workload
         # NeMo re-dispatches a preempted turn at most min(3, dp_size) times; ROLL migrates without limit
         attempts = min(3, len(infer) // tp) if nemo else None
-        self.router = Router(self.env, self.pid, index, w.max_concurrent_per_rank, w.tokens_per_s_per_rank,
-                             w.batching_half_point, sim.log.add, self._on_trajectory, attempts, self._on_give_up,
-                             decode_step_time(w, spec.model))
+        self.router = Router(
+            self.env,
+            self.pid,
+            index,
+            w.max_concurrent_per_rank,
+            w.tokens_per_s_per_rank,
+            w.batching_half_point,
+            sim.log.add,
+            self._on_trajectory,
+            attempts,
+            self._on_give_up,
+            decode_step_time(w, spec.model),
+        )
         self.router.ranks = self.ranks
         seed = np.random.SeedSequence([sim.scenario.seed, index])
         ahead = w  # fault stale_batch: generation runs two more steps ahead (oracle_faults.py)
@@ -159,16 +184,27 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         sim = self.sim
         sim.fail(f"{where}: {e}")
         if isinstance(e, OutOfMemory):
-            sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+            sim.emit(
+                "oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity
+            )
         elif isinstance(e, HostOutOfMemory):
             sim.emit("host_oom", node=e.node, owner=e.owner, requested=e.requested, used=e.used, capacity=e.capacity)
 
     def resize(self, phase: str, ranks: List[int], cycle: int):
         """A coordinator resize_infer call (runs as its own process), interpreted by
         ``harness.control.cycle.run_resize`` (which writes its resize records)."""
-        yield from interpret(run_resize(self.ctx, phase, ranks, cycle, self._resize_record,
-                                        lambda exc: self._resize_failed(phase, ranks, exc),
-                                        self._after_expand if phase == "expand" else None), self._handle)
+        yield from interpret(
+            run_resize(
+                self.ctx,
+                phase,
+                ranks,
+                cycle,
+                self._resize_record,
+                lambda exc: self._resize_failed(phase, ranks, exc),
+                self._after_expand if phase == "expand" else None,
+            ),
+            self._handle,
+        )
 
     def _after_expand(self) -> None:
         if not self.gone:
@@ -195,8 +231,11 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         sim = self.sim
         tps = {ACTOR_TRAIN: 1, GENERATION_CLUSTER: self.spec.infer_tp}
         maps = {ACTOR_TRAIN: list(self.train_gpus), GENERATION_CLUSTER: sorted(self.spec.infer_gpus)}
-        sim.call("register", {"pipeline_id": self.pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
-                 lambda: sim.model.register(self.pid, tps, maps))
+        sim.call(
+            "register",
+            {"pipeline_id": self.pid, "cluster_tp_configs": tps, "cluster_device_mappings": maps},
+            lambda: sim.model.register(self.pid, tps, maps),
+        )
 
     def _Admit(self, e):
         sim = self.sim
@@ -295,8 +334,9 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         A handler is ``_<EffectName>``: a generator function when the effect takes simulated
         time, a plain function when it completes at once. How this pipeline handles an
         effect class is worked out once (:meth:`_handling_of`), not per effect."""
-        return interpret(gen, self._handle_step, EffectLog(self.sim.log.add, self._now, self.pid, scope, step, cycle,
-                                                           self._gpus_of))
+        return interpret(
+            gen, self._handle_step, EffectLog(self.sim.log.add, self._now, self.pid, scope, step, cycle, self._gpus_of)
+        )
 
     def _handle_step(self, effect: Any) -> Any:
         return self._handling_of(type(effect))[0](effect)
@@ -357,8 +397,13 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         fields = {"release_cluster_id": rel, "request_cluster_id": req, "request_priority": e.priority.name}
         if e.global_step is not None:
             fields.update(release_global_step=e.global_step, request_global_step=e.global_step)
-        ticket = sim.call("release_then_request", fields, lambda: sim.model.release_then_request(
-            rel, req, e.priority, release_global_step=e.global_step, request_global_step=e.global_step))
+        ticket = sim.call(
+            "release_then_request",
+            fields,
+            lambda: sim.model.release_then_request(
+                rel, req, e.priority, release_global_step=e.global_step, request_global_step=e.global_step
+            ),
+        )
         gpus = yield from self._wait_ticket(ticket)
         return gpus
 
@@ -367,7 +412,9 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
         fields = {"pipeline_id": self.pid}
         if e.global_step is not None:
             fields["global_step"] = e.global_step
-        ticket = sim.call("await_release", fields, lambda: sim.model.await_release(pipeline_id=self.pid, global_step=e.global_step))
+        ticket = sim.call(
+            "await_release", fields, lambda: sim.model.await_release(pipeline_id=self.pid, global_step=e.global_step)
+        )
         yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
         return None
 
@@ -407,8 +454,9 @@ class PipelineSim(RankEffects, EngineEffects, LateRelease, RefitEffects, Trainin
 
     def _watchdog_tick(self, _arg: Any) -> None:
         sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
-        e = watchdog_tick(self.finished, sim.failure is not None, sim.model.state, cid,
-                          [r.life.state for r in self.ranks.values()])
+        e = watchdog_tick(
+            self.finished, sim.failure is not None, sim.model.state, cid, [r.life.state for r in self.ranks.values()]
+        )
         if e is not None and "no_gen_watchdog" in self.faults:
             # the absent watchdog (fault no_gen_watchdog) is seen where it would have
             # re-requested GENERATION first: the record, and no tick after it
@@ -450,4 +498,5 @@ def _handling_of(sim: "PipelineSim", effect_cls: type) -> Tuple[Callable[[Any], 
 
         def gpus_of(effect: Any) -> List[int]:
             return list(train_gpus)
+
     return (handler, gpus_of)

@@ -17,9 +17,16 @@ _STATE_NAME = {state: state.value for state in RankState}
 class RankEffects:
     def _log_rank(self, rank) -> None:
         # sim.emit() without its None filter: no field here can be None but version, which it keeps
-        record = {"seq": 0, "t": self.env._now, "kind": "rank_state", "pipeline_id": self.pid,
-                  "dp_rank": rank.dp_rank, "state": _STATE_NAME[rank.life.state], "gpus": list(rank.gpus),
-                  "version": rank.life.weights_version}
+        record = {
+            "seq": 0,
+            "t": self.env._now,
+            "kind": "rank_state",
+            "pipeline_id": self.pid,
+            "dp_rank": rank.dp_rank,
+            "state": _STATE_NAME[rank.life.state],
+            "gpus": list(rank.gpus),
+            "version": rank.life.weights_version,
+        }
         record.update(self._engine_state_fields(rank))  # tags still asleep (a staged wake), if any
         self.sim.log.add(record)
 

@@ -93,8 +93,9 @@ class RolloutEffects:
         self.batch_step = e.global_step
         self._collector_epoch_end(e.global_step)
         if self.collector.mode == "sync":
-            self.router.submit(self._mark_straggler(self.collector.draw(self.spec.workload.trajectories_per_step),
-                                                    e.global_step))
+            self.router.submit(
+                self._mark_straggler(self.collector.draw(self.spec.workload.trajectories_per_step), e.global_step)
+            )
         else:
             self._refill()
         self._report_progress(True, self._usable())
@@ -128,7 +129,12 @@ class RolloutEffects:
             else:
                 self._refill()
             yield self.batch_ready
-        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.global_step, trajectories=n,
-                      staleness={str(k): v for k, v in hist.items()})
+        self.sim.emit(
+            "batch_consumed",
+            pipeline_id=self.pid,
+            step=e.global_step,
+            trajectories=n,
+            staleness={str(k): v for k, v in hist.items()},
+        )
         self._refill()
         return None

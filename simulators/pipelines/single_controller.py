@@ -52,17 +52,29 @@ _WORKLOAD_STREAM = 0x5C  # seed-sequence tag of the per-prompt decode lengths
 def streaming_config(spec: PipelineSpec) -> StreamingConfig:
     s, w = spec.streaming, spec.workload
     return StreamingConfig(
-        groups_per_step=w.prompts_per_step, generations_per_prompt=w.generations_per_prompt,
-        sampler=s.sampler, window=s.window, freshest_first=bool(s.freshest_first), custom_target=s.custom_target,
-        min_groups_for_streaming_train=s.min_groups_for_streaming_train, max_inflight_prompts=s.max_inflight_prompts,
-        max_buffered_rollouts=s.max_buffered_rollouts, microbatch_groups=s.microbatch_groups,
+        groups_per_step=w.prompts_per_step,
+        generations_per_prompt=w.generations_per_prompt,
+        sampler=s.sampler,
+        window=s.window,
+        freshest_first=bool(s.freshest_first),
+        custom_target=s.custom_target,
+        min_groups_for_streaming_train=s.min_groups_for_streaming_train,
+        max_inflight_prompts=s.max_inflight_prompts,
+        max_buffered_rollouts=s.max_buffered_rollouts,
+        microbatch_groups=s.microbatch_groups,
         max_infra_attempts_per_prompt=s.max_infra_attempts_per_prompt,
         max_data_attempts_per_prompt=s.max_data_attempts_per_prompt,
-        watchdog_interval_s=s.watchdog_interval_s, stall_timeout_s=s.stall_timeout_s, stall_action=s.stall_action,
-        drop_budgets=s.drop_budgets, max_skipped_prompts=s.max_skipped_prompts,
+        watchdog_interval_s=s.watchdog_interval_s,
+        stall_timeout_s=s.stall_timeout_s,
+        stall_action=s.stall_action,
+        drop_budgets=s.drop_budgets,
+        max_skipped_prompts=s.max_skipped_prompts,
         max_consecutive_dropped_prompts=s.max_consecutive_dropped_prompts,
-        min_step_batch_fraction=s.min_step_batch_fraction, on_dropped_prompt=s.on_dropped_prompt,
-        max_replacement_attempts=s.max_replacement_attempts, replacement_reserve_prompts=s.replacement_reserve_prompts)
+        min_step_batch_fraction=s.min_step_batch_fraction,
+        on_dropped_prompt=s.on_dropped_prompt,
+        max_replacement_attempts=s.max_replacement_attempts,
+        replacement_reserve_prompts=s.replacement_reserve_prompts,
+    )
 
 
 def hold_own_gpus(sim: Simulation, pid: str, c, spec: PipelineSpec, train_gpus, rank_gpus) -> None:
@@ -105,7 +117,7 @@ class SingleControllerSim:
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
-        self.rank_gpus = [tuple(infer[r * tp:(r + 1) * tp]) for r in range(len(infer) // tp)]
+        self.rank_gpus = [tuple(infer[r * tp : (r + 1) * tp]) for r in range(len(infer) // tp)]
         self.rank_load = [0] * len(self.rank_gpus)
         w = spec.workload
         c = w.max_concurrent_per_rank
@@ -149,7 +161,9 @@ class SingleControllerSim:
         except (SimFailure, OutOfMemory, SplitApiError, RuntimeError) as e:
             sim.fail(f"{self.pid}: {e}")
             if isinstance(e, OutOfMemory):
-                sim.emit("oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity)
+                sim.emit(
+                    "oom", gpu=e.gpu, owner=e.owner, mem=e.mem, requested=e.requested, used=e.used, capacity=e.capacity
+                )
         self._stop()
 
     def _start_pumps(self, top_up: bool = False) -> None:
@@ -163,17 +177,27 @@ class SingleControllerSim:
         process (in-flight generations are aborted, their groups leave the store), and
         go on from a state restored from the save, its pumps restarted with top-up."""
         snap = checkpoint.snapshot(self.state)
-        self.sim.emit("buffer_checkpoint", pipeline_id=self.pid, step=self.state.trainer_version,
-                      groups=[g["group_id"] for g in snap["groups"]], reserve=len(snap["reserve"]),
-                      lost_inflight=[e.group_id for e in self.state.buffer.inflight()])
+        self.sim.emit(
+            "buffer_checkpoint",
+            pipeline_id=self.pid,
+            step=self.state.trainer_version,
+            groups=[g["group_id"] for g in snap["groups"]],
+            reserve=len(snap["reserve"]),
+            lost_inflight=[e.group_id for e in self.state.buffer.inflight()],
+        )
         self._stop()
         self.finished = False
         self.state = checkpoint.restore(self.cfg, snap)
         self.state.stale_select_target = "stale_select_target" in self.faults
         env = self.env
         self.pumps = PumpHandlers(self, self.state, self.pid, self.sim.log.add, lambda: env._now, self._gpus_of)
-        self.sim.emit("buffer_restore", pipeline_id=self.pid, step=self.state.trainer_version,
-                      groups=[e.group_id for e in self.state.buffer.ready()], reserve=len(self.state.spares))
+        self.sim.emit(
+            "buffer_restore",
+            pipeline_id=self.pid,
+            step=self.state.trainer_version,
+            groups=[e.group_id for e in self.state.buffer.ready()],
+            reserve=len(self.state.spares),
+        )
         self._start_pumps(top_up=True)
 
     def resize(self, phase, ranks, cycle):  # pragma: no cover - never registered with the scheduler
@@ -252,7 +276,9 @@ class SingleControllerSim:
         tokens = self._decode_tokens(e.prompt_id, e.attempt)
         u = self._fail_draw
         s = self.spec.streaming
-        outcome = "infra" if u < s.infra_failure_rate else "data" if u < s.infra_failure_rate + s.data_failure_rate else "ok"
+        outcome = (
+            "infra" if u < s.infra_failure_rate else "data" if u < s.infra_failure_rate + s.data_failure_rate else "ok"
+        )
         duration = max(tokens) / self.per_request_tokens_s
         if outcome != "ok":
             duration *= 0.5  # a failure surfaces part-way through the rollout
@@ -326,7 +352,9 @@ class SingleControllerSim:
         return None
 
     def _trainer_record(self, action: str, step: Optional[int], **extra: Any) -> None:
-        self.sim.emit("trainer_step", pipeline_id=self.pid, action=action, step=step, version=self.trainer.version, **extra)
+        self.sim.emit(
+            "trainer_step", pipeline_id=self.pid, action=action, step=step, version=self.trainer.version, **extra
+        )
 
     def _BeginTrainStep(self, e):
         self.trainer.begin(e.step)
@@ -339,13 +367,18 @@ class SingleControllerSim:
             self._ages[age] = self._ages.get(age, 0) + self.cfg.generations_per_prompt
         dp = self.dataplane
         if dp is not None:  # the train fetch: the rollout's fields plus the written-back ones
-            yield from dp.fetch(self._ids(e.groups), ROLLOUT_FIELDS + WRITEBACK_FIELDS,
-                                dp.spec.bytes_per_token + dp.spec.writeback_bytes_per_token)
+            yield from dp.fetch(
+                self._ids(e.groups),
+                ROLLOUT_FIELDS + WRITEBACK_FIELDS,
+                dp.spec.bytes_per_token + dp.spec.writeback_bytes_per_token,
+            )
         for i in range(0, len(e.groups), mb):
-            chunk = e.groups[i:i + mb]
+            chunk = e.groups[i : i + mb]
             self.trainer.microbatch()
-            yield self.env.timeout(self.spec.streaming.train_s_per_microbatch
-                                   + c.train_s_per_trajectory * self._traj(chunk) / len(self.train_gpus))
+            yield self.env.timeout(
+                self.spec.streaming.train_s_per_microbatch
+                + c.train_s_per_trajectory * self._traj(chunk) / len(self.train_gpus)
+            )
             self._trainer_record("microbatch", e.step, groups=list(chunk))
         self._last_progress = self.env.now
 
@@ -356,8 +389,13 @@ class SingleControllerSim:
         else:
             res = self.trainer.finish()
             self._trainer_record("finish", e.step, applied=res.applied, microbatches=res.microbatches)
-        self.sim.emit("batch_consumed", pipeline_id=self.pid, step=e.step, trajectories=sum(self._ages.values()),
-                      staleness={str(k): v for k, v in sorted(self._ages.items())})
+        self.sim.emit(
+            "batch_consumed",
+            pipeline_id=self.pid,
+            step=e.step,
+            trajectories=sum(self._ages.values()),
+            staleness={str(k): v for k, v in sorted(self._ages.items())},
+        )
         self._ages = {}
         self.state.trainer_version += 1  # the driver ticks once finish returns (NeMo trainer_version += 1)
         self.state.changed()

@@ -29,8 +29,11 @@ class TrainingEffects:
     def _train_bytes(self, kind: str) -> int:
         """Per-GPU bytes of one training-state kind (CostSpec multipliers x weight bytes)."""
         c = self.costs
-        mult = {"params": 1.0, "optimizer": c.optimizer_state_multiplier,
-                "grads": c.train_state_multiplier - 1.0 - c.optimizer_state_multiplier}[kind]
+        mult = {
+            "params": 1.0,
+            "optimizer": c.optimizer_state_multiplier,
+            "grads": c.train_state_multiplier - 1.0 - c.optimizer_state_multiplier,
+        }[kind]
         return int(self.weight_bytes * mult / len(self.train_gpus))
 
     def _load_train(self, kinds) -> None:
@@ -50,8 +53,10 @@ class TrainingEffects:
         resident = [kind for kind in TRAIN_STATE_KINDS if kind in kinds and kind in self.train_loaded]
         self.sim.emit("fault_fired", name="double_onload", pipeline_id=self.pid, step=self.ctx.step)
         if resident:
-            raise SimFailure(f"{self.pid}/train onload of {', '.join(resident)}: [torch_memory_saver.cpp] "
-                             "Cannot resume allocation that is not paused")
+            raise SimFailure(
+                f"{self.pid}/train onload of {', '.join(resident)}: [torch_memory_saver.cpp] "
+                "Cannot resume allocation that is not paused"
+            )
 
     def _create_train_comm(self):
         """Create (or reload) the training process groups. A group of one GPU has no peer
@@ -60,16 +65,30 @@ class TrainingEffects:
         yield self.env.timeout(self.costs.nccl_group_create_s)
         if len(self.train_gpus) > 1:
             for g in self.train_gpus:
-                self.sim.cluster.vram.alloc(g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes, self.train_phase)
+                self.sim.cluster.vram.alloc(
+                    g, f"{self.pid}/train", "nccl", self.costs.nccl_buffer_bytes, self.train_phase
+                )
         self.train_comm_live = True
-        self.sim.emit("group_create", pipeline_id=self.pid, name=f"{self.pid}/megatron", members=list(self.train_gpus), purpose="training")
+        self.sim.emit(
+            "group_create",
+            pipeline_id=self.pid,
+            name=f"{self.pid}/megatron",
+            members=list(self.train_gpus),
+            purpose="training",
+        )
 
     def _destroy_train_comm(self):
         yield self.env.timeout(self.costs.nccl_group_destroy_s)
         for g in self.train_gpus:
             self.sim.cluster.vram.free(g, f"{self.pid}/train", "nccl")
         self.train_comm_live = False
-        self.sim.emit("group_destroy", pipeline_id=self.pid, name=f"{self.pid}/megatron", members=list(self.train_gpus), purpose="training")
+        self.sim.emit(
+            "group_destroy",
+            pipeline_id=self.pid,
+            name=f"{self.pid}/megatron",
+            members=list(self.train_gpus),
+            purpose="training",
+        )
 
     def _ReloadTrainComm(self, e):
         if self.train_comm_live:  # reloading live groups is a no-op
@@ -128,8 +147,12 @@ class TrainingEffects:
                 yield self.env.timeout(self.weight_bytes / cluster.spec.pcie_bytes_per_s)
             yield self.env.timeout(self.weight_bytes / self.costs.cache_pack_bytes_per_s)  # pack into buckets
             self.cache_versions = (self.cache_versions + [e.version])[-2:]  # latest + active: <= 2 copies
-            self.sim.cluster.host.set(self.sim.cluster.node_of(self.owner_gpu), f"{self.pid}/cache",
-                                      len(self.cache_versions) * self.weight_bytes, guard=self._host_ram_guarded())
+            self.sim.cluster.host.set(
+                self.sim.cluster.node_of(self.owner_gpu),
+                f"{self.pid}/cache",
+                len(self.cache_versions) * self.weight_bytes,
+                guard=self._host_ram_guarded(),
+            )
         self.ctx.versions.cache_built(e.version)
         self.cache_lock.release(e.version)
         return None

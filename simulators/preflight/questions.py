@@ -43,10 +43,15 @@ def fits(s: Scenario, key_of: Callable[[str], str]) -> List[Verdict]:
     out = []
     for peak in phase_peaks(s):
         ok = peak.peak_bytes <= peak.capacity_bytes
-        out.append(Verdict(f"fits: {peak.pipeline} {peak.phase}", ok,
-                           f"per-GPU peak {_gib(peak.peak_bytes)} of {_gib(peak.capacity_bytes)}, headroom "
-                           f"{_gib(peak.headroom_bytes)} ({peak.parts})" + (f"; fits with {peak.fix}" if peak.fix else ""),
-                           "" if ok else key_of(peak.field)))
+        out.append(
+            Verdict(
+                f"fits: {peak.pipeline} {peak.phase}",
+                ok,
+                f"per-GPU peak {_gib(peak.peak_bytes)} of {_gib(peak.capacity_bytes)}, headroom "
+                f"{_gib(peak.headroom_bytes)} ({peak.parts})" + (f"; fits with {peak.fix}" if peak.fix else ""),
+                "" if ok else key_of(peak.field),
+            )
+        )
     return out
 
 
@@ -65,9 +70,14 @@ def deadlock(s: Scenario, key_of: Callable[[str], str]) -> List[Verdict]:
             note = f"; NeMo RL's setup check asks {upstream} and refuses it, wrongly"
         elif not ok and st.max_buffered_rollouts >= upstream:
             note = f"; NeMo RL's setup check ({upstream}) passes it"
-        out.append(Verdict(f"cannot deadlock: {p.name} rollout buffer", ok,
-                           f"max_buffered_rollouts {st.max_buffered_rollouts}, needs {need.needed}: {need.why}{note}",
-                           "" if ok else key_of(f"pipelines[{i}].streaming.max_buffered_rollouts")))
+        out.append(
+            Verdict(
+                f"cannot deadlock: {p.name} rollout buffer",
+                ok,
+                f"max_buffered_rollouts {st.max_buffered_rollouts}, needs {need.needed}: {need.why}{note}",
+                "" if ok else key_of(f"pipelines[{i}].streaming.max_buffered_rollouts"),
+            )
+        )
     if not out:
         out.append(Verdict("cannot deadlock: rollout buffer", None, "no single controller: no buffer/window settings"))
     return out
@@ -84,8 +94,10 @@ def _band(s: Scenario, step_s: float) -> str:
     if not all(p.model.layers for p in s.pipelines):
         return "no error band: explicit costs, not the cost model's"
     lo, hi = STEP_ERROR_BAND["moe" if moe else "dense"]
-    return (f"{step_s / (1 + hi):.0f}-{step_s / (1 + lo):.0f} s from the cost model's "
-            f"{'mixture-of-experts' if moe else 'dense'} error band {lo:+.0%}..{hi:+.0%} (docs/cost-model.md)")
+    return (
+        f"{step_s / (1 + hi):.0f}-{step_s / (1 + lo):.0f} s from the cost model's "
+        f"{'mixture-of-experts' if moe else 'dense'} error band {lo:+.0%}..{hi:+.0%} (docs/cost-model.md)"
+    )
 
 
 def simulated(s: Scenario, steps: int) -> List[Verdict]:
@@ -93,8 +105,9 @@ def simulated(s: Scenario, steps: int) -> List[Verdict]:
     from harness.logs.outputs.summary_text import summary_json
     from simulators.run import simulate
 
-    short = dataclasses.replace(s, pipelines=tuple(dataclasses.replace(p, steps=min(p.steps, steps))
-                                                   for p in s.pipelines))
+    short = dataclasses.replace(
+        s, pipelines=tuple(dataclasses.replace(p, steps=min(p.steps, steps)) for p in s.pipelines)
+    )
     out = simulate(short, None, png=False)
     figures = summary_json(out.figures)
     res = out.result
@@ -105,25 +118,44 @@ def simulated(s: Scenario, steps: int) -> List[Verdict]:
         seen = max((int(a) for a in (ages.get(p.name) or {})), default=None)
         bound = _bound(p)
         ok = (seen is None or seen <= bound) and not age_broken
-        verdicts.append(Verdict(f"staleness bound: {p.name}", ok if seen is not None else None,
-                                f"oldest trajectory trained {seen} step(s) behind, bound {bound}" if seen is not None
-                                else "no trajectory trained in the simulated steps"))
+        verdicts.append(
+            Verdict(
+                f"staleness bound: {p.name}",
+                ok if seen is not None else None,
+                f"oldest trajectory trained {seen} step(s) behind, bound {bound}"
+                if seen is not None
+                else "no trajectory trained in the simulated steps",
+            )
+        )
     for row in figures.get("pipelines", []):
         step = row.get("mean_step_s")
         if not step:
             verdicts.append(Verdict(f"step time: {row['pipeline_id']}", None, "no step finished"))
             continue
         per_step = row["tokens"] / max(1, row["steps_done"])
-        rate = (f"{per_step / step:,.0f} generated tokens/s" if per_step else
-                "generated tokens not counted (the single controller's log has no per-request records)")
-        verdicts.append(Verdict(f"step time: {row['pipeline_id']}", True,
-                                f"{step:.1f} s simulated ({_band(s, step)}); {rate} "
-                                f"over {row['steps_done']} step(s): generation {row['generate_pct']:.0f} %, "
-                                f"training {row['train_pct']:.0f} %, refit {row['refit_pct']:.0f} %"))
+        rate = (
+            f"{per_step / step:,.0f} generated tokens/s"
+            if per_step
+            else "generated tokens not counted (the single controller's log has no per-request records)"
+        )
+        verdicts.append(
+            Verdict(
+                f"step time: {row['pipeline_id']}",
+                True,
+                f"{step:.1f} s simulated ({_band(s, step)}); {rate} "
+                f"over {row['steps_done']} step(s): generation {row['generate_pct']:.0f} %, "
+                f"training {row['train_pct']:.0f} %, refit {row['refit_pct']:.0f} %",
+            )
+        )
     findings = out.unexpected
-    verdicts.append(Verdict("simulated run", not findings and res.reason == "done",
-                            f"{res.reason} after {res.sim_time:.0f} simulated s, {len(out.violations)} invariant "
-                            f"violation(s)" + (f": {', '.join(sorted({f.check for f in findings}))}" if findings else "")))
+    verdicts.append(
+        Verdict(
+            "simulated run",
+            not findings and res.reason == "done",
+            f"{res.reason} after {res.sim_time:.0f} simulated s, {len(out.violations)} invariant "
+            f"violation(s)" + (f": {', '.join(sorted({f.check for f in findings}))}" if findings else ""),
+        )
+    )
     return verdicts
 
 
@@ -131,8 +163,9 @@ def behaviours(s: Scenario, key_of: Callable[[str], str]) -> List[Verdict]:
     hits = known_behaviours(s)
     if not hits:
         return [Verdict("known upstream behaviours", True, "none of the listed ones applies (docs/preflight.md)")]
-    return [Verdict(f"known upstream behaviour: {b.pipeline}", None, f"{b.name}: {b.figure}", key_of(b.field))
-            for b in hits]
+    return [
+        Verdict(f"known upstream behaviour: {b.pipeline}", None, f"{b.name}: {b.figure}", key_of(b.field)) for b in hits
+    ]
 
 
 def preflight(s: Scenario, key_of: Callable[[str], str], steps: int = 2) -> List[Verdict]:

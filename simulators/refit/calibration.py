@@ -24,9 +24,16 @@ from simulators.scenario.spec import CostSpec
 FORMAT = "rlharness-refit-calibration"
 VERSION = 1
 # what a calibration may set: the refit stream's costs and the cache build's
-CALIBRATED_COSTS = ("refit_pack_bytes_per_s", "receiver_load_bytes_per_s", "refit_group_overhead_s",
-                    "refit_tensor_overhead_s", "refit_setup_s", "refit_staging_bytes_per_s", "refit_complete_s",
-                    "cache_pack_bytes_per_s")
+CALIBRATED_COSTS = (
+    "refit_pack_bytes_per_s",
+    "receiver_load_bytes_per_s",
+    "refit_group_overhead_s",
+    "refit_tensor_overhead_s",
+    "refit_setup_s",
+    "refit_staging_bytes_per_s",
+    "refit_complete_s",
+    "cache_pack_bytes_per_s",
+)
 _POSITIVE = ("receiver_load_bytes_per_s", "cache_pack_bytes_per_s")
 
 
@@ -68,10 +75,17 @@ def load_calibration(path: str) -> Dict[str, float]:
     for key, value in costs.items():
         if key not in CALIBRATED_COSTS:
             raise CalibrationError(f"{path}: costs.{key}: not a calibrated cost (known: {', '.join(CALIBRATED_COSTS)})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
-                or (key in _POSITIVE and value == 0):
-            raise CalibrationError(f"{path}: costs.{key}: expected a {'positive' if key in _POSITIVE else 'non-negative'} "
-                                   f"number, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+            or (key in _POSITIVE and value == 0)
+        ):
+            raise CalibrationError(
+                f"{path}: costs.{key}: expected a {'positive' if key in _POSITIVE else 'non-negative'} "
+                f"number, got {value!r}"
+            )
         out[key] = float(value)
     return out
 
@@ -85,5 +99,10 @@ def apply_calibration(path: str, scenario_source: str, costs: CostSpec, explicit
 
 def write_calibration(path: str, costs: Dict[str, float], **extra: Any) -> None:
     """Write atomically (a temp file renamed into place): never half a file."""
-    body = {"format": FORMAT, "version": VERSION, "costs": {k: costs[k] for k in CALIBRATED_COSTS if k in costs}, **extra}
+    body = {
+        "format": FORMAT,
+        "version": VERSION,
+        "costs": {k: costs[k] for k in CALIBRATED_COSTS if k in costs},
+        **extra,
+    }
     atomic_write(path, [json.dumps(body, indent=2) + "\n"])

@@ -67,12 +67,16 @@ def fit(points: list) -> Dict[str, float]:
     dedicated = [(m.dedicated_bytes, min(m.dedicated_s)) for _, m in points if m.dedicated_bytes]
     staging_rate = sum(b for b, _ in dedicated) / max(ordered_sum(t for _, t in dedicated), 1e-9) if dedicated else 0.0
     cache_rate = sum(m.model_bytes for _, m in points) / ordered_sum(min(m.cache_build_s) for _, m in points)
-    costs = {"refit_pack_bytes_per_s": 1.0 / inv_pack if inv_pack > 0 else 1e12,
-             "receiver_load_bytes_per_s": 1.0 / inv_load if inv_load > 0 else 1e12,
-             "refit_tensor_overhead_s": float(tensor_s),
-             "refit_setup_s": float(statistics.median(min(m.staging_s) for _, m in points)),
-             "refit_staging_bytes_per_s": staging_rate, "cache_pack_bytes_per_s": cache_rate,
-             "refit_group_overhead_s": 1e-4, "refit_complete_s": 1e-3}
+    costs = {
+        "refit_pack_bytes_per_s": 1.0 / inv_pack if inv_pack > 0 else 1e12,
+        "receiver_load_bytes_per_s": 1.0 / inv_load if inv_load > 0 else 1e12,
+        "refit_tensor_overhead_s": float(tensor_s),
+        "refit_setup_s": float(statistics.median(min(m.staging_s) for _, m in points)),
+        "refit_staging_bytes_per_s": staging_rate,
+        "cache_pack_bytes_per_s": cache_rate,
+        "refit_group_overhead_s": 1e-4,
+        "refit_complete_s": 1e-3,
+    }
 
     def loss(c: Dict[str, float]) -> float:
         return ordered_sum(math.log(predict(specs, m.budget_bytes, c) / m.best_s) ** 2 for specs, m in points)
@@ -135,8 +139,9 @@ def fit_problem(points: list, costs: Dict[str, float]) -> Optional[str]:
     fitted = ordered_sum(math.log(predict(specs, m.budget_bytes, costs) / m.best_s) ** 2 for specs, m in points)
     plain = rate_only_loss(points)
     if fitted >= plain:
-        return (f"the fit predicts the grid no better than one bytes/s rate (squared log error {fitted:.3g} "
-                f"vs {plain:.3g})")
+        return (
+            f"the fit predicts the grid no better than one bytes/s rate (squared log error {fitted:.3g} vs {plain:.3g})"
+        )
     return None
 
 

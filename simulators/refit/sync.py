@@ -77,15 +77,25 @@ class RefitEffects:
             else:
                 cluster = self.sim.cluster
                 device = lambda g: (cluster.node_of(g), g % cluster.spec.gpus_per_node)  # noqa: E731
-                comm = build_comm_plan(device(self.owner_gpu),
-                                       {r: [device(g) for g in self.ranks[r].gpus] for r in ranks})
+                comm = build_comm_plan(
+                    device(self.owner_gpu), {r: [device(g) for g in self.ranks[r].gpus] for r in ranks}
+                )
                 _, bcast = self._sync_targets(ranks)
-                got = self._sync_plans[ranks] = (tuple(sorted(comm.ipc)), tuple(sorted(comm.broadcast)),
-                                                 (self.owner_gpu,) + tuple(sorted(bcast)))
+                got = self._sync_plans[ranks] = (
+                    tuple(sorted(comm.ipc)),
+                    tuple(sorted(comm.broadcast)),
+                    (self.owner_gpu,) + tuple(sorted(bcast)),
+                )
         ipc, bcast_ranks, members = got
         buckets = self._bucket_sizes()
-        return ss.plan_sync(e.version, buckets[:1] if partial else buckets, ipc, bcast_ranks,
-                            f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, ranks))}", members)
+        return ss.plan_sync(
+            e.version,
+            buckets[:1] if partial else buckets,
+            ipc,
+            bcast_ranks,
+            f"{self.pid}/sync/v{e.version}/{'-'.join(map(str, ranks))}",
+            members,
+        )
 
     def _sync_targets(self, ranks: Tuple[int, ...]) -> Tuple[List[int], List[int]]:
         """The target GPUs of a sync to ``ranks`` on each path (same-GPU IPC, broadcast):
@@ -109,8 +119,9 @@ class RefitEffects:
         """The cache's buckets in order (fixed for the run: built once and kept)."""
         got = self._bucket_sizes_kept
         if got is None:
-            got = self._bucket_sizes_kept = tuple(s.nbytes for s in cache_bucket_specs(self.weight_bytes,
-                                                                                        self.costs.bucket_bytes))
+            got = self._bucket_sizes_kept = tuple(
+                s.nbytes for s in cache_bucket_specs(self.weight_bytes, self.costs.bucket_bytes)
+            )
         return got
 
 
@@ -161,8 +172,9 @@ class _SyncTiming:
         c = self.c
         if not self.staged:  # one staging buffer, reused bucket after bucket (the allocator's cache)
             self.staged = True
-            self.cluster.vram.alloc(self.owner, f"{self.pipe.pid}/sync", "staging", self.pipe._bucket_sizes()[0],
-                                    f"{self.e.path}_sync")
+            self.cluster.vram.alloc(
+                self.owner, f"{self.pipe.pid}/sync", "staging", self.pipe._bucket_sizes()[0], f"{self.e.path}_sync"
+            )
             if c.refit_setup_s:
                 yield self.env.timeout(c.refit_setup_s)
         t = e.nbytes / self.pack_rate + c.refit_tensor_overhead_s
@@ -222,14 +234,16 @@ class _ColocatedIpcTiming(_SyncTiming):
     def __init__(self, pipe, e) -> None:
         super().__init__(pipe, e)
         from simulators.costmodel.hardware import GPU_PRESETS
+
         self.copy_s_per_byte = 2.0 / (GPU_PRESETS[self.cluster.spec.gpu].hbm_bytes_per_s * self.c.hbm_efficiency)
 
     def _StageBucket(self, e):  # pack the group on the trainer's GPU (read + write in HBM)
         c = self.c
         if not self.staged:
             self.staged = True
-            self.cluster.vram.alloc(self.owner, f"{self.pipe.pid}/sync", "staging", self.pipe._bucket_sizes()[0],
-                                    f"{self.e.path}_sync")
+            self.cluster.vram.alloc(
+                self.owner, f"{self.pipe.pid}/sync", "staging", self.pipe._bucket_sizes()[0], f"{self.e.path}_sync"
+            )
             if c.refit_setup_s:
                 yield self.env.timeout(c.refit_setup_s)
         gather = c.refit_gather_s * e.nbytes / self.pipe.weight_bytes if c.refit_gather_s else 0.0
@@ -255,10 +269,15 @@ class StreamCosts:
 
     @classmethod
     def from_costs(cls, c: CostSpec, link_bytes_per_s: float) -> "StreamCosts":
-        return cls(pack_bytes_per_s=c.refit_pack_bytes_per_s or link_bytes_per_s,
-                   load_bytes_per_s=c.receiver_load_bytes_per_s, group_overhead_s=c.refit_group_overhead_s,
-                   tensor_overhead_s=c.refit_tensor_overhead_s, setup_s=c.refit_setup_s,
-                   staging_bytes_per_s=c.refit_staging_bytes_per_s, complete_s=c.refit_complete_s)
+        return cls(
+            pack_bytes_per_s=c.refit_pack_bytes_per_s or link_bytes_per_s,
+            load_bytes_per_s=c.receiver_load_bytes_per_s,
+            group_overhead_s=c.refit_group_overhead_s,
+            tensor_overhead_s=c.refit_tensor_overhead_s,
+            setup_s=c.refit_setup_s,
+            staging_bytes_per_s=c.refit_staging_bytes_per_s,
+            complete_s=c.refit_complete_s,
+        )
 
 
 def cache_bucket_specs(weight_bytes: int, bucket_bytes: int) -> List[proto.TensorSpec]:
@@ -269,9 +288,19 @@ def cache_bucket_specs(weight_bytes: int, bucket_bytes: int) -> List[proto.Tenso
     return [proto.TensorSpec(f"bucket{b}", (size,), "uint8", size) for b, size in enumerate(sizes)]
 
 
-def stream_sync(env, specs, budget_bytes: int, costs: StreamCosts, *, staging_link=None, fabric=None,
-                fabric_rate: float = 0.0, on_alloc: Optional[Callable[[int], None]] = None,
-                on_ack: Optional[Callable[[int, int], None]] = None, on_release: Optional[Callable[[], None]] = None):
+def stream_sync(
+    env,
+    specs,
+    budget_bytes: int,
+    costs: StreamCosts,
+    *,
+    staging_link=None,
+    fabric=None,
+    fabric_rate: float = 0.0,
+    on_alloc: Optional[Callable[[int], None]] = None,
+    on_ack: Optional[Callable[[int, int], None]] = None,
+    on_release: Optional[Callable[[], None]] = None,
+):
     """Interpret :func:`harness.refit.stream.sender` in simulated time (a simpy process body).
 
     Pack holds the staging link (PCIe H2D on a GPU: concurrent syncs of one owner contend);

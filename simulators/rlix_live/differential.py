@@ -47,18 +47,27 @@ class DiffResult:
 
 
 def _model_plan(plan) -> Decision:
-    return {"shrink": sorted([op.cluster_id, sorted(op.dp_ranks_to_remove)] for op in plan.shrinks),
-            "grant": sorted([s.cluster_id, sorted(s.gpus), Priority(int(s.priority)).name] for s in plan.signals),
-            "expand": sorted([e.cluster_id, sorted([int(r), sorted(g)] for r, g in e.dp_rank_to_gpus.items())]
-                             for e in plan.expands)}
+    return {
+        "shrink": sorted([op.cluster_id, sorted(op.dp_ranks_to_remove)] for op in plan.shrinks),
+        "grant": sorted([s.cluster_id, sorted(s.gpus), Priority(int(s.priority)).name] for s in plan.signals),
+        "expand": sorted(
+            [e.cluster_id, sorted([int(r), sorted(g)] for r, g in e.dp_rank_to_gpus.items())] for e in plan.expands
+        ),
+    }
 
 
 def _rlix_plan(plan) -> Decision:
-    return {"shrink": sorted([op.cluster_id, sorted(op.dp_ranks_to_remove)] for op in plan.sched_guided_shrink_ops),
-            "grant": sorted([s.cluster_id, sorted(s.gpus_to_allocate), getattr(s.priority, "name", str(s.priority))]
-                            for s in plan.signal_pending_allocation_ops),
-            "expand": sorted([e.cluster_id, sorted([int(r), sorted(g)] for r, g in e.dp_rank_to_gpus_to_add.items())]
-                             for e in plan.sched_guided_allocation_ops)}
+    return {
+        "shrink": sorted([op.cluster_id, sorted(op.dp_ranks_to_remove)] for op in plan.sched_guided_shrink_ops),
+        "grant": sorted(
+            [s.cluster_id, sorted(s.gpus_to_allocate), getattr(s.priority, "name", str(s.priority))]
+            for s in plan.signal_pending_allocation_ops
+        ),
+        "expand": sorted(
+            [e.cluster_id, sorted([int(r), sorted(g)] for r, g in e.dp_rank_to_gpus_to_add.items())]
+            for e in plan.sched_guided_allocation_ops
+        ),
+    }
 
 
 def _topology(records: List[Record]) -> Tuple[int, int]:
@@ -125,8 +134,9 @@ class _Both:
         return None
 
 
-def differential(records: List[Record], mods: RlixModules, options: Optional[SchedulerOptions] = None,
-                 path: str = "<trace>") -> DiffResult:
+def differential(
+    records: List[Record], mods: RlixModules, options: Optional[SchedulerOptions] = None, path: str = "<trace>"
+) -> DiffResult:
     """Feed ``records``' inputs to both; stop at the first divergence."""
     both = _Both(records, mods, options or SchedulerOptions(), path)
     res = DiffResult()
@@ -150,8 +160,9 @@ def differential(records: List[Record], mods: RlixModules, options: Optional[Sch
                 since.append(rec.data)
                 diff = both.input(rec)
             if diff is not None:
-                res.divergence = Divergence(res.cycles if rec.kind == "cycle" else 0, rec.line, diff[0], diff[1],
-                                            list(since))
+                res.divergence = Divergence(
+                    res.cycles if rec.kind == "cycle" else 0, rec.line, diff[0], diff[1], list(since)
+                )
                 return res
             if rec.kind == "cycle":
                 since = []

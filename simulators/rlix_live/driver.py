@@ -105,40 +105,63 @@ class LiveScheduler:
     def register(self, pipeline_id: str, tp: Dict[str, int], mappings: Dict[str, List[int]], namespace: str) -> None:
         prefix = self.mods.scheduler.COORDINATOR_ACTOR_NAME_PREFIX
         self.mods.ray.add_actor(f"{prefix}{pipeline_id}", namespace, _Coordinator(self))
-        self._call(self.impl.register_pipeline(pipeline_id=pipeline_id, ray_namespace=namespace,
-                                               cluster_tp_configs=dict(tp), cluster_device_mappings=dict(mappings)))
+        self._call(
+            self.impl.register_pipeline(
+                pipeline_id=pipeline_id,
+                ray_namespace=namespace,
+                cluster_tp_configs=dict(tp),
+                cluster_device_mappings=dict(mappings),
+            )
+        )
 
     def feed(self, kind: str, d: Dict[str, Any]) -> None:
         P = self.mods.types.Priority
         impl = self.impl
         if kind == "register":
-            self.register(d["pipeline_id"], d["cluster_tp_configs"], d["cluster_device_mappings"], d.get("namespace") or "ns")
+            self.register(
+                d["pipeline_id"], d["cluster_tp_configs"], d["cluster_device_mappings"], d.get("namespace") or "ns"
+            )
         elif kind == "admit":
             self._call(impl.admit_pipeline(pipeline_id=d["pipeline_id"]))
         elif kind == "unregister":
             self._call(impl.unregister_pipeline(pipeline_id=d["pipeline_id"]))
         elif kind == "request":
-            self._call(impl.request_gpus(cluster_id=d["cluster_id"], priority=P[str(d["priority"])],
-                                         global_step=d.get("global_step"),
-                                         step_target_estimate=d.get("step_target_estimate"), lora_name=d.get("lora_name")))
+            self._call(
+                impl.request_gpus(
+                    cluster_id=d["cluster_id"],
+                    priority=P[str(d["priority"])],
+                    global_step=d.get("global_step"),
+                    step_target_estimate=d.get("step_target_estimate"),
+                    lora_name=d.get("lora_name"),
+                )
+            )
         elif kind == "release":
             self._call(impl.notify_release_gpus(cluster_id=d["cluster_id"], global_step=d.get("global_step")))
         elif kind == "release_then_request":
-            self._call(impl.notify_release_then_request_gpus(
-                release_cluster_id=d["release_cluster_id"], release_global_step=d.get("release_global_step"),
-                request_cluster_id=d["request_cluster_id"], request_priority=P[str(d["request_priority"])],
-                request_global_step=d.get("request_global_step"),
-                request_step_target_estimate=d.get("request_step_target_estimate"),
-                request_lora_name=d.get("request_lora_name")))
+            self._call(
+                impl.notify_release_then_request_gpus(
+                    release_cluster_id=d["release_cluster_id"],
+                    release_global_step=d.get("release_global_step"),
+                    request_cluster_id=d["request_cluster_id"],
+                    request_priority=P[str(d["request_priority"])],
+                    request_global_step=d.get("request_global_step"),
+                    request_step_target_estimate=d.get("request_step_target_estimate"),
+                    request_lora_name=d.get("request_lora_name"),
+                )
+            )
         elif kind == "await_release":
-            self._call(impl.await_release_gpus(cluster_id=d.get("cluster_id"), pipeline_id=d.get("pipeline_id"),
-                                               global_step=d.get("global_step")))
+            self._call(
+                impl.await_release_gpus(
+                    cluster_id=d.get("cluster_id"), pipeline_id=d.get("pipeline_id"), global_step=d.get("global_step")
+                )
+            )
         elif kind == "progress":
             metrics = {"completed": d["completed"], "mode": d.get("mode", "train")}
             if d.get("adapter") is not None:
                 metrics["adapter_id"] = d["adapter"]
-            report = self.mods.types.ProgressReport(pipeline_id=d["pipeline_id"], step_target_trajectories=d["step_target"],
-                                                    metrics=metrics)
+            report = self.mods.types.ProgressReport(
+                pipeline_id=d["pipeline_id"], step_target_trajectories=d["step_target"], metrics=metrics
+            )
             self._call(impl.report_progress(report))
         elif kind == "clear_progress":
             self._call(impl.clear_progress(pipeline_id=d["pipeline_id"]))

@@ -77,7 +77,7 @@ class StandInRay:
         self.actors: Dict[Tuple[str, str], Any] = {}
         self.root = _Module("ray")
         self.root.get_actor = self.get_actor
-        self.root.remote = lambda *a, **k: (a[0] if a and callable(a[0]) and not k else (lambda cls: cls))
+        self.root.remote = lambda *a, **k: a[0] if a and callable(a[0]) and not k else (lambda cls: cls)
         self.root.is_initialized = lambda: True
         self.modules: Dict[str, types.ModuleType] = {"ray": self.root}
 

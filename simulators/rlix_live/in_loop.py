@@ -28,11 +28,23 @@ def model_plan(plan: Any) -> ExecutionPlan:
     """RLix's ExecutionPlan as the model's (same operations, the model's types)."""
     return ExecutionPlan(
         shrinks=[ShrinkOp(op.cluster_id, list(op.dp_ranks_to_remove)) for op in plan.sched_guided_shrink_ops],
-        signals=[SignalOp(op.cluster_id, list(op.gpus_to_allocate), Priority[op.priority.name], op.lora_name,
-                          int(op.tp_size)) for op in plan.signal_pending_allocation_ops],
-        expands=[ExpandOp(op.cluster_id, {int(r): list(g) for r, g in op.dp_rank_to_gpus_to_add.items()},
-                          bool(op.has_pending_request), int(op.tp_size)) for op in plan.sched_guided_allocation_ops],
-        clusters_to_remove=set(plan.clusters_to_remove))
+        signals=[
+            SignalOp(
+                op.cluster_id, list(op.gpus_to_allocate), Priority[op.priority.name], op.lora_name, int(op.tp_size)
+            )
+            for op in plan.signal_pending_allocation_ops
+        ],
+        expands=[
+            ExpandOp(
+                op.cluster_id,
+                {int(r): list(g) for r, g in op.dp_rank_to_gpus_to_add.items()},
+                bool(op.has_pending_request),
+                int(op.tp_size),
+            )
+            for op in plan.sched_guided_allocation_ops
+        ],
+        clusters_to_remove=set(plan.clusters_to_remove),
+    )
 
 
 class LiveRlixModel(SchedulerModel):
@@ -66,9 +78,16 @@ class LiveRlixModel(SchedulerModel):
     # ---- inputs: the model's bookkeeping first (it raises Rejected as RLix would), then RLix
     def register(self, pipeline_id, cluster_tp_configs, cluster_device_mappings, namespace=None):
         base = super(LiveRlixModel, self)
-        return self._both("register", {"pipeline_id": pipeline_id, "cluster_tp_configs": cluster_tp_configs,
-                                       "cluster_device_mappings": cluster_device_mappings, "namespace": namespace},
-                          lambda: base.register(pipeline_id, cluster_tp_configs, cluster_device_mappings, namespace))
+        return self._both(
+            "register",
+            {
+                "pipeline_id": pipeline_id,
+                "cluster_tp_configs": cluster_tp_configs,
+                "cluster_device_mappings": cluster_device_mappings,
+                "namespace": namespace,
+            },
+            lambda: base.register(pipeline_id, cluster_tp_configs, cluster_device_mappings, namespace),
+        )
 
     def admit(self, pipeline_id):
         base = super(LiveRlixModel, self)
@@ -80,41 +99,88 @@ class LiveRlixModel(SchedulerModel):
 
     def request(self, cluster_id, priority, *, global_step=None, step_target_estimate=None, lora_name=None):
         base = super(LiveRlixModel, self)
-        return self._both("request", {"cluster_id": cluster_id, "priority": priority.name, "global_step": global_step,
-                                      "step_target_estimate": step_target_estimate, "lora_name": lora_name},
-                          lambda: base.request(cluster_id, priority, global_step=global_step,
-                                               step_target_estimate=step_target_estimate, lora_name=lora_name))
+        return self._both(
+            "request",
+            {
+                "cluster_id": cluster_id,
+                "priority": priority.name,
+                "global_step": global_step,
+                "step_target_estimate": step_target_estimate,
+                "lora_name": lora_name,
+            },
+            lambda: base.request(
+                cluster_id,
+                priority,
+                global_step=global_step,
+                step_target_estimate=step_target_estimate,
+                lora_name=lora_name,
+            ),
+        )
 
     def release(self, cluster_id, *, global_step=None):
         base = super(LiveRlixModel, self)
-        return self._both("release", {"cluster_id": cluster_id, "global_step": global_step},
-                          lambda: base.release(cluster_id, global_step=global_step))
+        return self._both(
+            "release",
+            {"cluster_id": cluster_id, "global_step": global_step},
+            lambda: base.release(cluster_id, global_step=global_step),
+        )
 
-    def release_then_request(self, release_cluster_id, request_cluster_id, request_priority, *,
-                             release_global_step=None, request_global_step=None, request_step_target_estimate=None,
-                             request_lora_name=None):
+    def release_then_request(
+        self,
+        release_cluster_id,
+        request_cluster_id,
+        request_priority,
+        *,
+        release_global_step=None,
+        request_global_step=None,
+        request_step_target_estimate=None,
+        request_lora_name=None,
+    ):
         base = super(LiveRlixModel, self)
-        fields = {"release_cluster_id": release_cluster_id, "request_cluster_id": request_cluster_id,
-                  "request_priority": request_priority.name, "release_global_step": release_global_step,
-                  "request_global_step": request_global_step,
-                  "request_step_target_estimate": request_step_target_estimate, "request_lora_name": request_lora_name}
-        return self._both("release_then_request", fields, lambda: base.release_then_request(
-            release_cluster_id, request_cluster_id, request_priority, release_global_step=release_global_step,
-            request_global_step=request_global_step, request_step_target_estimate=request_step_target_estimate,
-            request_lora_name=request_lora_name))
+        fields = {
+            "release_cluster_id": release_cluster_id,
+            "request_cluster_id": request_cluster_id,
+            "request_priority": request_priority.name,
+            "release_global_step": release_global_step,
+            "request_global_step": request_global_step,
+            "request_step_target_estimate": request_step_target_estimate,
+            "request_lora_name": request_lora_name,
+        }
+        return self._both(
+            "release_then_request",
+            fields,
+            lambda: base.release_then_request(
+                release_cluster_id,
+                request_cluster_id,
+                request_priority,
+                release_global_step=release_global_step,
+                request_global_step=request_global_step,
+                request_step_target_estimate=request_step_target_estimate,
+                request_lora_name=request_lora_name,
+            ),
+        )
 
     def await_release(self, *, cluster_id=None, pipeline_id=None, global_step=None):
         base = super(LiveRlixModel, self)
-        return self._both("await_release", {"cluster_id": cluster_id, "pipeline_id": pipeline_id,
-                                            "global_step": global_step},
-                          lambda: base.await_release(cluster_id=cluster_id, pipeline_id=pipeline_id,
-                                                     global_step=global_step))
+        return self._both(
+            "await_release",
+            {"cluster_id": cluster_id, "pipeline_id": pipeline_id, "global_step": global_step},
+            lambda: base.await_release(cluster_id=cluster_id, pipeline_id=pipeline_id, global_step=global_step),
+        )
 
     def report_progress(self, report: ProgressReport, *, wire_fields=None):
         base = super(LiveRlixModel, self)
-        return self._both("progress", {"pipeline_id": report.pipeline_id, "step_target": report.step_target,
-                                       "completed": report.completed, "mode": report.mode, "adapter": report.adapter},
-                          lambda: base.report_progress(report, wire_fields=wire_fields))
+        return self._both(
+            "progress",
+            {
+                "pipeline_id": report.pipeline_id,
+                "step_target": report.step_target,
+                "completed": report.completed,
+                "mode": report.mode,
+                "adapter": report.adapter,
+            },
+            lambda: base.report_progress(report, wire_fields=wire_fields),
+        )
 
     def clear_progress(self, pipeline_id):
         base = super(LiveRlixModel, self)
@@ -134,11 +200,17 @@ class LiveRlixModel(SchedulerModel):
         plan = model_plan(live_plan)
         state.cycle_counter = cycle
         try:
-            validate_plan(plan, registry=state.registry, allocations=state.allocations, idle_gpus=state.idle_gpus,
-                          universe=state.universe())
+            validate_plan(
+                plan,
+                registry=state.registry,
+                allocations=state.allocations,
+                idle_gpus=state.idle_gpus,
+                universe=state.universe(),
+            )
         except PlanValidationError as e:
-            self._fail(f"RLix {self.mods.version}'s plan fails the model's validation: {e.condition}: {e.message}",
-                       cycle=cycle)
+            self._fail(
+                f"RLix {self.mods.version}'s plan fails the model's validation: {e.condition}: {e.message}", cycle=cycle
+            )
             return None
         shrink_calls, expand_calls, removes = _resize_calls(plan)
         cp = CyclePlan(cycle, reason, plan, shrink_calls, expand_calls, {p: set(r) for p, r in removes.items()})

@@ -26,9 +26,19 @@ REQUIRED = {
     "rlix.scheduler.scheduler": ("SchedulerImpl", "validate_execution_plan", "COORDINATOR_ACTOR_NAME_PREFIX"),
     "rlix.protocol.types": ("Priority", "ProgressReport"),
 }
-SCHEDULER_METHODS = ("initialize", "register_pipeline", "admit_pipeline", "unregister_pipeline", "request_gpus",
-                     "notify_release_gpus", "notify_release_then_request_gpus", "await_release_gpus",
-                     "report_progress", "clear_progress", "scheduling_cycle")
+SCHEDULER_METHODS = (
+    "initialize",
+    "register_pipeline",
+    "admit_pipeline",
+    "unregister_pipeline",
+    "request_gpus",
+    "notify_release_gpus",
+    "notify_release_then_request_gpus",
+    "await_release_gpus",
+    "report_progress",
+    "clear_progress",
+    "scheduling_cycle",
+)
 
 
 class RlixLoadError(Exception):
@@ -53,8 +63,9 @@ def _commit(source: str) -> str:
     if named:
         return named.group(1)
     try:
-        out = subprocess.run(["git", "-C", source, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", source, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() or "unknown commit"
     except (OSError, subprocess.SubprocessError):
         return "unknown commit"
@@ -95,5 +106,11 @@ def load_rlix(source: str, version: Optional[str] = None) -> RlixModules:
     missing = drift(mods)
     if missing:
         raise RlixLoadError(f"RLix at {source}: interfaces changed, missing {', '.join(missing)}")
-    return RlixModules(source, version or _commit(source), ray, mods["rlix.scheduler.scheduler"],
-                       mods["rlix.protocol.types"], mods["rlix.scheduler.types"])
+    return RlixModules(
+        source,
+        version or _commit(source),
+        ray,
+        mods["rlix.scheduler.scheduler"],
+        mods["rlix.protocol.types"],
+        mods["rlix.scheduler.types"],
+    )

@@ -26,7 +26,9 @@ MEM_KINDS = ("weights", "kv_cache", "params", "grads", "optimizer", "nccl", "sta
 
 class OutOfMemory(RuntimeError):
     def __init__(self, gpu: int, owner: str, mem: str, requested: int, used: int, capacity: int) -> None:
-        super().__init__(f"OOM on GPU {gpu}: {owner} asked for {requested} B of {mem} with {used} B of {capacity} B in use")
+        super().__init__(
+            f"OOM on GPU {gpu}: {owner} asked for {requested} B of {mem} with {used} B of {capacity} B in use"
+        )
         self.gpu, self.owner, self.mem = gpu, owner, mem
         self.requested, self.used, self.capacity = requested, used, capacity
 
@@ -75,8 +77,9 @@ class HostOutOfMemory(RuntimeError):
     killed), reported as a ``host_oom`` record and a failed run, never Python's MemoryError."""
 
     def __init__(self, node: int, owner: str, requested: int, used: int, capacity: int) -> None:
-        super().__init__(f"host RAM of node {node} exhausted: {owner} needs {requested} B more "
-                         f"with {used} B of {capacity} B in use")
+        super().__init__(
+            f"host RAM of node {node} exhausted: {owner} needs {requested} B more with {used} B of {capacity} B in use"
+        )
         self.node, self.owner, self.requested, self.used, self.capacity = node, owner, requested, used, capacity
 
 
@@ -117,8 +120,13 @@ class Links:
 
 
 class SimCluster:
-    def __init__(self, env: simpy.Environment, spec: ClusterSpec, listener: Optional[Listener] = None,
-                 host_listener: Optional[HostListener] = None) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        spec: ClusterSpec,
+        listener: Optional[Listener] = None,
+        host_listener: Optional[HostListener] = None,
+    ) -> None:
         self.spec = spec
         self.vram = VramLedger(spec.num_gpus, spec.vram_bytes, listener)
         self.host = HostRam(spec.nodes, spec.host_ram_bytes, host_listener)

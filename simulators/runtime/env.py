@@ -100,8 +100,10 @@ class SimEnv(simpy.Environment):
         heappush(self._queue, (self._now + delay, prio, next(self._eid), event))
 
     def _schedule_explored(self, event: Any, priority: Any = NORMAL, delay: float = 0) -> None:
-        heappush(self._queue, (self._now + delay, self.explored_prio(self._active_proc, priority, delay),
-                               next(self._eid), event))
+        heappush(
+            self._queue,
+            (self._now + delay, self.explored_prio(self._active_proc, priority, delay), next(self._eid), event),
+        )
 
     def explored_prio(self, proc: Any, priority: Any, delay: float) -> Tuple[int, float, Tuple[int, ...]]:
         """(simpy priority, the explorer's rank, key): simpy's URGENT/NORMAL still first."""
@@ -130,7 +132,7 @@ class SimEnv(simpy.Environment):
                     for callback in callbacks:
                         callback(event)
                 except StopSimulation:
-                    event.callbacks = callbacks[callbacks.index(callback) + 1:]
+                    event.callbacks = callbacks[callbacks.index(callback) + 1 :]
                     self.schedule(event, EventPriority(-1))
                     raise
                 if not event._ok and not hasattr(event, "_defused"):
@@ -194,8 +196,11 @@ class Link:
     def _grant_head(self, _event: Any = None) -> None:
         queue = self.queue
         if queue and len(self.users) < self.capacity:
-            req = queue.pop(self._env.explorer.pick([r.key for r in queue], self._env._now)
-                            if self.unordered and len(queue) > 1 else 0)
+            req = queue.pop(
+                self._env.explorer.pick([r.key for r in queue], self._env._now)
+                if self.unordered and len(queue) > 1
+                else 0
+            )
             self.users.append(req)
             req._ok = True  # req.succeed(), inlined: a queued request is pending by construction
             req._value = None
@@ -284,4 +289,3 @@ class _KeyedProcess(Process):
         self.order_key = key  # set before Process.__init__ schedules the Initialize event
         self.order_prios = _keyed_prios(key)
         super().__init__(env, generator)
-

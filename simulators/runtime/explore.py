@@ -51,8 +51,8 @@ Key = Tuple[int, ...]
 class ExploreSpec:
     seed: int
     strategy: str = "pct"
-    depth: int = 3          # pct: ordering constraints a found bug may need
-    steps: int = 0          # pct: rankings over which the change points are drawn (0: the run's, counted)
+    depth: int = 3  # pct: ordering constraints a found bug may need
+    steps: int = 0  # pct: rankings over which the change points are drawn (0: the run's, counted)
     max_delay_s: float = 0.01  # the bound of one seeded delay (an RPC's return, a lock hold)
 
     def describe(self) -> Dict[str, object]:

@@ -72,9 +72,16 @@ def _pilot(scenario: Scenario, spec: ExploreSpec) -> Explorer:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, *, progress: Optional[Callable[[str], None]] = None,
-                 explore: Optional[ExploreSpec] = None, sink: Optional[IO[bytes]] = None,
-                 consumers: Sequence[Consumer] = (), per_chunk: int = CHUNK_RECORDS) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        progress: Optional[Callable[[str], None]] = None,
+        explore: Optional[ExploreSpec] = None,
+        sink: Optional[IO[bytes]] = None,
+        consumers: Sequence[Consumer] = (),
+        per_chunk: int = CHUNK_RECORDS,
+    ) -> None:
         """With a ``sink`` or ``consumers`` the event log is streamed
         (:class:`~harness.logs.stream.StreamedLog`): its bytes go to ``sink`` and its
         records to each consumer, ``per_chunk`` at a time, as the run makes them, and the
@@ -90,37 +97,53 @@ class Simulation:
 
             self.model = scheduler_for(ClusterTopology(c.nodes, c.gpus_per_node), dict(scenario.scheduler))
         else:
-            self.model = SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node),
-                                        SchedulerOptions.from_mapping(scenario.scheduler))
+            self.model = SchedulerModel(
+                ClusterTopology(c.nodes, c.gpus_per_node), SchedulerOptions.from_mapping(scenario.scheduler)
+            )
         options = self.model.options
         header = header_record(
-            {"nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "vram_gib": c.vram_bytes / (1 << 30),
-             "host_ram_bytes": c.host_ram_bytes},  # the host_ram check's capacity
-            scheduler=options.to_mapping(), source="simulator",
-            meta={"scenario": scenario.name, "seed": scenario.seed, "horizon_s": scenario.horizon_s,
-                  # each pipeline's type: an expectation's `pipeline` matches a type in every command
-                  # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
-                  "pipeline_types": {p.name: p.type for p in scenario.pipelines},
-                  # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
-                  "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
-                  # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
-                  "handover_margin_bytes": scenario.costs.handover_margin_bytes,
-                  # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
-                  "idle_bundle_bound_s": idle_bundle_bounds(scenario),
-                  # the trajectory_age check's bound per pipeline with a trajectory buffer
-                  "max_trajectory_age_steps": {p.name: _age_bound(p) for p in scenario.pipelines
-                                               if p.type != "single_controller"},
-                  # the version_span check's settings per disaggregated pipeline (version_span.py)
-                  **_version_span_meta(scenario),
-                  # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
-                  **_timeouts_meta(scenario.costs),
-                  # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
-                  **({} if explore is None else {"explore": explore.describe()}),
-                  # RLix's own scheduler decided (scheduler.implementation: rlix)
-                  **({"scheduler_implementation": f"rlix {self.model.mods.version}"}
-                     if hasattr(self.model, "mods") else {})})
-        self.log = (EventLog(header) if sink is None and not consumers
-                    else StreamedLog(header, sink, consumers, per_chunk))
+            {
+                "nodes": c.nodes,
+                "gpus_per_node": c.gpus_per_node,
+                "vram_gib": c.vram_bytes / (1 << 30),
+                "host_ram_bytes": c.host_ram_bytes,
+            },  # the host_ram check's capacity
+            scheduler=options.to_mapping(),
+            source="simulator",
+            meta={
+                "scenario": scenario.name,
+                "seed": scenario.seed,
+                "horizon_s": scenario.horizon_s,
+                # each pipeline's type: an expectation's `pipeline` matches a type in every command
+                # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
+                "pipeline_types": {p.name: p.type for p in scenario.pipelines},
+                # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
+                "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+                # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
+                "handover_margin_bytes": scenario.costs.handover_margin_bytes,
+                # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
+                "idle_bundle_bound_s": idle_bundle_bounds(scenario),
+                # the trajectory_age check's bound per pipeline with a trajectory buffer
+                "max_trajectory_age_steps": {
+                    p.name: _age_bound(p) for p in scenario.pipelines if p.type != "single_controller"
+                },
+                # the version_span check's settings per disaggregated pipeline (version_span.py)
+                **_version_span_meta(scenario),
+                # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
+                **_timeouts_meta(scenario.costs),
+                # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
+                **({} if explore is None else {"explore": explore.describe()}),
+                # RLix's own scheduler decided (scheduler.implementation: rlix)
+                **(
+                    {"scheduler_implementation": f"rlix {self.model.mods.version}"}
+                    if hasattr(self.model, "mods")
+                    else {}
+                ),
+            },
+        )
+        self.log = (
+            EventLog(header) if sink is None and not consumers else StreamedLog(header, sink, consumers, per_chunk)
+        )
         self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
@@ -136,7 +159,9 @@ class Simulation:
         from simulators.pipelines.single_controller import SingleControllerSim
 
         runtimes = {"single_controller": SingleControllerSim, "disaggregated": DisaggregatedSim}
-        self.pipelines = [runtimes.get(spec.type, PipelineSim)(self, spec, i) for i, spec in enumerate(scenario.pipelines)]
+        self.pipelines = [
+            runtimes.get(spec.type, PipelineSim)(self, spec, i) for i, spec in enumerate(scenario.pipelines)
+        ]
         self.by_id = {p.pid: p for p in self.pipelines}
         self._ack_droppers = [p for p in self.pipelines if "lost_release_ack" in p.faults]
 
@@ -148,15 +173,32 @@ class Simulation:
         self.log.extend(self.env._now, self.model.drain())
 
     def _on_vram(self, gpu: int, owner: str, mem: str, delta: int, used: int, phase: Optional[str]) -> None:
-        rec = {"seq": 0, "t": self.env._now, "kind": "vram", "gpu": gpu, "owner": owner, "mem": mem,
-               "delta": delta, "used": used}
+        rec = {
+            "seq": 0,
+            "t": self.env._now,
+            "kind": "vram",
+            "gpu": gpu,
+            "owner": owner,
+            "mem": mem,
+            "delta": delta,
+            "used": used,
+        }
         if phase is not None:
             rec["phase"] = phase
         self.log.add(rec)
 
     def _on_host_ram(self, node: int, owner: str, delta: int, used: int) -> None:
-        self.log.add({"seq": 0, "t": self.env._now, "kind": "host_ram", "node": node, "owner": owner,
-                      "delta": delta, "used": used})
+        self.log.add(
+            {
+                "seq": 0,
+                "t": self.env._now,
+                "kind": "host_ram",
+                "node": node,
+                "owner": owner,
+                "delta": delta,
+                "used": used,
+            }
+        )
 
     # ------------------------------------------------------------------ scheduler calls
     def call(self, input_kind: str, fields: Dict[str, Any], fn: Callable[..., Any], *args: Any) -> Any:
@@ -331,7 +373,9 @@ class Simulation:
                 last = now
                 done = sum(p.steps_done for p in self.pipelines)
                 total = sum(p.spec.steps for p in self.pipelines)
-                self.progress(f"  t={env.now:9.1f}s  steps {done}/{total}  events {self.log.made}  wall {now - t0:5.1f}s")
+                self.progress(
+                    f"  t={env.now:9.1f}s  steps {done}/{total}  events {self.log.made}  wall {now - t0:5.1f}s"
+                )
 
 
 def _succeed_with(arg: Any) -> None:
@@ -382,8 +426,12 @@ def _timeouts_meta(costs) -> Dict[str, Any]:
     nothing (the header of every scenario with the defaults stays as it was)."""
     from harness.logs.invariants.hot_states import DEFAULT_TIMEOUTS_S
 
-    timeouts = {"await_release_s": costs.await_release_timeout_s, "resize_lock_s": costs.resize_lock_timeout_s,
-                "selective_sync_s": costs.selective_sync_timeout_s, "shrink_drain_s": costs.shrink_drain_timeout_s}
+    timeouts = {
+        "await_release_s": costs.await_release_timeout_s,
+        "resize_lock_s": costs.resize_lock_timeout_s,
+        "selective_sync_s": costs.selective_sync_timeout_s,
+        "shrink_drain_s": costs.shrink_drain_timeout_s,
+    }
     return {} if timeouts == DEFAULT_TIMEOUTS_S else {"timeouts": timeouts}
 
 

@@ -48,8 +48,10 @@ class Deadlines:
             if done() or sim.failure:
                 return
             sim.emit("timeout", pipeline_id=self.pipeline_id, what=what, limit_s=limit_s, since=since)
-            sim.fail(f"{self.pipeline_id}: {what} timed out after {limit_s:g} s (waiting since t={since:.1f}s): "
-                     "fail-fast shutdown")
+            sim.fail(
+                f"{self.pipeline_id}: {what} timed out after {limit_s:g} s (waiting since t={since:.1f}s): "
+                "fail-fast shutdown"
+            )
 
         Timer(sim.env, limit_s, self.actor, expire, None)
 
@@ -72,8 +74,17 @@ def idle_bundle_bounds(scenario) -> dict:
             continue
         pc = p.costs or c
         shard = p.model.weight_bytes / p.infer_tp
-        handover = (2 * c.scheduler_poll_s + c.watchdog_s + pc.drain_s + pc.sleep_fixed_s + pc.sleep_s
-                    + pc.wake_fixed_s + pc.wake_s + pc.nccl_group_create_s + shard / pc.receiver_load_bytes_per_s
-                    + pc.finalize_s)
+        handover = (
+            2 * c.scheduler_poll_s
+            + c.watchdog_s
+            + pc.drain_s
+            + pc.sleep_fixed_s
+            + pc.sleep_s
+            + pc.wake_fixed_s
+            + pc.wake_s
+            + pc.nccl_group_create_s
+            + shard / pc.receiver_load_bytes_per_s
+            + pc.finalize_s
+        )
         out[p.name] = round(2 * handover, 3)
     return out

@@ -29,6 +29,7 @@ class BoundError(ValueError):
         super().__init__(path, problem)
         self.path, self.problem = path, problem
 
+
 #: the largest log-space sigma of the answer lengths: e^(sigma^2/2) (the mean's factor) stays
 #: a float up to sigma ~37; a sigma of 10 already puts the median answer 1e43 times under its mean
 MAX_DECODE_SIGMA = 10.0

@@ -45,7 +45,7 @@ _LIMITS: Dict[str, str] = {
     "horizon_s": f"<= {limits.fmt_limit(limits.MAX_HORIZON_S)} s (30 days)",
     "name": NAME_RULE,
     "pipelines": f"<= {limits.fmt_limit(limits.MAX_PIPELINES)} pipelines; steps x trajectories per step summed over "
-                 f"pipelines <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_RUN)}",
+    f"pipelines <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_RUN)}",
     "pipelines[].steps": f"<= {limits.fmt_limit(limits.MAX_STEPS)}",
     "workload.prompts_per_step": f"prompts_per_step x generations_per_prompt <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_STEP)}",
     "workload.generations_per_prompt": f"prompts_per_step x generations_per_prompt <= {limits.fmt_limit(limits.MAX_TRAJECTORIES_PER_STEP)}",
@@ -210,7 +210,13 @@ def _table(cls: type, prefix: str, limit_prefix: str, extra_rows: Optional[List[
         limit = _LIMITS.get(key, "")
         if kind == "float" and not limit:
             limit = "finite"
-        rows.append("| " + " | ".join(_cell(x) for x in (f"`{prefix}{f.name}`", kind, unit, _default(cls, f), allowed, limit, meaning)) + " |")
+        rows.append(
+            "| "
+            + " | ".join(
+                _cell(x) for x in (f"`{prefix}{f.name}`", kind, unit, _default(cls, f), allowed, limit, meaning)
+            )
+            + " |"
+        )
     for row in extra_rows or []:
         rows.append("| " + " | ".join(_cell(x) for x in row) + " |")
     return rows
@@ -221,8 +227,11 @@ def _scheduler_table() -> List[str]:
     rows = ["| field | type | default | allowed | meaning |", "|---|---|---|---|---|"]
     policy_rows = {  # the policy's own fields (docs/policies.md): kind and allowed values
         "policy": ("str", " / ".join(POLICIES)),
-        "partition": ("map", "pipeline -> list of GPU ids; disjoint; each pipeline's training GPUs and one whole "
-                             "inference bundle inside its part"),
+        "partition": (
+            "map",
+            "pipeline -> list of GPU ids; disjoint; each pipeline's training GPUs and one whole "
+            "inference bundle inside its part",
+        ),
         "groups": ("list", "lists of pipeline names; a pipeline in at most one"),
     }
     for f in dataclasses.fields(SchedulerOptions):
@@ -231,13 +240,29 @@ def _scheduler_table() -> List[str]:
         allowed = {"bool": "true / false", "int": "> 0", "float": ">= 0"}[kind]
         if f.name in policy_rows:
             kind, allowed = policy_rows[f.name]
-        rows.append("| " + " | ".join(_cell(x) for x in (f"`scheduler.{f.name}`", kind, _default(SchedulerOptions, f), allowed,
-                                                           comments.get(f.name, ""))) + " |")
-    rows.append("| `scheduler.implementation` | str | 'model' | model / rlix | Which scheduler decides: the model, or RLix's "
-                "own scheduler imported from `scheduler.source` (docs/rlix-live.md); the options above still configure "
-                "the model's bookkeeping. |")
-    rows.append("| `scheduler.source` | str | none | an RLix checkout (the folder holding rlix/); implementation rlix only | "
-                "Checked before the run: an RLix whose interfaces changed is one error line naming what is missing. |")
+        rows.append(
+            "| "
+            + " | ".join(
+                _cell(x)
+                for x in (
+                    f"`scheduler.{f.name}`",
+                    kind,
+                    _default(SchedulerOptions, f),
+                    allowed,
+                    comments.get(f.name, ""),
+                )
+            )
+            + " |"
+        )
+    rows.append(
+        "| `scheduler.implementation` | str | 'model' | model / rlix | Which scheduler decides: the model, or RLix's "
+        "own scheduler imported from `scheduler.source` (docs/rlix-live.md); the options above still configure "
+        "the model's bookkeeping. |"
+    )
+    rows.append(
+        "| `scheduler.source` | str | none | an RLix checkout (the folder holding rlix/); implementation rlix only | "
+        "Checked before the run: an RLix whose interfaces changed is one error line naming what is missing. |"
+    )
     return rows
 
 
@@ -251,17 +276,26 @@ def _fault_list() -> List[str]:
 def _expect_table() -> List[str]:
     """The ``expect:`` list's fields (harness.logs.expect), which no dataclass of the spec holds."""
     rows = [
-        ("`check`", "string (glob)", "required", "an oracle check name (`rlharness check` lists them) or a run outcome "
-         "(`oom:*`, `timeout:*`, `horizon:*`, `failed:*`, `plan_validation:*`, `scheduler_failed:*`)"),
+        (
+            "`check`",
+            "string (glob)",
+            "required",
+            "an oracle check name (`rlharness check` lists them) or a run outcome "
+            "(`oom:*`, `timeout:*`, `horizon:*`, `failed:*`, `plan_validation:*`, `scheduler_failed:*`)",
+        ),
         ("`reason`", "string", "required", "why the finding is expected (shown in every report)"),
         ("`pipeline`", "string (glob)", "any", "a pipeline name or type the finding names"),
         ("`cluster`", "string (glob)", "any", "a cluster id the finding names (`<pipeline>_actor_infer`)"),
         ("`after_fault`", "string (glob)", "any", "a fault that fired before the finding"),
     ]
-    out = ["Findings this scenario is known to produce (docs/expected-findings.md): a finding an entry "
-           "matches is reported as expected and does not fail the run; an entry that matches nothing is "
-           "reported, and fails the run under `--strict`. `*` and `?` are wildcards.", "",
-           "| field | type | default | meaning |", "|---|---|---|---|"]
+    out = [
+        "Findings this scenario is known to produce (docs/expected-findings.md): a finding an entry "
+        "matches is reported as expected and does not fail the run; an entry that matches nothing is "
+        "reported, and fails the run under `--strict`. `*` and `?` are wildcards.",
+        "",
+        "| field | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
     return out + [f"| {' | '.join(r)} |" for r in rows]
 
 
@@ -289,11 +323,16 @@ def _bundled_scenarios() -> List[str]:
     """The one count and list of bundled scenarios the docs point to (generated, so it
     cannot disagree with the folder)."""
     files = bundled_scenario_files()
-    out = ["## Bundled scenarios", "",
-           f"`examples/scenarios/` holds {len(files)} scenarios; each reproduces a failure mode, shows a fix "
-           "or answers a question (its leading comment says which; the checks that catch each "
-           "failure mode are in [simulator.md](simulator.md#failure-modes-and-the-checks-that-catch-them)).", "",
-           "| scenario | what it is for |", "|---|---|"]
+    out = [
+        "## Bundled scenarios",
+        "",
+        f"`examples/scenarios/` holds {len(files)} scenarios; each reproduces a failure mode, shows a fix "
+        "or answers a question (its leading comment says which; the checks that catch each "
+        "failure mode are in [simulator.md](simulator.md#failure-modes-and-the-checks-that-catch-them)).",
+        "",
+        "| scenario | what it is for |",
+        "|---|---|",
+    ]
     for f in files:
         out.append(f"| [`{f}`](../examples/scenarios/{f}) | {_cell(_first_sentence(os.path.join(SCENARIO_DIR, f)))} |")
     return out + [""]
@@ -317,20 +356,37 @@ def render() -> str:
         "## Top level",
         "",
     ]
-    out += _table(spec.Scenario, "", "", extra_rows=[
-        ("`defaults`", "structured", "", "none", "", "", "mapping with `model` and/or `workload`: applied to every pipeline first"),
-    ])
+    out += _table(
+        spec.Scenario,
+        "",
+        "",
+        extra_rows=[
+            (
+                "`defaults`",
+                "structured",
+                "",
+                "none",
+                "",
+                "",
+                "mapping with `model` and/or `workload`: applied to every pipeline first",
+            ),
+        ],
+    )
     out += ["", "## `expect[]`", ""] + _expect_table()
     out += ["", "## `cluster`", ""] + _table(spec.ClusterSpec, "cluster.", "cluster.")
     out += ["", "## `pipelines[]`", ""] + _table(spec.PipelineSpec, "", "pipelines[].")
     out += ["", "## `model` (in a pipeline or `defaults`)", ""] + _table(spec.ModelSpec, "model.", "model.")
     out += ["", "## `workload` (in a pipeline or `defaults`)", ""] + _table(spec.WorkloadSpec, "workload.", "workload.")
-    out += ["", "## `streaming` (in a `single_controller` pipeline)", ""] + _table(spec.StreamingSpec, "streaming.", "streaming.")
+    out += ["", "## `streaming` (in a `single_controller` pipeline)", ""] + _table(
+        spec.StreamingSpec, "streaming.", "streaming."
+    )
     out += ["", "## `disaggregated` (in a `disaggregated` pipeline)", ""] + _table(
-        spec.DisaggregatedSpec, "disaggregated.", "disaggregated.")
+        spec.DisaggregatedSpec, "disaggregated.", "disaggregated."
+    )
     out += ["", "## `data_plane` (in a pipeline)", ""] + _table(DataPlaneSpec, "data_plane.", "data_plane.")
     out += ["", "## `weight_sync_groups` (in a nemo_async or roll_sync pipeline)", ""] + _table(
-        spec.WeightSyncGroupsSpec, "weight_sync_groups.", "weight_sync_groups.")
+        spec.WeightSyncGroupsSpec, "weight_sync_groups.", "weight_sync_groups."
+    )
     out += ["", "## `costs`", ""] + _table(spec.CostSpec, "costs.", "costs.")
     out += ["", "## `scheduler`", ""] + _scheduler_table()
     out += ["", "## `faults[]`", ""] + _table(spec.FaultSpec, "", "faults[].")

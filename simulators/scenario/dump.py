@@ -22,12 +22,34 @@ def _flat_to_mapping(obj: Any) -> Dict[str, Any]:
 
 
 #: fields left out of the dump while unset: presets and architecture the scenario never named
-_UNSET_OMITTED = {"gpu": "", "preset": "", "active_params": 0.0, "layers": 0, "hidden_size": 0, "num_heads": 0,
-                  "num_kv_heads": 0, "head_dim": 0, "vocab_size": 0, "experts_per_token": 0,
-                  "num_experts": 0, "decode_timing": "at_start", "decode_expert_read_s": 0.0}
+_UNSET_OMITTED = {
+    "gpu": "",
+    "preset": "",
+    "active_params": 0.0,
+    "layers": 0,
+    "hidden_size": 0,
+    "num_heads": 0,
+    "num_kv_heads": 0,
+    "head_dim": 0,
+    "vocab_size": 0,
+    "experts_per_token": 0,
+    "num_experts": 0,
+    "decode_timing": "at_start",
+    "decode_expert_read_s": 0.0,
+}
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
-_LAYOUT = {"train_tp": 1, "train_pp": 1, "train_cp": 1, "train_ep": 1, "train_micro_batch": 1, "train_global_batch": 0,
-           "log_prob_passes": 1, "train_recompute": False, "train_backend": "megatron", "train_sp": 1}
+_LAYOUT = {
+    "train_tp": 1,
+    "train_pp": 1,
+    "train_cp": 1,
+    "train_ep": 1,
+    "train_micro_batch": 1,
+    "train_global_batch": 0,
+    "log_prob_passes": 1,
+    "train_recompute": False,
+    "train_backend": "megatron",
+    "train_sp": 1,
+}
 
 
 def _sparse(obj: Any) -> Dict[str, Any]:
@@ -36,7 +58,9 @@ def _sparse(obj: Any) -> Dict[str, Any]:
 
 def _costs_beyond(p_costs: Any, base: Any) -> Dict[str, Any]:
     """A pipeline's costs as the fields that differ from the scenario's."""
-    return {f.name: getattr(p_costs, f.name) for f in fields(p_costs) if getattr(p_costs, f.name) != getattr(base, f.name)}
+    return {
+        f.name: getattr(p_costs, f.name) for f in fields(p_costs) if getattr(p_costs, f.name) != getattr(base, f.name)
+    }
 
 
 def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
@@ -69,7 +93,11 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 "model": _sparse(p.model),
                 "workload": _sparse(p.workload),
                 **({} if p.data_plane is None else {"data_plane": _flat_to_mapping(p.data_plane)}),
-                **({} if p.weight_sync_groups is None else {"weight_sync_groups": _flat_to_mapping(p.weight_sync_groups)}),
+                **(
+                    {}
+                    if p.weight_sync_groups is None
+                    else {"weight_sync_groups": _flat_to_mapping(p.weight_sync_groups)}
+                ),
                 **({} if p.costs is None else {"costs": _costs_beyond(p.costs, s.costs)}),
             }
         )

@@ -74,10 +74,12 @@ def _exclusive(s: Scenario) -> Optional[Problem]:
                 shared = sorted(set(getattr(q, key)) & theirs)
                 if shared:
                     sc = p if p.type in OWNS_ITS_GPUS else q
-                    return (f"pipelines[{j}].{key}",
-                            f"GPU(s) {shared} also belong to pipeline {p.name!r}; {sc.type} {sc.name!r} owns "
-                            "its GPUs for the whole run and is not scheduled, so no other pipeline may use them "
-                            "(rule: single_controller_exclusive)")
+                    return (
+                        f"pipelines[{j}].{key}",
+                        f"GPU(s) {shared} also belong to pipeline {p.name!r}; {sc.type} {sc.name!r} owns "
+                        "its GPUs for the whole run and is not scheduled, so no other pipeline may use them "
+                        "(rule: single_controller_exclusive)",
+                    )
     return None
 
 
@@ -86,12 +88,14 @@ def _init(i: int, p: PipelineSpec, c: CostSpec, cap: int) -> Optional[Problem]:
     nccl = c.nccl_buffer_bytes if len(p.train_gpus) > 1 and p.type not in OWNS_ITS_GPUS else 0
     need = c.cuda_context_bytes + state + nccl
     if need > cap:
-        return (f"pipelines[{i}].model.params",
-                f"the training state at init ({_gib(state)} per GPU: {c.train_state_multiplier:g} x "
-                f"{_gib(p.model.weight_bytes)} of weights over {len(p.train_gpus)} training GPU(s))"
-                + (f" + {_gib(nccl)} communicator buffers" if nccl else "")
-                + f" + the {_gib(c.cuda_context_bytes)} CUDA context needs {_gib(need)} of a {_gib(cap)} GPU; "
-                "give the pipeline more train_gpus or a smaller model (rule: init_fits)")
+        return (
+            f"pipelines[{i}].model.params",
+            f"the training state at init ({_gib(state)} per GPU: {c.train_state_multiplier:g} x "
+            f"{_gib(p.model.weight_bytes)} of weights over {len(p.train_gpus)} training GPU(s))"
+            + (f" + {_gib(nccl)} communicator buffers" if nccl else "")
+            + f" + the {_gib(c.cuda_context_bytes)} CUDA context needs {_gib(need)} of a {_gib(cap)} GPU; "
+            "give the pipeline more train_gpus or a smaller model (rule: init_fits)",
+        )
     return None
 
 
@@ -104,16 +108,21 @@ def _wake(i: int, p: PipelineSpec, c: CostSpec, cap: int) -> Optional[Problem]:
         fixed = ctx + shard + (c.nccl_buffer_bytes if p.infer_tp > 1 else 0)
         kv_part = ctx + max(shard, int(c.kv_cache_fraction * cap)) + (c.nccl_buffer_bytes if p.infer_tp > 1 else 0)
     if fixed > cap:
-        return (f"pipelines[{i}].infer_tp",
-                f"one inference shard ({_gib(p.model.weight_bytes)} of weights / infer_tp {p.infer_tp} = {_gib(shard)}) "
-                f"+ the {_gib(ctx)} CUDA context" + (" + TP communicator buffers" if fixed > ctx + shard else "")
-                + f" needs {_gib(fixed)} of a {_gib(cap)} GPU; raise infer_tp or use a smaller model (rule: wake_fits)")
+        return (
+            f"pipelines[{i}].infer_tp",
+            f"one inference shard ({_gib(p.model.weight_bytes)} of weights / infer_tp {p.infer_tp} = {_gib(shard)}) "
+            f"+ the {_gib(ctx)} CUDA context"
+            + (" + TP communicator buffers" if fixed > ctx + shard else "")
+            + f" needs {_gib(fixed)} of a {_gib(cap)} GPU; raise infer_tp or use a smaller model (rule: wake_fits)",
+        )
     if kv_part > cap:
-        return ("costs.kv_cache_fraction",
-                f"pipeline {p.name!r}: a woken inference rank takes kv_cache_fraction {c.kv_cache_fraction:g} x "
-                f"{_gib(cap)} for weights + KV cache beside its {_gib(ctx)} CUDA context"
-                + (" and TP communicator buffers" if p.infer_tp > 1 else "")
-                + f": {_gib(kv_part)} of a {_gib(cap)} GPU; lower kv_cache_fraction (rule: wake_fits)")
+        return (
+            "costs.kv_cache_fraction",
+            f"pipeline {p.name!r}: a woken inference rank takes kv_cache_fraction {c.kv_cache_fraction:g} x "
+            f"{_gib(cap)} for weights + KV cache beside its {_gib(ctx)} CUDA context"
+            + (" and TP communicator buffers" if p.infer_tp > 1 else "")
+            + f": {_gib(kv_part)} of a {_gib(cap)} GPU; lower kv_cache_fraction (rule: wake_fits)",
+        )
     return None
 
 
@@ -148,15 +157,28 @@ def static_headroom(s: Scenario) -> Optional[Tuple[int, int, str]]:
     for g in gpus:
         on = [p for p in s.pipelines if g in p.infer_gpus or g in p.train_gpus]
         ctx = c.cuda_context_bytes * len(on)
-        wakes = [(c.nccl_buffer_bytes if p.infer_tp > 1 else 0)
-                 + max(p.model.weight_bytes // p.infer_tp, int(c.kv_cache_fraction * cap)) if p.type != "single_controller"
-                 else p.model.weight_bytes // p.infer_tp for p in on if g in p.infer_gpus]
+        wakes = [
+            (c.nccl_buffer_bytes if p.infer_tp > 1 else 0)
+            + max(p.model.weight_bytes // p.infer_tp, int(c.kv_cache_fraction * cap))
+            if p.type != "single_controller"
+            else p.model.weight_bytes // p.infer_tp
+            for p in on
+            if g in p.infer_gpus
+        ]
         kept = [p.name for p in on if p.type == "nemo_async" and g in p.train_gpus and len(p.train_gpus) > 1]
-        staging = c.bucket_bytes if any(sorted(p.train_gpus)[0] == g for p in on if p.type != "single_controller") else 0
+        staging = (
+            c.bucket_bytes if any(sorted(p.train_gpus)[0] == g for p in on if p.type != "single_controller") else 0
+        )
         free = cap - ctx - max(wakes) - c.nccl_buffer_bytes * len(kept) - staging
-        what = (f"GPU {g}: {len(on)} CUDA context(s), a wake of {_gib(max(wakes))}"
-                + (f", the kept Megatron groups of {', '.join(kept)} ({_gib(c.nccl_buffer_bytes * len(kept))})" if kept else "")
-                + (f", a {_gib(staging)} sync bucket" if staging else ""))
+        what = (
+            f"GPU {g}: {len(on)} CUDA context(s), a wake of {_gib(max(wakes))}"
+            + (
+                f", the kept Megatron groups of {', '.join(kept)} ({_gib(c.nccl_buffer_bytes * len(kept))})"
+                if kept
+                else ""
+            )
+            + (f", a {_gib(staging)} sync bucket" if staging else "")
+        )
         if worst is None or free < worst[1]:
             worst = (g, free, what)
     return worst

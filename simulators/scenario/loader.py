@@ -102,13 +102,29 @@ class ScenarioError(ValueError):
         self.line = line
 
 
-from simulators.scenario.rules import FIELD_RULES, Rule, engine_fault_problem, engine_field_problem, refit_export_problem, refit_path_problem  # noqa: E402  (the field table lives there)
+from simulators.scenario.rules import (  # noqa: E402  (the field table lives there)
+    FIELD_RULES,
+    Rule,
+    engine_fault_problem,
+    engine_field_problem,
+    refit_export_problem,
+    refit_path_problem,
+)
 from simulators.scenario.streaming import streaming_problem  # noqa: E402
 from simulators.scenario.bounds import BoundError, check_cost_inputs  # noqa: E402
 
 
-_PIPELINE_STRUCTURED = ("train_gpus", "infer_gpus", "model", "workload", "streaming", "data_plane", "costs",
-                        "weight_sync_groups", "disaggregated")
+_PIPELINE_STRUCTURED = (
+    "train_gpus",
+    "infer_gpus",
+    "model",
+    "workload",
+    "streaming",
+    "data_plane",
+    "costs",
+    "weight_sync_groups",
+    "disaggregated",
+)
 _SCENARIO_STRUCTURED = ("cluster", "costs", "scheduler", "pipelines", "faults", "expect")
 _PIPELINE_REQUIRED = ("name", "type", "train_gpus", "infer_gpus")
 _SCENARIO_REQUIRED = ("name", "cluster", "pipelines")
@@ -238,9 +254,11 @@ def _cluster(ctx: _Ctx, data: Any) -> ClusterSpec:
 def _costs(ctx: _Ctx, data: Any) -> CostSpec:
     costs = CostSpec(**_flat_fields(ctx, "costs", data, CostSpec))
     if costs.optimizer_state_multiplier > costs.train_state_multiplier - 1:
-        raise ctx.fail("costs.optimizer_state_multiplier",
-                       f"{_fmt_num(costs.optimizer_state_multiplier)} x weight bytes leaves less than the parameters (1x) "
-                       f"in train_state_multiplier {_fmt_num(costs.train_state_multiplier)}")
+        raise ctx.fail(
+            "costs.optimizer_state_multiplier",
+            f"{_fmt_num(costs.optimizer_state_multiplier)} x weight bytes leaves less than the parameters (1x) "
+            f"in train_state_multiplier {_fmt_num(costs.train_state_multiplier)}",
+        )
     return costs
 
 
@@ -258,7 +276,9 @@ def _scheduler(ctx: _Ctx, data: Any) -> Dict[str, object]:
             raise ctx.fail(f"scheduler.{key}", str(e)) from None
     opts = SchedulerOptions.from_mapping(data)
     if opts.demand_floor and opts.policy != "gap_ratio":
-        raise ctx.fail("scheduler.demand_floor", f"a variant of RLix's gap-ratio planner; policy {opts.policy!r} does not use it")
+        raise ctx.fail(
+            "scheduler.demand_floor", f"a variant of RLix's gap-ratio planner; policy {opts.policy!r} does not use it"
+        )
     # Keep only the options the file names (normalized: ints given for floats become floats).
     return {**{key: getattr(opts, key) for key in data}, **impl}
 
@@ -296,8 +316,10 @@ def _defaults(ctx: _Ctx, data: Any) -> Dict[str, Dict[str, Any]]:
 
 def _workload_cross_checks(ctx: _Ctx, path: str, w: WorkloadSpec) -> None:
     if w.decode_tokens_cap_share >= 1:
-        raise ctx.fail(f"{path}.decode_tokens_cap_share",
-                       f"must be below 1 (a share of the answers), got {_fmt_num(w.decode_tokens_cap_share)}")
+        raise ctx.fail(
+            f"{path}.decode_tokens_cap_share",
+            f"must be below 1 (a share of the answers), got {_fmt_num(w.decode_tokens_cap_share)}",
+        )
     if w.decode_tokens_median > w.decode_tokens_max:
         raise ctx.fail(
             f"{path}.decode_tokens_median",
@@ -311,8 +333,10 @@ def _decode_checks(ctx: _Ctx, path: str, w: WorkloadSpec, m: ModelSpec) -> None:
     if w.decode_timing not in ("at_start", "per_step"):
         raise ctx.fail(f"{path}.workload.decode_timing", f"must be at_start or per_step, got {w.decode_timing!r}")
     if m.num_experts and m.experts_per_token > m.num_experts:
-        raise ctx.fail(f"{path}.model.experts_per_token",
-                       f"{m.experts_per_token} routed experts per token exceeds num_experts {m.num_experts}")
+        raise ctx.fail(
+            f"{path}.model.experts_per_token",
+            f"{m.experts_per_token} routed experts per token exceeds num_experts {m.num_experts}",
+        )
     if w.decode_expert_read_s == 0:
         return
     field = f"{path}.workload.decode_expert_read_s"
@@ -322,8 +346,11 @@ def _decode_checks(ctx: _Ctx, path: str, w: WorkloadSpec, m: ModelSpec) -> None:
         raise ctx.fail(field, "needs model.num_experts and model.experts_per_token (a mixture of experts)")
     fixed = w.batching_half_point / w.tokens_per_s_per_rank
     if w.decode_expert_read_s > fixed:
-        raise ctx.fail(field, f"{_fmt_num(w.decode_expert_read_s)} s exceeds the step's fixed part "
-                              f"(batching_half_point / tokens_per_s_per_rank = {_fmt_num(fixed)} s)")
+        raise ctx.fail(
+            field,
+            f"{_fmt_num(w.decode_expert_read_s)} s exceeds the step's fixed part "
+            f"(batching_half_point / tokens_per_s_per_rank = {_fmt_num(fixed)} s)",
+        )
 
 
 def _topology_path(base: str, e: TopologyError) -> str:
@@ -339,8 +366,13 @@ def _topology_path(base: str, e: TopologyError) -> str:
 
 
 def _pipeline(
-    ctx: _Ctx, path: str, data: Any, defaults: Mapping[str, Mapping[str, Any]], topo: ClusterTopology,
-    scenario_costs: Optional[CostSpec] = None, gpu: str = "",
+    ctx: _Ctx,
+    path: str,
+    data: Any,
+    defaults: Mapping[str, Mapping[str, Any]],
+    topo: ClusterTopology,
+    scenario_costs: Optional[CostSpec] = None,
+    gpu: str = "",
 ) -> PipelineSpec:
     data = _mapping(ctx, path, data)
     known = tuple(FIELD_RULES[PipelineSpec]) + _PIPELINE_STRUCTURED
@@ -361,7 +393,10 @@ def _pipeline(
     if vals.get("train_backend", "megatron") not in ("megatron", "fsdp2"):
         raise ctx.fail(f"{path}.train_backend", f"must be megatron or fsdp2, got {vals['train_backend']!r}")
     if "sleep_level" in vals and vals["sleep_level"] not in (1, 2):
-        raise ctx.fail(f"{path}.sleep_level", f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}")
+        raise ctx.fail(
+            f"{path}.sleep_level",
+            f"must be 1 (weights kept in host RAM) or 2 (weights dropped), got {vals['sleep_level']}",
+        )
     problem = engine_field_problem(vals)
     if problem is not None:
         raise ctx.fail(f"{path}.{problem[0]}", problem[1])
@@ -396,12 +431,19 @@ def _pipeline(
     except TopologyError as e:
         raise ctx.fail(_topology_path(path, e), f"{e.problem} (rule: {e.rule})") from None
     if vals["type"] == "disaggregated":
-        vals["disaggregated"] = _disaggregated(ctx, f"{path}.disaggregated", data.get("disaggregated", {}), train, infer)
+        vals["disaggregated"] = _disaggregated(
+            ctx, f"{path}.disaggregated", data.get("disaggregated", {}), train, infer
+        )
     elif "disaggregated" in data:
-        raise ctx.fail(f"{path}.disaggregated", f"only a disaggregated pipeline has an order section (this one is {vals['type']})")
+        raise ctx.fail(
+            f"{path}.disaggregated", f"only a disaggregated pipeline has an order section (this one is {vals['type']})"
+        )
     if vals["type"] == "single_controller" and set(train) & set(infer):
-        raise ctx.fail(f"{path}.train_gpus", f"train GPUs {sorted(set(train) & set(infer))} are also infer_gpus "
-                       "(the single controller is non-colocated)")
+        raise ctx.fail(
+            f"{path}.train_gpus",
+            f"train GPUs {sorted(set(train) & set(infer))} are also infer_gpus "
+            "(the single controller is non-colocated)",
+        )
     if vals["type"] == "roll_sync":
         outside = sorted(set(train) - set(infer))
         if outside:
@@ -436,11 +478,15 @@ def _disaggregated(ctx: _Ctx, path: str, data: Any, train: List[int], infer: Lis
     if spec.shape not in SHAPES:
         raise ctx.fail(f"{path}.shape", f"unknown shape {spec.shape!r}; known: {', '.join(SHAPES)}")
     if spec.weight_sync not in WEIGHT_SYNC_MODES:
-        raise ctx.fail(f"{path}.weight_sync", f"unknown mode {spec.weight_sync!r}; known: {', '.join(WEIGHT_SYNC_MODES)}")
+        raise ctx.fail(
+            f"{path}.weight_sync", f"unknown mode {spec.weight_sync!r}; known: {', '.join(WEIGHT_SYNC_MODES)}"
+        )
     shared = sorted(set(train) & set(infer))
     if shared:
-        raise ctx.fail(path.rsplit(".", 1)[0] + ".train_gpus",
-                       f"train GPUs {shared} are also infer_gpus (a disaggregated pipeline's are disjoint)")
+        raise ctx.fail(
+            path.rsplit(".", 1)[0] + ".train_gpus",
+            f"train GPUs {shared} are also infer_gpus (a disaggregated pipeline's are disjoint)",
+        )
     return spec
 
 
@@ -523,9 +569,11 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
     costs = _costs(ctx, data["costs"]) if "costs" in data else CostSpec()
     if vals.get("refit_calibration"):
         from simulators.refit.calibration import CalibrationError, apply_calibration
+
         try:
-            vals["refit_calibration"], costs = apply_calibration(vals["refit_calibration"], source, costs,
-                                                                 explicit=set(data.get("costs") or {}))
+            vals["refit_calibration"], costs = apply_calibration(
+                vals["refit_calibration"], source, costs, explicit=set(data.get("costs") or {})
+            )
         except CalibrationError as e:
             raise ctx.fail("refit_calibration", str(e)) from None
     scheduler = _scheduler(ctx, data["scheduler"]) if "scheduler" in data else {}
@@ -545,9 +593,13 @@ def scenario_from_mapping(data: Any, source: str = "<scenario>") -> Scenario:
         p = _pipeline(ctx, f"pipelines[{i}]", raw, defaults, topo, costs, cluster.gpu)
         trajectories += scenario_limits.check_pipeline(ctx.fail, f"pipelines[{i}]", p)
         if p.name in pipes:
-            raise ctx.fail(f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])")
+            raise ctx.fail(
+                f"pipelines[{i}].name", f"duplicate pipeline name {p.name!r} (also pipelines[{first_index[p.name]}])"
+            )
         if p.start_s >= horizon:
-            raise ctx.fail(f"pipelines[{i}].start_s", f"{_fmt_num(p.start_s)} s is not before horizon_s {_fmt_num(horizon)} s")
+            raise ctx.fail(
+                f"pipelines[{i}].start_s", f"{_fmt_num(p.start_s)} s is not before horizon_s {_fmt_num(horizon)} s"
+            )
         pipes[p.name] = p
         first_index[p.name] = i
     scenario_limits.check_run_total(ctx.fail, trajectories)
@@ -580,7 +632,9 @@ def parse_yaml(text: str, source: str) -> Any:
         mark = e.problem_mark or e.context_mark
         problem = e.problem or e.context or "cannot parse"
         if mark is not None:
-            raise ScenarioError(source, None, f"malformed YAML: {problem} (column {mark.column + 1})", line=mark.line + 1) from None
+            raise ScenarioError(
+                source, None, f"malformed YAML: {problem} (column {mark.column + 1})", line=mark.line + 1
+            ) from None
         raise ScenarioError(source, None, f"malformed YAML: {problem}") from None
     except yaml.YAMLError as e:
         raise ScenarioError(source, None, f"malformed YAML: {e}") from None

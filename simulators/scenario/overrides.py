@@ -33,8 +33,8 @@ class OverrideError(ValueError):
 
 @dataclass(frozen=True)
 class Override:
-    text: str              # PATH=VALUE as given
-    path: str              # PATH as given
+    text: str  # PATH=VALUE as given
+    path: str  # PATH as given
     steps: Tuple[Tuple[str, Step], ...]  # ("key", name) | ("index", int) | ("named", name)
     value: Any
 
@@ -48,8 +48,10 @@ def parse_path(path: str, flag: str = "--set") -> Tuple[Tuple[str, Step], ...]:
             pos += 1
         m = _STEP_RE.match(path, pos)
         if m is None or (m.group(1) is not None and steps and path[pos - 1] != "."):
-            raise OverrideError(f"{flag} {path}: cannot read the path at {path[pos:]!r} "
-                                "(write it as the error messages do, e.g. pipelines[0].infer_tp)")
+            raise OverrideError(
+                f"{flag} {path}: cannot read the path at {path[pos:]!r} "
+                "(write it as the error messages do, e.g. pipelines[0].infer_tp)"
+            )
         if m.group(1) is not None:
             steps.append(("key", m.group(1)))
         else:
@@ -115,7 +117,9 @@ def _set(root: dict, ov: Override) -> None:
         last = i == len(ov.steps) - 1
         if kind == "key":
             if not isinstance(node, dict):
-                raise OverrideError(f"--set {ov.path}: {where or 'the scenario'} is not a mapping, so it has no field {step!r}")
+                raise OverrideError(
+                    f"--set {ov.path}: {where or 'the scenario'} is not a mapping, so it has no field {step!r}"
+                )
             if last:
                 node[step] = copy.deepcopy(ov.value)
                 return
@@ -142,7 +146,9 @@ def _index(items: list, kind: str, step: Step, path: str, where: str) -> int:
     for i, it in enumerate(items):
         if isinstance(it, dict) and it.get("name") == step:
             return i
-    raise OverrideError(f"--set {path}: {where} has no item named {step!r} (names: {', '.join(map(str, names)) or 'none'})")
+    raise OverrideError(
+        f"--set {path}: {where} has no item named {step!r} (names: {', '.join(map(str, names)) or 'none'})"
+    )
 
 
 def describe(overrides: Sequence[Override]) -> str:

@@ -10,8 +10,19 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from harness.control.engine import PAUSE_MODES, WAKE_MODES
-from simulators.scenario.spec import (ClusterSpec, CostSpec, DataPlaneSpec, DisaggregatedSpec, FaultSpec, ModelSpec, PipelineSpec, Scenario, StreamingSpec,
-                             WeightSyncGroupsSpec, WorkloadSpec)
+from simulators.scenario.spec import (
+    ClusterSpec,
+    CostSpec,
+    DataPlaneSpec,
+    DisaggregatedSpec,
+    FaultSpec,
+    ModelSpec,
+    PipelineSpec,
+    Scenario,
+    StreamingSpec,
+    WeightSyncGroupsSpec,
+    WorkloadSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -209,10 +220,12 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
 }
 
 
-
 #: engine faults that exist only in some engine mode: fault -> (pipeline field, the values it needs)
-_ENGINE_FAULT_NEEDS = {"resume_before_kv_wake": ("wake", ("staged",)), "kv_wake_before_weights": ("wake", ("staged",)),
-                       "abort_on_pause": ("pause_mode", ("wait", "keep"))}
+_ENGINE_FAULT_NEEDS = {
+    "resume_before_kv_wake": ("wake", ("staged",)),
+    "kv_wake_before_weights": ("wake", ("staged",)),
+    "abort_on_pause": ("pause_mode", ("wait", "keep")),
+}
 
 #: faults of the disaggregated fully asynchronous rollouter (simulators/pipelines/disaggregated.py)
 _FULLY_ASYNC_FAULTS = ("requeue_ignores_partial_rollout", "staleness_capacity_reset")
@@ -263,8 +276,10 @@ def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
             return key, f"must be one of {', '.join(allowed)}, got {vals[key]!r}"
     for key in ("pause_mode", "wake"):
         if key in vals and vals["type"] == "single_controller":
-            return key, ("only a colocated pipeline (nemo_async, roll_sync) pauses and wakes its ranks; a "
-                         "single_controller's engines never sleep")
+            return key, (
+                "only a colocated pipeline (nemo_async, roll_sync) pauses and wakes its ranks; a "
+                "single_controller's engines never sleep"
+            )
     return None
 
 
@@ -279,8 +294,10 @@ def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
         if shape != "fully_async":
             return f"fault {name} needs pipeline {pipe.name} to be disaggregated with shape fully_async (it is {shape})"
         if name == "requeue_ignores_partial_rollout" and pipe.disaggregated.weight_sync != "drain":
-            return (f"fault {name} needs pipeline {pipe.name}'s weight_sync to be drain (partial rollout off; "
-                    f"it is {pipe.disaggregated.weight_sync})")
+            return (
+                f"fault {name} needs pipeline {pipe.name}'s weight_sync to be drain (partial rollout off; "
+                f"it is {pipe.disaggregated.weight_sync})"
+            )
         return None
     need = _ENGINE_FAULT_NEEDS.get(name)
     if need is None or getattr(pipe, need[0]) in need[1]:

@@ -124,7 +124,8 @@ class CostSpec:
     # whole tensors before the hand-over (TP all-gather, PP broadcast, EP all-gather);
     # derived by the cost model (formulas.refit_gather_s), 0 = not modelled
     refit_gather_s: float = 0.0
-    kv_cache_fraction: float = 0.9  # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
+    # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
+    kv_cache_fraction: float = 0.9
     cuda_context_bytes: int = 500 * MiB  # residue per process on a GPU
     # The cost model's efficiency factors (used only where cluster.gpu and a model
     # architecture are given; docs/cost-model.md says how they were chosen):
@@ -177,7 +178,8 @@ class DisaggregatedSpec:
     staleness bound of ``fully_async`` is ``workload.max_trajectory_age_steps``."""
 
     shape: str = "sync"  # the order: NeMo RL's synchronous, verl's one step off, or fully asynchronous
-    weight_sync: str = "pause"  # fully_async: drain the running answers, pause them (partial rollout), or sync under them
+    # fully_async: drain the running answers, pause them (partial rollout), or sync under them
+    weight_sync: str = "pause"
 
 
 @dataclass(frozen=True)
@@ -457,19 +459,54 @@ class Scenario:
 
 
 PIPELINE_TYPES = ("nemo_async", "roll_sync", "single_controller", "disaggregated")
-FAULT_NAMES = ("wake_before_offload", "skip_sync_on_expand", "keep_nccl_on_sleep", "noop_progress_hooks",
-               "no_gen_watchdog", "keep_gen_on_finish", "cache_after_offload", "abort_never_wakes",
-               "collector_dies", "engines_crash_after_refit", "stuck_request", "offload_keeps_params",
-               "strand_sync_group", "no_gen_estimate", "expand_sync_fails", "lost_finish", "stale_select_target")
+FAULT_NAMES = (
+    "wake_before_offload",
+    "skip_sync_on_expand",
+    "keep_nccl_on_sleep",
+    "noop_progress_hooks",
+    "no_gen_watchdog",
+    "keep_gen_on_finish",
+    "cache_after_offload",
+    "abort_never_wakes",
+    "collector_dies",
+    "engines_crash_after_refit",
+    "stuck_request",
+    "offload_keeps_params",
+    "strand_sync_group",
+    "no_gen_estimate",
+    "expand_sync_fails",
+    "lost_finish",
+    "stale_select_target",
+)
 # faults that exist to make the oracle's checks fire (simulators/faults/oracle.py): a scenario
 # may name them; `rlharness fuzz` does not draw them (its draws stay what they were)
-ORACLE_FAULT_NAMES = ("sync_outside_expand", "bulk_in_driver_meta", "stale_batch", "no_host_ram_guard",
-                      "unchecked_activation", "sleep_residue_grows", "staging_leak", "refit_slows",
-                      "unclamped_base_stamp", "lost_lock_handoff", "partial_reload", "resume_before_kv_wake",
-                      "kv_wake_before_weights", "abort_on_pause", "stamp_at_completion",
-                      "active_sync_fails", "lost_cache_handoff", "lost_release_ack", "watchdog_request_under_lock",
-                      "double_onload", "finalize_fails", "requeue_ignores_partial_rollout", "staleness_capacity_reset",
-                      "weight_sync_off_thread", "critic_warmup_no_wake")
+ORACLE_FAULT_NAMES = (
+    "sync_outside_expand",
+    "bulk_in_driver_meta",
+    "stale_batch",
+    "no_host_ram_guard",
+    "unchecked_activation",
+    "sleep_residue_grows",
+    "staging_leak",
+    "refit_slows",
+    "unclamped_base_stamp",
+    "lost_lock_handoff",
+    "partial_reload",
+    "resume_before_kv_wake",
+    "kv_wake_before_weights",
+    "abort_on_pause",
+    "stamp_at_completion",
+    "active_sync_fails",
+    "lost_cache_handoff",
+    "lost_release_ack",
+    "watchdog_request_under_lock",
+    "double_onload",
+    "finalize_fails",
+    "requeue_ignores_partial_rollout",
+    "staleness_capacity_reset",
+    "weight_sync_off_thread",
+    "critic_warmup_no_wake",
+)
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
 

@@ -26,18 +26,30 @@ def streaming_problem(s: StreamingSpec, w: WorkloadSpec, steps: Optional[int] = 
         if getattr(s, name) >= 1:
             return name, f"must be below 1 (a rate of 1 never succeeds), got {getattr(s, name)}"
     if s.min_groups_for_streaming_train > w.prompts_per_step:
-        return ("min_groups_for_streaming_train",
-                f"{s.min_groups_for_streaming_train} exceeds workload.prompts_per_step {w.prompts_per_step}")
-    bad = config_problem(s.sampler, s.watchdog_interval_s, s.stall_timeout_s, s.drop_budgets, s.max_skipped_prompts,
-                         s.max_consecutive_dropped_prompts, s.min_step_batch_fraction)
-    bad = bad or replace_problem(s.on_dropped_prompt, s.max_replacement_attempts, s.replacement_reserve_prompts,
-                                 s.sampler)
+        return (
+            "min_groups_for_streaming_train",
+            f"{s.min_groups_for_streaming_train} exceeds workload.prompts_per_step {w.prompts_per_step}",
+        )
+    bad = config_problem(
+        s.sampler,
+        s.watchdog_interval_s,
+        s.stall_timeout_s,
+        s.drop_budgets,
+        s.max_skipped_prompts,
+        s.max_consecutive_dropped_prompts,
+        s.min_step_batch_fraction,
+    )
+    bad = bad or replace_problem(
+        s.on_dropped_prompt, s.max_replacement_attempts, s.replacement_reserve_prompts, s.sampler
+    )
     if bad:
         return bad
     k = s.checkpoint_restore_after_steps
     if k and steps is not None and k >= steps:
-        return ("checkpoint_restore_after_steps",
-                f"{k} is not below the pipeline's steps {steps}: the run would end before it resumes")
+        return (
+            "checkpoint_restore_after_steps",
+            f"{k} is not below the pipeline's steps {steps}: the run would end before it resumes",
+        )
     try:
         sampler = make_sampler(s.sampler, s.window, freshest_first=bool(s.freshest_first), target=s.custom_target)
     except SamplerError as e:

@@ -35,8 +35,9 @@ class _Loader(yaml.SafeLoader):
         try:
             if self._depth > MAX_NESTING:
                 event = self.peek_event()
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_NESTING} levels (the limit)",
-                                                  event.start_mark)
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_NESTING} levels (the limit)", event.start_mark
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -53,13 +54,19 @@ def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> int:
     digits = sum(ch.isdigit() for ch in str(node.value))
     if digits > MAX_INT_DIGITS + 2:  # (decimal digits; hex/octal/binary forms are shorter or caught below)
         raise yaml.constructor.ConstructorError(
-            None, None, f"a number with {digits} digits; integers are limited to {MAX_INT_DIGITS} digits (64 bits)",
-            node.start_mark)
+            None,
+            None,
+            f"a number with {digits} digits; integers are limited to {MAX_INT_DIGITS} digits (64 bits)",
+            node.start_mark,
+        )
     value = loader.construct_yaml_int(node)
     if abs(value) > MAX_INT:
         raise yaml.constructor.ConstructorError(
-            None, None, f"integer {value} with {len(str(abs(value)))} digits is outside the 64-bit range (the limit)",
-            node.start_mark)
+            None,
+            None,
+            f"integer {value} with {len(str(abs(value)))} digits is outside the 64-bit range (the limit)",
+            node.start_mark,
+        )
     return value
 
 

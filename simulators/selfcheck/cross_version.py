@@ -41,8 +41,12 @@ COMPARED_FILES = ("events.jsonl", "summary.txt", "summary.json", "trace.json", "
 FUZZ_SEEDS = range(60)
 DEPENDENCIES = ("simpy", "numpy", "yaml", "orjson")
 # explored runs compared: (scenario path, "" = the built-in default; schedule seed; strategy)
-EXPLORE_RUNS = [(path, seed, strategy) for path in ("", "examples/scenarios/gap_ratio_3pipelines.yaml")
-                for strategy in ("pct", "random") for seed in (0, 1)]
+EXPLORE_RUNS = [
+    (path, seed, strategy)
+    for path in ("", "examples/scenarios/gap_ratio_3pipelines.yaml")
+    for strategy in ("pct", "random")
+    for seed in (0, 1)
+]
 
 Hashes = Dict[str, Dict[str, str]]  # run name -> file -> sha256
 
@@ -68,7 +72,7 @@ def dependency_versions() -> str:
 
 
 def bundled_scenarios() -> List[str]:
-    """"" (the built-in default) and every bundled scenario but the 1024-GPU one, as
+    """ "" (the built-in default) and every bundled scenario but the 1024-GPU one, as
     paths relative to the checkout."""
     paths = sorted(glob.glob(os.path.join(ROOT, "examples", "scenarios", "*.yaml")))
     return [""] + [os.path.relpath(p, ROOT) for p in paths if "1024" not in os.path.basename(p)]
@@ -81,8 +85,9 @@ def _file_sha(path: str) -> str:
         return hashlib.sha256(fh.read()).hexdigest()
 
 
-def output_hashes(scenarios: Optional[List[str]] = None, seeds: Optional[range] = None,
-                  explore: Optional[List[list]] = None) -> Hashes:
+def output_hashes(
+    scenarios: Optional[List[str]] = None, seeds: Optional[range] = None, explore: Optional[List[list]] = None
+) -> Hashes:
     """This interpreter's hashes of every compared run (simulated here, now): the given
     bundled scenarios, fuzz seeds and explored runs; all of them when none is given (explored
     runs only then, or when named)."""
@@ -109,23 +114,44 @@ def output_hashes(scenarios: Optional[List[str]] = None, seeds: Optional[range] 
         scenario = load_scenario(os.path.join(ROOT, path)) if path else default_scenario()
         log = Simulation(scenario, explore=ExploreSpec(seed, strategy)).run().log
         out[f"{path or '(default)'} --explore {seed} --explore-strategy {strategy}"] = {
-            "events.jsonl": lines_sha256(log.lines())}
+            "events.jsonl": lines_sha256(log.lines())
+        }
     return out
 
 
-def hashes_under(python: str, scenarios: Optional[List[str]] = None, seeds: Optional[range] = None,
-                 timeout_s: Optional[float] = 300, explore: Optional[List[list]] = None) -> Answer:
+def hashes_under(
+    python: str,
+    scenarios: Optional[List[str]] = None,
+    seeds: Optional[range] = None,
+    timeout_s: Optional[float] = 300,
+    explore: Optional[List[list]] = None,
+) -> Answer:
     """The :class:`Answer` computed by the interpreter ``python`` on this checkout, of the
     same runs :func:`output_hashes` takes.
 
     Raises RuntimeError (one line: what failed) when it cannot run or lacks a dependency."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     try:
-        proc = subprocess.run([python, "-m", "simulators.selfcheck.cross_version", "--hashes", json.dumps(
-                                   {"scenarios": scenarios, "seeds": None if seeds is None else [seeds.start, seeds.stop],
-                                    "explore": explore})],
-                              cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            [
+                python,
+                "-m",
+                "simulators.selfcheck.cross_version",
+                "--hashes",
+                json.dumps(
+                    {
+                        "scenarios": scenarios,
+                        "seeds": None if seeds is None else [seeds.start, seeds.stop],
+                        "explore": explore,
+                    }
+                ),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except OSError as e:
         raise RuntimeError(f"{python}: cannot run it ({e.strerror or e})") from None
     except subprocess.TimeoutExpired:
@@ -144,8 +170,10 @@ def differences(ours: Hashes, theirs: Hashes, our_version: str, their_version: s
         a, b = ours.get(run, {}), theirs.get(run, {})
         for f in sorted(set(a) | set(b)):
             if a.get(f) != b.get(f):
-                lines.append(f"{run} {f}: Python {our_version} {str(a.get(f))[:12]} != "
-                             f"Python {their_version} {str(b.get(f))[:12]}")
+                lines.append(
+                    f"{run} {f}: Python {our_version} {str(a.get(f))[:12]} != "
+                    f"Python {their_version} {str(b.get(f))[:12]}"
+                )
     return lines
 
 
@@ -162,8 +190,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         which = json.loads(argv[1]) if len(argv) > 1 else {}
         seeds = range(*which["seeds"]) if which.get("seeds") is not None else None
-        json.dump({"python": platform.python_version(), "dependencies": dependency_versions(),
-                   "hashes": output_hashes(which.get("scenarios"), seeds, which.get("explore"))}, sys.stdout)
+        json.dump(
+            {
+                "python": platform.python_version(),
+                "dependencies": dependency_versions(),
+                "hashes": output_hashes(which.get("scenarios"), seeds, which.get("explore")),
+            },
+            sys.stdout,
+        )
         return 0
     if not argv or any(a.startswith("-") for a in argv):
         print("usage: python -m simulators.selfcheck.cross_version OTHER_PYTHON... | --hashes", file=sys.stderr)
@@ -179,12 +213,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         diff = differences(ours, theirs, version, their_version)
         if diff:
             status = 1
-            print(f"cross-version: Python {version} ({dependency_versions()}) and {their_version} ({their_deps}) "
-                  f"differ in {len(diff)} of {_count(ours)} files:")
+            print(
+                f"cross-version: Python {version} ({dependency_versions()}) and {their_version} ({their_deps}) "
+                f"differ in {len(diff)} of {_count(ours)} files:"
+            )
             print("\n".join(f"  {line}" for line in diff))
         else:
-            print(f"cross-version: Python {version} and {their_version}: {_count(ours)} files of {len(ours)} runs "
-                  f"byte-identical")
+            print(
+                f"cross-version: Python {version} and {their_version}: {_count(ours)} files of {len(ours)} runs "
+                f"byte-identical"
+            )
     return status
 
 

@@ -59,8 +59,9 @@ def other_hash_seed(current: Optional[str]) -> str:
     return "0"
 
 
-def check_determinism(result: RunResult, scenario_path: Optional[str], *, resolved: bool = False,
-                      explore: Optional[ExploreSpec] = None) -> DeterminismCheck:
+def check_determinism(
+    result: RunResult, scenario_path: Optional[str], *, resolved: bool = False, explore: Optional[ExploreSpec] = None
+) -> DeterminismCheck:
     """Run ``result``'s scenario (from ``scenario_path``, or the default scenario when
     None; with the run's seed) in a fresh process and compare the event logs. With
     ``resolved`` (a scenario changed by ``--set``), the fresh run reads the scenario as
@@ -78,8 +79,15 @@ def check_determinism(result: RunResult, scenario_path: Optional[str], *, resolv
             scenario_path = os.path.join(tmp, "scenario.yaml")
             with open(scenario_path, "w", encoding="utf-8") as fh:
                 yaml.safe_dump(scenario_to_mapping(result.scenario), fh, sort_keys=False)
-        cmd = [sys.executable, "-m", "simulators.selfcheck.determinism", scenario_path or "", str(result.scenario.seed), path,
-               json.dumps(None if explore is None else dataclasses.asdict(explore))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "simulators.selfcheck.determinism",
+            scenario_path or "",
+            str(result.scenario.seed),
+            path,
+            json.dumps(None if explore is None else dataclasses.asdict(explore)),
+        ]
         # no timeout of its own: the fresh run is the same simulation, bounded by its horizon
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:

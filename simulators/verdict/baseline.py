@@ -21,8 +21,10 @@ import yaml
 from harness.logs.expect import Expectation, Finding, baseline_entries, parse_expectations
 from harness.logs.invariants import CHECKS
 
-HEADER = ("# Expected findings (rlharness baseline; docs/expected-findings.md). Written by\n"
-          "# `rlharness check --write-baseline`: replace each reason with why the finding is expected.\n")
+HEADER = (
+    "# Expected findings (rlharness baseline; docs/expected-findings.md). Written by\n"
+    "# `rlharness check --write-baseline`: replace each reason with why the finding is expected.\n"
+)
 
 
 class BaselineError(ValueError):

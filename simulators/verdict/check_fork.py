@@ -46,8 +46,13 @@ HERE = ("handover", "cycle_trends")
 
 def fork_worthwhile(records: Sequence[dict]) -> bool:
     """Whether :func:`check_beside` would fork for this log (see the module doc)."""
-    return (len(records) >= FORK_MIN_RECORDS and hasattr(os, "fork") and sys.platform.startswith("linux")
-            and threading.active_count() == 1 and _spare_cpu(len(os.sched_getaffinity(0))))
+    return (
+        len(records) >= FORK_MIN_RECORDS
+        and hasattr(os, "fork")
+        and sys.platform.startswith("linux")
+        and threading.active_count() == 1
+        and _spare_cpu(len(os.sched_getaffinity(0)))
+    )
 
 
 def _spare_cpu(cpus: int) -> bool:
@@ -64,9 +69,14 @@ def _spare_cpu(cpus: int) -> bool:
         return True
 
 
-def check_beside(records: Sequence[dict], work: Callable[[Found], T], *, here: Sequence[str] = HERE,
-                 child_work: Optional[Callable[[], None]] = None,
-                 fork: Optional[bool] = None) -> Tuple[List[Violation], T]:
+def check_beside(
+    records: Sequence[dict],
+    work: Callable[[Found], T],
+    *,
+    here: Sequence[str] = HERE,
+    child_work: Optional[Callable[[], None]] = None,
+    fork: Optional[bool] = None,
+) -> Tuple[List[Violation], T]:
     """``(check_log(records), work(found))``, where ``found`` holds the findings of the
     checks named in ``here`` (by check, in the order each found them), and
     ``child_work()`` (something that reads the records and writes a file) done as well.
@@ -127,7 +137,7 @@ def _child(records: Sequence[dict], names: List[str], work: Optional[Callable[[]
         data = pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         code = 0
     except BaseException:  # noqa: BLE001 - anything at all: the parent redoes the work
         pass

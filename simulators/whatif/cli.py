@@ -23,30 +23,57 @@ SWEEP_FILES = ("results.json", "table.txt", "sweep.png")
 def add_parser(sub, usage_error: Callable[[str], Exception]) -> None:
     sw = sub.add_parser("sweep", help="what-if: run a grid of --set values x seeds and compare the runs")
     sw.add_argument("scenario", metavar="SCENARIO", nargs="?", help="scenario YAML (default: the default scenario)")
-    sw.add_argument("--set", dest="axes", metavar="PATH=V1,V2,...", action="append", default=[],
-                    help="a field and its values (pipelines[0].infer_tp=1,2); repeatable: the grid is every combination")
-    sw.add_argument("--seeds", type=int, default=1, metavar="K",
-                    help="seeds per variant: the scenario's seed and the K-1 after it (default 1)")
+    sw.add_argument(
+        "--set",
+        dest="axes",
+        metavar="PATH=V1,V2,...",
+        action="append",
+        default=[],
+        help="a field and its values (pipelines[0].infer_tp=1,2); repeatable: the grid is every combination",
+    )
+    sw.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="K",
+        help="seeds per variant: the scenario's seed and the K-1 after it (default 1)",
+    )
     where = sw.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: CPU count)")
     where.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster ('auto', ray://HOST:PORT, or 'local')")
     sw.add_argument("--out", metavar="DIR", help="results.json, table.txt and sweep.png (default runs/sweep-<name>)")
-    sw.add_argument("--time-budget", type=float, default=600.0, metavar="SECONDS",
-                    help="wall seconds one run may take before it is recorded as 'timeout' (default 600)")
+    sw.add_argument(
+        "--time-budget",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="wall seconds one run may take before it is recorded as 'timeout' (default 600)",
+    )
     sw.add_argument("--no-png", action="store_true", help="skip the comparison plot")
     sw.add_argument("--quiet", action="store_true", help="no progress lines")
-    sw.add_argument("--upstream-as-findings", action="store_true",
-                    help="count known upstream behaviour with the findings (by default it is listed as known:<check>)")
+    sw.add_argument(
+        "--upstream-as-findings",
+        action="store_true",
+        help="count known upstream behaviour with the findings (by default it is listed as known:<check>)",
+    )
 
 
 def add_what_if_parser(sub) -> None:
-    wi = sub.add_parser("what-if", help="what-if: one workload recast into other shapes (colocate: colocated, "
-                                        "partial overlap, one step off, fully async)")
+    wi = sub.add_parser(
+        "what-if",
+        help="what-if: one workload recast into other shapes (colocate: colocated, "
+        "partial overlap, one step off, fully async)",
+    )
     wsub = wi.add_subparsers(dest="what_if", metavar="QUESTION")
-    co = wsub.add_parser("colocate", help="the scenario's one pipeline as colocated, RLix partial overlap, "
-                                          "disaggregated one step off and fully async, side by side (docs/what-if.md)")
+    co = wsub.add_parser(
+        "colocate",
+        help="the scenario's one pipeline as colocated, RLix partial overlap, "
+        "disaggregated one step off and fully async, side by side (docs/what-if.md)",
+    )
     co.add_argument("scenario", metavar="SCENARIO", help="scenario YAML with one pipeline (the workload)")
-    co.add_argument("--out", metavar="DIR", help="table.txt, results.json and colocate.png (default runs/colocate-<name>)")
+    co.add_argument(
+        "--out", metavar="DIR", help="table.txt, results.json and colocate.png (default runs/colocate-<name>)"
+    )
     co.add_argument("--no-png", action="store_true", help="skip the picture")
 
 
@@ -112,12 +139,18 @@ def cmd_sweep(args: argparse.Namespace, usage_error) -> int:
     workers = args.workers or os.cpu_count() or 1
     if not args.quiet:
         where = f"Ray at {args.ray}" if args.ray else f"{workers} local worker(s)"
-        print(f"sweeping {name!r}: {len(variants)} variant(s) x {len(seeds)} seed(s) = {len(jobs)} run(s) on {where}",
-              file=sys.stderr)
+        print(
+            f"sweeping {name!r}: {len(variants)} variant(s) x {len(seeds)} seed(s) = {len(jobs)} run(s) on {where}",
+            file=sys.stderr,
+        )
     runs = _run(jobs, args, workers, variants)
     agg = aggregate(variants, runs)
-    header = {"scenario": name, "source": source, "seeds": seeds,
-              "grid": [{"path": a.path, "values": list(a.values)} for a in axes]}
+    header = {
+        "scenario": name,
+        "source": source,
+        "seeds": seeds,
+        "grid": [{"path": a.path, "values": list(a.values)} for a in axes],
+    }
     os.makedirs(out_dir, exist_ok=True)
     atomic_write(os.path.join(out_dir, "results.json"), results_json(header, agg, runs))
     table = format_table(agg, len(seeds))
@@ -128,8 +161,13 @@ def cmd_sweep(args: argparse.Namespace, usage_error) -> int:
     print(f"results: {os.path.join(out_dir, 'results.json')}")
     failed = [r for r in runs if r["status"] != "ok"]
     if failed:
-        print(f"{len(failed)} run(s) did not finish: " + "; ".join(f"v{r.get('variant')} seed {r.get('run_seed')}: "
-                                                                f"{r['status']} ({r.get('detail', '')})" for r in failed[:5]))
+        print(
+            f"{len(failed)} run(s) did not finish: "
+            + "; ".join(
+                f"v{r.get('variant')} seed {r.get('run_seed')}: {r['status']} ({r.get('detail', '')})"
+                for r in failed[:5]
+            )
+        )
         return ExitCode.FINDING
     return ExitCode.OK
 
@@ -142,8 +180,13 @@ def _jobs(variants, seeds: List[int], source: str, upstream_as_findings: bool = 
     for v in variants:
         for s in seeds:
             job_id = len(jobs)
-            jobs.append(Job(job_id, run_one, (job_id, v.index, v.mapping, f"{source} with --set {v.label}", s,
-                                              upstream_as_findings)))
+            jobs.append(
+                Job(
+                    job_id,
+                    run_one,
+                    (job_id, v.index, v.mapping, f"{source} with --set {v.label}", s, upstream_as_findings),
+                )
+            )
     return jobs
 
 
@@ -162,6 +205,9 @@ def _run(jobs, args: argparse.Namespace, workers: int, variants) -> List[dict]:
         res.setdefault("run_seed", seed)
         runs.append(res)
         if not args.quiet:
-            print(f"  [{len(runs)}/{len(jobs)}] v{variant} ({variants[variant].label}) seed {seed}: "
-                  f"{res.get('end', res['status'])}", file=sys.stderr)
+            print(
+                f"  [{len(runs)}/{len(jobs)}] v{variant} ({variants[variant].label}) seed {seed}: "
+                f"{res.get('end', res['status'])}",
+                file=sys.stderr,
+            )
     return runs

@@ -51,17 +51,26 @@ def variants(mapping: Dict[str, Any]) -> List[Dict[str, Any]]:
     tp = int(pipe.get("infer_tp", 1))
     half = len(gpus) // 2
     if half < tp or half % tp or (len(gpus) - half) % tp:
-        raise ColocateError(f"pipelines[0].infer_gpus: {len(gpus)} GPUs do not split into two halves of whole "
-                            f"TP-{tp} bundles")
+        raise ColocateError(
+            f"pipelines[0].infer_gpus: {len(gpus)} GPUs do not split into two halves of whole TP-{tp} bundles"
+        )
     train, gen = gpus[:half], gpus[half:]
     base = {k: v for k, v in pipe.items() if k not in _TYPE_FIELDS}
     placements = {
         "colocated": {"type": "roll_sync", "train_gpus": gpus, "infer_gpus": gpus},
         "partial_overlap": {"type": "nemo_async", "train_gpus": train, "infer_gpus": gpus},
-        "one_step_off": {"type": "disaggregated", "train_gpus": train, "infer_gpus": gen,
-                         "disaggregated": {"shape": "one_step_off"}},
-        "fully_async": {"type": "disaggregated", "train_gpus": train, "infer_gpus": gen,
-                        "disaggregated": {"shape": "fully_async", "weight_sync": "pause"}},
+        "one_step_off": {
+            "type": "disaggregated",
+            "train_gpus": train,
+            "infer_gpus": gen,
+            "disaggregated": {"shape": "one_step_off"},
+        },
+        "fully_async": {
+            "type": "disaggregated",
+            "train_gpus": train,
+            "infer_gpus": gen,
+            "disaggregated": {"shape": "fully_async", "weight_sync": "pause"},
+        },
     }
     out = []
     for name, _ in SHAPES:
@@ -85,10 +94,19 @@ def compare(mapping: Dict[str, Any], source: str) -> List[Dict[str, Any]]:
         pipe = next(iter(run["pipelines"].values()))
         times = pipe["step_times"]
         step = ordered_sum(times) / len(times) if times else None
-        rows.append({"shape": name, "what": what, "end": run["end"], "steps_done": pipe["steps_done"],
-                     "mean_step_s": step, "gpu_hours_per_step": None if step is None else gpus * step / 3600.0,
-                     "idle_pct": run["idle_pct"], "mean_age_steps": pipe["mean_age_steps"],
-                     "findings": run["findings"]})
+        rows.append(
+            {
+                "shape": name,
+                "what": what,
+                "end": run["end"],
+                "steps_done": pipe["steps_done"],
+                "mean_step_s": step,
+                "gpu_hours_per_step": None if step is None else gpus * step / 3600.0,
+                "idle_pct": run["idle_pct"],
+                "mean_age_steps": pipe["mean_age_steps"],
+                "findings": run["findings"],
+            }
+        )
     return rows
 
 
@@ -97,16 +115,20 @@ def _f(x: Optional[float], fmt: str) -> str:
 
 
 def format_table(rows: List[Dict[str, Any]], gpus: int) -> str:
-    lines = [f"one workload on the same {gpus} GPUs, four shapes (mean over the run's steps; idle: share of GPU-time)",
-             f"{'shape':16} {'mean step s':>11} {'vs colocated':>12} {'GPU-h/step':>10} {'idle %':>6} "
-             f"{'staleness':>9}  {'end':7} findings"]
+    lines = [
+        f"one workload on the same {gpus} GPUs, four shapes (mean over the run's steps; idle: share of GPU-time)",
+        f"{'shape':16} {'mean step s':>11} {'vs colocated':>12} {'GPU-h/step':>10} {'idle %':>6} "
+        f"{'staleness':>9}  {'end':7} findings",
+    ]
     ref = rows[0]["mean_step_s"]
     for r in rows:
         ratio = None if r["mean_step_s"] is None or not ref else r["mean_step_s"] / ref
         findings = ", ".join(f"{k} x{v}" for k, v in r["findings"].items()) or "-"
-        lines.append(f"{r['shape']:16} {_f(r['mean_step_s'], '11.2f')} {_f(ratio, '12.2f')} "
-                     f"{_f(r['gpu_hours_per_step'], '10.3f')} {_f(r['idle_pct'], '6.1f')} "
-                     f"{_f(r['mean_age_steps'], '9.2f')}  {r['end']:7} {findings}")
+        lines.append(
+            f"{r['shape']:16} {_f(r['mean_step_s'], '11.2f')} {_f(ratio, '12.2f')} "
+            f"{_f(r['gpu_hours_per_step'], '10.3f')} {_f(r['idle_pct'], '6.1f')} "
+            f"{_f(r['mean_age_steps'], '9.2f')}  {r['end']:7} {findings}"
+        )
     return "\n".join(lines)
 
 
@@ -124,14 +146,24 @@ def draw(rows: List[Dict[str, Any]], path: str, title: str) -> None:
     top.set_ylabel("mean step (simulated s)")
     top.set_title(title, fontsize=9)
     for x, r in zip(xs, rows):
-        top.annotate(f"{_f(r['gpu_hours_per_step'], '.3f')} GPU-h", (x, r["mean_step_s"] or 0.0), ha="center",
-                     va="bottom", fontsize=7)
+        top.annotate(
+            f"{_f(r['gpu_hours_per_step'], '.3f')} GPU-h",
+            (x, r["mean_step_s"] or 0.0),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
     w = 0.38
     bottom.bar([x - w / 2 for x in xs], [r["idle_pct"] or 0.0 for r in rows], w, color="#999999", label="GPU idle %")
     bottom.set_ylabel("GPU idle % of GPU-time")
     ages = bottom.twinx()
-    ages.bar([x + w / 2 for x in xs], [r["mean_age_steps"] or 0.0 for r in rows], w, color="#dd8452",
-             label="staleness (versions)")
+    ages.bar(
+        [x + w / 2 for x in xs],
+        [r["mean_age_steps"] or 0.0 for r in rows],
+        w,
+        color="#dd8452",
+        label="staleness (versions)",
+    )
     ages.set_ylabel("mean staleness (versions)")
     bottom.set_xticks(xs)
     bottom.set_xticklabels(names, fontsize=8)
@@ -143,8 +175,14 @@ def draw(rows: List[Dict[str, Any]], path: str, title: str) -> None:
 
 
 def results_json(source: str, rows: List[Dict[str, Any]]) -> str:
-    return json.dumps({"format": "rlharness-what-if-colocate", "version": 1, "source": source, "shapes": rows},
-                      indent=1, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {"format": "rlharness-what-if-colocate", "version": 1, "source": source, "shapes": rows},
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 def write(out_dir: str, source: str, rows: List[Dict[str, Any]], gpus: int, png: bool) -> str:

@@ -11,8 +11,16 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
-from simulators.scenario.overrides import (Override, OverrideError, apply_overrides, describe, parse_path,
-                                  scenario_mapping, split_values, _yaml_value)
+from simulators.scenario.overrides import (
+    Override,
+    OverrideError,
+    apply_overrides,
+    describe,
+    parse_path,
+    scenario_mapping,
+    split_values,
+    _yaml_value,
+)
 
 MAX_RUNS = 100_000
 
@@ -27,7 +35,7 @@ class Axis:
 class Variant:
     index: int
     overrides: Tuple[Override, ...]
-    mapping: dict          # the scenario mapping with the overrides applied (validated)
+    mapping: dict  # the scenario mapping with the overrides applied (validated)
 
     @property
     def label(self) -> str:

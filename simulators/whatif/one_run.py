@@ -20,8 +20,9 @@ from harness.logs.outputs.summary import summarize
 from harness.logs.outputs.summary_text import summary_json
 
 
-def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int,
-            upstream_as_findings: bool = False) -> Dict[str, Any]:
+def run_one(
+    job_id: int, variant: int, mapping: dict, source: str, seed: int, upstream_as_findings: bool = False
+) -> Dict[str, Any]:
     """One variant and seed; known upstream behaviour (harness.logs.known_upstream) is counted
     apart, as ``known:<check>``, unless ``upstream_as_findings``."""
     from harness.logs.known_upstream import BY_NAME, split_known
@@ -32,8 +33,9 @@ def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int,
     result = Simulation(scenario).run()
     with gc_paused():
         violations = check_log(result.records)
-        figures = summary_json(summarize(RunView(result.records),
-                                         handover_findings=[v for v in violations if v.invariant == "handover"]))
+        figures = summary_json(
+            summarize(RunView(result.records), handover_findings=[v for v in violations if v.invariant == "handover"])
+        )
         policy = policy_figures(result.records, figures)
         found = Counter(v.invariant for v in violations)
         if not upstream_as_findings:
@@ -41,8 +43,14 @@ def run_one(job_id: int, variant: int, mapping: dict, source: str, seed: int,
             found = Counter(v.invariant for v in rest)
             for name, n in known.items():
                 found[f"known:{BY_NAME[name].check}"] += n
-    return {"seed": job_id, "status": "ok", "variant": variant, "run_seed": seed,
-            **run_figures(figures, result.reason, found), **policy}
+    return {
+        "seed": job_id,
+        "status": "ok",
+        "variant": variant,
+        "run_seed": seed,
+        **run_figures(figures, result.reason, found),
+        **policy,
+    }
 
 
 def run_figures(summary: Dict[str, Any], end: str, findings: Counter) -> Dict[str, Any]:
@@ -55,11 +63,18 @@ def run_figures(summary: Dict[str, Any], end: str, findings: Counter) -> Dict[st
         hist = {int(a): n for a, n in ages.get(pid, {}).items()}
         n = sum(hist.values())
         pipelines[pid] = {
-            "steps_done": p["steps_done"], "step_times": p["step_times"],
-            "refit_s": refit_by.get(pid, 0.0), "waiting_s": p["waiting_s"],
+            "steps_done": p["steps_done"],
+            "step_times": p["step_times"],
+            "refit_s": refit_by.get(pid, 0.0),
+            "waiting_s": p["waiting_s"],
             "mean_age_steps": (ordered_sum(a * k for a, k in sorted(hist.items())) / n) if n else None,
         }
     shares = summary["gpus_all"]
-    return {"end": end, "simulated_s": summary["run"]["simulated_s"],
-            "busy_pct": 100.0 - shares["idle_pct"], "idle_pct": shares["idle_pct"],
-            "pipelines": pipelines, "findings": dict(sorted(findings.items()))}
+    return {
+        "end": end,
+        "simulated_s": summary["run"]["simulated_s"],
+        "busy_pct": 100.0 - shares["idle_pct"],
+        "idle_pct": shares["idle_pct"],
+        "pipelines": pipelines,
+        "findings": dict(sorted(findings.items())),
+    }

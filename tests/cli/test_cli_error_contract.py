@@ -25,10 +25,20 @@ from rlharness.cli import main
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEFAULT = os.path.join(ROOT, "examples", "scenarios", "default.yaml")
 TRACE = os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl")
-HEADER = {"seq": 0, "t": 0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-          "cluster": {"nodes": 1, "gpus_per_node": 2}}
-SMALL = {"name": "small", "horizon_s": 600, "cluster": {"nodes": 1, "gpus_per_node": 2},
-         "pipelines": [{"name": "p1", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1], "steps": 1}]}
+HEADER = {
+    "seq": 0,
+    "t": 0,
+    "kind": "header",
+    "schema": "rlharness.eventlog",
+    "version": 1,
+    "cluster": {"nodes": 1, "gpus_per_node": 2},
+}
+SMALL = {
+    "name": "small",
+    "horizon_s": 600,
+    "cluster": {"nodes": 1, "gpus_per_node": 2},
+    "pipelines": [{"name": "p1", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1], "steps": 1}],
+}
 
 
 def _env():
@@ -77,11 +87,15 @@ def assert_only(tmp_path, *names):
 # ----------------------------------------------------------------------------- scenarios
 
 
-@pytest.mark.parametrize("change,field,limit", [
-    ({"cluster": {"nodes": 100000000, "gpus_per_node": 2}}, "cluster.nodes", "16,384"),
-    ({"cluster": {"nodes": 10000, "gpus_per_node": 8}}, "cluster", "16,384"),
-    ({"horizon_s": 1e12}, "horizon_s", "2,592,000"),
-], ids=["nodes", "gpus", "horizon"])
+@pytest.mark.parametrize(
+    "change,field,limit",
+    [
+        ({"cluster": {"nodes": 100000000, "gpus_per_node": 2}}, "cluster.nodes", "16,384"),
+        ({"cluster": {"nodes": 10000, "gpus_per_node": 8}}, "cluster", "16,384"),
+        ({"horizon_s": 1e12}, "horizon_s", "2,592,000"),
+    ],
+    ids=["nodes", "gpus", "horizon"],
+)
 def test_scenario_size_limits(tmp_path, capsys, monkeypatch, change, field, limit):
     monkeypatch.chdir(tmp_path)
     path = scenario_file(tmp_path, with_(SMALL, **change))
@@ -89,12 +103,16 @@ def test_scenario_size_limits(tmp_path, capsys, monkeypatch, change, field, limi
     assert_only(tmp_path, "s.yaml")
 
 
-@pytest.mark.parametrize("pipeline_change,field,limit", [
-    ({"steps": 10**6}, "pipelines[0].steps", "100,000"),
-    ({"workload": {"prompts_per_step": 100000000}}, "pipelines[0].workload.prompts_per_step", "65,536"),
-    ({"workload": {"decode_tokens_max": 10**9}}, "pipelines[0].workload.decode_tokens_max", "1,000,000"),
-    ({"steps": 50000, "workload": {"prompts_per_step": 64}}, "pipelines", "1,000,000"),
-], ids=["steps", "prompts", "decode", "run-total"])
+@pytest.mark.parametrize(
+    "pipeline_change,field,limit",
+    [
+        ({"steps": 10**6}, "pipelines[0].steps", "100,000"),
+        ({"workload": {"prompts_per_step": 100000000}}, "pipelines[0].workload.prompts_per_step", "65,536"),
+        ({"workload": {"decode_tokens_max": 10**9}}, "pipelines[0].workload.decode_tokens_max", "1,000,000"),
+        ({"steps": 50000, "workload": {"prompts_per_step": 64}}, "pipelines", "1,000,000"),
+    ],
+    ids=["steps", "prompts", "decode", "run-total"],
+)
 def test_pipeline_size_limits(tmp_path, capsys, monkeypatch, pipeline_change, field, limit):
     monkeypatch.chdir(tmp_path)
     data = with_(SMALL)
@@ -116,7 +134,9 @@ def test_name_nested_20000_deep(tmp_path, capsys, monkeypatch):
     text = yaml.safe_dump(with_(SMALL, name="x")).replace("name: x", "name: " + "[" * 20000 + "]" * 20000)
     run_error(["simulate", scenario_file(tmp_path, text=text)], capsys, "s.yaml:", "nested deeper than 32")
     block = "name:\n" + "".join("  " * i + "- \n" for i in range(2000))
-    run_error(["simulate", scenario_file(tmp_path, text=block, name="b.yaml")], capsys, "b.yaml:", "nested deeper than 32")
+    run_error(
+        ["simulate", scenario_file(tmp_path, text=block, name="b.yaml")], capsys, "b.yaml:", "nested deeper than 32"
+    )
     assert_only(tmp_path, "b.yaml", "s.yaml")
 
 
@@ -135,12 +155,20 @@ def test_20_digit_number_is_outside_64_bits(tmp_path, capsys):
     run_error(["validate", scenario_file(tmp_path, text=text)], capsys, "s.yaml:", "20 digits")
 
 
-@pytest.mark.parametrize("command,where,limit", [("simulate", "/dev/zero: ", "8,388,608 bytes"),
-                                                 ("replay", "/dev/zero:1: ", "16,777,216 bytes")])
+@pytest.mark.parametrize(
+    "command,where,limit",
+    [("simulate", "/dev/zero: ", "8,388,608 bytes"), ("replay", "/dev/zero:1: ", "16,777,216 bytes")],
+)
 def test_dev_zero_in_a_subprocess(tmp_path, command, where, limit):
     # a file that never ends: read up to the limit, then one error line (not a memory sink)
-    proc = subprocess.run([sys.executable, "-m", "rlharness", command, "/dev/zero"], cwd=tmp_path, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlharness", command, "/dev/zero"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert where in proc.stderr and limit in proc.stderr
@@ -168,7 +196,9 @@ def test_non_utf8_scenario(tmp_path, capsys):
 def test_out_holding_a_directory_named_trace_json(tmp_path, capsys):
     out = tmp_path / "run"
     (out / "trace.json").mkdir(parents=True)
-    line = run_error(["simulate", scenario_file(tmp_path, SMALL), "--out", str(out), "--quiet"], capsys, "--out", "trace.json")
+    line = run_error(
+        ["simulate", scenario_file(tmp_path, SMALL), "--out", str(out), "--quiet"], capsys, "--out", "trace.json"
+    )
     assert ".tmp" not in line
     assert files_under(tmp_path) == ["s.yaml"] and dirs_under(out) == ["trace.json"]
 
@@ -181,14 +211,20 @@ def test_out_under_a_regular_file_is_refused_before_simulating(tmp_path, capsys,
 
     monkeypatch.setattr(simulators.run, "simulate", no_simulation)
     (tmp_path / "file").write_text("x")
-    run_error(["simulate", scenario_file(tmp_path, SMALL), "--out", str(tmp_path / "file" / "run")], capsys,
-              "--out", "not a directory")
+    run_error(
+        ["simulate", scenario_file(tmp_path, SMALL), "--out", str(tmp_path / "file" / "run")],
+        capsys,
+        "--out",
+        "not a directory",
+    )
     assert_only(tmp_path, "file", "s.yaml")
 
 
 def test_out_that_is_a_file(tmp_path, capsys):
     (tmp_path / "run").write_text("x")
-    run_error(["simulate", scenario_file(tmp_path, SMALL), "--out", str(tmp_path / "run")], capsys, "--out", "not a directory")
+    run_error(
+        ["simulate", scenario_file(tmp_path, SMALL), "--out", str(tmp_path / "run")], capsys, "--out", "not a directory"
+    )
 
 
 def test_simulate_out_would_overwrite_its_input(tmp_path, capsys):
@@ -203,7 +239,9 @@ def test_replay_out_equal_to_its_input(tmp_path, capsys):
     trace.write_bytes(open(TRACE, "rb").read())
     before = trace.read_bytes()
     run_error(["replay", str(trace), "--out", str(trace)], capsys, "--out", "is an input of this command")
-    run_error(["replay", TRACE, "--expect", str(trace), "--out", str(trace)], capsys, "--out", "is an input of this command")
+    run_error(
+        ["replay", TRACE, "--expect", str(trace), "--out", str(trace)], capsys, "--out", "is an input of this command"
+    )
     assert trace.read_bytes() == before and files_under(tmp_path) == ["in.jsonl"]
 
 
@@ -224,7 +262,9 @@ def test_export_paths_are_checked_before_reading(tmp_path, capsys):
 def write_lines(path, lines):
     with open(path, "wb") as fh:
         for line in lines:
-            fh.write(line if isinstance(line, bytes) else (line if isinstance(line, str) else json.dumps(line)).encode())
+            fh.write(
+                line if isinstance(line, bytes) else (line if isinstance(line, str) else json.dumps(line)).encode()
+            )
             fh.write(b"\n")
     return str(path)
 
@@ -238,9 +278,13 @@ def test_replay_line_nested_100000_deep(tmp_path, capsys):
 
 
 def test_replay_5000_digit_seq(tmp_path, capsys):
-    path = write_lines(tmp_path / "t.jsonl", [HEADER, '{"seq":' + "9" * 5000 + ',"t":0,"kind":"admit","pipeline_id":"p"}'])
+    path = write_lines(
+        tmp_path / "t.jsonl", [HEADER, '{"seq":' + "9" * 5000 + ',"t":0,"kind":"admit","pipeline_id":"p"}']
+    )
     run_error(["replay", path], capsys, "t.jsonl:2:", "5000 digits")
-    path = write_lines(tmp_path / "u.jsonl", [HEADER, '{"seq":' + "9" * 30 + ',"t":0,"kind":"admit","pipeline_id":"p"}'])
+    path = write_lines(
+        tmp_path / "u.jsonl", [HEADER, '{"seq":' + "9" * 30 + ',"t":0,"kind":"admit","pipeline_id":"p"}']
+    )
     run_error(["replay", path], capsys, "u.jsonl:2:", "'seq'", "64-bit")
 
 
@@ -253,7 +297,9 @@ def test_header_with_ten_million_nodes(tmp_path, capsys):
 
 
 def test_duplicate_json_keys(tmp_path, capsys):
-    path = write_lines(tmp_path / "t.jsonl", [HEADER, '{"seq":1,"t":0,"kind":"admit","pipeline_id":"a","pipeline_id":"b"}'])
+    path = write_lines(
+        tmp_path / "t.jsonl", [HEADER, '{"seq":1,"t":0,"kind":"admit","pipeline_id":"a","pipeline_id":"b"}']
+    )
     run_error(["replay", path], capsys, "t.jsonl:2:", "duplicate key 'pipeline_id'")
 
 
@@ -273,8 +319,14 @@ def test_export_of_a_trace_writes_both_pictures(tmp_path, capsys):
 # ----------------------------------------------------------------------------- pipes, versions, exit codes
 
 
-CLOSED_PIPE_ARGV = [["schema"], ["replay", TRACE], ["simulate", "--quiet", "--no-png"], ["--help"],
-                    ["simulate", "--help"], ["--version"]]
+CLOSED_PIPE_ARGV = [
+    ["schema"],
+    ["replay", TRACE],
+    ["simulate", "--quiet", "--no-png"],
+    ["--help"],
+    ["simulate", "--help"],
+    ["--version"],
+]
 CLOSED_PIPE_IDS = ["schema", "replay", "simulate", "help", "simulate-help", "version"]
 
 
@@ -308,8 +360,13 @@ def test_closed_pipe_is_a_quiet_exit_of_a_real_process(argv, tmp_path):
     """The process boundary: exit status 141 and nothing on stderr, Python's own flush of
     stdout at exit included (a command's run and argparse's exit; every command in-process above)."""
     env = _env()
-    proc = subprocess.Popen([sys.executable, "-m", "rlharness", *argv], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlharness", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     proc.stdout.close()  # like `| head` when head is gone before the first write: always EPIPE
     err = proc.stderr.read().decode()
     code = proc.wait(timeout=120)

@@ -36,7 +36,10 @@ def test_the_test_install_takes_the_cpu_torch_from_the_pytorch_cpu_index():
     assert "--no-deps" in first and "--index-url https://download.pytorch.org/whl/cpu" in first
     assert "-c .ci/constraints.txt" in first and first.endswith(" torch")
     assert "-c .ci/constraints.txt" in second and "download.pytorch.org" not in second
-    pins = [line.strip() for line in _read(".ci", "constraints.txt").splitlines()
-            if line.strip() and not line.startswith("#")]
+    pins = [
+        line.strip()
+        for line in _read(".ci", "constraints.txt").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     torch_pins = [p for p in pins if p.startswith("torch")]
     assert len(torch_pins) == 1 and re.fullmatch(r"torch==[0-9.]+\+cpu", torch_pins[0]), torch_pins

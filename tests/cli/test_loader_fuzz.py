@@ -13,26 +13,61 @@ from hypothesis import strategies as st
 from harness.logs.records import InputError, read_records
 from simulators.scenario.loader import ScenarioError, load_scenario
 
-VALID = {"name": "fuzz", "horizon_s": 600, "cluster": {"nodes": 1, "gpus_per_node": 2},
-         "costs": {"wake_s": 0.8}, "scheduler": {"epsilon": 0.0},
-         "defaults": {"workload": {"prompts_per_step": 2}},
-         "pipelines": [{"name": "p1", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1], "steps": 1,
-                        "model": {"params": 1e8}, "workload": {"decode_tokens_max": 64}}],
-         "faults": [{"name": "wake_before_offload", "pipeline": "p1", "at_step": 0}]}
+VALID = {
+    "name": "fuzz",
+    "horizon_s": 600,
+    "cluster": {"nodes": 1, "gpus_per_node": 2},
+    "costs": {"wake_s": 0.8},
+    "scheduler": {"epsilon": 0.0},
+    "defaults": {"workload": {"prompts_per_step": 2}},
+    "pipelines": [
+        {
+            "name": "p1",
+            "type": "nemo_async",
+            "train_gpus": [0],
+            "infer_gpus": [0, 1],
+            "steps": 1,
+            "model": {"params": 1e8},
+            "workload": {"decode_tokens_max": 64},
+        }
+    ],
+    "faults": [{"name": "wake_before_offload", "pipeline": "p1", "at_step": 0}],
+}
 
-HEADER = {"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-          "cluster": {"nodes": 1, "gpus_per_node": 2}}
-RECORDS = [HEADER,
-           {"seq": 1, "t": 0.0, "kind": "register", "pipeline_id": "p1",
-            "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
-            "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1]}},
-           {"seq": 2, "t": 0.5, "kind": "admit", "pipeline_id": "p1"}]
+HEADER = {
+    "seq": 0,
+    "t": 0.0,
+    "kind": "header",
+    "schema": "rlharness.eventlog",
+    "version": 1,
+    "cluster": {"nodes": 1, "gpus_per_node": 2},
+}
+RECORDS = [
+    HEADER,
+    {
+        "seq": 1,
+        "t": 0.0,
+        "kind": "register",
+        "pipeline_id": "p1",
+        "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
+        "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1]},
+    },
+    {"seq": 2, "t": 0.5, "kind": "admit", "pipeline_id": "p1"},
+]
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(min_value=-(10**30), max_value=10**30),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                        st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                      max_leaves=8)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=8,
+)
 
 
 def _paths(node, prefix=()):
@@ -61,7 +96,9 @@ def _one_line(e: Exception) -> None:
     assert text and "\n" not in text, repr(text)
 
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 @FUZZ

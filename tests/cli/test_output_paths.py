@@ -34,18 +34,23 @@ def _no_simulation(monkeypatch):
 @pytest.mark.parametrize("root", NO_FILES_HERE)
 def test_pseudo_filesystems_are_refused_before_simulating(root, capsys, monkeypatch):
     _no_simulation(monkeypatch)
-    line = run_error(["simulate", DEFAULT, "--out", f"{root}/x", "--no-png"], capsys, f"--out {root}/x", "cannot write there")
+    line = run_error(
+        ["simulate", DEFAULT, "--out", f"{root}/x", "--no-png"], capsys, f"--out {root}/x", "cannot write there"
+    )
     assert "staging" not in line and ".tmp" not in line
 
 
 @pytest.mark.skipif(not NO_FILES_HERE, reason="no /proc or /sys on this system")
-@pytest.mark.parametrize("argv,arg", [
-    (["export", TRACE, "--png", "{root}/x.png"], "--png"),
-    (["export", TRACE, "--perfetto", "{root}/x.json"], "--perfetto"),
-    (["replay", TRACE, "--out", "{root}/deep/er/x.jsonl"], "--out"),
-    (["calibrate", "refit", "--quick", "--out", "{root}/cal.json"], "--out"),
-    (["fuzz", "--seeds", "1", "--workers", "1", "--out", "{root}/fz"], "--out"),
-])
+@pytest.mark.parametrize(
+    "argv,arg",
+    [
+        (["export", TRACE, "--png", "{root}/x.png"], "--png"),
+        (["export", TRACE, "--perfetto", "{root}/x.json"], "--perfetto"),
+        (["replay", TRACE, "--out", "{root}/deep/er/x.jsonl"], "--out"),
+        (["calibrate", "refit", "--quick", "--out", "{root}/cal.json"], "--out"),
+        (["fuzz", "--seeds", "1", "--workers", "1", "--out", "{root}/fz"], "--out"),
+    ],
+)
 def test_every_output_argument_is_tried_for_real(argv, arg, capsys):
     root = NO_FILES_HERE[0]
     argv = [a.format(root=root) for a in argv]
@@ -62,13 +67,17 @@ def test_the_probe_leaves_nothing_behind(tmp_path):
 def test_a_folder_that_refuses_files_is_found_by_trying(tmp_path, monkeypatch):
     """A place whose permission bits say yes but that takes no file (a read-only mount,
     a pseudo file system) is refused: the check creates a file, it does not trust bits."""
+
     def refuse(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".rlharness-probe-x"))
 
     monkeypatch.setattr(paths.tempfile, "mkstemp", refuse)
     with pytest.raises(OutputPathError) as e:
         check_output_file(str(tmp_path / "x.json"), "--out")
-    assert str(e.value) == f"--out {tmp_path / 'x.json'}: cannot write there (no file can be created in {tmp_path}: Read-only file system)"
+    assert (
+        str(e.value)
+        == f"--out {tmp_path / 'x.json'}: cannot write there (no file can be created in {tmp_path}: Read-only file system)"
+    )
 
 
 def test_a_write_that_fails_late_names_the_users_file(tmp_path, monkeypatch):

@@ -33,8 +33,15 @@ def test_rerun_with_no_png_removes_the_old_picture_and_writes_summary_json(tmp_p
     assert (out / "timeline.png").exists()
     (out / "notes.txt").write_text("mine")  # a user's file in the folder is not an output: kept
     assert main(["simulate", scenario, "--out", str(out), "--quiet", "--no-png"]) == 0
-    assert sorted(os.listdir(out)) == ["events.jsonl", "notes.txt", "scenario.yaml", "summary.json", "summary.txt",
-                                       "trace.json", "violations.txt"]
+    assert sorted(os.listdir(out)) == [
+        "events.jsonl",
+        "notes.txt",
+        "scenario.yaml",
+        "summary.json",
+        "summary.txt",
+        "trace.json",
+        "violations.txt",
+    ]
     assert [p for p in os.listdir(tmp_path) if p != "run"] == []  # no staging folder left
     printed = capsys.readouterr().out
     assert "timeline.png" not in printed.splitlines()[-1]
@@ -67,7 +74,9 @@ def _numbers(text):
 
 def test_summary_json_has_the_figures_of_summary_txt(tmp_path, capsys):
     out = tmp_path / "run"
-    main(["simulate", os.path.join(SCENARIOS, "oom_wake_before_offload.yaml"), "--out", str(out), "--quiet", "--no-png"])
+    main(
+        ["simulate", os.path.join(SCENARIOS, "oom_wake_before_offload.yaml"), "--out", str(out), "--quiet", "--no-png"]
+    )
     text = (out / "summary.txt").read_text()
     data = json.loads((out / "summary.json").read_text())
     assert data["time_unit"] == "simulated seconds"
@@ -107,13 +116,39 @@ def test_summary_labels_say_simulated_time_and_what_each_refit_figure_covers():
 
 
 def _records_with_faults():
-    h = {"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-         "cluster": {"nodes": 1, "gpus_per_node": 1}}
-    return [h,
-            {"seq": 1, "t": 5.0, "kind": "fault_fired", "name": "late", "pipeline_id": "p", "step": 1},
-            {"seq": 2, "t": 9.0, "kind": "timeout", "what": "selective_sync", "pipeline_id": "p", "limit_s": 1.0, "since": 8.0},
-            {"seq": 3, "t": 1.0, "kind": "oom", "gpu": 0, "owner": "p", "mem": "kv", "requested": 2, "used": 1, "capacity": 2},
-            {"seq": 4, "t": 12.0, "kind": "sim_end", "reason": "failed", "sim_time": 12.0, "events": 1, "detail": "x"}]
+    h = {
+        "seq": 0,
+        "t": 0.0,
+        "kind": "header",
+        "schema": "rlharness.eventlog",
+        "version": 1,
+        "cluster": {"nodes": 1, "gpus_per_node": 1},
+    }
+    return [
+        h,
+        {"seq": 1, "t": 5.0, "kind": "fault_fired", "name": "late", "pipeline_id": "p", "step": 1},
+        {
+            "seq": 2,
+            "t": 9.0,
+            "kind": "timeout",
+            "what": "selective_sync",
+            "pipeline_id": "p",
+            "limit_s": 1.0,
+            "since": 8.0,
+        },
+        {
+            "seq": 3,
+            "t": 1.0,
+            "kind": "oom",
+            "gpu": 0,
+            "owner": "p",
+            "mem": "kv",
+            "requested": 2,
+            "used": 1,
+            "capacity": 2,
+        },
+        {"seq": 4, "t": 12.0, "kind": "sim_end", "reason": "failed", "sim_time": 12.0, "events": 1, "detail": "x"},
+    ]
 
 
 def test_fault_section_is_in_time_order():
@@ -126,12 +161,16 @@ def test_fault_section_is_in_time_order():
 def test_legend_lists_only_what_is_drawn_and_phases_have_their_own_colours():
     colours = [c for _, c in KIND_STYLE.values()]
     assert len(set(colours)) == len(colours)
-    assert picture_kind("wake_sleep", "Wake ppl1 s0") == "wake" and picture_kind("wake_sleep", "Sleep ppl1 s0") == "sleep"
+    assert (
+        picture_kind("wake_sleep", "Wake ppl1 s0") == "wake" and picture_kind("wake_sleep", "Sleep ppl1 s0") == "sleep"
+    )
     assert picture_kind("wake_sleep", "Drain ppl1") == "drain" and picture_kind("train", "Compute(train) p") == "train"
     assert legend_kinds({"sleep", "train"}) == ["train", "sleep"]
     from harness.logs.outputs.run_view import RunView
 
-    records = [json.loads(line) for line in open(os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl"))]
+    records = [
+        json.loads(line) for line in open(os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl"))
+    ]
     drawn = {picture_kind(s.kind, s.label) for s in RunView(records).work_slices}
     assert "waiting" not in legend_kinds(drawn)
 
@@ -149,8 +188,15 @@ def test_scenario_reference_covers_every_field():
     from simulators.scenario.doc import render
 
     text = render()
-    for cls, prefix in ((spec.ClusterSpec, "cluster."), (spec.CostSpec, "costs."), (spec.WorkloadSpec, "workload."),
-                        (spec.ModelSpec, "model."), (spec.PipelineSpec, ""), (spec.Scenario, ""), (spec.FaultSpec, "")):
+    for cls, prefix in (
+        (spec.ClusterSpec, "cluster."),
+        (spec.CostSpec, "costs."),
+        (spec.WorkloadSpec, "workload."),
+        (spec.ModelSpec, "model."),
+        (spec.PipelineSpec, ""),
+        (spec.Scenario, ""),
+        (spec.FaultSpec, ""),
+    ):
         for f in dataclasses.fields(cls):
             assert f"| `{prefix}{f.name}` |" in text, (cls.__name__, f.name)
     assert "16,384" in text and "2,592,000" in text

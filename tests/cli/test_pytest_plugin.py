@@ -31,7 +31,9 @@ def _plugin_args():
     """How a subprocess gets the plugin: through the installed entry point (a fresh
     install, as in CI), or, in a development environment installed before the entry
     point existed, by naming the module."""
-    installed = any(ep.name == "rlharness" and ep.value == "rlharness.pytest_plugin" for ep in entry_points(group="pytest11"))
+    installed = any(
+        ep.name == "rlharness" and ep.value == "rlharness.pytest_plugin" for ep in entry_points(group="pytest11")
+    )
     if installed:
         return []
     if os.environ.get("CI"):
@@ -43,8 +45,14 @@ def run_pytest_in(directory, *args):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYTEST_ADDOPTS", None)
     env.pop("PYTEST_XDIST_WORKER", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), *args],
-                          cwd=directory, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *_plugin_args(), *args],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_pyproject_registers_the_plugin_entry_point():
@@ -68,12 +76,16 @@ def test_readme_example_passes_and_a_failing_assertion_fails_and_markers_skip_in
     )
     proc = run_pytest_in(tmp_path, "-rA")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    outcomes = [line.split(" ", 1) for line in proc.stdout.splitlines()
-                if line.startswith(("PASSED ", "FAILED ", "SKIPPED ", "ERROR "))]
+    outcomes = [
+        line.split(" ", 1)
+        for line in proc.stdout.splitlines()
+        if line.startswith(("PASSED ", "FAILED ", "SKIPPED ", "ERROR "))
+    ]
     readme = [o for o, rest in outcomes if rest.startswith("test_my_scenarios.py::")]
     assert readme == ["PASSED", "PASSED"], proc.stdout[-3000:]  # the README example: its two tests pass
-    assert ["FAILED", "test_x.py::test_wrong_expectation"] in [[o, rest.split(" ")[0]] for o, rest in outcomes], \
+    assert ["FAILED", "test_x.py::test_wrong_expectation"] in [[o, rest.split(" ")[0]] for o, rest in outcomes], (
         proc.stdout[-3000:]
+    )
     import torch
 
     if not torch.cuda.is_available():
@@ -86,8 +98,14 @@ def test_fixture_runs_with_overrides_and_writes_a_run_folder(rlharness_run):
     run = rlharness_run(overrides={"pipelines[0].steps": 1, "pipelines[1].steps": 1, "seed": 3}, write=True)
     assert run.reason == "done" and run.violations == [] and run.scenario.seed == 3
     assert run.pipeline("ppl1").steps_done == 1
-    assert sorted(os.listdir(run.out_dir)) == ["events.jsonl", "scenario.yaml", "summary.json", "summary.txt",
-                                              "trace.json", "violations.txt"]
+    assert sorted(os.listdir(run.out_dir)) == [
+        "events.jsonl",
+        "scenario.yaml",
+        "summary.json",
+        "summary.txt",
+        "trace.json",
+        "violations.txt",
+    ]
     with pytest.raises(KeyError):
         run.pipeline("nope")
 

@@ -10,12 +10,31 @@ import yaml
 from rlharness.cli import main
 from simulators.whatif.colocate import variants
 
-WORKLOAD = {"name": "w", "seed": 0, "horizon_s": 5000, "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
-            "pipelines": [{"name": "p", "type": "disaggregated", "train_gpus": [0, 1], "infer_gpus": [2, 3], "steps": 3,
-                           "disaggregated": {"shape": "sync"}, "model": {"preset": "qwen2.5-1.5b"},
-                           "workload": {"prompts_per_step": 8, "generations_per_prompt": 4, "prompt_tokens": 64,
-                                        "decode_tokens_median": 256, "decode_tokens_sigma": 1.0,
-                                        "decode_tokens_max": 2048}}]}
+WORKLOAD = {
+    "name": "w",
+    "seed": 0,
+    "horizon_s": 5000,
+    "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
+    "pipelines": [
+        {
+            "name": "p",
+            "type": "disaggregated",
+            "train_gpus": [0, 1],
+            "infer_gpus": [2, 3],
+            "steps": 3,
+            "disaggregated": {"shape": "sync"},
+            "model": {"preset": "qwen2.5-1.5b"},
+            "workload": {
+                "prompts_per_step": 8,
+                "generations_per_prompt": 4,
+                "prompt_tokens": 64,
+                "decode_tokens_median": 256,
+                "decode_tokens_sigma": 1.0,
+                "decode_tokens_max": 2048,
+            },
+        }
+    ],
+}
 
 
 def test_the_four_shapes_place_the_workload_on_the_same_gpus():

@@ -64,8 +64,14 @@ def records():
 def make_client(backend, records):
     def make(role="producer", actor=None, refuse=False, dp_rank=None):
         store = RefuseOverwrite(backend) if refuse else backend
-        return DataPlaneClient(store, actor=actor or role, role=role, dp_rank=dp_rank,
-                               sink=lambda kind, fields: records.append({"kind": kind, **fields}))
+        return DataPlaneClient(
+            store,
+            actor=actor or role,
+            role=role,
+            dp_rank=dp_rank,
+            sink=lambda kind, fields: records.append({"kind": kind, **fields}),
+        )
+
     return make
 
 

@@ -61,33 +61,58 @@ def test_object_fields_become_object_arrays_recorded_as_objects():
     assert out["meta"].dtype == object and list(out["meta"]) == values
 
 
-@pytest.mark.parametrize("fields, lens, match", [
-    ({"input_ids": torch.zeros(3, dtype=torch.int64)}, LENS, "field 'input_ids': 1-D tensor but the schema declares 2-D"),
-    ({"input_ids": torch.zeros(2, 6, dtype=torch.int64)}, LENS, "field 'input_ids': 2 rows for 3 samples"),
-    ({"input_ids": torch.zeros(3, 3, dtype=torch.int64)}, LENS, "field 'input_ids': row 2 has sequence length 4"),
-    ({"input_ids": torch.zeros(3, 6, dtype=torch.int32)}, LENS, "field 'input_ids': dtype int32 but the schema declares int64"),
-    ({"input_ids": [[1]] * 3}, LENS, "field 'input_ids': expected a tensor, got list"),
-    ({"hidden": torch.zeros(3, 3, 2)}, None, r"field 'hidden': row shape \(3, 2\)"),
-    ({"advantage": torch.zeros(3, 1, dtype=torch.float16)}, None, "field 'advantage': 2-D tensor but the schema declares 1-D"),
-    ({"meta": ["a", "b"]}, None, "field 'meta': 2 rows for 3 samples"),
-    ({"meta": [object(), 1, 2]}, None, "field 'meta': row 0 is not JSON-serializable"),
-    ({"undeclared": torch.zeros(3)}, None, "field 'undeclared': not declared"),
-    ({"input_ids": torch.zeros(3, 6, dtype=torch.int64)}, None, "sequence_lengths: required"),
-    ({"input_ids": torch.zeros(3, 6, dtype=torch.int64)}, [1, 2], "sequence_lengths: has 2 entries for 3 samples"),
-    ({"input_ids": torch.zeros(3, 6, dtype=torch.int64)}, [1, -2, 3], "sequence_lengths: must be a list of non-negative ints"),
-    ({}, None, "fields: must be a non-empty mapping"),
-])
+@pytest.mark.parametrize(
+    "fields, lens, match",
+    [
+        (
+            {"input_ids": torch.zeros(3, dtype=torch.int64)},
+            LENS,
+            "field 'input_ids': 1-D tensor but the schema declares 2-D",
+        ),
+        ({"input_ids": torch.zeros(2, 6, dtype=torch.int64)}, LENS, "field 'input_ids': 2 rows for 3 samples"),
+        ({"input_ids": torch.zeros(3, 3, dtype=torch.int64)}, LENS, "field 'input_ids': row 2 has sequence length 4"),
+        (
+            {"input_ids": torch.zeros(3, 6, dtype=torch.int32)},
+            LENS,
+            "field 'input_ids': dtype int32 but the schema declares int64",
+        ),
+        ({"input_ids": [[1]] * 3}, LENS, "field 'input_ids': expected a tensor, got list"),
+        ({"hidden": torch.zeros(3, 3, 2)}, None, r"field 'hidden': row shape \(3, 2\)"),
+        (
+            {"advantage": torch.zeros(3, 1, dtype=torch.float16)},
+            None,
+            "field 'advantage': 2-D tensor but the schema declares 1-D",
+        ),
+        ({"meta": ["a", "b"]}, None, "field 'meta': 2 rows for 3 samples"),
+        ({"meta": [object(), 1, 2]}, None, "field 'meta': row 0 is not JSON-serializable"),
+        ({"undeclared": torch.zeros(3)}, None, "field 'undeclared': not declared"),
+        ({"input_ids": torch.zeros(3, 6, dtype=torch.int64)}, None, "sequence_lengths: required"),
+        ({"input_ids": torch.zeros(3, 6, dtype=torch.int64)}, [1, 2], "sequence_lengths: has 2 entries for 3 samples"),
+        (
+            {"input_ids": torch.zeros(3, 6, dtype=torch.int64)},
+            [1, -2, 3],
+            "sequence_lengths: must be a list of non-negative ints",
+        ),
+        ({}, None, "fields: must be a non-empty mapping"),
+    ],
+)
 def test_malformed_input_is_rejected_naming_the_field(fields, lens, match):
     with pytest.raises(DataPlaneInputError, match=match):
         encode(SCHEMA, fields, 3, lens)
 
 
-@pytest.mark.parametrize("spec, match", [
-    (dict(name="x", kind="ragged", dtype="int64"), "schema field 'x': kind must be one of"),
-    (dict(name="x", kind="rect", dtype="complex"), "schema field 'x': dtype must be one of"),
-    (dict(name="x", kind="object", dtype="int64"), "schema field 'x': an object field has no dtype"),
-    (dict(name="x", kind="scalar", dtype="int64", shape=(2,)), "schema field 'x': only rect fields declare a shape"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        (dict(name="x", kind="ragged", dtype="int64"), "schema field 'x': kind must be one of"),
+        (dict(name="x", kind="rect", dtype="complex"), "schema field 'x': dtype must be one of"),
+        (dict(name="x", kind="object", dtype="int64"), "schema field 'x': an object field has no dtype"),
+        (
+            dict(name="x", kind="scalar", dtype="int64", shape=(2,)),
+            "schema field 'x': only rect fields declare a shape",
+        ),
+    ],
+)
 def test_bad_schema_is_rejected_naming_the_field(spec, match):
     with pytest.raises(DataPlaneInputError, match=match):
         FieldSpec(**spec)

@@ -10,9 +10,15 @@ import torch
 
 from gpu_gates.dataplane.codec import FieldSpec, Schema
 from harness.dataplane.meta import KVBatchMeta
-from harness.dataplane.errors import (ClosedClientError, DataPlaneInputError, DuplicateWriteError,
-                                      MissingSamplesError, UnknownPartitionError, UnknownTaskError,
-                                      UnproducedFieldError)
+from harness.dataplane.errors import (
+    ClosedClientError,
+    DataPlaneInputError,
+    DuplicateWriteError,
+    MissingSamplesError,
+    UnknownPartitionError,
+    UnknownTaskError,
+    UnproducedFieldError,
+)
 
 SCHEMA = Schema.of(
     FieldSpec("input_ids", "per_token", "int64", pad_value=0),
@@ -29,8 +35,12 @@ def rollout_fields():
     ids = torch.zeros(4, 8, dtype=torch.int64)
     for i, n in enumerate(LENS):
         ids[i, :n] = torch.arange(10 * i + 1, 10 * i + 1 + n)
-    return {"input_ids": ids, "advantage": torch.tensor([0.5, -0.5, 1.0, -1.0]),
-            "hidden": torch.arange(16, dtype=torch.float32).reshape(4, 4), "info": [{"g": 0}, {"g": 0}, "x", None]}
+    return {
+        "input_ids": ids,
+        "advantage": torch.tensor([0.5, -0.5, 1.0, -1.0]),
+        "hidden": torch.arange(16, dtype=torch.float32).reshape(4, 4),
+        "info": [{"g": 0}, {"g": 0}, "x", None],
+    }
 
 
 @pytest.fixture
@@ -52,8 +62,13 @@ def test_round_trip_with_metadata_tags_and_hop_records(producer, make_client, pa
     assert torch.equal(got["advantage"], torch.tensor([1.0, -0.5]))
     assert list(got["info"]) == ["x", {"g": 0}]
     hops = [(r["hop"], r["bytes"]) for r in records if r["kind"] == "dp_transfer"]
-    assert hops == [("producer_to_store", sum(LENS) * 8 + 4 * 4 + 16 * 4 + sum(len(s) for s in ['{"g": 0}', '{"g": 0}', '"x"', "null"])),
-                    ("store_to_worker", (7 + 2) * 8 + 2 * 4 + len('"x"') + len('{"g": 0}'))]
+    assert hops == [
+        (
+            "producer_to_store",
+            sum(LENS) * 8 + 4 * 4 + 16 * 4 + sum(len(s) for s in ['{"g": 0}', '{"g": 0}', '"x"', "null"]),
+        ),
+        ("store_to_worker", (7 + 2) * 8 + 2 * 4 + len('"x"') + len('{"g": 0}')),
+    ]
 
 
 def test_write_back_of_a_per_token_field_in_bf16(producer, make_client, partition):
@@ -68,7 +83,9 @@ def test_write_back_of_a_per_token_field_in_bf16(producer, make_client, partitio
 
 
 def test_dp_shards_are_disjoint_and_cover_the_batch(producer, partition):
-    meta = producer.put_samples(IDS, partition, rollout_fields(), tags=[{"i": i} for i in range(4)], sequence_lengths=LENS)
+    meta = producer.put_samples(
+        IDS, partition, rollout_fields(), tags=[{"i": i} for i in range(4)], sequence_lengths=LENS
+    )
     shards = meta.shard_for_dp(2)
     seen = [s for sh in shards for s in sh.sample_ids]
     assert sorted(seen) == sorted(IDS) and len(seen) == len(set(seen))
@@ -79,7 +96,9 @@ def test_dp_shards_are_disjoint_and_cover_the_batch(producer, partition):
         meta.shard_for_dp(0)
 
 
-def test_errors_for_unproduced_field_cleared_samples_unknown_task_and_dropped_partition(producer, make_client, partition):
+def test_errors_for_unproduced_field_cleared_samples_unknown_task_and_dropped_partition(
+    producer, make_client, partition
+):
     producer.put_samples(IDS, partition, rollout_fields(), sequence_lengths=LENS)
     worker = make_client("worker", actor="train/dp0", dp_rank=0)
     with pytest.raises(UnproducedFieldError, match="select_fields: field 'logprobs' has not been produced"):
@@ -87,7 +106,9 @@ def test_errors_for_unproduced_field_cleared_samples_unknown_task_and_dropped_pa
     with pytest.raises(UnknownTaskError, match="task_name: 'critic' is not a consumer task"):
         worker.get_samples(IDS, partition, ["input_ids"], task_name="critic")
     producer.clear_samples(["u0_g0"], partition)
-    with pytest.raises(MissingSamplesError, match=r"sample_ids: \['u0_g0'\] \(1\) not in partition .* \(never put, or cleared\)"):
+    with pytest.raises(
+        MissingSamplesError, match=r"sample_ids: \['u0_g0'\] \(1\) not in partition .* \(never put, or cleared\)"
+    ):
         worker.get_samples(["u0_g0", "u0_g1"], partition, ["input_ids"])
     assert worker.get_samples(["u0_g1"], partition, ["input_ids"])["input_ids"].shape == (1, 2)
     producer.clear_samples(None, partition)
@@ -109,28 +130,58 @@ def _store_view(client, partition):
     return {s: (tags, sorted(f)) for s, (tags, f) in held.items()}
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda c, p: c.put_samples("u0_g0", p, {}), "sample_ids: must be a list"),
-    (lambda c, p: c.put_samples(["a", "a"], p, {"advantage": torch.zeros(2)}), "sample_ids: 'a' appears more than once"),
-    (lambda c, p: c.put_samples(["__schema__"], p, {"advantage": torch.zeros(1)}), "sample_ids: '__schema__' is not a sample id"),
-    (lambda c, p: c.put_samples(["a"], "", {"advantage": torch.zeros(1)}), "partition_id: must be a non-empty string"),
-    (lambda c, p: c.put_samples(["a"], "nope", {"advantage": torch.zeros(1)}), "partition_id: 'nope' is not registered"),
-    (lambda c, p: c.put_samples(["a"], p, {"advantage": torch.zeros(1)}, tags=[{}, {}]), "tags: 2 tags for 1 samples"),
-    (lambda c, p: c.put_samples(["a"], p, {"advantage": torch.zeros(1)}, tags=[{"x": [1]}]), r"tags\[0\]\['x'\]: must be a primitive"),
-    (lambda c, p: c.put_samples(IDS, p, {**rollout_fields(), "advantage": torch.zeros(4, 1)}, sequence_lengths=LENS),
-     "field 'advantage': 2-D tensor but the schema declares 1-D"),
-    (lambda c, p: c.put_samples(IDS, p, {**rollout_fields(), "extra": torch.zeros(4)}, sequence_lengths=LENS), "field 'extra': not declared"),
-    (lambda c, p: c.get_samples(IDS, p, None), "select_fields: must be a non-empty list"),
-    (lambda c, p: c.get_samples(IDS, p, "input_ids"), "select_fields: must be a non-empty list"),
-    (lambda c, p: c.get_samples(IDS, p, ["bogus"]), "select_fields: 'bogus' is not declared"),
-    (lambda c, p: c.get_samples(IDS, p, ["input_ids"], pad_to=-1), "pad_to: must be a non-negative int"),
-    (lambda c, p: c.get_samples([], p, ["input_ids"]), "sample_ids: must not be empty"),
-    (lambda c, p: c.clear_samples([1], p), "sample_ids: 1 is not a sample id"),
-    (lambda c, p: c.clear_samples(None, "nope"), "partition_id: 'nope' is not registered"),
-    (lambda c, p: c.register_partition(p, {"x": {"kind": "rect"}}), "schema field 'x': dtype must be one of"),
-    (lambda c, p: c.register_partition(p, SCHEMA, tasks="train"), "tasks: must be a list"),
-])
-def test_bad_input_to_every_public_call_names_the_field_and_leaves_the_store_unchanged(producer, partition, call, match):
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda c, p: c.put_samples("u0_g0", p, {}), "sample_ids: must be a list"),
+        (
+            lambda c, p: c.put_samples(["a", "a"], p, {"advantage": torch.zeros(2)}),
+            "sample_ids: 'a' appears more than once",
+        ),
+        (
+            lambda c, p: c.put_samples(["__schema__"], p, {"advantage": torch.zeros(1)}),
+            "sample_ids: '__schema__' is not a sample id",
+        ),
+        (
+            lambda c, p: c.put_samples(["a"], "", {"advantage": torch.zeros(1)}),
+            "partition_id: must be a non-empty string",
+        ),
+        (
+            lambda c, p: c.put_samples(["a"], "nope", {"advantage": torch.zeros(1)}),
+            "partition_id: 'nope' is not registered",
+        ),
+        (
+            lambda c, p: c.put_samples(["a"], p, {"advantage": torch.zeros(1)}, tags=[{}, {}]),
+            "tags: 2 tags for 1 samples",
+        ),
+        (
+            lambda c, p: c.put_samples(["a"], p, {"advantage": torch.zeros(1)}, tags=[{"x": [1]}]),
+            r"tags\[0\]\['x'\]: must be a primitive",
+        ),
+        (
+            lambda c, p: c.put_samples(
+                IDS, p, {**rollout_fields(), "advantage": torch.zeros(4, 1)}, sequence_lengths=LENS
+            ),
+            "field 'advantage': 2-D tensor but the schema declares 1-D",
+        ),
+        (
+            lambda c, p: c.put_samples(IDS, p, {**rollout_fields(), "extra": torch.zeros(4)}, sequence_lengths=LENS),
+            "field 'extra': not declared",
+        ),
+        (lambda c, p: c.get_samples(IDS, p, None), "select_fields: must be a non-empty list"),
+        (lambda c, p: c.get_samples(IDS, p, "input_ids"), "select_fields: must be a non-empty list"),
+        (lambda c, p: c.get_samples(IDS, p, ["bogus"]), "select_fields: 'bogus' is not declared"),
+        (lambda c, p: c.get_samples(IDS, p, ["input_ids"], pad_to=-1), "pad_to: must be a non-negative int"),
+        (lambda c, p: c.get_samples([], p, ["input_ids"]), "sample_ids: must not be empty"),
+        (lambda c, p: c.clear_samples([1], p), "sample_ids: 1 is not a sample id"),
+        (lambda c, p: c.clear_samples(None, "nope"), "partition_id: 'nope' is not registered"),
+        (lambda c, p: c.register_partition(p, {"x": {"kind": "rect"}}), "schema field 'x': dtype must be one of"),
+        (lambda c, p: c.register_partition(p, SCHEMA, tasks="train"), "tasks: must be a list"),
+    ],
+)
+def test_bad_input_to_every_public_call_names_the_field_and_leaves_the_store_unchanged(
+    producer, partition, call, match
+):
     producer.put_samples(IDS[:2], partition, {"advantage": torch.tensor([1.0, 2.0])}, tags=[{"v": 1}, {"v": 1}])
     before = _store_view(producer, partition)
     with pytest.raises((DataPlaneInputError, UnknownPartitionError)) as info:
@@ -142,6 +193,7 @@ def test_bad_input_to_every_public_call_names_the_field_and_leaves_the_store_unc
 
 def test_client_construction_rejects_bad_role(backend):
     from gpu_gates.dataplane.client import DataPlaneClient
+
     with pytest.raises(DataPlaneInputError, match="role: must be one of"):
         DataPlaneClient(backend, actor="x", role="trainer")
 
@@ -154,7 +206,11 @@ def test_refused_duplicate_write_is_601_class_and_writes_nothing(make_client, pa
     with pytest.raises(DuplicateWriteError) as info:
         # one new sample, one already written: the whole put is refused
         sibling.put_samples([IDS[1], IDS[2]], partition, {"advantage": torch.ones(2)})
-    assert info.value.code == -601 and "-601 ILLEGAL_CLIENT class" in str(info.value) and "u0_g1/advantage" in str(info.value)
+    assert (
+        info.value.code == -601
+        and "-601 ILLEGAL_CLIENT class" in str(info.value)
+        and "u0_g1/advantage" in str(info.value)
+    )
     assert IDS[2] not in leader.store.samples(partition, IDS)
     assert leader.get_samples(IDS[:2], partition, ["advantage"])["advantage"].tolist() == [0.0, 0.0]
     assert [r["kind"] for r in records] == ["dp_transfer", "dp_write_refused", "dp_transfer"]
@@ -172,8 +228,12 @@ def test_plain_store_overwrites_silently(make_client, partition):
 
 
 def test_object_field_and_empty_row_survive_the_store(producer, partition):
-    producer.put_samples(["z0", "z1"], partition, {"input_ids": torch.tensor([[4, 5], [0, 0]]), "info": np.array([1.5, "s"], dtype=object)},
-                         sequence_lengths=[2, 0])
+    producer.put_samples(
+        ["z0", "z1"],
+        partition,
+        {"input_ids": torch.tensor([[4, 5], [0, 0]]), "info": np.array([1.5, "s"], dtype=object)},
+        sequence_lengths=[2, 0],
+    )
     got = producer.get_samples(["z0", "z1"], partition, ["input_ids", "info"])
     assert got["input_ids"].tolist() == [[4, 5], [0, 0]] and list(got["info"]) == [1.5, "s"]
 
@@ -207,7 +267,10 @@ def test_a_process_without_ray_attaches_as_a_client_and_the_ledger_records_each_
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ray initialized: False" in done.stdout
     assert sorted(w for w in tq_store.write_ledger() if w[1] == "attach") == [
-        ("dp0/tp0", "attach", "a", "x"), ("dp0/tp0", "attach", "b", "x"), ("dp0/tp1", "attach", "a", "x")]
+        ("dp0/tp0", "attach", "a", "x"),
+        ("dp0/tp0", "attach", "b", "x"),
+        ("dp0/tp1", "attach", "a", "x"),
+    ]
     rows = tq_store.read("attach", ["a", "b"], ["x"])["x"]
     assert torch.equal(rows[0], torch.arange(3) + 7) and torch.equal(rows[1], torch.arange(5))
 
@@ -309,7 +372,9 @@ def test_consumption_counts_the_samples_held_now(scalar_producer, make_client, p
 def test_registering_again_is_idempotent_and_a_different_schema_is_refused(scalar_producer, partition):
     scalar_producer.register_partition(partition, CONSUMPTION_SCHEMA, tasks=["train", "logprob"])  # a retry: no change
     with pytest.raises(DataPlaneInputError, match="already registered with a different schema or tasks"):
-        scalar_producer.register_partition(partition, Schema.of(FieldSpec("reward", "scalar", "float32")), tasks=["train"])
+        scalar_producer.register_partition(
+            partition, Schema.of(FieldSpec("reward", "scalar", "float32")), tasks=["train"]
+        )
     with pytest.raises(DataPlaneInputError, match="already registered with a different schema or tasks"):
         scalar_producer.register_partition(partition, CONSUMPTION_SCHEMA, tasks=["train"])
 
@@ -337,4 +402,6 @@ def test_a_truncated_read_fails_naming_the_row_and_field(producer, make_client, 
     lp = torch.randn(1, 7).to(torch.bfloat16)
     worker.put_samples(["u1_g0"], partition, {"logprobs": lp}, sequence_lengths=[7])
     again = worker.get_samples(["u1_g0"], partition, ["hidden", "logprobs"])
-    assert torch.equal(again["logprobs"][0], lp[0]) and "__digest/hidden" not in str(producer.store.samples(partition, ["u1_g0"]))
+    assert torch.equal(again["logprobs"][0], lp[0]) and "__digest/hidden" not in str(
+        producer.store.samples(partition, ["u1_g0"])
+    )

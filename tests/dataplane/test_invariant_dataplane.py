@@ -18,11 +18,20 @@ def world(refuse=False):
     log = EventLog(header_record({"nodes": 1, "gpus_per_node": 4}))
     sink = lambda kind, fields: log.emit(kind, float(len(log.records)), **fields)  # noqa: E731
     store = RefuseOverwrite(InProcessStore()) if refuse else InProcessStore()
-    c = {name: DataPlaneClient(store, actor=name, role=role, dp_rank=dp, sink=sink)
-         for name, role, dp in [("rollout", "producer", None), ("driver", "driver", None),
-                                ("dp0/tp0", "worker", 0), ("dp0/tp1", "worker", 0), ("dp1/tp0", "worker", 1)]}
+    c = {
+        name: DataPlaneClient(store, actor=name, role=role, dp_rank=dp, sink=sink)
+        for name, role, dp in [
+            ("rollout", "producer", None),
+            ("driver", "driver", None),
+            ("dp0/tp0", "worker", 0),
+            ("dp0/tp1", "worker", 0),
+            ("dp1/tp0", "worker", 1),
+        ]
+    }
     c["rollout"].register_partition("p", SCHEMA)
-    meta = c["rollout"].put_samples(IDS, "p", {"input_ids": torch.ones(4, 5, dtype=torch.int64)}, sequence_lengths=[5, 4, 3, 2])
+    meta = c["rollout"].put_samples(
+        IDS, "p", {"input_ids": torch.ones(4, 5, dtype=torch.int64)}, sequence_lengths=[5, 4, 3, 2]
+    )
     return log, c, meta.shard_for_dp(2)
 
 
@@ -33,8 +42,12 @@ def one_step(c, shards, writers=("dp0/tp0", "dp1/tp0")):
         data = leader.get_samples(list(shard.sample_ids), "p", ["input_ids"])
         for w in writers:
             if c[w].dp_rank == d:
-                c[w].put_samples(list(shard.sample_ids), "p", {"logprobs": data["input_ids"].float()},
-                                 sequence_lengths=shard.sequence_lengths)
+                c[w].put_samples(
+                    list(shard.sample_ids),
+                    "p",
+                    {"logprobs": data["input_ids"].float()},
+                    sequence_lengths=shard.sequence_lengths,
+                )
 
 
 def violations(log):
@@ -46,7 +59,9 @@ def test_clean_one_hop_step_passes_and_a_clear_allows_the_next_write():
     one_step(c, shards)
     c["driver"].clear_samples(None, "p")
     c["rollout"].register_partition("p", SCHEMA)
-    c["rollout"].put_samples(IDS, "p", {"input_ids": torch.ones(4, 5, dtype=torch.int64)}, sequence_lengths=[5, 4, 3, 2])
+    c["rollout"].put_samples(
+        IDS, "p", {"input_ids": torch.ones(4, 5, dtype=torch.int64)}, sequence_lengths=[5, 4, 3, 2]
+    )
     assert violations(log) == []
 
 

@@ -16,8 +16,14 @@ from harness.dataplane.meta import KVBatchMeta, restore_order
 
 def meta(n=5, fields=("prompt", "reward"), lens=True, extra=None):
     ids = tuple(f"s{i}" for i in range(n))
-    return KVBatchMeta("train", ids, tuple(fields), tuple(10 * (i + 1) for i in range(n)) if lens else None,
-                       tuple({"row": i, "std": i / 10} for i in range(n)), dict(extra or {"step": 3}))
+    return KVBatchMeta(
+        "train",
+        ids,
+        tuple(fields),
+        tuple(10 * (i + 1) for i in range(n)) if lens else None,
+        tuple({"row": i, "std": i / 10} for i in range(n)),
+        dict(extra or {"step": 3}),
+    )
 
 
 def test_with_fields_merges_in_order_without_duplicates():
@@ -40,8 +46,16 @@ def test_with_fields_copy_shares_no_mutable_state_with_its_source():
     assert out.sample_ids == m.sample_ids and out.sequence_lengths == m.sequence_lengths
 
 
-@pytest.mark.parametrize("op", [lambda m: m.subset([2, 0]), lambda m: m.slice(1, 3), lambda m: m.drop([0]),
-                                lambda m: m.concat(), lambda m: m.shard_for_dp(2)[0]])
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda m: m.subset([2, 0]),
+        lambda m: m.slice(1, 3),
+        lambda m: m.drop([0]),
+        lambda m: m.concat(),
+        lambda m: m.shard_for_dp(2)[0],
+    ],
+)
 def test_every_derived_meta_owns_its_dicts(op):
     m = meta()
     out = op(m)

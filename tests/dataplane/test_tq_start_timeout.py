@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("transfer_queue")
 ray = pytest.importorskip("ray")
 
-STUCK = '''
+STUCK = """
 def process_zmq_server_info(release):
     release.wait(30)
 
 def init(conf):
     process_zmq_server_info(RELEASE)
-'''
+"""
 
 
 def test_a_start_that_times_out_names_the_tq_call_it_waits_in(monkeypatch):

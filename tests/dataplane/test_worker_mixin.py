@@ -31,7 +31,9 @@ def setup():
     store = InProcessStore()
     producer = DataPlaneClient(store, actor="rollout", role="producer")
     producer.register_partition("p", SCHEMA)
-    meta = producer.put_samples(["a", "b"], "p", {"input_ids": torch.tensor([[1, 2, 3], [4, 0, 0]])}, sequence_lengths=[3, 1])
+    meta = producer.put_samples(
+        ["a", "b"], "p", {"input_ids": torch.tensor([[1, 2, 3], [4, 0, 0]])}, sequence_lengths=[3, 1]
+    )
     return store, meta
 
 

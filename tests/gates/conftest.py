@@ -46,8 +46,11 @@ PRELOAD = {"train_pump_parity": ("torch._dynamo",)}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gate: launches a GPU gate under torchrun (gloo on CPU)")
-    config.addinivalue_line("markers", "waits_out_a_deadline: the gate launch spends most of its time idle, waiting "
-                                       "for a deadline or a grace window (tests/gates/test_gate_waits.py only)")
+    config.addinivalue_line(
+        "markers",
+        "waits_out_a_deadline: the gate launch spends most of its time idle, waiting "
+        "for a deadline or a grace window (tests/gates/test_gate_waits.py only)",
+    )
 
 
 #: The file of the gate tests that mostly wait: one xdist unit and one lock of their own.
@@ -60,8 +63,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         marked = item.get_closest_marker("waits_out_a_deadline") is not None
         if marked != (item.path.name == WAITS_FILE):
-            raise pytest.UsageError(f"{item.nodeid}: tests marked waits_out_a_deadline live in "
-                                    f"tests/gates/{WAITS_FILE}, and only they")
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests marked waits_out_a_deadline live in tests/gates/{WAITS_FILE}, and only they"
+            )
 
 
 def lane_of(node) -> str:
@@ -123,6 +127,7 @@ class GateRun:
     def driver_records(self) -> List[Dict]:
         """The dual-pipeline gate's harness log (its driver's records, as the checks read them)."""
         from harness.logs.records import read_records
+
         return [r.data for r in read_records(self.report["summary"]["outputs"]["driver_log"])]
 
     @property
@@ -133,7 +138,7 @@ class GateRun:
         """A killed launch's output: what it printed last, then its processes' native
         view and Python stacks (tests/gates/hang_dump.py), in full."""
         at = self.output.find(HEADER)
-        return self.output[-3000:] if at < 0 else self.output[max(0, at - 3000):]
+        return self.output[-3000:] if at < 0 else self.output[max(0, at - 3000) :]
 
     def ended_cleanly(self, report: bool = True) -> "GateRun":
         """What every gate launch must show, whatever its verdict: it ended before the
@@ -163,7 +168,8 @@ def with_gate_deadline(args: Sequence[str], timeout_s: float) -> List[str]:
         gate_s = float(args[args.index("--timeout-s") + 1])
         assert gate_s + MAX_GRACE_S + DEADLINE_MARGIN_S <= timeout_s, (
             f"--timeout-s {gate_s:g} does not fit in the test's timeout_s={timeout_s:g}: the gate must report before "
-            f"the test kills it (leave {MAX_GRACE_S + DEADLINE_MARGIN_S:g} s)")
+            f"the test kills it (leave {MAX_GRACE_S + DEADLINE_MARGIN_S:g} s)"
+        )
         return args
     gate_s = timeout_s - MAX_GRACE_S - DEADLINE_MARGIN_S
     assert gate_s >= 10, f"timeout_s={timeout_s:g} leaves the gate's ranks no deadline to report by"
@@ -173,13 +179,27 @@ def with_gate_deadline(args: Sequence[str], timeout_s: float) -> List[str]:
 def _port_taken(run: "GateRun") -> bool:
     """The launcher could not bind its rendezvous port: another job (a parallel test
     worker, another checkout's suite) took it between :func:`free_port` and the bind."""
-    return run.report is None and run.returncode != 0 and ("EADDRINUSE" in run.output or "Address already in use" in run.output)
+    return (
+        run.report is None
+        and run.returncode != 0
+        and ("EADDRINUSE" in run.output or "Address already in use" in run.output)
+    )
 
 
-def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optional[str] = None,
-                timeout_s: float = 90.0, extra_env: Optional[Dict[str, str]] = None,
-                first_ports: Sequence[int] = (), own_folders: bool = True, launcher: str = "forked",
-                preload: Sequence[str] = (), lane: Optional[str] = "busy") -> GateRun:
+def launch_gate(
+    tmp_path: Path,
+    gate: str,
+    nproc: int,
+    *args: str,
+    hook: Optional[str] = None,
+    timeout_s: float = 90.0,
+    extra_env: Optional[Dict[str, str]] = None,
+    first_ports: Sequence[int] = (),
+    own_folders: bool = True,
+    launcher: str = "forked",
+    preload: Sequence[str] = (),
+    lane: Optional[str] = "busy",
+) -> GateRun:
     """Launch a gate under torch's agent on a free port; a port lost to a concurrent job
     (the probe closes it before the agent binds it) is retried on a new one.
     ``first_ports`` are tried before any free one (a test hands in a port it holds).
@@ -198,8 +218,18 @@ def launch_gate(tmp_path: Path, gate: str, nproc: int, *args: str, hook: Optiona
     with _one_gate_at_a_time(tmp_path, lane) if lane else contextlib.nullcontext():
         for _ in range(3):
             with _launcher_folders(own_folders, extra_env) as folder_env:
-                run = _launch_once(tmp_path, gate, nproc, args, next(ports, None) or free_port(), hook, timeout_s,
-                                   {**folder_env, **(extra_env or {})}, launcher, (*PRELOAD.get(gate, ()), *preload))
+                run = _launch_once(
+                    tmp_path,
+                    gate,
+                    nproc,
+                    args,
+                    next(ports, None) or free_port(),
+                    hook,
+                    timeout_s,
+                    {**folder_env, **(extra_env or {})},
+                    launcher,
+                    (*PRELOAD.get(gate, ()), *preload),
+                )
             if not _port_taken(run):
                 break
     return run
@@ -250,18 +280,45 @@ def _one_gate_at_a_time(tmp_path: Path, lane: str):
 def _launcher_command(launcher: str, preload: Sequence[str]) -> List[str]:
     if launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run"]
-    return [sys.executable, str(REPO / "tests" / "gates" / "launch_forked.py"),
-            *(arg for module in preload for arg in ("--preload", module))]
+    return [
+        sys.executable,
+        str(REPO / "tests" / "gates" / "launch_forked.py"),
+        *(arg for module in preload for arg in ("--preload", module)),
+    ]
 
 
-def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: Optional[str], timeout_s: float,
-                 extra_env: Optional[Dict[str, str]], launcher: str, preload: Sequence[str]) -> GateRun:
+def _launch_once(
+    tmp_path: Path,
+    gate: str,
+    nproc: int,
+    args,
+    port: int,
+    hook: Optional[str],
+    timeout_s: float,
+    extra_env: Optional[Dict[str, str]],
+    launcher: str,
+    preload: Sequence[str],
+) -> GateRun:
     report = tmp_path / f"{gate}-report.json"
     # --log-dir: without it torchrun's agent makes a torchelastic_* folder in the system
     # temp folder for every launch and never removes it (thousands over a day of runs)
-    cmd = [*_launcher_command(launcher, preload), "--nproc-per-node", str(nproc),
-           "--master-addr", "127.0.0.1", "--master-port", str(port), "--log-dir", str(tmp_path / "torchrun-logs"),
-           str(REPO / "gpu_gates" / f"{gate}.py"), "--backend", "gloo", "--report", str(report), *args]
+    cmd = [
+        *_launcher_command(launcher, preload),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--log-dir",
+        str(tmp_path / "torchrun-logs"),
+        str(REPO / "gpu_gates" / f"{gate}.py"),
+        "--backend",
+        "gloo",
+        "--report",
+        str(report),
+        *args,
+    ]
     # PYTHONFAULTHANDLER: a launch killed at the test's timeout prints every process's stacks first
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     env.pop(HOOK_ENV, None)
@@ -282,8 +339,17 @@ def _launch_once(tmp_path: Path, gate: str, nproc: int, args, port: int, hook: O
         if not survivors:
             break
         time.sleep(0.05)
-    run = GateRun(returncode, elapsed, output, report, survivors=survivors, timed_out=timed_out, port=port,
-                  launcher=launcher, launcher_pid=launcher_pid)
+    run = GateRun(
+        returncode,
+        elapsed,
+        output,
+        report,
+        survivors=survivors,
+        timed_out=timed_out,
+        port=port,
+        launcher=launcher,
+        launcher_pid=launcher_pid,
+    )
     if report.exists():
         run.report = json.loads(report.read_text())
     return run
@@ -293,8 +359,9 @@ def _run_program(cmd: List[str], env: Dict[str, str], report: Path, timeout_s: f
     """The launcher as a program of its own session: (exit code, output, timed out, pid).
     At the timeout the output gets a diagnosis of the launch's processes and they are
     SIGKILLed (tests/gates/hang_dump.py)."""
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     with proc.stdout:
         output, timed_out = read_output(proc.stdout.fileno(), timeout_s, proc.pid, str(report))
     return proc.wait(), output, timed_out, proc.pid
@@ -339,6 +406,7 @@ class SideBySide:
 def gate_runner(tmp_path, request):
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
         return launch_gate(tmp_path, gate, nproc, *args, lane=lane_of(request.node), **kwargs).ended_cleanly()
+
     return run
 
 
@@ -346,8 +414,12 @@ def gate_runner(tmp_path, request):
 def gate_launch(tmp_path, request):
     """``gate_runner`` for runs that may end without a report (usage errors, a report
     that cannot be written): no hang and no orphan process is still a must."""
+
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
-        return launch_gate(tmp_path, gate, nproc, *args, lane=lane_of(request.node), **kwargs).ended_cleanly(report=False)
+        return launch_gate(tmp_path, gate, nproc, *args, lane=lane_of(request.node), **kwargs).ended_cleanly(
+            report=False
+        )
+
     return run
 
 
@@ -355,8 +427,10 @@ def gate_launch(tmp_path, request):
 def module_gate_launch(tmp_path_factory, request):
     """``launch_gate`` for a module-scoped fixture whose one launch several tests assert
     on (each test calls ``run.ended_cleanly()`` itself)."""
+
     def run(gate: str, nproc: int, *args: str, **kwargs) -> GateRun:
         return launch_gate(tmp_path_factory.mktemp(gate), gate, nproc, *args, lane=lane_of(request.node), **kwargs)
+
     return run
 
 

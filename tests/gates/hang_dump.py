@@ -64,8 +64,10 @@ def native_view(pids: List[int]) -> str:
             tids = []
         for tid in tids:
             task = f"/proc/{pid}/task/{tid}"
-            lines.append(f"  thread {tid} {_read(task + '/comm')!r} state {_stat(task + '/stat')[0]} "
-                         f"waiting in {_read(task + '/wchan') or '-'}")
+            lines.append(
+                f"  thread {tid} {_read(task + '/comm')!r} state {_stat(task + '/stat')[0]} "
+                f"waiting in {_read(task + '/wchan') or '-'}"
+            )
     return "\n".join(lines)
 
 
@@ -108,9 +110,10 @@ def diagnose(pids: List[int], timeout_s: float, drain: Callable[[float], bytes])
         _signal(pid, signal.SIGSTOP)
     before = drain(0.05)  # printed before the freeze: the launch's own output, not a dump
     stacks = python_stacks(pids, drain)
-    return (before.decode(errors="replace") +
-            f"\n{HEADER} ({timeout_s:g} s): its {len(pids)} process(es) ====\n"
-            f"{view}\n{stacks}\n==== end of the hung launch's diagnosis ====\n")
+    return (
+        before.decode(errors="replace") + f"\n{HEADER} ({timeout_s:g} s): its {len(pids)} process(es) ====\n"
+        f"{view}\n{stacks}\n==== end of the hung launch's diagnosis ====\n"
+    )
 
 
 def launch_processes(session: int, mark: str) -> List[int]:

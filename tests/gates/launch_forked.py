@@ -80,8 +80,11 @@ def unbuffered_std_streams() -> None:
         old = getattr(sys, name)
         old.flush()
         raw = io.FileIO(fd, "w", closefd=False)
-        setattr(sys, name, io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors,
-                                            line_buffering=False, write_through=True))
+        setattr(
+            sys,
+            name,
+            io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, line_buffering=False, write_through=True),
+        )
 
 
 class ExceptionTextUpFront(logging.Filter):
@@ -221,6 +224,7 @@ def _run_launch(request: dict, out_fd: int, inherited: Tuple[int, ...] = ()) -> 
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # what an uncaught exception does to a program: traceback, exit 1
         import traceback
+
         traceback.print_exc()
         code = 1
     sys.stdout.flush()

@@ -47,8 +47,13 @@ class LaunchServer:
         self.env = _base(env)
         self._sending = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, str(LAUNCH_FORKED), "--serve", str(theirs.fileno())],
-                                     cwd=cwd, env=self.env, pass_fds=[theirs.fileno()], start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(LAUNCH_FORKED), "--serve", str(theirs.fileno())],
+            cwd=cwd,
+            env=self.env,
+            pass_fds=[theirs.fileno()],
+            start_new_session=True,
+        )
         theirs.close()
         self.conn = ours
         ready, _ = receive_message(self.conn)
@@ -57,8 +62,9 @@ class LaunchServer:
         atexit.register(self.close)
 
     @classmethod
-    def for_launch(cls, env: Dict[str, str], preload: Sequence[str], cwd: Path,
-                   server_env: Dict[str, str]) -> Optional["LaunchServer"]:
+    def for_launch(
+        cls, env: Dict[str, str], preload: Sequence[str], cwd: Path, server_env: Dict[str, str]
+    ) -> Optional["LaunchServer"]:
         """The server (environment ``server_env``, started if need be) that can make this
         launch; None: start it as a program."""
         if any(module not in served_modules() for module in preload) or _base(env) != _base(server_env):
@@ -75,8 +81,9 @@ class LaunchServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
-    def run(self, argv: List[str], env: Dict[str, str], cwd: Path, timeout_s: float,
-            mark: str) -> Tuple[int, str, bool, int]:
+    def run(
+        self, argv: List[str], env: Dict[str, str], cwd: Path, timeout_s: float, mark: str
+    ) -> Tuple[int, str, bool, int]:
         """Launch and wait, as ``Popen(...).communicate(timeout)`` would: (exit code,
         output, timed out, the launch's pid = its session). At the timeout the output
         gets a diagnosis of the launch's processes (tests/gates/hang_dump.py; ``mark``:

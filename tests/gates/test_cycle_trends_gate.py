@@ -16,13 +16,24 @@ FAULTS = "residue_grows,ipc_staging_leak,leak_cycle_group,refit_slows,drop_kv_sc
 
 
 def test_twenty_cycles_stay_flat_on_gloo(gate_runner, private_shm):
-    run = gate_runner("cycle_trends", 2, "--cycles", "20", timeout_s=180,
-                      extra_env={"RLHARNESS_SHM_DIR": private_shm}, launcher="torchrun")
+    run = gate_runner(
+        "cycle_trends",
+        2,
+        "--cycles",
+        "20",
+        timeout_s=180,
+        extra_env={"RLHARNESS_SHM_DIR": private_shm},
+        launcher="torchrun",
+    )
     assert run.returncode == 0, run.output[-3000:]
     summary = run.report["summary"]
     assert summary["violations"] == [] and summary["cycles"] == 20
-    assert set(summary["trends"]) == {"residue_bytes/engine", "ipc_bytes/trainer", "live_groups/process",
-                                      "refit_s/trainer"}
+    assert set(summary["trends"]) == {
+        "residue_bytes/engine",
+        "ipc_bytes/trainer",
+        "live_groups/process",
+        "refit_s/trainer",
+    }
     for series, fig in summary["trends"].items():
         assert fig["cycles"] == 20 and fig["slope"] <= fig["bound"], (series, fig)
     assert len(run.checks("bit_exact")) == 20 and len(run.checks("refit_complete")) == 20
@@ -30,21 +41,31 @@ def test_twenty_cycles_stay_flat_on_gloo(gate_runner, private_shm):
     assert os.listdir(private_shm) == []
     # the engine's calls, judged by the oracle with the table they were asked of: every kind of event occurred
     engine = run.report["ranks"][1]["data"]["records"]
-    seen = {(r["kind"], r.get("effect"), r.get("tag"), r.get("state")) for r in engine if r.get("pipeline_id") == "engine"}
-    assert {("effect_start", "Abort", None, None), ("effect_start", "Pause", None, None),
-            ("effect_end", "Drain", None, None), ("effect_start", "Sleep", None, None),
-            ("engine_tag", None, "weights", "awake"), ("engine_tag", None, "kv_cache", "awake"),
-            ("effect_start", "SyncFromCache", None, None), ("effect_end", "SyncFromCache", None, None),
-            ("effect_start", "Finalize", None, None), ("engine_tag", None, "prefix_cache", "invalidated"),
-            ("rank_state", None, None, "routable"), ("request_dispatch", None, None, None)} <= seen
+    seen = {
+        (r["kind"], r.get("effect"), r.get("tag"), r.get("state")) for r in engine if r.get("pipeline_id") == "engine"
+    }
+    assert {
+        ("effect_start", "Abort", None, None),
+        ("effect_start", "Pause", None, None),
+        ("effect_end", "Drain", None, None),
+        ("effect_start", "Sleep", None, None),
+        ("engine_tag", None, "weights", "awake"),
+        ("engine_tag", None, "kv_cache", "awake"),
+        ("effect_start", "SyncFromCache", None, None),
+        ("effect_end", "SyncFromCache", None, None),
+        ("effect_start", "Finalize", None, None),
+        ("engine_tag", None, "prefix_cache", "invalidated"),
+        ("rank_state", None, None, "routable"),
+        ("request_dispatch", None, None, None),
+    } <= seen
 
 
 def test_each_leak_class_fires_its_check(gate_runner, private_shm):
-    run = gate_runner("cycle_trends", 2, "--cycles", "8", hook=FAULTS, timeout_s=180,
-                      extra_env={"RLHARNESS_SHM_DIR": private_shm})
+    run = gate_runner(
+        "cycle_trends", 2, "--cycles", "8", hook=FAULTS, timeout_s=180, extra_env={"RLHARNESS_SHM_DIR": private_shm}
+    )
     assert run.report["status"] == "failed"
-    failed = {c["name"] for c in run.report["ranks"][0]["checks"] + run.report["ranks"][1]["checks"]
-              if not c["passed"]}
+    failed = {c["name"] for c in run.report["ranks"][0]["checks"] + run.report["ranks"][1]["checks"] if not c["passed"]}
     assert failed == {"flat_residue_bytes", "flat_ipc_bytes", "flat_live_groups", "flat_refit_s", "refit_complete"}
     violations = run.report["summary"]["violations"]
     for series in ("residue_bytes/engine", "ipc_bytes/trainer", "live_groups/process", "refit_s/trainer"):

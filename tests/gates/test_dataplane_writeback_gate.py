@@ -24,14 +24,28 @@ def test_leader_gate_on_gives_one_write_per_sample_field_per_replica(gate_runner
     assert (s["dp"], s["tp"], s["leader_gate"], s["refused_writes"]) == (2, 2, True, 0)
     assert s["ledger_writes"] == s["ledger_keys"] == 16 and s["ledger_max_writes_per_key"] == 1
     assert s["ledger_writers"] == ["dp0/tp0", "dp1/tp0"]
-    assert len(run.checks("broadcast_matches_put")) == 4 * 2 and all(c["passed"] for c in run.checks("broadcast_matches_put"))
+    assert len(run.checks("broadcast_matches_put")) == 4 * 2 and all(
+        c["passed"] for c in run.checks("broadcast_matches_put")
+    )
     records, violations = oracle(run)
     assert violations == []
     hops = {r["hop"] for r in records if r["kind"] == "dp_transfer"}
     assert hops == {"producer_to_store", "driver_meta", "store_to_worker", "leader_to_siblings", "worker_to_store"}
     # the siblings never read the store: only the two leaders did
-    assert sorted(r["actor"] for r in records if r.get("hop") == "store_to_worker") == ["dp0/tp0", "dp0/tp0", "dp1/tp0", "dp1/tp0"]
-    assert sum(r["bytes"] for r in records if r["kind"] == "dp_transfer" and r["role"] == "driver" and r["hop"] != "driver_meta") == 0
+    assert sorted(r["actor"] for r in records if r.get("hop") == "store_to_worker") == [
+        "dp0/tp0",
+        "dp0/tp0",
+        "dp1/tp0",
+        "dp1/tp0",
+    ]
+    assert (
+        sum(
+            r["bytes"]
+            for r in records
+            if r["kind"] == "dp_transfer" and r["role"] == "driver" and r["hop"] != "driver_meta"
+        )
+        == 0
+    )
 
 
 def test_gate_off_with_a_refusing_store_is_reported_as_601(gate_runner):
@@ -76,10 +90,13 @@ def test_transferqueue_mode_needs_the_launcher_and_upsert(monkeypatch):
     assert check_world(s, 4) is None and s.overwrite == "refuse"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--"], "command: nothing to run"),
-    (["--num-cpus", "1", "--", "true"], "--num-cpus: 1 leaves TQ's controller or storage unit without a CPU"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--"], "command: nothing to run"),
+        (["--num-cpus", "1", "--", "true"], "--num-cpus: 1 leaves TQ's controller or storage unit without a CPU"),
+    ],
+)
 def test_tq_host_usage_errors_exit_2_before_starting_ray(argv, message, capsys):
     from gpu_gates.tq_host import main
 

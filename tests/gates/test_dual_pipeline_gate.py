@@ -30,12 +30,18 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     assert summary["published_versions"] == {"ppl1": 3, "ppl2": 3}  # one bump per cache: 0 (base) .. 3
     # a cycle moved a GPU from a donor to a recipient: T1 < T2 < T3 shown in the report
     assert any("T2" in line and "T3" in line for line in summary["resize_order"]), summary["resize_order"]
-    checks = {c["name"]: c["passed"] for c in run.checks("invariant:resize_order") + run.checks("invariant:versions")
-              + run.checks("invariant:gpu_ownership") + run.checks("invariant:activate_after_sync")}
+    checks = {
+        c["name"]: c["passed"]
+        for c in run.checks("invariant:resize_order")
+        + run.checks("invariant:versions")
+        + run.checks("invariant:gpu_ownership")
+        + run.checks("invariant:activate_after_sync")
+    }
     assert checks and all(checks.values())
     # the event log is the harness schema and the same oracle finds nothing
     records = run.driver_records()
     from harness.logs.invariants import check_log
+
     found = check_log(records)
     # The gate runs RLix's default planned releases. A finished pipeline's end-of-run
     # await_release can land in a cycle whose gap-ratio plan re-expands that pipeline (its
@@ -57,6 +63,7 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(gate_runner):
     assert {r["path"] for r in gate_log if r["kind"] == "sync_bucket"} == {"ipc", "broadcast"}
     assert any(r["kind"] == "refit_finalize" for r in gate_log)  # the same-GPU path is the refit stream
     from harness.logs.invariants import check_log
+
     assert check_log([{**r, "seq": i} for i, r in enumerate(gate_log)], ["refit_wire"]) == []
     creates = [r for r in gate_log if r["kind"] == "group_create"]
     destroys = [r for r in gate_log if r["kind"] == "group_destroy"]
@@ -80,7 +87,11 @@ def test_expand_before_shrink_is_caught_by_the_order_check(gate_runner):
     run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="swap_resize_order")
     assert run.returncode != 0
     assert run.report["status"] == "failed"
-    assert "invariant:resize_order" in run.report["message"], (run.report["message"], run.report.get("failures"), run.output[-6000:])
+    assert "invariant:resize_order" in run.report["message"], (
+        run.report["message"],
+        run.report.get("failures"),
+        run.output[-6000:],
+    )
     assert "T1 < T2 broken" in run.report["message"] or "shrink of" in run.report["message"]
 
 

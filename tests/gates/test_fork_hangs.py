@@ -21,7 +21,7 @@ from tests.gates.hang_dump import HEADER, read_output
 from tests.gates.launch_forked import ranks_start_together
 from tests.gates.proc_table import live_processes
 
-PROGRAM = r'''
+PROGRAM = r"""
 import os, sys, threading, time
 
 held, release = threading.Lock(), threading.Event()
@@ -45,7 +45,7 @@ pid = os.fork()
 if pid == 0:
     child_waits_for_a_lock_held_at_fork()
 parent_waits_for_its_child(pid)
-'''
+"""
 
 
 def _until(fd: int, text: bytes, limit_s: float = 60.0) -> bytes:
@@ -70,8 +70,12 @@ def _child_asleep(parent: int, limit_s: float = 60.0) -> None:
 
 def test_a_hung_launch_is_killed_with_every_process_stacks_and_threads_in_its_output(tmp_path):
     mark = str(tmp_path / "hung-launch-marker")
-    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", PROGRAM, mark], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-c", PROGRAM, mark],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     with proc.stdout:
         fd = proc.stdout.fileno()
         _until(fd, b"child blocking")
@@ -91,7 +95,7 @@ def test_a_hung_launch_is_killed_with_every_process_stacks_and_threads_in_its_ou
     # and the session is gone, the (would-be) killed launch's test failure shows it all
     assert not [pid for pid, fields in live_processes() if int(fields[3]) == proc.pid]
     run = GateRun(-9, 0.0, "x" * 5000 + output, tmp_path / "r.json", timed_out=True)
-    assert run.hang_diagnosis().endswith(output[output.index(HEADER):])
+    assert run.hang_diagnosis().endswith(output[output.index(HEADER) :])
 
 
 class _Agent:

@@ -26,8 +26,16 @@ def test_world_sized_sync_group_fails_the_proper_subset_check(gate_runner):
 def test_a_deadline_during_the_send_leaves_no_tmpfs_file(private_shm, gate_launch):
     # the reproduction: a deadline too short for the sync (20 cycles take seconds on
     # any machine, so the 0.3 s deadline always lands mid-run, where the sends are)
-    run = gate_launch("selective_sync", 4, "--cycles", "20", "--timeout-s", "0.3",
-                      extra_env={"RLHARNESS_SHM_DIR": private_shm}, timeout_s=60)
+    run = gate_launch(
+        "selective_sync",
+        4,
+        "--cycles",
+        "20",
+        "--timeout-s",
+        "0.3",
+        extra_env={"RLHARNESS_SHM_DIR": private_shm},
+        timeout_s=60,
+    )
     assert run.returncode != 0
     assert os.listdir(private_shm) == []
 
@@ -60,8 +68,18 @@ def test_a_usage_error_is_printed_whole_however_late_rank_0_is(gate_launch, tmp_
 
 
 def test_a_report_that_cannot_be_written_is_a_non_zero_exit(gate_launch):
-    run = gate_launch("nccl_teardown", 2, "--mode", "full", "--builder", "torch", "--cycles", "1",
-                      hook="fail_report_write", timeout_s=60)
+    run = gate_launch(
+        "nccl_teardown",
+        2,
+        "--mode",
+        "full",
+        "--builder",
+        "torch",
+        "--cycles",
+        "1",
+        hook="fail_report_write",
+        timeout_s=60,
+    )
     assert run.report is None  # the gate itself passed, but nobody can read its verdict
     assert run.returncode != 0, run.output[-3000:]
     assert "could not write the report" in run.output and "test hook fail_report_write" in run.output
@@ -80,7 +98,11 @@ def test_dual_gate_fails_when_no_cycle_shrank_and_expanded(gate_runner):
 def test_dual_gate_names_a_sync_group_that_outlives_its_close(gate_runner):
     run = gate_runner("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="leak_sync_group", timeout_s=120)
     assert run.report["status"] == "failed" and run.returncode != 0
-    assert "still alive after its close" in run.report["message"], (run.report["message"], run.report.get("failures"), run.output[-6000:])
+    assert "still alive after its close" in run.report["message"], (
+        run.report["message"],
+        run.report.get("failures"),
+        run.output[-6000:],
+    )
     gate_log = [json.loads(line) for line in open(run.event_log)]
     destroyed = {r["name"] for r in gate_log if r["kind"] == "group_destroy"}
     created = {r["name"] for r in gate_log if r["kind"] == "group_create"}

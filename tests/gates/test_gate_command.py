@@ -31,8 +31,15 @@ def _rlharness(tmp_path, request, *argv, hook=None, timeout_s=180):
     if hook:
         env[HOOK_ENV] = hook
     with _one_gate_at_a_time(tmp_path, lane_of(request.node)):
-        proc = subprocess.run([sys.executable, "-m", "rlharness", "gate", *argv], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlharness", "gate", *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            start_new_session=True,
+        )
     return proc
 
 
@@ -43,8 +50,23 @@ def _no_torchrun_noise(proc):
 
 def test_a_passing_gate_prints_its_verdict(tmp_path, request):
     report = tmp_path / "out" / "t.json"
-    proc = _rlharness(tmp_path, request, "nccl_teardown", "--nproc", "2", "--mode", "full", "--builder", "torch",
-                      "--cycles", "1", "--backend", "gloo", "--report", str(report))
+    proc = _rlharness(
+        tmp_path,
+        request,
+        "nccl_teardown",
+        "--nproc",
+        "2",
+        "--mode",
+        "full",
+        "--builder",
+        "torch",
+        "--cycles",
+        "1",
+        "--backend",
+        "gloo",
+        "--report",
+        str(report),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _no_torchrun_noise(proc)
     assert proc.stdout.startswith("gate nccl_teardown: PASSED (gloo, world 2")
@@ -54,8 +76,20 @@ def test_a_passing_gate_prints_its_verdict(tmp_path, request):
 
 
 def test_a_designed_failure_is_exit_1_with_its_headline(tmp_path, request):
-    proc = _rlharness(tmp_path, request, "nccl_teardown", "--mode", "full", "--builder", "torch", "--cycles", "1",
-                      "--backend", "gloo", hook="leak_group")
+    proc = _rlharness(
+        tmp_path,
+        request,
+        "nccl_teardown",
+        "--mode",
+        "full",
+        "--builder",
+        "torch",
+        "--cycles",
+        "1",
+        "--backend",
+        "gloo",
+        hook="leak_group",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     _no_torchrun_noise(proc)
     head, headline = proc.stdout.splitlines()[:2]
@@ -64,24 +98,36 @@ def test_a_designed_failure_is_exit_1_with_its_headline(tmp_path, request):
     assert "ChildFailedError" in (tmp_path / "runs" / "gates" / "nccl_teardown.log").read_text()
 
 
-@pytest.mark.skipif(torch.distributed.is_available() and torch.distributed.is_nccl_available(),
-                    reason="this torch has NCCL: --backend nccl would run, not skip")
+@pytest.mark.skipif(
+    torch.distributed.is_available() and torch.distributed.is_nccl_available(),
+    reason="this torch has NCCL: --backend nccl would run, not skip",
+)
 def test_a_skip_is_exit_3(tmp_path, request):
     # one rank: the skip is decided before any collective (two would only start another torch)
-    proc = _rlharness(tmp_path, request, "nccl_teardown", "--nproc", "1", "--backend", "nccl",
-                      "--report", str(tmp_path / "s.json"))
+    proc = _rlharness(
+        tmp_path, request, "nccl_teardown", "--nproc", "1", "--backend", "nccl", "--report", str(tmp_path / "s.json")
+    )
     assert proc.returncode == ExitCode.SKIPPED, proc.stdout + proc.stderr
     _no_torchrun_noise(proc)
     assert proc.stdout.startswith("gate nccl_teardown: SKIPPED") and "no NCCL" in proc.stdout
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["gate", "nope"], "unknown gate 'nope'; known: cycle_trends, dataplane_writeback, dual_pipeline, nccl_teardown"),
-    (["gate", "nccl_teardown", "--cycles", "0"], "gate nccl_teardown: argument --cycles: must be a positive integer"),
-    (["gate", "nccl_teardown", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["gate", "nccl_teardown", "--nproc", "0"], "--nproc: expected an integer 1..64"),
-    (["gate", "refit_stream", "--report", "/proc/r.json"], "--report /proc/r.json: cannot write there"),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (
+            ["gate", "nope"],
+            "unknown gate 'nope'; known: cycle_trends, dataplane_writeback, dual_pipeline, nccl_teardown",
+        ),
+        (
+            ["gate", "nccl_teardown", "--cycles", "0"],
+            "gate nccl_teardown: argument --cycles: must be a positive integer",
+        ),
+        (["gate", "nccl_teardown", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["gate", "nccl_teardown", "--nproc", "0"], "--nproc: expected an integer 1..64"),
+        (["gate", "refit_stream", "--report", "/proc/r.json"], "--report /proc/r.json: cannot write there"),
+    ],
+)
 def test_usage_errors_are_one_line_and_launch_nothing(argv, says, capsys, monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("a usage error must be found before torchrun starts")
@@ -94,6 +140,9 @@ def test_usage_errors_are_one_line_and_launch_nothing(argv, says, capsys, monkey
 
 def test_every_gate_file_is_offered():
     names = gate_cmd.gate_names()
-    files = sorted(f[:-3] for f in os.listdir(REPO / "gpu_gates") if f.endswith(".py")
-                   and "SPEC = GateSpec(" in (REPO / "gpu_gates" / f).read_text())
+    files = sorted(
+        f[:-3]
+        for f in os.listdir(REPO / "gpu_gates")
+        if f.endswith(".py") and "SPEC = GateSpec(" in (REPO / "gpu_gates" / f).read_text()
+    )
     assert names == files and "dual_pipeline" in names

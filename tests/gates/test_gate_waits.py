@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.gate, pytest.mark.waits_out_a_deadline]
 # Each job launches (and, where its run did not reach the point it breaks, relaunches)
 # one gate run; `heavy`: a six-rank run that works through its steps.
 
+
 def _hung_worker(launch):
     # The deadline must leave room for six ranks to reach the hang: if it fired first, the
     # driver would not yet stand at SyncFromCache (about 1.5 s into the run on a quiet
@@ -44,8 +45,16 @@ def _hung_worker(launch):
     # (gpu_gates/dual/script.py LIMIT_S, 20 s, which starts at about the hang): a deadline
     # past it would let the driver give up first and headline that instead.
     for deadline_s in (8, 18):
-        run = launch("dual_pipeline", 6, "--steps", "3", "--timeout-s", str(deadline_s), hook="hang@sync_recv:2",
-                     timeout_s=deadline_s + 45)
+        run = launch(
+            "dual_pipeline",
+            6,
+            "--steps",
+            "3",
+            "--timeout-s",
+            str(deadline_s),
+            hook="hang@sync_recv:2",
+            timeout_s=deadline_s + 45,
+        )
         activity = ((run.report or {}).get("summary") or {}).get("driver_activity") or {}
         if run.report is None or any("SyncFromCache" in what for what in activity.values()):
             break
@@ -54,8 +63,11 @@ def _hung_worker(launch):
 
 def _aborted_in_flight(records):
     """Per Abort effect of the run, how many requests it found in flight (over its ranks)."""
-    return [sum((r.get("result") or {}).get("in_flight") or []) for r in records
-            if r["kind"] == "effect_end" and r["effect"] == "Abort"]
+    return [
+        sum((r.get("result") or {}).get("in_flight") or [])
+        for r in records
+        if r["kind"] == "effect_end" and r["effect"] == "Abort"
+    ]
 
 
 def _drain_never_ends(launch):
@@ -64,8 +76,18 @@ def _drain_never_ends(launch):
     # nothing about the drain. That is read from the log (the Abort's in-flight result), and
     # the run is tried again: at most three times.
     for _attempt in range(3):
-        run = launch("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", "--shrink-drain-timeout-s", "2",
-                     hook="abort_never_wakes", timeout_s=90).ended_cleanly()
+        run = launch(
+            "dual_pipeline",
+            6,
+            "--steps",
+            "3",
+            "--timeout-s",
+            "50",
+            "--shrink-drain-timeout-s",
+            "2",
+            hook="abort_never_wakes",
+            timeout_s=90,
+        ).ended_cleanly()
         if run.report["status"] != "passed" or any(_aborted_in_flight(run.driver_records())):
             break
     return run
@@ -81,8 +103,7 @@ def _hang_until_deadline(launch, gate, nproc, rank, hook, args, deadlines=(3, 20
     """A run whose ``rank`` hangs at ``hook`` (``hang@POINT:RANK``), under a deadline of a
     few seconds, tried again with a long one if the rank had not reached the hang."""
     for deadline_s in deadlines:
-        run = launch(gate, nproc, *args, "--timeout-s", str(deadline_s), hook=hook, timeout_s=deadline_s + 40,
-                     **kwargs)
+        run = launch(gate, nproc, *args, "--timeout-s", str(deadline_s), hook=hook, timeout_s=deadline_s + 40, **kwargs)
         if run.report is None or _reached(run, rank, hook.split(":")[0]):
             break
     return run, deadline_s
@@ -90,46 +111,104 @@ def _hang_until_deadline(launch, gate, nproc, rank, hook, args, deadlines=(3, 20
 
 def _in_private_shm(job):
     """``job(launch, folder)`` with a private staging folder, and what was left in it."""
+
     def run(launch):
         from tests.gates.conftest import private_shm_folder
 
         with private_shm_folder() as folder:
             result = job(launch, {"RLHARNESS_SHM_DIR": folder})
             return result, os.listdir(folder)
+
     return run
 
 
 def _killed(hook, cycles):
-    return lambda launch: launch("refit_stream", 2, "--cycles", cycles, "--stream-timeout-s", "5", "--timeout-s",
-                                 "20", hook=hook, timeout_s=120, own_folders=False)
+    return lambda launch: launch(
+        "refit_stream",
+        2,
+        "--cycles",
+        cycles,
+        "--stream-timeout-s",
+        "5",
+        "--timeout-s",
+        "20",
+        hook=hook,
+        timeout_s=120,
+        own_folders=False,
+    )
 
 
-KILLS = {"sender killed holding its staging buffers": ("kill@stream_cycle1:0", "2"),
-         "receiver killed mid-stream": ("kill@receiver_load:1", "1")}
+KILLS = {
+    "sender killed holding its staging buffers": ("kill@stream_cycle1:0", "2"),
+    "receiver killed mid-stream": ("kill@receiver_load:1", "1"),
+}
 
 # Started in this order, three at a time (the longest waits first, the six-rank runs spread out).
 JOBS = {
     "hung worker": (_hung_worker, True),
-    "receiver stops answering": (lambda launch: launch(
-        "refit_stream", 2, "--cycles", "2", "--stream-timeout-s", "3", "--timeout-s", "20",
-        hook="hang@receiver_load:1", timeout_s=120), False),
-    "hung rank": (lambda launch: _hang_until_deadline(launch, "selective_sync", 4, 2, "hang@cycle_begin:2",
-                                                      ("--cycles", "2")), False),
-    "timed-out sync": (_in_private_shm(lambda launch, env: _hang_until_deadline(
-        launch, "selective_sync", 4, 2, "hang@sync:2", ("--cycles", "1"), extra_env=env)), False),
-    "killed: sender killed holding its staging buffers": (_killed(*KILLS["sender killed holding its staging buffers"]),
-                                                          False),
-    "late receivers": (lambda launch: launch("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50",
-                                             hook="late_receivers:0.5"), True),
+    "receiver stops answering": (
+        lambda launch: launch(
+            "refit_stream",
+            2,
+            "--cycles",
+            "2",
+            "--stream-timeout-s",
+            "3",
+            "--timeout-s",
+            "20",
+            hook="hang@receiver_load:1",
+            timeout_s=120,
+        ),
+        False,
+    ),
+    "hung rank": (
+        lambda launch: _hang_until_deadline(launch, "selective_sync", 4, 2, "hang@cycle_begin:2", ("--cycles", "2")),
+        False,
+    ),
+    "timed-out sync": (
+        _in_private_shm(
+            lambda launch, env: _hang_until_deadline(
+                launch, "selective_sync", 4, 2, "hang@sync:2", ("--cycles", "1"), extra_env=env
+            )
+        ),
+        False,
+    ),
+    "killed: sender killed holding its staging buffers": (
+        _killed(*KILLS["sender killed holding its staging buffers"]),
+        False,
+    ),
+    "late receivers": (
+        lambda launch: launch("dual_pipeline", 6, "--steps", "3", "--timeout-s", "50", hook="late_receivers:0.5"),
+        True,
+    ),
     "killed: receiver killed mid-stream": (_killed(*KILLS["receiver killed mid-stream"]), False),
     "drain never ends": (_drain_never_ends, True),
-    "raise at sync": (_in_private_shm(lambda launch, env: launch(
-        "selective_sync", 4, "--cycles", "1", "--timeout-s", "20", hook="raise@sync:2", extra_env=env,
-        timeout_s=60)), False),
-    "raise at cycle begin": (lambda launch: launch("selective_sync", 4, "--cycles", "1", "--timeout-s", "20",
-                                                   hook="raise@cycle_begin:2"), False),
-    "hang in teardown": (lambda launch: _hang_until_deadline(
-        launch, "nccl_teardown", 2, 1, "hang@teardown:1", ("--mode", "full", "--builder", "torch")), False),
+    "raise at sync": (
+        _in_private_shm(
+            lambda launch, env: launch(
+                "selective_sync",
+                4,
+                "--cycles",
+                "1",
+                "--timeout-s",
+                "20",
+                hook="raise@sync:2",
+                extra_env=env,
+                timeout_s=60,
+            )
+        ),
+        False,
+    ),
+    "raise at cycle begin": (
+        lambda launch: launch("selective_sync", 4, "--cycles", "1", "--timeout-s", "20", hook="raise@cycle_begin:2"),
+        False,
+    ),
+    "hang in teardown": (
+        lambda launch: _hang_until_deadline(
+            launch, "nccl_teardown", 2, 1, "hang@teardown:1", ("--mode", "full", "--builder", "torch")
+        ),
+        False,
+    ),
 }
 
 
@@ -153,7 +232,10 @@ def test_hung_worker_ends_in_a_failed_report_within_its_timeout(waits):
     assert run.elapsed_s < deadline_s + 40  # ended by its own deadline (+ grace), not by the launcher's kill
     # the report says where the driver stood and keeps its partial log
     summary = run.report["summary"]
-    assert any("SyncFromCache" in what for what in summary["driver_activity"].values()), (summary["driver_activity"], run.output[-3000:])
+    assert any("SyncFromCache" in what for what in summary["driver_activity"].values()), (
+        summary["driver_activity"],
+        run.output[-3000:],
+    )
     records = run.driver_records()
     assert any(r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" for r in records)
 
@@ -168,19 +250,26 @@ def test_a_drain_that_never_ends_fails_the_run_at_the_shrink_drain_timeout(waits
     # whether or not every peer reports before the collection window closes
     message = run.report["message"]
     assert message.startswith("rank 0: driver: ") and "shrink_drain timed out after 2 s" in message, (
-        run.report["message"], run.report.get("failures"), run.output[-6000:])
+        run.report["message"],
+        run.report.get("failures"),
+        run.output[-6000:],
+    )
     assert run.elapsed_s < 45, run.elapsed_s  # the drain's deadline ended it, not the gate's 50 s
     records = run.driver_records()
     timeouts = [r for r in records if r["kind"] == "timeout"]
     assert [(r["what"], r["limit_s"]) for r in timeouts] == [("shrink_drain", 2.0)]
     assert timeouts[0]["t"] - timeouts[0]["since"] >= 2.0
     pid = timeouts[0]["pipeline_id"]
-    drain = [r for r in records if r["kind"] == "effect_start" and r["effect"] == "Drain" and r["pipeline_id"] == pid][-1]
+    drain = [r for r in records if r["kind"] == "effect_start" and r["effect"] == "Drain" and r["pipeline_id"] == pid][
+        -1
+    ]
     assert drain["t"] <= timeouts[0]["since"]
     assert not any(r["kind"] == "effect_end" and r["effect"] == "Drain" and r["seq"] > drain["seq"] for r in records)
     # no rank slept with requests in it: the shrink stopped at its drain
-    assert not any(r["kind"] == "effect_start" and r["effect"] == "Sleep" and r["pipeline_id"] == pid
-                   and r["seq"] > drain["seq"] for r in records)
+    assert not any(
+        r["kind"] == "effect_start" and r["effect"] == "Sleep" and r["pipeline_id"] == pid and r["seq"] > drain["seq"]
+        for r in records
+    )
 
 
 def test_receivers_posted_after_the_owner_still_complete_every_sync(waits):
@@ -202,8 +291,9 @@ def test_hung_rank_ends_in_failed_report_within_timeout(waits):
     assert report["elapsed_s"] < deadline_s + 8
     # the hung rank's watchdog printed where each of its threads was: the hook's sleep
     # (only rank 2 runs the hook, so its frame is rank 2's)
-    assert re.search(r"rank 2 timed out: deadline passed while in phase '.*test hook hang@cycle_begin.*'; its threads:",
-                     run.output), run.output[-4000:]
+    assert re.search(
+        r"rank 2 timed out: deadline passed while in phase '.*test hook hang@cycle_begin.*'; its threads:", run.output
+    ), run.output[-4000:]
     assert re.search(r'File ".*/gpu_gates/runtime/hooks.py", line \d+ in act\n', run.output), run.output[-4000:]
     assert run.rank_report(2) is not None and run.rank_report(2)["status"] == "failed"
     # ended_cleanly: no orphan workers, the launch ended before the test timeout
@@ -273,11 +363,11 @@ def test_one_traceback_per_failing_rank_headlined_by_its_message(waits):
         assert run.output.count(f"rank {rank} FAILED:") <= 1
     # the headline and its traceback are one block: no other rank's line inside it, though
     # the peers print theirs at the same moment (they are told of the failure right after)
-    block = run.output[run.output.index("rank 2 FAILED: rank 2 RuntimeError"):].splitlines()
+    block = run.output[run.output.index("rank 2 FAILED: rank 2 RuntimeError") :].splitlines()
     assert block[1] == "Traceback (most recent call last):", block[:3]
     end = block.index("RuntimeError: test hook raise@cycle_begin fired")
-    assert all(line.startswith("  ") for line in block[2:end]), block[:end + 1]
-    assert "raise RuntimeError(f\"test hook raise@" in "\n".join(block[2:end])
+    assert all(line.startswith("  ") for line in block[2:end]), block[: end + 1]
+    assert 'raise RuntimeError(f"test hook raise@' in "\n".join(block[2:end])
 
 
 # ---------------------------------------------------------------------------- refit_stream
@@ -297,7 +387,9 @@ def _run_folders(port):
 
     found = []
     for base in (tempfile.gettempdir(), private_dirs.shm_base()):
-        found += [os.path.join(base, n) for n in os.listdir(base) if n.startswith("rlh-") and n.endswith(f"gate-{port}")]
+        found += [
+            os.path.join(base, n) for n in os.listdir(base) if n.startswith("rlh-") and n.endswith(f"gate-{port}")
+        ]
     return found
 
 

@@ -10,7 +10,9 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gate
 
-HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+HAS_MEGATRON = (
+    importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+)
 
 
 def test_full_teardown_with_torch_groups_passes(gate_runner):
@@ -41,12 +43,24 @@ def test_leaked_group_is_named(gate_runner):
 # 17 of the 20 groups each initialize_model_parallel() call registers — only the gloo
 # groups are destroyed. Megatron-LM issue #6897 reports the same leak.
 MEGATRON_0_16_1_SURVIVORS = [
-    "CONTEXT_PARALLEL_GROUP", "DATA_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP", "EMBEDDING_GROUP",
-    "EXPERT_DATA_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
-    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP", "EXPERT_TENSOR_PARALLEL_GROUP",
-    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "MODEL_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP",
-    "POSITION_EMBEDDING_GROUP", "TENSOR_AND_CONTEXT_PARALLEL_GROUP", "TENSOR_AND_DATA_PARALLEL_GROUP",
-    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "TENSOR_MODEL_PARALLEL_GROUP"]
+    "CONTEXT_PARALLEL_GROUP",
+    "DATA_PARALLEL_GROUP",
+    "DATA_PARALLEL_GROUP_WITH_CP",
+    "EMBEDDING_GROUP",
+    "EXPERT_DATA_PARALLEL_GROUP",
+    "EXPERT_MODEL_PARALLEL_GROUP",
+    "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP",
+    "EXPERT_TENSOR_PARALLEL_GROUP",
+    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP",
+    "MODEL_PARALLEL_GROUP",
+    "PIPELINE_MODEL_PARALLEL_GROUP",
+    "POSITION_EMBEDDING_GROUP",
+    "TENSOR_AND_CONTEXT_PARALLEL_GROUP",
+    "TENSOR_AND_DATA_PARALLEL_GROUP",
+    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP",
+    "TENSOR_MODEL_PARALLEL_GROUP",
+]
 
 
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core not installed")

@@ -12,8 +12,15 @@ pytestmark = pytest.mark.gate
 
 
 def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_runner, private_shm):
-    run = gate_runner("refit_stream", 2, "--cycles", "3", timeout_s=180, extra_env={"RLHARNESS_SHM_DIR": private_shm},
-                      launcher="torchrun")
+    run = gate_runner(
+        "refit_stream",
+        2,
+        "--cycles",
+        "3",
+        timeout_s=180,
+        extra_env={"RLHARNESS_SHM_DIR": private_shm},
+        launcher="torchrun",
+    )
     report = run.report
     assert run.returncode == 0, run.output[-3000:]
     assert report["status"] == "passed" and report["missing_ranks"] == []
@@ -32,6 +39,7 @@ def test_refit_stream_gate_passes_bit_exact_with_timings_and_a_clean_wire(gate_r
     # the oracle reads the merged event log: refit_wire holds on it
     from harness.logs.records import read_records
     from harness.logs.invariants import check_log
+
     records = [r.data for r in read_records(str(run.event_log))]
     kinds = {r["kind"] for r in records}
     assert {"refit_group_send", "refit_ack", "refit_complete_send", "refit_group_recv", "refit_finalize"} <= kinds

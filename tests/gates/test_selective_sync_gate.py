@@ -48,10 +48,15 @@ def _sim_sync_sequence(model_bytes: int, bucket_bytes: int):
     from simulators.scenario.spec import ClusterSpec, CostSpec, ModelSpec, PipelineSpec, Scenario
 
     scenario = Scenario(
-        name="parity", cluster=ClusterSpec(nodes=1, gpus_per_node=2),
-        pipelines=(PipelineSpec("p", "nemo_async", (0,), (0, 1), model=ModelSpec(params=model_bytes, bytes_per_param=1),
-                                steps=1),),
-        costs=CostSpec(bucket_bytes=bucket_bytes))
+        name="parity",
+        cluster=ClusterSpec(nodes=1, gpus_per_node=2),
+        pipelines=(
+            PipelineSpec(
+                "p", "nemo_async", (0,), (0, 1), model=ModelSpec(params=model_bytes, bytes_per_param=1), steps=1
+            ),
+        ),
+        costs=CostSpec(bucket_bytes=bucket_bytes),
+    )
     records = Simulation(scenario).run().records
     return _first_sync(records, [0, 1])
 
@@ -112,7 +117,7 @@ def _check_cache_lock(records):
     build = [r for r in records if r["kind"] == "cache_lock" and r["holder"] == "build" and r["version"] == 1]
     rest = [r for r in records if not any(r is b for b in build)]
     sync0 = next(i for i, r in enumerate(rest) if r["kind"] == "cache_lock" and r["holder"] == "sync")
-    moved = rest[:sync0 + 1] + build + rest[sync0 + 1:]  # v1's build while v0's sync holds the lock
+    moved = rest[: sync0 + 1] + build + rest[sync0 + 1 :]  # v1's build while v0's sync holds the lock
     found = check_log([dict(r, seq=i) for i, r in enumerate(moved)], ["cache_lock"])
     assert len(found) == 1 and "rank 0: cache build of v1" in found[0].message and "sync of v0" in found[0].message
 
@@ -141,6 +146,7 @@ def test_leaked_sync_group_is_reported(gate_runner):
     assert created == {"selective_sync_c0"} and not any(r["kind"] == "group_destroy" for r in records)
     assert [c for c in run.checks("no_group_survives") if not c["passed"]]
     from harness.logs.invariants import check_log
+
     found = check_log([{**r, "seq": i} for i, r in enumerate(records)], ["sync_groups"])
     assert found and "selective_sync_c0" in found[0].message
 

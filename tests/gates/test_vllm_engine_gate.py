@@ -54,8 +54,11 @@ def test_the_worker_extension_loads_a_complete_refit_only_after_complete(endpoin
     worker = RefitWorkerExtension()
     worker.model_runner = type("Runner", (), {"model": Model()})()
     g = torch.Generator().manual_seed(7)
-    state = {"model.embed_tokens.weight": torch.randn(512, 16, generator=g).to(torch.bfloat16),  # 16 KiB: oversized
-             "model.norm.weight": torch.randn(16, generator=g), "lm_head.weight": torch.randn(8, 16, generator=g)}
+    state = {
+        "model.embed_tokens.weight": torch.randn(512, 16, generator=g).to(torch.bfloat16),  # 16 KiB: oversized
+        "model.norm.weight": torch.randn(16, generator=g),
+        "lm_head.weight": torch.randn(8, 16, generator=g),
+    }
     manifest = {n: [list(t.shape), dtype_name(t.dtype)] for n, t in state.items()}
     sender = zs.RefitSender(endpoint, timeout_s=10)
     th = threading.Thread(target=lambda: sender.stream(list(state.items()), 8192, step=1), daemon=True)

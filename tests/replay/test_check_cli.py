@@ -39,7 +39,11 @@ def test_roll_trace_passes_with_exact_planned_releases(tmp_path, capsys):
     assert main(["check", fixed_roll_trace(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "every check holds" in out
-    statuses = {line.split()[0]: line.split()[1] for line in out.splitlines()[3:] if line.startswith("  ") and len(line.split()) == 4}
+    statuses = {
+        line.split()[0]: line.split()[1]
+        for line in out.splitlines()[3:]
+        if line.startswith("  ") and len(line.split()) == 4
+    }
     assert statuses["planned_release_ack"] == "pass" and statuses["routing"] == "n/a"  # a trace has no requests
 
 
@@ -49,7 +53,9 @@ def test_simulator_log_is_checked_as_recorded_and_replay_checks_the_whole_log(tm
 
     # its findings (data_plane, handover) come from records replay does not replay: the
     # whole log is read, not only the decisions
-    out = simulate(load_scenario(os.path.join(SCENARIOS, "dataplane_via_driver.yaml")), str(tmp_path / "run"), png=False)
+    out = simulate(
+        load_scenario(os.path.join(SCENARIOS, "dataplane_via_driver.yaml")), str(tmp_path / "run"), png=False
+    )
     log = str(tmp_path / "run" / "events.jsonl")
     oracle, rows = check_file(log)
     assert oracle.how == "as recorded"
@@ -81,11 +87,14 @@ def test_only_named_checks_run(capsys):
     assert "gpu_ownership" in out and "planned_release_ack" not in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["check", "/no/such/log.jsonl"], "cannot read"),
-    (["check", os.path.join(TRACES, "roll_dual_4gpu.jsonl"), "--check", "nope"], "unknown check"),
-    (["check"], "required"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["check", "/no/such/log.jsonl"], "cannot read"),
+        (["check", os.path.join(TRACES, "roll_dual_4gpu.jsonl"), "--check", "nope"], "unknown check"),
+        (["check"], "required"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(args) == 2
     captured = capsys.readouterr()

@@ -73,28 +73,43 @@ def test_the_imported_trace_replays_through_the_model(files):
 def test_a_release_that_disagrees_with_the_model_is_a_note_with_its_line(files):
     tmp, log, topo = files
     with open(log, "a") as fh:
-        fh.write("[RLIX_SCHED_LOG] t=1732400016.0 fn=notify_release_gpus_done cluster_id=ppl1_actor_infer "
-                 "released_gpus=[1] idle_gpus_now=[0, 1]\n")
-    text = open(log).read().replace("released_gpus=[0] idle_gpus_now=[0, 1]", "released_gpus=[0, 1] idle_gpus_now=[0, 1]")
+        fh.write(
+            "[RLIX_SCHED_LOG] t=1732400016.0 fn=notify_release_gpus_done cluster_id=ppl1_actor_infer "
+            "released_gpus=[1] idle_gpus_now=[0, 1]\n"
+        )
+    text = (
+        open(log).read().replace("released_gpus=[0] idle_gpus_now=[0, 1]", "released_gpus=[0, 1] idle_gpus_now=[0, 1]")
+    )
     open(log, "w").write(text)
     notes = import_rlix_log(log, topo).notes
-    assert notes == ["line 4: RLix released [0, 1] from ppl1_actor_train; the model released [0]",
-                     "line 12: RLix released [1] from ppl1_actor_infer; the model released nothing for it"]
+    assert notes == [
+        "line 4: RLix released [0, 1] from ppl1_actor_train; the model released [0]",
+        "line 12: RLix released [1] from ppl1_actor_infer; the model released nothing for it",
+    ]
 
 
 def test_the_poll_adds_a_background_cycle_only_where_a_trigger_holds(tmp_path):
     # training takes the whole GENERATION mapping: the GEN cluster is suspended with demand
     # left (2 of 8 collected), so RLix's 1 s poll runs a background cycle (trigger 2.2)
     topo = tmp_path / "t.yaml"
-    topo.write_text(TOPOLOGY.replace("topology: partial_overlap", "{}").replace("    {}\n", "")
-                    .replace("actor_train: [0]", "actor_train: [0, 1]"))
+    topo.write_text(
+        TOPOLOGY.replace("topology: partial_overlap", "{}")
+        .replace("    {}\n", "")
+        .replace("actor_train: [0]", "actor_train: [0, 1]")
+    )
     log = tmp_path / "l.out"
-    log.write_text(LOG.split("[RLIX_SCHED_LOG] t=1732400009.5")[0]
-                   + "[RLIX_SCHED_LOG] t=1732400009.6 fn=request_gpus cluster_id=ppl1_actor_train priority=ACTOR_TRAINING global_step=0\n"
-                   + "[RLIX_SCHED_LOG] t=1732400012.5 fn=report_progress pipeline_id=ppl1 step_target_trajectories=8 completed=2\n")
+    log.write_text(
+        LOG.split("[RLIX_SCHED_LOG] t=1732400009.5")[0]
+        + "[RLIX_SCHED_LOG] t=1732400009.6 fn=request_gpus cluster_id=ppl1_actor_train priority=ACTOR_TRAINING global_step=0\n"
+        + "[RLIX_SCHED_LOG] t=1732400012.5 fn=report_progress pipeline_id=ppl1 step_target_trajectories=8 completed=2\n"
+    )
     res = import_rlix_log(str(log), str(topo))
     polls = [r for r in res.log.records if r["kind"] == "cycle" and r["reason"].startswith("background")]
-    assert [(r["t"], r["reason"]) for r in polls] == [(10.0, "background:2.2"), (11.0, "background:2.2"), (12.0, "background:2.2")]
+    assert [(r["t"], r["reason"]) for r in polls] == [
+        (10.0, "background:2.2"),
+        (11.0, "background:2.2"),
+        (12.0, "background:2.2"),
+    ]
     assert res.poll_cycles == 3
     before = import_rlix_log(str(log), str(topo), poll_s=1000.0)
     assert before.poll_cycles == 0
@@ -109,16 +124,25 @@ def test_cli_writes_the_trace_and_replay_accepts_it(files, capsys):
     assert main(["replay", str(out), "--quiet"]) == 0
 
 
-@pytest.mark.parametrize("line, message", [
-    ("[RLIX_SCHED_LOG] t=1732400020 fn=request_gpus cluster_id=ppl1_actor_train priority=GENERATION global_step=x",
-     "rlix.out:12: field 'global_step': not a valid int: 'x'"),
-    ("[RLIX_SCHED_LOG] fn=request_gpus cluster_id=ppl1_actor_train", "rlix.out:12: field 't': missing"),
-    ("[RLIX_SCHED_LOG] t=1732400020 fn=kill_pipeline", "rlix.out:12: field 'fn': unknown call 'kill_pipeline'"),
-    ("[RLIX_SCHED_LOG] t=1732300000 fn=report_progress pipeline_id=ppl1 step_target_trajectories=8 completed=1",
-     "rlix.out:12: field 't': 1732300000.0 is earlier than the line before"),
-    ("[RLIX_SCHED_LOG] t=1732400020 fn=report_progress pipeline_id=ppl1 completed=1",
-     "rlix.out:12: field 'step_target_trajectories': missing"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "[RLIX_SCHED_LOG] t=1732400020 fn=request_gpus cluster_id=ppl1_actor_train priority=GENERATION global_step=x",
+            "rlix.out:12: field 'global_step': not a valid int: 'x'",
+        ),
+        ("[RLIX_SCHED_LOG] fn=request_gpus cluster_id=ppl1_actor_train", "rlix.out:12: field 't': missing"),
+        ("[RLIX_SCHED_LOG] t=1732400020 fn=kill_pipeline", "rlix.out:12: field 'fn': unknown call 'kill_pipeline'"),
+        (
+            "[RLIX_SCHED_LOG] t=1732300000 fn=report_progress pipeline_id=ppl1 step_target_trajectories=8 completed=1",
+            "rlix.out:12: field 't': 1732300000.0 is earlier than the line before",
+        ),
+        (
+            "[RLIX_SCHED_LOG] t=1732400020 fn=report_progress pipeline_id=ppl1 completed=1",
+            "rlix.out:12: field 'step_target_trajectories': missing",
+        ),
+    ],
+)
 def test_a_bad_marker_line_is_one_error_line_naming_line_and_field(files, capsys, line, message):
     tmp, log, topo = files
     with open(log, "a") as fh:

@@ -17,8 +17,14 @@ from rlharness.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl")))
-HEADER = {"seq": 0, "t": 0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-          "cluster": {"nodes": 1, "gpus_per_node": 2}}
+HEADER = {
+    "seq": 0,
+    "t": 0,
+    "kind": "header",
+    "schema": "rlharness.eventlog",
+    "version": 1,
+    "cluster": {"nodes": 1, "gpus_per_node": 2},
+}
 
 
 def write_trace(path, records):
@@ -34,8 +40,13 @@ def rec(seq, kind, t=0.0, **fields):
 
 def two_gpu_register(seq0=1):
     return [
-        rec(seq0, "register", pipeline_id="p1", cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
-            cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1]}),
+        rec(
+            seq0,
+            "register",
+            pipeline_id="p1",
+            cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
+            cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1]},
+        ),
         rec(seq0 + 1, "admit", pipeline_id="p1"),
     ]
 
@@ -89,7 +100,9 @@ def test_expect_reports_first_divergence_with_both_sides(tmp_path, capsys):
             break
     out.write_text("\n".join(lines) + "\n")
     capsys.readouterr()
-    assert main(["replay", trace, "--expect", str(out), "--quiet"]) == ExitCode.DIVERGED  # a divergence, not a violation
+    assert (
+        main(["replay", trace, "--expect", str(out), "--quiet"]) == ExitCode.DIVERGED
+    )  # a divergence, not a violation
     text = capsys.readouterr().out
     assert f"expected file line {tampered_line}" in text
     assert "model:" in text and "recorded:" in text and "[99]" in text
@@ -106,16 +119,25 @@ def test_expect_detects_missing_decisions(tmp_path, capsys):
 
 
 def test_rejected_inputs_become_records_and_replay_goes_on(tmp_path, capsys):
-    path = write_trace(tmp_path / "t.jsonl", [
-        HEADER, *two_gpu_register(),
-        rec(3, "release", cluster_id="p1_actor_train"),                               # nothing allocated
-        rec(4, "request", cluster_id="ghost_actor_infer", priority="GENERATION"),      # unregistered
-        rec(5, "register", pipeline_id="p2", cluster_tp_configs={"actor_infer": 2},
-            cluster_device_mappings={"actor_infer": [0, 2]}),                           # out of range
-        rec(6, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=4),
-        rec(7, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=4),  # duplicate
-        rec(8, "cycle"),
-    ])
+    path = write_trace(
+        tmp_path / "t.jsonl",
+        [
+            HEADER,
+            *two_gpu_register(),
+            rec(3, "release", cluster_id="p1_actor_train"),  # nothing allocated
+            rec(4, "request", cluster_id="ghost_actor_infer", priority="GENERATION"),  # unregistered
+            rec(
+                5,
+                "register",
+                pipeline_id="p2",
+                cluster_tp_configs={"actor_infer": 2},
+                cluster_device_mappings={"actor_infer": [0, 2]},
+            ),  # out of range
+            rec(6, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=4),
+            rec(7, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=4),  # duplicate
+            rec(8, "cycle"),
+        ],
+    )
     out = tmp_path / "d.jsonl"
     assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
     records = [json.loads(x) for x in out.read_text().splitlines()]
@@ -130,12 +152,20 @@ def test_rejected_inputs_become_records_and_replay_goes_on(tmp_path, capsys):
 
 
 def test_non_contiguous_tp_group_is_rejected_not_fatal(tmp_path):
-    path = write_trace(tmp_path / "t.jsonl", [
-        {**HEADER, "cluster": {"nodes": 1, "gpus_per_node": 4}},
-        rec(1, "register", pipeline_id="p", cluster_tp_configs={"actor_infer": 2},
-            cluster_device_mappings={"actor_infer": [0, 2]}),
-        rec(2, "cycle"),
-    ])
+    path = write_trace(
+        tmp_path / "t.jsonl",
+        [
+            {**HEADER, "cluster": {"nodes": 1, "gpus_per_node": 4}},
+            rec(
+                1,
+                "register",
+                pipeline_id="p",
+                cluster_tp_configs={"actor_infer": 2},
+                cluster_device_mappings={"actor_infer": [0, 2]},
+            ),
+            rec(2, "cycle"),
+        ],
+    )
     out = tmp_path / "d.jsonl"
     assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
     reasons = [json.loads(x).get("reason", "") for x in out.read_text().splitlines()]
@@ -143,13 +173,17 @@ def test_non_contiguous_tp_group_is_rejected_not_fatal(tmp_path):
 
 
 def test_lock_gap_unregister_leaves_gpus_idle_and_skips_stale_ops(tmp_path):
-    path = write_trace(tmp_path / "t.jsonl", [
-        HEADER, *two_gpu_register(),
-        rec(3, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=2),
-        rec(4, "cycle", phase="plan"),
-        rec(5, "unregister", pipeline_id="p1"),
-        rec(6, "cycle", phase="commit"),
-    ])
+    path = write_trace(
+        tmp_path / "t.jsonl",
+        [
+            HEADER,
+            *two_gpu_register(),
+            rec(3, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=2),
+            rec(4, "cycle", phase="plan"),
+            rec(5, "unregister", pipeline_id="p1"),
+            rec(6, "cycle", phase="commit"),
+        ],
+    )
     out = tmp_path / "d.jsonl"
     assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
     records = [json.loads(x) for x in out.read_text().splitlines()]
@@ -161,17 +195,46 @@ def test_lock_gap_unregister_leaves_gpus_idle_and_skips_stale_ops(tmp_path):
 
 
 BAD_INPUTS = [
-    ("malformed", ['{"seq": 0, "t": 0, "kind": "header"', ], ":1: malformed JSON"),
+    (
+        "malformed",
+        [
+            '{"seq": 0, "t": 0, "kind": "header"',
+        ],
+        ":1: malformed JSON",
+    ),
     ("unknown_kind", [HEADER, rec(1, "teleport", pipeline_id="x")], ":2: field 'kind': unknown record kind 'teleport'"),
-    ("bad_type", [HEADER, rec(1, "request", cluster_id="p1_actor_infer", priority="GEN", step_target_estimate="four")],
-     ":2: field 'step_target_estimate': must be an integer or null"),
+    (
+        "bad_type",
+        [HEADER, rec(1, "request", cluster_id="p1_actor_infer", priority="GEN", step_target_estimate="four")],
+        ":2: field 'step_target_estimate': must be an integer or null",
+    ),
     ("missing_field", [HEADER, rec(1, "admit")], ":2: field 'pipeline_id': missing"),
-    ("unknown_field", [HEADER, rec(1, "admit", pipeline_id="p", colour="red")], ":2: field 'colour': not a field of admit records"),
-    ("bad_topology", [{**HEADER, "cluster": {"nodes": 0, "gpus_per_node": 2}}], ":1: field 'cluster.nodes': must be a positive integer"),
+    (
+        "unknown_field",
+        [HEADER, rec(1, "admit", pipeline_id="p", colour="red")],
+        ":2: field 'colour': not a field of admit records",
+    ),
+    (
+        "bad_topology",
+        [{**HEADER, "cluster": {"nodes": 0, "gpus_per_node": 2}}],
+        ":1: field 'cluster.nodes': must be a positive integer",
+    ),
     ("no_header", [rec(1, "admit", pipeline_id="p")], ":1: the first record must be a header"),
-    ("seq_not_increasing", [HEADER, rec(2, "admit", pipeline_id="p"), rec(2, "admit", pipeline_id="p")], ":3: field 'seq'"),
-    ("time_goes_back", [HEADER, rec(1, "admit", t=5, pipeline_id="p"), rec(2, "admit", t=4, pipeline_id="p")], ":3: field 't'"),
-    ("bad_priority", [HEADER, rec(1, "request", cluster_id="p1_actor_infer", priority="URGENT")], ":2: field 'priority': unknown priority"),
+    (
+        "seq_not_increasing",
+        [HEADER, rec(2, "admit", pipeline_id="p"), rec(2, "admit", pipeline_id="p")],
+        ":3: field 'seq'",
+    ),
+    (
+        "time_goes_back",
+        [HEADER, rec(1, "admit", t=5, pipeline_id="p"), rec(2, "admit", t=4, pipeline_id="p")],
+        ":3: field 't'",
+    ),
+    (
+        "bad_priority",
+        [HEADER, rec(1, "request", cluster_id="p1_actor_infer", priority="URGENT")],
+        ":2: field 'priority': unknown priority",
+    ),
     ("bad_phase", [HEADER, rec(1, "cycle", phase="later")], ":2: field 'phase'"),
     ("bad_option", [{**HEADER, "scheduler": {"epsilon": "x"}}], ":1: field 'scheduler'"),
 ]
@@ -198,8 +261,9 @@ def test_a_real_process_ends_a_bad_input_and_a_usage_error_with_one_line_and_exi
     name, lines, expected = BAD_INPUTS[0]
     path = write_trace(tmp_path / f"{name}.jsonl", lines)
     out = tmp_path / "out" / "decisions.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "rlharness", "replay", path, "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlharness", "replay", path, "--out", str(out)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {path}:") and expected in err[0], proc.stderr
@@ -245,19 +309,30 @@ def test_a_refused_release_then_request_keeps_its_release_in_the_decision_log(tm
     """The release of release_then_request sticks when the request half is refused (a
     duplicate pending request): the ``released`` record must be logged, or the next
     grant of that GPU looks like a double grant to the oracle."""
-    trace = write_trace(tmp_path / "t.jsonl", [HEADER] + two_gpu_register() + [
-        rec(3, "request", cluster_id="p1_actor_train", priority="ACTOR_TRAINING"),
-        rec(4, "cycle"),
-        rec(5, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=1),
-        rec(6, "release_then_request", release_cluster_id="p1_actor_train", request_cluster_id="p1_actor_infer",
-            request_priority="GENERATION"),
-        rec(7, "cycle"),
-    ])
+    trace = write_trace(
+        tmp_path / "t.jsonl",
+        [HEADER]
+        + two_gpu_register()
+        + [
+            rec(3, "request", cluster_id="p1_actor_train", priority="ACTOR_TRAINING"),
+            rec(4, "cycle"),
+            rec(5, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=1),
+            rec(
+                6,
+                "release_then_request",
+                release_cluster_id="p1_actor_train",
+                request_cluster_id="p1_actor_infer",
+                request_priority="GENERATION",
+            ),
+            rec(7, "cycle"),
+        ],
+    )
     out = tmp_path / "d.jsonl"
     assert main(["replay", trace, "--out", str(out)]) == 0, capsys.readouterr().out
     kinds = [(r["kind"], r.get("cluster_id"), r.get("reason")) for r in map(json.loads, out.read_text().splitlines())]
     i = kinds.index(("released", "p1_actor_train", "release"))
     assert kinds[i + 1][0] == "rejected"
     from harness.logs.invariants import check_log
+
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert check_log(records) == []

@@ -26,8 +26,15 @@ def write(path, records) -> str:
 
 
 def header(**scheduler):
-    return {"seq": 0, "t": 0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-            "cluster": {"nodes": 1, "gpus_per_node": 4}, "scheduler": scheduler}
+    return {
+        "seq": 0,
+        "t": 0,
+        "kind": "header",
+        "schema": "rlharness.eventlog",
+        "version": 1,
+        "cluster": {"nodes": 1, "gpus_per_node": 4},
+        "scheduler": scheduler,
+    }
 
 
 def verdict(path) -> dict:
@@ -74,15 +81,23 @@ def test_a_decision_divergence_is_exit_3_with_or_without_violations(tmp_path):
 
 
 def _gen_request_trace(tmp_path, name, **scheduler):
-    return write(tmp_path / name, [
-        header(**scheduler),
-        rec(1, "register", pipeline_id="p1", cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
-            cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1, 2, 3]}),
-        rec(2, "admit", pipeline_id="p1"),
-        rec(3, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=8),
-        rec(4, "cycle", phase="plan"),
-        rec(5, "cycle", phase="commit"),
-    ])
+    return write(
+        tmp_path / name,
+        [
+            header(**scheduler),
+            rec(
+                1,
+                "register",
+                pipeline_id="p1",
+                cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
+                cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1, 2, 3]},
+            ),
+            rec(2, "admit", pipeline_id="p1"),
+            rec(3, "request", cluster_id="p1_actor_infer", priority="GENERATION", step_target_estimate=8),
+            rec(4, "cycle", phase="plan"),
+            rec(5, "cycle", phase="commit"),
+        ],
+    )
 
 
 def test_a_commit_after_fail_fast_is_a_divergence_not_bad_input(tmp_path, capsys):
@@ -106,8 +121,14 @@ def test_a_commit_after_fail_fast_is_a_divergence_not_bad_input(tmp_path, capsys
 
 
 def _progress_reasons(tmp_path, reports):
-    path = write(tmp_path / "p.jsonl", [header()] + [
-        rec(i + 1, "progress", pipeline_id=pid, step_target=target, completed=0) for i, (pid, target) in enumerate(reports)])
+    path = write(
+        tmp_path / "p.jsonl",
+        [header()]
+        + [
+            rec(i + 1, "progress", pipeline_id=pid, step_target=target, completed=0)
+            for i, (pid, target) in enumerate(reports)
+        ],
+    )
     out = tmp_path / "pd.jsonl"
     assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
     return [json.loads(x)["reason"] for x in out.read_text().splitlines() if json.loads(x)["kind"] == "rejected"]
@@ -123,8 +144,10 @@ def test_a_progress_report_is_refused_in_rlix_check_order(tmp_path):
 
 
 def test_clear_progress_checks_only_the_id_form_as_rlix_does(tmp_path):
-    path = write(tmp_path / "c.jsonl", [header(), rec(1, "clear_progress", pipeline_id="ghost"),
-                                        rec(2, "clear_progress", pipeline_id="bad id!")])
+    path = write(
+        tmp_path / "c.jsonl",
+        [header(), rec(1, "clear_progress", pipeline_id="ghost"), rec(2, "clear_progress", pipeline_id="bad id!")],
+    )
     out = tmp_path / "cd.jsonl"
     assert main(["replay", path, "--out", str(out), "--quiet"]) == 0
     rejected = [json.loads(x) for x in out.read_text().splitlines() if json.loads(x)["kind"] == "rejected"]

@@ -23,7 +23,8 @@ def fresh_process_decodes_one_more_token(tmp_path, monkeypatch):
 def _install(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent("""
         import simulators.pipelines.workload as workload
         _draw = workload.Collector.draw
         def draw(self, n):
@@ -32,6 +33,7 @@ def _install(tmp_path, monkeypatch):
                 r.tokens += 1
             return requests
         workload.Collector.draw = draw
-    """))
+    """)
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), ROOT]))
     return site

@@ -13,19 +13,45 @@ from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.runtime.simulation import Simulation
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
-COSTS = {"refit_group_overhead_s": 0.004, "refit_tensor_overhead_s": 0.001, "refit_setup_s": 0.01,
-         "refit_complete_s": 0.02, "bucket_bytes": 1 << 30}
+COSTS = {
+    "refit_group_overhead_s": 0.004,
+    "refit_tensor_overhead_s": 0.001,
+    "refit_setup_s": 0.01,
+    "refit_complete_s": 0.02,
+    "bucket_bytes": 1 << 30,
+}
 
 
 def _scenario(refit_path=None, **pipe):
-    p = {"name": "p", "type": "roll_sync", "train_gpus": list(range(4)), "infer_gpus": list(range(4)), "infer_tp": 2,
-         "steps": 1, "sleep_level": 1, "model": {"preset": "qwen2.5-1.5b"},
-         "workload": {"prompts_per_step": 4, "generations_per_prompt": 4, "prompt_tokens": 64,
-                      "decode_tokens_median": 64, "decode_tokens_max": 256},
-         **({"refit_path": refit_path} if refit_path else {}), **pipe}
-    return scenario_from_mapping({"name": "s", "horizon_s": 2000, "cluster": {"nodes": 1, "gpus_per_node": 4,
-                                                                            "gpu": "h100_sxm"},
-                                  "costs": COSTS, "pipelines": [p]}, "t.yaml")
+    p = {
+        "name": "p",
+        "type": "roll_sync",
+        "train_gpus": list(range(4)),
+        "infer_gpus": list(range(4)),
+        "infer_tp": 2,
+        "steps": 1,
+        "sleep_level": 1,
+        "model": {"preset": "qwen2.5-1.5b"},
+        "workload": {
+            "prompts_per_step": 4,
+            "generations_per_prompt": 4,
+            "prompt_tokens": 64,
+            "decode_tokens_median": 64,
+            "decode_tokens_max": 256,
+        },
+        **({"refit_path": refit_path} if refit_path else {}),
+        **pipe,
+    }
+    return scenario_from_mapping(
+        {
+            "name": "s",
+            "horizon_s": 2000,
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
+            "costs": COSTS,
+            "pipelines": [p],
+        },
+        "t.yaml",
+    )
 
 
 def _effect_s(records, effect):
@@ -69,10 +95,15 @@ def test_the_closed_form_against_a_hand_computation():
 def test_the_simulator_charges_the_closed_form_and_writes_ipc_buckets_only(runs):
     s = _scenario("colocated_ipc")
     c = s.pipelines[0].costs
-    expected = f.colocated_ipc_refit_s(s.pipelines[0].model.weight_bytes, c.bucket_bytes,
-                                       GPU_PRESETS["h100_sxm"].hbm_bytes_per_s, c.hbm_efficiency,
-                                       c.refit_tensor_overhead_s, c.refit_group_overhead_s,
-                                       c.refit_setup_s + c.refit_complete_s)
+    expected = f.colocated_ipc_refit_s(
+        s.pipelines[0].model.weight_bytes,
+        c.bucket_bytes,
+        GPU_PRESETS["h100_sxm"].hbm_bytes_per_s,
+        c.hbm_efficiency,
+        c.refit_tensor_overhead_s,
+        c.refit_group_overhead_s,
+        c.refit_setup_s + c.refit_complete_s,
+    )
     recs = runs["colocated_ipc"]
     syncs = _sync_s(recs)
     assert syncs and all(t == pytest.approx(expected, rel=1e-9) for t in syncs)
@@ -90,11 +121,16 @@ def test_the_oracle_is_clean_and_the_path_is_faster_than_the_cache(runs):
     assert sum(_effect_s(ipc, "BuildCache")) == 0.0 < sum(_effect_s(cache, "BuildCache"))
 
 
-@pytest.mark.parametrize("pipe, message", [
-    ({"refit_path": "nccl"}, "pipelines[0].refit_path: must be one of cpu_cache, colocated_ipc, got 'nccl'"),
-    ({"refit_path": "colocated_ipc", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1, 2, 3]},
-     "pipelines[0].refit_path: colocated_ipc needs a trainer on every inference GPU; infer GPUs [1, 2, 3]"),
-])
+@pytest.mark.parametrize(
+    "pipe, message",
+    [
+        ({"refit_path": "nccl"}, "pipelines[0].refit_path: must be one of cpu_cache, colocated_ipc, got 'nccl'"),
+        (
+            {"refit_path": "colocated_ipc", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1, 2, 3]},
+            "pipelines[0].refit_path: colocated_ipc needs a trainer on every inference GPU; infer GPUs [1, 2, 3]",
+        ),
+    ],
+)
 def test_a_bad_refit_path_is_one_line_naming_the_field(pipe, message):
     with pytest.raises(ScenarioError) as e:
         _scenario(**pipe)
@@ -102,9 +138,19 @@ def test_a_bad_refit_path_is_one_line_naming_the_field(pipe, message):
 
 
 def test_colocated_ipc_needs_a_gpu_preset():
-    data = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 2},
-            "pipelines": [{"name": "p", "type": "roll_sync", "train_gpus": [0, 1], "infer_gpus": [0, 1],
-                           "refit_path": "colocated_ipc"}]}
+    data = {
+        "name": "s",
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "pipelines": [
+            {
+                "name": "p",
+                "type": "roll_sync",
+                "train_gpus": [0, 1],
+                "infer_gpus": [0, 1],
+                "refit_path": "colocated_ipc",
+            }
+        ],
+    }
     with pytest.raises(ScenarioError) as e:
         scenario_from_mapping(data, "t.yaml")
     assert "pipelines[0].refit_path: colocated_ipc needs cluster.gpu" in str(e.value)
@@ -145,20 +191,30 @@ def _layout_scenario(**pipe):
     return _scenario("colocated_ipc", train_tp=2, train_pp=2, **pipe)
 
 
-@pytest.mark.parametrize("export, expected", [
-    # qwen2.5-1.5b: W = 1.54e9 x 2 bytes; TP2 PP2 on one node of 4 (NVLink 450 GB/s): the TP
-    # all-gather W/2 / 450e9, the PP broadcast the TP shard W/2 (megatron_bridge) or W
-    ("megatron_bridge", 3.08e9 / 2 / 450e9 + 3.08e9 / 2 / 450e9),
-    ("gather_params", 3.08e9 / 2 / 450e9 + 3.08e9 / 450e9),
-])
+@pytest.mark.parametrize(
+    "export, expected",
+    [
+        # qwen2.5-1.5b: W = 1.54e9 x 2 bytes; TP2 PP2 on one node of 4 (NVLink 450 GB/s): the TP
+        # all-gather W/2 / 450e9, the PP broadcast the TP shard W/2 (megatron_bridge) or W
+        ("megatron_bridge", 3.08e9 / 2 / 450e9 + 3.08e9 / 2 / 450e9),
+        ("gather_params", 3.08e9 / 2 / 450e9 + 3.08e9 / 450e9),
+    ],
+)
 def test_the_gather_is_derived_and_charged_inside_the_sync(export, expected):
     s = _layout_scenario(refit_export=export)
     p = s.pipelines[0]
     assert p.refit_export == export and p.costs.refit_gather_s == pytest.approx(expected)
     c = p.costs
-    closed = f.colocated_ipc_refit_s(p.model.weight_bytes, c.bucket_bytes, GPU_PRESETS["h100_sxm"].hbm_bytes_per_s,
-                                     c.hbm_efficiency, c.refit_tensor_overhead_s, c.refit_group_overhead_s,
-                                     c.refit_setup_s + c.refit_complete_s, gather_s=c.refit_gather_s)
+    closed = f.colocated_ipc_refit_s(
+        p.model.weight_bytes,
+        c.bucket_bytes,
+        GPU_PRESETS["h100_sxm"].hbm_bytes_per_s,
+        c.hbm_efficiency,
+        c.refit_tensor_overhead_s,
+        c.refit_group_overhead_s,
+        c.refit_setup_s + c.refit_complete_s,
+        gather_s=c.refit_gather_s,
+    )
     syncs = _sync_s(Simulation(s).run().records)
     assert syncs and all(t == pytest.approx(closed, rel=1e-9) for t in syncs)
 

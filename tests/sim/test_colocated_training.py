@@ -18,10 +18,17 @@ FITTED_PAIRS = ((32, 269.80, 16, 313.81), (128, 113.81, 64, 113.16))
 
 
 def _costs(kind: str, train, infer):
-    pipe = {"name": "p", "type": kind, "train_gpus": train, "infer_gpus": infer, "model": {"preset": "qwen2.5-7b"},
-            "train_backend": "fsdp2"}
-    scenario = scenario_from_mapping({"name": "s", "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100_sxm"},
-                                      "pipelines": [pipe]}, "t.yaml")
+    pipe = {
+        "name": "p",
+        "type": kind,
+        "train_gpus": train,
+        "infer_gpus": infer,
+        "model": {"preset": "qwen2.5-7b"},
+        "train_backend": "fsdp2",
+    }
+    scenario = scenario_from_mapping(
+        {"name": "s", "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100_sxm"}, "pipelines": [pipe]}, "t.yaml"
+    )
     return scenario.pipelines[0].costs
 
 
@@ -33,8 +40,9 @@ def test_training_on_its_own_gpus_is_faster_by_the_published_ratio_and_log_probs
     colocated = _costs("roll_sync", same, same)
     dedicated = _costs("disaggregated", same, list(range(8, 16)))
     assert math.isclose(dedicated.train_s_per_trajectory * factor, colocated.train_s_per_trajectory, rel_tol=1e-12)
-    assert math.isclose(dedicated.old_log_probs_s_per_trajectory, colocated.old_log_probs_s_per_trajectory,
-                        rel_tol=1e-12)
+    assert math.isclose(
+        dedicated.old_log_probs_s_per_trajectory, colocated.old_log_probs_s_per_trajectory, rel_tol=1e-12
+    )
 
 
 def test_training_gpus_another_pipeline_infers_on_are_colocated():

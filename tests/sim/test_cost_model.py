@@ -12,16 +12,34 @@ from simulators.costmodel.models import MODEL_PRESETS
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 from simulators.scenario.spec import CostSpec, WorkloadSpec
 
-EFF = f.Efficiency(train_mfu=0.4, decode_flops_efficiency=0.5, hbm_efficiency=0.8, allreduce_latency_s=1e-5,
-                   max_num_seqs=256, wake_fixed_s=0.5, sleep_fixed_s=0.2)
+EFF = f.Efficiency(
+    train_mfu=0.4,
+    decode_flops_efficiency=0.5,
+    hbm_efficiency=0.8,
+    allreduce_latency_s=1e-5,
+    max_num_seqs=256,
+    wake_fixed_s=0.5,
+    sleep_fixed_s=0.2,
+)
 SEVEN_B = f.Arch(params=7e9, active_params=7e9, layers=28, hidden_size=3584, kv_dim=4 * 128, bytes_per_param=2)
 
 
 def _scenario(pipe_extra=None, costs=None, gpu="h100_sxm", model=None, workload=None):
-    pipe = {"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": list(range(8)), "infer_tp": 2,
-            "model": model or {"preset": "qwen2.5-7b"}, "workload": workload or {}, **(pipe_extra or {})}
-    data = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, **({"gpu": gpu} if gpu else {})},
-            "pipelines": [pipe]}
+    pipe = {
+        "name": "p",
+        "type": "nemo_async",
+        "train_gpus": [0],
+        "infer_gpus": list(range(8)),
+        "infer_tp": 2,
+        "model": model or {"preset": "qwen2.5-7b"},
+        "workload": workload or {},
+        **(pipe_extra or {}),
+    }
+    data = {
+        "name": "s",
+        "cluster": {"nodes": 1, "gpus_per_node": 8, **({"gpu": gpu} if gpu else {})},
+        "pipelines": [pipe],
+    }
     if costs:
         data["costs"] = costs
     return scenario_from_mapping(data, "t.yaml")
@@ -46,7 +64,7 @@ def test_decode_curve_is_the_step_time_sum_it_claims():
 def test_training_flops_follow_six_n_t_plus_attention():
     gpu = GPU_PRESETS["a100_80gb"]
     t = f.train_s_per_trajectory(SEVEN_B, 2000, gpu.bf16_flops, EFF)
-    expected = (6 * 7e9 * 2000 + 6 * 28 * 3584 * 2000 ** 2) / (312e12 * 0.4)
+    expected = (6 * 7e9 * 2000 + 6 * 28 * 3584 * 2000**2) / (312e12 * 0.4)
     assert math.isclose(t, expected)
     assert math.isclose(f.log_probs_s_per_trajectory(SEVEN_B, 2000, gpu.bf16_flops, EFF) * 3, t)
 
@@ -76,9 +94,11 @@ def test_more_tensor_parallelism_decodes_faster_per_rank():
 
 def test_explicit_numbers_win_over_derived_ones():
     derived = _scenario().pipelines[0]
-    s = _scenario(costs={"train_s_per_trajectory": 9.0},
-                  workload={"tokens_per_s_per_rank": 1234.0},
-                  pipe_extra={"costs": {"wake_s": 3.0}})
+    s = _scenario(
+        costs={"train_s_per_trajectory": 9.0},
+        workload={"tokens_per_s_per_rank": 1234.0},
+        pipe_extra={"costs": {"wake_s": 3.0}},
+    )
     p = s.pipelines[0]
     assert p.costs.train_s_per_trajectory == 9.0  # the scenario's costs section
     assert p.costs.wake_s == 3.0  # the pipeline's own
@@ -93,13 +113,18 @@ def test_without_a_gpu_preset_nothing_is_derived():
     assert p.model.layers == 28  # the model preset still fills the architecture
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"gpu": "h999"}, "cluster.gpu: unknown GPU preset 'h999'"),
-    ({"model": {"preset": "gpt-9"}}, "pipelines[0].model.preset: unknown model preset 'gpt-9'"),
-    ({"model": {"preset": "llama3.1-70b"}, "pipe_extra": {"infer_tp": 1}, "gpu": "l40s"},
-     "pipelines[0].model: 7.06e+10 parameters and one trajectory's KV cache"),
-    ({"costs": {"train_mfu": 1.5}}, "costs.train_mfu: must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"gpu": "h999"}, "cluster.gpu: unknown GPU preset 'h999'"),
+        ({"model": {"preset": "gpt-9"}}, "pipelines[0].model.preset: unknown model preset 'gpt-9'"),
+        (
+            {"model": {"preset": "llama3.1-70b"}, "pipe_extra": {"infer_tp": 1}, "gpu": "l40s"},
+            "pipelines[0].model: 7.06e+10 parameters and one trajectory's KV cache",
+        ),
+        ({"costs": {"train_mfu": 1.5}}, "costs.train_mfu: must be in (0, 1]"),
+    ],
+)
 def test_bad_cost_model_input_is_one_line_naming_the_field(kwargs, message):
     with pytest.raises(ScenarioError) as e:
         _scenario(**kwargs)
@@ -123,13 +148,26 @@ def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
             s = scenario_from_mapping(data, path)
             start = end = None
             for r in Simulation(s).run().records:
-                if r["kind"] == "sync_start" and r["pipeline_id"] == "p7b" and r["broadcast_dp_ranks"] and start is None:
+                if (
+                    r["kind"] == "sync_start"
+                    and r["pipeline_id"] == "p7b"
+                    and r["broadcast_dp_ranks"]
+                    and start is None
+                ):
                     start = r
                 elif start is not None and end is None and r["kind"] == "sync_end" and r["pipeline_id"] == "p7b":
                     end = r
             c, cl = s.pipelines[0].costs, s.cluster
-            expected = f.refit_s(s.pipelines[0].model.weight_bytes, bucket, cl.pcie_bytes_per_s, cl.intra_node_bytes_per_s,
-                                 c.receiver_load_bytes_per_s, 0.001, 0.004, c.nccl_group_create_s + c.nccl_group_destroy_s)
+            expected = f.refit_s(
+                s.pipelines[0].model.weight_bytes,
+                bucket,
+                cl.pcie_bytes_per_s,
+                cl.intra_node_bytes_per_s,
+                c.receiver_load_bytes_per_s,
+                0.001,
+                0.004,
+                c.nccl_group_create_s + c.nccl_group_destroy_s,
+            )
             assert end["t"] - start["t"] == pytest.approx(expected, rel=1e-6), (gpu, bucket)
 
 

@@ -26,7 +26,7 @@ from simulators.scenario.spec import ClusterSpec, CostSpec, ModelSpec, PipelineS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCENARIO = os.path.join(ROOT, "examples", "scenarios", "costmodel_7b_and_1p5b_h100.yaml")
 #: zero, negative, tiny, huge, and a value past a 64-bit integer
-VALUES = (0, -1, -2.5, 1e-300, 1e300, 2 ** 70, 0.5, 3)
+VALUES = (0, -1, -2.5, 1e-300, 1e300, 2**70, 0.5, 3)
 
 
 def _base() -> dict:
@@ -36,11 +36,14 @@ def _base() -> dict:
 
 def _targets():
     """(section path, where to put it, rules) for every numeric field a cost-model scenario reads."""
-    sections = [("cluster", lambda m: m["cluster"], ClusterSpec), ("costs", lambda m: m.setdefault("costs", {}), CostSpec),
-                ("pipelines[0]", lambda m: m["pipelines"][0], PipelineSpec),
-                ("pipelines[0].model", lambda m: m["pipelines"][0]["model"], ModelSpec),
-                ("pipelines[0].workload", lambda m: m["pipelines"][0]["workload"], WorkloadSpec),
-                ("pipelines[1].costs", lambda m: m["pipelines"][1].setdefault("costs", {}), CostSpec)]
+    sections = [
+        ("cluster", lambda m: m["cluster"], ClusterSpec),
+        ("costs", lambda m: m.setdefault("costs", {}), CostSpec),
+        ("pipelines[0]", lambda m: m["pipelines"][0], PipelineSpec),
+        ("pipelines[0].model", lambda m: m["pipelines"][0]["model"], ModelSpec),
+        ("pipelines[0].workload", lambda m: m["pipelines"][0]["workload"], WorkloadSpec),
+        ("pipelines[1].costs", lambda m: m["pipelines"][1].setdefault("costs", {}), CostSpec),
+    ]
     for path, where, cls in sections:
         for name, rule in FIELD_RULES[cls].items():
             if rule.kind in ("int", "float"):
@@ -66,13 +69,16 @@ def test_every_numeric_field_of_a_cost_model_scenario_is_bounded_before_the_form
     assert loaded and refused  # both outcomes happen: the values reach past the bounds and inside them
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["simulate", SCENARIO, "--set", "pipelines[0].infer_tp=0"], "pipelines[0].infer_tp"),
-    (["simulate", SCENARIO, "--set", "cluster.vram_bytes=0"], "cluster.vram_bytes"),
-    (["simulate", SCENARIO, "--set", "cluster.gpus_per_node=0"], "cluster.gpus_per_node"),
-    (["simulate", SCENARIO, "--set", "pipelines[p7b].train_tp=-3"], "pipelines[0].train_tp"),
-    (["sweep", SCENARIO, "--set", "pipelines[0].infer_tp=2,0"], "pipelines[0].infer_tp"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["simulate", SCENARIO, "--set", "pipelines[0].infer_tp=0"], "pipelines[0].infer_tp"),
+        (["simulate", SCENARIO, "--set", "cluster.vram_bytes=0"], "cluster.vram_bytes"),
+        (["simulate", SCENARIO, "--set", "cluster.gpus_per_node=0"], "cluster.gpus_per_node"),
+        (["simulate", SCENARIO, "--set", "pipelines[p7b].train_tp=-3"], "pipelines[0].train_tp"),
+        (["sweep", SCENARIO, "--set", "pipelines[0].infer_tp=2,0"], "pipelines[0].infer_tp"),
+    ],
+)
 def test_the_crash_inputs_exit_2_with_one_line_naming_the_field(tmp_path, capsys, argv, field):
     code = main(argv + ["--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -103,15 +109,23 @@ def test_every_numeric_field_through_set_and_a_sweep_axis_is_one_line_or_valid()
     for path, _where, name in _targets():
         for text in ("0", "-1", "1e300", ".inf", "1e-300", "2e19"):
             try:
-                check_feasible(scenario_from_mapping(apply_overrides(copy.deepcopy(mapping),
-                                                                      [parse_override(f"{path}.{name}={text}")]), "s"), "s")
+                check_feasible(
+                    scenario_from_mapping(
+                        apply_overrides(copy.deepcopy(mapping), [parse_override(f"{path}.{name}={text}")]), "s"
+                    ),
+                    "s",
+                )
             except (OverrideError, ScenarioError) as e:
                 assert "\n" not in str(e), str(e)
             except Exception as e:
                 pytest.fail(f"--set {path}.{name}={text}: {type(e).__name__}: {e}")
             checked += 1
     assert checked > 500
-    for axis in ("pipelines[0].infer_tp=2,0", "cluster.gpus_per_node=8,0", "costs.train_mfu=0.3,0,2",
-                 "pipelines[0].workload.prompts_per_step=8,-1"):
+    for axis in (
+        "pipelines[0].infer_tp=2,0",
+        "cluster.gpus_per_node=8,0",
+        "costs.train_mfu=0.3,0,2",
+        "pipelines[0].workload.prompts_per_step=8,-1",
+    ):
         with pytest.raises((OverrideError, ScenarioError)):
             build_grid(SCENARIO, [parse_axis(axis)])

@@ -13,8 +13,15 @@ from simulators.costmodel import formulas as f
 from simulators.costmodel.fsdp2 import fsdp2_pass_s
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
-EFF = f.Efficiency(train_mfu=0.4, decode_flops_efficiency=0.5, hbm_efficiency=0.8, allreduce_latency_s=1e-5,
-                   max_num_seqs=256, wake_fixed_s=0.5, sleep_fixed_s=0.2)
+EFF = f.Efficiency(
+    train_mfu=0.4,
+    decode_flops_efficiency=0.5,
+    hbm_efficiency=0.8,
+    allreduce_latency_s=1e-5,
+    max_num_seqs=256,
+    wake_fixed_s=0.5,
+    sleep_fixed_s=0.2,
+)
 SEVEN_B = f.Arch(params=7e9, active_params=7e9, layers=28, hidden_size=3584, kv_dim=4 * 128, bytes_per_param=2)
 LINKS = f.Links(intra=450e9, inter=50e9, gpus_per_node=8)
 
@@ -42,10 +49,17 @@ def test_ulysses_adds_its_all_to_alls_and_halves_the_groups():
 
 
 def _pipe(**extra):
-    p = {"name": "p", "type": "disaggregated", "train_gpus": list(range(4)), "infer_gpus": [4, 5, 6, 7],
-         "model": {"preset": "qwen2.5-7b"}, **extra}
-    return scenario_from_mapping({"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
-                                  "pipelines": [p]}, "t.yaml").pipelines[0]
+    p = {
+        "name": "p",
+        "type": "disaggregated",
+        "train_gpus": list(range(4)),
+        "infer_gpus": [4, 5, 6, 7],
+        "model": {"preset": "qwen2.5-7b"},
+        **extra,
+    }
+    return scenario_from_mapping(
+        {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"}, "pipelines": [p]}, "t.yaml"
+    ).pipelines[0]
 
 
 def test_a_scenario_derives_fsdp2_costs_with_more_communication_than_megatron_dp():
@@ -53,12 +67,18 @@ def test_a_scenario_derives_fsdp2_costs_with_more_communication_than_megatron_dp
     assert fsdp.train_s_per_trajectory > megatron.train_s_per_trajectory  # per-microbatch gathers and reduces
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"train_backend": "deepspeed"}, "pipelines[0].train_backend: must be megatron or fsdp2"),
-    ({"train_backend": "fsdp2", "train_tp": 2}, "pipelines[0].train_backend: fsdp2 shards over every training GPU"),
-    ({"train_sp": 2}, "pipelines[0].train_sp: train_sp is fsdp2's Ulysses sequence parallelism"),
-    ({"train_backend": "fsdp2", "train_sp": 3}, "pipelines[0].train_sp: 4 training GPUs are not a multiple of train_sp 3"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"train_backend": "deepspeed"}, "pipelines[0].train_backend: must be megatron or fsdp2"),
+        ({"train_backend": "fsdp2", "train_tp": 2}, "pipelines[0].train_backend: fsdp2 shards over every training GPU"),
+        ({"train_sp": 2}, "pipelines[0].train_sp: train_sp is fsdp2's Ulysses sequence parallelism"),
+        (
+            {"train_backend": "fsdp2", "train_sp": 3},
+            "pipelines[0].train_sp: 4 training GPUs are not a multiple of train_sp 3",
+        ),
+    ],
+)
 def test_a_layout_fsdp2_cannot_take_is_one_line_naming_the_field(extra, message):
     with pytest.raises(ScenarioError) as e:
         _pipe(**extra)

@@ -10,11 +10,27 @@ from simulators.costmodel import formulas as f
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 F, NVL, NIC = 1e15, 400e9, 25e9
-EFF = f.Efficiency(train_mfu=0.5, decode_flops_efficiency=0.5, hbm_efficiency=0.8, allreduce_latency_s=1e-5,
-                   max_num_seqs=256, wake_fixed_s=0.5, sleep_fixed_s=0.2, moe_train_mfu=0.25)
+EFF = f.Efficiency(
+    train_mfu=0.5,
+    decode_flops_efficiency=0.5,
+    hbm_efficiency=0.8,
+    allreduce_latency_s=1e-5,
+    max_num_seqs=256,
+    wake_fixed_s=0.5,
+    sleep_fixed_s=0.2,
+    moe_train_mfu=0.25,
+)
 DENSE = f.Arch(params=1e9, active_params=1e9, layers=10, hidden_size=1000, kv_dim=100, bytes_per_param=2)
-MOE = f.Arch(params=8e9, active_params=1e9, layers=10, hidden_size=1000, kv_dim=100, bytes_per_param=2,
-             experts_per_token=2, num_experts=16)
+MOE = f.Arch(
+    params=8e9,
+    active_params=1e9,
+    layers=10,
+    hidden_size=1000,
+    kv_dim=100,
+    bytes_per_param=2,
+    experts_per_token=2,
+    num_experts=16,
+)
 LINKS = f.Links(NVL, NIC, 8)  # 8 GPUs a node: NVLink inside, 25 GB/s a GPU across
 
 
@@ -57,10 +73,19 @@ def test_the_expert_parallel_group_is_ep_consecutive_gpus_inside_a_node():
 
 
 def _scenario(extra):
-    pipe = {"name": "p", "type": "roll_sync", "train_gpus": list(range(8)), "infer_gpus": list(range(8)),
-            "infer_tp": 1, "model": {"preset": "qwen2.5-7b"}, "workload": {"prompts_per_step": 8}, **extra}
-    return scenario_from_mapping({"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
-                                  "pipelines": [pipe]}, "t.yaml")
+    pipe = {
+        "name": "p",
+        "type": "roll_sync",
+        "train_gpus": list(range(8)),
+        "infer_gpus": list(range(8)),
+        "infer_tp": 1,
+        "model": {"preset": "qwen2.5-7b"},
+        "workload": {"prompts_per_step": 8},
+        **extra,
+    }
+    return scenario_from_mapping(
+        {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"}, "pipelines": [pipe]}, "t.yaml"
+    )
 
 
 def test_train_recompute_scales_a_data_parallel_training_stage_by_four_thirds():

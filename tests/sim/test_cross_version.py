@@ -26,20 +26,31 @@ def our_hashes():
     return output_hashes()  # once for every other interpreter
 
 
-@pytest.mark.skipif(not OTHER_PYTHONS, reason="no other CPython given (RLHARNESS_OTHER_PYTHONS is unset; "
-                                              ".ci/run sets it when it finds Python 3.12 or 3.13)")
+@pytest.mark.skipif(
+    not OTHER_PYTHONS,
+    reason="no other CPython given (RLHARNESS_OTHER_PYTHONS is unset; "
+    ".ci/run sets it when it finds Python 3.12 or 3.13)",
+)
 @pytest.mark.parametrize("python", OTHER_PYTHONS)
 def test_every_small_bundled_run_and_fuzz_seed_gives_the_same_bytes_on_another_python(python, our_hashes):
     ours = our_hashes
     version, deps, theirs = hashes_under(python)
     assert version.split(".")[:2] != platform.python_version().split(".")[:2], (
-        f"{python} is Python {version}, the version running the tests: RLHARNESS_OTHER_PYTHONS "
-        "must name another one")
+        f"{python} is Python {version}, the version running the tests: RLHARNESS_OTHER_PYTHONS must name another one"
+    )
     assert differences(ours, theirs, platform.python_version(), version) == [], (
-        f"dependencies: here {dependency_versions()}; there {deps}")
-    assert len(ours) == (len(cross_version.bundled_scenarios()) + len(cross_version.FUZZ_SEEDS)
-                         + len(cross_version.EXPLORE_RUNS)) > 60
-    assert sum("--explore-strategy random" in run for run in ours) == sum("--explore-strategy pct" in run for run in ours) > 0
+        f"dependencies: here {dependency_versions()}; there {deps}"
+    )
+    assert (
+        len(ours)
+        == (len(cross_version.bundled_scenarios()) + len(cross_version.FUZZ_SEEDS) + len(cross_version.EXPLORE_RUNS))
+        > 60
+    )
+    assert (
+        sum("--explore-strategy random" in run for run in ours)
+        == sum("--explore-strategy pct" in run for run in ours)
+        > 0
+    )
 
 
 def test_a_fresh_interpreter_that_models_differently_is_reported_per_file(fresh_process_decodes_one_more_token):
@@ -60,8 +71,15 @@ def test_the_same_interpreter_gives_the_same_hashes():
     version, _deps, theirs = hashes_under(sys.executable, SMALL, range(2), explore=explored)
     ours = output_hashes(SMALL, range(2), explored)
     assert differences(ours, theirs, version, version) == []
-    assert set(ours) == {"(default)", SMALL[1], SMALL[2], "fuzz seed 0", "fuzz seed 1",
-                         "(default) --explore 4 --explore-strategy random", "(default) --explore 4 --explore-strategy pct"}
+    assert set(ours) == {
+        "(default)",
+        SMALL[1],
+        SMALL[2],
+        "fuzz seed 0",
+        "fuzz seed 1",
+        "(default) --explore 4 --explore-strategy random",
+        "(default) --explore 4 --explore-strategy pct",
+    }
     assert ours["(default) --explore 4 --explore-strategy pct"] != ours["(default)"]
     assert set(ours["(default)"]) == set(cross_version.COMPARED_FILES)
 
@@ -79,5 +97,7 @@ def test_an_interpreter_without_the_simulators_dependencies_is_an_error(tmp_path
 
 def test_differences_name_a_run_only_one_side_has():
     found = differences({"a": {"f": "1" * 64}}, {"b": {"f": "2" * 64}}, "3.11.7", "3.13.0")
-    assert found == ["a f: Python 3.11.7 111111111111 != Python 3.13.0 None",
-                     "b f: Python 3.11.7 None != Python 3.13.0 222222222222"]
+    assert found == [
+        "a f: Python 3.11.7 111111111111 != Python 3.13.0 None",
+        "b f: Python 3.11.7 None != Python 3.13.0 222222222222",
+    ]

@@ -15,8 +15,10 @@ STRANDED = "examples/scenarios/stranded_sync_group.yaml"
 
 
 def _samples(series: str, values) -> list:
-    return [{"seq": i, "t": float(i), "kind": "trend_sample", "rank": 0, "series": series, "cycle": i, "value": v}
-            for i, v in enumerate(values)]
+    return [
+        {"seq": i, "t": float(i), "kind": "trend_sample", "rank": 0, "series": series, "cycle": i, "value": v}
+        for i, v in enumerate(values)
+    ]
 
 
 def test_the_slope_is_numpys_least_squares_fit():
@@ -61,8 +63,10 @@ def test_clean_simulated_run_is_flat_over_20_cycles():
     assert not [v for v in res.violations if v.invariant == "cycle_trends"]
 
 
-@pytest.mark.parametrize("fault,family", [("sleep_residue_grows", "residue_bytes"), ("staging_leak", "ipc_bytes"),
-                                          ("refit_slows", "refit_s")])
+@pytest.mark.parametrize(
+    "fault,family",
+    [("sleep_residue_grows", "residue_bytes"), ("staging_leak", "ipc_bytes"), ("refit_slows", "refit_s")],
+)
 def test_each_simulated_leak_class_fires_its_series(fault, family):
     res = run(None, overrides={**STEPS, "faults": [{"name": fault, "pipeline": "ppl1", "at_step": 2}]})
     fired = [v for v in res.violations if v.invariant == "cycle_trends"]

@@ -40,8 +40,12 @@ def test_one_hop_moves_bulk_store_to_leaders_and_the_driver_only_metadata():
     assert set(h) == {"producer_to_store", "driver_meta", "store_to_worker", "leader_to_siblings", "worker_to_store"}
     assert h["leader_to_siblings"] == h["store_to_worker"]  # TP 2: each leader sends its shard to one sibling
     assert h["store_to_worker"] * 4 == h["worker_to_store"] * 1558  # fetched and written back: the same tokens
-    consumed = sum(r["trajectories"] for r in res.records if r["kind"] == "batch_consumed" and r["pipeline_id"] == "ppl1")
-    fetched = [s for r in res.records if r["kind"] == "dp_transfer" and r["hop"] == "store_to_worker" for s in r["samples"]]
+    consumed = sum(
+        r["trajectories"] for r in res.records if r["kind"] == "batch_consumed" and r["pipeline_id"] == "ppl1"
+    )
+    fetched = [
+        s for r in res.records if r["kind"] == "dp_transfer" and r["hop"] == "store_to_worker" for s in r["samples"]
+    ]
     assert len(fetched) == len(set(fetched)) == consumed  # every consumed sample fetched once, by one leader
     text = format_summary(summarize(res.records))
     assert "Data plane (bytes per hop)" in text
@@ -60,12 +64,15 @@ def test_routing_bulk_through_the_driver_costs_step_time_and_breaks_data_plane()
     assert "driver bulk bytes 0" not in text and "(bulk tensors went through the driver)" in text
 
 
-@pytest.mark.parametrize("section, message", [
-    ({"route": "teleport"}, "pipelines[0].data_plane.route: must be one of one_hop, via_driver, got 'teleport'"),
-    ({"train_tp": 3}, "pipelines[0].data_plane.train_tp: 3 does not divide the 4 train GPUs"),
-    ({"store_bytes_per_s": 0}, "pipelines[0].data_plane.store_bytes_per_s"),
-    ({"bogus": 1}, "pipelines[0].data_plane"),
-])
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"route": "teleport"}, "pipelines[0].data_plane.route: must be one of one_hop, via_driver, got 'teleport'"),
+        ({"train_tp": 3}, "pipelines[0].data_plane.train_tp: 3 does not divide the 4 train GPUs"),
+        ({"store_bytes_per_s": 0}, "pipelines[0].data_plane.store_bytes_per_s"),
+        ({"bogus": 1}, "pipelines[0].data_plane"),
+    ],
+)
 def test_bad_data_plane_section_names_the_field(section, message):
     data = scenario_to_mapping(load_scenario(os.path.join(ROOT, "examples", "scenarios", "dataplane_one_hop.yaml")))
     data["pipelines"][0]["data_plane"] = {**data["pipelines"][0]["data_plane"], **section}
@@ -95,10 +102,18 @@ def transfers(records, hop):
 def test_single_controller_one_hop_bundled_scenario_is_clean_and_shows_bytes_per_hop():
     res = run(SC)
     assert res.reason == "done" and check_log(res.records) == []
-    assert set(hops(res.records)) == {"producer_to_store", "driver_meta", "store_to_worker", "leader_to_siblings",
-                                      "worker_to_store"}
+    assert set(hops(res.records)) == {
+        "producer_to_store",
+        "driver_meta",
+        "store_to_worker",
+        "leader_to_siblings",
+        "worker_to_store",
+    }
     text = format_summary(summarize(res.records))
-    assert "Data plane (bytes per hop)" in text and "sc: driver bulk bytes 0 (1-hop: the driver moved metadata only)" in text
+    assert (
+        "Data plane (bytes per hop)" in text
+        and "sc: driver bulk bytes 0 (1-hop: the driver moved metadata only)" in text
+    )
 
 
 def test_single_controller_bytes_per_hop_are_samples_times_per_sample_bytes():
@@ -123,7 +138,9 @@ def test_single_controller_bytes_per_hop_are_samples_times_per_sample_bytes():
         assert {r["actor"] for r in group} == {"sc/train/dp0/tp0", "sc/train/dp1/tp0"}
     # the driver moved metadata only
     meta = transfers(recs, "driver_meta")
-    assert meta and not [r for r in recs if r["kind"] == "dp_transfer" and r["role"] == "driver" and r["hop"] != "driver_meta"]
+    assert meta and not [
+        r for r in recs if r["kind"] == "dp_transfer" and r["role"] == "driver" and r["hop"] != "driver_meta"
+    ]
     assert sum(r["bytes"] for r in meta) < 1e-4 * sum(r["bytes"] for r in fetch)
 
 
@@ -160,7 +177,9 @@ def test_single_controller_without_a_data_plane_moves_nothing_through_one():
 def test_bad_data_plane_section_on_a_single_controller_names_the_field():
     data = scenario_to_mapping(load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{SC}.yaml")))
     data["pipelines"][0]["data_plane"]["train_tp"] = 8
-    with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.data_plane\.train_tp: 8 does not divide the 4 train GPUs"):
+    with pytest.raises(
+        ScenarioError, match=r"pipelines\[0\]\.data_plane\.train_tp: 8 does not divide the 4 train GPUs"
+    ):
         scenario_from_mapping(data, "x.yaml")
 
 

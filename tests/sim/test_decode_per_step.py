@@ -20,8 +20,17 @@ T, H = 1000.0, 4.0  # tokens/s asymptote, half point: a step of c sequences take
 
 def _router(step_time, max_concurrent=64):
     env, log, done = SimEnv(), [], []
-    router = Router(env, "p", 0, max_concurrent=max_concurrent, tokens_per_s=T, half_point=H, log=log.append,
-                    on_done=lambda req, rank: done.append((env.now, req.rid)), step_time=step_time)
+    router = Router(
+        env,
+        "p",
+        0,
+        max_concurrent=max_concurrent,
+        tokens_per_s=T,
+        half_point=H,
+        log=log.append,
+        on_done=lambda req, rank: done.append((env.now, req.rid)),
+        step_time=step_time,
+    )
     rank = RankSim("p", 0, (0,), RankLifecycle("p", 0))
     rank.life.state = RankState.ROUTABLE
     router.ranks = {0: rank}
@@ -104,20 +113,41 @@ def test_moe_step_reads_only_the_experts_its_tokens_route_to():
 
 def _scenario(**workload):
     return {
-        "name": "x", "seed": 0, "horizon_s": 100,
+        "name": "x",
+        "seed": 0,
+        "horizon_s": 100,
         "cluster": {"nodes": 1, "gpus_per_node": 2},
-        "pipelines": [{"name": "p", "type": "roll_sync", "train_gpus": [0], "infer_gpus": [0, 1], "steps": 1,
-                       "model": {"experts_per_token": 8, "num_experts": 128},
-                       "workload": {"prompts_per_step": 2, "generations_per_prompt": 2, **workload}}],
+        "pipelines": [
+            {
+                "name": "p",
+                "type": "roll_sync",
+                "train_gpus": [0],
+                "infer_gpus": [0, 1],
+                "steps": 1,
+                "model": {"experts_per_token": 8, "num_experts": 128},
+                "workload": {"prompts_per_step": 2, "generations_per_prompt": 2, **workload},
+            }
+        ],
     }
 
 
-@pytest.mark.parametrize("workload, field, words", [
-    ({"decode_timing": "fast"}, "pipelines[0].workload.decode_timing", "at_start or per_step"),
-    ({"decode_expert_read_s": 0.001}, "pipelines[0].workload.decode_expert_read_s", "only a per_step decode"),
-    ({"decode_timing": "per_step", "decode_expert_read_s": 1.0, "tokens_per_s_per_rank": 1000.0,
-      "batching_half_point": 4.0}, "pipelines[0].workload.decode_expert_read_s", "exceeds the step's fixed part"),
-])
+@pytest.mark.parametrize(
+    "workload, field, words",
+    [
+        ({"decode_timing": "fast"}, "pipelines[0].workload.decode_timing", "at_start or per_step"),
+        ({"decode_expert_read_s": 0.001}, "pipelines[0].workload.decode_expert_read_s", "only a per_step decode"),
+        (
+            {
+                "decode_timing": "per_step",
+                "decode_expert_read_s": 1.0,
+                "tokens_per_s_per_rank": 1000.0,
+                "batching_half_point": 4.0,
+            },
+            "pipelines[0].workload.decode_expert_read_s",
+            "exceeds the step's fixed part",
+        ),
+    ],
+)
 def test_bad_decode_fields_name_the_field(workload, field, words):
     with pytest.raises(ScenarioError) as e:
         scenario_from_mapping(_scenario(**workload))
@@ -133,8 +163,9 @@ def test_an_expert_read_needs_a_mixture_of_experts():
 
 
 def test_a_scenario_with_per_step_timing_finishes_its_steps():
-    data = _scenario(decode_timing="per_step", decode_expert_read_s=0.001, tokens_per_s_per_rank=1000.0,
-                     batching_half_point=4.0)
+    data = _scenario(
+        decode_timing="per_step", decode_expert_read_s=0.001, tokens_per_s_per_rank=1000.0, batching_half_point=4.0
+    )
     from simulators.runtime.simulation import Simulation
 
     result = Simulation(scenario_from_mapping(data)).run()

@@ -32,7 +32,8 @@ def test_default_scenario_is_byte_identical_in_a_fresh_process(tmp_path, capsys)
 
 
 def test_a_model_that_differs_in_the_fresh_process_is_reported_at_its_first_divergent_line(
-        tmp_path, capsys, fresh_process_decodes_one_more_token):
+    tmp_path, capsys, fresh_process_decodes_one_more_token
+):
     fresh_process_decodes_one_more_token()
     rc = main(["simulate", "--check-determinism", "--quiet", "--no-png", "--out", str(tmp_path / "run")])
     out = capsys.readouterr().out

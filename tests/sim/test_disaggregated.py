@@ -14,13 +14,34 @@ from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 
 def _scenario(shape="sync", weight_sync="pause", steps=4, **pipe):
-    p = {"name": "p", "type": "disaggregated", "train_gpus": [0, 1], "infer_gpus": [2, 3], "steps": steps,
-         "disaggregated": {"shape": shape, "weight_sync": weight_sync}, "model": {"preset": "qwen2.5-1.5b"},
-         "workload": {"prompts_per_step": 8, "generations_per_prompt": 4, "prompt_tokens": 64,
-                      "decode_tokens_median": 256, "decode_tokens_sigma": 1.0, "decode_tokens_max": 2048,
-                      "max_trajectory_age_steps": 1}, **pipe}
-    return scenario_from_mapping({"name": "s", "horizon_s": 5000, "cluster": {"nodes": 1, "gpus_per_node": 4,
-                                                                            "gpu": "h100_sxm"}, "pipelines": [p]}, "t.yaml")
+    p = {
+        "name": "p",
+        "type": "disaggregated",
+        "train_gpus": [0, 1],
+        "infer_gpus": [2, 3],
+        "steps": steps,
+        "disaggregated": {"shape": shape, "weight_sync": weight_sync},
+        "model": {"preset": "qwen2.5-1.5b"},
+        "workload": {
+            "prompts_per_step": 8,
+            "generations_per_prompt": 4,
+            "prompt_tokens": 64,
+            "decode_tokens_median": 256,
+            "decode_tokens_sigma": 1.0,
+            "decode_tokens_max": 2048,
+            "max_trajectory_age_steps": 1,
+        },
+        **pipe,
+    }
+    return scenario_from_mapping(
+        {
+            "name": "s",
+            "horizon_s": 5000,
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
+            "pipelines": [p],
+        },
+        "t.yaml",
+    )
 
 
 def _run(**kw):
@@ -46,13 +67,17 @@ def _intervals(records, effect):
 
 
 def _mean_step(records):
-    starts = sorted({r["step"]: r["t"] for r in reversed(_kind(records, "effect_start")) if r.get("scope") == "step"}.items())
+    starts = sorted(
+        {r["step"]: r["t"] for r in reversed(_kind(records, "effect_start")) if r.get("scope") == "step"}.items()
+    )
     return (starts[-1][1] - starts[0][1]) / (len(starts) - 1)
 
 
 def test_staleness_is_what_each_order_allows():
-    ages = {shape: [r["staleness"] for r in _kind(_run(shape=shape), "batch_consumed")]
-            for shape in ("sync", "one_step_off")}
+    ages = {
+        shape: [r["staleness"] for r in _kind(_run(shape=shape), "batch_consumed")]
+        for shape in ("sync", "one_step_off")
+    }
     assert ages["sync"] == [{"0": 32}] * 4
     assert ages["one_step_off"] == [{"0": 32}] + [{"1": 32}] * 3  # every batch after the first one version old
     for r in _kind(_run(shape="fully_async"), "batch_consumed"):
@@ -87,13 +112,21 @@ def test_asynchronous_steps_are_shorter_than_synchronous_ones_on_a_long_tail():
     assert off < sync and full < sync
 
 
-@pytest.mark.parametrize("pipe, message", [
-    ({"disaggregated": {"shape": "two_step_off"}}, "pipelines[0].disaggregated.shape: unknown shape 'two_step_off'"),
-    ({"disaggregated": {"shape": "fully_async", "weight_sync": "later"}},
-     "pipelines[0].disaggregated.weight_sync: unknown mode 'later'"),
-    ({"infer_gpus": [1, 2, 3]}, "pipelines[0].train_gpus: train GPUs [1] are also infer_gpus"),
-    ({"type": "roll_sync", "train_gpus": [2]}, "pipelines[0].disaggregated: only a disaggregated pipeline"),
-])
+@pytest.mark.parametrize(
+    "pipe, message",
+    [
+        (
+            {"disaggregated": {"shape": "two_step_off"}},
+            "pipelines[0].disaggregated.shape: unknown shape 'two_step_off'",
+        ),
+        (
+            {"disaggregated": {"shape": "fully_async", "weight_sync": "later"}},
+            "pipelines[0].disaggregated.weight_sync: unknown mode 'later'",
+        ),
+        ({"infer_gpus": [1, 2, 3]}, "pipelines[0].train_gpus: train GPUs [1] are also infer_gpus"),
+        ({"type": "roll_sync", "train_gpus": [2]}, "pipelines[0].disaggregated: only a disaggregated pipeline"),
+    ],
+)
 def test_bad_disaggregated_input_is_one_line_naming_the_field(pipe, message):
     with pytest.raises(ScenarioError) as e:
         _scenario(**pipe)
@@ -104,11 +137,27 @@ def test_no_other_pipeline_may_use_a_disaggregated_pipelines_gpus():
     from simulators.scenario.loader import check_feasible
 
     s = _scenario()
-    data = {"name": "s", "horizon_s": 5000, "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
-            "pipelines": [{"name": "p", "type": "disaggregated", "train_gpus": [0], "infer_gpus": [1],
-                           "model": {"preset": "qwen2.5-1.5b"}},
-                          {"name": "rl", "type": "roll_sync", "train_gpus": [1], "infer_gpus": [1, 2],
-                           "model": {"preset": "qwen2.5-1.5b"}}]}
+    data = {
+        "name": "s",
+        "horizon_s": 5000,
+        "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
+        "pipelines": [
+            {
+                "name": "p",
+                "type": "disaggregated",
+                "train_gpus": [0],
+                "infer_gpus": [1],
+                "model": {"preset": "qwen2.5-1.5b"},
+            },
+            {
+                "name": "rl",
+                "type": "roll_sync",
+                "train_gpus": [1],
+                "infer_gpus": [1, 2],
+                "model": {"preset": "qwen2.5-1.5b"},
+            },
+        ],
+    }
     with pytest.raises(ScenarioError) as e:
         check_feasible(scenario_from_mapping(data, "t.yaml"), "t.yaml")
     assert "pipelines[1].train_gpus: GPU(s) [1] also belong to pipeline 'p'; disaggregated 'p' owns" in str(e.value)

@@ -48,7 +48,11 @@ def _dropped_inside_pauses(records, pid):
     for r in records:
         if r.get("pipeline_id") != pid:
             continue
-        if r["kind"] in ("effect_start", "effect_end") and r["effect"] in ("Abort", "Pause") and r.get("scope") == "shrink":
+        if (
+            r["kind"] in ("effect_start", "effect_end")
+            and r["effect"] in ("Abort", "Pause")
+            and r.get("scope") == "shrink"
+        ):
             inside = r["kind"] == "effect_start"
         elif r["kind"] == "request_abort" and inside:
             n += 1
@@ -76,6 +80,7 @@ def test_lost_work_per_pause_mode_reaches_the_summary(pause_modes):
 def test_a_wait_pause_drains_longer_than_an_abort(pause_modes):
     """What wait costs instead of lost work: its shrinks' drains last as long as the
     requests it lets finish (the abort pipeline's drains are the fixed drain time)."""
+
     def drains(pid):
         starts = {}
         out = []
@@ -86,6 +91,7 @@ def test_a_wait_pause_drains_longer_than_an_abort(pause_modes):
                 else:
                     out.append(r["t"] - starts.pop(r["cycle"]))
         return out
+
     assert max(drains("ppl_wait")) > 10 * max(drains("ppl_abort"))
 
 

@@ -24,11 +24,15 @@ def test_before_pr14_a_failed_finalize_leaves_generation_paused():
     res, found = run("miles_finalize_fails_paused")
     assert res.reason == "failed" and {v.invariant for v in found} == {"engine_stood_down", "run_outcome"}
     (v,) = [v for v in found if v.invariant == "engine_stood_down"]
-    pause = next(r for r in res.records if r["kind"] == "effect_start" and r["effect"] == "PauseGeneration"
-                 and r["step"] == 1)
+    pause = next(
+        r for r in res.records if r["kind"] == "effect_start" and r["effect"] == "PauseGeneration" and r["step"] == 1
+    )
     assert f"ppl1 dp1 paused at seq {pause['seq']}" in v.message
-    assert not [r for r in res.records if r["kind"] == "effect_start" and r["effect"] == "ContinueGeneration"
-                and r["seq"] > pause["seq"]]
+    assert not [
+        r
+        for r in res.records
+        if r["kind"] == "effect_start" and r["effect"] == "ContinueGeneration" and r["seq"] > pause["seq"]
+    ]
     # without the fault, every pause is continued and the run is clean
     clean, found = run("miles_finalize_fails_paused", faults=())
     assert clean.reason == "done" and found == []
@@ -53,5 +57,7 @@ def test_a_pause_without_a_deadline_hangs_with_the_engine_paused_and_names_it_un
     assert not [r for r in res.records if r["kind"] == "timeout"]
     # with RLix's 30 s deadline (abort_never_wakes.yaml) the run fails fast instead
     bounded, found = run("abort_never_wakes")
-    assert bounded.reason == "failed" and [r["what"] for r in bounded.records if r["kind"] == "timeout"] == ["shrink_drain"]
+    assert bounded.reason == "failed" and [r["what"] for r in bounded.records if r["kind"] == "timeout"] == [
+        "shrink_drain"
+    ]
     assert "unbounded" not in next(v.message for v in found if v.invariant == "engine_stood_down")

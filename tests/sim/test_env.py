@@ -69,8 +69,16 @@ def test_link_schedules_what_simpy_resource_would():
 
 def _router(env, log):
     done = []
-    router = Router(env, "p", 0, max_concurrent=4, tokens_per_s=100.0, half_point=0.0, log=log.append,
-                    on_done=lambda req, rank: done.append((env.now, req.rid, req.attempt)))
+    router = Router(
+        env,
+        "p",
+        0,
+        max_concurrent=4,
+        tokens_per_s=100.0,
+        half_point=0.0,
+        log=log.append,
+        on_done=lambda req, rank: done.append((env.now, req.rid, req.attempt)),
+    )
     rank = RankSim("p", 0, (0,), RankLifecycle("p", 0))
     router.ranks = {0: rank}
     return router, rank, done
@@ -92,7 +100,11 @@ def test_a_request_aborted_mid_decode_completes_once_after_its_redispatch():
     env.run()
     assert done == [(2.5, 1, 1)]
     assert [(r["kind"], r["t"]) for r in log] == [
-        ("request_dispatch", 0), ("request_abort", 0.5), ("request_dispatch", 1.5), ("request_done", 2.5)]
+        ("request_dispatch", 0),
+        ("request_abort", 0.5),
+        ("request_dispatch", 1.5),
+        ("request_done", 2.5),
+    ]
     assert rank.inflight == {} and router.completed == 1 and router.aborted == 1
 
 

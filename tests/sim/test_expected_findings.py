@@ -57,10 +57,14 @@ def test_the_16gpu_scenario_is_green_with_its_expected_findings(tmp_path, capsys
     known = [line for line in text.splitlines() if line.startswith("  known upstream  ")]
     assert [line.split()[2] for line in known] == ["handover", "planned_release_ack", "stale_serving"], known
     assert all("rlops/rlix f77d913" in line for line in known)
-    assert main(["simulate", bare, "--out", str(tmp_path / "bare2"), "--no-png", "--quiet",
-                 "--upstream-as-findings"]) == 1
-    assert {u["check"] for u in _findings(tmp_path / "bare2")["unexpected"]} == {"handover", "planned_release_ack",
-                                                                                   "stale_serving"}
+    assert (
+        main(["simulate", bare, "--out", str(tmp_path / "bare2"), "--no-png", "--quiet", "--upstream-as-findings"]) == 1
+    )
+    assert {u["check"] for u in _findings(tmp_path / "bare2")["unexpected"]} == {
+        "handover",
+        "planned_release_ack",
+        "stale_serving",
+    }
 
 
 def test_one_fault_added_is_red_and_names_only_the_new_finding(tmp_path, capsys):
@@ -82,20 +86,32 @@ def test_strict_is_red_when_an_expected_finding_disappears(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "not found   planned_release_ack pipeline=roll15" in text
     assert main(["simulate", scenario, "--out", str(tmp_path / "b"), "--no-png", "--quiet", "--strict"]) == 1
-    assert {e["check"] for e in _findings(tmp_path / "b")["expected_not_found"]} == {"planned_release_ack", "stale_serving"}
+    assert {e["check"] for e in _findings(tmp_path / "b")["expected_not_found"]} == {
+        "planned_release_ack",
+        "stale_serving",
+    }
     # the shipped scenario stays green under --strict: every expectation is met
     assert main(["simulate", MIX, "--out", str(tmp_path / "c"), "--no-png", "--quiet", "--strict"]) == 0
 
 
-@pytest.mark.parametrize("expect, where", [
-    ([{"check": "handover"}], "expect[0].reason: missing"),
-    ([{"check": "handover", "reason": "  "}], "expect[0].reason: expected a non-empty string"),
-    ([{"check": "handovr", "reason": "typo"}], "expect[0].check: unknown check 'handovr'"),
-    ([{"check": "handover", "pipeline": "big8b", "reason": "x"}], "expect[0].pipeline: no pipeline or pipeline type 'big8b'"),
-    ([{"check": "*", "after_fault": "no_such_fault", "reason": "x"}], "expect[0].after_fault: no fault 'no_such_fault'"),
-    ([{"check": "handover", "reason": "x", "gpu": 3}], "expect[0].gpu: unknown field"),
-    ({"check": "handover"}, "expect: expected a list"),
-])
+@pytest.mark.parametrize(
+    "expect, where",
+    [
+        ([{"check": "handover"}], "expect[0].reason: missing"),
+        ([{"check": "handover", "reason": "  "}], "expect[0].reason: expected a non-empty string"),
+        ([{"check": "handovr", "reason": "typo"}], "expect[0].check: unknown check 'handovr'"),
+        (
+            [{"check": "handover", "pipeline": "big8b", "reason": "x"}],
+            "expect[0].pipeline: no pipeline or pipeline type 'big8b'",
+        ),
+        (
+            [{"check": "*", "after_fault": "no_such_fault", "reason": "x"}],
+            "expect[0].after_fault: no fault 'no_such_fault'",
+        ),
+        ([{"check": "handover", "reason": "x", "gpu": 3}], "expect[0].gpu: unknown field"),
+        ({"check": "handover"}, "expect: expected a list"),
+    ],
+)
 def test_a_bad_expect_entry_is_one_line_naming_the_field(tmp_path, capsys, expect, where):
     out = tmp_path / "run"
     assert main(["simulate", _mix(tmp_path, expect=expect), "--out", str(out), "--quiet"]) == 2
@@ -106,8 +122,20 @@ def test_a_bad_expect_entry_is_one_line_naming_the_field(tmp_path, capsys, expec
 
 def test_check_writes_a_baseline_that_makes_it_green_and_strict_catches_a_stale_one(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main(["simulate", _mix(tmp_path, expect=[]), "--out", str(run_dir), "--no-png", "--quiet",
-                 "--upstream-as-findings"]) == 1
+    assert (
+        main(
+            [
+                "simulate",
+                _mix(tmp_path, expect=[]),
+                "--out",
+                str(run_dir),
+                "--no-png",
+                "--quiet",
+                "--upstream-as-findings",
+            ]
+        )
+        == 1
+    )
     log = str(run_dir / "events.jsonl")
     assert main(["check", log]) == 0  # known upstream behaviour only
     assert main(["check", log, "--upstream-as-findings"]) == 1
@@ -131,21 +159,41 @@ def test_replay_and_simulate_read_the_same_baseline_file(tmp_path, capsys):
     assert main(["replay", ROLL_TRACE, "--quiet", "--upstream-as-findings"]) == 1
     assert main(["replay", ROLL_TRACE, "--quiet", "--upstream-as-findings", "--baseline", str(base)]) == 0
     assert main(["replay", ROLL_TRACE, "--quiet"]) == 0  # RLix's premature ack is known upstream behaviour
-    assert main(["simulate", os.path.join(ROOT, "examples", "scenarios", "roll_dual_4gpu.yaml"), "--out",
-                 str(tmp_path / "r"), "--no-png", "--quiet", "--baseline", str(base)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                os.path.join(ROOT, "examples", "scenarios", "roll_dual_4gpu.yaml"),
+                "--out",
+                str(tmp_path / "r"),
+                "--no-png",
+                "--quiet",
+                "--baseline",
+                str(base),
+            ]
+        )
+        == 0
+    )
 
 
-@pytest.mark.parametrize("text, where", [
-    ("expect: [{check: handover}]\n", "expect[0].reason: missing"),
-    ("- {check: handover, reason: x}\n", "(top level): expected a mapping with an 'expect' list"),
-    ("expect: []\nextra: 1\n", "extra: unknown field"),
-    ("expect: [\n", "malformed YAML"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("expect: [{check: handover}]\n", "expect[0].reason: missing"),
+        ("- {check: handover, reason: x}\n", "(top level): expected a mapping with an 'expect' list"),
+        ("expect: []\nextra: 1\n", "extra: unknown field"),
+        ("expect: [\n", "malformed YAML"),
+    ],
+)
 def test_a_bad_baseline_file_is_one_line_and_exit_2_before_any_work(tmp_path, capsys, text, where):
     base = tmp_path / "b.yaml"
     base.write_text(text)
-    for argv in (["simulate", MIX, "--out", str(tmp_path / "o"), "--quiet"], ["check", ROLL_TRACE],
-                 ["replay", ROLL_TRACE], ["fuzz", "--seeds", "1", "--out", str(tmp_path / "f")]):
+    for argv in (
+        ["simulate", MIX, "--out", str(tmp_path / "o"), "--quiet"],
+        ["check", ROLL_TRACE],
+        ["replay", ROLL_TRACE],
+        ["fuzz", "--seeds", "1", "--out", str(tmp_path / "f")],
+    ):
         assert main(argv + ["--baseline", str(base)]) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and where in err and str(base) in err, (argv, err)
@@ -157,10 +205,16 @@ def test_the_pytest_plugin_exposes_unexpected_and_takes_a_baseline():
     assert run(MIX, overrides=bare).unexpected == []  # known upstream behaviour only
     res = run(MIX, overrides=bare, upstream_as_findings=True)
     assert {f.check for f in res.unexpected} == {"handover", "planned_release_ack", "stale_serving"}
-    res = run(MIX, overrides=bare, upstream_as_findings=True,
-              baseline=[{"check": "handover", "pipeline": "nemo_async", "reason": "init groups"},
-                        {"check": "planned_release_ack", "reason": "RLix hazard"},
-                        {"check": "oom:*", "reason": "never happens here"}])
+    res = run(
+        MIX,
+        overrides=bare,
+        upstream_as_findings=True,
+        baseline=[
+            {"check": "handover", "pipeline": "nemo_async", "reason": "init groups"},
+            {"check": "planned_release_ack", "reason": "RLix hazard"},
+            {"check": "oom:*", "reason": "never happens here"},
+        ],
+    )
     assert {f.check for f in res.unexpected} == {"stale_serving"}
     assert {f.check for f in res.expected} == {"handover", "planned_release_ack"}
     assert [e.check for e in res.expected_not_found] == ["oom:*"]
@@ -170,7 +224,11 @@ def test_the_pytest_plugin_exposes_unexpected_and_takes_a_baseline():
 def test_matching_reads_signatures_and_scopes_by_pipeline_cluster_and_fault():
     # written out by hand, independent of the parser: head, roles, faults
     f = from_signature("oom:kv_cache[nemo_async,roll_sync] +wake_before_offload +lost_finish")
-    assert (f.check, f.pipelines, f.faults) == ("oom:kv_cache", ("nemo_async", "roll_sync"), ("wake_before_offload", "lost_finish"))
+    assert (f.check, f.pipelines, f.faults) == (
+        "oom:kv_cache",
+        ("nemo_async", "roll_sync"),
+        ("wake_before_offload", "lost_finish"),
+    )
     assert from_signature("planned_release_ack").pipelines == ()
     hit = Finding("handover", "GPU 0 granted to a_actor_infer ...", 7, ("a", "nemo_async"), ("a_actor_infer",))
     assert matches(Expectation("hand*", "r"), hit)

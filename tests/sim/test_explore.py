@@ -100,8 +100,23 @@ def test_pct_counts_the_runs_scheduling_points_and_the_header_names_them():
 
 def test_cli_explore_is_deterministic_and_checked(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["simulate", "--quiet", "--no-png", "--explore", "5", "--explore-strategy", "random",
-                 "--out", str(out), "--check-determinism"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--quiet",
+                "--no-png",
+                "--explore",
+                "5",
+                "--explore-strategy",
+                "random",
+                "--out",
+                str(out),
+                "--check-determinism",
+            ]
+        )
+        == 0
+    )
     assert "byte-identical" in capsys.readouterr().out
     assert main(["simulate", "--quiet", "--explore", "-3", "--out", str(tmp_path / "bad")]) == 2
     assert "--explore: must be in" in capsys.readouterr().err
@@ -164,8 +179,10 @@ def test_lock_hand_off_is_fifo_unexplored_and_chosen_by_the_seed_explored():
     assert [h for _, h in _cache_lock_handoff(None)] == ["h0", "w1", "w2", "w3"]
     assert _coordinator_handoff(None) == [0, 1, 2, 3]
     for strategy in ("random", "pct"):
-        cache = {tuple(h for _, h in _cache_lock_handoff(Explorer(ExploreSpec(s, strategy, steps=20, max_delay_s=0.0))))
-                 for s in range(30)}
+        cache = {
+            tuple(h for _, h in _cache_lock_handoff(Explorer(ExploreSpec(s, strategy, steps=20, max_delay_s=0.0))))
+            for s in range(30)
+        }
         coord = {tuple(_coordinator_handoff(Explorer(ExploreSpec(s, strategy, steps=20)))) for s in range(30)}
         assert len({o[1] for o in cache}) > 1 and len({o[1] for o in coord}) > 1  # another waiter goes first
         assert all(o[0] == "h0" and sorted(o[1:]) == ["w1", "w2", "w3"] for o in cache)  # one holder at a time

@@ -21,8 +21,10 @@ from simulators.scenario.loader import load_scenario
 from simulators.scenario.spec import FAULT_NAMES, FaultSpec
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BASES = {name: load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
-         for name in ("default", "roll_dual_4gpu", "tp2_broadcast", "gap_ratio_3pipelines")}
+BASES = {
+    name: load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
+    for name in ("default", "roll_dual_4gpu", "tp2_broadcast", "gap_ratio_3pipelines")
+}
 EXPLAINING_KINDS = ("fault_fired", "oom", "timeout")
 
 
@@ -30,10 +32,17 @@ EXPLAINING_KINDS = ("fault_fired", "oom", "timeout")
 def fault_mixes(draw):
     base = BASES[draw(st.sampled_from(sorted(BASES)))]
     pipelines = [p.name for p in base.pipelines]
-    hooks = draw(st.lists(st.tuples(st.sampled_from(FAULT_NAMES), st.sampled_from(pipelines), st.integers(0, 3)),
-                          min_size=1, max_size=3, unique_by=lambda h: (h[0], h[1])))
-    return dataclasses.replace(base, faults=tuple(FaultSpec(*h) for h in hooks),
-                               seed=draw(st.integers(0, 3)), horizon_s=900.0)
+    hooks = draw(
+        st.lists(
+            st.tuples(st.sampled_from(FAULT_NAMES), st.sampled_from(pipelines), st.integers(0, 3)),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda h: (h[0], h[1]),
+        )
+    )
+    return dataclasses.replace(
+        base, faults=tuple(FaultSpec(*h) for h in hooks), seed=draw(st.integers(0, 3)), horizon_s=900.0
+    )
 
 
 def test_the_base_topologies_complete_without_faults():

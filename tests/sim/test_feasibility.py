@@ -26,22 +26,59 @@ ALL16 = list(range(16))
 
 INFEASIBLE = {
     # NeMo's single controller holds GPU 1 for its whole run; the RLix pipeline wakes a rank there
-    "sc_overlap": ({"cluster": {"nodes": 1, "gpus_per_node": 4}, "pipelines": [
-        {"name": "rl", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]},
-        {"name": "sc", "type": "single_controller", "train_gpus": [2], "infer_gpus": [1]}]},
-        "pipelines[1].infer_gpus", "single_controller_exclusive", "rl expand"),
+    "sc_overlap": (
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 4},
+            "pipelines": [
+                {"name": "rl", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]},
+                {"name": "sc", "type": "single_controller", "train_gpus": [2], "infer_gpus": [1]},
+            ],
+        },
+        "pipelines[1].infer_gpus",
+        "single_controller_exclusive",
+        "rl expand",
+    ),
     # 7B parameters trained on one 80 GiB GPU: 8 x 14 GB of training state
-    "big_model": ({"cluster": {"nodes": 1, "gpus_per_node": 2}, "pipelines": [
-        {"name": "big", "type": "roll_sync", "train_gpus": [0], "infer_gpus": [0, 1], "model": {"params": 7e9}}]},
-        "pipelines[0].model.params", "init_fits", "big/train asked for"),
+    "big_model": (
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "pipelines": [
+                {"name": "big", "type": "roll_sync", "train_gpus": [0], "infer_gpus": [0, 1], "model": {"params": 7e9}}
+            ],
+        },
+        "pipelines[0].model.params",
+        "init_fits",
+        "big/train asked for",
+    ),
     # 14B parameters trained over 16 GPUs fits, but one unsharded inference copy (28 GB) does not fit 24 GiB
-    "shard": ({"cluster": {"nodes": 2, "gpus_per_node": 8, "vram_bytes": 24 * GiB}, "pipelines": [
-        {"name": "wide", "type": "roll_sync", "train_gpus": ALL16, "infer_gpus": ALL16, "model": {"params": 14e9}}]},
-        "pipelines[0].infer_tp", "wake_fits", "wide/dp0 asked for 28000000000 B of weights"),
+    "shard": (
+        {
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "vram_bytes": 24 * GiB},
+            "pipelines": [
+                {
+                    "name": "wide",
+                    "type": "roll_sync",
+                    "train_gpus": ALL16,
+                    "infer_gpus": ALL16,
+                    "model": {"params": 14e9},
+                }
+            ],
+        },
+        "pipelines[0].infer_tp",
+        "wake_fits",
+        "wide/dp0 asked for 28000000000 B of weights",
+    ),
     # the KV cache takes the whole GPU, the CUDA context is already there
-    "kv_full": ({"cluster": {"nodes": 1, "gpus_per_node": 2}, "costs": {"kv_cache_fraction": 1.0}, "pipelines": [
-        {"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]}]},
-        "costs.kv_cache_fraction", "wake_fits", "of kv_cache"),
+    "kv_full": (
+        {
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "costs": {"kv_cache_fraction": 1.0},
+            "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]}],
+        },
+        "costs.kv_cache_fraction",
+        "wake_fits",
+        "of kv_cache",
+    ),
 }
 
 
@@ -88,9 +125,13 @@ def test_one_gpu_more_makes_the_big_model_fit(tmp_path, capsys):
 
 
 def test_single_controllers_side_by_side_are_fine(tmp_path):
-    data = {"cluster": {"nodes": 1, "gpus_per_node": 4}, "pipelines": [
-        {"name": "a", "type": "single_controller", "train_gpus": [0], "infer_gpus": [1]},
-        {"name": "b", "type": "nemo_async", "train_gpus": [2], "infer_gpus": [2, 3]}]}
+    data = {
+        "cluster": {"nodes": 1, "gpus_per_node": 4},
+        "pipelines": [
+            {"name": "a", "type": "single_controller", "train_gpus": [0], "infer_gpus": [1]},
+            {"name": "b", "type": "nemo_async", "train_gpus": [2], "infer_gpus": [2, 3]},
+        ],
+    }
     load_scenario(_write(tmp_path, "apart", data))
 
 

@@ -56,10 +56,13 @@ def test_engines_crashing_after_a_refit_leave_the_trainer_polling_an_empty_buffe
     msgs = liveness_messages(res)
     assert any(m.startswith("ppl1 stuck in WaitBatch") for m in msgs)
     crash = next(r for r in res.records if r["kind"] == "fault_fired")
-    stopped = [r for r in res.records if r["kind"] == "rank_state" and r["pipeline_id"] == "ppl1"
-               and r["state"] == "stopped"]
+    stopped = [
+        r for r in res.records if r["kind"] == "rank_state" and r["pipeline_id"] == "ppl1" and r["state"] == "stopped"
+    ]
     assert stopped and all(r["seq"] > crash["seq"] for r in stopped)
-    assert not [r for r in res.records if r["seq"] > crash["seq"] and r["kind"] == "request_done" and r["pipeline_id"] == "ppl1"]
+    assert not [
+        r for r in res.records if r["seq"] > crash["seq"] and r["kind"] == "request_done" and r["pipeline_id"] == "ppl1"
+    ]
 
 
 def test_one_stuck_straggler_wedges_a_synchronous_step():  # NeMo RL #3238
@@ -76,13 +79,20 @@ def test_one_stuck_straggler_wedges_a_synchronous_step():  # NeMo RL #3238
 def test_parameters_left_on_the_gpu_by_the_offload_make_the_next_wake_oom():  # NeMo RL #2775
     res = run("offload_keeps_params")
     # handover: the parameters left behind are seen when the GPU is granted, before the OOM
-    assert res.reason == "failed" and {v.invariant for v in check_log(res.records)} == {"vram", "run_outcome", "handover",
-                                                                                        "handover_headroom"}
+    assert res.reason == "failed" and {v.invariant for v in check_log(res.records)} == {
+        "vram",
+        "run_outcome",
+        "handover",
+        "handover_headroom",
+    }
     assert ("offload_keeps_params", "ppl1") in fired(res)
     oom = next(r for r in res.records if r["kind"] == "oom")
     assert oom["gpu"] == 0 and oom["owner"] == "ppl1/dp0"
-    left = sum(r["delta"] for r in res.records if r["kind"] == "vram" and r["gpu"] == 0
-               and r["owner"] == "ppl1/train" and r["mem"] == "weights")
+    left = sum(
+        r["delta"]
+        for r in res.records
+        if r["kind"] == "vram" and r["gpu"] == 0 and r["owner"] == "ppl1/train" and r["mem"] == "weights"
+    )
     assert left == res.scenario.pipelines[0].model.weight_bytes and oom["used"] >= left
 
 
@@ -127,9 +137,18 @@ def test_an_expand_that_fails_at_its_sync_strands_the_woken_ranks_and_fails_fast
         assert held > 0
 
 
-@pytest.mark.parametrize("name", ["collector_dies_at_epoch_end", "engines_crash_after_refit", "stuck_rollout_straggler",
-                                  "offload_keeps_params", "stranded_sync_group", "gen_request_without_demand",
-                                  "expand_fails_midway"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "collector_dies_at_epoch_end",
+        "engines_crash_after_refit",
+        "stuck_rollout_straggler",
+        "offload_keeps_params",
+        "stranded_sync_group",
+        "gen_request_without_demand",
+        "expand_fails_midway",
+    ],
+)
 def test_without_its_fault_the_scenario_runs_clean(name):
     s = load_scenario(os.path.join(SCENARIOS, name + ".yaml"))
     fixed = [f for f in s.faults if f.name not in ("noop_progress_hooks",)]  # NeMo's real hooks stay
@@ -145,8 +164,11 @@ def test_noop_progress_hooks_leaves_a_record_where_it_first_withholds_a_report()
     first = next(r for r in res.records if r["kind"] == "fault_fired" and r["name"] == "noop_progress_hooks")
     assert first["pipeline_id"] == "ppl1" and first["step"] == 0
     assert fired(res).count(("noop_progress_hooks", "ppl1")) == 1
-    begun = next(r for r in res.records if r["kind"] == "effect_start" and r["pipeline_id"] == "ppl1"
-                 and r["effect"] == "BeginProgressBatch")
+    begun = next(
+        r
+        for r in res.records
+        if r["kind"] == "effect_start" and r["pipeline_id"] == "ppl1" and r["effect"] == "BeginProgressBatch"
+    )
     assert begun["seq"] < first["seq"]  # fired inside the batch's opening, where the report was due
     assert not any(r["kind"] == "progress" and r["pipeline_id"] == "ppl1" for r in res.records)
     peer = [r for r in res.records if r["kind"] == "progress" and r["pipeline_id"] == "ppl2"]
@@ -158,13 +180,18 @@ def test_no_gen_watchdog_leaves_a_record_where_the_watchdog_would_have_re_reques
     # request that the faulted run lacks is the re-request the fault withheld
     faulted = run("starve_one_shot_generation")
     s = load_scenario(os.path.join(SCENARIOS, "starve_one_shot_generation.yaml"))
-    present = Simulation(dataclasses.replace(
-        s, faults=tuple(f for f in s.faults if f.name != "no_gen_watchdog"))).run()
-    requests = lambda res, pid: [(r["t"], r["priority"]) for r in res.records
-                                 if r["kind"] == "request" and r["cluster_id"] == f"{pid}_actor_infer"]
+    present = Simulation(dataclasses.replace(s, faults=tuple(f for f in s.faults if f.name != "no_gen_watchdog"))).run()
+    requests = lambda res, pid: [
+        (r["t"], r["priority"])
+        for r in res.records
+        if r["kind"] == "request" and r["cluster_id"] == f"{pid}_actor_infer"
+    ]
     for pid in ("ppl1", "ppl2"):
-        records = [r for r in faulted.records if r["kind"] == "fault_fired" and r["name"] == "no_gen_watchdog"
-                   and r["pipeline_id"] == pid]
+        records = [
+            r
+            for r in faulted.records
+            if r["kind"] == "fault_fired" and r["name"] == "no_gen_watchdog" and r["pipeline_id"] == pid
+        ]
         assert len(records) == 1, pid
         withheld = next(req for req in requests(present, pid) if req not in requests(faulted, pid))
         assert records[0]["t"] == withheld[0] and withheld[1] == "GENERATION", (pid, records, withheld)

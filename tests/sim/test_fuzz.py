@@ -30,6 +30,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # ---------------------------------------------------------------- generator
 
+
 def test_every_seed_gives_a_valid_scenario_and_the_same_one_twice():
     seen_types, tps, nodes, faults = set(), set(), set(), 0
     for seed in range(400):
@@ -51,7 +52,12 @@ def test_partial_overlap_is_drawn_for_nemo_pipelines():
         for p in scenario_for_seed(seed).pipelines:
             if p.type in ("single_controller", "disaggregated"):  # non-colocated, on GPUs of its own (no scheduler)
                 assert not set(p.train_gpus) & set(p.infer_gpus)
-                others = {g for q in scenario_for_seed(seed).pipelines if q.name != p.name for g in q.train_gpus + q.infer_gpus}
+                others = {
+                    g
+                    for q in scenario_for_seed(seed).pipelines
+                    if q.name != p.name
+                    for g in q.train_gpus + q.infer_gpus
+                }
                 assert not (set(p.train_gpus) | set(p.infer_gpus)) & others
                 continue
             assert set(p.train_gpus) <= set(p.infer_gpus)
@@ -76,9 +82,11 @@ def test_a_clean_run_has_the_clean_signature():
 
 
 def test_the_first_finding_in_log_order_names_the_signature_with_roles_not_names():
-    records = [_rec(0, "header"),
-               _rec(3, "oom", gpu=1, owner="p1/dp0", mem="kv_cache", requested=1, used=1, capacity=1),
-               _rec(4, "sim_end", reason="failed", sim_time=4.0, events=9, detail="p1: OOM")]
+    records = [
+        _rec(0, "header"),
+        _rec(3, "oom", gpu=1, owner="p1/dp0", mem="kv_cache", requested=1, used=1, capacity=1),
+        _rec(4, "sim_end", reason="failed", sim_time=4.0, events=9, detail="p1: OOM"),
+    ]
     late = Violation("stale_serving", 4, "p0 dp1 serves version 2 after 3 was published")
     early = Violation("stale_serving", 2, "p0 dp1 serves version 2 after 3 was published")
     assert signature(records, [late], TYPES) == "oom:kv_cache[roll_sync]"
@@ -88,8 +96,11 @@ def test_the_first_finding_in_log_order_names_the_signature_with_roles_not_names
 
 
 def test_fired_faults_are_part_of_the_signature_and_numbers_are_dropped():
-    records = [_rec(0, "header"), _rec(1, "fault_fired", name="cache_after_offload", pipeline_id="p0"),
-               _rec(2, "sim_end", reason="failed", sim_time=2.0, events=3, detail="p0: cache v3 built on GPU [0, 1]")]
+    records = [
+        _rec(0, "header"),
+        _rec(1, "fault_fired", name="cache_after_offload", pipeline_id="p0"),
+        _rec(2, "sim_end", reason="failed", sim_time=2.0, events=3, detail="p0: cache v3 built on GPU [0, 1]"),
+    ]
     assert signature(records, [], TYPES) == "failed:nemo_async: cache vN built on GPU [..] +cache_after_offload"
     # a fault that fired after the finding did not cause it
     early = Violation("liveness", 0, "p0 stuck")
@@ -97,17 +108,24 @@ def test_fired_faults_are_part_of_the_signature_and_numbers_are_dropped():
 
 
 def test_timeouts_and_horizon_have_their_own_signatures():
-    timeout = [_rec(0, "header"), _rec(1, "timeout", pipeline_id="p0", what="shrink_drain", limit_s=30, since=1.0),
-               _rec(2, "sim_end", reason="failed", sim_time=31.0, events=3, detail="timeout")]
+    timeout = [
+        _rec(0, "header"),
+        _rec(1, "timeout", pipeline_id="p0", what="shrink_drain", limit_s=30, since=1.0),
+        _rec(2, "sim_end", reason="failed", sim_time=31.0, events=3, detail="timeout"),
+    ]
     assert signature(timeout, [], TYPES) == "timeout:shrink_drain[nemo_async]"
-    horizon = [_rec(0, "header"), _rec(1, "batch_consumed", pipeline_id="p1", step=0, trajectories=1, staleness={}),
-               _rec(2, "sim_end", reason="horizon", sim_time=9.0, events=3, detail="")]
+    horizon = [
+        _rec(0, "header"),
+        _rec(1, "batch_consumed", pipeline_id="p1", step=0, trajectories=1, staleness={}),
+        _rec(2, "sim_end", reason="horizon", sim_time=9.0, events=3, detail=""),
+    ]
     assert signature(horizon, [], TYPES) == "horizon:never_trained[nemo_async]"
     horizon[1]["pipeline_id"] = "p0"
     assert signature(horizon, [], {"p0": "nemo_async"}) == "horizon:unfinished[nemo_async]"
 
 
 # ---------------------------------------------------------------- one seed
+
 
 def test_a_seed_result_depends_on_the_seed_alone():
     a, b = run_seed(1), run_seed(1)
@@ -122,13 +140,14 @@ def test_check_determinism_compares_with_a_fresh_process(fresh_process_decodes_o
     cfg = SweepConfig(seeds=3, start=start, workers=2, check_determinism=True)
     assert [r["determinism"] for r in run_sweep(cfg, minimize_findings=False).results] == [{"status": "identical"}] * 3
     fresh_process_decodes_one_more_token()
-    res, = run_sweep(dataclasses.replace(cfg, seeds=1), minimize_findings=False).results  # one fresh process shows it
+    (res,) = run_sweep(dataclasses.replace(cfg, seeds=1), minimize_findings=False).results  # one fresh process shows it
     det = res["determinism"]
     assert det["status"] == "diverged" and res["signature"] == "nondeterministic"
     assert det["line"] > 1 and det["ours"] != det["theirs"] and '"kind":"request_' in det["ours"]
 
 
 # ---------------------------------------------------------------- isolation
+
 
 def _raise(seed):
     raise ZeroDivisionError("boom")
@@ -163,8 +182,11 @@ def test_no_child_process_outlives_the_sweep():
 
 # ---------------------------------------------------------------- minimization
 
+
 def test_minimize_keeps_only_what_the_signature_needs():
-    seed = next(s for s in range(200) if len(scenario_mapping(s)["pipelines"]) == 4 and scenario_mapping(s).get("faults"))
+    seed = next(
+        s for s in range(200) if len(scenario_mapping(s)["pipelines"]) == 4 and scenario_mapping(s).get("faults")
+    )
     big = scenario_mapping(seed)
     fault = big["faults"][0]["name"]
 
@@ -196,6 +218,7 @@ def test_a_minimized_reproducer_reproduces_its_finding(tmp_path):
 
 # ---------------------------------------------------------------- executors and CLI
 
+
 def test_results_are_byte_identical_whatever_the_worker_count_and_completion_order():
     one = results_json(run_sweep(SweepConfig(seeds=10, workers=1), minimize_findings=False).results)
     two = results_json(run_sweep(SweepConfig(seeds=10, workers=3), minimize_findings=False).results)
@@ -211,7 +234,8 @@ def test_results_on_a_local_ray_instance_equal_the_local_ones(local_ray):
     on_ray = results_json(run_sweep(SweepConfig(**cfg, ray_address="local"), minimize_findings=False).results)
     assert local == on_ray
     assert [(r["seed"], r.get("explore")) for r in json.loads(on_ray)] == [
-        (s, x) for s in range(4) for x in (None, {"seed": 0, "strategy": "random"})]
+        (s, x) for s in range(4) for x in (None, {"seed": 0, "strategy": "random"})
+    ]
     assert local_ray.is_initialized()
 
 
@@ -240,7 +264,9 @@ class _RayStandIn:
                 @staticmethod
                 def remote(*args):
                     return fn(*args)
+
             return Task
+
         return wrap
 
     def wait(self, refs, num_returns):
@@ -253,11 +279,14 @@ class _RayStandIn:
         pass
 
 
-@pytest.mark.parametrize("address, caller_has_ray, calls", [
-    ("local", False, [("init", {"num_cpus": 2}), ("shutdown", {})]),
-    ("ray://head:10001", False, [("init", {"address": "ray://head:10001"}), ("shutdown", {})]),
-    ("local", True, []),  # a caller's Ray is used as it is and left running
-])
+@pytest.mark.parametrize(
+    "address, caller_has_ray, calls",
+    [
+        ("local", False, [("init", {"num_cpus": 2}), ("shutdown", {})]),
+        ("ray://head:10001", False, [("init", {"address": "ray://head:10001"}), ("shutdown", {})]),
+        ("local", True, []),  # a caller's Ray is used as it is and left running
+    ],
+)
 def test_the_ray_executor_starts_and_stops_only_a_ray_of_its_own(monkeypatch, address, caller_has_ray, calls):
     from simulators.fuzz import executors
 
@@ -267,7 +296,9 @@ def test_the_ray_executor_starts_and_stops_only_a_ray_of_its_own(monkeypatch, ad
     monkeypatch.setattr(executors, "isolated_job", lambda job, budget: ("ran", jobs.index(job)))
     got = list(executors.run_on_ray(jobs, address=address, workers=2, budget=None))
     assert sorted(got) == [("ran", 0), ("ran", 1)]
-    assert [(name, {k: v for k, v in kw.items() if k in ("num_cpus", "address")}) for name, kw in stand_in.calls] == calls
+    assert [
+        (name, {k: v for k, v in kw.items() if k in ("num_cpus", "address")}) for name, kw in stand_in.calls
+    ] == calls
     assert stand_in.initialized == caller_has_ray
 
 
@@ -283,24 +314,65 @@ def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
     allow = tmp_path / "allow.yaml"
     heads = sorted({from_signature(s).check for s in findings})
     entries = [{"check": h, "reason": "found by seeds 0-3"} for h in heads]
-    allow.write_text("# everything this range finds\n" + yaml.safe_dump(
-        {"expect": entries + [{"check": "oom:never", "reason": "a finding no seed makes"}]}))
+    allow.write_text(
+        "# everything this range finds\n"
+        + yaml.safe_dump({"expect": entries + [{"check": "oom:never", "reason": "a finding no seed makes"}]})
+    )
     for flag in ("--baseline", "--expect"):  # --expect: the old name of the same option
-        assert main(["fuzz", "--seeds", "4", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize",
-                     flag, str(allow)]) == 0
+        assert (
+            main(
+                [
+                    "fuzz",
+                    "--seeds",
+                    "4",
+                    "--workers",
+                    "2",
+                    "--out",
+                    str(out),
+                    "--quiet",
+                    "--no-minimize",
+                    flag,
+                    str(allow),
+                ]
+            )
+            == 0
+        )
     # --strict: the expectation no seed matched fails the sweep, and is named in the table
-    assert main(["fuzz", "--seeds", "4", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize",
-                 "--baseline", str(allow), "--strict"]) == 1
+    assert (
+        main(
+            [
+                "fuzz",
+                "--seeds",
+                "4",
+                "--workers",
+                "2",
+                "--out",
+                str(out),
+                "--quiet",
+                "--no-minimize",
+                "--baseline",
+                str(allow),
+                "--strict",
+            ]
+        )
+        == 1
+    )
     assert "expected, not found: oom:never" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["fuzz", "--seeds", "0"], "--seeds: must be between 1 and"),
-    (["fuzz", "--seeds", "5", "--workers", "0"], "--workers: must be between 1 and"),
-    (["fuzz", "--seeds", "5", "--time-budget", "-1"], "--time-budget: must be in"),
-    (["fuzz", "--seeds", "5", "--ray-cpus", "2"], "--ray-cpus: only with --ray local"),
-    (["fuzz", "--seeds", "5", "--baseline", "/nonexistent/allow.yaml"], "--baseline: /nonexistent/allow.yaml: cannot read"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["fuzz", "--seeds", "0"], "--seeds: must be between 1 and"),
+        (["fuzz", "--seeds", "5", "--workers", "0"], "--workers: must be between 1 and"),
+        (["fuzz", "--seeds", "5", "--time-budget", "-1"], "--time-budget: must be in"),
+        (["fuzz", "--seeds", "5", "--ray-cpus", "2"], "--ray-cpus: only with --ray local"),
+        (
+            ["fuzz", "--seeds", "5", "--baseline", "/nonexistent/allow.yaml"],
+            "--baseline: /nonexistent/allow.yaml: cannot read",
+        ),
+    ],
+)
 def test_bad_fuzz_arguments_are_one_line_and_exit_2(argv, message, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

@@ -44,8 +44,10 @@ def test_runs_differing_only_by_schedule_are_one_family_and_the_table_says_sched
     assert (other.count, other.families, other.schedule_only, other.explore) == (2, 1, [], None)
     table = format_table(sweep)
     assert "(fixed order + 4 pct schedule seed(s)) = 5 runs" in table and "1 schedule-only" in table
-    assert f"{SCHEDULE_ONLY_SIG}  seed {SEED}: schedule seed(s) 0, 2, 3 (3 of the sweep's schedules): " \
-           f"rlharness simulate " in table
+    assert (
+        f"{SCHEDULE_ONLY_SIG}  seed {SEED}: schedule seed(s) 0, 2, 3 (3 of the sweep's schedules): "
+        f"rlharness simulate " in table
+    )
     assert f.reproducer.endswith(" --explore 0 --explore-strategy pct") and f.reproducer in table
 
 
@@ -83,21 +85,42 @@ def test_a_crashed_run_keeps_its_schedule_and_families_need_the_fixed_run():
     job = Job(4, _boom, (4,), {"explore": {"seed": 2, "strategy": "pct"}})
     (res,) = run_isolated([job], workers=1, budget=10, clock=lambda: 0.0)
     assert res["explore"] == {"seed": 2, "strategy": "pct"} and res["signature"] == "crashed:RuntimeError"
-    results = [{"seed": 1, "signature": "a"}, {"seed": 1, "signature": "a", "explore": {"seed": 0}},
-               {"seed": 1, "signature": "b", "explore": {"seed": 1}}, {"seed": 1, "signature": "clean", "explore": {"seed": 2}}]
+    results = [
+        {"seed": 1, "signature": "a"},
+        {"seed": 1, "signature": "a", "explore": {"seed": 0}},
+        {"seed": 1, "signature": "b", "explore": {"seed": 1}},
+        {"seed": 1, "signature": "clean", "explore": {"seed": 2}},
+    ]
     mark_families(results)
     assert [r.get("family") for r in results] == [None, "fixed-order", SCHEDULE_ONLY, None]
 
 
 def test_fuzz_cli_explore(tmp_path, capsys):
     out = tmp_path / "o"
-    rc = main(["fuzz", "--seeds", "1", "--start", str(SEED), "--explore", "4", "--workers", "2", "--quiet",
-               "--no-minimize", "--out", str(out)])
+    rc = main(
+        [
+            "fuzz",
+            "--seeds",
+            "1",
+            "--start",
+            str(SEED),
+            "--explore",
+            "4",
+            "--workers",
+            "2",
+            "--quiet",
+            "--no-minimize",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 1 and "1 schedule-only" in text
     assert f"rlharness simulate {out}/scenarios/seed{SEED}.yaml --explore 0 --explore-strategy pct" in text
-    assert run_scenario(load_scenario(str(out / "scenarios" / f"seed{SEED}.yaml")),
-                        ExploreSpec(0, "pct"))["signature"] == SCHEDULE_ONLY_SIG
+    assert (
+        run_scenario(load_scenario(str(out / "scenarios" / f"seed{SEED}.yaml")), ExploreSpec(0, "pct"))["signature"]
+        == SCHEDULE_ONLY_SIG
+    )
     assert main(["fuzz", "--seeds", "5", "--explore", "-1", "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--explore: must be between 0 and" in err

@@ -49,7 +49,9 @@ def test_a_the_hazard_where_the_bytes_fit_is_seen_by_handover_only():
     assert {v.invariant for v in found} == {"handover"}
     msg = found[0].message
     assert msg.startswith("GPU 1 granted to nemo_actor_train (signalled seq")
-    assert "roll_actor_train's nccl 536870912 B, params 500000000 B" in msg and msg.endswith("left by phase old_log_probs")
+    assert "roll_actor_train's nccl 536870912 B, params 500000000 B" in msg and msg.endswith(
+        "left by phase old_log_probs"
+    )
 
 
 def test_b_where_the_bytes_do_not_fit_the_summary_says_the_handover_came_first():
@@ -79,11 +81,23 @@ def test_handover_fires_when_a_clean_log_loses_an_offload():
     """Mutation: drop the frees of roll's parameters after its OLD_LOG_PROBS offload."""
     records = copy.deepcopy(run("handover_fix_offload").records)
     assert check_log(records, ["handover"]) == []
-    olp = {r["seq"] for r in records if r["kind"] == "effect_end" and r["effect"] == "Compute"
-           and r["args"]["what"] == "old_log_probs"}
+    olp = {
+        r["seq"]
+        for r in records
+        if r["kind"] == "effect_end" and r["effect"] == "Compute" and r["args"]["what"] == "old_log_probs"
+    }
     first_end = min(olp)
-    mutated = [r for r in records if not (r["kind"] == "vram" and r["owner"] == "roll/train" and r["delta"] < 0
-                                          and r["seq"] < first_end and r["t"] > 0)]
+    mutated = [
+        r
+        for r in records
+        if not (
+            r["kind"] == "vram"
+            and r["owner"] == "roll/train"
+            and r["delta"] < 0
+            and r["seq"] < first_end
+            and r["t"] > 0
+        )
+    ]
     found = check_log(mutated, ["handover"])
     assert found and "roll_actor_train's" in found[0].message
 
@@ -92,8 +106,11 @@ def test_gpu_tenancy_fires_when_a_trainer_allocates_on_a_gpu_it_does_not_hold():
     """Mutation: a training load of nemo moved onto GPU 0, which roll holds then."""
     records = copy.deepcopy(run("handover_fix_offload").records)
     assert check_log(records, ["gpu_tenancy"]) == []
-    load = next(r for r in records if r["kind"] == "vram" and r["owner"] == "nemo/train" and r["mem"] == "params"
-                and r["delta"] > 0 and r["t"] > 0)
+    load = next(
+        r
+        for r in records
+        if r["kind"] == "vram" and r["owner"] == "nemo/train" and r["mem"] == "params" and r["delta"] > 0 and r["t"] > 0
+    )
     load["gpu"] = 0
     found = check_log(records, ["gpu_tenancy"])
     assert found and found[0].message.startswith("nemo_actor_train allocates params on GPU 0")
@@ -105,8 +122,13 @@ def test_gpu_tenancy_fires_when_a_rank_serves_or_a_trainer_runs_on_a_gpu_its_clu
     clean = run("handover_fix_offload").records
     records = copy.deepcopy(clean)
     dispatch = next(r for r in records if r["kind"] == "request_dispatch" and r["pipeline_id"] == "nemo")
-    state = [r for r in records if r["kind"] == "rank_state" and r["seq"] < dispatch["seq"]
-             and (r["pipeline_id"], r["dp_rank"]) == ("nemo", dispatch["dp_rank"])][-1]
+    state = [
+        r
+        for r in records
+        if r["kind"] == "rank_state"
+        and r["seq"] < dispatch["seq"]
+        and (r["pipeline_id"], r["dp_rank"]) == ("nemo", dispatch["dp_rank"])
+    ][-1]
     state["gpus"] = [99]
     found = check_log(records, ["gpu_tenancy"])
     assert found and found[0].seq == dispatch["seq"], found
@@ -114,8 +136,11 @@ def test_gpu_tenancy_fires_when_a_rank_serves_or_a_trainer_runs_on_a_gpu_its_clu
     assert len([v for v in found if "serves a request on GPU 99" in v.message]) == 1
 
     records = copy.deepcopy(clean)
-    compute = next(r for r in records if r["kind"] == "effect_start" and r["pipeline_id"] == "nemo"
-                   and r["effect"] == "Compute" and r.get("gpus"))
+    compute = next(
+        r
+        for r in records
+        if r["kind"] == "effect_start" and r["pipeline_id"] == "nemo" and r["effect"] == "Compute" and r.get("gpus")
+    )
     compute["gpus"] = [99]
     found = check_log(records, ["gpu_tenancy"])
     assert [v.message for v in found] == ["nemo_actor_train runs Compute on GPU 99, which nobody holds"]

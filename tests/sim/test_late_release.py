@@ -51,8 +51,11 @@ def test_rlix_pr11s_wait_lets_the_release_finish_before_the_onload():
     first = waits[0]
     assert 20.0 <= first["memory_wait_s"] <= 20.5 + 1e-9 and first["max_used"] <= first["threshold"] == 10 * 2**30
     freed = next(r for r in kinds(res, "vram") if r["mem"] == "releasing" and r["delta"] < 0 and r["gpu"] == 0)
-    onload = next(r for r in kinds(res, "vram") if r["owner"] == "ppl1/train" and r["mem"] == "grads"
-                  and r["delta"] > 0 and r["seq"] > first["seq"])  # step 0's onload, after the wait
+    onload = next(
+        r
+        for r in kinds(res, "vram")
+        if r["owner"] == "ppl1/train" and r["mem"] == "grads" and r["delta"] > 0 and r["seq"] > first["seq"]
+    )  # step 0's onload, after the wait
     assert freed["seq"] < first["seq"] and onload["t"] == first["t"]
 
 

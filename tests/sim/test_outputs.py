@@ -27,16 +27,25 @@ from harness.logs.outputs.timeline import render_timeline_png, timeline_size_px
 
 class Log:
     def __init__(self, nodes=2, gpus_per_node=2, scenario="two_pipelines_demo"):
-        self.records = [{"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-                         "cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node},
-                         "meta": {"scenario": scenario}}]
+        self.records = [
+            {
+                "seq": 0,
+                "t": 0.0,
+                "kind": "header",
+                "schema": "rlharness.eventlog",
+                "version": 1,
+                "cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node},
+                "meta": {"scenario": scenario},
+            }
+        ]
 
     def add(self, t, kind, **fields):
         self.records.append({"seq": len(self.records), "t": float(t), "kind": kind, **fields})
 
     def effect(self, t0, t1, pid, effect, args=None, scope="step", step=None, cycle=None, gpus=()):
-        common = dict(pipeline_id=pid, effect=effect, args=dict(args or {}), scope=scope, step=step, cycle=cycle,
-                      gpus=list(gpus))
+        common = dict(
+            pipeline_id=pid, effect=effect, args=dict(args or {}), scope=scope, step=step, cycle=cycle, gpus=list(gpus)
+        )
         self.add(t0, "effect_start", **common)
         if t1 is not None:
             self.add(t1, "effect_end", **common)
@@ -49,65 +58,167 @@ def build_log():
     """Two pipelines on 2 nodes x 2 GPUs. ppl1: train [0], infer dp0=[0], dp1=[1];
     ppl2: train [2], infer dp0=[2], dp1=[3]. Records are appended in time order."""
     L = Log()
-    L.add(0.0, "register", pipeline_id="ppl1", cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
-          cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1]}, topology="partial_overlap")
+    L.add(
+        0.0,
+        "register",
+        pipeline_id="ppl1",
+        cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
+        cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1]},
+        topology="partial_overlap",
+    )
     # cycle 1: expand both GEN clusters
     L.add(0.5, "cycle_start", cycle=1, reason="request")
-    L.add(0.5, "plan", cycle=1, shrinks=[], signals=[], expands=[
-        {"cluster_id": "ppl1_actor_infer", "has_pending_request": True,
-         "bundles": [{"dp_rank": 0, "gpus": [0]}, {"dp_rank": 1, "gpus": [1]}]},
-        {"cluster_id": "ppl2_actor_infer", "has_pending_request": True,
-         "bundles": [{"dp_rank": 0, "gpus": [2]}, {"dp_rank": 1, "gpus": [3]}]}])
+    L.add(
+        0.5,
+        "plan",
+        cycle=1,
+        shrinks=[],
+        signals=[],
+        expands=[
+            {
+                "cluster_id": "ppl1_actor_infer",
+                "has_pending_request": True,
+                "bundles": [{"dp_rank": 0, "gpus": [0]}, {"dp_rank": 1, "gpus": [1]}],
+            },
+            {
+                "cluster_id": "ppl2_actor_infer",
+                "has_pending_request": True,
+                "bundles": [{"dp_rank": 0, "gpus": [2]}, {"dp_rank": 1, "gpus": [3]}],
+            },
+        ],
+    )
     L.add(0.5, "commit", cycle=1, idle_gpus=0, skipped_stale=[])
     for pid, gpus in (("ppl1", (0, 1)), ("ppl2", (2, 3))):
         for dp, g in enumerate(gpus):
             L.rank(1.0, pid, dp, "routable", [g])
     # ppl1 step 1: request training GPUs; the scheduler shrinks dp0 (cycle 2)
-    L.add(2.0, "effect_start", pipeline_id="ppl1", effect="RequestGpus",
-          args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"}, scope="step", step=1, cycle=None, gpus=[])
+    L.add(
+        2.0,
+        "effect_start",
+        pipeline_id="ppl1",
+        effect="RequestGpus",
+        args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"},
+        scope="step",
+        step=1,
+        cycle=None,
+        gpus=[],
+    )
     L.add(2.0, "cycle_start", cycle=2, reason="request")
-    L.add(2.0, "plan", cycle=2, expands=[], signals=[
-        {"cluster_id": "ppl1_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}],
-        shrinks=[{"cluster_id": "ppl1_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}])
+    L.add(
+        2.0,
+        "plan",
+        cycle=2,
+        expands=[],
+        signals=[{"cluster_id": "ppl1_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}],
+        shrinks=[{"cluster_id": "ppl1_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
+    )
     L.add(2.0, "resize_start", cycle=2, pipeline_id="ppl1", phase="shrink", dp_ranks=[0])
     L.rank(2.0, "ppl1", 0, "draining", [0])
     L.effect(2.0, None, "ppl1", "Sleep", {"ranks": [0], "level": 1}, scope="shrink", cycle=2, gpus=[0])
-    L.add(2.25, "effect_end", pipeline_id="ppl1", effect="Sleep", args={"ranks": [0], "level": 1},
-          scope="shrink", step=None, cycle=2, gpus=[0])
+    L.add(
+        2.25,
+        "effect_end",
+        pipeline_id="ppl1",
+        effect="Sleep",
+        args={"ranks": [0], "level": 1},
+        scope="shrink",
+        step=None,
+        cycle=2,
+        gpus=[0],
+    )
     L.rank(2.25, "ppl1", 0, "asleep", [0])
     L.add(2.25, "resize_end", cycle=2, pipeline_id="ppl1", phase="shrink", dp_ranks=[0])
     L.add(2.25, "commit", cycle=2, idle_gpus=0, skipped_stale=[])
-    L.add(2.5, "effect_end", pipeline_id="ppl1", effect="RequestGpus",
-          args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"}, scope="step", step=1, cycle=None,
-          gpus=[], result=[0])
+    L.add(
+        2.5,
+        "effect_end",
+        pipeline_id="ppl1",
+        effect="RequestGpus",
+        args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"},
+        scope="step",
+        step=1,
+        cycle=None,
+        gpus=[],
+        result=[0],
+    )
     L.add(2.5, "batch_consumed", pipeline_id="ppl1", step=1, trajectories=8, staleness={"0": 6, "1": 2})
     L.effect(2.5, None, "ppl1", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[0])
     L.add(2.75, "rejected", input_seq=3, input_kind="release", reason="not allocated")
     # ppl2 waits for a batch from 3.0 to 9.0 (waiting occupies no GPU)
-    L.add(3.0, "effect_start", pipeline_id="ppl2", effect="WaitBatch", args={"global_step": 1}, scope="step",
-          step=1, cycle=None, gpus=[])
-    L.add(4.5, "effect_end", pipeline_id="ppl1", effect="Compute", args={"what": "train", "global_step": 1},
-          scope="step", step=1, cycle=None, gpus=[0])
+    L.add(
+        3.0,
+        "effect_start",
+        pipeline_id="ppl2",
+        effect="WaitBatch",
+        args={"global_step": 1},
+        scope="step",
+        step=1,
+        cycle=None,
+        gpus=[],
+    )
+    L.add(
+        4.5,
+        "effect_end",
+        pipeline_id="ppl1",
+        effect="Compute",
+        args={"what": "train", "global_step": 1},
+        scope="step",
+        step=1,
+        cycle=None,
+        gpus=[0],
+    )
     L.effect(4.5, 4.75, "ppl1", "BuildCache", {"version": 1}, step=1, gpus=[0])
     L.effect(4.75, 5.0, "ppl1", "OffloadTraining", {}, step=1, gpus=[0])
     # active refresh of dp1 while it keeps serving on GPU 1 (overlap -> second lane)
-    sync = dict(pipeline_id="ppl1", effect="SyncFromCache", args={"ranks": [1], "version": 1, "path": "active"},
-                scope="step", step=1, cycle=None, gpus=[1])
+    sync = dict(
+        pipeline_id="ppl1",
+        effect="SyncFromCache",
+        args={"ranks": [1], "version": 1, "path": "active"},
+        scope="step",
+        step=1,
+        cycle=None,
+        gpus=[1],
+    )
     L.add(5.0, "effect_start", **sync)
     L.add(5.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="ipc", dp_ranks=[1], bytes=1000)
     L.add(5.5, "sync_bucket", pipeline_id="ppl1", version=1, bucket=1, path="ipc", dp_ranks=[1], bytes=24)
     L.add(5.5, "effect_end", **sync, result=[1])
     # cycle 3: expand dp0 back
     L.add(5.5, "cycle_start", cycle=3, reason="release")
-    L.add(5.5, "plan", cycle=3, shrinks=[], signals=[], expands=[
-        {"cluster_id": "ppl1_actor_infer", "has_pending_request": False, "bundles": [{"dp_rank": 0, "gpus": [0]}]}])
+    L.add(
+        5.5,
+        "plan",
+        cycle=3,
+        shrinks=[],
+        signals=[],
+        expands=[
+            {"cluster_id": "ppl1_actor_infer", "has_pending_request": False, "bundles": [{"dp_rank": 0, "gpus": [0]}]}
+        ],
+    )
     L.add(5.5, "resize_start", cycle=3, pipeline_id="ppl1", phase="expand", dp_ranks=[0])
     L.effect(5.5, 6.0, "ppl1", "Wake", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
-    L.effect(6.0, None, "ppl1", "SyncFromCache", {"ranks": [0], "version": 1, "path": "expand"}, scope="expand",
-             cycle=3, gpus=[0])
+    L.effect(
+        6.0,
+        None,
+        "ppl1",
+        "SyncFromCache",
+        {"ranks": [0], "version": 1, "path": "expand"},
+        scope="expand",
+        cycle=3,
+        gpus=[0],
+    )
     L.add(6.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="broadcast", dp_ranks=[0], bytes=2048)
-    L.add(6.5, "effect_end", pipeline_id="ppl1", effect="SyncFromCache",
-          args={"ranks": [0], "version": 1, "path": "expand"}, scope="expand", step=None, cycle=3, gpus=[0])
+    L.add(
+        6.5,
+        "effect_end",
+        pipeline_id="ppl1",
+        effect="SyncFromCache",
+        args={"ranks": [0], "version": 1, "path": "expand"},
+        scope="expand",
+        step=None,
+        cycle=3,
+        gpus=[0],
+    )
     L.effect(6.5, 6.5, "ppl1", "Activate", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
     L.rank(6.5, "ppl1", 0, "routable", [0])
     L.add(6.5, "resize_end", cycle=3, pipeline_id="ppl1", phase="expand", dp_ranks=[0])
@@ -117,8 +228,17 @@ def build_log():
     L.add(7.0, "batch_consumed", pipeline_id="ppl1", step=2, trajectories=8, staleness={"1": 4, "2": 4})
     L.effect(7.0, 8.0, "ppl1", "Compute", {"what": "train", "global_step": 2}, step=2, gpus=[0])
     # ppl2 step 1: batch at 9.0, training starts and the trainer hits an OOM
-    L.add(9.0, "effect_end", pipeline_id="ppl2", effect="WaitBatch", args={"global_step": 1}, scope="step",
-          step=1, cycle=None, gpus=[])
+    L.add(
+        9.0,
+        "effect_end",
+        pipeline_id="ppl2",
+        effect="WaitBatch",
+        args={"global_step": 1},
+        scope="step",
+        step=1,
+        cycle=None,
+        gpus=[],
+    )
     L.add(9.0, "batch_consumed", pipeline_id="ppl2", step=1, trajectories=4, staleness={"0": 4})
     L.rank(9.0, "ppl2", 0, "draining", [2])
     L.effect(9.0, None, "ppl2", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[2])
@@ -187,8 +307,9 @@ def test_summary_numbers():
     sc = s.scheduler
     assert (sc.cycles, sc.shrink_ops, sc.shrink_dp_ranks, sc.expand_ops, sc.expand_dp_ranks) == (3, 1, 1, 3, 5)
     assert (sc.signals, sc.rejected, sc.failures) == (1, 1, 0)
-    assert s.ooms == [{"t": 9.5, "gpu": 2, "owner": "ppl2/train", "mem": "train_state", "requested": 100,
-                       "used": 80, "capacity": 160}]
+    assert s.ooms == [
+        {"t": 9.5, "gpu": 2, "owner": "ppl2/train", "mem": "train_state", "requested": 100, "used": 80, "capacity": 160}
+    ]
     assert s.faults == [{"t": 9.5, "name": "oom_kill", "pipeline_id": "ppl2", "step": 1}]
 
 
@@ -202,14 +323,35 @@ def test_format_summary_text():
     def row(first):
         return next(ln.split() for ln in lines if ln.split()[:1] == [first])
 
-    assert row("ppl1")[:14] == ["ppl1", "2", "3.000", "5.000", "9.000", "90.0", "3.500", "35.0", "1.750", "17.5",
-                                "0.500", "5.0", "0", "0"]
+    assert row("ppl1")[:14] == [
+        "ppl1",
+        "2",
+        "3.000",
+        "5.000",
+        "9.000",
+        "90.0",
+        "3.500",
+        "35.0",
+        "1.750",
+        "17.5",
+        "0.500",
+        "5.0",
+        "0",
+        "0",
+    ]
     assert row("ppl2")[:4] == ["ppl2", "0", "-", "-"]
     # GPU table: gpu node train% generate% refit% idle%
-    gpu_rows = [ln.split() for ln in lines if ln.split()[:2] in (["0", "0"], ["1", "0"], ["2", "1"], ["3", "1"])
-                and len(ln.split()) == 6]
-    assert gpu_rows == [["0", "0", "35.0", "15.0", "12.5", "37.5"], ["1", "0", "0.0", "85.0", "5.0", "10.0"],
-                        ["2", "1", "10.0", "80.0", "0.0", "10.0"], ["3", "1", "0.0", "90.0", "0.0", "10.0"]]
+    gpu_rows = [
+        ln.split()
+        for ln in lines
+        if ln.split()[:2] in (["0", "0"], ["1", "0"], ["2", "1"], ["3", "1"]) and len(ln.split()) == 6
+    ]
+    assert gpu_rows == [
+        ["0", "0", "35.0", "15.0", "12.5", "37.5"],
+        ["1", "0", "0.0", "85.0", "5.0", "10.0"],
+        ["2", "1", "10.0", "80.0", "0.0", "10.0"],
+        ["3", "1", "0.0", "90.0", "0.0", "10.0"],
+    ]
     assert row("all") == ["all", "-", "11.2", "67.5", "4.4", "16.9"]
     assert "Trajectory staleness (20 trajectories, mean age 0.700 steps)" in lines
     assert any(ln.split() == ["0", "10", "50.0"] for ln in lines)
@@ -225,7 +367,8 @@ def test_format_summary_text():
 
 def test_summary_of_a_bare_log_and_a_log_without_header():
     bare = Log(nodes=1, gpus_per_node=2).records + [
-        {"seq": 1, "t": 4.0, "kind": "sim_end", "reason": "done", "sim_time": 4.0, "events": 2}]
+        {"seq": 1, "t": 4.0, "kind": "sim_end", "reason": "done", "sim_time": 4.0, "events": 2}
+    ]
     s = summarize(bare)
     assert s.pipelines == [] and s.refit == [] and s.staleness == {}
     assert [(g.gpu, g.idle_s) for g in s.gpus] == [(0, 4.0), (1, 4.0)]
@@ -237,14 +380,50 @@ def test_summary_of_a_bare_log_and_a_log_without_header():
 
 def test_effect_without_gpus_on_start_uses_end_gpus_and_args_pair_concurrent_effects():
     L = Log(nodes=1, gpus_per_node=2)
-    L.add(1.0, "effect_start", pipeline_id="p", effect="Wake", args={"ranks": [0]}, scope="expand", step=None,
-          cycle=1, gpus=[])
-    L.add(1.0, "effect_start", pipeline_id="p", effect="Wake", args={"ranks": [1]}, scope="expand", step=None,
-          cycle=1, gpus=[1])
-    L.add(2.0, "effect_end", pipeline_id="p", effect="Wake", args={"ranks": [1]}, scope="expand", step=None,
-          cycle=1, gpus=[1])
-    L.add(3.0, "effect_end", pipeline_id="p", effect="Wake", args={"ranks": [0]}, scope="expand", step=None,
-          cycle=1, gpus=[0])
+    L.add(
+        1.0,
+        "effect_start",
+        pipeline_id="p",
+        effect="Wake",
+        args={"ranks": [0]},
+        scope="expand",
+        step=None,
+        cycle=1,
+        gpus=[],
+    )
+    L.add(
+        1.0,
+        "effect_start",
+        pipeline_id="p",
+        effect="Wake",
+        args={"ranks": [1]},
+        scope="expand",
+        step=None,
+        cycle=1,
+        gpus=[1],
+    )
+    L.add(
+        2.0,
+        "effect_end",
+        pipeline_id="p",
+        effect="Wake",
+        args={"ranks": [1]},
+        scope="expand",
+        step=None,
+        cycle=1,
+        gpus=[1],
+    )
+    L.add(
+        3.0,
+        "effect_end",
+        pipeline_id="p",
+        effect="Wake",
+        args={"ranks": [0]},
+        scope="expand",
+        step=None,
+        cycle=1,
+        gpus=[0],
+    )
     sl = [(s.gpu, s.start, s.end) for s in gpu_slices(L.records)]
     assert sl == [(0, 1.0, 3.0), (1, 1.0, 2.0)]
 
@@ -276,8 +455,13 @@ def test_chrome_trace_structure(tmp_path):
     pid_of = {v: k for k, v in procs.items()}
     threads = _threads(trace)
     gpu_tracks = {name: key for key, name in threads.items() if name.startswith("GPU")}
-    assert sorted(gpu_tracks) == ["GPU 0 (node 0)", "GPU 1 (node 0)", "GPU 1 lane 2", "GPU 2 (node 1)",
-                                  "GPU 3 (node 1)"]
+    assert sorted(gpu_tracks) == [
+        "GPU 0 (node 0)",
+        "GPU 1 (node 0)",
+        "GPU 1 lane 2",
+        "GPU 2 (node 1)",
+        "GPU 3 (node 1)",
+    ]
     assert gpu_tracks["GPU 2 (node 1)"][0] == pid_of["node 1"]
     assert gpu_tracks["GPU 1 lane 2"][0] == pid_of["node 0"]
     assert len({tid for _, tid in threads}) == len(threads)  # thread ids unique trace-wide
@@ -331,10 +515,15 @@ def test_chrome_trace_structure(tmp_path):
     assert inst[0]["args"]["expands"] == {"ppl1_actor_infer": [0, 1], "ppl2_actor_infer": [0, 1]}
     counters = [e for e in evs if e["ph"] == "C"]
     assert [(e["name"], e["ts"], e["args"]) for e in counters] == [
-        ("idle GPUs", 500_000, {"idle": 0}), ("idle GPUs", 2_250_000, {"idle": 0}), ("idle GPUs", 6_500_000, {"idle": 0})]
+        ("idle GPUs", 500_000, {"idle": 0}),
+        ("idle GPUs", 2_250_000, {"idle": 0}),
+        ("idle GPUs", 6_500_000, {"idle": 0}),
+    ]
     resize = [e for e in xs if e["cat"] == "resize"]
-    assert [(e["name"], e["ts"], e["dur"]) for e in resize] == [("shrink ppl1 dp0", 2_000_000, 250_000),
-                                                               ("expand ppl1 dp0", 5_500_000, 1_000_000)]
+    assert [(e["name"], e["ts"], e["dur"]) for e in resize] == [
+        ("shrink ppl1 dp0", 2_000_000, 250_000),
+        ("expand ppl1 dp0", 5_500_000, 1_000_000),
+    ]
     marks = sorted(e["name"] for e in evs if e["ph"] == "i" and e["cat"] != "scheduler")
     assert marks == ["OOM GPU 2 ppl2/train", "fault oom_kill ppl2", "rejected"]
 
@@ -380,8 +569,12 @@ def test_slice_sort_breaks_full_ties_by_canonical_args_like_the_sort_key():
     from harness.logs.outputs.intervals import GpuSlice, sort_slices
 
     # seq 0 everywhere (a hand-made log): several slices tie on everything but their args
-    base = [GpuSlice(g, start, start + 1.0, "train", "p", "Compute p", {"k": k, "x": [k, g]}, 0)
-            for g in (1, 0) for start in (2.0, 0.0) for k in (3, 1, 2, 1)]
+    base = [
+        GpuSlice(g, start, start + 1.0, "train", "p", "Compute p", {"k": k, "x": [k, g]}, 0)
+        for g in (1, 0)
+        for start in (2.0, 0.0)
+        for k in (3, 1, 2, 1)
+    ]
     rng = random.Random(7)
     for _ in range(20):
         shuffled = base[:]
@@ -417,10 +610,13 @@ def _png_size(data: bytes):
 def _png_text_chunks(data: bytes):
     pos, out = 8, []
     while pos < len(data):
-        length, tag = struct.unpack(">I4s", data[pos:pos + 8])
+        length, tag = struct.unpack(">I4s", data[pos : pos + 8])
         if tag in (b"tEXt", b"iTXt", b"zTXt"):
-            out.append(data[pos + 8:pos + 8 + length])
-        assert zlib.crc32(data[pos + 4:pos + 8 + length]) == struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]
+            out.append(data[pos + 8 : pos + 8 + length])
+        assert (
+            zlib.crc32(data[pos + 4 : pos + 8 + length])
+            == struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0]
+        )
         pos += 12 + length
     return out
 
@@ -446,7 +642,7 @@ def test_timeline_png(tmp_path):
     assert pa.shape == (308, 1200, 4) and np.array_equal(pa, pb)
     rgb = (pa[:, :, :3] * 255).round().astype(int)
     for colour in ("#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"):  # train, generate, sync, wake/sleep
-        want = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+        want = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(rgb - want).sum(axis=2) <= 6).sum() > 20, colour
     red = (rgb[:, :, 0] > 200) & (rgb[:, :, 1] < 40) & (rgb[:, :, 2] < 40)
     assert red.sum() > 10  # the OOM cross and fault line

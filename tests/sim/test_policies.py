@@ -26,12 +26,14 @@ PARTS = {"pa": [0, 1, 2], "pb": [3, 4, 5], "pc": [6, 7]}
 
 def _scenario(**scheduler):
     from simulators.scenario.loader import load_scenario
+
     return dataclasses.replace(load_scenario(SCENARIO), scheduler=scheduler)
 
 
 @pytest.fixture(scope="module")
 def logs() -> Dict[str, List[dict]]:
     from simulators.runtime.simulation import Simulation
+
     out = {}
     for policy, extra in (("static_partition", {"partition": PARTS}), ("round_robin", {}), ("acquire_yield", {})):
         result = Simulation(_scenario(policy=policy, **extra)).run()
@@ -84,7 +86,7 @@ def test_round_robin_hands_the_rollout_turn_round_the_group_in_order(logs):
         if holders and (not turns or turns[-1] != holders[0]):
             turns.append(holders[0])
     assert len(turns) >= 9
-    assert turns == (["pa", "pb", "pc"] * len(turns))[:len(turns)]
+    assert turns == (["pa", "pb", "pc"] * len(turns))[: len(turns)]
     assert check_log(logs["round_robin"]) == []
 
 
@@ -139,13 +141,20 @@ def test_each_policy_replays_decision_exact_from_its_header(policy, tmp_path):
 
     s = load_scenario(os.path.join(ROOT, "examples", "scenarios", "policies_4pipelines_32gpu.yaml"))
     # one step each (two for c32b, which then outlives d8b): cheap, every pipeline still contends
-    s = dataclasses.replace(s, scheduler={"policy": policy},
-                            pipelines=tuple(dataclasses.replace(p, steps=2 if p.name == "c32b" else 1) for p in s.pipelines))
+    s = dataclasses.replace(
+        s,
+        scheduler={"policy": policy},
+        pipelines=tuple(dataclasses.replace(p, steps=2 if p.name == "c32b" else 1) for p in s.pipelines),
+    )
     result = Simulation(s).run()
     assert result.reason == "done"
     if policy == "static_partition":  # the default parts (docs/policies.md), fixed for the run
-        parts = {"a8b": set(range(0, 8)) | set(range(12, 16)), "b8b": set(range(8, 12)),
-                 "c32b": set(range(16, 24)) | set(range(28, 32)), "d8b": set(range(24, 28))}
+        parts = {
+            "a8b": set(range(0, 8)) | set(range(12, 16)),
+            "b8b": set(range(8, 12)),
+            "c32b": set(range(16, 24)) | set(range(28, 32)),
+            "d8b": set(range(24, 28)),
+        }
         for plan, _, _ in _gen_plans(result.log.records):
             for e in plan["expands"]:
                 for b in e["bundles"]:
@@ -158,16 +167,35 @@ def test_each_policy_replays_decision_exact_from_its_header(policy, tmp_path):
     assert compare_decisions(replayed.decisions, read_records(str(path))) is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["simulate", SCENARIO, "--set", "scheduler.policy=fair_share"],
-     "scheduler.policy: unknown policy 'fair_share'; known: gap_ratio, static_partition, round_robin, acquire_yield"),
-    (["sweep", SCENARIO, "--set", "scheduler.policy=gap_ratio,fifo"], "scheduler.policy: unknown policy 'fifo'"),
-    (["simulate", SCENARIO, "--set", "scheduler.policy=static_partition", "--set",
-      "scheduler.partition={pa: [0, 1, 2], pb: [2, 3], pc: [6, 7]}"], "scheduler.partition.pb: GPU 2 is also in the part of 'pa'"),
-    (["simulate", SCENARIO, "--set", "scheduler.partition={pa: [1, 2], pb: [3, 4], pc: [6, 7]}"],
-     "scheduler.partition: pipeline 'pa' trains on GPUs [0] outside its part [1, 2]"),
-    (["simulate", SCENARIO, "--set", "scheduler.groups=[[pa, pb], [pb]]"], "scheduler.groups[1]: 'pb' is also in groups[0]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["simulate", SCENARIO, "--set", "scheduler.policy=fair_share"],
+            "scheduler.policy: unknown policy 'fair_share'; known: gap_ratio, static_partition, round_robin, acquire_yield",
+        ),
+        (["sweep", SCENARIO, "--set", "scheduler.policy=gap_ratio,fifo"], "scheduler.policy: unknown policy 'fifo'"),
+        (
+            [
+                "simulate",
+                SCENARIO,
+                "--set",
+                "scheduler.policy=static_partition",
+                "--set",
+                "scheduler.partition={pa: [0, 1, 2], pb: [2, 3], pc: [6, 7]}",
+            ],
+            "scheduler.partition.pb: GPU 2 is also in the part of 'pa'",
+        ),
+        (
+            ["simulate", SCENARIO, "--set", "scheduler.partition={pa: [1, 2], pb: [3, 4], pc: [6, 7]}"],
+            "scheduler.partition: pipeline 'pa' trains on GPUs [0] outside its part [1, 2]",
+        ),
+        (
+            ["simulate", SCENARIO, "--set", "scheduler.groups=[[pa, pb], [pb]]"],
+            "scheduler.groups[1]: 'pb' is also in groups[0]",
+        ),
+    ],
+)
 def test_bad_policy_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv, message):
     out = tmp_path / "out"
     assert main(argv + ["--out", str(out)]) == 2
@@ -184,8 +212,23 @@ def test_every_output_names_the_policy(logs, tmp_path, capsys):
     assert "scheduler policy round_robin" in format_summary(s).splitlines()[1]
     assert summary_json(s)["policy"] == "round_robin"
     out = tmp_path / "sweep"
-    assert main(["sweep", SCENARIO, "--quiet", "--no-png", "--workers", "1", "--out", str(out),
-                 "--set", "scheduler.policy=gap_ratio,acquire_yield"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                SCENARIO,
+                "--quiet",
+                "--no-png",
+                "--workers",
+                "1",
+                "--out",
+                str(out),
+                "--set",
+                "scheduler.policy=gap_ratio,acquire_yield",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "results.json").read_text())
     assert [v["policy"] for v in data["variants"]] == ["gap_ratio", "acquire_yield"]
     assert [r["policy"] for r in data["runs"]] == ["gap_ratio", "acquire_yield"]

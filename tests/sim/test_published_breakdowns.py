@@ -48,8 +48,12 @@ def test_share_check_fires_on_a_stage_more_than_ten_points_off():
 def test_seconds_table_prints_published_beside_simulated(capsys):
     b = _bench()
     stages = {"generation": 60.0, "log_probs": 17.0, "training": 29.0, "refit": 4.0}
-    b.print_seconds([("llama3.1_70b_grpo_v03_breakdown", 147.0, "v0.3", 110.0, stages),
-                     ("llama3.1_8b_grpo_onpolicy", 92.8, "v0.5", 90.0, stages)])
+    b.print_seconds(
+        [
+            ("llama3.1_70b_grpo_v03_breakdown", 147.0, "v0.3", 110.0, stages),
+            ("llama3.1_8b_grpo_onpolicy", 92.8, "v0.5", 90.0, stages),
+        ]
+    )
     out = capsys.readouterr().out
     assert "84.0 ->  60.0" in out and "14.0 ->   4.0" in out
     assert "llama3.1_8b_grpo_onpolicy" not in out  # totals only: no stage seconds published
@@ -65,5 +69,6 @@ def test_the_cap_share_what_if_keeps_each_scenarios_mean():
     mean = f.mean_decode_tokens(w["decode_tokens_median"], w["decode_tokens_sigma"], w["decode_tokens_max"])
     got = b.with_cap_share(path, 0.001).pipelines[0].workload
     assert got.decode_tokens_cap_share == 0.001 and got.decode_tokens_median < w["decode_tokens_median"]
-    assert f.mean_decode_tokens(got.decode_tokens_median, got.decode_tokens_sigma, got.decode_tokens_max,
-                                0.001) == pytest.approx(mean, rel=1e-9)
+    assert f.mean_decode_tokens(
+        got.decode_tokens_median, got.decode_tokens_sigma, got.decode_tokens_max, 0.001
+    ) == pytest.approx(mean, rel=1e-9)

@@ -14,9 +14,16 @@ from simulators.refit.calibration import CALIBRATED_COSTS, load_calibration, wri
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 MiB = 1 << 20
-KNOWN = {"refit_pack_bytes_per_s": 3e9, "receiver_load_bytes_per_s": 2e9, "refit_tensor_overhead_s": 2e-5,
-         "refit_setup_s": 1e-3, "refit_staging_bytes_per_s": 5e8, "cache_pack_bytes_per_s": 1e9,
-         "refit_group_overhead_s": 4e-4, "refit_complete_s": 2e-3}
+KNOWN = {
+    "refit_pack_bytes_per_s": 3e9,
+    "receiver_load_bytes_per_s": 2e9,
+    "refit_tensor_overhead_s": 2e-5,
+    "refit_setup_s": 1e-3,
+    "refit_staging_bytes_per_s": 5e8,
+    "cache_pack_bytes_per_s": 1e9,
+    "refit_group_overhead_s": 4e-4,
+    "refit_complete_s": 2e-3,
+}
 
 
 def fake_points(grid, costs):
@@ -25,10 +32,19 @@ def fake_points(grid, costs):
     for model, budget in grid:
         specs = synthetic_specs(model)
         wall = refit_fit.predict(specs, budget, costs)
-        m = Measurement(sum(s.nbytes for s in specs), budget, 0, len(specs), wall_s=[wall, wall * 1.01],
-                        staging_s=[costs["refit_setup_s"]], cache_build_s=[sum(s.nbytes for s in specs) / 1e9],
-                        pack_s=[sum(s.nbytes for s in specs) / 3e9], load_s=[sum(s.nbytes for s in specs) / 2e9],
-                        dedicated_s=[1e-3], dedicated_bytes=int(5e5))
+        m = Measurement(
+            sum(s.nbytes for s in specs),
+            budget,
+            0,
+            len(specs),
+            wall_s=[wall, wall * 1.01],
+            staging_s=[costs["refit_setup_s"]],
+            cache_build_s=[sum(s.nbytes for s in specs) / 1e9],
+            pack_s=[sum(s.nbytes for s in specs) / 3e9],
+            load_s=[sum(s.nbytes for s in specs) / 2e9],
+            dedicated_s=[1e-3],
+            dedicated_bytes=int(5e5),
+        )
         points.append((specs, m))
     return points
 
@@ -46,9 +62,13 @@ def test_fit_reproduces_held_out_predictions_of_known_costs():
 def test_a_scenario_takes_calibrated_costs_unless_it_pins_them(tmp_path):
     cal = tmp_path / "cal.json"
     write_calibration(str(cal), KNOWN, machine={"host": "test"})
-    body = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 2}, "refit_calibration": "cal.json",
-            "costs": {"refit_setup_s": 0.5},
-            "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]}]}
+    body = {
+        "name": "s",
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "refit_calibration": "cal.json",
+        "costs": {"refit_setup_s": 0.5},
+        "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1]}],
+    }
     scenario_file = tmp_path / "scenario.yaml"
     scenario_file.write_text("x: 1\n")  # the source names a real file: the calibration is found beside it
     s = scenario_from_mapping(body, str(scenario_file))
@@ -57,17 +77,30 @@ def test_a_scenario_takes_calibrated_costs_unless_it_pins_them(tmp_path):
     assert s.refit_calibration == str(cal)
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("{", "not JSON"),
-    (json.dumps({"format": "other"}), "not a refit calibration file"),
-    (json.dumps({"format": "rlharness-refit-calibration", "version": 1, "costs": {"wake_s": 1.0}}), "costs.wake_s: not a calibrated cost"),
-    (json.dumps({"format": "rlharness-refit-calibration", "version": 1, "costs": {"refit_setup_s": -1}}), "costs.refit_setup_s: expected a non-negative"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("{", "not JSON"),
+        (json.dumps({"format": "other"}), "not a refit calibration file"),
+        (
+            json.dumps({"format": "rlharness-refit-calibration", "version": 1, "costs": {"wake_s": 1.0}}),
+            "costs.wake_s: not a calibrated cost",
+        ),
+        (
+            json.dumps({"format": "rlharness-refit-calibration", "version": 1, "costs": {"refit_setup_s": -1}}),
+            "costs.refit_setup_s: expected a non-negative",
+        ),
+    ],
+)
 def test_a_bad_calibration_file_is_one_clear_scenario_error(tmp_path, content, problem):
     cal = tmp_path / "cal.json"
     cal.write_text(content)
-    body = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 1}, "refit_calibration": str(cal),
-            "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0]}]}
+    body = {
+        "name": "s",
+        "cluster": {"nodes": 1, "gpus_per_node": 1},
+        "refit_calibration": str(cal),
+        "pipelines": [{"name": "p", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0]}],
+    }
     with pytest.raises(ScenarioError) as info:
         scenario_from_mapping(body, "x.yaml")
     assert "refit_calibration" in str(info.value) and problem in str(info.value)
@@ -80,12 +113,12 @@ def test_cli_calibrates_on_the_real_transport_and_checks_fidelity_with_the_file(
     measurements that follow that file's costs exactly (the real transport under fidelity
     is the --fit-alongside test's: a third receiver process here proved nothing more)."""
     from rlharness.cli import main
+
     out = tmp_path / "cal.json"
     code = main(["calibrate", "refit", "--quick", "--repeats", "1", "--out", str(out)])
     if code == 0:
         costs = load_calibration(str(out))
-        assert all(lo <= costs[k] <= hi or costs[k] == 0
-                   for k, (lo, hi) in refit_fit.PHYSICAL_BOUNDS.items())
+        assert all(lo <= costs[k] <= hi or costs[k] == 0 for k, (lo, hi) in refit_fit.PHYSICAL_BOUNDS.items())
     else:  # a one-repeat fit on a loaded machine may be refused: one line, nothing written
         assert code == 1 and not out.exists()
         captured = capsys.readouterr()
@@ -108,7 +141,9 @@ def test_cli_calibrates_on_the_real_transport_and_checks_fidelity_with_the_file(
     assert measured
     text = capsys.readouterr().out
     rows = [line for line in text.splitlines() if line.strip().endswith("%") and "MiB" not in line]
-    assert len(rows) == len(refit_calibrate.HELD_OUT) and all(r.endswith("+0.0%") for r in rows), rows  # the file's costs
+    assert len(rows) == len(refit_calibrate.HELD_OUT) and all(r.endswith("+0.0%") for r in rows), (
+        rows
+    )  # the file's costs
     assert "median |error| 0.0 %" in text and "worst |error| 0.0 %" in text and ": met" in text
     assert main(["fidelity", "refit", "--calibration", str(tmp_path / "nope.json")]) == 2
     assert main(["calibrate", "refit", "--repeats", "0"]) == 2
@@ -119,6 +154,7 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
     interleaved rounds; the fit sees only the grid points. Each recorded sync follows an
     unrecorded warm-up, and the table compares the minimum."""
     from rlharness.cli import main
+
     monkeypatch.setattr(refit_calibrate, "GRID", refit_calibrate.QUICK_GRID)
     monkeypatch.setattr(refit_calibrate, "HELD_OUT", [(6 * MiB, 3 * MiB), (12 * MiB, 6 * MiB)])
     fitted_on, measured = [], []
@@ -138,7 +174,9 @@ def test_fidelity_can_fit_on_the_grid_measured_alongside_and_never_on_the_held_o
     assert main(["fidelity", "refit", "--fit-alongside", "--repeats", "2"]) == 0
     n = len(refit_calibrate.QUICK_GRID)
     assert len(measured) == n + 2
-    assert fitted_on == [(m.model_bytes, m.budget_bytes) for m in measured[:n]]  # the held-out points were not fitted on
+    assert fitted_on == [
+        (m.model_bytes, m.budget_bytes) for m in measured[:n]
+    ]  # the held-out points were not fitted on
     assert [m.budget_bytes for m in measured[:n]] == [b for _, b in refit_calibrate.QUICK_GRID]
     assert [m.budget_bytes for m in measured[n:]] == [3 * MiB, 6 * MiB]
     assert all(len(m.wall_s) == 2 and len(m.load_s) == 2 for m in measured)  # the warm-ups are not recorded
@@ -157,8 +195,15 @@ def test_a_fit_of_known_costs_is_accepted():
     assert refit_fit.fit_problem(points, KNOWN) is None
 
 
-@pytest.mark.parametrize("key,value", [("receiver_load_bytes_per_s", 7.8e16), ("refit_tensor_overhead_s", 1.4e-15),
-                                       ("refit_pack_bytes_per_s", 10.0), ("refit_complete_s", 30.0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("receiver_load_bytes_per_s", 7.8e16),
+        ("refit_tensor_overhead_s", 1.4e-15),
+        ("refit_pack_bytes_per_s", 10.0),
+        ("refit_complete_s", 30.0),
+    ],
+)
 def test_costs_outside_physical_bounds_are_refused(key, value):
     """The first two are what `calibrate refit --quick` once wrote without a word."""
     problem = refit_fit.fit_problem(fake_points(refit_calibrate.QUICK_GRID, KNOWN), {**KNOWN, key: value})
@@ -187,9 +232,11 @@ def test_calibrate_refuses_in_one_line_and_writes_nothing(tmp_path, capsys, monk
     out = tmp_path / "cal.json"
     assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: calibrate refit: receiver_load_bytes_per_s = 7.8e+16 is outside physical bounds "
-                   f"[1e+06, 1e+12]; {out} not written (measure again: without --quick, with more --repeats, "
-                   "on a quieter machine)"]
+    assert err == [
+        f"error: calibrate refit: receiver_load_bytes_per_s = 7.8e+16 is outside physical bounds "
+        f"[1e+06, 1e+12]; {out} not written (measure again: without --quick, with more --repeats, "
+        "on a quieter machine)"
+    ]
     assert not out.exists()
     monkeypatch.setattr(refit_calibrate, "fit", lambda pts: dict(KNOWN))  # the same points, a sound fit: written
     assert main(["calibrate", "refit", "--quick", "--out", str(out)]) == 0 and load_calibration(str(out))

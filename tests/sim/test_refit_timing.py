@@ -17,9 +17,13 @@ def one_pipeline(bucket_bytes=256 * MiB, params=1.0e9, tp=1):
     # collector does), the always-serving rank on GPU 1 covers the first steps' demand and
     # the overlap rank on GPU 0 is first woken (a same-GPU sync) at a later step
     return Scenario(
-        name="refit", cluster=ClusterSpec(nodes=1, gpus_per_node=2),
-        pipelines=(PipelineSpec("p", "nemo_async", (0,), (0, 1), infer_tp=tp, model=ModelSpec(params=params), steps=5),),
-        costs=CostSpec(bucket_bytes=bucket_bytes))
+        name="refit",
+        cluster=ClusterSpec(nodes=1, gpus_per_node=2),
+        pipelines=(
+            PipelineSpec("p", "nemo_async", (0,), (0, 1), infer_tp=tp, model=ModelSpec(params=params), steps=5),
+        ),
+        costs=CostSpec(bucket_bytes=bucket_bytes),
+    )
 
 
 def syncs(records, transport_gpus):

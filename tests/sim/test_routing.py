@@ -22,8 +22,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _router(env, n, max_concurrent=64):
     log, done = [], []
-    router = Router(env, "p", 0, max_concurrent=max_concurrent, tokens_per_s=100.0, half_point=0.0, log=log.append,
-                    on_done=lambda req, rank: done.append((env.now, req.rid, rank.dp_rank)))
+    router = Router(
+        env,
+        "p",
+        0,
+        max_concurrent=max_concurrent,
+        tokens_per_s=100.0,
+        half_point=0.0,
+        log=log.append,
+        on_done=lambda req, rank: done.append((env.now, req.rid, rank.dp_rank)),
+    )
     ranks = {r: RankSim("p", r, (r,), RankLifecycle("p", r)) for r in range(n)}
     for rank in ranks.values():
         rank.life.state = RankState.ROUTABLE  # the router only reads the lifecycle's state and version
@@ -96,11 +104,14 @@ def test_routing_policy_fires_on_a_sim_log_whose_fresh_set_queue_went_to_one_ran
     assert check_log(records, ["routing", "routing_policy"]) == []
     # the mutation: every dispatch right after the first multi-rank Activate goes to its first rank
     mutated = copy.deepcopy(records)
-    start = next(i for i, r in enumerate(mutated) if r["kind"] == "effect_end" and r["effect"] == "Activate"
-                 and len(r["args"]["ranks"]) > 1)
+    start = next(
+        i
+        for i, r in enumerate(mutated)
+        if r["kind"] == "effect_end" and r["effect"] == "Activate" and len(r["args"]["ranks"]) > 1
+    )
     pid, first = mutated[start]["pipeline_id"], mutated[start]["args"]["ranks"][0]
     moved = 0
-    for r in mutated[start + 1:]:
+    for r in mutated[start + 1 :]:
         if r["kind"] == "rank_state" and r["pipeline_id"] == pid:
             break
         if r["kind"] == "request_dispatch" and r["pipeline_id"] == pid:

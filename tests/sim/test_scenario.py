@@ -137,9 +137,18 @@ def test_round_trip_non_default_everything():
         name="all",
         cluster=ClusterSpec(nodes=2, gpus_per_node=4, vram_bytes=24 << 30, pcie_bytes_per_s=12.5e9),
         pipelines=(
-            PipelineSpec("a", "roll_sync", (0, 1), (0, 1, 2, 3), infer_tp=2, steps=3, sleep_level=1, start_s=2.5,
-                         model=ModelSpec(params=7e9, bytes_per_param=1),
-                         workload=WorkloadSpec(prompts_per_step=3, decode_tokens_sigma=0.0)),
+            PipelineSpec(
+                "a",
+                "roll_sync",
+                (0, 1),
+                (0, 1, 2, 3),
+                infer_tp=2,
+                steps=3,
+                sleep_level=1,
+                start_s=2.5,
+                model=ModelSpec(params=7e9, bytes_per_param=1),
+                workload=WorkloadSpec(prompts_per_step=3, decode_tokens_sigma=0.0),
+            ),
             PipelineSpec("b", "nemo_async", (4,), (4, 5, 6, 7)),
         ),
         costs=CostSpec(wake_s=0.0, kv_cache_fraction=1.0, bucket_bytes=1 << 20),
@@ -154,7 +163,10 @@ def test_round_trip_non_default_everything():
 
 def test_defaults_merge():
     data = base()
-    data["defaults"] = {"model": {"params": 1.5e9, "bytes_per_param": 4}, "workload": {"prompts_per_step": 16, "decode_tokens_max": 2048}}
+    data["defaults"] = {
+        "model": {"params": 1.5e9, "bytes_per_param": 4},
+        "workload": {"prompts_per_step": 16, "decode_tokens_max": 2048},
+    }
     data["pipelines"][1]["model"] = {"params": 7e9}
     data["pipelines"][1]["workload"] = {"decode_tokens_max": 4096}
     s = scenario_from_mapping(data, "x.yaml")
@@ -167,8 +179,10 @@ def test_defaults_merge():
 
 
 def test_ints_accepted_for_floats_and_exponent_floats(tmp_path: Path):
-    p = write(tmp_path, BASE + "horizon_s: 100\ncosts: {offload_bytes_per_s: 20e9, wake_s: 1}\n"
-              "defaults: {model: {params: 5e8}}\n")
+    p = write(
+        tmp_path,
+        BASE + "horizon_s: 100\ncosts: {offload_bytes_per_s: 20e9, wake_s: 1}\ndefaults: {model: {params: 5e8}}\n",
+    )
     s = load_scenario(p)
     assert s.horizon_s == 100.0 and isinstance(s.horizon_s, float)
     assert s.costs.offload_bytes_per_s == 20e9 and s.costs.wake_s == 1.0

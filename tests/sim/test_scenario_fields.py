@@ -26,9 +26,11 @@ def test_unknown_top_level_key():
 def test_unknown_nested_key():
     data = base()
     data["pipelines"][0]["model"] = {"param": 1e9}
-    assert error_of(data) == ("x.yaml: pipelines[0].model.param: unknown field; known: active_params, bytes_per_param, "
-                              "experts_per_token, head_dim, hidden_size, layers, num_experts, num_heads, num_kv_heads, "
-                              "params, preset, vocab_size")
+    assert error_of(data) == (
+        "x.yaml: pipelines[0].model.param: unknown field; known: active_params, bytes_per_param, "
+        "experts_per_token, head_dim, hidden_size, layers, num_experts, num_heads, num_kv_heads, "
+        "params, preset, vocab_size"
+    )
     data = base()
     data["cluster"]["gpus"] = 8
     assert error_of(data).startswith("x.yaml: cluster.gpus: unknown field; known: gpu, gpus_per_node, ")
@@ -123,7 +125,10 @@ def test_sleep_level():
 def test_unknown_pipeline_type():
     data = base()
     data["pipelines"][1]["type"] = "nemo_sync"
-    assert error_of(data) == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync, single_controller, disaggregated"
+    assert (
+        error_of(data)
+        == "x.yaml: pipelines[1].type: unknown pipeline type 'nemo_sync'; known: nemo_async, roll_sync, single_controller, disaggregated"
+    )
 
 
 def test_duplicate_pipeline_name():
@@ -160,12 +165,23 @@ def test_fault_unknown_name():
     )
 
 
-@pytest.mark.parametrize("fault, problem", [
-    ("critic_warmup_no_wake", "fault critic_warmup_no_wake needs pipeline ppl1 to be single_controller (it is nemo_async)"),
-    ("weight_sync_off_thread", "fault weight_sync_off_thread needs pipeline ppl1 to be disaggregated (it is nemo_async)"),
-    ("staleness_capacity_reset",
-     "fault staleness_capacity_reset needs pipeline ppl1 to be disaggregated with shape fully_async (it is nemo_async)"),
-])
+@pytest.mark.parametrize(
+    "fault, problem",
+    [
+        (
+            "critic_warmup_no_wake",
+            "fault critic_warmup_no_wake needs pipeline ppl1 to be single_controller (it is nemo_async)",
+        ),
+        (
+            "weight_sync_off_thread",
+            "fault weight_sync_off_thread needs pipeline ppl1 to be disaggregated (it is nemo_async)",
+        ),
+        (
+            "staleness_capacity_reset",
+            "fault staleness_capacity_reset needs pipeline ppl1 to be disaggregated with shape fully_async (it is nemo_async)",
+        ),
+    ],
+)
 def test_a_fault_on_a_pipeline_that_cannot_fire_it_is_refused(fault, problem):
     data = base()
     data["faults"] = [{"name": fault, "pipeline": "ppl1"}]
@@ -181,8 +197,9 @@ def test_engine_modes_are_checked_by_name():
     assert error_of(data) == "x.yaml: pipelines[0].wake: must be one of all, staged, got 'kv_first'"
     data = base()
     data["faults"] = [{"name": "resume_before_kv_wake", "pipeline": "ppl1"}]
-    assert error_of(data) == ("x.yaml: faults[0].name: fault resume_before_kv_wake needs pipeline ppl1's wake to be "
-                              "staged (it is all)")
+    assert error_of(data) == (
+        "x.yaml: faults[0].name: fault resume_before_kv_wake needs pipeline ppl1's wake to be staged (it is all)"
+    )
 
 
 def test_fault_step_never_reached():
@@ -209,16 +226,31 @@ def test_empty_gpu_list():
 
 
 TOPOLOGY_ERRORS = {
-    "duplicate_gpu": ({"infer_gpus": [0, 1, 1]}, {},
-                      "pipelines[0].infer_gpus: device_mapping lists GPU(s) [1] more than once (rule: duplicate_gpu)"),
-    "tp_not_dividing": ({"infer_gpus": [0, 1, 2], "infer_tp": 2}, {},
-                        "pipelines[0].infer_gpus: len(device_mapping)=3 is not divisible by tp_size=2 (rule: tp_divides)"),
-    "tp_not_contiguous": ({"infer_gpus": [0, 1, 3, 5], "infer_tp": 2}, {},
-                          "pipelines[0].infer_gpus: TP group [3, 5] is not contiguous (rule: tp_contiguous)"),
-    "tp_crosses_node": ({"train_gpus": [0], "infer_gpus": [0, 1, 2, 3], "infer_tp": 2}, {"nodes": 2, "gpus_per_node": 3},
-                        "pipelines[0].infer_gpus: TP group [2, 3] crosses a node boundary (gpus_per_node=3) (rule: tp_node)"),
-    "bad_tp_size": ({"infer_gpus": [0, 1, 2], "infer_tp": 3}, {},
-                    "pipelines[0].infer_tp: tp_size=3 must be 1, 2, 4, 8 or a multiple of gpus_per_node=8 (rule: tp_size)"),
+    "duplicate_gpu": (
+        {"infer_gpus": [0, 1, 1]},
+        {},
+        "pipelines[0].infer_gpus: device_mapping lists GPU(s) [1] more than once (rule: duplicate_gpu)",
+    ),
+    "tp_not_dividing": (
+        {"infer_gpus": [0, 1, 2], "infer_tp": 2},
+        {},
+        "pipelines[0].infer_gpus: len(device_mapping)=3 is not divisible by tp_size=2 (rule: tp_divides)",
+    ),
+    "tp_not_contiguous": (
+        {"infer_gpus": [0, 1, 3, 5], "infer_tp": 2},
+        {},
+        "pipelines[0].infer_gpus: TP group [3, 5] is not contiguous (rule: tp_contiguous)",
+    ),
+    "tp_crosses_node": (
+        {"train_gpus": [0], "infer_gpus": [0, 1, 2, 3], "infer_tp": 2},
+        {"nodes": 2, "gpus_per_node": 3},
+        "pipelines[0].infer_gpus: TP group [2, 3] crosses a node boundary (gpus_per_node=3) (rule: tp_node)",
+    ),
+    "bad_tp_size": (
+        {"infer_gpus": [0, 1, 2], "infer_tp": 3},
+        {},
+        "pipelines[0].infer_tp: tp_size=3 must be 1, 2, 4, 8 or a multiple of gpus_per_node=8 (rule: tp_size)",
+    ),
 }
 
 
@@ -244,7 +276,10 @@ def test_nemo_async_partial_overlap_subset():
 def test_nemo_async_partial_overlap_dp():
     data = base()
     data["pipelines"][0].update(train_gpus=[0], infer_gpus=[0])
-    assert error_of(data) == "x.yaml: pipelines[0].infer_gpus: partial overlap needs infer dp >= 2, got 1 (rule: overlap_infer_dp)"
+    assert (
+        error_of(data)
+        == "x.yaml: pipelines[0].infer_gpus: partial overlap needs infer dp >= 2, got 1 (rule: overlap_infer_dp)"
+    )
 
 
 def test_nemo_async_partial_overlap_survivor():
@@ -302,4 +337,6 @@ def test_workload_cap_share_is_a_share():
         "x.yaml: pipelines[0].workload.decode_tokens_cap_share: must be below 1 (a share of the answers), got 1"
     )
     data["defaults"] = {"workload": {"decode_tokens_cap_share": -0.1}}
-    assert error_of(data) == "x.yaml: defaults.workload.decode_tokens_cap_share: must be >= 0 (share of answers), got -0.1"
+    assert (
+        error_of(data) == "x.yaml: defaults.workload.decode_tokens_cap_share: must be >= 0 (share of answers), got -0.1"
+    )

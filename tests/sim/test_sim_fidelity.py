@@ -35,8 +35,11 @@ def test_a_finished_pipeline_stops_generating_and_its_gpus_go_idle_or_to_others(
     for pid in ("p0", "p2", "p4"):
         t_gone, seq_gone = gone[pid]["t"], gone[pid]["seq"]
         # no request of the pipeline is dispatched or completed after it unregistered
-        assert not [r for r in recs if r["seq"] > seq_gone and r.get("pipeline_id") == pid
-                    and r["kind"] in ("request_dispatch", "request_done")]
+        assert not [
+            r
+            for r in recs
+            if r["seq"] > seq_gone and r.get("pipeline_id") == pid and r["kind"] in ("request_dispatch", "request_done")
+        ]
         # every rank ends stopped or asleep: nothing stays routable in the log
         last = {r["dp_rank"]: r["state"] for r in recs if r["kind"] == "rank_state" and r["pipeline_id"] == pid}
         assert set(last.values()) <= {"stopped", "asleep"}, (pid, last)
@@ -61,8 +64,9 @@ def test_a_finished_pipeline_stops_generating_and_its_gpus_go_idle_or_to_others(
 
 def test_reaching_the_horizon_while_progressing_is_not_a_liveness_violation(tmp_path):
     base = default_scenario()
-    long = dataclasses.replace(base, horizon_s=600.0,
-                               pipelines=tuple(dataclasses.replace(p, steps=10_000) for p in base.pipelines))
+    long = dataclasses.replace(
+        base, horizon_s=600.0, pipelines=tuple(dataclasses.replace(p, steps=10_000) for p in base.pipelines)
+    )
     res = Simulation(long).run()
     assert res.reason == "horizon"
     assert check_log(res.records) == []
@@ -73,8 +77,9 @@ def test_reaching_the_horizon_while_progressing_is_not_a_liveness_violation(tmp_
 def test_a_real_stall_at_the_horizon_is_a_liveness_violation():
     res = Simulation(scenario("starve_one_shot_generation")).run()
     found = check_log(res.records, ["liveness"])
-    assert res.reason == "horizon" and any("stuck in WaitBatch" in v.message and "no progress" in v.message
-                                           for v in found), found
+    assert res.reason == "horizon" and any(
+        "stuck in WaitBatch" in v.message and "no progress" in v.message for v in found
+    ), found
 
 
 def test_host_ram_exhaustion_is_a_modelled_failure_not_an_exception(tmp_path, capsys):
@@ -106,6 +111,7 @@ def test_sleep_level_1_keeps_weights_in_host_ram_and_copies_them_back_on_wake():
     for r in kept:
         held[r["owner"]] = held.get(r["owner"], 0) + r["delta"]
         assert held[r["owner"]] in (0, weights)
+
     # a level-1 wake costs the H2D copy on top of the level-2 wake
     def wake_s(records):
         starts = {}
@@ -118,9 +124,12 @@ def test_sleep_level_1_keeps_weights_in_host_ram_and_copies_them_back_on_wake():
                 else:
                     out.append(r["t"] - starts.pop(key))
         return out
+
     level2 = wake_s(Simulation(base).run().records)
     copy = weights / base.cluster.pcie_bytes_per_s
-    assert min(level2) < max(wake_s(res.records)) and any(abs(w - (min(level2) + copy)) < 1e-9 for w in wake_s(res.records))
+    assert min(level2) < max(wake_s(res.records)) and any(
+        abs(w - (min(level2) + copy)) < 1e-9 for w in wake_s(res.records)
+    )
 
 
 def test_nemo_gives_up_a_request_after_min_3_dp_size_attempts_and_the_collector_replaces_it():
@@ -131,8 +140,14 @@ def test_nemo_gives_up_a_request_after_min_3_dp_size_attempts_and_the_collector_
     limit = 2  # min(3, dp_size)
     assert max(r["attempt"] for r in res.records if r["kind"] == "request_dispatch") == limit - 1
     for f in failed:  # the failed request was aborted just before and never runs again
-        later = [r for r in res.records if r["seq"] > f["seq"] and r.get("pipeline_id") == f["pipeline_id"]
-                 and r.get("request") == f["request"] and r["kind"] in ("request_dispatch", "request_done")]
+        later = [
+            r
+            for r in res.records
+            if r["seq"] > f["seq"]
+            and r.get("pipeline_id") == f["pipeline_id"]
+            and r.get("request") == f["request"]
+            and r["kind"] in ("request_dispatch", "request_done")
+        ]
         assert not later
     # ROLL migrates aborted requests without a limit: nothing fails there
     roll = Simulation(scenario("roll_dual_4gpu")).run()

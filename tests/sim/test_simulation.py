@@ -54,9 +54,22 @@ def effects(records, pid, kind="effect_start"):
     return [r for r in records if r["kind"] == kind and r.get("pipeline_id") == pid]
 
 
-NEMO_STEP = ["WaitBatch", "RequestGpus", "ReloadTrainComm", "Compute", "BuildCache", "OffloadTraining",
-             "DestroyTrainComm", "LockCoordinator", "PromoteCache", "ActiveRanks", "PublishVersion",
-             "UnlockCoordinator", "ReleaseGpus", "BeginProgressBatch"]
+NEMO_STEP = [
+    "WaitBatch",
+    "RequestGpus",
+    "ReloadTrainComm",
+    "Compute",
+    "BuildCache",
+    "OffloadTraining",
+    "DestroyTrainComm",
+    "LockCoordinator",
+    "PromoteCache",
+    "ActiveRanks",
+    "PublishVersion",
+    "UnlockCoordinator",
+    "ReleaseGpus",
+    "BeginProgressBatch",
+]
 
 
 def test_default_scenario_completes_with_every_invariant_holding():
@@ -73,11 +86,17 @@ def test_partial_overlap_step_sequence_order():
         assert core == NEMO_STEP, (step, names)
         # the active refresh (sync + finalize of the ranks still serving) sits inside the lock
         i, j = names.index("ActiveRanks"), names.index("PublishVersion")
-        assert names[i + 1:j] == ["SyncFromCache", "Finalize"]
+        assert names[i + 1 : j] == ["SyncFromCache", "Finalize"]
     # the overlap rank is shrunk between the ACTOR_TRAINING request and its grant
-    req = next(r for r in effects(recs, "ppl1") if r["effect"] == "RequestGpus" and r["args"]["priority"] == "ACTOR_TRAINING")
-    grant = next(r for r in effects(recs, "ppl1", "effect_end") if r["seq"] > req["seq"] and r["effect"] == "RequestGpus")
-    shrinks = [r for r in recs if req["seq"] < r["seq"] < grant["seq"] and r["kind"] == "effect_end" and r["effect"] == "Sleep"]
+    req = next(
+        r for r in effects(recs, "ppl1") if r["effect"] == "RequestGpus" and r["args"]["priority"] == "ACTOR_TRAINING"
+    )
+    grant = next(
+        r for r in effects(recs, "ppl1", "effect_end") if r["seq"] > req["seq"] and r["effect"] == "RequestGpus"
+    )
+    shrinks = [
+        r for r in recs if req["seq"] < r["seq"] < grant["seq"] and r["kind"] == "effect_end" and r["effect"] == "Sleep"
+    ]
     assert shrinks and shrinks[0]["args"]["ranks"] == [0]
 
 
@@ -94,7 +113,10 @@ def test_non_overlap_ranks_keep_serving_during_training():
     # and it gets the active refresh over a cross-GPU broadcast (its GPUs are not the owner's)
     active = bucket_paths(recs, "active")
     assert active == {"broadcast"}
-    assert bucket_paths(recs, "expand") == {"broadcast", "ipc"}  # rank 0 = GPU 0 (owner, same-GPU path) + GPU 1 (broadcast)
+    assert bucket_paths(recs, "expand") == {
+        "broadcast",
+        "ipc",
+    }  # rank 0 = GPU 0 (owner, same-GPU path) + GPU 1 (broadcast)
 
 
 def bucket_paths(recs, lifecycle_path):
@@ -102,7 +124,11 @@ def bucket_paths(recs, lifecycle_path):
     lifecycle path (expand | active)."""
     out, inside = set(), False
     for r in recs:
-        if r["kind"] in ("effect_start", "effect_end") and r.get("effect") == "SyncFromCache" and r["pipeline_id"] == "ppl1":
+        if (
+            r["kind"] in ("effect_start", "effect_end")
+            and r.get("effect") == "SyncFromCache"
+            and r["pipeline_id"] == "ppl1"
+        ):
             inside = r["kind"] == "effect_start" and r["args"]["path"] == lifecycle_path
         elif inside and r["kind"] == "sync_bucket" and r.get("pipeline_id") == "ppl1":
             out.add(r["path"])
@@ -158,8 +184,11 @@ def test_oom_detected_when_wake_meets_resident_training_memory():
     fired = next(r for r in res.records if r["kind"] == "fault_fired")
     assert fired["name"] == "wake_before_offload" and fired["seq"] < oom[0]["seq"]
     # the leaked training state is still on the GPU that ran out
-    train = [r for r in res.records
-             if r["kind"] == "vram" and r["gpu"] == oom[0]["gpu"] and r["mem"] in ("params", "grads", "optimizer")]
+    train = [
+        r
+        for r in res.records
+        if r["kind"] == "vram" and r["gpu"] == oom[0]["gpu"] and r["mem"] in ("params", "grads", "optimizer")
+    ]
     assert sum(r["delta"] for r in train) > 0
 
 
@@ -187,8 +216,11 @@ def test_nccl_buffers_kept_on_sleep_accumulate_until_training_runs_out_of_memory
     fired = [r for r in res.records if r["kind"] == "fault_fired" and r["name"] == "keep_nccl_on_sleep"]
     assert len(fired) >= 1 and fired[-1]["seq"] < oom["seq"]
     # what the sleeping rank still holds on GPU 0: one set of buffers per sleep that kept them
-    leaked = sum(r["delta"] for r in res.records
-                 if r["kind"] == "vram" and r["gpu"] == 0 and r["owner"] == "ppl1/dp0" and r["mem"] == "nccl")
+    leaked = sum(
+        r["delta"]
+        for r in res.records
+        if r["kind"] == "vram" and r["gpu"] == 0 and r["owner"] == "ppl1/dp0" and r["mem"] == "nccl"
+    )
     nccl = res.scenario.costs.nccl_buffer_bytes
     assert leaked == len(fired) * nccl
     assert oom["used"] + oom["requested"] > oom["capacity"] >= oom["used"] - leaked + oom["requested"]
@@ -213,8 +245,9 @@ def fresh_process_logs(tmp_path_factory):
         "    _fresh_run(path, load_scenario(path).seed, os.path.join(sys.argv[1], os.path.basename(path) + '.jsonl'))\n"
     )
     env = dict(os.environ, PYTHONHASHSEED=other_hash_seed(os.environ.get("PYTHONHASHSEED")))
-    subprocess.run([sys.executable, "-c", script, str(out), *SMALL_SCENARIOS], env=env, cwd=ROOT, check=True,
-                   timeout=600)
+    subprocess.run(
+        [sys.executable, "-c", script, str(out), *SMALL_SCENARIOS], env=env, cwd=ROOT, check=True, timeout=600
+    )
     return out
 
 
@@ -258,6 +291,7 @@ def test_replay_detects_a_tampered_simulator_log(tmp_path):
     res = run("default")
     lines = list(res.log.lines())
     import json
+
     for i, line in enumerate(lines):
         d = json.loads(line)
         if d["kind"] == "plan" and d["expands"]:
@@ -281,7 +315,10 @@ EXPECTED_FINDINGS = {
     "refit_over_slow_interconnect": ("failed", {"run_outcome", "handover"}),
     # RLix Bug 7: the shrink drain times out (test_timeouts.py); the aborted engine is left paused
     "abort_never_wakes": ("failed", {"run_outcome", "engine_stood_down"}),
-    "whole_model_sync_bucket": ("failed", {"vram", "run_outcome"}),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
+    "whole_model_sync_bucket": (
+        "failed",
+        {"vram", "run_outcome"},
+    ),  # RLix Bug 5: whole-model staging OOMs next to the KV cache
     # MILES B-13: the finished ppl1 keeps its GEN ranks, the TP=2 peer can form no bundle
     "finished_pipeline_keeps_gen": ("horizon", {"liveness"}),
     # RLix default (premature planned-release ack + re-expansion in the same cycle): ROLL
@@ -294,7 +331,10 @@ EXPECTED_FINDINGS = {
     "roll_dual_4gpu": ("done", {"planned_release_ack"}),
     # the RLix x ROLL OLD_LOG_PROBS hazard (docs/residency.md) and its two fixes
     "handover_old_log_probs_fits": ("done", {"handover"}),
-    "handover_old_log_probs_oom": ("failed", {"handover", "handover_headroom", "planned_release_ack", "vram", "run_outcome"}),
+    "handover_old_log_probs_oom": (
+        "failed",
+        {"handover", "handover_headroom", "planned_release_ack", "vram", "run_outcome"},
+    ),
     # bulk tensors routed through the driver: data_plane (the 1-hop rule) fires
     "dataplane_via_driver": ("done", {"data_plane", "handover"}),
     # NeMo's init keeps its multi-GPU trainer's groups (docs/residency.md)
@@ -330,7 +370,10 @@ EXPECTED_FINDINGS = {
     "level2_partial_reload": ("done", {"engine_weights"}),  # vllm #29341
     "resume_before_kv_wake": ("done", {"engine_resume", "kv_cache_asleep", "engine_transition"}),  # vllm #44483
     "kv_wake_before_weights": ("done", {"engine_resume", "engine_transition"}),
-    "pause_wait_aborted": ("done", {"pause_lost_work", "idle_bundle_starvation"}),  # miles #2372; the wait pause stalls the cycle
+    "pause_wait_aborted": (
+        "done",
+        {"pause_lost_work", "idle_bundle_starvation"},
+    ),  # miles #2372; the wait pause stalls the cycle
     "engine_pause_modes": ("done", {"idle_bundle_starvation"}),  # the wait-mode pause stalls the serial cycle
     "version_stamped_at_completion": ("done", {"version_at_dispatch"}),  # rllm #622
     # the realistic workloads (costs from the cost model): the same two by-design findings (the
@@ -357,8 +400,10 @@ EXPECTED_FINDINGS = {
     "wsg_trl6913_receiver_died": ("horizon", {"lost_wakeup", "hot_state"}),
     "wsg_trl6913_broadcast_timeout": ("failed", {"run_outcome"}),
     # the MILES demand floor re-expands a ROLL cluster await_release emptied (docs/rlix-variants.md)
-    "miles_floor_reactivates_after_release": ("failed", {"reactivated_after_release", "planned_release_ack",
-                                                         "versions", "run_outcome"}),
+    "miles_floor_reactivates_after_release": (
+        "failed",
+        {"reactivated_after_release", "planned_release_ack", "versions", "run_outcome"},
+    ),
     # a failed active refresh sync (fault active_sync_fails); MILES releases actor_train first
     "miles_release_after_failed_sync": ("failed", {"run_outcome"}),
     # the GENERATION watchdog keeps the resize lock across its re-request (fault
@@ -453,8 +498,14 @@ def test_a_cache_built_after_the_offload_crashes_the_pipeline():
     assert (fired["name"], fired["pipeline_id"], fired["step"]) == ("cache_after_offload", "ppl1", 1)
     build = [r for r in effects(res.records, "ppl1") if r["effect"] == "BuildCache"]
     assert len(build) == 3 and build[-1]["seq"] < fired["seq"]  # init, step 0, then the failing one
-    freed = [r for r in res.records if r["kind"] == "vram" and r["owner"] == "ppl1/train"
-             and r["mem"] in ("params", "grads", "optimizer") and r["seq"] > fired["seq"]]
+    freed = [
+        r
+        for r in res.records
+        if r["kind"] == "vram"
+        and r["owner"] == "ppl1/train"
+        and r["mem"] in ("params", "grads", "optimizer")
+        and r["seq"] > fired["seq"]
+    ]
     assert freed and all(r["delta"] < 0 for r in freed)  # the offload ran before the build read anything
     clean = Simulation(dataclasses.replace(res.scenario, faults=())).run()
     assert clean.reason == "done" and check_log(clean.records) == []
@@ -483,7 +534,9 @@ def test_a_finished_pipeline_that_keeps_its_gen_ranks_starves_its_tp2_peer():
     assert res.reason == "horizon" and any(m.startswith("ppl2 stuck in RequestGpus") for m in stuck), stuck
     assert not any(m.startswith("ppl1") for m in stuck)  # ppl1 itself finished all its steps
     # ppl1 never released nor unregistered, and still holds GEN ranks in both of ppl2's bundles
-    assert not [r for r in res.records if r.get("pipeline_id") == "ppl1" and r["kind"] in ("await_release", "unregister")]
+    assert not [
+        r for r in res.records if r.get("pipeline_id") == "ppl1" and r["kind"] in ("await_release", "unregister")
+    ]
     last = {r["dp_rank"]: r for r in res.records if r["kind"] == "rank_state" and r["pipeline_id"] == "ppl1"}
     held = {g for r in last.values() if r["state"] == "routable" for g in r["gpus"]}
     assert held & {0, 1} and held & {2, 3}, last  # ppl2's TP=2 bundles are [0, 1] and [2, 3]

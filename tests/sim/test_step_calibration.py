@@ -65,11 +65,21 @@ RUNS = [  # (name, gpus, infer_tp, train tp, train pp, trajectories, prompt, dec
 def _timings():
     runs = []
     for name, gpus, itp, tp, pp, n, prompt, decode in RUNS:
-        runs.append({"name": name, "gpu": "h100_sxm", "gpus_per_node": 8, "model": {"preset": "qwen2.5-7b"},
-                     "train_gpus": gpus, "infer_gpus": gpus, "infer_tp": itp, "colocated": True,
-                     "train": {"tp": tp, "pp": pp, "global_batch": 512},
-                     "batch": {"trajectories": n, "prompt_tokens": prompt, "decode_tokens": decode},
-                     "steps": [_truth(gpus, itp, tp, pp, n, prompt, decode, k) for k in range(3)]})
+        runs.append(
+            {
+                "name": name,
+                "gpu": "h100_sxm",
+                "gpus_per_node": 8,
+                "model": {"preset": "qwen2.5-7b"},
+                "train_gpus": gpus,
+                "infer_gpus": gpus,
+                "infer_tp": itp,
+                "colocated": True,
+                "train": {"tp": tp, "pp": pp, "global_batch": 512},
+                "batch": {"trajectories": n, "prompt_tokens": prompt, "decode_tokens": decode},
+                "steps": [_truth(gpus, itp, tp, pp, n, prompt, decode, k) for k in range(3)],
+            }
+        )
     return {"format": "rlharness-step-timings", "version": 1, "runs": runs}
 
 
@@ -103,14 +113,17 @@ def test_fidelity_step_reports_small_errors_on_the_held_out_run(calibrated, caps
     assert "held-out runs: 4 stage means" in text
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda t: t["runs"][1]["steps"][0].update(training_s=-1), "runs[1].steps[0].training_s"),
-    (lambda t: t["runs"][0].update(gpu="h900"), "runs[0].gpu"),
-    (lambda t: t["runs"][0]["train"].update(tp=3), "runs[0].train"),
-    (lambda t: t["runs"][2]["batch"].pop("decode_tokens"), "runs[2].batch.decode_tokens"),
-    (lambda t: t.update(format="x"), "format"),
-    (lambda t: t["runs"][0]["model"].update(preset="gpt5"), "runs[0].model.preset"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda t: t["runs"][1]["steps"][0].update(training_s=-1), "runs[1].steps[0].training_s"),
+        (lambda t: t["runs"][0].update(gpu="h900"), "runs[0].gpu"),
+        (lambda t: t["runs"][0]["train"].update(tp=3), "runs[0].train"),
+        (lambda t: t["runs"][2]["batch"].pop("decode_tokens"), "runs[2].batch.decode_tokens"),
+        (lambda t: t.update(format="x"), "format"),
+        (lambda t: t["runs"][0]["model"].update(preset="gpt5"), "runs[0].model.preset"),
+    ],
+)
 def test_bad_timings_are_one_line_naming_the_field_and_write_nothing(tmp_path, capsys, mutate, field):
     data = _timings()
     mutate(data)
@@ -125,16 +138,25 @@ def test_bad_timings_are_one_line_naming_the_field_and_write_nothing(tmp_path, c
 
 def test_a_scenario_takes_the_calibration_and_explicit_costs_still_win(calibrated, tmp_path):
     _, out = calibrated
-    pipe = {"name": "p", "type": "roll_sync", "train_gpus": list(range(8)), "infer_gpus": list(range(8)),
-            "infer_tp": 2, "model": {"preset": "qwen2.5-7b"}}
+    pipe = {
+        "name": "p",
+        "type": "roll_sync",
+        "train_gpus": list(range(8)),
+        "infer_gpus": list(range(8)),
+        "infer_tp": 2,
+        "model": {"preset": "qwen2.5-7b"},
+    }
     base = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"}, "pipelines": [pipe]}
     plain = scenario_from_mapping(dict(base), str(tmp_path / "s.yaml"))
     cal = scenario_from_mapping({**base, "step_calibration": str(out)}, str(tmp_path / "s.yaml"))
-    pinned = scenario_from_mapping({**base, "step_calibration": str(out), "costs": {"train_mfu": 0.35}},
-                                   str(tmp_path / "s.yaml"))
+    pinned = scenario_from_mapping(
+        {**base, "step_calibration": str(out), "costs": {"train_mfu": 0.35}}, str(tmp_path / "s.yaml")
+    )
     assert cal.costs.train_mfu == pytest.approx(TRUTH["train_mfu"], rel=0.03)
     # a higher MFU: a faster forward pass (the log-probs carry no gradient all-reduce to slow it)
-    assert cal.pipelines[0].costs.old_log_probs_s_per_trajectory < plain.pipelines[0].costs.old_log_probs_s_per_trajectory
+    assert (
+        cal.pipelines[0].costs.old_log_probs_s_per_trajectory < plain.pipelines[0].costs.old_log_probs_s_per_trajectory
+    )
     assert pinned.costs.train_mfu == 0.35 and pinned.costs.hbm_efficiency == cal.costs.hbm_efficiency
     with pytest.raises(ScenarioError, match=r"step_calibration: .*format"):
         (tmp_path / "bad.json").write_text("{}")
@@ -158,18 +180,28 @@ def test_pipeline_bubble_and_tensor_parallel_bytes_follow_narayanan_et_al():
 
 
 def test_an_infeasible_training_layout_is_one_error_naming_the_field():
-    pipe = {"name": "p", "type": "roll_sync", "train_gpus": list(range(8)), "infer_gpus": list(range(8)),
-            "model": {"preset": "qwen2.5-7b"}, "train_pp": 3}
+    pipe = {
+        "name": "p",
+        "type": "roll_sync",
+        "train_gpus": list(range(8)),
+        "infer_gpus": list(range(8)),
+        "model": {"preset": "qwen2.5-7b"},
+        "train_pp": 3,
+    }
     with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.train_tp: .*tp x pp x cp = 3"):
-        scenario_from_mapping({"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
-                               "pipelines": [pipe]}, "t.yaml")
+        scenario_from_mapping(
+            {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"}, "pipelines": [pipe]}, "t.yaml"
+        )
 
 
-@pytest.mark.parametrize("argv, text", [
-    (["calibrate", "step"], "TIMINGS"),
-    (["fidelity", "step", "t.yaml", "--fit-alongside"], "--calibration FILE"),
-    (["calibrate", "refit", "t.yaml"], "takes no TIMINGS"),
-])
+@pytest.mark.parametrize(
+    "argv, text",
+    [
+        (["calibrate", "step"], "TIMINGS"),
+        (["fidelity", "step", "t.yaml", "--fit-alongside"], "--calibration FILE"),
+        (["calibrate", "refit", "t.yaml"], "takes no TIMINGS"),
+    ],
+)
 def test_the_step_commands_refuse_a_wrong_call_in_one_line(capsys, argv, text):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -178,25 +210,54 @@ def test_the_step_commands_refuse_a_wrong_call_in_one_line(capsys, argv, text):
 
 def test_the_bundled_example_timings_file_calibrates(tmp_path):
     out = tmp_path / "c.json"
-    assert main(["calibrate", "step", "examples/calibration/step_timings_example.yaml", "--hold-out", "7b-tp2-long",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "step",
+                "examples/calibration/step_timings_example.yaml",
+                "--hold-out",
+                "7b-tp2-long",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     # its two generation runs separate the two decode factors (after the per-step host work)
-    assert set(json.loads(out.read_text())["costs"]) == {"train_mfu", "hbm_efficiency", "decode_flops_efficiency",
-                                                        "link_efficiency"}
+    assert set(json.loads(out.read_text())["costs"]) == {
+        "train_mfu",
+        "hbm_efficiency",
+        "decode_flops_efficiency",
+        "link_efficiency",
+    }
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda d: d["pipelines"][0].update(train_pp=0), "pipelines[0].train_pp"),
-    (lambda d: d["pipelines"][0].update(train_global_batch=-1), "pipelines[0].train_global_batch"),
-    (lambda d: d["pipelines"][0]["model"].update(experts_per_token=-2), "pipelines[0].model.experts_per_token"),
-    (lambda d: d.update(costs={"moe_train_mfu": 1.5}), "costs.moe_train_mfu"),
-    (lambda d: d.update(costs={"link_efficiency": 0}), "costs.link_efficiency"),
-    (lambda d: d.update(step_calibration=5), "step_calibration"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda d: d["pipelines"][0].update(train_pp=0), "pipelines[0].train_pp"),
+        (lambda d: d["pipelines"][0].update(train_global_batch=-1), "pipelines[0].train_global_batch"),
+        (lambda d: d["pipelines"][0]["model"].update(experts_per_token=-2), "pipelines[0].model.experts_per_token"),
+        (lambda d: d.update(costs={"moe_train_mfu": 1.5}), "costs.moe_train_mfu"),
+        (lambda d: d.update(costs={"link_efficiency": 0}), "costs.link_efficiency"),
+        (lambda d: d.update(step_calibration=5), "step_calibration"),
+    ],
+)
 def test_a_bad_new_field_is_one_error_naming_it(edit, field):
-    data = {"name": "s", "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
-            "pipelines": [{"name": "p", "type": "roll_sync", "train_gpus": list(range(8)), "infer_gpus": list(range(8)),
-                           "model": {"preset": "qwen3-30b-a3b"}}]}
+    data = {
+        "name": "s",
+        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
+        "pipelines": [
+            {
+                "name": "p",
+                "type": "roll_sync",
+                "train_gpus": list(range(8)),
+                "infer_gpus": list(range(8)),
+                "model": {"preset": "qwen3-30b-a3b"},
+            }
+        ],
+    }
     edit(data)
     with pytest.raises(ScenarioError) as e:
         scenario_from_mapping(data, "t.yaml")

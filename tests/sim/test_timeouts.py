@@ -56,7 +56,9 @@ def test_a_refit_over_a_slow_interconnect_outlives_the_selective_sync_timeout():
     assert start == t["since"] and end is None  # the sync it cut short
     assert res.records[-1]["kind"] == "sim_end" and res.records[-2] is t  # the shutdown is immediate
     s = scenario("refit_over_slow_interconnect")
-    fast = dataclasses.replace(s, cluster=dataclasses.replace(s.cluster, inter_node_bytes_per_s=ClusterSpec(1, 1).inter_node_bytes_per_s))
+    fast = dataclasses.replace(
+        s, cluster=dataclasses.replace(s.cluster, inter_node_bytes_per_s=ClusterSpec(1, 1).inter_node_bytes_per_s)
+    )
     done = Simulation(fast).run()
     # handover: NeMo's init keeps the trainer's groups (docs/residency.md), not a timeout matter
     assert done.reason == "done" and [v for v in check_log(done.records) if v.invariant != "handover"] == []
@@ -75,8 +77,9 @@ def test_a_planned_release_past_its_limit_shuts_the_run_down():
     # and the header, which records the changed deadlines (the liveness monitors' bound)
     base = Simulation(s).run()
     roomy = Simulation(with_costs(s, await_release_timeout_s=longest + 0.01)).run()
-    assert roomy.reason == "done" and [r for r in roomy.records if r["kind"] not in ("sim_end", "header")] == \
-        [r for r in base.records if r["kind"] not in ("sim_end", "header")]
+    assert roomy.reason == "done" and [r for r in roomy.records if r["kind"] not in ("sim_end", "header")] == [
+        r for r in base.records if r["kind"] not in ("sim_end", "header")
+    ]
     assert roomy.records[0]["meta"]["timeouts"]["await_release_s"] == longest + 0.01
     assert "timeouts" not in base.records[0]["meta"]
 
@@ -99,7 +102,9 @@ def test_aborted_requests_that_never_leave_the_engine_time_the_shrink_drain_out(
     assert (fired["name"], fired["step"]) == ("abort_never_wakes", 1) and fired["t"] == t["since"]
     assert t["t"] == pytest.approx(t["since"] + 30.0)
     # the shrink that hung had aborted requests in flight, and its drain never ended
-    aborts = [r for r in res.records if r["kind"] == "request_abort" and r["pipeline_id"] == "ppl1" and r["t"] == t["since"]]
+    aborts = [
+        r for r in res.records if r["kind"] == "request_abort" and r["pipeline_id"] == "ppl1" and r["t"] == t["since"]
+    ]
     assert aborts
     assert [(a, b) for a, b in effect_spans(res.records, "Drain") if a == t["since"]] == [(t["since"], None)]
     clean = Simulation(dataclasses.replace(res.scenario, faults=())).run()

@@ -20,8 +20,17 @@ NEW = ("deadlock", "lost_wakeup", "hot_state", "livelock")
 
 
 def _log(*recs, meta=None):
-    out = [{"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-            "cluster": {"nodes": 1, "gpus_per_node": 2}, "meta": meta or {}}]
+    out = [
+        {
+            "seq": 0,
+            "t": 0.0,
+            "kind": "header",
+            "schema": "rlharness.eventlog",
+            "version": 1,
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "meta": meta or {},
+        }
+    ]
     for i, (t, kind, fields) in enumerate(recs, 1):
         out.append({"seq": i, "t": t, "kind": kind, **fields})
     return out
@@ -51,7 +60,9 @@ def test_lost_wakeup_fires_when_a_broadcast_waits_on_an_exited_receiver():
     start = (0.0, "broadcast_start", {"pipeline_id": "p", "name": "g", "src": "s", "dsts": ["r"]})
     exit_ = (1.0, "member_exit", {"pipeline_id": "p", "member": "r", "reason": "killed"})
     found = check_log(_log(start, exit_), ["lost_wakeup"])
-    assert _names(found) == ["lost_wakeup"] and "p/s waits" in found[0].message and "exited at seq 2" in found[0].message
+    assert (
+        _names(found) == ["lost_wakeup"] and "p/s waits" in found[0].message and "exited at seq 2" in found[0].message
+    )
     ended = (2.0, "broadcast_end", {"pipeline_id": "p", "name": "g", "src": "s", "ok": False, "error": "timed out"})
     assert check_log(_log(start, exit_, ended), ["lost_wakeup"]) == []
     # a receiver that posted its receive is not waited on (it exits later: nothing to wake)
@@ -63,7 +74,9 @@ def test_hot_state_fires_past_the_bound_from_the_header_and_not_before():
     join = _join(0.0, "g", "a", ["a", "b"])
     end = (100.0, "sim_end", {"reason": "horizon", "sim_time": 100.0, "events": 1})
     assert check_log(_log(join, end), ["hot_state"]) == []  # 100 s < the 300 s default bound
-    short = {"timeouts": {"await_release_s": 50.0, "resize_lock_s": 20.0, "selective_sync_s": 10.0, "shrink_drain_s": 5.0}}
+    short = {
+        "timeouts": {"await_release_s": 50.0, "resize_lock_s": 20.0, "selective_sync_s": 10.0, "shrink_drain_s": 5.0}
+    }
     found = check_log(_log(join, end, meta=short), ["hot_state"])
     assert _names(found) == ["hot_state"]
     assert "p/a hot in the join of p/g" in found[0].message and "50 s bound" in found[0].message
@@ -71,7 +84,9 @@ def test_hot_state_fires_past_the_bound_from_the_header_and_not_before():
 
 
 def _requests(ts):
-    return [(t, "request_done", {"pipeline_id": "p", "request": i, "dp_rank": 0, "tokens": 8}) for i, t in enumerate(ts)]
+    return [
+        (t, "request_done", {"pipeline_id": "p", "request": i, "dp_rank": 0, "tokens": 8}) for i, t in enumerate(ts)
+    ]
 
 
 def test_livelock_fires_on_work_without_a_step_and_not_on_a_stall_or_a_step():
@@ -107,8 +122,11 @@ def test_slime_2331_deadlock_is_found_by_an_explore_seed_not_by_the_fixed_order(
 def test_vime_329_slot_overwrite_is_a_cycle_through_the_trainer_barrier():
     found = check_log(_run("wsg_vime329_slot_overwrite").records, NEW)
     assert _names(found) == ["deadlock", "deadlock", "hot_state"]
-    assert all("receive on p0/pp1" in v.message and "broadcast on p0/pp0" in v.message and "join of p0/train" in v.message
-               for v in found if v.invariant == "deadlock")
+    assert all(
+        "receive on p0/pp1" in v.message and "broadcast on p0/pp0" in v.message and "join of p0/train" in v.message
+        for v in found
+        if v.invariant == "deadlock"
+    )
 
 
 def test_trl_6913_broadcast_without_timeout_is_a_lost_wakeup_and_the_fix_fails_fast():
@@ -147,13 +165,22 @@ def _lock(t, kind, effect, scope, cycle=None, **extra):
 
 
 def test_coordinator_lock_waits_are_edges_and_a_free_lock_with_a_waiter_is_a_lost_wakeup():
-    held = [_lock(0.0, "effect_start", "LockCoordinator", "step"), _lock(0.0, "effect_end", "LockCoordinator", "step"),
-            _lock(1.0, "effect_start", "LockCoordinator", "shrink", 4)]
+    held = [
+        _lock(0.0, "effect_start", "LockCoordinator", "step"),
+        _lock(0.0, "effect_end", "LockCoordinator", "step"),
+        _lock(1.0, "effect_start", "LockCoordinator", "shrink", 4),
+    ]
     end = (500.0, "sim_end", {"reason": "horizon", "sim_time": 500.0, "events": 1})
     found = check_log(_log(*held, end), NEW)
     # waiting on a live holder is no lost wakeup; held past the bound it is a hot state with its chain
-    assert _names(found) == ["hot_state"] and "p/shrink@cycle4 -[coordinator lock of p, seq 3]-> p/step" in found[0].message
-    released = held + [_lock(2.0, "effect_start", "UnlockCoordinator", "step"), _lock(2.0, "effect_end", "UnlockCoordinator", "step")]
+    assert (
+        _names(found) == ["hot_state"]
+        and "p/shrink@cycle4 -[coordinator lock of p, seq 3]-> p/step" in found[0].message
+    )
+    released = held + [
+        _lock(2.0, "effect_start", "UnlockCoordinator", "step"),
+        _lock(2.0, "effect_end", "UnlockCoordinator", "step"),
+    ]
     lost = check_log(_log(*released, end), ["lost_wakeup"])
     assert _names(lost) == ["lost_wakeup"] and "released at seq 5" in lost[0].message
     # handed on: the waiter got the lock
@@ -171,11 +198,16 @@ def test_a_lock_release_that_forgets_its_waiter_is_a_lost_wakeup_on_a_real_run()
 
 
 def test_liveness_names_the_chain_of_a_stalled_lock_wait_and_takes_its_window_from_the_header():
-    held = [_lock(0.0, "effect_start", "LockCoordinator", "step"), _lock(0.0, "effect_end", "LockCoordinator", "step"),
-            _lock(1.0, "effect_start", "LockCoordinator", "shrink", 4)]
+    held = [
+        _lock(0.0, "effect_start", "LockCoordinator", "step"),
+        _lock(0.0, "effect_end", "LockCoordinator", "step"),
+        _lock(1.0, "effect_start", "LockCoordinator", "shrink", 4),
+    ]
     end = (200.0, "sim_end", {"reason": "horizon", "sim_time": 200.0, "events": 1})
     assert check_log(_log(*held, end), ["liveness"]) == []  # 199 s < RLix's 300 s
-    short = {"timeouts": {"await_release_s": 100.0, "resize_lock_s": 60.0, "selective_sync_s": 50.0, "shrink_drain_s": 5.0}}
+    short = {
+        "timeouts": {"await_release_s": 100.0, "resize_lock_s": 60.0, "selective_sync_s": 50.0, "shrink_drain_s": 5.0}
+    }
     found = check_log(_log(*held, end, meta=short), ["liveness"])
     assert len(found) == 1 and "p stuck in LockCoordinator" in found[0].message and "last 100 s" in found[0].message
     assert "chain of waits: p/shrink@cycle4 -[coordinator lock of p, seq 3]-> p/step" in found[0].message

@@ -24,14 +24,33 @@ TP = 2
 
 def _scenario(kind: str):
     train = list(range(4)) if kind == "roll_sync" else [0, 1]
-    pipe = {"name": "p", "type": kind, "train_gpus": train, "infer_gpus": list(range(4)), "infer_tp": TP,
-            "steps": 2, "sleep_level": 1, "model": {"preset": "qwen2.5-7b"},
-            "workload": {"prompts_per_step": 4, "generations_per_prompt": 4, "prompt_tokens": 64,
-                         "decode_tokens_median": 64, "decode_tokens_max": 256}}
-    return scenario_from_mapping({"name": "s", "horizon_s": 5000,
-                                  "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "a100_80gb"},
-                                  "costs": {"wake_fixed_s": WAKE_FIXED, "sleep_fixed_s": SLEEP_FIXED},
-                                  "pipelines": [pipe]}, "t.yaml")
+    pipe = {
+        "name": "p",
+        "type": kind,
+        "train_gpus": train,
+        "infer_gpus": list(range(4)),
+        "infer_tp": TP,
+        "steps": 2,
+        "sleep_level": 1,
+        "model": {"preset": "qwen2.5-7b"},
+        "workload": {
+            "prompts_per_step": 4,
+            "generations_per_prompt": 4,
+            "prompt_tokens": 64,
+            "decode_tokens_median": 64,
+            "decode_tokens_max": 256,
+        },
+    }
+    return scenario_from_mapping(
+        {
+            "name": "s",
+            "horizon_s": 5000,
+            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "a100_80gb"},
+            "costs": {"wake_fixed_s": WAKE_FIXED, "sleep_fixed_s": SLEEP_FIXED},
+            "pipelines": [pipe],
+        },
+        "t.yaml",
+    )
 
 
 def _charges(records):
@@ -68,5 +87,7 @@ def test_every_wake_and_sleep_is_charged_its_terms_once(kind):
     copy = 7.62e9 * 2 / TP / A100_HOST_LINK  # a GPU's share of the 7B's bf16 weights over its host link
     moved = [c for c in charges if c[2] > (SLEEP_FIXED if c[0] == "Sleep" else WAKE_FIXED) + copy / 2]
     assert moved, "no wake or sleep moved the weights over the host link: the test checks nothing"
-    wrong = [(e, round(got, 4), round(want, 4)) for e, got, want in charges if not math.isclose(got, want, abs_tol=1e-6)]
+    wrong = [
+        (e, round(got, 4), round(want, 4)) for e, got, want in charges if not math.isclose(got, want, abs_tol=1e-6)
+    ]
     assert not wrong, f"(effect, charged s, its terms' sum s): {wrong}"

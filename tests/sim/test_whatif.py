@@ -18,8 +18,12 @@ from simulators.whatif.grid import Variant
 
 
 def test_paths_read_as_error_messages_write_them():
-    assert parse_path("pipelines[1].model.params") == (("key", "pipelines"), ("index", 1), ("key", "model"),
-                                                       ("key", "params"))
+    assert parse_path("pipelines[1].model.params") == (
+        ("key", "pipelines"),
+        ("index", 1),
+        ("key", "model"),
+        ("key", "params"),
+    )
     assert parse_path("pipelines[ppl2].steps") == (("key", "pipelines"), ("named", "ppl2"), ("key", "steps"))
     for bad in ("[0].steps", "pipelines..steps", "pipelines.", "pipelines[0]steps", "a b"):
         with pytest.raises(OverrideError):
@@ -46,8 +50,22 @@ def test_overrides_change_a_copy_and_create_missing_mappings():
 
 def test_simulate_set_reaches_the_resolved_scenario(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["simulate", "--quiet", "--no-png", "--out", str(out), "--set", "pipelines[ppl2].steps=2",
-                 "--set", "costs.wake_s=1.25"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--quiet",
+                "--no-png",
+                "--out",
+                str(out),
+                "--set",
+                "pipelines[ppl2].steps=2",
+                "--set",
+                "costs.wake_s=1.25",
+            ]
+        )
+        == 0
+    )
     resolved = yaml.safe_load((out / "scenario.yaml").read_text())
     assert resolved["costs"]["wake_s"] == 1.25
     assert [p["steps"] for p in resolved["pipelines"]] == [4, 2]
@@ -55,14 +73,20 @@ def test_simulate_set_reaches_the_resolved_scenario(tmp_path, capsys):
     assert {p["pipeline_id"]: p["steps_done"] for p in summary["pipelines"]} == {"ppl1": 4, "ppl2": 2}
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("pipelines[0].steps=-1", "pipelines[0].steps: must be > 0"),
-    ("pipelines[7].steps=1", "--set pipelines[7].steps: pipelines has 2 item(s), no item 7"),
-    ("costs.wake_s=[1", "--set costs.wake_s: the value '[1' is not valid YAML"),
-    ("nosuch=1", "nosuch: unknown field"),
-    ("steps", "--set steps: expected PATH=VALUE"),
-    ("costs.kv_cache_fraction=1.0", "kv_cache_fraction"),  # valid alone, infeasible as a layout (docs/feasibility.md)
-])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("pipelines[0].steps=-1", "pipelines[0].steps: must be > 0"),
+        ("pipelines[7].steps=1", "--set pipelines[7].steps: pipelines has 2 item(s), no item 7"),
+        ("costs.wake_s=[1", "--set costs.wake_s: the value '[1' is not valid YAML"),
+        ("nosuch=1", "nosuch: unknown field"),
+        ("steps", "--set steps: expected PATH=VALUE"),
+        (
+            "costs.kv_cache_fraction=1.0",
+            "kv_cache_fraction",
+        ),  # valid alone, infeasible as a layout (docs/feasibility.md)
+    ],
+)
 def test_a_bad_set_is_one_line_and_nothing_written(tmp_path, capsys, flag, message):
     out = tmp_path / "run"
     assert main(["simulate", "--quiet", "--out", str(out), "--set", flag]) == 2
@@ -73,8 +97,22 @@ def test_a_bad_set_is_one_line_and_nothing_written(tmp_path, capsys, flag, messa
 
 def _sweep(tmp_path, name, *extra):
     out = tmp_path / name
-    code = main(["sweep", "--quiet", "--no-png", "--set", "pipelines[ppl1].steps=1,2", "--set", "costs.wake_s=0.5",
-                 "--seeds", "2", "--out", str(out), *extra])
+    code = main(
+        [
+            "sweep",
+            "--quiet",
+            "--no-png",
+            "--set",
+            "pipelines[ppl1].steps=1,2",
+            "--set",
+            "costs.wake_s=0.5",
+            "--seeds",
+            "2",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     return code, out
 
 
@@ -84,8 +122,10 @@ def test_sweep_results_are_the_same_bytes_for_any_worker_count(tmp_path, capsys)
     assert code1 == code2 == 0
     assert (one / "results.json").read_bytes() == (two / "results.json").read_bytes()
     data = json.loads((one / "results.json").read_text())
-    assert [v["settings"] for v in data["variants"]] == [{"pipelines[ppl1].steps": 1, "costs.wake_s": 0.5},
-                                                         {"pipelines[ppl1].steps": 2, "costs.wake_s": 0.5}]
+    assert [v["settings"] for v in data["variants"]] == [
+        {"pipelines[ppl1].steps": 1, "costs.wake_s": 0.5},
+        {"pipelines[ppl1].steps": 2, "costs.wake_s": 0.5},
+    ]
     assert [(r["variant"], r["run_seed"]) for r in data["runs"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [v["pipelines"]["ppl1"]["steps_done"] for v in data["variants"]] == [1, 2]
     assert "v1" in (one / "table.txt").read_text()
@@ -101,10 +141,22 @@ def test_sweep_validates_every_variant_before_running(tmp_path, capsys):
 
 def test_sweep_figures_against_an_independent_computation():
     steps = {0: [10.0, 12.0, 20.0], 1: [11.0, 13.0]}  # seed -> step times of one pipeline
-    runs = [{"status": "ok", "variant": 0, "run_seed": s, "seed": s, "end": "done", "busy_pct": 90.0 + s,
-             "idle_pct": 10.0 - s, "findings": {"handover": 1},
-             "pipelines": {"p": {"steps_done": len(t), "step_times": t, "refit_s": 1.0, "waiting_s": 0.0,
-                                 "mean_age_steps": 0.5}}} for s, t in steps.items()]
+    runs = [
+        {
+            "status": "ok",
+            "variant": 0,
+            "run_seed": s,
+            "seed": s,
+            "end": "done",
+            "busy_pct": 90.0 + s,
+            "idle_pct": 10.0 - s,
+            "findings": {"handover": 1},
+            "pipelines": {
+                "p": {"steps_done": len(t), "step_times": t, "refit_s": 1.0, "waiting_s": 0.0, "mean_age_steps": 0.5}
+            },
+        }
+        for s, t in steps.items()
+    ]
     (agg,) = aggregate([Variant(0, (), {})], runs)
     means = [np.mean(t) for t in steps.values()]
     pooled = np.concatenate([np.array(t) for t in steps.values()])
@@ -116,11 +168,21 @@ def test_sweep_figures_against_an_independent_computation():
 
 
 def test_diff_pairs_pipelines_and_gives_deltas(tmp_path, capsys):
-    a = {"scenario": "s", "run": {"simulated_s": 100.0}, "gpus_all": {"idle_pct": 10.0},
-         "pipelines": [{"pipeline_id": "p1", "mean_step_s": 10.0, "steps_done": 4}]}
-    b = {"scenario": "s", "run": {"simulated_s": 80.0}, "gpus_all": {"idle_pct": 10.0},
-         "pipelines": [{"pipeline_id": "p1", "mean_step_s": 12.5, "steps_done": 4},
-                       {"pipeline_id": "p2", "mean_step_s": 3.0, "steps_done": 1}]}
+    a = {
+        "scenario": "s",
+        "run": {"simulated_s": 100.0},
+        "gpus_all": {"idle_pct": 10.0},
+        "pipelines": [{"pipeline_id": "p1", "mean_step_s": 10.0, "steps_done": 4}],
+    }
+    b = {
+        "scenario": "s",
+        "run": {"simulated_s": 80.0},
+        "gpus_all": {"idle_pct": 10.0},
+        "pipelines": [
+            {"pipeline_id": "p1", "mean_step_s": 12.5, "steps_done": 4},
+            {"pipeline_id": "p2", "mean_step_s": 3.0, "steps_done": 1},
+        ],
+    }
     sections = dict(diff_rows(a, b))
     assert ("simulated s", 100.0, 80.0) in sections["run"]
     assert ("mean step s", 10.0, 12.5) in sections["pipeline p1"]

@@ -78,9 +78,15 @@ class _ListBuffer:
         return {a: ages.count(a) for a in sorted(set(ages))}
 
 
-@given(st.lists(st.one_of(st.tuples(st.just("add"), st.integers(-1, 4)),
-                          st.tuples(st.just("take"), st.integers(1, 5), st.integers(0, 5), st.integers(0, 2))),
-                max_size=60))
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(-1, 4)),
+            st.tuples(st.just("take"), st.integers(1, 5), st.integers(0, 5), st.integers(0, 2)),
+        ),
+        max_size=60,
+    )
+)
 @settings(max_examples=300, deadline=None)
 def test_the_replay_buffer_takes_as_a_filter_of_its_item_list_would(ops):
     from simulators.pipelines.workload import ReplayBuffer
@@ -100,11 +106,14 @@ def test_the_replay_buffer_takes_as_a_filter_of_its_item_list_would(ops):
 def test_the_cap_share_sends_the_top_draws_to_the_cap():
     # share 0.25: a draw whose normal exceeds the 75th percentile (0.6744897501960817, the
     # standard normal's table value) runs to the cap; the rest keep their log-normal length
-    spec = WorkloadSpec(decode_tokens_median=100, decode_tokens_sigma=0.5, decode_tokens_max=5000,
-                        decode_tokens_cap_share=0.25)
+    spec = WorkloadSpec(
+        decode_tokens_median=100, decode_tokens_sigma=0.5, decode_tokens_max=5000, decode_tokens_cap_share=0.25
+    )
     got = [r.tokens for r in Collector(spec, "sync", np.random.default_rng(3)).draw(4000)]
     z = np.random.default_rng(3).standard_normal(4000)
-    expected = [5000 if x > 0.6744897501960817 else int(min(max(1.0, round(float(np.exp(np.log(100) + 0.5 * x)))), 5000))
-                for x in z]
+    expected = [
+        5000 if x > 0.6744897501960817 else int(min(max(1.0, round(float(np.exp(np.log(100) + 0.5 * x)))), 5000))
+        for x in z
+    ]
     assert got == expected
     assert 0.23 < got.count(5000) / 4000 < 0.27  # about a quarter, as drawn

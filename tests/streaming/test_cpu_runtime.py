@@ -20,9 +20,16 @@ from harness.streaming.controller import StreamingConfig  # noqa: E402
 
 
 def run_runtime(min_groups, window=1, steps=3, sampler="in_order", lost_finish_at=None, **gen):
-    cfg = StreamingConfig(groups_per_step=4, generations_per_prompt=2, sampler=sampler, window=window,
-                          min_groups_for_streaming_train=min_groups, max_buffered_rollouts=4 * (window + 1),
-                          watchdog_interval_s=0.5, stall_timeout_s=30.0)
+    cfg = StreamingConfig(
+        groups_per_step=4,
+        generations_per_prompt=2,
+        sampler=sampler,
+        window=window,
+        min_groups_for_streaming_train=min_groups,
+        max_buffered_rollouts=4 * (window + 1),
+        watchdog_interval_s=0.5,
+        stall_timeout_s=30.0,
+    )
     model = TinyPolicy(seed=3)
     initial = copy.deepcopy(model)
     trainer = SplitTrainer(model, "token")
@@ -63,7 +70,9 @@ def test_streaming_runtime_is_clean_and_matches_the_synchronous_steps_on_the_gro
     for p_ref, p in zip(initial.parameters(), rt.trainer.model.parameters()):
         torch.testing.assert_close(p, p_ref, rtol=1e-5, atol=1e-6)
     # the generator was synced to every version
-    assert rt.gen.version == 3 and all(torch.equal(rt.gen.weights[n], p) for n, p in rt.trainer.model.named_parameters())
+    assert rt.gen.version == 3 and all(
+        torch.equal(rt.gen.weights[n], p) for n, p in rt.trainer.model.named_parameters()
+    )
 
 
 def test_training_overlaps_the_long_tail_when_streaming_and_not_when_batching():
@@ -76,9 +85,11 @@ def test_training_overlaps_the_long_tail_when_streaming_and_not_when_batching():
     batch, reason, _ = run_runtime(min_groups=4, window=0, steps=4)
     assert reason == "done" and check_log(batch.log.records) == []
     hidden_b, calls_b, both_b, busy_b = train_overlap(batch.log.records)
-    print(f"\nstreaming: {hidden}/{calls} train calls overlapped generation, {both:.4f} of {busy:.4f} s training "
-          f"({100 * both / busy:.0f} %); batch: {hidden_b}/{calls_b} calls, {both_b:.4f} of {busy_b:.4f} s "
-          f"({100 * both_b / busy_b:.0f} %)")
+    print(
+        f"\nstreaming: {hidden}/{calls} train calls overlapped generation, {both:.4f} of {busy:.4f} s training "
+        f"({100 * both / busy:.0f} %); batch: {hidden_b}/{calls_b} calls, {both_b:.4f} of {busy_b:.4f} s "
+        f"({100 * both_b / busy_b:.0f} %)"
+    )
     assert hidden >= calls // 2 and both > 0  # streaming trains while the long tail still generates
     assert hidden_b == 0 and both_b == 0  # window 0, whole batch: training starts after the last rollout
 
@@ -94,5 +105,7 @@ def test_rollout_failures_retry_in_real_time_and_stay_clean():
     rt, reason, _ = run_runtime(min_groups=1, sampler="windowed", infra_failure_rate=0.2, data_failure_rate=0.1)
     assert reason == "done", reason
     assert check_log(rt.log.records) == []
-    reasons = {r["args"]["reason"] for r in rt.log.records if r["kind"] == "effect_end" and r["effect"] == "RemoveGroup"}
+    reasons = {
+        r["args"]["reason"] for r in rt.log.records if r["kind"] == "effect_end" and r["effect"] == "RemoveGroup"
+    }
     assert reasons & {"infra", "data"}

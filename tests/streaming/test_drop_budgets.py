@@ -31,13 +31,16 @@ def test_a_drop_budget_under_a_sampler_that_never_stamps_is_refused(sampler):
         StreamingConfig(sampler=sampler, drop_budgets=True, max_skipped_prompts=1, max_buffered_rollouts=64)
     with pytest.raises(ScenarioError, match=r"streaming\.max_consecutive_dropped_prompts.*stamps no target step"):
         sc_scenario(sampler=sampler, drop_budgets=True, max_consecutive_dropped_prompts=2)
-    StreamingConfig(sampler=sampler, drop_budgets=True, max_buffered_rollouts=64)  # zero budgets: fail on the first drop
+    StreamingConfig(
+        sampler=sampler, drop_budgets=True, max_buffered_rollouts=64
+    )  # zero budgets: fail on the first drop
     StreamingConfig(sampler="in_order", drop_budgets=True, max_skipped_prompts=3, max_consecutive_dropped_prompts=3)
 
 
 def _state(**kw):
-    return ControllerState(StreamingConfig(groups_per_step=4, sampler="in_order", max_buffered_rollouts=8,
-                                           drop_budgets=True, **kw))
+    return ControllerState(
+        StreamingConfig(groups_per_step=4, sampler="in_order", max_buffered_rollouts=8, drop_budgets=True, **kw)
+    )
 
 
 def test_the_data_budget_counts_the_run_and_the_infra_budget_an_outage():
@@ -65,8 +68,9 @@ def test_a_step_below_its_floor_fails_and_one_at_it_closes_short():
 
 
 def _wedge(seed, **stream):
-    return sc_scenario(steps=5, seed=seed, sampler="in_order", data_failure_rate=0.15,
-                       max_data_attempts_per_prompt=1, **stream)
+    return sc_scenario(
+        steps=5, seed=seed, sampler="in_order", data_failure_rate=0.15, max_data_attempts_per_prompt=1, **stream
+    )
 
 
 def test_in_the_simulator_a_drop_past_the_budget_fails_the_run_and_within_it_closes_short():
@@ -91,9 +95,18 @@ from gpu_gates.streaming.runtime import FakeGenerator, GeneratorSpec, StreamingR
 
 
 def _runtime(**cfg_kw):
-    cfg = StreamingConfig(groups_per_step=4, generations_per_prompt=2, sampler="in_order", window=1,
-                          min_groups_for_streaming_train=1, max_buffered_rollouts=8, max_data_attempts_per_prompt=1,
-                          watchdog_interval_s=0.5, stall_timeout_s=30.0, **cfg_kw)
+    cfg = StreamingConfig(
+        groups_per_step=4,
+        generations_per_prompt=2,
+        sampler="in_order",
+        window=1,
+        min_groups_for_streaming_train=1,
+        max_buffered_rollouts=8,
+        max_data_attempts_per_prompt=1,
+        watchdog_interval_s=0.5,
+        stall_timeout_s=30.0,
+        **cfg_kw,
+    )
     spec = GeneratorSpec(seed=5, median_s=0.03, sigma=1.2, max_s=0.3, data_failure_rate=0.3)
     rt = StreamingRuntime(cfg, 4, SplitTrainer(TinyPolicy(seed=3), "token"), FakeGenerator(spec, 2))
     return rt, asyncio.run(rt.run(timeout_s=60))
@@ -104,8 +117,9 @@ def test_in_the_asyncio_runtime_steps_close_short_and_the_log_is_clean():
     assert reason == "done", reason
     assert check_log(rt.log.records) == []
     drops = [r for r in rt.log.records if r["kind"] == "effect_end" and r["effect"] == "SkipPrompt"]
-    trained = sum(len(r["args"]["groups"]) for r in rt.log.records
-                  if r["kind"] == "effect_end" and r["effect"] == "ClearSamples")
+    trained = sum(
+        len(r["args"]["groups"]) for r in rt.log.records if r["kind"] == "effect_end" and r["effect"] == "ClearSamples"
+    )
     owed = sum(1 for r in drops if r["args"]["target_step"] < 4)
     assert owed and trained == 16 - owed
 

@@ -15,7 +15,14 @@ torch = pytest.importorskip("torch")
 
 from gpu_gates.streaming import parity_reference  # noqa: E402
 from gpu_gates.streaming import split_trainer  # noqa: E402
-from gpu_gates.streaming.split_trainer import Batch, SplitTrainer, TinyPolicy, make_batch, make_optimizer, sync_train_step  # noqa: E402
+from gpu_gates.streaming.split_trainer import (  # noqa: E402
+    Batch,
+    SplitTrainer,
+    TinyPolicy,
+    make_batch,
+    make_optimizer,
+    sync_train_step,
+)
 from gpu_gates.train_pump_parity import maskless_loss_sum_and_counts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

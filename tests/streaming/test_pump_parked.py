@@ -29,8 +29,11 @@ def _finishes(records):
 
 
 def _credited_drops(records):
-    return [r for r in records if r["kind"] == "effect_end" and r["effect"] == "SkipPrompt"
-            and r["args"]["target_step"] is not None]
+    return [
+        r
+        for r in records
+        if r["kind"] == "effect_end" and r["effect"] == "SkipPrompt" and r["args"]["target_step"] is not None
+    ]
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -79,12 +82,33 @@ def test_with_the_old_select_the_pump_parks_and_pump_parked_names_it():
 
 # ---------------------------------------------------------------- crafted logs
 
+
 def _log(*effects, end_t=500.0):
-    out = [{"seq": 0, "t": 0.0, "kind": "streaming_setup", "pipeline_id": "p", "sampler": "in_order",
-            "groups_per_step": 2, "max_buffered_rollouts": 4, "min_groups_for_streaming_train": 1}]
+    out = [
+        {
+            "seq": 0,
+            "t": 0.0,
+            "kind": "streaming_setup",
+            "pipeline_id": "p",
+            "sampler": "in_order",
+            "groups_per_step": 2,
+            "max_buffered_rollouts": 4,
+            "min_groups_for_streaming_train": 1,
+        }
+    ]
     for kind, t, effect, args, scope in effects:
-        out.append({"seq": len(out), "t": t, "kind": kind, "pipeline_id": "p", "effect": effect, "args": args,
-                    "scope": scope, "step": args.get("step") if scope == "step" else None})
+        out.append(
+            {
+                "seq": len(out),
+                "t": t,
+                "kind": kind,
+                "pipeline_id": "p",
+                "effect": effect,
+                "args": args,
+                "scope": scope,
+                "step": args.get("step") if scope == "step" else None,
+            }
+        )
     out.append({"seq": len(out), "t": end_t, "kind": "sim_end", "reason": "horizon"})
     return out
 
@@ -94,44 +118,70 @@ SEL = {"min_groups": 1, "max_groups": 1, "step": 0, "target": 2}
 
 
 def _trained_one_then_select(*more):
-    return [(S, 1.0, "ClearSamples", {"step": 0, "groups": [0]}, "step"),
-            (E, 1.0, "ClearSamples", {"step": 0, "groups": [0]}, "step"),
-            (S, 2.0, "SelectGroups", SEL, "step"), *more]
+    return [
+        (S, 1.0, "ClearSamples", {"step": 0, "groups": [0]}, "step"),
+        (E, 1.0, "ClearSamples", {"step": 0, "groups": [0]}, "step"),
+        (S, 2.0, "SelectGroups", SEL, "step"),
+        *more,
+    ]
 
 
 def test_crafted_select_sized_before_a_drop_fires():
     drop = {"prompt_id": 1, "batch": 0, "reason": "data failure x1", "target_step": 0}
-    log = _log(*_trained_one_then_select((S, 3.0, "Generate", {"group_id": 1}, "rollout"),
-                                         (E, 4.0, "Generate", {"group_id": 1}, "rollout"),
-                                         (S, 4.0, "SkipPrompt", drop, "rollout"), (E, 4.0, "SkipPrompt", drop, "rollout"),
-                                         (S, 5.0, "Generate", {"group_id": 9}, "rollout")))
+    log = _log(
+        *_trained_one_then_select(
+            (S, 3.0, "Generate", {"group_id": 1}, "rollout"),
+            (E, 4.0, "Generate", {"group_id": 1}, "rollout"),
+            (S, 4.0, "SkipPrompt", drop, "rollout"),
+            (E, 4.0, "SkipPrompt", drop, "rollout"),
+            (S, 5.0, "Generate", {"group_id": 9}, "rollout"),
+        )
+    )
     found = check_log(log, ["pump_parked"])
     assert len(found) == 1 and "at most 0" in found[0].message and "t=4.0s" in found[0].message
     # an unstamped drop is owed to no step: no finding while a rollout is still generating
-    log2 = _log(*_trained_one_then_select((S, 4.0, "SkipPrompt", {**drop, "target_step": None}, "rollout"),
-                                          (E, 4.0, "SkipPrompt", {**drop, "target_step": None}, "rollout"),
-                                          (S, 5.0, "Generate", {"group_id": 9}, "rollout")))
+    log2 = _log(
+        *_trained_one_then_select(
+            (S, 4.0, "SkipPrompt", {**drop, "target_step": None}, "rollout"),
+            (E, 4.0, "SkipPrompt", {**drop, "target_step": None}, "rollout"),
+            (S, 5.0, "Generate", {"group_id": 9}, "rollout"),
+        )
+    )
     assert check_log(log2, ["pump_parked"]) == []
 
 
 def test_crafted_select_with_nothing_in_flight_and_the_gate_shut_fires():
-    log = _log(*_trained_one_then_select((S, 2.5, "AdmitBatch", {}, "rollout"),
-                                         (S, 30.0, "WatchdogTick", {"interval_s": 30.0}, "watchdog"),
-                                         (E, 60.0, "WatchdogTick", {"interval_s": 30.0}, "watchdog")))
+    log = _log(
+        *_trained_one_then_select(
+            (S, 2.5, "AdmitBatch", {}, "rollout"),
+            (S, 30.0, "WatchdogTick", {"interval_s": 30.0}, "watchdog"),
+            (E, 60.0, "WatchdogTick", {"interval_s": 30.0}, "watchdog"),
+        )
+    )
     found = check_log(log, ["pump_parked"])
     assert len(found) == 1 and "waits in AdmitBatch" in found[0].message and "since t=1.0s" in found[0].message
 
 
 def test_crafted_select_with_a_rollout_under_way_or_answered_is_no_finding():
-    busy = _log(*_trained_one_then_select((S, 2.5, "AdmitBatch", {}, "rollout"),
-                                          (S, 3.0, "Generate", {"group_id": 1}, "rollout")))
+    busy = _log(
+        *_trained_one_then_select(
+            (S, 2.5, "AdmitBatch", {}, "rollout"), (S, 3.0, "Generate", {"group_id": 1}, "rollout")
+        )
+    )
     assert check_log(busy, ["pump_parked"]) == []
-    answered = _log(*_trained_one_then_select((E, 3.0, "SelectGroups", SEL, "step"), (S, 3.5, "AdmitBatch", {}, "rollout")))
+    answered = _log(
+        *_trained_one_then_select((E, 3.0, "SelectGroups", SEL, "step"), (S, 3.5, "AdmitBatch", {}, "rollout"))
+    )
     assert check_log(answered, ["pump_parked"]) == []
     # the last move at the very end of the log: the select may still be answered
-    last = _log(*_trained_one_then_select((S, 2.5, "AdmitBatch", {}, "rollout"),
-                                          (S, 3.0, "Backoff", {"seconds": 1.0}, "rollout"),
-                                          (E, 9.0, "Backoff", {"seconds": 1.0}, "rollout")), end_t=9.0)
+    last = _log(
+        *_trained_one_then_select(
+            (S, 2.5, "AdmitBatch", {}, "rollout"),
+            (S, 3.0, "Backoff", {"seconds": 1.0}, "rollout"),
+            (E, 9.0, "Backoff", {"seconds": 1.0}, "rollout"),
+        ),
+        end_t=9.0,
+    )
     assert check_log(last, ["pump_parked"]) == []
 
 
@@ -157,9 +207,16 @@ def test_a_step_that_lost_every_prompt_fails_the_run_instead_of_parking():
     reasons = set()
     for seed in range(4):
         sc = sc_scenario(steps=4, seed=seed, data_failure_rate=0.5, max_data_attempts_per_prompt=1)
-        sc = dataclasses.replace(sc, pipelines=(dataclasses.replace(
-            sc.pipelines[0], workload=dataclasses.replace(sc.pipelines[0].workload, prompts_per_step=1),
-            streaming=dataclasses.replace(sc.pipelines[0].streaming, max_buffered_rollouts=2)),))
+        sc = dataclasses.replace(
+            sc,
+            pipelines=(
+                dataclasses.replace(
+                    sc.pipelines[0],
+                    workload=dataclasses.replace(sc.pipelines[0].workload, prompts_per_step=1),
+                    streaming=dataclasses.replace(sc.pipelines[0].streaming, max_buffered_rollouts=2),
+                ),
+            ),
+        )
         res = Simulation(sc).run()
         reasons.add(res.reason)
         if res.reason == "failed":
@@ -177,8 +234,16 @@ def test_pump_parked_names_an_unstamped_wedge_for_real():
 
     fired = 0
     for seed in range(3):
-        res = Simulation(sc_scenario(steps=4, seed=seed, sampler="weight_fifo", window=0,
-                                     data_failure_rate=0.3, max_data_attempts_per_prompt=2)).run()
+        res = Simulation(
+            sc_scenario(
+                steps=4,
+                seed=seed,
+                sampler="weight_fifo",
+                window=0,
+                data_failure_rate=0.3,
+                max_data_attempts_per_prompt=2,
+            )
+        ).run()
         found = [v for v in check_log(res.records) if v.invariant == "pump_parked"]
         if res.reason == "horizon":
             fired += 1

@@ -29,8 +29,15 @@ EXAMPLE = "examples/scenarios/in_order_drop_replace.yaml"
 
 
 def _cfg(**kw) -> StreamingConfig:
-    base = dict(groups_per_step=3, generations_per_prompt=2, sampler="in_order", window=2, max_buffered_rollouts=9,
-                on_dropped_prompt="replace", replacement_reserve_prompts=2)
+    base = dict(
+        groups_per_step=3,
+        generations_per_prompt=2,
+        sampler="in_order",
+        window=2,
+        max_buffered_rollouts=9,
+        on_dropped_prompt="replace",
+        replacement_reserve_prompts=2,
+    )
     base.update(kw)
     return StreamingConfig(**base)
 
@@ -43,9 +50,14 @@ def _commit(st: ControllerState, prompt: int, step: int) -> int:
 
 
 # ---------------------------------------------------------------- setup refusals
-@pytest.mark.parametrize("kw, field", [({"max_replacement_attempts": 0}, "max_replacement_attempts"),
-                                       ({"replacement_reserve_prompts": 0}, "replacement_reserve_prompts"),
-                                       ({"on_dropped_prompt": "retry"}, "on_dropped_prompt")])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"max_replacement_attempts": 0}, "max_replacement_attempts"),
+        ({"replacement_reserve_prompts": 0}, "replacement_reserve_prompts"),
+        ({"on_dropped_prompt": "retry"}, "on_dropped_prompt"),
+    ],
+)
 def test_a_replace_setting_that_could_only_shrink_is_refused(kw, field):
     with pytest.raises(ValueError, match=f"^{field}: "):
         _cfg(**kw)
@@ -134,8 +146,10 @@ def test_unstamped_groups_over_capacity_keep_the_freshest_and_another_sampler_re
         st.weight_version = v
         _commit(st, p, None)
     st.spares = [5]
-    small = restore(_cfg(sampler="weight_fifo", on_dropped_prompt="shrink", window=1, max_buffered_rollouts=2,
-                         groups_per_step=1), snapshot(st))
+    small = restore(
+        _cfg(sampler="weight_fifo", on_dropped_prompt="shrink", window=1, max_buffered_rollouts=2, groups_per_step=1),
+        snapshot(st),
+    )
     assert [e.prompt_id for e in small.buffer.ready()] == [1, 2]  # versions 2 and 1 kept, in their order
     other = restore(_cfg(sampler="in_order", groups_per_step=1), snapshot(st))
     assert other.buffer.used == 0 and other.capacity_held == 0 and other.spares == [5]
@@ -198,8 +212,11 @@ def test_the_example_replaces_borrows_restores_and_tops_up_with_exact_accounting
         evicted = {g for r in _effects(res.records, "Evict") for g in r.get("result") or []}
         assert set(restored["groups"]) <= cleared | evicted  # no restored group is lost
         seen["replaced"] += len(_effects(res.records, "CountReplaced"))
-        seen["borrowed"] += sum(1 for r in _effects(res.records, "TakeReplacement")
-                                if r.get("result") and r["result"][1] != r["args"]["target_step"])
+        seen["borrowed"] += sum(
+            1
+            for r in _effects(res.records, "TakeReplacement")
+            if r.get("result") and r["result"][1] != r["args"]["target_step"]
+        )
         seen["topped_up"] += _topped_up_exactly(res.records, 4, 6)
         row = streaming_rows(res.records, {})[0]  # the summary's counts, from the same log
         assert row.replaced == len(_effects(res.records, "DropReplaced"))
@@ -229,10 +246,19 @@ from gpu_gates.streaming.runtime import FakeGenerator, GeneratorSpec, StreamingR
 
 
 def test_in_the_asyncio_runtime_drops_are_replaced_and_a_restored_run_is_topped_up_and_exact():
-    cfg = StreamingConfig(groups_per_step=4, generations_per_prompt=2, sampler="in_order", window=2,
-                          min_groups_for_streaming_train=1, max_buffered_rollouts=12, max_data_attempts_per_prompt=1,
-                          watchdog_interval_s=0.5, stall_timeout_s=30.0, on_dropped_prompt="replace",
-                          replacement_reserve_prompts=2)
+    cfg = StreamingConfig(
+        groups_per_step=4,
+        generations_per_prompt=2,
+        sampler="in_order",
+        window=2,
+        min_groups_for_streaming_train=1,
+        max_buffered_rollouts=12,
+        max_data_attempts_per_prompt=1,
+        watchdog_interval_s=0.5,
+        stall_timeout_s=30.0,
+        on_dropped_prompt="replace",
+        replacement_reserve_prompts=2,
+    )
     spec = GeneratorSpec(seed=5, median_s=0.03, sigma=1.2, max_s=0.3, data_failure_rate=0.3)
     rt = StreamingRuntime(cfg, 5, SplitTrainer(TinyPolicy(seed=3), "token"), FakeGenerator(spec, 2), checkpoint_after=2)
     reason = asyncio.run(rt.run(timeout_s=60))

@@ -68,8 +68,12 @@ def test_in_the_simulator_windowed_aborts_at_a_sync():
     for seed in range(3):
         res = Simulation(sc_scenario(steps=4, seed=seed, sampler="windowed", window=0)).run()
         assert res.reason == "done"
-        hits += [g for r in res.records if r["kind"] == "effect_end" and r["effect"] == "AbortStaleInflight"
-                 for g in r.get("result", [])]
+        hits += [
+            g
+            for r in res.records
+            if r["kind"] == "effect_end" and r["effect"] == "AbortStaleInflight"
+            for g in r.get("result", [])
+        ]
     assert hits
 
 

@@ -24,12 +24,24 @@ SCEN = ROOT / "examples" / "scenarios"
 def sc_scenario(steps=4, seed=0, horizon=3600.0, faults=(), **streaming):
     stream = {"sampler": "in_order", "window": 1, "max_buffered_rollouts": 8}
     stream.update(streaming)
-    data = {"name": "sc", "seed": seed, "horizon_s": horizon, "cluster": {"nodes": 1, "gpus_per_node": 2},
-            "pipelines": [{"name": "sc", "type": "single_controller", "train_gpus": [0], "infer_gpus": [1],
-                           "steps": steps, "workload": {"prompts_per_step": 4, "generations_per_prompt": 2,
-                                                        "decode_tokens_sigma": 1.0},
-                           "streaming": stream}],
-            "faults": list(faults)}
+    data = {
+        "name": "sc",
+        "seed": seed,
+        "horizon_s": horizon,
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "pipelines": [
+            {
+                "name": "sc",
+                "type": "single_controller",
+                "train_gpus": [0],
+                "infer_gpus": [1],
+                "steps": steps,
+                "workload": {"prompts_per_step": 4, "generations_per_prompt": 2, "decode_tokens_sigma": 1.0},
+                "streaming": stream,
+            }
+        ],
+        "faults": list(faults),
+    }
     return scenario_from_mapping(data, "test")
 
 
@@ -73,8 +85,11 @@ def test_strict_on_policy_trains_only_groups_generated_by_the_current_weights():
         version = r["version"]
     assert trained == 16
     # groups generated under weights that moved on were dropped, never trained
-    assert sum(len(r["result"]) for r in ends(res.records, "AbortStaleInflight")) + \
-        sum(len(r.get("result") or []) for r in ends(res.records, "Evict")) > 0
+    assert (
+        sum(len(r["result"]) for r in ends(res.records, "AbortStaleInflight"))
+        + sum(len(r.get("result") or []) for r in ends(res.records, "Evict"))
+        > 0
+    )
 
 
 def test_one_clear_per_step_when_the_step_trains_as_one_batch_and_one_per_group_streaming():
@@ -100,7 +115,11 @@ def test_arrival_order_is_the_training_order_in_the_long_tail():
 
 def test_training_overlaps_the_long_tail_of_generation():
     res = Simulation(sc_scenario(steps=4, sampler="in_order", window=0, min_groups_for_streaming_train=1)).run()
-    gen = [(r["t"], r["args"]["group_id"]) for r in res.records if r["kind"] == "effect_start" and r["effect"] == "Generate"]
+    gen = [
+        (r["t"], r["args"]["group_id"])
+        for r in res.records
+        if r["kind"] == "effect_start" and r["effect"] == "Generate"
+    ]
     gen_end = {r["args"]["group_id"]: r["t"] for r in ends(res.records, "Generate")}
     mb_starts = [r["t"] for r in res.records if r["kind"] == "effect_start" and r["effect"] == "TrainMicrobatches"]
     overlapped = sum(1 for t in mb_starts if any(s <= t < gen_end.get(g, 0) for s, g in gen))
@@ -108,9 +127,17 @@ def test_training_overlaps_the_long_tail_of_generation():
 
 
 def test_failed_rollouts_retry_then_skip_and_the_step_trains_on_fewer_groups():
-    res = Simulation(sc_scenario(steps=5, sampler="windowed", window=1, infra_failure_rate=0.35,
-                                 data_failure_rate=0.15, max_infra_attempts_per_prompt=2,
-                                 max_data_attempts_per_prompt=1)).run()
+    res = Simulation(
+        sc_scenario(
+            steps=5,
+            sampler="windowed",
+            window=1,
+            infra_failure_rate=0.35,
+            data_failure_rate=0.15,
+            max_infra_attempts_per_prompt=2,
+            max_data_attempts_per_prompt=1,
+        )
+    ).run()
     assert res.reason == "done", res.detail
     assert check_log(res.records) == []
     removed = Counter(r["args"]["reason"] for r in ends(res.records, "RemoveGroup"))
@@ -125,8 +152,11 @@ def test_failed_rollouts_retry_then_skip_and_the_step_trains_on_fewer_groups():
 
 
 def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp_path, monkeypatch, capsys):
-    with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.streaming\.max_buffered_rollouts: max_buffered_rollouts 3 "
-                                            r"is below the 8 groups the in_order sampler needs .*deadlock"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"pipelines\[0\]\.streaming\.max_buffered_rollouts: max_buffered_rollouts 3 "
+        r"is below the 8 groups the in_order sampler needs .*deadlock",
+    ):
         sc_scenario(max_buffered_rollouts=3, min_groups_for_streaming_train=4)
     path = tmp_path / "dead.yaml"
     good = sc_scenario()
@@ -148,9 +178,16 @@ def test_capacity_deadlock_is_refused_at_load_time_and_would_really_deadlock(tmp
 
     monkeypatch.setattr(controller, "check_capacity", lambda *a: None)
     spec = good.pipelines[0]
-    stuck = dataclasses.replace(spec, streaming=dataclasses.replace(spec.streaming, max_buffered_rollouts=3,
-                                                                    min_groups_for_streaming_train=4,
-                                                                    stall_timeout_s=120.0, watchdog_interval_s=30.0))
+    stuck = dataclasses.replace(
+        spec,
+        streaming=dataclasses.replace(
+            spec.streaming,
+            max_buffered_rollouts=3,
+            min_groups_for_streaming_train=4,
+            stall_timeout_s=120.0,
+            watchdog_interval_s=30.0,
+        ),
+    )
     res = Simulation(dataclasses.replace(good, pipelines=(stuck,), horizon_s=900.0)).run()
     assert res.reason == "horizon" and trainer(res.records) == []
     assert [r for r in res.records if r["kind"] == "stall"]
@@ -170,11 +207,16 @@ def test_bundled_streaming_vs_batch_shows_the_step_time_difference():
     assert f"{d:+.3f} s ({100 * d / mean['batch']:+.1f} %)" in text
     # the same workload: each prompt's first attempt decodes for the same time in both
     dur = defaultdict(dict)
-    starts = {(r["pipeline_id"], r["args"]["group_id"]): r["t"] for r in res.records
-              if r["kind"] == "effect_start" and r["effect"] == "Generate"}
+    starts = {
+        (r["pipeline_id"], r["args"]["group_id"]): r["t"]
+        for r in res.records
+        if r["kind"] == "effect_start" and r["effect"] == "Generate"
+    }
     for r in ends(res.records, "Generate"):
         if r["args"]["attempt"] == 0 and r["result"] == "ok":
-            dur[r["args"]["prompt_id"]][r["pipeline_id"]] = round(r["t"] - starts[(r["pipeline_id"], r["args"]["group_id"])], 6)
+            dur[r["args"]["prompt_id"]][r["pipeline_id"]] = round(
+                r["t"] - starts[(r["pipeline_id"], r["args"]["group_id"])], 6
+            )
     both = [d for d in dur.values() if len(d) == 2]
     assert len(both) >= 40 and all(d["stream"] == d["batch"] for d in both)
 
@@ -192,10 +234,24 @@ def test_bundled_lost_finish_is_caught_by_streaming_step_and_clean_without_the_f
 
 def test_single_controller_must_not_share_gpus_and_streaming_is_its_own():
     with pytest.raises(ScenarioError, match="non-colocated"):
-        scenario_from_mapping({"name": "x", "cluster": {"gpus_per_node": 2}, "pipelines": [
-            {"name": "a", "type": "single_controller", "train_gpus": [0], "infer_gpus": [0, 1]}]}, "x")
+        scenario_from_mapping(
+            {
+                "name": "x",
+                "cluster": {"gpus_per_node": 2},
+                "pipelines": [{"name": "a", "type": "single_controller", "train_gpus": [0], "infer_gpus": [0, 1]}],
+            },
+            "x",
+        )
     with pytest.raises(ScenarioError, match=r"pipelines\[0\]\.streaming: only a single_controller"):
-        scenario_from_mapping({"name": "x", "cluster": {"gpus_per_node": 2}, "pipelines": [
-            {"name": "a", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1], "streaming": {}}]}, "x")
+        scenario_from_mapping(
+            {
+                "name": "x",
+                "cluster": {"gpus_per_node": 2},
+                "pipelines": [
+                    {"name": "a", "type": "nemo_async", "train_gpus": [0], "infer_gpus": [0, 1], "streaming": {}}
+                ],
+            },
+            "x",
+        )
     with pytest.raises(ScenarioError, match=r"streaming\.sampler: unknown sampler 'lifo'"):
         sc_scenario(sampler="lifo")

@@ -13,7 +13,13 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from gpu_gates.streaming.split_trainer import (  # noqa: E402
-    SplitTrainer, TinyPolicy, WorkerMetrics, combine_leader_metrics, make_batch, make_optimizer, sync_train_step,
+    SplitTrainer,
+    TinyPolicy,
+    WorkerMetrics,
+    combine_leader_metrics,
+    make_batch,
+    make_optimizer,
+    sync_train_step,
 )
 from harness.streaming.split_step import SplitApiError  # noqa: E402
 

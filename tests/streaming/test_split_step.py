@@ -60,17 +60,38 @@ def drive(gen, answers, seen=None):
 def test_train_step_order_lazy_begin_and_one_finish():
     cfg = StreamingConfig(groups_per_step=3, min_groups_for_streaming_train=1)
     batches = iter([(7,), (8, 9)])
-    seen = drive(train_pump.train_step(cfg, 0), {
-        fx.StepTarget: lambda e: 3,
-        fx.SelectGroups: lambda e: next(batches),
-        fx.FinishTrainStep: lambda e: 1,
-    })
+    seen = drive(
+        train_pump.train_step(cfg, 0),
+        {
+            fx.StepTarget: lambda e: 3,
+            fx.SelectGroups: lambda e: next(batches),
+            fx.FinishTrainStep: lambda e: 1,
+        },
+    )
     names = [type(e).__name__ for e in seen]
-    assert names == ["StepTarget", "Evict", "SelectGroups", "ComputeLogProbs", "ComputeAdvantages", "BeginTrainStep",
-                     "TrainMicrobatches", "ClearSamples",
-                     "StepTarget", "Evict", "SelectGroups", "ComputeLogProbs", "ComputeAdvantages",
-                     "TrainMicrobatches", "ClearSamples",
-                     "StepTarget", "FinishTrainStep", "PauseRollouts", "AbortStaleInflight", "SyncWeights", "ResumeRollouts"]
+    assert names == [
+        "StepTarget",
+        "Evict",
+        "SelectGroups",
+        "ComputeLogProbs",
+        "ComputeAdvantages",
+        "BeginTrainStep",
+        "TrainMicrobatches",
+        "ClearSamples",
+        "StepTarget",
+        "Evict",
+        "SelectGroups",
+        "ComputeLogProbs",
+        "ComputeAdvantages",
+        "TrainMicrobatches",
+        "ClearSamples",
+        "StepTarget",
+        "FinishTrainStep",
+        "PauseRollouts",
+        "AbortStaleInflight",
+        "SyncWeights",
+        "ResumeRollouts",
+    ]
     sel = [e for e in seen if isinstance(e, fx.SelectGroups)]
     assert [(e.min_groups, e.max_groups) for e in sel] == [(1, 3), (1, 2)]
     assert [e.groups for e in seen if isinstance(e, fx.ClearSamples)] == [(7,), (8, 9)]
@@ -87,11 +108,14 @@ def test_train_step_with_every_prompt_dropped_opens_nothing_and_fails():
 def test_a_target_that_shrinks_while_selecting_is_looked_at_again():
     targets = iter([2, 1])
     batches = iter([(), (4,)])
-    seen = drive(train_pump.train_step(StreamingConfig(groups_per_step=2), 0), {
-        fx.StepTarget: lambda e: next(targets, 1),
-        fx.SelectGroups: lambda e: next(batches),
-        fx.FinishTrainStep: lambda e: 1,
-    })
+    seen = drive(
+        train_pump.train_step(StreamingConfig(groups_per_step=2), 0),
+        {
+            fx.StepTarget: lambda e: next(targets, 1),
+            fx.SelectGroups: lambda e: next(batches),
+            fx.FinishTrainStep: lambda e: 1,
+        },
+    )
     assert [e.groups for e in seen if isinstance(e, fx.TrainMicrobatches)] == [(4,)]
     assert sum(isinstance(e, fx.BeginTrainStep) for e in seen) == 1
 
@@ -101,10 +125,13 @@ def rollout_effects(outcomes, **cfg):
 
     out = iter(outcomes)
     gids = iter(range(1, 100))
-    return drive(rollout_pump.rollout(StreamingConfig(**cfg), 0, 0, None, 0), {
-        fx.Reserve: lambda e: (next(gids), 0),
-        fx.Generate: lambda e: next(out),
-    })
+    return drive(
+        rollout_pump.rollout(StreamingConfig(**cfg), 0, 0, None, 0),
+        {
+            fx.Reserve: lambda e: (next(gids), 0),
+            fx.Generate: lambda e: next(out),
+        },
+    )
 
 
 def test_rollout_commits_and_keeps_its_buffer_slot():
@@ -116,7 +143,11 @@ def test_infra_failures_back_off_exponentially_then_skip():
     seen = rollout_effects(["infra"] * 3, max_infra_attempts_per_prompt=3, backoff_s=0.5, max_backoff_s=0.8)
     assert [e.seconds for e in seen if isinstance(e, fx.Backoff)] == [0.5, 0.8]  # capped
     removes = [e for e in seen if isinstance(e, fx.RemoveGroup)]
-    assert [(e.group_id, e.reason) for e in removes] == [(0, "infra"), (1, "infra"), (2, "infra")]  # a fresh group per attempt
+    assert [(e.group_id, e.reason) for e in removes] == [
+        (0, "infra"),
+        (1, "infra"),
+        (2, "infra"),
+    ]  # a fresh group per attempt
     assert [type(e).__name__ for e in seen[-3:]] == ["SkipPrompt", "ReleaseInflight", "ReleaseCapacity"]
 
 

@@ -16,11 +16,24 @@ _BASE = None
 def base():
     global _BASE
     if _BASE is None:
-        s = scenario_from_mapping({
-            "name": "inv", "cluster": {"nodes": 1, "gpus_per_node": 2},
-            "pipelines": [{"name": "sc", "type": "single_controller", "train_gpus": [0], "infer_gpus": [1], "steps": 3,
-                           "workload": {"prompts_per_step": 3, "generations_per_prompt": 2},
-                           "streaming": {"sampler": "windowed", "window": 1, "max_buffered_rollouts": 6}}]}, "inv")
+        s = scenario_from_mapping(
+            {
+                "name": "inv",
+                "cluster": {"nodes": 1, "gpus_per_node": 2},
+                "pipelines": [
+                    {
+                        "name": "sc",
+                        "type": "single_controller",
+                        "train_gpus": [0],
+                        "infer_gpus": [1],
+                        "steps": 3,
+                        "workload": {"prompts_per_step": 3, "generations_per_prompt": 2},
+                        "streaming": {"sampler": "windowed", "window": 1, "max_buffered_rollouts": 6},
+                    }
+                ],
+            },
+            "inv",
+        )
         _BASE = Simulation(s).run().records
     return copy.deepcopy(_BASE)
 
@@ -78,7 +91,7 @@ def test_abort_leaves_no_step_open_and_does_not_tick():
     abort = dict(recs[i], action="abort", version=recs[i]["version"] - 1, aborted=True)
     abort.pop("applied", None)
     recs[i] = abort  # step 0 aborted: no tick...
-    for r in recs[i + 1:]:
+    for r in recs[i + 1 :]:
         if r["kind"] == "trainer_step":
             r["version"] -= 1
     assert names(recs, "streaming_step") == [m for m in names(recs, "streaming_step") if "syncs weights" in m]
@@ -119,7 +132,9 @@ def test_staleness_beyond_the_window_and_training_an_uncommitted_group():
     msgs = names(recs, "staleness_window")
     assert any(f"group {gid} generated at version" in m and "window 1" in m for m in msgs), msgs
     recs = base()
-    del recs[idx(recs, lambda r: r["kind"] == "effect_end" and r["effect"] == "Commit" and r["args"]["group_id"] == gid)]
+    del recs[
+        idx(recs, lambda r: r["kind"] == "effect_end" and r["effect"] == "Commit" and r["args"]["group_id"] == gid)
+    ]
     assert any(f"trains group {gid}, which was never committed" in m for m in names(recs, "staleness_window"))
 
 
@@ -127,7 +142,9 @@ def test_a_sampler_without_a_bound_is_not_held_to_one():
     recs = base()
     next(r for r in recs if r["kind"] == "streaming_setup")["max_age"] = None
     mb = recs[idx(recs, is_trainer("microbatch"), -1)]
-    reserve = next(r for r in recs if r["kind"] == "effect_end" and r["effect"] == "Reserve" and r["result"][0] == mb["groups"][0])
+    reserve = next(
+        r for r in recs if r["kind"] == "effect_end" and r["effect"] == "Reserve" and r["result"][0] == mb["groups"][0]
+    )
     reserve["result"][1] -= 2
     assert names(recs, "staleness_window") == []
     reserve["result"][1] += 10  # from the future: never fine

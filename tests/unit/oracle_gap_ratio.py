@@ -57,7 +57,7 @@ def _half_up(x: float) -> int:
 
 
 def _bundle(mapping: Tuple[int, ...], tp: int, rank: int) -> Tuple[int, ...]:
-    return tuple(mapping[rank * tp:(rank + 1) * tp])
+    return tuple(mapping[rank * tp : (rank + 1) * tp])
 
 
 def oracle_gap_ratio(
@@ -262,8 +262,9 @@ def oracle_gap_ratio(
                 protected.add((w.pipeline_id, w.dp_rank))
             op = next((o for o in plan.expands if o.cluster_id == acc.cluster_id), None)
             if op is None:
-                plan.expands.append(ExpandOp(acc.cluster_id, {cand.dp_rank: sorted(need)},
-                                             has_pending(acc.cluster_id), acc.tp))
+                plan.expands.append(
+                    ExpandOp(acc.cluster_id, {cand.dp_rank: sorted(need)}, has_pending(acc.cluster_id), acc.tp)
+                )
             else:
                 op.dp_rank_to_gpus[cand.dp_rank] = sorted(need)
                 op.has_pending_request = op.has_pending_request or has_pending(acc.cluster_id)

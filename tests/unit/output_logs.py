@@ -4,8 +4,17 @@ on 8-15 and 20 with a sync overlapping it on GPU 20 (two lanes), a wake, a sleep
 
 
 def dense_log(nodes=9, gpn=8):
-    recs = [{"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-             "cluster": {"nodes": nodes, "gpus_per_node": gpn}, "meta": {"scenario": "dense"}}]
+    recs = [
+        {
+            "seq": 0,
+            "t": 0.0,
+            "kind": "header",
+            "schema": "rlharness.eventlog",
+            "version": 1,
+            "cluster": {"nodes": nodes, "gpus_per_node": gpn},
+            "meta": {"scenario": "dense"},
+        }
+    ]
 
     def add(t, kind, **f):
         recs.append({"seq": len(recs), "t": float(t), "kind": kind, **f})

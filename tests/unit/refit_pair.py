@@ -36,9 +36,17 @@ class Log:
             self.records.append({"seq": len(self.records), "t": 0.0, "kind": kind, **fields})
 
 
-def run_pair(endpoint: str, named: Sequence[Tuple[str, torch.Tensor]], budget: int, *, step: int = 0,
-             manifest: Optional[Dict] = None, log: Optional[Log] = None, timeout_s: float = 10.0,
-             load=None) -> Tuple[zs.SendResult, Dict[str, Any], Dict[str, torch.Tensor]]:
+def run_pair(
+    endpoint: str,
+    named: Sequence[Tuple[str, torch.Tensor]],
+    budget: int,
+    *,
+    step: int = 0,
+    manifest: Optional[Dict] = None,
+    log: Optional[Log] = None,
+    timeout_s: float = 10.0,
+    load=None,
+) -> Tuple[zs.SendResult, Dict[str, Any], Dict[str, torch.Tensor]]:
     """Receiver in a thread, sender here; returns (send result, receiver outcome, received tensors)."""
     if manifest is None:
         manifest = proto.manifest_of(zs.spec_of(n, t) for n, t in named)
@@ -49,8 +57,9 @@ def run_pair(endpoint: str, named: Sequence[Tuple[str, torch.Tensor]], budget: i
     def rx() -> None:
         r = zs.RefitReceiver(endpoint, timeout_s=timeout_s, emit=emit)
         try:
-            outcome["result"] = r.receive(manifest, load or zs.copy_into(dst), step=step,
-                                          half_bytes=proto.half_buffer_bytes(budget))
+            outcome["result"] = r.receive(
+                manifest, load or zs.copy_into(dst), step=step, half_bytes=proto.half_buffer_bytes(budget)
+            )
         except Exception as exc:
             outcome["error"] = exc
         finally:

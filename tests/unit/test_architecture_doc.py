@@ -11,7 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("architecture_doc", os.path.join(ROOT, "docs", "img", "architecture.py"))
+    spec = importlib.util.spec_from_file_location(
+        "architecture_doc", os.path.join(ROOT, "docs", "img", "architecture.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -94,15 +94,18 @@ def test_rebalance_cycle_moves_gpus_but_floor_keeps_the_trigger():
     assert m.background_rebalance_reason() == "2.1"
 
 
-@pytest.mark.parametrize("a_completed,b_completed,expected", [
-    (1, 83, None),   # A: 3/20 of demand = 15 %, 1/4 of GPUs = 25 % -> exactly 10.0 pp: not > 10
-    (1, 82, "2.1"),  # A: 3/21 = 14.3 % -> 10.7 pp
-    (1, 84, None),   # A: 3/19 = 15.8 % -> 9.2 pp
-])
+@pytest.mark.parametrize(
+    "a_completed,b_completed,expected",
+    [
+        (1, 83, None),  # A: 3/20 of demand = 15 %, 1/4 of GPUs = 25 % -> exactly 10.0 pp: not > 10
+        (1, 82, "2.1"),  # A: 3/21 = 14.3 % -> 10.7 pp
+        (1, 84, None),  # A: 3/19 = 15.8 % -> 9.2 pp
+    ],
+)
 def test_threshold_is_strictly_greater_than_10_pp(a_completed, b_completed, expected):
     m = one_vs_three()
-    report(m, "A", 4, a_completed)     # remaining 3, completion 0.25 (worst)
-    report(m, "B", 100, b_completed)   # remaining 17/18/16, completion > 0.8
+    report(m, "A", 4, a_completed)  # remaining 3, completion 0.25 (worst)
+    report(m, "B", 100, b_completed)  # remaining 17/18/16, completion > 0.8
     assert m.background_rebalance_reason() == expected
 
 
@@ -189,7 +192,7 @@ def test_remaining_is_weighted_by_tp():
     m.request(gen("B"), Priority.GENERATION, step_target_estimate=30)  # so B gets both its ranks
     m.run_cycle()
     assert (active(m, "A"), active(m, "B")) == (1, 2)
-    report(m, "A", 10, 0)   # completion 0 (worst): weighted share 20/30 = 66.7 % vs 50 % GPUs
+    report(m, "A", 10, 0)  # completion 0 (worst): weighted share 20/30 = 66.7 % vs 50 % GPUs
     report(m, "B", 20, 10)
     assert m.background_rebalance_reason() == "2.1"
     # Unweighted it would be 10/20 = 50 % vs 50 % -> none; check the weighting matters:

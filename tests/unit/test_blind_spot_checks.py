@@ -28,8 +28,13 @@ def fires(log, name, text):
 
 def _first_grant_plan(log, cluster):
     """Index of the first plan granting ``cluster`` at ACTOR_TRAINING, and that plan."""
-    i = index(log, lambda r: r["kind"] == "plan" and any(
-        s["cluster_id"] == cluster and s["priority"] == "ACTOR_TRAINING" for s in r["signals"]))
+    i = index(
+        log,
+        lambda r: (
+            r["kind"] == "plan"
+            and any(s["cluster_id"] == cluster and s["priority"] == "ACTOR_TRAINING" for s in r["signals"])
+        ),
+    )
     return i, log[i]
 
 
@@ -37,15 +42,30 @@ def _pending(log, at, rid, cluster, cancel_after):
     """An ``enqueued`` request inserted before ``log[at]``, errored after ``log[cancel_after]``
     (so no waiter is left behind)."""
     t = log[at]["t"]
-    log.insert(cancel_after + 1, {"seq": 0, "t": log[cancel_after]["t"], "kind": "signalled", "request_id": rid,
-                                  "waiter": "request", "cluster_id": cluster, "priority": "ACTOR_TRAINING",
-                                  "gpus": [], "cycle": None, "error": "cancelled by the test"})
-    log.insert(at, {"seq": 0, "t": t, "kind": "enqueued", "request_id": rid, "cluster_id": cluster,
-                    "priority": "ACTOR_TRAINING"})
+    log.insert(
+        cancel_after + 1,
+        {
+            "seq": 0,
+            "t": log[cancel_after]["t"],
+            "kind": "signalled",
+            "request_id": rid,
+            "waiter": "request",
+            "cluster_id": cluster,
+            "priority": "ACTOR_TRAINING",
+            "gpus": [],
+            "cycle": None,
+            "error": "cancelled by the test",
+        },
+    )
+    log.insert(
+        at,
+        {"seq": 0, "t": t, "kind": "enqueued", "request_id": rid, "cluster_id": cluster, "priority": "ACTOR_TRAINING"},
+    )
     return log
 
 
 # ---------------------------------------------------------------- crafted logs
+
 
 def test_grant_order_fires_when_a_later_request_overtakes_a_grantable_one(sim_log):
     """Cycle 15 grants ppl1's training [0]; ppl2's training (GPU 1, held only by
@@ -55,7 +75,9 @@ def test_grant_order_fires_when_a_later_request_overtakes_a_grantable_one(sim_lo
     assert "ppl2_actor_train" not in holdings_at(log, i).priority
     enq = max(j for j in range(i) if log[j]["kind"] == "enqueued" and log[j]["cluster_id"] == "ppl1_actor_train")
     commit = index(log, lambda r: r["kind"] == "commit" and r["cycle"] == plan["cycle"], i)
-    fires(_pending(log, enq, 9999, "ppl2_actor_train", commit), "grant_order", "passing over the earlier ppl2_actor_train")
+    fires(
+        _pending(log, enq, 9999, "ppl2_actor_train", commit), "grant_order", "passing over the earlier ppl2_actor_train"
+    )
 
 
 def test_grant_order_reads_head_of_line_blocking_from_the_header(sim_log):
@@ -81,8 +103,11 @@ def test_in_flight_at_sleep_fires_when_a_rank_sleeps_with_a_request_running(sim_
     log = copy.deepcopy(sim_log)
     s = index(log, lambda r: r["kind"] == "rank_state" and r["state"] == "asleep")
     pid, dp = log[s]["pipeline_id"], log[s]["dp_rank"]
-    d = max(j for j in range(s) if log[j]["kind"] == "request_dispatch" and log[j]["pipeline_id"] == pid
-            and log[j]["dp_rank"] == dp)
+    d = max(
+        j
+        for j in range(s)
+        if log[j]["kind"] == "request_dispatch" and log[j]["pipeline_id"] == pid and log[j]["dp_rank"] == dp
+    )
     extra = dict(log[d], request=99_999)  # one more request on that rank, never finished nor aborted
     log.insert(d + 1, extra)
     fires(log, "in_flight_at_sleep", f"{pid} dp{dp} went asleep with 1 request(s) still running")
@@ -90,19 +115,40 @@ def test_in_flight_at_sleep_fires_when_a_rank_sleeps_with_a_request_running(sim_
 
 def test_in_flight_at_sleep_fires_when_a_pipeline_unregisters_with_a_request_running():
     rank = {"pipeline_id": "p", "dp_rank": 0, "gpus": [0], "kind": "rank_state"}
-    states = [dict(rank, t=1.0, state=st, version=None if st in ("waking", "awake_unrouted") else 0)
-              for st in ("waking", "awake_unrouted", "synced", "routable")]
-    run = {"t": 2.0, "kind": "request_dispatch", "pipeline_id": "p", "request": 7, "dp_rank": 0, "version": 0, "attempt": 0}
+    states = [
+        dict(rank, t=1.0, state=st, version=None if st in ("waking", "awake_unrouted") else 0)
+        for st in ("waking", "awake_unrouted", "synced", "routable")
+    ]
+    run = {
+        "t": 2.0,
+        "kind": "request_dispatch",
+        "pipeline_id": "p",
+        "request": 7,
+        "dp_rank": 0,
+        "version": 0,
+        "attempt": 0,
+    }
     gone = {"t": 3.0, "kind": "unregister", "pipeline_id": "p"}
     done = {"t": 2.5, "kind": "request_done", "pipeline_id": "p", "request": 7, "dp_rank": 0, "tokens": 9, "version": 0}
     assert check_log(_tiny(states + [run, done, gone])) == []
-    fires(_tiny(states + [run, gone]), "in_flight_at_sleep", "p unregistered with 1 request(s) still running, e.g. dp0 request 7")
+    fires(
+        _tiny(states + [run, gone]),
+        "in_flight_at_sleep",
+        "p unregistered with 1 request(s) still running, e.g. dp0 request 7",
+    )
 
 
 def test_sync_targets_fires_for_an_expand_sync_writing_a_rank_outside_the_expand(sim_log):
     log = copy.deepcopy(sim_log)
-    s = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "SyncFromCache"
-              and r["args"]["path"] == "expand" and r["pipeline_id"] == "ppl1")
+    s = index(
+        log,
+        lambda r: (
+            r["kind"] == "effect_start"
+            and r["effect"] == "SyncFromCache"
+            and r["args"]["path"] == "expand"
+            and r["pipeline_id"] == "ppl1"
+        ),
+    )
     b = index(log, lambda r: r["kind"] == "sync_bucket", s)
     log[b]["dp_ranks"] = log[b]["dp_ranks"] + [1]  # ppl1 dp1 is asleep and not in this expand
     found = fires(log, "sync_targets", "writes dp1, which is asleep, not awake")
@@ -111,11 +157,15 @@ def test_sync_targets_fires_for_an_expand_sync_writing_a_rank_outside_the_expand
 
 def test_sync_targets_fires_for_an_active_refresh_writing_a_rank_that_is_not_routable(sim_log):
     log = copy.deepcopy(sim_log)
-    s = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" and r["args"]["path"] == "active")
+    s = index(
+        log, lambda r: r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" and r["args"]["path"] == "active"
+    )
     b = index(log, lambda r: r["kind"] == "sync_bucket", s)
     pid = log[b]["pipeline_id"]
     other = 1 - log[b]["dp_ranks"][0]
-    states = [r["state"] for r in log[:b] if r["kind"] == "rank_state" and r["pipeline_id"] == pid and r["dp_rank"] == other]
+    states = [
+        r["state"] for r in log[:b] if r["kind"] == "rank_state" and r["pipeline_id"] == pid and r["dp_rank"] == other
+    ]
     assert not states or states[-1] != "routable"
     log[b]["dp_ranks"] = [other]
     fires(log, "sync_targets", f"active refresh of {pid} writes dp{other}")
@@ -145,12 +195,19 @@ def test_trajectory_age_fires_for_a_batch_older_than_the_bound(sim_log):
     fires(log, "trajectory_age", "trained 2 trajectory(ies) of age [3] steps; max_trajectory_age_steps is 1")
 
 
-@pytest.mark.parametrize("mutate, text", [
-    (lambda log, i: log[i].update(used=log[i]["used"] + 1), "the ledger reports"),
-    (lambda log, i: log.insert(i + 1, dict(log[i], delta=-2 * log[i]["delta"], used=log[i]["used"] - 2 * log[i]["delta"])),
-     "frees 2000000000 B holding 1000000000 B"),
-    (lambda log, i: log[0]["cluster"].update(host_ram_bytes=log[i]["used"] - 1), "with no host_oom record"),
-])
+@pytest.mark.parametrize(
+    "mutate, text",
+    [
+        (lambda log, i: log[i].update(used=log[i]["used"] + 1), "the ledger reports"),
+        (
+            lambda log, i: log.insert(
+                i + 1, dict(log[i], delta=-2 * log[i]["delta"], used=log[i]["used"] - 2 * log[i]["delta"])
+            ),
+            "frees 2000000000 B holding 1000000000 B",
+        ),
+        (lambda log, i: log[0]["cluster"].update(host_ram_bytes=log[i]["used"] - 1), "with no host_oom record"),
+    ],
+)
 def test_host_ram_fires_on_ledger_breaks(sim_log, mutate, text):
     log = copy.deepcopy(sim_log)
     assert log[0]["cluster"]["host_ram_bytes"] > 0
@@ -169,27 +226,43 @@ def test_ungrantable_preemption_fires_for_a_shrink_its_cycle_does_not_grant(sim_
     bundles = [{"dp_rank": 1, "gpus": [1]}]
     log = inject_cycle(log, i, shrinks=[{"cluster_id": "ppl2_actor_infer", "bundles": bundles}])
     j = index(log, lambda r: r["kind"] == "commit" and r["cycle"] == 10_000 + i) + 1
-    log = inject_cycle(log, j, expands=[{"cluster_id": "ppl2_actor_infer", "has_pending_request": False, "bundles": bundles}])
+    log = inject_cycle(
+        log, j, expands=[{"cluster_id": "ppl2_actor_infer", "has_pending_request": False, "bundles": bundles}]
+    )
     k = index(log, lambda r: r["kind"] == "commit" and r["cycle"] == 10_000 + j)
     log = _pending(log, i, 9999, "ppl2_actor_train", k)
     fires(log, "ungrantable_preemption", "shrinks ppl2_actor_infer dp1 (GPUs [1]) for ppl2_actor_train (request 9999)")
 
 
 def _tiny(records):
-    head = {"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-            "cluster": {"nodes": 1, "gpus_per_node": 2}, "source": "simulator"}
+    head = {
+        "seq": 0,
+        "t": 0.0,
+        "kind": "header",
+        "schema": "rlharness.eventlog",
+        "version": 1,
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "source": "simulator",
+    }
     return reseq([head] + [dict({"seq": 0}, **r) for r in records])
 
 
 def test_idle_bundle_starvation_fires_for_a_pipeline_starved_beside_an_idle_bundle():
-    reg = {"t": 0.0, "kind": "register", "pipeline_id": "p", "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
-           "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1]}}
+    reg = {
+        "t": 0.0,
+        "kind": "register",
+        "pipeline_id": "p",
+        "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
+        "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1]},
+    }
     wait = {"pipeline_id": "p", "effect": "WaitBatch", "args": {}, "scope": "step", "step": 0}
     end = {"t": 100.0, "kind": "sim_end", "reason": "done", "sim_time": 100.0, "events": 3}
     short = _tiny([reg, dict(wait, t=1.0, kind="effect_start"), dict(wait, t=50.0, kind="effect_end"), end])
     assert check_log(short) == []  # 49 s: within the bound
     log = _tiny([reg, dict(wait, t=1.0, kind="effect_start"), dict(wait, t=90.0, kind="effect_end"), end])
-    fires(log, "idle_bundle_starvation", "p has waited for its batch with no routable rank since t=1.0 s while GPUs [0]")
+    fires(
+        log, "idle_bundle_starvation", "p has waited for its batch with no routable rank since t=1.0 s while GPUs [0]"
+    )
     # the header's per-pipeline bound (a simulator log's: derived from the scenario) replaces the 60 s
     short[0]["meta"] = {"idle_bundle_bound_s": {"p": 16.0}}
     fires(short, "idle_bundle_starvation", "more than 16 s")
@@ -208,8 +281,18 @@ def test_the_derived_idle_bound_follows_the_scenario_timescales():
 
     s = default_scenario()
     c = s.costs
-    one = (2 * c.scheduler_poll_s + c.watchdog_s + c.drain_s + c.sleep_fixed_s + c.sleep_s + c.wake_fixed_s + c.wake_s
-           + c.nccl_group_create_s + s.pipelines[0].model.weight_bytes / c.receiver_load_bytes_per_s + c.finalize_s)
+    one = (
+        2 * c.scheduler_poll_s
+        + c.watchdog_s
+        + c.drain_s
+        + c.sleep_fixed_s
+        + c.sleep_s
+        + c.wake_fixed_s
+        + c.wake_s
+        + c.nccl_group_create_s
+        + s.pipelines[0].model.weight_bytes / c.receiver_load_bytes_per_s
+        + c.finalize_s
+    )
     assert idle_bundle_bounds(s)["ppl1"] == round(2 * one, 3) and 10 < 2 * one < 30
     slower = dataclasses.replace(s, costs=dataclasses.replace(c, scheduler_poll_s=10.0))
     assert idle_bundle_bounds(slower)["ppl1"] == round(2 * (one + 18.0), 3)
@@ -218,23 +301,44 @@ def test_the_derived_idle_bound_follows_the_scenario_timescales():
 
 
 def test_data_plane_judges_the_metadata_hop_by_its_bytes():
-    put = {"t": 1.0, "kind": "dp_transfer", "actor": "p/rollout", "role": "producer", "partition": "p",
-           "hop": "producer_to_store", "samples": ["r0"], "fields": ["trajectory"], "bytes": 3000}
-    meta = {"t": 2.0, "kind": "dp_transfer", "actor": "p/driver", "role": "driver", "partition": "p",
-            "hop": "driver_meta", "samples": ["r0"], "fields": ["trajectory"], "bytes": 20}
+    put = {
+        "t": 1.0,
+        "kind": "dp_transfer",
+        "actor": "p/rollout",
+        "role": "producer",
+        "partition": "p",
+        "hop": "producer_to_store",
+        "samples": ["r0"],
+        "fields": ["trajectory"],
+        "bytes": 3000,
+    }
+    meta = {
+        "t": 2.0,
+        "kind": "dp_transfer",
+        "actor": "p/driver",
+        "role": "driver",
+        "partition": "p",
+        "hop": "driver_meta",
+        "samples": ["r0"],
+        "fields": ["trajectory"],
+        "bytes": 20,
+    }
     assert check_log(_tiny([put, meta, dict(meta, bytes=4096)])) == []  # the label alone no longer exempts it:
     fires(_tiny([put, dict(meta, bytes=4097)]), "data_plane", "driver_meta moved 4097 B for 1 row(s), above 4096 B")
 
 
 # ---------------------------------------------------------------- the simulated system does it
 
+
 def _scenario(name):
     from simulators.scenario.loader import load_scenario
+
     return load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
 
 
 def _run(s):
     from simulators.run import Simulation
+
     return check_log(Simulation(s).run().records)
 
 

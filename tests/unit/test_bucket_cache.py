@@ -77,14 +77,14 @@ def test_round_trip_many_small_tensors():
 
 def test_unpacked_tensors_do_not_alias_the_buffer():
     rec = pack_bucket([("t", torch.ones(4))])
-    (name, out), = unpack_bucket(rec)
+    ((name, out),) = unpack_bucket(rec)
     rec.buffer.zero_()
     assert torch.equal(out, torch.ones(4))
 
 
 def test_non_contiguous_input_is_packed_by_value():
     t = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
-    (_, out), = unpack_bucket(pack_bucket([("t", t)]))
+    ((_, out),) = unpack_bucket(pack_bucket([("t", t)]))
     assert torch.equal(out, t)
 
 
@@ -159,7 +159,7 @@ def test_version_pointers_and_reading():
             pass
     cache.promote(-1)
     with cache.reading() as buckets:
-        (_, w), = unpack_bucket(buckets[0])
+        ((_, w),) = unpack_bucket(buckets[0])
         assert torch.equal(w, torch.full((4,), -1.0))
     assert cache.active_version == -1
 

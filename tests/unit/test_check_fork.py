@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork: the sp
 @pytest.fixture(scope="module")
 def run():
     # findings of several checks, handover's among them (the summary's table)
-    return Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", "handover_old_log_probs_oom.yaml"))).run()
+    return Simulation(
+        load_scenario(os.path.join(ROOT, "examples", "scenarios", "handover_old_log_probs_oom.yaml"))
+    ).run()
 
 
 def test_a_forked_split_finds_what_one_process_finds(run):

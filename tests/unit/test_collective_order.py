@@ -14,8 +14,15 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def coll(seq, activity, phase, comm="p/train"):
-    return {"seq": seq, "t": float(seq), "kind": "collectives", "pipeline_id": "p", "communicator": comm,
-            "activity": activity, "phase": phase}
+    return {
+        "seq": seq,
+        "t": float(seq),
+        "kind": "collectives",
+        "pipeline_id": "p",
+        "communicator": comm,
+        "activity": activity,
+        "phase": phase,
+    }
 
 
 def findings(records):
@@ -23,15 +30,28 @@ def findings(records):
 
 
 def test_two_activities_open_on_one_communicator_are_named():
-    log = [coll(1, "train", "start"), coll(2, "weight_sync", "start"), coll(3, "train", "end"),
-           coll(4, "weight_sync", "end")]
-    assert findings(log) == [(2, "weight_sync issues collectives on p/train while train (since seq 1, t=1.000) "
-                                 "still does: no order between them")]
+    log = [
+        coll(1, "train", "start"),
+        coll(2, "weight_sync", "start"),
+        coll(3, "train", "end"),
+        coll(4, "weight_sync", "end"),
+    ]
+    assert findings(log) == [
+        (
+            2,
+            "weight_sync issues collectives on p/train while train (since seq 1, t=1.000) "
+            "still does: no order between them",
+        )
+    ]
 
 
 def test_ordered_activities_and_other_communicators_hold():
-    ordered = [coll(1, "train", "start"), coll(2, "train", "end"), coll(3, "weight_sync", "start"),
-               coll(4, "weight_sync", "end")]
+    ordered = [
+        coll(1, "train", "start"),
+        coll(2, "train", "end"),
+        coll(3, "weight_sync", "start"),
+        coll(4, "weight_sync", "end"),
+    ]
     assert findings(ordered) == []
     apart = [coll(1, "train", "start"), coll(2, "weight_sync", "start", comm="p/sync"), coll(3, "train", "end")]
     assert findings(apart) == []

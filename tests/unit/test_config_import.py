@@ -84,9 +84,16 @@ def test_inheritance_and_interpolation_match_omegaconf(child):
     cfg, chain = nemo_rl.load(child)
     ref = _omegaconf_reference(child)
     assert chain == ["parent.yaml"]
-    for key in ("grpo.num_prompts_per_step", "grpo.num_generations_per_prompt", "policy.generation.max_new_tokens",
-                "policy.generation.val_temperature", "policy.sequence_packing.train_mb_tokens", "policy.optimizer",
-                "policy.megatron_cfg.pipeline_model_parallel_size", "policy.generation.vllm_cfg.gpu_memory_utilization"):
+    for key in (
+        "grpo.num_prompts_per_step",
+        "grpo.num_generations_per_prompt",
+        "policy.generation.max_new_tokens",
+        "policy.generation.val_temperature",
+        "policy.sequence_packing.train_mb_tokens",
+        "policy.optimizer",
+        "policy.megatron_cfg.pipeline_model_parallel_size",
+        "policy.generation.vllm_cfg.gpu_memory_utilization",
+    ):
         expected = ref
         for part in key.split("."):
             expected = expected[part]
@@ -95,8 +102,15 @@ def test_inheritance_and_interpolation_match_omegaconf(child):
 
 
 def test_overrides_follow_hydra(child):
-    cfg, _ = nemo_rl.load(child, ["grpo.num_prompts_per_step=3", "+policy.extra=1", "++cluster.num_nodes=2",
-                                  "~loss_fn.reference_policy_kl_penalty"])
+    cfg, _ = nemo_rl.load(
+        child,
+        [
+            "grpo.num_prompts_per_step=3",
+            "+policy.extra=1",
+            "++cluster.num_nodes=2",
+            "~loss_fn.reference_policy_kl_penalty",
+        ],
+    )
     assert (get(cfg, "grpo.num_prompts_per_step"), get(cfg, "policy.extra"), get(cfg, "cluster.num_nodes")) == (3, 1, 2)
     assert get(cfg, "loss_fn.reference_policy_kl_penalty", None) is None
     with pytest.raises(ConfigRefused, match="add it with"):
@@ -109,7 +123,13 @@ def test_every_field_names_its_key(child):
     cfg, chain = nemo_rl.load(child)
     text, scenario = finish(nemo_rl.translate(cfg, child, chain, gpu="h100_sxm", steps=2), child)
     pipe = scenario.pipelines[0]
-    assert (pipe.type, pipe.infer_tp, pipe.train_tp, pipe.train_pp, pipe.train_recompute) == ("roll_sync", 2, 2, 2, True)
+    assert (pipe.type, pipe.infer_tp, pipe.train_tp, pipe.train_pp, pipe.train_recompute) == (
+        "roll_sync",
+        2,
+        2,
+        2,
+        True,
+    )
     assert (pipe.workload.prompts_per_step, pipe.workload.decode_tokens_max, pipe.log_prob_passes) == (16, 2048, 2)
     assert pipe.train_gpus == pipe.infer_gpus == (0, 1, 2, 3) and pipe.refit_path == "colocated_ipc"
     for line in text.splitlines():
@@ -120,13 +140,16 @@ def test_every_field_names_its_key(child):
     assert yaml.safe_load(text)["pipelines"][0]["workload"]["prompts_per_step"] == 16
 
 
-@pytest.mark.parametrize("override,key", [
-    ("policy.dtensor_cfg.lora_cfg={enabled: true}", "policy.dtensor_cfg.lora_cfg.enabled"),
-    ("policy.generation.backend=sglang", "policy.generation.backend"),
-    ("policy.model_name=acme/unknown-7b", "policy.model_name"),
-    ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled"),
-    ("policy.generation.vllm_cfg.tensor_parallel_size=3", "policy.generation.vllm_cfg.tensor_parallel_size"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("policy.dtensor_cfg.lora_cfg={enabled: true}", "policy.dtensor_cfg.lora_cfg.enabled"),
+        ("policy.generation.backend=sglang", "policy.generation.backend"),
+        ("policy.model_name=acme/unknown-7b", "policy.model_name"),
+        ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled"),
+        ("policy.generation.vllm_cfg.tensor_parallel_size=3", "policy.generation.vllm_cfg.tensor_parallel_size"),
+    ],
+)
 def test_refusals_name_the_key(child, override, key):
     overrides = [override if not override.startswith("policy.dtensor_cfg.lora") else "++" + override]
     with pytest.raises(ConfigRefused) as e:
@@ -137,7 +160,8 @@ def test_refusals_name_the_key(child, override, key):
 
 def test_roll_agentic_and_device_mappings(tmp_path):
     (tmp_path / "envs.yaml").write_text("custom_env: {Game: {max_steps: 5}}\n")
-    (tmp_path / "agentic.yaml").write_text(textwrap.dedent("""
+    (tmp_path / "agentic.yaml").write_text(
+        textwrap.dedent("""
         defaults:
           - ./envs@_here_
         seed: 1
@@ -155,13 +179,18 @@ def test_roll_agentic_and_device_mappings(tmp_path):
           strategy_args: {strategy_name: vllm, strategy_config: {gpu_memory_utilization: 0.7, sleep_level: 2}}
           device_mapping: "[0, 1, 2, 3, ]"
         train_env_manager: {num_env_groups: 16, group_size: 4}
-    """))
+    """)
+    )
     cfg, chain = roll.load(str(tmp_path / "agentic.yaml"))
     assert chain == ["envs.yaml"] and get(cfg, "custom_env.Game.max_steps") == 5
     _, s = finish(roll.translate(cfg, "agentic.yaml", chain, gpu="h100_sxm", steps=2), "agentic.yaml")
     p = s.pipelines[0]
     assert (p.type, p.train_tp, p.sleep_level, p.train_global_batch) == ("roll_sync", 2, 2, 2 * 8 * 2)
-    assert (p.workload.prompts_per_step, p.workload.generations_per_prompt, p.workload.decode_tokens_max) == (16, 4, 512)
+    assert (p.workload.prompts_per_step, p.workload.generations_per_prompt, p.workload.decode_tokens_max) == (
+        16,
+        4,
+        512,
+    )
     assert device_mapping("list(range(2,6))", "k") == [2, 3, 4, 5]
     assert device_mapping("list([0,1,8,9])", "k") == [0, 1, 8, 9]
     with pytest.raises(ConfigRefused, match="k"):
@@ -170,7 +199,9 @@ def test_roll_agentic_and_device_mappings(tmp_path):
 
 def test_cli_refusal_is_one_line_and_writes_nothing(child, tmp_path, capsys):
     out = tmp_path / "s.yaml"
-    assert main(["import", "nemo-rl-config", child, "--set", "policy.generation.backend=sglang", "--out", str(out)]) == 2
+    assert (
+        main(["import", "nemo-rl-config", child, "--set", "policy.generation.backend=sglang", "--out", str(out)]) == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "policy.generation.backend" in err and not out.exists()
     assert main(["import", "nemo-rl-config", child, "--gpu", "tpu", "--out", str(out)]) == 2

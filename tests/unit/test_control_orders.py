@@ -36,8 +36,15 @@ class Script:
     ``VersionBook`` objects, as both runtimes do, so a test can read the state a failure
     leaves behind."""
 
-    def __init__(self, ctx: PipelineContext, *, ranks: int = 2, answers: Optional[Dict[str, Any]] = None,
-                 fail_at: Optional[str] = None, nth: int = 1) -> None:
+    def __init__(
+        self,
+        ctx: PipelineContext,
+        *,
+        ranks: int = 2,
+        answers: Optional[Dict[str, Any]] = None,
+        fail_at: Optional[str] = None,
+        nth: int = 1,
+    ) -> None:
         self.ctx = ctx
         self.answers = dict(answers or {})
         self.fail_at, self.nth = fail_at, nth
@@ -105,13 +112,27 @@ class Script:
 
 
 def nemo_ctx(steps: int = 2) -> PipelineContext:
-    return PipelineContext("p", "nemo_async", steps, sleep_level=2, step_target=4, gen_estimate=1,
-                           versions=VersionBook(clamp_bootstrap=True))
+    return PipelineContext(
+        "p",
+        "nemo_async",
+        steps,
+        sleep_level=2,
+        step_target=4,
+        gen_estimate=1,
+        versions=VersionBook(clamp_bootstrap=True),
+    )
 
 
 def roll_ctx(steps: int = 2) -> PipelineContext:
-    return PipelineContext("p", "roll_sync", steps, sleep_level=1, step_target=8, gen_estimate=8,
-                           versions=VersionBook(clamp_bootstrap=False))
+    return PipelineContext(
+        "p",
+        "roll_sync",
+        steps,
+        sleep_level=1,
+        step_target=8,
+        gen_estimate=8,
+        versions=VersionBook(clamp_bootstrap=False),
+    )
 
 
 def run(gen, script: Script) -> List[str]:
@@ -131,13 +152,21 @@ def test_initialize_order():
     script = Script(ctx)
     run(nemo_async.initialize(ctx), script)
     assert script.trace == [
-        ("RequestGpus", {"cluster": "actor_train", "priority": "INITIALIZATION", "global_step": None, "step_target_estimate": None}),
+        (
+            "RequestGpus",
+            {"cluster": "actor_train", "priority": "INITIALIZATION", "global_step": None, "step_target_estimate": None},
+        ),
         ("ReloadTrainComm", {}),  # the training groups are created at init ...
-        ("BuildCache", {"version": -1}), ("PromoteCache", {"version": -1}), ("OffloadTraining", {}),
+        ("BuildCache", {"version": -1}),
+        ("PromoteCache", {"version": -1}),
+        ("OffloadTraining", {}),
         # ... and NeMo keeps them alive (debug #24; harness/control/residency.py)
         ("ReleaseGpus", {"cluster": "actor_train", "global_step": None}),
         ("BeginProgressBatch", {"global_step": 0}),
-        ("RequestGpus", {"cluster": "actor_infer", "priority": "GENERATION", "global_step": 0, "step_target_estimate": 1}),
+        (
+            "RequestGpus",
+            {"cluster": "actor_infer", "priority": "GENERATION", "global_step": 0, "step_target_estimate": 1},
+        ),
     ]
 
 
@@ -147,9 +176,24 @@ def test_nemo_train_step_order_with_ranks_serving():
     script.routable = {1}
     script.life[1].state = RankState.ROUTABLE
     run(nemo_async.train_step(ctx, 0), script)
-    assert script.seen == ["WaitBatch", "RequestGpus", "ReloadTrainComm", "Compute", "BuildCache", "OffloadTraining",
-                           "DestroyTrainComm", "LockCoordinator", "PromoteCache", "ActiveRanks", "SyncFromCache",
-                           "Finalize", "PublishVersion", "UnlockCoordinator", "ReleaseGpus", "BeginProgressBatch"]
+    assert script.seen == [
+        "WaitBatch",
+        "RequestGpus",
+        "ReloadTrainComm",
+        "Compute",
+        "BuildCache",
+        "OffloadTraining",
+        "DestroyTrainComm",
+        "LockCoordinator",
+        "PromoteCache",
+        "ActiveRanks",
+        "SyncFromCache",
+        "Finalize",
+        "PublishVersion",
+        "UnlockCoordinator",
+        "ReleaseGpus",
+        "BeginProgressBatch",
+    ]
     assert script.trace[1][1]["priority"] == "ACTOR_TRAINING"
     assert script.trace[10] == ("SyncFromCache", {"ranks": [1], "version": 1, "path": "active"})
     assert script.trace[12] == ("PublishVersion", {"version": 1, "path": "active"})
@@ -161,8 +205,13 @@ def test_nemo_train_step_without_serving_ranks_skips_the_sync_but_still_publishe
     script = Script(ctx)
     run(nemo_async.train_step(ctx, 0), script)
     assert "SyncFromCache" not in script.seen and "Finalize" not in script.seen
-    assert script.seen[script.seen.index("PromoteCache") + 1:] == [
-        "ActiveRanks", "PublishVersion", "UnlockCoordinator", "ReleaseGpus", "BeginProgressBatch"]
+    assert script.seen[script.seen.index("PromoteCache") + 1 :] == [
+        "ActiveRanks",
+        "PublishVersion",
+        "UnlockCoordinator",
+        "ReleaseGpus",
+        "BeginProgressBatch",
+    ]
 
 
 def test_roll_train_step_order():
@@ -171,9 +220,22 @@ def test_roll_train_step_order():
     run(roll_sync.train_step(ctx, 0), script)
     # the old log-probs compute reloads the groups itself (state_offload_manger) and, with RLix's
     # is_offload_states=False, offloads nothing before release_then_request (residency.py)
-    assert script.seen == ["BeginProgressBatch", "RequestGpus", "WaitBatch", "EndProgressBatch", "AwaitRelease",
-                           "RequestGpus", "Compute", "ReleaseThenRequest", "Compute", "BuildCache",
-                           "PromoteCache", "OffloadTraining", "DestroyTrainComm", "ReleaseGpus"]
+    assert script.seen == [
+        "BeginProgressBatch",
+        "RequestGpus",
+        "WaitBatch",
+        "EndProgressBatch",
+        "AwaitRelease",
+        "RequestGpus",
+        "Compute",
+        "ReleaseThenRequest",
+        "Compute",
+        "BuildCache",
+        "PromoteCache",
+        "OffloadTraining",
+        "DestroyTrainComm",
+        "ReleaseGpus",
+    ]
     priorities = [f["priority"] for n, f in script.trace if n == "RequestGpus"]
     assert priorities == ["GENERATION", "OLD_LOG_PROBS"]
     assert [f["what"] for n, f in script.trace if n == "Compute"] == ["old_log_probs", "train"]
@@ -185,10 +247,15 @@ def test_expand_order():
     script = Script(ctx)
     run(expand_order(ctx, [1, 0]), script)
     assert script.trace == [
-        ("LockCoordinator", {"purpose": "expand"}), ("MarkInactive", {"ranks": [0, 1]}), ("Wake", {"ranks": [0, 1]}),
-        ("SyncFromCache", {"ranks": [0, 1], "version": -1, "path": "expand"}), ("Finalize", {"ranks": [0, 1]}),
-        ("PublishVersion", {"version": -1, "path": "expand"}), ("Activate", {"ranks": [0, 1]}),
-        ("UnlockCoordinator", {"purpose": "expand"})]
+        ("LockCoordinator", {"purpose": "expand"}),
+        ("MarkInactive", {"ranks": [0, 1]}),
+        ("Wake", {"ranks": [0, 1]}),
+        ("SyncFromCache", {"ranks": [0, 1], "version": -1, "path": "expand"}),
+        ("Finalize", {"ranks": [0, 1]}),
+        ("PublishVersion", {"version": -1, "path": "expand"}),
+        ("Activate", {"ranks": [0, 1]}),
+        ("UnlockCoordinator", {"purpose": "expand"}),
+    ]
     assert all(life.state is RankState.ROUTABLE for life in script.life.values())
     assert ctx.versions.published == 0  # NeMo publishes the bootstrap -1 as 0
 
@@ -206,9 +273,13 @@ def test_shrink_order():
     script.seen.clear()
     script.trace.clear()
     run(shrink_order(ctx, [1, 0]), script)
-    assert script.trace == [("LockCoordinator", {"purpose": "shrink"}), ("Abort", {"ranks": [0, 1]}),
-                            ("Drain", {"ranks": [0, 1]}), ("Sleep", {"ranks": [0, 1], "level": 2}),
-                            ("UnlockCoordinator", {"purpose": "shrink"})]
+    assert script.trace == [
+        ("LockCoordinator", {"purpose": "shrink"}),
+        ("Abort", {"ranks": [0, 1]}),
+        ("Drain", {"ranks": [0, 1]}),
+        ("Sleep", {"ranks": [0, 1], "level": 2}),
+        ("UnlockCoordinator", {"purpose": "shrink"}),
+    ]
     assert all(life.state is RankState.ASLEEP and life.weights_version is None for life in script.life.values())
 
 
@@ -221,8 +292,16 @@ def test_a_gone_coordinator_refuses_the_lock_and_the_resize_does_nothing(order):
 
 
 # ---------------------------------------------------------------------------- failures in the expand
-EXPAND_EFFECTS = ["LockCoordinator", "MarkInactive", "Wake", "SyncFromCache", "Finalize", "PublishVersion", "Activate",
-                  "UnlockCoordinator"]
+EXPAND_EFFECTS = [
+    "LockCoordinator",
+    "MarkInactive",
+    "Wake",
+    "SyncFromCache",
+    "Finalize",
+    "PublishVersion",
+    "Activate",
+    "UnlockCoordinator",
+]
 
 
 @pytest.mark.parametrize("fail_at", EXPAND_EFFECTS)
@@ -231,7 +310,7 @@ def test_a_failure_at_any_expand_effect_stops_the_order_there(fail_at):
     script = Script(ctx, fail_at=fail_at)
     with pytest.raises(Injected):
         run(expand_order(ctx, [0, 1]), script)
-    assert script.seen == EXPAND_EFFECTS[:EXPAND_EFFECTS.index(fail_at) + 1]
+    assert script.seen == EXPAND_EFFECTS[: EXPAND_EFFECTS.index(fail_at) + 1]
     if EXPAND_EFFECTS.index(fail_at) <= EXPAND_EFFECTS.index("Activate"):
         assert not script.routable
         assert all(life.state is not RankState.ROUTABLE for life in script.life.values())
@@ -266,8 +345,19 @@ def test_active_refresh_publish_fails_actor_train_is_never_released():
     assert "ReleaseGpus" not in script.seen and "UnlockCoordinator" not in script.seen
 
 
-@pytest.mark.parametrize("fail_at", ["WaitBatch", "RequestGpus", "ReloadTrainComm", "Compute", "BuildCache",
-                                     "OffloadTraining", "DestroyTrainComm", "PromoteCache"])
+@pytest.mark.parametrize(
+    "fail_at",
+    [
+        "WaitBatch",
+        "RequestGpus",
+        "ReloadTrainComm",
+        "Compute",
+        "BuildCache",
+        "OffloadTraining",
+        "DestroyTrainComm",
+        "PromoteCache",
+    ],
+)
 def test_a_failure_before_the_publish_never_publishes_nor_releases(fail_at):
     ctx = promoted(nemo_ctx())
     script = Script(ctx, fail_at=fail_at)
@@ -281,15 +371,22 @@ def plan(shrinks=(("a", [0]),), expands=(("b", [0, 1]),), cycle: int = 7) -> Sim
     return SimpleNamespace(
         cycle=cycle,
         shrink_calls=[SimpleNamespace(pipeline_id=p, dp_ranks_to_remove=list(r)) for p, r in shrinks],
-        expand_calls=[SimpleNamespace(pipeline_id=p, dp_ranks_to_add=list(r)) for p, r in expands])
+        expand_calls=[SimpleNamespace(pipeline_id=p, dp_ranks_to_add=list(r)) for p, r in expands],
+    )
 
 
 class CycleScript:
     """A scripted scheduler runtime: RunResizes runs each call's ``resize_call`` to its
     end (a failure ends that call and makes the phase report failure, as the runtimes do)."""
 
-    def __init__(self, the_plan, *, fail_in: Optional[str] = None, gone: Callable[[str], bool] = lambda pid: False,
-                 commit=("sig",)) -> None:
+    def __init__(
+        self,
+        the_plan,
+        *,
+        fail_in: Optional[str] = None,
+        gone: Callable[[str], bool] = lambda pid: False,
+        commit=("sig",),
+    ) -> None:
         self.plan, self.fail_in, self.gone, self.commit = the_plan, fail_in, gone, commit
         self.seen: List[tuple] = []
         self.failed = False
@@ -325,12 +422,27 @@ def test_cycle_execution_order():
     script = CycleScript(plan(shrinks=(("a", [1]), ("c", [0])), expands=(("b", [0, 1]),)))
     run_blocking(execute_cycle("wakeup"), script)
     kinds = [s[0] if s[0] != "RunResizes" else f"RunResizes:{s[1]}" for s in script.seen]
-    assert kinds == ["PlanCycle", "RunResizes:shrink", "resize", "resize", "RunResizes:expand", "resize", "CommitCycle",
-                     "SignalWaiters"]
+    assert kinds == [
+        "PlanCycle",
+        "RunResizes:shrink",
+        "resize",
+        "resize",
+        "RunResizes:expand",
+        "resize",
+        "CommitCycle",
+        "SignalWaiters",
+    ]
     assert script.seen[1] == ("RunResizes", "shrink", 7, (("a", (1,)), ("c", (0,))))
     assert script.seen[4] == ("RunResizes", "expand", 7, (("b", (0, 1)),))
-    assert script.seen[2][3] == ("CoordinatorAlive", "RunControl", "LockCoordinator", "Abort", "Drain", "Sleep",
-                                 "UnlockCoordinator")
+    assert script.seen[2][3] == (
+        "CoordinatorAlive",
+        "RunControl",
+        "LockCoordinator",
+        "Abort",
+        "Drain",
+        "Sleep",
+        "UnlockCoordinator",
+    )
     assert script.seen[-1] == ("SignalWaiters", "sig")
 
 
@@ -378,12 +490,43 @@ def test_nemo_pipeline_run_order():
     ctx = nemo_ctx(steps=2)
     script = Script(ctx, answers={"GenerationHeld": True})
     seen = run(pipeline_run(ctx), script)
-    top = [n for n in seen if n in ("Register", "Admit", "StartWorkers", "StartWatchdog", "RunControl", "StepDone",
-                                    "MarkFinished", "ClearProgress", "GenerationHeld", "AwaitRelease", "HoldCoordinator",
-                                    "Unregister", "Teardown", "FreeCoordinator")]
-    assert top == RUN_HEAD + ["StartWatchdog", "RunControl", "RunControl", "StepDone", "RunControl", "StepDone",
-                              "MarkFinished", "ClearProgress", "GenerationHeld", "AwaitRelease", "HoldCoordinator",
-                              "Unregister", "Teardown", "FreeCoordinator"]
+    top = [
+        n
+        for n in seen
+        if n
+        in (
+            "Register",
+            "Admit",
+            "StartWorkers",
+            "StartWatchdog",
+            "RunControl",
+            "StepDone",
+            "MarkFinished",
+            "ClearProgress",
+            "GenerationHeld",
+            "AwaitRelease",
+            "HoldCoordinator",
+            "Unregister",
+            "Teardown",
+            "FreeCoordinator",
+        )
+    ]
+    assert top == RUN_HEAD + [
+        "StartWatchdog",
+        "RunControl",
+        "RunControl",
+        "StepDone",
+        "RunControl",
+        "StepDone",
+        "MarkFinished",
+        "ClearProgress",
+        "GenerationHeld",
+        "AwaitRelease",
+        "HoldCoordinator",
+        "Unregister",
+        "Teardown",
+        "FreeCoordinator",
+    ]
     scopes = [(f["scope"], f["step"]) for n, f in script.trace if n == "RunControl"]
     assert scopes == [("init", None), ("step", 0), ("step", 1)]
 
@@ -397,10 +540,24 @@ def test_roll_pipeline_run_has_no_watchdog():
 def test_finish_order_with_and_without_generation_ranks():
     ctx = nemo_ctx()
     assert run(finish(ctx), Script(ctx, answers={"GenerationHeld": True})) == [
-        "MarkFinished", "ClearProgress", "GenerationHeld", "AwaitRelease", "HoldCoordinator", "Unregister", "Teardown",
-        "FreeCoordinator"]
+        "MarkFinished",
+        "ClearProgress",
+        "GenerationHeld",
+        "AwaitRelease",
+        "HoldCoordinator",
+        "Unregister",
+        "Teardown",
+        "FreeCoordinator",
+    ]
     assert run(finish(ctx), Script(ctx, answers={"GenerationHeld": False})) == [
-        "MarkFinished", "ClearProgress", "GenerationHeld", "HoldCoordinator", "Unregister", "Teardown", "FreeCoordinator"]
+        "MarkFinished",
+        "ClearProgress",
+        "GenerationHeld",
+        "HoldCoordinator",
+        "Unregister",
+        "Teardown",
+        "FreeCoordinator",
+    ]
 
 
 def test_a_runtime_halt_closes_the_generator_and_nothing_after_runs():
@@ -428,13 +585,36 @@ def test_drive_records_start_and_end_of_every_effect_and_a_refusal_as_error():
     def gpus_of(e):
         return [9] if hasattr(e, "ranks") else None
 
-    run_blocking(shrink_order(ctx, [0]), script,
-                 log=EffectLog(records.append, lambda: float(next(clock)), "p", "shrink", None, 3, gpus_of))
+    run_blocking(
+        shrink_order(ctx, [0]),
+        script,
+        log=EffectLog(records.append, lambda: float(next(clock)), "p", "shrink", None, 3, gpus_of),
+    )
     assert records == [
-        {"seq": 0, "t": 0.0, "kind": "effect_start", "pipeline_id": "p", "effect": "LockCoordinator",
-         "args": {"purpose": "shrink"}, "scope": "shrink", "step": None, "cycle": 3},
-        {"seq": 0, "t": 1.0, "kind": "effect_end", "pipeline_id": "p", "effect": "LockCoordinator",
-         "args": {"purpose": "shrink"}, "error": "gone", "scope": "shrink", "step": None, "cycle": 3}]
+        {
+            "seq": 0,
+            "t": 0.0,
+            "kind": "effect_start",
+            "pipeline_id": "p",
+            "effect": "LockCoordinator",
+            "args": {"purpose": "shrink"},
+            "scope": "shrink",
+            "step": None,
+            "cycle": 3,
+        },
+        {
+            "seq": 0,
+            "t": 1.0,
+            "kind": "effect_end",
+            "pipeline_id": "p",
+            "effect": "LockCoordinator",
+            "args": {"purpose": "shrink"},
+            "error": "gone",
+            "scope": "shrink",
+            "step": None,
+            "cycle": 3,
+        },
+    ]
     records.clear()
     script.answers.clear()
     run_blocking(nemo_async.train_step(ctx, 0), script, log=EffectLog(records.append, lambda: 0.0, "p", "step", 0))
@@ -456,14 +636,16 @@ def test_drive_guard_aborts_before_the_next_effect():
             raise Injected("aborted")
 
     with pytest.raises(Injected):
-        run_blocking(expand_order(ctx, [0]), script, log=EffectLog(lambda r: None, lambda: 0.0, "p", "expand"),
-                     guard=guard)
+        run_blocking(
+            expand_order(ctx, [0]), script, log=EffectLog(lambda r: None, lambda: 0.0, "p", "expand"), guard=guard
+        )
     assert script.seen == ["LockCoordinator", "MarkInactive"]
 
 
 def test_run_blocking_refuses_a_handler_that_yields():
     def waits(effect):
         yield "an event"
+
     with pytest.raises(RuntimeError, match="must complete"):
         run_blocking(nemo_async.initialize(nemo_ctx()), waits)
 
@@ -474,5 +656,6 @@ def test_interpret_runs_generator_handlers_with_yield_from():
     def handler(effect):
         yield ("wait", type(effect).__name__)
         return None
+
     waited = list(interpret(nemo_async.initialize(ctx), handler))
     assert [w[1] for w in waited][:3] == ["RequestGpus", "ReloadTrainComm", "BuildCache"]

@@ -198,8 +198,13 @@ def test_watchdog_rerequests_only_when_granted_before_idle_and_not_pending():
 def test_progress_reports_are_throttled_to_bucket_moves_and_cleared_once():
     progress = CoordinatorProgress("p")
     first = progress_input(progress, "p", 100, 0, True)
-    assert first is not None and first[0] == {"pipeline_id": "p", "step_target": 100, "completed": 0,
-                                               "mode": "aggregated", "new_batch": True}
+    assert first is not None and first[0] == {
+        "pipeline_id": "p",
+        "step_target": 100,
+        "completed": 0,
+        "mode": "aggregated",
+        "new_batch": True,
+    }
     assert progress_input(progress, "p", 100, 1, False) is None  # 1 % does not move the 2 % bucket
     moved = progress_input(progress, "p", 100, 2, False)
     assert moved is not None and moved[1].completed == 2

@@ -26,8 +26,14 @@ def test_one_step_off_starts_the_next_batch_before_training_the_current_one():
     """verl's order: wait for batch k, sync the weights after k updates, start batch k+1
     with them, then train batch k; the last step starts nothing."""
     assert _effects(d.one_step_off(3)) == {
-        0: [d.StartRollout(0, 0), WaitBatch(0), SyncWeights(0), d.StartRollout(1, 0),
-            Compute("old_log_probs", 0), Compute("train", 0)],
+        0: [
+            d.StartRollout(0, 0),
+            WaitBatch(0),
+            SyncWeights(0),
+            d.StartRollout(1, 0),
+            Compute("old_log_probs", 0),
+            Compute("train", 0),
+        ],
         1: [WaitBatch(1), SyncWeights(1), d.StartRollout(2, 1), Compute("old_log_probs", 1), Compute("train", 1)],
         2: [WaitBatch(2), SyncWeights(2), Compute("old_log_probs", 2), Compute("train", 2)],
     }
@@ -36,25 +42,36 @@ def test_one_step_off_starts_the_next_batch_before_training_the_current_one():
 @pytest.mark.parametrize("mode", ["drain", "pause"])
 def test_fully_async_pauses_generation_around_the_sync(mode):
     assert _effects(d.fully_async(1, mode)) == {
-        0: [WaitBatch(0), Compute("old_log_probs", 0), Compute("train", 0), d.PauseGeneration(mode), SyncWeights(1),
-            d.ResumeGeneration(1)]}
+        0: [
+            WaitBatch(0),
+            Compute("old_log_probs", 0),
+            Compute("train", 0),
+            d.PauseGeneration(mode),
+            SyncWeights(1),
+            d.ResumeGeneration(1),
+        ]
+    }
 
 
 def test_fully_async_in_flight_syncs_under_running_generation():
     assert _effects(d.fully_async(1, "in_flight")) == {
-        0: [WaitBatch(0), Compute("old_log_probs", 0), Compute("train", 0), SyncWeights(1)]}
+        0: [WaitBatch(0), Compute("old_log_probs", 0), Compute("train", 0), SyncWeights(1)]
+    }
 
 
 def test_the_age_bound_follows_the_order():
     assert [d.trajectory_age_bound(s, 3) for s in d.SHAPES] == [0, 1, 3]
 
 
-@pytest.mark.parametrize("started, version, total, expected", [
-    (15, 0, 100, True),    # window (0 + 1 + 1) x 8 = 16: one more
-    (16, 0, 100, False),   # the window is full until the trainer's version moves
-    (16, 1, 100, True),    # (1 + 1 + 1) x 8 = 24
-    (20, 5, 20, False),    # the run needs no more
-])
+@pytest.mark.parametrize(
+    "started, version, total, expected",
+    [
+        (15, 0, 100, True),  # window (0 + 1 + 1) x 8 = 16: one more
+        (16, 0, 100, False),  # the window is full until the trainer's version moves
+        (16, 1, 100, True),  # (1 + 1 + 1) x 8 = 24
+        (20, 5, 20, False),  # the run needs no more
+    ],
+)
 def test_may_admit_is_the_window_of_max_age_plus_one_batches(started, version, total, expected):
     assert d.may_admit(started, version, batch=8, max_age=1, total=total) is expected
 

@@ -39,14 +39,40 @@ OUTPUT_PATHS: Dict[str, str] = {
 
 #: upstream repositories' paths (RLix, NeMo RL, ROLL, vLLM, verl, Megatron-LM and Megatron-Bridge,
 #: nccl-tests) the docs cite as sources, by prefix
-UPSTREAM_PREFIXES = ("rlix/", "nemo_rl/", "roll/", "vllm/", "megatron/core/", "src/megatron/", "doc/PERFORMANCE.md", "tests/test_", "tests/unit/algorithms/", "tests/unit/data_plane/",
-                     "tests/unit/single_controller/", "tests/unit/models/", "tests/integration/", "examples/RLIX_EXPERIMENT.md",
-                     "examples/nemo_rl_test/", "plans/", "docs/design-docs/", "docs/about/", "examples/run_grpo", "recipe/", "verl/",
-                     "examples/configs/")
+UPSTREAM_PREFIXES = (
+    "rlix/",
+    "nemo_rl/",
+    "roll/",
+    "vllm/",
+    "megatron/core/",
+    "src/megatron/",
+    "doc/PERFORMANCE.md",
+    "tests/test_",
+    "tests/unit/algorithms/",
+    "tests/unit/data_plane/",
+    "tests/unit/single_controller/",
+    "tests/unit/models/",
+    "tests/integration/",
+    "examples/RLIX_EXPERIMENT.md",
+    "examples/nemo_rl_test/",
+    "plans/",
+    "docs/design-docs/",
+    "docs/about/",
+    "examples/run_grpo",
+    "recipe/",
+    "verl/",
+    "examples/configs/",
+)
 
 #: test files of upstream repositories (NeMo RL) that the parity docs cite by file name alone
-UPSTREAM_TEST_FILES = {"test_resiliency_config.py", "test_rollout_pump.py", "test_sampler_interface.py",
-                       "test_sc_checkpointing.py", "test_single_controller.py", "test_tq_replay_buffer.py"}
+UPSTREAM_TEST_FILES = {
+    "test_resiliency_config.py",
+    "test_rollout_pump.py",
+    "test_sampler_interface.py",
+    "test_sc_checkpointing.py",
+    "test_single_controller.py",
+    "test_tq_replay_buffer.py",
+}
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 _CODE = re.compile(r"`([^`\n]+)`")
@@ -150,7 +176,9 @@ def broken_test_references(path: str) -> List[str]:
     problems: List[str] = []
     name = os.path.relpath(path, ROOT)
     for line, rel, test in cited_tests(path):
-        if os.path.basename(rel) in UPSTREAM_TEST_FILES or (rel.startswith(UPSTREAM_PREFIXES) and not rel.startswith("tests/")):
+        if os.path.basename(rel) in UPSTREAM_TEST_FILES or (
+            rel.startswith(UPSTREAM_PREFIXES) and not rel.startswith("tests/")
+        ):
             continue
         found = _test_file(os.path.dirname(path), rel)
         if found is None:
@@ -212,16 +240,21 @@ def test_an_output_folder_on_disk_is_not_a_repository_path_but_a_tracked_file_is
     assert tracked_paths(["README.md", "docs/", "runs/default/", "no/such/path"]) == ["README.md", "docs/"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("see [x](docs/nowhere.md)", "no such file"),
-    ("see [x](MODELLED#no-such-heading)", "no heading with anchor"),
-    ("the folder `harness/nowhere/` holds it", "not in the repository"),
-    ("see `tests/unit/test_doc_links.py::test_nothing_by_this_name`", "defines no test_nothing_by_this_name"),
-    ("see `tests/unit/test_doc_links.py::test_slugs_follow_github`, `::test_nothing_by_this_name`",
-     "defines no test_nothing_by_this_name"),
-    ("see `tests/unit/test_no_such_file.py::test_slugs_follow_github`", "no such test file"),
-    ("see `test_no_such_file.py::test_slugs_follow_github`", "no such test file"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("see [x](docs/nowhere.md)", "no such file"),
+        ("see [x](MODELLED#no-such-heading)", "no heading with anchor"),
+        ("the folder `harness/nowhere/` holds it", "not in the repository"),
+        ("see `tests/unit/test_doc_links.py::test_nothing_by_this_name`", "defines no test_nothing_by_this_name"),
+        (
+            "see `tests/unit/test_doc_links.py::test_slugs_follow_github`, `::test_nothing_by_this_name`",
+            "defines no test_nothing_by_this_name",
+        ),
+        ("see `tests/unit/test_no_such_file.py::test_slugs_follow_github`", "no such test file"),
+        ("see `test_no_such_file.py::test_slugs_follow_github`", "no such test file"),
+    ],
+)
 def test_a_broken_reference_is_reported(tmp_path, monkeypatch, text, expected):
     fake = tmp_path / "README.md"
     modelled = os.path.relpath(os.path.join(ROOT, "docs", "modelled-systems.md"), tmp_path)
@@ -235,9 +268,16 @@ def test_slugs_follow_github():
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".md", delete=False, encoding="utf-8") as fh:
-        fh.write("# RLix: one scheduling cycle\n## `streaming` (in a `single_controller` pipeline)\n## Notes\n## Notes\n")
+        fh.write(
+            "# RLix: one scheduling cycle\n## `streaming` (in a `single_controller` pipeline)\n## Notes\n## Notes\n"
+        )
     try:
-        assert slugs(fh.name) == {"rlix-one-scheduling-cycle", "streaming-in-a-single_controller-pipeline", "notes", "notes-1"}
+        assert slugs(fh.name) == {
+            "rlix-one-scheduling-cycle",
+            "streaming-in-a-single_controller-pipeline",
+            "notes",
+            "notes-1",
+        }
     finally:
         os.unlink(fh.name)
 
@@ -246,5 +286,7 @@ def test_readme_names_no_issue_numbers_sessions_or_commits():
     """The README is for a new user: no tracker numbers, work-session dates or commit
     hashes they cannot follow."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    found = re.findall(r"(?<![\w/&])#\d+\b|\b[Ss]ession \d+\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text)
+    found = re.findall(
+        r"(?<![\w/&])#\d+\b|\b[Ss]ession \d+\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", text
+    )
     assert not found, found

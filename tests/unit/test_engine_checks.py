@@ -28,6 +28,7 @@ def fires(log, name, text):
 
 # ---------------------------------------------------------------- the state machine
 
+
 def test_a_level2_engine_resumes_only_after_both_tags_and_a_whole_reload():
     e = EngineTags("p dp0")  # created asleep at level 2, as RLix leaves every engine after init
     assert e.asleep_tags() == ["weights", "kv_cache"] and e.tags["weights"] == "discarded"
@@ -72,6 +73,7 @@ def test_a_level1_engine_holds_its_whole_old_model_after_the_wake():
 
 # ---------------------------------------------------------------- the orders per mode
 
+
 def _names(gen, answers=None):
     """Effect names a control generator yields, answering each with None."""
     out, value = [], None
@@ -93,19 +95,39 @@ def _ctx(**engine):
 
 def test_the_shrink_pauses_with_the_pipelines_mode():
     assert [n for n, _ in _names(shrink_order(_ctx(), (1, 0)))] == [
-        "LockCoordinator", "Abort", "Drain", "Sleep", "UnlockCoordinator"]
+        "LockCoordinator",
+        "Abort",
+        "Drain",
+        "Sleep",
+        "UnlockCoordinator",
+    ]
     for mode in ("wait", "keep"):
         assert _names(shrink_order(_ctx(pause_mode=mode), (0,)))[1] == ("Pause", mode)
 
 
 def test_the_staged_wake_brings_weights_before_the_refit_and_the_kv_cache_before_the_resume():
     assert [n for n, _ in _names(expand_order(_ctx(), (0,)))] == [
-        "LockCoordinator", "MarkInactive", "Wake", "SyncFromCache", "Finalize", "PublishVersion", "Activate",
-        "UnlockCoordinator"]
+        "LockCoordinator",
+        "MarkInactive",
+        "Wake",
+        "SyncFromCache",
+        "Finalize",
+        "PublishVersion",
+        "Activate",
+        "UnlockCoordinator",
+    ]
     staged = _names(expand_order(_ctx(wake="staged"), (0,)))
-    assert staged == [("LockCoordinator", None), ("MarkInactive", None), ("WakeTags", ("weights",)),
-                      ("SyncFromCache", None), ("Finalize", None), ("WakeTags", ("kv_cache",)),
-                      ("PublishVersion", None), ("Activate", None), ("UnlockCoordinator", None)]
+    assert staged == [
+        ("LockCoordinator", None),
+        ("MarkInactive", None),
+        ("WakeTags", ("weights",)),
+        ("SyncFromCache", None),
+        ("Finalize", None),
+        ("WakeTags", ("kv_cache",)),
+        ("PublishVersion", None),
+        ("Activate", None),
+        ("UnlockCoordinator", None),
+    ]
     gone = expand_order(_ctx(wake="staged"), (0,))
     next(gone)
     with pytest.raises(StopIteration):
@@ -113,6 +135,7 @@ def test_the_staged_wake_brings_weights_before_the_refit_and_the_kv_cache_before
 
 
 # ---------------------------------------------------------------- the checks, on broken logs
+
 
 def _routable(log, start=0):
     return index(log, lambda r: r["kind"] == "rank_state" and r["state"] == "routable", start)
@@ -124,23 +147,53 @@ def test_kv_cache_asleep_fires_on_a_dispatch_between_the_two_halves_of_a_wake(si
     rank = log[i]
     log[i] = dict(rank, asleep_tags=["kv_cache"])
     # ... and the KV cache is woken a moment later, after the first dispatch there
-    j = index(log, lambda r: r["kind"] == "request_dispatch" and r["pipeline_id"] == rank["pipeline_id"]
-              and r["dp_rank"] == rank["dp_rank"], i)
-    log.insert(j + 1, {"seq": 0, "t": log[j]["t"], "kind": "engine_tag", "pipeline_id": rank["pipeline_id"],
-                       "dp_rank": rank["dp_rank"], "tag": "kv_cache", "state": "awake"})
+    j = index(
+        log,
+        lambda r: (
+            r["kind"] == "request_dispatch"
+            and r["pipeline_id"] == rank["pipeline_id"]
+            and r["dp_rank"] == rank["dp_rank"]
+        ),
+        i,
+    )
+    log.insert(
+        j + 1,
+        {
+            "seq": 0,
+            "t": log[j]["t"],
+            "kind": "engine_tag",
+            "pipeline_id": rank["pipeline_id"],
+            "dp_rank": rank["dp_rank"],
+            "tag": "kv_cache",
+            "state": "awake",
+        },
+    )
     found = check_log(reseq(log))
     # engine_transition: the log's wake had both tags awake, so the inserted one is a second KV onload
-    assert {v.invariant for v in found} == {"kv_cache_asleep", "engine_resume", "engine_transition"}, \
-        [str(v) for v in found][:4]
-    assert [v.message for v in found if v.invariant == "engine_transition"][0].count("kv_cache awake --wake(kv_cache)-->")
+    assert {v.invariant for v in found} == {"kv_cache_asleep", "engine_resume", "engine_transition"}, [
+        str(v) for v in found
+    ][:4]
+    assert [v.message for v in found if v.invariant == "engine_transition"][0].count(
+        "kv_cache awake --wake(kv_cache)-->"
+    )
     assert [v.seq for v in found if v.invariant == "kv_cache_asleep"] == [log[j]["seq"]]
 
 
 def test_engine_resume_fires_on_a_kv_wake_before_the_weights(sim_log):
     log = copy.deepcopy(sim_log)
     i = index(log, lambda r: r["kind"] == "rank_state" and r["state"] == "waking")
-    log.insert(i, {"seq": 0, "t": log[i]["t"], "kind": "engine_tag", "pipeline_id": log[i]["pipeline_id"],
-                   "dp_rank": log[i]["dp_rank"], "tag": "kv_cache", "state": "awake"})
+    log.insert(
+        i,
+        {
+            "seq": 0,
+            "t": log[i]["t"],
+            "kind": "engine_tag",
+            "pipeline_id": log[i]["pipeline_id"],
+            "dp_rank": log[i]["dp_rank"],
+            "tag": "kv_cache",
+            "state": "awake",
+        },
+    )
     found = check_log(reseq(log))
     assert {v.invariant for v in found} == {"engine_resume", "engine_transition"}, [str(v) for v in found][:4]
     assert any("woke its KV cache while its weights were asleep" in v.message for v in found)
@@ -151,8 +204,11 @@ def test_engine_weights_fires_when_a_level2_rank_serves_with_a_bucket_never_relo
     log = copy.deepcopy(sim_log)
     i = _routable(log)
     pid, dp = log[i]["pipeline_id"], log[i]["dp_rank"]
-    j = max(k for k in range(i) if log[k]["kind"] == "sync_bucket" and log[k]["pipeline_id"] == pid
-            and dp in log[k]["dp_ranks"])
+    j = max(
+        k
+        for k in range(i)
+        if log[k]["kind"] == "sync_bucket" and log[k]["pipeline_id"] == pid and dp in log[k]["dp_ranks"]
+    )
     bucket = log[j]["bucket"]
     del log[j]  # that bucket never reached the rank
     fires(log, "engine_weights", f"never reloaded: [{bucket}]")
@@ -168,8 +224,11 @@ def test_engine_weights_takes_a_level1_wake_as_holding_its_model(sim_log):
     i = _routable(log, shrunk)
     while (log[i]["pipeline_id"], log[i]["dp_rank"]) != (pid, dp):
         i = _routable(log, i + 1)
-    j = max(k for k in range(i) if log[k]["kind"] == "sync_bucket" and log[k]["pipeline_id"] == pid
-            and dp in log[k]["dp_ranks"])
+    j = max(
+        k
+        for k in range(i)
+        if log[k]["kind"] == "sync_bucket" and log[k]["pipeline_id"] == pid and dp in log[k]["dp_ranks"]
+    )
     del log[j]
     assert [v for v in check_log(reseq(log), ["engine_weights"])] == []
 
@@ -194,8 +253,15 @@ def test_version_at_dispatch_fires_on_a_version_stamped_at_completion(sim_log):
 
 def test_pause_lost_work_fires_on_an_abort_inside_a_wait_pause(sim_log):
     log = copy.deepcopy(sim_log)
-    i = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "Abort" and r.get("scope") == "shrink"
-              and any(x["kind"] == "request_abort" for x in log[log.index(r):log.index(r) + 6]))
+    i = index(
+        log,
+        lambda r: (
+            r["kind"] == "effect_start"
+            and r["effect"] == "Abort"
+            and r.get("scope") == "shrink"
+            and any(x["kind"] == "request_abort" for x in log[log.index(r) : log.index(r) + 6])
+        ),
+    )
     for k in (i, index(log, lambda r: r["kind"] == "effect_end" and r["effect"] == "Abort", i)):
         log[k] = dict(log[k], effect="Pause", args=dict(log[k]["args"], mode="wait"))
     fires(log, "pause_lost_work", "paused with mode wait")

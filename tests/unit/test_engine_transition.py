@@ -40,8 +40,11 @@ class Log:
         one = {"ranks": [0]}
         if event.startswith("pause("):
             mode = event[6:-1]
-            seq = (self.add("effect_start", effect="Abort", args=one) if mode == "abort"
-                   else self.add("effect_start", effect="Pause", args={**one, "mode": mode}))
+            seq = (
+                self.add("effect_start", effect="Abort", args=one)
+                if mode == "abort"
+                else self.add("effect_start", effect="Pause", args={**one, "mode": mode})
+            )
         elif event == "drained":
             seq = self.add("effect_end", effect="Drain", args=one)
         elif event.startswith("sleep("):
@@ -110,9 +113,15 @@ def test_every_illegal_transition_is_reached_by_a_log_and_named():
     cases = table.illegal_cases()
     assert len(cases) > 40
     for event, component, state, guard in cases:
-        path = next((p for (s, n), p in reach.items()
-                     if (n or event not in ("load_end", "load_failed"))
-                     and _reports(dict(zip(table.COMPONENTS, s)), event, component, state, guard)), None)
+        path = next(
+            (
+                p
+                for (s, n), p in reach.items()
+                if (n or event not in ("load_end", "load_failed"))
+                and _reports(dict(zip(table.COMPONENTS, s)), event, component, state, guard)
+            ),
+            None,
+        )
         assert path is not None, (event, component, state, guard)
         log = Log()
         for e in path:
@@ -126,7 +135,11 @@ def test_every_illegal_transition_is_reached_by_a_log_and_named():
 
 def _reports(state, event, component, st, guard) -> bool:
     why = table.illegal(state, event)
-    return why is not None and (why.component, why.state, why.guard.name if why.guard else None) == (component, st, guard)
+    return why is not None and (why.component, why.state, why.guard.name if why.guard else None) == (
+        component,
+        st,
+        guard,
+    )
 
 
 def run(events: List[str]) -> List:
@@ -136,13 +149,48 @@ def run(events: List[str]) -> List:
     return findings(log.records)
 
 
-RLIX_CYCLE = ["wake(weights)", "wake(kv_cache)", "load_start", "load_end", "finalize", "resume", "generate",
-              "pause(abort)", "drained", "sleep(2)"]
-NEMO_STAGED = ["wake(weights)", "load_start", "load_end", "finalize", "wake(kv_cache)", "resume", "generate",
-               "pause(wait)", "drained", "sleep(1)", "wake(weights)", "load_start", "load_end", "finalize",
-               "wake(kv_cache)", "resume"]
-KEEP_IN_PLACE = RLIX_CYCLE[:7] + ["pause(keep)", "load_start", "load_end", "finalize", "invalidate", "resume",
-                                  "generate", "load_start", "load_end", "generate"]  # the last: RLix's active refresh
+RLIX_CYCLE = [
+    "wake(weights)",
+    "wake(kv_cache)",
+    "load_start",
+    "load_end",
+    "finalize",
+    "resume",
+    "generate",
+    "pause(abort)",
+    "drained",
+    "sleep(2)",
+]
+NEMO_STAGED = [
+    "wake(weights)",
+    "load_start",
+    "load_end",
+    "finalize",
+    "wake(kv_cache)",
+    "resume",
+    "generate",
+    "pause(wait)",
+    "drained",
+    "sleep(1)",
+    "wake(weights)",
+    "load_start",
+    "load_end",
+    "finalize",
+    "wake(kv_cache)",
+    "resume",
+]
+KEEP_IN_PLACE = RLIX_CYCLE[:7] + [
+    "pause(keep)",
+    "load_start",
+    "load_end",
+    "finalize",
+    "invalidate",
+    "resume",
+    "generate",
+    "load_start",
+    "load_end",
+    "generate",
+]  # the last: RLix's active refresh
 
 
 @pytest.mark.parametrize("events", [RLIX_CYCLE * 2, NEMO_STAGED, KEEP_IN_PLACE], ids=["rlix", "nemo_staged", "keep"])
@@ -150,26 +198,35 @@ def test_legal_sequences_are_clean(events):
     assert run(events) == []
 
 
-@pytest.mark.parametrize("events,named", [
-    # vllm #57853: /sleep then /update_weights
-    (RLIX_CYCLE + ["load_start"], "weights discarded --load_start-->"),
-    # verl #7846: a KV restore resumed the scheduler, resume_generation resumes again
-    (RLIX_CYCLE[:7] + ["resume"], "scheduler running --resume-->"),
-    # vllm-omni #4473: a repeated sleep
-    (RLIX_CYCLE + ["sleep(2)"], "weights discarded --sleep(2)-->"),
-    # MILES: a second onload ('Cannot resume allocation that is not paused')
-    (RLIX_CYCLE[:1] + ["wake(weights)"], "weights blank --wake(weights)-->"),
-    # verl-omni #380: an abort with no acknowledgement, then the update
-    (RLIX_CYCLE[:7] + ["pause(abort)", "load_start"], "load_unacknowledged_abort: load_start with scheduler pausing"),
-    # verl-omni #380: default wake tags ['weights'] leave the KV cache asleep; generation resumes
-    (["wake(weights)", "load_start", "load_end", "finalize", "resume"], "resume_kv_asleep: resume with kv_cache asleep"),
-    # lmdeploy #4917: prefix-cache entries not invalidated by the update
-    (KEEP_IN_PLACE[:11] + ["resume"], "resume_stale_prefix_cache: resume with prefix_cache stale"),
-    # vllm #29341: serving a level-2 wake without the reload
-    (["wake(weights)", "wake(kv_cache)", "resume"], "resume_weights_not_ready: resume with weights blank"),
-    # the sleep before the drain acknowledged the pause
-    (RLIX_CYCLE[:7] + ["pause(abort)", "sleep(2)"], "sleep_unquiesced: sleep(2) with scheduler pausing"),
-])
+@pytest.mark.parametrize(
+    "events,named",
+    [
+        # vllm #57853: /sleep then /update_weights
+        (RLIX_CYCLE + ["load_start"], "weights discarded --load_start-->"),
+        # verl #7846: a KV restore resumed the scheduler, resume_generation resumes again
+        (RLIX_CYCLE[:7] + ["resume"], "scheduler running --resume-->"),
+        # vllm-omni #4473: a repeated sleep
+        (RLIX_CYCLE + ["sleep(2)"], "weights discarded --sleep(2)-->"),
+        # MILES: a second onload ('Cannot resume allocation that is not paused')
+        (RLIX_CYCLE[:1] + ["wake(weights)"], "weights blank --wake(weights)-->"),
+        # verl-omni #380: an abort with no acknowledgement, then the update
+        (
+            RLIX_CYCLE[:7] + ["pause(abort)", "load_start"],
+            "load_unacknowledged_abort: load_start with scheduler pausing",
+        ),
+        # verl-omni #380: default wake tags ['weights'] leave the KV cache asleep; generation resumes
+        (
+            ["wake(weights)", "load_start", "load_end", "finalize", "resume"],
+            "resume_kv_asleep: resume with kv_cache asleep",
+        ),
+        # lmdeploy #4917: prefix-cache entries not invalidated by the update
+        (KEEP_IN_PLACE[:11] + ["resume"], "resume_stale_prefix_cache: resume with prefix_cache stale"),
+        # vllm #29341: serving a level-2 wake without the reload
+        (["wake(weights)", "wake(kv_cache)", "resume"], "resume_weights_not_ready: resume with weights blank"),
+        # the sleep before the drain acknowledged the pause
+        (RLIX_CYCLE[:7] + ["pause(abort)", "sleep(2)"], "sleep_unquiesced: sleep(2) with scheduler pausing"),
+    ],
+)
 def test_field_reports_are_named_at_their_record(events, named):
     out = run(events)
     assert len(out) == 1 and named in out[0].message, [str(v) for v in out]
@@ -227,15 +284,24 @@ def test_an_engine_left_paused_and_awake_is_named_at_the_logs_end():
     assert len(stood_down(RLIX_CYCLE[:7] + ["pause(abort)", "drained"])) == 1
 
 
-@pytest.mark.parametrize("events", [RLIX_CYCLE, NEMO_STAGED, KEEP_IN_PLACE, RLIX_CYCLE[:7]], ids=["slept", "staged",
-                                                                                             "resumed", "serving"])
+@pytest.mark.parametrize(
+    "events", [RLIX_CYCLE, NEMO_STAGED, KEEP_IN_PLACE, RLIX_CYCLE[:7]], ids=["slept", "staged", "resumed", "serving"]
+)
 def test_an_engine_that_resumed_or_slept_is_not_stood_down(events):
     assert stood_down(events) == []
 
 
 def _rollouts(seq: int, effect: str) -> dict:
-    return {"seq": seq, "t": float(seq), "kind": "effect_start", "pipeline_id": "sc", "effect": effect, "args": {},
-            "scope": "step", "step": 0}
+    return {
+        "seq": seq,
+        "t": float(seq),
+        "kind": "effect_start",
+        "pipeline_id": "sc",
+        "effect": effect,
+        "args": {},
+        "scope": "step",
+        "step": 0,
+    }
 
 
 def test_a_single_controllers_generation_left_paused_is_stood_down():
@@ -247,7 +313,9 @@ def test_a_single_controllers_generation_left_paused_is_stood_down():
     assert check_log([_rollouts(1, "PauseRollouts"), _rollouts(2, "ResumeRollouts"), end], ["engine_stood_down"]) == []
 
 
-@pytest.mark.parametrize("name, fires", [("nemo_critic_warmup_no_wake", True), ("nemo_critic_warmup_no_wake_fixed", False)])
+@pytest.mark.parametrize(
+    "name, fires", [("nemo_critic_warmup_no_wake", True), ("nemo_critic_warmup_no_wake_fixed", False)]
+)
 def test_nemo_rl_3730_critic_warmup_stands_generation_down(name, fires):
     import os
 

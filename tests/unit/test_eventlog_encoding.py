@@ -21,12 +21,32 @@ CANONICAL = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_na
 
 def _floats(n: int):
     rng = random.Random(16)
-    edge = [0.0, -0.0, 1e-4, 9.999e-5, 1e-5, 1.5e-7, 5e-324, 2.2250738585072014e-308, 1e15, 9999999999999998.0,
-            1e16, 1.2e30, 1.7976931348623157e308, 0.1, 1 / 3, 12345678.9, 100.0]
+    edge = [
+        0.0,
+        -0.0,
+        1e-4,
+        9.999e-5,
+        1e-5,
+        1.5e-7,
+        5e-324,
+        2.2250738585072014e-308,
+        1e15,
+        9999999999999998.0,
+        1e16,
+        1.2e30,
+        1.7976931348623157e308,
+        0.1,
+        1 / 3,
+        12345678.9,
+        100.0,
+    ]
     out = edge + [-x for x in edge]
     while len(out) < n:
-        x = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] if rng.random() < 0.5 \
+        x = (
+            struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+            if rng.random() < 0.5
             else rng.random() * 10.0 ** rng.randint(-30, 30)
+        )
         if math.isfinite(x):
             out.append(x)
     return out
@@ -42,9 +62,25 @@ def test_floats_of_every_magnitude_encode_as_json_writes_them():
     assert b"".join(encoded_chunks(records, 4096)) == "".join(CANONICAL(r) + "\n" for r in records).encode()
 
 
-@pytest.mark.parametrize("value", [
-    None, True, False, 2**63 - 1, -2**63, 2**64 - 1, 2**70, -2**90, "é ü \u2028 \x00 \x1f \x7f \" \\ 😀", "",
-    [1, (2, 3)], {"a": {"b": []}}, {1: "int key"}, {"x": None, "y": 1e-5}])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        2**63 - 1,
+        -(2**63),
+        2**64 - 1,
+        2**70,
+        -(2**90),
+        'é ü \u2028 \x00 \x1f \x7f " \\ 😀',
+        "",
+        [1, (2, 3)],
+        {"a": {"b": []}},
+        {1: "int key"},
+        {"x": None, "y": 1e-5},
+    ],
+)
 def test_values_encode_as_json_writes_them(value):
     rec = {"seq": 3, "t": 0.5, "kind": "progress", "value": value}
     assert encode(rec) == CANONICAL(rec).encode()
@@ -122,14 +158,17 @@ def _marked_by_scan(lines):
     return redo, {i for i, line in enumerate(lines) if b"null" in line}
 
 
-@pytest.mark.parametrize("lines", [
-    [b""],
-    [b"null", b""],  # a marker at the very start of the chunk
-    [b"e", b"-", b"null", b"0.000", b"0", b"nul", b"l", b""],  # markers cut by a newline are none
-    [b"x", b"ab e-", b"nullnull 0.00000 e-e-", b'{"a":null,"b":1e-7}', b"", b"0.0000", b""],
-    [b"e-"],  # the very last bytes (no newline after them)
-    [b"n", b""],  # shorter than the longest marker
-])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [b""],
+        [b"null", b""],  # a marker at the very start of the chunk
+        [b"e", b"-", b"null", b"0.000", b"0", b"nul", b"l", b""],  # markers cut by a newline are none
+        [b"x", b"ab e-", b"nullnull 0.00000 e-e-", b'{"a":null,"b":1e-7}', b"", b"0.0000", b""],
+        [b"e-"],  # the very last bytes (no newline after them)
+        [b"n", b""],  # shorter than the longest marker
+    ],
+)
 def test_marked_lines_are_the_lines_holding_a_marker(lines):
     assert writer._marked_lines(b"\n".join(lines), lines) == _marked_by_scan(lines)
 

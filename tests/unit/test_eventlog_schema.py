@@ -28,7 +28,9 @@ def test_every_input_and_decision_kind_is_documented():
         assert f"| `{kind}` |" in doc, kind
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl"))), ids=os.path.basename)
+@pytest.mark.parametrize(
+    "path", sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl"))), ids=os.path.basename
+)
 def test_example_traces_validate_against_json_schema(path):
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
         validator = jsonschema.Draft202012Validator(json.load(fh))

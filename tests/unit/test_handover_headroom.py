@@ -16,29 +16,73 @@ def _log(margin=None, residue=GIB // 2):
     """GPU 0 of 10 GiB: p's trainer leaves ``residue`` of nccl at init, p's rank 0 wakes
     there (plan, resize_start, 8 GiB of weights and KV, resize_end), then sleeps."""
     meta = {} if margin is None else {"handover_margin_bytes": margin}
-    recs = [{"seq": 0, "t": 0.0, "kind": "header", "cluster": {"nodes": 1, "gpus_per_node": 1, "vram_gib": 10.0},
-             "meta": meta}]
+    recs = [
+        {
+            "seq": 0,
+            "t": 0.0,
+            "kind": "header",
+            "cluster": {"nodes": 1, "gpus_per_node": 1, "vram_gib": 10.0},
+            "meta": meta,
+        }
+    ]
     used = 0
 
     def vram(owner, mem, delta, phase):
         nonlocal used
         used += delta
-        recs.append({"seq": len(recs), "t": float(len(recs)), "kind": "vram", "gpu": 0, "owner": owner, "mem": mem,
-                     "delta": delta, "used": used, "phase": phase})
+        recs.append(
+            {
+                "seq": len(recs),
+                "t": float(len(recs)),
+                "kind": "vram",
+                "gpu": 0,
+                "owner": owner,
+                "mem": mem,
+                "delta": delta,
+                "used": used,
+                "phase": phase,
+            }
+        )
 
     vram("p/ctx", "cuda_context", GIB // 2, None)
     vram("p/train", "params", 4 * GIB, "init")
     if residue:
         vram("p/train", "nccl", residue, "init")
     vram("p/train", "params", -4 * GIB, "init")
-    recs.append({"seq": len(recs), "t": 10.0, "kind": "plan", "cycle": 1, "shrinks": [], "expands": [
-        {"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}]})
-    recs.append({"seq": len(recs), "t": 10.0, "kind": "resize_start", "cycle": 1, "pipeline_id": "p", "phase": "expand",
-                 "dp_ranks": [0]})
+    recs.append(
+        {
+            "seq": len(recs),
+            "t": 10.0,
+            "kind": "plan",
+            "cycle": 1,
+            "shrinks": [],
+            "expands": [{"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
+        }
+    )
+    recs.append(
+        {
+            "seq": len(recs),
+            "t": 10.0,
+            "kind": "resize_start",
+            "cycle": 1,
+            "pipeline_id": "p",
+            "phase": "expand",
+            "dp_ranks": [0],
+        }
+    )
     vram("p/dp0", "weights", 4 * GIB, "wake")
     vram("p/dp0", "kv_cache", 4 * GIB, "wake")
-    recs.append({"seq": len(recs), "t": 12.0, "kind": "resize_end", "cycle": 1, "pipeline_id": "p", "phase": "expand",
-                 "dp_ranks": [0]})
+    recs.append(
+        {
+            "seq": len(recs),
+            "t": 12.0,
+            "kind": "resize_end",
+            "cycle": 1,
+            "pipeline_id": "p",
+            "phase": "expand",
+            "dp_ranks": [0],
+        }
+    )
     vram("p/dp0", "kv_cache", -4 * GIB, "sleep")  # after the window: not counted in it
     return recs
 
@@ -63,15 +107,27 @@ def test_the_summary_figures_per_gpu_phase_and_handover():
     assert h.phases["init"]["peak_bytes"] == 5 * GIB and h.phases["wake"]["headroom_bytes"] == GIB
     (w,) = handover_windows(recs)
     assert (w.gpu, w.cluster, w.residue, w.headroom) == (0, "p_actor_infer", {"p_actor_train": GIB // 2}, GIB)
-    assert headroom_brief(h) == "memory headroom: tightest GPU 0 1.00 GiB (wake), least after a handover 1.00 GiB (margin 2.00 GiB)"
+    assert (
+        headroom_brief(h)
+        == "memory headroom: tightest GPU 0 1.00 GiB (wake), least after a handover 1.00 GiB (margin 2.00 GiB)"
+    )
 
 
 def test_an_oom_inside_the_window_is_below_zero_headroom():
     recs = _log(margin=0)
     i = next(i for i, r in enumerate(recs) if r.get("mem") == "kv_cache")
-    recs[i] = {"seq": recs[i]["seq"], "t": recs[i]["t"], "kind": "oom", "gpu": 0, "owner": "p/dp0", "mem": "kv_cache",
-               "requested": 6 * GIB, "used": 5 * GIB, "capacity": 10 * GIB}
-    for r in recs[i + 1:]:
+    recs[i] = {
+        "seq": recs[i]["seq"],
+        "t": recs[i]["t"],
+        "kind": "oom",
+        "gpu": 0,
+        "owner": "p/dp0",
+        "mem": "kv_cache",
+        "requested": 6 * GIB,
+        "used": 5 * GIB,
+        "capacity": 10 * GIB,
+    }
+    for r in recs[i + 1 :]:
         if r["kind"] == "vram":
             r["used"] -= 4 * GIB
     (w,) = handover_windows(recs)

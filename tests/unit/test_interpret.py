@@ -69,8 +69,13 @@ def test_a_failure_is_thrown_in_so_the_generator_cleans_up_and_the_clean_up_is_l
         run_blocking(steps(seen, catch=True), handle, log=EffectLog(records.append, lambda: 0.0, "p", "step", 0))
     assert seen == ["after 0", "cleaned up"]
     logged = [(r["kind"], r["args"]["n"]) for r in records]
-    assert logged == [("effect_start", 0), ("effect_end", 0), ("effect_start", 1),  # no end for the failed one
-                      ("effect_start", 101), ("effect_end", 101)]
+    assert logged == [
+        ("effect_start", 0),
+        ("effect_end", 0),
+        ("effect_start", 1),  # no end for the failed one
+        ("effect_start", 101),
+        ("effect_end", 101),
+    ]
 
 
 def test_the_deadline_fires_once_in_place_of_the_effect_and_never_into_a_teardown():
@@ -82,8 +87,9 @@ def test_the_deadline_fires_once_in_place_of_the_effect_and_never_into_a_teardow
         clock["late"] = True  # expired from the second effect on, the teardown's included
 
     with pytest.raises(TimeoutError, match="late"):
-        run_blocking(steps(seen, catch=False), handle,
-                     deadline=Deadline(lambda: clock["late"], lambda: TimeoutError("late")))
+        run_blocking(
+            steps(seen, catch=False), handle, deadline=Deadline(lambda: clock["late"], lambda: TimeoutError("late"))
+        )
     assert handled == [0]  # the second effect was not handled: the timeout took its place
 
     def teardown():
@@ -126,7 +132,10 @@ def test_a_base_exception_leaves_the_loop_without_resuming_the_generator():
 
 def test_a_halt_with_an_error_ends_the_generator_and_is_logged_as_the_error():
     seen, records = [], []
-    value = run_blocking(steps(seen), lambda e: Halt("stopped") if e.n == 1 else None,
-                         log=EffectLog(records.append, lambda: 0.0, "p", "rollout"))
+    value = run_blocking(
+        steps(seen),
+        lambda e: Halt("stopped") if e.n == 1 else None,
+        log=EffectLog(records.append, lambda: 0.0, "p", "rollout"),
+    )
     assert value is None and seen == ["after 0"]
     assert records[-1]["error"] == "stopped" and "result" not in records[-1]

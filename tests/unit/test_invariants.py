@@ -16,7 +16,9 @@ TRACES = sorted(glob.glob(os.path.join(ROOT, "examples", "traces", "*.jsonl")))
 
 
 def decisions(path=None):
-    return copy.deepcopy(replay_file(path or os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl")).log.records)
+    return copy.deepcopy(
+        replay_file(path or os.path.join(ROOT, "examples", "traces", "partial_overlap_2gpu.jsonl")).log.records
+    )
 
 
 def reseq(records):
@@ -29,8 +31,10 @@ def reseq(records):
 # prematurely. In the ROLL trace RLix acks ft_000000000002's await_release in the cycle
 # whose gap-ratio plan re-expands the same cluster onto GPUs 0-1 (cycles 10, 23, 36):
 # the pipeline is not at zero when await_release returns.
-TRACE_FINDINGS = {"gap_ratio_3pipelines.jsonl": {"planned_release_ack"},
-                  "roll_dual_4gpu.jsonl": {"planned_release_ack"}}
+TRACE_FINDINGS = {
+    "gap_ratio_3pipelines.jsonl": {"planned_release_ack"},
+    "roll_dual_4gpu.jsonl": {"planned_release_ack"},
+}
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=os.path.basename)
@@ -42,6 +46,7 @@ def test_replayed_examples_satisfy_every_invariant_but_their_documented_finding(
 def test_planned_release_ack_fires_on_premature_ack_and_not_with_exact_releases(tmp_path):
     from harness.logs.replay import replay_records
     from harness.logs.records import read_records
+
     path = os.path.join(ROOT, "examples", "traces", "gap_ratio_3pipelines.jsonl")
     found = check_log(decisions(path), ["planned_release_ack"])
     assert len(found) == 1 and "pb_actor_infer" in found[0].message
@@ -54,6 +59,7 @@ def test_planned_release_ack_fires_on_premature_ack_and_not_with_exact_releases(
 def test_planned_release_ack_fires_at_cycle_23_of_the_roll_trace_and_not_with_exact_releases():
     from harness.logs.records import read_records
     from harness.logs.replay import replay_records
+
     path = os.path.join(ROOT, "examples", "traces", "roll_dual_4gpu.jsonl")
     found = check_log(decisions(path), ["planned_release_ack"])
     assert any("acked in cycle 23 while it still holds dp ranks [0, 1]" in v.message for v in found), found
@@ -85,6 +91,7 @@ def test_unknown_invariant_name_is_an_error():
 
 # ---------------------------------------------------------------- scheduler decisions
 
+
 def test_gpu_ownership_fires_on_double_grant():
     recs = decisions()
     plan = next(r for r in recs if r["kind"] == "plan" and r["expands"])
@@ -110,7 +117,11 @@ def test_gpu_ownership_fires_on_release_of_someone_elses_gpu():
 def test_resize_order_fires_when_expand_starts_before_shrink_returns():
     recs = decisions(os.path.join(ROOT, "examples", "traces", "gap_ratio_3pipelines.jsonl"))
     i = next(i for i, r in enumerate(recs) if r["kind"] == "resize_end" and r["phase"] == "shrink")
-    j = next(j for j, r in enumerate(recs) if r["kind"] == "resize_start" and r["phase"] == "expand" and r["cycle"] == recs[i]["cycle"])
+    j = next(
+        j
+        for j, r in enumerate(recs)
+        if r["kind"] == "resize_start" and r["phase"] == "expand" and r["cycle"] == recs[i]["cycle"]
+    )
     recs.insert(i, recs.pop(j))  # expand starts before the shrink returned
     found = check_log(reseq(recs), ["resize_order"])
     assert any("still running" in v.message or "T1 < T2" in v.message for v in found)
@@ -128,11 +139,14 @@ def test_no_readd_in_cycle_fires():
     recs = decisions(os.path.join(ROOT, "examples", "traces", "gap_ratio_3pipelines.jsonl"))
     plan = next(r for r in recs if r["kind"] == "plan" and r["shrinks"] and r["expands"])
     shrunk = plan["shrinks"][0]
-    plan["expands"].append({"cluster_id": shrunk["cluster_id"], "has_pending_request": False, "bundles": list(shrunk["bundles"])})
+    plan["expands"].append(
+        {"cluster_id": shrunk["cluster_id"], "has_pending_request": False, "bundles": list(shrunk["bundles"])}
+    )
     assert check_log(recs, ["no_readd_in_cycle"])
 
 
 # ---------------------------------------------------------------- pipeline effects
+
 
 def eff(seq, kind, pid, name, scope="expand", step=None, **args):
     r = {"seq": seq, "t": float(seq), "kind": kind, "pipeline_id": pid, "effect": name, "args": args, "scope": scope}
@@ -143,10 +157,15 @@ def eff(seq, kind, pid, name, scope="expand", step=None, **args):
 
 def expand_trace(*, skip=None, swap=None):
     seq = iter(range(1, 1000))
-    names = [("BuildCache", {"version": 3}, "step"), ("PromoteCache", {"version": 3}, "step"), ("Wake", {"ranks": [1]}, "expand"),
-             ("SyncFromCache", {"ranks": [1], "version": 3, "path": "expand"}, "expand"),
-             ("Finalize", {"ranks": [1]}, "expand"), ("PublishVersion", {"version": 3, "path": "expand"}, "expand"),
-             ("Activate", {"ranks": [1]}, "expand")]
+    names = [
+        ("BuildCache", {"version": 3}, "step"),
+        ("PromoteCache", {"version": 3}, "step"),
+        ("Wake", {"ranks": [1]}, "expand"),
+        ("SyncFromCache", {"ranks": [1], "version": 3, "path": "expand"}, "expand"),
+        ("Finalize", {"ranks": [1]}, "expand"),
+        ("PublishVersion", {"version": 3, "path": "expand"}, "expand"),
+        ("Activate", {"ranks": [1]}, "expand"),
+    ]
     names = [n for n in names if n[0] != skip]
     if swap:
         a, b = [i for i, n in enumerate(names) if n[0] in swap]
@@ -162,8 +181,10 @@ def test_sound_expand_sequence_passes():
     assert check_log(expand_trace()) == []
 
 
-@pytest.mark.parametrize("skip,expected", [("SyncFromCache", "without a sync"), ("Finalize", "before finalize"),
-                                           ("PublishVersion", "while published is")])
+@pytest.mark.parametrize(
+    "skip,expected",
+    [("SyncFromCache", "without a sync"), ("Finalize", "before finalize"), ("PublishVersion", "while published is")],
+)
 def test_activate_after_sync_fires_when_a_step_is_missing(skip, expected):
     found = check_log(expand_trace(skip=skip), ["activate_after_sync"])
     assert found and expected in found[0].message
@@ -209,56 +230,134 @@ def test_step_order_fires_when_next_step_starts_early():
 
 def test_data_plane_fires_on_driver_bulk_and_second_writer():
     """More cases, on logs written by real clients: tests/dataplane/test_invariant_dataplane.py."""
-    hop = lambda seq, actor, role, hop, n: {"seq": seq, "t": seq, "kind": "dp_transfer", "actor": actor, "role": role,  # noqa: E731
-                                            "partition": "p", "hop": hop, "samples": ["a"], "fields": ["x"], "bytes": n}
-    recs = [hop(1, "rollout", "producer", "producer_to_store", 8), hop(2, "driver", "driver", "driver_meta", 90),
-            hop(3, "driver", "driver", "store_to_driver", 8), hop(4, "dp0/tp1", "worker", "worker_to_store", 8)]
+    hop = lambda seq, actor, role, hop, n: {
+        "seq": seq,
+        "t": seq,
+        "kind": "dp_transfer",
+        "actor": actor,
+        "role": role,  # noqa: E731
+        "partition": "p",
+        "hop": hop,
+        "samples": ["a"],
+        "fields": ["x"],
+        "bytes": n,
+    }
+    recs = [
+        hop(1, "rollout", "producer", "producer_to_store", 8),
+        hop(2, "driver", "driver", "driver_meta", 90),
+        hop(3, "driver", "driver", "store_to_driver", 8),
+        hop(4, "dp0/tp1", "worker", "worker_to_store", 8),
+    ]
     found = check_log(recs, ["data_plane"])
     assert [v.seq for v in found] == [3, 4] and "driver held bulk" in found[0].message and "-601" in found[1].message
     assert check_log(recs[:2], ["data_plane"]) == []
 
 
 # checks whose firing tests live with their subsystem
-OWN_SUITES = {"staleness_window": "tests/streaming/test_streaming_invariants.py",
-              "streaming_step": "tests/streaming/test_streaming_invariants.py",
-              "pump_parked": "tests/streaming/test_pump_parked.py",
-              **{name: "tests/sim/test_waitfor_liveness.py" for name in ("deadlock", "lost_wakeup", "hot_state", "livelock")},
-              "refit_wire": "tests/unit/test_refit_stream_protocol.py",
-              "handover_headroom": "tests/unit/test_handover_headroom.py",
-              "reactivated_after_release": "tests/unit/test_rlix_variants.py",
-              "refit_payload": "tests/unit/test_refit_completeness.py",
-              "cycle_trends": "tests/sim/test_cycle_trends.py",
-              **{name: "tests/unit/test_blind_spot_checks.py" for name in (
-                  "grant_order", "in_flight_at_sleep", "sync_targets", "rank_lifecycle", "host_ram", "trajectory_age",
-                  "ungrantable_preemption", "idle_bundle_starvation")},
-              **{name: "tests/unit/test_engine_checks.py" for name in (
-                  "kv_cache_asleep", "engine_resume", "engine_weights", "version_at_dispatch", "pause_lost_work")},
-              "engine_transition": "tests/unit/test_engine_transition.py",
-              "engine_stood_down": "tests/unit/test_engine_transition.py",
-              "version_span": "tests/unit/test_version_span.py",
-              "collective_order": "tests/unit/test_collective_order.py",
-              **{name: "tests/unit/test_mutations.py" for name in (
-                  "plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")}}
+OWN_SUITES = {
+    "staleness_window": "tests/streaming/test_streaming_invariants.py",
+    "streaming_step": "tests/streaming/test_streaming_invariants.py",
+    "pump_parked": "tests/streaming/test_pump_parked.py",
+    **{name: "tests/sim/test_waitfor_liveness.py" for name in ("deadlock", "lost_wakeup", "hot_state", "livelock")},
+    "refit_wire": "tests/unit/test_refit_stream_protocol.py",
+    "handover_headroom": "tests/unit/test_handover_headroom.py",
+    "reactivated_after_release": "tests/unit/test_rlix_variants.py",
+    "refit_payload": "tests/unit/test_refit_completeness.py",
+    "cycle_trends": "tests/sim/test_cycle_trends.py",
+    **{
+        name: "tests/unit/test_blind_spot_checks.py"
+        for name in (
+            "grant_order",
+            "in_flight_at_sleep",
+            "sync_targets",
+            "rank_lifecycle",
+            "host_ram",
+            "trajectory_age",
+            "ungrantable_preemption",
+            "idle_bundle_starvation",
+        )
+    },
+    **{
+        name: "tests/unit/test_engine_checks.py"
+        for name in ("kv_cache_asleep", "engine_resume", "engine_weights", "version_at_dispatch", "pause_lost_work")
+    },
+    "engine_transition": "tests/unit/test_engine_transition.py",
+    "engine_stood_down": "tests/unit/test_engine_transition.py",
+    "version_span": "tests/unit/test_version_span.py",
+    "collective_order": "tests/unit/test_collective_order.py",
+    **{
+        name: "tests/unit/test_mutations.py"
+        for name in ("plan_validation", "grant_shape", "vram", "cache_lock", "sync_groups", "run_outcome")
+    },
+}
 
 
 def test_every_registered_check_has_a_firing_test_here():
     here = open(__file__).read()
     for name in CHECKS:
-        if name in ("gpu_ownership", "resize_order", "no_readd_in_cycle", "activate_after_sync", "versions",
-                    "release_after_publish", "step_order", "routing", "stale_serving", "planned_release_ack",
-                    "liveness", "data_plane", "routing_policy", "handover", "gpu_tenancy"):
+        if name in (
+            "gpu_ownership",
+            "resize_order",
+            "no_readd_in_cycle",
+            "activate_after_sync",
+            "versions",
+            "release_after_publish",
+            "step_order",
+            "routing",
+            "stale_serving",
+            "planned_release_ack",
+            "liveness",
+            "data_plane",
+            "routing_policy",
+            "handover",
+            "gpu_tenancy",
+        ):
             assert f'["{name}"]' in here, name
         elif name in OWN_SUITES:
             assert f'"{name}"' in open(os.path.join(ROOT, OWN_SUITES[name])).read(), name
         else:
-            assert name.startswith("gate_") or name.startswith("sim_"), f"{name} needs a firing test (here or in its own suite)"
+            assert name.startswith("gate_") or name.startswith("sim_"), (
+                f"{name} needs a firing test (here or in its own suite)"
+            )
 
 
 def routing_trace():
-    rs = lambda seq, st, v=3: {"seq": seq, "t": seq, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": st, "gpus": [0], "version": v}
-    d = lambda seq, req, v=3: {"seq": seq, "t": seq, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": 0, "version": v}
-    done = lambda seq, req: {"seq": seq, "t": seq, "kind": "request_done", "pipeline_id": "p", "request": req, "dp_rank": 0, "tokens": 5}
-    ab = lambda seq, req: {"seq": seq, "t": seq, "kind": "request_abort", "pipeline_id": "p", "request": req, "dp_rank": 0}
+    rs = lambda seq, st, v=3: {
+        "seq": seq,
+        "t": seq,
+        "kind": "rank_state",
+        "pipeline_id": "p",
+        "dp_rank": 0,
+        "state": st,
+        "gpus": [0],
+        "version": v,
+    }
+    d = lambda seq, req, v=3: {
+        "seq": seq,
+        "t": seq,
+        "kind": "request_dispatch",
+        "pipeline_id": "p",
+        "request": req,
+        "dp_rank": 0,
+        "version": v,
+    }
+    done = lambda seq, req: {
+        "seq": seq,
+        "t": seq,
+        "kind": "request_done",
+        "pipeline_id": "p",
+        "request": req,
+        "dp_rank": 0,
+        "tokens": 5,
+    }
+    ab = lambda seq, req: {
+        "seq": seq,
+        "t": seq,
+        "kind": "request_abort",
+        "pipeline_id": "p",
+        "request": req,
+        "dp_rank": 0,
+    }
     return rs, d, done, ab
 
 
@@ -268,10 +367,15 @@ def test_routing_sound_trace_with_abort_and_redispatch_passes():
     assert check_log(recs, ["routing"]) == []
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("not_routable", "in state draining"), ("no_weights", "holds no weights"),
-    ("twice_done", "completed twice"), ("twice_dispatch", "dispatched twice"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("not_routable", "in state draining"),
+        ("no_weights", "holds no weights"),
+        ("twice_done", "completed twice"),
+        ("twice_dispatch", "dispatched twice"),
+    ],
+)
 def test_routing_fires(case, expected):
     rs, d, done, ab = routing_trace()
     recs = {
@@ -286,13 +390,28 @@ def test_routing_fires(case, expected):
 
 def test_stale_serving_fires_outside_an_active_refresh_only():
     rs, d, done, ab = routing_trace()
-    pub = {"seq": 2, "t": 2, "kind": "effect_end", "pipeline_id": "p", "effect": "PublishVersion",
-           "args": {"version": 4, "path": "expand"}, "scope": "expand", "result": 4}
+    pub = {
+        "seq": 2,
+        "t": 2,
+        "kind": "effect_end",
+        "pipeline_id": "p",
+        "effect": "PublishVersion",
+        "args": {"version": 4, "path": "expand"},
+        "scope": "expand",
+        "result": 4,
+    }
     recs = [rs(1, "routable", 3), pub, d(3, 1, 3)]
     found = check_log(reseq(recs), ["stale_serving"])
     assert found and "serves version 3 while version 4 is published" in found[0].message
-    sync = lambda kind: {"seq": 0, "t": 0, "kind": kind, "pipeline_id": "p", "effect": "SyncFromCache",
-                         "args": {"ranks": [0], "version": 4, "path": "active"}, "scope": "step"}
+    sync = lambda kind: {
+        "seq": 0,
+        "t": 0,
+        "kind": kind,
+        "pipeline_id": "p",
+        "effect": "SyncFromCache",
+        "args": {"ranks": [0], "version": 4, "path": "active"},
+        "scope": "step",
+    }
     in_flight = [rs(1, "routable", 3), pub, sync("effect_start"), d(3, 1, 3), sync("effect_end")]
     assert check_log(reseq(in_flight), ["stale_serving"]) == []
 
@@ -300,8 +419,16 @@ def test_stale_serving_fires_outside_an_active_refresh_only():
 def test_stale_serving_flags_a_roll_rank_serving_the_base_version_after_version_0():
     """ROLL's base version is -1 and its first trained version 0: no NeMo clamp."""
     rs, d, done, ab = routing_trace()
-    pub = lambda seq, v: {"seq": seq, "t": seq, "kind": "effect_end", "pipeline_id": "p", "effect": "PublishVersion",
-                          "args": {"version": v, "path": "expand"}, "scope": "expand", "result": v}
+    pub = lambda seq, v: {
+        "seq": seq,
+        "t": seq,
+        "kind": "effect_end",
+        "pipeline_id": "p",
+        "effect": "PublishVersion",
+        "args": {"version": v, "path": "expand"},
+        "scope": "expand",
+        "result": v,
+    }
     recs = [pub(1, -1), rs(2, "routable", -1), d(3, 1, -1), pub(4, 0), d(5, 2, -1)]
     found = check_log(reseq(recs), ["stale_serving"])
     assert [v.seq for v in found] == [4] and "serves version -1 while version 0 is published" in found[0].message
@@ -309,8 +436,24 @@ def test_stale_serving_flags_a_roll_rank_serving_the_base_version_after_version_
 
 def test_liveness_names_waiters_and_stuck_effects_at_the_horizon():
     recs = [
-        {"seq": 1, "t": 1, "kind": "enqueued", "request_id": 7, "cluster_id": "p_actor_infer", "priority": "GENERATION"},
-        {"seq": 2, "t": 2, "kind": "effect_start", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
+        {
+            "seq": 1,
+            "t": 1,
+            "kind": "enqueued",
+            "request_id": 7,
+            "cluster_id": "p_actor_infer",
+            "priority": "GENERATION",
+        },
+        {
+            "seq": 2,
+            "t": 2,
+            "kind": "effect_start",
+            "pipeline_id": "p",
+            "effect": "WaitBatch",
+            "args": {"global_step": 3},
+            "scope": "step",
+            "step": 3,
+        },
         {"seq": 3, "t": 400, "kind": "sim_end", "reason": "horizon", "sim_time": 400.0, "events": 10},
     ]
     msgs = [v.message for v in check_log(recs, ["liveness"])]
@@ -319,26 +462,79 @@ def test_liveness_names_waiters_and_stuck_effects_at_the_horizon():
     early = recs[:2] + [dict(recs[2], t=9, sim_time=9.0)]
     assert check_log(early, ["liveness"]) == []
     # ... nor when the waiting pipeline was still completing requests in the last window
-    moving = recs[:2] + [{"seq": 3, "t": 250, "kind": "request_done", "pipeline_id": "p", "request": 1, "dp_rank": 0,
-                          "tokens": 5, "version": 0}, dict(recs[2], seq=4)]
+    moving = recs[:2] + [
+        {
+            "seq": 3,
+            "t": 250,
+            "kind": "request_done",
+            "pipeline_id": "p",
+            "request": 1,
+            "dp_rank": 0,
+            "tokens": 5,
+            "version": 0,
+        },
+        dict(recs[2], seq=4),
+    ]
     assert check_log(moving, ["liveness"]) == []
-    done = recs[:2] + [{"seq": 3, "t": 3, "kind": "signalled", "request_id": 7, "waiter": "request", "cluster_id": "p_actor_infer",
-                        "priority": "GENERATION", "gpus": [0], "cycle": 1, "error": None},
-                       {"seq": 4, "t": 4, "kind": "effect_end", "pipeline_id": "p", "effect": "WaitBatch", "args": {"global_step": 3}, "scope": "step", "step": 3},
-                       {"seq": 5, "t": 5, "kind": "sim_end", "reason": "done", "sim_time": 5.0, "events": 10}]
+    done = recs[:2] + [
+        {
+            "seq": 3,
+            "t": 3,
+            "kind": "signalled",
+            "request_id": 7,
+            "waiter": "request",
+            "cluster_id": "p_actor_infer",
+            "priority": "GENERATION",
+            "gpus": [0],
+            "cycle": 1,
+            "error": None,
+        },
+        {
+            "seq": 4,
+            "t": 4,
+            "kind": "effect_end",
+            "pipeline_id": "p",
+            "effect": "WaitBatch",
+            "args": {"global_step": 3},
+            "scope": "step",
+            "step": 3,
+        },
+        {"seq": 5, "t": 5, "kind": "sim_end", "reason": "done", "sim_time": 5.0, "events": 10},
+    ]
     assert check_log(done, ["liveness"]) == []
 
 
 # ---------------------------------------------------------------- the new catalogue checks, on small logs
 
-HEAD = {"seq": 0, "t": 0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-        "cluster": {"nodes": 1, "gpus_per_node": 4, "vram_gib": 1.0}, "meta": {"post_sleep_threshold_bytes": 100}}
-REG = {"seq": 1, "t": 0, "kind": "register", "pipeline_id": "p", "cluster_tp_configs": {"actor_train": 1, "actor_infer": 2},
-       "cluster_device_mappings": {"actor_train": [0, 1], "actor_infer": [0, 1, 2, 3]}}
+HEAD = {
+    "seq": 0,
+    "t": 0,
+    "kind": "header",
+    "schema": "rlharness.eventlog",
+    "version": 1,
+    "cluster": {"nodes": 1, "gpus_per_node": 4, "vram_gib": 1.0},
+    "meta": {"post_sleep_threshold_bytes": 100},
+}
+REG = {
+    "seq": 1,
+    "t": 0,
+    "kind": "register",
+    "pipeline_id": "p",
+    "cluster_tp_configs": {"actor_train": 1, "actor_infer": 2},
+    "cluster_device_mappings": {"actor_train": [0, 1], "actor_infer": [0, 1, 2, 3]},
+}
 
 
 def plan(seq, cycle, shrinks=(), signals=(), expands=()):
-    return {"seq": seq, "t": seq, "kind": "plan", "cycle": cycle, "shrinks": list(shrinks), "signals": list(signals), "expands": list(expands)}
+    return {
+        "seq": seq,
+        "t": seq,
+        "kind": "plan",
+        "cycle": cycle,
+        "shrinks": list(shrinks),
+        "signals": list(signals),
+        "expands": list(expands),
+    }
 
 
 def commit(seq, cycle, idle):
@@ -346,33 +542,110 @@ def commit(seq, cycle, idle):
 
 
 def test_plan_validation_and_grant_shape_pass_a_sound_plan_sequence():
-    recs = [HEAD, REG,
-            plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0, 1]}]), commit(3, 1, 2),
-            plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 1, "gpus": [2, 3]}]}]),
-            commit(5, 2, 0)]
+    recs = [
+        HEAD,
+        REG,
+        plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0, 1]}]),
+        commit(3, 1, 2),
+        plan(
+            4,
+            2,
+            expands=[
+                {
+                    "cluster_id": "p_actor_infer",
+                    "has_pending_request": True,
+                    "bundles": [{"dp_rank": 1, "gpus": [2, 3]}],
+                }
+            ],
+        ),
+        commit(5, 2, 0),
+    ]
     assert check_log(recs) == []
 
 
-@pytest.mark.parametrize("bad,condition", [
-    (plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 0, "gpus": [0, 1]}]}]), 4),
-    (plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 1, "gpus": [2]}]}]), 6),
-    (plan(4, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 2, "gpus": [2, 3]}]}]), 7),
-    (plan(4, 2, shrinks=[{"cluster_id": "p_actor_train", "bundles": [{"dp_rank": 0, "gpus": [0]}]}]), 2),
-    (plan(4, 2, shrinks=[{"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0, 1]}]}]), 11),
-    (plan(4, 2, signals=[{"cluster_id": "p_actor_infer", "priority": "INITIALIZATION", "gpus": [2, 3, 5]}]), 8),
-])
+@pytest.mark.parametrize(
+    "bad,condition",
+    [
+        (
+            plan(
+                4,
+                2,
+                expands=[
+                    {
+                        "cluster_id": "p_actor_infer",
+                        "has_pending_request": True,
+                        "bundles": [{"dp_rank": 0, "gpus": [0, 1]}],
+                    }
+                ],
+            ),
+            4,
+        ),
+        (
+            plan(
+                4,
+                2,
+                expands=[
+                    {
+                        "cluster_id": "p_actor_infer",
+                        "has_pending_request": True,
+                        "bundles": [{"dp_rank": 1, "gpus": [2]}],
+                    }
+                ],
+            ),
+            6,
+        ),
+        (
+            plan(
+                4,
+                2,
+                expands=[
+                    {
+                        "cluster_id": "p_actor_infer",
+                        "has_pending_request": True,
+                        "bundles": [{"dp_rank": 2, "gpus": [2, 3]}],
+                    }
+                ],
+            ),
+            7,
+        ),
+        (plan(4, 2, shrinks=[{"cluster_id": "p_actor_train", "bundles": [{"dp_rank": 0, "gpus": [0]}]}]), 2),
+        (plan(4, 2, shrinks=[{"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0, 1]}]}]), 11),
+        (plan(4, 2, signals=[{"cluster_id": "p_actor_infer", "priority": "INITIALIZATION", "gpus": [2, 3, 5]}]), 8),
+    ],
+)
 def test_plan_validation_names_the_condition(bad, condition):
-    recs = [HEAD, REG, plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0, 1]}]),
-            commit(3, 1, 2), bad]
+    recs = [
+        HEAD,
+        REG,
+        plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0, 1]}]),
+        commit(3, 1, 2),
+        bad,
+    ]
     found = check_log(recs, ["plan_validation"])
     assert any(f"condition {condition}:" in v.message for v in found), [v.message for v in found]
 
 
 def test_grant_shape_wants_whole_mappings_and_whole_bundles():
-    recs = [HEAD, REG, plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}]),
-            plan(3, 2, expands=[{"cluster_id": "p_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 1, "gpus": [1, 2]}]}])]
+    recs = [
+        HEAD,
+        REG,
+        plan(2, 1, signals=[{"cluster_id": "p_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}]),
+        plan(
+            3,
+            2,
+            expands=[
+                {
+                    "cluster_id": "p_actor_infer",
+                    "has_pending_request": True,
+                    "bundles": [{"dp_rank": 1, "gpus": [1, 2]}],
+                }
+            ],
+        ),
+    ]
     msgs = [v.message for v in check_log(recs, ["grant_shape"])]
-    assert any("not its whole device mapping [0, 1]" in m for m in msgs) and any("its TP bundle is [2, 3]" in m for m in msgs)
+    assert any("not its whole device mapping [0, 1]" in m for m in msgs) and any(
+        "its TP bundle is [2, 3]" in m for m in msgs
+    )
 
 
 def vram(seq, gpu, owner, mem, delta, used):
@@ -382,8 +655,14 @@ def vram(seq, gpu, owner, mem, delta, used):
 def test_vram_capacity_residue_and_ledger_consistency():
     cap = 1 << 30
     asleep = {"seq": 4, "t": 4, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": "asleep", "gpus": [0]}
-    ok = [HEAD, vram(1, 0, "p/dp0", "weights", 500, 500), vram(2, 0, "p/dp0", "kv_cache", 600, 1100),
-          vram(3, 0, "p/dp0", "kv_cache", -600, 500), vram(4, 0, "p/dp0", "weights", -450, 50), dict(asleep, seq=5)]
+    ok = [
+        HEAD,
+        vram(1, 0, "p/dp0", "weights", 500, 500),
+        vram(2, 0, "p/dp0", "kv_cache", 600, 1100),
+        vram(3, 0, "p/dp0", "kv_cache", -600, 500),
+        vram(4, 0, "p/dp0", "weights", -450, 50),
+        dict(asleep, seq=5),
+    ]
     assert check_log(ok, ["vram"]) == []
     over = [HEAD, vram(1, 0, "p/train", "train_state", cap + 1, cap + 1)]
     assert "above its capacity" in check_log(over, ["vram"])[0].message
@@ -394,15 +673,40 @@ def test_vram_capacity_residue_and_ledger_consistency():
 
 
 def test_sync_groups_on_gate_records():
-    g = lambda seq, kind, rank, name, members, purpose="sync": {"seq": seq, "t": seq, "kind": kind, "rank": rank, "name": name,
-                                                               "members": members, **({"purpose": purpose} if kind == "group_create" else {})}
-    start = {"seq": 1, "t": 1, "kind": "gate_start", "rank": 0, "gate": "x", "backend": "gloo", "world_size": 3, "cycles": 1, "device": "cpu"}
-    ok = [start, g(2, "group_create", 0, "a", [0, 2]), g(3, "group_destroy", 0, "a", [0, 2]),
-          {"seq": 4, "t": 4, "kind": "sync_end", "rank": 0, "version": 1, "ok": True}]
+    g = lambda seq, kind, rank, name, members, purpose="sync": {
+        "seq": seq,
+        "t": seq,
+        "kind": kind,
+        "rank": rank,
+        "name": name,
+        "members": members,
+        **({"purpose": purpose} if kind == "group_create" else {}),
+    }
+    start = {
+        "seq": 1,
+        "t": 1,
+        "kind": "gate_start",
+        "rank": 0,
+        "gate": "x",
+        "backend": "gloo",
+        "world_size": 3,
+        "cycles": 1,
+        "device": "cpu",
+    }
+    ok = [
+        start,
+        g(2, "group_create", 0, "a", [0, 2]),
+        g(3, "group_destroy", 0, "a", [0, 2]),
+        {"seq": 4, "t": 4, "kind": "sync_end", "rank": 0, "version": 1, "ok": True},
+    ]
     assert check_log(ok, ["sync_groups"]) == []
     world = [start, g(2, "group_create", 0, "a", [0, 1, 2]), g(3, "group_destroy", 0, "a", [0, 1, 2])]
     assert "not a proper subset" in check_log(world, ["sync_groups"])[0].message
-    leaked = [start, g(2, "group_create", 0, "a", [0, 2]), {"seq": 3, "t": 3, "kind": "sync_end", "rank": 0, "version": 1, "ok": True}]
+    leaked = [
+        start,
+        g(2, "group_create", 0, "a", [0, 2]),
+        {"seq": 3, "t": 3, "kind": "sync_end", "rank": 0, "version": 1, "ok": True},
+    ]
     msgs = [v.message for v in check_log(leaked, ["sync_groups"])]
     assert len(msgs) == 1 and "still alive" in msgs[0]  # stranded by the sync: reported once, not again as a leak
     never_ended = leaked[:2]
@@ -413,25 +717,51 @@ def test_sync_groups_on_gate_records():
 
 def test_cache_lock_on_gate_records():
     # a gate's rank log: the holds name no pipeline, so the owner is the rank that wrote them
-    hold = lambda seq, action, holder, v: {"seq": seq, "t": seq, "kind": "cache_lock", "rank": 0, "action": action,
-                                           "holder": holder, "version": v}
-    overlapping = [hold(1, "acquire", "sync", 1), hold(2, "acquire", "build", 2), hold(3, "release", "build", 2),
-                   hold(4, "release", "sync", 1)]
+    hold = lambda seq, action, holder, v: {
+        "seq": seq,
+        "t": seq,
+        "kind": "cache_lock",
+        "rank": 0,
+        "action": action,
+        "holder": holder,
+        "version": v,
+    }
+    overlapping = [
+        hold(1, "acquire", "sync", 1),
+        hold(2, "acquire", "build", 2),
+        hold(3, "release", "build", 2),
+        hold(4, "release", "sync", 1),
+    ]
     found = check_log(overlapping, ["cache_lock"])
     assert len(found) == 1
     assert "rank 0: cache build of v2 (seq 2..3) while the sync of v1 (seq 1..4) reads" in found[0].message
-    in_turn = [hold(1, "acquire", "sync", 1), hold(2, "release", "sync", 1), hold(3, "acquire", "build", 2),
-               hold(4, "release", "build", 2)]
+    in_turn = [
+        hold(1, "acquire", "sync", 1),
+        hold(2, "release", "sync", 1),
+        hold(3, "acquire", "build", 2),
+        hold(4, "release", "build", 2),
+    ]
     assert check_log(in_turn, ["cache_lock"]) == []
     other_rank = [dict(r, rank=5) if r["holder"] == "build" else r for r in overlapping]
     assert check_log(other_rank, ["cache_lock"]) == []  # another owner's cache
 
 
 def test_cache_lock_treats_an_unlocked_build_as_holding_the_cache_for_its_whole_effect():
-    e = lambda seq, kind, name, **args: {"seq": seq, "t": seq, "kind": kind, "pipeline_id": "p", "effect": name, "args": args, "scope": "step"}
-    recs = [e(1, "effect_start", "SyncFromCache", ranks=[1], version=1, path="expand"),
-            e(2, "effect_start", "BuildCache", version=2), e(3, "effect_end", "BuildCache", version=2),
-            e(4, "effect_end", "SyncFromCache", ranks=[1], version=1, path="expand")]
+    e = lambda seq, kind, name, **args: {
+        "seq": seq,
+        "t": seq,
+        "kind": kind,
+        "pipeline_id": "p",
+        "effect": name,
+        "args": args,
+        "scope": "step",
+    }
+    recs = [
+        e(1, "effect_start", "SyncFromCache", ranks=[1], version=1, path="expand"),
+        e(2, "effect_start", "BuildCache", version=2),
+        e(3, "effect_end", "BuildCache", version=2),
+        e(4, "effect_end", "SyncFromCache", ranks=[1], version=1, path="expand"),
+    ]
     found = check_log(recs, ["cache_lock"])
     assert found and "without the cache lock" in found[0].message
 
@@ -439,11 +769,31 @@ def test_cache_lock_treats_an_unlocked_build_as_holding_the_cache_for_its_whole_
 def test_cache_lock_does_not_judge_a_build_the_log_ends_inside():
     # a build that failed before it took the lock (the run ended inside it: its parameters
     # were gone) never wrote the cache; a build that ended without a hold of its own did
-    e = lambda seq, kind, name, **args: {"seq": seq, "t": seq, "kind": kind, "pipeline_id": "p", "effect": name, "args": args, "scope": "step"}
-    sync_open = [e(1, "effect_start", "SyncFromCache", ranks=[1], version=1, path="expand"),
-                 {"seq": 2, "t": 2, "kind": "cache_lock", "pipeline_id": "p", "action": "acquire", "holder": "sync", "version": 1}]
-    cut_off = sync_open + [e(3, "effect_start", "BuildCache", version=2),
-                           {"seq": 4, "t": 4, "kind": "sim_end", "reason": "failed", "sim_time": 4, "events": 4, "detail": "x"}]
+    e = lambda seq, kind, name, **args: {
+        "seq": seq,
+        "t": seq,
+        "kind": kind,
+        "pipeline_id": "p",
+        "effect": name,
+        "args": args,
+        "scope": "step",
+    }
+    sync_open = [
+        e(1, "effect_start", "SyncFromCache", ranks=[1], version=1, path="expand"),
+        {
+            "seq": 2,
+            "t": 2,
+            "kind": "cache_lock",
+            "pipeline_id": "p",
+            "action": "acquire",
+            "holder": "sync",
+            "version": 1,
+        },
+    ]
+    cut_off = sync_open + [
+        e(3, "effect_start", "BuildCache", version=2),
+        {"seq": 4, "t": 4, "kind": "sim_end", "reason": "failed", "sim_time": 4, "events": 4, "detail": "x"},
+    ]
     assert check_log(cut_off, ["cache_lock"]) == []
     ended = sync_open + [e(3, "effect_start", "BuildCache", version=2), e(4, "effect_end", "BuildCache", version=2)]
     assert "without the cache lock" in check_log(ended, ["cache_lock"])[0].message
@@ -451,11 +801,42 @@ def test_cache_lock_does_not_judge_a_build_the_log_ends_inside():
 
 def policy_trace(dispatch_ranks, activate_between=False):
     """A pipeline with 4 inference ranks (tp 1); one Activate of all four, then dispatches."""
-    reg = {"seq": 1, "t": 0, "kind": "register", "pipeline_id": "p", "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
-           "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1, 2, 3]}}
-    act = lambda seq, k: {"seq": seq, "t": 1, "kind": k, "pipeline_id": "p", "effect": "Activate", "args": {"ranks": [0, 1, 2, 3]}, "scope": "expand"}
-    rs = lambda seq, dp: {"seq": seq, "t": 1, "kind": "rank_state", "pipeline_id": "p", "dp_rank": dp, "state": "routable", "gpus": [dp], "version": 0}
-    d = lambda seq, req, dp: {"seq": seq, "t": 1, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": dp, "version": 0}
+    reg = {
+        "seq": 1,
+        "t": 0,
+        "kind": "register",
+        "pipeline_id": "p",
+        "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
+        "cluster_device_mappings": {"actor_train": [0], "actor_infer": [0, 1, 2, 3]},
+    }
+    act = lambda seq, k: {
+        "seq": seq,
+        "t": 1,
+        "kind": k,
+        "pipeline_id": "p",
+        "effect": "Activate",
+        "args": {"ranks": [0, 1, 2, 3]},
+        "scope": "expand",
+    }
+    rs = lambda seq, dp: {
+        "seq": seq,
+        "t": 1,
+        "kind": "rank_state",
+        "pipeline_id": "p",
+        "dp_rank": dp,
+        "state": "routable",
+        "gpus": [dp],
+        "version": 0,
+    }
+    d = lambda seq, req, dp: {
+        "seq": seq,
+        "t": 1,
+        "kind": "request_dispatch",
+        "pipeline_id": "p",
+        "request": req,
+        "dp_rank": dp,
+        "version": 0,
+    }
     recs, seq = [reg, act(2, "effect_start")], 3
     if activate_between:  # rank 0 routable, a dispatch, then the others (one at a time)
         recs.append(rs(seq, 0))
@@ -494,7 +875,15 @@ def test_routing_policy_fires_when_ranks_of_one_activate_join_one_at_a_time():
 def test_routing_policy_skips_ranks_not_routable_from_the_cursor():
     recs = policy_trace([])
     recs = [r for r in recs if not (r["kind"] == "rank_state" and r["dp_rank"] in (0, 2))]
-    d = lambda seq, req, dp: {"seq": seq, "t": 2, "kind": "request_dispatch", "pipeline_id": "p", "request": req, "dp_rank": dp, "version": 0}
+    d = lambda seq, req, dp: {
+        "seq": seq,
+        "t": 2,
+        "kind": "request_dispatch",
+        "pipeline_id": "p",
+        "request": req,
+        "dp_rank": dp,
+        "version": 0,
+    }
     ok = recs + [d(20, 1, 1), d(21, 2, 3), d(22, 3, 1)]  # NeMo's unit test: {1, 3} active -> 1, 3, 1
     assert check_log(ok, ["routing_policy"]) == []
     assert check_log(recs + [d(20, 1, 1), d(21, 2, 1)], ["routing_policy"])
@@ -502,25 +891,48 @@ def test_routing_policy_skips_ranks_not_routable_from_the_cursor():
 
 def handover_trace(residue_kind, residue_owner, nbytes, granted_to="q_actor_train"):
     """p's memory on GPU 0, then GPU 0 is granted to another cluster."""
-    v = lambda seq, owner, mem, delta, phase=None: dict({"seq": seq, "t": seq, "kind": "vram", "gpu": 0, "owner": owner,
-                                                         "mem": mem, "delta": delta, "used": 0},
-                                                        **({"phase": phase} if phase else {}))
+    v = lambda seq, owner, mem, delta, phase=None: dict(
+        {"seq": seq, "t": seq, "kind": "vram", "gpu": 0, "owner": owner, "mem": mem, "delta": delta, "used": 0},
+        **({"phase": phase} if phase else {}),
+    )
     return [
-        {"seq": 1, "t": 1, "kind": "signalled", "request_id": 1, "waiter": "request", "cluster_id": "p_actor_train",
-         "priority": "OLD_LOG_PROBS", "gpus": [0], "cycle": 1, "error": None},
+        {
+            "seq": 1,
+            "t": 1,
+            "kind": "signalled",
+            "request_id": 1,
+            "waiter": "request",
+            "cluster_id": "p_actor_train",
+            "priority": "OLD_LOG_PROBS",
+            "gpus": [0],
+            "cycle": 1,
+            "error": None,
+        },
         v(2, "p/ctx", "cuda_context", 500),
         v(3, residue_owner, residue_kind, nbytes, "old_log_probs"),
         {"seq": 4, "t": 4, "kind": "released", "cluster_id": "p_actor_train", "gpus": [0], "reason": "release"},
-        {"seq": 5, "t": 5, "kind": "signalled", "request_id": 2, "waiter": "request", "cluster_id": granted_to,
-         "priority": "ACTOR_TRAINING", "gpus": [0], "cycle": 2, "error": None},
+        {
+            "seq": 5,
+            "t": 5,
+            "kind": "signalled",
+            "request_id": 2,
+            "waiter": "request",
+            "cluster_id": granted_to,
+            "priority": "ACTOR_TRAINING",
+            "gpus": [0],
+            "cycle": 2,
+            "error": None,
+        },
     ]
 
 
 def test_handover_names_gpu_clusters_bytes_phase_and_the_grant():
     found = check_log(handover_trace("params", "p/train", 1000), ["handover"])
     assert len(found) == 1 and found[0].seq == 5
-    assert found[0].message == ("GPU 0 granted to q_actor_train (signalled seq 5) still holds p_actor_train's params 1000 B "
-                                "(1000 B > residue 0 B), left by phase old_log_probs")
+    assert found[0].message == (
+        "GPU 0 granted to q_actor_train (signalled seq 5) still holds p_actor_train's params 1000 B "
+        "(1000 B > residue 0 B), left by phase old_log_probs"
+    )
 
 
 def test_handover_allows_contexts_documented_residue_and_the_same_cluster():
@@ -530,11 +942,20 @@ def test_handover_allows_contexts_documented_residue_and_the_same_cluster():
 
 
 def test_gpu_tenancy_fires_on_an_allocation_where_the_cluster_holds_nothing():
-    reg = lambda pid: {"seq": 0, "t": 0, "kind": "register", "pipeline_id": pid, "cluster_tp_configs": {"actor_train": 1},
-                       "cluster_device_mappings": {"actor_train": [0]}}
+    reg = lambda pid: {
+        "seq": 0,
+        "t": 0,
+        "kind": "register",
+        "pipeline_id": pid,
+        "cluster_tp_configs": {"actor_train": 1},
+        "cluster_device_mappings": {"actor_train": [0]},
+    }
     recs = [reg("p"), reg("q")] + handover_trace("params", "p/train", 1000)
     late = dict(recs[4], seq=6, t=6)  # p loads again after it released GPU 0 (now q's)
     found = check_log(recs + [late], ["gpu_tenancy"])
-    assert len(found) == 1 and found[0].message == "p_actor_train allocates params on GPU 0, which is held by q_actor_train"
+    assert (
+        len(found) == 1
+        and found[0].message == "p_actor_train allocates params on GPU 0, which is held by q_actor_train"
+    )
     assert check_log(recs, ["gpu_tenancy"]) == []
     assert check_log(recs[2:] + [late], ["gpu_tenancy"]) == []  # never registered: holds its GPUs outside the scheduler

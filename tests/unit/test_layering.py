@@ -57,8 +57,12 @@ def imported_names(source: str, module: str, is_package: bool = False) -> Iterat
             yield node.lineno, name
             for alias in node.names:  # `from x import y`: y may be a module
                 yield node.lineno, f"{name}.{alias.name}"
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             if called in ("import_module", "__import__"):
@@ -107,30 +111,39 @@ def test_the_user_surface_lives_above_the_runtimes():
     assert any(n.startswith("simulators.") for n in names)  # the scan sees lazy imports in this file
 
 
-LAZY = '''
+LAZY = """
 import os
 
 def cmd():
     if True:
         from simulators.run import simulate
     return simulate
-'''
+"""
 
 
-@pytest.mark.parametrize("source, module, is_package, expected", [
-    (LAZY, "harness.x", False, ["harness.x:6 imports simulators.run"]),
-    ("import gpu_gates.launch as g\n", "harness.x", False, ["harness.x:1 imports gpu_gates.launch"]),
-    ("import importlib\ndef f():\n    return importlib.import_module('simulators.scenario.spec')\n", "harness.x", False,
-     ["harness.x:3 imports simulators.scenario.spec"]),
-    ("x = __import__('gpu_gates')\n", "harness.x", False, ["harness.x:1 imports gpu_gates"]),
-    ("from harness.logs.replay import replay_file\nfrom . import simulators_like\n", "harness.x", False, []),
-])
+@pytest.mark.parametrize(
+    "source, module, is_package, expected",
+    [
+        (LAZY, "harness.x", False, ["harness.x:6 imports simulators.run"]),
+        ("import gpu_gates.launch as g\n", "harness.x", False, ["harness.x:1 imports gpu_gates.launch"]),
+        (
+            "import importlib\ndef f():\n    return importlib.import_module('simulators.scenario.spec')\n",
+            "harness.x",
+            False,
+            ["harness.x:3 imports simulators.scenario.spec"],
+        ),
+        ("x = __import__('gpu_gates')\n", "harness.x", False, ["harness.x:1 imports gpu_gates"]),
+        ("from harness.logs.replay import replay_file\nfrom . import simulators_like\n", "harness.x", False, []),
+    ],
+)
 def test_the_scan_finds_every_form_of_import(source, module, is_package, expected):
     assert layer_violations(source, module, FORBIDDEN["harness"], is_package) == expected
 
 
 def test_relative_imports_resolve_against_the_package():
-    names = [n for _, n in imported_names("from .. import limits\nfrom .cycle import plan\n", "harness.scheduler.model")]
+    names = [
+        n for _, n in imported_names("from .. import limits\nfrom .cycle import plan\n", "harness.scheduler.model")
+    ]
     assert names == ["harness", "harness.limits", "harness.scheduler.cycle", "harness.scheduler.cycle.plan"]
     names = [n for _, n in imported_names("from . import model\n", "harness.scheduler", is_package=True)]
     assert names == ["harness.scheduler", "harness.scheduler.model"]
@@ -139,15 +152,45 @@ def test_relative_imports_resolve_against_the_package():
 # -- harness/ is clock- and I/O-free -----------------------------------------------------
 
 #: modules (and their submodules) no module under harness/ may import or reach by attribute
-IO_MODULES = ("zmq", "ray", "multiprocessing", "socket", "subprocess", "torch.distributed", "transfer_queue",
-              "asyncio.subprocess", "mmap")
+IO_MODULES = (
+    "zmq",
+    "ray",
+    "multiprocessing",
+    "socket",
+    "subprocess",
+    "torch.distributed",
+    "transfer_queue",
+    "asyncio.subprocess",
+    "mmap",
+)
 
 #: dotted names that read the wall clock (or a process clock) or sleep
 CLOCK_NAMES = frozenset(
-    [f"time.{f}" for f in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns",
-                           "process_time", "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime",
-                           "clock_gettime_ns", "sleep", "localtime", "gmtime", "ctime", "asctime")]
-    + [f"datetime.datetime.{f}" for f in ("now", "utcnow", "today")] + ["datetime.date.today", "asyncio.sleep"])
+    [
+        f"time.{f}"
+        for f in (
+            "time",
+            "time_ns",
+            "monotonic",
+            "monotonic_ns",
+            "perf_counter",
+            "perf_counter_ns",
+            "process_time",
+            "process_time_ns",
+            "thread_time",
+            "thread_time_ns",
+            "clock_gettime",
+            "clock_gettime_ns",
+            "sleep",
+            "localtime",
+            "gmtime",
+            "ctime",
+            "asctime",
+        )
+    ]
+    + [f"datetime.datetime.{f}" for f in ("now", "utcnow", "today")]
+    + ["datetime.date.today", "asyncio.sleep"]
+)
 
 #: harness module -> why it may do what the rule forbids. Empty: no module needs an exception.
 IO_EXCEPTIONS: Dict[str, str] = {}
@@ -161,7 +204,9 @@ def _bound_names(tree: ast.AST) -> Dict[str, str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                bound[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -224,8 +269,23 @@ def harness_io_violations(root: str) -> Tuple[int, List[str]]:
 LOGS_PACKAGE = "harness.logs"
 
 #: modules (and their submodules) no module of the model core may import, beyond IO_MODULES
-CORE_FORBIDDEN = ("os", "io", "pathlib", "shutil", "tempfile", "glob", "threading", "_thread", "concurrent",
-                  "asyncio", "torch", "matplotlib", "signal", "gc", LOGS_PACKAGE)
+CORE_FORBIDDEN = (
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "glob",
+    "threading",
+    "_thread",
+    "concurrent",
+    "asyncio",
+    "torch",
+    "matplotlib",
+    "signal",
+    "gc",
+    LOGS_PACKAGE,
+)
 
 
 def _in_core(module: str) -> bool:
@@ -242,7 +302,11 @@ def core_violations(source: str, module: str, is_package: bool = False) -> List[
         if hit:
             found.setdefault(line, f"imports {name} (the model core may not use {hit})")
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("open", "print", "input"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("open", "print", "input")
+        ):
             found.setdefault(node.lineno, f"calls {node.func.id}() (the model core does no I/O)")
     return [f"{module}:{line} {what}" for line, what in sorted(found.items())]
 
@@ -263,8 +327,10 @@ def harness_core_violations(root: str) -> Tuple[int, List[str]]:
 def test_the_model_core_does_no_io_and_uses_no_threads_torch_or_plotting():
     count, found = harness_core_violations(ROOT)
     assert count > 40, f"the model core has only {count} modules: the scan looks in the wrong place"
-    assert not found, ("harness/'s model core must stay free of I/O, threads, torch and plotting (file I/O "
-                       "belongs in harness/logs/, real runtimes in simulators/ or gpu_gates/):\n" + "\n".join(found))
+    assert not found, (
+        "harness/'s model core must stay free of I/O, threads, torch and plotting (file I/O "
+        "belongs in harness/logs/, real runtimes in simulators/ or gpu_gates/):\n" + "\n".join(found)
+    )
 
 
 def test_the_log_readers_are_their_own_folder_above_the_core():
@@ -272,30 +338,39 @@ def test_the_log_readers_are_their_own_folder_above_the_core():
     assert {f"{LOGS_PACKAGE}.{n}" for n in ("invariants", "outputs", "replay", "importers", "writer")} <= set(logs)
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import threading\n", "imports threading (the model core may not use threading)"),
-    ("import torch\n", "imports torch (the model core may not use torch)"),
-    ("def f():\n    import matplotlib.pyplot as plt\n    return plt\n", "imports matplotlib.pyplot"),
-    ("def f(p):\n    with open(p) as fh:\n        return fh.read()\n", "calls open()"),
-    ("from pathlib import Path\n", "imports pathlib (the model core may not use pathlib)"),
-    ("from harness.logs.writer import EventLog\n", "imports harness.logs.writer"),
-    ("from concurrent.futures import ThreadPoolExecutor\n", "imports concurrent.futures"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import threading\n", "imports threading (the model core may not use threading)"),
+        ("import torch\n", "imports torch (the model core may not use torch)"),
+        ("def f():\n    import matplotlib.pyplot as plt\n    return plt\n", "imports matplotlib.pyplot"),
+        ("def f(p):\n    with open(p) as fh:\n        return fh.read()\n", "calls open()"),
+        ("from pathlib import Path\n", "imports pathlib (the model core may not use pathlib)"),
+        ("from harness.logs.writer import EventLog\n", "imports harness.logs.writer"),
+        ("from concurrent.futures import ThreadPoolExecutor\n", "imports concurrent.futures"),
+    ],
+)
 def test_the_core_scan_fires_on_each_kind_of_io(source, expected):
     found = core_violations(source, "harness.control.x")
     assert len(found) == 1 and expected in found[0], found
 
 
 def test_the_core_scan_accepts_pure_code():
-    assert core_violations("import math\nfrom harness.scheduler.types import Priority\nx = math.ceil(1.5)\n",
-                           "harness.control.x") == []
+    assert (
+        core_violations(
+            "import math\nfrom harness.scheduler.types import Priority\nx = math.ceil(1.5)\n", "harness.control.x"
+        )
+        == []
+    )
 
 
 def test_harness_imports_no_transport_and_reads_no_clock():
     count, found = harness_io_violations(ROOT)
     assert count > 50, f"harness/ has only {count} modules: the scan looks in the wrong place"
-    assert not found, ("harness/ must stay clock- and I/O-free (move real transports to gpu_gates/transports/, "
-                       "or list an exception with its reason in IO_EXCEPTIONS):\n" + "\n".join(found))
+    assert not found, (
+        "harness/ must stay clock- and I/O-free (move real transports to gpu_gates/transports/, "
+        "or list an exception with its reason in IO_EXCEPTIONS):\n" + "\n".join(found)
+    )
 
 
 def test_every_exception_names_a_module_that_exists_and_a_reason():
@@ -309,19 +384,31 @@ PLANTS = [
     ("import zmq\n", "top", "imports zmq (is a transport)"),
     ("import time\n\ndef _planted():\n    time.sleep(0.01)\n", "bottom", "uses time.sleep"),
     ("from time import perf_counter as _pc\n", "bottom", "imports time.perf_counter"),
-    ("import datetime as _dt\n\ndef _planted():\n    return _dt.datetime.now()\n", "bottom", "uses datetime.datetime.now"),
+    (
+        "import datetime as _dt\n\ndef _planted():\n    return _dt.datetime.now()\n",
+        "bottom",
+        "uses datetime.datetime.now",
+    ),
     ("def _planted():\n    import torch.distributed as dist\n    return dist\n", "bottom", "imports torch.distributed"),
-    ("import torch\n\ndef _planted(t):\n    torch.distributed.broadcast(t, 0)\n", "bottom", "uses torch.distributed.broadcast"),
-    ("def _planted():\n    from multiprocessing.managers import BaseManager\n    return BaseManager\n", "bottom",
-     "imports multiprocessing.managers"),
+    (
+        "import torch\n\ndef _planted(t):\n    torch.distributed.broadcast(t, 0)\n",
+        "bottom",
+        "uses torch.distributed.broadcast",
+    ),
+    (
+        "def _planted():\n    from multiprocessing.managers import BaseManager\n    return BaseManager\n",
+        "bottom",
+        "imports multiprocessing.managers",
+    ),
 ]
 
 
 @pytest.mark.parametrize("plant, where, message", PLANTS, ids=[p[2].split(" (")[0] for p in PLANTS])
 def test_a_planted_transport_or_clock_in_a_copy_of_harness_fails_the_check(tmp_path, plant, where, message):
     """The real check, run on a copy of harness/ in which one real module gained the plant."""
-    shutil.copytree(os.path.join(ROOT, "harness"), tmp_path / "harness",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.json"))
+    shutil.copytree(
+        os.path.join(ROOT, "harness"), tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__", "*.json")
+    )
     target = tmp_path / "harness" / "refit" / "stream.py"
     source = target.read_text(encoding="utf-8")
     assert harness_io_violations(str(tmp_path)) == harness_io_violations(ROOT)  # the copy is clean as it stands
@@ -335,16 +422,22 @@ def test_a_planted_transport_or_clock_in_a_copy_of_harness_fails_the_check(tmp_p
     assert len(found) == 1 and found[0].startswith("harness.refit.stream:") and message in found[0], found
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import time as t\nx = t.monotonic()\n", ["harness.x:2 uses time.monotonic (reads the clock or sleeps)"]),
-    ("from datetime import date\nd = date.today()\n", ["harness.x:2 uses datetime.date.today (reads the clock or sleeps)"]),
-    ("import socket\n", ["harness.x:1 imports socket (is a transport)"]),
-    ("import importlib\nz = importlib.import_module('zmq')\n", ["harness.x:2 imports zmq (is a transport)"]),
-    # not forbidden: a name that merely looks like one, a clock the runtime passes in, threading's lock
-    ("import threading\nlock = threading.Lock()\n", []),
-    ("def f(now):\n    return now.monotonic()\n", []),
-    ("from harness.control.effects import Sleep\nx = Sleep\n", []),
-    ("import torch\nx = torch.distributions\n", []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import time as t\nx = t.monotonic()\n", ["harness.x:2 uses time.monotonic (reads the clock or sleeps)"]),
+        (
+            "from datetime import date\nd = date.today()\n",
+            ["harness.x:2 uses datetime.date.today (reads the clock or sleeps)"],
+        ),
+        ("import socket\n", ["harness.x:1 imports socket (is a transport)"]),
+        ("import importlib\nz = importlib.import_module('zmq')\n", ["harness.x:2 imports zmq (is a transport)"]),
+        # not forbidden: a name that merely looks like one, a clock the runtime passes in, threading's lock
+        ("import threading\nlock = threading.Lock()\n", []),
+        ("def f(now):\n    return now.monotonic()\n", []),
+        ("from harness.control.effects import Sleep\nx = Sleep\n", []),
+        ("import torch\nx = torch.distributions\n", []),
+    ],
+)
 def test_the_clock_and_transport_scan_resolves_aliases(source, expected):
     assert io_violations(source, "harness.x") == expected

@@ -26,6 +26,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 # ---------------------------------------------------------------- valid logs
 
+
 @pytest.fixture(scope="module")
 def sim_log() -> List[dict]:
     from simulators.run import Simulation
@@ -69,7 +70,15 @@ def inject_cycle(records, i, *, shrinks=(), signals=(), expands=()) -> List[dict
     decisions then leave it)."""
     t = records[i]["t"]
     c = 10_000 + i
-    plan = {"seq": 0, "t": t, "kind": "plan", "cycle": c, "shrinks": list(shrinks), "signals": list(signals), "expands": list(expands)}
+    plan = {
+        "seq": 0,
+        "t": t,
+        "kind": "plan",
+        "cycle": c,
+        "shrinks": list(shrinks),
+        "signals": list(signals),
+        "expands": list(expands),
+    }
     h = holdings_at(records, i)
     h.apply_plan(plan, {"seq": 0, "skipped_stale": []}, lambda *a: None)
     new = [{"seq": 0, "t": t, "kind": "cycle_start", "cycle": c, "reason": "mutation"}, plan]
@@ -77,9 +86,31 @@ def inject_cycle(records, i, *, shrinks=(), signals=(), expands=()) -> List[dict
         for op in ops:
             pid = op["cluster_id"][: -len("_actor_infer")]
             ranks = [b["dp_rank"] for b in op["bundles"]]
-            new.append({"seq": 0, "t": t, "kind": "resize_start", "cycle": c, "pipeline_id": pid, "phase": phase, "dp_ranks": ranks})
-            new.append({"seq": 0, "t": t, "kind": "resize_end", "cycle": c, "pipeline_id": pid, "phase": phase, "dp_ranks": ranks})
-    new.append({"seq": 0, "t": t, "kind": "commit", "cycle": c, "idle_gpus": h.num_gpus - len(h.owner), "skipped_stale": []})
+            new.append(
+                {
+                    "seq": 0,
+                    "t": t,
+                    "kind": "resize_start",
+                    "cycle": c,
+                    "pipeline_id": pid,
+                    "phase": phase,
+                    "dp_ranks": ranks,
+                }
+            )
+            new.append(
+                {
+                    "seq": 0,
+                    "t": t,
+                    "kind": "resize_end",
+                    "cycle": c,
+                    "pipeline_id": pid,
+                    "phase": phase,
+                    "dp_ranks": ranks,
+                }
+            )
+    new.append(
+        {"seq": 0, "t": t, "kind": "commit", "cycle": c, "idle_gpus": h.num_gpus - len(h.owner), "skipped_stale": []}
+    )
     return records[:i] + new + records[i:]
 
 
@@ -96,12 +127,21 @@ def after_commit_where(records, pred) -> int:
 def effect_pair(records, effect, pred=lambda r: True, start=0):
     i = index(records, lambda r: r["kind"] == "effect_start" and r["effect"] == effect and pred(r), start)
     s = records[i]
-    j = index(records, lambda r: r["kind"] == "effect_end" and r["effect"] == effect and r["pipeline_id"] == s["pipeline_id"]
-              and r.get("scope") == s.get("scope"), i + 1)
+    j = index(
+        records,
+        lambda r: (
+            r["kind"] == "effect_end"
+            and r["effect"] == effect
+            and r["pipeline_id"] == s["pipeline_id"]
+            and r.get("scope") == s.get("scope")
+        ),
+        i + 1,
+    )
     return i, j
 
 
 # ---------------------------------------------------------------- mutations, one per check
+
 
 def m_gpu_ownership(log):
     c = next(r for r in log if r["kind"] == "commit")
@@ -123,8 +163,12 @@ def m_no_readd_in_cycle(log):
     cid = next(c for c in sorted(h.ranks) if h.ranks[c])
     r, gpus = sorted(h.ranks[cid].items())[0]
     bundle = [{"dp_rank": r, "gpus": gpus}]
-    log = inject_cycle(log, i, shrinks=[{"cluster_id": cid, "bundles": bundle}],
-                       expands=[{"cluster_id": cid, "has_pending_request": False, "bundles": bundle}])
+    log = inject_cycle(
+        log,
+        i,
+        shrinks=[{"cluster_id": cid, "bundles": bundle}],
+        expands=[{"cluster_id": cid, "has_pending_request": False, "bundles": bundle}],
+    )
     return log, "removed and re-added"
 
 
@@ -159,12 +203,37 @@ def m_grant_shape(log):
     i = after_commit_where(log, lambda h: _inactive_rank_and_foreign_idle_gpu(h) is not None)
     cid, r, g = _inactive_rank_and_foreign_idle_gpu(holdings_at(log, i))
     wrong = [{"dp_rank": r, "gpus": [g]}]
-    log = log[:i] + [{"seq": 0, "t": log[i - 1]["t"], "kind": "enqueued", "request_id": 99_999, "cluster_id": cid,
-                      "priority": "GENERATION"}] + log[i:]
+    log = (
+        log[:i]
+        + [
+            {
+                "seq": 0,
+                "t": log[i - 1]["t"],
+                "kind": "enqueued",
+                "request_id": 99_999,
+                "cluster_id": cid,
+                "priority": "GENERATION",
+            }
+        ]
+        + log[i:]
+    )
     log = inject_cycle(log, i + 1, expands=[{"cluster_id": cid, "has_pending_request": True, "bundles": wrong}])
     j = index(log, lambda x: x["kind"] == "commit" and x["cycle"] == 10_000 + i + 1, i) + 1
-    log.insert(j, {"seq": 0, "t": log[j - 1]["t"], "kind": "signalled", "request_id": 99_999, "waiter": "request",
-                   "cluster_id": cid, "priority": "GENERATION", "gpus": [g], "cycle": 10_000 + i + 1, "error": None})
+    log.insert(
+        j,
+        {
+            "seq": 0,
+            "t": log[j - 1]["t"],
+            "kind": "signalled",
+            "request_id": 99_999,
+            "waiter": "request",
+            "cluster_id": cid,
+            "priority": "GENERATION",
+            "gpus": [g],
+            "cycle": 10_000 + i + 1,
+            "error": None,
+        },
+    )
     j += 1
     log = inject_cycle(log, j, shrinks=[{"cluster_id": cid, "bundles": wrong}])
     return log, "its TP bundle is"
@@ -172,7 +241,13 @@ def m_grant_shape(log):
 
 def m_planned_release_ack(log):
     i = index(log, lambda r: r["kind"] == "release_pending")
-    j = index(log, lambda r: r["kind"] == "signalled" and r["waiter"] == "planned_release" and r["request_id"] == log[i]["request_id"], i)
+    j = index(
+        log,
+        lambda r: (
+            r["kind"] == "signalled" and r["waiter"] == "planned_release" and r["request_id"] == log[i]["request_id"]
+        ),
+        i,
+    )
     ack = log.pop(j)
     ack["cycle"] = None  # acked at once, while the cluster still holds its ranks
     log.insert(i + 1, ack)
@@ -192,7 +267,9 @@ def m_versions(log):
 
 
 def m_stale_serving(log):
-    pub = index(log, lambda r: r["kind"] == "effect_end" and r["effect"] == "PublishVersion" and r["args"]["version"] >= 1)
+    pub = index(
+        log, lambda r: r["kind"] == "effect_end" and r["effect"] == "PublishVersion" and r["args"]["version"] >= 1
+    )
     v = log[pub]["args"]["version"]
     i = index(log, lambda r: r["kind"] == "request_dispatch" and r.get("version") == v, pub)
     log[i]["version"] = v - 1  # dispatched to weights one version behind the published one
@@ -200,9 +277,19 @@ def m_stale_serving(log):
 
 
 def m_release_after_publish(log):
-    p = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "PublishVersion" and r["args"]["path"] == "active")
-    i = index(log, lambda r: r["kind"] == "effect_start" and r["effect"] == "ReleaseGpus" and r["args"].get("cluster") == "actor_train"
-              and r["pipeline_id"] == log[p]["pipeline_id"], p)
+    p = index(
+        log, lambda r: r["kind"] == "effect_start" and r["effect"] == "PublishVersion" and r["args"]["path"] == "active"
+    )
+    i = index(
+        log,
+        lambda r: (
+            r["kind"] == "effect_start"
+            and r["effect"] == "ReleaseGpus"
+            and r["args"].get("cluster") == "actor_train"
+            and r["pipeline_id"] == log[p]["pipeline_id"]
+        ),
+        p,
+    )
     log.insert(p, log.pop(i))  # actor_train released before the active publish
     return log, "before active refresh"
 
@@ -210,7 +297,12 @@ def m_release_after_publish(log):
 def m_step_order(log):
     i = index(log, lambda r: r["kind"] == "effect_start" and r.get("scope") == "step" and r.get("step") == 1)
     pid = log[i]["pipeline_id"]
-    j = index(log, lambda r: r["kind"] == "effect_start" and r.get("scope") == "step" and r.get("step") == 0 and r["pipeline_id"] == pid)
+    j = index(
+        log,
+        lambda r: (
+            r["kind"] == "effect_start" and r.get("scope") == "step" and r.get("step") == 0 and r["pipeline_id"] == pid
+        ),
+    )
     k = index(log, lambda r: r["kind"] == "effect_end" and r["pipeline_id"] == pid and r.get("step") == 0, j)
     log.insert(k, log.pop(i))  # step 1 starts while step 0's first effect is open
     return log, "unfinished"
@@ -232,9 +324,15 @@ def m_run_outcome(log):
 def m_vram(log):
     i = index(log, lambda r: r["kind"] == "vram" and r["mem"] == "kv_cache" and r["delta"] < 0)
     owner, gpu = log[i]["owner"], log[i]["gpu"]  # the ledger's own "used" figures are left as they were
-    j = index(log, lambda r: r["kind"] == "rank_state" and r["state"] == "asleep" and f"{r['pipeline_id']}/dp{r['dp_rank']}" == owner, i)
+    j = index(
+        log,
+        lambda r: (
+            r["kind"] == "rank_state" and r["state"] == "asleep" and f"{r['pipeline_id']}/dp{r['dp_rank']}" == owner
+        ),
+        i,
+    )
     del log[i]  # the KV cache is never freed: the rank sleeps with it resident
-    assert any(r["kind"] == "rank_state" and r["state"] == "asleep" and r["gpus"] == [gpu] for r in log[j - 1:])
+    assert any(r["kind"] == "rank_state" and r["state"] == "asleep" and r["gpus"] == [gpu] for r in log[j - 1 :])
     return log, "asleep keeps"
 
 
@@ -247,28 +345,51 @@ def m_sync_groups(log):
 def m_cache_lock(log):
     i = index(log, lambda r: r["kind"] == "cache_lock" and r["holder"] == "sync" and r["action"] == "acquire")
     pid, v = log[i]["pipeline_id"], log[i]["version"]
-    hold = [{"seq": 0, "t": log[i]["t"], "kind": "cache_lock", "pipeline_id": pid, "action": a, "holder": "build", "version": v + 5}
-            for a in ("acquire", "release")]
-    log[i + 1:i + 1] = hold  # a build inside the sync's hold
+    hold = [
+        {
+            "seq": 0,
+            "t": log[i]["t"],
+            "kind": "cache_lock",
+            "pipeline_id": pid,
+            "action": a,
+            "holder": "build",
+            "version": v + 5,
+        }
+        for a in ("acquire", "release")
+    ]
+    log[i + 1 : i + 1] = hold  # a build inside the sync's hold
     return log, "while the sync"
 
 
 MUTATIONS: Dict[str, Callable] = {
-    "gpu_ownership": m_gpu_ownership, "resize_order": m_resize_order, "no_readd_in_cycle": m_no_readd_in_cycle,
-    "plan_validation": m_plan_validation, "grant_shape": m_grant_shape, "planned_release_ack": m_planned_release_ack,
-    "activate_after_sync": m_activate_after_sync, "versions": m_versions, "stale_serving": m_stale_serving,
-    "release_after_publish": m_release_after_publish, "step_order": m_step_order, "routing": m_routing,
-    "run_outcome": m_run_outcome, "vram": m_vram, "sync_groups": m_sync_groups, "cache_lock": m_cache_lock,
+    "gpu_ownership": m_gpu_ownership,
+    "resize_order": m_resize_order,
+    "no_readd_in_cycle": m_no_readd_in_cycle,
+    "plan_validation": m_plan_validation,
+    "grant_shape": m_grant_shape,
+    "planned_release_ack": m_planned_release_ack,
+    "activate_after_sync": m_activate_after_sync,
+    "versions": m_versions,
+    "stale_serving": m_stale_serving,
+    "release_after_publish": m_release_after_publish,
+    "step_order": m_step_order,
+    "routing": m_routing,
+    "run_outcome": m_run_outcome,
+    "vram": m_vram,
+    "sync_groups": m_sync_groups,
+    "cache_lock": m_cache_lock,
 }
 # liveness needs a run that stalls for its 300 s window: a fault hook (test_liveness_... below)
 FAULT_HOOK_TESTED = {"liveness"}
 # a mutation whose damage another check must also see: a KV cache that is never freed is
 # still on its GPU when the scheduler grants that GPU to another cluster (handover), and
 # the wake there has less than the margin left beside it (handover_headroom)
-ALSO_FIRES = {"vram": {"handover", "handover_headroom"},
-              # a rank activated without its finalize resumes an engine whose update never ended (the table's
-              # resume_weights_not_ready, harness/control/engine_table.py)
-              "activate_after_sync": {"engine_transition"}}
+ALSO_FIRES = {
+    "vram": {"handover", "handover_headroom"},
+    # a rank activated without its finalize resumes an engine whose update never ended (the table's
+    # resume_weights_not_ready, harness/control/engine_table.py)
+    "activate_after_sync": {"engine_transition"},
+}
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
@@ -296,7 +417,9 @@ def test_planned_release_ack_mutation_on_the_roll_trace(roll_log):
     ack = log.pop(i)
     j -= 1
     # a cycle right after gives one shrunk rank back, and the ack moves to that cycle
-    log = inject_cycle(log, j, expands=[{"cluster_id": cid, "has_pending_request": False, "bundles": shrunk["bundles"][:1]}])
+    log = inject_cycle(
+        log, j, expands=[{"cluster_id": cid, "has_pending_request": False, "bundles": shrunk["bundles"][:1]}]
+    )
     k = index(log, lambda r: r["kind"] == "commit" and r["cycle"] == 10_000 + j)
     ack["cycle"] = 10_000 + j
     log.insert(k, ack)
@@ -308,7 +431,11 @@ def test_planned_release_ack_mutation_on_the_roll_trace(roll_log):
 
 
 def test_every_check_has_a_mutation_test():
-    others = [p for p in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True) if not p.endswith("test_mutations.py")]
+    others = [
+        p
+        for p in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)
+        if not p.endswith("test_mutations.py")
+    ]
     text = "".join(open(p, encoding="utf-8").read() for p in others)
     for name in CHECKS:
         if name in MUTATIONS or name in FAULT_HOOK_TESTED:
@@ -318,8 +445,10 @@ def test_every_check_has_a_mutation_test():
 
 # ---------------------------------------------------------------- fault hooks
 
+
 def _scenario(name):
     from simulators.scenario.loader import load_scenario
+
     return load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))
 
 

@@ -21,9 +21,16 @@ from simulators.scenario.loader import load_scenario
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # logs with findings of deadlock, lost_wakeup, hot_state, liveness (at the horizon),
 # engine_weights, sync_groups, vram, handover, planned_release_ack, ...
-SCENARIOS = ("wsg_trl6913_receiver_died", "wsg_vime329_slot_overwrite", "stuck_rollout_straggler",
-             "level2_partial_reload", "stranded_sync_group", "handover_old_log_probs_oom",
-             "miles_floor_reactivates_after_release", "starve_one_shot_generation")
+SCENARIOS = (
+    "wsg_trl6913_receiver_died",
+    "wsg_vime329_slot_overwrite",
+    "stuck_rollout_straggler",
+    "level2_partial_reload",
+    "stranded_sync_group",
+    "handover_old_log_probs_oom",
+    "miles_floor_reactivates_after_release",
+    "starve_one_shot_generation",
+)
 #: firing tests left out: each simulates a scenario of its own several times (seconds each)
 SLOW = ("test_in_flight_at_sleep_follows_rlix_premature_release_ack",)
 
@@ -31,7 +38,7 @@ SLOW = ("test_in_flight_at_sleep_follows_rlix_premature_release_ack",)
 def online(records, chunk, names=None):
     oracle = OnlineOracle(names)
     for i in range(0, len(records), chunk):
-        oracle(records[i:i + chunk])
+        oracle(records[i : i + chunk])
     return oracle.finish()
 
 
@@ -47,8 +54,13 @@ def test_online_findings_are_the_batch_findings(name, records):
 def _firing_tests():
     """The zero-argument and simply parametrized tests of the checks' firing suites."""
     import importlib
-    for mod_name in ("tests.unit.test_invariants", "tests.unit.test_engine_checks",
-                     "tests.unit.test_blind_spot_checks", "tests.unit.test_policy_checks"):
+
+    for mod_name in (
+        "tests.unit.test_invariants",
+        "tests.unit.test_engine_checks",
+        "tests.unit.test_blind_spot_checks",
+        "tests.unit.test_policy_checks",
+    ):
         mod = importlib.import_module(mod_name)
         if not hasattr(mod, "check_log"):
             continue
@@ -125,7 +137,7 @@ def test_completed_requests_kept_as_runs_answer_as_a_set():
         completed, reference = Completed(), set()
         ids = list(range(40))
         rng.shuffle(ids)
-        for n in ids[:rng.randint(0, 40)]:
+        for n in ids[: rng.randint(0, 40)]:
             req = (rng.choice("ab"), n)
             completed.add(req)
             reference.add(req)
@@ -141,7 +153,11 @@ def test_a_check_kept_whole_finds_what_the_batch_oracle_finds(monkeypatch):
 
     monkeypatch.setitem(online_module.WHOLE_HISTORY, "vram", "(a test: the kept-records path)")
     monkeypatch.setitem(online_module.WHOLE_HISTORY, "handover", "(a test: the kept-records path)")
-    records = Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", "handover_old_log_probs_oom.yaml"))).run().records
+    records = (
+        Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", "handover_old_log_probs_oom.yaml")))
+        .run()
+        .records
+    )
     want = run_checks(records, list(CHECKS))
     assert want["vram"] and want["handover"]
     assert online(records, 50) == want

@@ -34,7 +34,7 @@ def test_floats_add_left_to_right_without_compensation():
 
 def test_integers_stay_exact_integers_and_nothing_sums_to_the_integer_zero():
     assert ordered_sum([]) == 0 and type(ordered_sum([])) is int
-    assert ordered_sum([2 ** 70, 1, -(2 ** 70)]) == 1
+    assert ordered_sum([2**70, 1, -(2**70)]) == 1
     assert type(ordered_sum([1, 2.0])) is float
 
 

@@ -66,21 +66,34 @@ def test_bar_image_mixes_the_colours_by_coverage():
 def test_column_order_is_the_order_sort_canon_last_gives():
     rng = random.Random(5)
     n = 3000
-    items = [{"g": rng.randrange(4), "t": rng.choice([0.0, -0.0, 0.5, 1.25, 3.0]), "s": rng.randrange(3),
-              "label": rng.choice("ab"), "args": {"x": rng.randrange(3)}} for _ in range(n)]
+    items = [
+        {
+            "g": rng.randrange(4),
+            "t": rng.choice([0.0, -0.0, 0.5, 1.25, 3.0]),
+            "s": rng.randrange(3),
+            "label": rng.choice("ab"),
+            "args": {"x": rng.randrange(3)},
+        }
+        for _ in range(n)
+    ]
 
     def want(key):
         order = list(range(n))
         sort_canon_last(order, key, lambda i: items[i]["args"])
         return order
 
-    got = column_order([[it["g"] for it in items], [it["t"] for it in items], [it["s"] for it in items]],
-                       lambda i: (items[i]["label"],), lambda i: items[i]["args"])
+    got = column_order(
+        [[it["g"] for it in items], [it["t"] for it in items], [it["s"] for it in items]],
+        lambda i: (items[i]["label"],),
+        lambda i: items[i]["args"],
+    )
     assert got == want(lambda i: (items[i]["g"], items[i]["t"], items[i]["s"], items[i]["label"]))
     # a column numpy cannot sort as numbers (strings), or floats beyond exact integers: the slow path
-    got = column_order([[it["label"] for it in items], [it["g"] for it in items]], lambda i: (), lambda i: items[i]["args"])
+    got = column_order(
+        [[it["label"] for it in items], [it["g"] for it in items]], lambda i: (), lambda i: items[i]["args"]
+    )
     assert got == want(lambda i: (items[i]["label"], items[i]["g"]))
-    big = [2.0 ** 60 + i % 3 for i in range(n)]
+    big = [2.0**60 + i % 3 for i in range(n)]
     got = column_order([big, [it["g"] for it in items]], lambda i: (), lambda i: items[i]["args"])
     assert got == want(lambda i: (big[i], items[i]["g"]))
     assert column_order([[]], lambda i: (), lambda i: None) == []
@@ -103,7 +116,7 @@ def test_a_dense_picture_shows_kinds_lanes_markers_and_a_legend_of_what_is_drawn
 
     def colour(kind):
         c = KIND_STYLE[kind][1]
-        return np.array([int(c[i:i + 2], 16) for i in (1, 3, 5)])
+        return np.array([int(c[i : i + 2], 16) for i in (1, 3, 5)])
 
     def near(pixel, kind):
         return np.abs(pixel - colour(kind)).sum() <= 6
@@ -116,8 +129,8 @@ def test_a_dense_picture_shows_kinds_lanes_markers_and_a_legend_of_what_is_drawn
     assert near(at(20, 20, 0.4), "generate") and not near(at(20, 20, 0.75), "sync")
     assert (at(25, 60) >= 230).all()  # an idle GPU: background
     red = (rgb[:, :, 0] > 200) & (rgb[:, :, 1] < 40) & (rgb[:, :, 2] < 40)
-    assert red[:, :left + plot_w + 5].sum() > 10  # the OOM cross on its GPU
-    legend = rgb[:, left + plot_w + 10:]
+    assert red[:, : left + plot_w + 5].sum() > 10  # the OOM cross on its GPU
+    legend = rgb[:, left + plot_w + 10 :]
     for kind in ("train", "generate", "sync", "wake", "sleep"):
         assert (np.abs(legend - colour(kind)).sum(axis=2) <= 6).sum() > 20, kind
     # not drawn, not listed (the grey of "waiting" is also the grey of antialiased text)
@@ -151,8 +164,9 @@ def test_effect_intervals_are_built_with_every_field_of_the_dataclass():
 
     assert not hasattr(EffectInterval("p", "e", {}, None, None, None, (), 0.0, 1.0), "__dict__")  # slotted
     (iv,) = effect_intervals([r for r in _dense_log() if r["kind"] != "rank_state"][:3])
-    assert iv == EffectInterval("p0", "Compute", {"what": "train"}, "step", 1, None, tuple(range(8)), 0.0, 50.0,
-                                False, None, 1)
+    assert iv == EffectInterval(
+        "p0", "Compute", {"what": "train"}, "step", 1, None, tuple(range(8)), 0.0, 50.0, False, None, 1
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         iv.start = 1.0
 
@@ -164,8 +178,8 @@ def test_rank_intervals_are_built_with_every_field_of_the_dataclass():
 
     assert not hasattr(RankInterval("p", 0, (), 0.0, 1.0), "__dict__")  # slotted
     recs = [r for r in _dense_log() if r["kind"] == "rank_state"]
-    closed, = rank_intervals(recs, 90.0)
-    still_open, = rank_intervals(recs[:1], 80.0)
+    (closed,) = rank_intervals(recs, 90.0)
+    (still_open,) = rank_intervals(recs[:1], 80.0)
     gpus = tuple(range(8, 16)) + (20,)
     assert closed == RankInterval("p0", 0, gpus, 0.0, 100.0, None, False, recs[0]["seq"])
     assert still_open == RankInterval("p0", 0, gpus, 0.0, 80.0, None, True, recs[0]["seq"])
@@ -180,8 +194,11 @@ def test_new_slice_is_the_dataclass_with_every_field():
 
     fields = dict(gpu=3, start=1.5, end=2.0, kind="train", pipeline_id="p", label="Compute p", args={"a": 1}, seq=9)
     made = new_slice(*fields.values())
-    assert made == GpuSlice(**fields) and dataclasses.asdict(made) == fields and list(fields) == [
-        f.name for f in dataclasses.fields(GpuSlice)]
+    assert (
+        made == GpuSlice(**fields)
+        and dataclasses.asdict(made) == fields
+        and list(fields) == [f.name for f in dataclasses.fields(GpuSlice)]
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.gpu = 4
 

@@ -21,8 +21,15 @@ from harness.logs.outputs.timeline_rows import PIPELINE_BAND, row_image, row_lay
 from rlharness.cli import main
 from tests.cli.test_cli_error_contract import ROOT, run_error
 
-HEADER = {"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-          "cluster": {"nodes": 1, "gpus_per_node": 2}, "source": "replay"}
+HEADER = {
+    "seq": 0,
+    "t": 0.0,
+    "kind": "header",
+    "schema": "rlharness.eventlog",
+    "version": 1,
+    "cluster": {"nodes": 1, "gpus_per_node": 2},
+    "source": "replay",
+}
 
 
 def _decisions():
@@ -34,12 +41,29 @@ def _decisions():
     def add(t, kind, **f):
         recs.append({"seq": len(recs), "t": float(t), "kind": kind, **f})
 
-    add(1, "plan", cycle=1, shrinks=[], signals=[], expands=[
-        {"cluster_id": "a_actor_infer", "has_pending_request": True,
-         "bundles": [{"dp_rank": 0, "gpus": [0]}, {"dp_rank": 1, "gpus": [1]}]}])
+    add(
+        1,
+        "plan",
+        cycle=1,
+        shrinks=[],
+        signals=[],
+        expands=[
+            {
+                "cluster_id": "a_actor_infer",
+                "has_pending_request": True,
+                "bundles": [{"dp_rank": 0, "gpus": [0]}, {"dp_rank": 1, "gpus": [1]}],
+            }
+        ],
+    )
     add(1, "commit", cycle=1, idle_gpus=0, skipped_stale=[])
-    add(3, "plan", cycle=2, shrinks=[{"cluster_id": "a_actor_infer", "bundles": [{"dp_rank": 1, "gpus": [1]}]}],
-        signals=[{"cluster_id": "b_actor_train", "gpus": [1], "priority": "ACTOR_TRAINING"}], expands=[])
+    add(
+        3,
+        "plan",
+        cycle=2,
+        shrinks=[{"cluster_id": "a_actor_infer", "bundles": [{"dp_rank": 1, "gpus": [1]}]}],
+        signals=[{"cluster_id": "b_actor_train", "gpus": [1], "priority": "ACTOR_TRAINING"}],
+        expands=[],
+    )
     add(3, "commit", cycle=2, idle_gpus=0, skipped_stale=[])
     add(5, "released", cluster_id="a_actor_infer", gpus=[0], reason="release")
     add(8, "enqueued", request_id=9, cluster_id="a_actor_infer", priority="GENERATION")
@@ -61,7 +85,7 @@ def _rgb(png: bytes) -> np.ndarray:
 
 
 def _count(rgb, colour: str) -> int:
-    want = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    want = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
     return int((np.abs(rgb - want).sum(axis=2) <= 6).sum())
 
 
@@ -97,13 +121,24 @@ def test_export_of_an_input_trace_replays_it(tmp_path, capsys):
 def test_a_log_with_nothing_to_draw_is_refused(tmp_path, capsys):
     log = tmp_path / "h.jsonl"
     log.write_text(__import__("json").dumps(HEADER) + "\n")
-    run_error(["export", str(log), "--png", str(tmp_path / "h.png"), "--perfetto", str(tmp_path / "h.json")], capsys,
-              "--png", "no work intervals and no scheduler records to draw")
+    run_error(
+        ["export", str(log), "--png", str(tmp_path / "h.png"), "--perfetto", str(tmp_path / "h.json")],
+        capsys,
+        "--png",
+        "no work intervals and no scheduler records to draw",
+    )
     assert sorted(os.listdir(tmp_path)) == ["h.jsonl"]
 
 
-@pytest.mark.parametrize("source,label", [("simulator", "simulated time (s)"), ("gate:dual_pipeline", "time (s)"),
-                                          ("replay", "time (s)"), ("rlix-log", "time (s)")])
+@pytest.mark.parametrize(
+    "source,label",
+    [
+        ("simulator", "simulated time (s)"),
+        ("gate:dual_pipeline", "time (s)"),
+        ("replay", "time (s)"),
+        ("rlix-log", "time (s)"),
+    ],
+)
 def test_only_a_simulators_log_has_simulated_time(source, label):
     assert time_label(RunView([dict(HEADER, source=source)])) == label
 
@@ -124,8 +159,20 @@ def test_a_node_row_mixes_its_gpus():
     red, blue, pale, grey = (1.0, 0, 0), (0, 0, 1.0), (0.5, 1.0, 0.5), (0.5, 0.5, 0.5)
     x0, x1 = np.array([0.0, 0.0, 0.0]), np.array([10.0, 5.0, 5.0])
     rows = np.array([0, 1, 1])
-    image = row_image(x0, x1, rows.astype(float), rows + 1.0, rows, np.array([2, 2]), np.array([0, 0, 1]),
-                      [red, blue], np.array([0, 1, 1]), [pale, grey], 10, 8)
+    image = row_image(
+        x0,
+        x1,
+        rows.astype(float),
+        rows + 1.0,
+        rows,
+        np.array([2, 2]),
+        np.array([0, 0, 1]),
+        [red, blue],
+        np.array([0, 1, 1]),
+        [pale, grey],
+        10,
+        8,
+    )
     assert image.shape == (8, 10, 4)
     band = int(PIPELINE_BAND * 4)  # pixel rows 0..band-1 of each 4-pixel row are the pipeline band
     assert image[0, 0].tolist() == [128, 255, 128, 128]  # row 0's band: pipeline 0, half its GPUs busy

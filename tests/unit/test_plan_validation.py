@@ -45,7 +45,9 @@ def _entry(pid, **clusters):
 
 
 def _gen(cid, gpu_ids, active, mapping):
-    return ClusterAllocation(cid, list(gpu_ids), Priority.GENERATION, set(active), {k: list(v) for k, v in mapping.items()})
+    return ClusterAllocation(
+        cid, list(gpu_ids), Priority.GENERATION, set(active), {k: list(v) for k, v in mapping.items()}
+    )
 
 
 def baseline():
@@ -93,8 +95,9 @@ def test_shrink_then_grant_of_freed_gpu_passes():
     # Simulation order is shrinks -> removes -> grants -> expands, so a grant may use a
     # GPU freed by a shrink in the same plan.
     registry, allocations, idle = baseline()
-    plan = ExecutionPlan(shrinks=[ShrinkOp(P_INF, [0, 1])],
-                         signals=[SignalOp(P_TRN, [0, 1, 2, 3], Priority.ACTOR_TRAINING, None, 1)])
+    plan = ExecutionPlan(
+        shrinks=[ShrinkOp(P_INF, [0, 1])], signals=[SignalOp(P_TRN, [0, 1, 2, 3], Priority.ACTOR_TRAINING, None, 1)]
+    )
     run(plan, registry, allocations, idle)
 
 
@@ -111,7 +114,9 @@ def c1_dup_expand(reg, al, idle):
 
 
 def c1_dup_signal(reg, al, idle):
-    return ExecutionPlan(signals=[SignalOp(P_TRN, [2], Priority.INITIALIZATION), SignalOp(P_TRN, [3], Priority.INITIALIZATION)])
+    return ExecutionPlan(
+        signals=[SignalOp(P_TRN, [2], Priority.INITIALIZATION), SignalOp(P_TRN, [3], Priority.INITIALIZATION)]
+    )
 
 
 def c2_shrink_non_gen_name(reg, al, idle):
@@ -232,18 +237,35 @@ def c11_expand_unregistered_pipeline(reg, al, idle):
 
 
 CASES = [
-    (1, c1_dup_shrink), (1, c1_dup_expand), (1, c1_dup_signal),
-    (2, c2_shrink_non_gen_name), (2, c2_expand_non_gen_name), (2, c2_shrink_gen_cluster_allocated_at_init),
-    (3, c3_granted_and_removed), (3, c3_expanded_and_removed),
-    (4, c4_idle_overlaps_allocated_on_entry), (4, c4_grant_of_non_idle_gpu), (4, c4_expand_onto_non_idle_gpu),
-    (5, c5_shrink_inactive_rank), (5, c5_expand_active_rank),
-    (6, c6_grant_outside_mapping), (6, c6_expand_bundle_not_tp), (6, c6_gpu_twice_in_expand), (6, c6_shrunk_rank_without_bundle),
-    (7, c7_rank_beyond_max_dp), (7, c7_negative_rank), (7, c7_active_count_exceeds_max_dp),
-    (8, c8_universe_gpu_unaccounted), (8, c8_shrink_frees_gpu_outside_universe),
+    (1, c1_dup_shrink),
+    (1, c1_dup_expand),
+    (1, c1_dup_signal),
+    (2, c2_shrink_non_gen_name),
+    (2, c2_expand_non_gen_name),
+    (2, c2_shrink_gen_cluster_allocated_at_init),
+    (3, c3_granted_and_removed),
+    (3, c3_expanded_and_removed),
+    (4, c4_idle_overlaps_allocated_on_entry),
+    (4, c4_grant_of_non_idle_gpu),
+    (4, c4_expand_onto_non_idle_gpu),
+    (5, c5_shrink_inactive_rank),
+    (5, c5_expand_active_rank),
+    (6, c6_grant_outside_mapping),
+    (6, c6_expand_bundle_not_tp),
+    (6, c6_gpu_twice_in_expand),
+    (6, c6_shrunk_rank_without_bundle),
+    (7, c7_rank_beyond_max_dp),
+    (7, c7_negative_rank),
+    (7, c7_active_count_exceeds_max_dp),
+    (8, c8_universe_gpu_unaccounted),
+    (8, c8_shrink_frees_gpu_outside_universe),
     (9, c9_gpu_freed_twice),
-    (10, c10_rank_already_mapped), (10, c10_gpu_owned_by_two_clusters),
-    (11, c11_remove_unknown_cluster), (11, c11_shrink_cluster_without_allocation),
-    (11, c11_signal_unregistered_pipeline), (11, c11_expand_unregistered_pipeline),
+    (10, c10_rank_already_mapped),
+    (10, c10_gpu_owned_by_two_clusters),
+    (11, c11_remove_unknown_cluster),
+    (11, c11_shrink_cluster_without_allocation),
+    (11, c11_signal_unregistered_pipeline),
+    (11, c11_expand_unregistered_pipeline),
 ]
 
 
@@ -377,6 +399,7 @@ def test_failed_model_rejects_every_later_input(monkeypatch):
 
 # --------------------------------------------------------------------------- the union shortcut
 
+
 def _perturb_none(reg, al, idle):
     return None
 
@@ -405,13 +428,23 @@ def _perturb_no_universe(reg, al, idle):
     return set()
 
 
-PERTURBATIONS = [_perturb_none, _perturb_idle_overlap, _perturb_gpu_unaccounted, _perturb_double_owner,
-                 _perturb_gpu_twice_in_one_list, _perturb_unmapped_idle, _perturb_no_universe]
+PERTURBATIONS = [
+    _perturb_none,
+    _perturb_idle_overlap,
+    _perturb_gpu_unaccounted,
+    _perturb_double_owner,
+    _perturb_gpu_twice_in_one_list,
+    _perturb_unmapped_idle,
+    _perturb_no_universe,
+]
 PLANS = [make for _, make in CASES] + [
-    lambda reg, al, idle: valid_plan(), lambda reg, al, idle: ExecutionPlan(),
+    lambda reg, al, idle: valid_plan(),
+    lambda reg, al, idle: ExecutionPlan(),
     lambda reg, al, idle: ExecutionPlan(shrinks=[ShrinkOp(Q_INF, [])]),
-    lambda reg, al, idle: ExecutionPlan(shrinks=[ShrinkOp(P_INF, [0, 1])],
-                                        signals=[SignalOp(P_TRN, [0, 1, 2, 3], Priority.ACTOR_TRAINING, None, 1)])]
+    lambda reg, al, idle: ExecutionPlan(
+        shrinks=[ShrinkOp(P_INF, [0, 1])], signals=[SignalOp(P_TRN, [0, 1, 2, 3], Priority.ACTOR_TRAINING, None, 1)]
+    ),
+]
 
 
 def _outcome(make, perturb):

@@ -29,6 +29,7 @@ from harness.scheduler.types import (
     Priority,
     ShrinkOp,
 )
+
 try:
     from oracle_gap_ratio import OracleLimitExceeded, oracle_gap_ratio
 except ImportError:  # e.g. --import-mode=importlib: the test directory is not on sys.path
@@ -40,6 +41,7 @@ except ImportError:  # e.g. --import-mode=importlib: the test directory is not o
 
 
 # ----------------------------------------------------------------------------- inputs
+
 
 @dataclass
 class PlannerCase:
@@ -59,11 +61,15 @@ class PlannerCase:
         lines = []
         for pid, e in self.registry.items():
             a = self.allocations.get(f"{pid}_actor_infer")
-            lines.append(f"{pid}: tp={e.infer.tp_size} map={list(e.infer.device_mapping)} "
-                         f"alloc={None if a is None else (a.priority.name, sorted(a.active_dp_ranks))} "
-                         f"pending={self.pending_gen.get(pid + '_actor_infer', 'no')} totals={self.totals.get(pid)}")
-        lines.append(f"idle={sorted(self.idle)} reserved={sorted(self.non_gen_reserved)} "
-                     f"shrinks={[(o.cluster_id, o.dp_ranks_to_remove) for o in self.shrinks]} eps={self.epsilon}")
+            lines.append(
+                f"{pid}: tp={e.infer.tp_size} map={list(e.infer.device_mapping)} "
+                f"alloc={None if a is None else (a.priority.name, sorted(a.active_dp_ranks))} "
+                f"pending={self.pending_gen.get(pid + '_actor_infer', 'no')} totals={self.totals.get(pid)}"
+            )
+        lines.append(
+            f"idle={sorted(self.idle)} reserved={sorted(self.non_gen_reserved)} "
+            f"shrinks={[(o.cluster_id, o.dp_ranks_to_remove) for o in self.shrinks]} eps={self.epsilon}"
+        )
         return "\n".join(lines)
 
 
@@ -76,17 +82,26 @@ def gen_alloc(pid: str, e: PipelineEntry, ranks, priority=Priority.GENERATION) -
     cfg = e.infer
     ranks = set(ranks)
     gpus = sorted(g for r in ranks for g in cfg.bundle(r))
-    return ClusterAllocation(f"{pid}_actor_infer", gpus, priority, set(ranks),
-                             {r: cfg.bundle(r) for r in ranks})
+    return ClusterAllocation(f"{pid}_actor_infer", gpus, priority, set(ranks), {r: cfg.bundle(r) for r in ranks})
 
 
 def run_production(case: PlannerCase):
     plan = ExecutionPlan(shrinks=copy.deepcopy(case.shrinks), clusters_to_remove=set(case.clusters_to_remove))
     try:
-        res = gap_ratio_plan(plan, GapRatioInputs(
-            registry=case.registry, allocations=case.allocations, non_gen_reserved=set(case.non_gen_reserved),
-            idle=set(case.idle), pending_gen=dict(case.pending_gen), progress_totals=lambda pid: case.totals.get(pid, (0.0, 0.0)),
-            epsilon=case.epsilon, max_iterations=case.max_iterations, max_activations=case.max_activations))
+        res = gap_ratio_plan(
+            plan,
+            GapRatioInputs(
+                registry=case.registry,
+                allocations=case.allocations,
+                non_gen_reserved=set(case.non_gen_reserved),
+                idle=set(case.idle),
+                pending_gen=dict(case.pending_gen),
+                progress_totals=lambda pid: case.totals.get(pid, (0.0, 0.0)),
+                epsilon=case.epsilon,
+                max_iterations=case.max_iterations,
+                max_activations=case.max_activations,
+            ),
+        )
     except PlannerLimitExceeded:
         return "limit"
     return summarize(plan, res.idle)
@@ -96,9 +111,17 @@ def run_oracle(case: PlannerCase):
     plan = ExecutionPlan(shrinks=copy.deepcopy(case.shrinks), clusters_to_remove=set(case.clusters_to_remove))
     try:
         idle = oracle_gap_ratio(
-            plan, registry=case.registry, allocations=case.allocations, non_gen_reserved=set(case.non_gen_reserved),
-            idle=set(case.idle), pending_gen=dict(case.pending_gen), progress_totals=lambda pid: case.totals.get(pid, (0.0, 0.0)),
-            epsilon=case.epsilon, max_iterations=case.max_iterations, max_activations=case.max_activations)
+            plan,
+            registry=case.registry,
+            allocations=case.allocations,
+            non_gen_reserved=set(case.non_gen_reserved),
+            idle=set(case.idle),
+            pending_gen=dict(case.pending_gen),
+            progress_totals=lambda pid: case.totals.get(pid, (0.0, 0.0)),
+            epsilon=case.epsilon,
+            max_iterations=case.max_iterations,
+            max_activations=case.max_activations,
+        )
     except OracleLimitExceeded:
         return "limit"
     return summarize(plan, idle)
@@ -107,8 +130,10 @@ def run_oracle(case: PlannerCase):
 def summarize(plan: ExecutionPlan, idle: Set[int]):
     return {
         "shrinks": [(op.cluster_id, list(op.dp_ranks_to_remove)) for op in plan.shrinks],
-        "expands": [(op.cluster_id, [(r, list(g)) for r, g in op.dp_rank_to_gpus.items()],
-                     op.has_pending_request, op.tp_size) for op in plan.expands],
+        "expands": [
+            (op.cluster_id, [(r, list(g)) for r, g in op.dp_rank_to_gpus.items()], op.has_pending_request, op.tp_size)
+            for op in plan.expands
+        ],
         "idle": sorted(idle),
     }
 
@@ -116,11 +141,14 @@ def summarize(plan: ExecutionPlan, idle: Set[int]):
 def assert_same(case: PlannerCase):
     expected = run_oracle(case)
     actual = run_production(case)
-    assert actual == expected, f"planner differs from the oracle on\n{case.describe()}\noracle={expected}\nplanner={actual}"
+    assert actual == expected, (
+        f"planner differs from the oracle on\n{case.describe()}\noracle={expected}\nplanner={actual}"
+    )
     return expected
 
 
 # ----------------------------------------------------------------------------- strategy
+
 
 def rarely(one_in: int):
     """True about once in ``one_in`` draws (False is the simplest value, so it shrinks to False)."""
@@ -183,7 +211,9 @@ def planner_cases(draw) -> PlannerCase:
         e = registry[pid]
         m = set(e.infer.device_mapping)
         if draw(rarely(12)) and not (m & set(owner)):
-            allocations[f"{pid}_actor_infer"] = gen_alloc(pid, e, range(e.infer.max_dp_workers), Priority.INITIALIZATION)
+            allocations[f"{pid}_actor_infer"] = gen_alloc(
+                pid, e, range(e.infer.max_dp_workers), Priority.INITIALIZATION
+            )
             reserved |= m
             for g in m:
                 owner[g] = pid
@@ -245,8 +275,13 @@ def planner_cases(draw) -> PlannerCase:
         cid = f"{pid}_actor_infer"
         if not draw(rarely(4)):
             est_kind = draw(st.sampled_from(["pos", "pos", "pos", "pos", "none", "nonpos"]))
-            pending[cid] = (draw(st.integers(1, 40)) if est_kind == "pos"
-                            else None if est_kind == "none" else draw(st.integers(-2, 0)))
+            pending[cid] = (
+                draw(st.integers(1, 40))
+                if est_kind == "pos"
+                else None
+                if est_kind == "none"
+                else draw(st.integers(-2, 0))
+            )
         kind = draw(st.sampled_from(["none", "int", "int", "frac"]))
         if kind == "int":
             req = draw(st.integers(1, 24))
@@ -277,6 +312,7 @@ def test_planner_matches_reference_oracle(case: PlannerCase):
 
 # ----------------------------------------------------------------------------- explicit cases
 
+
 def case_of(pipes, *, idle, active=None, reserved=(), pending=None, totals=None, shrinks=(), empty_allocs=(), eps=0.0):
     registry = {pid: entry(pid, tp, mapping) for pid, (tp, mapping) in pipes.items()}
     allocations = {}
@@ -284,9 +320,17 @@ def case_of(pipes, *, idle, active=None, reserved=(), pending=None, totals=None,
         allocations[f"{pid}_actor_infer"] = gen_alloc(pid, registry[pid], ranks)
     for pid in empty_allocs:
         allocations[f"{pid}_actor_infer"] = gen_alloc(pid, registry[pid], [])
-    return PlannerCase(registry, allocations, set(reserved), set(idle),
-                       {f"{k}_actor_infer": v for k, v in (pending or {}).items()}, dict(totals or {}),
-                       [ShrinkOp(c, list(r)) for c, r in shrinks], set(), eps)
+    return PlannerCase(
+        registry,
+        allocations,
+        set(reserved),
+        set(idle),
+        {f"{k}_actor_infer": v for k, v in (pending or {}).items()},
+        dict(totals or {}),
+        [ShrinkOp(c, list(r)) for c, r in shrinks],
+        set(),
+        eps,
+    )
 
 
 def test_free_ranks_first_single_pipeline():
@@ -298,8 +342,13 @@ def test_free_ranks_first_single_pipeline():
 
 def test_slow_path_donor_needed_no_free_rank():
     # a holds everything, is nearly done; b starts with a large estimate: b's ranks need donors
-    c = case_of({"a": (1, [0, 1, 2, 3]), "b": (1, [0, 1, 2, 3])}, idle=set(),
-                active={"a": [0, 1, 2, 3]}, pending={"b": 10}, totals={"a": (1.0, 10.0)})
+    c = case_of(
+        {"a": (1, [0, 1, 2, 3]), "b": (1, [0, 1, 2, 3])},
+        idle=set(),
+        active={"a": [0, 1, 2, 3]},
+        pending={"b": 10},
+        totals={"a": (1.0, 10.0)},
+    )
     out = assert_same(c)
     assert out["shrinks"] and out["shrinks"][0][0] == "a_actor_infer"
     assert out["expands"][0][0] == "b_actor_infer"
@@ -308,8 +357,13 @@ def test_slow_path_donor_needed_no_free_rank():
 def test_donor_leftovers_tp_mismatch():
     # donor a has tp=2 bundles [0,1],[2,3]; receiver b has tp=1 ranks on GPUs 1 and 3 only:
     # taking a's bundle [0,1] for b's GPU 1 leaves GPU 0 idle (a leftover nobody asked for)
-    c = case_of({"a": (2, [0, 1, 2, 3]), "b": (1, [1, 3])}, idle=set(),
-                active={"a": [0, 1]}, pending={"b": 30}, totals={"a": (1.0, 10.0)})
+    c = case_of(
+        {"a": (2, [0, 1, 2, 3]), "b": (1, [1, 3])},
+        idle=set(),
+        active={"a": [0, 1]},
+        pending={"b": 30},
+        totals={"a": (1.0, 10.0)},
+    )
     out = assert_same(c)
     assert out["shrinks"] == [("a_actor_infer", [0])]
     assert out["expands"] == [("b_actor_infer", [(0, [1])], True, 1)]
@@ -319,39 +373,62 @@ def test_donor_leftovers_tp_mismatch():
 def test_donor_leftovers_are_reused_by_a_misaligned_tp2_receiver():
     # a: tp=2 [0,1],[2,3],[4,5]; c: tp=2 misaligned groups [1,2],[3,4]; leftovers of one
     # donor bundle are combined with a second donor bundle
-    c = case_of({"a": (2, [0, 1, 2, 3, 4, 5]), "c": (2, [1, 2, 3, 4])}, idle=set(),
-                active={"a": [0, 1, 2]}, pending={"c": 40}, totals={"a": (0.5, 10.0)})
+    c = case_of(
+        {"a": (2, [0, 1, 2, 3, 4, 5]), "c": (2, [1, 2, 3, 4])},
+        idle=set(),
+        active={"a": [0, 1, 2]},
+        pending={"c": 40},
+        totals={"a": (0.5, 10.0)},
+    )
     out = assert_same(c)
     assert out["expands"] and out["expands"][0][0] == "c_actor_infer"
 
 
 def test_shrink_budget_limits_donation_per_pipeline():
-    c = case_of({"a": (1, [0, 1, 2, 3, 4, 5]), "b": (2, [0, 1, 2, 3, 4, 5])}, idle=set(),
-                active={"a": [0, 1, 2, 3, 4, 5]}, pending={"b": 5}, totals={"a": (5.0, 10.0)})
+    c = case_of(
+        {"a": (1, [0, 1, 2, 3, 4, 5]), "b": (2, [0, 1, 2, 3, 4, 5])},
+        idle=set(),
+        active={"a": [0, 1, 2, 3, 4, 5]},
+        pending={"b": 5},
+        totals={"a": (5.0, 10.0)},
+    )
     assert_same(c)
 
 
 def test_donor_preference_by_percent_remaining():
     # two donors; receiver c can take a bundle from either a (nearly done) or b (lots left)
-    c = case_of({"a": (1, [0, 1]), "b": (1, [2, 3]), "c": (1, [0, 2])}, idle=set(),
-                active={"a": [0, 1], "b": [0, 1]}, pending={"c": 50},
-                totals={"a": (1.0, 10.0), "b": (9.0, 10.0)})
+    c = case_of(
+        {"a": (1, [0, 1]), "b": (1, [2, 3]), "c": (1, [0, 2])},
+        idle=set(),
+        active={"a": [0, 1], "b": [0, 1]},
+        pending={"c": 50},
+        totals={"a": (1.0, 10.0), "b": (9.0, 10.0)},
+    )
     out = assert_same(c)
     assert out["expands"][0][0] == "c_actor_infer"
 
 
 def test_pre_existing_shrinks_are_protected_and_merged():
-    c = case_of({"a": (1, [0, 1, 2, 3]), "b": (1, [0, 1, 2, 3])}, idle={3},
-                active={"a": [0, 1, 2, 3]}, pending={"b": 10}, totals={"a": (2.0, 10.0)},
-                shrinks=[("a_actor_infer", [3])])
+    c = case_of(
+        {"a": (1, [0, 1, 2, 3]), "b": (1, [0, 1, 2, 3])},
+        idle={3},
+        active={"a": [0, 1, 2, 3]},
+        pending={"b": 10},
+        totals={"a": (2.0, 10.0)},
+        shrinks=[("a_actor_infer", [3])],
+    )
     out = assert_same(c)
     assert out["shrinks"][0][0] == "a_actor_infer" and out["shrinks"][0][1][0] == 3
 
 
 def test_ineligible_receiver_mutates_no_donor():
     # b has progress but no pending request and no allocation: never a receiver
-    c = case_of({"a": (1, [0, 1]), "b": (1, [0, 1])}, idle=set(), active={"a": [0, 1]},
-                totals={"a": (1.0, 10.0), "b": (10.0, 10.0)})
+    c = case_of(
+        {"a": (1, [0, 1]), "b": (1, [0, 1])},
+        idle=set(),
+        active={"a": [0, 1]},
+        totals={"a": (1.0, 10.0), "b": (10.0, 10.0)},
+    )
     out = assert_same(c)
     assert out["shrinks"] == [] and out["expands"] == []
 

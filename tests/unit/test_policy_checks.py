@@ -16,12 +16,26 @@ WAIT = {"pipeline_id": "p", "effect": "WaitBatch", "args": {}, "scope": "step", 
 
 
 def _log(scheduler, gpus, registrations, middle=()):
-    head = {"seq": 0, "t": 0.0, "kind": "header", "schema": "rlharness.eventlog", "version": 1,
-            "cluster": {"nodes": 1, "gpus_per_node": gpus}, "source": "simulator", "scheduler": scheduler}
-    regs = [{"t": 0.0, "kind": "register", "pipeline_id": pid,
-             "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
-             "cluster_device_mappings": {"actor_train": train, "actor_infer": infer}}
-            for pid, train, infer in registrations]
+    head = {
+        "seq": 0,
+        "t": 0.0,
+        "kind": "header",
+        "schema": "rlharness.eventlog",
+        "version": 1,
+        "cluster": {"nodes": 1, "gpus_per_node": gpus},
+        "source": "simulator",
+        "scheduler": scheduler,
+    }
+    regs = [
+        {
+            "t": 0.0,
+            "kind": "register",
+            "pipeline_id": pid,
+            "cluster_tp_configs": {"actor_train": 1, "actor_infer": 1},
+            "cluster_device_mappings": {"actor_train": train, "actor_infer": infer},
+        }
+        for pid, train, infer in registrations
+    ]
     end = {"t": 100.0, "kind": "sim_end", "reason": "done", "sim_time": 100.0, "events": 3}
     body = regs + list(middle) + [dict(WAIT, t=1.0, kind="effect_start"), dict(WAIT, t=90.0, kind="effect_end"), end]
     return reseq([head] + [dict({"seq": 0}, **r) for r in body])
@@ -42,9 +56,16 @@ def test_static_partition_counts_only_bundles_inside_the_part():
 
 
 def _q_holds_gpu(g):
-    plan = {"t": 0.5, "kind": "plan", "cycle": 1, "shrinks": [], "signals": [],
-            "expands": [{"cluster_id": "q_actor_infer", "has_pending_request": True,
-                         "bundles": [{"dp_rank": 0, "gpus": [g]}]}]}
+    plan = {
+        "t": 0.5,
+        "kind": "plan",
+        "cycle": 1,
+        "shrinks": [],
+        "signals": [],
+        "expands": [
+            {"cluster_id": "q_actor_infer", "has_pending_request": True, "bundles": [{"dp_rank": 0, "gpus": [g]}]}
+        ],
+    }
     return [plan, {"t": 0.5, "kind": "commit", "cycle": 1, "idle_gpus": 2, "skipped_stale": []}]
 
 
@@ -70,8 +91,9 @@ def test_default_options_write_no_policy_keys_so_old_headers_keep_their_bytes():
     assert not {"policy", "partition", "groups"} & set(SchedulerOptions().to_mapping())
     rr = SchedulerOptions.from_mapping({"policy": "round_robin", "groups": [["a", "b"]]}).to_mapping()
     assert rr["policy"] == "round_robin" and rr["groups"] == [["a", "b"]]
-    assert SchedulerOptions.from_mapping(rr) == SchedulerOptions.from_mapping({"policy": "round_robin",
-                                                                               "groups": [["a", "b"]]})
+    assert SchedulerOptions.from_mapping(rr) == SchedulerOptions.from_mapping(
+        {"policy": "round_robin", "groups": [["a", "b"]]}
+    )
 
 
 def test_policy_figures_by_hand():
@@ -79,23 +101,49 @@ def test_policy_figures_by_hand():
     0-8 s with request 1 in flight 2-5 s: 3 GPU-s serving. A plan at 4 s shrinks that rank
     for q's training while request 1 is in flight: one preemption; a plan at 6 s shrinks it
     again with nothing in flight: none."""
-    rs = [{"t": 0.0, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": "routable", "gpus": [0]},
-          {"t": 2.0, "kind": "request_dispatch", "pipeline_id": "p", "request": 1, "dp_rank": 0},
-          {"t": 4.0, "kind": "plan", "cycle": 1, "shrinks": [{"cluster_id": "p_actor_infer",
-                                                               "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
-           "signals": [{"cluster_id": "q_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}], "expands": []},
-          {"t": 5.0, "kind": "request_done", "pipeline_id": "p", "request": 1, "dp_rank": 0},
-          {"t": 6.0, "kind": "plan", "cycle": 2, "shrinks": [{"cluster_id": "p_actor_infer",
-                                                               "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
-           "signals": [{"cluster_id": "q_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}], "expands": []},
-          {"t": 8.0, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": "asleep", "gpus": [0]}]
+    rs = [
+        {"t": 0.0, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": "routable", "gpus": [0]},
+        {"t": 2.0, "kind": "request_dispatch", "pipeline_id": "p", "request": 1, "dp_rank": 0},
+        {
+            "t": 4.0,
+            "kind": "plan",
+            "cycle": 1,
+            "shrinks": [{"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
+            "signals": [{"cluster_id": "q_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}],
+            "expands": [],
+        },
+        {"t": 5.0, "kind": "request_done", "pipeline_id": "p", "request": 1, "dp_rank": 0},
+        {
+            "t": 6.0,
+            "kind": "plan",
+            "cycle": 2,
+            "shrinks": [{"cluster_id": "p_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
+            "signals": [{"cluster_id": "q_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}],
+            "expands": [],
+        },
+        {"t": 8.0, "kind": "rank_state", "pipeline_id": "p", "dp_rank": 0, "state": "asleep", "gpus": [0]},
+    ]
     head = {"kind": "header", "t": 0.0, "scheduler": {"policy": "round_robin"}}
-    summary = {"run": {"end_s": 10.0, "simulated_s": 10.0}, "gpus": [{"train_s": 1.0}, {"train_s": 0.0}],
-               "waste": {"expands": 3, "wasted_expands": 1,
-                         "pipelines": [{"expand_s": 1.5, "shrink_s": 0.5}, {"expand_s": 1.0, "shrink_s": 0.0}]}}
+    summary = {
+        "run": {"end_s": 10.0, "simulated_s": 10.0},
+        "gpus": [{"train_s": 1.0}, {"train_s": 0.0}],
+        "waste": {
+            "expands": 3,
+            "wasted_expands": 1,
+            "pipelines": [{"expand_s": 1.5, "shrink_s": 0.5}, {"expand_s": 1.0, "shrink_s": 0.0}],
+        },
+    }
     f = policy_figures([head] + rs, summary)
-    assert f == {"policy": "round_robin", "useful_gpu_s": 4.0, "gpu_s": 20.0, "cost_efficiency_pct": 20.0,
-                 "preemptions": 1, "expands": 3, "wasted_expands": 1, "resize_s": 3.0}
+    assert f == {
+        "policy": "round_robin",
+        "useful_gpu_s": 4.0,
+        "gpu_s": 20.0,
+        "cost_efficiency_pct": 20.0,
+        "preemptions": 1,
+        "expands": 3,
+        "wasted_expands": 1,
+        "resize_s": 3.0,
+    }
     assert policy_figures([{"kind": "header", "t": 0.0}] + rs, summary)["policy"] == "gap_ratio"
 
 

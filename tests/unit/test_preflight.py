@@ -18,21 +18,55 @@ from simulators.runtime.simulation import Simulation
 from simulators.scenario.loader import scenario_from_mapping
 
 COLOCATED = {
-    "name": "pf_colocated", "horizon_s": 3600,
+    "name": "pf_colocated",
+    "horizon_s": 3600,
     "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "h100_sxm"},
-    "pipelines": [{"name": "p", "type": "roll_sync", "train_gpus": [0, 1], "infer_gpus": [0, 1], "steps": 2,
-                   "model": {"preset": "qwen2.5-0.5b"}, "costs": {"kv_cache_fraction": 0.5},
-                   "workload": {"prompts_per_step": 4, "generations_per_prompt": 2, "decode_tokens_max": 256, "decode_tokens_median": 96}}],
+    "pipelines": [
+        {
+            "name": "p",
+            "type": "roll_sync",
+            "train_gpus": [0, 1],
+            "infer_gpus": [0, 1],
+            "steps": 2,
+            "model": {"preset": "qwen2.5-0.5b"},
+            "costs": {"kv_cache_fraction": 0.5},
+            "workload": {
+                "prompts_per_step": 4,
+                "generations_per_prompt": 2,
+                "decode_tokens_max": 256,
+                "decode_tokens_median": 96,
+            },
+        }
+    ],
 }
 
 STREAMING = {
-    "name": "pf_windowed", "horizon_s": 2000,
+    "name": "pf_windowed",
+    "horizon_s": 2000,
     "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "h100_sxm"},
-    "pipelines": [{"name": "sc", "type": "single_controller", "train_gpus": [0, 1], "infer_gpus": [2, 3], "steps": 3,
-                   "model": {"preset": "qwen2.5-0.5b"},
-                   "workload": {"prompts_per_step": 8, "generations_per_prompt": 2, "decode_tokens_max": 256, "decode_tokens_median": 96},
-                   "streaming": {"sampler": "windowed", "window": 1, "min_groups_for_streaming_train": 2,
-                                 "max_buffered_rollouts": 8, "max_inflight_prompts": 8}}],
+    "pipelines": [
+        {
+            "name": "sc",
+            "type": "single_controller",
+            "train_gpus": [0, 1],
+            "infer_gpus": [2, 3],
+            "steps": 3,
+            "model": {"preset": "qwen2.5-0.5b"},
+            "workload": {
+                "prompts_per_step": 8,
+                "generations_per_prompt": 2,
+                "decode_tokens_max": 256,
+                "decode_tokens_median": 96,
+            },
+            "streaming": {
+                "sampler": "windowed",
+                "window": 1,
+                "min_groups_for_streaming_train": 2,
+                "max_buffered_rollouts": 8,
+                "max_inflight_prompts": 8,
+            },
+        }
+    ],
 }
 
 
@@ -52,11 +86,14 @@ def test_static_peaks_are_the_simulated_allocations():
     assert max(u for ph, u in used if ph == "wake") == plan["generation"]
 
 
-@pytest.mark.parametrize("min_groups,buffer,runs", [
-    (2, 4, True),   # min_groups <= buffer < groups_per_step: runs, and NeMo RL's check (a whole step) refuses it
-    (8, 6, False),  # min_groups = groups_per_step above the buffer: the old check passed it, it wedges
-    (8, 8, True),
-])
+@pytest.mark.parametrize(
+    "min_groups,buffer,runs",
+    [
+        (2, 4, True),  # min_groups <= buffer < groups_per_step: runs, and NeMo RL's check (a whole step) refuses it
+        (8, 6, False),  # min_groups = groups_per_step above the buffer: the old check passed it, it wedges
+        (8, 8, True),
+    ],
+)
 def test_the_buffer_rule_agrees_with_the_simulated_pumps(min_groups, buffer, runs):
     s = _streaming(min_groups, buffer)
     verdict = deadlock(s, lambda f: f)[0]
@@ -89,13 +126,41 @@ def _write(tmp_path, data, name="s.yaml"):
 def test_cli_exit_codes_and_one_verdict_per_question(tmp_path, capsys):
     assert main(["preflight", _write(tmp_path, COLOCATED)]) == 0
     out = capsys.readouterr().out
-    for question in ("fits: p training", "fits: p generation", "fits: p refit", "cannot deadlock", "staleness bound: p",
-                     "step time: p", "known upstream behaviours"):
+    for question in (
+        "fits: p training",
+        "fits: p generation",
+        "fits: p refit",
+        "cannot deadlock",
+        "staleness bound: p",
+        "step time: p",
+        "known upstream behaviours",
+    ):
         assert question in out, question
-    assert main(["preflight", _write(tmp_path, json.loads(json.dumps(STREAMING)) | {"pipelines": [
-        dict(STREAMING["pipelines"][0], streaming=dict(STREAMING["pipelines"][0]["streaming"],
-                                                       min_groups_for_streaming_train=8, max_buffered_rollouts=6))]},
-        "wedge.yaml")]) == 1
+    assert (
+        main(
+            [
+                "preflight",
+                _write(
+                    tmp_path,
+                    json.loads(json.dumps(STREAMING))
+                    | {
+                        "pipelines": [
+                            dict(
+                                STREAMING["pipelines"][0],
+                                streaming=dict(
+                                    STREAMING["pipelines"][0]["streaming"],
+                                    min_groups_for_streaming_train=8,
+                                    max_buffered_rollouts=6,
+                                ),
+                            )
+                        ]
+                    },
+                    "wedge.yaml",
+                ),
+            ]
+        )
+        == 1
+    )
     assert "change pipelines[0].streaming.max_buffered_rollouts" in capsys.readouterr().out
     assert main(["preflight", _write(tmp_path, COLOCATED), "--cluster", "1x2xtpu"]) == 2
     err = capsys.readouterr().err

@@ -31,8 +31,9 @@ MEMBER = textwrap.dedent("""
 
 
 def _member(path: str, mode: str) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", MEMBER, path, mode], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=ENV)
+    child = subprocess.Popen(
+        [sys.executable, "-c", MEMBER, path, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=ENV
+    )
     assert child.stdout.readline().strip() == "joined"
     return child
 
@@ -89,7 +90,8 @@ def test_the_sweep_removes_only_what_a_process_that_is_gone_owned(tmp_path):
     removed = private_dirs.sweep_stale([str(tmp_path)])
     assert sorted(removed) == sorted(str(made[k]) for k in ("dead folder", "dead staging"))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        made[k].name for k in ("live folder", "live staging", "not ours (hex name)", "not ours (other name)"))
+        made[k].name for k in ("live folder", "live staging", "not ours (hex name)", "not ours (other name)")
+    )
 
 
 LEAKY_TEST = textwrap.dedent("""
@@ -106,10 +108,31 @@ LEAKY_TEST = textwrap.dedent("""
 
 def _nested_session(tmp_path, clean: str) -> subprocess.CompletedProcess:
     (tmp_path / "test_leaky.py").write_text(LEAKY_TEST)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-n", "0", "-p", "no:cacheprovider",
-                           "-p", "tests.leak_guard", "--rootdir", str(tmp_path), "-c", os.devnull,
-                           str(tmp_path / "test_leaky.py")],
-                          cwd=tmp_path, env={**ENV, "CLEAN": clean}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.leak_guard",
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+            str(tmp_path / "test_leaky.py"),
+        ],
+        cwd=tmp_path,
+        env={**ENV, "CLEAN": clean},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_leak_guard_fails_a_session_that_left_a_tagged_folder(tmp_path):

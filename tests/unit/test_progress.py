@@ -25,15 +25,18 @@ from harness.scheduler.topology import ClusterTopology
 # --------------------------------------------------------------------------- ProgressStore
 
 
-@pytest.mark.parametrize("target,completed,remaining", [
-    (10, 0, 10.0),
-    (10, 4, 6.0),
-    (10, 2.5, 7.5),
-    (10, 10, 0.0),
-    (10, 15, 0.0),  # overshoot clamps to target: never negative demand
-    (10, -5, 10.0),  # negative completed clamps to 0
-    (1, 0, 1.0),
-])
+@pytest.mark.parametrize(
+    "target,completed,remaining",
+    [
+        (10, 0, 10.0),
+        (10, 4, 6.0),
+        (10, 2.5, 7.5),
+        (10, 10, 0.0),
+        (10, 15, 0.0),  # overshoot clamps to target: never negative demand
+        (10, -5, 10.0),  # negative completed clamps to 0
+        (1, 0, 1.0),
+    ],
+)
 def test_remaining_is_target_minus_clamped_completed(target, completed, remaining):
     store = ProgressStore()
     store.report(ProgressReport("p", target, completed))
@@ -227,15 +230,24 @@ def test_clearing_an_unknown_stream_is_a_no_op():
     assert coord.clear_stream(mode="val", adapter=None) is None
 
 
-
 # "train" built anew is equal to the literal but not the same object (the coordinator finds
 # its last reporter's stream key by identity first); (None, None) is no reporter seen yet
-_STREAMS = st.sampled_from([("train", None), ("val", None), ("train", "a"), ("".join(["tr", "ain"]), None),
-                            (None, None)])
-_OPS = st.lists(st.one_of(
-    st.tuples(st.just("update"), _STREAMS, st.sampled_from([1, 4, 4.0, 10]),
-              st.sampled_from([0, 1, 1.0, 2, 3, 3.0, -1, 12, 0.5]), st.booleans()),
-    st.tuples(st.just("clear"), _STREAMS)), max_size=40)
+_STREAMS = st.sampled_from(
+    [("train", None), ("val", None), ("train", "a"), ("".join(["tr", "ain"]), None), (None, None)]
+)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("update"),
+            _STREAMS,
+            st.sampled_from([1, 4, 4.0, 10]),
+            st.sampled_from([0, 1, 1.0, 2, 3, 3.0, -1, 12, 0.5]),
+            st.booleans(),
+        ),
+        st.tuples(st.just("clear"), _STREAMS),
+    ),
+    max_size=40,
+)
 
 
 @given(_OPS)
@@ -250,8 +262,10 @@ def test_an_unchanged_update_skips_the_emit_and_sends_what_the_emit_would(ops):
         if op[0] == "update":
             _, (mode, adapter), target, collected, new_batch = op
             full._settled = False  # never trust the bucket held: always aggregate
-            got = [c.update(mode=mode, adapter=adapter, step_target=target, collected=collected, new_batch=new_batch)
-                   for c in (fast, full)]
+            got = [
+                c.update(mode=mode, adapter=adapter, step_target=target, collected=collected, new_batch=new_batch)
+                for c in (fast, full)
+            ]
             keys.add(CoordinatorProgress.stream_key(mode, adapter))
         else:
             _, (mode, adapter) = op

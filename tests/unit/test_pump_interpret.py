@@ -78,9 +78,14 @@ def test_each_effect_is_logged_around_its_handling_and_the_pump_value_comes_back
     assert value == "pump value"
     assert seen == [("sleep", 2.0)]  # what the handler yielded reached the runtime
     kinds = [(r["kind"], r["effect"]) for r in rt.records]
-    assert kinds == [("effect_start", "StepTarget"), ("effect_end", "StepTarget"),
-                     ("effect_start", "ComputeAdvantages"), ("effect_end", "ComputeAdvantages"),
-                     ("effect_start", "BeginTrainStep"), ("effect_end", "BeginTrainStep")]
+    assert kinds == [
+        ("effect_start", "StepTarget"),
+        ("effect_end", "StepTarget"),
+        ("effect_start", "ComputeAdvantages"),
+        ("effect_end", "ComputeAdvantages"),
+        ("effect_start", "BeginTrainStep"),
+        ("effect_end", "BeginTrainStep"),
+    ]
     start, end = rt.records[4], rt.records[5]
     assert list(start) == ["seq", "t", "kind", "pipeline_id", "effect", "args", "scope", "step"]
     assert list(end) == list(start) + ["result"]

@@ -20,11 +20,19 @@ SIZES = {"exact": HALF, "one_byte_over": HALF + 1, "1.05x": int(HALF * 1.05), "3
 
 def _log(required, expected, received, step=0, rank=1):
     base = {"t": 0.0, "rank": rank, "step": step, "peer": "rank 0", "role": "receiver"}
-    recs = [{"kind": "engine_required", "names": list(required)},
-            {"kind": "refit_stream_begin", "expected": list(expected)},
-            {"kind": "refit_group_recv", "group": 0, "buffer": "0", "bytes": 512, "names": list(received),
-             "offsets": [0] * len(received)},
-            {"kind": "refit_finalize", "groups": 1}]
+    recs = [
+        {"kind": "engine_required", "names": list(required)},
+        {"kind": "refit_stream_begin", "expected": list(expected)},
+        {
+            "kind": "refit_group_recv",
+            "group": 0,
+            "buffer": "0",
+            "bytes": 512,
+            "names": list(received),
+            "offsets": [0] * len(received),
+        },
+        {"kind": "refit_finalize", "groups": 1},
+    ]
     return [{**base, **r, "seq": i} for i, r in enumerate(recs)]
 
 
@@ -65,7 +73,9 @@ def test_protocol_sends_a_tensor_around_the_buffer_size_exactly_once(case):
 def test_real_transport_carries_it_bit_exact(endpoint, case):  # noqa: F811 (the fixture)
     n = SIZES[case]
     g = torch.Generator().manual_seed(n)
-    named = [(f"t{i}", torch.randint(0, 256, (k,), generator=g, dtype=torch.uint8)) for i, k in enumerate([300, n, 300])]
+    named = [
+        (f"t{i}", torch.randint(0, 256, (k,), generator=g, dtype=torch.uint8)) for i, k in enumerate([300, n, 300])
+    ]
     log = Log()
     res, outcome, dst = run_pair(endpoint, named, BUDGET, log=log)
     assert outcome["result"].finalized and all(torch.equal(dst[k], t) for k, t in named)
@@ -76,8 +86,7 @@ def test_real_transport_carries_it_bit_exact(endpoint, case):  # noqa: F811 (the
 def test_simulated_time_of_an_oversized_tensor_is_its_own_staging_plus_pack_and_load():
     """Closed form, independent of the interpreter: setup + (dedicated staging) + pack +
     load + COMPLETE for a tensor alone; no dedicated staging when it fits exactly."""
-    c = StreamCosts(pack_bytes_per_s=1e6, load_bytes_per_s=2e6, setup_s=0.01, staging_bytes_per_s=4e6,
-                    complete_s=0.002)
+    c = StreamCosts(pack_bytes_per_s=1e6, load_bytes_per_s=2e6, setup_s=0.01, staging_bytes_per_s=4e6, complete_s=0.002)
     for case, n in SIZES.items():
         staging = 0.0 if case == "exact" else proto.align_up(n) / c.staging_bytes_per_s
         expected = c.setup_s + staging + n / c.pack_bytes_per_s + n / c.load_bytes_per_s + c.complete_s

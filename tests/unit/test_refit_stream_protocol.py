@@ -22,9 +22,17 @@ def wire_records(effects, half):
     recs = [{"kind": "refit_stream_begin", "role": "sender", "half_bytes": half}]
     for e in effects:
         if isinstance(e, proto.SendGroup):
-            recs.append({"kind": "refit_group_send", "group": e.group, "buffer": str(e.buffer), "bytes": e.used_bytes,
-                         "names": [s.name for s in e.slots], "offsets": [s.offset for s in e.slots],
-                         "sizes": [s.nbytes for s in e.slots]})
+            recs.append(
+                {
+                    "kind": "refit_group_send",
+                    "group": e.group,
+                    "buffer": str(e.buffer),
+                    "bytes": e.used_bytes,
+                    "names": [s.name for s in e.slots],
+                    "offsets": [s.offset for s in e.slots],
+                    "sizes": [s.nbytes for s in e.slots],
+                }
+            )
         elif isinstance(e, proto.AwaitAck):
             recs.append({"kind": "refit_ack", "group": str(e.group)})
         elif isinstance(e, proto.SendComplete):
@@ -33,8 +41,29 @@ def wire_records(effects, half):
 
 
 def boundary_sizes(half):
-    return st.sampled_from([0, 1, 2, 255, 511, 512, 513, 1023, 1024, 1025, half - 513, half - 512, half - 511,
-                            half - 1, half, half + 1, 2 * half, half // 2, half // 2 + 1]).filter(lambda n: n >= 0)
+    return st.sampled_from(
+        [
+            0,
+            1,
+            2,
+            255,
+            511,
+            512,
+            513,
+            1023,
+            1024,
+            1025,
+            half - 513,
+            half - 512,
+            half - 511,
+            half - 1,
+            half,
+            half + 1,
+            2 * half,
+            half // 2,
+            half // 2 + 1,
+        ]
+    ).filter(lambda n: n >= 0)
 
 
 @st.composite
@@ -75,22 +104,34 @@ def test_sender_keeps_every_wire_invariant(case):
     acks = [e for e in effects if isinstance(e, proto.AwaitAck)]
     assert len(acks) == len(sends) + 1 and acks[-1].group == proto.COMPLETE
     # buffers are released before COMPLETE (as NeMo RL does)
-    assert effects.index(proto.ReleaseBuffers()) < next(i for i, e in enumerate(effects) if isinstance(e, proto.SendComplete))
+    assert effects.index(proto.ReleaseBuffers()) < next(
+        i for i, e in enumerate(effects) if isinstance(e, proto.SendComplete)
+    )
 
 
 def test_sizes_exactly_on_alignment_and_buffer_boundaries():
     half = 1024
-    group_sizes = lambda sizes: [[s.nbytes for s in e.slots] for e in drive_sender(specs_of_sizes(sizes), 2 * half)
-                                 if isinstance(e, proto.SendGroup)]
+    group_sizes = lambda sizes: [
+        [s.nbytes for s in e.slots]
+        for e in drive_sender(specs_of_sizes(sizes), 2 * half)
+        if isinstance(e, proto.SendGroup)
+    ]
     assert group_sizes([512, 512]) == [[512, 512]]  # exactly fills the half buffer
     assert group_sizes([511, 512]) == [[511, 512]]  # 511 pads to 512: still exactly full
     assert group_sizes([513, 511]) == [[513], [511]]  # 513 pads to 1024: the next one does not fit
     assert group_sizes([1024, 1]) == [[1024], [1]]  # exactly a half buffer is not oversized
     effects = drive_sender(specs_of_sizes([1, 1025, 1]), 2 * half)  # one byte over: dedicated buffer
-    assert [(e.buffer, [s.nbytes for s in e.slots]) for e in effects if isinstance(e, proto.SendGroup)] == \
-        [(0, [1]), (proto.DEDICATED, [1025]), (1, [1])]
+    assert [(e.buffer, [s.nbytes for s in e.slots]) for e in effects if isinstance(e, proto.SendGroup)] == [
+        (0, [1]),
+        (proto.DEDICATED, [1025]),
+        (1, [1]),
+    ]
     assert [s.offset for e in effects if isinstance(e, proto.SendGroup) for s in e.slots] == [0, 0, 0]
-    assert proto.half_buffer_bytes(2050) == 1536 and proto.half_buffer_bytes(2049) == 1024 and proto.half_buffer_bytes(2048) == 1024
+    assert (
+        proto.half_buffer_bytes(2050) == 1536
+        and proto.half_buffer_bytes(2049) == 1024
+        and proto.half_buffer_bytes(2048) == 1024
+    )
     with pytest.raises(ValueError, match="at least 1024"):
         proto.half_buffer_bytes(1023)
 
@@ -99,8 +140,14 @@ def test_oversized_tensors_keep_order_and_go_once():
     sizes = [100, 5000, 200, 300, 9000, 9001, 50]
     effects = drive_sender(specs_of_sizes(sizes), 2048)
     sends = [(e.buffer, [s.name for s in e.slots]) for e in effects if isinstance(e, proto.SendGroup)]
-    assert sends == [(0, ["t0"]), ("dedicated", ["t1"]), (1, ["t2", "t3"]), ("dedicated", ["t4"]),
-                     ("dedicated", ["t5"]), (0, ["t6"])]
+    assert sends == [
+        (0, ["t0"]),
+        ("dedicated", ["t1"]),
+        (1, ["t2", "t3"]),
+        ("dedicated", ["t4"]),
+        ("dedicated", ["t5"]),
+        (0, ["t6"]),
+    ]
     allocs = [e for e in effects if isinstance(e, proto.AllocDedicated)]
     assert [a.nbytes for a in allocs] == [5120, 9216, 9216]  # aligned up, as NeMo RL allocates them
     assert sum(isinstance(e, proto.FreeDedicated) for e in effects) == 3
@@ -139,14 +186,24 @@ MANIFEST = {n: ((4,), "float32") for n in ("a", "b", "c", "d")}
 
 
 def test_receiver_finalizes_a_clean_transfer():
-    effects, outcome = drive_receiver(MANIFEST, [group(0, ["a", "b"]), group(1, ["c", "d"], 1), proto.CompleteMessage(2)])
+    effects, outcome = drive_receiver(
+        MANIFEST, [group(0, ["a", "b"]), group(1, ["c", "d"], 1), proto.CompleteMessage(2)]
+    )
     assert isinstance(outcome, proto.ManifestReport) and outcome.ok
-    assert [e for e in effects if isinstance(e, proto.SendAck)] == [proto.SendAck(0), proto.SendAck(1), proto.SendAck("complete")]
+    assert [e for e in effects if isinstance(e, proto.SendAck)] == [
+        proto.SendAck(0),
+        proto.SendAck(1),
+        proto.SendAck("complete"),
+    ]
     assert effects[-1] == proto.Finalize(2)
 
 
 def test_missing_duplicate_and_unexpected_are_reported_together_and_complete_is_acked():
-    msgs = [group(0, ["a", "b"]), group(1, ["b", "zzz"], 1), proto.CompleteMessage(2)]  # c, d missing; b twice; zzz unknown
+    msgs = [
+        group(0, ["a", "b"]),
+        group(1, ["b", "zzz"], 1),
+        proto.CompleteMessage(2),
+    ]  # c, d missing; b twice; zzz unknown
     effects, outcome = drive_receiver(MANIFEST, msgs)
     assert isinstance(outcome, proto.ManifestError)
     text = str(outcome)
@@ -167,7 +224,9 @@ def test_a_failed_load_is_still_acked_and_reported_at_complete():
 
 
 def test_receiver_flags_a_bad_layout():
-    bad = proto.GroupMessage(0, 0, (proto.Slot("a", (4,), "float32", 0, 16), proto.Slot("b", (4,), "float32", 16, 16)), 1024)
+    bad = proto.GroupMessage(
+        0, 0, (proto.Slot("a", (4,), "float32", 0, 16), proto.Slot("b", (4,), "float32", 16, 16)), 1024
+    )
     _, outcome = drive_receiver(MANIFEST, [bad, group(1, ["c", "d"], 1), proto.CompleteMessage(2)])
     assert isinstance(outcome, proto.ManifestError) and "at offset 16, expected 512" in str(outcome)
 
@@ -213,12 +272,30 @@ def test_refit_wire_fires_on_a_buffer_refilled_before_its_ack():
 
 def test_refit_wire_fires_when_an_incomplete_transfer_is_finalized():
     base = {"t": 0.0, "step": 0, "peer": "tx", "role": "receiver"}
-    recs = [{"seq": 0, "kind": "refit_stream_begin", "expected": ["a", "b", "c"], **base},
-            {"seq": 1, "kind": "refit_group_recv", "group": 0, "buffer": "0", "bytes": 16, "names": ["a", "a"],
-             "offsets": [0, 512], **base},
-            {"seq": 2, "kind": "refit_group_recv", "group": 1, "buffer": "1", "bytes": 16, "names": ["x"],
-             "offsets": [0], **base},
-            {"seq": 3, "kind": "refit_finalize", "groups": 2, **base}]
+    recs = [
+        {"seq": 0, "kind": "refit_stream_begin", "expected": ["a", "b", "c"], **base},
+        {
+            "seq": 1,
+            "kind": "refit_group_recv",
+            "group": 0,
+            "buffer": "0",
+            "bytes": 16,
+            "names": ["a", "a"],
+            "offsets": [0, 512],
+            **base,
+        },
+        {
+            "seq": 2,
+            "kind": "refit_group_recv",
+            "group": 1,
+            "buffer": "1",
+            "bytes": 16,
+            "names": ["x"],
+            "offsets": [0],
+            **base,
+        },
+        {"seq": 3, "kind": "refit_finalize", "groups": 2, **base},
+    ]
     [v] = check_log(recs, ["refit_wire"])
     assert "missing ['b', 'c'], duplicate ['a'], unexpected ['x']" in v.message
     fixed = copy.deepcopy(recs)

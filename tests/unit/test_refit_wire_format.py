@@ -69,7 +69,7 @@ def ref_decode(buffer, names, used, sizes_by_name):
     offset, out = 0, {}
     for name in names:
         n = sizes_by_name[name]
-        out[name] = bytes(buffer[offset:offset + n])
+        out[name] = bytes(buffer[offset : offset + n])
         offset += ref_aligned(n)
     if offset != used:
         raise ValueError(f"offset {offset} != used_bytes {used}")
@@ -104,7 +104,7 @@ def harness_groups(sizes, budget):
             buffers[proto.DEDICATED] = bytearray(e.nbytes)
         elif isinstance(e, proto.Pack):
             for s in e.slots:
-                buffers[e.buffer][s.offset:s.offset + s.nbytes] = data[s.name]
+                buffers[e.buffer][s.offset : s.offset + s.nbytes] = data[s.name]
         elif isinstance(e, proto.SendGroup):
             groups.append((bytes(buffers[e.buffer]), [s.name for s in e.slots], e.used_bytes, e))
     return groups, data
@@ -140,7 +140,7 @@ def test_nemo_rl_groups_decode_in_the_harness_receiver():
     assert used == 1024 + 512 + 512 + 0
     slots = proto.slots_from_names(names, used, manifest)
     assert [(s.offset, s.nbytes) for s in slots] == [(0, 1000), (1024, 3), (1536, 512), (2048, 0)]
-    assert {s.name: buf[s.offset:s.offset + s.nbytes] for s in slots} == dict(tensors)
+    assert {s.name: buf[s.offset : s.offset + s.nbytes] for s in slots} == dict(tensors)
     gen = proto.receiver(manifest, half_bytes=4096)
     assert isinstance(next(gen), proto.AwaitMessage)
     load = gen.send(proto.GroupMessage(0, 0, slots, used))
@@ -166,9 +166,29 @@ def test_used_bytes_at_the_end_of_the_last_tensor_is_refused_by_both_rules():
     slots = (proto.Slot("w", (1000,), "uint8", 0, 1000), proto.Slot("b", (3,), "uint8", 1024, 3))
     problems = proto.check_layout(proto.GroupMessage(0, 0, slots, old_used), 4096)
     assert problems == ["group 0: running aligned offset 1536 but the message says 1027 used bytes"]
-    rec = {"seq": 1, "t": 0.0, "step": 0, "peer": "rx", "role": "sender", "kind": "refit_group_send", "group": 0,
-           "buffer": "0", "bytes": old_used, "names": names, "offsets": [0, 1024], "sizes": [1000, 3]}
-    begin = {"seq": 0, "t": 0.0, "step": 0, "peer": "rx", "role": "sender", "kind": "refit_stream_begin", "half_bytes": 4096}
+    rec = {
+        "seq": 1,
+        "t": 0.0,
+        "step": 0,
+        "peer": "rx",
+        "role": "sender",
+        "kind": "refit_group_send",
+        "group": 0,
+        "buffer": "0",
+        "bytes": old_used,
+        "names": names,
+        "offsets": [0, 1024],
+        "sizes": [1000, 3],
+    }
+    begin = {
+        "seq": 0,
+        "t": 0.0,
+        "step": 0,
+        "peer": "rx",
+        "role": "sender",
+        "kind": "refit_stream_begin",
+        "half_bytes": 4096,
+    }
     [v] = check_log([begin, rec], ["refit_wire"])
     assert "running aligned offset ends at 1536, group says 1027 used bytes" in v.message
     assert check_log([begin, dict(rec, bytes=1536)], ["refit_wire"]) == []

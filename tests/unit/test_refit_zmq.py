@@ -33,7 +33,7 @@ def mixed_model(seed: int):
         ("embed.bf16", torch.randn(300, 33, generator=g).to(torch.bfloat16)),
         ("attn.fp16", torch.randn(129, 7, generator=g).to(torch.float16)),
         ("mlp.fp32", torch.randn(1000, generator=g)),
-        ("pos.int64", torch.randint(-2**62, 2**62, (77,), generator=g, dtype=torch.int64)),
+        ("pos.int64", torch.randint(-(2**62), 2**62, (77,), generator=g, dtype=torch.int64)),
         ("noncontig.t", base.t()),  # transposed view: not contiguous
         ("noncontig.slice", base[::3, 1::2]),
         ("scalar", torch.tensor(3.25)),
@@ -70,6 +70,7 @@ def test_normal_runs_keep_the_wire_invariants_and_are_bit_exact(endpoint):
 @given(st.lists(st.sampled_from([0, 1, 511, 512, 513, 1023, 1024, 1025, 2047, 2048, 2049]), min_size=1, max_size=8))
 def test_sizes_on_alignment_and_buffer_boundaries_arrive_bit_exact(sizes):
     from gpu_gates.transports import private_dirs
+
     d = private_dirs.make_private("refit-test")
     try:
         g = torch.Generator().manual_seed(len(sizes))
@@ -94,8 +95,14 @@ def test_oversized_path_keeps_order_and_sends_each_tensor_once(endpoint):
     assert outcome["result"].finalized
     assert_bit_exact(named, dst)
     sends = [(r["buffer"], r["names"]) for r in log.records if r["kind"] == "refit_group_send"]
-    assert sends == [("0", ["p0"]), ("dedicated", ["p1"]), ("1", ["p2"]), ("dedicated", ["p3"]),
-                     ("dedicated", ["p4"]), ("0", ["p5"])]
+    assert sends == [
+        ("0", ["p0"]),
+        ("dedicated", ["p1"]),
+        ("1", ["p2"]),
+        ("dedicated", ["p3"]),
+        ("dedicated", ["p4"]),
+        ("0", ["p5"]),
+    ]
     assert check_log(log.records, ["refit_wire"]) == []
 
 
@@ -174,15 +181,24 @@ def test_sender_dying_mid_stream_fails_the_receiver_and_nothing_is_finalized(end
     r = zs.RefitReceiver(endpoint, peer="trainer0", timeout_s=1.0)  # connected: the REQ can send
     buf = staging.ShmBuffer(1024)
     buf.tensor[:16].copy_(zs.raw_bytes(torch.arange(4, dtype=torch.float32)))
-    header = {"type": "group", "step": 2, "group": 0, "buffer": 0, "used": 16, "slots": [["a", [4], "float32", 0, 16]],
-              "shm": buf.path, "shm_bytes": 1024}
+    header = {
+        "type": "group",
+        "step": 2,
+        "group": 0,
+        "buffer": 0,
+        "used": 16,
+        "slots": [["a", [4], "float32", 0, 16]],
+        "shm": buf.path,
+        "shm_bytes": 1024,
+    }
     req.send_multipart([json.dumps(header).encode(), b""])
     finalized = []
     dst = {"a": torch.zeros(4), "b": torch.zeros(4)}
     try:
         with pytest.raises(zs.StreamTimeout, match=r"trainer0.*step 2: waiting for group 1"):
-            r.receive({"a": ((4,), "float32"), "b": ((4,), "float32")}, zs.copy_into(dst), step=2,
-                      finalize=finalized.append)
+            r.receive(
+                {"a": ((4,), "float32"), "b": ((4,), "float32")}, zs.copy_into(dst), step=2, finalize=finalized.append
+            )
         assert json.loads(req.recv()) == {"step": 2, "group": 0}  # group 0 was ACKed
     finally:
         r.close()

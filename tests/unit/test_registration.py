@@ -48,28 +48,70 @@ REJECTS = [
     ("key_sets_missing_mapping", {"actor_infer": 1, "critic": 1}, {"actor_infer": [0]}, TOPO, "key_sets", "critic"),
     ("key_sets_missing_tp", {"actor_infer": 1}, {"actor_infer": [0], "reference": [1]}, TOPO, "key_sets", "reference"),
     ("actor_infer_required", {"actor_train": 1}, {"actor_train": [0]}, TOPO, "actor_infer_required", "actor_infer"),
-    ("unknown_cluster_name", {"actor_infer": 1, "critic2": 1}, {"actor_infer": [0], "critic2": [1]}, TOPO, "cluster_name", "critic2"),
+    (
+        "unknown_cluster_name",
+        {"actor_infer": 1, "critic2": 1},
+        {"actor_infer": [0], "critic2": [1]},
+        TOPO,
+        "cluster_name",
+        "critic2",
+    ),
     ("tp_zero", {"actor_infer": 0}, {"actor_infer": [0]}, TOPO, "tp_size", "actor_infer"),
     ("tp_negative", {"actor_infer": -2}, {"actor_infer": [0, 1]}, TOPO, "tp_size", "actor_infer"),
     ("tp_float", {"actor_infer": 2.0}, {"actor_infer": [0, 1]}, TOPO, "tp_size", "actor_infer"),
     ("tp_str", {"actor_infer": "2"}, {"actor_infer": [0, 1]}, TOPO, "tp_size", "actor_infer"),
     ("tp_bool", {"actor_infer": True}, {"actor_infer": [0]}, TOPO, "tp_size", "actor_infer"),
     ("tp_none", {"actor_infer": None}, {"actor_infer": [0]}, TOPO, "tp_size", "actor_infer"),
-    ("empty_mapping", {"actor_infer": 1, "actor_train": 1}, {"actor_infer": [0], "actor_train": []}, TOPO, "device_mapping", "actor_train"),
+    (
+        "empty_mapping",
+        {"actor_infer": 1, "actor_train": 1},
+        {"actor_infer": [0], "actor_train": []},
+        TOPO,
+        "device_mapping",
+        "actor_train",
+    ),
     ("mapping_not_ints", {"actor_infer": 1}, {"actor_infer": [0, "1"]}, TOPO, "device_mapping", "actor_infer"),
-    ("reward_with_gpus", {"actor_infer": 1, "reward": 1}, {"actor_infer": [0], "reward": [3]}, TOPO, "reward_cpu_only", "reward"),
+    (
+        "reward_with_gpus",
+        {"actor_infer": 1, "reward": 1},
+        {"actor_infer": [0], "reward": [3]},
+        TOPO,
+        "reward_cpu_only",
+        "reward",
+    ),
     ("duplicate_gpu", {"actor_infer": 1}, {"actor_infer": [0, 1, 1]}, TOPO, "duplicate_gpu", "actor_infer"),
     ("gpu_id_too_large", {"actor_infer": 1}, {"actor_infer": [0, 8]}, TOPO, "gpu_range", "actor_infer"),
     ("gpu_id_negative", {"actor_infer": 1}, {"actor_infer": [-1, 0]}, TOPO, "gpu_range", "actor_infer"),
     ("len_not_multiple_of_tp", {"actor_infer": 2}, {"actor_infer": [0, 1, 2]}, TOPO, "tp_divides", "actor_infer"),
     ("tp_group_not_contiguous", {"actor_infer": 2}, {"actor_infer": [0, 2]}, TOPO, "tp_contiguous", "actor_infer"),
-    ("tp4_group_not_contiguous", {"actor_infer": 4}, {"actor_infer": [0, 1, 2, 4]}, TOPO, "tp_contiguous", "actor_infer"),
+    (
+        "tp4_group_not_contiguous",
+        {"actor_infer": 4},
+        {"actor_infer": [0, 1, 2, 4]},
+        TOPO,
+        "tp_contiguous",
+        "actor_infer",
+    ),
     ("tp2_group_crosses_node", {"actor_infer": 2}, {"actor_infer": [3, 4]}, TOPO, "tp_node", "actor_infer"),
     ("tp4_group_crosses_node", {"actor_infer": 4}, {"actor_infer": [2, 3, 4, 5]}, TOPO, "tp_node", "actor_infer"),
     ("tp3_not_allowed", {"actor_infer": 3}, {"actor_infer": [0, 1, 2]}, TOPO, "tp_size", "actor_infer"),
     ("tp6_not_allowed", {"actor_infer": 6}, {"actor_infer": [0, 1, 2, 3, 4, 5]}, TOPO, "tp_size", "actor_infer"),
-    ("tp8_over_nodes_not_aligned", {"actor_infer": 8}, {"actor_infer": list(range(2, 10))}, ClusterTopology(3, 4), "tp_node", "actor_infer"),
-    ("tp6_multiple_of_gpn_not_aligned", {"actor_infer": 6}, {"actor_infer": list(range(1, 7))}, ClusterTopology(3, 3), "tp_node", "actor_infer"),
+    (
+        "tp8_over_nodes_not_aligned",
+        {"actor_infer": 8},
+        {"actor_infer": list(range(2, 10))},
+        ClusterTopology(3, 4),
+        "tp_node",
+        "actor_infer",
+    ),
+    (
+        "tp6_multiple_of_gpn_not_aligned",
+        {"actor_infer": 6},
+        {"actor_infer": list(range(1, 7))},
+        ClusterTopology(3, 3),
+        "tp_node",
+        "actor_infer",
+    ),
 ]
 
 
@@ -123,16 +165,19 @@ def test_pipeline_id_with_colon_message_names_pipeline():
 # --------------------------------------------------------------------------- accepted shapes
 
 
-@pytest.mark.parametrize("tp,mapping,topo", [
-    ({"actor_infer": 1}, {"actor_infer": [7, 0, 3]}, TOPO),  # tp=1 is free: any GPUs, any nodes
-    ({"actor_infer": 2}, {"actor_infer": [6, 7, 0, 1]}, TOPO),
-    ({"actor_infer": 4}, {"actor_infer": [4, 5, 6, 7]}, TOPO),
-    ({"actor_infer": 8}, {"actor_infer": list(range(8))}, TOPO),  # multiple of gpn, node-aligned
-    ({"actor_infer": 3}, {"actor_infer": [3, 4, 5]}, ClusterTopology(2, 3)),  # 3 = gpn
-    ({"actor_infer": 6}, {"actor_infer": list(range(6))}, ClusterTopology(2, 3)),  # 2 whole nodes
-    ({"actor_infer": 12}, {"actor_infer": list(range(4, 16))}, ClusterTopology(4, 4)),
-    ({"actor_infer": 4}, {"actor_infer": [0, 1, 2, 3]}, ClusterTopology(2, 2)),  # spans 2 whole nodes
-])
+@pytest.mark.parametrize(
+    "tp,mapping,topo",
+    [
+        ({"actor_infer": 1}, {"actor_infer": [7, 0, 3]}, TOPO),  # tp=1 is free: any GPUs, any nodes
+        ({"actor_infer": 2}, {"actor_infer": [6, 7, 0, 1]}, TOPO),
+        ({"actor_infer": 4}, {"actor_infer": [4, 5, 6, 7]}, TOPO),
+        ({"actor_infer": 8}, {"actor_infer": list(range(8))}, TOPO),  # multiple of gpn, node-aligned
+        ({"actor_infer": 3}, {"actor_infer": [3, 4, 5]}, ClusterTopology(2, 3)),  # 3 = gpn
+        ({"actor_infer": 6}, {"actor_infer": list(range(6))}, ClusterTopology(2, 3)),  # 2 whole nodes
+        ({"actor_infer": 12}, {"actor_infer": list(range(4, 16))}, ClusterTopology(4, 4)),
+        ({"actor_infer": 4}, {"actor_infer": [0, 1, 2, 3]}, ClusterTopology(2, 2)),  # spans 2 whole nodes
+    ],
+)
 def test_valid_tp_shapes_are_accepted(tp, mapping, topo):
     entry = build(tp, mapping, topo)
     assert entry.infer.device_mapping == tuple(sorted(mapping["actor_infer"]))
@@ -161,13 +206,16 @@ def test_model_register_stores_canonical_entry():
     assert m.state.universe() == {0, 1, 4, 5}
 
 
-@pytest.mark.parametrize("tp,mapping,max_dp", [
-    (1, list(range(8)), 8),
-    (2, list(range(8)), 4),
-    (4, list(range(8)), 2),
-    (8, list(range(8)), 1),
-    (2, [6, 7, 2, 3], 2),
-])
+@pytest.mark.parametrize(
+    "tp,mapping,max_dp",
+    [
+        (1, list(range(8)), 8),
+        (2, list(range(8)), 4),
+        (4, list(range(8)), 2),
+        (8, list(range(8)), 1),
+        (2, [6, 7, 2, 3], 2),
+    ],
+)
 def test_max_dp_workers_is_len_over_tp(tp, mapping, max_dp):
     assert build({"actor_infer": tp}, {"actor_infer": mapping}).infer.max_dp_workers == max_dp
 
@@ -177,7 +225,7 @@ def test_dp_rank_is_positional_slice_of_sorted_mapping(tp, mapping):
     cfg = build({"actor_infer": tp}, {"actor_infer": mapping}).infer
     ordered = sorted(mapping)
     for r in range(cfg.max_dp_workers):
-        assert cfg.bundle(r) == ordered[r * tp:(r + 1) * tp]
+        assert cfg.bundle(r) == ordered[r * tp : (r + 1) * tp]
     assert build_dp_rank_mapping(mapping, tp) == {r: cfg.bundle(r) for r in range(cfg.max_dp_workers)}
 
 
@@ -188,10 +236,14 @@ def test_dp_rank_bundles_example():
 
 # --------------------------------------------------------------------------- fixed deviations (were bugs)
 
-@pytest.mark.parametrize("topo,tp,mapping", [
-    (ClusterTopology(2, 3), 4, [0, 1, 2, 3]),
-    (ClusterTopology(2, 6), 8, list(range(8))),
-])
+
+@pytest.mark.parametrize(
+    "topo,tp,mapping",
+    [
+        (ClusterTopology(2, 3), 4, [0, 1, 2, 3]),
+        (ClusterTopology(2, 6), 8, list(range(8))),
+    ],
+)
 def test_tp_in_248_larger_than_node_but_not_multiple_is_rejected(topo, tp, mapping):
     with pytest.raises(TopologyError) as info:
         build({"actor_infer": tp}, {"actor_infer": mapping}, topo)
@@ -199,7 +251,9 @@ def test_tp_in_248_larger_than_node_but_not_multiple_is_rejected(topo, tp, mappi
 
 
 def test_harness_topology_importable_on_its_own():
-    proc = subprocess.run([sys.executable, "-c", "import harness.scheduler.topology"], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import harness.scheduler.topology"], capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 0, proc.stderr[-500:]
 
 
@@ -216,14 +270,25 @@ def test_partial_overlap_valid_topology_passes():
     validate_partial_overlap(overlap_entry(1, [0, 1, 2, 3], [0, 1]), train_parallel_size=2)
 
 
-@pytest.mark.parametrize("infer_tp,infer,train,tps,rule,cluster", [
-    (1, [0, 1, 2, 3], [3, 4], 1, "overlap_subset", ACTOR_TRAIN),
-    (2, [0, 1], [0], 1, "overlap_infer_dp", GENERATION_CLUSTER),
-    (1, [0], [0], 1, "overlap_infer_dp", GENERATION_CLUSTER),
-    (1, list(range(8)), [0, 1, 2], 2, "overlap_train_divides", ACTOR_TRAIN),
-    (2, [0, 1, 2, 3], [0, 1, 2], 1, "overlap_survivor", GENERATION_CLUSTER),
-    (1, [0, 1], [0, 1], 1, "overlap_survivor", GENERATION_CLUSTER),
-], ids=["train_not_subset", "infer_dp_1_tp2", "infer_dp_1_tp1", "train_len_vs_parallel", "no_surviving_rank_tp2", "no_surviving_rank_tp1"])
+@pytest.mark.parametrize(
+    "infer_tp,infer,train,tps,rule,cluster",
+    [
+        (1, [0, 1, 2, 3], [3, 4], 1, "overlap_subset", ACTOR_TRAIN),
+        (2, [0, 1], [0], 1, "overlap_infer_dp", GENERATION_CLUSTER),
+        (1, [0], [0], 1, "overlap_infer_dp", GENERATION_CLUSTER),
+        (1, list(range(8)), [0, 1, 2], 2, "overlap_train_divides", ACTOR_TRAIN),
+        (2, [0, 1, 2, 3], [0, 1, 2], 1, "overlap_survivor", GENERATION_CLUSTER),
+        (1, [0, 1], [0, 1], 1, "overlap_survivor", GENERATION_CLUSTER),
+    ],
+    ids=[
+        "train_not_subset",
+        "infer_dp_1_tp2",
+        "infer_dp_1_tp1",
+        "train_len_vs_parallel",
+        "no_surviving_rank_tp2",
+        "no_surviving_rank_tp1",
+    ],
+)
 def test_partial_overlap_rules(infer_tp, infer, train, tps, rule, cluster):
     with pytest.raises(TopologyError) as info:
         validate_partial_overlap(overlap_entry(infer_tp, infer, train), train_parallel_size=tps)

@@ -50,9 +50,10 @@ def test_the_model_agrees_with_each_pinned_rlix(checkouts, commit):
     assert mods.version == commit
     options = SchedulerOptions(**COMMIT_OPTIONS[commit])
     cycles = 0
-    for scenario in [load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{n}.yaml"))
-                     for n in ("gap_ratio_3pipelines", "ungrantable_preemption", "miles_floor_reactivates_after_release")] \
-            + [scenario_for_seed(seed) for seed in range(3)]:
+    for scenario in [
+        load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{n}.yaml"))
+        for n in ("gap_ratio_3pipelines", "ungrantable_preemption", "miles_floor_reactivates_after_release")
+    ] + [scenario_for_seed(seed) for seed in range(3)]:
         res = differential(_trace(scenario), mods, options)
         assert res.divergence is None, (scenario.name, res.divergence)
         cycles += res.cycles
@@ -92,10 +93,23 @@ def _fake_checkout(tmp_path, with_cycle: bool):
         "rlix/scheduler/scheduler.py": (
             "import ray\nfrom ray.exceptions import ActorDiedError\nCOORDINATOR_ACTOR_NAME_PREFIX = 'c_'\n"
             "def validate_execution_plan(plan, **kw): pass\nclass SchedulerImpl:\n"
-            + "".join(f"    async def {m}(self, **kw): pass\n" for m in
-                      ("initialize", "register_pipeline", "admit_pipeline", "unregister_pipeline", "request_gpus",
-                       "notify_release_gpus", "notify_release_then_request_gpus", "await_release_gpus",
-                       "report_progress", "clear_progress") + (("scheduling_cycle",) if with_cycle else ()))),
+            + "".join(
+                f"    async def {m}(self, **kw): pass\n"
+                for m in (
+                    "initialize",
+                    "register_pipeline",
+                    "admit_pipeline",
+                    "unregister_pipeline",
+                    "request_gpus",
+                    "notify_release_gpus",
+                    "notify_release_then_request_gpus",
+                    "await_release_gpus",
+                    "report_progress",
+                    "clear_progress",
+                )
+                + (("scheduling_cycle",) if with_cycle else ())
+            )
+        ),
     }
     for rel, text in files.items():
         path = tmp_path / rel
@@ -116,6 +130,7 @@ def test_version_drift_is_one_line(tmp_path, capsys):
 
 def test_the_stand_in_ray_is_only_there_while_rlix_imports(tmp_path):
     import sys
+
     before = sys.modules.get("ray")
     mods = load_rlix(_fake_checkout(tmp_path, with_cycle=True))
     assert sys.modules.get("ray") is before and "rlix" not in sys.modules
@@ -123,8 +138,9 @@ def test_the_stand_in_ray_is_only_there_while_rlix_imports(tmp_path):
 
 
 @needs_rlix
-@pytest.mark.parametrize("name,commit", [("gap_ratio_3pipelines", "f77d913"),
-                                         ("miles_floor_reactivates_after_release", "d455b0c")])
+@pytest.mark.parametrize(
+    "name,commit", [("gap_ratio_3pipelines", "f77d913"), ("miles_floor_reactivates_after_release", "d455b0c")]
+)
 def test_rlix_in_the_loop_writes_the_models_event_log(checkouts, name, commit):
     """scheduler.implementation: rlix — RLix decides every cycle; where it decides as the
     model does, every record of the run (decisions, runtime, memory) is the model run's."""
@@ -145,8 +161,9 @@ def test_a_drifted_rlix_in_a_scenario_is_bad_input(tmp_path, capsys):
     drifted = _fake_checkout(tmp_path / "rlix", with_cycle=False)
     scenario = tmp_path / "s.yaml"
     base = open(os.path.join(ROOT, "examples", "scenarios", "default.yaml")).read()
-    scenario.write_text(base + f"\nscheduler: {{implementation: rlix, source: {drifted}}}\n"
-                        if "scheduler:" not in base else base)
+    scenario.write_text(
+        base + f"\nscheduler: {{implementation: rlix, source: {drifted}}}\n" if "scheduler:" not in base else base
+    )
     assert main(["validate", str(scenario)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "scheduler.source" in err and "SchedulerImpl.scheduling_cycle" in err

@@ -92,8 +92,10 @@ def _compare_cycle_by_cycle(records: List[dict], change: Optional[dict] = None):
     cycle on a copy with the floor on. Returns (cycles compared, differing cycles, cycles
     where the witness says the floor applies)."""
     head = records[0]
-    model = SchedulerModel(ClusterTopology(head["cluster"]["nodes"], head["cluster"]["gpus_per_node"]),
-                           SchedulerOptions.from_mapping(head.get("scheduler", {})))
+    model = SchedulerModel(
+        ClusterTopology(head["cluster"]["nodes"], head["cluster"]["gpus_per_node"]),
+        SchedulerOptions.from_mapping(head.get("scheduler", {})),
+    )
     feeder = _Feeder(model, "log")
     witness = FloorWitness()
     compared, differing, floor_cycles = 0, [], set()
@@ -154,6 +156,7 @@ def test_defaults_keep_the_header_and_the_options_appear_only_when_set():
 
 # ---------------------------------------------------------------- reactivated_after_release
 
+
 def _log(*recs: dict) -> List[dict]:
     out = [{"seq": 0, "t": 0.0, "kind": "header"}]
     for i, r in enumerate(recs, start=1):
@@ -161,11 +164,25 @@ def _log(*recs: dict) -> List[dict]:
     return out
 
 
-ACK = {"kind": "signalled", "request_id": 7, "waiter": "planned_release", "cluster_id": "p_actor_infer",
-       "priority": "GENERATION", "gpus": [], "cycle": 3, "error": None}
-EXPAND = {"kind": "plan", "cycle": 4, "shrinks": [], "signals": [],
-          "expands": [{"cluster_id": "p_actor_infer", "has_pending_request": False,
-                       "bundles": [{"dp_rank": 1, "gpus": [1]}]}]}
+ACK = {
+    "kind": "signalled",
+    "request_id": 7,
+    "waiter": "planned_release",
+    "cluster_id": "p_actor_infer",
+    "priority": "GENERATION",
+    "gpus": [],
+    "cycle": 3,
+    "error": None,
+}
+EXPAND = {
+    "kind": "plan",
+    "cycle": 4,
+    "shrinks": [],
+    "signals": [],
+    "expands": [
+        {"cluster_id": "p_actor_infer", "has_pending_request": False, "bundles": [{"dp_rank": 1, "gpus": [1]}]}
+    ],
+}
 COMMIT = {"kind": "commit", "cycle": 4}
 REQUEST = {"kind": "enqueued", "request_id": 8, "cluster_id": "p_actor_infer", "priority": "GENERATION"}
 
@@ -176,9 +193,15 @@ def test_reactivated_after_release_fires_on_an_expand_between_the_ack_and_the_ne
     assert "p_actor_infer dp [1]" in found[0].message and "ack seq 1" in found[0].message
 
 
-@pytest.mark.parametrize("between", [REQUEST, {"kind": "unregister", "pipeline_id": "p"},
-                                     {"kind": "released", "cluster_id": "p_actor_infer", "gpus": [], "reason": "unregister"},
-                                     {**ACK, "waiter": "request", "request_id": 9, "cycle": None, "gpus": [2]}])
+@pytest.mark.parametrize(
+    "between",
+    [
+        REQUEST,
+        {"kind": "unregister", "pipeline_id": "p"},
+        {"kind": "released", "cluster_id": "p_actor_infer", "gpus": [], "reason": "unregister"},
+        {**ACK, "waiter": "request", "request_id": 9, "cycle": None, "gpus": [2]},
+    ],
+)
 def test_reactivated_after_release_is_silent_once_the_pipeline_asked_again_or_left(between):
     assert reactivated_after_release(_log(ACK, between, EXPAND, COMMIT)) == []
 
@@ -190,6 +213,7 @@ def test_reactivated_after_release_ignores_an_expand_the_commit_skipped():
 
 # ---------------------------------------------------------------- release_after_offload
 
+
 def _release_run(after_offload: bool):
     s = _scenario("miles_release_after_failed_sync")
     return Simulation(dataclasses.replace(s, scheduler={"release_after_offload": after_offload})).run()
@@ -197,30 +221,49 @@ def _release_run(after_offload: bool):
 
 def _train_releases_after_the_fault(records):
     fired = next(r["seq"] for r in records if r["kind"] == "fault_fired" and r["name"] == "active_sync_fails")
-    return [r for r in records if r["seq"] > fired and r["kind"] == "released" and r["cluster_id"] == "ppl1_actor_train"]
+    return [
+        r for r in records if r["seq"] > fired and r["kind"] == "released" and r["cluster_id"] == "ppl1_actor_train"
+    ]
 
 
 def test_release_after_offload_releases_the_training_gpus_when_the_sync_fails():
     from harness.logs.invariants import check_log
+
     miles, main = _release_run(True), _release_run(False)
     assert miles.reason == main.reason == "failed"
     (rel,) = _train_releases_after_the_fault(miles.records)
     assert rel["gpus"] == [0]
     assert _train_releases_after_the_fault(main.records) == []
     # the effects of the failing step: offload ended, the sync started and never ended, then the release
-    step = [(r["kind"], r["effect"]) for r in miles.records
-            if r["kind"] in ("effect_start", "effect_end") and r.get("pipeline_id") == "ppl1" and r.get("step") == 1
-            and r.get("scope") == "step"]
+    step = [
+        (r["kind"], r["effect"])
+        for r in miles.records
+        if r["kind"] in ("effect_start", "effect_end")
+        and r.get("pipeline_id") == "ppl1"
+        and r.get("step") == 1
+        and r.get("scope") == "step"
+    ]
     i = step.index(("effect_end", "OffloadTraining"))
-    assert step[i + 1:][-4:] == [("effect_end", "ActiveRanks"), ("effect_start", "SyncFromCache"),
-                                 ("effect_start", "ReleaseGpus"), ("effect_end", "ReleaseGpus")]
+    assert step[i + 1 :][-4:] == [
+        ("effect_end", "ActiveRanks"),
+        ("effect_start", "SyncFromCache"),
+        ("effect_start", "ReleaseGpus"),
+        ("effect_end", "ReleaseGpus"),
+    ]
     # the check's parameter: the release is right under the option, and only with a failed call
     assert {v.invariant for v in check_log(miles.records)} == {"run_outcome"}
     no_flag = [dict(miles.records[0], scheduler={}), *miles.records[1:]]
     assert "release_after_publish" in {v.invariant for v in check_log(no_flag)}
-    no_failure = [r for r in miles.records
-                  if not (r["kind"] == "effect_start" and r["effect"] == "SyncFromCache" and r.get("step") == 1
-                          and r.get("pipeline_id") == "ppl1")]
+    no_failure = [
+        r
+        for r in miles.records
+        if not (
+            r["kind"] == "effect_start"
+            and r["effect"] == "SyncFromCache"
+            and r.get("step") == 1
+            and r.get("pipeline_id") == "ppl1"
+        )
+    ]
     assert "release_after_publish" in {v.invariant for v in check_log(no_failure)}
 
 
@@ -239,6 +282,7 @@ def test_reactivated_after_release_counts_an_expand_whose_cycle_never_commits():
 
 def test_the_demand_floor_with_another_policy_is_refused_naming_the_field(tmp_path):
     from simulators.scenario.loader import ScenarioError, load_scenario as load
+
     text = open(os.path.join(ROOT, "examples", "scenarios", "default.yaml")).read()
     path = tmp_path / "x.yaml"
     path.write_text(text + "\nscheduler: {policy: static_partition, demand_floor: true}\n")

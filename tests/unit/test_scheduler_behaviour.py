@@ -42,6 +42,7 @@ def active(m, pid):
 
 # ---------------------------------------------------------------- gap ratio
 
+
 def test_idle_gpus_are_activated_for_a_single_pipeline():
     m = model(4)
     add(m, "p", [0, 1, 2, 3])
@@ -76,8 +77,8 @@ def test_real_progress_overrides_the_estimate():
     m = model(4)
     add(m, "a", [0, 1, 2, 3])
     add(m, "b", [0, 1, 2, 3])
-    m.report_progress(ProgressReport("a", step_target=10, completed=9))   # remaining 1 (+10 inflation)
-    m.report_progress(ProgressReport("b", step_target=10, completed=0))   # remaining 10 (+10)
+    m.report_progress(ProgressReport("a", step_target=10, completed=9))  # remaining 1 (+10 inflation)
+    m.report_progress(ProgressReport("b", step_target=10, completed=0))  # remaining 10 (+10)
     m.request("a_actor_infer", GEN, step_target_estimate=1000)
     m.request("b_actor_infer", GEN, step_target_estimate=1)
     m.run_cycle()
@@ -114,7 +115,7 @@ def test_ineligible_receiver_causes_no_donor_mutation():
     m.run_cycle()
     m.drain()
     m.report_progress(ProgressReport("a", step_target=10, completed=10))  # a is done
-    m.report_progress(ProgressReport("b", step_target=10, completed=0))   # b has demand, no request
+    m.report_progress(ProgressReport("b", step_target=10, completed=0))  # b has demand, no request
     m.run_cycle()
     plan = plan_of(m)
     assert plan["shrinks"] == [] and plan["expands"] == []
@@ -137,6 +138,7 @@ def test_tp2_grants_whole_bundles():
 
 
 # ---------------------------------------------------------------- scheduling cycle
+
 
 def test_cycle_grants_non_generation_request_its_whole_mapping_and_signals():
     m = model(4)
@@ -185,8 +187,13 @@ def test_shrink_order_all_shrinks_before_expands_and_signal_after():
     m.run_cycle()
     kinds = [(r["kind"], r.get("phase")) for r in m.drain()]
     order = [k for k in kinds if k[0] in ("resize_start", "resize_end", "signalled")]
-    assert order == [("resize_start", "shrink"), ("resize_end", "shrink"),
-                     ("resize_start", "expand"), ("resize_end", "expand"), ("signalled", None)]
+    assert order == [
+        ("resize_start", "shrink"),
+        ("resize_end", "shrink"),
+        ("resize_start", "expand"),
+        ("resize_end", "expand"),
+        ("signalled", None),
+    ]
 
 
 def test_request_with_existing_same_priority_allocation_returns_at_once():
@@ -228,6 +235,7 @@ def test_await_release_is_idempotent_and_immediate_when_nothing_active():
 
 # ---------------------------------------------------------------- stale plans (lock gap)
 
+
 def test_unregister_in_lock_gap_skips_stale_ops_and_leaves_gpus_idle():
     m = model(2)
     add(m, "p", [0, 1], train=[0])
@@ -254,6 +262,7 @@ def test_stale_grant_with_waiter_still_present_is_cleanup_corruption():
 
 
 # ---------------------------------------------------------------- hazards (RLix default vs fixed)
+
 
 def _gen_holder_and_lock_gap(m):
     add(m, "p", [0, 1])
@@ -314,8 +323,8 @@ def _hol_setup(m):
     add(m, "holder", [0, 1, 2, 3], train=[0])
     m.request("holder_actor_train", TRN)
     m.run_cycle()
-    m.request("big_actor_train", TRN)     # needs GPU 0, held by holder: cannot be granted
-    m.request("small_actor_train", TRN)   # later, smaller: overtakes without HOL blocking
+    m.request("big_actor_train", TRN)  # needs GPU 0, held by holder: cannot be granted
+    m.request("small_actor_train", TRN)  # later, smaller: overtakes without HOL blocking
     return m.run_cycle()
 
 
@@ -363,4 +372,3 @@ def test_reserve_same_cluster_release_keeps_the_gpus_for_the_releasing_cluster()
     assert m.state.held_for == {}  # the reservation ends with the grant
     m.release("a_actor_train")
     assert {s.cluster_id: s.gpus for s in m.run_cycle()} == {"b_actor_train": [1]}
-

@@ -137,27 +137,43 @@ class SchedulerMachine(RuleBasedStateMachine):
                 for op in rec["expands"]:
                     both = shrunk.get(op["cluster_id"], set()) & {b["dp_rank"] for b in op["bundles"]}
                     if both:
-                        self.unexpected.append(f"cycle {rec['cycle']} removes and re-adds {op['cluster_id']} ranks {sorted(both)}")
+                        self.unexpected.append(
+                            f"cycle {rec['cycle']} removes and re-adds {op['cluster_id']} ranks {sorted(both)}"
+                        )
             elif kind == "signalled" and rec["waiter"] == "request" and rec["error"] is None:
                 cid = rec["cluster_id"]
                 alloc = st_.allocations.get(cid)
                 now = sorted(alloc.gpu_ids) if alloc is not None else []
                 expected = now
                 plan = self.plans.get(rec["cycle"]) if rec["cycle"] is not None else None
-                if plan is not None and rec["priority"] == GEN.name and any(
-                        s["cluster_id"] == cid and s["priority"] == GEN.name and not s["gpus"] for s in plan["signals"]):
+                if (
+                    plan is not None
+                    and rec["priority"] == GEN.name
+                    and any(
+                        s["cluster_id"] == cid and s["priority"] == GEN.name and not s["gpus"] for s in plan["signals"]
+                    )
+                ):
                     # wake-only signal: answered after the shrinks, before the expands
-                    added = {g for op in plan["expands"] if op["cluster_id"] == cid for b in op["bundles"] for g in b["gpus"]}
+                    added = {
+                        g for op in plan["expands"] if op["cluster_id"] == cid for b in op["bundles"] for g in b["gpus"]
+                    }
                     expected = sorted(set(now) - added)
                 if sorted(rec["gpus"]) != expected:
-                    self.unexpected.append(f"signalled {cid} with {rec['gpus']} but its allocation is {expected} ({rec})")
+                    self.unexpected.append(
+                        f"signalled {cid} with {rec['gpus']} but its allocation is {expected} ({rec})"
+                    )
                 if rec["priority"] != GEN.name and alloc is None:
                     self.unexpected.append(f"non-GEN grant {cid} signalled without an allocation ({rec})")
         if m.failed is not None:
-            reregistered = any(m.failed.startswith(r) and f"cluster_id='{pid}_" in m.failed
-                               for r in REREGISTER_IN_GAP_FAILURES for pid in self.reregistered_in_gap)
-            released = any(m.failed == f"{BY_DESIGN_FAILURES[0]} {cid!r}" or m.failed == f"{BY_DESIGN_FAILURES[1]}, got {cid!r}"
-                           for cid in self.released_while_awaited)
+            reregistered = any(
+                m.failed.startswith(r) and f"cluster_id='{pid}_" in m.failed
+                for r in REREGISTER_IN_GAP_FAILURES
+                for pid in self.reregistered_in_gap
+            )
+            released = any(
+                m.failed == f"{BY_DESIGN_FAILURES[0]} {cid!r}" or m.failed == f"{BY_DESIGN_FAILURES[1]}, got {cid!r}"
+                for cid in self.released_while_awaited
+            )
             if released or reregistered:
                 self.restarts += 1
                 self._fresh_model()  # documented fail-fast; start over with a new scheduler
@@ -189,8 +205,9 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(pid=st.sampled_from(["pa", "pb", "pc"]), estimate=ESTIMATES)
     def request_generation(self, pid, estimate):
-        self._try(self.model.request, self._cid(pid, GENERATION_CLUSTER), GEN, global_step=0,
-                  step_target_estimate=estimate)
+        self._try(
+            self.model.request, self._cid(pid, GENERATION_CLUSTER), GEN, global_step=0, step_target_estimate=estimate
+        )
 
     @rule(estimates=st.lists(ESTIMATES, min_size=3, max_size=3))
     def everyone_generates(self, estimates):
@@ -241,8 +258,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         prio = data.draw(st.one_of(st.sampled_from(NATURAL.get(req, ALL)), st.sampled_from(ALL)), label="priority")
         est = data.draw(ESTIMATES, label="estimate") if prio == GEN else None
         self._note_release(rel)
-        self._try(self.model.release_then_request, rel, self._cid(rpid, req), prio,
-                  request_step_target_estimate=est)
+        self._try(self.model.release_then_request, rel, self._cid(rpid, req), prio, request_step_target_estimate=est)
 
     @rule(pid=st.sampled_from(["pa", "pb", "pc"]), by_cluster=st.booleans(), data=st.data())
     def await_release(self, pid, by_cluster, data):
@@ -254,8 +270,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         else:
             self._try(self.model.await_release, pipeline_id=pid)
 
-    @rule(pid=st.sampled_from(["pa", "pb", "pc"]), step_target=st.integers(1, 16), completed=st.integers(0, 20),
-          mode=st.sampled_from(["train", "val"]))
+    @rule(
+        pid=st.sampled_from(["pa", "pb", "pc"]),
+        step_target=st.integers(1, 16),
+        completed=st.integers(0, 20),
+        mode=st.sampled_from(["train", "val"]),
+    )
     def report_progress(self, pid, step_target, completed, mode):
         self._try(self.model.report_progress, ProgressReport(pid, step_target, float(completed), mode=mode))
 
@@ -314,7 +334,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             for g in alloc.gpu_ids:
                 assert g not in seen, f"GPU {g} owned by {cid} and {seen[g]}"
                 seen[g] = cid
-        assert set(seen) == universe, f"GPUs {sorted(universe - set(seen))} lost, {sorted(set(seen) - universe)} invented"
+        assert set(seen) == universe, (
+            f"GPUs {sorted(universe - set(seen))} lost, {sorted(set(seen) - universe)} invented"
+        )
 
     @invariant()
     def allocations_are_whole_mappings_and_bundles(self):
@@ -325,18 +347,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert entry is not None and name in entry.clusters, f"allocation {cid} of an unregistered cluster"
             cfg = entry.clusters[name]
             if alloc.priority != GEN:
-                assert sorted(alloc.gpu_ids) == list(cfg.device_mapping), \
+                assert sorted(alloc.gpu_ids) == list(cfg.device_mapping), (
                     f"non-GEN {cid} holds {sorted(alloc.gpu_ids)}, mapping is {list(cfg.device_mapping)}"
+                )
                 continue
             assert name == GENERATION_CLUSTER, f"GENERATION allocation on {cid}"
             assert set(alloc.dp_rank_to_gpus) == set(alloc.active_dp_ranks), (cid, alloc)
             union: Set[int] = set()
             for r in alloc.active_dp_ranks:
                 assert 0 <= r < cfg.max_dp_workers, f"{cid} rank {r} >= max_dp {cfg.max_dp_workers}"
-                assert list(alloc.dp_rank_to_gpus[r]) == cfg.bundle(r), \
+                assert list(alloc.dp_rank_to_gpus[r]) == cfg.bundle(r), (
                     f"{cid} rank {r} holds {alloc.dp_rank_to_gpus[r]}, registry bundle {cfg.bundle(r)}"
+                )
                 union.update(cfg.bundle(r))
-            assert sorted(alloc.gpu_ids) == sorted(union), f"{cid} gpu_ids {alloc.gpu_ids} != active bundles {sorted(union)}"
+            assert sorted(alloc.gpu_ids) == sorted(union), (
+                f"{cid} gpu_ids {alloc.gpu_ids} != active bundles {sorted(union)}"
+            )
 
 
 class SchedulerMachine2x2(SchedulerMachine):
@@ -346,8 +372,12 @@ class SchedulerMachine2x2(SchedulerMachine):
 
 # Not derandomized: every run of the suite draws new programs, so the runs together search
 # far more than one run's 75 x 40 steps (was 150: 4 CPU s a run for both machines).
-SETTINGS = settings(max_examples=75, stateful_step_count=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=75,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 
 TestScheduler1x4 = SchedulerMachine.TestCase
 TestScheduler1x4.settings = SETTINGS
@@ -357,6 +387,7 @@ TestScheduler2x2.settings = SETTINGS
 
 # ----------------------------------------------------------------------------- pinned behaviours
 # Two behaviours the machine above tolerates on purpose, pinned here so a change is seen.
+
 
 def _model_pq() -> SchedulerModel:
     m = SchedulerModel(ClusterTopology(1, 3))
@@ -373,15 +404,15 @@ def test_wake_only_signal_is_answered_before_the_same_commits_expand():
     the waiter gets the pre-expand GPU list (the later has_pending signal finds no waiter)."""
     m = _model_pq()
     m.request("q_actor_train", Priority.ACTOR_TRAINING)
-    m.run_cycle()                                                    # q holds GPU 2
+    m.run_cycle()  # q holds GPU 2
     m.request("p_actor_infer", GEN, step_target_estimate=4)
-    m.run_cycle()                                                    # p ranks 0,1
+    m.run_cycle()  # p ranks 0,1
     m.request("p_actor_train", Priority.ACTOR_TRAINING)
-    m.run_cycle()                                                    # training preempts both ranks
+    m.run_cycle()  # training preempts both ranks
     m.release("p_actor_train")
     m.report_progress(ProgressReport("p", 8, 0.0))
-    cp = m.plan_cycle()                                              # expands p (no waiter yet)
-    m.request("p_actor_infer", GEN, step_target_estimate=4)          # lock gap: enqueued, 0 active
+    cp = m.plan_cycle()  # expands p (no waiter yet)
+    m.request("p_actor_infer", GEN, step_target_estimate=4)  # lock gap: enqueued, 0 active
     m.release("q_actor_train")
     m.commit_cycle(cp)
     cp = m.plan_cycle()
@@ -416,6 +447,7 @@ def test_reregistration_inside_the_lock_gap_fails_fast_like_rlix():
 # cycle that was open at that moment can change the active ranks before the release is
 # planned. Found by this state machine run with that option.
 
+
 def _fixed_variant(train: List[int]) -> SchedulerModel:
     from harness.scheduler import SchedulerOptions
 
@@ -423,18 +455,18 @@ def _fixed_variant(train: List[int]) -> SchedulerModel:
     m.register("p", {"actor_infer": 1, "actor_train": 1}, {"actor_infer": [0, 1], "actor_train": train})
     m.admit("p")
     m.request("p_actor_infer", GEN, step_target_estimate=4)
-    m.run_cycle()                                                    # p active ranks {0, 1}
+    m.run_cycle()  # p active ranks {0, 1}
     return m
 
 
 def test_fixed_variant_planned_release_after_gap_shrink_is_planned_validly():
     m = _fixed_variant(train=[0])
     m.request("p_actor_train", Priority.ACTOR_TRAINING)
-    cp = m.plan_cycle()                                              # preempts rank 0 for training
-    m.await_release(pipeline_id="p")                                 # lock gap: snapshot ranks [0, 1]
-    m.commit_cycle(cp)                                               # rank 0 shrunk; release kept (not executed)
-    m.run_cycle()                                                    # Phase 0.5 shrinks [0, 1]; 0 is inactive
-    assert m.failed is None, m.failed                                # (fixed bug: was condition 5 fail-fast)
+    cp = m.plan_cycle()  # preempts rank 0 for training
+    m.await_release(pipeline_id="p")  # lock gap: snapshot ranks [0, 1]
+    m.commit_cycle(cp)  # rank 0 shrunk; release kept (not executed)
+    m.run_cycle()  # Phase 0.5 shrinks [0, 1]; 0 is inactive
+    assert m.failed is None, m.failed  # (fixed bug: was condition 5 fail-fast)
     acks = [r for r in m.drain() if r["kind"] == "signalled" and r["waiter"] == "planned_release"]
     assert acks and acks[-1]["error"] is None
     assert not m.state.allocations["p_actor_infer"].active_dp_ranks
@@ -443,13 +475,13 @@ def test_fixed_variant_planned_release_after_gap_shrink_is_planned_validly():
 def test_fixed_variant_planned_release_after_gap_expand_shrinks_to_zero():
     m = _fixed_variant(train=[1])
     m.request("p_actor_train", Priority.ACTOR_TRAINING)
-    m.run_cycle()                                                    # training preempts rank 1
+    m.run_cycle()  # training preempts rank 1
     m.release("p_actor_train")
     m.report_progress(ProgressReport("p", 8, 0.0))
-    cp = m.plan_cycle()                                              # re-expands rank 1
+    cp = m.plan_cycle()  # re-expands rank 1
     assert [e.dp_rank_to_gpus for e in cp.plan.expands] == [{1: [1]}]
-    m.await_release(pipeline_id="p")                                 # lock gap: snapshot ranks [0]
-    m.commit_cycle(cp)                                               # rank 1 active again; release kept
-    signals = m.run_cycle()                                          # shrinks [0] only, then acks
+    m.await_release(pipeline_id="p")  # lock gap: snapshot ranks [0]
+    m.commit_cycle(cp)  # rank 1 active again; release kept
+    signals = m.run_cycle()  # shrinks [0] only, then acks
     assert [(s.kind, s.shrink_executed) for s in signals] == [("planned_release", True)]
     assert not m.state.allocations["p_actor_infer"].active_dp_ranks  # (fixed bug: rank 1 stayed active)

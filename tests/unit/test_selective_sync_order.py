@@ -22,9 +22,14 @@ def script(p, fail_at=None, expire_at=None, destroy_result=True):
 
     def handle(e):
         name = type(e).__name__
-        tag = {"Emit": lambda: f"Emit {e.kind}", "StageBucket": lambda: f"Stage {e.bucket}",
-               "SendIpc": lambda: f"Ipc {e.bucket}", "Broadcast": lambda: f"Bcast {e.bucket}",
-               "BucketBarrier": lambda: f"Barrier {e.bucket}", "FreeStaging": lambda: f"Free {e.bucket}"}
+        tag = {
+            "Emit": lambda: f"Emit {e.kind}",
+            "StageBucket": lambda: f"Stage {e.bucket}",
+            "SendIpc": lambda: f"Ipc {e.bucket}",
+            "Broadcast": lambda: f"Bcast {e.bucket}",
+            "BucketBarrier": lambda: f"Barrier {e.bucket}",
+            "FreeStaging": lambda: f"Free {e.bucket}",
+        }
         seen.append(tag.get(name, lambda: name)())
         if fail_at is not None and seen[-1] == fail_at:
             raise RuntimeError("boom")
@@ -52,17 +57,22 @@ def bucket(b, ipc=True, bcast=True):
 def test_both_paths_group_around_the_buckets_each_bucket_staged_handed_broadcast_barrier_freed():
     seen, err, value = script(plan())
     assert err is None and value == {"ipc": 24, "broadcast": 24}
-    assert seen == (["LockCache", "Emit sync_start", "CreateSyncGroup", "Emit group_create"]
-                    + bucket(0) + bucket(1) + bucket(2)
-                    + ["FinishSend", "DestroySyncGroup", "Emit group_destroy", "Emit sync_end", "UnlockCache"])
+    assert seen == (
+        ["LockCache", "Emit sync_start", "CreateSyncGroup", "Emit group_create"]
+        + bucket(0)
+        + bucket(1)
+        + bucket(2)
+        + ["FinishSend", "DestroySyncGroup", "Emit group_destroy", "Emit sync_end", "UnlockCache"]
+    )
 
 
 def test_ipc_only_sync_sets_no_group_up():
     seen, err, _ = script(plan(broadcast=()))
     assert err is None
     assert "CreateSyncGroup" not in seen and "DestroySyncGroup" not in seen
-    assert seen == ["LockCache", "Emit sync_start"] + bucket(0, bcast=False) + bucket(1, bcast=False) + \
-        bucket(2, bcast=False) + ["FinishSend", "Emit sync_end", "UnlockCache"]
+    assert seen == ["LockCache", "Emit sync_start"] + bucket(0, bcast=False) + bucket(1, bcast=False) + bucket(
+        2, bcast=False
+    ) + ["FinishSend", "Emit sync_end", "UnlockCache"]
 
 
 @pytest.mark.parametrize("fail_at", ["Bcast 1", "Ipc 0", "Barrier 2", "Stage 0", "FinishSend", "CreateSyncGroup"])
@@ -71,8 +81,8 @@ def test_a_failure_anywhere_destroys_a_created_group_ends_the_sync_failed_and_un
     assert isinstance(err, RuntimeError) and str(err) == "boom"
     created = "Emit group_create" in seen
     tail = (["DestroySyncGroup", "Emit group_destroy"] if created else []) + ["Emit sync_end", "UnlockCache"]
-    assert seen[seen.index(fail_at) + 1:] == tail
-    assert "FinishSend" not in seen[seen.index(fail_at) + 1:]
+    assert seen[seen.index(fail_at) + 1 :] == tail
+    assert "FinishSend" not in seen[seen.index(fail_at) + 1 :]
 
 
 def test_the_timeout_is_thrown_in_and_the_group_still_goes():
@@ -119,8 +129,12 @@ def test_any_teardown_effect_failing_after_an_error_keeps_the_first_error_and_th
 
     with pytest.raises(RuntimeError, match="first"):
         run_blocking(ss.selective_sync(plan()), handle)
-    assert seen[seen.index("Broadcast") + 1:] == ["DestroySyncGroup", "Emit group_destroy", "Emit sync_end",
-                                                  "UnlockCache"]
+    assert seen[seen.index("Broadcast") + 1 :] == [
+        "DestroySyncGroup",
+        "Emit group_destroy",
+        "Emit sync_end",
+        "UnlockCache",
+    ]
 
 
 def test_a_yielding_handler_is_refused_by_the_blocking_runner():
@@ -131,8 +145,15 @@ def test_a_yielding_handler_is_refused_by_the_blocking_runner():
         run_blocking(ss.selective_sync(plan()), handle)
 
 
-@pytest.mark.parametrize("kind, now", [("refit_bucket", "sync_bucket"), ("nccl_group", "group_create"),
-                                       ("bucket_send", "sync_bucket"), ("bucket_recv", "sync_bucket")])
+@pytest.mark.parametrize(
+    "kind, now",
+    [
+        ("refit_bucket", "sync_bucket"),
+        ("nccl_group", "group_create"),
+        ("bucket_send", "sync_bucket"),
+        ("bucket_recv", "sync_bucket"),
+    ],
+)
 def test_a_log_in_the_retired_sync_vocabulary_is_refused_naming_the_kind(tmp_path, kind, now):
     import json
 
@@ -140,8 +161,12 @@ def test_a_log_in_the_retired_sync_vocabulary_is_refused_naming_the_kind(tmp_pat
     from harness.logs.writer import dumps, header_record
 
     path = tmp_path / "old.jsonl"
-    path.write_text(dumps({**header_record({"nodes": 1, "gpus_per_node": 2}), "seq": 0, "t": 0}) + "\n"
-                    + json.dumps({"seq": 1, "t": 0.5, "kind": kind, "pipeline_id": "p"}) + "\n")
+    path.write_text(
+        dumps({**header_record({"nodes": 1, "gpus_per_node": 2}), "seq": 0, "t": 0})
+        + "\n"
+        + json.dumps({"seq": 1, "t": 0.5, "kind": kind, "pipeline_id": "p"})
+        + "\n"
+    )
     with pytest.raises(InputError) as err:
         read_records(str(path))
     msg = str(err.value)

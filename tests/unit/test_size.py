@@ -16,13 +16,19 @@ def _config(tmp_path):
 
 
 def _rows(text):
-    return [m.groups() for m in re.finditer(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)\s+(meets|below target)$",
-                                            text, re.M)]
+    return [
+        m.groups()
+        for m in re.finditer(
+            r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)\s+(meets|below target)$", text, re.M
+        )
+    ]
 
 
 def test_the_cheapest_layout_that_meets_the_target(tmp_path, capsys):
     config = _config(tmp_path)
-    assert main(["size", config, "--target-tokens-per-s", "1", "--max-nodes", "2", "--plot", str(tmp_path / "p.png")]) == 0
+    assert (
+        main(["size", config, "--target-tokens-per-s", "1", "--max-nodes", "2", "--plot", str(tmp_path / "p.png")]) == 0
+    )
     out = capsys.readouterr().out
     rows = _rows(out)
     assert len(rows) >= 4 and (tmp_path / "p.png").stat().st_size > 1000
@@ -30,8 +36,19 @@ def test_the_cheapest_layout_that_meets_the_target(tmp_path, capsys):
     gpus, hours, nodes, tp, tokens = meets[0]
     assert f"cheapest: {nodes} node(s), {gpus} GPUs, generation TP {tp}: {tokens} tokens/s" in out
     # the same layout through preflight gives the same tokens/s
-    assert main(["preflight", config, "--set", f"++cluster.num_nodes={nodes}",
-                 "--set", f"policy.generation.vllm_cfg.tensor_parallel_size={tp}"]) == 0
+    assert (
+        main(
+            [
+                "preflight",
+                config,
+                "--set",
+                f"++cluster.num_nodes={nodes}",
+                "--set",
+                f"policy.generation.vllm_cfg.tensor_parallel_size={tp}",
+            ]
+        )
+        == 0
+    )
     assert f"{tokens} generated tokens/s" in capsys.readouterr().out
 
 

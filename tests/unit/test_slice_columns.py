@@ -22,8 +22,15 @@ def _reference_slices(effects, ranks, include_other=True):
     for iv in effects:
         if iv.kind == "other" and not include_other:
             continue
-        args = {"pipeline_id": iv.pipeline_id, "effect": iv.effect, "args": iv.args, "scope": iv.scope,
-                "step": iv.step, "cycle": iv.cycle, "gpus": list(iv.gpus)}
+        args = {
+            "pipeline_id": iv.pipeline_id,
+            "effect": iv.effect,
+            "args": iv.args,
+            "scope": iv.scope,
+            "step": iv.step,
+            "cycle": iv.cycle,
+            "gpus": list(iv.gpus),
+        }
         if iv.open:
             args["open"] = True
         if iv.error is not None:
@@ -33,8 +40,19 @@ def _reference_slices(effects, ranks, include_other=True):
         args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
         if rv.open:
             args["open"] = True
-        out += [GpuSlice(g, rv.start, rv.end, "generate", rv.pipeline_id, f"generate {rv.pipeline_id} dp{rv.dp_rank}",
-                         args, rv.seq) for g in rv.gpus]
+        out += [
+            GpuSlice(
+                g,
+                rv.start,
+                rv.end,
+                "generate",
+                rv.pipeline_id,
+                f"generate {rv.pipeline_id} dp{rv.dp_rank}",
+                args,
+                rv.seq,
+            )
+            for g in rv.gpus
+        ]
     return sorted(out, key=GpuSlice.sort_key)
 
 
@@ -48,14 +66,36 @@ def _intervals(seed):
         start = float(rng.choice([0.0, 1.0, 2.5]))
         end = start + rng.choice([0.0, 1.0, 2.0])
         gpus = tuple(sorted(rng.sample(range(4), rng.randint(1, 3))))
-        effects.append(EffectInterval(rng.choice(["p0", "p1"]), rng.choice(names), {"what": "train", "k": rng.randint(0, 2)},
-                                      None, rng.choice([None, 1]), 3, gpus, start, end, rng.random() < 0.1,
-                                      rng.choice([None, None, "boom"]), rng.choice([0, i])))
+        effects.append(
+            EffectInterval(
+                rng.choice(["p0", "p1"]),
+                rng.choice(names),
+                {"what": "train", "k": rng.randint(0, 2)},
+                None,
+                rng.choice([None, 1]),
+                3,
+                gpus,
+                start,
+                end,
+                rng.random() < 0.1,
+                rng.choice([None, None, "boom"]),
+                rng.choice([0, i]),
+            )
+        )
     for i in range(60):
         start = float(rng.choice([0.0, 1.0]))
-        ranks.append(RankInterval(rng.choice(["p0", "p1"]), rng.randint(0, 1), tuple(rng.sample(range(4), 2)), start,
-                                  start + rng.choice([0.5, 1.0]), rng.choice([None, 1]), rng.random() < 0.1,
-                                  rng.choice([0, i])))
+        ranks.append(
+            RankInterval(
+                rng.choice(["p0", "p1"]),
+                rng.randint(0, 1),
+                tuple(rng.sample(range(4), 2)),
+                start,
+                start + rng.choice([0.5, 1.0]),
+                rng.choice([None, 1]),
+                rng.random() < 0.1,
+                rng.choice([0, i]),
+            )
+        )
     return effects, ranks
 
 

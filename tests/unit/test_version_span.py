@@ -20,18 +20,38 @@ def header(**pipes):
 
 
 def traj(seq, tid, first, last, pid="p"):
-    return {"seq": seq, "t": seq, "kind": "trajectory", "pipeline_id": pid, "trajectory": tid, "dp_rank": 0,
-            "first_version": first, "version": last}
+    return {
+        "seq": seq,
+        "t": seq,
+        "kind": "trajectory",
+        "pipeline_id": pid,
+        "trajectory": tid,
+        "dp_rank": 0,
+        "first_version": first,
+        "version": last,
+    }
 
 
 def dispatch(seq, tid, trainer_version, pid="p"):
-    return {"seq": seq, "t": seq, "kind": "trajectory_dispatch", "pipeline_id": pid, "trajectory": tid,
-            "trainer_version": trainer_version}
+    return {
+        "seq": seq,
+        "t": seq,
+        "kind": "trajectory_dispatch",
+        "pipeline_id": pid,
+        "trajectory": tid,
+        "trainer_version": trainer_version,
+    }
 
 
 def evicted(seq, tids, trainer_version, pid="p"):
-    return {"seq": seq, "t": seq, "kind": "trajectory_evicted", "pipeline_id": pid, "trajectories": tids,
-            "trainer_version": trainer_version}
+    return {
+        "seq": seq,
+        "t": seq,
+        "kind": "trajectory_evicted",
+        "pipeline_id": pid,
+        "trajectories": tids,
+        "trainer_version": trainer_version,
+    }
 
 
 def span_findings(records):
@@ -40,7 +60,9 @@ def span_findings(records):
 
 def test_a_span_without_partial_rollout_is_named_with_its_versions():
     log = [header(p={"partial_rollout": False}), traj(1, 7, 2, 2), traj(2, 8, 2, 4)]
-    assert span_findings(log) == [(2, "p trajectory 8 was generated with weight versions 2..4 although partial rollout is off")]
+    assert span_findings(log) == [
+        (2, "p trajectory 8 was generated with weight versions 2..4 although partial rollout is off")
+    ]
 
 
 def test_a_span_with_partial_rollout_is_allowed():
@@ -63,10 +85,15 @@ def test_logs_without_the_settings_are_skipped():
     assert span_findings([header(q={"partial_rollout": False}), traj(1, 8, 2, 4)]) == []  # another pipeline
 
 
-@pytest.mark.parametrize("name, fires", [("slime_requeue_partial_rollout", "partial rollout is off"),
-                                         ("slime_requeue_partial_rollout_fixed", None),
-                                         ("areal_staleness_capacity_restart", "in its window"),
-                                         ("areal_staleness_capacity_restart_fixed", None)])
+@pytest.mark.parametrize(
+    "name, fires",
+    [
+        ("slime_requeue_partial_rollout", "partial rollout is off"),
+        ("slime_requeue_partial_rollout_fixed", None),
+        ("areal_staleness_capacity_restart", "in its window"),
+        ("areal_staleness_capacity_restart_fixed", None),
+    ],
+)
 def test_the_field_reports_fire_and_their_fixes_hold(name, fires):
     res = Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", f"{name}.yaml"))).run()
     assert res.reason == "done"

@@ -84,7 +84,7 @@ def parse_line(text: str, where: str) -> Optional[Tuple[float, str, Dict[str, st
     at = text.find(MARKER)
     if at < 0:
         return None
-    fields = dict(_FIELD.findall(text[at + len(MARKER):]))
+    fields = dict(_FIELD.findall(text[at + len(MARKER) :]))
     for key in ("t", "fn"):
         if key not in fields:
             raise InputError(f"{where}: field {key!r}: missing from the {MARKER} line")
@@ -106,22 +106,32 @@ def _input(fn: str, f: Dict[str, str], where: str) -> Optional[Dict[str, Any]]:
     """The input record (without seq/t) of one marker line; None for the cross-check line."""
     if fn == "request_gpus":
         _require(f, where, "cluster_id", "priority")
-        return {"kind": "request", "cluster_id": f["cluster_id"], "priority": f["priority"],
-                "global_step": _value(f.get("global_step", "None"), where, "global_step", "int"),
-                "step_target_estimate": _value(f.get("step_target_estimate", "None"), where, "step_target_estimate", "int"),
-                "lora_name": _value(f.get("lora_name", "None"), where, "lora_name", "str")}
+        return {
+            "kind": "request",
+            "cluster_id": f["cluster_id"],
+            "priority": f["priority"],
+            "global_step": _value(f.get("global_step", "None"), where, "global_step", "int"),
+            "step_target_estimate": _value(f.get("step_target_estimate", "None"), where, "step_target_estimate", "int"),
+            "lora_name": _value(f.get("lora_name", "None"), where, "lora_name", "str"),
+        }
     if fn == "report_progress":
         _require(f, where, "pipeline_id", "step_target_trajectories", "completed")
-        rec = {"kind": "progress", "pipeline_id": f["pipeline_id"],
-               "step_target": _value(f["step_target_trajectories"], where, "step_target_trajectories", "int"),
-               "completed": _value(f["completed"], where, "completed", "number")}
+        rec = {
+            "kind": "progress",
+            "pipeline_id": f["pipeline_id"],
+            "step_target": _value(f["step_target_trajectories"], where, "step_target_trajectories", "int"),
+            "completed": _value(f["completed"], where, "completed", "number"),
+        }
         if f.get("mode") not in (None, "", "None"):
             rec["mode"] = f["mode"]
         return rec
     if fn == "notify_release_gpus":
         _require(f, where, "cluster_id")
-        return {"kind": "release", "cluster_id": f["cluster_id"],
-                "global_step": _value(f.get("global_step", "None"), where, "global_step", "int")}
+        return {
+            "kind": "release",
+            "cluster_id": f["cluster_id"],
+            "global_step": _value(f.get("global_step", "None"), where, "global_step", "int"),
+        }
     return None
 
 
@@ -140,8 +150,9 @@ def read_topology(path: str) -> Tuple[Dict[str, int], Dict[str, Dict[str, Any]],
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a mapping with 'cluster' and 'pipelines'")
     cluster, pipelines = data.get("cluster"), data.get("pipelines")
-    if not isinstance(cluster, dict) or not all(isinstance(cluster.get(k), int) and cluster[k] > 0
-                                                for k in ("nodes", "gpus_per_node")):
+    if not isinstance(cluster, dict) or not all(
+        isinstance(cluster.get(k), int) and cluster[k] > 0 for k in ("nodes", "gpus_per_node")
+    ):
         raise InputError(f"{path}: field 'cluster': needs positive integers nodes and gpus_per_node")
     if cluster["nodes"] * cluster["gpus_per_node"] > 65536:
         raise InputError(f"{path}: field 'cluster': at most 65536 GPUs")
@@ -163,12 +174,18 @@ class _Importer:
         except ValueError as e:
             raise InputError(f"{topo_path}: field 'scheduler': {e}") from None
         self.model = SchedulerModel(ClusterTopology(cluster["nodes"], cluster["gpus_per_node"]), options)
-        meta = {"import": "rlix-log", "log": log_path, "topology": topo_path, "poll_s": poll_s,
-                "filled_in": "register/admit at t=0 from the topology; a cycle after each request and release; "
-                             "poll cycles where the model's background trigger holds",
-                "not_in_log": "release_then_request, await_release, unregister, clear_progress, resize timings"}
-        self.result = ImportResult(EventLog(header_record(cluster, scheduler=options.to_mapping(),
-                                                          source="rlix-log", meta=meta)))
+        meta = {
+            "import": "rlix-log",
+            "log": log_path,
+            "topology": topo_path,
+            "poll_s": poll_s,
+            "filled_in": "register/admit at t=0 from the topology; a cycle after each request and release; "
+            "poll cycles where the model's background trigger holds",
+            "not_in_log": "release_then_request, await_release, unregister, clear_progress, resize timings",
+        }
+        self.result = ImportResult(
+            EventLog(header_record(cluster, scheduler=options.to_mapping(), source="rlix-log", meta=meta))
+        )
         self.feeder = _Feeder(self.model, log_path)
         self.poll_s = poll_s
         self.next_poll = poll_s
@@ -212,8 +229,12 @@ def import_rlix_log(log_path: str, topology_path: str, *, poll_s: float = 1.0) -
     cluster, pipelines, sched = read_topology(topology_path)
     imp = _Importer(cluster, sched, log_path, topology_path, poll_s)
     for pid, reg in pipelines.items():
-        register = {"kind": "register", "pipeline_id": str(pid), "cluster_tp_configs": reg["cluster_tp_configs"],
-                    "cluster_device_mappings": reg["cluster_device_mappings"]}
+        register = {
+            "kind": "register",
+            "pipeline_id": str(pid),
+            "cluster_tp_configs": reg["cluster_tp_configs"],
+            "cluster_device_mappings": reg["cluster_device_mappings"],
+        }
         if "topology" in reg:
             register["topology"] = reg["topology"]
         imp.add(0.0, 0, register)
@@ -243,7 +264,9 @@ def import_rlix_log(log_path: str, topology_path: str, *, poll_s: float = 1.0) -
             t0 = t_abs if t0 is None else t0
             t = round(t_abs - t0, 6)
             if t < imp.result.log.records[-1]["t"]:
-                raise InputError(f"{where}: field 't': {t_abs} is earlier than the line before (the log must be in time order)")
+                raise InputError(
+                    f"{where}: field 't': {t_abs} is earlier than the line before (the log must be in time order)"
+                )
             imp.poll_until(t, n)
             if fn == "notify_release_gpus_done":
                 imp.cross_check(fields, where, n)

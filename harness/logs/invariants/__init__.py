@@ -10,9 +10,35 @@ from __future__ import annotations
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 from harness.logs.invariants import (  # noqa: F401  (registration)
-    cache, collective_order, dataplane, engine, engine_transition, groups, handover, handover_headroom, host_memory, lifecycle, memory, ordering, outcome, ownership, plans,
-    pump_liveness, refit_payload, refit_wire, release_reuse, routing, scheduling, streaming, trajectory_age, trends,
-    version_span, versions, waitfor, hot_states)
+    cache,
+    collective_order,
+    dataplane,
+    engine,
+    engine_transition,
+    groups,
+    handover,
+    handover_headroom,
+    host_memory,
+    lifecycle,
+    memory,
+    ordering,
+    outcome,
+    ownership,
+    plans,
+    pump_liveness,
+    refit_payload,
+    refit_wire,
+    release_reuse,
+    routing,
+    scheduling,
+    streaming,
+    trajectory_age,
+    trends,
+    version_span,
+    versions,
+    waitfor,
+    hot_states,
+)
 from harness.logs.invariants.base import CHECKS, SEES, Records, Violation
 
 
@@ -43,7 +69,9 @@ def merge_findings(found: Mapping[str, List[Violation]], order: Iterable[str]) -
     return sorted(out, key=lambda v: (v.seq, v.invariant))
 
 
-def kind_views(records: Records, kind_sets: Iterable[Optional[FrozenSet[str]]]) -> Dict[Optional[FrozenSet[str]], Records]:
+def kind_views(
+    records: Records, kind_sets: Iterable[Optional[FrozenSet[str]]]
+) -> Dict[Optional[FrozenSet[str]], Records]:
     """For each set of kinds, the records of those kinds in log order, with the log's
     first and last record (``None``: the whole log). One pass over the log fills every
     view: each record is appended to the views of its kind, so a check that keeps state

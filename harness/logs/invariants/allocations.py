@@ -41,16 +41,16 @@ class Registered:
     tps: Dict[str, int]
 
     def mapping(self, cluster_id: str) -> Optional[List[int]]:
-        return self.mappings.get(cluster_id[len(pipeline_of(cluster_id)) + 1:])
+        return self.mappings.get(cluster_id[len(pipeline_of(cluster_id)) + 1 :])
 
     def tp(self, cluster_id: str) -> Optional[int]:
-        return self.tps.get(cluster_id[len(pipeline_of(cluster_id)) + 1:])
+        return self.tps.get(cluster_id[len(pipeline_of(cluster_id)) + 1 :])
 
     def bundle(self, cluster_id: str, dp_rank: int) -> Optional[List[int]]:
         m, tp = self.mapping(cluster_id), self.tp(cluster_id)
         if m is None or not tp:
             return None
-        return m[dp_rank * tp:(dp_rank + 1) * tp]
+        return m[dp_rank * tp : (dp_rank + 1) * tp]
 
     def max_dp(self, cluster_id: str) -> Optional[int]:
         m, tp = self.mapping(cluster_id), self.tp(cluster_id)
@@ -154,7 +154,7 @@ class Holdings:
                 reg = self.registration(cid)
                 tp = (reg.tp(cid) if reg else None) or 1
                 gpus = sorted(s["gpus"])
-                self.ranks[cid] = {r: gpus[r * tp:(r + 1) * tp] for r in range(len(gpus) // tp)}
+                self.ranks[cid] = {r: gpus[r * tp : (r + 1) * tp] for r in range(len(gpus) // tp)}
         for e in plan["expands"]:
             cid = e["cluster_id"]
             if f"expand {cid}" in skipped:
@@ -224,8 +224,8 @@ class DecisionWalk:
             pid = r["pipeline_id"]
             self._undo[r["seq"]] = (pid, h.registry.get(pid))
             h.registry[pid] = Registered(
-                {name: sorted(m) for name, m in r["cluster_device_mappings"].items()},
-                dict(r["cluster_tp_configs"]))
+                {name: sorted(m) for name, m in r["cluster_device_mappings"].items()}, dict(r["cluster_tp_configs"])
+            )
         elif k == "rejected" and r["input_kind"] == "register" and r["input_seq"] in self._undo:
             pid, before = self._undo.pop(r["input_seq"])  # a refused registration changed nothing
             if before is None:

@@ -52,8 +52,12 @@ class _LockWalk:
 
     def __init__(self) -> None:
         self.out: List[Access] = []
-        self.holds: Dict[Tuple[str, str], List[Tuple[int, Optional[int]]]] = {}  # (pipeline, holder) -> [(acquire seq, version)]
-        self.effects: Dict[Tuple[str, str], List[Tuple[int, Optional[int], int]]] = {}  # (pipeline, what) -> [(start, version, holds seen)]
+        self.holds: Dict[
+            Tuple[str, str], List[Tuple[int, Optional[int]]]
+        ] = {}  # (pipeline, holder) -> [(acquire seq, version)]
+        self.effects: Dict[
+            Tuple[str, str], List[Tuple[int, Optional[int], int]]
+        ] = {}  # (pipeline, what) -> [(start, version, holds seen)]
         self.held_count: Dict[Tuple[str, str], int] = {}
 
     def on(self, r: dict, k: str) -> None:
@@ -105,9 +109,18 @@ def cache_lock(records: Records) -> List[Violation]:
         reads = [a for a in accesses if a.what == "sync"]
         for w in (a for a in accesses if a.what in _WRITES):
             for rd in reads:
-                if w.start <= rd.end and rd.start <= w.end and (w.start < rd.end and rd.start < w.end or w.start == w.end):
-                    out.append(Violation(NAME, max(w.start, rd.start),
-                                         f"{pid}: cache {_describe(w)} while the {_describe(rd)} reads the cache"))
+                if (
+                    w.start <= rd.end
+                    and rd.start <= w.end
+                    and (w.start < rd.end and rd.start < w.end or w.start == w.end)
+                ):
+                    out.append(
+                        Violation(
+                            NAME,
+                            max(w.start, rd.start),
+                            f"{pid}: cache {_describe(w)} while the {_describe(rd)} reads the cache",
+                        )
+                    )
                     break  # once per write
     return sorted(out, key=lambda v: v.seq)
 

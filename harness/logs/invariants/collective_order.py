@@ -39,7 +39,13 @@ def collective_order(records: Records) -> List[Violation]:
             continue
         for other, (seq, t) in sorted(active.items()):
             if other != activity:
-                out.append(Violation(NAME, r["seq"], f"{activity} issues collectives on {comm} while {other} "
-                                     f"(since seq {seq}, t={t:.3f}) still does: no order between them"))
+                out.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"{activity} issues collectives on {comm} while {other} "
+                        f"(since seq {seq}, t={t:.3f}) still does: no order between them",
+                    )
+                )
         active[activity] = (r["seq"], r["t"])
     return out

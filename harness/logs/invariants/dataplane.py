@@ -54,13 +54,25 @@ def data_plane(records: Records) -> List[Violation]:
             for key in [k for k in written if k[0] == part and (samples is None or k[1] in samples)]:
                 del written[key]
         elif kind == "dp_write_refused":
-            out.append(Violation(NAME, r["seq"], f"-601 class: {_who(r)} tried to rewrite {len(r['samples'])} sample(s) "
-                                                 f"x {r['fields']} in {r['partition']!r}; the store refused (code {r['code']})"))
+            out.append(
+                Violation(
+                    NAME,
+                    r["seq"],
+                    f"-601 class: {_who(r)} tried to rewrite {len(r['samples'])} sample(s) "
+                    f"x {r['fields']} in {r['partition']!r}; the store refused (code {r['code']})",
+                )
+            )
         elif kind == "dp_transfer":
             hop = r["hop"]
             if r["role"] == "driver" and hop != "driver_meta" and r["bytes"] > 0:
-                out.append(Violation(NAME, r["seq"], f"the driver held bulk tensors: {hop} moved {r['bytes']} B "
-                                                     f"of {r['fields']} for {len(r['samples'])} sample(s)"))
+                out.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"the driver held bulk tensors: {hop} moved {r['bytes']} B "
+                        f"of {r['fields']} for {len(r['samples'])} sample(s)",
+                    )
+                )
             elif hop == "driver_meta":
                 bulk = _bulk_in_meta(r)
                 if bulk:
@@ -77,7 +89,12 @@ def data_plane(records: Records) -> List[Violation]:
                             written[key] = r
                 if dups:
                     s, f, first = dups[0]
-                    out.append(Violation(NAME, r["seq"],
-                                         f"-601 class: {_who(r)} wrote {len(dups)} row(s) already written, e.g. {s}/{f} "
-                                         f"first by {_who(first)} at seq {first['seq']}"))
+                    out.append(
+                        Violation(
+                            NAME,
+                            r["seq"],
+                            f"-601 class: {_who(r)} wrote {len(dups)} row(s) already written, e.g. {s}/{f} "
+                            f"first by {_who(first)} at seq {first['seq']}",
+                        )
+                    )
     return out

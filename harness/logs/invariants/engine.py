@@ -50,8 +50,14 @@ def kv_cache_asleep(records: Records) -> List[Violation]:
             key = (r["pipeline_id"], r["dp_rank"])
             if not kv.get(key, False):
                 what = "dispatched to" if k == "request_dispatch" else "resumed on"
-                out.append(Violation("kv_cache_asleep", r["seq"], f"request {r['request']} {what} {key[0]} dp{key[1]}, "
-                                     "whose KV cache is asleep (a forward into released KV memory)"))
+                out.append(
+                    Violation(
+                        "kv_cache_asleep",
+                        r["seq"],
+                        f"request {r['request']} {what} {key[0]} dp{key[1]}, "
+                        "whose KV cache is asleep (a forward into released KV memory)",
+                    )
+                )
     return out
 
 
@@ -69,14 +75,26 @@ def engine_resume(records: Records) -> List[Violation]:
         if r["kind"] == "rank_state":
             asleep = list(r.get("asleep_tags") or ())
             if r["state"] == "routable" and asleep and state.get(key) != "routable":
-                out.append(Violation("engine_resume", r["seq"], f"{key[0]} dp{key[1]} resumed (routable) with "
-                                     f"{', '.join(asleep)} asleep; the engine must stay paused until every tag is awake"))
+                out.append(
+                    Violation(
+                        "engine_resume",
+                        r["seq"],
+                        f"{key[0]} dp{key[1]} resumed (routable) with "
+                        f"{', '.join(asleep)} asleep; the engine must stay paused until every tag is awake",
+                    )
+                )
             state[key] = r["state"]
             weights_awake[key] = r["state"] not in _NO_TAGS and "weights" not in asleep
         elif r["kind"] == "engine_tag" and r["tag"] == "kv_cache" and r["state"] == "awake":
             if not weights_awake.get(key, False):
-                out.append(Violation("engine_resume", r["seq"], f"{key[0]} dp{key[1]} woke its KV cache while its "
-                                     f"weights were asleep ({state.get(key, 'asleep')}): weights first, KV cache after the refit"))
+                out.append(
+                    Violation(
+                        "engine_resume",
+                        r["seq"],
+                        f"{key[0]} dp{key[1]} woke its KV cache while its "
+                        f"weights were asleep ({state.get(key, 'asleep')}): weights first, KV cache after the refit",
+                    )
+                )
     return out
 
 
@@ -141,9 +159,15 @@ class _Weights:
             full = self.full.get(pid, set())
             missing = sorted(full - got)
             if missing:
-                out.append(Violation("engine_weights", seq, f"{where} routable after a level-2 wake holding "
-                                     f"{len(got & full)} of the {len(full)} weight buckets (never reloaded: "
-                                     f"{missing[:5]}{'…' if len(missing) > 5 else ''})"))
+                out.append(
+                    Violation(
+                        "engine_weights",
+                        seq,
+                        f"{where} routable after a level-2 wake holding "
+                        f"{len(got & full)} of the {len(full)} weight buckets (never reloaded: "
+                        f"{missing[:5]}{'…' if len(missing) > 5 else ''})",
+                    )
+                )
         return out
 
 
@@ -173,9 +197,15 @@ def version_at_dispatch(records: Records) -> List[Violation]:
             key = (r["pipeline_id"], r["request"])
             at_dispatch, version = stamped.pop(key, unseen), r.get("version")
             if at_dispatch is not unseen and version != at_dispatch:
-                out.append(Violation("version_at_dispatch", r["seq"], f"request {key[1]} of {key[0]} finished stamped "
-                                     f"v{version} but was dispatched to v{at_dispatch}: stamped at completion, "
-                                     "its staleness is under-counted"))
+                out.append(
+                    Violation(
+                        "version_at_dispatch",
+                        r["seq"],
+                        f"request {key[1]} of {key[0]} finished stamped "
+                        f"v{version} but was dispatched to v{at_dispatch}: stamped at completion, "
+                        "its staleness is under-counted",
+                    )
+                )
     return out
 
 
@@ -194,6 +224,12 @@ def pause_lost_work(records: Records) -> List[Violation]:
         elif k == "request_abort":
             key = (r["pipeline_id"], r["dp_rank"])
             if key in paused:
-                out.append(Violation("pause_lost_work", r["seq"], f"request {r['request']} aborted on {key[0]} "
-                                     f"dp{key[1]}, paused with mode {paused[key]}: its decoded tokens are lost"))
+                out.append(
+                    Violation(
+                        "pause_lost_work",
+                        r["seq"],
+                        f"request {r['request']} aborted on {key[0]} "
+                        f"dp{key[1]}, paused with mode {paused[key]}: its decoded tokens are lost",
+                    )
+                )
     return out

@@ -64,8 +64,14 @@ class _Replay:
         elif event == "resume" or event.startswith("sleep("):
             self.paused_at.pop(key, None)
         if why is not None:
-            self.out.append(Violation("engine_transition", r["seq"], f"{key[0]} dp{key[1]}: illegal {why.describe()} "
-                                      f"(record {r['kind']}{' ' + r['effect'] if 'effect' in r else ''})"))
+            self.out.append(
+                Violation(
+                    "engine_transition",
+                    r["seq"],
+                    f"{key[0]} dp{key[1]}: illegal {why.describe()} "
+                    f"(record {r['kind']}{' ' + r['effect'] if 'effect' in r else ''})",
+                )
+            )
         table.apply(state, event)
 
     def on(self, r: dict) -> None:
@@ -159,8 +165,10 @@ class _Replay:
             self.event(key, "resume", r)
 
 
-@invariant("engine_transition", reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end",
-                                       "request_dispatch", "request_resume"))
+@invariant(
+    "engine_transition",
+    reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end", "request_dispatch", "request_resume"),
+)
 def engine_transition(records: Records) -> List[Violation]:
     """Every engine event the log records is a legal transition of the engine's table."""
     replay = _Replay()
@@ -169,8 +177,11 @@ def engine_transition(records: Records) -> List[Violation]:
     return replay.out
 
 
-@invariant("engine_stood_down", reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end",
-                                       "request_dispatch", "request_resume"), sees=("header",))
+@invariant(
+    "engine_stood_down",
+    reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end", "request_dispatch", "request_resume"),
+    sees=("header",),
+)
 def engine_stood_down(records: Records) -> List[Violation]:
     """No engine ends the log paused and awake: a pause that neither a resume nor a sleep
     followed has nothing left to wake it (NVIDIA-NeMo/RL #3730: a stood-down engine nobody
@@ -183,12 +194,27 @@ def engine_stood_down(records: Records) -> List[Violation]:
     last = records[-1]["seq"]
     head = records[0] if records[0]["kind"] == "header" else {}
     timeouts = (head.get("meta") or {}).get("timeouts") or {}
-    unbounded = ("; the drain has no deadline (an unbounded pause: NVIDIA-NeMo/RL #3929's refit_timeout_s: null)"
-                 if timeouts.get("shrink_drain_s") == 0 else "")
-    ranks = [Violation("engine_stood_down", last, f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
-                       f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log "
-                       f"wakes it{unbounded}")
-             for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))]
-    return ranks + [Violation("engine_stood_down", last, f"{pid} generation paused at seq {r['seq']} (t={r['t']:g}, "
-                              f"PauseRollouts) and never resumed: nothing in the log wakes it")
-                    for pid, r in sorted(replay.rollouts_paused_at.items())]
+    unbounded = (
+        "; the drain has no deadline (an unbounded pause: NVIDIA-NeMo/RL #3929's refit_timeout_s: null)"
+        if timeouts.get("shrink_drain_s") == 0
+        else ""
+    )
+    ranks = [
+        Violation(
+            "engine_stood_down",
+            last,
+            f"{key[0]} dp{key[1]} paused at seq {r['seq']} (t={r['t']:g}, "
+            f"{r['kind']} {r.get('effect', '')}) and never resumed or put to sleep: nothing in the log "
+            f"wakes it{unbounded}",
+        )
+        for key, r in sorted(replay.paused_at.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+    ]
+    return ranks + [
+        Violation(
+            "engine_stood_down",
+            last,
+            f"{pid} generation paused at seq {r['seq']} (t={r['t']:g}, "
+            f"PauseRollouts) and never resumed: nothing in the log wakes it",
+        )
+        for pid, r in sorted(replay.rollouts_paused_at.items())
+    ]

@@ -34,7 +34,11 @@ def _members_problem(members: List[int], world: Optional[int], what: str) -> Opt
 
 def _ends_in_failure(r: dict, k: str) -> bool:
     """Whether ``r`` (of kind ``k``) says the run failed: its groups may then stay alive."""
-    return (k == "sim_end" and r["reason"] == "failed") or k == "gate_abort" or (k == "gate_end" and r["status"] == "failed")
+    return (
+        (k == "sim_end" and r["reason"] == "failed")
+        or k == "gate_abort"
+        or (k == "gate_end" and r["status"] == "failed")
+    )
 
 
 def _writer(r: dict) -> str:
@@ -56,8 +60,11 @@ def _create_problem(r: dict, world: Optional[int], registry: Dict[str, Registere
     return problem
 
 
-@invariant(NAME, reads=("group_create", "group_destroy", "sync_end"),
-           sees=("sim_end", "gate_abort", "gate_end", "gate_start", "register"))
+@invariant(
+    NAME,
+    reads=("group_create", "group_destroy", "sync_end"),
+    sees=("sim_end", "gate_abort", "gate_end", "gate_start", "register"),
+)
 def sync_groups(records: Records) -> List[Violation]:
     out: List[Violation] = []
     failed = False  # (found in the same pass: the check runs online, harness/logs/invariants/online.py)
@@ -73,7 +80,8 @@ def sync_groups(records: Records) -> List[Violation]:
             world = r["world_size"]
         elif k == "register":
             registry[r["pipeline_id"]] = Registered(
-                {n: sorted(m) for n, m in r["cluster_device_mappings"].items()}, dict(r["cluster_tp_configs"]))
+                {n: sorted(m) for n, m in r["cluster_device_mappings"].items()}, dict(r["cluster_tp_configs"])
+            )
         elif k == "group_create" and r.get("purpose") == SYNC_PURPOSE:
             key = (_writer(r), r["name"])
             sync_names.add(key)
@@ -91,10 +99,20 @@ def sync_groups(records: Records) -> List[Violation]:
             for (w, name), seq in sorted(live.items()):
                 if w == who and (w, name) not in stranded:
                     stranded.add((w, name))  # reported once, at the end of the sync that left it
-                    out.append(Violation(NAME, r["seq"], f"{who}: sync ended with its group {name} (created at seq {seq}) still alive"))
+                    out.append(
+                        Violation(
+                            NAME,
+                            r["seq"],
+                            f"{who}: sync ended with its group {name} (created at seq {seq}) still alive",
+                        )
+                    )
     if not failed and records:
         end = records[-1]["seq"]
         for key, seq in sorted(live.items()):
             if key not in stranded:
-                out.append(Violation(NAME, end, f"{key[0]}: sync group {key[1]} (created at seq {seq}) leaked: never destroyed"))
+                out.append(
+                    Violation(
+                        NAME, end, f"{key[0]}: sync group {key[1]} (created at seq {seq}) leaked: never destroyed"
+                    )
+                )
     return out

@@ -71,8 +71,14 @@ class _Holders:
         if plan is None:
             return []
         cid, ranks = f"{r['pipeline_id']}_actor_infer", set(r["dp_ranks"])
-        return sorted(g for op in plan[ops] if op["cluster_id"] == cid
-                      for b in op["bundles"] if b["dp_rank"] in ranks for g in b["gpus"])
+        return sorted(
+            g
+            for op in plan[ops]
+            if op["cluster_id"] == cid
+            for b in op["bundles"]
+            if b["dp_rank"] in ranks
+            for g in b["gpus"]
+        )
 
     def grant_of(self, r: dict) -> Optional[Tuple[str, List[int]]]:
         """(cluster, GPUs) if ``r`` hands GPUs to a cluster, after updating the holders."""
@@ -90,8 +96,13 @@ class _Holders:
             for g in self.bundle_gpus(r, "shrinks"):
                 if self.holder.get(g) == cid:
                     del self.holder[g]
-        elif (k == "signalled" and r["waiter"] == "request" and r["gpus"] and not r.get("error")
-              and r.get("priority") != "GENERATION"):
+        elif (
+            k == "signalled"
+            and r["waiter"] == "request"
+            and r["gpus"]
+            and not r.get("error")
+            and r.get("priority") != "GENERATION"
+        ):
             for g in r["gpus"]:
                 self.holder[g] = r["cluster_id"]
             return r["cluster_id"], list(r["gpus"])
@@ -149,18 +160,36 @@ def handover(records: Records) -> List[Violation]:
                 total = sum(by_kind.values())
                 if total > _residue(other):
                     kinds = ", ".join(f"{k} {v} B" for k, v in sorted(by_kind.items()))
-                    out.append(Violation("handover", r["seq"],
-                                         f"GPU {g} granted to {cid} ({r['kind']} seq {r['seq']}) still holds {other}'s "
-                                         f"{kinds} ({total} B > residue {_residue(other)} B), left by phase "
-                                         f"{'/'.join(sorted(phases[other]))}"))
+                    out.append(
+                        Violation(
+                            "handover",
+                            r["seq"],
+                            f"GPU {g} granted to {cid} ({r['kind']} seq {r['seq']}) still holds {other}'s "
+                            f"{kinds} ({total} B > residue {_residue(other)} B), left by phase "
+                            f"{'/'.join(sorted(phases[other]))}",
+                        )
+                    )
     return out
 
 
 _TRAINER_EFFECTS = ("Compute", "BuildCache", "ReloadTrainComm", "OffloadTraining", "DestroyTrainComm")
 
 
-@invariant("gpu_tenancy", reads=("vram", "effect_start", "rank_state", "request_dispatch", "plan", "resize_start",
-                                   "resize_end", "signalled", "released", "register"))
+@invariant(
+    "gpu_tenancy",
+    reads=(
+        "vram",
+        "effect_start",
+        "rank_state",
+        "request_dispatch",
+        "plan",
+        "resize_start",
+        "resize_end",
+        "signalled",
+        "released",
+        "register",
+    ),
+)
 def gpu_tenancy(records: Records) -> List[Violation]:
     out: List[Violation] = []
     holders = _Holders()
@@ -176,8 +205,13 @@ def gpu_tenancy(records: Records) -> List[Violation]:
             held = holders.holder.get(g)
             if held != cluster and (cluster, g, what) not in reported:
                 reported.add((cluster, g, what))
-                out.append(Violation("gpu_tenancy", seq, f"{cluster} {what} on GPU {g}, which "
-                                                         f"{'is held by ' + held if held else 'nobody holds'}"))
+                out.append(
+                    Violation(
+                        "gpu_tenancy",
+                        seq,
+                        f"{cluster} {what} on GPU {g}, which {'is held by ' + held if held else 'nobody holds'}",
+                    )
+                )
 
     # The two kinds of most records (an allocation, a dispatch) take a fast path: ``check``
     # is only called once some GPU is not held by the cluster, and it then looks at all.

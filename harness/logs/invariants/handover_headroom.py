@@ -76,8 +76,9 @@ def _ends(r: dict, w: Window) -> bool:
     return r["kind"] == "released" and r.get("cluster_id") == w.cluster and w.gpu in r.get("gpus", ())
 
 
-def _others(on: Dict[Tuple[str, str], int], left_by: Dict[Tuple[str, str], Optional[str]],
-            cid: str) -> Tuple[Dict[str, int], Dict[str, str]]:
+def _others(
+    on: Dict[Tuple[str, str], int], left_by: Dict[Tuple[str, str], Optional[str]], cid: str
+) -> Tuple[Dict[str, int], Dict[str, str]]:
     """Bytes (and the phases that loaded them) of each cluster other than ``cid`` above its residue."""
     by: Dict[str, int] = {}
     phases: Dict[str, set] = {}
@@ -160,8 +161,13 @@ def handover_headroom(records: Records) -> List[Violation]:
         if w.headroom is None or w.headroom >= margin:
             continue
         left = ", ".join(f"{o}'s {b} B (phase {w.phases[o]})" for o, b in w.residue.items())
-        out.append(Violation("handover_headroom", w.low_seq,
-                             f"GPU {w.gpu} granted to {w.cluster} (seq {w.seq}) with {left} still on it: the wake's "
-                             f"headroom fell to {w.headroom} B ({gib(w.headroom)}) at seq {w.low_seq}, under the "
-                             f"margin {margin} B ({gib(margin)})"))
+        out.append(
+            Violation(
+                "handover_headroom",
+                w.low_seq,
+                f"GPU {w.gpu} granted to {w.cluster} (seq {w.seq}) with {left} still on it: the wake's "
+                f"headroom fell to {w.headroom} B ({gib(w.headroom)}) at seq {w.low_seq}, under the "
+                f"margin {margin} B ({gib(margin)})",
+            )
+        )
     return out

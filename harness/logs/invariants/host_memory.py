@@ -42,9 +42,21 @@ def host_ram(records: Records) -> List[Violation]:
             held[(node, owner)] = now
             total = used[node] = used.get(node, 0) + now - before
             if r["used"] != total:
-                out.append(Violation(NAME, r["seq"], f"node {node}: the ledger reports {r['used']} B of host RAM in use, "
-                                                     f"its holdings sum to {total} B"))
+                out.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"node {node}: the ledger reports {r['used']} B of host RAM in use, "
+                        f"its holdings sum to {total} B",
+                    )
+                )
             if capacity is not None and total > capacity and node not in refused:
-                out.append(Violation(NAME, r["seq"], f"node {node}: {total} B of host RAM in use, above its capacity "
-                                                     f"{capacity} B, with no host_oom record ({owner} +{delta} B)"))
+                out.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"node {node}: {total} B of host RAM in use, above its capacity "
+                        f"{capacity} B, with no host_oom record ({owner} +{delta} B)",
+                    )
+                )
     return out

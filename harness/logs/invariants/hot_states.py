@@ -35,8 +35,12 @@ from harness.logs.invariants.waitfor import WAIT_KINDS, WAIT_SEES, describe, wai
 
 #: RLix's default deadlines (RLIX_NOTIFY_READY_TIMEOUT_S 300, RLIX_RESIZE_LOCK_TIMEOUT_S 180,
 #: ROLL_SELECTIVE_MODEL_UPDATE_TIMEOUT_S 150, the shrink drain's 30): the bound is the longest
-DEFAULT_TIMEOUTS_S = {"await_release_s": 300.0, "resize_lock_s": 180.0, "selective_sync_s": 150.0,
-                      "shrink_drain_s": 30.0}
+DEFAULT_TIMEOUTS_S = {
+    "await_release_s": 300.0,
+    "resize_lock_s": 180.0,
+    "selective_sync_s": 150.0,
+    "shrink_drain_s": 30.0,
+}
 
 
 def hot_bound(records: Records) -> float:
@@ -58,11 +62,16 @@ def hot_state(records: Records) -> List[Violation]:
     for pid, waits in sorted(hot.items()):
         w = min(waits, key=lambda x: (x.t, x.seq))
         others = len({x.waiter for x in waits}) - 1
-        out.append(Violation("hot_state", g.end_seq,
-                             f"{w.waiter} hot in the {w.what} since t={w.t:.1f}s (seq {w.seq}): "
-                             f"{g.end_t - w.t:.1f} s, over the {bound:g} s bound (the longest timeout)"
-                             f"{f', with {others} other member(s) of {pid} hot' if others else ''}; "
-                             f"chain of waits: {describe(g.chain(w.waiter), g.exited)}"))
+        out.append(
+            Violation(
+                "hot_state",
+                g.end_seq,
+                f"{w.waiter} hot in the {w.what} since t={w.t:.1f}s (seq {w.seq}): "
+                f"{g.end_t - w.t:.1f} s, over the {bound:g} s bound (the longest timeout)"
+                f"{f', with {others} other member(s) of {pid} hot' if others else ''}; "
+                f"chain of waits: {describe(g.chain(w.waiter), g.exited)}",
+            )
+        )
     return out
 
 
@@ -85,8 +94,11 @@ def _every_pipeline_left(records: Records) -> bool:
     return not ended or registered <= gone
 
 
-@invariant("livelock", reads=("request_done", "batch_consumed", "trainer_step"),
-           sees=("header", "register", "unregister", "sim_end"))
+@invariant(
+    "livelock",
+    reads=("request_done", "batch_consumed", "trainer_step"),
+    sees=("header", "register", "unregister", "sim_end"),
+)
 def livelock(records: Records) -> List[Violation]:
     bound = hot_bound(records)
     if known_whole(records) and _every_pipeline_left(records):
@@ -121,9 +133,14 @@ def livelock(records: Records) -> List[Violation]:
         # still working more than the bound after its last step: a stall (nothing finishing) is liveness's
         if pid in gone or busy_since is None or last_done[pid] - since[pid] <= bound:
             continue
-        out.append(Violation("livelock", end["seq"],
-                             f"{pid} livelocked: {done[pid]} request(s) finished from t={busy_since:.1f}s to "
-                             f"t={last_done[pid]:.1f}s and no training step completed since t={since[pid]:.1f}s "
-                             f"(run end t={end['t']:.1f}s, {end['reason']}): busy with no progress for over the "
-                             f"{bound:g} s bound"))
+        out.append(
+            Violation(
+                "livelock",
+                end["seq"],
+                f"{pid} livelocked: {done[pid]} request(s) finished from t={busy_since:.1f}s to "
+                f"t={last_done[pid]:.1f}s and no training step completed since t={since[pid]:.1f}s "
+                f"(run end t={end['t']:.1f}s, {end['reason']}): busy with no progress for over the "
+                f"{bound:g} s bound",
+            )
+        )
     return out

@@ -44,14 +44,23 @@ def rank_lifecycle(records: Records) -> List[Violation]:
         old = state.get(key, INITIAL)
         allowed = EDGES.get(old, set()) | ({"stopped"} if old != "stopped" else set())
         if new not in allowed:
-            out.append(Violation("rank_lifecycle", r["seq"], f"{key[0]} dp{key[1]} went {old} -> {new}; "
-                                 f"from {old} the lifecycle allows only {sorted(allowed) or 'nothing (final)'}"))
+            out.append(
+                Violation(
+                    "rank_lifecycle",
+                    r["seq"],
+                    f"{key[0]} dp{key[1]} went {old} -> {new}; "
+                    f"from {old} the lifecycle allows only {sorted(allowed) or 'nothing (final)'}",
+                )
+            )
         state[key] = new
     return out
 
 
-@invariant("in_flight_at_sleep", reads=("rank_state", "unregister", "request_dispatch", "request_done",
-                                        "request_abort", "request_failed"), sees=("request_pause", "request_resume"))
+@invariant(
+    "in_flight_at_sleep",
+    reads=("rank_state", "unregister", "request_dispatch", "request_done", "request_abort", "request_failed"),
+    sees=("request_pause", "request_resume"),
+)
 def in_flight_at_sleep(records: Records) -> List[Violation]:
     """``in_flight_at_sleep``: a rank enters ``asleep`` (or ``stopped``), and a pipeline unregisters,
     only with no request dispatched to it still running (abort -> drain -> sleep). A
@@ -90,15 +99,27 @@ def in_flight_at_sleep(records: Records) -> List[Violation]:
             key = (r["pipeline_id"], r["dp_rank"])
             left = running.get(key)
             if left:
-                out.append(Violation("in_flight_at_sleep", r["seq"], f"{key[0]} dp{key[1]} went {r['state']} with "
-                                     f"{len(left)} request(s) still running on it, e.g. {sorted(left)[:3]}"))
+                out.append(
+                    Violation(
+                        "in_flight_at_sleep",
+                        r["seq"],
+                        f"{key[0]} dp{key[1]} went {r['state']} with "
+                        f"{len(left)} request(s) still running on it, e.g. {sorted(left)[:3]}",
+                    )
+                )
                 left.clear()
         elif k == "unregister":
             pid = r["pipeline_id"]
             left = sorted((dp, req) for (p, dp), reqs in running.items() if p == pid for req in reqs)
             if left:
-                out.append(Violation("in_flight_at_sleep", r["seq"], f"{pid} unregistered with {len(left)} request(s) "
-                                     f"still running, e.g. dp{left[0][0]} request {left[0][1]}"))
+                out.append(
+                    Violation(
+                        "in_flight_at_sleep",
+                        r["seq"],
+                        f"{pid} unregistered with {len(left)} request(s) "
+                        f"still running, e.g. dp{left[0][0]} request {left[0][1]}",
+                    )
+                )
                 for (p, _), reqs in running.items():
                     if p == pid:
                         reqs.clear()
@@ -153,8 +174,11 @@ class _SyncTargets(DecisionWalk):
         reg = self.h.registry.get(pid)
         for dp in r["dp_ranks"]:
             if dp not in bundles:
-                self._bad(r, f"expand sync of {pid} (cycle {plan['cycle']}) writes dp{dp}, which that expand does "
-                             f"not add (it adds {sorted(bundles)})")
+                self._bad(
+                    r,
+                    f"expand sync of {pid} (cycle {plan['cycle']}) writes dp{dp}, which that expand does "
+                    f"not add (it adds {sorted(bundles)})",
+                )
                 continue
             gpus = (reg.bundle(cid, dp) if reg else None) or bundles[dp]
             foreign = [g for g in gpus if g not in held and g not in bundles[dp]]
@@ -165,8 +189,7 @@ class _SyncTargets(DecisionWalk):
         self.out.append(Violation("sync_targets", r["seq"], message))
 
 
-@invariant("sync_targets", reads=("sync_bucket",),
-           sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end"))
+@invariant("sync_targets", reads=("sync_bucket",), sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end"))
 def sync_targets(records: Records) -> List[Violation]:
     """``sync_targets``: an expand's weight sync writes only the ranks that expand adds, awake,
     on GPUs their cluster holds or is being given; an active refresh writes only routable

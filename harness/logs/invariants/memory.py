@@ -43,7 +43,11 @@ def vram(records: Records) -> List[Violation]:
             g, owner, delta = r["gpu"], r["owner"], r["delta"]
             now = held.get((g, owner), 0) + delta
             if now < 0:
-                out.append(Violation("vram", r["seq"], f"GPU {g}: {owner} frees {-delta} B of {r['mem']} holding {now - delta} B"))
+                out.append(
+                    Violation(
+                        "vram", r["seq"], f"GPU {g}: {owner} frees {-delta} B of {r['mem']} holding {now - delta} B"
+                    )
+                )
                 now = 0
             held[(g, owner)] = now
             if r["mem"] == "releasing":
@@ -51,19 +55,43 @@ def vram(records: Records) -> List[Violation]:
             total = used[g] = used.get(g, 0) + delta
             if capacity is not None and total > capacity and g not in reported_over:
                 reported_over.add(g)
-                out.append(Violation("vram", r["seq"], f"GPU {g}: {total} B resident, above its capacity {capacity} B ({owner} {r['mem']})"))
+                out.append(
+                    Violation(
+                        "vram",
+                        r["seq"],
+                        f"GPU {g}: {total} B resident, above its capacity {capacity} B ({owner} {r['mem']})",
+                    )
+                )
             elif capacity is not None and total <= capacity:
                 reported_over.discard(g)
             if r["used"] != total:
-                out.append(Violation("vram", r["seq"], f"GPU {g}: the ledger reports {r['used']} B in use, its allocations sum to {total} B"))
+                out.append(
+                    Violation(
+                        "vram",
+                        r["seq"],
+                        f"GPU {g}: the ledger reports {r['used']} B in use, its allocations sum to {total} B",
+                    )
+                )
         elif k == "oom":
             g = r["gpu"]
-            out.append(Violation("vram", r["seq"], f"GPU {g}: {r['owner']} asked for {r['requested']} B of {r['mem']} with "
-                                                  f"{used.get(g, 0)} B resident of {r['capacity']} B (OOM)"))
+            out.append(
+                Violation(
+                    "vram",
+                    r["seq"],
+                    f"GPU {g}: {r['owner']} asked for {r['requested']} B of {r['mem']} with "
+                    f"{used.get(g, 0)} B resident of {r['capacity']} B (OOM)",
+                )
+            )
         elif k == "rank_state" and r["state"] == "asleep":
             owner = f"{r['pipeline_id']}/dp{r['dp_rank']}"
             for g in r["gpus"]:
                 left = held.get((g, owner), 0) - releasing.get((g, owner), 0)
                 if left > threshold:
-                    out.append(Violation("vram", r["seq"], f"{owner} asleep keeps {left} B on GPU {g}, above the post-sleep threshold {threshold} B"))
+                    out.append(
+                        Violation(
+                            "vram",
+                            r["seq"],
+                            f"{owner} asleep keeps {left} B on GPU {g}, above the post-sleep threshold {threshold} B",
+                        )
+                    )
     return out

@@ -38,28 +38,64 @@ def resize_walk(records: Records) -> Tuple[List[Violation], Dict[int, CycleMarks
                     if c not in first_expand_start:
                         first_expand_start[c], m.t2 = r["seq"], r["t"]
                     if c in open_shrinks(open_calls, c):
-                        out.append(Violation("resize_order", r["seq"], f"cycle {c}: expand of {r['pipeline_id']} starts while a shrink is still running"))
+                        out.append(
+                            Violation(
+                                "resize_order",
+                                r["seq"],
+                                f"cycle {c}: expand of {r['pipeline_id']} starts while a shrink is still running",
+                            )
+                        )
                 elif c in first_expand_start:
-                    out.append(Violation("resize_order", r["seq"], f"cycle {c}: shrink of {r['pipeline_id']} starts after an expand started"))
+                    out.append(
+                        Violation(
+                            "resize_order",
+                            r["seq"],
+                            f"cycle {c}: shrink of {r['pipeline_id']} starts after an expand started",
+                        )
+                    )
             else:
                 if open_calls.pop(key, None) is None:
-                    out.append(Violation("resize_order", r["seq"], f"cycle {c}: resize_end without resize_start for {r['pipeline_id']} {r['phase']}"))
+                    out.append(
+                        Violation(
+                            "resize_order",
+                            r["seq"],
+                            f"cycle {c}: resize_end without resize_start for {r['pipeline_id']} {r['phase']}",
+                        )
+                    )
                 if r["phase"] == "shrink":
                     m.t1 = r["t"]
                     if c in first_expand_start:
-                        out.append(Violation("resize_order", r["seq"], f"cycle {c}: shrink of {r['pipeline_id']} returns after an expand started (T1 < T2 broken)"))
+                        out.append(
+                            Violation(
+                                "resize_order",
+                                r["seq"],
+                                f"cycle {c}: shrink of {r['pipeline_id']} returns after an expand started (T1 < T2 broken)",
+                            )
+                        )
         elif k == "signalled" and r["waiter"] == "request" and r.get("cycle") is not None and not r.get("error"):
             c = r["cycle"]
             m = marks.setdefault(c, CycleMarks())
             if m.t3 is None:
                 m.t3 = r["t"]
             if any(key[0] == c and key[2] == "expand" for key in open_calls):
-                out.append(Violation("resize_order", r["seq"], f"cycle {c}: {r['cluster_id']} signalled before its expand returned (T2 < T3 broken)"))
+                out.append(
+                    Violation(
+                        "resize_order",
+                        r["seq"],
+                        f"cycle {c}: {r['cluster_id']} signalled before its expand returned (T2 < T3 broken)",
+                    )
+                )
         elif k == "commit":
             c = r["cycle"]
             still = [key for key in open_calls if key[0] == c]
             if still:
-                out.append(Violation("resize_order", r["seq"], f"cycle {c}: committed while resize calls are still running: {sorted(still)}"))
+                out.append(
+                    Violation(
+                        "resize_order",
+                        r["seq"],
+                        f"cycle {c}: committed while resize calls are still running: {sorted(still)}",
+                    )
+                )
     return out, marks
 
 
@@ -84,7 +120,13 @@ def no_readd_in_cycle(records: Records) -> List[Violation]:
         for e in r["expands"]:
             for b in e["bundles"]:
                 if (e["cluster_id"], b["dp_rank"]) in removed:
-                    out.append(Violation("no_readd_in_cycle", r["seq"], f"cycle {r['cycle']}: {e['cluster_id']} dp{b['dp_rank']} removed and re-added"))
+                    out.append(
+                        Violation(
+                            "no_readd_in_cycle",
+                            r["seq"],
+                            f"cycle {r['cycle']}: {e['cluster_id']} dp{b['dp_rank']} removed and re-added",
+                        )
+                    )
     return out
 
 
@@ -119,11 +161,21 @@ def activate_after_sync(records: Records) -> List[Violation]:
             for x in args["ranks"]:
                 st = rank.get((pid, x))
                 if st is None or st["version"] is None:
-                    out.append(Violation("activate_after_sync", r["seq"], f"{pid} dp{x} activated without a sync since its wake"))
+                    out.append(
+                        Violation(
+                            "activate_after_sync", r["seq"], f"{pid} dp{x} activated without a sync since its wake"
+                        )
+                    )
                 elif not st["finalized"]:
                     out.append(Violation("activate_after_sync", r["seq"], f"{pid} dp{x} activated before finalize"))
                 elif published.get(pid) != st["version"]:
-                    out.append(Violation("activate_after_sync", r["seq"], f"{pid} dp{x} activated holding version {st['version']} while published is {published.get(pid)}"))
+                    out.append(
+                        Violation(
+                            "activate_after_sync",
+                            r["seq"],
+                            f"{pid} dp{x} activated holding version {st['version']} while published is {published.get(pid)}",
+                        )
+                    )
     return out
 
 
@@ -172,11 +224,22 @@ def release_after_publish(records: Records) -> List[Violation]:
             v = built.get(pid)
             if v is None or done.get(pid) == v:
                 continue
-            if (after_offload and offloaded.get(pid) == r.get("step")
-                    and any(n > 0 for n in open_step.get(pid, {}).values())):
+            if (
+                after_offload
+                and offloaded.get(pid) == r.get("step")
+                and any(n > 0 for n in open_step.get(pid, {}).values())
+            ):
                 continue  # MILES: released in a finally after the offload, a call of the step failed
-            candidates.append((pid, Violation("release_after_publish", r["seq"],
-                                              f"{pid} releases actor_train before active refresh + publish of version {v}")))
+            candidates.append(
+                (
+                    pid,
+                    Violation(
+                        "release_after_publish",
+                        r["seq"],
+                        f"{pid} releases actor_train before active refresh + publish of version {v}",
+                    ),
+                )
+            )
     return [v for pid, v in candidates if pid in active_path]
 
 
@@ -194,7 +257,13 @@ def step_order(records: Records) -> List[Violation]:
         if r["kind"] == "effect_start":
             earlier = [s for s, n in opened.items() if s < step and n > 0]
             if earlier:
-                out.append(Violation("step_order", r["seq"], f"{pid}: step {step} starts {r['effect']} while step {earlier[0]} is unfinished"))
+                out.append(
+                    Violation(
+                        "step_order",
+                        r["seq"],
+                        f"{pid}: step {step} starts {r['effect']} while step {earlier[0]} is unfinished",
+                    )
+                )
             if step < current.get(pid, step):
                 out.append(Violation("step_order", r["seq"], f"{pid}: step {step} after step {current[pid]}"))
             current[pid] = max(step, current.get(pid, step))
@@ -242,8 +311,13 @@ def planned_release_ack(records: Records) -> List[Violation]:
                 shrunk = sorted(b["dp_rank"] for s in plan["shrinks"] if s["cluster_id"] == cid for b in s["bundles"])
                 grown = sorted(b["dp_rank"] for e in plan["expands"] if e["cluster_id"] == cid for b in e["bundles"])
                 what = f"; the cycle shrank dp {shrunk or 'none'} and expanded dp {grown or 'none'}"
-            out.append(Violation("planned_release_ack", r["seq"],
-                                 f"await_release of {cid} acked {when} while it still holds dp ranks {ranks} (GPUs {held}){what}"))
+            out.append(
+                Violation(
+                    "planned_release_ack",
+                    r["seq"],
+                    f"await_release of {cid} acked {when} while it still holds dp ranks {ranks} (GPUs {held}){what}",
+                )
+            )
 
     walk = Walk(records)
     walk.acks = {}

@@ -25,7 +25,10 @@ def gpu_ownership(records: Records) -> List[Violation]:
         def after_commit(self, plan: dict, commit: dict) -> None:
             n = self.h.num_gpus
             if n is not None and commit["idle_gpus"] != n - len(self.h.owner):
-                problem(commit["seq"], f"commit reports {commit['idle_gpus']} idle GPUs but the decisions leave {n - len(self.h.owner)}")
+                problem(
+                    commit["seq"],
+                    f"commit reports {commit['idle_gpus']} idle GPUs but the decisions leave {n - len(self.h.owner)}",
+                )
 
     Walk(records, problem).run()
     return out

@@ -152,8 +152,13 @@ def grant_shape(records: Records) -> List[Violation]:
                 reg = self.h.registration(cid)
                 mapping = reg.mapping(cid) if reg else None
                 if gpus and op["priority"] != GENERATION and mapping is not None and sorted(gpus) != mapping:
-                    out.append(Violation("grant_shape", r["seq"],
-                                         f"cycle {c}: {op['priority']} grant of {cid} is {sorted(gpus)}, not its whole device mapping {mapping}"))
+                    out.append(
+                        Violation(
+                            "grant_shape",
+                            r["seq"],
+                            f"cycle {c}: {op['priority']} grant of {cid} is {sorted(gpus)}, not its whole device mapping {mapping}",
+                        )
+                    )
             for op in r["expands"]:
                 cid = op["cluster_id"]
                 reg = self.h.registration(cid)
@@ -163,10 +168,21 @@ def grant_shape(records: Records) -> List[Violation]:
                 for b in op["bundles"]:
                     want = reg.bundle(cid, b["dp_rank"])
                     if max_dp is not None and b["dp_rank"] >= max_dp:
-                        out.append(Violation("grant_shape", r["seq"], f"cycle {c}: {cid} dp{b['dp_rank']} is not below max DP {max_dp}"))
+                        out.append(
+                            Violation(
+                                "grant_shape",
+                                r["seq"],
+                                f"cycle {c}: {cid} dp{b['dp_rank']} is not below max DP {max_dp}",
+                            )
+                        )
                     elif want is not None and sorted(b["gpus"]) != want:
-                        out.append(Violation("grant_shape", r["seq"],
-                                             f"cycle {c}: {cid} dp{b['dp_rank']} granted {sorted(b['gpus'])}, its TP bundle is {want}"))
+                        out.append(
+                            Violation(
+                                "grant_shape",
+                                r["seq"],
+                                f"cycle {c}: {cid} dp{b['dp_rank']} granted {sorted(b['gpus'])}, its TP bundle is {want}",
+                            )
+                        )
 
     Walk(records).run()
     return out

@@ -27,8 +27,11 @@ def header_policy(records) -> Dict[str, Any]:
     """The header's policy fields: ``policy`` (default gap_ratio), ``partition``, ``groups``."""
     header = records[0] if records and records[0]["kind"] == "header" else {}
     sched = header.get("scheduler") or {}
-    return {"policy": sched.get("policy", "gap_ratio"), "partition": sched.get("partition"),
-            "groups": sched.get("groups")}
+    return {
+        "policy": sched.get("policy", "gap_ratio"),
+        "partition": sched.get("partition"),
+        "groups": sched.get("groups"),
+    }
 
 
 def parts(registry: Mapping[str, Any], explicit: Optional[Mapping[str, List[int]]]) -> Dict[str, Set[int]]:

@@ -67,16 +67,20 @@ def _why(pid: str, p: _Pipe, end_t: float) -> Optional[str]:
     where = f"{pid}: train pump parked in SelectGroups of step {step} since t={sel['t']:.1f}s"
     late = [t for t in drops if sel["t"] <= t < end_t]
     if want > left and late:
-        return (f"{where} asking for {want} group(s), but the step can get at most {max(left, 0)} "
-                f"({p.groups_per_step} per step, {len(drops)} dropped, {p.trained.get(step, 0)} trained): "
-                f"a drop at t={late[-1]:.1f}s shrank its target and the select never re-read it")
+        return (
+            f"{where} asking for {want} group(s), but the step can get at most {max(left, 0)} "
+            f"({p.groups_per_step} per step, {len(drops)} dropped, {p.trained.get(step, 0)} trained): "
+            f"a drop at t={late[-1]:.1f}s shrank its target and the select never re-read it"
+        )
     busy = [e for e, n in p.open.items() if n > 0 and e not in _PARKED and e not in _IDLE]
     if busy or p.last_move >= end_t:
         return None
     gates = [e for e in ("AdmitBatch", "AcquireCapacity", "AcquireInflight") if p.open.get(e, 0) > 0]
     gate = f"the rollout pump waits in {', '.join(gates)}" if gates else "no rollout pump running"
-    return (f"{where}: nothing in flight since t={p.last_move:.1f}s and {gate}, which only the train pump "
-            f"or a rollout can open: the buffer can no longer change, so the select can never be answered")
+    return (
+        f"{where}: nothing in flight since t={p.last_move:.1f}s and {gate}, which only the train pump "
+        f"or a rollout can open: the buffer can no longer change, so the select can never be answered"
+    )
 
 
 @invariant("pump_parked", reads=("streaming_setup", "effect_start", "effect_end"))

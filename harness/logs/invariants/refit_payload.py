@@ -56,8 +56,17 @@ def check_refit_payload(records: Records) -> List[Violation]:
             missing = [n for n in need if n not in received.get(key, set())]
             if missing:
                 unlisted = [n for n in missing if n not in expected.get(key, set())]
-                note = ("the receiver's manifest did not list them either" if len(unlisted) == len(missing)
-                        else f"the receiver's manifest listed {len(missing) - len(unlisted)} of them")
-                out.append(Violation(NAME, r["seq"], f"{_where(key)}: finalized without {len(missing)} tensor(s) "
-                                                     f"the engine needs: {', '.join(map(repr, missing))} ({note})"))
+                note = (
+                    "the receiver's manifest did not list them either"
+                    if len(unlisted) == len(missing)
+                    else f"the receiver's manifest listed {len(missing) - len(unlisted)} of them"
+                )
+                out.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"{_where(key)}: finalized without {len(missing)} tensor(s) "
+                        f"the engine needs: {', '.join(map(repr, missing))} ({note})",
+                    )
+                )
     return out

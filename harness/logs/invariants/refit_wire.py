@@ -98,8 +98,11 @@ def refit_wire(records: Records) -> List[Violation]:
             if st.outstanding:
                 bad(r, f"group {r['group']} sent while group {st.outstanding[0]} is still un-ACKed")
             if r["buffer"] in st.buffer_of:
-                bad(r, f"buffer {r['buffer']} refilled with group {r['group']} before group "
-                       f"{st.buffer_of[r['buffer']]} in it was ACKed")
+                bad(
+                    r,
+                    f"buffer {r['buffer']} refilled with group {r['group']} before group "
+                    f"{st.buffer_of[r['buffer']]} in it was ACKed",
+                )
             for problem in _layout(r, st.half):
                 bad(r, f"group {r['group']}: {problem}")
             st.outstanding.append(r["group"])
@@ -131,8 +134,11 @@ def refit_wire(records: Records) -> List[Violation]:
             duplicate = sorted({n for n in got if got.count(n) > 1})
             unexpected = sorted({n for n in got if n not in want})
             if missing or duplicate or unexpected:
-                bad(r, f"finalized an incomplete transfer: missing {missing}, duplicate {duplicate}, "
-                       f"unexpected {unexpected}")
+                bad(
+                    r,
+                    f"finalized an incomplete transfer: missing {missing}, duplicate {duplicate}, "
+                    f"unexpected {unexpected}",
+                )
     for key, st in senders.items():
         close(key, st, last[key])
     return out

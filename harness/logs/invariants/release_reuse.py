@@ -66,6 +66,9 @@ def reactivated_after_release(records: Records) -> List[Violation]:
 
 def _violation(cycle: int, cid: str, ranks: List[int], seq: int, ack: dict) -> Violation:
     when = f"cycle {ack['cycle']}" if ack.get("cycle") is not None else "at once"
-    return Violation("reactivated_after_release", seq,
-                     f"cycle {cycle} expands {cid} dp {ranks}, which await_release gave back "
-                     f"(ack seq {ack['seq']}, {when}) with no request for it since and no unregister")
+    return Violation(
+        "reactivated_after_release",
+        seq,
+        f"cycle {cycle} expands {cid} dp {ranks}, which await_release gave back "
+        f"(ack seq {ack['seq']}, {when}) with no request for it since and no unregister",
+    )

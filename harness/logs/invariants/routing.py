@@ -71,11 +71,25 @@ def routing(records: Records) -> List[Violation]:
         elif k == "request_dispatch":
             key, req = (r["pipeline_id"], r["dp_rank"]), (r["pipeline_id"], r["request"])
             if state.get(key) != "routable":
-                out.append(Violation("routing", r["seq"], f"request {req[1]} dispatched to {key[0]} dp{key[1]} in state {state.get(key, 'unknown')}"))
+                out.append(
+                    Violation(
+                        "routing",
+                        r["seq"],
+                        f"request {req[1]} dispatched to {key[0]} dp{key[1]} in state {state.get(key, 'unknown')}",
+                    )
+                )
             if r.get("version") is None:
-                out.append(Violation("routing", r["seq"], f"request {req[1]} dispatched to {key[0]} dp{key[1]}, which holds no weights"))
+                out.append(
+                    Violation(
+                        "routing",
+                        r["seq"],
+                        f"request {req[1]} dispatched to {key[0]} dp{key[1]}, which holds no weights",
+                    )
+                )
             if req in done:
-                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} dispatched after it completed"))
+                out.append(
+                    Violation("routing", r["seq"], f"request {req[1]} of {req[0]} dispatched after it completed")
+                )
             if req in inflight:
                 out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} dispatched twice"))
             inflight[req] = r["dp_rank"]
@@ -84,7 +98,13 @@ def routing(records: Records) -> List[Violation]:
             if req in done:
                 out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} completed twice"))
             if inflight.pop(req, None) != r["dp_rank"]:
-                out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} completed on dp{r['dp_rank']} where it was not running"))
+                out.append(
+                    Violation(
+                        "routing",
+                        r["seq"],
+                        f"request {req[1]} of {req[0]} completed on dp{r['dp_rank']} where it was not running",
+                    )
+                )
             done.add(req)
         elif k == "request_abort":
             req = (r["pipeline_id"], r["request"])
@@ -145,9 +165,14 @@ def routing_policy(records: Records) -> List[Violation]:
             ranks = routable.get(pid, set())
             join = joining.get(pid)
             if join is not None and join[1] & ranks and not join[1] <= ranks:
-                out.append(Violation("routing_policy", r["seq"],
-                                     f"request {r['request']} of {pid} routed while the ranks {sorted(join[1])} of one "
-                                     f"Activate (seq {join[0]}) join routing one at a time: only {sorted(join[1] & ranks)} routable"))
+                out.append(
+                    Violation(
+                        "routing_policy",
+                        r["seq"],
+                        f"request {r['request']} of {pid} routed while the ranks {sorted(join[1])} of one "
+                        f"Activate (seq {join[0]}) join routing one at a time: only {sorted(join[1] & ranks)} routable",
+                    )
+                )
             n = sizes.get(pid)
             if not n or not ranks:
                 continue  # unknown pipeline size, or nothing routable (the routing check reports that)
@@ -157,8 +182,12 @@ def routing_policy(records: Records) -> List[Violation]:
             if expected is not None and dp != expected:
                 w = wrong.get(pid)
                 if w is None:
-                    wrong[pid] = [r["seq"], f"request {r['request']} of {pid} routed to dp{dp}; round robin from cursor "
-                                            f"{at} over routable {sorted(ranks)} sends it to dp{expected}", 1]
+                    wrong[pid] = [
+                        r["seq"],
+                        f"request {r['request']} of {pid} routed to dp{dp}; round robin from cursor "
+                        f"{at} over routable {sorted(ranks)} sends it to dp{expected}",
+                        1,
+                    ]
                 else:
                     w[2] += 1
             cursor[pid] = (dp + 1) % n
@@ -179,7 +208,7 @@ _PROGRESS_KINDS = ("request_done", "batch_consumed", "effect_end")
 
 
 def _chain_of(graph: WaitGraph, start: dict) -> str:
-    """"; chain of waits: ..." for an effect that waits in the wait-for graph, else ""."""
+    """ "; chain of waits: ..." for an effect that waits in the wait-for graph, else ""."""
     chain = graph.chain(caller_of(start))
     return f"; chain of waits: {describe(chain, graph.exited)}" if chain else ""
 
@@ -193,8 +222,21 @@ def _ends_at_horizon(records: Records) -> bool:
     return False
 
 
-@invariant("liveness", reads=("effect_start", "effect_end", "enqueued", "release_pending", "signalled", "sim_end",
-                               "register", "request_done", "batch_consumed"), sees=("header",) + WAIT_KINDS + WAIT_SEES)
+@invariant(
+    "liveness",
+    reads=(
+        "effect_start",
+        "effect_end",
+        "enqueued",
+        "release_pending",
+        "signalled",
+        "sim_end",
+        "register",
+        "request_done",
+        "batch_consumed",
+    ),
+    sees=("header",) + WAIT_KINDS + WAIT_SEES,
+)
 def liveness(records: Records) -> List[Violation]:
     """Every pending request and planned release is eventually signalled (or errored).
 
@@ -231,7 +273,12 @@ def liveness(records: Records) -> List[Violation]:
         elif k == "register":
             pipelines.append(r["pipeline_id"])
         elif k == "enqueued":
-            waiting[r["request_id"]] = (r["seq"], r["t"], r["cluster_id"], f"request of {r['cluster_id']} at {r['priority']}")
+            waiting[r["request_id"]] = (
+                r["seq"],
+                r["t"],
+                r["cluster_id"],
+                f"request of {r['cluster_id']} at {r['priority']}",
+            )
         elif k == "release_pending":
             waiting[r["request_id"]] = (r["seq"], r["t"], r["cluster_id"], f"await_release of {r['cluster_id']}")
         elif k == "signalled":
@@ -252,14 +299,26 @@ def liveness(records: Records) -> List[Violation]:
 
     for rid, (seq, t, cid, what) in sorted(waiting.items()):
         if stalled(owner(cid), t):
-            out.append(Violation("liveness", end["seq"], f"{what} (request {rid}, enqueued at seq {seq}, t={t:.1f}s) "
-                                 f"never returned; its pipeline made no progress in the last {window:g} s"))
+            out.append(
+                Violation(
+                    "liveness",
+                    end["seq"],
+                    f"{what} (request {rid}, enqueued at seq {seq}, t={t:.1f}s) "
+                    f"never returned; its pipeline made no progress in the last {window:g} s",
+                )
+            )
     graph: List[WaitGraph] = []  # built once, only when an effect stalled
     for (pid, effect, scope), start in sorted(open_effects.items()):
         if stalled(pid, start["t"]):
             if not graph:
                 graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
             step = f" of step {start['step']}" if start.get("step") is not None else ""
-            out.append(Violation("liveness", end["seq"], f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
-                                 f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}"))
+            out.append(
+                Violation(
+                    "liveness",
+                    end["seq"],
+                    f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
+                    f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}",
+                )
+            )
     return out

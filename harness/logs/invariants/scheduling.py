@@ -28,8 +28,15 @@ from harness.logs.invariants.base import Records, Violation, invariant, kept
 from harness.logs.invariants.policy_rules import group_mates, header_policy, parts
 
 #: RLix's priority order (lower first); GENERATION (6) is elastic and never granted here
-TIERS = {"INITIALIZATION": 0, "ACTOR_TRAINING": 1, "CRITIC_TRAINING": 2, "OLD_LOG_PROBS": 3,
-         "REF_LOG_PROBS": 4, "VALUE_COMPUTE": 5, "GENERATION": 6}
+TIERS = {
+    "INITIALIZATION": 0,
+    "ACTOR_TRAINING": 1,
+    "CRITIC_TRAINING": 2,
+    "OLD_LOG_PROBS": 3,
+    "REF_LOG_PROBS": 4,
+    "VALUE_COMPUTE": 5,
+    "GENERATION": 6,
+}
 
 
 def tier(priority) -> int:
@@ -55,8 +62,11 @@ class _Pending(DecisionWalk):
         if k == "enqueued":
             self.pending[r["request_id"]] = (tier(r["priority"]), r["seq"], r["cluster_id"])
             rtr = self._last_rtr
-            if (rtr is not None and self.options.get("reserve_same_cluster_release")
-                    and rtr["release_cluster_id"] == rtr["request_cluster_id"] == r["cluster_id"]):
+            if (
+                rtr is not None
+                and self.options.get("reserve_same_cluster_release")
+                and rtr["release_cluster_id"] == rtr["request_cluster_id"] == r["cluster_id"]
+            ):
                 self.held_for[r["cluster_id"]] = set(self._last_released.get(r["cluster_id"], ()))
             self._last_rtr = None
         elif k == "signalled" and r["waiter"] == "request":
@@ -93,8 +103,11 @@ class _Pending(DecisionWalk):
         if self.policy["policy"] != "acquire_yield":
             return set()
         mine = pipeline_of(cid)
-        return {g for g, owner in self.h.owner.items()
-                if self.h.priority.get(owner, GENERATION) == GENERATION and pipeline_of(owner) != mine}
+        return {
+            g
+            for g, owner in self.h.owner.items()
+            if self.h.priority.get(owner, GENERATION) == GENERATION and pipeline_of(owner) != mine
+        }
 
 
 class _GrantOrder(_Pending):
@@ -103,8 +116,11 @@ class _GrantOrder(_Pending):
         self.out: List[Violation] = []
 
     def on_plan(self, plan: dict) -> None:
-        granted = {s["cluster_id"]: set(s["gpus"]) for s in plan["signals"]
-                   if s["gpus"] and tier(s["priority"]) < TIERS["GENERATION"]}
+        granted = {
+            s["cluster_id"]: set(s["gpus"])
+            for s in plan["signals"]
+            if s["gpus"] and tier(s["priority"]) < TIERS["GENERATION"]
+        }
         if not granted:
             return
         hol = bool(self.options.get("head_of_line_blocking"))
@@ -119,9 +135,14 @@ class _GrantOrder(_Pending):
                 continue  # already holds an allocation, or not registered: RLix skips it
             if cid in granted:
                 for before, why in passed_over:
-                    self.out.append(Violation("grant_order", plan["seq"],
-                                              f"cycle {plan['cycle']} grants {cid} GPUs {sorted(granted[cid])} after "
-                                              f"passing over the earlier {before}, {why}"))
+                    self.out.append(
+                        Violation(
+                            "grant_order",
+                            plan["seq"],
+                            f"cycle {plan['cycle']} grants {cid} GPUs {sorted(granted[cid])} after "
+                            f"passing over the earlier {before}, {why}",
+                        )
+                    )
                 passed_over.clear()
                 free -= granted[cid]
                 continue
@@ -133,8 +154,7 @@ class _GrantOrder(_Pending):
                 passed_over.append((cid, "which could not be granted, and head_of_line_blocking is on"))
 
 
-@invariant("grant_order", reads=("plan", "enqueued", "signalled"),
-           sees=DECISION_KINDS + ("release_then_request",))
+@invariant("grant_order", reads=("plan", "enqueued", "signalled"), sees=DECISION_KINDS + ("release_then_request",))
 def grant_order(records: Records) -> List[Violation]:
     """``grant_order``: a non-GENERATION grant never overtakes an earlier pending request
     (lower tier number, or same tier and enqueued first) that those decisions left
@@ -193,15 +213,20 @@ class _Waste(_Pending):
                     continue
                 key = (cid, b["dp_rank"], rid)
                 n = self.times[key] = self.times.get(key, 0) + 1
-                what = (f"cycle {plan['cycle']} shrinks {cid} dp{b['dp_rank']} (GPUs {sorted(gpus)}) for {wanted} "
-                        f"(request {rid}), which the cycle does not grant: the GPUs idle")
+                what = (
+                    f"cycle {plan['cycle']} shrinks {cid} dp{b['dp_rank']} (GPUs {sorted(gpus)}) for {wanted} "
+                    f"(request {rid}), which the cycle does not grant: the GPUs idle"
+                )
                 if n > 1:
                     what += f"; thrash: shrunk {n} times for that still-waiting request"
                 self.out.append(Violation("ungrantable_preemption", plan["seq"], what))
 
 
-@invariant("ungrantable_preemption", reads=("plan",),
-           sees=DECISION_KINDS + ("enqueued", "signalled", "release_pending", "release_then_request"))
+@invariant(
+    "ungrantable_preemption",
+    reads=("plan",),
+    sees=DECISION_KINDS + ("enqueued", "signalled", "release_pending", "release_then_request"),
+)
 def ungrantable_preemption(records: Records) -> List[Violation]:
     """``ungrantable_preemption``: no GENERATION rank is shrunk for a request its cycle does not grant
     (scheduler waste), nor shrunk again and again for the same waiting request (thrash)."""
@@ -250,8 +275,9 @@ class _IdleBundle(DecisionWalk):
             idle = idle & parts(self.ever, self.policy["partition"]).get(pid, set())
         elif policy == "acquire_yield" and not idle.issuperset(reg.mapping(cid)):
             return None  # it acquires its whole mapping or nothing
-        elif policy == "round_robin" and any(self.h.held(f"{q}_actor_infer") for q in
-                                            group_mates(self.ever, self.policy["groups"], pid)):
+        elif policy == "round_robin" and any(
+            self.h.held(f"{q}_actor_infer") for q in group_mates(self.ever, self.policy["groups"], pid)
+        ):
             return None  # another member of its co-execution group holds the rollout turn
         for dp in range(reg.max_dp(cid)):
             b = reg.bundle(cid, dp)
@@ -280,14 +306,19 @@ class _IdleBundle(DecisionWalk):
     def on_record(self, r: dict) -> None:
         self._refresh()
         now = r["t"]
-        for pid, (t0, bundle) in (self.since.items() if self.since else ()):
+        for pid, (t0, bundle) in self.since.items() if self.since else ():
             bound = self.bounds.get(pid, IDLE_BUNDLE_BOUND_S)
             if pid not in self.reported and now - t0 > bound:
                 self.reported.add(pid)
-                self.out.append(Violation("idle_bundle_starvation", r["seq"],
-                                          f"{pid} has waited for its batch with no routable rank since t={t0:.1f} s "
-                                          f"while GPUs {bundle} (a whole bundle of its inference mapping) idle: more "
-                                          f"than {bound:g} s"))
+                self.out.append(
+                    Violation(
+                        "idle_bundle_starvation",
+                        r["seq"],
+                        f"{pid} has waited for its batch with no routable rank since t={t0:.1f} s "
+                        f"while GPUs {bundle} (a whole bundle of its inference mapping) idle: more "
+                        f"than {bound:g} s",
+                    )
+                )
         k = r["kind"]
         if k == "effect_start" or k == "effect_end":
             if r["effect"] == "WaitBatch":

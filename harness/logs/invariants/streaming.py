@@ -47,16 +47,23 @@ def staleness_window(records: Records) -> List[Violation]:
             bound = max_age.get(pid)
             for gid in r.get("groups", []):
                 if (pid, gid) not in committed:
-                    out.append(Violation("staleness_window", r["seq"], f"{pid}: trains group {gid}, which was never committed"))
+                    out.append(
+                        Violation("staleness_window", r["seq"], f"{pid}: trains group {gid}, which was never committed")
+                    )
                     continue
                 start = started.get((pid, gid))
                 if start is None:
                     continue
                 age = current - start
                 if age < 0 or (bound is not None and age > bound):
-                    out.append(Violation("staleness_window", r["seq"],
-                                         f"{pid}: group {gid} generated at version {start} trained at version {current} "
-                                         f"(age {age}, window {bound})"))
+                    out.append(
+                        Violation(
+                            "staleness_window",
+                            r["seq"],
+                            f"{pid}: group {gid} generated at version {start} trained at version {current} "
+                            f"(age {age}, window {bound})",
+                        )
+                    )
     return out
 
 
@@ -79,17 +86,31 @@ def streaming_step(records: Records) -> List[Violation]:
             is_open = open_step.get(pid) is not None
             if action == "begin":
                 if is_open:
-                    out.append(Violation("streaming_step", r["seq"], f"{pid}: step {r['step']} begins while step {open_step[pid]} is open"))
+                    out.append(
+                        Violation(
+                            "streaming_step",
+                            r["seq"],
+                            f"{pid}: step {r['step']} begins while step {open_step[pid]} is open",
+                        )
+                    )
                 open_step[pid] = r["step"]
                 trained[pid] = set()
             elif action in ("microbatch", "finish") and not is_open:
-                out.append(Violation("streaming_step", r["seq"], f"{pid}: {action} of step {r['step']} with no open step"))
+                out.append(
+                    Violation("streaming_step", r["seq"], f"{pid}: {action} of step {r['step']} with no open step")
+                )
             if action == "microbatch":
                 trained.setdefault(pid, set()).update(r.get("groups", []))
             elif action == "finish":
                 missing = sorted(trained.get(pid, set()) - cleared.get(pid, set()))
                 if missing:
-                    out.append(Violation("streaming_step", r["seq"], f"{pid}: step {r['step']} finishes with trained groups never cleared: {missing}"))
+                    out.append(
+                        Violation(
+                            "streaming_step",
+                            r["seq"],
+                            f"{pid}: step {r['step']} finishes with trained groups never cleared: {missing}",
+                        )
+                    )
                 open_step[pid] = None
                 trained[pid] = set()
             elif action == "abort":
@@ -98,7 +119,9 @@ def streaming_step(records: Records) -> List[Violation]:
             ticks = action == "finish" and r.get("applied", True)
             if prev is not None and v != (prev + 1 if ticks else prev):
                 why = "does not tick by exactly one at finish" if ticks else "ticks outside an applied finish"
-                out.append(Violation("streaming_step", r["seq"], f"{pid}: trainer version {prev} -> {v} at {action} ({why})"))
+                out.append(
+                    Violation("streaming_step", r["seq"], f"{pid}: trainer version {prev} -> {v} at {action} ({why})")
+                )
             version[pid] = v
         elif _ok_end(r, "ClearSamples"):
             pid, step = r["pipeline_id"], r["args"]["step"]
@@ -107,12 +130,24 @@ def streaming_step(records: Records) -> List[Violation]:
                 if gid in done:
                     out.append(Violation("streaming_step", r["seq"], f"{pid}: group {gid} cleared twice"))
                 elif gid not in trained.get(pid, set()) or open_step.get(pid) != step:
-                    out.append(Violation("streaming_step", r["seq"], f"{pid}: step {step} clears group {gid}, which the open step did not train"))
+                    out.append(
+                        Violation(
+                            "streaming_step",
+                            r["seq"],
+                            f"{pid}: step {step} clears group {gid}, which the open step did not train",
+                        )
+                    )
                 done.add(gid)
         elif r["kind"] == "effect_start" and r["effect"] == "SyncWeights":
             pid, v = r["pipeline_id"], r["args"]["version"]
             if version.get(pid) is not None and v != version[pid]:
-                out.append(Violation("streaming_step", r["seq"], f"{pid}: syncs weights version {v} but the trainer holds version {version[pid]}"))
+                out.append(
+                    Violation(
+                        "streaming_step",
+                        r["seq"],
+                        f"{pid}: syncs weights version {v} but the trainer holds version {version[pid]}",
+                    )
+                )
         elif k == "sim_end" and r.get("reason") == "done":
             for pid, s in sorted(open_step.items()):
                 if s is not None:

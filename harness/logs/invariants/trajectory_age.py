@@ -35,7 +35,13 @@ def trajectory_age(records: Records) -> List[Violation]:
         ages = {int(a): n for a, n in r["staleness"].items() if n}
         old = sorted(a for a in ages if a > bound or a < 0)
         if old:
-            out.append(Violation(NAME, r["seq"], f"{r['pipeline_id']} step {r['step']} trained "
-                                 f"{sum(ages[a] for a in old)} trajectory(ies) of age {old} steps; "
-                                 f"max_trajectory_age_steps is {bound}"))
+            out.append(
+                Violation(
+                    NAME,
+                    r["seq"],
+                    f"{r['pipeline_id']} step {r['step']} trained "
+                    f"{sum(ages[a] for a in old)} trajectory(ies) of age {old} steps; "
+                    f"max_trajectory_age_steps is {bound}",
+                )
+            )
     return out

@@ -101,8 +101,10 @@ class Trend:
 
     def describe(self) -> str:
         unit = BOUNDS[self.series.split("/", 1)[0]].unit
-        return (f"{self.series}: slope {self.slope:.6g} {unit}/cycle over {self.cycles} cycles exceeds the bound "
-                f"{self.limit:.6g} {unit}/cycle (first {self.first:.6g}, last {self.last:.6g} {unit})")
+        return (
+            f"{self.series}: slope {self.slope:.6g} {unit}/cycle over {self.cycles} cycles exceeds the bound "
+            f"{self.limit:.6g} {unit}/cycle (first {self.first:.6g}, last {self.last:.6g} {unit})"
+        )
 
 
 def judge(series: str, samples: Sequence[Tuple[int, float, int]]) -> Optional[Trend]:
@@ -112,8 +114,15 @@ def judge(series: str, samples: Sequence[Tuple[int, float, int]]) -> Optional[Tr
     family = series.split("/", 1)[0]
     ordered = sorted(samples, key=lambda s: (s[0], s[2]))
     cycles, values = [s[0] for s in ordered], [s[1] for s in ordered]
-    return Trend(series, len(samples), fit_slope(cycles, values), BOUNDS[family].limit(values),
-                 values[0], values[-1], max(s[2] for s in samples))
+    return Trend(
+        series,
+        len(samples),
+        fit_slope(cycles, values),
+        BOUNDS[family].limit(values),
+        values[0],
+        values[-1],
+        max(s[2] for s in samples),
+    )
 
 
 Series = Dict[str, List[Tuple[int, float, int]]]
@@ -184,11 +193,22 @@ def collect(records: Records) -> Tuple[Series, List[Violation]]:
         if r["kind"] == "trend_sample":
             family = str(r["series"]).split("/", 1)[0]
             if family not in BOUNDS:
-                bad.append(Violation(NAME, r["seq"], f"trend_sample series {r['series']!r}: unknown family "
-                                                     f"{family!r} (known: {', '.join(sorted(BOUNDS))})"))
+                bad.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"trend_sample series {r['series']!r}: unknown family "
+                        f"{family!r} (known: {', '.join(sorted(BOUNDS))})",
+                    )
+                )
                 continue
-            _add(series, r["series"] if "rank" not in r else f"{r['series']}@rank{r['rank']}",
-                 r["value"], r["seq"], r["cycle"])
+            _add(
+                series,
+                r["series"] if "rank" not in r else f"{r['series']}@rank{r['rank']}",
+                r["value"],
+                r["seq"],
+                r["cycle"],
+            )
         elif r["kind"] in LEDGER_KINDS:
             ledger.feed(r, series)
     return series, bad

@@ -47,15 +47,27 @@ def version_span(records: Records) -> List[Violation]:
             continue
         pid = r["pipeline_id"]
         if kind == "trajectory" and not s.get("partial_rollout") and r["first_version"] != r["version"]:
-            out.append(Violation(NAME, r["seq"], f"{pid} trajectory {r['trajectory']} was generated with weight "
-                                 f"versions {r['first_version']}..{r['version']} although partial rollout is off"))
+            out.append(
+                Violation(
+                    NAME,
+                    r["seq"],
+                    f"{pid} trajectory {r['trajectory']} was generated with weight "
+                    f"versions {r['first_version']}..{r['version']} although partial rollout is off",
+                )
+            )
         elif kind == "trajectory_evicted":
             live[pid] = live.get(pid, 0) - len(r["trajectories"])
         elif kind == "trajectory_dispatch" and "max_age" in s:
             live[pid] = live.get(pid, 0) + 1
             window = (r["trainer_version"] + 1 + s["max_age"]) * s["batch"]
             if live[pid] > window:
-                out.append(Violation(NAME, r["seq"], f"{pid} dispatched trajectory {r['trajectory']} with "
-                                     f"{live[pid]} in its window at trainer version {r['trainer_version']}; the "
-                                     f"staleness bound {s['max_age']} allows {window}"))
+                out.append(
+                    Violation(
+                        NAME,
+                        r["seq"],
+                        f"{pid} dispatched trajectory {r['trajectory']} with "
+                        f"{live[pid]} in its window at trainer version {r['trainer_version']}; the "
+                        f"staleness bound {s['max_age']} allows {window}",
+                    )
+                )
     return out

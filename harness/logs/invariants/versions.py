@@ -30,22 +30,46 @@ def versions(records: Records) -> List[Violation]:
             built[pid] = v
         elif eff == "PromoteCache" and r["kind"] == "effect_end":
             if built.get(pid) != args["version"]:
-                out.append(Violation("versions", r["seq"], f"{pid}: promotes version {args['version']} but the latest built is {built.get(pid)}"))
+                out.append(
+                    Violation(
+                        "versions",
+                        r["seq"],
+                        f"{pid}: promotes version {args['version']} but the latest built is {built.get(pid)}",
+                    )
+                )
             active[pid] = args["version"]
         elif eff == "SyncFromCache" and r["kind"] == "effect_end":
             if pid in active and args["version"] != active[pid]:
-                out.append(Violation("versions", r["seq"], f"{pid}: synced version {args['version']} but the active cache is {active[pid]}"))
+                out.append(
+                    Violation(
+                        "versions",
+                        r["seq"],
+                        f"{pid}: synced version {args['version']} but the active cache is {active[pid]}",
+                    )
+                )
             synced[(pid, scope)] = args["version"]
         elif eff == "SyncFromCache" and r["kind"] == "effect_start":
             synced[(pid, scope)] = None  # a sync in flight: nothing synced yet in this scope
         elif eff == "PublishVersion" and r["kind"] == "effect_start":
             v = args["version"]
             if active.get(pid) != v:
-                out.append(Violation("versions", r["seq"], f"{pid}: publishes version {v} but the active cache is {active.get(pid)}"))
+                out.append(
+                    Violation(
+                        "versions", r["seq"], f"{pid}: publishes version {v} but the active cache is {active.get(pid)}"
+                    )
+                )
             if args["path"] == "expand" and synced.get((pid, scope)) != v:
-                out.append(Violation("versions", r["seq"], f"{pid}: publishes version {v} on the expand path before the sync of that version"))
+                out.append(
+                    Violation(
+                        "versions",
+                        r["seq"],
+                        f"{pid}: publishes version {v} on the expand path before the sync of that version",
+                    )
+                )
             if pid in published and v < published[pid]:
-                out.append(Violation("versions", r["seq"], f"{pid}: published version goes back from {published[pid]} to {v}"))
+                out.append(
+                    Violation("versions", r["seq"], f"{pid}: published version goes back from {published[pid]} to {v}")
+                )
             published[pid] = max(v, published.get(pid, v))
     return out
 
@@ -77,6 +101,11 @@ def stale_serving(records: Records) -> List[Violation]:
                 key = (pid, r["dp_rank"], r["version"], published[pid])
                 if key not in reported:
                     reported.add(key)
-                    out.append(Violation("stale_serving", r["seq"],
-                                         f"{pid} dp{r['dp_rank']} serves version {r['version']} while version {published[pid]} is published"))
+                    out.append(
+                        Violation(
+                            "stale_serving",
+                            r["seq"],
+                            f"{pid} dp{r['dp_rank']} serves version {r['version']} while version {published[pid]} is published",
+                        )
+                    )
     return out

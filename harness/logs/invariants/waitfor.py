@@ -40,13 +40,26 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set, Tuple
 
 from harness.logs.invariants.base import Records, Violation, invariant
-from harness.logs.invariants.waitfor_edges import (CACHE_EFFECTS, REQUEST_EFFECTS, SCHED_READS, SCHED_SEES, CacheLockWaits,
-                                              SchedulerWaits)
+from harness.logs.invariants.waitfor_edges import (
+    CACHE_EFFECTS,
+    REQUEST_EFFECTS,
+    SCHED_READS,
+    SCHED_SEES,
+    CacheLockWaits,
+    SchedulerWaits,
+)
 from harness.logs.invariants.waitfor_refit import REFIT_WAIT_KINDS, RefitWaits
 from harness.logs.invariants.waitgraph import Wait, WaitGraph, caller_of, describe  # noqa: F401 (re-exported)
 
-GROUP_KINDS = ("rendezvous_join", "rendezvous_done", "rendezvous_abort", "broadcast_start", "broadcast_recv",
-               "broadcast_end", "member_exit")
+GROUP_KINDS = (
+    "rendezvous_join",
+    "rendezvous_done",
+    "rendezvous_abort",
+    "broadcast_start",
+    "broadcast_recv",
+    "broadcast_end",
+    "member_exit",
+)
 #: every kind a wait opens or closes by (a check on the graph ``reads`` them and ``sees`` WAIT_SEES)
 WAIT_KINDS = GROUP_KINDS + ("effect_start", "effect_end", "cache_lock") + SCHED_READS + REFIT_WAIT_KINDS
 WAIT_SEES = tuple(k for k in SCHED_SEES if k not in WAIT_KINDS)
@@ -158,7 +171,11 @@ _LAST: list = [None, None]  # the last records object a graph was built from, an
 def wait_graph(records: Records) -> WaitGraph:
     """The waits still open at the end of ``records`` (see the module docs). The graph of
     the same records object is built once (deadlock, lost_wakeup and hot_state share it)."""
-    if isinstance(records, list) and _LAST[0] is records and _LAST[1].end_seq == (records[-1].get("seq", 0) if records else 0):
+    if (
+        isinstance(records, list)
+        and _LAST[0] is records
+        and _LAST[1].end_seq == (records[-1].get("seq", 0) if records else 0)
+    ):
         return _LAST[1]
     walk = GraphWalk(records[0] if records else None)
     on = walk.on
@@ -226,9 +243,13 @@ def deadlock(records: Records) -> List[Violation]:
     for cyc in g.cycles():
         members = ", ".join(w.waiter for w in cyc)
         seqs = ", ".join(str(w.seq) for w in cyc)
-        out.append(Violation("deadlock", g.end_seq,
-                             f"a cycle of waits among {members} (records {seqs}), still open at t={g.end_t:.1f}s: "
-                             f"{describe(cyc)}"))
+        out.append(
+            Violation(
+                "deadlock",
+                g.end_seq,
+                f"a cycle of waits among {members} (records {seqs}), still open at t={g.end_t:.1f}s: {describe(cyc)}",
+            )
+        )
     return out
 
 
@@ -238,17 +259,32 @@ def lost_wakeup(records: Records) -> List[Violation]:
     out = []
     for w in g.waits:
         if w.on in g.exited:
-            out.append(Violation("lost_wakeup", g.end_seq,
-                                 f"{w.waiter} waits (since t={w.t:.1f}s, seq {w.seq}, {w.what}) on {w.on}, which "
-                                 f"exited at seq {g.exited[w.on]} without waking it; chain of waits: "
-                                 f"{describe(g.chain(w.waiter), g.exited)}"))
+            out.append(
+                Violation(
+                    "lost_wakeup",
+                    g.end_seq,
+                    f"{w.waiter} waits (since t={w.t:.1f}s, seq {w.seq}, {w.what}) on {w.on}, which "
+                    f"exited at seq {g.exited[w.on]} without waking it; chain of waits: "
+                    f"{describe(g.chain(w.waiter), g.exited)}",
+                )
+            )
     for me, (w, seq) in sorted(g.unhanded.items()):
-        out.append(Violation("lost_wakeup", g.end_seq,
-                             f"{me} waits (since t={w.t:.1f}s, seq {w.seq}) for the {w.what}, which its last "
-                             f"holder released at seq {seq} without handing it on: free, and the waiter never woken"))
+        out.append(
+            Violation(
+                "lost_wakeup",
+                g.end_seq,
+                f"{me} waits (since t={w.t:.1f}s, seq {w.seq}) for the {w.what}, which its last "
+                f"holder released at seq {seq} without handing it on: free, and the waiter never woken",
+            )
+        )
     for w, why in g.unwoken:
         chain = describe(g.chain(w.waiter), g.exited)
-        out.append(Violation("lost_wakeup", g.end_seq,
-                             f"{w.waiter} waits (since t={w.t:.1f}s, seq {w.seq}, {w.what}) on {w.on}: {why}"
-                             f"{f'; chain of waits: {chain}' if chain else ''}"))
+        out.append(
+            Violation(
+                "lost_wakeup",
+                g.end_seq,
+                f"{w.waiter} waits (since t={w.t:.1f}s, seq {w.seq}, {w.what}) on {w.on}: {why}"
+                f"{f'; chain of waits: {chain}' if chain else ''}",
+            )
+        )
     return out

@@ -47,7 +47,7 @@ CACHE_EFFECTS = {"BuildCache": "build", "PromoteCache": "promote", "SyncFromCach
 
 
 def _cluster_name(cid: str) -> str:
-    return cid[len(pipeline_of(cid)) + 1:]
+    return cid[len(pipeline_of(cid)) + 1 :]
 
 
 class SchedulerWaits(DecisionWalk):
@@ -82,13 +82,22 @@ class SchedulerWaits(DecisionWalk):
             cid = r["cluster_id"]
             pid, name = pipeline_of(cid), _cluster_name(cid)
             waiter = self.calls.get((pid, name), f"{pid}/request:{name}")
-            self.open[r["request_id"]] = {"rec": r, "waiter": waiter, "owed": None, "freed": None,
-                                          "what": f"request {r['request_id']} of {cid} at {r['priority']}"}
+            self.open[r["request_id"]] = {
+                "rec": r,
+                "waiter": waiter,
+                "owed": None,
+                "freed": None,
+                "what": f"request {r['request_id']} of {cid} at {r['priority']}",
+            }
         elif k == "release_pending":
             pid = pipeline_of(r["cluster_id"])
-            self.open[r["request_id"]] = {"rec": r, "waiter": self.calls.get((pid, "await"), f"{pid}/await_release"),
-                                          "owed": None, "freed": None,
-                                          "what": f"await_release of {r['cluster_id']} (request {r['request_id']})"}
+            self.open[r["request_id"]] = {
+                "rec": r,
+                "waiter": self.calls.get((pid, "await"), f"{pid}/await_release"),
+                "owed": None,
+                "freed": None,
+                "what": f"await_release of {r['cluster_id']} (request {r['request_id']})",
+            }
         elif k == "signalled":
             w = self.open.pop(r["request_id"], None)
             if w is not None and r["waiter"] == "request" and r["gpus"] and not r.get("error"):
@@ -110,7 +119,9 @@ class SchedulerWaits(DecisionWalk):
         for w in self.open.values():
             cid = w["rec"]["cluster_id"]
             if w["rec"]["kind"] == "release_pending" and w["freed"] is None and not self.h.held(cid):
-                w["freed"] = f"its cluster {cid} held no GPU after the commit of cycle {commit['cycle']} (seq {commit['seq']}), which did not ack it"
+                w["freed"] = (
+                    f"its cluster {cid} held no GPU after the commit of cycle {commit['cycle']} (seq {commit['seq']}), which did not ack it"
+                )
 
     def _freed(self, cid: str, how: str) -> None:
         for w in self.open.values():
@@ -132,8 +143,16 @@ class SchedulerWaits(DecisionWalk):
             g.exited[SCHEDULER] = self.failed
         else:
             for (cycle, pid, phase), r in self.resizes.items():
-                g.waits.append(Wait(SCHEDULER, f"{pid}/{phase}@cycle{cycle}", r["seq"], r["t"],
-                                    f"{phase} resize of cycle {cycle}", hot=False))
+                g.waits.append(
+                    Wait(
+                        SCHEDULER,
+                        f"{pid}/{phase}@cycle{cycle}",
+                        r["seq"],
+                        r["t"],
+                        f"{phase} resize of cycle {cycle}",
+                        hot=False,
+                    )
+                )
         for w in self.open.values():
             r, me = w["rec"], w["waiter"]
             wait = Wait(me, SCHEDULER, r["seq"], r["t"], w["what"], hot=False)
@@ -141,8 +160,9 @@ class SchedulerWaits(DecisionWalk):
             if r["kind"] == "enqueued" and r["priority"] != GENERATION:
                 for owner, gpus in sorted(self._holders(r["cluster_id"]).items()):
                     held = self.holder.get(owner, f"{pipeline_of(owner)}/{_cluster_name(owner)}")
-                    g.waits.append(Wait(me, held, r["seq"], r["t"], f"{w['what']}: GPUs {gpus} held by {owner}",
-                                        hot=False))
+                    g.waits.append(
+                        Wait(me, held, r["seq"], r["t"], f"{w['what']}: GPUs {gpus} held by {owner}", hot=False)
+                    )
             for why in (w["owed"], w["freed"]):
                 if why is not None:
                     g.unwoken.append((wait, why))
@@ -194,6 +214,10 @@ class CacheLockWaits:
                     continue
                 last = self.released.get(pid)
                 if last is not None and last[0] > r["seq"] and last[1] < g.end_t:
-                    g.unwoken.append((Wait(me, pid, r["seq"], r["t"], text),
-                                      f"its last holder released it at seq {last[0]} without handing it on: "
-                                      f"free, and the waiter never woken"))
+                    g.unwoken.append(
+                        (
+                            Wait(me, pid, r["seq"], r["t"], text),
+                            f"its last holder released it at seq {last[0]} without handing it on: "
+                            f"free, and the waiter never woken",
+                        )
+                    )

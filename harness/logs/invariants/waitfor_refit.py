@@ -35,8 +35,16 @@ from typing import Dict, Optional, Tuple
 from harness.logs.invariants.waitgraph import Wait, WaitGraph
 
 #: every record kind the refit stream's waits open and close by
-REFIT_WAIT_KINDS = ("refit_stream_begin", "refit_group_send", "refit_complete_send", "refit_ack", "refit_group_recv",
-                    "refit_manifest_check", "refit_finalize", "refit_stream_abort")
+REFIT_WAIT_KINDS = (
+    "refit_stream_begin",
+    "refit_group_send",
+    "refit_complete_send",
+    "refit_ack",
+    "refit_group_recv",
+    "refit_manifest_check",
+    "refit_finalize",
+    "refit_stream_abort",
+)
 _PROBLEMS = ("missing", "duplicate", "unexpected", "mismatched", "layout", "load_errors")
 
 Stream = Tuple[str, str, int]  # (sender node, receiver node, step)
@@ -98,12 +106,16 @@ class RefitWaits:
     def into(self, g: WaitGraph) -> None:
         for s, r in self.acks.items():
             what = "COMPLETE" if r["kind"] == "refit_complete_send" else f"group {r['group']}"
-            self._wait(g, Wait(s[0], s[1], r["seq"], r["t"], f"ACK of {what} of refit step {s[2]}"),
-                       self.ended.get((s, "receiver")))
+            self._wait(
+                g,
+                Wait(s[0], s[1], r["seq"], r["t"], f"ACK of {what} of refit step {s[2]}"),
+                self.ended.get((s, "receiver")),
+            )
         for s, r in self.recvs.items():
             after = "its first group" if r["kind"] == "refit_stream_begin" else f"the group after {r['group']}"
-            self._wait(g, Wait(s[1], s[0], r["seq"], r["t"], f"{after} of refit step {s[2]}"),
-                       self.ended.get((s, "sender")))
+            self._wait(
+                g, Wait(s[1], s[0], r["seq"], r["t"], f"{after} of refit step {s[2]}"), self.ended.get((s, "sender"))
+            )
 
     @staticmethod
     def _wait(g: WaitGraph, w: Wait, ended: Optional[Tuple[int, str]]) -> None:

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Set, Tuple
 @dataclass(frozen=True)
 class Wait:
     """One open wait: ``waiter`` waits on ``on`` because of the record ``seq``."""
+
     waiter: str
     on: str
     seq: int

@@ -19,8 +19,14 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 import numpy as np
 
 from harness.logs.invariants.allocations import DecisionWalk, pipeline_of
-from harness.logs.outputs.timeline_rows import (DETAIL_GPUS, PIPELINE_BAND, pipeline_colours, pipeline_handles,
-                                           row_image, row_layout)
+from harness.logs.outputs.timeline_rows import (
+    DETAIL_GPUS,
+    PIPELINE_BAND,
+    pipeline_colours,
+    pipeline_handles,
+    row_image,
+    row_layout,
+)
 
 #: RLix priority -> colour (served first at the top of the legend)
 PRIORITY_STYLE: Dict[str, str] = {
@@ -95,11 +101,18 @@ def allocation_holds(records: Sequence[Mapping[str, Any]]) -> List[Hold]:
 
 def _short(cluster: str) -> str:
     pid = pipeline_of(cluster)
-    return f"{pid} {cluster[len(pid) + 1:].replace('actor_', '')}"
+    return f"{pid} {cluster[len(pid) + 1 :].replace('actor_', '')}"
 
 
-def render_allocation_png(records: Sequence[Mapping[str, Any]], *, title: str, time_label: str,
-                          width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> bytes:
+def render_allocation_png(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+    time_label: str,
+    width_in: float = 12.0,
+    row_height_in: float = 0.45,
+    dpi: int = 100,
+) -> bytes:
     """PNG bytes of the allocation timeline of ``records`` (decision records, header first)."""
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -129,8 +142,9 @@ def render_allocation_png(records: Sequence[Mapping[str, Any]], *, title: str, t
     with matplotlib.style.context("default"), matplotlib.rc_context({"font.family": "DejaVu Sans", "font.size": 8}):
         fig = Figure(figsize=(w_in, h_in), dpi=dpi)
         FigureCanvasAgg(fig)
-        fig.subplots_adjust(left=_LEFT_IN / w_in, right=1 - _RIGHT_IN / w_in, top=1 - _TOP_IN / h_in,
-                            bottom=_BOTTOM_IN / h_in)
+        fig.subplots_adjust(
+            left=_LEFT_IN / w_in, right=1 - _RIGHT_IN / w_in, top=1 - _TOP_IN / h_in, bottom=_BOTTOM_IN / h_in
+        )
         ax = fig.add_subplot(1, 1, 1)
         ax.set_xlim(t0, t1)
         ax.set_ylim(n_rows, 0)
@@ -149,17 +163,32 @@ def render_allocation_png(records: Sequence[Mapping[str, Any]], *, title: str, t
         if n_rows == len(gpus):  # one row per GPU: name the cluster on bars wide enough
             wide = [h for h in holds if h.end - h.start >= 0.12 * (t1 - t0)][:MAX_BAR_LABELS]
             for h in wide:
-                ax.text((h.start + h.end) / 2, row_of[h.gpu] + 0.5 + PIPELINE_BAND / 2, _short(h.cluster),
-                        ha="center", va="center", fontsize=6, clip_on=True)
-        handles: List[Any] = [Patch(facecolor=PRIORITY_STYLE[p], edgecolor="black", linewidth=0.3, label=p)
-                              for p in priorities]
+                ax.text(
+                    (h.start + h.end) / 2,
+                    row_of[h.gpu] + 0.5 + PIPELINE_BAND / 2,
+                    _short(h.cluster),
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    clip_on=True,
+                )
+        handles: List[Any] = [
+            Patch(facecolor=PRIORITY_STYLE[p], edgecolor="black", linewidth=0.3, label=p) for p in priorities
+        ]
         handles += pipeline_handles(pipelines)
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
         return _composite_png(fig, ax, image)
 
 
-def _bars(ax: Any, holds: Sequence[Hold], row_of: Dict[int, int], members: np.ndarray, priorities: Sequence[str],
-          pipelines: Sequence[str], span: Tuple[float, float]) -> np.ndarray:
+def _bars(
+    ax: Any,
+    holds: Sequence[Hold],
+    row_of: Dict[int, int],
+    members: np.ndarray,
+    priorities: Sequence[str],
+    pipelines: Sequence[str],
+    span: Tuple[float, float],
+) -> np.ndarray:
     box = ax.get_window_extent()
     width, height = round(box.width), round(box.height)
     t0, t1 = span
@@ -168,14 +197,27 @@ def _bars(ax: Any, holds: Sequence[Hold], row_of: Dict[int, int], members: np.nd
     start = np.array([h.start for h in holds], dtype=float)
     end = np.array([h.end for h in holds], dtype=float)
     rows = np.array([row_of[h.gpu] for h in holds], dtype=np.int64)
-    codes = np.array([order.index(h.priority) if h.priority in order else order.index("GENERATION") for h in holds],
-                     dtype=np.int64)
+    codes = np.array(
+        [order.index(h.priority) if h.priority in order else order.index("GENERATION") for h in holds], dtype=np.int64
+    )
     pipe_of = {p: i for i, p in enumerate(pipelines)}
     pipes = np.array([pipe_of[pipeline_of(h.cluster)] for h in holds], dtype=np.int64)
-    colours = [tuple(int(PRIORITY_STYLE[k][i:i + 2], 16) / 255 for i in (1, 3, 5)) for k in order]
+    colours = [tuple(int(PRIORITY_STYLE[k][i : i + 2], 16) / 255 for i in (1, 3, 5)) for k in order]
     y0 = rows.astype(float)
-    return row_image((start - t0) * to_px, (end - t0) * to_px, y0, y0 + 1, rows, members, codes, colours,
-                     pipes, pipeline_colours(len(pipelines)), width, height)
+    return row_image(
+        (start - t0) * to_px,
+        (end - t0) * to_px,
+        y0,
+        y0 + 1,
+        rows,
+        members,
+        codes,
+        colours,
+        pipes,
+        pipeline_colours(len(pipelines)),
+        width,
+        height,
+    )
 
 
 def write_allocation_png(records: Sequence[Mapping[str, Any]], path: str, **kw: Any) -> str:

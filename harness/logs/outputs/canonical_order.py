@@ -69,8 +69,9 @@ def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Cal
     items[:] = out
 
 
-def column_order(columns: Sequence[Sequence[Any]], tail: Callable[[int], tuple],
-                 canon_of: Callable[[int], Any]) -> List[int]:
+def column_order(
+    columns: Sequence[Sequence[Any]], tail: Callable[[int], tuple], canon_of: Callable[[int], Any]
+) -> List[int]:
     """The positions ``0..n-1`` sorted by ``tuple(c[i] for c in columns) + tail(i) +
     (CanonKey(canon_of(i)),)`` (stable), the columns numbers (ints or floats): sorted by
     numpy on the columns, then each run that ties on all of them (none in a simulator
@@ -84,8 +85,12 @@ def column_order(columns: Sequence[Sequence[Any]], tail: Callable[[int], tuple],
             array = np.asarray(column)
         except (OverflowError, ValueError, TypeError):
             array = None
-        if (array is None or array.dtype.kind not in "iuf" or array.shape != (n,)
-                or (array.dtype.kind == "f" and n and not np.abs(array).max() < 2.0 ** 53)):  # exact as floats
+        if (
+            array is None
+            or array.dtype.kind not in "iuf"
+            or array.shape != (n,)
+            or (array.dtype.kind == "f" and n and not np.abs(array).max() < 2.0**53)
+        ):  # exact as floats
             order = list(range(n))
             sort_canon_last(order, lambda i: tuple(c[i] for c in columns) + tail(i), canon_of)
             return order
@@ -105,7 +110,7 @@ def column_order(columns: Sequence[Sequence[Any]], tail: Callable[[int], tuple],
         end = start + 1
         while end < n - 1 and ties[end]:
             end += 1
-        run = out[start:end + 1]
+        run = out[start : end + 1]
         sort_canon_last(run, tail, canon_of)
-        out[start:end + 1] = run
+        out[start : end + 1] = run
     return out

@@ -46,6 +46,8 @@ def format_dataplane(totals: List[HopTotal], fmt_bytes, table) -> List[str]:
     rows = [[t.pipeline_id, t.hop, t.role, str(t.transfers), fmt_bytes(t.bytes), f"{t.busy_s:.3f}"] for t in totals]
     out += table(["pipeline", "hop", "role", "transfers", "bytes", "busy s"], rows, "lllrlr")
     for pid, n in sorted(driver_bulk_bytes(totals).items()):
-        out.append(f"{pid}: driver bulk bytes {n}" + (" (1-hop: the driver moved metadata only)" if n == 0
-                                                       else " (bulk tensors went through the driver)"))
+        out.append(
+            f"{pid}: driver bulk bytes {n}"
+            + (" (1-hop: the driver moved metadata only)" if n == 0 else " (bulk tensors went through the driver)")
+        )
     return out

@@ -45,13 +45,29 @@ class Headroom:
 
     def as_json(self) -> Dict[str, Any]:
         tight = self.tightest()
-        return {"capacity_bytes": self.capacity_bytes, "margin_bytes": self.margin_bytes,
-                "tightest": None if tight is None else asdict(tight),
-                "gpus": [asdict(g) for g in self.gpus], "phases": self.phases,
-                "handovers": [{"seq": w.seq, "t": w.t, "gpu": w.gpu, "granted_to": w.cluster, "residue": w.residue,
-                               "residue_bytes": w.residue_bytes(), "left_by_phase": w.phases,
-                               "wake_headroom_bytes": w.headroom, "at_seq": w.low_seq, "window_end_seq": w.end_seq,
-                               "owners_at_least": w.owners_at_low} for w in self.handovers]}
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "margin_bytes": self.margin_bytes,
+            "tightest": None if tight is None else asdict(tight),
+            "gpus": [asdict(g) for g in self.gpus],
+            "phases": self.phases,
+            "handovers": [
+                {
+                    "seq": w.seq,
+                    "t": w.t,
+                    "gpu": w.gpu,
+                    "granted_to": w.cluster,
+                    "residue": w.residue,
+                    "residue_bytes": w.residue_bytes(),
+                    "left_by_phase": w.phases,
+                    "wake_headroom_bytes": w.headroom,
+                    "at_seq": w.low_seq,
+                    "window_end_seq": w.end_seq,
+                    "owners_at_least": w.owners_at_low,
+                }
+                for w in self.handovers
+            ],
+        }
 
 
 #: what the headroom table reads: the header (capacity, margin), then the VRAM ledger and
@@ -98,12 +114,18 @@ class _Peaks:
         phase = r.get("phase") or r["mem"]
         best = self.gpus.get(g)
         if best is None or now > best.peak_bytes:
-            self.gpus[g] = GpuPeak(g, now, self.cap - now, r["t"], r["seq"], phase,
-                                   {o: b for o, b in sorted(on.items()) if b > 0})
+            self.gpus[g] = GpuPeak(
+                g, now, self.cap - now, r["t"], r["seq"], phase, {o: b for o, b in sorted(on.items()) if b > 0}
+            )
         p = self.phases.get(phase)
         if p is None or now > p["peak_bytes"]:
-            self.phases[phase] = {"peak_bytes": now, "headroom_bytes": self.cap - now, "gpu": g, "seq": r["seq"],
-                                  "t": r["t"]}
+            self.phases[phase] = {
+                "peak_bytes": now,
+                "headroom_bytes": self.cap - now,
+                "gpu": g,
+                "seq": r["seq"],
+                "t": r["t"],
+            }
 
 
 def headroom(records: Iterable[Mapping[str, Any]], end: Any = None) -> Optional[Headroom]:
@@ -126,8 +148,13 @@ def headroom(records: Iterable[Mapping[str, Any]], end: Any = None) -> Optional[
             yield r
 
     windows = handover_windows(_HeaderThen(head, tap()))  # type: ignore[arg-type]
-    return Headroom(cap, margin_of([dict(head)]), [peaks.gpus[g] for g in sorted(peaks.gpus)],
-                    {k: peaks.phases[k] for k in sorted(peaks.phases)}, windows)
+    return Headroom(
+        cap,
+        margin_of([dict(head)]),
+        [peaks.gpus[g] for g in sorted(peaks.gpus)],
+        {k: peaks.phases[k] for k in sorted(peaks.phases)},
+        windows,
+    )
 
 
 def _gib(n: Optional[float]) -> str:
@@ -144,25 +171,40 @@ def headroom_lines(h: Optional[Headroom], table, shown: int = 8) -> List[str]:
     """summary.txt's section: the tightest GPUs, each phase's peak, each unclean handover."""
     if h is None or not h.gpus:
         return []
-    out = ["", f"Memory headroom (GiB; capacity {_gib(h.capacity_bytes)} per GPU; peak resident bytes per GPU, "
-               f"tightest first; every GPU in summary.json)"]
-    rows = [[str(g.gpu), _gib(g.peak_bytes), _gib(g.headroom_bytes), g.phase, f"{g.t:.3f}", _owners(g.owners)]
-            for g in sorted(h.gpus, key=lambda g: (g.headroom_bytes, g.gpu))[:shown]]
+    out = [
+        "",
+        f"Memory headroom (GiB; capacity {_gib(h.capacity_bytes)} per GPU; peak resident bytes per GPU, "
+        f"tightest first; every GPU in summary.json)",
+    ]
+    rows = [
+        [str(g.gpu), _gib(g.peak_bytes), _gib(g.headroom_bytes), g.phase, f"{g.t:.3f}", _owners(g.owners)]
+        for g in sorted(h.gpus, key=lambda g: (g.headroom_bytes, g.gpu))[:shown]
+    ]
     out += table(["gpu", "peak", "headroom", "phase", "at s", "owners at the peak"], rows, "rrrlrl")
-    out.append("by phase: " + "; ".join(f"{k} peak {_gib(v['peak_bytes'])} (headroom {_gib(v['headroom_bytes'])}, "
-                                         f"GPU {v['gpu']})" for k, v in h.phases.items()))
+    out.append(
+        "by phase: "
+        + "; ".join(
+            f"{k} peak {_gib(v['peak_bytes'])} (headroom {_gib(v['headroom_bytes'])}, GPU {v['gpu']})"
+            for k, v in h.phases.items()
+        )
+    )
     if h.handovers:
         worst = min(h.handovers, key=lambda w: (w.headroom if w.headroom is not None else 0, w.seq))
-        out.append(f"handovers with another cluster's bytes left ({len(h.handovers)}): least wake headroom "
-                   f"{_gib(worst.headroom)} GiB on GPU {worst.gpu} (granted to {worst.cluster} at seq {worst.seq}, "
-                   f"residue {_gib(worst.residue_bytes())} GiB of {', '.join(worst.residue)}, left by phase "
-                   f"{'/'.join(sorted(set(worst.phases.values())))}); margin {_gib(h.margin_bytes)} GiB")
+        out.append(
+            f"handovers with another cluster's bytes left ({len(h.handovers)}): least wake headroom "
+            f"{_gib(worst.headroom)} GiB on GPU {worst.gpu} (granted to {worst.cluster} at seq {worst.seq}, "
+            f"residue {_gib(worst.residue_bytes())} GiB of {', '.join(worst.residue)}, left by phase "
+            f"{'/'.join(sorted(set(worst.phases.values())))}); margin {_gib(h.margin_bytes)} GiB"
+        )
         under = any(w.headroom is not None and w.headroom < h.margin_bytes for w in h.handovers)
-        rows = [[str(w.gpu), w.cluster, _gib(w.residue_bytes()), "/".join(sorted(set(w.phases.values()))),
-                 _gib(w.headroom)] + (["UNDER MARGIN" if w.headroom < h.margin_bytes else "ok"] if under else [])
-                for w in sorted(h.handovers, key=lambda w: (w.headroom if w.headroom is not None else 0, w.seq))[:shown]]
-        out += table(["gpu", "granted to", "residue", "left by", "wake headroom"] + (["margin"] if under else []),
-                     rows, "rlrlrl")
+        rows = [
+            [str(w.gpu), w.cluster, _gib(w.residue_bytes()), "/".join(sorted(set(w.phases.values()))), _gib(w.headroom)]
+            + (["UNDER MARGIN" if w.headroom < h.margin_bytes else "ok"] if under else [])
+            for w in sorted(h.handovers, key=lambda w: (w.headroom if w.headroom is not None else 0, w.seq))[:shown]
+        ]
+        out += table(
+            ["gpu", "granted to", "residue", "left by", "wake headroom"] + (["margin"] if under else []), rows, "rlrlrl"
+        )
     return out
 
 

@@ -175,8 +175,9 @@ class GpuSlice:
 _SLICE_FIELDS = ("gpu", "start", "end", "kind", "pipeline_id", "label", "args", "seq")
 
 
-def new_slice(gpu: int, start: float, end: float, kind: str, pipeline_id: str, label: str, args: Dict[str, Any],
-              seq: int) -> GpuSlice:
+def new_slice(
+    gpu: int, start: float, end: float, kind: str, pipeline_id: str, label: str, args: Dict[str, Any], seq: int
+) -> GpuSlice:
     """``GpuSlice(...)`` with every field given, about a third faster: the frozen
     dataclass's ``__init__`` sets each field through ``object.__setattr__``; here the
     instance's dict is filled at once (a 1024-GPU run builds ~400 thousand slices)."""
@@ -191,13 +192,22 @@ _new_object = object.__new__
 def sort_slices(slices: List[GpuSlice]) -> None:
     """``slices.sort(key=GpuSlice.sort_key)``, faster: numpy sorts the numeric part of the
     key (see :func:`column_order`)."""
-    order = column_order([[s.gpu for s in slices], [s.start for s in slices], [s.start - s.end for s in slices],
-                          [s.seq for s in slices]], lambda i: (slices[i].label,), lambda i: slices[i].args)
+    order = column_order(
+        [
+            [s.gpu for s in slices],
+            [s.start for s in slices],
+            [s.start - s.end for s in slices],
+            [s.seq for s in slices],
+        ],
+        lambda i: (slices[i].label,),
+        lambda i: slices[i].args,
+    )
     slices[:] = [slices[i] for i in order]
 
 
-def effect_intervals(records: Sequence[Mapping[str, Any]],
-                     t_end: Union[None, float, Callable[[], float]] = None) -> List[EffectInterval]:
+def effect_intervals(
+    records: Sequence[Mapping[str, Any]], t_end: Union[None, float, Callable[[], float]] = None
+) -> List[EffectInterval]:
     """Every effect as an interval, ordered by start (then start seq); one still open is
     cut at ``t_end`` (default: the end of the run; a callable is asked after the pass,
     when records arrive as the run is made: harness/logs/outputs/derived.py)."""
@@ -210,20 +220,22 @@ def effect_intervals(records: Sequence[Mapping[str, Any]],
         gpus = start_rec.get("gpus")
         if not gpus and end_rec is not None:
             gpus = end_rec.get("gpus")
-        return EffectInterval(*(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
-            str(start_rec.get("pipeline_id")),
-            str(start_rec.get("effect")),
-            dict(start_rec.get("args") or {}),
-            start_rec.get("scope"),
-            start_rec.get("step"),
-            start_rec.get("cycle"),
-            tuple(sorted(set(gpus or ()))),
-            float(start_rec["t"]),
-            float(end_rec["t"]) if end_rec is not None else t_end,
-            end_rec is None,
-            None if end_rec is None else end_rec.get("error"),
-            int(start_rec.get("seq", 0)),
-        ))
+        return EffectInterval(
+            *(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
+                str(start_rec.get("pipeline_id")),
+                str(start_rec.get("effect")),
+                dict(start_rec.get("args") or {}),
+                start_rec.get("scope"),
+                start_rec.get("step"),
+                start_rec.get("cycle"),
+                tuple(sorted(set(gpus or ()))),
+                float(start_rec["t"]),
+                float(end_rec["t"]) if end_rec is not None else t_end,
+                end_rec is None,
+                None if end_rec is None else end_rec.get("error"),
+                int(start_rec.get("seq", 0)),
+            )
+        )
 
     for r in records:
         kind = r.get("kind")
@@ -252,8 +264,9 @@ def effect_intervals(records: Sequence[Mapping[str, Any]],
     return out
 
 
-def rank_intervals(records: Sequence[Mapping[str, Any]],
-                   t_end: Union[None, float, Callable[[], float]] = None) -> List[RankInterval]:
+def rank_intervals(
+    records: Sequence[Mapping[str, Any]], t_end: Union[None, float, Callable[[], float]] = None
+) -> List[RankInterval]:
     """Routable intervals of every DP rank, ordered by start (then seq); one still open is
     cut at ``t_end`` (default: the end of the run; a callable is asked after the pass)."""
     if t_end is None:
@@ -262,16 +275,20 @@ def rank_intervals(records: Sequence[Mapping[str, Any]],
     out: List[RankInterval] = []
 
     def close(start_rec: Mapping[str, Any], end_t: Optional[float]) -> None:
-        out.append(RankInterval(*(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
-            str(start_rec["pipeline_id"]),
-            int(start_rec["dp_rank"]),
-            tuple(sorted(set(start_rec.get("gpus") or ()))),
-            float(start_rec["t"]),
-            t_end if end_t is None else end_t,
-            start_rec.get("version"),
-            end_t is None,
-            int(start_rec.get("seq", 0)),
-        )))
+        out.append(
+            RankInterval(
+                *(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
+                    str(start_rec["pipeline_id"]),
+                    int(start_rec["dp_rank"]),
+                    tuple(sorted(set(start_rec.get("gpus") or ()))),
+                    float(start_rec["t"]),
+                    t_end if end_t is None else end_t,
+                    start_rec.get("version"),
+                    end_t is None,
+                    int(start_rec.get("seq", 0)),
+                )
+            )
+        )
 
     for r in records:
         if r.get("kind") != "rank_state":
@@ -293,7 +310,9 @@ def rank_intervals(records: Sequence[Mapping[str, Any]],
 def effect_label(iv: EffectInterval) -> str:
     """Slice name of an effect: ``Compute(train) ppl1 s3``."""
     base = iv.effect
-    detail = iv.args.get("what") if iv.effect == "Compute" else iv.args.get("path") if iv.effect == "SyncFromCache" else None
+    detail = (
+        iv.args.get("what") if iv.effect == "Compute" else iv.args.get("path") if iv.effect == "SyncFromCache" else None
+    )
     if detail is not None:
         base = f"{base}({detail})"
     text = f"{base} {iv.pipeline_id}"
@@ -308,8 +327,9 @@ def gpu_slices(records: Sequence[Mapping[str, Any]], *, include_other: bool = Tr
     return slices_of(effect_intervals(records), rank_intervals(records), include_other=include_other)
 
 
-def slices_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *,
-              include_other: bool = True) -> List[GpuSlice]:
+def slices_of(
+    effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *, include_other: bool = True
+) -> List[GpuSlice]:
     """:func:`gpu_slices` from intervals already derived (built as columns, see
     :mod:`.slice_columns`)."""
     from harness.logs.outputs.slice_columns import slice_columns_of  # (it builds on this module)

@@ -20,13 +20,15 @@ def assign_lanes(slices: Sequence[GpuSlice]) -> List[int]:
     so a GPU gets as many lanes as its deepest overlap. Slices in one lane never overlap
     (touching is fine, so a zero-length slice shares the lane of the work it abuts)."""
     gpus, starts, ends = [s.gpu for s in slices], [s.start for s in slices], [s.end for s in slices]
-    order = column_order([gpus, starts, ends, [s.seq for s in slices]],
-                         lambda i: (slices[i].label,), lambda i: slices[i].args)  # then the label, the args
+    order = column_order(
+        [gpus, starts, ends, [s.seq for s in slices]], lambda i: (slices[i].label,), lambda i: slices[i].args
+    )  # then the label, the args
     return _greedy_lanes(gpus, starts, ends, order)
 
 
-def _greedy_lanes(gpus: Sequence[Any], starts: Sequence[float], ends: Sequence[float],
-                  order: Sequence[int]) -> List[int]:
+def _greedy_lanes(
+    gpus: Sequence[Any], starts: Sequence[float], ends: Sequence[float], order: Sequence[int]
+) -> List[int]:
     """The lanes of :func:`assign_lanes`, the slices (as columns) visited in ``order``."""
     lanes = [0] * len(gpus)
     lane_end: Dict[Any, List[float]] = defaultdict(list)

@@ -93,7 +93,9 @@ def check_output_dir(out_dir: str, names: Iterable[str], arg: str, inputs: Seque
             if source and _same_file(path, source):
                 raise OutputPathError(f"{arg} {out_dir}: writing {name} there would overwrite the input file {source}")
         if os.path.lexists(path) and not os.path.isfile(path):
-            raise OutputPathError(f"{arg} {out_dir}: {path} exists and is not a regular file (it would be replaced by an output)")
+            raise OutputPathError(
+                f"{arg} {out_dir}: {path} exists and is not a regular file (it would be replaced by an output)"
+            )
 
 
 class RunFolder:

@@ -25,8 +25,17 @@ from harness.ordered_sum import ordered_sum
 
 Rank = Tuple[str, int]
 #: the record kinds the table reads
-PAUSE_KINDS = ("effect_start", "effect_end", "rank_state", "request_dispatch", "request_done", "request_abort",
-               "request_failed", "request_pause", "request_resume")
+PAUSE_KINDS = (
+    "effect_start",
+    "effect_end",
+    "rank_state",
+    "request_dispatch",
+    "request_done",
+    "request_abort",
+    "request_failed",
+    "request_pause",
+    "request_resume",
+)
 
 
 @dataclass
@@ -150,7 +159,9 @@ def pause_rows(records: Sequence[Mapping[str, Any]]) -> List[PauseRow]:
                 held.discard(req)
             if rank in draining:
                 walk.row(pid).waited += 1
-        elif k in ("effect_start", "effect_end") and r.get("effect") in ("Abort", "Pause") and r.get("scope") == "shrink":
+        elif (
+            k in ("effect_start", "effect_end") and r.get("effect") in ("Abort", "Pause") and r.get("scope") == "shrink"
+        ):
             walk.effect(r)
         elif k in ("request_abort", "request_failed", "request_pause", "request_resume"):
             walk.request(r)
@@ -163,14 +174,47 @@ def pause_lines(rows: Sequence[PauseRow], table) -> List[str]:
     """Text lines of the section; none when no rank was paused."""
     if not rows:
         return []
-    body = [[r.pipeline_id, r.mode, str(r.pauses), str(r.in_flight), str(r.dropped), str(r.retried), str(r.failed),
-             f"{r.lost_engine_s:.3f}", str(r.waited), str(r.kept), str(r.resumed), str(r.kept_dropped)] for r in rows]
+    body = [
+        [
+            r.pipeline_id,
+            r.mode,
+            str(r.pauses),
+            str(r.in_flight),
+            str(r.dropped),
+            str(r.retried),
+            str(r.failed),
+            f"{r.lost_engine_s:.3f}",
+            str(r.waited),
+            str(r.kept),
+            str(r.resumed),
+            str(r.kept_dropped),
+        ]
+        for r in rows
+    ]
     lines = ["", "Pauses (what a shrink's pause did to the requests its ranks held; dropped = lost work)"]
-    lines += table(["pipeline", "mode", "pauses", "in flight", "dropped", "retried", "failed", "lost engine s",
-                    "waited", "kept", "resumed", "kept, dropped"], body, "llrrrrrrrrrr")
+    lines += table(
+        [
+            "pipeline",
+            "mode",
+            "pauses",
+            "in flight",
+            "dropped",
+            "retried",
+            "failed",
+            "lost engine s",
+            "waited",
+            "kept",
+            "resumed",
+            "kept, dropped",
+        ],
+        body,
+        "llrrrrrrrrrr",
+    )
     for mode, t in lost_by_mode(rows).items():
-        lines.append(f"lost work, pause mode {mode}: {t['dropped']} of {t['in_flight']} in-flight requests dropped "
-                     f"at a pause ({t['lost_engine_s']:.3f} engine s), {t['kept_dropped']} kept and never resumed")
+        lines.append(
+            f"lost work, pause mode {mode}: {t['dropped']} of {t['in_flight']} in-flight requests dropped "
+            f"at a pause ({t['lost_engine_s']:.3f} engine s), {t['kept_dropped']} kept and never resumed"
+        )
     return lines
 
 
@@ -181,7 +225,11 @@ def lost_by_mode(rows: Sequence[PauseRow]) -> Dict[str, Dict[str, Any]]:
     for mode in ("abort", "wait", "keep"):
         of = [r for r in rows if r.mode == mode]
         if of:
-            out[mode] = {"pipelines": [r.pipeline_id for r in of], "in_flight": sum(r.in_flight for r in of),
-                         "dropped": sum(r.dropped for r in of), "lost_engine_s": ordered_sum(r.lost_engine_s for r in of),
-                         "kept_dropped": sum(r.kept_dropped for r in of)}
+            out[mode] = {
+                "pipelines": [r.pipeline_id for r in of],
+                "in_flight": sum(r.in_flight for r in of),
+                "dropped": sum(r.dropped for r in of),
+                "lost_engine_s": ordered_sum(r.lost_engine_s for r in of),
+                "kept_dropped": sum(r.kept_dropped for r in of),
+            }
     return out

@@ -59,7 +59,7 @@ def _us_and_dur_us(starts: List[float], ends: List[float]) -> Tuple[List[Number]
     times too large for exact float arithmetic take the scalar functions."""
     start_ns = np.rint(np.asarray(starts, dtype=float) * 1e9)
     end_ns = np.rint(np.asarray(ends, dtype=float) * 1e9)
-    if len(starts) and not (np.abs(start_ns).max() < 2.0 ** 53 and np.abs(end_ns).max() < 2.0 ** 53):
+    if len(starts) and not (np.abs(start_ns).max() < 2.0**53 and np.abs(end_ns).max() < 2.0**53):
         return [_us(s) for s in starts], [_dur_us(s, e) for s, e in zip(starts, ends)]
     start_ns = start_ns.astype(np.int64)
     dur_ns = np.maximum(end_ns.astype(np.int64) - start_ns, 0)
@@ -79,12 +79,18 @@ def _resize_slices(records: Sequence[Mapping[str, Any]], t_end: float) -> List[G
     out: List[GpuSlice] = []
 
     def make(s: Mapping[str, Any], end_t: float, closed: bool) -> GpuSlice:
-        args = {"cycle": s.get("cycle"), "pipeline_id": s.get("pipeline_id"), "phase": s.get("phase"),
-                "dp_ranks": list(s.get("dp_ranks") or ())}
+        args = {
+            "cycle": s.get("cycle"),
+            "pipeline_id": s.get("pipeline_id"),
+            "phase": s.get("phase"),
+            "dp_ranks": list(s.get("dp_ranks") or ()),
+        }
         if not closed:
             args["open"] = True
         label = f"{s.get('phase')} {s.get('pipeline_id')} dp{','.join(str(d) for d in s.get('dp_ranks') or ())}"
-        return GpuSlice(-1, float(s["t"]), end_t, "resize", str(s.get("pipeline_id")), label, args, int(s.get("seq", 0)))
+        return GpuSlice(
+            -1, float(s["t"]), end_t, "resize", str(s.get("pipeline_id")), label, args, int(s.get("seq", 0))
+        )
 
     for r in records:
         k = r.get("kind")
@@ -107,15 +113,18 @@ def _plan_args(plan: Mapping[str, Any]) -> Dict[str, Any]:
         out: Dict[str, List[int]] = {}
         for e in entries or ():
             out.setdefault(str(e.get("cluster_id")), []).extend(
-                int(b.get("dp_rank")) for b in e.get("bundles") or () if b.get("dp_rank") is not None)
+                int(b.get("dp_rank")) for b in e.get("bundles") or () if b.get("dp_rank") is not None
+            )
         return {k: sorted(v) for k, v in sorted(out.items())}
 
     return {
         "cycle": plan.get("cycle"),
         "shrinks": ranks(plan.get("shrinks")),
         "expands": ranks(plan.get("expands")),
-        "signals": [{"cluster_id": s.get("cluster_id"), "priority": s.get("priority"), "gpus": s.get("gpus")}
-                    for s in plan.get("signals") or ()],
+        "signals": [
+            {"cluster_id": s.get("cluster_id"), "priority": s.get("priority"), "gpus": s.get("gpus")}
+            for s in plan.get("signals") or ()
+        ],
         "n_shrinks": len(plan.get("shrinks") or ()),
         "n_expands": len(plan.get("expands") or ()),
         "n_signals": len(plan.get("signals") or ()),
@@ -130,8 +139,13 @@ class _Trace:
     here only their sort columns are held, and :func:`iter_chrome_trace` builds and
     encodes them a chunk at a time."""
 
-    def __init__(self, head: Dict[str, Any], meta: List[Dict[str, Any]], order: List[int],
-                 events_at: Callable[[List[int]], List[Dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        head: Dict[str, Any],
+        meta: List[Dict[str, Any]],
+        order: List[int],
+        events_at: Callable[[List[int]], List[Dict[str, Any]]],
+    ) -> None:
         self.head, self.meta, self.order, self.events_at = head, meta, order, events_at
 
 
@@ -197,18 +211,47 @@ def _trace(view: RunView) -> _Trace:
         m("thread_sort_index", sched_pid, next_tid, {"sort_index": 2 + lane})
         next_tid += 1
     for s, lane in zip(resizes, resize_lanes):
-        events.append({"name": s.label, "cat": "resize", "ph": "X", "ts": _us(s.start),
-                       "dur": _dur_us(s.start, s.end), "pid": sched_pid, "tid": resize_tid[lane], "args": s.args})
+        events.append(
+            {
+                "name": s.label,
+                "cat": "resize",
+                "ph": "X",
+                "ts": _us(s.start),
+                "dur": _dur_us(s.start, s.end),
+                "pid": sched_pid,
+                "tid": resize_tid[lane],
+                "args": s.args,
+            }
+        )
 
     for r in view.of(*_SCHEDULER_KINDS):  # (not the requests, VRAM and rank states of a long log)
         k = r.get("kind")
         ts = _us(float(r.get("t", t0)))
         if k == "plan":
-            events.append({"name": f"cycle {r.get('cycle')}", "cat": "scheduler", "ph": "i", "s": "t",
-                           "ts": ts, "pid": sched_pid, "tid": sched_tid, "args": _plan_args(r)})
+            events.append(
+                {
+                    "name": f"cycle {r.get('cycle')}",
+                    "cat": "scheduler",
+                    "ph": "i",
+                    "s": "t",
+                    "ts": ts,
+                    "pid": sched_pid,
+                    "tid": sched_tid,
+                    "args": _plan_args(r),
+                }
+            )
         elif k == "commit":
-            events.append({"name": "idle GPUs", "cat": "scheduler", "ph": "C", "ts": ts, "pid": sched_pid,
-                           "tid": sched_tid, "args": {"idle": r.get("idle_gpus")}})
+            events.append(
+                {
+                    "name": "idle GPUs",
+                    "cat": "scheduler",
+                    "ph": "C",
+                    "ts": ts,
+                    "pid": sched_pid,
+                    "tid": sched_tid,
+                    "args": {"idle": r.get("idle_gpus")},
+                }
+            )
         else:  # one of _EVENT_KINDS
             if k == "oom":
                 name = f"OOM GPU {r.get('gpu')} {r.get('owner')}"
@@ -221,8 +264,18 @@ def _trace(view: RunView) -> _Trace:
             else:
                 name = k
             args = {f: v for f, v in r.items() if f not in ("seq", "t", "kind")}
-            events.append({"name": name, "cat": k, "ph": "i", "s": "p" if k == "oom" else "t", "ts": ts,
-                           "pid": sched_pid, "tid": events_tid, "args": args})
+            events.append(
+                {
+                    "name": name,
+                    "cat": k,
+                    "ph": "i",
+                    "s": "p" if k == "oom" else "t",
+                    "ts": ts,
+                    "pid": sched_pid,
+                    "tid": events_tid,
+                    "args": args,
+                }
+            )
 
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
     n_slices = len(slices)
@@ -230,9 +283,21 @@ def _trace(view: RunView) -> _Trace:
 
     def events_at(positions: List[int]) -> List[Dict[str, Any]]:
         # (one comprehension per chunk, no call per event: the slices' dicts are most of the trace)
-        return [{"name": labels[i], "cat": cats[i], "ph": "X", "ts": slice_ts[i], "dur": slice_dur[i],
-                 "pid": slice_pid[i], "tid": slice_tid[i], "args": slice_args[i]} if i < n_slices
-                else events[i - n_slices] for i in positions]
+        return [
+            {
+                "name": labels[i],
+                "cat": cats[i],
+                "ph": "X",
+                "ts": slice_ts[i],
+                "dur": slice_dur[i],
+                "pid": slice_pid[i],
+                "tid": slice_tid[i],
+                "args": slice_args[i],
+            }
+            if i < n_slices
+            else events[i - n_slices]
+            for i in positions
+        ]
 
     def name_of(i: int) -> tuple:
         return (labels[i] if i < n_slices else events[i - n_slices]["name"],)
@@ -241,10 +306,17 @@ def _trace(view: RunView) -> _Trace:
         return slice_args[i] if i < n_slices else events[i - n_slices].get("args")
 
     # events (slices first, then the rest) by (ts, pid, tid, phase, longest first, name, canonical args)
-    order = column_order([slice_ts + [e["ts"] for e in events], slice_pid + [e["pid"] for e in events],
-                          slice_tid + [e["tid"] for e in events],
-                          [_PH_ORDER["X"]] * n_slices + [_PH_ORDER.get(e["ph"], 9) for e in events],
-                          [-d for d in slice_dur] + [-e.get("dur", 0) for e in events]], name_of, args_of)
+    order = column_order(
+        [
+            slice_ts + [e["ts"] for e in events],
+            slice_pid + [e["pid"] for e in events],
+            slice_tid + [e["tid"] for e in events],
+            [_PH_ORDER["X"]] * n_slices + [_PH_ORDER.get(e["ph"], 9) for e in events],
+            [-d for d in slice_dur] + [-e.get("dur", 0) for e in events],
+        ],
+        name_of,
+        args_of,
+    )
     head = {
         "displayTimeUnit": "ms",
         "otherData": {
@@ -286,8 +358,14 @@ def _encode_events(events: List[Dict[str, Any]]) -> bytes:
     writes: a NaN or infinite argument, which json refuses, is written as null."""
     if orjson is not None:
         try:
-            out = orjson.dumps(events, default=_refuse, option=orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
-                               | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME)
+            out = orjson.dumps(
+                events,
+                default=_refuse,
+                option=orjson.OPT_SORT_KEYS
+                | orjson.OPT_PASSTHROUGH_SUBCLASS
+                | orjson.OPT_PASSTHROUGH_DATACLASS
+                | orjson.OPT_PASSTHROUGH_DATETIME,
+            )
         except TypeError:
             pass
         else:
@@ -312,8 +390,8 @@ def _trace_chunks(log: Log) -> Iterator[Union[bytes, memoryview]]:
     assert all(key < "traceEvents" for key in trace.head)  # so it is the last key: head is "{...}"
     yield (head[:-1] + ',"traceEvents":[').encode("ascii")
     n = _EVENTS_PER_CHUNK
-    meta_chunks = (trace.meta[at:at + n] for at in range(0, len(trace.meta), n))
-    event_chunks = (trace.events_at(trace.order[at:at + n]) for at in range(0, len(trace.order), n))
+    meta_chunks = (trace.meta[at : at + n] for at in range(0, len(trace.meta), n))
+    event_chunks = (trace.events_at(trace.order[at : at + n]) for at in range(0, len(trace.order), n))
     for k, chunk in enumerate(chain(meta_chunks, event_chunks)):
         if k:
             yield b","
@@ -329,4 +407,5 @@ def dumps_chrome_trace(log: Log) -> str:
 def write_chrome_trace(log: Log, path: Union[str, os.PathLike]) -> str:
     """Write the trace to ``path`` atomically (temp file beside it, then os.replace); returns the path."""
     from harness.logs.writer import atomic_write
+
     return atomic_write(os.fspath(path), _trace_chunks(log))

@@ -86,8 +86,9 @@ def _scan(records: Sequence[Mapping[str, Any]], t_end: float) -> Tuple[float, in
         close(key, t_end)
         since, n = routable.pop(key)
         whole[key].append((t_end - since) * n)
-    return ordered_sum(spans) + ordered_sum(x for key, xs in sorted(whole.items())
-                                            if key[0] not in logs_requests for x in xs), preempted
+    return ordered_sum(spans) + ordered_sum(
+        x for key, xs in sorted(whole.items()) if key[0] not in logs_requests for x in xs
+    ), preempted
 
 
 def _preempted(r: Mapping[str, Any], flight: Mapping[Tuple[str, int], int]) -> int:
@@ -104,8 +105,11 @@ def _preempted(r: Mapping[str, Any], flight: Mapping[Tuple[str, int], int]) -> i
                 taken[g] = _pipeline(e["cluster_id"])
     for s in r["shrinks"]:
         mine = _pipeline(s["cluster_id"])
-        count += sum(1 for b in s.get("bundles") or ()
-                     if flight.get((mine, b["dp_rank"]), 0) > 0 and any(taken.get(g, mine) != mine for g in b["gpus"]))
+        count += sum(
+            1
+            for b in s.get("bundles") or ()
+            if flight.get((mine, b["dp_rank"]), 0) > 0 and any(taken.get(g, mine) != mine for g in b["gpus"])
+        )
     return count
 
 
@@ -120,8 +124,13 @@ def policy_figures(records: Sequence[Mapping[str, Any]], summary_json: Mapping[s
     serving, preemptions = _scan([r for r in records if r["kind"] in kinds], t_end)
     useful = train + serving
     waste = summary_json.get("waste") or {}
-    return {"policy": policy_name(records), "useful_gpu_s": useful, "gpu_s": total,
-            "cost_efficiency_pct": (100.0 * useful / total) if total > 0 else 0.0,
-            "preemptions": preemptions,
-            "expands": waste.get("expands", 0), "wasted_expands": waste.get("wasted_expands", 0),
-            "resize_s": ordered_sum(p["expand_s"] + p["shrink_s"] for p in waste.get("pipelines") or ())}
+    return {
+        "policy": policy_name(records),
+        "useful_gpu_s": useful,
+        "gpu_s": total,
+        "cost_efficiency_pct": (100.0 * useful / total) if total > 0 else 0.0,
+        "preemptions": preemptions,
+        "expands": waste.get("expands", 0),
+        "wasted_expands": waste.get("wasted_expands", 0),
+        "resize_s": ordered_sum(p["expand_s"] + p["shrink_s"] for p in waste.get("pipelines") or ()),
+    }

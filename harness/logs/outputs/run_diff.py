@@ -13,15 +13,29 @@ from harness.ordered_sum import ordered_sum
 
 Row = Tuple[str, Optional[float], Optional[float]]
 
-_RUN_FIGURES = (("simulated s", ("run", "simulated_s")),
-                ("GPU train %", ("gpus_all", "train_pct")), ("GPU generate %", ("gpus_all", "generate_pct")),
-                ("GPU refit %", ("gpus_all", "refit_pct")), ("GPU idle %", ("gpus_all", "idle_pct")),
-                ("scheduler cycles", ("scheduler", "cycles")), ("shrink ops", ("scheduler", "shrink_ops")),
-                ("expand ops", ("scheduler", "expand_ops")), ("mean staleness (steps)", ("staleness", "mean_age_steps")))
-_PIPELINE_FIGURES = (("steps done", "steps_done"), ("mean step s", "mean_step_s"), ("p95 step s", "p95_step_s"),
-                     ("generate s", "generate_s"), ("train s", "train_s"), ("refit s", "refit_s"),
-                     ("waiting s", "waiting_s"), ("requests done", "requests_done"),
-                     ("requests aborted", "requests_aborted"), ("tokens", "tokens"))
+_RUN_FIGURES = (
+    ("simulated s", ("run", "simulated_s")),
+    ("GPU train %", ("gpus_all", "train_pct")),
+    ("GPU generate %", ("gpus_all", "generate_pct")),
+    ("GPU refit %", ("gpus_all", "refit_pct")),
+    ("GPU idle %", ("gpus_all", "idle_pct")),
+    ("scheduler cycles", ("scheduler", "cycles")),
+    ("shrink ops", ("scheduler", "shrink_ops")),
+    ("expand ops", ("scheduler", "expand_ops")),
+    ("mean staleness (steps)", ("staleness", "mean_age_steps")),
+)
+_PIPELINE_FIGURES = (
+    ("steps done", "steps_done"),
+    ("mean step s", "mean_step_s"),
+    ("p95 step s", "p95_step_s"),
+    ("generate s", "generate_s"),
+    ("train s", "train_s"),
+    ("refit s", "refit_s"),
+    ("waiting s", "waiting_s"),
+    ("requests done", "requests_done"),
+    ("requests aborted", "requests_aborted"),
+    ("tokens", "tokens"),
+)
 
 
 def _dig(data: Mapping[str, Any], keys: Sequence[str]) -> Optional[float]:
@@ -57,7 +71,9 @@ def _num(x: Optional[float]) -> str:
         return "-"
     if isinstance(x, int):
         return f"{x:,}"
-    return f"{x:,.0f}" if float(x).is_integer() and abs(x) >= 1000 else f"{x:.4g}" if abs(x) < 1e-3 and x else f"{x:.2f}"
+    return (
+        f"{x:,.0f}" if float(x).is_integer() and abs(x) >= 1000 else f"{x:.4g}" if abs(x) < 1e-3 and x else f"{x:.2f}"
+    )
 
 
 def _delta(d: Optional[float]) -> str:
@@ -68,7 +84,9 @@ def _delta(d: Optional[float]) -> str:
     return f"{d:+,}" if isinstance(d, int) else f"{d:+.2f}"
 
 
-def format_diff(sections: List[Tuple[str, List[Row]]], label_a: str, label_b: str, *, changed_only: bool = False) -> str:
+def format_diff(
+    sections: List[Tuple[str, List[Row]]], label_a: str, label_b: str, *, changed_only: bool = False
+) -> str:
     head = ["figure", "A", "B", "B - A", "change"]
     lines = [f"A: {label_a}", f"B: {label_b}"]
     for title, rows in sections:
@@ -86,6 +104,8 @@ def format_diff(sections: List[Tuple[str, List[Row]]], label_a: str, label_b: st
         if not table:
             continue
         widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(head)]
-        fmt = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        fmt = lambda cells: "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
         lines += ["", title, fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in table]
     return "\n".join(lines)

@@ -174,9 +174,12 @@ class _LogIndex:
         ends = np.cumsum(np.bincount(codes, minlength=len(code_of))).tolist()
         self.by_kind: Dict[Any, Tuple[List[Mapping[str, Any]], np.ndarray]] = {}
         for kind, code in code_of.items():
-            positions = order[(ends[code - 1] if code else 0):ends[code]]
+            positions = order[(ends[code - 1] if code else 0) : ends[code]]
             at = positions.tolist()
-            self.by_kind[kind] = (list(itemgetter(*at)(records)) if len(at) > 1 else [records[i] for i in at], positions)
+            self.by_kind[kind] = (
+                list(itemgetter(*at)(records)) if len(at) > 1 else [records[i] for i in at],
+                positions,
+            )
         self.t_max: Optional[float] = None
         if times:
             try:  # numpy reads a list of floats at C speed; float() decides anything else (and NaN)

@@ -27,8 +27,17 @@ class SliceColumns:
 
     __slots__ = SLICE_FIELDS
 
-    def __init__(self, gpu: List[Any], start: List[float], end: List[float], kind: List[str],
-                 pipeline_id: List[str], label: List[str], args: List[Dict[str, Any]], seq: List[int]) -> None:
+    def __init__(
+        self,
+        gpu: List[Any],
+        start: List[float],
+        end: List[float],
+        kind: List[str],
+        pipeline_id: List[str],
+        label: List[str],
+        args: List[Dict[str, Any]],
+        seq: List[int],
+    ) -> None:
         self.gpu, self.start, self.end, self.kind = gpu, start, end, kind
         self.pipeline_id, self.label, self.args, self.seq = pipeline_id, label, args, seq
 
@@ -54,22 +63,27 @@ class SliceColumns:
     def slice_order(self) -> List[int]:
         """The positions in :meth:`GpuSlice.sort_key` order: (gpu, start, longest first,
         seq, label, canonical args), as :func:`harness.logs.outputs.intervals.sort_slices`."""
-        return column_order([self.gpu, self.start, [s - e for s, e in zip(self.start, self.end)], self.seq],
-                            lambda i: (self.label[i],), self.args.__getitem__)
+        return column_order(
+            [self.gpu, self.start, [s - e for s, e in zip(self.start, self.end)], self.seq],
+            lambda i: (self.label[i],),
+            self.args.__getitem__,
+        )
 
     def lane_order(self) -> List[int]:
         """The positions in the lane assignment's order: (gpu, start, end, seq, label,
         canonical args), as :func:`harness.logs.outputs.lanes.assign_lanes`."""
-        return column_order([self.gpu, self.start, self.end, self.seq],
-                            lambda i: (self.label[i],), self.args.__getitem__)
+        return column_order(
+            [self.gpu, self.start, self.end, self.seq], lambda i: (self.label[i],), self.args.__getitem__
+        )
 
     def lanes(self) -> List[int]:
         """:func:`harness.logs.outputs.lanes.assign_lanes` of these slices."""
         return _greedy_lanes(self.gpu, self.start, self.end, self.lane_order())
 
 
-def slice_columns_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *,
-                     include_other: bool = True) -> SliceColumns:
+def slice_columns_of(
+    effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *, include_other: bool = True
+) -> SliceColumns:
     """:func:`harness.logs.outputs.intervals.slices_of` as columns: one slice per GPU of
     every effect, then of every routable rank interval, sorted (the same slices, fields
     and order)."""
@@ -79,8 +93,15 @@ def slice_columns_of(effects: Sequence[EffectInterval], ranks: Sequence[RankInte
         kind = iv.kind
         if kind == "other" and not include_other:
             continue
-        args = {"pipeline_id": iv.pipeline_id, "effect": iv.effect, "args": iv.args, "scope": iv.scope,
-                "step": iv.step, "cycle": iv.cycle, "gpus": list(iv.gpus)}
+        args = {
+            "pipeline_id": iv.pipeline_id,
+            "effect": iv.effect,
+            "args": iv.args,
+            "scope": iv.scope,
+            "step": iv.step,
+            "cycle": iv.cycle,
+            "gpus": list(iv.gpus),
+        }
         if iv.open:
             args["open"] = True
         if iv.error is not None:

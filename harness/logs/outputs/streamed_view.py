@@ -32,9 +32,30 @@ from harness.logs.outputs.run_view import RunView, _int_ids, _LogIndex
 #: perfetto trace's scheduler slices and events, the summary's scheduler table, sync
 #: buckets, steps, data plane and end, the picture's faults, the findings' registrations
 #: and the failure that ended a run
-KEPT = frozenset(("plan", "commit", "oom", "host_oom", "fault_fired", "timeout", "rejected", "scheduler_failed",
-                  "validation_failed", "cycle_start", "sim_end", "resize_start", "resize_end", "sync_bucket",
-                  "batch_consumed", "streaming_setup", "trainer_step", "dp_transfer", "register", "unregister"))
+KEPT = frozenset(
+    (
+        "plan",
+        "commit",
+        "oom",
+        "host_oom",
+        "fault_fired",
+        "timeout",
+        "rejected",
+        "scheduler_failed",
+        "validation_failed",
+        "cycle_start",
+        "sim_end",
+        "resize_start",
+        "resize_end",
+        "sync_bucket",
+        "batch_consumed",
+        "streaming_setup",
+        "trainer_step",
+        "dp_transfer",
+        "register",
+        "unregister",
+    )
+)
 #: kept besides when the run has single controllers (their streaming table reads effect ends)
 KEPT_STREAMING = frozenset(("effect_end",))
 
@@ -69,11 +90,12 @@ class StreamedRunView(RunView):
         first = not self.records
         if first:
             self.records.append(chunk[0])  # the header
-            self._runs = {name: OnePassRun(self._with_end(fn), None, name)
-                          for name, (fn, _kinds) in DERIVED.items()}
+            self._runs = {name: OnePassRun(self._with_end(fn), None, name) for name, (fn, _kinds) in DERIVED.items()}
         if chunk[0]["seq"] != len(self._t):
-            raise ValueError(f"a streamed view reads a log whose seq counts its records: seq {chunk[0]['seq']} "
-                             f"at record {len(self._t)}")
+            raise ValueError(
+                f"a streamed view reads a log whose seq counts its records: seq {chunk[0]['seq']} "
+                f"at record {len(self._t)}"
+            )
         times = [r["t"] for r in chunk]
         self._t.extend(times)
         self._t_max = max(self._t_max, float(np.array(times, dtype=float).max()))

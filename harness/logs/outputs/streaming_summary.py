@@ -55,7 +55,9 @@ def _drops_and_steps(records: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[in
     return out
 
 
-def streaming_rows(records: Sequence[Mapping[str, Any]], mean_step: Mapping[str, Optional[float]]) -> List[StreamingRow]:
+def streaming_rows(
+    records: Sequence[Mapping[str, Any]], mean_step: Mapping[str, Optional[float]]
+) -> List[StreamingRow]:
     counts = _drops_and_steps(records)
     rows = []
     for r in records:
@@ -63,8 +65,20 @@ def streaming_rows(records: Sequence[Mapping[str, Any]], mean_step: Mapping[str,
             continue
         pid, n = r["pipeline_id"], r["groups_per_step"]
         d, o, trained, done, rep = counts.get(pid, (0, 0, {}, set(), 0))
-        rows.append(StreamingRow(pid, r["sampler"], r.get("window"), r["min_groups_for_streaming_train"], n,
-                                 mean_step.get(pid), d, o, sum(1 for s in done if trained.get(s, 0) < n), rep))
+        rows.append(
+            StreamingRow(
+                pid,
+                r["sampler"],
+                r.get("window"),
+                r["min_groups_for_streaming_train"],
+                n,
+                mean_step.get(pid),
+                d,
+                o,
+                sum(1 for s in done if trained.get(s, 0) < n),
+                rep,
+            )
+        )
     return rows
 
 
@@ -83,11 +97,23 @@ def streaming_lines(rows: Sequence[StreamingRow], table) -> List[str]:
             diff = f"{d:+.3f} s ({100.0 * d / base.mean_step_s:+.1f} %)"
         else:
             diff = "-"
-        body.append([r.pipeline_id, r.mode, r.sampler, "-" if r.window is None else str(r.window),
-                     f"{r.min_groups}/{r.groups_per_step}", "-" if r.mean_step_s is None else f"{r.mean_step_s:.3f}", diff,
-                     f"{r.dropped} ({r.dropped_owed} owed" + (f", {r.replaced} replaced)" if r.replaced else ")"),
-                     str(r.short_steps)])
+        body.append(
+            [
+                r.pipeline_id,
+                r.mode,
+                r.sampler,
+                "-" if r.window is None else str(r.window),
+                f"{r.min_groups}/{r.groups_per_step}",
+                "-" if r.mean_step_s is None else f"{r.mean_step_s:.3f}",
+                diff,
+                f"{r.dropped} ({r.dropped_owed} owed" + (f", {r.replaced} replaced)" if r.replaced else ")"),
+                str(r.short_steps),
+            ]
+        )
     head = "Streaming single controllers (step time vs the batch controller"
     head += f" {base.pipeline_id})" if base is not None else "; no batch controller in this run)"
-    return ["", head] + table(["pipeline", "mode", "sampler", "window", "min groups", "mean step s", "vs batch",
-                               "dropped", "steps short"], body, "lllrrrrrr")
+    return ["", head] + table(
+        ["pipeline", "mode", "sampler", "window", "min groups", "mean step s", "vs batch", "dropped", "steps short"],
+        body,
+        "lllrrrrrr",
+    )

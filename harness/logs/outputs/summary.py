@@ -44,8 +44,14 @@ from harness.ordered_sum import ordered_sum
 from harness.logs.outputs.dataplane import HopTotal, dataplane_totals
 from harness.logs.outputs.pause_summary import PauseRow
 from harness.logs.outputs.streaming_summary import StreamingRow, streaming_rows
-from harness.logs.outputs.intervals import (EffectInterval, KIND_CATEGORY, RankInterval, effect_category, p95,
-                                       union_length)
+from harness.logs.outputs.intervals import (
+    EffectInterval,
+    KIND_CATEGORY,
+    RankInterval,
+    effect_category,
+    p95,
+    union_length,
+)
 from harness.logs.outputs.run_view import Log, RunView, as_view
 from harness.logs.outputs.policy_figures import policy_name
 from harness.logs.outputs.waste import WasteSummary
@@ -162,8 +168,9 @@ _PRECEDENCE = {"train": 0, "refit": 1, "generate": 2}  # category -> rank (lower
 _KIND_RANK = {kind: _PRECEDENCE.get(cat) for kind, cat in KIND_CATEGORY.items()}
 
 
-def _exclusive_gpu_time(kinds: Sequence[str], starts: Sequence[float], ends: Sequence[float], t0: float,
-                        t1: float) -> Dict[str, float]:
+def _exclusive_gpu_time(
+    kinds: Sequence[str], starts: Sequence[float], ends: Sequence[float], t0: float, t1: float
+) -> Dict[str, float]:
     """Seconds of train / refit / generate on one GPU, given its slices' kinds, starts
     and ends (columns), with precedence train > refit > generate; the rest of [t0, t1]
     is idle.
@@ -202,8 +209,19 @@ def _exclusive_gpu_time(kinds: Sequence[str], starts: Sequence[float], ends: Seq
 
 
 # what the scheduler and faults section reads, in log order
-_SCHEDULER_SUMMARY_KINDS = ("cycle_start", "plan", "commit", "rejected", "scheduler_failed", "validation_failed", "oom",
-                            "host_oom", "fault_fired", "timeout", "sim_end")
+_SCHEDULER_SUMMARY_KINDS = (
+    "cycle_start",
+    "plan",
+    "commit",
+    "rejected",
+    "scheduler_failed",
+    "validation_failed",
+    "oom",
+    "host_oom",
+    "fault_fired",
+    "timeout",
+    "sim_end",
+)
 
 
 def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Summary:
@@ -234,21 +252,23 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         for iv in pe:
             spans[effect_category(iv.effect)].append((iv.start, iv.end))
         gen = [(rv.start, rv.end) for rv in by_pipe_ranks.get(pid, [])] + spans["generate"]
-        pipelines.append(PipelineSummary(
-            pipeline_id=pid,
-            steps_done=done,
-            step_times=times,
-            mean_step_s=(ordered_sum(times) / len(times)) if times else None,
-            p95_step_s=p95(times),
-            generate_s=union_length(gen),
-            train_s=union_length(spans["train"]),
-            refit_s=union_length(spans["refit"]),
-            waiting_s=union_length(spans["waiting"]),
-            requests_done=req_done.get(pid, 0),
-            requests_aborted=req_abort.get(pid, 0),
-            requests_failed=req_failed.get(pid, 0),
-            tokens=tokens.get(pid, 0),
-        ))
+        pipelines.append(
+            PipelineSummary(
+                pipeline_id=pid,
+                steps_done=done,
+                step_times=times,
+                mean_step_s=(ordered_sum(times) / len(times)) if times else None,
+                p95_step_s=p95(times),
+                generate_s=union_length(gen),
+                train_s=union_length(spans["train"]),
+                refit_s=union_length(spans["refit"]),
+                waiting_s=union_length(spans["waiting"]),
+                requests_done=req_done.get(pid, 0),
+                requests_aborted=req_abort.get(pid, 0),
+                requests_failed=req_failed.get(pid, 0),
+                tokens=tokens.get(pid, 0),
+            )
+        )
 
     # ---- GPUs
     # each GPU's slices: a run of the columns (the slices are sorted by GPU first)
@@ -262,8 +282,11 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
     for g in view.gpus:
         lo, hi = by_gpu.get(g, (0, 0))
         x = _exclusive_gpu_time(columns.kind[lo:hi], columns.start[lo:hi], columns.end[lo:hi], t0, t1)
-        gpus.append(GpuSummary(gpu=g, node=g // gpn, train_s=x["train"], refit_s=x["refit"],
-                               generate_s=x["generate"], idle_s=x["idle"]))
+        gpus.append(
+            GpuSummary(
+                gpu=g, node=g // gpn, train_s=x["train"], refit_s=x["refit"], generate_s=x["generate"], idle_s=x["idle"]
+            )
+        )
 
     # ---- refit
     sync_count: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -286,11 +309,17 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         secs = {p: sync_secs[pid][p] for p in sorted(sync_secs.get(pid, {}))}
         n = sum(counts.values())
         total = ordered_sum(secs[p] for p in sorted(secs))
-        refit.append(RefitSummary(
-            pipeline_id=pid, syncs_by_path=counts, sync_s_by_path=secs, total_sync_s=total,
-            mean_sync_s=(total / n) if n else None, buckets=buckets.get(pid, 0),
-            bytes_by_transport={k: bytes_tr[pid][k] for k in sorted(bytes_tr.get(pid, {}))},
-        ))
+        refit.append(
+            RefitSummary(
+                pipeline_id=pid,
+                syncs_by_path=counts,
+                sync_s_by_path=secs,
+                total_sync_s=total,
+                mean_sync_s=(total / n) if n else None,
+                buckets=buckets.get(pid, 0),
+                bytes_by_transport={k: bytes_tr[pid][k] for k in sorted(bytes_tr.get(pid, {}))},
+            )
+        )
 
     # ---- staleness
     merged: Dict[int, int] = defaultdict(int)
@@ -339,13 +368,27 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
     sched.cycles = len(cycles)
 
     return Summary(
-        scenario=view.scenario, t_start=t0, t_end=t1, end_reason=end_reason,
-        nodes=nodes, gpus_per_node=gpn, pipelines=pipelines, gpus=gpus, refit=refit,
-        staleness=staleness, staleness_by_pipeline=staleness_by_pipeline, scheduler=sched,
-        ooms=ooms, faults=faults, timeouts=timeouts, handovers=_handovers(view, handover_findings),
+        scenario=view.scenario,
+        t_start=t0,
+        t_end=t1,
+        end_reason=end_reason,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        pipelines=pipelines,
+        gpus=gpus,
+        refit=refit,
+        staleness=staleness,
+        staleness_by_pipeline=staleness_by_pipeline,
+        scheduler=sched,
+        ooms=ooms,
+        faults=faults,
+        timeouts=timeouts,
+        handovers=_handovers(view, handover_findings),
         first_oom_seq=first_oom_seq,
-        streaming=streaming_rows(view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
-                                 {p.pipeline_id: p.mean_step_s for p in pipelines}),
+        streaming=streaming_rows(
+            view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
+            {p.pipeline_id: p.mean_step_s for p in pipelines},
+        ),
         dataplane=dataplane_totals(view.of("dp_transfer")),
         waste=view.derived("waste"),
         pauses=view.derived("pauses"),

@@ -20,7 +20,6 @@ from harness.logs.outputs.summary import Summary
 from harness.logs.outputs.waste import IDLE_CAUSES
 
 
-
 def _s(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -59,22 +58,63 @@ def format_summary(summary: Summary) -> str:
     if summary.scenario:
         title += f": {summary.scenario}"
     out.append(title)
-    out.append(f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(d)} s simulated), "
-               f"end: {summary.end_reason or 'no sim_end'}; cluster {summary.nodes} node(s) x "
-               f"{summary.gpus_per_node} GPU(s); scheduler policy {summary.policy}")
+    out.append(
+        f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(d)} s simulated), "
+        f"end: {summary.end_reason or 'no sim_end'}; cluster {summary.nodes} node(s) x "
+        f"{summary.gpus_per_node} GPU(s); scheduler policy {summary.policy}"
+    )
 
     out.append("")
     out.append("Pipelines (time split: simulated seconds with any such work, % of the run; kinds overlap;")
-    out.append("  refit s = weight sync, finalize and publish plus wake, sleep, abort and drain of its inference ranks)")
+    out.append(
+        "  refit s = weight sync, finalize and publish plus wake, sleep, abort and drain of its inference ranks)"
+    )
     rows = []
     for p in summary.pipelines:
-        rows.append([p.pipeline_id, str(p.steps_done), _s(p.mean_step_s), _s(p.p95_step_s),
-                     _s(p.generate_s), _pct(p.generate_s, d), _s(p.train_s), _pct(p.train_s, d),
-                     _s(p.refit_s), _pct(p.refit_s, d), _s(p.waiting_s), _pct(p.waiting_s, d),
-                     str(p.requests_done), str(p.requests_aborted), str(p.requests_failed)])
-    out += _table(["pipeline", "steps", "mean step s", "p95 step s", "generate s", "gen %", "train s",
-                   "train %", "refit s", "refit %", "waiting s", "wait %", "req done", "req abort",
-                   "req failed"], rows, "lrrrrrrrrrrrrrr") if rows else ["(no pipelines)"]
+        rows.append(
+            [
+                p.pipeline_id,
+                str(p.steps_done),
+                _s(p.mean_step_s),
+                _s(p.p95_step_s),
+                _s(p.generate_s),
+                _pct(p.generate_s, d),
+                _s(p.train_s),
+                _pct(p.train_s, d),
+                _s(p.refit_s),
+                _pct(p.refit_s, d),
+                _s(p.waiting_s),
+                _pct(p.waiting_s, d),
+                str(p.requests_done),
+                str(p.requests_aborted),
+                str(p.requests_failed),
+            ]
+        )
+    out += (
+        _table(
+            [
+                "pipeline",
+                "steps",
+                "mean step s",
+                "p95 step s",
+                "generate s",
+                "gen %",
+                "train s",
+                "train %",
+                "refit s",
+                "refit %",
+                "waiting s",
+                "wait %",
+                "req done",
+                "req abort",
+                "req failed",
+            ],
+            rows,
+            "lrrrrrrrrrrrrrr",
+        )
+        if rows
+        else ["(no pipelines)"]
+    )
     out += streaming_lines(summary.streaming, _table)
     out += pause_lines(summary.pauses, _table)
 
@@ -82,8 +122,9 @@ def format_summary(summary: Summary) -> str:
     out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")
     rows = []
     for g in summary.gpus:
-        rows.append([str(g.gpu), str(g.node), _pct(g.train_s, d), _pct(g.generate_s, d),
-                     _pct(g.refit_s, d), _pct(g.idle_s, d)])
+        rows.append(
+            [str(g.gpu), str(g.node), _pct(g.train_s, d), _pct(g.generate_s, d), _pct(g.refit_s, d), _pct(g.idle_s, d)]
+        )
     if summary.gpus:
         n = len(summary.gpus)
         tot = [ordered_sum(getattr(g, f) for g in summary.gpus) for f in ("train_s", "generate_s", "refit_s", "idle_s")]
@@ -99,10 +140,14 @@ def format_summary(summary: Summary) -> str:
         for r in summary.refit:
             paths = ", ".join(f"{p}={n}" for p, n in r.syncs_by_path.items()) or "-"
             trans = ", ".join(f"{k}={_bytes(v)}" for k, v in r.bytes_by_transport.items()) or "-"
-            rows.append([r.pipeline_id, str(r.syncs), paths, _s(r.total_sync_s), _s(r.mean_sync_s),
-                         str(r.buckets), trans])
-        out += _table(["pipeline", "syncs", "by path", "total sync s", "mean sync s", "buckets",
-                       "bytes by transport"], rows, "lrlrrrl")
+            rows.append(
+                [r.pipeline_id, str(r.syncs), paths, _s(r.total_sync_s), _s(r.mean_sync_s), str(r.buckets), trans]
+            )
+        out += _table(
+            ["pipeline", "syncs", "by path", "total sync s", "mean sync s", "buckets", "bytes by transport"],
+            rows,
+            "lrlrrrl",
+        )
     else:
         out.append("(no weight syncs)")
 
@@ -119,11 +164,22 @@ def format_summary(summary: Summary) -> str:
     sc = summary.scheduler
     out.append("")
     out.append("Scheduler")
-    out += _table(["cycles", "shrinks", "shrunk dp ranks", "expands", "expanded dp ranks", "signals",
-                   "rejected", "failures"],
-                  [[str(sc.cycles), str(sc.shrink_ops), str(sc.shrink_dp_ranks), str(sc.expand_ops),
-                    str(sc.expand_dp_ranks), str(sc.signals), str(sc.rejected), str(sc.failures)]],
-                  "rrrrrrrr")
+    out += _table(
+        ["cycles", "shrinks", "shrunk dp ranks", "expands", "expanded dp ranks", "signals", "rejected", "failures"],
+        [
+            [
+                str(sc.cycles),
+                str(sc.shrink_ops),
+                str(sc.shrink_dp_ranks),
+                str(sc.expand_ops),
+                str(sc.expand_dp_ranks),
+                str(sc.signals),
+                str(sc.rejected),
+                str(sc.failures),
+            ]
+        ],
+        "rrrrrrrr",
+    )
     out += _waste_lines(summary)
 
     if summary.handovers:
@@ -136,8 +192,10 @@ def format_summary(summary: Summary) -> str:
         if summary.ooms and summary.first_oom_seq is not None:
             h, o = summary.handovers[0], summary.ooms[0]
             first = "before" if h["seq"] < summary.first_oom_seq else "after"
-            out.append(f"the first unclean handover (t={_s(h['t'])} s, seq {h['seq']}) came {first} the first OOM "
-                       f"(t={_s(o['t'])} s, seq {summary.first_oom_seq}, GPU {o.get('gpu')})")
+            out.append(
+                f"the first unclean handover (t={_s(h['t'])} s, seq {h['seq']}) came {first} the first OOM "
+                f"(t={_s(o['t'])} s, seq {summary.first_oom_seq}, GPU {o.get('gpu')})"
+            )
     out += headroom_lines(summary.headroom, _table)
     if summary.dataplane:
         out += format_dataplane(summary.dataplane, _bytes, _table)
@@ -154,15 +212,29 @@ def _fault_lines(summary: Summary) -> List[Tuple[float, int, str]]:
     order, with the log's order (OOMs, then faults, then timeouts) among equal times."""
     lines: List[Tuple[float, int, str]] = []
     for o in summary.ooms:
-        where = f"host RAM of node {o['node']}: {o['owner']}" if "node" in o else f"GPU {o['gpu']}: {o['owner']} {o['mem']}"
-        lines.append((float(o["t"]), 0, f"t={_s(o['t'])} s OOM on {where} requested "
-                                        f"{o['requested']} with {o['used']} of {o['capacity']} bytes used"))
+        where = (
+            f"host RAM of node {o['node']}: {o['owner']}" if "node" in o else f"GPU {o['gpu']}: {o['owner']} {o['mem']}"
+        )
+        lines.append(
+            (
+                float(o["t"]),
+                0,
+                f"t={_s(o['t'])} s OOM on {where} requested "
+                f"{o['requested']} with {o['used']} of {o['capacity']} bytes used",
+            )
+        )
     for f in summary.faults:
         step = "" if f.get("step") is None else f" step {f['step']}"
         lines.append((float(f["t"]), 1, f"t={_s(f['t'])} s fault {f['name']} fired in {f['pipeline_id']}{step}"))
     for x in summary.timeouts:
-        lines.append((float(x["t"]), 2, f"t={_s(x['t'])} s timeout: {x['what']} of {x['pipeline_id']} waited since "
-                                        f"t={_s(x['since'])} s, past its {x['limit_s']:g} s limit"))
+        lines.append(
+            (
+                float(x["t"]),
+                2,
+                f"t={_s(x['t'])} s timeout: {x['what']} of {x['pipeline_id']} waited since "
+                f"t={_s(x['since'])} s, past its {x['limit_s']:g} s limit",
+            )
+        )
     return lines
 
 
@@ -173,16 +245,30 @@ def _waste_lines(summary: Summary) -> List[str]:
     if not w.pipelines and not w.waiting_s:
         return []
     out = ["", "Scheduler waste (wasted expand: its ranks served no request before they were shrunk or the run ended)"]
-    rows = [[p.pipeline_id, str(p.expands), str(p.wasted_expands), _pct(p.wasted_expands, p.expands),
-             _s(p.expand_s), _s(p.shrink_s)] for p in w.pipelines]
+    rows = [
+        [
+            p.pipeline_id,
+            str(p.expands),
+            str(p.wasted_expands),
+            _pct(p.wasted_expands, p.expands),
+            _s(p.expand_s),
+            _s(p.shrink_s),
+        ]
+        for p in w.pipelines
+    ]
     out += _table(["pipeline", "expands", "wasted", "wasted %", "expand s", "shrink s"], rows, "lrrrrr")
     gpus = summary.nodes * summary.gpus_per_node
-    out.append(f"GPU-time idle while a GPU request waited: {_s(w.idle_gpu_s_while_waiting)} GPU-s "
-               f"({_pct(w.idle_gpu_s_while_waiting, summary.duration_s * gpus)} of all GPU-time); "
-               f"some request waited {_s(w.waiting_s)} s of the run")
+    out.append(
+        f"GPU-time idle while a GPU request waited: {_s(w.idle_gpu_s_while_waiting)} GPU-s "
+        f"({_pct(w.idle_gpu_s_while_waiting, summary.duration_s * gpus)} of all GPU-time); "
+        f"some request waited {_s(w.waiting_s)} s of the run"
+    )
     if w.idle_gpu_s_while_waiting:
-        out.append("  by cause (docs/outputs.md): " + ", ".join(
-            f"{cause} {_s(w.idle_by_cause.get(cause, 0.0))}" for cause in IDLE_CAUSES) + " GPU-s")
+        out.append(
+            "  by cause (docs/outputs.md): "
+            + ", ".join(f"{cause} {_s(w.idle_by_cause.get(cause, 0.0))}" for cause in IDLE_CAUSES)
+            + " GPU-s"
+        )
     return out
 
 
@@ -200,35 +286,69 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "scenario": summary.scenario,
         "policy": summary.policy,
         "time_unit": "simulated seconds",
-        "run": {"start_s": summary.t_start, "end_s": summary.t_end, "simulated_s": d, "end": summary.end_reason,
-                "nodes": summary.nodes, "gpus_per_node": summary.gpus_per_node},
+        "run": {
+            "start_s": summary.t_start,
+            "end_s": summary.t_end,
+            "simulated_s": d,
+            "end": summary.end_reason,
+            "nodes": summary.nodes,
+            "gpus_per_node": summary.gpus_per_node,
+        },
         # every field of the summary's dataclass (a figure added there lands here too),
         # plus each time's share of the run as printed
-        "pipelines": [{**asdict(p), **{f"{k}_pct": pct(getattr(p, f"{k}_s"), d)
-                                       for k in ("generate", "train", "refit", "waiting")}}
-                      for p in summary.pipelines],
-        "gpus": [{
-            "gpu": g.gpu, "node": g.node, "train_pct": pct(g.train_s, d), "generate_pct": pct(g.generate_s, d),
-            "refit_pct": pct(g.refit_s, d), "idle_pct": pct(g.idle_s, d),
-            "train_s": g.train_s, "generate_s": g.generate_s, "refit_s": g.refit_s, "idle_s": g.idle_s,
-        } for g in summary.gpus],
-        "gpus_all": {f"{k}_pct": pct(ordered_sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
-                     for k in ("train", "generate", "refit", "idle")} if n_gpus else {},
+        "pipelines": [
+            {
+                **asdict(p),
+                **{f"{k}_pct": pct(getattr(p, f"{k}_s"), d) for k in ("generate", "train", "refit", "waiting")},
+            }
+            for p in summary.pipelines
+        ],
+        "gpus": [
+            {
+                "gpu": g.gpu,
+                "node": g.node,
+                "train_pct": pct(g.train_s, d),
+                "generate_pct": pct(g.generate_s, d),
+                "refit_pct": pct(g.refit_s, d),
+                "idle_pct": pct(g.idle_s, d),
+                "train_s": g.train_s,
+                "generate_s": g.generate_s,
+                "refit_s": g.refit_s,
+                "idle_s": g.idle_s,
+            }
+            for g in summary.gpus
+        ],
+        "gpus_all": {
+            f"{k}_pct": pct(ordered_sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
+            for k in ("train", "generate", "refit", "idle")
+        }
+        if n_gpus
+        else {},
         "refit": [{**asdict(r), "syncs": r.syncs} for r in summary.refit],
         "staleness": {
             "trajectories": sum(summary.staleness.values()),
-            "mean_age_steps": (sum(a * c for a, c in summary.staleness.items()) / sum(summary.staleness.values())
-                               if summary.staleness else None),
+            "mean_age_steps": (
+                sum(a * c for a, c in summary.staleness.items()) / sum(summary.staleness.values())
+                if summary.staleness
+                else None
+            ),
             "by_age": {str(age): count for age, count in summary.staleness.items()},
-            "by_age_pct": {str(age): pct(count, sum(summary.staleness.values())) for age, count in summary.staleness.items()},
+            "by_age_pct": {
+                str(age): pct(count, sum(summary.staleness.values())) for age, count in summary.staleness.items()
+            },
         },
-        "staleness_by_pipeline": {p: {str(a): c for a, c in ages.items()} for p, ages in summary.staleness_by_pipeline.items()},
+        "staleness_by_pipeline": {
+            p: {str(a): c for a, c in ages.items()} for p, ages in summary.staleness_by_pipeline.items()
+        },
         "scheduler": dict(vars(summary.scheduler)),
-        "waste": {"pipelines": [asdict(p) for p in summary.waste.pipelines],
-                  "expands": summary.waste.expands, "wasted_expands": summary.waste.wasted_expands,
-                  "idle_gpu_s_while_waiting": summary.waste.idle_gpu_s_while_waiting,
-                  "waiting_s": summary.waste.waiting_s,
-                  "idle_gpu_s_by_cause": dict(summary.waste.idle_by_cause)},
+        "waste": {
+            "pipelines": [asdict(p) for p in summary.waste.pipelines],
+            "expands": summary.waste.expands,
+            "wasted_expands": summary.waste.wasted_expands,
+            "idle_gpu_s_while_waiting": summary.waste.idle_gpu_s_while_waiting,
+            "waiting_s": summary.waste.waiting_s,
+            "idle_gpu_s_by_cause": dict(summary.waste.idle_by_cause),
+        },
         "faults": [{"t": t, "line": line} for t, _, line in sorted(_fault_lines(summary))],
         "ooms": summary.ooms,
         "memory_headroom": None if summary.headroom is None else summary.headroom.as_json(),

@@ -26,8 +26,14 @@ import numpy as np
 from harness.logs.outputs.intervals import GpuSlice
 from harness.logs.outputs.run_view import Log, as_view
 from harness.logs.outputs.slice_columns import SliceColumns
-from harness.logs.outputs.timeline_rows import (DETAIL_GPUS, MAX_LEGEND_PIPELINES, pipeline_colours, pipeline_handles,
-                                           row_image, row_layout)
+from harness.logs.outputs.timeline_rows import (
+    DETAIL_GPUS,
+    MAX_LEGEND_PIPELINES,
+    pipeline_colours,
+    pipeline_handles,
+    row_image,
+    row_layout,
+)
 
 #: picture kind -> (legend label, colour), in legend order. Each phase has a colour of its
 #: own (a wake and a sleep are different events; one colour for both hid which was which);
@@ -83,7 +89,7 @@ MAX_RASTER_LANES = 4
 
 
 def time_label(view) -> str:
-    """"simulated time (s)" for a simulator's log, "time (s)" for a real run's (a gate,
+    """ "simulated time (s)" for a simulator's log, "time (s)" for a real run's (a gate,
     an RLix log, a replay of one): the header's ``source`` says which."""
     source = str(view.records[0].get("source", "")) if view.records else ""
     return "simulated time (s)" if source in ("simulator", "") else "time (s)"
@@ -93,29 +99,43 @@ def _row_height(n_rows: int, row_height_in: float) -> float:
     return min(row_height_in, MAX_PLOT_IN / max(n_rows, 1))
 
 
-def timeline_size_px(log: Log, *, width_in: float = 12.0,
-                     row_height_in: float = 0.45, dpi: int = 100) -> Tuple[int, int]:
+def timeline_size_px(
+    log: Log, *, width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100
+) -> Tuple[int, int]:
     """(width, height) in pixels of the PNG :func:`write_timeline_png` writes for this log."""
     view = as_view(log)
     work = view.work_columns
-    return _size_px(_n_rows(view.gpus, view.shape[1]), set(_picture_kinds(work.kind, work.label)),
-                    set(work.pipeline_id), width_in, row_height_in, dpi, len(view.gpus) > DETAIL_GPUS)
+    return _size_px(
+        _n_rows(view.gpus, view.shape[1]),
+        set(_picture_kinds(work.kind, work.label)),
+        set(work.pipeline_id),
+        width_in,
+        row_height_in,
+        dpi,
+        len(view.gpus) > DETAIL_GPUS,
+    )
 
 
 def _n_rows(gpus: Sequence[int], gpn: int) -> int:
     return len(gpus) if len(gpus) <= DETAIL_GPUS else len(row_layout(gpus, gpn)[1])
 
 
-def _size_px(n_rows: int, kinds: "set[str]", pipelines: "set[str]", width_in: float, row_height_in: float,
-             dpi: int, dense: bool = False) -> Tuple[int, int]:
+def _size_px(
+    n_rows: int,
+    kinds: "set[str]",
+    pipelines: "set[str]",
+    width_in: float,
+    row_height_in: float,
+    dpi: int,
+    dense: bool = False,
+) -> Tuple[int, int]:
     # a dense picture's legend has a title line above its pipelines
     entries = len(legend_kinds(kinds)) + min(len(pipelines), MAX_LEGEND_PIPELINES + 1) + 2 + dense
     plot_h = max(n_rows * _row_height(n_rows, row_height_in), 0.22 * entries, 1.5)
     return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
 
 
-def render_timeline_png(log: Log, *, width_in: float = 12.0,
-                        row_height_in: float = 0.45, dpi: int = 100) -> bytes:
+def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> bytes:
     """PNG bytes of the timeline of ``log`` (the records, header first, or a RunView)."""
     import matplotlib
     import matplotlib.style
@@ -156,20 +176,26 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
 
     w_in, h_in = w_px / dpi, h_px / dpi
 
-    with matplotlib.style.context("default"), matplotlib.rc_context({
-        "svg.hashsalt": "rlharness-timeline",
-        "font.family": "DejaVu Sans",
-        "font.size": 8,
-        "hatch.linewidth": 0.6,
-        "savefig.facecolor": "white",
-        "savefig.edgecolor": "white",
-        "savefig.transparent": False,
-        "path.simplify": False,
-    }):
+    with (
+        matplotlib.style.context("default"),
+        matplotlib.rc_context(
+            {
+                "svg.hashsalt": "rlharness-timeline",
+                "font.family": "DejaVu Sans",
+                "font.size": 8,
+                "hatch.linewidth": 0.6,
+                "savefig.facecolor": "white",
+                "savefig.edgecolor": "white",
+                "savefig.transparent": False,
+                "path.simplify": False,
+            }
+        ),
+    ):
         fig = Figure(figsize=(w_in, h_in), dpi=dpi)
         FigureCanvasAgg(fig)
-        fig.subplots_adjust(left=_LEFT_IN / w_in, right=1 - _RIGHT_IN / w_in,
-                            top=1 - _TOP_IN / h_in, bottom=_BOTTOM_IN / h_in)
+        fig.subplots_adjust(
+            left=_LEFT_IN / w_in, right=1 - _RIGHT_IN / w_in, top=1 - _TOP_IN / h_in, bottom=_BOTTOM_IN / h_in
+        )
         ax = fig.add_subplot(1, 1, 1)
 
         # a run that ends on a failure has its marker at the last instant: leave room for it
@@ -183,8 +209,16 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         for r in ooms:
             g = r.get("gpu")
             if g in row_of:
-                ax.plot([float(r["t"])], [row_of[g] + 0.5], marker="x", color="red", markersize=9,
-                        markeredgewidth=2, linestyle="none", zorder=5)
+                ax.plot(
+                    [float(r["t"])],
+                    [row_of[g] + 0.5],
+                    marker="x",
+                    color="red",
+                    markersize=9,
+                    markeredgewidth=2,
+                    linestyle="none",
+                    zorder=5,
+                )
         for r in faults:
             ax.axvline(float(r["t"]), color="red", linestyle=":", linewidth=1.0, zorder=4)
         for r in timeouts:
@@ -207,16 +241,27 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0,
         ax.set_axisbelow(True)
         ax.set_title(f"{view.scenario or 'rlharness run'} - GPU timeline")
 
-        handles: List[Any] = [Patch(facecolor=KIND_STYLE[k][1], edgecolor="black", linewidth=0.3, label=KIND_STYLE[k][0])
-                              for k in legend_kinds(drawn)]
+        handles: List[Any] = [
+            Patch(facecolor=KIND_STYLE[k][1], edgecolor="black", linewidth=0.3, label=KIND_STYLE[k][0])
+            for k in legend_kinds(drawn)
+        ]
         if not dense:
-            handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.3, hatch=hatch_of[p] or None,
-                              label=f"pipeline {p}") for p in pipelines]
+            handles += [
+                Patch(
+                    facecolor="white",
+                    edgecolor="black",
+                    linewidth=0.3,
+                    hatch=hatch_of[p] or None,
+                    label=f"pipeline {p}",
+                )
+                for p in pipelines
+            ]
         else:  # a raster row's top band is coloured by pipeline
             handles += pipeline_handles(pipelines)
         if ooms:
-            handles.append(Line2D([], [], marker="x", color="red", markersize=8, markeredgewidth=2,
-                                  linestyle="none", label="OOM"))
+            handles.append(
+                Line2D([], [], marker="x", color="red", markersize=8, markeredgewidth=2, linestyle="none", label="OOM")
+            )
         if faults:
             handles.append(Line2D([], [], color="red", linestyle=":", label="fault fired"))
         if timeouts:
@@ -249,16 +294,23 @@ def _composite_png(fig: Any, ax: Any, bars: np.ndarray) -> bytes:
     box = ax.get_window_extent()
     x0, y0 = round(box.x0), height - round(box.y0) - bars.shape[0]
     out = np.full(top_layer.shape[:2] + (3,), 255, dtype=np.uint8)
-    _blend(out[y0:y0 + bars.shape[0], x0:x0 + bars.shape[1]], bars)
+    _blend(out[y0 : y0 + bars.shape[0], x0 : x0 + bars.shape[1]], bars)
     _blend(out, top_layer)
     buf = io.BytesIO()
     Image.fromarray(out, "RGB").save(buf, format="png", compress_level=3)
     return buf.getvalue()
 
 
-def _draw_bar_polygons(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_of: Dict[int, int],
-                       kinds: Sequence[str], hatch_of: Dict[str, str], pipelines: Sequence[str],
-                       span: Tuple[float, float]) -> "set[str]":
+def _draw_bar_polygons(
+    ax: Any,
+    slices: SliceColumns,
+    lanes: Sequence[int],
+    row_of: Dict[int, int],
+    kinds: Sequence[str],
+    hatch_of: Dict[str, str],
+    pipelines: Sequence[str],
+    span: Tuple[float, float],
+) -> "set[str]":
     """The bars as polygons (hatched by pipeline, wide ones labelled), one PolyCollection
     per (kind, pipeline); returns the kinds drawn."""
     from matplotlib.collections import PolyCollection
@@ -271,8 +323,9 @@ def _draw_bar_polygons(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_
     groups: Dict[Tuple[str, str], Tuple[array, ...]] = defaultdict(lambda: tuple(array("d") for _ in range(4)))
     labels: List[Tuple[float, float, str]] = []
     pad = 0.08
-    for gpu, start, end, pipeline_id, lane, kind in zip(slices.gpu, slices.start, slices.end, slices.pipeline_id,
-                                                        lanes, kinds):
+    for gpu, start, end, pipeline_id, lane, kind in zip(
+        slices.gpu, slices.start, slices.end, slices.pipeline_id, lanes, kinds
+    ):
         width = min(end, t1) - max(start, t0)
         if width <= 0:
             continue
@@ -287,10 +340,16 @@ def _draw_bar_polygons(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_
         if len(pipelines) > 1 and width >= 0.08 * (t1 - t0):
             labels.append((x0 + width / 2, y0 + lane_h / 2, pipeline_id))
     for kind, pid in sorted(groups):
-        ax.add_collection(PolyCollection(
-            # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
-            _bar_vertices(*groups[(kind, pid)]), facecolors=KIND_STYLE[kind][1], edgecolors="black",  # type: ignore[arg-type]
-            linewidths=0.3, hatch=hatch_of[pid] or None))
+        ax.add_collection(
+            PolyCollection(
+                # one (n, 4, 2) array: matplotlib builds the closed paths in bulk from it
+                _bar_vertices(*groups[(kind, pid)]),  # type: ignore[arg-type]
+                facecolors=KIND_STYLE[kind][1],
+                edgecolors="black",
+                linewidths=0.3,
+                hatch=hatch_of[pid] or None,
+            )
+        )
     for x, y, text in sorted(labels):
         ax.text(x, y, text, ha="center", va="center", fontsize=6, color="black", clip_on=True)
     return {kind for kind, _ in groups}
@@ -321,9 +380,17 @@ def _blend(under: np.ndarray, over: np.ndarray) -> None:
         under[part] = ((mixed + 127) // 255).astype(np.uint8)
 
 
-def _bar_image(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_of: Dict[int, int],
-               members: np.ndarray, kinds: Sequence[str], pipelines: Sequence[str],
-               span: Tuple[float, float], x_range: Tuple[float, float]) -> Tuple["set[str]", np.ndarray]:
+def _bar_image(
+    ax: Any,
+    slices: SliceColumns,
+    lanes: Sequence[int],
+    row_of: Dict[int, int],
+    members: np.ndarray,
+    kinds: Sequence[str],
+    pipelines: Sequence[str],
+    span: Tuple[float, float],
+    x_range: Tuple[float, float],
+) -> Tuple["set[str]", np.ndarray]:
     """The bars of a large picture as one image the size of the axes in pixels
     (:func:`.timeline_rows.row_image`): per row a pipeline band and the kinds (a GPU's
     lanes as bands of its row, up to :data:`MAX_RASTER_LANES`; a node row mixes its
@@ -336,7 +403,11 @@ def _bar_image(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_of: Dict
     start = np.maximum(np.array(slices.start, dtype=float), t0)
     end = np.minimum(np.array(slices.end, dtype=float), t1)
     row = np.array(list(map(row_of.__getitem__, slices.gpu)), dtype=np.int64)
-    lane = np.minimum(np.array(lanes, dtype=np.int64), MAX_RASTER_LANES - 1) if len(lanes) else np.zeros(len(row), np.int64)
+    lane = (
+        np.minimum(np.array(lanes, dtype=np.int64), MAX_RASTER_LANES - 1)
+        if len(lanes)
+        else np.zeros(len(row), np.int64)
+    )
     codes = np.array(list(map(code_of.__getitem__, kinds)), dtype=np.int64)
     pipes = np.array(list(map(pipe_of.__getitem__, slices.pipeline_id)), dtype=np.int64)
     shown = end > start
@@ -356,9 +427,22 @@ def _bar_image(ax: Any, slices: SliceColumns, lanes: Sequence[int], row_of: Dict
     width, height = round(box.width), round(box.height)
     x_lo, x_hi = x_range
     to_px = width / (x_hi - x_lo)
-    colours = [tuple(int(KIND_STYLE[k][1][i:i + 2], 16) / 255 for i in (1, 3, 5)) for k in order]
-    image = row_image((start - x_lo) * to_px, (end - x_lo) * to_px, y0, y1, row, members, codes, colours,
-                      pipes, pipeline_colours(len(pipelines)), width, height, sub_rows)
+    colours = [tuple(int(KIND_STYLE[k][1][i : i + 2], 16) / 255 for i in (1, 3, 5)) for k in order]
+    image = row_image(
+        (start - x_lo) * to_px,
+        (end - x_lo) * to_px,
+        y0,
+        y1,
+        row,
+        members,
+        codes,
+        colours,
+        pipes,
+        pipeline_colours(len(pipelines)),
+        width,
+        height,
+        sub_rows,
+    )
     return {order[c] for c in np.unique(codes)}, image
 
 
@@ -374,9 +458,11 @@ def _bar_vertices(x0: array, x1: array, y0: array, y1: array) -> np.ndarray:
     return verts
 
 
-def write_timeline_png(log: Log, path: Union[str, os.PathLike], *,
-                       width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> str:
+def write_timeline_png(
+    log: Log, path: Union[str, os.PathLike], *, width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100
+) -> str:
     """Render the timeline and write it to ``path`` atomically; returns the path."""
     data = render_timeline_png(log, width_in=width_in, row_height_in=row_height_in, dpi=dpi)
     from harness.logs.writer import atomic_write
+
     return atomic_write(os.fspath(path), data)

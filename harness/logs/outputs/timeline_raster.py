@@ -20,8 +20,15 @@ from typing import Sequence, Tuple
 import numpy as np
 
 
-def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, width: int, height: int,
-             weight: "np.ndarray | None" = None) -> np.ndarray:
+def coverage(
+    x0: np.ndarray,
+    x1: np.ndarray,
+    y0: np.ndarray,
+    y1: np.ndarray,
+    width: int,
+    height: int,
+    weight: "np.ndarray | None" = None,
+) -> np.ndarray:
     """(height, width) array: the area of each pixel covered by the rectangles
     [x0, x1) x [y0, y1), given in pixel units (pixel (r, c) is [c, c+1) x [r, r+1)),
     summed over the rectangles. Coordinates are clipped to the image.
@@ -69,9 +76,17 @@ def coverage(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, wid
     return np.clip(covered, 0.0, 1.0, out=covered)
 
 
-def bar_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, codes: np.ndarray,
-              colours: Sequence[Tuple[float, ...]], width: int, height: int,
-              weight: "np.ndarray | None" = None) -> np.ndarray:
+def bar_image(
+    x0: np.ndarray,
+    x1: np.ndarray,
+    y0: np.ndarray,
+    y1: np.ndarray,
+    codes: np.ndarray,
+    colours: Sequence[Tuple[float, ...]],
+    width: int,
+    height: int,
+    weight: "np.ndarray | None" = None,
+) -> np.ndarray:
     """(height, width, 4) RGBA bytes of the bars (pixel units, see :func:`coverage`), bar
     i in ``colours[codes[i]]`` (RGB in [0, 1]): each pixel the mix of the colours weighted
     by their coverage, opaque as far as it is covered (uncovered pixels are transparent,
@@ -83,8 +98,9 @@ def bar_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, co
         mine = codes == code
         if not mine.any():
             continue
-        part = coverage(x0[mine], x1[mine], y0[mine], y1[mine], width, height,
-                        None if weight is None else weight[mine]).astype(np.float32)
+        part = coverage(
+            x0[mine], x1[mine], y0[mine], y1[mine], width, height, None if weight is None else weight[mine]
+        ).astype(np.float32)
         covered += part
         for channel in range(3):
             if colour[channel]:

@@ -53,8 +53,10 @@ def pipeline_handles(pipelines: Sequence[str]) -> list:
 
     shown = list(pipelines[:MAX_LEGEND_PIPELINES])
     handles = [Patch(facecolor="none", edgecolor="none", label="pipeline (top of row):")]
-    handles += [Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=p)
-                for p, c in zip(shown, pipeline_colours(len(pipelines)))]
+    handles += [
+        Patch(facecolor=c, edgecolor="black", linewidth=0.3, label=p)
+        for p, c in zip(shown, pipeline_colours(len(pipelines)))
+    ]
     if len(pipelines) > len(shown):
         handles.append(Patch(facecolor="none", edgecolor="none", label=f"... {len(pipelines) - len(shown)} more"))
     return handles
@@ -64,8 +66,11 @@ def row_layout(gpus: Sequence[int], gpus_per_node: int) -> Tuple[Dict[int, int],
     """(GPU -> row, row labels, GPUs per row) for a picture past :data:`DETAIL_GPUS`."""
     gpn = max(gpus_per_node, 1)
     if len(gpus) <= ROW_LIMIT:
-        return ({g: i for i, g in enumerate(gpus)}, [f"GPU {g} (node {g // gpn})" for g in gpus],
-                np.ones(len(gpus), dtype=np.int64))
+        return (
+            {g: i for i, g in enumerate(gpus)},
+            [f"GPU {g} (node {g // gpn})" for g in gpus],
+            np.ones(len(gpus), dtype=np.int64),
+        )
     nodes = sorted({g // gpn for g in gpus})
     per_row = -(-len(nodes) // ROW_LIMIT)  # whole nodes per row
     row_of_node = {n: i // per_row for i, n in enumerate(nodes)}
@@ -74,15 +79,26 @@ def row_layout(gpus: Sequence[int], gpus_per_node: int) -> Tuple[Dict[int, int],
     members = np.bincount(np.fromiter(row_of.values(), dtype=np.int64), minlength=n_rows)
     labels = []
     for r in range(n_rows):
-        mine = nodes[r * per_row:(r + 1) * per_row]
+        mine = nodes[r * per_row : (r + 1) * per_row]
         labels.append(f"node {mine[0]}" if len(mine) == 1 else f"nodes {mine[0]}-{mine[-1]}")
     return row_of, labels, members
 
 
-def row_image(x0: np.ndarray, x1: np.ndarray, y0: np.ndarray, y1: np.ndarray, rows: np.ndarray,
-              members: np.ndarray, kind_codes: np.ndarray, kind_colours: Sequence[Tuple[float, ...]],
-              pipe_codes: np.ndarray, pipe_colours: Sequence[Tuple[float, ...]], width: int, height: int,
-              sub_rows: int = 1) -> np.ndarray:
+def row_image(
+    x0: np.ndarray,
+    x1: np.ndarray,
+    y0: np.ndarray,
+    y1: np.ndarray,
+    rows: np.ndarray,
+    members: np.ndarray,
+    kind_codes: np.ndarray,
+    kind_colours: Sequence[Tuple[float, ...]],
+    pipe_codes: np.ndarray,
+    pipe_colours: Sequence[Tuple[float, ...]],
+    width: int,
+    height: int,
+    sub_rows: int = 1,
+) -> np.ndarray:
     """(height, width, 4) RGBA of the rows: bar i spans [x0[i], x1[i]) pixels and
     [y0[i], y1[i]) rows (its lane's band inside row ``rows[i]``), weighted
     1/``members[row]``. The top :data:`PIPELINE_BAND` of each row mixes the pipelines'

@@ -181,8 +181,12 @@ def scheduler_waste(records: Sequence[Mapping[str, Any]], t_end: Union[float, Ca
         for _ranks, served in expands:
             if not served[0]:
                 per[pid].wasted_expands += 1
-    return WasteSummary(sorted(per.values(), key=lambda w: w.pipeline_id), ordered_sum(idle_gpu_s),
-                        ordered_sum(waiting_s), {c: ordered_sum(v) for c, v in zip(IDLE_CAUSES, by_cause)})
+    return WasteSummary(
+        sorted(per.values(), key=lambda w: w.pipeline_id),
+        ordered_sum(idle_gpu_s),
+        ordered_sum(waiting_s),
+        {c: ordered_sum(v) for c, v in zip(IDLE_CAUSES, by_cause)},
+    )
 
 
 def _close_shrunk(expands: List[Tuple[Set[int], List[bool]]], shrunk: Set[int], w: PipelineWaste) -> None:
@@ -198,5 +202,13 @@ def _close_shrunk(expands: List[Tuple[Set[int], List[bool]]], shrunk: Set[int], 
 # kinds read only for the cause split: they do not cut the total's stretches, so the total
 # is summed from exactly the pieces it was summed from before the split existed
 _CAUSE_ONLY = frozenset(("plan", "request", "release_then_request", "progress", "clear_progress"))
-WASTE_KINDS = ("resize_start", "resize_end", "request_dispatch", "commit", "released", "enqueued", "signalled",
-               *sorted(_CAUSE_ONLY))
+WASTE_KINDS = (
+    "resize_start",
+    "resize_end",
+    "request_dispatch",
+    "commit",
+    "released",
+    "enqueued",
+    "signalled",
+    *sorted(_CAUSE_ONLY),
+)
