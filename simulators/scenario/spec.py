@@ -420,6 +420,9 @@ class FaultSpec:
     * ``finalize_fails`` — at that step the active refresh's finalize fails on the serving
       ranks (``finalize_weight_update`` raises): the run fails; with ``finalize_pause:
       continue_after`` the ranks stay paused (rlops/rlix PR #14's bug; ``engine_stood_down``).
+    * ``publish_on_ack`` — at that step (a nemo_async pipeline with serving ranks) the active
+      refresh publishes the version on the sync's acknowledgement, before the receivers'
+      finalize applies it (RLinf #1456; ``versions``).
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
@@ -506,6 +509,7 @@ ORACLE_FAULT_NAMES = (
     "staleness_capacity_reset",
     "weight_sync_off_thread",
     "critic_warmup_no_wake",
+    "publish_on_ack",
 )
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 

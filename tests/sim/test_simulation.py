@@ -425,6 +425,8 @@ EXPECTED_FINDINGS = {
     # NeMo RL PR #3280: a vLLM upgrade grows the KV pool; the staged KV wake OOMs beside the kept groups
     "nemo_kv_pool_growth_oom": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     "nemo_kv_pool_growth_pinned": ("done", {"handover"}),
+    # RLinf #1456: the active refresh publishes on the sync's acknowledgement, before the apply
+    "publish_on_ack": ("done", {"versions"}),
     "late_release_wait_times_out": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     "miles_double_onload": ("failed", {"run_outcome"}),  # torch_memory_saver refuses the second onload
     # rlops/rlix PR #14: a failed finalize left generation paused; the fix resumes it (unflushed)
