@@ -436,6 +436,9 @@ class FaultSpec:
       trajectories restarts at zero, as after a recovery (inclusionAI/AReaL #1388; ``version_span``).
     * ``weight_sync_off_thread`` — from that step on (disaggregated) the weight sync runs beside the trainer on its
       communicator (volcengine/verl #7423; ``collective_order``).
+    * ``refit_without_pause`` — from that step on (``single_controller``) the refit writes the
+      weights into generation that is still running: no ``PauseRollouts`` before it
+      (NVIDIA-NeMo/RL #3839, vllm-project/vime #168; ``engine_transition``).
     * ``critic_warmup_no_wake`` — from that step on (``single_controller``) a critic warm-up step stands generation
       down and skips the refit and the resume (NVIDIA-NeMo/RL #3730's review; ``engine_stood_down``).
     """
@@ -510,6 +513,7 @@ ORACLE_FAULT_NAMES = (
     "weight_sync_off_thread",
     "critic_warmup_no_wake",
     "publish_on_ack",
+    "refit_without_pause",
 )
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 

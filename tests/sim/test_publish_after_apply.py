@@ -44,3 +44,27 @@ def test_a_publish_on_the_acknowledgement_is_named_and_the_fixed_order_is_clean(
     fixed, found = run("publish_on_ack_fixed")
     assert fixed.reason == "done" and found == []
     assert all(x["ack"] < x["apply"] < x["publish"] for x in active_refreshes(fixed))
+
+
+def test_a_refit_into_running_generation_is_named_where_the_single_controller_pauses_first():
+    """NVIDIA-NeMo/RL #3839, vllm-project/vime #168: fault refit_without_pause drops the
+    single controller's PauseRollouts before the refit; generation is still running at each
+    such SyncWeights and engine_transition names exactly those. RLix's active refresh
+    (publish_on_ack_fixed.yaml: updates into serving ranks) stays legal."""
+    res, found = run("nemo_refit_without_pause")
+    running, unpaused = 0, []
+    paused = False
+    for r in res.records:
+        if r["kind"] == "effect_start" and r["effect"] == "Generate":
+            running += 1
+        elif r["kind"] == "effect_end" and r["effect"] == "Generate":
+            running -= 1
+        elif r["kind"] == "effect_start" and r["effect"] in ("PauseRollouts", "ResumeRollouts"):
+            paused = r["effect"] == "PauseRollouts"
+        elif r["kind"] == "effect_start" and r["effect"] == "SyncWeights" and not paused:
+            unpaused.append((r["seq"], running))
+    # steps 1 and 2; at step 1's refit generation is in flight (at the last step's, nothing is left to generate)
+    assert len(unpaused) == 2 and unpaused[0][1] > 0
+    assert [(v.invariant, v.seq) for v in found] == [("engine_transition", s) for s, _ in unpaused]
+    fixed, found = run("nemo_refit_without_pause_fixed")
+    assert fixed.reason == "done" and found == []

@@ -427,6 +427,8 @@ EXPECTED_FINDINGS = {
     "nemo_kv_pool_growth_pinned": ("done", {"handover"}),
     # RLinf #1456: the active refresh publishes on the sync's acknowledgement, before the apply
     "publish_on_ack": ("done", {"versions"}),
+    # NVIDIA-NeMo/RL #3839, vime #168: the single controller's refit without its pause
+    "nemo_refit_without_pause": ("done", {"engine_transition"}),
     "late_release_wait_times_out": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     "miles_double_onload": ("failed", {"run_outcome"}),  # torch_memory_saver refuses the second onload
     # rlops/rlix PR #14: a failed finalize left generation paused; the fix resumes it (unflushed)
