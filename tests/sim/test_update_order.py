@@ -1,6 +1,11 @@
-"""A version published before its receivers applied it (RLinf #1456: a sync completed on the
-receiver's acknowledgement rather than on its apply): fault ``publish_on_ack`` publishes the
-active refresh's version between the sync's end and the finalize; ``versions`` names it."""
+"""Weight updates out of order with what they update, from a named fault each:
+
+* a version published before its receivers applied it (RLinf/RLinf #1456: a sync completed on
+  the receiver's acknowledgement rather than on its apply): fault ``publish_on_ack`` publishes
+  the active refresh's version between the sync's end and the finalize; ``versions`` names it;
+* an update into running generation where the single controller pauses first
+  (NVIDIA-NeMo/RL #3839, vllm-project/vime #168): fault ``refit_without_pause``;
+  ``engine_transition`` names it (``update_unpaused``)."""
 
 from __future__ import annotations
 
