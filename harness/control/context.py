@@ -37,6 +37,10 @@ class PipelineContext:
     # finalize_pause): "none" (RLix nemo), "continue_after" (continue_generation after a
     # finalize that returned: before rlops/rlix PR #14), "continue_finally" (in a finally: PR #14)
     finalize_pause: str = "none"
+    # RLinf #1456's order, set only by a fault's runtime (fault publish_on_ack) for the refresh
+    # it is in: the sync counts as done on the receivers' acknowledgement, so the version is
+    # published before their finalize applies it
+    publish_on_ack: bool = False
 
     @property
     def residency(self) -> Dict[str, PhaseResidency]:

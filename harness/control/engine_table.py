@@ -69,6 +69,14 @@ VERL_7846 = "volcengine/verl #7846 (a KV restore resumes the scheduler and resum
 OMNI_4473 = "vllm-project/vllm-omni #4473 (a repeated sleep is not idempotent)"
 LMDEPLOY_4917 = "InternLM/lmdeploy #4917 (prefix-cache entries survive /update_weights)"
 VLLM_RESET = "vllm-project/vllm vllm/entrypoints/llm.py (LLM.reset_prefix_cache)"
+NEMO_3839 = "NVIDIA-NeMo/RL #3839 (a refit racing an in-flight forward; fixed with pause_generation(mode='keep'))"
+VIME_168 = "vllm-project/vime #168 (weights changed under the running step loop: a device-to-host sync hangs)"
+
+#: pipeline types whose modelled system pauses generation before every weight update, so an
+#: update into running generation is illegal there: NeMo RL's single controller (its refit pauses
+#: the rollouts first). RLix's active refresh (``nemo_async``, ``roll_sync``) writes into serving
+#: ranks by design (RLIX_ACTIVE), and a disaggregated ``in_flight`` sync does too: not listed.
+UPDATE_NEEDS_PAUSE: Dict[str, str] = {"single_controller": f"{NEMO_3839}; {VIME_168}"}
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def train_step(ctx: PipelineContext, step: int) -> Generator:
     else:
         yield BuildCache(version)  # while parameters are still on the GPU (debug #34/#35)
         yield from _offload(ctx)
-        yield from _refresh_and_publish(version, ctx.finalize_pause)
+        yield from _refresh_and_publish(version, ctx)
         yield ReleaseGpus(ACTOR_TRAIN, step)  # only after refresh + publish (release_after_publish)
     yield BeginProgressBatch(step + 1)
 
@@ -73,15 +73,20 @@ def _offload(ctx: PipelineContext) -> Generator:
         yield DestroyTrainComm()
 
 
-def _refresh_and_publish(version: int, finalize_pause: str = "none") -> Generator:
-    """after_training: active refresh of the ranks still serving, under the coordinator lock."""
+def _refresh_and_publish(version: int, ctx: PipelineContext) -> Generator:
+    """after_training: active refresh of the ranks still serving, under the coordinator lock.
+    The version is published once every receiver applied it (finalize); ``ctx.publish_on_ack``
+    (a fault's order, RLinf #1456) publishes on the sync's acknowledgement instead."""
     yield LockCoordinator("active_refresh")
     yield PromoteCache(version)
     ranks = yield ActiveRanks()
     if ranks:
         yield SyncFromCache(tuple(ranks), version, "active")
-        yield from _finalize(tuple(ranks), finalize_pause)
-    yield PublishVersion(version, "active")
+        if ctx.publish_on_ack:
+            yield PublishVersion(version, "active")
+        yield from _finalize(tuple(ranks), ctx.finalize_pause)
+    if not (ranks and ctx.publish_on_ack):
+        yield PublishVersion(version, "active")
     yield UnlockCoordinator("active_refresh")
 
 
@@ -123,7 +128,7 @@ def _after_training_miles(ctx: PipelineContext, step: int, version: int) -> Gene
             raise
         yield from _offload(ctx)
         offloaded = True
-        yield from _refresh_and_publish(version, ctx.finalize_pause)
+        yield from _refresh_and_publish(version, ctx)
     except Exception:
         if offloaded:
             yield ReleaseGpus(ACTOR_TRAIN, step)

@@ -68,7 +68,8 @@ def train_step(cfg: StreamingConfig, step: int) -> Generator[Any, Any, None]:
             "tick the trainer version, so the next step could never be selected (NeMo RL fails the run)"
         )
     version = yield FinishTrainStep(step)
-    yield PauseRollouts()
+    if cfg.refit_without_pause_step is None or step < cfg.refit_without_pause_step:
+        yield PauseRollouts()  # NeMo RL pauses generation before the refit (NVIDIA-NeMo/RL #3839's fix)
     if cfg.warmup_no_wake_step is not None and step >= cfg.warmup_no_wake_step:
         # NVIDIA-NeMo/RL #3730's review: a critic warm-up step leaves the policy unchanged, so
         # its refit is skipped, and the resume that only the refit path issued with it

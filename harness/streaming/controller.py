@@ -57,6 +57,9 @@ class StreamingConfig:
     # fault critic_warmup_no_wake (NVIDIA-NeMo/RL #3730's review): the first critic warm-up step;
     # from it on each step stands generation down for the critic and skips the refit and the resume
     warmup_no_wake_step: Optional[int] = None
+    # fault refit_without_pause (NVIDIA-NeMo/RL #3839, vllm-project/vime #168): from this step on
+    # the refit writes the weights without pausing generation first
+    refit_without_pause_step: Optional[int] = None
 
     def __post_init__(self) -> None:
         bad = config_problem(

@@ -47,6 +47,13 @@ class OracleFaults:
             return sorted(self.ranks)
         return list(ranks)
 
+    # versions: a publish before the receivers applied the version
+    def _publish_on_ack_now(self) -> bool:
+        """Armed at exactly this step (``publish_on_ack``, RLinf #1456): the active refresh
+        counts its sync as done on the receivers' acknowledgement and publishes the version
+        before their finalize applies it (``harness/control/nemo_async.py``)."""
+        return self.faults.get("publish_on_ack") == self.ctx.step and self._armed_once("publish_on_ack")
+
     # livelock (harness/logs/invariants/hot_states.py)
     def _unclamped_stamp(self) -> bool:
         """Armed (``unclamped_base_stamp``, whole run): a base-weight trajectory is stamped

@@ -111,7 +111,11 @@ class SingleControllerSim:
         self.pid = spec.name
         self.costs = spec.costs or sim.scenario.costs
         faults = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == spec.name}
-        self.cfg = dataclasses.replace(streaming_config(spec), warmup_no_wake_step=faults.get("critic_warmup_no_wake"))
+        self.cfg = dataclasses.replace(
+            streaming_config(spec),
+            warmup_no_wake_step=faults.get("critic_warmup_no_wake"),
+            refit_without_pause_step=faults.get("refit_without_pause"),
+        )
         self.state = ControllerState(self.cfg)
         self.trainer = SplitStepMachine()
         self.train_gpus = tuple(sorted(spec.train_gpus))
@@ -407,6 +411,9 @@ class SingleControllerSim:
         return had
 
     def _SyncWeights(self, e):
+        at = self.cfg.refit_without_pause_step
+        if at is not None and self.step >= at:  # the pump skipped the pause before this refit (train_pump.py)
+            self.sim.emit("fault_fired", name="refit_without_pause", pipeline_id=self.pid, step=self.step)
         yield self.env.timeout(weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus, self.rank_gpus))
 
     def _WatchdogTick(self, e):

@@ -36,6 +36,8 @@ from simulators.scenario.spec import CostSpec
 class RefitEffects:
     def _SyncFromCache(self, e):
         env, c = self.env, self.costs
+        if e.path == "active":
+            self.ctx.publish_on_ack = self._publish_on_ack_now()  # RLinf #1456's order (oracle.py)
         if e.path == "expand":
             self._maybe_fail_expand_sync()
         elif self.faults.get("active_sync_fails") is not None:

@@ -285,7 +285,7 @@ def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
 
 def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
     """Why fault ``name`` cannot fire on pipeline ``pipe`` (its engine mode lacks the step), or None."""
-    if name == "critic_warmup_no_wake" and pipe.type != "single_controller":
+    if name in ("critic_warmup_no_wake", "refit_without_pause") and pipe.type != "single_controller":
         return f"fault {name} needs pipeline {pipe.name} to be single_controller (it is {pipe.type})"
     if name == "weight_sync_off_thread" and pipe.type != "disaggregated":
         return f"fault {name} needs pipeline {pipe.name} to be disaggregated (it is {pipe.type})"

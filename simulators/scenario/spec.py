@@ -420,6 +420,9 @@ class FaultSpec:
     * ``finalize_fails`` — at that step the active refresh's finalize fails on the serving
       ranks (``finalize_weight_update`` raises): the run fails; with ``finalize_pause:
       continue_after`` the ranks stay paused (rlops/rlix PR #14's bug; ``engine_stood_down``).
+    * ``publish_on_ack`` — at that step (a nemo_async pipeline with serving ranks) the active
+      refresh publishes the version on the sync's acknowledgement, before the receivers'
+      finalize applies it (RLinf #1456; ``versions``).
     * ``lost_release_ack`` — from that step on, the commit of a cycle that shrinks the
       pipeline's GENERATION cluster for its planned release forgets the release: the
       cluster reaches zero and its ``await_release`` is never acked (``lost_wakeup``).
@@ -433,6 +436,9 @@ class FaultSpec:
       trajectories restarts at zero, as after a recovery (inclusionAI/AReaL #1388; ``version_span``).
     * ``weight_sync_off_thread`` — from that step on (disaggregated) the weight sync runs beside the trainer on its
       communicator (volcengine/verl #7423; ``collective_order``).
+    * ``refit_without_pause`` — from that step on (``single_controller``) the refit writes the
+      weights into generation that is still running: no ``PauseRollouts`` before it
+      (NVIDIA-NeMo/RL #3839, vllm-project/vime #168; ``engine_transition``).
     * ``critic_warmup_no_wake`` — from that step on (``single_controller``) a critic warm-up step stands generation
       down and skips the refit and the resume (NVIDIA-NeMo/RL #3730's review; ``engine_stood_down``).
     """
@@ -506,6 +512,8 @@ ORACLE_FAULT_NAMES = (
     "staleness_capacity_reset",
     "weight_sync_off_thread",
     "critic_warmup_no_wake",
+    "publish_on_ack",
+    "refit_without_pause",
 )
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 

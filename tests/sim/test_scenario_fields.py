@@ -161,7 +161,8 @@ def test_fault_unknown_name():
         "unclamped_base_stamp, lost_lock_handoff, partial_reload, resume_before_kv_wake, kv_wake_before_weights, "
         "abort_on_pause, stamp_at_completion, active_sync_fails, lost_cache_handoff, lost_release_ack, "
         "watchdog_request_under_lock, double_onload, finalize_fails, requeue_ignores_partial_rollout, "
-        "staleness_capacity_reset, weight_sync_off_thread, critic_warmup_no_wake"
+        "staleness_capacity_reset, weight_sync_off_thread, critic_warmup_no_wake, publish_on_ack, "
+        "refit_without_pause"
     )
 
 

@@ -422,6 +422,13 @@ EXPECTED_FINDINGS = {
     # (handover); without RLix PR #11's wait, or past its timeout, the trainer's onload OOMs
     "late_release_wake_oom": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     "late_release_wait_saves_wake": ("done", {"handover"}),
+    # NeMo RL PR #3280: a vLLM upgrade grows the KV pool; the staged KV wake OOMs beside the kept groups
+    "nemo_kv_pool_growth_oom": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
+    "nemo_kv_pool_growth_pinned": ("done", {"handover"}),
+    # RLinf #1456: the active refresh publishes on the sync's acknowledgement, before the apply
+    "publish_on_ack": ("done", {"versions"}),
+    # NVIDIA-NeMo/RL #3839, vime #168: the single controller's refit without its pause
+    "nemo_refit_without_pause": ("done", {"engine_transition"}),
     "late_release_wait_times_out": ("failed", {"handover", "handover_headroom", "vram", "run_outcome"}),
     "miles_double_onload": ("failed", {"run_outcome"}),  # torch_memory_saver refuses the second onload
     # rlops/rlix PR #14: a failed finalize left generation paused; the fix resumes it (unflushed)

@@ -313,6 +313,28 @@ def test_a_single_controllers_generation_left_paused_is_stood_down():
     assert check_log([_rollouts(1, "PauseRollouts"), _rollouts(2, "ResumeRollouts"), end], ["engine_stood_down"]) == []
 
 
+def _header(pipeline_type: str) -> dict:
+    return {"seq": 0, "t": 0.0, "kind": "header", "meta": {"pipeline_types": {"sc": pipeline_type}}}
+
+
+def _sync_weights(seq: int) -> dict:
+    return {**_rollouts(seq, "SyncWeights"), "args": {"version": 1}}
+
+
+def test_an_update_into_running_generation_is_illegal_where_the_pipeline_pauses_first():
+    """NVIDIA-NeMo/RL #3839, vllm-project/vime #168: NeMo RL's single controller pauses its
+    rollouts before every refit; a SyncWeights with no PauseRollouts open is named. The same
+    log of a pipeline type that updates serving engines by design is not."""
+    (v,) = check_log([_header("single_controller"), _sync_weights(1)], ["engine_transition"])
+    assert v.seq == 1 and "sc: illegal update_unpaused: SyncWeights (version 1)" in v.message
+    assert "NVIDIA-NeMo/RL #3839" in v.message
+    paused = [_header("single_controller"), _rollouts(1, "PauseRollouts"), _sync_weights(2)]
+    assert check_log(paused + [_rollouts(3, "ResumeRollouts")], ["engine_transition"]) == []
+    resumed = paused + [_rollouts(3, "ResumeRollouts"), _sync_weights(4)]  # the pause ended before this one
+    assert [v.seq for v in check_log(resumed, ["engine_transition"])] == [4]
+    assert check_log([_header("disaggregated"), _sync_weights(1)], ["engine_transition"]) == []
+
+
 @pytest.mark.parametrize(
     "name, fires", [("nemo_critic_warmup_no_wake", True), ("nemo_critic_warmup_no_wake_fixed", False)]
 )

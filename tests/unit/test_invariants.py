@@ -195,6 +195,23 @@ def test_versions_fire_on_publish_before_sync():
     assert found and "before the sync" in found[0].message
 
 
+def test_versions_fire_on_publish_before_the_receiver_applied_it():
+    # RLinf #1456: the sync acknowledged, the version published, the finalize (the apply) after it
+    found = check_log(expand_trace(swap=("Finalize", "PublishVersion")), ["versions"])
+    assert [v.message for v in found] == [
+        "p: publishes version 3 before dp [1] applied it (its sync at seq 7 was acknowledged; "
+        "those ranks had not finalized it)"
+    ]
+    # a failed finalize applies nothing either; a failed sync loaded nothing to apply
+    recs = expand_trace()
+    fin_end = next(r for r in recs if r["effect"] == "Finalize" and r["kind"] == "effect_end")
+    fin_end["error"] = "finalize_weight_update failed"
+    assert [v.seq for v in check_log(recs, ["versions"])] == [11]
+    recs = expand_trace(skip="Finalize")
+    next(r for r in recs if r["effect"] == "SyncFromCache" and r["kind"] == "effect_end")["error"] = "timeout"
+    assert not [v for v in check_log(recs, ["versions"]) if "applied" in v.message]
+
+
 def test_versions_fire_on_version_going_back_and_unbuilt_publish():
     recs = expand_trace()
     recs += [eff(100, "effect_end", "p", "BuildCache", "step", version=2)]

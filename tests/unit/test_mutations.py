@@ -387,8 +387,9 @@ FAULT_HOOK_TESTED = {"liveness"}
 ALSO_FIRES = {
     "vram": {"handover", "handover_headroom"},
     # a rank activated without its finalize resumes an engine whose update never ended (the table's
-    # resume_weights_not_ready, harness/control/engine_table.py)
-    "activate_after_sync": {"engine_transition"},
+    # resume_weights_not_ready, harness/control/engine_table.py), and its version was published
+    # before the rank applied it (versions: RLinf #1456's order)
+    "activate_after_sync": {"engine_transition", "versions"},
 }
 
 

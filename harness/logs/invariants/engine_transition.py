@@ -50,6 +50,7 @@ class _Replay:
         self.paused_at: Dict[Rank, dict] = {}  # rank -> the record of its pause not yet followed by a resume or sleep
         # a single controller's generation side -> its PauseRollouts not yet followed by a ResumeRollouts
         self.rollouts_paused_at: Dict[str, dict] = {}
+        self.types: Dict[str, str] = {}  # pipeline -> its type (the header's meta)
 
     def event(self, key: Rank, event: str, r: dict) -> None:
         state = self.state.get(key)
@@ -77,7 +78,9 @@ class _Replay:
     def on(self, r: dict) -> None:
         kind = r["kind"]
         pid = r.get("pipeline_id")
-        if kind in ("request_dispatch", "request_resume"):
+        if kind == "header":
+            self.types = dict((r.get("meta") or {}).get("pipeline_types") or {})
+        elif kind in ("request_dispatch", "request_resume"):
             self.event((pid, r["dp_rank"]), "generate", r)
         elif kind == "rank_state":
             self._rank_state(r, (pid, r["dp_rank"]))
@@ -91,6 +94,21 @@ class _Replay:
             self._load_ended(pid, r.get("version"), "load_failed", r)
         elif kind in ("effect_start", "effect_end"):
             self._effect(r, pid)
+
+    def _update_unpaused(self, r: dict, pid: str) -> None:
+        """A weight update into running generation, where the pipeline's type pauses first
+        (``engine_table.UPDATE_NEEDS_PAUSE``; RLix's active refresh is not judged here)."""
+        source = table.UPDATE_NEEDS_PAUSE.get(self.types.get(pid, ""))
+        if source and pid not in self.rollouts_paused_at:
+            self.out.append(
+                Violation(
+                    "engine_transition",
+                    r["seq"],
+                    f"{pid}: illegal update_unpaused: SyncWeights (version {r['args'].get('version')}) into "
+                    f"generation that is running, no PauseRollouts before it ({self.types[pid]} pauses "
+                    f"before every update; {source})",
+                )
+            )
 
     def _load_ended(self, pid: str, version, event: str, r: dict) -> None:
         syncs = self.open.get(pid) or {}
@@ -112,6 +130,9 @@ class _Replay:
         if not start and name == "Wake" and not r.get("error"):  # RLix's wake returned: every tag is awake
             for dp in r["args"]["ranks"]:
                 self._woken((pid, dp), [table.WEIGHTS, table.KV], r)
+            return
+        if start and name == "SyncWeights":
+            self._update_unpaused(r, pid)
             return
         if start and name in ("PauseRollouts", "ResumeRollouts"):  # the whole generation side, not one engine
             if name == "PauseRollouts":
@@ -168,6 +189,7 @@ class _Replay:
 @invariant(
     "engine_transition",
     reads=("effect_start", "effect_end", "rank_state", "engine_tag", "sync_end", "request_dispatch", "request_resume"),
+    sees=("header",),
 )
 def engine_transition(records: Records) -> List[Violation]:
     """Every engine event the log records is a legal transition of the engine's table."""

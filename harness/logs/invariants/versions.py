@@ -10,6 +10,40 @@ from typing import Dict, List, Optional, Tuple
 from harness.logs.invariants.base import Records, Violation, invariant
 
 
+class _PublishAfterApply:
+    """A version is published only once every rank its sync wrote has applied it: a sync's
+    end is the receivers' acknowledgement, their ``Finalize`` (``process_weights_after_loading``)
+    the apply. Publishing between the two is RLinf #1456 (a sync completed on the receiver's
+    acknowledgement rather than on its apply): the version is announced while the ranks still
+    hold a half-applied update. Fed one effect record at a time (the online oracle's one pass)."""
+
+    def __init__(self) -> None:
+        self.unapplied: Dict[str, Dict[int, Tuple[set, int]]] = {}  # pipeline -> version -> (ranks, sync seq)
+
+    def see(self, r: dict) -> List[Violation]:
+        pid, eff, args, end = r["pipeline_id"], r["effect"], r["args"], r["kind"] == "effect_end"
+        pending = self.unapplied.setdefault(pid, {})
+        if eff == "SyncFromCache" and not end:
+            pending[args["version"]] = (set(args["ranks"]), r["seq"])
+        elif eff == "SyncFromCache" and r.get("error"):
+            pending.pop(args["version"], None)  # nothing was loaded to apply
+        elif eff == "Finalize" and end and not r.get("error"):
+            for ranks, _ in pending.values():
+                ranks.difference_update(args["ranks"])
+        elif eff == "PublishVersion" and not end:
+            ranks, sync_seq = pending.pop(args["version"], (set(), 0))
+            if ranks:
+                return [
+                    Violation(
+                        "versions",
+                        r["seq"],
+                        f"{pid}: publishes version {args['version']} before dp {sorted(ranks)} applied it "
+                        f"(its sync at seq {sync_seq} was acknowledged; those ranks had not finalized it)",
+                    )
+                ]
+        return []
+
+
 @invariant("versions", reads=("effect_start", "effect_end"))
 def versions(records: Records) -> List[Violation]:
     out: List[Violation] = []
@@ -17,9 +51,11 @@ def versions(records: Records) -> List[Violation]:
     active: Dict[str, int] = {}
     published: Dict[str, int] = {}
     synced: Dict[Tuple[str, str], Optional[int]] = {}  # (pipeline, scope) -> version synced in that scope
+    applied = _PublishAfterApply()
     for r in records:
         if r["kind"] not in ("effect_start", "effect_end"):
             continue
+        out.extend(applied.see(r))
         pid, eff, args, scope = r["pipeline_id"], r["effect"], r["args"], r.get("scope", "")
         if r["kind"] == "effect_end" and r.get("error"):
             continue
