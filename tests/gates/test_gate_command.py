@@ -102,7 +102,7 @@ def test_a_designed_failure_is_exit_1_with_its_headline(tmp_path, request):
     torch.distributed.is_available() and torch.distributed.is_nccl_available(),
     reason="this torch has NCCL: --backend nccl would run, not skip",
 )
-def test_a_skip_is_exit_3(tmp_path, request):
+def test_a_skip_is_exit_77(tmp_path, request):
     # one rank: the skip is decided before any collective (two would only start another torch)
     proc = _rlharness(
         tmp_path, request, "nccl_teardown", "--nproc", "1", "--backend", "nccl", "--report", str(tmp_path / "s.json")

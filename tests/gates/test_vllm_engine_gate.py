@@ -28,7 +28,7 @@ def test_the_skip_reason_names_what_is_missing(monkeypatch):
 @pytest.mark.skipif(vllm_engine.skip_reason() is None, reason="this node can run the vLLM gate")
 def test_the_gate_launched_here_is_a_skip_that_says_why(gate_runner):
     # one rank, forked: the gate's own skip path (what `rlharness gate` turns into exit SKIPPED,
-    # tests/gates/test_gate_command.py::test_a_skip_is_exit_3) with vLLM's reason
+    # tests/gates/test_gate_command.py::test_a_skip_is_exit_77) with vLLM's reason
     run = gate_runner("vllm_engine", 1)
     assert run.report["status"] == "skipped", run.report["message"]
     assert run.report["message"] == f"skipped: {vllm_engine.skip_reason()}"
