@@ -34,8 +34,8 @@ def test_every_concept_folder_says_what_it_is():
 
 def test_a_new_import_between_folders_shows_in_the_table(tmp_path):
     gen = _generator()
-    for package in gen.PACKAGES:
-        shutil.copytree(os.path.join(ROOT, package), tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    # the model core alone is enough to see an edge inside it (the scan walks whatever packages exist)
+    shutil.copytree(os.path.join(ROOT, "harness"), tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
     before = gen.table(str(tmp_path))
     row = next(r for r in before.splitlines() if r.startswith("| `harness/refit/`"))
     assert "`harness/streaming/`" not in row
