@@ -28,36 +28,27 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-#: model preset -> [(GPUs, mean batch, mean output tokens, median ITL ms)], H100, batch >= 60
+
+def _rows(gpus: int, text: str) -> list:
+    """[(GPUs, mean batch, mean output tokens, median ITL ms)] from "batch/output/ms" triples."""
+    return [(gpus, *map(float, triple.split("/"))) for triple in text.split()]
+
+
+#: model preset -> [(GPUs, mean batch, mean output tokens, median ITL ms)], H100, batch >= 60,
+#: each triple avg_batch_size / avg_output_len / median_itl_ms of one configuration (rounded)
 MEASURED = {
-    "qwen3-30b-a3b": [  # Qwen__Qwen3-30B-A3B-Instruct-2507__lm-arena-chat.json, the 2-GPU rows
-        (2, 63.9, 918, 18.70),
-        (2, 95.9, 921, 24.59),
-        (2, 127.9, 919, 27.42),
-        (2, 191.8, 915, 31.26),
-        (2, 255.8, 920, 34.58),
-        (2, 255.7, 918, 33.66),
-        (2, 383.5, 940, 42.93),
-        (2, 511.1, 927, 47.39),
-        (2, 511.3, 926, 50.20),
-        (2, 767.2, 924, 65.00),
-        (2, 1018.8, 920, 74.82),
-    ],
-    "qwen3-235b-a22b": [  # Qwen__Qwen3-235B-A22B-Instruct-2507__lm-arena-chat.json (8 GPUs)
-        (8, 63.9, 879, 40.34),
-        (8, 95.9, 872, 43.68),
-        (8, 127.8, 863, 46.64),
-        (8, 191.8, 880, 52.36),
-        (8, 228.5, 874, 55.48),
-    ],
-    "qwen3-32b": [  # Qwen__Qwen3-32B__lm-arena-chat.json, the 2-GPU rows
-        (2, 63.9, 635, 22.45),
-        (2, 95.8, 635, 26.10),
-        (2, 127.8, 624, 29.66),
-        (2, 191.7, 632, 37.02),
-        (2, 255.6, 634, 44.45),
-        (2, 340.2, 628, 54.90),
-    ],
+    # Qwen__Qwen3-30B-A3B-Instruct-2507__lm-arena-chat.json, the 2-GPU rows
+    "qwen3-30b-a3b": _rows(
+        2,
+        "63.9/918/18.70 95.9/921/24.59 127.9/919/27.42 191.8/915/31.26 255.8/920/34.58 255.7/918/33.66 "
+        "383.5/940/42.93 511.1/927/47.39 511.3/926/50.20 767.2/924/65.00 1018.8/920/74.82",
+    ),
+    # Qwen__Qwen3-235B-A22B-Instruct-2507__lm-arena-chat.json (8 GPUs)
+    "qwen3-235b-a22b": _rows(8, "63.9/879/40.34 95.9/872/43.68 127.8/863/46.64 191.8/880/52.36 228.5/874/55.48"),
+    # Qwen__Qwen3-32B__lm-arena-chat.json, the 2-GPU rows
+    "qwen3-32b": _rows(
+        2, "63.9/635/22.45 95.8/635/26.10 127.8/624/29.66 191.7/632/37.02 255.6/634/44.45 340.2/628/54.90"
+    ),
 }
 PROMPT_TOKENS = 200  # not published per configuration; a chat prompt's order of size
 GRID = [x / 1000 for x in range(10, 601, 2)]
@@ -127,7 +118,8 @@ def main() -> int:
     ):
         print(f"  {preset:16} fitted {field} {fit(preset, field):.3f}")
     e = _efficiency()
-    print(f"simulated / measured step at the defaults (moe_decode_flops_efficiency {CostSpec.moe_decode_flops_efficiency}):")
+    default = CostSpec.moe_decode_flops_efficiency
+    print(f"simulated / measured step at the defaults (moe_decode_flops_efficiency {default}):")
     for preset, rows in MEASURED.items():
         ratios = " ".join(f"{step_ms(preset, n, b, out, e) / ms:.2f}" for n, b, out, ms in rows)
         print(f"  {preset:16} {ratios}")
