@@ -93,6 +93,7 @@ from simulators.costmodel.moe import (  # noqa: F401  (re-exported: a MoE's deco
     FUSED_MOE_SOURCE,
     expected_experts_read,
     expert_matmul_s_per_seq,
+    routed_active_params,
     routed_expert_params,
 )
 
