@@ -14,7 +14,11 @@ the configuration's GPUs as TP, the mean context = 200 prompt tokens + half the 
 against the measured latency, least squares on the log. The MoE fit varies
 ``moe_decode_flops_efficiency`` with everything else at its default; the same procedure on the
 dense Qwen3-32B varies ``decode_flops_efficiency`` — a check that the method recovers the dense
-default (0.5) — and Qwen3-235B-A22B is a check of the MoE figure on a second model.
+default (0.5) — and Qwen3-235B-A22B is a check of the MoE figure on a second model. Each
+configuration is modelled as one rank over all its GPUs (the fitted Qwen3-30B-A3B rows' layout
+field gives expert parallelism 2 on two GPUs, which spreads the experts as TP2 does; the
+Qwen3-235B-A22B rows' gives expert parallelism 4 on eight, which the file does not explain:
+one more reason it is a check only).
 
     python benchmarks/moe_decode_fit.py
 """
