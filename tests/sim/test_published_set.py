@@ -88,3 +88,13 @@ def test_every_mixture_of_experts_row_names_its_experts():
                 moe_rows += 1
                 assert model.num_experts > model.experts_per_token, r["id"]
     assert moe_rows == 5  # the NeMo RL Qwen3-30B-A3B (three) and Qwen3-235B-A22B (two) rows
+
+
+def test_a_bundled_scenario_rows_gpu_count_is_its_scenarios():
+    """The row's ``gpus`` (printed beside its figures) is the cluster its scenario runs."""
+    from simulators.scenario.loader import load_scenario
+
+    for r in _data()["rows"]:
+        if "scenario" in r:
+            scenario = load_scenario(os.path.join(ROOT, "examples", "published", r["scenario"] + ".yaml"))
+            assert scenario.cluster.nodes * scenario.cluster.gpus_per_node == r["gpus"], r["id"]
