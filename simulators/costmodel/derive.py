@@ -126,7 +126,14 @@ def _pipeline(
     num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
     costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}
     cost_vals = {fl.name: costs_given.get(fl.name, fl.default) for fl in fields(CostSpec)}
-    factors = ("train_mfu", "moe_train_mfu", "decode_flops_efficiency", "hbm_efficiency", "link_efficiency")
+    factors = (
+        "train_mfu",
+        "moe_train_mfu",
+        "decode_flops_efficiency",
+        "moe_decode_flops_efficiency",
+        "hbm_efficiency",
+        "link_efficiency",
+    )
     if not all(
         isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
         for k in factors
@@ -160,6 +167,7 @@ def _pipeline(
         cost_vals["moe_train_mfu"],
         cost_vals["link_efficiency"],
         decode_step_overhead_s=cost_vals["decode_step_overhead_s"],
+        moe_decode_flops_efficiency=cost_vals["moe_decode_flops_efficiency"],
     )
     share = wl["decode_tokens_cap_share"]
     share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share < 1 else 0.0

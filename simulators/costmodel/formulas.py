@@ -63,6 +63,8 @@ HBM bytes/s.
   full-coverage read stays in a (``decode_expert_read_s`` = W_exp/(tp·B·hbm_eff)); the
   simulator's step subtracts the unread share. At the batch sizes of a rollout (c in the
   hundreds, k/E = 1/16) the step reads all of them; a lone sequence reads k/E of them.
+  The routed experts' share of N_act runs at ``moe_decode_flops_efficiency`` instead of
+  ``decode_flops_efficiency`` (measured: ``simulators/costmodel/moe.py``).
 * KV capacity: (tp·vram·kv_cache_fraction − W) / kv_bytes(T_mean), capped at the engine's
   ``max_num_seqs`` (vLLM's default 256): ``max_concurrent_per_rank``.
 * Wake and sleep: the fixed parts only (:func:`wake_sleep_s`). At level 1 the simulator
@@ -87,6 +89,13 @@ from statistics import NormalDist
 from typing import Dict, Optional
 
 from harness.ordered_sum import ordered_sum
+from simulators.costmodel.moe import (  # noqa: F401  (re-exported: a MoE's decode terms)
+    FUSED_MOE_SOURCE,
+    expected_experts_read,
+    expert_matmul_s_per_seq,
+    routed_active_params,
+    routed_expert_params,
+)
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,7 @@ class Efficiency:
     link_efficiency: float = 1.0
     grad_bytes: int = 4
     decode_step_overhead_s: float = 0.0  # the engine's host work per decode step, not overlapped
+    moe_decode_flops_efficiency: float = 0.04  # the routed experts' decode matmuls (simulators/costmodel/moe.py)
 
     def mfu(self, a: "Arch") -> float:
         return self.moe_train_mfu if a.moe else self.train_mfu
@@ -334,6 +344,7 @@ def decode_curve(
     )
     if tp > 1:
         per_seq += 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
+    per_seq += expert_matmul_s_per_seq(a, tp, flops, e.decode_flops_efficiency, e.moe_decode_flops_efficiency)
     experts = routed_expert_params(a) * a.bytes_per_param / (tp * hbm * e.hbm_efficiency)
     return {
         "tokens_per_s_per_rank": 1.0 / per_seq,
@@ -341,33 +352,6 @@ def decode_curve(
         "decode_timing": "per_step",
         "decode_expert_read_s": experts,
     }
-
-
-def routed_expert_params(a: Arch) -> float:
-    """Parameters of the routed experts, from N, N_act, k and E: a token reads k of the E
-    experts of each MoE layer, so N − N_act = P_exp·(1 − k/E). 0 for a dense model or
-    where E is not given (then every step reads all the weights, the upper bound)."""
-    if not (a.moe and a.num_experts > a.experts_per_token):
-        return 0.0
-    return (a.params - a.active_params) / (1.0 - a.experts_per_token / a.num_experts)
-
-
-def expected_experts_read(a: Arch, c: int) -> float:
-    """Share of a MoE layer's routed experts that at least one of ``c`` tokens routes to,
-    each token picking k of E uniformly: 1 − (1 − k/E)^c (the occupancy expectation; vLLM's
-    fused-MoE kernel launches blocks only for experts with tokens, see
-    :data:`FUSED_MOE_SOURCE`, so only those experts' weights are read)."""
-    return 1.0 - (1.0 - a.experts_per_token / a.num_experts) ** c
-
-
-#: where a decode step's expert read is read from: ``moe_align_block_size`` pads each
-#: expert's token count to the block size (0 tokens -> 0 blocks) and ``fused_moe_kernel`` runs
-#: one block per entry of its ``expert_ids``, loading that expert's weights
-FUSED_MOE_SOURCE = (
-    "vllm-project/vllm",
-    "vllm/model_executor/layers/fused_moe/moe_align_block_size.py, fused_moe.py",
-    "05be99241939c8849bafef74932aed13f956c82f",
-)
 
 
 def kv_capacity(a: Arch, tp: int, vram: float, kv_cache_fraction: float, tokens: float, e: Efficiency) -> int:

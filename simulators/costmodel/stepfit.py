@@ -12,7 +12,9 @@ calibration's factors and reports the per-stage error. The stages and what they 
   S sequences at concurrency c = min(S, KV capacity) for S·D/c decode steps of
   t(c) = a + β·c (:func:`formulas.decode_curve`), so y = X_h / hbm + X_d / flops + X_0;
   with a single configuration the two cannot be told apart and ``decode_flops_efficiency``
-  keeps its default;
+  keeps its default; a mixture of experts' routed experts' matmuls are in X_0 at
+  ``moe_decode_flops_efficiency``'s default (measured, not fitted: ``moe.py``), as the
+  simulator charges them, so a MoE run does not fit them into ``decode_flops_efficiency``;
 * ``refit_s`` -> ``link_efficiency``: y = X / efficiency. Colocated (NeMo RL's refit), X is
   the gather of every tensor whole from the training layout over its groups' links
   (:func:`formulas.refit_gather_s`, Megatron-Bridge's order, at efficiency 1): a run with
@@ -104,7 +106,8 @@ def efficiency(factors: Mapping[str, float]) -> f.Efficiency:
         v["moe_train_mfu"],
         v["link_efficiency"],
         decode_step_overhead_s=CostSpec.decode_step_overhead_s,
-    )  # not fitted: its source's figure
+        moe_decode_flops_efficiency=CostSpec.moe_decode_flops_efficiency,
+    )  # neither fitted: each its source's figure
 
 
 def links(run: Run) -> f.Links:
@@ -151,8 +154,9 @@ def _gen_terms(run: Run, e: f.Efficiency) -> Tuple[float, float, float]:
     n_steps = seqs * run.decode_tokens / c
     ctx = run.prompt_tokens + run.decode_tokens / 2.0
     x_h = n_steps * (a.params * a.bytes_per_param + c * f.kv_bytes_per_token(a) * ctx) / (tp * g.hbm_bytes_per_s)
-    x_d = n_steps * c * 2.0 * a.active_params / (tp * g.bf16_flops)
-    x_0 = n_steps * e.decode_step_overhead_s
+    routed = f.routed_active_params(a)  # at moe_decode_flops_efficiency, not fitted (the module doc)
+    x_d = n_steps * c * 2.0 * (a.active_params - routed) / (tp * g.bf16_flops)
+    x_0 = n_steps * (e.decode_step_overhead_s + c * 2.0 * routed / (tp * g.bf16_flops * e.moe_decode_flops_efficiency))
     if tp > 1:
         link = links(run).for_group(tp, e)
         x_0 += n_steps * (

@@ -104,6 +104,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "cuda_context_bytes": _r("int", ">=0", "bytes"),
         "train_mfu": _r("float", "(0,1]", ""),
         "moe_train_mfu": _r("float", "(0,1]", ""),
+        "moe_decode_flops_efficiency": _r("float", "(0,1]", ""),
         "link_efficiency": _r("float", "(0,1]", ""),
         "decode_flops_efficiency": _r("float", "(0,1]", ""),
         "hbm_efficiency": _r("float", "(0,1]", ""),

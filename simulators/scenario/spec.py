@@ -133,6 +133,9 @@ class CostSpec:
     decode_flops_efficiency: float = 0.5  # share of peak FLOP/s a decode step's matmuls reach
     hbm_efficiency: float = 0.8  # share of the HBM bandwidth weight and KV reads reach
     moe_train_mfu: float = 0.16  # the same for a mixture of experts (model.experts_per_token > 0)
+    # share of peak FLOP/s a decode step's routed-expert matmuls reach (measured in vLLM:
+    # simulators/costmodel/moe.py); the rest of a mixture of experts decodes at decode_flops_efficiency
+    moe_decode_flops_efficiency: float = 0.04
     link_efficiency: float = 1.0  # share of a preset's NVLink / NIC figure training's collectives reach
     tp_allreduce_latency_s: float = 10e-6  # fixed part of one tensor-parallel all-reduce
     # host work of one decode step the GPU waits for (scheduling, input preparation, output

@@ -73,3 +73,28 @@ def test_the_cost_models_colocated_training_factor_is_the_fit_on_fitted_pairs_on
         if row["split"] == "held_out" and "published" in row:
             row["published"] = {k: v * 3 for k, v in row["published"].items()}
     assert round(_bench().fit_colocated_train_factor(data), 2) == COLOCATED_TRAIN_FACTOR
+
+
+def test_every_mixture_of_experts_row_names_its_experts():
+    """A MoE row without ``num_experts`` gets neither the decode's expert coverage nor the
+    routed experts' decode rate (simulators/costmodel/moe.py), nor an expert-parallel refit
+    gather: every MoE row must carry what the property is applied from."""
+    data, b = _data(), _bench()
+    moe_rows = 0
+    for r in data["rows"]:
+        for pipe in b.row_scenario(r, data).pipelines:
+            model = pipe.model
+            if model.experts_per_token:
+                moe_rows += 1
+                assert model.num_experts > model.experts_per_token, r["id"]
+    assert moe_rows == 5  # the NeMo RL Qwen3-30B-A3B (three) and Qwen3-235B-A22B (two) rows
+
+
+def test_a_bundled_scenario_rows_gpu_count_is_its_scenarios():
+    """The row's ``gpus`` (printed beside its figures) is the cluster its scenario runs."""
+    from simulators.scenario.loader import load_scenario
+
+    for r in _data()["rows"]:
+        if "scenario" in r:
+            scenario = load_scenario(os.path.join(ROOT, "examples", "published", r["scenario"] + ".yaml"))
+            assert scenario.cluster.nodes * scenario.cluster.gpus_per_node == r["gpus"], r["id"]

@@ -38,7 +38,7 @@ OUTPUT_PATHS: Dict[str, str] = {
 }
 
 #: upstream repositories' paths (RLix, NeMo RL, ROLL, vLLM, verl, Megatron-LM and Megatron-Bridge,
-#: nccl-tests) the docs cite as sources, by prefix
+#: nccl-tests, the ML.ENERGY leaderboard) the docs cite as sources, by prefix
 UPSTREAM_PREFIXES = (
     "rlix/",
     "nemo_rl/",
@@ -62,6 +62,7 @@ UPSTREAM_PREFIXES = (
     "recipe/",
     "verl/",
     "examples/configs/",
+    "public/data/models/",
 )
 
 #: test files of upstream repositories (NeMo RL) that the parity docs cite by file name alone
