@@ -19,7 +19,8 @@ SIM_KINDS: dict = {
     ),
     "engine_tag": _k(
         "A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py; "
-        "a gate's engine writes one per tag it wakes, and tag prefix_cache state invalidated for a prefix-cache reset). "
+        "a gate's engine writes one per tag it wakes, and tag prefix_cache state invalidated for a prefix-cache reset); tag memo_cache: the memo kept in the weights' "
+        "region was used (state used: the post-load processing read it) or dropped (invalidated). "
         "A rank_state record's asleep_tags lists the tags still asleep in a state past waking.",
         {"pipeline_id": "str", "dp_rank": "int", "tag": "str", "state": "str"},
     ),

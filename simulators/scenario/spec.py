@@ -271,6 +271,9 @@ class PipelineSpec:
     # rlix/pipeline/miles_model_update_service.py): none (RLix nemo), continue_after (before
     # PR #14), continue_finally (PR #14: continue_generation in a finally)
     finalize_pause: str = "none"
+    # the engine keeps a memo in its weights' region, read by the post-load processing at each
+    # finalize and dropped at each load (SGLang's MXFP8 MoE shuffle indices, sgl-project/sglang PR #28676)
+    weights_memo: bool = False
     # how a refit reaches the inference ranks (simulators/refit/sync.py, docs/cost-model.md):
     # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
     # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
@@ -439,6 +442,9 @@ class FaultSpec:
     * ``refit_without_pause`` — from that step on (``single_controller``) the refit writes the
       weights into generation that is still running: no ``PauseRollouts`` before it
       (NVIDIA-NeMo/RL #3839, vllm-project/vime #168; ``engine_transition``).
+    * ``memo_not_invalidated`` — from that step on (``weights_memo``) a weight load leaves the engine's
+      memo in place: after a level-2 sleep the finalize reads it stale (sgl-project/sglang PR #28676;
+      ``engine_transition``).
     * ``critic_warmup_no_wake`` — from that step on (``single_controller``) a critic warm-up step stands generation
       down and skips the refit and the resume (NVIDIA-NeMo/RL #3730's review; ``engine_stood_down``).
     """
@@ -514,6 +520,7 @@ ORACLE_FAULT_NAMES = (
     "critic_warmup_no_wake",
     "publish_on_ack",
     "refit_without_pause",
+    "memo_not_invalidated",
 )
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
