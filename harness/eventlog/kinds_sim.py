@@ -88,8 +88,9 @@ SIM_KINDS: dict = {
     ),
     "collectives": _k(
         "An activity of a pipeline (train, old_log_probs, weight_sync) started or stopped issuing collectives on a "
-        "communicator (phase start|end); two activities open on one communicator at once have no order between "
-        "them (collective_order).",
+        "communicator (phase start|end), or waits for a communicator others issue on (phase wait: an order, such as "
+        "a lock per communicator); two activities open on one communicator at once have no order between them, and "
+        "waits for communicators in a cycle deadlock (collective_order, the wait-for graph).",
         {"pipeline_id": "str", "communicator": "str", "activity": "str", "phase": "str"},
     ),
     "vram": _k(

@@ -192,6 +192,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
     DisaggregatedSpec: {
         "shape": _r("str"),
         "weight_sync": _r("str"),
+        "comm_locks": _r("bool"),
     },
     WeightSyncGroupsSpec: {
         "pp_stages": _r("int", ">0", "PP stages"),
@@ -290,6 +291,8 @@ def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
     """Why fault ``name`` cannot fire on pipeline ``pipe`` (its engine mode lacks the step), or None."""
     if name in ("critic_warmup_no_wake", "refit_without_pause") and pipe.type != "single_controller":
         return f"fault {name} needs pipeline {pipe.name} to be single_controller (it is {pipe.type})"
+    if name == "comm_locks_inverted" and (pipe.type != "disaggregated" or not pipe.disaggregated.comm_locks):
+        return f"fault {name} needs pipeline {pipe.name} to be disaggregated with comm_locks true"
     if name == "memo_not_invalidated" and not pipe.weights_memo:
         return f"fault {name} needs pipeline {pipe.name}'s weights_memo to be true (the engine keeps no memo)"
     if name == "weight_sync_off_thread" and pipe.type != "disaggregated":

@@ -180,6 +180,8 @@ class DisaggregatedSpec:
     shape: str = "sync"  # the order: NeMo RL's synchronous, verl's one step off, or fully asynchronous
     # fully_async: drain the running answers, pause them (partial rollout), or sync under them
     weight_sync: str = "pause"
+    # one_step_off: the sync beside the next step, PP and EP behind a lock each (simulators/pipelines/comm_locks.py)
+    comm_locks: bool = False
 
 
 @dataclass(frozen=True)
@@ -439,6 +441,9 @@ class FaultSpec:
       trajectories restarts at zero, as after a recovery (inclusionAI/AReaL #1388; ``version_span``).
     * ``weight_sync_off_thread`` — from that step on (disaggregated) the weight sync runs beside the trainer on its
       communicator (volcengine/verl #7423; ``collective_order``).
+    * ``comm_locks_inverted`` — from that step on (disaggregated ``comm_locks``) the weight sync takes the EP
+      communicator's lock before PP's, the trainer PP's before EP's: each holds one and waits for the other
+      (volcengine/verl #7423's fix per communicator; ``collective_order``, ``deadlock``).
     * ``refit_without_pause`` — from that step on (``single_controller``) the refit writes the
       weights into generation that is still running: no ``PauseRollouts`` before it
       (NVIDIA-NeMo/RL #3839, vllm-project/vime #168; ``engine_transition``).
@@ -521,6 +526,7 @@ ORACLE_FAULT_NAMES = (
     "publish_on_ack",
     "refit_without_pause",
     "memo_not_invalidated",
+    "comm_locks_inverted",
 )
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 
