@@ -287,15 +287,8 @@ def test_the_runtime_engine_refuses_a_stale_memo_until_a_load_drops_it():
     """sglang PR #28676: a level-2 release leaves the weights' memo stale; the engine refuses to
     read it, and the load funnel's drop makes it legal again."""
     engine = EngineTags("p dp0")
-    engine.wake(("weights", "kv_cache"))
-    engine.begin_load()
-    engine.load(complete=True)
-    engine.finalize()
-    engine.memo_use()
-    engine.resume()
-    engine.pause("abort")
-    engine.drained()
-    engine.sleep(2)
+    for event in MEMO_CYCLE:  # legal (test_legal_sequences_are_clean): the memo filled, then a level-2 sleep
+        engine.force(event)
     assert engine.state["memo_cache"] == "stale"
     engine.wake(("weights", "kv_cache"))
     with pytest.raises(EngineStateError, match="memo_cache stale --memo_use-->"):
