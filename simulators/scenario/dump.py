@@ -105,7 +105,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         if p.type == "single_controller":
             pipelines[-1]["streaming"] = _flat_to_mapping(p.streaming)
         if p.disaggregated is not None:
-            pipelines[-1]["disaggregated"] = _flat_to_mapping(p.disaggregated)
+            flat = _flat_to_mapping(p.disaggregated)
+            pipelines[-1]["disaggregated"] = {k: v for k, v in flat.items() if v or k != "comm_locks"}  # off: unset
     return {
         "name": s.name,
         "description": s.description,
