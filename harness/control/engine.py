@@ -128,6 +128,16 @@ class EngineTags:
         """The prefix cache flushed (SGLang's ``flush_cache`` in ``finalize_weight_update``)."""
         self._step("invalidate")
 
+    def memo_invalidate(self) -> None:
+        """The memo kept in the weights' region dropped (SGLang's weight-load funnel calls
+        ``clear_mxfp8_shuffle_index_cache()`` since sgl-project/sglang PR #28676)."""
+        self._step("memo_invalidate")
+
+    def memo_use(self) -> None:
+        """The post-load processing reads (or fills) the memo: refused once a release of the
+        weights' region left it stale."""
+        self._step("memo_use")
+
     def resume(self) -> None:
         why = table.illegal(self.state, "resume")
         if why is not None:

@@ -12,7 +12,11 @@ of the others (``GUARDS``):
   finalized);
 * ``kv_cache`` — ``awake``, ``asleep``;
 * ``prefix_cache`` — ``empty``, ``filled`` (entries computed by a forward), ``stale`` (entries
-  computed with weights an update has since replaced).
+  computed with weights an update has since replaced);
+* ``memo_cache`` — a memo the engine keeps in its weights' memory region (SGLang's MXFP8 MoE
+  shuffle indices): ``empty``, ``filled`` (computed while the region stayed mapped), ``stale``
+  (the region was released since: the memo still hits, its tensors hold whatever the resumed
+  pages hold).
 
 Anything the table has no row for is illegal, and so is a row whose guard fails. The runtime
 asks :func:`step` before it applies an event (the simulator's and the gates' engines refuse what
@@ -29,16 +33,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
-SCHEDULER, WEIGHTS, KV, PREFIX = "scheduler", "weights", "kv_cache", "prefix_cache"
-COMPONENTS = (SCHEDULER, WEIGHTS, KV, PREFIX)
+SCHEDULER, WEIGHTS, KV, PREFIX, MEMO = "scheduler", "weights", "kv_cache", "prefix_cache", "memo_cache"
+COMPONENTS = (SCHEDULER, WEIGHTS, KV, PREFIX, MEMO)
 STATES: Dict[str, Tuple[str, ...]] = {
     SCHEDULER: ("running", "pausing", "paused"),
     WEIGHTS: ("awake", "offloaded", "discarded", "blank", "loading", "loaded"),
     KV: ("awake", "asleep"),
     PREFIX: ("empty", "filled", "stale"),
+    MEMO: ("empty", "filled", "stale"),
 }
 #: an engine is created asleep (RLix offloads every engine after its init; the gates' engine too)
-INITIAL: Dict[str, str] = {SCHEDULER: "paused", WEIGHTS: "discarded", KV: "asleep", PREFIX: "empty"}
+INITIAL: Dict[str, str] = {SCHEDULER: "paused", WEIGHTS: "discarded", KV: "asleep", PREFIX: "empty", MEMO: "empty"}
 
 # ---------------------------------------------------------------------------------- sources
 VLLM_PAUSE = "vllm-project/vllm PR #32351 (pause_generation(mode=abort|wait|keep))"
@@ -71,6 +76,15 @@ LMDEPLOY_4917 = "InternLM/lmdeploy #4917 (prefix-cache entries survive /update_w
 VLLM_RESET = "vllm-project/vllm vllm/entrypoints/llm.py (LLM.reset_prefix_cache)"
 NEMO_3839 = "NVIDIA-NeMo/RL #3839 (a refit racing an in-flight forward; fixed with pause_generation(mode='keep'))"
 VIME_168 = "vllm-project/vime #168 (weights changed under the running step loop: a device-to-host sync hangs)"
+SGLANG_MEMO = (
+    "sgl-project/sglang python/sglang/srt/layers/moe/moe_runner/flashinfer_trtllm.py 02962d7 "
+    "(_flashinfer_trtllm_shuffle_row_indices_cache_mxfp8: shape-keyed GPU index tensors memoized by the "
+    "post-load align, allocated in the pausable weights region)"
+)
+SGLANG_28676 = (
+    "sgl-project/sglang PR #28676, 779ea4a (a release/resume of the weights region leaves the memo hitting on "
+    "garbage; clear_mxfp8_shuffle_index_cache() in the weight-load funnel, fused_moe_triton/layer.py)"
+)
 
 #: pipeline types whose modelled system pauses generation before every weight update, so an
 #: update into running generation is illegal there: NeMo RL's single controller (its refit pauses
@@ -143,6 +157,12 @@ ROWS: Tuple[Row, ...] = tuple(
     + _rows("load_failed", WEIGHTS, {"loading": "blank"}, RLIX_EXPAND)
     + _rows("finalize", WEIGHTS, {"loaded": "awake"}, RLIX_FINALIZE)
     + _rows("invalidate", PREFIX, _EVERY_PREFIX_TO_EMPTY, f"{VLLM_RESET}; {LMDEPLOY_4917}")
+    # the memo lives in the weights' region: a level-1 sleep's host copy brings its contents back
+    # with the weights; a level-2 sleep (SGLang's release without a CPU backup) discards them
+    + _rows("sleep(1)", MEMO, {"empty": "empty", "filled": "filled", "stale": "stale"}, VLLM_SLEEP)
+    + _rows("sleep(2)", MEMO, {"empty": "empty", "filled": "stale", "stale": "stale"}, f"{VLLM_SLEEP}; {SGLANG_28676}")
+    + _rows("memo_use", MEMO, {"empty": "filled", "filled": "filled"}, SGLANG_MEMO)
+    + _rows("memo_invalidate", MEMO, {"empty": "empty", "filled": "empty", "stale": "empty"}, SGLANG_28676)
 )
 
 GUARDS: Tuple[Guard, ...] = (

@@ -19,7 +19,8 @@ SIM_KINDS: dict = {
     ),
     "engine_tag": _k(
         "A memory tag of a rank's engine woke on its own (a staged wake: the KV cache after the refit; harness/control/engine.py; "
-        "a gate's engine writes one per tag it wakes, and tag prefix_cache state invalidated for a prefix-cache reset). "
+        "a gate's engine writes one per tag it wakes, and tag prefix_cache state invalidated for a prefix-cache reset); tag memo_cache: the memo kept in the weights' "
+        "region was used (state used: the post-load processing read it) or dropped (invalidated). "
         "A rank_state record's asleep_tags lists the tags still asleep in a state past waking.",
         {"pipeline_id": "str", "dp_rank": "int", "tag": "str", "state": "str"},
     ),
@@ -87,8 +88,9 @@ SIM_KINDS: dict = {
     ),
     "collectives": _k(
         "An activity of a pipeline (train, old_log_probs, weight_sync) started or stopped issuing collectives on a "
-        "communicator (phase start|end); two activities open on one communicator at once have no order between "
-        "them (collective_order).",
+        "communicator (phase start|end), or waits for a communicator others issue on (phase wait: an order, such as "
+        "a lock per communicator); two activities open on one communicator at once have no order between them, and "
+        "waits for communicators in a cycle deadlock (collective_order, the wait-for graph).",
         {"pipeline_id": "str", "communicator": "str", "activity": "str", "phase": "str"},
     ),
     "vram": _k(

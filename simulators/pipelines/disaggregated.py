@@ -32,6 +32,7 @@ import numpy as np
 from harness.control import disaggregated as order
 from harness.control.interpret import EffectLog, interpret
 from harness.control.effects import TRAINER_EFFECTS
+from simulators.pipelines.comm_locks import CommLocks
 from simulators.runtime.cluster import OutOfMemory
 from simulators.runtime.env import Actor, Timer
 from simulators.pipelines.inference import decode_step_time
@@ -92,6 +93,9 @@ class DisaggregatedSim:
         self.completed: List[Tuple[int, int]] = []  # fully_async: (trajectory, first version) done, not trained
         self._changed = self.env.event()
         self._busy: set = set()  # ranks with a Generate effect open
+        # disaggregated.comm_locks: a lock per communicator, the sync beside the trainer (comm_locks.py)
+        self.locks = CommLocks(sim, self.pid) if spec.disaggregated.comm_locks else None
+        self._sync_landed = None  # the event of the sync running beside the trainer
 
     # ------------------------------------------------------------------ process
     def main(self):
@@ -145,6 +149,10 @@ class DisaggregatedSim:
 
     # ------------------------------------------------------------------ trainer effects
     def _StartRollout(self, e):
+        if self._sync_landed is not None and not self._sync_landed.triggered:
+            # verl's one-step-off generates the batch once the sync landed; the trainer goes on
+            self.env.spawn(self._start_after_sync(e), "pipeline", self.index, 3)
+            return None
         reqs = self.collector.draw(self.batch)
         self.left[e.batch] = len(reqs)
         self.batch_version[e.batch] = e.version
@@ -199,15 +207,22 @@ class DisaggregatedSim:
             dt = c.train_fixed_s + c.train_s_per_trajectory * n / len(self.train_gpus)
         else:
             dt = c.old_log_probs_s_per_trajectory * n / len(self.train_gpus)
-        self._collectives(e.what, "start")
-        yield self.env.timeout(dt)
-        self._collectives(e.what, "end")
+        if self.locks is not None:
+            yield from self.locks.issue(e.what, self.locks.order(False), dt)
+        else:
+            self._collectives(e.what, "start")
+            yield self.env.timeout(dt)
+            self._collectives(e.what, "end")
         if e.what == "train":
             self.trainer_version += 1
             self._notify()
         return None
 
     def _SyncWeights(self, e):
+        if self.locks is not None:
+            self._sync_landed = self.env.event()
+            self.env.spawn(self._locked_sync(e.version), "pipeline", self.index, 2)
+            return None
         if self._sync_off_thread():
             self.env.spawn(self._sync(e.version), "pipeline", self.index, 2)
             return None
@@ -221,6 +236,24 @@ class DisaggregatedSim:
         )
         self._collectives("weight_sync", "end")
         self.gen_version = version  # in_flight: the running sequences go on with these weights
+
+    def _locked_sync(self, version: int):
+        """The sync beside the trainer under the communicators' locks; fault
+        ``comm_locks_inverted`` takes them in the other order (comm_locks.py)."""
+        at = self.faults.get("comm_locks_inverted")
+        inverted = at is not None and self.steps_done >= at
+        if inverted and not self.__dict__.get("_inverted_fired"):
+            self._inverted_fired = True
+            self.sim.emit("fault_fired", name="comm_locks_inverted", pipeline_id=self.pid, step=self.steps_done)
+        gpus = [r.gpus for r in self.ranks]
+        seconds = weight_sync_s(self.sim.cluster, self.spec, self.costs, self.train_gpus, gpus)
+        yield from self.locks.issue("weight_sync", self.locks.order(inverted), seconds)
+        self.gen_version = version
+        self._sync_landed.succeed()
+
+    def _start_after_sync(self, e):
+        yield self._sync_landed
+        self._StartRollout(e)
 
     def _collectives(self, activity: str, phase: str) -> None:
         """The trainer's log-probs, training and weight sync all issue collectives on the

@@ -110,6 +110,34 @@ class EngineEffects:
             self.ranks[r].engine.invalidate()
             self.sim.emit("engine_tag", pipeline_id=self.pid, dp_rank=r, tag="prefix_cache", state="invalidated")
 
+    # ------------------------------------------------------------------ the weights' memo
+    def _memo_at_load(self, ranks) -> None:
+        """Pipeline option ``weights_memo``: SGLang's weight-load funnel drops the memo kept in
+        the weights' region (``clear_mxfp8_shuffle_index_cache()``, sgl-project/sglang PR #28676);
+        fault ``memo_not_invalidated``: the load leaves it, as before that PR."""
+        if not self.spec.weights_memo:
+            return
+        if self._fault_due("memo_not_invalidated"):
+            if not self.__dict__.get("_memo_fired"):
+                self._memo_fired = True
+                self._fire("memo_not_invalidated")
+            return
+        for r in ranks:
+            self.ranks[r].engine.memo_invalidate()
+            self.sim.emit("engine_tag", pipeline_id=self.pid, dp_rank=r, tag="memo_cache", state="invalidated")
+
+    def _memo_at_finalize(self, rank) -> None:
+        """The finalize's post-load processing (the MoE weights' align) reads the memo, or fills
+        it when empty. A stale memo is read as the engine did, silently: its indices hold
+        whatever the resumed pages hold and the layout of the new weights is wrong."""
+        if not self.spec.weights_memo:
+            return
+        if rank.engine.state["memo_cache"] == "stale" and self._fault_due("memo_not_invalidated"):
+            rank.engine.force("memo_use")  # SGLang does not refuse: the fault's corruption is silent
+        else:
+            rank.engine.memo_use()
+        self.sim.emit("engine_tag", pipeline_id=self.pid, dp_rank=rank.dp_rank, tag="memo_cache", state="used")
+
     # ------------------------------------------------------------------ resume
     def _resume(self, rank, forced: bool) -> None:
         """Activation resumes the engine: refused with a tag asleep or weights not whole,

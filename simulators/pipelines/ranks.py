@@ -91,6 +91,7 @@ class RankEffects:
             rank.life.on("finalized")
             if rank.engine.state["weights"] == "loaded":  # an update to end (an active refresh may have none)
                 rank.engine.finalize()
+                self._memo_at_finalize(rank)  # the post-load processing reads its memo (engine_effects.py)
         self._finalize_flush(e.ranks)  # MILES' finalize flushes the prefix cache (engine_effects.py)
         return None
 

@@ -54,6 +54,7 @@ class RefitEffects:
         partial = self._partial_reload(e)
         for r in e.ranks:  # the engines take the update (refused into sleeping weights: vllm #57853)
             self.ranks[r].engine.begin_load()
+        self._memo_at_load(e.ranks)  # the load funnel drops the weights' memo (engine_effects.py)
         timing = _ColocatedIpcTiming(self, e) if self.spec.refit_path == "colocated_ipc" else _SyncTiming(self, e)
         yield from interpret(ss.selective_sync(self._sync_plan(e, partial)), timing.handle)
         for r in e.ranks:

@@ -88,6 +88,7 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
                 **({} if p.type == "single_controller" else {"pause_mode": p.pause_mode, "wake": p.wake}),
                 **({"wait_offloaded": True} if p.wait_offloaded else {}),
                 **({} if p.finalize_pause == "none" else {"finalize_pause": p.finalize_pause}),
+                **({"weights_memo": True} if p.weights_memo else {}),
                 **({} if p.refit_path == "cpu_cache" else {"refit_path": p.refit_path}),
                 **({} if p.refit_export == "megatron_bridge" else {"refit_export": p.refit_export}),
                 "model": _sparse(p.model),
@@ -104,7 +105,8 @@ def scenario_to_mapping(s: Scenario) -> Dict[str, Any]:
         if p.type == "single_controller":
             pipelines[-1]["streaming"] = _flat_to_mapping(p.streaming)
         if p.disaggregated is not None:
-            pipelines[-1]["disaggregated"] = _flat_to_mapping(p.disaggregated)
+            flat = _flat_to_mapping(p.disaggregated)
+            pipelines[-1]["disaggregated"] = {k: v for k, v in flat.items() if v or k != "comm_locks"}  # off: unset
     return {
         "name": s.name,
         "description": s.description,

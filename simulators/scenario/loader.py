@@ -477,6 +477,8 @@ def _disaggregated(ctx: _Ctx, path: str, data: Any, train: List[int], infer: Lis
     spec = DisaggregatedSpec(**_flat_fields(ctx, path, data, DisaggregatedSpec))
     if spec.shape not in SHAPES:
         raise ctx.fail(f"{path}.shape", f"unknown shape {spec.shape!r}; known: {', '.join(SHAPES)}")
+    if spec.comm_locks and spec.shape != "one_step_off":
+        raise ctx.fail(f"{path}.comm_locks", f"only one_step_off runs its sync beside the trainer (not {spec.shape})")
     if spec.weight_sync not in WEIGHT_SYNC_MODES:
         raise ctx.fail(
             f"{path}.weight_sync", f"unknown mode {spec.weight_sync!r}; known: {', '.join(WEIGHT_SYNC_MODES)}"

@@ -176,6 +176,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "wake": _r("str"),
         "wait_offloaded": _r("bool"),
         "finalize_pause": _r("str"),
+        "weights_memo": _r("bool"),
         "refit_path": _r("str"),
         "refit_export": _r("str"),
         # train_gpus, infer_gpus, model, workload, streaming, data_plane: structured, handled by _pipeline()
@@ -192,6 +193,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
     DisaggregatedSpec: {
         "shape": _r("str"),
         "weight_sync": _r("str"),
+        "comm_locks": _r("bool"),
     },
     WeightSyncGroupsSpec: {
         "pp_stages": _r("int", ">0", "PP stages"),
@@ -275,6 +277,8 @@ def engine_field_problem(vals: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     for key, allowed in (("pause_mode", PAUSE_MODES), ("wake", WAKE_MODES), ("finalize_pause", FINALIZE_PAUSES)):
         if key in vals and vals[key] not in allowed:
             return key, f"must be one of {', '.join(allowed)}, got {vals[key]!r}"
+    if vals.get("weights_memo") and vals["type"] not in ("nemo_async", "roll_sync"):
+        return "weights_memo", "only a colocated pipeline (nemo_async, roll_sync) releases its engines' weights region"
     for key in ("pause_mode", "wake"):
         if key in vals and vals["type"] == "single_controller":
             return key, (
@@ -288,6 +292,10 @@ def engine_fault_problem(name: str, pipe: Any) -> Optional[str]:
     """Why fault ``name`` cannot fire on pipeline ``pipe`` (its engine mode lacks the step), or None."""
     if name in ("critic_warmup_no_wake", "refit_without_pause") and pipe.type != "single_controller":
         return f"fault {name} needs pipeline {pipe.name} to be single_controller (it is {pipe.type})"
+    if name == "comm_locks_inverted" and (pipe.type != "disaggregated" or not pipe.disaggregated.comm_locks):
+        return f"fault {name} needs pipeline {pipe.name} to be disaggregated with comm_locks true"
+    if name == "memo_not_invalidated" and not pipe.weights_memo:
+        return f"fault {name} needs pipeline {pipe.name}'s weights_memo to be true (the engine keeps no memo)"
     if name == "weight_sync_off_thread" and pipe.type != "disaggregated":
         return f"fault {name} needs pipeline {pipe.name} to be disaggregated (it is {pipe.type})"
     if name in _FULLY_ASYNC_FAULTS:

@@ -183,6 +183,8 @@ class DisaggregatedSpec:
     shape: str = "sync"  # the order: NeMo RL's synchronous, verl's one step off, or fully asynchronous
     # fully_async: drain the running answers, pause them (partial rollout), or sync under them
     weight_sync: str = "pause"
+    # one_step_off: the sync beside the next step, PP and EP behind a lock each (simulators/pipelines/comm_locks.py)
+    comm_locks: bool = False
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,9 @@ class PipelineSpec:
     # rlix/pipeline/miles_model_update_service.py): none (RLix nemo), continue_after (before
     # PR #14), continue_finally (PR #14: continue_generation in a finally)
     finalize_pause: str = "none"
+    # the engine keeps a memo in its weights' region, read by the post-load processing at each
+    # finalize and dropped at each load (SGLang's MXFP8 MoE shuffle indices, sgl-project/sglang PR #28676)
+    weights_memo: bool = False
     # how a refit reaches the inference ranks (simulators/refit/sync.py, docs/cost-model.md):
     # cpu_cache = RLix's, a host-RAM bucket cache built after training, then synced from it;
     # colocated_ipc = standalone NeMo RL's, each trainer GPU hands its weights to the vLLM
@@ -439,9 +444,15 @@ class FaultSpec:
       trajectories restarts at zero, as after a recovery (inclusionAI/AReaL #1388; ``version_span``).
     * ``weight_sync_off_thread`` — from that step on (disaggregated) the weight sync runs beside the trainer on its
       communicator (volcengine/verl #7423; ``collective_order``).
+    * ``comm_locks_inverted`` — from that step on (disaggregated ``comm_locks``) the weight sync takes the EP
+      communicator's lock before PP's, the trainer PP's before EP's: each holds one and waits for the other
+      (volcengine/verl #7423's fix per communicator; ``collective_order``, ``deadlock``).
     * ``refit_without_pause`` — from that step on (``single_controller``) the refit writes the
       weights into generation that is still running: no ``PauseRollouts`` before it
       (NVIDIA-NeMo/RL #3839, vllm-project/vime #168; ``engine_transition``).
+    * ``memo_not_invalidated`` — from that step on (``weights_memo``) a weight load leaves the engine's
+      memo in place: after a level-2 sleep the finalize reads it stale (sgl-project/sglang PR #28676;
+      ``engine_transition``).
     * ``critic_warmup_no_wake`` — from that step on (``single_controller``) a critic warm-up step stands generation
       down and skips the refit and the resume (NVIDIA-NeMo/RL #3730's review; ``engine_stood_down``).
     """
@@ -517,6 +528,8 @@ ORACLE_FAULT_NAMES = (
     "critic_warmup_no_wake",
     "publish_on_ack",
     "refit_without_pause",
+    "memo_not_invalidated",
+    "comm_locks_inverted",
 )
 FAULT_NAMES = FAULT_NAMES + ORACLE_FAULT_NAMES
 

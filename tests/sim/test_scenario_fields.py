@@ -162,8 +162,14 @@ def test_fault_unknown_name():
         "abort_on_pause, stamp_at_completion, active_sync_fails, lost_cache_handoff, lost_release_ack, "
         "watchdog_request_under_lock, double_onload, finalize_fails, requeue_ignores_partial_rollout, "
         "staleness_capacity_reset, weight_sync_off_thread, critic_warmup_no_wake, publish_on_ack, "
-        "refit_without_pause"
+        "refit_without_pause, memo_not_invalidated, comm_locks_inverted"
     )
+
+
+def test_fault_memo_not_invalidated_needs_the_weights_memo():
+    data = base()
+    data["faults"] = [{"name": "memo_not_invalidated", "pipeline": "ppl1"}]
+    assert "weights_memo to be true" in error_of(data)
 
 
 @pytest.mark.parametrize(
@@ -341,3 +347,22 @@ def test_workload_cap_share_is_a_share():
     assert (
         error_of(data) == "x.yaml: defaults.workload.decode_tokens_cap_share: must be >= 0 (share of answers), got -0.1"
     )
+
+
+def test_weights_memo_is_a_colocated_pipelines_option():
+    data = base()
+    data["pipelines"][0]["weights_memo"] = "yes"
+    assert "weights_memo" in error_of(data)
+    data["pipelines"][0].update(type="single_controller", weights_memo=True)
+    assert "pipelines[0].weights_memo: only a colocated pipeline" in error_of(data)
+
+
+def test_comm_locks_are_one_step_offs_and_their_fault_needs_them():
+    data = base()
+    data["pipelines"] = [
+        {"name": "g", "type": "disaggregated", "train_gpus": [0], "infer_gpus": [1], "disaggregated": {"comm_locks": True}}
+    ]
+    assert "pipelines[0].disaggregated.comm_locks: only one_step_off" in error_of(data)
+    data["pipelines"][0]["disaggregated"] = {"shape": "one_step_off"}
+    data["faults"] = [{"name": "comm_locks_inverted", "pipeline": "g"}]
+    assert "needs pipeline g to be disaggregated with comm_locks true" in error_of(data)

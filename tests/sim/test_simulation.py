@@ -443,6 +443,10 @@ EXPECTED_FINDINGS = {
     # verl #7423: the weight sync runs beside the trainer on its communicator; the next batch
     # starts generating before the synced weights land
     "verl_weight_sync_shared_comm": ("done", {"collective_order", "version_span"}),
+    # verl #7423 fixed with a lock per communicator, taken in opposite orders: a deadlock
+    "verl_comm_locks_inverted": ("horizon", {"collective_order", "deadlock", "hot_state", "liveness"}),
+    # sglang PR #28676: the finalize after a level-2 sleep reads the memo the load did not drop
+    "sglang_stale_weights_memo": ("done", {"engine_transition"}),
     # NeMo RL #3730's review: critic warm-up stands generation down and nothing resumes it
     "nemo_critic_warmup_no_wake": ("horizon", {"engine_stood_down"}),
 }

@@ -37,7 +37,7 @@ OUTPUT_PATHS: Dict[str, str] = {
     "runs/gates/NAME.json": "rlharness gate's default report path (docs/gates.md)",
 }
 
-#: upstream repositories' paths (RLix, NeMo RL, ROLL, vLLM, verl, Megatron-LM and Megatron-Bridge,
+#: upstream repositories' paths (RLix, NeMo RL, ROLL, vLLM, verl, SGLang, Megatron-LM and Megatron-Bridge,
 #: nccl-tests, the ML.ENERGY leaderboard) the docs cite as sources, by prefix
 UPSTREAM_PREFIXES = (
     "rlix/",
@@ -61,6 +61,7 @@ UPSTREAM_PREFIXES = (
     "examples/run_grpo",
     "recipe/",
     "verl/",
+    "python/sglang/",
     "examples/configs/",
     "public/data/models/",
 )

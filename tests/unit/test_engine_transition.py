@@ -53,6 +53,9 @@ class Log:
             seq = self.add("engine_tag", dp_rank=0, tag=event[5:-1], state="awake")
         elif event == "invalidate":
             seq = self.add("engine_tag", dp_rank=0, tag="prefix_cache", state="invalidated")
+        elif event in ("memo_use", "memo_invalidate"):
+            state = "used" if event == "memo_use" else "invalidated"
+            seq = self.add("engine_tag", dp_rank=0, tag="memo_cache", state=state)
         elif event == "load_start":
             self.open.append(len(self.records))
             seq = self.add("effect_start", effect="SyncFromCache", args={**one, "version": self.open[-1]})
@@ -193,7 +196,18 @@ KEEP_IN_PLACE = RLIX_CYCLE[:7] + [
 ]  # the last: RLix's active refresh
 
 
-@pytest.mark.parametrize("events", [RLIX_CYCLE * 2, NEMO_STAGED, KEEP_IN_PLACE], ids=["rlix", "nemo_staged", "keep"])
+#: the RLix cycle of an engine that keeps a memo in its weights' region: each load drops it
+#: (sglang PR #28676's fix), the finalize's post-load processing reads it
+MEMO_CYCLE = RLIX_CYCLE[:3] + ["memo_invalidate"] + RLIX_CYCLE[3:5] + ["memo_use"] + RLIX_CYCLE[5:]
+#: NeMo RL's level-1 cycle with the memo and no drop: the host copy brings the memo back whole
+MEMO_LEVEL1 = NEMO_STAGED[:4] + ["memo_use"] + NEMO_STAGED[4:14] + ["memo_use"] + NEMO_STAGED[14:]
+
+
+@pytest.mark.parametrize(
+    "events",
+    [RLIX_CYCLE * 2, NEMO_STAGED, KEEP_IN_PLACE, MEMO_CYCLE * 2, MEMO_LEVEL1],
+    ids=["rlix", "nemo_staged", "keep", "memo_dropped_at_load", "memo_level1"],
+)
 def test_legal_sequences_are_clean(events):
     assert run(events) == []
 
@@ -225,6 +239,8 @@ def test_legal_sequences_are_clean(events):
         (["wake(weights)", "wake(kv_cache)", "resume"], "resume_weights_not_ready: resume with weights blank"),
         # the sleep before the drain acknowledged the pause
         (RLIX_CYCLE[:7] + ["pause(abort)", "sleep(2)"], "sleep_unquiesced: sleep(2) with scheduler pausing"),
+        # sglang PR #28676: the memo in the weights' region, filled before a release/resume, read after it
+        (MEMO_CYCLE + RLIX_CYCLE[:5] + ["memo_use"], "memo_cache stale --memo_use-->"),
     ],
 )
 def test_field_reports_are_named_at_their_record(events, named):
@@ -265,6 +281,21 @@ def test_the_runtime_engine_refuses_what_the_table_refuses():
     engine.drained()
     engine.sleep(1)
     assert engine.tags == {"weights": "offloaded", "kv_cache": "asleep"} and engine.paused
+
+
+def test_the_runtime_engine_refuses_a_stale_memo_until_a_load_drops_it():
+    """sglang PR #28676: a level-2 release leaves the weights' memo stale; the engine refuses to
+    read it, and the load funnel's drop makes it legal again."""
+    engine = EngineTags("p dp0")
+    for event in MEMO_CYCLE:  # legal (test_legal_sequences_are_clean): the memo filled, then a level-2 sleep
+        engine.force(event)
+    assert engine.state["memo_cache"] == "stale"
+    engine.wake(("weights", "kv_cache"))
+    with pytest.raises(EngineStateError, match="memo_cache stale --memo_use-->"):
+        engine.memo_use()
+    engine.memo_invalidate()
+    engine.memo_use()
+    assert engine.state["memo_cache"] == "filled"
 
 
 def stood_down(events: List[str]) -> List:

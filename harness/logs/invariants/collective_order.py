@@ -1,5 +1,4 @@
-"""``collective_order``: two activities never issue collectives on one communicator without
-an order between them.
+"""``collective_order``: no cycle of waits ever forms among activities issuing collectives.
 
 A communicator matches collectives by the order each rank issues them; two activities that
 issue theirs on the same communicator at once interleave in an order that may differ
@@ -7,45 +6,51 @@ between ranks, and a rank's all-reduce then meets another rank's broadcast (a ha
 garbage). volcengine/verl #7423: ``update_actor`` in a thread pool and ``update_weights``
 on the event loop share the PP/EP communicators, and their collectives interleave out of
 order. The fix orders the two (the sync waits for training, or takes a lock training
-holds).
+holds) — and two such orders, one per communicator, taken in opposite orders by the two
+activities deadlock again.
 
-The check reads ``collectives`` records: an activity starts (``phase: start``) and stops
-(``end``) issuing collectives on a communicator. An activity that starts while another is
-still open on the same communicator is named with the one it overlaps: nothing in the log
-put one after the other.
+The check reads ``collectives`` records through the wait-for edges they make
+(harness/logs/invariants/waitfor_collectives.py): an activity that starts while another is
+still open on the same communicator, with nothing putting one after the other, waits on it
+and it on the activity (a cycle of two, named with the one it overlaps); an activity
+that waits for a communicator another holds while that one waits, directly or through
+others, for a communicator it holds closes a longer cycle. Each cycle is named at the
+record that closed it, with the record that opened each of its waits.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import List
 
 from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.waitfor_collectives import KIND, CollectiveWaits, node
+from harness.logs.invariants.waitgraph import Wait, describe
 
 NAME = "collective_order"
 
 
-@invariant(NAME, reads=("collectives",))
+def _message(r: dict, cyc: List[Wait]) -> str:
+    me = node(r)
+    if r["phase"] == "start" and len(cyc) == 2:
+        first = cyc[0] if cyc[0].waiter != me else cyc[1]  # the other activity's wait: its start
+        return (
+            f"{me} issues collectives on {r['communicator']} while {first.waiter} (since seq {first.seq}, "
+            f"t={first.t:.3f}) still does: no order between them; a cycle of waits: {describe(cyc)}"
+        )
+    members = ", ".join(w.waiter for w in cyc)
+    seqs = ", ".join(str(w.seq) for w in cyc)
+    return f"a cycle of collective waits among {members} (records {seqs}), formed at t={r['t']:.3f}: {describe(cyc)}"
+
+
+@invariant(NAME, reads=(KIND,))
 def collective_order(records: Records) -> List[Violation]:
-    """No two activities are open on one communicator at once."""
+    """No cycle of waits forms among activities issuing collectives on communicators."""
     out: List[Violation] = []
-    open_: Dict[str, Dict[str, Tuple[int, float]]] = {}  # communicator -> activity -> (seq, t) of its start
+    waits = CollectiveWaits()
     for r in records:
-        if r["kind"] != "collectives":
+        if r["kind"] != KIND:
             continue
-        comm, activity = r["communicator"], r["activity"]
-        active = open_.setdefault(comm, {})
-        if r["phase"] == "end":
-            active.pop(activity, None)
-            continue
-        for other, (seq, t) in sorted(active.items()):
-            if other != activity:
-                out.append(
-                    Violation(
-                        NAME,
-                        r["seq"],
-                        f"{activity} issues collectives on {comm} while {other} "
-                        f"(since seq {seq}, t={t:.3f}) still does: no order between them",
-                    )
-                )
-        active[activity] = (r["seq"], r["t"])
+        waits.track(r)
+        for cyc in waits.closed_by(r):
+            out.append(Violation(NAME, r["seq"], _message(r, cyc)))
     return out

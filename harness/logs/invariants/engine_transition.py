@@ -12,6 +12,7 @@ gates:
 | ``effect_start`` ``Sleep`` (``level``) | ``sleep(level)`` |
 | ``rank_state`` past ``waking`` whose tags are awake (not in ``asleep_tags``); ``effect_end`` ``Wake`` (every tag) | ``wake(...)`` of those tags that were asleep |
 | ``engine_tag`` ``weights`` / ``kv_cache`` ``awake`` | ``wake(tag)``; ``prefix_cache`` ``invalidated``: ``invalidate`` |
+| ``engine_tag`` ``memo_cache`` ``used`` / ``invalidated`` | ``memo_use`` / ``memo_invalidate`` |
 | ``effect_start`` / ``effect_end`` ``SyncFromCache`` (one version) | ``load_start`` / ``load_end`` (``load_failed`` with an ``error``) |
 | ``rank_state`` turning ``synced`` with no update open on the rank (a log without the effects) | ``load_start``, ``load_end``, ``finalize`` |
 | ``sync_end`` with ``ok`` false (the sync of that version failed) | ``load_failed`` |
@@ -35,6 +36,7 @@ from harness.logs.invariants.base import Records, Violation, invariant
 
 Rank = Tuple[str, int]
 _ASLEEP_STATES = ("asleep", "waking", "stopped")  # lifecycle states where no tag is awake
+_MEMO_EVENTS = {"used": "memo_use", "invalidated": "memo_invalidate"}  # engine_tag memo_cache's states
 _TAG_ASLEEP = {table.WEIGHTS: ("offloaded", "discarded"), table.KV: ("asleep",)}
 
 
@@ -88,6 +90,8 @@ class _Replay:
             key = (pid, r["dp_rank"])
             if r["tag"] == table.PREFIX and r["state"] == "invalidated":
                 self.event(key, "invalidate", r)
+            elif r["tag"] == table.MEMO and r["state"] in _MEMO_EVENTS:
+                self.event(key, _MEMO_EVENTS[r["state"]], r)
             elif r["tag"] in _TAG_ASLEEP and r["state"] == "awake":
                 self.event(key, f"wake({r['tag']})", r)
         elif kind == "sync_end" and pid is not None and r.get("ok") is False:

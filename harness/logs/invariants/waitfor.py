@@ -20,7 +20,10 @@ the members that have not yet done their part:
 * the scheduler's waits (requests, await-release, its resize calls) and the cache
   owner's lock: harness/logs/invariants/waitfor_edges.py;
 * the refit stream's lockstep: the sender's wait for its receiver's ACK, the receiver's
-  for the next group (harness/logs/invariants/waitfor_refit.py).
+  for the next group (harness/logs/invariants/waitfor_refit.py);
+* collectives on shared communicators: activities issuing on one communicator with no order
+  between them, and an activity waiting for a communicator others issue on
+  (harness/logs/invariants/waitfor_collectives.py).
 
 A member that exited (``member_exit``; the scheduler's ``scheduler_failed``) waits on
 nothing and wakes no one. Two findings:
@@ -48,6 +51,8 @@ from harness.logs.invariants.waitfor_edges import (
     CacheLockWaits,
     SchedulerWaits,
 )
+from harness.logs.invariants.waitfor_collectives import KIND as COLLECTIVES
+from harness.logs.invariants.waitfor_collectives import CollectiveWaits
 from harness.logs.invariants.waitfor_refit import REFIT_WAIT_KINDS, RefitWaits
 from harness.logs.invariants.waitgraph import Wait, WaitGraph, caller_of, describe  # noqa: F401 (re-exported)
 
@@ -61,7 +66,9 @@ GROUP_KINDS = (
     "member_exit",
 )
 #: every kind a wait opens or closes by (a check on the graph ``reads`` them and ``sees`` WAIT_SEES)
-WAIT_KINDS = GROUP_KINDS + ("effect_start", "effect_end", "cache_lock") + SCHED_READS + REFIT_WAIT_KINDS
+WAIT_KINDS = (
+    GROUP_KINDS + ("effect_start", "effect_end", "cache_lock") + SCHED_READS + REFIT_WAIT_KINDS + (COLLECTIVES,)
+)
 WAIT_SEES = tuple(k for k in SCHED_SEES if k not in WAIT_KINDS)
 _ACQUIRE = ("LockCoordinator", "HoldCoordinator")  # a resize's or sync's lock; the shutdown's hold
 _LOCK_EFFECTS = frozenset(_ACQUIRE + ("UnlockCoordinator", "FreeCoordinator"))
@@ -206,6 +213,7 @@ class GraphWalk:
         header = first if first is not None and first.get("kind") == "header" else None
         self.locks, self.groups, self.sched = _Locks(), _Groups(g), SchedulerWaits(header)
         self.cache, self.refit = CacheLockWaits(), RefitWaits()
+        self.collectives = CollectiveWaits()
 
     def on(self, r: dict) -> None:
         k = r["kind"]
@@ -225,12 +233,14 @@ class GraphWalk:
             self.cache.lock(r)
         elif k in _REFIT_KINDS:
             self.refit.track(r)
+        elif k == COLLECTIVES:
+            self.collectives.track(r)
 
     def graph(self, last: Optional[dict]) -> WaitGraph:
         g = self.g
         if last is not None:
             g.end_seq, g.end_t = last.get("seq", 0), last.get("t", 0.0)
-        for part in (self.groups, self.locks, self.sched, self.cache, self.refit):
+        for part in (self.groups, self.locks, self.sched, self.cache, self.refit, self.collectives):
             part.into(g)
         g.waits.sort(key=lambda w: (w.seq, w.waiter, w.on))
         return g
