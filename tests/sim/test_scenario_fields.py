@@ -360,7 +360,13 @@ def test_weights_memo_is_a_colocated_pipelines_option():
 def test_comm_locks_are_one_step_offs_and_their_fault_needs_them():
     data = base()
     data["pipelines"] = [
-        {"name": "g", "type": "disaggregated", "train_gpus": [0], "infer_gpus": [1], "disaggregated": {"comm_locks": True}}
+        {
+            "name": "g",
+            "type": "disaggregated",
+            "train_gpus": [0],
+            "infer_gpus": [1],
+            "disaggregated": {"comm_locks": True},
+        }
     ]
     assert "pipelines[0].disaggregated.comm_locks: only one_step_off" in error_of(data)
     data["pipelines"][0]["disaggregated"] = {"shape": "one_step_off"}
