@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the repo impo
 
 import argparse  # noqa: E402
 import threading  # noqa: E402
-from typing import Any, Dict, List, Optional, Tuple  # noqa: E402
+from typing import Any, Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 from gpu_gates.runtime import pg_registry  # noqa: E402
 from gpu_gates.runtime.gate import AFTER_FAILURE_MARKER, GateContext, GateSpec, positive_float, positive_int, run_gate  # noqa: E402
@@ -170,6 +170,7 @@ def _record_verdicts(ctx: GateContext, records: List[Dict[str, Any]], driver_err
 
 
 def run(ctx: GateContext) -> None:
+    """Rank 0 runs the driver beside its own trainer role; every other rank serves its role."""
     worker = Worker(ctx)
     baseline = pg_registry.live_groups()
     ctx.data.update(role=f"{worker.pipeline} {worker.role}" + ("" if worker.dp is None else f" dp{worker.dp}"))
@@ -182,41 +183,8 @@ def run(ctx: GateContext) -> None:
             raise
         _check_no_group_survives(ctx, baseline, after_failure=worker.run_failed)
         return
-    from gpu_gates.dual.driver import Driver
-
-    solo = ctx.hooks.get("solo_pipelines") is not None
-    driver = Driver(
-        ctx,
-        steps=ctx.args.steps,
-        bucket_size=ctx.args.bucket_size_bytes,
-        swap_resize_order=ctx.hooks.get("swap_resize_order") is not None,
-        own_rank_serve=worker.serve,
-        late_receivers_s=ctx.hooks.seconds("late_receivers", 1.0),
-        late_start_s=ctx.hooks.seconds("late_start", 0.2),
-        solo=solo,
-        script=None if solo else HandoverScript(),
-        shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s,
-        explorer=None if ctx.args.explore is None else GateExplorer(ctx.args.explore, ctx.args.explore_max_delay_s),
-    )
-
-    def salvage() -> None:
-        """The run ended early (timeout, a failed peer): keep the partial driver log and
-        what each interpreter was executing, so the report shows where things stood."""
-        driver.record_explore()
-        got = driver.lock.acquire(timeout=1.0)
-        try:
-            records = list(driver.log.records)
-        finally:
-            if got:
-                driver.lock.release()
-        # what the run reached first (cheap), then the output files (slow: a PNG): a
-        # deadline that finishes this rank meanwhile still reports where things stood
-        out: Dict[str, Any] = {}
-        ctx.data.update(
-            driver_activity=dict(driver.activity), records=len(records), steps_done=dict(driver.steps_done), outputs=out
-        )
-        _outputs(ctx, records, out)
-
+    driver = _driver(ctx, worker)
+    salvage = _salvage(ctx, driver)
     ctx.salvage.append(salvage)
     thread = threading.Thread(target=driver.run, daemon=True)
     thread.start()
@@ -231,16 +199,65 @@ def run(ctx: GateContext) -> None:
         # serve loop with the abort it posted: record the checks and that error here, so
         # the cause heads the report rather than this rank's knock-on abort, whichever
         # peers still manage to report before rank 0's collection window closes.
-        got = driver.lock.acquire(timeout=1.0)
-        try:
-            records, errors = list(driver.log.records), list(driver.errors)
-        finally:
-            if got:
-                driver.lock.release()
+        records, errors = _driver_snapshot(driver)
         _record_verdicts(ctx, records, errors)
         raise
     ctx.salvage.remove(salvage)
     thread.join(10.0)
+    _verify(ctx, driver, baseline)
+
+
+def _driver(ctx: GateContext, worker: Worker):
+    """The driver of both pipelines, with the gate's flags and test hooks."""
+    from gpu_gates.dual.driver import Driver
+
+    solo = ctx.hooks.get("solo_pipelines") is not None
+    return Driver(
+        ctx,
+        steps=ctx.args.steps,
+        bucket_size=ctx.args.bucket_size_bytes,
+        swap_resize_order=ctx.hooks.get("swap_resize_order") is not None,
+        own_rank_serve=worker.serve,
+        late_receivers_s=ctx.hooks.seconds("late_receivers", 1.0),
+        late_start_s=ctx.hooks.seconds("late_start", 0.2),
+        solo=solo,
+        script=None if solo else HandoverScript(),
+        shrink_drain_timeout_s=ctx.args.shrink_drain_timeout_s,
+        explorer=None if ctx.args.explore is None else GateExplorer(ctx.args.explore, ctx.args.explore_max_delay_s),
+    )
+
+
+def _driver_snapshot(driver) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """The driver's records and errors so far, under its lock if it can be had within 1 s
+    (a driver thread stuck while holding it must not stop the report)."""
+    got = driver.lock.acquire(timeout=1.0)
+    try:
+        return list(driver.log.records), list(driver.errors)
+    finally:
+        if got:
+            driver.lock.release()
+
+
+def _salvage(ctx: GateContext, driver) -> Callable[[], None]:
+    def salvage() -> None:
+        """The run ended early (timeout, a failed peer): keep the partial driver log and
+        what each interpreter was executing, so the report shows where things stood."""
+        driver.record_explore()
+        records, _ = _driver_snapshot(driver)
+        # what the run reached first (cheap), then the output files (slow: a PNG): a
+        # deadline that finishes this rank meanwhile still reports where things stood
+        out: Dict[str, Any] = {}
+        ctx.data.update(
+            driver_activity=dict(driver.activity), records=len(records), steps_done=dict(driver.steps_done), outputs=out
+        )
+        _outputs(ctx, records, out)
+
+    return salvage
+
+
+def _verify(ctx: GateContext, driver, baseline: Dict[str, Any]) -> None:
+    """After a finished driver: the invariant checks on its log, the steps done, the digests,
+    and the figures of the report."""
     ctx.set_phase("verify")
     driver.record_explore()
     # after a driver error (a resize that timed out on a hung peer) a leaked group is its consequence

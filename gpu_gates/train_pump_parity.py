@@ -168,6 +168,8 @@ def _grad_digest(model) -> torch.Tensor:
 
 
 def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
+    """Every step of one loss type: streamed on the split train API, then compared with the
+    synchronous reference step on the whole global batch."""
     args, rank, world = ctx.args, ctx.rank, ctx.world_size
     dtype = DTYPES[args.dtype]
     rtol, atol = TOLERANCE[args.dtype]
@@ -180,31 +182,7 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         ctx.set_phase(f"{loss_type} step {step}")
         groups = global_batch(args, step)
         mine = arrival_order(args, step, [g for g in range(len(groups)) if g % world == rank])
-        trainer.begin_train_step(step)
-        ctx.emit("trainer_step", pipeline_id=pid, action="begin", step=step, version=trainer.version)
-        bounds = np.linspace(0, len(mine), min(args.chunks, max(1, len(mine))) + 1).round().astype(int)
-        starts = set(bounds[1:-1].tolist())
-        for i, g in enumerate(mine):
-            if i in starts:  # a new chunk: its log-probs are computed while the step is open
-                trainer.compute_logprobs(
-                    _to(Batch.cat([groups[h] for h in mine[i : bounds[bounds > i][0]]]), ctx.device)
-                )
-            trainer.train_microbatch(_to(groups[g], ctx.device))
-            gid = step * args.groups_per_step + g  # a group id is never reused
-            ctx.emit(
-                "trainer_step", pipeline_id=pid, action="microbatch", step=step, version=trainer.version, groups=[gid]
-            )
-            # clear_samples: the trained group's data is dropped, once, inside its step
-            clear = {
-                "pipeline_id": pid,
-                "effect": "ClearSamples",
-                "args": {"step": step, "groups": [gid]},
-                "scope": "step",
-                "step": step,
-            }
-            ctx.emit("effect_start", **clear)
-            groups[g] = None
-            ctx.emit("effect_end", **clear)
+        _stream_step(ctx, trainer, pid, step, groups, mine)
         local = _grad_digest(model)
         digests = [torch.zeros_like(local) for _ in range(world)]
         dist.all_gather(digests, local)
@@ -224,45 +202,8 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
         dist.all_gather(after, p_digest)
         gathered: List[Any] = [None] * world
         dist.all_gather_object(gathered, metrics)
-
-        ref_loss, ref_tokens, ref_seqs = reference.step(
-            [_to(g, ctx.device) for g in global_batch(args, step)], loss_type
-        )
-        ref_params = list(reference.model.parameters())
-        abs_err, rel_err = _max_err(list(model.parameters()), ref_params)
-        close = all(
-            torch.allclose(p.float(), r.float(), rtol=rtol, atol=atol) for p, r in zip(model.parameters(), ref_params)
-        )
-        ctx.check(
-            "parity",
-            close,
-            f"{loss_type} step {step}: parameters differ from the synchronous step by up to "
-            f"{abs_err:.3g} (rel {rel_err:.3g}; tolerance rtol {rtol:g} atol {atol:g})",
-        )
-        loss_ok = (metrics.global_loss is None) == (ref_loss is None) and (
-            ref_loss is None or abs(metrics.global_loss - ref_loss) <= max(atol, rtol * abs(ref_loss)) * 10
-        )
-        ctx.check(
-            "loss", loss_ok, f"{loss_type} step {step}: streamed loss {metrics.global_loss} vs synchronous {ref_loss}"
-        )
-        if world > 1:
-            ctx.check(
-                "no_sync",
-                len({float(d) for d in digests}) == world,
-                f"{loss_type} step {step}: local gradients before finish already agree across ranks "
-                f"(a reduce fired per microbatch): {[float(d) for d in digests]}",
-            )
-            ctx.check(
-                "no_sync",
-                len({float(d) for d in after}) == 1,
-                f"{loss_type} step {step}: parameters differ across ranks after finish: {[float(d) for d in after]}",
-            )
-        leaders = combine_leader_metrics(gathered)
-        ctx.check(
-            "leader_metrics",
-            leaders["tokens"] == float(ref_tokens) and leaders["sequences"] == float(ref_seqs),
-            f"{loss_type} step {step}: leaders count {leaders['tokens']} tokens / {leaders['sequences']} sequences, "
-            f"the global batch has {float(ref_tokens)} / {float(ref_seqs)}",
+        abs_err, rel_err, close, ref_loss = _check_step(
+            ctx, loss_type, step, model, reference, metrics, digests, after, gathered
         )
         ctx.check("version", trainer.version == step + 1, f"{loss_type} step {step}: trainer version {trainer.version}")
         steps.append(
@@ -277,6 +218,89 @@ def run_loss_type(ctx: GateContext, loss_type: str) -> Dict[str, Any]:
             }
         )
     return {"steps": steps, "rtol": rtol, "atol": atol}
+
+
+def _stream_step(ctx: GateContext, trainer, pid: str, step: int, groups: List[Any], mine: List[int]) -> None:
+    """One step's groups through the trainer in arrival order, one microbatch each: the
+    log-probs of each chunk computed while the step is open, each group's data cleared once."""
+    args = ctx.args
+    trainer.begin_train_step(step)
+    ctx.emit("trainer_step", pipeline_id=pid, action="begin", step=step, version=trainer.version)
+    bounds = np.linspace(0, len(mine), min(args.chunks, max(1, len(mine))) + 1).round().astype(int)
+    starts = set(bounds[1:-1].tolist())
+    for i, g in enumerate(mine):
+        if i in starts:  # a new chunk: its log-probs are computed while the step is open
+            trainer.compute_logprobs(_to(Batch.cat([groups[h] for h in mine[i : bounds[bounds > i][0]]]), ctx.device))
+        trainer.train_microbatch(_to(groups[g], ctx.device))
+        gid = step * args.groups_per_step + g  # a group id is never reused
+        ctx.emit("trainer_step", pipeline_id=pid, action="microbatch", step=step, version=trainer.version, groups=[gid])
+        # clear_samples: the trained group's data is dropped, once, inside its step
+        clear = {
+            "pipeline_id": pid,
+            "effect": "ClearSamples",
+            "args": {"step": step, "groups": [gid]},
+            "scope": "step",
+            "step": step,
+        }
+        ctx.emit("effect_start", **clear)
+        groups[g] = None
+        ctx.emit("effect_end", **clear)
+
+
+def _check_step(
+    ctx: GateContext,
+    loss_type: str,
+    step: int,
+    model,
+    reference: ReferenceStep,
+    metrics,
+    digests: List[torch.Tensor],
+    after: List[torch.Tensor],
+    gathered: List[Any],
+) -> Tuple[float, float, bool, Optional[float]]:
+    """The step's checks against the synchronous reference step (parity, loss, no gradient
+    sync before finish, leader metrics); returns the largest absolute and relative
+    parameter error, whether all parameters are within tolerance, and the reference loss."""
+    args, world = ctx.args, ctx.world_size
+    rtol, atol = TOLERANCE[args.dtype]
+    ref_loss, ref_tokens, ref_seqs = reference.step([_to(g, ctx.device) for g in global_batch(args, step)], loss_type)
+    ref_params = list(reference.model.parameters())
+    abs_err, rel_err = _max_err(list(model.parameters()), ref_params)
+    close = all(
+        torch.allclose(p.float(), r.float(), rtol=rtol, atol=atol) for p, r in zip(model.parameters(), ref_params)
+    )
+    ctx.check(
+        "parity",
+        close,
+        f"{loss_type} step {step}: parameters differ from the synchronous step by up to "
+        f"{abs_err:.3g} (rel {rel_err:.3g}; tolerance rtol {rtol:g} atol {atol:g})",
+    )
+    loss_ok = (metrics.global_loss is None) == (ref_loss is None) and (
+        ref_loss is None or abs(metrics.global_loss - ref_loss) <= max(atol, rtol * abs(ref_loss)) * 10
+    )
+    ctx.check(
+        "loss", loss_ok, f"{loss_type} step {step}: streamed loss {metrics.global_loss} vs synchronous {ref_loss}"
+    )
+    if world > 1:
+        ctx.check(
+            "no_sync",
+            len({float(d) for d in digests}) == world,
+            f"{loss_type} step {step}: local gradients before finish already agree across ranks "
+            f"(a reduce fired per microbatch): {[float(d) for d in digests]}",
+        )
+        ctx.check(
+            "no_sync",
+            len({float(d) for d in after}) == 1,
+            f"{loss_type} step {step}: parameters differ across ranks after finish: {[float(d) for d in after]}",
+        )
+    leaders = combine_leader_metrics(gathered)
+    ctx.check(
+        "leader_metrics",
+        leaders["tokens"] == float(ref_tokens) and leaders["sequences"] == float(ref_seqs),
+        f"{loss_type} step {step}: leaders count {leaders['tokens']} tokens / {leaders['sequences']} sequences, "
+        f"the global batch has {float(ref_tokens)} / {float(ref_seqs)}",
+    )
+    return abs_err, rel_err, close, ref_loss
 
 
 def run(ctx: GateContext) -> None:

@@ -43,7 +43,7 @@ from harness.scheduler.progress import CoordinatorProgress
 from harness.scheduler.types import GENERATION_CLUSTER, Rejected
 from harness.scheduler.topology import ClusterTopology
 from gpu_gates.runtime.dist_setup import connect_store
-from gpu_gates.runtime.gate import write_at_once
+from gpu_gates.runtime.failures import write_at_once
 from gpu_gates.dual.effects import PIPELINES, TRAIN_GPU, DriverEffects, DriverError
 from gpu_gates.dual.lifecycle import LifecycleEffects
 from gpu_gates.dual.worker import ROLES, rank_of

@@ -24,7 +24,7 @@ from gpu_gates.runtime.hooks import TestHooks
 from gpu_gates.runtime.memory import MemoryMeter
 
 if TYPE_CHECKING:
-    from gpu_gates.runtime.gate import GateSpec
+    from gpu_gates.runtime.gate_args import GateSpec
 
 KEY_PREFIX = "rlharness_gate/"
 

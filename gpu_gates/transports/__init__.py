@@ -4,7 +4,9 @@
 simulator and the gates interpret it; tests/unit/test_layering.py enforces that). What
 actually crosses a process boundary lives here, on the real-runtime side:
 
-- zmq_stream.py    the refit stream protocol (harness/refit/stream.py) over pyzmq REQ/REP
+- zmq_stream.py    the refit stream protocol (harness/refit/stream.py) over pyzmq REQ/REP: the
+                   one import of its users, over zmq_endpoint.py (the socket end both sides
+                   share), zmq_sender.py (trainer side) and zmq_receiver.py (inference side)
 - staging.py       its staging buffers: /dev/shm files on CPU, CUDA IPC handles on GPU
 - private_dirs.py  per-run private folders for socket and staging files, and their cleanup
 - measure.py       the transport measured on this machine (``rlharness calibrate refit``)

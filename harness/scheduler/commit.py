@@ -17,6 +17,7 @@ from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.state import SchedulerState
 from harness.scheduler.types import (
     ClusterAllocation,
+    ExecutionPlan,
     PendingRequest,
     Priority,
     build_dp_rank_mapping,
@@ -66,10 +67,30 @@ def _signal(
 
 
 def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -> CommitResult:
+    """Phase 6 in RLix's order: shrinks, removed clusters, grants (each signalled as it is
+    applied), expands, then the expanded clusters' waiters, then planned releases."""
     plan, cycle = cp.plan, cp.cycle
     out: List[Signal] = []
     skipped: List[str] = []
+    _apply_shrinks(state, plan)
+    for cid in plan.clusters_to_remove:
+        alloc = state.allocations.pop(cid, None)
+        if alloc is not None:
+            state.idle_gpus |= set(alloc.gpu_ids)
+    _apply_grants(state, plan, cycle, out, skipped)
+    to_signal = _apply_expands(state, plan, cycle, skipped)
+    # RLix iterates a Python set here (hash order); sorted order keeps the model deterministic.
+    for cid in sorted(to_signal):
+        if state.pending_in(Priority.GENERATION, cid) is not None:
+            _signal(state, out, cycle, cid, Priority.GENERATION, sorted(state.allocations[cid].gpu_ids))
 
+    if state.planned_releases:  # rarely any: skip the snapshot copy below
+        _ack_planned_releases(state, cp, opts, out)
+    return CommitResult(out, skipped)
+
+
+def _apply_shrinks(state: SchedulerState, plan: ExecutionPlan) -> None:
+    """The shrunk dp ranks' GPUs go back to the idle pool."""
     for op in plan.shrinks:
         alloc = state.allocations.get(op.cluster_id)
         if alloc is None:
@@ -84,11 +105,13 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
             alloc.gpu_ids = [g for g in alloc.gpu_ids if g not in bundle]
             state.idle_gpus |= bundle
 
-    for cid in plan.clusters_to_remove:
-        alloc = state.allocations.pop(cid, None)
-        if alloc is not None:
-            state.idle_gpus |= set(alloc.gpu_ids)
 
+def _apply_grants(
+    state: SchedulerState, plan: ExecutionPlan, cycle: int, out: List[Signal], skipped: List[str]
+) -> None:
+    """Whole-mapping grants (and the no-GPU signals of already-held clusters), each signalled
+    as applied; a grant for a pipeline unregistered in the lock gap is skipped, unless its
+    waiter is still there (cleanup corruption: fatal)."""
     for op in plan.signals:
         if not op.gpus:
             existing = state.allocations.get(op.cluster_id)
@@ -126,6 +149,9 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
         )
         _signal(state, out, cycle, op.cluster_id, op.priority, gpus)
 
+
+def _apply_expands(state: SchedulerState, plan: ExecutionPlan, cycle: int, skipped: List[str]) -> Set[str]:
+    """Generation expands join their allocations; returns the clusters whose waiter is to be signalled."""
     to_signal: Set[str] = set()
     for op in plan.expands:
         if not op.dp_rank_to_gpus:
@@ -152,14 +178,7 @@ def commit_cycle(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions) -
         state.idle_gpus -= added
         if op.has_pending_request:
             to_signal.add(op.cluster_id)
-    # RLix iterates a Python set here (hash order); sorted order keeps the model deterministic.
-    for cid in sorted(to_signal):
-        if state.pending_in(Priority.GENERATION, cid) is not None:
-            _signal(state, out, cycle, cid, Priority.GENERATION, sorted(state.allocations[cid].gpu_ids))
-
-    if state.planned_releases:  # rarely any: skip the snapshot copy below
-        _ack_planned_releases(state, cp, opts, out)
-    return CommitResult(out, skipped)
+    return to_signal
 
 
 def _ack_planned_releases(state: SchedulerState, cp: CyclePlan, opts: SchedulerOptions, out: List[Signal]) -> None:

@@ -23,16 +23,16 @@ inputs — RLix's fail-fast shutdown.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from harness.ordered_sum import ordered_sum
 from harness.scheduler.commit import CommitResult, Signal, commit_cycle
 from harness.scheduler.cycle import CycleFailure, CyclePlan, plan_cycle
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.planner import PlannerLimitExceeded
 from harness.scheduler.progress import ProgressReport
+from harness.scheduler.rebalance import background_rebalance_reason
+from harness.scheduler.records import jsonable, plan_record, signal_record
 from harness.scheduler.state import SchedulerState
 from harness.scheduler.types import (
     GENERATION_CLUSTER,
@@ -55,64 +55,6 @@ class Ticket:
     request_id: int
     done: bool
     gpus: List[int]
-
-
-def _shrunk_bundle(state: SchedulerState, cluster_id: str, rank: int) -> List[int]:
-    alloc = state.allocations.get(cluster_id)
-    if alloc is not None and rank in alloc.dp_rank_to_gpus:
-        return list(alloc.dp_rank_to_gpus[rank])
-    return state.registry[parse_cluster_id(cluster_id)[0]].infer.bundle(rank)
-
-
-def plan_record(cp: CyclePlan, state: SchedulerState) -> Dict[str, Any]:
-    """The decision record of a plan, with every dp rank's GPU bundle spelled out.
-
-    Its key order is the event log's ("kind" first), so the model appends it as is.
-    """
-    plan = cp.plan
-    return {
-        "kind": "plan",
-        "cycle": cp.cycle,
-        "shrinks": [
-            {
-                "cluster_id": op.cluster_id,
-                "bundles": [
-                    {"dp_rank": r, "gpus": _shrunk_bundle(state, op.cluster_id, r)} for r in op.dp_ranks_to_remove
-                ],
-            }
-            for op in plan.shrinks
-        ],
-        "signals": [
-            {"cluster_id": op.cluster_id, "priority": op.priority.name, "gpus": list(op.gpus)} for op in plan.signals
-        ],
-        "expands": [
-            {
-                "cluster_id": op.cluster_id,
-                "has_pending_request": op.has_pending_request,
-                "bundles": [{"dp_rank": r, "gpus": list(g)} for r, g in op.dp_rank_to_gpus.items()],
-            }
-            for op in plan.expands
-        ],
-    }
-
-
-def signal_record(s: Signal) -> Dict[str, Any]:
-    rec: Dict[str, Any] = {
-        "kind": "signalled",
-        "request_id": s.request_id,
-        "waiter": s.kind,
-        "cluster_id": s.cluster_id,
-        "priority": s.priority.name if s.priority is not None else None,
-        "gpus": list(s.gpus),
-        "cycle": s.cycle,
-        "error": s.error,
-    }
-    # Signal.shrink_executed stays in the model (its own tests read it) and out of the
-    # log: no check may read what the system under test says about its own correctness.
-    return rec
-
-
-_GENERATION = Priority.GENERATION  # the enum attribute lookup is slow enough to show up per poll
 
 
 class SchedulerModel:
@@ -377,7 +319,7 @@ class SchedulerModel:
             cp = plan_cycle(self.state, self.options, reason=reason)
         except PlanValidationError as e:
             self._emit(
-                "validation_failed", cycle=cycle, condition=e.condition, message=e.message, context=_jsonable(e.context)
+                "validation_failed", cycle=cycle, condition=e.condition, message=e.message, context=jsonable(e.context)
             )
             self._fail(f"plan validation failed: condition {e.condition}: {e.message}")
             return None
@@ -448,33 +390,10 @@ class SchedulerModel:
     # ------------------------------------------------------------------ background rebalance
     def background_rebalance_reason(self) -> Optional[str]:
         """RLix's 1 s poll trigger (docs/modelled-systems.md#rlix-scheduling-loop-and-background-rebalance): "2.2" (suspended GEN cluster with demand),
-        "2.1" (worst-half demand/GPU share deviates > threshold), or None."""
-        st = self.state
-        if self.failed is not None or st.has_waiters():
+        "2.1" (worst-half demand/GPU share deviates > threshold), or None (also once the model failed)."""
+        if self.failed is not None:
             return None
-        rows = []
-        for cid, alloc in st.allocations.items():
-            if alloc.priority != _GENERATION:
-                continue
-            pid, name = parse_cluster_id(cid)
-            if name != GENERATION_CLUSTER or pid not in st.registry:
-                continue
-            tp = st.registry[pid].infer.tp_size
-            remaining, required = st.progress.totals(pid)
-            if not alloc.active_dp_ranks and remaining > 0.0:
-                return "2.2"
-            completion = 0.0 if required <= 0.0 else max(0.0, 1.0 - remaining / required)
-            rows.append((completion, remaining * tp, len(alloc.active_dp_ranks) * tp))
-        if len(rows) < 2:
-            return None
-        total_w = ordered_sum(r[1] for r in rows)
-        total_g = sum(r[2] for r in rows)
-        if total_w <= 0.0 or total_g <= 0:
-            return None
-        rows.sort(key=lambda r: r[0])
-        worst = rows[: max(1, math.ceil(len(rows) * self.options.rebalance_worst_fraction))]
-        deviation = abs(ordered_sum(r[1] for r in worst) / total_w - sum(r[2] for r in worst) / float(total_g)) * 100.0
-        return "2.1" if deviation > self.options.rebalance_threshold_pp else None
+        return background_rebalance_reason(self.state, self.options)
 
     # ------------------------------------------------------------------ views
     def snapshot(self) -> Dict[str, Any]:
@@ -491,12 +410,3 @@ class SchedulerModel:
                 for cid, a in st.allocations.items()
             },
         }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        items = sorted(value) if isinstance(value, set) else value
-        return [_jsonable(v) for v in items]
-    return value

@@ -201,7 +201,17 @@ def _pipeline_states(rows, fractions) -> List[_PipelineState]:
 
 
 def gap_ratio_plan(plan: ExecutionPlan, inp: GapRatioInputs) -> GapRatioResult:
-    """Add GENERATION shrink/expand ops to ``plan``; return the GPUs left idle."""
+    """Add GENERATION shrink/expand ops to ``plan``; return the GPUs left idle.
+
+    A transcription of RLix's ``plan_generation_gap_ratio`` (rlops/rlix,
+    ``rlix/scheduler/planner.py`` at f77d913, branch nemo; the MILES demand floor of
+    ``demand_floor`` at d455b0c): the same targets, acceptor order, candidate scores, donor
+    order, one-bundle-per-iteration loop and bounds, with the data structures of the module
+    docstring in place of upstream's rescans. It is kept in one function, with its helpers
+    nested as upstream nests its own, so that it can be read step by step beside the
+    upstream function; being longer than the project's ~80-line rule is deliberate.
+    ``tests/unit/oracle_gap_ratio.py`` is the literal, unoptimized transcription that
+    ``tests/unit/test_planner_equivalence.py`` compares it with on random states."""
     eps = inp.epsilon
     removed_by_plan: Dict[str, Set[int]] = {}
     for op in plan.shrinks:

@@ -108,6 +108,15 @@ def validate_plan(
     ``universe`` is the union of all registered device mappings; the currently known
     pool (idle ∪ allocated) is added here, as RLix does, so unmapped GPUs do not trip
     condition 8.
+
+    A transcription of RLix's ``validate_execution_plan`` (rlops/rlix,
+    ``rlix/scheduler/validation.py`` at f77d913, branch nemo): the same 11 conditions,
+    checked in the same order over the same simulated application of the plan, so the
+    first broken condition (and its number) is the one RLix reports. What differs is cost:
+    only the allocations the plan touches are copied, and an empty plan or a final state
+    with nothing counted twice skips the scans that would only name a culprit. It is kept
+    in one function, as upstream's is, so that it can be read check by check beside the
+    upstream function; being longer than the project's ~80-line rule is deliberate.
     """
     gpu_lists = [alloc.gpu_ids for alloc in allocations.values()]
     held = sum(map(len, gpu_lists))

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from harness.scheduler.cycle import CyclePlan, _resize_calls
-from harness.scheduler.model import SchedulerModel, plan_record
+from harness.scheduler.model import SchedulerModel
+from harness.scheduler.records import plan_record
 from harness.scheduler.options import SchedulerOptions
 from harness.scheduler.progress import ProgressReport
 from harness.scheduler.types import ExecutionPlan, ExpandOp, PlanValidationError, Priority, ShrinkOp, SignalOp

@@ -91,60 +91,12 @@ class Simulation:
             explore = dataclasses.replace(explore, steps=pilot_steps(scenario, lambda spec: _pilot(scenario, spec)))
         self.explore = explore
         self.env = SimEnv(explorer=None if explore is None else Explorer(explore))
-        c = scenario.cluster
-        if scenario.scheduler.get("implementation", "model") == "rlix":  # RLix's own scheduler (docs/rlix-live.md)
-            from simulators.rlix_live.in_loop import scheduler_for
-
-            self.model = scheduler_for(ClusterTopology(c.nodes, c.gpus_per_node), dict(scenario.scheduler))
-        else:
-            self.model = SchedulerModel(
-                ClusterTopology(c.nodes, c.gpus_per_node), SchedulerOptions.from_mapping(scenario.scheduler)
-            )
-        options = self.model.options
-        header = header_record(
-            {
-                "nodes": c.nodes,
-                "gpus_per_node": c.gpus_per_node,
-                "vram_gib": c.vram_bytes / (1 << 30),
-                "host_ram_bytes": c.host_ram_bytes,
-            },  # the host_ram check's capacity
-            scheduler=options.to_mapping(),
-            source="simulator",
-            meta={
-                "scenario": scenario.name,
-                "seed": scenario.seed,
-                "horizon_s": scenario.horizon_s,
-                # each pipeline's type: an expectation's `pipeline` matches a type in every command
-                # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
-                "pipeline_types": {p.name: p.type for p in scenario.pipelines},
-                # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
-                "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
-                # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
-                "handover_margin_bytes": scenario.costs.handover_margin_bytes,
-                # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
-                "idle_bundle_bound_s": idle_bundle_bounds(scenario),
-                # the trajectory_age check's bound per pipeline with a trajectory buffer
-                "max_trajectory_age_steps": {
-                    p.name: _age_bound(p) for p in scenario.pipelines if p.type != "single_controller"
-                },
-                # the version_span check's settings per disaggregated pipeline (version_span.py)
-                **_version_span_meta(scenario),
-                # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
-                **_timeouts_meta(scenario.costs),
-                # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
-                **({} if explore is None else {"explore": explore.describe()}),
-                # RLix's own scheduler decided (scheduler.implementation: rlix)
-                **(
-                    {"scheduler_implementation": f"rlix {self.model.mods.version}"}
-                    if hasattr(self.model, "mods")
-                    else {}
-                ),
-            },
-        )
+        self.model = _scheduler(scenario)
+        header = _header_record(scenario, self.model, explore)
         self.log = (
             EventLog(header) if sink is None and not consumers else StreamedLog(header, sink, consumers, per_chunk)
         )
-        self.cluster = SimCluster(self.env, c, listener=self._on_vram, host_listener=self._on_host_ram)
+        self.cluster = SimCluster(self.env, scenario.cluster, listener=self._on_vram, host_listener=self._on_host_ram)
         self.waiters: Dict[int, simpy.Event] = {}
         self._run_handlers: Dict[type, Callable[[Any], Any]] = {}  # effect class -> bound handler (_handle)
         self.wake = self.env.event()
@@ -376,6 +328,59 @@ class Simulation:
                 self.progress(
                     f"  t={env.now:9.1f}s  steps {done}/{total}  events {self.log.made}  wall {now - t0:5.1f}s"
                 )
+
+
+def _scheduler(scenario: Scenario) -> Any:
+    """The scenario's scheduler: the model, or RLix's own (``scheduler.implementation: rlix``, docs/rlix-live.md)."""
+    c = scenario.cluster
+    if scenario.scheduler.get("implementation", "model") == "rlix":  # RLix's own scheduler (docs/rlix-live.md)
+        from simulators.rlix_live.in_loop import scheduler_for
+
+        return scheduler_for(ClusterTopology(c.nodes, c.gpus_per_node), dict(scenario.scheduler))
+    return SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), SchedulerOptions.from_mapping(scenario.scheduler))
+
+
+def _header_record(scenario: Scenario, model: Any, explore: Optional[ExploreSpec]) -> Dict[str, Any]:
+    """The event log's header: the cluster, the scheduler's options, and in ``meta`` what
+    the oracle's checks read of the scenario (their bounds and thresholds) and how the run
+    was ordered."""
+    c = scenario.cluster
+    return header_record(
+        {
+            "nodes": c.nodes,
+            "gpus_per_node": c.gpus_per_node,
+            "vram_gib": c.vram_bytes / (1 << 30),
+            "host_ram_bytes": c.host_ram_bytes,
+        },  # the host_ram check's capacity
+        scheduler=model.options.to_mapping(),
+        source="simulator",
+        meta={
+            "scenario": scenario.name,
+            "seed": scenario.seed,
+            "horizon_s": scenario.horizon_s,
+            # each pipeline's type: an expectation's `pipeline` matches a type in every command
+            # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
+            "pipeline_types": {p.name: p.type for p in scenario.pipelines},
+            # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
+            "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+            # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
+            "handover_margin_bytes": scenario.costs.handover_margin_bytes,
+            # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
+            "idle_bundle_bound_s": idle_bundle_bounds(scenario),
+            # the trajectory_age check's bound per pipeline with a trajectory buffer
+            "max_trajectory_age_steps": {
+                p.name: _age_bound(p) for p in scenario.pipelines if p.type != "single_controller"
+            },
+            # the version_span check's settings per disaggregated pipeline (version_span.py)
+            **_version_span_meta(scenario),
+            # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
+            **_timeouts_meta(scenario.costs),
+            # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
+            **({} if explore is None else {"explore": explore.describe()}),
+            # RLix's own scheduler decided (scheduler.implementation: rlix)
+            **({"scheduler_implementation": f"rlix {model.mods.version}"} if hasattr(model, "mods") else {}),
+        },
+    )
 
 
 def _succeed_with(arg: Any) -> None:

@@ -1,7 +1,12 @@
 """A slow, literal oracle for RLix's gap-ratio GENERATION planner.
 
-Written from the algorithm as documented in docs/modelled-systems.md#rlix-gap-ratio-planner (and checked against
-a reading of RLix's ``plan_generation_gap_ratio``), deliberately without any of the
+A transcription of RLix's ``plan_generation_gap_ratio`` (rlops/rlix,
+``rlix/scheduler/planner.py`` at f77d913, branch nemo), written from the algorithm as
+documented in docs/modelled-systems.md#rlix-gap-ratio-planner and checked against a reading
+of that function. :func:`oracle_gap_ratio` is kept in one piece, longer than the
+project's ~80-line rule on purpose, so that it can be read step by step beside the
+upstream function (its phases in upstream's order, under the names of the documented
+algorithm rather than upstream's). It is deliberately without any of the
 production planner's shortcuts: every iteration recomputes every gap and every shrink
 budget, re-sorts every acceptor, and scores every available inactive rank of an
 acceptor from scratch. It exists only so ``test_planner_equivalence`` can compare

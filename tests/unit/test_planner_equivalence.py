@@ -193,7 +193,38 @@ def tp_groups(draw, n: int, tp: int) -> List[int]:
 
 @st.composite
 def planner_cases(draw) -> PlannerCase:
+    """A random planner input, drawn in the order ownership forms: the registry, non-GEN
+    (INIT) holds, GEN active ranks, pre-existing shrinks, the idle rest, then the demand."""
     n = draw(st.integers(2, 16))
+    registry, pids = _draw_registry(draw, n)
+    owner: Dict[int, str] = {}
+    reserved: Set[int] = set(draw(st.sets(st.integers(0, n - 1), max_size=n // 3))) if draw(rarely(2)) else set()
+    allocations: Dict[str, ClusterAllocation] = {}
+    _draw_init_grants(draw, registry, pids, owner, reserved, allocations)
+    active = _draw_active_ranks(draw, registry, pids, owner, reserved, allocations)
+    shrinks, idle = _draw_shrinks(draw, registry, active, owner, reserved)
+    # the rest: idle, or in limbo (neither idle nor owned nor reserved: e.g. held by an
+    # allocation the planner does not see); a scarce idle pool forces the donor path
+    idle_p = draw(st.sampled_from([1.0, 1.0, 0.3, 0.0]))
+    for g in range(n):
+        if g in owner or g in reserved or g in idle:
+            continue
+        if draw(st.floats(0, 1)) <= idle_p:
+            idle.add(g)
+    pending, totals = _draw_demand(draw, pids)
+    remove: Set[str] = set()
+    if draw(rarely(15)):
+        remove.add(f"{draw(st.sampled_from(pids))}_actor_infer")
+    eps = draw(st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.1]))
+    max_act, max_it = 1_000, 10_000
+    if draw(rarely(15)):
+        max_act = draw(st.integers(0, 3))
+        max_it = draw(st.integers(1, 6))
+    return PlannerCase(registry, allocations, reserved, idle, pending, totals, shrinks, remove, eps, max_it, max_act)
+
+
+def _draw_registry(draw, n: int) -> Tuple[Dict[str, PipelineEntry], List[str]]:
+    """1-6 pipelines on ``n`` GPUs, registered in an order that is not their ids' order."""
     n_pipes = draw(st.integers(1, 6))
     registry: Dict[str, PipelineEntry] = {}
     pids = draw(st.permutations([f"p{i}" for i in range(n_pipes)]))  # registry order != id order
@@ -201,12 +232,11 @@ def planner_cases(draw) -> PlannerCase:
         tps = [1, 2] + ([4] if n >= 4 else [])
         tp = draw(st.sampled_from(tps).filter(lambda t: t <= n))
         registry[pid] = entry(pid, tp, draw(tp_groups(n, tp)))
+    return registry, pids
 
-    owner: Dict[int, str] = {}
-    reserved: Set[int] = set(draw(st.sets(st.integers(0, n - 1), max_size=n // 3))) if draw(rarely(2)) else set()
-    allocations: Dict[str, ClusterAllocation] = {}
 
-    # a few actor_infer clusters held at a non-GEN priority (INIT grant): whole mapping, reserved
+def _draw_init_grants(draw, registry, pids, owner: Dict[int, str], reserved: Set[int], allocations) -> None:
+    """A few actor_infer clusters held at a non-GEN priority (INIT grant): whole mapping, reserved."""
     for pid in pids:
         e = registry[pid]
         m = set(e.infer.device_mapping)
@@ -218,7 +248,11 @@ def planner_cases(draw) -> PlannerCase:
             for g in m:
                 owner[g] = pid
 
-    # GEN active ranks with disjoint ownership (in a drawn pipeline order)
+
+def _draw_active_ranks(
+    draw, registry, pids, owner: Dict[int, str], reserved: Set[int], allocations
+) -> Dict[str, Set[int]]:
+    """GEN active ranks with disjoint ownership (in a drawn pipeline order)."""
     act_order = draw(st.permutations(list(pids)))
     active: Dict[str, Set[int]] = {}
     p_active = draw(st.sampled_from([0.8, 1.0, 0.5, 0.2]))
@@ -239,8 +273,14 @@ def planner_cases(draw) -> PlannerCase:
         if ranks or draw(rarely(4)):
             allocations[cid] = gen_alloc(pid, e, ranks)  # possibly an entry with no active ranks
             active[pid] = ranks
+    return active
 
-    # pre-existing shrink ops (Phase 0.5 planned releases / Phase 2 preemption)
+
+def _draw_shrinks(
+    draw, registry, active: Dict[str, Set[int]], owner: Dict[int, str], reserved: Set[int]
+) -> Tuple[List[ShrinkOp], Set[int]]:
+    """Pre-existing shrink ops (Phase 0.5 planned releases / Phase 2 preemption); a shrunk
+    bundle's GPUs go to the reserved set or the idle one, which is returned."""
     shrinks: List[ShrinkOp] = []
     idle: Set[int] = set()
     if draw(rarely(3)):
@@ -259,16 +299,12 @@ def planner_cases(draw) -> PlannerCase:
                         del owner[g]
                         (reserved if to_reserved else idle).add(g)
         draw(st.randoms()).shuffle(shrinks)
+    return shrinks, idle
 
-    # the rest: idle, or in limbo (neither idle nor owned nor reserved: e.g. held by an
-    # allocation the planner does not see); a scarce idle pool forces the donor path
-    idle_p = draw(st.sampled_from([1.0, 1.0, 0.3, 0.0]))
-    for g in range(n):
-        if g in owner or g in reserved or g in idle:
-            continue
-        if draw(st.floats(0, 1)) <= idle_p:
-            idle.add(g)
 
+def _draw_demand(draw, pids) -> Tuple[Dict[str, Optional[int]], Dict[str, Tuple[float, float]]]:
+    """Pending GEN requests with their step estimates (positive, none, or not positive) and
+    progress totals (none, whole or fractional trajectories)."""
     pending: Dict[str, Optional[int]] = {}
     totals: Dict[str, Tuple[float, float]] = {}
     for pid in pids:
@@ -291,16 +327,7 @@ def planner_cases(draw) -> PlannerCase:
             req = draw(st.integers(1, 7)) * 3
             done = draw(st.integers(0, req * 3)) / 3.0
             totals[pid] = (max(0.0, req - done), float(req))
-
-    remove: Set[str] = set()
-    if draw(rarely(15)):
-        remove.add(f"{draw(st.sampled_from(pids))}_actor_infer")
-    eps = draw(st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.1]))
-    max_act, max_it = 1_000, 10_000
-    if draw(rarely(15)):
-        max_act = draw(st.integers(0, 3))
-        max_it = draw(st.integers(1, 6))
-    return PlannerCase(registry, allocations, reserved, idle, pending, totals, shrinks, remove, eps, max_it, max_act)
+    return pending, totals
 
 
 # not derandomized: each suite run draws 150 new cases (was 300; the explicit cases below pin the known ones)
