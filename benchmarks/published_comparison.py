@@ -195,13 +195,17 @@ def fit_workload(data: dict):
 
 def fit_colocated_train_factor(data: dict) -> float:
     """The colocated-training factor: the geometric mean, over the asynchronous/synchronous
-    pairs whose two rows are both fitted, of the colocated row's training GPU-seconds over the
-    dedicated row's (its training GPUs: ``gpus - rollout_gpus``). Held-out rows are not read."""
+    pairs whose two rows are both fitted and both publish their training seconds, of the
+    colocated row's training GPU-seconds over the dedicated row's (its training GPUs:
+    ``gpus - rollout_gpus``). Held-out rows are not read; a pair publishing step times only
+    (NeMo RL's) has no training seconds to read."""
     rows = {r["id"]: r for r in data["rows"]}
     logs = []
     for first, second, kind in data["pairs"]:
         sync, dedicated = rows[first], rows[second]
         if kind != "async_sync" or "fitted" != sync["split"] or "fitted" != dedicated["split"]:
+            continue
+        if "training" not in sync.get("published", {}) or "training" not in dedicated.get("published", {}):
             continue
         colocated_s = sync["gpus"] * sync["published"]["training"]
         dedicated_s = (dedicated["gpus"] - dedicated["rollout_gpus"]) * dedicated["published"]["training"]

@@ -50,18 +50,32 @@ def test_every_row_is_sourced_and_every_pair_is_in_the_set():
         assert first in ids and second in ids and kind in ("async_sync", "scaling")
 
 
-def test_verl_rows_build_the_shape_they_name():
+def test_every_row_builds_the_shape_it_names():
+    """A verl row's scenario is built from its workload, a NeMo RL row's is a file: either way
+    the pipeline runs the row's shape on the row's split of GPUs."""
     b, data = _bench(), _data()
     for r in data["rows"]:
-        if "workload" not in r:
-            continue
-        scenario = b.row_scenario(r, data)
-        pipe = scenario.pipelines[0]
+        pipe = b.row_scenario(r, data).pipelines[0]
         if r["shape"] == "colocated_sync":
-            assert pipe.type == "roll_sync" and len(pipe.train_gpus) == r["gpus"]
+            assert pipe.type == "roll_sync" and len(pipe.train_gpus) == r["gpus"], r["id"]
         else:
-            assert pipe.type == "disaggregated" and len(pipe.infer_gpus) == r["rollout_gpus"]
+            assert pipe.type == "disaggregated" and pipe.disaggregated.shape == r["shape"], r["id"]
+            assert len(pipe.infer_gpus) == r["rollout_gpus"], r["id"]
+            assert len(pipe.train_gpus) + len(pipe.infer_gpus) == r["gpus"], r["id"]
             assert not set(pipe.train_gpus) & set(pipe.infer_gpus)
+
+
+def test_a_row_publishing_only_its_step_cannot_move_the_colocated_training_factor():
+    """The factor reads training seconds; a fitted pair that publishes none (NeMo RL's
+    asynchronous rows) is skipped, not read as a zero or a failure."""
+    data = _data()
+    ids = {r["id"]: r for r in data["rows"]}
+    pairs = [p for p in data["pairs"] if p[2] == "async_sync"]
+    step_only = [p for p in pairs if "training" not in ids[p[1]].get("published", {"training": 0})]
+    assert step_only, "the set has an asynchronous pair publishing step times only"
+    before = _bench().fit_colocated_train_factor(data)
+    data["pairs"] = [p for p in data["pairs"] if p not in step_only]
+    assert _bench().fit_colocated_train_factor(data) == before
 
 
 def test_the_cost_models_colocated_training_factor_is_the_fit_on_fitted_pairs_only():
@@ -87,7 +101,7 @@ def test_every_mixture_of_experts_row_names_its_experts():
             if model.experts_per_token:
                 moe_rows += 1
                 assert model.num_experts > model.experts_per_token, r["id"]
-    assert moe_rows == 5  # the NeMo RL Qwen3-30B-A3B (three) and Qwen3-235B-A22B (two) rows
+    assert moe_rows == 7  # the NeMo RL Qwen3-30B-A3B (four) and Qwen3-235B-A22B (three) rows
 
 
 def test_a_bundled_scenario_rows_gpu_count_is_its_scenarios():
