@@ -35,6 +35,10 @@ TOLERANCE = 0.25
 #: answers at the length cap
 MEAN_GRID = range(600, 2401, 100)
 CAP_SHARE_GRID = (0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
+#: the grid of the AReaL workloads' one fitted figure, the mean answer length (tokens; cap 27,648)
+LONG_MEAN_GRID = range(4000, 20001, 500)
+#: the workloads that share AReaL's fitted mean (the first one's fitted rows are what it is fitted on)
+AREAL_WORKLOADS = ("areal_boba_r1_distill_1.5b", "areal_boba_r1_distill_7b")
 
 
 def load_set(path: str = SET_PATH) -> dict:
@@ -54,13 +58,34 @@ def _gpus(first: int, count: int) -> list:
     return list(range(first, first + count))
 
 
-def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float) -> dict:
-    """The scenario mapping of a verl row: the workload's recipe figures, the row's GPUs and shape.
-    A colocated row is one roll_sync pipeline on every GPU (verl's hybrid engine); an asynchronous
-    row a disaggregated pipeline with ``rollout_gpus`` generating and the rest training."""
+#: the set's shape names of a disaggregated row -> the disaggregated pipeline's shape
+DISAGGREGATED_SHAPES = {"disaggregated_sync": "sync", "one_step_off": "one_step_off", "fully_async": "fully_async"}
+
+
+def _train_layout(workload: dict, train: int, mean_tokens: float) -> dict:
+    """The training layout fields of a workload row. FSDP2 (verl): Ulysses SP and one
+    micro-batch per SP group per mini-batch (verl's dynamic batching at these lengths).
+    Megatron (AReaL): its pipeline stages, and the sequences a micro-batch of the recipe's
+    token budget holds at the mean length."""
+    if workload.get("train_backend", "fsdp2") == "fsdp2":
+        sp = workload["train_sp"]
+        return {"train_backend": "fsdp2", "train_sp": sp, "train_micro_batch": max(1, 512 * sp // train)}
+    per_sequence = workload["prompt_tokens"] + mean_tokens
+    return {
+        "train_backend": "megatron",
+        "train_pp": int(workload.get("train_pp", 1)),
+        "train_micro_batch": max(1, int(workload["train_tokens_per_micro_batch"] // per_sequence)),
+    }
+
+
+def workload_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float) -> dict:
+    """The scenario mapping of a row built from its workload: the workload's recipe figures,
+    the row's GPUs and shape. A colocated row is one roll_sync pipeline on every GPU (verl's
+    hybrid engine); a disaggregated row a disaggregated pipeline with ``rollout_gpus``
+    generating and the rest training."""
     from simulators.costmodel import formulas as f
 
-    cap = int(row.get("decode_tokens_max", 28672))
+    cap = int(row.get("decode_tokens_max", workload.get("decode_tokens_max", 28672)))
     sigma = float(workload["decode_tokens_sigma"])
     n, rollout = int(row["gpus"]), int(row.get("rollout_gpus", 0))
     train = n - rollout if rollout else n
@@ -76,14 +101,12 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float
     pipe = {
         "name": "grpo",
         "infer_tp": workload["infer_tp"],
-        "train_backend": "fsdp2",
-        "train_sp": workload["train_sp"],
-        "train_global_batch": 512,
-        "log_prob_passes": int(row.get("log_prob_passes", 1)),
+        "train_global_batch": int(workload.get("train_global_batch", 512)),
+        "log_prob_passes": int(row.get("log_prob_passes", workload.get("log_prob_passes", 1))),
         "train_recompute": bool(workload["train_recompute"]),
-        "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
         "model": {"preset": workload["model"]},
         "workload": load,
+        **_train_layout(workload, train, mean_tokens),
     }
     if row["shape"] == "colocated_sync":
         pipe.update(
@@ -101,11 +124,12 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float
             infer_gpus=_gpus(train, rollout),
             steps=4,
             disaggregated={
-                "shape": row["shape"],
+                "shape": DISAGGREGATED_SHAPES[row["shape"]],
                 **({"weight_sync": "pause"} if row["shape"] == "fully_async" else {}),
             },
         )
-        load["max_trajectory_age_steps"] = 1
+        if row["shape"] != "disaggregated_sync":
+            load["max_trajectory_age_steps"] = 1
     return {
         "name": row["id"],
         "seed": 0,
@@ -139,7 +163,7 @@ def row_scenario(row: dict, data: dict, mean_tokens=None, cap_share=None):
     workload = data["workloads"][row["workload"]]
     mean = workload["decode_tokens_mean"] if mean_tokens is None else mean_tokens
     share = workload["decode_tokens_cap_share"] if cap_share is None else cap_share
-    scenario = scenario_from_mapping(verl_mapping(row, workload, float(mean), float(share)), SET_PATH)
+    scenario = scenario_from_mapping(workload_mapping(row, workload, float(mean), float(share)), SET_PATH)
     check_feasible(scenario, SET_PATH)
     return scenario
 
@@ -174,7 +198,7 @@ def fit_workload(data: dict):
     rows = [
         r
         for r in data["rows"]
-        if r.get("workload")
+        if r.get("workload") == "verl_dapo_qwen2.5_math_7b"
         and r["split"] == "fitted"
         and r["shape"] == "colocated_sync"
         and "decode_tokens_max" not in r
@@ -191,6 +215,23 @@ def fit_workload(data: dict):
     mean = _grid_min("mean", MEAN_GRID, lambda m: loss(trained, m, 0.0))
     share = _grid_min("cap share", CAP_SHARE_GRID, lambda s: loss(lambda st: st["generation"], mean, s))
     return float(mean), float(share)
+
+
+def fit_areal_mean(data: dict) -> float:
+    """AReaL's mean answer length: least squares on the log of the step seconds of the fitted
+    rows of its workloads (only the 1.5B's rows are fitted; held-out rows are not read), the
+    share at the cap held at the workload's (0: the published truncation rate is only bounded)."""
+    rows = [r for r in data["rows"] if r.get("workload") in AREAL_WORKLOADS and r["split"] == "fitted"]
+
+    def loss(mean):
+        total = 0.0
+        for r in rows:
+            share = data["workloads"][r["workload"]]["decode_tokens_cap_share"]
+            step, _ = simulate(row_scenario(r, data, mean, share))
+            total += math.log(step / r["published"]["step"]) ** 2
+        return total
+
+    return float(_grid_min("mean", LONG_MEAN_GRID, loss))
 
 
 def fit_colocated_train_factor(data: dict) -> float:
@@ -264,7 +305,7 @@ def print_pairs(data: dict, results: dict) -> None:
         pub, sim = p2["step"] / p1["step"], s2 / s1
         ok = (pub < 1) == (sim < 1)
         right += ok
-        label = {"async_sync": "async/sync = disaggregated/colocated", "scaling": "2N / N GPUs"}[kind]
+        label = {"async_sync": "async/sync = disaggregated/colocated", "scaling": "more / fewer GPUs"}[kind]
         print(f"  {second:28} / {first:28} {label:38} {pub:5.2f} {sim:5.2f}  direction {'right' if ok else 'WRONG'}")
     print(f"  direction right on {right} of {len(data['pairs'])} pairs")
 
@@ -281,6 +322,7 @@ def main(argv=None) -> int:
     if args.fit:
         mean, share = fit_workload(copy.deepcopy(data))
         print(f"fitted: mean generated length {mean:.0f} tokens, share at the cap {share:g}")
+        print(f"fitted: AReaL's mean answer length {fit_areal_mean(copy.deepcopy(data)):.0f} tokens")
         print(f"fitted: colocated-training factor {fit_colocated_train_factor(data):.2f}")
         return 0
     results = run_rows(data)
