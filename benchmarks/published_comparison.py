@@ -1,19 +1,20 @@
 """The published comparison set, simulated (a printed comparison, not a test).
 
 Reads examples/published/comparison/set.yaml: published step times of RL post-training runs
-(NeMo RL on H100, verl on H20; colocated synchronous, one-step-off and fully asynchronous), each
-row citing its source, a third of the rows held out by a hash of the row id before anything was
-fitted. Runs every row with the cost model's one shared set of factors and prints, fitted and
-held-out apart: per row published / simulated / error of the step time and the stage shares;
-then every published pair's ratio (async / sync, which is also colocated / disaggregated here,
-and N -> 2N GPUs) with its direction right or wrong.
+(NeMo RL on H100, verl on H20, AReaL on H800; colocated synchronous, disaggregated synchronous,
+one-step-off and fully asynchronous), each row citing its source, a third of the rows held out by
+a hash of the row id. Runs every row with the cost model's one shared set of factors and prints,
+fitted and held-out apart: per row published / simulated / error of the step time and the stage
+shares; then every published pair's ratio (async / sync, which is also colocated / disaggregated
+here, and fewer -> more GPUs) with its direction right or wrong.
 
     python benchmarks/published_comparison.py [--fit]
 
 ``--fit`` re-fits the set's fitted figures and prints them: the verl workload's mean generated
-length and share of answers at the cap (on its fitted colocated rows; the file keeps them), and
-the cost model's colocated-training factor (on the published pairs whose two rows are both
-fitted; ``simulators/costmodel/colocation.py`` keeps it).
+length and share of answers at the cap (on its fitted colocated rows), AReaL's mean answer
+length (on its fitted rows; the file keeps all three), and the cost model's colocated-training
+factor (on the published pairs whose two rows are both fitted and publish training seconds;
+``simulators/costmodel/colocation.py`` keeps it).
 """
 
 from __future__ import annotations
