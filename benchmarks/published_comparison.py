@@ -1,19 +1,20 @@
 """The published comparison set, simulated (a printed comparison, not a test).
 
 Reads examples/published/comparison/set.yaml: published step times of RL post-training runs
-(NeMo RL on H100, verl on H20; colocated synchronous, one-step-off and fully asynchronous), each
-row citing its source, a third of the rows held out by a hash of the row id before anything was
-fitted. Runs every row with the cost model's one shared set of factors and prints, fitted and
-held-out apart: per row published / simulated / error of the step time and the stage shares;
-then every published pair's ratio (async / sync, which is also colocated / disaggregated here,
-and N -> 2N GPUs) with its direction right or wrong.
+(NeMo RL on H100, verl on H20, AReaL on H800; colocated synchronous, disaggregated synchronous,
+one-step-off and fully asynchronous), each row citing its source, a third of the rows held out by
+a hash of the row id. Runs every row with the cost model's one shared set of factors and prints,
+fitted and held-out apart: per row published / simulated / error of the step time and the stage
+shares; then every published pair's ratio (async / sync, which is also colocated / disaggregated
+here, and fewer -> more GPUs) with its direction right or wrong.
 
     python benchmarks/published_comparison.py [--fit]
 
 ``--fit`` re-fits the set's fitted figures and prints them: the verl workload's mean generated
-length and share of answers at the cap (on its fitted colocated rows; the file keeps them), and
-the cost model's colocated-training factor (on the published pairs whose two rows are both
-fitted; ``simulators/costmodel/colocation.py`` keeps it).
+length and share of answers at the cap (on its fitted colocated rows), AReaL's mean answer
+length (on its fitted rows; the file keeps all three), and the cost model's colocated-training
+factor (on the published pairs whose two rows are both fitted and publish training seconds;
+``simulators/costmodel/colocation.py`` keeps it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ TOLERANCE = 0.25
 #: answers at the length cap
 MEAN_GRID = range(600, 2401, 100)
 CAP_SHARE_GRID = (0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
+#: the grid of the AReaL workloads' one fitted figure, the mean answer length (tokens; cap 27,648)
+LONG_MEAN_GRID = range(4000, 20001, 500)
+#: the workloads that share AReaL's fitted mean (the first one's fitted rows are what it is fitted on)
+AREAL_WORKLOADS = ("areal_boba_r1_distill_1.5b", "areal_boba_r1_distill_7b")
 
 
 def load_set(path: str = SET_PATH) -> dict:
@@ -54,13 +59,34 @@ def _gpus(first: int, count: int) -> list:
     return list(range(first, first + count))
 
 
-def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float) -> dict:
-    """The scenario mapping of a verl row: the workload's recipe figures, the row's GPUs and shape.
-    A colocated row is one roll_sync pipeline on every GPU (verl's hybrid engine); an asynchronous
-    row a disaggregated pipeline with ``rollout_gpus`` generating and the rest training."""
+#: the set's shape names of a disaggregated row -> the disaggregated pipeline's shape
+DISAGGREGATED_SHAPES = {"disaggregated_sync": "sync", "one_step_off": "one_step_off", "fully_async": "fully_async"}
+
+
+def _train_layout(workload: dict, train: int, mean_tokens: float) -> dict:
+    """The training layout fields of a workload row. FSDP2 (verl): Ulysses SP and one
+    micro-batch per SP group per mini-batch (verl's dynamic batching at these lengths).
+    Megatron (AReaL): its pipeline stages, and the sequences a micro-batch of the recipe's
+    token budget holds at the mean length."""
+    if workload.get("train_backend", "fsdp2") == "fsdp2":
+        sp = workload["train_sp"]
+        return {"train_backend": "fsdp2", "train_sp": sp, "train_micro_batch": max(1, 512 * sp // train)}
+    per_sequence = workload["prompt_tokens"] + mean_tokens
+    return {
+        "train_backend": "megatron",
+        "train_pp": int(workload.get("train_pp", 1)),
+        "train_micro_batch": max(1, int(workload["train_tokens_per_micro_batch"] // per_sequence)),
+    }
+
+
+def workload_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float) -> dict:
+    """The scenario mapping of a row built from its workload: the workload's recipe figures,
+    the row's GPUs and shape. A colocated row is one roll_sync pipeline on every GPU (verl's
+    hybrid engine); a disaggregated row a disaggregated pipeline with ``rollout_gpus``
+    generating and the rest training."""
     from simulators.costmodel import formulas as f
 
-    cap = int(row.get("decode_tokens_max", 28672))
+    cap = int(row.get("decode_tokens_max", workload.get("decode_tokens_max", 28672)))
     sigma = float(workload["decode_tokens_sigma"])
     n, rollout = int(row["gpus"]), int(row.get("rollout_gpus", 0))
     train = n - rollout if rollout else n
@@ -76,14 +102,12 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float
     pipe = {
         "name": "grpo",
         "infer_tp": workload["infer_tp"],
-        "train_backend": "fsdp2",
-        "train_sp": workload["train_sp"],
-        "train_global_batch": 512,
-        "log_prob_passes": int(row.get("log_prob_passes", 1)),
+        "train_global_batch": int(workload.get("train_global_batch", 512)),
+        "log_prob_passes": int(row.get("log_prob_passes", workload.get("log_prob_passes", 1))),
         "train_recompute": bool(workload["train_recompute"]),
-        "train_micro_batch": max(1, 512 * workload["train_sp"] // train),
         "model": {"preset": workload["model"]},
         "workload": load,
+        **_train_layout(workload, train, mean_tokens),
     }
     if row["shape"] == "colocated_sync":
         pipe.update(
@@ -101,11 +125,12 @@ def verl_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: float
             infer_gpus=_gpus(train, rollout),
             steps=4,
             disaggregated={
-                "shape": row["shape"],
+                "shape": DISAGGREGATED_SHAPES[row["shape"]],
                 **({"weight_sync": "pause"} if row["shape"] == "fully_async" else {}),
             },
         )
-        load["max_trajectory_age_steps"] = 1
+        if row["shape"] != "disaggregated_sync":
+            load["max_trajectory_age_steps"] = 1
     return {
         "name": row["id"],
         "seed": 0,
@@ -139,7 +164,7 @@ def row_scenario(row: dict, data: dict, mean_tokens=None, cap_share=None):
     workload = data["workloads"][row["workload"]]
     mean = workload["decode_tokens_mean"] if mean_tokens is None else mean_tokens
     share = workload["decode_tokens_cap_share"] if cap_share is None else cap_share
-    scenario = scenario_from_mapping(verl_mapping(row, workload, float(mean), float(share)), SET_PATH)
+    scenario = scenario_from_mapping(workload_mapping(row, workload, float(mean), float(share)), SET_PATH)
     check_feasible(scenario, SET_PATH)
     return scenario
 
@@ -174,7 +199,7 @@ def fit_workload(data: dict):
     rows = [
         r
         for r in data["rows"]
-        if r.get("workload")
+        if r.get("workload") == "verl_dapo_qwen2.5_math_7b"
         and r["split"] == "fitted"
         and r["shape"] == "colocated_sync"
         and "decode_tokens_max" not in r
@@ -193,15 +218,36 @@ def fit_workload(data: dict):
     return float(mean), float(share)
 
 
+def fit_areal_mean(data: dict) -> float:
+    """AReaL's mean answer length: least squares on the log of the step seconds of the fitted
+    rows of its workloads (only the 1.5B's rows are fitted; held-out rows are not read), the
+    share at the cap held at the workload's (0: the published truncation rate is only bounded)."""
+    rows = [r for r in data["rows"] if r.get("workload") in AREAL_WORKLOADS and r["split"] == "fitted"]
+
+    def loss(mean):
+        total = 0.0
+        for r in rows:
+            share = data["workloads"][r["workload"]]["decode_tokens_cap_share"]
+            step, _ = simulate(row_scenario(r, data, mean, share))
+            total += math.log(step / r["published"]["step"]) ** 2
+        return total
+
+    return float(_grid_min("mean", LONG_MEAN_GRID, loss))
+
+
 def fit_colocated_train_factor(data: dict) -> float:
     """The colocated-training factor: the geometric mean, over the asynchronous/synchronous
-    pairs whose two rows are both fitted, of the colocated row's training GPU-seconds over the
-    dedicated row's (its training GPUs: ``gpus - rollout_gpus``). Held-out rows are not read."""
+    pairs whose two rows are both fitted and both publish their training seconds, of the
+    colocated row's training GPU-seconds over the dedicated row's (its training GPUs:
+    ``gpus - rollout_gpus``). Held-out rows are not read; a pair publishing step times only
+    (NeMo RL's) has no training seconds to read."""
     rows = {r["id"]: r for r in data["rows"]}
     logs = []
     for first, second, kind in data["pairs"]:
         sync, dedicated = rows[first], rows[second]
         if kind != "async_sync" or "fitted" != sync["split"] or "fitted" != dedicated["split"]:
+            continue
+        if "training" not in sync.get("published", {}) or "training" not in dedicated.get("published", {}):
             continue
         colocated_s = sync["gpus"] * sync["published"]["training"]
         dedicated_s = (dedicated["gpus"] - dedicated["rollout_gpus"]) * dedicated["published"]["training"]
@@ -260,7 +306,7 @@ def print_pairs(data: dict, results: dict) -> None:
         pub, sim = p2["step"] / p1["step"], s2 / s1
         ok = (pub < 1) == (sim < 1)
         right += ok
-        label = {"async_sync": "async/sync = disaggregated/colocated", "scaling": "2N / N GPUs"}[kind]
+        label = {"async_sync": "async/sync = disaggregated/colocated", "scaling": "more / fewer GPUs"}[kind]
         print(f"  {second:28} / {first:28} {label:38} {pub:5.2f} {sim:5.2f}  direction {'right' if ok else 'WRONG'}")
     print(f"  direction right on {right} of {len(data['pairs'])} pairs")
 
@@ -277,6 +323,7 @@ def main(argv=None) -> int:
     if args.fit:
         mean, share = fit_workload(copy.deepcopy(data))
         print(f"fitted: mean generated length {mean:.0f} tokens, share at the cap {share:g}")
+        print(f"fitted: AReaL's mean answer length {fit_areal_mean(copy.deepcopy(data)):.0f} tokens")
         print(f"fitted: colocated-training factor {fit_colocated_train_factor(data):.2f}")
         return 0
     results = run_rows(data)

@@ -32,7 +32,8 @@ scaled: the fitting rows publish no log-prob pass on dedicated GPUs (their rollo
 log-probs), so nothing sources a factor for it.
 
 Fitted value. The geometric mean of the colocated / dedicated training GPU-seconds over the
-published pairs of the comparison set whose two rows are both in its fitted split
+published pairs of the comparison set whose two rows are both in its fitted split and publish
+their training seconds
 (``examples/published/comparison/set.yaml``: colocated 32 against fully asynchronous 16:16,
 1.720; colocated 128 against 64:64, 2.012), ``benchmarks/published_comparison.py --fit``
 recomputes it; the held-out pairs' figures are not read. The evidence is verl's FSDP2 on H20

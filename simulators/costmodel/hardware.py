@@ -10,6 +10,9 @@ Sources (NVIDIA datasheets, read 2026-11):
   H200 SXM  https://www.nvidia.com/en-us/data-center/h200/ (141 GB, 4.8 TB/s; compute as H100)
   A100 80GB https://www.nvidia.com/en-us/data-center/a100/ (312 TFLOPS BF16, 2,039 GB/s, NVLink 600 GB/s)
   H20       NVIDIA H20 product brief (148 TFLOPS BF16, 96 GB, 4.0 TB/s, NVLink 900 GB/s)
+  H800 SXM  NVIDIA H800 Tensor Core GPU datasheet (SXM5: 1,979 TFLOPS BF16 with sparsity, i.e. 989 dense, as the
+            H100 SXM; 80 GB HBM3, 3.35 TB/s; NVLink 400 GB/s): the H100 SXM's compute and memory with a
+            narrower NVLink
   B200      https://www.nvidia.com/en-us/data-center/dgx-b200/ (per GPU: 2.25 PFLOPS BF16 dense, 180 GB, 7.7 TB/s, NVLink 1.8 TB/s)
   L40S      https://www.nvidia.com/en-us/data-center/l40s/ (362 TFLOPS BF16 dense, 48 GB GDDR6, 864 GB/s, no NVLink, PCIe Gen4)
 """
@@ -42,6 +45,7 @@ GPU_PRESETS: Dict[str, GpuSpec] = {
         GpuSpec("h200", 989e12, 1979e12, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 50 * GB),
         GpuSpec("a100_80gb", 312e12, 0.0, 80 * GiB, 2.039e12, 300 * GB, 25 * GB, 25 * GB),
         GpuSpec("h20", 148e12, 296e12, 96 * GB, 4.0e12, 450 * GB, 50 * GB, 50 * GB),
+        GpuSpec("h800", 989e12, 1979e12, 80 * GiB, 3.35e12, 200 * GB, 50 * GB, 50 * GB),
         GpuSpec("b200", 2250e12, 4500e12, 180 * GB, 7.7e12, 900 * GB, 50 * GB, 50 * GB),
         GpuSpec("l40s", 362e12, 733e12, 48 * GB, 864e9, 0.0, 25 * GB, 25 * GB),
     )

@@ -27,8 +27,8 @@ class ClusterSpec:
     pcie_bytes_per_s: float = 25e9  # per GPU, each direction (H2D, D2H)
     intra_node_bytes_per_s: float = 150e9  # GPU-GPU inside a node (NVLink-class)
     inter_node_bytes_per_s: float = 25e9  # per node NIC
-    # A GPU preset (simulators/costmodel/hardware.py: h100_sxm, h200, a100_80gb, h20, b200,
-    # l40s): sets vram_bytes and the three links where the file gives none, and with a
+    # A GPU preset (simulators/costmodel/hardware.py: h100_sxm, h200, a100_80gb, h20, h800,
+    # b200, l40s): sets vram_bytes and the three links where the file gives none, and with a
     # model's architecture lets the cost model derive each pipeline's costs; "" = none
     gpu: str = ""
 

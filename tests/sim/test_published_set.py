@@ -45,23 +45,39 @@ def test_every_row_is_sourced_and_every_pair_is_in_the_set():
             src = r["source"]
             assert len(src["commit"]) == 40 and src["repo"] and src["path"] and src["where"]
             assert r["published"]["step"] > 0 and r["workload"] in data["workloads"]
-    assert {r["gpu"] for r in data["rows"]} >= {"h100_sxm", "h20"}
+    assert {r["gpu"] for r in data["rows"]} >= {"h100_sxm", "h20", "h800"}
+    assert {r["framework"] for r in data["rows"]} >= {"nemo_rl", "verl", "areal"}
     for first, second, kind in data["pairs"]:
         assert first in ids and second in ids and kind in ("async_sync", "scaling")
 
 
-def test_verl_rows_build_the_shape_they_name():
+def test_every_row_builds_the_shape_it_names():
+    """A verl row's scenario is built from its workload, a NeMo RL row's is a file: either way
+    the pipeline runs the row's shape on the row's split of GPUs."""
     b, data = _bench(), _data()
     for r in data["rows"]:
-        if "workload" not in r:
-            continue
-        scenario = b.row_scenario(r, data)
-        pipe = scenario.pipelines[0]
+        pipe = b.row_scenario(r, data).pipelines[0]
         if r["shape"] == "colocated_sync":
-            assert pipe.type == "roll_sync" and len(pipe.train_gpus) == r["gpus"]
+            assert pipe.type == "roll_sync" and len(pipe.train_gpus) == r["gpus"], r["id"]
         else:
-            assert pipe.type == "disaggregated" and len(pipe.infer_gpus) == r["rollout_gpus"]
+            shape = {"disaggregated_sync": "sync"}.get(r["shape"], r["shape"])
+            assert pipe.type == "disaggregated" and pipe.disaggregated.shape == shape, r["id"]
+            assert len(pipe.infer_gpus) == r["rollout_gpus"], r["id"]
+            assert len(pipe.train_gpus) + len(pipe.infer_gpus) == r["gpus"], r["id"]
             assert not set(pipe.train_gpus) & set(pipe.infer_gpus)
+
+
+def test_a_row_publishing_only_its_step_cannot_move_the_colocated_training_factor():
+    """The factor reads training seconds; a fitted pair that publishes none (NeMo RL's
+    asynchronous rows) is skipped, not read as a zero or a failure."""
+    data = _data()
+    ids = {r["id"]: r for r in data["rows"]}
+    pairs = [p for p in data["pairs"] if p[2] == "async_sync"]
+    step_only = [p for p in pairs if "training" not in ids[p[1]].get("published", {"training": 0})]
+    assert step_only, "the set has an asynchronous pair publishing step times only"
+    before = _bench().fit_colocated_train_factor(data)
+    data["pairs"] = [p for p in data["pairs"] if p not in step_only]
+    assert _bench().fit_colocated_train_factor(data) == before
 
 
 def test_the_cost_models_colocated_training_factor_is_the_fit_on_fitted_pairs_only():
@@ -87,7 +103,7 @@ def test_every_mixture_of_experts_row_names_its_experts():
             if model.experts_per_token:
                 moe_rows += 1
                 assert model.num_experts > model.experts_per_token, r["id"]
-    assert moe_rows == 5  # the NeMo RL Qwen3-30B-A3B (three) and Qwen3-235B-A22B (two) rows
+    assert moe_rows == 7  # the NeMo RL Qwen3-30B-A3B (four) and Qwen3-235B-A22B (three) rows
 
 
 def test_a_bundled_scenario_rows_gpu_count_is_its_scenarios():
@@ -98,3 +114,31 @@ def test_a_bundled_scenario_rows_gpu_count_is_its_scenarios():
         if "scenario" in r:
             scenario = load_scenario(os.path.join(ROOT, "examples", "published", r["scenario"] + ".yaml"))
             assert scenario.cluster.nodes * scenario.cluster.gpus_per_node == r["gpus"], r["id"]
+
+
+def test_a_step_read_from_hours_is_the_hours_over_the_steps():
+    """AReaL publishes a run's hours and steps; the row's step seconds are their quotient."""
+    rows = [r for r in _data()["rows"] if "published_as" in r]
+    assert len(rows) == 5
+    for r in rows:
+        hours, steps = r["published_as"]["hours"], r["published_as"]["steps"]
+        assert abs(r["published"]["step"] - hours * 3600 / steps) < 0.1, r["id"]
+
+
+def test_areals_fitted_mean_reads_only_fitted_rows(monkeypatch):
+    """The AReaL mean is fitted on the step seconds of fitted rows; no held-out row is simulated
+    for it (the simulation is replaced by a recorder: the test is about which rows are read)."""
+    b, data = _bench(), _data()
+    read = []
+
+    def record(scenario):
+        read.append(scenario.name)
+        return 1.0, {}
+
+    monkeypatch.setattr(b, "simulate", record)
+    b.fit_areal_mean(data)
+    splits = {r["id"]: r["split"] for r in data["rows"]}
+    assert read and {splits[i] for i in read} == {"fitted"}
+    assert {i for i in read} == {
+        r["id"] for r in data["rows"] if r.get("workload", "").startswith("areal") and r["split"] == "fitted"
+    }
