@@ -78,7 +78,7 @@ class DisaggregatedSim:
         self.step_s = step if step is not None else (lambda c: (h + c) / T)
         self.collector = Collector(w, "sync", np.random.default_rng(np.random.SeedSequence([sim.scenario.seed, index])))
         self.actor = Actor("pipeline", index, 4)
-        # the field faults of a fully asynchronous pipeline (simulators/scenario/spec.py FaultSpec)
+        # the field faults of a fully asynchronous pipeline (simulators/scenario/fault_catalogue.py FaultSpec)
         self.faults: Dict[str, Any] = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.steps_done = 0
         self.gen_version = 0  # the weights the generation GPUs hold
