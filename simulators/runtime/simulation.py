@@ -71,6 +71,60 @@ def _pilot(scenario: Scenario, spec: ExploreSpec) -> Explorer:
     return sim.env.explorer
 
 
+def _scheduler_model(scenario: Scenario) -> Any:
+    """The scheduler that decides: the model (harness/scheduler/) or, with
+    ``scheduler.implementation: rlix``, RLix's own (docs/rlix-live.md)."""
+    c = scenario.cluster
+    if scenario.scheduler.get("implementation", "model") == "rlix":  # RLix's own scheduler (docs/rlix-live.md)
+        from simulators.rlix_live.in_loop import scheduler_for
+
+        return scheduler_for(ClusterTopology(c.nodes, c.gpus_per_node), dict(scenario.scheduler))
+    return SchedulerModel(ClusterTopology(c.nodes, c.gpus_per_node), SchedulerOptions.from_mapping(scenario.scheduler))
+
+
+def _header(scenario: Scenario, model: Any, explore: Optional[ExploreSpec]) -> dict:
+    """The event log's header: the cluster, the scheduler's options and what the oracle's
+    checks need to know of the scenario (their bounds and margins)."""
+    c = scenario.cluster
+    options = model.options
+    return header_record(
+        {
+            "nodes": c.nodes,
+            "gpus_per_node": c.gpus_per_node,
+            "vram_gib": c.vram_bytes / (1 << 30),
+            "host_ram_bytes": c.host_ram_bytes,
+        },  # the host_ram check's capacity
+        scheduler=options.to_mapping(),
+        source="simulator",
+        meta={
+            "scenario": scenario.name,
+            "seed": scenario.seed,
+            "horizon_s": scenario.horizon_s,
+            # each pipeline's type: an expectation's `pipeline` matches a type in every command
+            # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
+            "pipeline_types": {p.name: p.type for p in scenario.pipelines},
+            # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
+            "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
+            # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
+            "handover_margin_bytes": scenario.costs.handover_margin_bytes,
+            # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
+            "idle_bundle_bound_s": idle_bundle_bounds(scenario),
+            # the trajectory_age check's bound per pipeline with a trajectory buffer
+            "max_trajectory_age_steps": {
+                p.name: _age_bound(p) for p in scenario.pipelines if p.type != "single_controller"
+            },
+            # the version_span check's settings per disaggregated pipeline (version_span.py)
+            **_version_span_meta(scenario),
+            # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
+            **_timeouts_meta(scenario.costs),
+            # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
+            **({} if explore is None else {"explore": explore.describe()}),
+            # RLix's own scheduler decided (scheduler.implementation: rlix)
+            **({"scheduler_implementation": f"rlix {model.mods.version}"} if hasattr(model, "mods") else {}),
+        },
+    )
+
+
 class Simulation:
     def __init__(
         self,
@@ -92,55 +146,8 @@ class Simulation:
         self.explore = explore
         self.env = SimEnv(explorer=None if explore is None else Explorer(explore))
         c = scenario.cluster
-        if scenario.scheduler.get("implementation", "model") == "rlix":  # RLix's own scheduler (docs/rlix-live.md)
-            from simulators.rlix_live.in_loop import scheduler_for
-
-            self.model = scheduler_for(ClusterTopology(c.nodes, c.gpus_per_node), dict(scenario.scheduler))
-        else:
-            self.model = SchedulerModel(
-                ClusterTopology(c.nodes, c.gpus_per_node), SchedulerOptions.from_mapping(scenario.scheduler)
-            )
-        options = self.model.options
-        header = header_record(
-            {
-                "nodes": c.nodes,
-                "gpus_per_node": c.gpus_per_node,
-                "vram_gib": c.vram_bytes / (1 << 30),
-                "host_ram_bytes": c.host_ram_bytes,
-            },  # the host_ram check's capacity
-            scheduler=options.to_mapping(),
-            source="simulator",
-            meta={
-                "scenario": scenario.name,
-                "seed": scenario.seed,
-                "horizon_s": scenario.horizon_s,
-                # each pipeline's type: an expectation's `pipeline` matches a type in every command
-                # that reads the log (check, replay), as in simulate (docs/expected-findings.md)
-                "pipeline_types": {p.name: p.type for p in scenario.pipelines},
-                # the oracle's post-sleep residue threshold (``vram``, harness/logs/invariants/memory.py)
-                "post_sleep_threshold_bytes": scenario.costs.post_sleep_threshold_bytes,
-                # the handover_headroom check's margin (harness/logs/invariants/handover_headroom.py)
-                "handover_margin_bytes": scenario.costs.handover_margin_bytes,
-                # the idle_bundle_starvation check's bound per pipeline (simulators/runtime/timeouts.py)
-                "idle_bundle_bound_s": idle_bundle_bounds(scenario),
-                # the trajectory_age check's bound per pipeline with a trajectory buffer
-                "max_trajectory_age_steps": {
-                    p.name: _age_bound(p) for p in scenario.pipelines if p.type != "single_controller"
-                },
-                # the version_span check's settings per disaggregated pipeline (version_span.py)
-                **_version_span_meta(scenario),
-                # the liveness monitors' bound, when the scenario changes RLix's deadlines (hot_states.py)
-                **_timeouts_meta(scenario.costs),
-                # the schedule exploration that ordered same-time events (simulators/runtime/explore.py)
-                **({} if explore is None else {"explore": explore.describe()}),
-                # RLix's own scheduler decided (scheduler.implementation: rlix)
-                **(
-                    {"scheduler_implementation": f"rlix {self.model.mods.version}"}
-                    if hasattr(self.model, "mods")
-                    else {}
-                ),
-            },
-        )
+        self.model = _scheduler_model(scenario)
+        header = _header(scenario, self.model, explore)
         self.log = (
             EventLog(header) if sink is None and not consumers else StreamedLog(header, sink, consumers, per_chunk)
         )
@@ -154,16 +161,18 @@ class Simulation:
         self.stop = self.env.event()
         self.failure: Optional[str] = None
         self.progress = progress
+        self.pipelines = self._make_pipelines()
+        self.by_id = {p.pid: p for p in self.pipelines}
+        self._ack_droppers = [p for p in self.pipelines if "lost_release_ack" in p.faults]
+
+    def _make_pipelines(self) -> List[Any]:
+        """One simulated pipeline per scenario entry, in file order (its index keys its actors)."""
         from simulators.pipelines.pipeline import PipelineSim  # local: pipeline imports this module's types
         from simulators.pipelines.disaggregated import DisaggregatedSim
         from simulators.pipelines.single_controller import SingleControllerSim
 
         runtimes = {"single_controller": SingleControllerSim, "disaggregated": DisaggregatedSim}
-        self.pipelines = [
-            runtimes.get(spec.type, PipelineSim)(self, spec, i) for i, spec in enumerate(scenario.pipelines)
-        ]
-        self.by_id = {p.pid: p for p in self.pipelines}
-        self._ack_droppers = [p for p in self.pipelines if "lost_release_ack" in p.faults]
+        return [runtimes.get(spec.type, PipelineSim)(self, spec, i) for i, spec in enumerate(self.scenario.pipelines)]
 
     # ------------------------------------------------------------------ logging
     def emit(self, kind: str, **fields: Any) -> None:
