@@ -34,7 +34,8 @@ from simulators.pipelines.dataplane import DataPlaneSim
 from simulators.pipelines.engine_effects import EngineEffects
 from simulators.runtime.env import Link
 from simulators.faults.field import FieldFaults
-from simulators.pipelines.inference import RankSim, Router, decode_step_time
+from simulators.pipelines.decode_clock import decode_step_time
+from simulators.pipelines.inference import RankSim, Router
 from simulators.pipelines.late_release import LateRelease
 from simulators.pipelines.rollouts import RolloutEffects
 from simulators.pipelines.scheduler_calls import SchedulerCalls
