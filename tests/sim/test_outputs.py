@@ -1,7 +1,7 @@
 """Simulator outputs (summary table, Perfetto trace, PNG timeline) on hand-built logs.
 
-The log below is small enough to work every number out by hand; the times are binary
-fractions, so the expected figures are exact floats.
+The main log (``tests/sim/outputs_log.py``) is small enough to work every number out by
+hand; the times are binary fractions, so the expected figures are exact floats.
 """
 
 from __future__ import annotations
@@ -23,232 +23,7 @@ from harness.logs.outputs.perfetto import dumps_chrome_trace
 from harness.logs.outputs.intervals import REFIT_EFFECTS, TRAIN_EFFECTS, WAITING_EFFECTS, gpu_slices, p95, union_length
 from harness.logs.outputs.lanes import assign_lanes
 from harness.logs.outputs.timeline import render_timeline_png, timeline_size_px
-
-
-class Log:
-    def __init__(self, nodes=2, gpus_per_node=2, scenario="two_pipelines_demo"):
-        self.records = [
-            {
-                "seq": 0,
-                "t": 0.0,
-                "kind": "header",
-                "schema": "rlharness.eventlog",
-                "version": 1,
-                "cluster": {"nodes": nodes, "gpus_per_node": gpus_per_node},
-                "meta": {"scenario": scenario},
-            }
-        ]
-
-    def add(self, t, kind, **fields):
-        self.records.append({"seq": len(self.records), "t": float(t), "kind": kind, **fields})
-
-    def effect(self, t0, t1, pid, effect, args=None, scope="step", step=None, cycle=None, gpus=()):
-        common = dict(
-            pipeline_id=pid, effect=effect, args=dict(args or {}), scope=scope, step=step, cycle=cycle, gpus=list(gpus)
-        )
-        self.add(t0, "effect_start", **common)
-        if t1 is not None:
-            self.add(t1, "effect_end", **common)
-
-    def rank(self, t, pid, dp, state, gpus):
-        self.add(t, "rank_state", pipeline_id=pid, dp_rank=dp, state=state, gpus=list(gpus))
-
-
-def build_log():
-    """Two pipelines on 2 nodes x 2 GPUs. ppl1: train [0], infer dp0=[0], dp1=[1];
-    ppl2: train [2], infer dp0=[2], dp1=[3]. Records are appended in time order."""
-    L = Log()
-    L.add(
-        0.0,
-        "register",
-        pipeline_id="ppl1",
-        cluster_tp_configs={"actor_train": 1, "actor_infer": 1},
-        cluster_device_mappings={"actor_train": [0], "actor_infer": [0, 1]},
-        topology="partial_overlap",
-    )
-    # cycle 1: expand both GEN clusters
-    L.add(0.5, "cycle_start", cycle=1, reason="request")
-    L.add(
-        0.5,
-        "plan",
-        cycle=1,
-        shrinks=[],
-        signals=[],
-        expands=[
-            {
-                "cluster_id": "ppl1_actor_infer",
-                "has_pending_request": True,
-                "bundles": [{"dp_rank": 0, "gpus": [0]}, {"dp_rank": 1, "gpus": [1]}],
-            },
-            {
-                "cluster_id": "ppl2_actor_infer",
-                "has_pending_request": True,
-                "bundles": [{"dp_rank": 0, "gpus": [2]}, {"dp_rank": 1, "gpus": [3]}],
-            },
-        ],
-    )
-    L.add(0.5, "commit", cycle=1, idle_gpus=0, skipped_stale=[])
-    for pid, gpus in (("ppl1", (0, 1)), ("ppl2", (2, 3))):
-        for dp, g in enumerate(gpus):
-            L.rank(1.0, pid, dp, "routable", [g])
-    # ppl1 step 1: request training GPUs; the scheduler shrinks dp0 (cycle 2)
-    L.add(
-        2.0,
-        "effect_start",
-        pipeline_id="ppl1",
-        effect="RequestGpus",
-        args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-    )
-    L.add(2.0, "cycle_start", cycle=2, reason="request")
-    L.add(
-        2.0,
-        "plan",
-        cycle=2,
-        expands=[],
-        signals=[{"cluster_id": "ppl1_actor_train", "priority": "ACTOR_TRAINING", "gpus": [0]}],
-        shrinks=[{"cluster_id": "ppl1_actor_infer", "bundles": [{"dp_rank": 0, "gpus": [0]}]}],
-    )
-    L.add(2.0, "resize_start", cycle=2, pipeline_id="ppl1", phase="shrink", dp_ranks=[0])
-    L.rank(2.0, "ppl1", 0, "draining", [0])
-    L.effect(2.0, None, "ppl1", "Sleep", {"ranks": [0], "level": 1}, scope="shrink", cycle=2, gpus=[0])
-    L.add(
-        2.25,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="Sleep",
-        args={"ranks": [0], "level": 1},
-        scope="shrink",
-        step=None,
-        cycle=2,
-        gpus=[0],
-    )
-    L.rank(2.25, "ppl1", 0, "asleep", [0])
-    L.add(2.25, "resize_end", cycle=2, pipeline_id="ppl1", phase="shrink", dp_ranks=[0])
-    L.add(2.25, "commit", cycle=2, idle_gpus=0, skipped_stale=[])
-    L.add(
-        2.5,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="RequestGpus",
-        args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-        result=[0],
-    )
-    L.add(2.5, "batch_consumed", pipeline_id="ppl1", step=1, trajectories=8, staleness={"0": 6, "1": 2})
-    L.effect(2.5, None, "ppl1", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[0])
-    L.add(2.75, "rejected", input_seq=3, input_kind="release", reason="not allocated")
-    # ppl2 waits for a batch from 3.0 to 9.0 (waiting occupies no GPU)
-    L.add(
-        3.0,
-        "effect_start",
-        pipeline_id="ppl2",
-        effect="WaitBatch",
-        args={"global_step": 1},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-    )
-    L.add(
-        4.5,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="Compute",
-        args={"what": "train", "global_step": 1},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[0],
-    )
-    L.effect(4.5, 4.75, "ppl1", "BuildCache", {"version": 1}, step=1, gpus=[0])
-    L.effect(4.75, 5.0, "ppl1", "OffloadTraining", {}, step=1, gpus=[0])
-    # active refresh of dp1 while it keeps serving on GPU 1 (overlap -> second lane)
-    sync = dict(
-        pipeline_id="ppl1",
-        effect="SyncFromCache",
-        args={"ranks": [1], "version": 1, "path": "active"},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[1],
-    )
-    L.add(5.0, "effect_start", **sync)
-    L.add(5.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="ipc", dp_ranks=[1], bytes=1000)
-    L.add(5.5, "sync_bucket", pipeline_id="ppl1", version=1, bucket=1, path="ipc", dp_ranks=[1], bytes=24)
-    L.add(5.5, "effect_end", **sync, result=[1])
-    # cycle 3: expand dp0 back
-    L.add(5.5, "cycle_start", cycle=3, reason="release")
-    L.add(
-        5.5,
-        "plan",
-        cycle=3,
-        shrinks=[],
-        signals=[],
-        expands=[
-            {"cluster_id": "ppl1_actor_infer", "has_pending_request": False, "bundles": [{"dp_rank": 0, "gpus": [0]}]}
-        ],
-    )
-    L.add(5.5, "resize_start", cycle=3, pipeline_id="ppl1", phase="expand", dp_ranks=[0])
-    L.effect(5.5, 6.0, "ppl1", "Wake", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
-    L.effect(
-        6.0,
-        None,
-        "ppl1",
-        "SyncFromCache",
-        {"ranks": [0], "version": 1, "path": "expand"},
-        scope="expand",
-        cycle=3,
-        gpus=[0],
-    )
-    L.add(6.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="broadcast", dp_ranks=[0], bytes=2048)
-    L.add(
-        6.5,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="SyncFromCache",
-        args={"ranks": [0], "version": 1, "path": "expand"},
-        scope="expand",
-        step=None,
-        cycle=3,
-        gpus=[0],
-    )
-    L.effect(6.5, 6.5, "ppl1", "Activate", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
-    L.rank(6.5, "ppl1", 0, "routable", [0])
-    L.add(6.5, "resize_end", cycle=3, pipeline_id="ppl1", phase="expand", dp_ranks=[0])
-    L.add(6.5, "commit", cycle=3, idle_gpus=0, skipped_stale=[])
-    # ppl1 step 2: dp0 goes to sleep without a Sleep effect, train 7 -> 8 (the last step)
-    L.rank(7.0, "ppl1", 0, "asleep", [0])
-    L.add(7.0, "batch_consumed", pipeline_id="ppl1", step=2, trajectories=8, staleness={"1": 4, "2": 4})
-    L.effect(7.0, 8.0, "ppl1", "Compute", {"what": "train", "global_step": 2}, step=2, gpus=[0])
-    # ppl2 step 1: batch at 9.0, training starts and the trainer hits an OOM
-    L.add(
-        9.0,
-        "effect_end",
-        pipeline_id="ppl2",
-        effect="WaitBatch",
-        args={"global_step": 1},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-    )
-    L.add(9.0, "batch_consumed", pipeline_id="ppl2", step=1, trajectories=4, staleness={"0": 4})
-    L.rank(9.0, "ppl2", 0, "draining", [2])
-    L.effect(9.0, None, "ppl2", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[2])
-    L.add(9.5, "oom", gpu=2, owner="ppl2/train", mem="train_state", requested=100, used=80, capacity=160)
-    L.add(9.5, "fault_fired", name="oom_kill", pipeline_id="ppl2", step=1)
-    L.add(10.0, "sim_end", reason="failed", sim_time=10.0, events=len(L.records) + 1)
-    return L.records
-
-
-# ------------------------------------------------------------------------ summary
+from tests.sim.outputs_log import Log, build_log
 
 
 def test_fixture_is_a_valid_event_log(tmp_path):
@@ -466,14 +241,24 @@ def test_chrome_trace_structure(tmp_path):
     assert gpu_tracks["GPU 1 lane 2"][0] == pid_of["node 0"]
     assert len({tid for _, tid in threads}) == len(threads)  # thread ids unique trace-wide
 
-    # metadata first, then events sorted by time
+    _assert_time_ordered(evs)
+    xs = [e for e in evs if e["ph"] == "X"]
+    _assert_gpu_slices(xs, gpu_tracks)
+    _assert_no_overlap_per_track(xs)
+    _assert_scheduler_track(evs, xs, threads)
+
+
+def _assert_time_ordered(evs):
+    """Metadata first, then events sorted by time."""
     kinds = [e["ph"] for e in evs]
     n_meta = kinds.count("M")
     assert set(kinds[:n_meta]) == {"M"} and "M" not in kinds[n_meta:]
     ts = [e["ts"] for e in evs[n_meta:]]
     assert ts == sorted(ts)
 
-    xs = [e for e in evs if e["ph"] == "X"]
+
+def _assert_gpu_slices(xs, gpu_tracks):
+    """The effects and the ranks' generation as slices on their GPUs' tracks."""
     by_name = {}
     for e in xs:
         by_name.setdefault(e["name"], []).append(e)
@@ -497,7 +282,9 @@ def test_chrome_trace_structure(tmp_path):
     assert (open_compute["ts"], open_compute["dur"]) == (9_000_000, 1_000_000) and open_compute["args"]["open"]
     assert not any(e["name"].startswith(("RequestGpus", "WaitBatch")) for e in xs)  # no GPUs: no GPU slice
 
-    # no two slices on one track overlap
+
+def _assert_no_overlap_per_track(xs):
+    """No two slices on one track overlap."""
     per_track = {}
     for e in xs:
         per_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
@@ -506,7 +293,10 @@ def test_chrome_trace_structure(tmp_path):
         for (a0, a1), (b0, _) in zip(spans, spans[1:]):
             assert a1 <= b0
 
-    # scheduler track: one instant per planned cycle, idle-GPU counter after each commit
+
+def _assert_scheduler_track(evs, xs, threads):
+    """One instant per planned cycle, the idle-GPU counter after each commit, the resizes
+    and the instant marks (OOM, fault, rejected input)."""
     sched_tid = next(k for k, v in threads.items() if v == "scheduler")
     inst = [e for e in evs if e["ph"] == "i" and e["cat"] == "scheduler"]
     assert [e["name"] for e in inst] == ["cycle 1", "cycle 2", "cycle 3"]
