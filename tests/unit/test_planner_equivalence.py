@@ -198,15 +198,28 @@ def planner_cases(draw) -> PlannerCase:
     registry: Dict[str, PipelineEntry] = {}
     pids = draw(st.permutations([f"p{i}" for i in range(n_pipes)]))  # registry order != id order
     for pid in pids:
-        tps = [1, 2] + ([4] if n >= 4 else [])
-        tp = draw(st.sampled_from(tps).filter(lambda t: t <= n))
-        registry[pid] = entry(pid, tp, draw(tp_groups(n, tp)))
+        registry[pid] = _draw_entry(draw, pid, n)
 
     owner: Dict[int, str] = {}
     reserved: Set[int] = set(draw(st.sets(st.integers(0, n - 1), max_size=n // 3))) if draw(rarely(2)) else set()
     allocations: Dict[str, ClusterAllocation] = {}
+    _draw_init_grants(draw, pids, registry, owner, reserved, allocations)
+    active = _draw_active_ranks(draw, pids, registry, owner, reserved, allocations)
+    shrinks, idle = _draw_shrinks(draw, active, registry, owner, reserved)
+    _draw_idle(draw, n, owner, reserved, idle)
+    pending, totals = _draw_demand(draw, pids)
+    remove, eps, max_it, max_act = _draw_limits(draw, pids)
+    return PlannerCase(registry, allocations, reserved, idle, pending, totals, shrinks, remove, eps, max_it, max_act)
 
-    # a few actor_infer clusters held at a non-GEN priority (INIT grant): whole mapping, reserved
+
+def _draw_entry(draw, pid: str, n: int) -> PipelineEntry:
+    tps = [1, 2] + ([4] if n >= 4 else [])
+    tp = draw(st.sampled_from(tps).filter(lambda t: t <= n))
+    return entry(pid, tp, draw(tp_groups(n, tp)))
+
+
+def _draw_init_grants(draw, pids, registry, owner, reserved, allocations) -> None:
+    """A few actor_infer clusters held at a non-GEN priority (INIT grant): whole mapping, reserved."""
     for pid in pids:
         e = registry[pid]
         m = set(e.infer.device_mapping)
@@ -218,7 +231,9 @@ def planner_cases(draw) -> PlannerCase:
             for g in m:
                 owner[g] = pid
 
-    # GEN active ranks with disjoint ownership (in a drawn pipeline order)
+
+def _draw_active_ranks(draw, pids, registry, owner, reserved, allocations) -> Dict[str, Set[int]]:
+    """GEN active ranks with disjoint ownership (in a drawn pipeline order)."""
     act_order = draw(st.permutations(list(pids)))
     active: Dict[str, Set[int]] = {}
     p_active = draw(st.sampled_from([0.8, 1.0, 0.5, 0.2]))
@@ -239,8 +254,12 @@ def planner_cases(draw) -> PlannerCase:
         if ranks or draw(rarely(4)):
             allocations[cid] = gen_alloc(pid, e, ranks)  # possibly an entry with no active ranks
             active[pid] = ranks
+    return active
 
-    # pre-existing shrink ops (Phase 0.5 planned releases / Phase 2 preemption)
+
+def _draw_shrinks(draw, active, registry, owner, reserved) -> Tuple[List[ShrinkOp], Set[int]]:
+    """Pre-existing shrink ops (Phase 0.5 planned releases / Phase 2 preemption): their
+    GPUs leave their owner for the reserved set or the idle pool."""
     shrinks: List[ShrinkOp] = []
     idle: Set[int] = set()
     if draw(rarely(3)):
@@ -259,9 +278,12 @@ def planner_cases(draw) -> PlannerCase:
                         del owner[g]
                         (reserved if to_reserved else idle).add(g)
         draw(st.randoms()).shuffle(shrinks)
+    return shrinks, idle
 
-    # the rest: idle, or in limbo (neither idle nor owned nor reserved: e.g. held by an
-    # allocation the planner does not see); a scarce idle pool forces the donor path
+
+def _draw_idle(draw, n, owner, reserved, idle) -> None:
+    """The rest: idle, or in limbo (neither idle nor owned nor reserved: e.g. held by an
+    allocation the planner does not see); a scarce idle pool forces the donor path."""
     idle_p = draw(st.sampled_from([1.0, 1.0, 0.3, 0.0]))
     for g in range(n):
         if g in owner or g in reserved or g in idle:
@@ -269,6 +291,9 @@ def planner_cases(draw) -> PlannerCase:
         if draw(st.floats(0, 1)) <= idle_p:
             idle.add(g)
 
+
+def _draw_demand(draw, pids) -> Tuple[Dict[str, Optional[int]], Dict[str, Tuple[float, float]]]:
+    """Each GEN cluster's pending step estimate and each pipeline's remaining/total work."""
     pending: Dict[str, Optional[int]] = {}
     totals: Dict[str, Tuple[float, float]] = {}
     for pid in pids:
@@ -291,7 +316,11 @@ def planner_cases(draw) -> PlannerCase:
             req = draw(st.integers(1, 7)) * 3
             done = draw(st.integers(0, req * 3)) / 3.0
             totals[pid] = (max(0.0, req - done), float(req))
+    return pending, totals
 
+
+def _draw_limits(draw, pids) -> Tuple[Set[str], float, int, int]:
+    """A cluster removed mid-plan, the gap epsilon and, rarely, tight iteration limits."""
     remove: Set[str] = set()
     if draw(rarely(15)):
         remove.add(f"{draw(st.sampled_from(pids))}_actor_infer")
@@ -300,7 +329,7 @@ def planner_cases(draw) -> PlannerCase:
     if draw(rarely(15)):
         max_act = draw(st.integers(0, 3))
         max_it = draw(st.integers(1, 6))
-    return PlannerCase(registry, allocations, reserved, idle, pending, totals, shrinks, remove, eps, max_it, max_act)
+    return remove, eps, max_it, max_act
 
 
 # not derandomized: each suite run draws 150 new cases (was 300; the explicit cases below pin the known ones)
