@@ -8,6 +8,12 @@ order, one phase of the run per helper.
 from __future__ import annotations
 
 
+def _effect_fields(pid, effect, args, scope, step, cycle, gpus):
+    return dict(
+        pipeline_id=pid, effect=effect, args=dict(args or {}), scope=scope, step=step, cycle=cycle, gpus=list(gpus)
+    )
+
+
 class Log:
     def __init__(self, nodes=2, gpus_per_node=2, scenario="two_pipelines_demo"):
         self.records = [
@@ -26,12 +32,15 @@ class Log:
         self.records.append({"seq": len(self.records), "t": float(t), "kind": kind, **fields})
 
     def effect(self, t0, t1, pid, effect, args=None, scope="step", step=None, cycle=None, gpus=()):
-        common = dict(
-            pipeline_id=pid, effect=effect, args=dict(args or {}), scope=scope, step=step, cycle=cycle, gpus=list(gpus)
-        )
+        """An ``effect_start`` and, unless ``t1`` is None (still running, or ended by :meth:`end`), its end."""
+        common = _effect_fields(pid, effect, args, scope, step, cycle, gpus)
         self.add(t0, "effect_start", **common)
         if t1 is not None:
             self.add(t1, "effect_end", **common)
+
+    def end(self, t, pid, effect, args=None, scope="step", step=None, cycle=None, gpus=(), **extra):
+        """An ``effect_end`` alone (its start added earlier, e.g. by :meth:`effect` with no end)."""
+        self.add(t, "effect_end", **_effect_fields(pid, effect, args, scope, step, cycle, gpus), **extra)
 
     def rank(self, t, pid, dp, state, gpus):
         self.add(t, "rank_state", pipeline_id=pid, dp_rank=dp, state=state, gpus=list(gpus))
@@ -89,17 +98,7 @@ def _cycle1_expands_both(L):
 def _ppl1_shrink_for_training(L):
     """ppl1 step 1 requests training GPUs; cycle 2 shrinks dp0 (2.0-2.75)."""
     # ppl1 step 1: request training GPUs; the scheduler shrinks dp0 (cycle 2)
-    L.add(
-        2.0,
-        "effect_start",
-        pipeline_id="ppl1",
-        effect="RequestGpus",
-        args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-    )
+    L.effect(2.0, None, "ppl1", "RequestGpus", {"cluster": "actor_train", "priority": "ACTOR_TRAINING"}, step=1)
     L.add(2.0, "cycle_start", cycle=2, reason="request")
     L.add(
         2.0,
@@ -112,32 +111,11 @@ def _ppl1_shrink_for_training(L):
     L.add(2.0, "resize_start", cycle=2, pipeline_id="ppl1", phase="shrink", dp_ranks=[0])
     L.rank(2.0, "ppl1", 0, "draining", [0])
     L.effect(2.0, None, "ppl1", "Sleep", {"ranks": [0], "level": 1}, scope="shrink", cycle=2, gpus=[0])
-    L.add(
-        2.25,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="Sleep",
-        args={"ranks": [0], "level": 1},
-        scope="shrink",
-        step=None,
-        cycle=2,
-        gpus=[0],
-    )
+    L.end(2.25, "ppl1", "Sleep", {"ranks": [0], "level": 1}, scope="shrink", cycle=2, gpus=[0])
     L.rank(2.25, "ppl1", 0, "asleep", [0])
     L.add(2.25, "resize_end", cycle=2, pipeline_id="ppl1", phase="shrink", dp_ranks=[0])
     L.add(2.25, "commit", cycle=2, idle_gpus=0, skipped_stale=[])
-    L.add(
-        2.5,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="RequestGpus",
-        args={"cluster": "actor_train", "priority": "ACTOR_TRAINING"},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-        result=[0],
-    )
+    L.end(2.5, "ppl1", "RequestGpus", {"cluster": "actor_train", "priority": "ACTOR_TRAINING"}, step=1, result=[0])
     L.add(2.5, "batch_consumed", pipeline_id="ppl1", step=1, trajectories=8, staleness={"0": 6, "1": 2})
     L.effect(2.5, None, "ppl1", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[0])
     L.add(2.75, "rejected", input_seq=3, input_kind="release", reason="not allocated")
@@ -146,28 +124,8 @@ def _ppl1_shrink_for_training(L):
 def _ppl1_trains_while_ppl2_waits(L):
     """ppl2 waits for a batch from 3.0; ppl1 trains, builds its cache and offloads (to 5.0)."""
     # ppl2 waits for a batch from 3.0 to 9.0 (waiting occupies no GPU)
-    L.add(
-        3.0,
-        "effect_start",
-        pipeline_id="ppl2",
-        effect="WaitBatch",
-        args={"global_step": 1},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-    )
-    L.add(
-        4.5,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="Compute",
-        args={"what": "train", "global_step": 1},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[0],
-    )
+    L.effect(3.0, None, "ppl2", "WaitBatch", {"global_step": 1}, step=1)
+    L.end(4.5, "ppl1", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[0])
     L.effect(4.5, 4.75, "ppl1", "BuildCache", {"version": 1}, step=1, gpus=[0])
     L.effect(4.75, 5.0, "ppl1", "OffloadTraining", {}, step=1, gpus=[0])
 
@@ -213,16 +171,8 @@ def _ppl1_refresh_and_expand(L):
         gpus=[0],
     )
     L.add(6.25, "sync_bucket", pipeline_id="ppl1", version=1, bucket=0, path="broadcast", dp_ranks=[0], bytes=2048)
-    L.add(
-        6.5,
-        "effect_end",
-        pipeline_id="ppl1",
-        effect="SyncFromCache",
-        args={"ranks": [0], "version": 1, "path": "expand"},
-        scope="expand",
-        step=None,
-        cycle=3,
-        gpus=[0],
+    L.end(
+        6.5, "ppl1", "SyncFromCache", {"ranks": [0], "version": 1, "path": "expand"}, scope="expand", cycle=3, gpus=[0]
     )
     L.effect(6.5, 6.5, "ppl1", "Activate", {"ranks": [0]}, scope="expand", cycle=3, gpus=[0])
     L.rank(6.5, "ppl1", 0, "routable", [0])
@@ -237,23 +187,10 @@ def _ppl1_step2_and_ppl2_oom(L):
     L.add(7.0, "batch_consumed", pipeline_id="ppl1", step=2, trajectories=8, staleness={"1": 4, "2": 4})
     L.effect(7.0, 8.0, "ppl1", "Compute", {"what": "train", "global_step": 2}, step=2, gpus=[0])
     # ppl2 step 1: batch at 9.0, training starts and the trainer hits an OOM
-    L.add(
-        9.0,
-        "effect_end",
-        pipeline_id="ppl2",
-        effect="WaitBatch",
-        args={"global_step": 1},
-        scope="step",
-        step=1,
-        cycle=None,
-        gpus=[],
-    )
+    L.end(9.0, "ppl2", "WaitBatch", {"global_step": 1}, step=1)
     L.add(9.0, "batch_consumed", pipeline_id="ppl2", step=1, trajectories=4, staleness={"0": 4})
     L.rank(9.0, "ppl2", 0, "draining", [2])
     L.effect(9.0, None, "ppl2", "Compute", {"what": "train", "global_step": 1}, step=1, gpus=[2])
     L.add(9.5, "oom", gpu=2, owner="ppl2/train", mem="train_state", requested=100, used=80, capacity=160)
     L.add(9.5, "fault_fired", name="oom_kill", pipeline_id="ppl2", step=1)
     L.add(10.0, "sim_end", reason="failed", sim_time=10.0, events=len(L.records) + 1)
-
-
-# ------------------------------------------------------------------------ summary

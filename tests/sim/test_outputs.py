@@ -26,6 +26,7 @@ from harness.logs.outputs.timeline import render_timeline_png, timeline_size_px
 from tests.sim.outputs_log import Log, build_log
 
 
+# ------------------------------------------------------------------------ summary
 def test_fixture_is_a_valid_event_log(tmp_path):
     path = tmp_path / "log.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in build_log()))
