@@ -25,6 +25,7 @@ from dataclasses import fields
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from simulators.costmodel import formulas as f
+from simulators.costmodel import refit_formulas as rf
 from simulators.costmodel.colocation import train_s, trains_on_dedicated_gpus
 from simulators.costmodel.fsdp2 import fsdp2_pass_s
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec, cluster_fields
@@ -105,70 +106,21 @@ def _pipeline(
     fail: Fail,
     dedicated: bool = False,
 ) -> None:
-    model = {**_section(defaults, "model"), **_section(pipe, "model")}
-    preset = model.get("preset")
-    if preset not in (None, ""):
-        if not isinstance(preset, str) or preset not in MODEL_PRESETS:
-            raise fail(
-                f"{path}.model.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}"
-            )
-        p = MODEL_PRESETS[preset]
-        own = pipe.setdefault("model", {}) if isinstance(pipe.get("model", {}), dict) else None
-        if own is not None:
-            for key in PRESET_FIELDS:
-                if key not in model:
-                    own[key] = getattr(p, key)
-                    model[key] = own[key]
+    """One pipeline's model preset, then (with a GPU preset and the model's architecture)
+    its derived workload curve and costs, each only where neither the pipeline nor the
+    defaults nor the scenario's costs give it."""
+    model = _model_preset(pipe, path, defaults, fail)
     if gpu is None or not all(isinstance(model.get(k), int) and model[k] > 0 for k in _ARCH):
         return  # nothing to derive from: the explicit (or default) costs apply
-    from simulators.scenario.spec import CostSpec, ModelSpec, WorkloadSpec
+    from simulators.scenario.spec import CostSpec, WorkloadSpec
 
-    num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
     costs_given = {**_section(data, "costs"), **_section(pipe, "costs")}
     cost_vals = {fl.name: costs_given.get(fl.name, fl.default) for fl in fields(CostSpec)}
-    factors = (
-        "train_mfu",
-        "moe_train_mfu",
-        "decode_flops_efficiency",
-        "moe_decode_flops_efficiency",
-        "hbm_efficiency",
-        "link_efficiency",
-    )
-    if not all(
-        isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
-        for k in factors
-    ):
+    if not _factors_valid(cost_vals):
         return  # validation names the bad factor
-    overhead = cost_vals["decode_step_overhead_s"]
-    if not isinstance(overhead, (int, float)) or isinstance(overhead, bool) or not 0 <= overhead < float("inf"):
-        return  # validation names it
     workload_given = {**_section(defaults, "workload"), **_section(pipe, "workload")}
     wl = {fl.name: workload_given.get(fl.name, fl.default) for fl in fields(WorkloadSpec)}
-    params = float(model.get("params", ModelSpec.params))
-    active = float(model.get("active_params") or params)
-    arch = f.Arch(
-        params,
-        active,
-        model["layers"],
-        model["hidden_size"],
-        model["num_kv_heads"] * model["head_dim"],
-        int(num(model, "bytes_per_param", ModelSpec)),
-        int(model.get("experts_per_token") or 0),
-        int(model.get("num_experts") or 0),
-    )
-    eff = f.Efficiency(
-        cost_vals["train_mfu"],
-        cost_vals["decode_flops_efficiency"],
-        cost_vals["hbm_efficiency"],
-        cost_vals["tp_allreduce_latency_s"],
-        cost_vals["max_num_seqs"],
-        cost_vals["wake_fixed_s"],
-        cost_vals["sleep_fixed_s"],
-        cost_vals["moe_train_mfu"],
-        cost_vals["link_efficiency"],
-        decode_step_overhead_s=cost_vals["decode_step_overhead_s"],
-        moe_decode_flops_efficiency=cost_vals["moe_decode_flops_efficiency"],
-    )
+    arch, eff = _arch(model), _efficiency(cost_vals)
     share = wl["decode_tokens_cap_share"]
     share = share if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share < 1 else 0.0
     decode = f.mean_decode_tokens(wl["decode_tokens_median"], wl["decode_tokens_sigma"], wl["decode_tokens_max"], share)
@@ -185,7 +137,7 @@ def _pipeline(
     if capacity < 1:
         raise fail(
             f"{path}.model",
-            f"{params:.3g} parameters and one trajectory's KV cache ({tokens:.0f} tokens) do not "
+            f"{arch.params:.3g} parameters and one trajectory's KV cache ({tokens:.0f} tokens) do not "
             f"fit {tp} x {gpu.name} at kv_cache_fraction {cost_vals['kv_cache_fraction']} (raise infer_tp)",
         )
     derived_workload["max_concurrent_per_rank"] = capacity
@@ -194,24 +146,90 @@ def _pipeline(
             derived_workload["decode_timing"],
             derived_workload["decode_expert_read_s"],
         )  # a hand-set curve keeps its timing
+    trajectories = wl["prompts_per_step"] * wl["generations_per_prompt"]
     derived_costs = {
-        **_training(
-            pipe,
-            path,
-            arch,
-            tokens,
-            wl["prompts_per_step"] * wl["generations_per_prompt"],
-            cluster,
-            gpu,
-            eff,
-            fail,
-            dedicated,
-        ),
+        **_training(pipe, path, arch, tokens, trajectories, cluster, gpu, eff, fail, dedicated),
         **f.wake_sleep_s(eff),
         **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
     _fill(pipe, "workload", derived_workload, workload_given)
     _fill(pipe, "costs", derived_costs, costs_given)
+
+
+def _model_preset(pipe: dict, path: str, defaults: Mapping[str, Any], fail: Fail) -> Dict[str, Any]:
+    """The pipeline's model fields (defaults overlaid by its own), a ``preset`` filling the
+    ones neither gives, written into the pipeline's own ``model`` section."""
+    model = {**_section(defaults, "model"), **_section(pipe, "model")}
+    preset = model.get("preset")
+    if preset not in (None, ""):
+        if not isinstance(preset, str) or preset not in MODEL_PRESETS:
+            raise fail(
+                f"{path}.model.preset", f"unknown model preset {preset!r}; known: {', '.join(sorted(MODEL_PRESETS))}"
+            )
+        p = MODEL_PRESETS[preset]
+        own = pipe.setdefault("model", {}) if isinstance(pipe.get("model", {}), dict) else None
+        if own is not None:
+            for key in PRESET_FIELDS:
+                if key not in model:
+                    own[key] = getattr(p, key)
+                    model[key] = own[key]
+    return model
+
+
+_FACTORS = (
+    "train_mfu",
+    "moe_train_mfu",
+    "decode_flops_efficiency",
+    "moe_decode_flops_efficiency",
+    "hbm_efficiency",
+    "link_efficiency",
+)
+
+
+def _factors_valid(cost_vals: Mapping[str, Any]) -> bool:
+    """Whether the efficiency factors and the decode step's overhead are usable numbers; if
+    not, nothing is derived and validation names the bad field."""
+    if not all(
+        isinstance(cost_vals[k], (int, float)) and not isinstance(cost_vals[k], bool) and 0 < cost_vals[k] <= 1
+        for k in _FACTORS
+    ):
+        return False
+    overhead = cost_vals["decode_step_overhead_s"]
+    return isinstance(overhead, (int, float)) and not isinstance(overhead, bool) and 0 <= overhead < float("inf")
+
+
+def _arch(model: Mapping[str, Any]) -> f.Arch:
+    from simulators.scenario.spec import ModelSpec
+
+    num = lambda m, k, cls: m.get(k, getattr(cls, k) if not callable(getattr(cls, k, None)) else None)
+    params = float(model.get("params", ModelSpec.params))
+    active = float(model.get("active_params") or params)
+    return f.Arch(
+        params,
+        active,
+        model["layers"],
+        model["hidden_size"],
+        model["num_kv_heads"] * model["head_dim"],
+        int(num(model, "bytes_per_param", ModelSpec)),
+        int(model.get("experts_per_token") or 0),
+        int(model.get("num_experts") or 0),
+    )
+
+
+def _efficiency(cost_vals: Mapping[str, Any]) -> f.Efficiency:
+    return f.Efficiency(
+        cost_vals["train_mfu"],
+        cost_vals["decode_flops_efficiency"],
+        cost_vals["hbm_efficiency"],
+        cost_vals["tp_allreduce_latency_s"],
+        cost_vals["max_num_seqs"],
+        cost_vals["wake_fixed_s"],
+        cost_vals["sleep_fixed_s"],
+        cost_vals["moe_train_mfu"],
+        cost_vals["link_efficiency"],
+        decode_step_overhead_s=cost_vals["decode_step_overhead_s"],
+        moe_decode_flops_efficiency=cost_vals["moe_decode_flops_efficiency"],
+    )
 
 
 _LAYOUT = ("train_tp", "train_pp", "train_cp", "train_ep", "train_micro_batch", "train_global_batch", "train_sp")
@@ -284,7 +302,7 @@ def _refit_gather(
 ) -> Dict[str, float]:
     """``costs.refit_gather_s`` of a pipeline on NeMo RL's colocated refit
     (``refit_path: colocated_ipc``): every GPU gathers each tensor whole from the training
-    layout before the hand-over (``formulas.refit_gather_s``, the way ``refit_export``
+    layout before the hand-over (``refit_formulas.refit_gather_s``, the way ``refit_export``
     names). Nothing for the CPU-cache path (RLix's), or where a field is bad (validation
     names it)."""
     if pipe.get("refit_path") != "colocated_ipc":
@@ -292,9 +310,9 @@ def _refit_gather(
     export = pipe.get("refit_export", "megatron_bridge")
     layout = _layout(pipe)
     gpus = len(pipe.get("train_gpus") or ()) or 1
-    if export not in f.REFIT_EXPORTS or layout is None or f.layout_problem(gpus, layout) is not None:
+    if export not in rf.REFIT_EXPORTS or layout is None or f.layout_problem(gpus, layout) is not None:
         return {}
-    return {"refit_gather_s": f.refit_gather_s(arch, layout, gpus, _links(cluster, gpu), eff, export)["total"]}
+    return {"refit_gather_s": rf.refit_gather_s(arch, layout, gpus, _links(cluster, gpu), eff, export)["total"]}
 
 
 def _links(cluster: Mapping[str, Any], gpu: GpuSpec) -> "f.Links":

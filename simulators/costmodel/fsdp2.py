@@ -11,7 +11,7 @@ of the parameters, gradients and optimizer state (``fully_shard`` over the whole
   dense or MoE MFU; k = 3 training, 4 with activation recomputation, 1 forward only);
 - **parameter all-gathers**: each microbatch gathers every layer's parameters (bf16, W = N·b
   bytes in all) for its forward, and again for its backward: an all-gather moves (G−1)/G
-  of W per GPU (nccl-tests' figure, as :func:`formulas.refit_gather_s` counts it);
+  of W per GPU (nccl-tests' figure, as :func:`refit_formulas.refit_gather_s` counts it);
 - **gradient reduce-scatter**: each microbatch's backward reduce-scatters the gradients at
   ``grad_bytes`` (fp32, the ``reduce_dtype``): (G−1)/G of N·grad_bytes per GPU; verl's
   actor steps through its micro-batches with ``loss.backward()`` each, so this is paid per

@@ -17,7 +17,7 @@ calibration's factors and reports the per-stage error. The stages and what they 
   simulator charges them, so a MoE run does not fit them into ``decode_flops_efficiency``;
 * ``refit_s`` -> ``link_efficiency``: y = X / efficiency. Colocated (NeMo RL's refit), X is
   the gather of every tensor whole from the training layout over its groups' links
-  (:func:`formulas.refit_gather_s`, Megatron-Bridge's order, at efficiency 1): a run with
+  (:func:`refit_formulas.refit_gather_s`, Megatron-Bridge's order, at efficiency 1): a run with
   nothing to gather (TP, PP and EP all 1) measures no link and is left out of the fit.
   Disaggregated, X = (W / infer_tp) / NIC share, the bytes each inference GPU receives.
 
@@ -53,6 +53,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from harness.ordered_sum import ordered_sum
 from simulators.costmodel import formulas as f
+from simulators.costmodel import refit_formulas as rf
 from simulators.costmodel.hardware import GpuSpec
 from simulators.scenario.spec import CostSpec
 
@@ -170,7 +171,7 @@ def _refit_term(run: Run) -> float:
     """Seconds of the refit's link time at ``link_efficiency`` 1 (see the module doc)."""
     if run.colocated:
         one = efficiency({"link_efficiency": 1.0})
-        return f.refit_gather_s(run.arch, run.layout, run.train_gpus, links(run), one)["total"]
+        return rf.refit_gather_s(run.arch, run.layout, run.train_gpus, links(run), one)["total"]
     return run.arch.params * run.arch.bytes_per_param / run.infer_tp / refit_link(run)
 
 

@@ -1,5 +1,5 @@
 """Fault hooks that make the simulated system break an invariant the oracle checks, where
-no user report or RLix hazard already does (``simulators/scenario/spec.py`` ``FaultSpec``).
+no user report or RLix hazard already does (``simulators/scenario/fault_catalogue.py`` ``FaultSpec``).
 
 Each is a bug class the modelled systems could have — a sync target list that is not the
 expand's, tensors riding inside the driver's metadata, a batch taken past the staleness

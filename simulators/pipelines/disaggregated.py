@@ -7,7 +7,7 @@ this module charges their time:
   :class:`~simulators.pipelines.workload.Collector` (the log-normal, the cap); a rank runs at most
   ``max_concurrent_per_rank`` at once (the rest queue, as vLLM's waiting queue) and decodes
   step by step: every running sequence advances one token per decode step, a step at ``c``
-  running sequences taking ``t(c)`` (``simulators.pipelines.inference.decode_step_time``: the batching
+  running sequences taking ``t(c)`` (``simulators.pipelines.decode_clock.decode_step_time``: the batching
   curve's ``(h + c)/T``, less the experts no token reads). A batch's tail is its longest
   answer decoding alone at ``t(1)``.
 * **training**: the batch's log-probs and training pass at the cost fields' rate over the
@@ -35,7 +35,7 @@ from harness.control.effects import TRAINER_EFFECTS
 from simulators.pipelines.comm_locks import CommLocks
 from simulators.runtime.cluster import OutOfMemory
 from simulators.runtime.env import Actor, Timer
-from simulators.pipelines.inference import decode_step_time
+from simulators.pipelines.decode_clock import decode_step_time
 from simulators.runtime.simulation import SimFailure, Simulation
 from simulators.pipelines.single_controller import hold_own_gpus, weight_sync_s
 from simulators.scenario.spec import PipelineSpec
@@ -78,7 +78,7 @@ class DisaggregatedSim:
         self.step_s = step if step is not None else (lambda c: (h + c) / T)
         self.collector = Collector(w, "sync", np.random.default_rng(np.random.SeedSequence([sim.scenario.seed, index])))
         self.actor = Actor("pipeline", index, 4)
-        # the field faults of a fully asynchronous pipeline (simulators/scenario/spec.py FaultSpec)
+        # the field faults of a fully asynchronous pipeline (simulators/scenario/fault_catalogue.py FaultSpec)
         self.faults: Dict[str, Any] = {f.name: f.at_step for f in sim.scenario.faults if f.pipeline == self.pid}
         self.steps_done = 0
         self.gen_version = 0  # the weights the generation GPUs hold

@@ -24,22 +24,24 @@ from harness.control.lifecycle import pipeline_run
 from harness.control.residency import TrainerSwitches
 from harness.control.rank_state import RankLifecycle, RankStateError
 from harness.control.resize import COORDINATOR_GONE
-from harness.control.reporting import clear_progress_due, request_input
+from harness.control.reporting import clear_progress_due
 from harness.control.versions import VersionBook, VersionError
-from harness.control.watchdog import watchdog_alive, watchdog_tick
 from harness.scheduler.progress import CoordinatorProgress
-from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER, Priority
+from harness.scheduler.types import ACTOR_TRAIN, GENERATION_CLUSTER
 from simulators.pipelines.cache_lock import CacheLock
 from simulators.runtime.cluster import HostOutOfMemory, OutOfMemory
 from simulators.pipelines.dataplane import DataPlaneSim
 from simulators.pipelines.engine_effects import EngineEffects
-from simulators.runtime.env import Actor, Link, Timer
+from simulators.runtime.env import Link
 from simulators.faults.field import FieldFaults
-from simulators.pipelines.inference import RankSim, Router, decode_step_time
+from simulators.pipelines.decode_clock import decode_step_time
+from simulators.pipelines.inference import RankSim, Router
 from simulators.pipelines.late_release import LateRelease
 from simulators.pipelines.rollouts import RolloutEffects
+from simulators.pipelines.scheduler_calls import SchedulerCalls
+from simulators.pipelines.watchdog import GenerationWatchdog
 from simulators.pipelines.training import TrainingEffects
-from simulators.faults.oracle import OracleFaults, request_under_lock
+from simulators.faults.oracle import OracleFaults
 from simulators.refit.groups import WeightSyncGroups
 from simulators.pipelines.ranks import RankEffects
 from simulators.refit.sync import RefitEffects
@@ -49,23 +51,49 @@ from simulators.runtime.timeouts import Deadlines
 from simulators.pipelines.workload import Collector, ReplayBuffer
 
 TRANSPORT_SAME_GPU = "cpu_serialize"  # NeMo's service hard-codes it (docs/modelled-systems.md#rlix-selective-sync)
-_TRAIN_PHASE_OF = {
-    Priority.INITIALIZATION: "init",
-    Priority.OLD_LOG_PROBS: "old_log_probs",
-    Priority.ACTOR_TRAINING: "train",
-}
+
+
+def _pipeline_context(spec: PipelineSpec, sim: Simulation, nemo: bool) -> PipelineContext:
+    """The control logic's view of the pipeline (``harness.control.context``): what its
+    generators read and update, the same object the gates' driver builds."""
+    return PipelineContext(
+        pipeline_id=spec.name,
+        kind=spec.type,
+        steps=spec.steps,
+        sleep_level=spec.sleep_level,
+        step_target=spec.workload.trajectories_per_step,
+        gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
+        versions=VersionBook(clamp_bootstrap=nemo),
+        release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
+        wait_offloaded=spec.wait_offloaded,
+        finalize_pause=spec.finalize_pause,
+        trainer=TrainerSwitches(
+            old_log_probs_offload_states=spec.old_log_probs_offload_states, offload_nccl=spec.offload_nccl
+        ),
+        engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake),
+    )
 
 
 class PipelineSim(
-    RankEffects, EngineEffects, LateRelease, RefitEffects, TrainingEffects, RolloutEffects, FieldFaults, OracleFaults
+    RankEffects,
+    EngineEffects,
+    LateRelease,
+    RefitEffects,
+    TrainingEffects,
+    RolloutEffects,
+    FieldFaults,
+    OracleFaults,
+    SchedulerCalls,
+    GenerationWatchdog,
 ):
     """Inference-rank effects come from :class:`RankEffects` (ranks.py), the weight sync from
     :class:`RefitEffects` (refit.py), training effects from :class:`TrainingEffects`
     (pipeline_training.py), workload effects and trajectory collection from
     :class:`RolloutEffects` (pipeline_rollouts.py), the field-report fault hooks from
     :class:`FieldFaults` (field_faults.py), the oracle's fault hooks from :class:`OracleFaults`
-    (oracle_faults.py); lifecycle, scheduler and coordinator-lock
-    effects, the generation watchdog and the effect dispatch are here."""
+    (oracle_faults.py), the scheduler calls from :class:`SchedulerCalls` (scheduler_calls.py), the
+    generation watchdog from :class:`GenerationWatchdog` (watchdog.py); lifecycle and
+    coordinator-lock effects and the effect dispatch are here."""
 
     def __init__(self, sim: Simulation, spec: PipelineSpec, index: int) -> None:
         self.sim, self.spec, self.index = sim, spec, index
@@ -73,22 +101,15 @@ class PipelineSim(
         self.pid = spec.name
         self.costs = spec.costs or sim.scenario.costs
         nemo = spec.type == "nemo_async"
-        self.ctx = PipelineContext(
-            pipeline_id=spec.name,
-            kind=spec.type,
-            steps=spec.steps,
-            sleep_level=spec.sleep_level,
-            step_target=spec.workload.trajectories_per_step,
-            gen_estimate=1 if nemo else spec.workload.trajectories_per_step,
-            versions=VersionBook(clamp_bootstrap=nemo),
-            release_after_offload=bool(sim.scenario.scheduler.get("release_after_offload", False)),
-            wait_offloaded=spec.wait_offloaded,
-            finalize_pause=spec.finalize_pause,
-            trainer=TrainerSwitches(
-                old_log_probs_offload_states=spec.old_log_probs_offload_states, offload_nccl=spec.offload_nccl
-            ),
-            engine=EngineConfig(pause_mode=spec.pause_mode, wake=spec.wake),
-        )
+        self.ctx = _pipeline_context(spec, sim, nemo)
+        self._make_ranks_and_router(spec, index, nemo)
+        self._make_collection(spec, index, nemo)
+        self._init_state(spec, index)
+
+    def _make_ranks_and_router(self, spec: PipelineSpec, index: int, nemo: bool) -> None:
+        """The inference ranks (DP rank r on ``sorted(infer_gpus)[r*tp:(r+1)*tp]``) and the
+        router that spreads the workload's requests over them."""
+        sim = self.sim
         self.train_gpus = tuple(sorted(spec.train_gpus))
         infer = sorted(spec.infer_gpus)
         tp = spec.infer_tp
@@ -119,6 +140,11 @@ class PipelineSim(
             decode_step_time(w, spec.model),
         )
         self.router.ranks = self.ranks
+
+    def _make_collection(self, spec: PipelineSpec, index: int, nemo: bool) -> None:
+        """Where finished trajectories go: the collector (its batch policy and random stream)
+        and the replay buffer, with the coordinator's progress book."""
+        sim, w = self.sim, spec.workload
         seed = np.random.SeedSequence([sim.scenario.seed, index])
         ahead = w  # fault stale_batch: generation runs two more steps ahead (oracle_faults.py)
         if any(f.name == "stale_batch" and f.pipeline == self.pid for f in sim.scenario.faults):
@@ -128,6 +154,11 @@ class PipelineSim(
         self.progress = CoordinatorProgress(self.pid)
         self.batch_step: Optional[int] = None  # the step whose batch is being collected
         self.batch_ready = self.env.event()
+
+    def _init_state(self, spec: PipelineSpec, index: int) -> None:
+        """The coordinator lock, the per-effect caches, the training and fault state, and the
+        helpers (cache lock, deadlines, data plane) that keep a reference to this pipeline."""
+        sim, w = self.sim, spec.workload
         # RLix's coordinator _resize_sync_lock (a threading.Lock: no order among waiters, so
         # an explored run picks the next holder); == simpy.Resource(env, 1), cheaper (see Link)
         self.lock = Link(self.env, 1, unordered=True)
@@ -245,17 +276,6 @@ class PipelineSim(
         for g in set(self.train_gpus) | set(self.spec.infer_gpus):
             self.sim.cluster.vram.alloc(g, f"{self.pid}/ctx", "cuda_context", self.costs.cuda_context_bytes)
 
-    def _StartWatchdog(self, e):
-        """NeMo's GENERATION re-request (``harness.control.watchdog``), every ``watchdog_s``.
-
-        A :class:`~simulators.runtime.env.Timer` chain run for the ``("watchdog", index)`` actor: each
-        tick is the one event a watchdog process's timeout would be, with the same key (so
-        the same order), without resuming a process per tick. Under the fault
-        ``no_gen_watchdog`` the chain ticks but sends nothing: it finds where the missing
-        watchdog would have acted (:meth:`_watchdog_tick`)."""
-        self._watchdog_actor = Actor("watchdog", self.index)
-        self._watchdog_rearm()
-
     def _RunControl(self, e):
         return self.drive(e.gen, e.scope, e.step, e.cycle)
 
@@ -354,70 +374,6 @@ class PipelineSim(
             handling = self._handlings[effect_cls] = _handling_of(self, effect_cls)
         return handling
 
-    # ------------------------------------------------------------------ scheduler effects
-    def _cid(self, cluster: str) -> str:
-        return f"{self.pid}_{cluster}"
-
-    def _wait_ticket(self, ticket, timeout: Optional[Tuple[str, float]] = None):
-        """Wait for a scheduler ticket; ``timeout`` = (what, limit) arms an RLix deadline."""
-        if ticket.done:
-            return ticket.gpus
-        waiter = self.sim.waiter(ticket.request_id)
-        if timeout is not None:
-            self.deadlines.arm(*timeout, lambda: waiter.triggered)
-        signal = yield waiter
-        if signal.error:
-            raise SimFailure(f"request {ticket.request_id} failed: {signal.error}")
-        return signal.gpus
-
-    def _RequestGpus(self, e):
-        cid, sim = self._cid(e.cluster), self.sim
-        if e.cluster == ACTOR_TRAIN:
-            self.train_phase = _TRAIN_PHASE_OF.get(e.priority, self.train_phase)
-        estimate = self._gen_estimate(e.cluster, e.step_target_estimate)  # a field fault may drop it
-        if estimate != e.step_target_estimate:
-            e = dataclasses.replace(e, step_target_estimate=estimate)
-        ticket = sim.call("request", *request_input(sim.model, cid, e))
-        gpus = yield from self._wait_ticket(ticket)
-        return gpus
-
-    def _ReleaseGpus(self, e):
-        sim, cid = self.sim, self._cid(e.cluster)
-        fields = {"cluster_id": cid}
-        if e.global_step is not None:
-            fields["global_step"] = e.global_step
-        sim.call("release", fields, lambda: sim.model.release(cid, global_step=e.global_step))
-        return None
-
-    def _ReleaseThenRequest(self, e):
-        sim = self.sim
-        if e.request_cluster == ACTOR_TRAIN:
-            self.train_phase = _TRAIN_PHASE_OF.get(e.priority, self.train_phase)
-        rel, req = self._cid(e.release_cluster), self._cid(e.request_cluster)
-        fields = {"release_cluster_id": rel, "request_cluster_id": req, "request_priority": e.priority.name}
-        if e.global_step is not None:
-            fields.update(release_global_step=e.global_step, request_global_step=e.global_step)
-        ticket = sim.call(
-            "release_then_request",
-            fields,
-            lambda: sim.model.release_then_request(
-                rel, req, e.priority, release_global_step=e.global_step, request_global_step=e.global_step
-            ),
-        )
-        gpus = yield from self._wait_ticket(ticket)
-        return gpus
-
-    def _AwaitRelease(self, e):
-        sim = self.sim
-        fields = {"pipeline_id": self.pid}
-        if e.global_step is not None:
-            fields["global_step"] = e.global_step
-        ticket = sim.call(
-            "await_release", fields, lambda: sim.model.await_release(pipeline_id=self.pid, global_step=e.global_step)
-        )
-        yield from self._wait_ticket(ticket, ("await_release", self.costs.await_release_timeout_s))
-        return None
-
     # ------------------------------------------------------------------ coordinator lock
     def _LockCoordinator(self, e):
         req = self.lock.request()
@@ -435,46 +391,6 @@ class PipelineSim(
         self._drop_lock_waiter()  # fault lost_lock_handoff (oracle_faults.py)
         self.lock.release(self._lock_req.pop())
         return None
-
-    # ------------------------------------------------------------------ generation watchdog
-    def _watchdog_rearm(self) -> None:
-        if watchdog_alive(self.finished, self.sim.failure is not None):
-            Timer(self.env, self.costs.watchdog_s, self._watchdog_actor, self._watchdog_tick, None)
-
-    def _watchdog_locked(self, e):
-        """The watchdog's re-request made while it holds the pipeline's resize lock (the
-        fault ``watchdog_request_under_lock``, simulators/faults/oracle.py); it ticks again
-        once its request returned."""
-        try:
-            yield from self.drive(request_under_lock(e), "watchdog", None)
-        except SimFailure as exc:
-            self.sim.fail(f"{self.pid} watchdog: {exc}")
-            return
-        self._watchdog_rearm()
-
-    def _watchdog_tick(self, _arg: Any) -> None:
-        sim, cid = self.sim, self._cid(GENERATION_CLUSTER)
-        e = watchdog_tick(
-            self.finished, sim.failure is not None, sim.model.state, cid, [r.life.state for r in self.ranks.values()]
-        )
-        if e is not None and "no_gen_watchdog" in self.faults:
-            # the absent watchdog (fault no_gen_watchdog) is seen where it would have
-            # re-requested GENERATION first: the record, and no tick after it
-            self._fire("no_gen_watchdog")
-            return
-        if e is not None and self._request_under_lock_due():  # fault watchdog_request_under_lock
-            self.env.spawn(self._watchdog_locked(e), "watchdog", self.index, 1)
-            return  # the watchdog's thread is blocked in its request: no tick until it returns
-        if e is not None:
-            try:
-                estimate = self._gen_estimate(GENERATION_CLUSTER, e.step_target_estimate)  # a field fault may drop it
-                if estimate != e.step_target_estimate:
-                    e = dataclasses.replace(e, step_target_estimate=estimate)
-                sim.call("request", *request_input(sim.model, cid, e))
-            except SimFailure as exc:
-                sim.fail(f"{self.pid} watchdog: {exc}")
-                return
-        self._watchdog_rearm()
 
 
 # ---------------------------------------------------------------------- effect dispatch

@@ -229,10 +229,10 @@ class _ColocatedIpcTiming(_SyncTiming):
     packed into a consolidated tensor on the trainer's GPU, then copied into place by the
     vLLM worker on that GPU, both over that GPU's HBM; before the pack, the group's share of
     ``refit_gather_s`` (every GPU gathering its tensors whole from the training layout,
-    ``formulas.refit_gather_s``). Every GPU does the same at once, so one timeline stands
+    ``refit_formulas.refit_gather_s``). Every GPU does the same at once, so one timeline stands
     for all; no host link and no fabric is held (the gather's collectives are the
     training's own groups, charged as time).
-    ``formulas.colocated_ipc_refit_s`` is the closed form (a test checks the two agree)."""
+    ``refit_formulas.colocated_ipc_refit_s`` is the closed form (a test checks the two agree)."""
 
     def __init__(self, pipe, e) -> None:
         super().__init__(pipe, e)

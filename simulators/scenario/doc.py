@@ -1,8 +1,8 @@
 """Generate ``docs/scenario-reference.md`` from the spec: every field, unit, default, limit.
 
 The reference is derived, never written by hand, from the three places that define a
-scenario: the dataclasses of ``simulators/scenario/spec.py`` (fields, defaults and the comment on
-each field), the validation table of ``simulators/scenario/rules.py`` (type, bound, unit)
+scenario: the dataclasses of ``simulators/scenario/spec.py`` and ``fault_catalogue.py``
+(fields, defaults and the comment on each field), the validation table of ``simulators/scenario/rules.py`` (type, bound, unit)
 and the size limits of ``harness/limits.py``; scheduler options come from
 ``harness.scheduler.options.SchedulerOptions``; the list of bundled scenarios (the one
 count the docs give) from ``examples/scenarios/``. A test regenerates it and compares, so

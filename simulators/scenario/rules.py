@@ -259,8 +259,8 @@ def refit_path_problem(vals: Dict[str, Any], train: Any, infer: Any, gpu: str) -
 
 def refit_export_problem(vals: Dict[str, Any]) -> Optional[str]:
     """Why a pipeline's ``refit_export`` (how NeMo RL's refit gathers each tensor whole,
-    ``formulas.refit_gather_s``) is not one of the two modelled, or None."""
-    from simulators.costmodel.formulas import REFIT_EXPORTS
+    ``refit_formulas.refit_gather_s``) is not one of the two modelled, or None."""
+    from simulators.costmodel.refit_formulas import REFIT_EXPORTS
 
     export = vals.get("refit_export", "megatron_bridge")
     if export not in REFIT_EXPORTS:

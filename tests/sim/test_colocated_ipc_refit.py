@@ -9,6 +9,7 @@ import pytest
 
 from harness.logs.invariants import check_log
 from simulators.costmodel import formulas as f
+from simulators.costmodel import refit_formulas as rf
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.runtime.simulation import Simulation
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
@@ -87,15 +88,15 @@ def test_the_closed_form_against_a_hand_computation():
     # 1e9 bytes in 3e8-byte groups: 4 groups (3e8, 3e8, 3e8, 1e8). At 2e12 B/s x 0.5 each
     # copy moves 2 bytes per byte (read + write): pack 2e9 / 1e12 = 2 ms, load 2 ms;
     # overheads 4 x (2 x 1 ms + 2 ms) = 16 ms; fixed 100 ms. Total 0.120 s.
-    assert f.colocated_ipc_refit_s(1e9, 300_000_000, 2e12, 0.5, 0.001, 0.002, 0.1) == pytest.approx(0.120)
-    assert f.colocated_ipc_refit_s(1e9, 1 << 40, 2e12, 0.5) == pytest.approx(0.004)  # one group, no overheads
-    assert "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf" in f.NEMO_RL_IPC_REFIT_SOURCE
+    assert rf.colocated_ipc_refit_s(1e9, 300_000_000, 2e12, 0.5, 0.001, 0.002, 0.1) == pytest.approx(0.120)
+    assert rf.colocated_ipc_refit_s(1e9, 1 << 40, 2e12, 0.5) == pytest.approx(0.004)  # one group, no overheads
+    assert "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf" in rf.NEMO_RL_IPC_REFIT_SOURCE
 
 
 def test_the_simulator_charges_the_closed_form_and_writes_ipc_buckets_only(runs):
     s = _scenario("colocated_ipc")
     c = s.pipelines[0].costs
-    expected = f.colocated_ipc_refit_s(
+    expected = rf.colocated_ipc_refit_s(
         s.pipelines[0].model.weight_bytes,
         c.bucket_bytes,
         GPU_PRESETS["h100_sxm"].hbm_bytes_per_s,
@@ -166,25 +167,25 @@ def test_the_gather_against_a_hand_computation():
     # TP2 PP2 on 16 GPUs: TP pairs inside a node (2e9 x 1/2 / 400e9 = 2.5 ms); a PP group is
     # GPUs g and g + 8, across nodes (span 9 > 8): the whole tensor 2e9 / 100e9 = 20 ms with
     # gather_params, the TP shard 1e9 / 100e9 = 10 ms with megatron_bridge
-    v03 = f.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 16, _LINKS, _E, "gather_params")
+    v03 = rf.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 16, _LINKS, _E, "gather_params")
     assert (v03["tp"], v03["pp"], v03["ep"]) == pytest.approx((2.5e-3, 20e-3, 0.0))
     assert v03["total"] == pytest.approx(22.5e-3)
-    assert f.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 16, _LINKS, _E)["pp"] == pytest.approx(10e-3)
+    assert rf.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 16, _LINKS, _E)["pp"] == pytest.approx(10e-3)
     # the same on 8 GPUs: the PP group (g, g + 4) stays in the node, 2e9 / 400e9 = 5 ms
-    assert f.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 8, _LINKS, _E, "gather_params")["pp"] == pytest.approx(5e-3)
-    assert f.refit_gather_s(dense, f.Parallel(), 8, _LINKS, _E)["total"] == 0.0  # DP only: nothing to gather
+    assert rf.refit_gather_s(dense, f.Parallel(tp=2, pp=2), 8, _LINKS, _E, "gather_params")["pp"] == pytest.approx(5e-3)
+    assert rf.refit_gather_s(dense, f.Parallel(), 8, _LINKS, _E)["total"] == 0.0  # DP only: nothing to gather
     # a MoE: N 12e9, N_act 4.5e9, top-2 of 8 -> routed experts 7.5e9 / (1 - 1/4) = 10e9
     # parameters (W_x = 20e9 bytes), the rest 2e9 (W_d = 4e9 bytes)
     moe = f.Arch(12e9, 4.5e9, 8, 1024, 256, 2, experts_per_token=2, num_experts=8)
-    one_node = f.refit_gather_s(moe, f.Parallel(ep=4), 8, _LINKS, _E)
+    one_node = rf.refit_gather_s(moe, f.Parallel(ep=4), 8, _LINKS, _E)
     assert one_node["ep"] == pytest.approx(20e9 * 3 / 4 / 400e9) and one_node["pp"] == one_node["tp"] == 0.0
-    wide = f.refit_gather_s(moe, f.Parallel(ep=16), 16, _LINKS, _E)  # EP 16 spans two nodes
+    wide = rf.refit_gather_s(moe, f.Parallel(ep=16), 16, _LINKS, _E)  # EP 16 spans two nodes
     assert wide["ep"] == pytest.approx(20e9 * 15 / 16 / 100e9)
-    staged = f.refit_gather_s(moe, f.Parallel(ep=4, pp=2), 16, _LINKS, _E)  # each local expert crosses the stages
+    staged = rf.refit_gather_s(moe, f.Parallel(ep=4, pp=2), 16, _LINKS, _E)  # each local expert crosses the stages
     assert staged["pp"] == pytest.approx((4e9 + 20e9 / 4) / 100e9)
     with pytest.raises(ValueError):
-        f.refit_gather_s(dense, f.Parallel(), 8, _LINKS, _E, "nccl")
-    assert "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf" in str(f.REFIT_GATHER_SOURCES)
+        rf.refit_gather_s(dense, f.Parallel(), 8, _LINKS, _E, "nccl")
+    assert "b1c86a816c5e2b4ca41ece193624a38dc62e6fdf" in str(rf.REFIT_GATHER_SOURCES)
 
 
 def _layout_scenario(**pipe):
@@ -205,7 +206,7 @@ def test_the_gather_is_derived_and_charged_inside_the_sync(export, expected):
     p = s.pipelines[0]
     assert p.refit_export == export and p.costs.refit_gather_s == pytest.approx(expected)
     c = p.costs
-    closed = f.colocated_ipc_refit_s(
+    closed = rf.colocated_ipc_refit_s(
         p.model.weight_bytes,
         c.bucket_bytes,
         GPU_PRESETS["h100_sxm"].hbm_bytes_per_s,

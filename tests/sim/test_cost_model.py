@@ -7,6 +7,7 @@ import math
 import pytest
 
 from simulators.costmodel import formulas as f
+from simulators.costmodel import refit_formulas as rf
 from simulators.costmodel.hardware import GPU_PRESETS
 from simulators.costmodel.models import MODEL_PRESETS
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
@@ -132,7 +133,7 @@ def test_bad_cost_model_input_is_one_line_naming_the_field(kwargs, message):
 
 
 def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
-    """A 7B's sync from the cache: the simulated sync_start -> sync_end equals formulas.refit_s
+    """A 7B's sync from the cache: the simulated sync_start -> sync_end equals refit_formulas.refit_s
     over NVLink (H100) and over PCIe (L40S, no NVLink), and a bigger bucket saves exactly
     the per-bucket overheads it no longer pays."""
     from simulators.runtime.simulation import Simulation
@@ -158,7 +159,7 @@ def test_the_refit_closed_form_is_what_the_simulator_charges_per_link():
                 elif start is not None and end is None and r["kind"] == "sync_end" and r["pipeline_id"] == "p7b":
                     end = r
             c, cl = s.pipelines[0].costs, s.cluster
-            expected = f.refit_s(
+            expected = rf.refit_s(
                 s.pipelines[0].model.weight_bytes,
                 bucket,
                 cl.pcie_bytes_per_s,
