@@ -123,7 +123,7 @@ class CostSpec:
     refit_complete_s: float = 0.0  # release the buffers, COMPLETE and its ACK
     # colocated_ipc only: seconds per sync each GPU spends gathering the training shards into
     # whole tensors before the hand-over (TP all-gather, PP broadcast, EP all-gather);
-    # derived by the cost model (formulas.refit_gather_s), 0 = not modelled
+    # derived by the cost model (refit_formulas.refit_gather_s), 0 = not modelled
     refit_gather_s: float = 0.0
     # vLLM gpu_memory_utilization: share of a GPU a woken rank takes for weights + KV cache
     kv_cache_fraction: float = 0.9
