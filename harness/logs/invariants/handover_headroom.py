@@ -69,6 +69,10 @@ def margin_of(records: Records) -> int:
     return int(value) if isinstance(value, (int, float)) else DEFAULT_MARGIN_BYTES
 
 
+#: the kinds of the records that can end a window (:func:`_ends`)
+_ENDING_KINDS = frozenset(("resize_end", "released"))
+
+
 def _ends(r: dict, w: Window) -> bool:
     """Whether record ``r`` ends the wake window ``w`` opened."""
     if w.cluster.endswith("_actor_infer") and r["kind"] == "resize_end" and r["phase"] == "expand":
@@ -124,10 +128,11 @@ def handover_windows(records: Records) -> List[Window]:
             for w in open_.get(r["gpu"], ()):
                 see(w, r["seq"], r["requested"])
             continue
-        for g, ws in list(open_.items()):
-            for w in [w for w in ws if _ends(r, w)]:
-                w.end_seq = r["seq"]
-                ws.remove(w)
+        if r["kind"] in _ENDING_KINDS:  # (no other record ends a window: see _ends)
+            for g, ws in list(open_.items()):
+                for w in [w for w in ws if _ends(r, w)]:
+                    w.end_seq = r["seq"]
+                    ws.remove(w)
         grant = holders.grant_of(r)
         if grant is None:
             continue
