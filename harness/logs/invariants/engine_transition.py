@@ -36,6 +36,8 @@ from harness.logs.invariants.base import Records, Violation, invariant
 Rank = Tuple[str, int]
 _ASLEEP_STATES = ("asleep", "waking", "stopped")  # lifecycle states where no tag is awake
 _TAG_ASLEEP = {table.WEIGHTS: ("offloaded", "discarded"), table.KV: ("asleep",)}
+#: an event -> 1 if it pauses the engine, -1 if it ends a pause (a resume or a sleep), else 0
+_PAUSING: Dict[str, int] = {}
 
 
 class _Replay:
@@ -46,7 +48,7 @@ class _Replay:
         self.life: Dict[Rank, str] = {}
         self.open: Dict[str, Dict[object, List[Rank]]] = {}  # pipeline -> version -> ranks its open sync writes
         self.out: List[Violation] = []
-        self._memo: Dict[Tuple[Tuple[str, ...], str], Optional[table.Illegal]] = {}
+        self._memo: Dict[Tuple[Tuple[str, ...], str], Tuple[Optional[table.Illegal], Tuple[str, ...]]] = {}
         self.paused_at: Dict[Rank, dict] = {}  # rank -> the record of its pause not yet followed by a resume or sleep
         # a single controller's generation side -> its PauseRollouts not yet followed by a ResumeRollouts
         self.rollouts_paused_at: Dict[str, dict] = {}
@@ -57,13 +59,22 @@ class _Replay:
         state = self.state.get(key)
         if state is None:
             state = self.state[key] = dict(table.INITIAL)
-        memo_key = (tuple(state.values()), event)
-        if memo_key not in self._memo:  # the table's answer depends only on the state and the event
-            self._memo[memo_key] = table.illegal(state, event)
-        why = self._memo[memo_key]
-        if event.startswith("pause("):
+        before = tuple(state.values())
+        memo_key = (before, event)
+        known = self._memo.get(memo_key)
+        if known is None:  # the table's answer and move depend only on the state and the event
+            moved = dict(state)
+            table.apply(moved, event)
+            known = self._memo[memo_key] = (table.illegal(state, event), tuple(moved.values()))
+        why, after = known
+        pausing = _PAUSING.get(event)
+        if pausing is None:
+            pausing = _PAUSING[event] = 1 if event.startswith("pause(") else (
+                -1 if event == "resume" or event.startswith("sleep(") else 0
+            )
+        if pausing == 1:
             self.paused_at.setdefault(key, r)
-        elif event == "resume" or event.startswith("sleep("):
+        elif pausing == -1:
             self.paused_at.pop(key, None)
         if why is not None:
             self.out.append(
@@ -74,7 +85,8 @@ class _Replay:
                     f"(record {r['kind']}{' ' + r['effect'] if 'effect' in r else ''})",
                 )
             )
-        table.apply(state, event)
+        if after != before:
+            state.update(zip(state, after))
 
     def on(self, r: dict) -> None:
         kind = r["kind"]
