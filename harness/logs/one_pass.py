@@ -16,7 +16,9 @@ fails loudly with :class:`NotOnePass`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional
+
+import numpy as np
 
 
 class NotOnePass(RuntimeError):
@@ -132,3 +134,29 @@ def abandon(runs: Iterable["OnePassRun"]) -> None:
             run.finish()
         except BaseException:  # noqa: BLE001 - the failure being handled is the caller's
             pass
+
+
+# ---- splitting a batch by kind, for the readers of each set of kinds
+
+
+def kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
+    """The distinct kinds of ``chunk`` (a list) and each record's position in it (an array)."""
+    code_of: Dict[Any, int] = {}
+    codes = np.fromiter(
+        (code_of.setdefault(r.get("kind"), len(code_of)) for r in chunk), dtype=np.int64, count=len(chunk)
+    )
+    return list(code_of), codes
+
+
+def pick_kinds(
+    chunk: List[Dict[str, Any]], kinds_read: List[Any], codes: "np.ndarray", kinds: Optional[FrozenSet[str]]
+) -> List[Dict[str, Any]]:
+    """The records of ``chunk`` whose kind is in ``kinds`` (every record for None), in order."""
+    if kinds is None:
+        return list(chunk)
+    wanted = np.fromiter((k in kinds for k in kinds_read), dtype=bool, count=len(kinds_read))
+    if not wanted.any():
+        return []
+    if wanted.all():
+        return list(chunk)
+    return list(map(chunk.__getitem__, np.flatnonzero(wanted[codes]).tolist()))

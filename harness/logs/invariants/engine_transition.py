@@ -69,8 +69,8 @@ class _Replay:
         why, after = known
         pausing = _PAUSING.get(event)
         if pausing is None:
-            pausing = _PAUSING[event] = 1 if event.startswith("pause(") else (
-                -1 if event == "resume" or event.startswith("sleep(") else 0
+            pausing = _PAUSING[event] = (
+                1 if event.startswith("pause(") else (-1 if event == "resume" or event.startswith("sleep(") else 0)
             )
         if pausing == 1:
             self.paused_at.setdefault(key, r)

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
-import numpy as np
 
 from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
 from harness.logs.invariants.engine_transition import engine_replay, on_replay
 from harness.logs.invariants.waitfor import on_graph, wait_graph
 from harness.logs.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
+from harness.logs.one_pass import kind_codes, pick_kinds
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
@@ -47,29 +47,6 @@ SHARED: Dict[str, tuple] = {
     "(wait-for graph)": (wait_graph, on_graph, ("deadlock", "lost_wakeup", "hot_state")),
     "(engine replay)": (engine_replay, on_replay, ("engine_transition", "engine_stood_down")),
 }
-
-
-def _kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
-    """The distinct kinds of ``chunk`` (a list) and each record's position in it (an array)."""
-    code_of: Dict[Any, int] = {}
-    codes = np.fromiter(
-        (code_of.setdefault(r.get("kind"), len(code_of)) for r in chunk), dtype=np.int64, count=len(chunk)
-    )
-    return list(code_of), codes
-
-
-def _pick(
-    chunk: List[Dict[str, Any]], kinds_read: List[Any], codes: "np.ndarray", kinds: Optional[FrozenSet[str]]
-) -> List[Dict[str, Any]]:
-    """The records of ``chunk`` whose kind is in ``kinds`` (every record for None), in order."""
-    if kinds is None:
-        return list(chunk)
-    wanted = np.fromiter((k in kinds for k in kinds_read), dtype=bool, count=len(kinds_read))
-    if not wanted.any():
-        return []
-    if wanted.all():
-        return list(chunk)
-    return list(map(chunk.__getitem__, np.flatnonzero(wanted[codes]).tolist()))
 
 
 class OnlineOracle:
@@ -113,12 +90,12 @@ class OnlineOracle:
             self._start(chunk[0])
         self.count += len(chunk)
         self._last = chunk[-1]
-        kinds_read, codes = _kind_codes(chunk)
+        kinds_read, codes = kind_codes(chunk)
         # the chunk split by the kinds each check sees (as kind_views does): each record's
         # kind read once, then each set of kinds picks its records by a numpy mask
-        batches = {kinds: _pick(chunk, kinds_read, codes, kinds) for kinds in self._streamed_sets}
+        batches = {kinds: pick_kinds(chunk, kinds_read, codes, kinds) for kinds in self._streamed_sets}
         for kinds, view in self._kept.items():
-            view.extend(_pick(chunk, kinds_read, codes, kinds))
+            view.extend(pick_kinds(chunk, kinds_read, codes, kinds))
         if chunk[0] is self._first:  # every view starts with the log's first record
             for view in list(batches.values()) + list(self._kept.values()):
                 if not view or view[0] is not self._first:

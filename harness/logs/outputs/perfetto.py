@@ -181,7 +181,10 @@ class _SliceEventColumns:
             np.concatenate((self.pid, np.array([e["pid"] for e in events], dtype=np.int64))),
             np.concatenate((self.tid, np.array([e["tid"] for e in events], dtype=np.int64))),
             np.concatenate(
-                (np.full(n, _PH_ORDER["X"], dtype=np.int64), np.array([_PH_ORDER.get(e["ph"], 9) for e in events], dtype=np.int64))
+                (
+                    np.full(n, _PH_ORDER["X"], dtype=np.int64),
+                    np.array([_PH_ORDER.get(e["ph"], 9) for e in events], dtype=np.int64),
+                )
             ),
             dur,
         ]

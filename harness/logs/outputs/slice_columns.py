@@ -169,7 +169,22 @@ def slice_columns_of(
 ) -> SliceColumns:
     """:func:`harness.logs.outputs.intervals.slices_of` as columns: one slice per GPU of
     every effect, then of every routable rank interval, sorted (the same slices, fields
-    and order). Each column is filled an interval at a time (no row tuple per slice)."""
+    and order)."""
+    unsorted = _unsorted_columns(effects, ranks, include_other)
+    order = unsorted.slice_order()
+    columns = unsorted.columns()
+    del unsorted
+    taken = []
+    while columns:  # each column sorted then dropped: one column's copy at a time
+        taken.append(_take(columns.pop(0), order))
+    return SliceColumns(*taken)
+
+
+def _unsorted_columns(
+    effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], include_other: bool
+) -> SliceColumns:
+    """The slices in interval order, each column filled an interval at a time (no row
+    tuple per slice)."""
     gpu: List[Any] = []
     start: List[float] = []
     end: List[float] = []
@@ -198,12 +213,4 @@ def slice_columns_of(
         add(iv, k, effect_label(iv))
     for rv in ranks:
         add(rv, "generate", f"generate {rv.pipeline_id} dp{rv.dp_rank}")
-    unsorted = SliceColumns(gpu, start, end, kind, pipeline_id, label, SliceArgs(sources), seq)
-    del gpu, start, end, kind, pipeline_id, label, sources, seq
-    order = unsorted.slice_order()
-    columns = unsorted.columns()
-    del unsorted
-    taken = []
-    while columns:  # each column sorted then dropped: one column's copy at a time
-        taken.append(_take(columns.pop(0), order))
-    return SliceColumns(*taken)
+    return SliceColumns(gpu, start, end, kind, pipeline_id, label, SliceArgs(sources), seq)
