@@ -41,7 +41,7 @@ class SliceColumns:
         self.gpu, self.start, self.end, self.kind = gpu, start, end, kind
         self.pipeline_id, self.label, self.args, self.seq = pipeline_id, label, args, seq
 
-    def columns(self) -> List[List[Any]]:
+    def columns(self) -> List[Any]:
         """The lists in :data:`SLICE_FIELDS` order."""
         return [self.gpu, self.start, self.end, self.kind, self.pipeline_id, self.label, self.args, self.seq]
 
@@ -110,7 +110,7 @@ def slice_args(iv: Any) -> Dict[str, Any]:
     return _effect_args(iv) if type(iv) is EffectInterval else _rank_args(iv)
 
 
-class SliceArgs:
+class SliceArgs(Sequence[Dict[str, Any]]):
     """The ``args`` column, each slice's dict built when it is read, from the interval
     the slice is drawn from: an interval's args dict (seven keys, its GPU list) held per
     interval for the whole run was most of the slices' memory on a large run, and only
@@ -124,7 +124,7 @@ class SliceArgs:
     def __len__(self) -> int:
         return len(self.sources)
 
-    def __getitem__(self, i: int) -> Dict[str, Any]:
+    def __getitem__(self, i):  # (an index: the columns are read by position)
         return slice_args(self.sources[i])
 
     def __iter__(self):
