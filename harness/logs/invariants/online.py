@@ -14,7 +14,11 @@ yields the records as they arrive — in a thread of its own that the oracle han
 chunk's records to and waits for (only one thread runs at a time, so a check sees what a
 batch run sees, in the same order; the hand-off costs two thread switches per check per
 chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
-interval. The records themselves are dropped once every check has read them.
+interval. The records themselves are dropped once every check has read them. Each
+chunk is split by kind once (each record's kind read once, then each set of kinds picks
+its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`), and checks that
+read the log only through one structure made in a pass of it (the wait-for graph, the
+engines' table replay: :data:`SHARED`) share that pass.
 
 A check that reads its records more than once (a first pass for the registrations, then
 the main loop) or reads the log's end before it reaches it is named in
