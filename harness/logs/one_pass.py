@@ -140,23 +140,25 @@ def abandon(runs: Iterable["OnePassRun"]) -> None:
 
 
 def kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
-    """The distinct kinds of ``chunk`` (a list) and each record's position in it (an array)."""
-    code_of: Dict[Any, int] = {}
-    codes = np.fromiter(
-        (code_of.setdefault(r.get("kind"), len(code_of)) for r in chunk), dtype=np.int64, count=len(chunk)
-    )
-    return list(code_of), codes
+    """The distinct kinds of ``chunk`` (a list), each record's position among them (an
+    array), and the records as a numpy object array (what :func:`pick_kinds` indexes)."""
+    kinds = [r.get("kind") for r in chunk]
+    code_of = {kind: i for i, kind in enumerate(dict.fromkeys(kinds))}
+    codes = np.fromiter(map(code_of.__getitem__, kinds), dtype=np.int64, count=len(kinds))
+    records = np.empty(len(chunk), dtype=object)
+    records[:] = chunk
+    return list(code_of), codes, records
 
 
-def pick_kinds(
-    chunk: List[Dict[str, Any]], kinds_read: List[Any], codes: "np.ndarray", kinds: Optional[FrozenSet[str]]
-) -> List[Dict[str, Any]]:
-    """The records of ``chunk`` whose kind is in ``kinds`` (every record for None), in order."""
+def pick_kinds(chunk: tuple, kinds: Optional[FrozenSet[str]]) -> List[Dict[str, Any]]:
+    """The records of ``chunk`` (:func:`kind_codes` of a list) whose kind is in
+    ``kinds`` (every record for None), in order."""
+    kinds_read, codes, records = chunk
     if kinds is None:
-        return list(chunk)
+        return records.tolist()
     wanted = np.fromiter((k in kinds for k in kinds_read), dtype=bool, count=len(kinds_read))
     if not wanted.any():
         return []
     if wanted.all():
-        return list(chunk)
-    return list(map(chunk.__getitem__, np.flatnonzero(wanted[codes]).tolist()))
+        return records.tolist()
+    return records[wanted[codes]].tolist()

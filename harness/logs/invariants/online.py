@@ -94,12 +94,12 @@ class OnlineOracle:
             self._start(chunk[0])
         self.count += len(chunk)
         self._last = chunk[-1]
-        kinds_read, codes = kind_codes(chunk)
+        split = kind_codes(chunk)
         # the chunk split by the kinds each check sees (as kind_views does): each record's
         # kind read once, then each set of kinds picks its records by a numpy mask
-        batches = {kinds: pick_kinds(chunk, kinds_read, codes, kinds) for kinds in self._streamed_sets}
+        batches = {kinds: pick_kinds(split, kinds) for kinds in self._streamed_sets}
         for kinds, view in self._kept.items():
-            view.extend(pick_kinds(chunk, kinds_read, codes, kinds))
+            view.extend(pick_kinds(split, kinds))
         if chunk[0] is self._first:  # every view starts with the log's first record
             for view in list(batches.values()) + list(self._kept.values()):
                 if not view or view[0] is not self._first:

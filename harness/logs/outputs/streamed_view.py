@@ -111,17 +111,17 @@ class StreamedRunView(RunView):
         self._n += len(times)
         self._t_max = max(self._t_max, float(times.max()))
         body = chunk[1:] if first else chunk
-        kinds_read, codes = kind_codes(body)
+        split = kind_codes(body)
         batches: Dict[str, List[Dict[str, Any]]] = {}
         for name, kinds in self._kinds_of.items():
-            batch = pick_kinds(body, kinds_read, codes, kinds)
+            batch = pick_kinds(split, kinds)
             if first and name in self._reads_header:  # (a table that reads the header gets it first,
                 batch.insert(0, chunk[0])  # as a list's of("header", ...) gives it)
             batches[name] = batch
-        self.records.extend(pick_kinds(body, kinds_read, codes, self.kept_kinds))
+        self.records.extend(pick_kinds(split, self.kept_kinds))
         self._gpu_ids |= _int_ids([gs for r in body if (gs := r.get("gpus"))])
         self._gpu_ids |= {
-            g for r in pick_kinds(body, kinds_read, codes, _GPU_KINDS) if isinstance(g := r.get("gpu"), int)
+            g for r in pick_kinds(split, _GPU_KINDS) if isinstance(g := r.get("gpu"), int)
         }
         self._pipeline_ids |= {p for r in body if isinstance(p := r.get("pipeline_id"), str)}
         self._last = chunk[-1]
