@@ -120,9 +120,7 @@ class StreamedRunView(RunView):
             batches[name] = batch
         self.records.extend(pick_kinds(split, self.kept_kinds))
         self._gpu_ids |= _int_ids([gs for r in body if (gs := r.get("gpus"))])
-        self._gpu_ids |= {
-            g for r in pick_kinds(split, _GPU_KINDS) if isinstance(g := r.get("gpu"), int)
-        }
+        self._gpu_ids |= {g for r in pick_kinds(split, _GPU_KINDS) if isinstance(g := r.get("gpu"), int)}
         self._pipeline_ids |= {p for r in body if isinstance(p := r.get("pipeline_id"), str)}
         self._last = chunk[-1]
         for name, batch in batches.items():
