@@ -16,7 +16,9 @@ fails loudly with :class:`NotOnePass`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional
+
+import numpy as np
 
 
 class NotOnePass(RuntimeError):
@@ -132,3 +134,31 @@ def abandon(runs: Iterable["OnePassRun"]) -> None:
             run.finish()
         except BaseException:  # noqa: BLE001 - the failure being handled is the caller's
             pass
+
+
+# ---- splitting a batch by kind, for the readers of each set of kinds
+
+
+def kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
+    """The distinct kinds of ``chunk`` (a list), each record's position among them (an
+    array), and the records as a numpy object array (what :func:`pick_kinds` indexes)."""
+    kinds = [r.get("kind") for r in chunk]
+    code_of = {kind: i for i, kind in enumerate(dict.fromkeys(kinds))}
+    codes = np.fromiter(map(code_of.__getitem__, kinds), dtype=np.int64, count=len(kinds))
+    records = np.empty(len(chunk), dtype=object)
+    records[:] = chunk
+    return list(code_of), codes, records
+
+
+def pick_kinds(chunk: tuple, kinds: Optional[FrozenSet[str]]) -> List[Dict[str, Any]]:
+    """The records of ``chunk`` (:func:`kind_codes` of a list) whose kind is in
+    ``kinds`` (every record for None), in order."""
+    kinds_read, codes, records = chunk
+    if kinds is None:
+        return records.tolist()
+    wanted = np.fromiter((k in kinds for k in kinds_read), dtype=bool, count=len(kinds_read))
+    if not wanted.any():
+        return []
+    if wanted.all():
+        return records.tolist()
+    return records[wanted[codes]].tolist()

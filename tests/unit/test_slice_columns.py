@@ -106,7 +106,7 @@ def test_columns_are_the_sorted_slices_field_by_field(seed, include_other):
     want = _reference_slices(effects, ranks, include_other)
     columns = slice_columns_of(effects, ranks, include_other=include_other)
     assert columns.objects() == want
-    assert [getattr(columns, f) for f in SLICE_FIELDS] == [[getattr(s, f) for s in want] for f in SLICE_FIELDS]
+    assert [list(getattr(columns, f)) for f in SLICE_FIELDS] == [[getattr(s, f) for s in want] for f in SLICE_FIELDS]
     assert columns.lanes() == assign_lanes(want)
     keep = [i % 3 != 0 for i in range(len(want))]
     assert columns.where(keep).objects() == [s for s, k in zip(want, keep) if k]

@@ -25,7 +25,7 @@ when the residue itself is known behaviour. The margin is the log header's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from harness.logs.invariants.base import Records, Violation, invariant
 from harness.logs.invariants.handover import _Holders, _residue, cluster_of
@@ -69,6 +69,10 @@ def margin_of(records: Records) -> int:
     return int(value) if isinstance(value, (int, float)) else DEFAULT_MARGIN_BYTES
 
 
+#: the kinds of the records that can end a window (:func:`_ends`)
+_ENDING_KINDS = frozenset(("resize_end", "released"))
+
+
 def _ends(r: dict, w: Window) -> bool:
     """Whether record ``r`` ends the wake window ``w`` opened."""
     if w.cluster.endswith("_actor_infer") and r["kind"] == "resize_end" and r["phase"] == "expand":
@@ -101,13 +105,25 @@ def handover_windows(records: Records) -> List[Window]:
     open_: Dict[int, List[Window]] = {}  # gpu -> windows still open on it
     out: List[Window] = []
 
-    def see(w: Window, seq: int, asked: int = 0) -> None:
+    def see(w: Window, seq: int, asked: int = 0) -> bool:
+        """Lower ``w``'s least free memory to now's, if lower; whether it was."""
         if cap is None:
-            return
+            return False
         free = cap - used.get(w.gpu, 0) - asked  # an allocation that did not fit: below zero
         if w.headroom is None or free < w.headroom:
             w.headroom, w.low_seq = free, seq
             w.owners_at_low = {o: b for o, b in _by_owner(resident.get(w.gpu, {})).items() if b > 0}
+            return True
+        return False
+
+    def see_open(ws: Sequence[Window], seq: int, asked: int = 0) -> None:
+        """:func:`see` of the windows open on one GPU, newest first, up to the first one
+        it leaves as it was: an older window's least is over a longer stretch of the same
+        GPU's records, so never above a newer one's, and is left as it was too (a GPU a
+        pipeline never releases would otherwise cost every record the windows it piled up)."""
+        for w in reversed(ws):
+            if not see(w, seq, asked):
+                break
 
     for r in records:
         if r["kind"] == "vram":
@@ -117,17 +133,16 @@ def handover_windows(records: Records) -> List[Window]:
             used[g] = used.get(g, 0) + r["delta"]
             if r["delta"] > 0:
                 left_by.setdefault(g, {})[key] = r.get("phase")
-            for w in open_.get(g, ()):
-                see(w, r["seq"])
+            see_open(open_.get(g, ()), r["seq"])
             continue
         if r["kind"] == "oom":
-            for w in open_.get(r["gpu"], ()):
-                see(w, r["seq"], r["requested"])
+            see_open(open_.get(r["gpu"], ()), r["seq"], r["requested"])
             continue
-        for g, ws in list(open_.items()):
-            for w in [w for w in ws if _ends(r, w)]:
-                w.end_seq = r["seq"]
-                ws.remove(w)
+        if r["kind"] in _ENDING_KINDS:  # (no other record ends a window: see _ends)
+            for g, ws in list(open_.items()):
+                for w in [w for w in ws if _ends(r, w)]:
+                    w.end_seq = r["seq"]
+                    ws.remove(w)
         grant = holders.grant_of(r)
         if grant is None:
             continue

@@ -14,7 +14,11 @@ yields the records as they arrive — in a thread of its own that the oracle han
 chunk's records to and waits for (only one thread runs at a time, so a check sees what a
 batch run sees, in the same order; the hand-off costs two thread switches per check per
 chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
-interval. The records themselves are dropped once every check has read them.
+interval. The records themselves are dropped once every check has read them. Each
+chunk is split by kind once (each record's kind read once, then each set of kinds picks
+its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`), and checks that
+read the log only through one structure made in a pass of it (the wait-for graph, the
+engines' table replay: :data:`SHARED`) share that pass.
 
 A check that reads its records more than once (a first pass for the registrations, then
 the main loop) or reads the log's end before it reaches it is named in
@@ -28,17 +32,25 @@ from __future__ import annotations
 
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
+
 from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
+from harness.logs.invariants.engine_transition import engine_replay, on_replay
 from harness.logs.invariants.waitfor import on_graph, wait_graph
 from harness.logs.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
+from harness.logs.one_pass import kind_codes, pick_kinds
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
-#: checks that read the log only through its wait-for graph (and the header): the graph
-#: is built once, in one pass, for all of them, as the batch oracle shares it
-#: (harness/logs/invariants/waitfor.py ``wait_graph``), then each runs on the graph at the end
-SHARED_GRAPH = ("deadlock", "lost_wakeup", "hot_state")
-_GRAPH = "(wait-for graph)"
+#: checks that read the log only through one structure made in one pass of it (and the
+#: log's first and last record): the structure is made once, in one pass, for all of
+#: them, as the batch oracle shares it, then each runs on it at the end. The wait-for
+#: graph (harness/logs/invariants/waitfor.py ``wait_graph``) and the engines' table replay
+#: (harness/logs/invariants/engine_transition.py ``engine_replay``): name -> (the pass,
+#: a check on what it made, the checks)
+SHARED: Dict[str, tuple] = {
+    "(wait-for graph)": (wait_graph, on_graph, ("deadlock", "lost_wakeup", "hot_state")),
+    "(engine replay)": (engine_replay, on_replay, ("engine_transition", "engine_stood_down")),
+}
 
 
 class OnlineOracle:
@@ -64,11 +76,15 @@ class OnlineOracle:
         kept_sets = {self._sets[n] for n in self.names if n in WHOLE_HISTORY}
         self._kept = {kinds: [] for kinds in kept_sets}
         own = [n for n in self.names if n not in WHOLE_HISTORY]
-        self._on_graph = [n for n in own if n in SHARED_GRAPH and SEES.get(n) == SEES.get(SHARED_GRAPH[0])]
-        self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in own if n not in self._on_graph}
-        if self._on_graph:
-            self._runners[_GRAPH] = OnePassRun(wait_graph, first, _GRAPH)
-            self._sets[_GRAPH] = self._sets[self._on_graph[0]]
+        self._shared_of: Dict[str, str] = {}  # a check -> the shared pass it reads
+        for shared, (_make, _on, checks) in SHARED.items():
+            for n in own:
+                if n in checks and SEES.get(n) == SEES.get(checks[0]):
+                    self._shared_of[n] = shared
+        self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in own if n not in self._shared_of}
+        for shared in sorted(set(self._shared_of.values())):
+            self._runners[shared] = OnePassRun(SHARED[shared][0], first, shared)
+            self._sets[shared] = self._sets[next(n for n, s in self._shared_of.items() if s == shared)]
         self._streamed_sets = {self._sets[n] for n in self._runners}
 
     def __call__(self, chunk: List[Dict[str, Any]]) -> None:
@@ -78,21 +94,12 @@ class OnlineOracle:
             self._start(chunk[0])
         self.count += len(chunk)
         self._last = chunk[-1]
-        # one walk of the chunk splits it by the kinds each check sees (as kind_views does)
-        batches: Dict[Optional[FrozenSet[str]], List[Dict[str, Any]]] = {k: [] for k in self._streamed_sets}
-        appenders: Dict[str, list] = {}
-        everything = []
-        for kinds, view in list(batches.items()) + list(self._kept.items()):
-            if kinds is None:
-                everything.append(view.append)
-                continue
-            for kind in kinds:
-                appenders.setdefault(kind, []).append(view.append)
-        targets = {kind: tuple(fns) + tuple(everything) for kind, fns in appenders.items()}
-        rest = tuple(everything)
-        for r in chunk:
-            for append in targets.get(r.get("kind"), rest):
-                append(r)
+        split = kind_codes(chunk)
+        # the chunk split by the kinds each check sees (as kind_views does): each record's
+        # kind read once, then each set of kinds picks its records by a numpy mask
+        batches = {kinds: pick_kinds(split, kinds) for kinds in self._streamed_sets}
+        for kinds, view in self._kept.items():
+            view.extend(pick_kinds(split, kinds))
         if chunk[0] is self._first:  # every view starts with the log's first record
             for view in list(batches.values()) + list(self._kept.values()):
                 if not view or view[0] is not self._first:
@@ -117,16 +124,17 @@ class OnlineOracle:
                 view.append(last)
         found: Dict[str, List[Violation]] = {}
         errors = []
-        graph = None
-        if _GRAPH in self._runners:
+        made: Dict[str, Any] = {}
+        for shared in sorted(set(self._shared_of.values())):
             try:
-                graph = self._runners[_GRAPH].finish()
+                made[shared] = self._runners[shared].finish()
             except BaseException as e:  # noqa: BLE001 - every thread ends first
                 errors.append(e)
         for name in self.names:
-            if name in self._on_graph:
-                if graph is not None:
-                    found[name] = on_graph(CHECKS[name], graph, self._first, last)
+            if name in self._shared_of:
+                shared = self._shared_of[name]
+                if shared in made:
+                    found[name] = SHARED[shared][1](CHECKS[name], made[shared], self._first, last)
             elif name in self._runners:
                 try:
                     found[name] = list(self._runners[name].finish())

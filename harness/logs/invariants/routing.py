@@ -28,7 +28,7 @@ class Completed:
         if type(n) is not int or not isinstance(pid, str):
             return req in self.other
         runs = self.runs.get(pid)
-        if not runs:
+        if not runs or n > runs[-1][1]:  # (past every run: a request not completed yet, the usual case)
             return False
         i = bisect_right(runs, [n, float("inf")]) - 1
         return i >= 0 and runs[i][0] <= n <= runs[i][1]
@@ -37,6 +37,10 @@ class Completed:
         pid, n = req
         if type(n) is not int or not isinstance(pid, str):
             self.other.add(req)
+            return
+        runs = self.runs.get(pid)
+        if runs and runs[-1][1] == n - 1:  # the id after the highest completed (the usual case): joins the last run
+            runs[-1][1] = n
             return
         if req in self:
             return

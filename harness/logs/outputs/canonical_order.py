@@ -70,14 +70,18 @@ def sort_canon_last(items: List[Any], key: Callable[[Any], tuple], canon_of: Cal
 
 
 def column_order(
-    columns: Sequence[Sequence[Any]], tail: Callable[[int], tuple], canon_of: Callable[[int], Any]
-) -> List[int]:
+    columns: Sequence[Sequence[Any]],
+    tail: Callable[[int], tuple],
+    canon_of: Callable[[int], Any],
+    as_array: bool = False,
+) -> Any:
     """The positions ``0..n-1`` sorted by ``tuple(c[i] for c in columns) + tail(i) +
     (CanonKey(canon_of(i)),)`` (stable), the columns numbers (ints or floats): sorted by
     numpy on the columns, then each run that ties on all of them (none in a simulator
     log) sorted by the tail and the canonical JSON — the order :func:`sort_canon_last`
     gives with that key, without a Python tuple per item. Columns that are not all plain
-    numbers (or ints beyond 64 bits) take :func:`sort_canon_last` itself."""
+    numbers (or ints beyond 64 bits) take :func:`sort_canon_last` itself. ``as_array``:
+    the positions as a numpy array (8 bytes each, not a Python int and a pointer)."""
     n = len(columns[0]) if columns else 0
     arrays = []
     for column in columns:
@@ -93,18 +97,19 @@ def column_order(
         ):  # exact as floats
             order = list(range(n))
             sort_canon_last(order, lambda i: tuple(c[i] for c in columns) + tail(i), canon_of)
-            return order
+            return np.asarray(order, dtype=np.int64) if as_array else order
         arrays.append(array)
     order = np.lexsort(arrays[::-1]) if arrays else np.arange(n)
     if n < 2:
-        return order.tolist()
+        return order if as_array else order.tolist()
     ties = np.ones(n - 1, dtype=bool)
     for array in arrays:
         ranked = array[order]
         ties &= ranked[1:] == ranked[:-1]
-    out = order.tolist()
+    del ranked
     if not ties.any():
-        return out
+        return order if as_array else order.tolist()
+    out = order.tolist()
     starts = np.flatnonzero(ties & ~np.concatenate(([False], ties[:-1])))
     for start in starts.tolist():  # each run of ties: positions start .. end
         end = start + 1
@@ -113,4 +118,4 @@ def column_order(
         run = out[start : end + 1]
         sort_canon_last(run, tail, canon_of)
         out[start : end + 1] = run
-    return out
+    return np.asarray(out, dtype=np.int64) if as_array else out

@@ -224,7 +224,7 @@ def effect_intervals(
             *(  # type: ignore[arg-type]  # (slots, frozen: the dataclass's own __init__ sets them)
                 str(start_rec.get("pipeline_id")),
                 str(start_rec.get("effect")),
-                dict(start_rec.get("args") or {}),
+                start_rec.get("args") or {},  # (the record's own: records are frozen once made)
                 start_rec.get("scope"),
                 start_rec.get("step"),
                 start_rec.get("cycle"),

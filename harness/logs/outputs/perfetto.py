@@ -33,6 +33,7 @@ from harness.logs.writer import holds_json_only_float
 from harness.logs.outputs.canonical_order import canonical_json, column_order
 from harness.logs.outputs.intervals import GpuSlice, sort_slices
 from harness.logs.outputs.lanes import assign_lanes
+from harness.logs.outputs.slice_columns import args_at
 from harness.logs.outputs.run_view import Log, RunView, as_view
 
 Number = Union[int, float]
@@ -131,6 +132,64 @@ def _plan_args(plan: Mapping[str, Any]) -> Dict[str, Any]:
     }
 
 
+class _SliceEventColumns:
+    """The GPU slices' trace fields (ts, dur, pid, tid) as numpy columns, each converted
+    to the JSON's numbers only for the chunk of events being written: as Python lists of
+    ints and floats, four per slice, they were most of a large run's trace memory. Times
+    too large for exact float arithmetic keep the lists (:func:`_us_and_dur_us`)."""
+
+    def __init__(self, slices: Any, lanes: Sequence[int], gpn: int, first_tid: Dict[int, int]) -> None:
+        n = len(slices)
+        start_ns = np.rint(np.asarray(slices.start, dtype=float) * 1e9)
+        end_ns = np.rint(np.asarray(slices.end, dtype=float) * 1e9)
+        self.exact = not n or bool(np.abs(start_ns).max() < 2.0**53 and np.abs(end_ns).max() < 2.0**53)
+        if self.exact:
+            self.ts_ns = start_ns.astype(np.int64)
+            self.dur_ns = np.maximum(end_ns.astype(np.int64) - self.ts_ns, 0)
+        else:
+            self.ts, self.dur = _us_and_dur_us(slices.start, slices.end)
+        del start_ns, end_ns
+        gpus = slices.gpu
+        self.pid = np.fromiter((g // gpn + 1 for g in gpus), dtype=np.int64, count=n)  # (node n's pid: n + 1)
+        self.tid = np.fromiter((first_tid[g] + lane for g, lane in zip(gpus, lanes)), dtype=np.int64, count=n)
+
+    def at(self, positions: List[int]) -> Tuple[List[Number], List[Number], List[int], List[int]]:
+        """(ts, dur, pid, tid) of the slices at ``positions``, as the JSON's numbers."""
+        if self.exact:
+            at = np.asarray(positions, dtype=np.int64)
+            if not len(self.ts_ns):
+                return [], [], [], []
+            ts, dur = _us_of_ns(self.ts_ns[at]), _us_of_ns(self.dur_ns[at])
+            return ts, dur, self.pid[at].tolist(), self.tid[at].tolist()
+        ts, dur = [self.ts[i] for i in positions], [self.dur[i] for i in positions]
+        return ts, dur, self.pid[positions].tolist(), self.tid[positions].tolist()
+
+    def sort_columns(self, events: List[Dict[str, Any]]) -> List[Any]:
+        """The sort's numeric columns, the slices' then ``events``': ts, pid, tid, phase,
+        minus the duration — the values (as numpy compares them) of the JSON's numbers."""
+        n = len(self.pid)
+        if self.exact and all(abs(e["ts"]) < 2.0**53 / 1000 and abs(e.get("dur", 0)) < 2.0**53 / 1000 for e in events):
+            ts = np.concatenate((self.ts_ns / 1000, np.array([e["ts"] for e in events], dtype=float)))
+            dur = np.concatenate((-(self.dur_ns / 1000), np.array([-e.get("dur", 0) for e in events], dtype=float)))
+        else:  # (the JSON's numbers themselves, as the sort of Python numbers compares them)
+            every = list(range(n))
+            ts_l, dur_l, _, _ = self.at(every)
+            ts = ts_l + [e["ts"] for e in events]
+            dur = [-d for d in dur_l] + [-e.get("dur", 0) for e in events]
+        return [
+            ts,
+            np.concatenate((self.pid, np.array([e["pid"] for e in events], dtype=np.int64))),
+            np.concatenate((self.tid, np.array([e["tid"] for e in events], dtype=np.int64))),
+            np.concatenate(
+                (
+                    np.full(n, _PH_ORDER["X"], dtype=np.int64),
+                    np.array([_PH_ORDER.get(e["ph"], 9) for e in events], dtype=np.int64),
+                )
+            ),
+            dur,
+        ]
+
+
 class _Trace:
     """A trace with its events not yet built: the metadata events, then the events in
     the order ``order``, built by ``events_at(positions)`` (a list of the events at those
@@ -189,10 +248,7 @@ def _trace(view: RunView) -> _Trace:
             next_tid += 1
 
     # the GPU slices' events, as columns (each built into a dict only when written)
-    slice_ts, slice_dur = _us_and_dur_us(slices.start, slices.end)
-    slice_pid = [node_pid[g // gpn] for g in slice_gpus]
-    first_tid = {g: tid_of[(g, 0)] for g in n_lanes}  # a GPU's lanes have consecutive thread ids
-    slice_tid = [first_tid[g] + lane for g, lane in zip(slice_gpus, lanes)]
+    cols = _SliceEventColumns(slices, lanes, gpn, {g: tid_of[(g, 0)] for g in n_lanes})  # (consecutive lanes)
 
     sched_tid = next_tid
     events_tid = next_tid + 1
@@ -281,22 +337,26 @@ def _trace(view: RunView) -> _Trace:
     n_slices = len(slices)
     labels, cats, slice_args = slices.label, slices.kind, slices.args
 
-    def events_at(positions: List[int]) -> List[Dict[str, Any]]:
+    def events_at(positions: Sequence[int]) -> List[Dict[str, Any]]:
         # (one comprehension per chunk, no call per event: the slices' dicts are most of the trace)
+        positions = positions.tolist() if isinstance(positions, np.ndarray) else list(positions)
+        at = [i if i < n_slices else 0 for i in positions]
+        ts, dur, pid, tid = cols.at(at)
+        args = args_at(slice_args, at) if n_slices else []
         return [
             {
                 "name": labels[i],
                 "cat": cats[i],
                 "ph": "X",
-                "ts": slice_ts[i],
-                "dur": slice_dur[i],
-                "pid": slice_pid[i],
-                "tid": slice_tid[i],
-                "args": slice_args[i],
+                "ts": ts[k],
+                "dur": dur[k],
+                "pid": pid[k],
+                "tid": tid[k],
+                "args": args[k],
             }
             if i < n_slices
             else events[i - n_slices]
-            for i in positions
+            for k, i in enumerate(positions)
         ]
 
     def name_of(i: int) -> tuple:
@@ -307,15 +367,10 @@ def _trace(view: RunView) -> _Trace:
 
     # events (slices first, then the rest) by (ts, pid, tid, phase, longest first, name, canonical args)
     order = column_order(
-        [
-            slice_ts + [e["ts"] for e in events],
-            slice_pid + [e["pid"] for e in events],
-            slice_tid + [e["tid"] for e in events],
-            [_PH_ORDER["X"]] * n_slices + [_PH_ORDER.get(e["ph"], 9) for e in events],
-            [-d for d in slice_dur] + [-e.get("dur", 0) for e in events],
-        ],
+        cols.sort_columns(events),
         name_of,
         args_of,
+        as_array=True,
     )
     head = {
         "displayTimeUnit": "ms",

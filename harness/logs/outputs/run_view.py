@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from itertools import chain, islice
+from itertools import chain, compress, islice
 from operator import itemgetter
 from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -136,16 +136,17 @@ class RunView:
     def _lane_sets(self) -> Tuple[List[int], List[int]]:
         """Both lane assignments from one sort: the work slices, a subsequence of the
         slices, are in the same relative order when only they are sorted."""
-        columns, work = self.slice_columns, self.work_columns
+        columns = self.slice_columns
         gpus, starts, ends = columns.gpu, columns.start, columns.end
         order = columns.lane_order()
         lanes = _greedy_lanes(gpus, starts, ends, order)
-        if work is columns:
+        if "other" not in columns.kind:
             return lanes, lanes
-        is_work = np.array([kind != "other" for kind in columns.kind], dtype=bool)
-        at = np.asarray(order, dtype=np.int64)
-        work_order = (np.cumsum(is_work) - 1)[at[is_work[at]]].tolist()  # the work slices' positions, in order
-        return lanes, _greedy_lanes(work.gpu, work.start, work.end, work_order)
+        # the work slices visited in the same order, on the full columns (no copy of the
+        # columns without "other": only the picture reads those), their lanes kept
+        is_work = [kind != "other" for kind in columns.kind]
+        work_lanes = _greedy_lanes(gpus, starts, ends, [i for i in order if is_work[i]])
+        return lanes, list(compress(work_lanes, is_work))
 
 
 Log = Union[Sequence[Mapping[str, Any]], RunView]

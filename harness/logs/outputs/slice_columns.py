@@ -35,13 +35,13 @@ class SliceColumns:
         kind: List[str],
         pipeline_id: List[str],
         label: List[str],
-        args: List[Dict[str, Any]],
+        args: Sequence[Dict[str, Any]],
         seq: List[int],
     ) -> None:
         self.gpu, self.start, self.end, self.kind = gpu, start, end, kind
         self.pipeline_id, self.label, self.args, self.seq = pipeline_id, label, args, seq
 
-    def columns(self) -> List[List[Any]]:
+    def columns(self) -> List[Any]:
         """The lists in :data:`SLICE_FIELDS` order."""
         return [self.gpu, self.start, self.end, self.kind, self.pipeline_id, self.label, self.args, self.seq]
 
@@ -50,11 +50,11 @@ class SliceColumns:
 
     def take(self, order: Sequence[int]) -> "SliceColumns":
         """The slices at the positions ``order``, in that order."""
-        return SliceColumns(*(list(map(column.__getitem__, order)) for column in self.columns()))
+        return SliceColumns(*(_take(column, order) for column in self.columns()))
 
     def where(self, keep: Sequence[bool]) -> "SliceColumns":
         """The slices whose ``keep`` is true, in their order."""
-        return SliceColumns(*(list(compress(column, keep)) for column in self.columns()))
+        return SliceColumns(*(_where(column, keep) for column in self.columns()))
 
     def objects(self) -> List[GpuSlice]:
         """The slices as :class:`GpuSlice` objects, in order."""
@@ -81,43 +81,136 @@ class SliceColumns:
         return _greedy_lanes(self.gpu, self.start, self.end, self.lane_order())
 
 
+def _effect_args(iv: EffectInterval) -> Dict[str, Any]:
+    args = {
+        "pipeline_id": iv.pipeline_id,
+        "effect": iv.effect,
+        "args": iv.args,
+        "scope": iv.scope,
+        "step": iv.step,
+        "cycle": iv.cycle,
+        "gpus": list(iv.gpus),
+    }
+    if iv.open:
+        args["open"] = True
+    if iv.error is not None:
+        args["error"] = iv.error
+    return args
+
+
+def _rank_args(rv: RankInterval) -> Dict[str, Any]:
+    args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
+    if rv.open:
+        args["open"] = True
+    return args
+
+
+def slice_args(iv: Any) -> Dict[str, Any]:
+    """The ``args`` of a slice drawn from the effect or rank interval ``iv``."""
+    return _effect_args(iv) if type(iv) is EffectInterval else _rank_args(iv)
+
+
+class SliceArgs(Sequence[Dict[str, Any]]):
+    """The ``args`` column, each slice's dict built when it is read, from the interval
+    the slice is drawn from: an interval's args dict (seven keys, its GPU list) held per
+    interval for the whole run was most of the slices' memory on a large run, and only
+    the trace's encoder and a sort's last tie-breaker read it. A read-only sequence."""
+
+    __slots__ = ("sources",)
+
+    def __init__(self, sources: List[Any]) -> None:
+        self.sources = sources
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, i):  # (an index: the columns are read by position)
+        return slice_args(self.sources[i])
+
+    def __iter__(self):
+        return map(slice_args, self.sources)
+
+    def at(self, positions: Sequence[int]) -> List[Dict[str, Any]]:
+        """The args at ``positions``, one dict per interval among them (its slices on
+        several GPUs, written near one another, share it as they did when it was kept)."""
+        made: Dict[int, Dict[str, Any]] = {}
+        sources = self.sources
+        out = []
+        for i in positions:
+            iv = sources[i]
+            args = made.get(id(iv))
+            if args is None:
+                args = made[id(iv)] = slice_args(iv)
+            out.append(args)
+        return out
+
+
+def args_at(column: Sequence[Dict[str, Any]], positions: Sequence[int]) -> List[Dict[str, Any]]:
+    """``[column[i] for i in positions]`` of an args column (a list or :class:`SliceArgs`)."""
+    if type(column) is SliceArgs:
+        return column.at(positions)
+    return [column[i] for i in positions]
+
+
+def _take(column: Any, order: Sequence[int]) -> Any:
+    if type(column) is SliceArgs:
+        return SliceArgs(list(map(column.sources.__getitem__, order)))
+    return list(map(column.__getitem__, order))
+
+
+def _where(column: Any, keep: Sequence[bool]) -> Any:
+    if type(column) is SliceArgs:
+        return SliceArgs(list(compress(column.sources, keep)))
+    return list(compress(column, keep))
+
+
 def slice_columns_of(
     effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], *, include_other: bool = True
 ) -> SliceColumns:
     """:func:`harness.logs.outputs.intervals.slices_of` as columns: one slice per GPU of
     every effect, then of every routable rank interval, sorted (the same slices, fields
     and order)."""
-    rows: List[tuple] = []
-    add = rows.extend
+    unsorted = _unsorted_columns(effects, ranks, include_other)
+    order = unsorted.slice_order()
+    columns = unsorted.columns()
+    del unsorted
+    taken = []
+    while columns:  # each column sorted then dropped: one column's copy at a time
+        taken.append(_take(columns.pop(0), order))
+    return SliceColumns(*taken)
+
+
+def _unsorted_columns(
+    effects: Sequence[EffectInterval], ranks: Sequence[RankInterval], include_other: bool
+) -> SliceColumns:
+    """The slices in interval order, each column filled an interval at a time (no row
+    tuple per slice)."""
+    gpu: List[Any] = []
+    start: List[float] = []
+    end: List[float] = []
+    kind: List[str] = []
+    pipeline_id: List[str] = []
+    label: List[str] = []
+    sources: List[Any] = []
+    seq: List[int] = []
+
+    def add(iv: Any, k: str, text: str) -> None:
+        n = len(iv.gpus)
+        if n:
+            gpu.extend(iv.gpus)
+            start.extend((iv.start,) * n)
+            end.extend((iv.end,) * n)
+            kind.extend((k,) * n)
+            pipeline_id.extend((iv.pipeline_id,) * n)
+            label.extend((text,) * n)
+            sources.extend((iv,) * n)
+            seq.extend((iv.seq,) * n)
+
     for iv in effects:
-        kind = iv.kind
-        if kind == "other" and not include_other:
+        k = iv.kind
+        if k == "other" and not include_other:
             continue
-        args = {
-            "pipeline_id": iv.pipeline_id,
-            "effect": iv.effect,
-            "args": iv.args,
-            "scope": iv.scope,
-            "step": iv.step,
-            "cycle": iv.cycle,
-            "gpus": list(iv.gpus),
-        }
-        if iv.open:
-            args["open"] = True
-        if iv.error is not None:
-            args["error"] = iv.error
-        label = effect_label(iv)
-        start, end, pid, seq = iv.start, iv.end, iv.pipeline_id, iv.seq
-        add([(g, start, end, kind, pid, label, args, seq) for g in iv.gpus])
+        add(iv, k, effect_label(iv))
     for rv in ranks:
-        args = {"pipeline_id": rv.pipeline_id, "dp_rank": rv.dp_rank, "version": rv.version, "gpus": list(rv.gpus)}
-        if rv.open:
-            args["open"] = True
-        label = f"generate {rv.pipeline_id} dp{rv.dp_rank}"
-        start, end, pid, seq = rv.start, rv.end, rv.pipeline_id, rv.seq
-        add([(g, start, end, "generate", pid, label, args, seq) for g in rv.gpus])
-    if not rows:
-        return SliceColumns(*([] for _ in SLICE_FIELDS))
-    unsorted = SliceColumns(*(list(column) for column in zip(*rows)))
-    del rows
-    return unsorted.take(unsorted.slice_order())
+        add(rv, "generate", f"generate {rv.pipeline_id} dp{rv.dp_rank}")
+    return SliceColumns(gpu, start, end, kind, pipeline_id, label, SliceArgs(sources), seq)

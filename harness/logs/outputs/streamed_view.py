@@ -18,13 +18,14 @@ at 4,096 GPUs a few hundred thousand intervals against five million records.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from array import array
 from functools import cached_property
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from harness.logs.one_pass import OnePassRun, abandon
+from harness.logs.one_pass import OnePassRun, abandon, kind_codes, pick_kinds
 from harness.logs.outputs.derived import DERIVED
 from harness.logs.outputs.run_view import RunView, _int_ids, _LogIndex
 
@@ -56,6 +57,8 @@ KEPT = frozenset(
         "unregister",
     )
 )
+#: the kinds whose ``gpu`` (one GPU) names a GPU of the run
+_GPU_KINDS = frozenset(("vram", "oom"))
 #: kept besides when the run has single controllers (their streaming table reads effect ends)
 KEPT_STREAMING = frozenset(("effect_end",))
 
@@ -69,11 +72,14 @@ class StreamedRunView(RunView):
         self.kept_kinds: FrozenSet[str] = KEPT | (KEPT_STREAMING if streaming else frozenset())
         self.records: List[Mapping[str, Any]] = []
         self._runs: Dict[str, OnePassRun] = {}
-        self._routes: Dict[str, Tuple[str, ...]] = {}
-        for name, (_fn, kinds) in DERIVED.items():
-            for kind in kinds:
-                self._routes[kind] = self._routes.get(kind, ()) + (name,)
-        self._t = array("d")  # each record's t, by seq (a simulator log's seq is its position)
+        self._kinds_of = {name: frozenset(kinds) for name, (_fn, kinds) in DERIVED.items()}
+        self._reads_header = {name for name, kinds in self._kinds_of.items() if "header" in kinds}
+        # each record's t, by seq (a simulator log's seq is its position), run-length coded:
+        # the seq where each run of equal times starts, and its time (a run's records share
+        # their instants: about one run per five records, 3 bytes a record, not 8)
+        self._t_from = array("q")
+        self._t_at = array("d")
+        self._n = 0
         self._t_max = -math.inf
         self._gpu_ids: set = set()
         self._pipeline_ids: set = set()
@@ -91,37 +97,31 @@ class StreamedRunView(RunView):
         if first:
             self.records.append(chunk[0])  # the header
             self._runs = {name: OnePassRun(self._with_end(fn), None, name) for name, (fn, _kinds) in DERIVED.items()}
-        if chunk[0]["seq"] != len(self._t):
+        if chunk[0]["seq"] != self._n:
             raise ValueError(
-                f"a streamed view reads a log whose seq counts its records: seq {chunk[0]['seq']} "
-                f"at record {len(self._t)}"
+                f"a streamed view reads a log whose seq counts its records: seq {chunk[0]['seq']} at record {self._n}"
             )
-        times = [r["t"] for r in chunk]
-        self._t.extend(times)
-        self._t_max = max(self._t_max, float(np.array(times, dtype=float).max()))
+        times = np.array([r["t"] for r in chunk], dtype=float)
+        new_run = np.empty(len(times), dtype=bool)
+        new_run[0] = not self._t_at or self._t_at[-1] != times[0]
+        np.not_equal(times[1:], times[:-1], out=new_run[1:])
+        starts = np.flatnonzero(new_run)
+        self._t_from.extend((starts + self._n).tolist())
+        self._t_at.extend(times[starts].tolist())
+        self._n += len(times)
+        self._t_max = max(self._t_max, float(times.max()))
         body = chunk[1:] if first else chunk
-        batches: Dict[str, List[Dict[str, Any]]] = {name: [] for name in DERIVED}
-        kept, routes, kept_kinds = self.records, self._routes, self.kept_kinds
-        if first:  # a table that reads the header gets it first, as a list's of("header", ...) gives it
-            for name in routes.get("header", ()):
-                batches[name].append(chunk[0])
-        gpus, pids, nothing = [], set(), ()
-        for r in body:
-            kind = r["kind"]
-            for name in routes.get(kind, nothing):
-                batches[name].append(r)
-            if kind in kept_kinds:
-                kept.append(r)
-            gs = r.get("gpus")
-            if gs:
-                gpus.append(gs)
-            if kind == "vram" or kind == "oom":
-                g = r.get("gpu")
-                if isinstance(g, int):
-                    self._gpu_ids.add(g)
-            pids.add(r.get("pipeline_id"))
-        self._gpu_ids |= _int_ids(gpus)
-        self._pipeline_ids |= {p for p in pids if isinstance(p, str)}
+        split = kind_codes(body)
+        batches: Dict[str, List[Dict[str, Any]]] = {}
+        for name, kinds in self._kinds_of.items():
+            batch = pick_kinds(split, kinds)
+            if first and name in self._reads_header:  # (a table that reads the header gets it first,
+                batch.insert(0, chunk[0])  # as a list's of("header", ...) gives it)
+            batches[name] = batch
+        self.records.extend(pick_kinds(split, self.kept_kinds))
+        self._gpu_ids |= _int_ids([gs for r in body if (gs := r.get("gpus"))])
+        self._gpu_ids |= {g for r in pick_kinds(split, _GPU_KINDS) if isinstance(g := r.get("gpu"), int)}
+        self._pipeline_ids |= {p for r in body if isinstance(p := r.get("pipeline_id"), str)}
         self._last = chunk[-1]
         for name, batch in batches.items():
             if batch:
@@ -167,5 +167,8 @@ class StreamedRunView(RunView):
     def with_seqs(self, want) -> List[Mapping[str, Any]]:
         """``{"seq", "t"}`` of each record whose seq is in ``want`` (all the summary reads
         of them: the handover findings' times)."""
-        t = self._t
-        return [{"seq": s, "t": t[s]} for s in sorted(s for s in want if isinstance(s, int) and 0 <= s < len(t))]
+        t_from, t_at = self._t_from, self._t_at
+        return [
+            {"seq": s, "t": t_at[bisect_right(t_from, s) - 1]}
+            for s in sorted(s for s in want if isinstance(s, int) and 0 <= s < self._n)
+        ]

@@ -402,14 +402,15 @@ def _bar_image(
     pipe_of = {p: i for i, p in enumerate(pipelines)}
     start = np.maximum(np.array(slices.start, dtype=float), t0)
     end = np.minimum(np.array(slices.end, dtype=float), t1)
-    row = np.array(list(map(row_of.__getitem__, slices.gpu)), dtype=np.int64)
+    n = len(slices.gpu)  # (each column read straight into its array: no Python list of ints)
+    row = np.fromiter(map(row_of.__getitem__, slices.gpu), dtype=np.int64, count=n)
     lane = (
         np.minimum(np.array(lanes, dtype=np.int64), MAX_RASTER_LANES - 1)
         if len(lanes)
         else np.zeros(len(row), np.int64)
     )
-    codes = np.array(list(map(code_of.__getitem__, kinds)), dtype=np.int64)
-    pipes = np.array(list(map(pipe_of.__getitem__, slices.pipeline_id)), dtype=np.int64)
+    codes = np.fromiter(map(code_of.__getitem__, kinds), dtype=np.int64, count=n)
+    pipes = np.fromiter(map(pipe_of.__getitem__, slices.pipeline_id), dtype=np.int64, count=n)
     shown = end > start
     start, end, row, lane, codes, pipes = start[shown], end[shown], row[shown], lane[shown], codes[shown], pipes[shown]
     per_gpu = bool((members == 1).all())
