@@ -27,6 +27,15 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
         # every condition is about an op: an empty plan (most cycles of a long run) breaks
         # none, and the idle set below costs a pass over every GPU of the cluster
         return bad
+    _check_op_lists(shrinks, signals, expands, h, bad)
+    grants = _Grants(h, _check_shrinks(shrinks, h, bad), bad)
+    _check_grants(signals, h, grants, bad)
+    _check_expands(expands, shrinks, h, grants, bad)
+    return bad
+
+
+def _check_op_lists(shrinks: list, signals: list, expands: list, h: Holdings, bad: List[Tuple[int, str]]) -> None:
+    """Conditions 1, 2, 3 and 11: which clusters the ops may name."""
     # 1: a cluster appears at most once per op list
     for label, ops in (("shrink", shrinks), ("signal", signals), ("expand", expands)):
         for cid, n in sorted(Counter(op["cluster_id"] for op in ops).items()):
@@ -50,7 +59,11 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
     for op in shrinks:
         if op["cluster_id"] not in h.priority:
             bad.append((11, f"shrink of {op['cluster_id']}, which has no allocation"))
-    # 5, 6 (shrink side), 9: shrinks remove active ranks that have bundles, each GPU freed once
+
+
+def _check_shrinks(shrinks: list, h: Holdings, bad: List[Tuple[int, str]]) -> Set[int]:
+    """Conditions 5, 6 (shrink side) and 9: shrinks remove active ranks that have bundles,
+    each GPU freed once. Returns the GPUs the plan may grant: idle, or freed by a shrink."""
     available: Set[int] = h.idle()
     freed: Set[int] = set()
     for op in shrinks:
@@ -67,10 +80,20 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
                 freed.add(g)
                 if h.owner.get(g) == cid:
                     available.add(g)
-    num_gpus = h.num_gpus
-    granted: Set[int] = set()
+    return available
 
-    def consume(cid: str, gpus, what: str) -> None:
+
+class _Grants:
+    """The GPUs a plan's grants and expands take, in plan order: conditions 4, 6, 8 and 10
+    on each GPU as it is taken."""
+
+    def __init__(self, h: Holdings, available: Set[int], bad: List[Tuple[int, str]]) -> None:
+        self.h, self.available, self.bad = h, available, bad
+        self.num_gpus = h.num_gpus
+        self.granted: Set[int] = set()
+
+    def consume(self, gpus, what: str) -> None:
+        bad, num_gpus, granted, available = self.bad, self.num_gpus, self.granted, self.available
         if len(set(gpus)) != len(gpus):
             bad.append((6, f"{what} names a GPU twice: {gpus}"))
         for g in gpus:
@@ -79,22 +102,27 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
             elif g in granted:
                 bad.append((10, f"GPU {g} given to two allocations by one plan ({what})"))
             elif g not in available:
-                holder = h.owner.get(g)
+                holder = self.h.owner.get(g)
                 bad.append((4, f"{what} takes GPU {g}, which is not idle (held by {holder})"))
             granted.add(g)
             available.discard(g)
 
-    # 4, 6, 8, 10: grants take only idle GPUs inside their device mapping
+
+def _check_grants(signals: list, h: Holdings, grants: _Grants, bad: List[Tuple[int, str]]) -> None:
+    """Conditions 4, 6, 8 and 10 for grants: they take only idle GPUs inside their device mapping."""
     for op in signals:
         cid, gpus = op["cluster_id"], op["gpus"]
         if not gpus:
             continue
-        consume(cid, gpus, f"grant of {cid}")
+        grants.consume(gpus, f"grant of {cid}")
         reg = h.registration(cid)
         mapping = reg.mapping(cid) if reg else None
         if mapping is not None and not set(gpus) <= set(mapping):
             bad.append((6, f"grant of {cid} {sorted(gpus)} outside its device mapping {mapping}"))
-    # 5, 6, 7, 10: expands add inactive ranks, one TP bundle each, below max DP
+
+
+def _check_expands(expands: list, shrinks: list, h: Holdings, grants: _Grants, bad: List[Tuple[int, str]]) -> None:
+    """Conditions 5, 6, 7 and 10 for expands: they add inactive ranks, one TP bundle each, below max DP."""
     shrunk_ranks = {(op["cluster_id"], b["dp_rank"]) for op in shrinks for b in op["bundles"]}
     for op in expands:
         cid = op["cluster_id"]
@@ -112,12 +140,11 @@ def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
                 bad.append((6, f"expand of {cid} dp{r} with {len(b['gpus'])} GPU(s), tp is {tp}"))
             if max_dp is not None and not 0 <= r < max_dp:
                 bad.append((7, f"expand of {cid} dp{r}: max DP is {max_dp}"))
-            consume(cid, b["gpus"], f"expand of {cid} dp{r}")
+            grants.consume(b["gpus"], f"expand of {cid} dp{r}")
         if len(added) != len(set(added)):
             bad.append((10, f"expand of {cid} adds a dp rank twice: {added}"))
         if max_dp is not None and len(set(active) | set(added)) > max_dp:
             bad.append((7, f"{cid} would have {len(set(active) | set(added))} active ranks, max DP is {max_dp}"))
-    return bad
 
 
 @invariant("plan_validation", reads=("plan",), sees=DECISION_KINDS)

@@ -6,7 +6,7 @@ together (``routing_policy``); ``liveness``."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from harness.logs.invariants.base import Records, Violation, invariant, known_whole
 from harness.logs.invariants.hot_states import hot_bound
@@ -254,14 +254,50 @@ def liveness(records: Records) -> List[Violation]:
     out: List[Violation] = []
     if known_whole(records) and not _ends_at_horizon(records):
         return out  # the walk below finds a stall only in a run cut by its horizon
-    waiting: Dict[int, Tuple[int, float, str, str]] = {}  # request id -> (seq, t, cluster, what)
+    # online (a view read once) the wait-for graph is built in this pass, for the chains
+    # of waits a finding names; a whole log builds it only when an effect stalled
+    walk = None if known_whole(records) else GraphWalk(records[0])
+    waits = _walk_waits(records, walk)
+    end = waits.end
+    if end is None or end["reason"] != "horizon":
+        return out
+    cutoff = end["t"] - window
+    out += _stalled_requests(waits, end, window, cutoff)
+    graph: List[WaitGraph] = []  # built once, only when an effect stalled
+    for (pid, effect, scope), start in sorted(waits.open_effects.items()):
+        if _stalled(waits.last_progress, cutoff, pid, start["t"]):
+            if not graph:
+                graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
+            step = f" of step {start['step']}" if start.get("step") is not None else ""
+            out.append(
+                Violation(
+                    "liveness",
+                    end["seq"],
+                    f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
+                    f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}",
+                )
+            )
+    return out
+
+
+class _Waits(NamedTuple):
+    """What :func:`liveness` reads in its one pass over the log."""
+
+    waiting: Dict[int, Tuple[int, float, str, str]]  # request id -> (seq, t, cluster, what)
+    open_effects: Dict[Tuple[str, str, str], dict]  # (pipeline, effect, scope) -> its effect_start
+    last_progress: Dict[str, float]  # pipeline -> t of its last progress record
+    pipelines: List[str]  # the registered pipelines, in log order
+    end: Optional[dict]  # the last sim_end
+
+
+def _walk_waits(records: Records, walk: Optional[GraphWalk]) -> _Waits:
+    """The requests and releases still waiting, the effects still open and each
+    pipeline's last progress at the end of the log (feeding ``walk`` every record)."""
+    waiting: Dict[int, Tuple[int, float, str, str]] = {}
     open_effects: Dict[Tuple[str, str, str], dict] = {}
     last_progress: Dict[str, float] = {}
     pipelines: List[str] = []
     end = None
-    # online (a view read once) the wait-for graph is built in this pass, for the chains
-    # of waits a finding names; a whole log builds it only when an effect stalled
-    walk = None if known_whole(records) else GraphWalk(records[0])
     for r in records:
         k = r["kind"]
         if walk is not None:
@@ -289,40 +325,32 @@ def liveness(records: Records) -> List[Violation]:
             waiting.pop(r["request_id"], None)
         elif k == "sim_end":
             end = r
-    if end is None or end["reason"] != "horizon":
-        return out
-    cutoff = end["t"] - window
+    return _Waits(waiting, open_effects, last_progress, pipelines, end)
 
-    def stalled(pid: str, since: float) -> bool:
-        return since <= cutoff and last_progress.get(pid, float("-inf")) <= cutoff
+
+def _stalled(last_progress: Dict[str, float], cutoff: float, pid: str, since: float) -> bool:
+    """Whether a wait of ``pid`` since ``since`` spans the last window with no progress of it."""
+    return since <= cutoff and last_progress.get(pid, float("-inf")) <= cutoff
+
+
+def _stalled_requests(waits: _Waits, end: dict, window: float, cutoff: float) -> List[Violation]:
+    """The requests and planned releases whose pipeline stalled while they waited."""
+    pipelines = waits.pipelines
 
     def owner(cluster_id: str) -> str:
         # cluster ids are "<pipeline>_<cluster>"; a log without its register records falls
         # back on the cluster names every pipeline has (actor_train, actor_infer)
         return next((p for p in pipelines if cluster_id.startswith(p + "_")), cluster_id.rsplit("_actor_", 1)[0])
 
-    for rid, (seq, t, cid, what) in sorted(waiting.items()):
-        if stalled(owner(cid), t):
+    out: List[Violation] = []
+    for rid, (seq, t, cid, what) in sorted(waits.waiting.items()):
+        if _stalled(waits.last_progress, cutoff, owner(cid), t):
             out.append(
                 Violation(
                     "liveness",
                     end["seq"],
                     f"{what} (request {rid}, enqueued at seq {seq}, t={t:.1f}s) "
                     f"never returned; its pipeline made no progress in the last {window:g} s",
-                )
-            )
-    graph: List[WaitGraph] = []  # built once, only when an effect stalled
-    for (pid, effect, scope), start in sorted(open_effects.items()):
-        if stalled(pid, start["t"]):
-            if not graph:
-                graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
-            step = f" of step {start['step']}" if start.get("step") is not None else ""
-            out.append(
-                Violation(
-                    "liveness",
-                    end["seq"],
-                    f"{pid} stuck in {effect}{step} since t={start['t']:.1f}s "
-                    f"with no progress in the last {window:g} s{_chain_of(graph[0], start)}",
                 )
             )
     return out

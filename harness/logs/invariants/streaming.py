@@ -73,83 +73,106 @@ def streaming_step(records: Records) -> List[Violation]:
     there (abort and empty finishes leave it); every group trained in a step is cleared
     exactly once, in that step, before its finish; a weight sync ships the version the
     trainer holds; no step is left open when a run ends done."""
-    out: List[Violation] = []
-    open_step: Dict[str, Optional[int]] = {}
-    version: Dict[str, int] = {}
-    trained: Dict[str, Set[int]] = {}  # groups trained in the open step
-    cleared: Dict[str, Set[int]] = {}  # every group ever cleared
-    for r in records:
+    steps = _Steps()
+    for r in records:  # (a call per record of the kinds below only: effect records are most of a log)
         k = r["kind"]
         if k == "trainer_step":
-            pid, action, v = r["pipeline_id"], r["action"], r["version"]
-            prev = version.get(pid)
-            is_open = open_step.get(pid) is not None
-            if action == "begin":
-                if is_open:
-                    out.append(
-                        Violation(
-                            "streaming_step",
-                            r["seq"],
-                            f"{pid}: step {r['step']} begins while step {open_step[pid]} is open",
-                        )
-                    )
-                open_step[pid] = r["step"]
-                trained[pid] = set()
-            elif action in ("microbatch", "finish") and not is_open:
-                out.append(
-                    Violation("streaming_step", r["seq"], f"{pid}: {action} of step {r['step']} with no open step")
-                )
-            if action == "microbatch":
-                trained.setdefault(pid, set()).update(r.get("groups", []))
-            elif action == "finish":
-                missing = sorted(trained.get(pid, set()) - cleared.get(pid, set()))
-                if missing:
-                    out.append(
-                        Violation(
-                            "streaming_step",
-                            r["seq"],
-                            f"{pid}: step {r['step']} finishes with trained groups never cleared: {missing}",
-                        )
-                    )
-                open_step[pid] = None
-                trained[pid] = set()
-            elif action == "abort":
-                open_step[pid] = None
-                trained[pid] = set()
-            ticks = action == "finish" and r.get("applied", True)
-            if prev is not None and v != (prev + 1 if ticks else prev):
-                why = "does not tick by exactly one at finish" if ticks else "ticks outside an applied finish"
-                out.append(
-                    Violation("streaming_step", r["seq"], f"{pid}: trainer version {prev} -> {v} at {action} ({why})")
-                )
-            version[pid] = v
+            steps.trainer_step(r)
         elif _ok_end(r, "ClearSamples"):
-            pid, step = r["pipeline_id"], r["args"]["step"]
-            for gid in r["args"]["groups"]:
-                done = cleared.setdefault(pid, set())
-                if gid in done:
-                    out.append(Violation("streaming_step", r["seq"], f"{pid}: group {gid} cleared twice"))
-                elif gid not in trained.get(pid, set()) or open_step.get(pid) != step:
-                    out.append(
-                        Violation(
-                            "streaming_step",
-                            r["seq"],
-                            f"{pid}: step {step} clears group {gid}, which the open step did not train",
-                        )
-                    )
-                done.add(gid)
-        elif r["kind"] == "effect_start" and r["effect"] == "SyncWeights":
-            pid, v = r["pipeline_id"], r["args"]["version"]
-            if version.get(pid) is not None and v != version[pid]:
+            steps.clear_samples(r)
+        elif k == "effect_start" and r["effect"] == "SyncWeights":
+            steps.sync_weights(r)
+        elif k == "sim_end" and r.get("reason") == "done":
+            steps.run_done(r)
+    return steps.out
+
+
+class _Steps:
+    """Each pipeline's open step, trainer version and groups trained and cleared, as
+    :func:`streaming_step` reads the log; a handler per kind of record it checks."""
+
+    def __init__(self) -> None:
+        self.out: List[Violation] = []
+        self.open_step: Dict[str, Optional[int]] = {}
+        self.version: Dict[str, int] = {}
+        self.trained: Dict[str, Set[int]] = {}  # groups trained in the open step
+        self.cleared: Dict[str, Set[int]] = {}  # every group ever cleared
+
+    def trainer_step(self, r: dict) -> None:
+        """A step begins, trains a microbatch, finishes or aborts; the version ticks only at an applied finish."""
+        out, open_step, trained = self.out, self.open_step, self.trained
+        pid, action, v = r["pipeline_id"], r["action"], r["version"]
+        prev = self.version.get(pid)
+        is_open = open_step.get(pid) is not None
+        if action == "begin":
+            if is_open:
                 out.append(
                     Violation(
                         "streaming_step",
                         r["seq"],
-                        f"{pid}: syncs weights version {v} but the trainer holds version {version[pid]}",
+                        f"{pid}: step {r['step']} begins while step {open_step[pid]} is open",
                     )
                 )
-        elif k == "sim_end" and r.get("reason") == "done":
-            for pid, s in sorted(open_step.items()):
-                if s is not None:
-                    out.append(Violation("streaming_step", r["seq"], f"{pid}: run ends with step {s} still open"))
-    return out
+            open_step[pid] = r["step"]
+            trained[pid] = set()
+        elif action in ("microbatch", "finish") and not is_open:
+            out.append(Violation("streaming_step", r["seq"], f"{pid}: {action} of step {r['step']} with no open step"))
+        if action == "microbatch":
+            trained.setdefault(pid, set()).update(r.get("groups", []))
+        elif action == "finish":
+            missing = sorted(trained.get(pid, set()) - self.cleared.get(pid, set()))
+            if missing:
+                out.append(
+                    Violation(
+                        "streaming_step",
+                        r["seq"],
+                        f"{pid}: step {r['step']} finishes with trained groups never cleared: {missing}",
+                    )
+                )
+            open_step[pid] = None
+            trained[pid] = set()
+        elif action == "abort":
+            open_step[pid] = None
+            trained[pid] = set()
+        ticks = action == "finish" and r.get("applied", True)
+        if prev is not None and v != (prev + 1 if ticks else prev):
+            why = "does not tick by exactly one at finish" if ticks else "ticks outside an applied finish"
+            out.append(
+                Violation("streaming_step", r["seq"], f"{pid}: trainer version {prev} -> {v} at {action} ({why})")
+            )
+        self.version[pid] = v
+
+    def clear_samples(self, r: dict) -> None:
+        """A ClearSamples that succeeded: each group cleared once, in the open step that trained it."""
+        pid, step = r["pipeline_id"], r["args"]["step"]
+        for gid in r["args"]["groups"]:
+            done = self.cleared.setdefault(pid, set())
+            if gid in done:
+                self.out.append(Violation("streaming_step", r["seq"], f"{pid}: group {gid} cleared twice"))
+            elif gid not in self.trained.get(pid, set()) or self.open_step.get(pid) != step:
+                self.out.append(
+                    Violation(
+                        "streaming_step",
+                        r["seq"],
+                        f"{pid}: step {step} clears group {gid}, which the open step did not train",
+                    )
+                )
+            done.add(gid)
+
+    def sync_weights(self, r: dict) -> None:
+        """A weight sync starts: it ships the version the trainer holds."""
+        pid, v = r["pipeline_id"], r["args"]["version"]
+        if self.version.get(pid) is not None and v != self.version[pid]:
+            self.out.append(
+                Violation(
+                    "streaming_step",
+                    r["seq"],
+                    f"{pid}: syncs weights version {v} but the trainer holds version {self.version[pid]}",
+                )
+            )
+
+    def run_done(self, r: dict) -> None:
+        """The run ends done: no step is left open."""
+        for pid, s in sorted(self.open_step.items()):
+            if s is not None:
+                self.out.append(Violation("streaming_step", r["seq"], f"{pid}: run ends with step {s} still open"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from itertools import chain
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -208,13 +208,27 @@ class _Trace:
         self.head, self.meta, self.order, self.events_at = head, meta, order, events_at
 
 
-def _trace(view: RunView) -> _Trace:
-    t0, t1 = view.bounds
-    nodes, gpn = view.shape
-    gpus = view.gpus
-    slices = view.slice_columns
-    lanes = view.lanes
-    slice_gpus = slices.gpu
+class _Tracks(NamedTuple):
+    """Where the trace's events go: the metadata events naming processes and tracks,
+    the scheduler process and its tracks, each GPU's first track id (its lanes'
+    tracks follow it) and the next free track id."""
+
+    meta: List[Dict[str, Any]]
+    sched_pid: int
+    sched_tid: int
+    events_tid: int
+    first_tid: Dict[int, int]
+    next_tid: int
+
+
+def _meta(name: str, pid: int, tid: int, args: Dict[str, Any]) -> Dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def _tracks(gpus: Sequence[int], slice_gpus: Sequence[int], lanes: Sequence[int], nodes: int, gpn: int) -> _Tracks:
+    """One process per node with a track per (GPU, lane) and a scheduler process with
+    its "scheduler" and "events" tracks; track ids are sequential over (gpu, lane),
+    then the scheduler's, unique trace-wide."""
     n_lanes: Dict[int, int] = {g: 1 for g in gpus}
     for g, lane in set(zip(slice_gpus, lanes)):  # each GPU's lanes, once
         n_lanes[g] = max(n_lanes.get(g, 1), lane + 1)
@@ -224,62 +238,65 @@ def _trace(view: RunView) -> _Trace:
     sched_pid = max(node_pid.values()) + 1
 
     meta: List[Dict[str, Any]] = []
-    events: List[Dict[str, Any]] = []  # every event but the GPU slices' (a few thousand)
-
-    def m(name: str, pid: int, tid: int, args: Dict[str, Any]) -> None:
-        meta.append({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args})
-
     for n in node_ids:
-        m("process_name", node_pid[n], 0, {"name": f"node {n}"})
-        m("process_sort_index", node_pid[n], 0, {"sort_index": n + 1})
-    m("process_name", sched_pid, 0, {"name": "scheduler"})
-    m("process_sort_index", sched_pid, 0, {"sort_index": 0})
+        meta.append(_meta("process_name", node_pid[n], 0, {"name": f"node {n}"}))
+        meta.append(_meta("process_sort_index", node_pid[n], 0, {"sort_index": n + 1}))
+    meta.append(_meta("process_name", sched_pid, 0, {"name": "scheduler"}))
+    meta.append(_meta("process_sort_index", sched_pid, 0, {"sort_index": 0}))
 
-    # thread ids: sequential over (gpu, lane), then the scheduler's tracks; unique trace-wide
-    tid_of: Dict[Tuple[int, int], int] = {}
+    first_tid: Dict[int, int] = {}
     next_tid = 1
     for g in sorted(n_lanes):
         node = g // gpn
+        first_tid[g] = next_tid  # (its lanes' tracks are consecutive)
         for lane in range(n_lanes[g]):
-            tid_of[(g, lane)] = next_tid
             name = f"GPU {g} (node {node})" if lane == 0 else f"GPU {g} lane {lane + 1}"
-            m("thread_name", node_pid[node], next_tid, {"name": name})
-            m("thread_sort_index", node_pid[node], next_tid, {"sort_index": next_tid})
+            meta.append(_meta("thread_name", node_pid[node], next_tid, {"name": name}))
+            meta.append(_meta("thread_sort_index", node_pid[node], next_tid, {"sort_index": next_tid}))
             next_tid += 1
-
-    # the GPU slices' events, as columns (each built into a dict only when written)
-    cols = _SliceEventColumns(slices, lanes, gpn, {g: tid_of[(g, 0)] for g in n_lanes})  # (consecutive lanes)
 
     sched_tid = next_tid
     events_tid = next_tid + 1
-    m("thread_name", sched_pid, sched_tid, {"name": "scheduler"})
-    m("thread_sort_index", sched_pid, sched_tid, {"sort_index": 0})
-    m("thread_name", sched_pid, events_tid, {"name": "events"})
-    m("thread_sort_index", sched_pid, events_tid, {"sort_index": 1})
-    next_tid += 2
+    meta.append(_meta("thread_name", sched_pid, sched_tid, {"name": "scheduler"}))
+    meta.append(_meta("thread_sort_index", sched_pid, sched_tid, {"sort_index": 0}))
+    meta.append(_meta("thread_name", sched_pid, events_tid, {"name": "events"}))
+    meta.append(_meta("thread_sort_index", sched_pid, events_tid, {"sort_index": 1}))
+    return _Tracks(meta, sched_pid, sched_tid, events_tid, first_tid, next_tid + 2)
 
+
+def _resize_events(view: RunView, t1: float, tracks: _Tracks) -> List[Dict[str, Any]]:
+    """The coordinator's resize calls as slices on "resize" tracks (lanes where they
+    overlap); adds those tracks' metadata to ``tracks.meta``."""
     resizes = _resize_slices(view.of("resize_start", "resize_end"), t1)
     resize_lanes = assign_lanes(resizes)
     resize_tid: Dict[int, int] = {}
+    next_tid, sched_pid, meta = tracks.next_tid, tracks.sched_pid, tracks.meta
     for lane in sorted(set(resize_lanes)):
         resize_tid[lane] = next_tid
-        m("thread_name", sched_pid, next_tid, {"name": "resize" if lane == 0 else f"resize lane {lane + 1}"})
-        m("thread_sort_index", sched_pid, next_tid, {"sort_index": 2 + lane})
-        next_tid += 1
-    for s, lane in zip(resizes, resize_lanes):
-        events.append(
-            {
-                "name": s.label,
-                "cat": "resize",
-                "ph": "X",
-                "ts": _us(s.start),
-                "dur": _dur_us(s.start, s.end),
-                "pid": sched_pid,
-                "tid": resize_tid[lane],
-                "args": s.args,
-            }
+        meta.append(
+            _meta("thread_name", sched_pid, next_tid, {"name": "resize" if lane == 0 else f"resize lane {lane + 1}"})
         )
+        meta.append(_meta("thread_sort_index", sched_pid, next_tid, {"sort_index": 2 + lane}))
+        next_tid += 1
+    return [
+        {
+            "name": s.label,
+            "cat": "resize",
+            "ph": "X",
+            "ts": _us(s.start),
+            "dur": _dur_us(s.start, s.end),
+            "pid": sched_pid,
+            "tid": resize_tid[lane],
+            "args": s.args,
+        }
+        for s, lane in zip(resizes, resize_lanes)
+    ]
 
+
+def _scheduler_events(view: RunView, t0: float, tracks: _Tracks, events: List[Dict[str, Any]]) -> None:
+    """Appends to ``events`` an instant per planned cycle, the "idle GPUs" counter at
+    every commit and an instant on the "events" track per record of :data:`_EVENT_KINDS`."""
+    sched_pid, sched_tid, events_tid = tracks.sched_pid, tracks.sched_tid, tracks.events_tid
     for r in view.of(*_SCHEDULER_KINDS):  # (not the requests, VRAM and rank states of a long log)
         k = r.get("kind")
         ts = _us(float(r.get("t", t0)))
@@ -333,6 +350,20 @@ def _trace(view: RunView) -> _Trace:
                 }
             )
 
+
+def _trace(view: RunView) -> _Trace:
+    t0, t1 = view.bounds
+    nodes, gpn = view.shape
+    slices = view.slice_columns
+    lanes = view.lanes
+    tracks = _tracks(view.gpus, slices.gpu, lanes, nodes, gpn)
+    # the GPU slices' events, as columns (each built into a dict only when written)
+    cols = _SliceEventColumns(slices, lanes, gpn, tracks.first_tid)
+    # every event but the GPU slices' (a few thousand)
+    events = _resize_events(view, t1, tracks)
+    _scheduler_events(view, t0, tracks, events)
+
+    meta = tracks.meta
     meta.sort(key=lambda e: (e["pid"], e["tid"], e["name"]))
     n_slices = len(slices)
     labels, cats, slice_args = slices.label, slices.kind, slices.args

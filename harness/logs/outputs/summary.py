@@ -231,16 +231,48 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
     view = as_view(log)
     t0, t1 = view.bounds
     nodes, gpn = view.shape
-    effects = view.effects
-    ranks = view.ranks
-    columns = view.slice_columns
+    pipelines = _pipeline_summaries(view)
+    gpus = _gpu_summaries(view, t0, t1, gpn)
+    refit = _refit_summaries(view)
+    staleness, staleness_by_pipeline = _staleness(view)
+    sched, ooms, faults, timeouts, first_oom_seq, end_reason = _scheduler_summary(view)
+    return Summary(
+        scenario=view.scenario,
+        t_start=t0,
+        t_end=t1,
+        end_reason=end_reason,
+        nodes=nodes,
+        gpus_per_node=gpn,
+        pipelines=pipelines,
+        gpus=gpus,
+        refit=refit,
+        staleness=staleness,
+        staleness_by_pipeline=staleness_by_pipeline,
+        scheduler=sched,
+        ooms=ooms,
+        faults=faults,
+        timeouts=timeouts,
+        handovers=_handovers(view, handover_findings),
+        first_oom_seq=first_oom_seq,
+        streaming=streaming_rows(
+            view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
+            {p.pipeline_id: p.mean_step_s for p in pipelines},
+        ),
+        dataplane=dataplane_totals(view.of("dp_transfer")),
+        waste=view.derived("waste"),
+        pauses=view.derived("pauses"),
+        policy=policy_name(view.records),
+        headroom=view.derived("headroom"),
+    )
 
-    # ---- pipelines
+
+def _pipeline_summaries(view: RunView) -> List[PipelineSummary]:
+    """Per pipeline: its steps, the time it spent per category and its requests."""
     by_pipe_effects: Dict[str, List[EffectInterval]] = defaultdict(list)
-    for iv in effects:
+    for iv in view.effects:
         by_pipe_effects[iv.pipeline_id].append(iv)
     by_pipe_ranks: Dict[str, List[RankInterval]] = defaultdict(list)
-    for rv in ranks:
+    for rv in view.ranks:
         by_pipe_ranks[rv.pipeline_id].append(rv)
     req_done, req_abort, req_failed, tokens = view.derived("requests")
 
@@ -269,8 +301,12 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
                 tokens=tokens.get(pid, 0),
             )
         )
+    return pipelines
 
-    # ---- GPUs
+
+def _gpu_summaries(view: RunView, t0: float, t1: float, gpn: int) -> List[GpuSummary]:
+    """Per GPU: the time it spent per category, each instant counted once."""
+    columns = view.slice_columns
     # each GPU's slices: a run of the columns (the slices are sorted by GPU first)
     by_gpu: Dict[Any, Tuple[int, int]] = {}
     at = 0
@@ -287,11 +323,14 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
                 gpu=g, node=g // gpn, train_s=x["train"], refit_s=x["refit"], generate_s=x["generate"], idle_s=x["idle"]
             )
         )
+    return gpus
 
-    # ---- refit
+
+def _refit_summaries(view: RunView) -> List[RefitSummary]:
+    """Per pipeline: its weight syncs by path and the bytes its buckets moved by transport."""
     sync_count: Dict[str, Dict[str, int]] = defaultdict(lambda: defaultdict(int))
     sync_secs: Dict[str, Dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for iv in effects:
+    for iv in view.effects:
         if iv.effect == "SyncFromCache":
             path = str(iv.args.get("path", "?"))
             sync_count[iv.pipeline_id][path] += 1
@@ -320,8 +359,11 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
                 bytes_by_transport={k: bytes_tr[pid][k] for k in sorted(bytes_tr.get(pid, {}))},
             )
         )
+    return refit
 
-    # ---- staleness
+
+def _staleness(view: RunView) -> Tuple[Dict[int, int], Dict[str, Dict[int, int]]]:
+    """The consumed samples' staleness histogram (age -> count), overall and per pipeline."""
     merged: Dict[int, int] = defaultdict(int)
     per_pipe: Dict[str, Dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for r in view.of("batch_consumed"):
@@ -329,9 +371,16 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
             merged[int(age)] += int(count)
             per_pipe[r["pipeline_id"]][int(age)] += int(count)
     staleness = {a: merged[a] for a in sorted(merged)}
-    staleness_by_pipeline = {p: {a: per_pipe[p][a] for a in sorted(per_pipe[p])} for p in sorted(per_pipe)}
+    return staleness, {p: {a: per_pipe[p][a] for a in sorted(per_pipe[p])} for p in sorted(per_pipe)}
 
-    # ---- scheduler, faults
+
+def _scheduler_summary(
+    view: RunView,
+) -> Tuple[
+    SchedulerSummary, List[Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]], Optional[int], Optional[str]
+]:
+    """The scheduler's totals, then the OOMs, fired faults and timeouts, the first OOM's
+    seq and why the run ended: one pass over the records of those kinds."""
     sched = SchedulerSummary()
     cycles = set()
     ooms: List[Dict[str, Any]] = []
@@ -366,35 +415,7 @@ def summarize(log: Log, handover_findings: Optional[Sequence[Any]] = None) -> Su
         elif k == "sim_end":
             end_reason = r.get("reason")
     sched.cycles = len(cycles)
-
-    return Summary(
-        scenario=view.scenario,
-        t_start=t0,
-        t_end=t1,
-        end_reason=end_reason,
-        nodes=nodes,
-        gpus_per_node=gpn,
-        pipelines=pipelines,
-        gpus=gpus,
-        refit=refit,
-        staleness=staleness,
-        staleness_by_pipeline=staleness_by_pipeline,
-        scheduler=sched,
-        ooms=ooms,
-        faults=faults,
-        timeouts=timeouts,
-        handovers=_handovers(view, handover_findings),
-        first_oom_seq=first_oom_seq,
-        streaming=streaming_rows(
-            view.of("streaming_setup", "effect_end", "trainer_step") if view.of("streaming_setup") else (),
-            {p.pipeline_id: p.mean_step_s for p in pipelines},
-        ),
-        dataplane=dataplane_totals(view.of("dp_transfer")),
-        waste=view.derived("waste"),
-        pauses=view.derived("pauses"),
-        policy=policy_name(view.records),
-        headroom=view.derived("headroom"),
-    )
+    return sched, ooms, faults, timeouts, first_oom_seq, end_reason
 
 
 def _handovers(view: RunView, found: Optional[Sequence[Any]] = None) -> List[Dict[str, Any]]:

@@ -52,20 +52,44 @@ def _bytes(n: int) -> str:
 
 def format_summary(summary: Summary) -> str:
     """Plain-text tables for a person; fixed decimals, so identical runs print identically."""
-    d = summary.duration_s
-    out: List[str] = []
+    out = _run_lines(summary)
+    out += _pipeline_lines(summary)
+    out += streaming_lines(summary.streaming, _table)
+    out += pause_lines(summary.pauses, _table)
+    out += _gpu_lines(summary)
+    out += _refit_lines(summary)
+    out += _staleness_lines(summary)
+    out += _scheduler_lines(summary)
+    out += _waste_lines(summary)
+    out += _handover_lines(summary)
+    out += headroom_lines(summary.headroom, _table)
+    if summary.dataplane:
+        out += format_dataplane(summary.dataplane, _bytes, _table)
+
+    if summary.ooms or summary.faults or summary.timeouts:
+        out.append("")
+        out.append("Faults")
+        out += [line for _, _, line in sorted(_fault_lines(summary))]
+    return "\n".join(out) + "\n"
+
+
+def _run_lines(summary: Summary) -> List[str]:
+    """The title and the run's span, end, cluster and policy."""
     title = "rlharness simulation summary"
     if summary.scenario:
         title += f": {summary.scenario}"
-    out.append(title)
-    out.append(
-        f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(d)} s simulated), "
+    return [
+        title,
+        f"run {_s(summary.t_start)} s .. {_s(summary.t_end)} s ({_s(summary.duration_s)} s simulated), "
         f"end: {summary.end_reason or 'no sim_end'}; cluster {summary.nodes} node(s) x "
-        f"{summary.gpus_per_node} GPU(s); scheduler policy {summary.policy}"
-    )
+        f"{summary.gpus_per_node} GPU(s); scheduler policy {summary.policy}",
+    ]
 
-    out.append("")
-    out.append("Pipelines (time split: simulated seconds with any such work, % of the run; kinds overlap;")
+
+def _pipeline_lines(summary: Summary) -> List[str]:
+    """The pipelines table: steps, time per kind of work, requests."""
+    d = summary.duration_s
+    out = ["", "Pipelines (time split: simulated seconds with any such work, % of the run; kinds overlap;"]
     out.append(
         "  refit s = weight sync, finalize and publish plus wake, sleep, abort and drain of its inference ranks)"
     )
@@ -115,11 +139,13 @@ def format_summary(summary: Summary) -> str:
         if rows
         else ["(no pipelines)"]
     )
-    out += streaming_lines(summary.streaming, _table)
-    out += pause_lines(summary.pauses, _table)
+    return out
 
-    out.append("")
-    out.append("GPU utilization (% of the run; train > refit > generate where they overlap)")
+
+def _gpu_lines(summary: Summary) -> List[str]:
+    """The GPU utilization table, with a row for all GPUs together."""
+    d = summary.duration_s
+    out = ["", "GPU utilization (% of the run; train > refit > generate where they overlap)"]
     rows = []
     for g in summary.gpus:
         rows.append(
@@ -130,9 +156,12 @@ def format_summary(summary: Summary) -> str:
         tot = [ordered_sum(getattr(g, f) for g in summary.gpus) for f in ("train_s", "generate_s", "refit_s", "idle_s")]
         rows.append(["all", "-"] + [_pct(x, d * n) for x in tot])
     out += _table(["gpu", "node", "train %", "generate %", "refit %", "idle %"], rows, "rrrrrr")
+    return out
 
-    out.append("")
-    out.append("Refit (weight syncs only: total sync s = SyncFromCache time summed over syncs, so")
+
+def _refit_lines(summary: Summary) -> List[str]:
+    """The weight syncs table, per pipeline."""
+    out = ["", "Refit (weight syncs only: total sync s = SyncFromCache time summed over syncs, so"]
     out.append("  concurrent syncs add up; the pipeline table's refit s is a union over time that also")
     out.append("  counts finalize, publish, wake, sleep and drain)")
     if summary.refit:
@@ -150,8 +179,12 @@ def format_summary(summary: Summary) -> str:
         )
     else:
         out.append("(no weight syncs)")
+    return out
 
-    out.append("")
+
+def _staleness_lines(summary: Summary) -> List[str]:
+    """The consumed trajectories' staleness histogram."""
+    out = [""]
     total_traj = sum(summary.staleness.values())
     if total_traj:
         mean_age = sum(a * c for a, c in summary.staleness.items()) / total_traj
@@ -160,11 +193,13 @@ def format_summary(summary: Summary) -> str:
         out += _table(["age (steps)", "trajectories", "%"], rows, "rrr")
     else:
         out.append("Trajectory staleness: (no batches consumed)")
+    return out
 
+
+def _scheduler_lines(summary: Summary) -> List[str]:
+    """The scheduler's totals: cycles, resizes, signals, rejections, failures."""
     sc = summary.scheduler
-    out.append("")
-    out.append("Scheduler")
-    out += _table(
+    return ["", "Scheduler"] + _table(
         ["cycles", "shrinks", "shrunk dp ranks", "expands", "expanded dp ranks", "signals", "rejected", "failures"],
         [
             [
@@ -180,31 +215,25 @@ def format_summary(summary: Summary) -> str:
         ],
         "rrrrrrrr",
     )
-    out += _waste_lines(summary)
 
-    if summary.handovers:
-        out.append("")
-        out.append(f"GPU handovers with another cluster's memory still resident ({len(summary.handovers)})")
-        for h in summary.handovers[:5]:
-            out.append(f"t={_s(h['t'])} s {h['message']}")
-        if len(summary.handovers) > 5:
-            out.append(f"... and {len(summary.handovers) - 5} more (violations.txt)")
-        if summary.ooms and summary.first_oom_seq is not None:
-            h, o = summary.handovers[0], summary.ooms[0]
-            first = "before" if h["seq"] < summary.first_oom_seq else "after"
-            out.append(
-                f"the first unclean handover (t={_s(h['t'])} s, seq {h['seq']}) came {first} the first OOM "
-                f"(t={_s(o['t'])} s, seq {summary.first_oom_seq}, GPU {o.get('gpu')})"
-            )
-    out += headroom_lines(summary.headroom, _table)
-    if summary.dataplane:
-        out += format_dataplane(summary.dataplane, _bytes, _table)
 
-    if summary.ooms or summary.faults or summary.timeouts:
-        out.append("")
-        out.append("Faults")
-        out += [line for _, _, line in sorted(_fault_lines(summary))]
-    return "\n".join(out) + "\n"
+def _handover_lines(summary: Summary) -> List[str]:
+    """The first unclean GPU handovers and whether the first came before the first OOM."""
+    if not summary.handovers:
+        return []
+    out = ["", f"GPU handovers with another cluster's memory still resident ({len(summary.handovers)})"]
+    for h in summary.handovers[:5]:
+        out.append(f"t={_s(h['t'])} s {h['message']}")
+    if len(summary.handovers) > 5:
+        out.append(f"... and {len(summary.handovers) - 5} more (violations.txt)")
+    if summary.ooms and summary.first_oom_seq is not None:
+        h, o = summary.handovers[0], summary.ooms[0]
+        first = "before" if h["seq"] < summary.first_oom_seq else "after"
+        out.append(
+            f"the first unclean handover (t={_s(h['t'])} s, seq {h['seq']}) came {first} the first OOM "
+            f"(t={_s(o['t'])} s, seq {summary.first_oom_seq}, GPU {o.get('gpu')})"
+        )
+    return out
 
 
 def _fault_lines(summary: Summary) -> List[Tuple[float, int, str]]:
@@ -277,11 +306,6 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
     the same numbers, unrounded, with the units in the key names (``_s`` simulated
     seconds, ``_pct`` percent of the run)."""
     d = summary.duration_s
-
-    def pct(x: float, total: float) -> float:
-        return (100.0 * x / total) if total > 0 else 0.0
-
-    n_gpus = len(summary.gpus)
     return {
         "scenario": summary.scenario,
         "policy": summary.policy,
@@ -299,44 +323,14 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "pipelines": [
             {
                 **asdict(p),
-                **{f"{k}_pct": pct(getattr(p, f"{k}_s"), d) for k in ("generate", "train", "refit", "waiting")},
+                **{f"{k}_pct": _share(getattr(p, f"{k}_s"), d) for k in ("generate", "train", "refit", "waiting")},
             }
             for p in summary.pipelines
         ],
-        "gpus": [
-            {
-                "gpu": g.gpu,
-                "node": g.node,
-                "train_pct": pct(g.train_s, d),
-                "generate_pct": pct(g.generate_s, d),
-                "refit_pct": pct(g.refit_s, d),
-                "idle_pct": pct(g.idle_s, d),
-                "train_s": g.train_s,
-                "generate_s": g.generate_s,
-                "refit_s": g.refit_s,
-                "idle_s": g.idle_s,
-            }
-            for g in summary.gpus
-        ],
-        "gpus_all": {
-            f"{k}_pct": pct(ordered_sum(getattr(g, f"{k}_s") for g in summary.gpus), d * n_gpus)
-            for k in ("train", "generate", "refit", "idle")
-        }
-        if n_gpus
-        else {},
+        "gpus": _gpus_json(summary),
+        "gpus_all": _gpus_all_json(summary),
         "refit": [{**asdict(r), "syncs": r.syncs} for r in summary.refit],
-        "staleness": {
-            "trajectories": sum(summary.staleness.values()),
-            "mean_age_steps": (
-                sum(a * c for a, c in summary.staleness.items()) / sum(summary.staleness.values())
-                if summary.staleness
-                else None
-            ),
-            "by_age": {str(age): count for age, count in summary.staleness.items()},
-            "by_age_pct": {
-                str(age): pct(count, sum(summary.staleness.values())) for age, count in summary.staleness.items()
-            },
-        },
+        "staleness": _staleness_json(summary),
         "staleness_by_pipeline": {
             p: {str(a): c for a, c in ages.items()} for p, ages in summary.staleness_by_pipeline.items()
         },
@@ -359,4 +353,56 @@ def summary_json(summary: Summary) -> Dict[str, Any]:
         "pauses": [asdict(r) for r in summary.pauses],
         "lost_work_by_pause_mode": lost_by_mode(summary.pauses),
         "dataplane": [asdict(h) for h in summary.dataplane],
+    }
+
+
+def _share(x: float, total: float) -> float:
+    """``x`` as a percent of ``total`` (0 of nothing), unrounded: :func:`_pct`'s number."""
+    return (100.0 * x / total) if total > 0 else 0.0
+
+
+def _gpus_json(summary: Summary) -> List[Dict[str, Any]]:
+    """Per GPU: its share of the run per kind of work, then the seconds."""
+    d = summary.duration_s
+    return [
+        {
+            "gpu": g.gpu,
+            "node": g.node,
+            "train_pct": _share(g.train_s, d),
+            "generate_pct": _share(g.generate_s, d),
+            "refit_pct": _share(g.refit_s, d),
+            "idle_pct": _share(g.idle_s, d),
+            "train_s": g.train_s,
+            "generate_s": g.generate_s,
+            "refit_s": g.refit_s,
+            "idle_s": g.idle_s,
+        }
+        for g in summary.gpus
+    ]
+
+
+def _gpus_all_json(summary: Summary) -> Dict[str, float]:
+    """All GPUs together: each kind's share of the run's GPU-time ({} without GPUs)."""
+    n_gpus = len(summary.gpus)
+    if not n_gpus:
+        return {}
+    return {
+        f"{k}_pct": _share(ordered_sum(getattr(g, f"{k}_s") for g in summary.gpus), summary.duration_s * n_gpus)
+        for k in ("train", "generate", "refit", "idle")
+    }
+
+
+def _staleness_json(summary: Summary) -> Dict[str, Any]:
+    """The staleness histogram: trajectories, mean age, count and share per age."""
+    return {
+        "trajectories": sum(summary.staleness.values()),
+        "mean_age_steps": (
+            sum(a * c for a, c in summary.staleness.items()) / sum(summary.staleness.values())
+            if summary.staleness
+            else None
+        ),
+        "by_age": {str(age): count for age, count in summary.staleness.items()},
+        "by_age_pct": {
+            str(age): _share(count, sum(summary.staleness.values())) for age, count in summary.staleness.items()
+        },
     }

@@ -135,14 +135,26 @@ def _size_px(
     return round(width_in * dpi), round((plot_h + _TOP_IN + _BOTTOM_IN) * dpi)
 
 
+#: matplotlib settings every picture is drawn under (with its default style): fixed, so
+#: the same records give the same bytes whatever the user's matplotlibrc says
+_RC: Any = {  # (matplotlib types its keys as literals)
+    "svg.hashsalt": "rlharness-timeline",
+    "font.family": "DejaVu Sans",
+    "font.size": 8,
+    "hatch.linewidth": 0.6,
+    "savefig.facecolor": "white",
+    "savefig.edgecolor": "white",
+    "savefig.transparent": False,
+    "path.simplify": False,
+}
+
+
 def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: float = 0.45, dpi: int = 100) -> bytes:
     """PNG bytes of the timeline of ``log`` (the records, header first, or a RunView)."""
     import matplotlib
     import matplotlib.style
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     view = as_view(log)
     t0, t1 = view.bounds
@@ -161,14 +173,8 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: floa
     pipelines = sorted(set(slices.pipeline_id))
     w_px, h_px = _size_px(n_rows, set(kinds), set(pipelines), width_in, row_height_in, dpi, dense)
     node_rows = dense and not bool((members == 1).all())  # a row mixes whole nodes: no lanes
-    if all(kind in KIND_STYLE for kind in set(kinds)):
-        lanes = [] if node_rows else view.work_lanes  # the Perfetto trace's lanes too when no slice is "other"
-    else:
-        keep = [kind in KIND_STYLE for kind in kinds]
-        slices = slices.where(keep)
-        kinds = list(compress(kinds, keep))
-        pipelines = sorted(set(slices.pipeline_id))
-        lanes = [] if node_rows else slices.lanes()
+    slices, kinds, lanes = _styled_slices(view, slices, kinds, node_rows)
+    pipelines = sorted(set(slices.pipeline_id))
     hatch_of = {p: PIPELINE_HATCHES[i % len(PIPELINE_HATCHES)] for i, p in enumerate(pipelines)}
     ooms = list(view.of("oom"))
     faults = list(view.of("fault_fired"))
@@ -176,21 +182,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: floa
 
     w_in, h_in = w_px / dpi, h_px / dpi
 
-    with (
-        matplotlib.style.context("default"),
-        matplotlib.rc_context(
-            {
-                "svg.hashsalt": "rlharness-timeline",
-                "font.family": "DejaVu Sans",
-                "font.size": 8,
-                "hatch.linewidth": 0.6,
-                "savefig.facecolor": "white",
-                "savefig.edgecolor": "white",
-                "savefig.transparent": False,
-                "path.simplify": False,
-            }
-        ),
-    ):
+    with matplotlib.style.context("default"), matplotlib.rc_context(_RC):
         fig = Figure(figsize=(w_in, h_in), dpi=dpi)
         FigureCanvasAgg(fig)
         fig.subplots_adjust(
@@ -205,24 +197,7 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: floa
             drawn, bars = _bar_image(ax, slices, lanes, row_of, members, kinds, pipelines, (t0, t1), (t0, x_max))
         else:
             drawn = _draw_bar_polygons(ax, slices, lanes, row_of, kinds, hatch_of, pipelines, (t0, t1))
-
-        for r in ooms:
-            g = r.get("gpu")
-            if g in row_of:
-                ax.plot(
-                    [float(r["t"])],
-                    [row_of[g] + 0.5],
-                    marker="x",
-                    color="red",
-                    markersize=9,
-                    markeredgewidth=2,
-                    linestyle="none",
-                    zorder=5,
-                )
-        for r in faults:
-            ax.axvline(float(r["t"]), color="red", linestyle=":", linewidth=1.0, zorder=4)
-        for r in timeouts:
-            ax.axvline(float(r["t"]), color="red", linestyle="--", linewidth=1.0, zorder=4)
+        _draw_markers(ax, row_of, ooms, faults, timeouts)
 
         ax.set_xlim(t0, x_max)
         ax.set_ylim(n_rows, 0)
@@ -231,41 +206,13 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: floa
             every = max(1, -(-24 // max(int(row_px), 1)))  # labels at least 24 pixels apart
             _row_labels(ax, row_labels, every)
         else:
-            ax.set_yticks([i + 0.5 for i in range(len(gpus))])
-            ax.set_yticklabels([f"GPU {g} (node {g // gpn})" for g in gpus])
-            for i in range(1, len(gpus)):
-                ax.axhline(i, color="#dddddd", linewidth=0.5, zorder=0)
+            _gpu_rows(ax, gpus, gpn)
         ax.set_xlabel(time_label(view))
         if not dense:  # (a raster picture's grid would be drawn over its bars)
             ax.grid(axis="x", color="#eeeeee", linewidth=0.5)
         ax.set_axisbelow(True)
         ax.set_title(f"{view.scenario or 'rlharness run'} - GPU timeline")
-
-        handles: List[Any] = [
-            Patch(facecolor=KIND_STYLE[k][1], edgecolor="black", linewidth=0.3, label=KIND_STYLE[k][0])
-            for k in legend_kinds(drawn)
-        ]
-        if not dense:
-            handles += [
-                Patch(
-                    facecolor="white",
-                    edgecolor="black",
-                    linewidth=0.3,
-                    hatch=hatch_of[p] or None,
-                    label=f"pipeline {p}",
-                )
-                for p in pipelines
-            ]
-        else:  # a raster row's top band is coloured by pipeline
-            handles += pipeline_handles(pipelines)
-        if ooms:
-            handles.append(
-                Line2D([], [], marker="x", color="red", markersize=8, markeredgewidth=2, linestyle="none", label="OOM")
-            )
-        if faults:
-            handles.append(Line2D([], [], color="red", linestyle=":", label="fault fired"))
-        if timeouts:
-            handles.append(Line2D([], [], color="red", linestyle="--", label="RLix timeout"))
+        handles = _legend_handles(drawn, dense, pipelines, hatch_of, (ooms, faults, timeouts))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
 
         if dense:
@@ -273,6 +220,84 @@ def render_timeline_png(log: Log, *, width_in: float = 12.0, row_height_in: floa
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
+
+
+def _styled_slices(
+    view: Any, slices: SliceColumns, kinds: List[str], node_rows: bool
+) -> Tuple[SliceColumns, List[str], Sequence[int]]:
+    """The slices drawn (those of a kind :data:`KIND_STYLE` colours), their picture kinds
+    and their lanes (none where a row holds whole nodes)."""
+    if all(kind in KIND_STYLE for kind in set(kinds)):
+        return slices, kinds, [] if node_rows else view.work_lanes  # the Perfetto trace's lanes too
+    keep = [kind in KIND_STYLE for kind in kinds]
+    slices = slices.where(keep)
+    return slices, list(compress(kinds, keep)), [] if node_rows else slices.lanes()
+
+
+def _draw_markers(ax: Any, row_of: Dict[int, int], ooms: List[Any], faults: List[Any], timeouts: List[Any]) -> None:
+    """OOMs as red crosses on their GPU's row, fired faults and timeouts as red lines."""
+    for r in ooms:
+        g = r.get("gpu")
+        if g in row_of:
+            ax.plot(
+                [float(r["t"])],
+                [row_of[g] + 0.5],
+                marker="x",
+                color="red",
+                markersize=9,
+                markeredgewidth=2,
+                linestyle="none",
+                zorder=5,
+            )
+    for r in faults:
+        ax.axvline(float(r["t"]), color="red", linestyle=":", linewidth=1.0, zorder=4)
+    for r in timeouts:
+        ax.axvline(float(r["t"]), color="red", linestyle="--", linewidth=1.0, zorder=4)
+
+
+def _gpu_rows(ax: Any, gpus: Sequence[int], gpn: int) -> None:
+    """A detailed picture's row labels (one per GPU) and the lines between rows."""
+    ax.set_yticks([i + 0.5 for i in range(len(gpus))])
+    ax.set_yticklabels([f"GPU {g} (node {g // gpn})" for g in gpus])
+    for i in range(1, len(gpus)):
+        ax.axhline(i, color="#dddddd", linewidth=0.5, zorder=0)
+
+
+def _legend_handles(
+    drawn: "set[str]", dense: bool, pipelines: List[str], hatch_of: Dict[str, str], marked: Tuple[List[Any], ...]
+) -> List[Any]:
+    """The legend: the kinds drawn, the pipelines (hatches, or a raster row's top band
+    colours) and the markers the picture has (``marked``: its OOMs, faults, timeouts)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    ooms, faults, timeouts = marked
+    handles: List[Any] = [
+        Patch(facecolor=KIND_STYLE[k][1], edgecolor="black", linewidth=0.3, label=KIND_STYLE[k][0])
+        for k in legend_kinds(drawn)
+    ]
+    if not dense:
+        handles += [
+            Patch(
+                facecolor="white",
+                edgecolor="black",
+                linewidth=0.3,
+                hatch=hatch_of[p] or None,
+                label=f"pipeline {p}",
+            )
+            for p in pipelines
+        ]
+    else:  # a raster row's top band is coloured by pipeline
+        handles += pipeline_handles(pipelines)
+    if ooms:
+        handles.append(
+            Line2D([], [], marker="x", color="red", markersize=8, markeredgewidth=2, linestyle="none", label="OOM")
+        )
+    if faults:
+        handles.append(Line2D([], [], color="red", linestyle=":", label="fault fired"))
+    if timeouts:
+        handles.append(Line2D([], [], color="red", linestyle="--", label="RLix timeout"))
+    return handles
 
 
 def _composite_png(fig: Any, ax: Any, bars: np.ndarray) -> bytes:
