@@ -82,6 +82,10 @@ def test_dual_pipeline_time_shares_with_every_invariant_holding(tmp_path, reques
     # evidence for cache_lock: without it the check judged each effect unlocked)
     holds = {(r["pipeline_id"], r["holder"]) for r in records if r["kind"] == "cache_lock" and r["action"] == "acquire"}
     assert {(p, h) for p in ("ppl1", "ppl2") for h in ("build", "sync")} <= holds, holds
+    _assert_refits_drains_and_outputs(run, records, summary)
+
+
+def _assert_refits_drains_and_outputs(run, records, summary):
     # refits really moved weights over both paths and every synced rank matched bit for bit
     gate_log = [json.loads(line) for line in open(run.event_log)]
     digests = [r for r in gate_log if r["kind"] == "digest_check"]
