@@ -304,7 +304,11 @@ def test_the_ray_executor_starts_and_stops_only_a_ray_of_its_own(monkeypatch, ad
 
 def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["fuzz", "--seeds", "4", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize"])
+
+    def sweep(*extra):  # the same four seeds on two workers each time
+        return main(["fuzz", "--seeds", "4", "--workers", "2", "--out", str(out), "--quiet", "--no-minimize", *extra])
+
+    rc = sweep()
     text = capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
     assert [r["seed"] for r in results] == list(range(4))
@@ -319,44 +323,9 @@ def test_fuzz_cli_writes_results_and_exits_by_the_allow_list(tmp_path, capsys):
         + yaml.safe_dump({"expect": entries + [{"check": "oom:never", "reason": "a finding no seed makes"}]})
     )
     for flag in ("--baseline", "--expect"):  # --expect: the old name of the same option
-        assert (
-            main(
-                [
-                    "fuzz",
-                    "--seeds",
-                    "4",
-                    "--workers",
-                    "2",
-                    "--out",
-                    str(out),
-                    "--quiet",
-                    "--no-minimize",
-                    flag,
-                    str(allow),
-                ]
-            )
-            == 0
-        )
+        assert sweep(flag, str(allow)) == 0
     # --strict: the expectation no seed matched fails the sweep, and is named in the table
-    assert (
-        main(
-            [
-                "fuzz",
-                "--seeds",
-                "4",
-                "--workers",
-                "2",
-                "--out",
-                str(out),
-                "--quiet",
-                "--no-minimize",
-                "--baseline",
-                str(allow),
-                "--strict",
-            ]
-        )
-        == 1
-    )
+    assert sweep("--baseline", str(allow), "--strict") == 1
     assert "expected, not found: oom:never" in capsys.readouterr().out
 
 
