@@ -7,7 +7,9 @@ calibration's factors and reports the per-stage error. The stages and what they 
 
 * ``training_s`` and ``log_probs_s`` -> ``train_mfu`` (``moe_train_mfu`` for a run whose
   model has ``experts_per_token``): y = A / mfu + C, A the FLOP time (compute and pipeline
-  bubble at MFU 1), C the communication (:func:`formulas.train_pass_s`);
+  bubble at MFU 1), C the communication (:func:`formulas.train_pass_s`); the training pass
+  times the placement the simulator charges (:func:`_placement`: the colocated-training
+  factor, by the run's ``colocated``), so the fitted rate is the one the derivation reads;
 * ``generation_s`` -> ``hbm_efficiency`` and ``decode_flops_efficiency``: a rank serves its
   S sequences at concurrency c = min(S, KV capacity) for S·D/c decode steps of
   t(c) = a + β·c (:func:`formulas.decode_curve`), so y = X_h / hbm + X_d / flops + X_0;
