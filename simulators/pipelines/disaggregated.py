@@ -320,11 +320,11 @@ class DisaggregatedSim:
     def _target_rollouter(self):
         """NeMo RL's trajectory collector (``order.may_start_group``): a prompt group at a
         time, each for the step ``order.target_of`` names, its slot held until its last
-        answer is back."""
+        answer is back; none starts while a sync pauses generation (``prepare_for_refit``)."""
         w = self.spec.workload
         total = self.spec.steps * w.prompts_per_step
         while self.steps_done < self.spec.steps and not self.sim.stop.triggered:
-            if order.may_start_group(
+            if self.admitting and order.may_start_group(
                 self.groups_started, self.groups_running, self.gen_version, w.prompts_per_step, self.max_age, total
             ):
                 group, target = self.groups_started, order.target_of(self.groups_started, w.prompts_per_step)

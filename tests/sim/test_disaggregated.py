@@ -129,6 +129,18 @@ def test_target_batching_trains_step_k_on_the_kth_batch_started():
         assert set(r["staleness"]) <= {"0", "1"}
 
 
+@pytest.mark.parametrize("weight_sync", ["drain", "pause"])
+def test_target_batching_starts_no_group_while_a_sync_holds_generation(weight_sync):
+    """NeMo RL without in-flight updates: prepare_for_refit holds new prompt groups, and a
+    drained sync leaves every answer on one version."""
+    records = _run(shape="fully_async", weight_sync=weight_sync, batching="target")
+    starts = lambda effect: [r["t"] for r in _kind(records, "effect_start") if r["effect"] == effect]  # noqa: E731
+    held = list(zip(starts("PauseGeneration"), starts("ResumeGeneration")))
+    assert held and not [r for r in _kind(records, "trajectory_dispatch") if any(a <= r["t"] < b for a, b in held)]
+    if weight_sync == "drain":
+        assert all(r["version"] == r["first_version"] for r in _kind(records, "trajectory"))
+
+
 def _most_in_flight(records):
     running = most = 0
     for r in records:
