@@ -130,9 +130,10 @@ def _fully_async_step(step: int, weight_sync: str) -> Generator:
 
 
 def may_admit(started: int, trainer_version: int, batch: int, max_age: int, total: int) -> bool:
-    """The rollouter may start one more trajectory: at most ``(v + 1 + max_age)`` batches
-    started while the trainer is at version ``v`` (NeMo RL's buffer window, verl's
-    ``(1 + staleness_threshold)`` batches per version), and no more than the run needs."""
+    """The completion rule's rollouter may start one more trajectory: at most
+    ``(v + 1 + max_age)`` batches started while the trainer is at version ``v`` (verl's
+    ``(1 + staleness_threshold)`` batches per version; NeMo RL's target window is the same
+    bound, :func:`may_start_group`), and no more than the run needs."""
     return started < min(total, (trainer_version + 1 + max_age) * batch)
 
 
@@ -141,10 +142,11 @@ def select_batch(
 ) -> Tuple[Optional[List[int]], List[int]]:
     """The trainer's batch from the completed trajectories ``(trajectory id, version it
     started with)``: ``(taken, dropped)``, ``taken`` None while fewer than ``batch`` are
-    usable. Oldest start first (ties by id); a trajectory older than ``max_age`` versions
-    is dropped, not trained (NeMo RL's replay buffer evicts it), batch or not, so that the
-    rollouter's window (:func:`may_admit`, which counts what was started less what was
-    dropped) starts its replacement."""
+    usable (the completion rule). Oldest start first (ties by id); a trajectory older than
+    ``max_age`` versions is dropped, not trained (as NeMo RL's replay buffer evicts one; its
+    target rule leaves none to evict), batch or not, so that the rollouter's window
+    (:func:`may_admit`, which counts what was started less what was dropped) starts its
+    replacement."""
     usable = sorted((v, t) for t, v in completed if trainer_version - v <= max_age)
     dropped = sorted(t for t, v in completed if trainer_version - v > max_age)
     if len(usable) < batch:
