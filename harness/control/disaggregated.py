@@ -25,6 +25,11 @@ reference implementation:
   With ``pause`` and ``in_flight`` a trajectory's tokens span weight versions; its
   staleness is counted from the version it started with (the oldest it used).
 
+  How the trainer's batch is made (:data:`BATCHINGS`): ``completion`` (verl's message
+  queue) takes the oldest completed trajectories, whichever they are; ``target`` (NeMo
+  RL's replay buffer) generates each prompt group for one training step and trains step k
+  on exactly the groups made for it (:func:`may_start_group`, :func:`target_of`).
+
 Only the order and the rules live here (no clock, no I/O); ``simulators/pipelines/disaggregated.py``
 interprets the effects in simulated time.
 """
@@ -39,6 +44,9 @@ from harness.control.streaming_effects import SyncWeights
 
 SHAPES = ("sync", "one_step_off", "fully_async")
 WEIGHT_SYNC_MODES = ("drain", "pause", "in_flight")
+#: how a fully asynchronous trainer's batch is made: the oldest completed trajectories
+#: (verl), or the prompt groups generated for its step (NeMo RL)
+BATCHINGS = ("completion", "target")
 
 
 @dataclass(frozen=True)
@@ -122,9 +130,10 @@ def _fully_async_step(step: int, weight_sync: str) -> Generator:
 
 
 def may_admit(started: int, trainer_version: int, batch: int, max_age: int, total: int) -> bool:
-    """The rollouter may start one more trajectory: at most ``(v + 1 + max_age)`` batches
-    started while the trainer is at version ``v`` (NeMo RL's buffer window, verl's
-    ``(1 + staleness_threshold)`` batches per version), and no more than the run needs."""
+    """The completion rule's rollouter may start one more trajectory: at most
+    ``(v + 1 + max_age)`` batches started while the trainer is at version ``v`` (verl's
+    ``(1 + staleness_threshold)`` batches per version; NeMo RL's target window is the same
+    bound, :func:`may_start_group`), and no more than the run needs."""
     return started < min(total, (trainer_version + 1 + max_age) * batch)
 
 
@@ -133,12 +142,47 @@ def select_batch(
 ) -> Tuple[Optional[List[int]], List[int]]:
     """The trainer's batch from the completed trajectories ``(trajectory id, version it
     started with)``: ``(taken, dropped)``, ``taken`` None while fewer than ``batch`` are
-    usable. Oldest start first (ties by id); a trajectory older than ``max_age`` versions
-    is dropped, not trained (NeMo RL's replay buffer evicts it), batch or not, so that the
-    rollouter's window (:func:`may_admit`, which counts what was started less what was
-    dropped) starts its replacement."""
+    usable (the completion rule). Oldest start first (ties by id); a trajectory older than
+    ``max_age`` versions is dropped, not trained (as NeMo RL's replay buffer evicts one; its
+    target rule leaves none to evict), batch or not, so that the rollouter's window
+    (:func:`may_admit`, which counts what was started less what was dropped) starts its
+    replacement."""
     usable = sorted((v, t) for t, v in completed if trainer_version - v <= max_age)
     dropped = sorted(t for t, v in completed if trainer_version - v > max_age)
     if len(usable) < batch:
         return None, dropped
     return [t for _, t in usable[:batch]], dropped
+
+
+#: where NeMo RL's target rule is read from: ``AsyncTrajectoryCollector`` spawns one worker per
+#: prompt group under a semaphore of ``num_prompts_per_step * max_trajectory_age_steps`` (held
+#: until the group's every answer is back), for the next target that still lacks trajectories
+#: among ``_calculate_target_weights`` (from weight version v: v+1 .. v+a; from the initial
+#: weights: 0 .. a); ``ReplayBuffer.sample`` returns only trajectories whose target is the
+#: trainer's current step, and the trainer waits until all of them are in
+TARGET_BATCHING_SOURCE = (
+    "NVIDIA-NeMo/RL",
+    "nemo_rl/algorithms/async_utils/trajectory_collector.py, replay_buffer.py",
+    "aea463dd2dad3c9dd39d92df3a1616647c8ff45a",
+)
+
+
+def target_of(group: int, prompts_per_step: int) -> int:
+    """The training step the ``group``-th prompt group started is generated for: the
+    collector fills one target's ``prompts_per_step`` groups before the next target's
+    (:data:`TARGET_BATCHING_SOURCE`)."""
+    return group // prompts_per_step
+
+
+def may_start_group(
+    started: int, running: int, generation_version: int, prompts_per_step: int, max_age: int, total: int
+) -> bool:
+    """NeMo RL's collector may spawn one more prompt group (``started`` so far, ``running``
+    not yet complete): a slot of its semaphore is free (``prompts_per_step x max_age``
+    groups, at least one), the group's target is one the generation's weights may make
+    (at most ``generation_version + max_age``), and the run needs it. Unlike
+    :func:`may_admit`, a slot is held until the group's longest answer is back, and the
+    version that gates is the generation's (set when a weight sync lands), not the trainer's."""
+    if started >= total or running >= max(1, prompts_per_step * max_age):
+        return False
+    return target_of(started, prompts_per_step) <= generation_version + max_age

@@ -29,7 +29,11 @@ inference GPU of any pipeline in the scenario (a disaggregated shape) is charged
 :func:`train_s` = the colocated-rate figure / the factor; every other pipeline keeps the
 figure as it was (so every colocated run the rate was set on is unchanged). Only training is
 scaled: the fitting rows publish no log-prob pass on dedicated GPUs (their rollouts return the
-log-probs), so nothing sources a factor for it.
+log-probs), so nothing sources a factor for it. A mixture of experts is the other way round:
+its rate (``moe_train_mfu``) comes from a pretraining run on GPUs of its own
+(:data:`MOE_TRAIN_RATE_SOURCE`), so its training pass is charged that rate on dedicated GPUs
+and the factor times it where the training GPUs host an inference engine (its log-prob pass
+keeps the one rate, as a dense model's does).
 
 Fitted value. The geometric mean of the colocated / dedicated training GPU-seconds over the
 published pairs of the comparison set whose two rows are both in its fitted split and publish
@@ -70,7 +74,19 @@ def trains_on_dedicated_gpus(pipelines: Sequence[Any], index: int) -> bool:
     return True
 
 
-def train_s(colocated_rate_s: float, dedicated: bool) -> float:
-    """Training seconds at the cost model's (colocated) rate, on dedicated GPUs divided by
-    :data:`COLOCATED_TRAIN_FACTOR`."""
-    return colocated_rate_s / COLOCATED_TRAIN_FACTOR if dedicated else colocated_rate_s
+def train_s(rate_s: float, dedicated: bool, moe: bool = False) -> float:
+    """Training seconds on a pipeline's GPUs from a pass timed at the cost model's rate. A
+    dense model's rate (``train_mfu``) is colocated training's: on dedicated GPUs it is
+    divided by :data:`COLOCATED_TRAIN_FACTOR`. A mixture of experts' rate (``moe_train_mfu``)
+    was measured on GPUs of its own (:data:`MOE_TRAIN_RATE_SOURCE`): on GPUs that host an
+    inference engine it is multiplied by the factor, on dedicated ones it stands."""
+    if moe:
+        return rate_s if dedicated else rate_s * COLOCATED_TRAIN_FACTOR
+    return rate_s / COLOCATED_TRAIN_FACTOR if dedicated else rate_s
+
+
+#: where ``moe_train_mfu`` (0.16) is read from: a Megatron pretraining run of Qwen3-30B-A3B on
+#: 16 H800s (TP1 PP2 EP8, sequence length 8,192, 6,325 tokens/GPU/s), training on GPUs of its
+#: own with no inference engine beside it: a dedicated rate, unlike ``train_mfu``, which the
+#: colocated NeMo RL rows set
+MOE_TRAIN_RATE_SOURCE = ("alibaba/Pai-Megatron-Patch", "issue #643", "2025-08-08")

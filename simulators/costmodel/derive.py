@@ -249,8 +249,9 @@ def _training(
 ) -> Dict[str, float]:
     """Per-trajectory training and log-prob costs of the pipeline's layout: the simulator
     charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n. The
-    training rate is colocated training's; on ``dedicated`` GPUs the pass is charged
-    :func:`colocation.train_s` of it (faster by the colocated-training factor)."""
+    training pass is charged :func:`colocation.train_s` of it: a dense rate is colocated
+    training's (faster on ``dedicated`` GPUs by the colocated-training factor), a MoE rate
+    dedicated training's (slower by it on GPUs shared with an inference engine)."""
     gpus = len(pipe.get("train_gpus") or ()) or 1
     layout = _layout(pipe)
     if layout is None:
@@ -268,7 +269,7 @@ def _training(
     # rollout.calculate_log_probs); the stage then costs nothing
     passes = passes if isinstance(passes, int) and not isinstance(passes, bool) and passes >= 0 else 1
     return {
-        "train_s_per_trajectory": train_s(train["total"], dedicated) * gpus / seqs,
+        "train_s_per_trajectory": train_s(train["total"], dedicated, arch.moe) * gpus / seqs,
         "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs,
     }
 

@@ -7,7 +7,9 @@ calibration's factors and reports the per-stage error. The stages and what they 
 
 * ``training_s`` and ``log_probs_s`` -> ``train_mfu`` (``moe_train_mfu`` for a run whose
   model has ``experts_per_token``): y = A / mfu + C, A the FLOP time (compute and pipeline
-  bubble at MFU 1), C the communication (:func:`formulas.train_pass_s`);
+  bubble at MFU 1), C the communication (:func:`formulas.train_pass_s`); the training pass
+  times the placement the simulator charges (:func:`_placement`: the colocated-training
+  factor, by the run's ``colocated``), so the fitted rate is the one the derivation reads;
 * ``generation_s`` -> ``hbm_efficiency`` and ``decode_flops_efficiency``: a rank serves its
   S sequences at concurrency c = min(S, KV capacity) for S·D/c decode steps of
   t(c) = a + β·c (:func:`formulas.decode_curve`), so y = X_h / hbm + X_d / flops + X_0;
@@ -54,6 +56,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from harness.ordered_sum import ordered_sum
 from simulators.costmodel import formulas as f
 from simulators.costmodel import refit_formulas as rf
+from simulators.costmodel.colocation import train_s
 from simulators.costmodel.hardware import GpuSpec
 from simulators.scenario.spec import CostSpec
 
@@ -175,6 +178,13 @@ def _refit_term(run: Run) -> float:
     return run.arch.params * run.arch.bytes_per_param / run.infer_tp / refit_link(run)
 
 
+def _placement(run: Run, backward: bool) -> float:
+    """What the simulator multiplies a pass at the fitted rate by for where ``run`` trains
+    (:func:`colocation.train_s`: a dense rate is colocated training's, a MoE rate dedicated
+    training's), so that a factor fitted here is the one the scenario's derivation reads."""
+    return train_s(1.0, not run.colocated, run.arch.moe) if backward else 1.0
+
+
 def predict(run: Run, factors: Mapping[str, float]) -> Dict[str, float]:
     """Each stage's predicted seconds for one step of ``run``."""
     e = efficiency(factors)
@@ -182,7 +192,7 @@ def predict(run: Run, factors: Mapping[str, float]) -> Dict[str, float]:
     out = {}
     for stage, backward in (("training_s", True), ("log_probs_s", False)):
         a, c = _train_terms(run, e, backward)
-        out[stage] = a / mfu + c
+        out[stage] = (a / mfu + c) * _placement(run, backward)
     x_h, x_d, x_0 = _gen_terms(run, e)
     out["generation_s"] = x_h / e.hbm_efficiency + x_d / e.decode_flops_efficiency + x_0
     out["refit_s"] = _refit_term(run) / e.link_efficiency
@@ -224,7 +234,8 @@ def fit(runs: Sequence[Run]) -> Dict[str, float]:
                 continue
             for stage, backward in (("training_s", True), ("log_probs_s", False)):
                 a, c = _train_terms(r, e, backward)
-                rows += [(a, c, s[stage]) for s in r.steps if stage in s]
+                m = _placement(r, backward)
+                rows += [(a * m, c * m, s[stage]) for s in r.steps if stage in s]
         v = _clip(_fit_inverse(rows) or -1) if rows else None
         if v is not None:
             out[key] = v

@@ -66,6 +66,7 @@ class DisaggregatedSim:
         self.pid = spec.name
         self.costs = spec.costs or sim.scenario.costs
         self.shape, self.weight_sync = spec.disaggregated.shape, spec.disaggregated.weight_sync
+        self.by_target = self.shape == "fully_async" and spec.disaggregated.batching == "target"
         w = spec.workload
         self.batch = w.prompts_per_step * w.generations_per_prompt
         self.max_age = order.trajectory_age_bound(self.shape, w.max_trajectory_age_steps)
@@ -91,6 +92,12 @@ class DisaggregatedSim:
         self.left: Dict[int, int] = {}  # batch -> trajectories not yet complete
         self.batch_version: Dict[int, int] = {}
         self.completed: List[Tuple[int, int]] = []  # fully_async: (trajectory, first version) done, not trained
+        # batching target (NeMo RL): groups spawned / not complete, each trajectory's group, a
+        # group's answers not back, the first versions of a target's completed trajectories
+        self.groups_started, self.groups_running = 0, 0
+        self.group_of: Dict[int, int] = {}
+        self.group_left: Dict[int, int] = {}
+        self.target_versions: Dict[int, List[int]] = {}
         self._changed = self.env.event()
         self._busy: set = set()  # ranks with a Generate effect open
         # disaggregated.comm_locks: a lock per communicator, the sync beside the trainer (comm_locks.py)
@@ -105,7 +112,8 @@ class DisaggregatedSim:
             self._setup()
             steps = self.spec.steps
             if self.shape == "fully_async":
-                self.env.spawn(self._rollouter(), "pipeline", self.index, 1)
+                rollouter = self._target_rollouter() if self.by_target else self._rollouter()
+                self.env.spawn(rollouter, "pipeline", self.index, 1)
                 orders = order.fully_async(steps, self.weight_sync)
             else:
                 orders = order.sync(steps) if self.shape == "sync" else order.one_step_off(steps)
@@ -163,7 +171,14 @@ class DisaggregatedSim:
 
     def _WaitBatch(self, e):
         self._maybe_restart_window(e.global_step)
-        if self.shape == "fully_async":
+        if self.by_target:
+            while self.left.get(e.global_step, self.batch):
+                yield self._changed
+            ages = {}
+            for v in self.target_versions.pop(e.global_step):
+                ages[self.trainer_version - v] = ages.get(self.trainer_version - v, 0) + 1
+            dropped = []
+        elif self.shape == "fully_async":
             dropped: List[int] = []
             while True:
                 taken, gone = order.select_batch(self.completed, self.trainer_version, self.batch, self.max_age)
@@ -236,6 +251,8 @@ class DisaggregatedSim:
         )
         self._collectives("weight_sync", "end")
         self.gen_version = version  # in_flight: the running sequences go on with these weights
+        if self.by_target:
+            self._notify()  # the generation's version gates the next target's groups
 
     def _locked_sync(self, version: int):
         """The sync beside the trainer under the communicators' locks; fault
@@ -297,6 +314,30 @@ class DisaggregatedSim:
                 req = self.collector.draw(1)[0]
                 self.started += 1
                 self._dispatch(req.rid, req.tokens)
+                continue
+            yield self._changed
+
+    def _target_rollouter(self):
+        """NeMo RL's trajectory collector (``order.may_start_group``): a prompt group at a
+        time, each for the step ``order.target_of`` names, its slot held until its last
+        answer is back; none starts while a sync pauses generation (``prepare_for_refit``)."""
+        w = self.spec.workload
+        total = self.spec.steps * w.prompts_per_step
+        while self.steps_done < self.spec.steps and not self.sim.stop.triggered:
+            if self.admitting and order.may_start_group(
+                self.groups_started, self.groups_running, self.gen_version, w.prompts_per_step, self.max_age, total
+            ):
+                group, target = self.groups_started, order.target_of(self.groups_started, w.prompts_per_step)
+                self.groups_started += 1
+                self.groups_running += 1
+                reqs = self.collector.draw(w.generations_per_prompt)
+                self.group_left[group] = len(reqs)
+                self.left.setdefault(target, self.batch)
+                self.target_versions.setdefault(target, [])
+                for req in reqs:
+                    self.batch_of[req.rid], self.group_of[req.rid] = target, group
+                    self.started += 1
+                    self._dispatch(req.rid, req.tokens)
                 continue
             yield self._changed
 
@@ -394,8 +435,20 @@ class DisaggregatedSim:
         batch = self.batch_of.pop(tid, None)
         if batch is not None:
             self.left[batch] -= 1
+            if self.by_target:
+                self._group_answer_back(tid, batch, first)
         else:
             self.completed.append((tid, first))
+
+    def _group_answer_back(self, tid: int, target: int, first: int) -> None:
+        """Batching ``target``: the answer counts for its target, and its group's slot frees
+        with the group's last answer."""
+        self.target_versions[target].append(first)
+        group = self.group_of.pop(tid)
+        self.group_left[group] -= 1
+        if not self.group_left[group]:
+            del self.group_left[group]
+            self.groups_running -= 1
 
     def _generate_record(self, rank: _Rank, kind: str) -> None:
         """One ``Generate`` effect per busy period of a rank (from its first running

@@ -60,6 +60,7 @@ _ALLOWED = {
     "data_plane.route": "one_hop or via_driver",
     "disaggregated.shape": "sync, one_step_off or fully_async",
     "disaggregated.weight_sync": "drain, pause or in_flight (fully_async)",
+    "disaggregated.batching": "completion or target (fully_async)",
     "disaggregated.comm_locks": "true or false (one_step_off)",
     "weight_sync_groups.join_order": "concurrent or phased",
     "weight_sync_groups.receiver_slot": "single or per_group",

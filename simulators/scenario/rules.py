@@ -193,6 +193,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
     DisaggregatedSpec: {
         "shape": _r("str"),
         "weight_sync": _r("str"),
+        "batching": _r("str"),
         "comm_locks": _r("bool"),
     },
     WeightSyncGroupsSpec: {

@@ -105,7 +105,7 @@ def defaults_section(ctx: Ctx, data: Any) -> Dict[str, Dict[str, Any]]:
 
 
 def disaggregated_section(ctx: Ctx, path: str, data: Any, train: List[int], infer: List[int]) -> DisaggregatedSpec:
-    from harness.control.disaggregated import SHAPES, WEIGHT_SYNC_MODES
+    from harness.control.disaggregated import BATCHINGS, SHAPES, WEIGHT_SYNC_MODES
 
     spec = DisaggregatedSpec(**flat_fields(ctx, path, data, DisaggregatedSpec))
     if spec.shape not in SHAPES:
@@ -116,6 +116,10 @@ def disaggregated_section(ctx: Ctx, path: str, data: Any, train: List[int], infe
         raise ctx.fail(
             f"{path}.weight_sync", f"unknown mode {spec.weight_sync!r}; known: {', '.join(WEIGHT_SYNC_MODES)}"
         )
+    if spec.batching not in BATCHINGS:
+        raise ctx.fail(f"{path}.batching", f"unknown batching {spec.batching!r}; known: {', '.join(BATCHINGS)}")
+    if spec.batching != "completion" and spec.shape != "fully_async":
+        raise ctx.fail(f"{path}.batching", f"only fully_async makes its batch by {spec.batching} (not {spec.shape})")
     shared = sorted(set(train) & set(infer))
     if shared:
         raise ctx.fail(

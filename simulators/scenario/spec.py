@@ -184,6 +184,9 @@ class DisaggregatedSpec:
     shape: str = "sync"  # the order: NeMo RL's synchronous, verl's one step off, or fully asynchronous
     # fully_async: drain the running answers, pause them (partial rollout), or sync under them
     weight_sync: str = "pause"
+    # fully_async: the trainer's batch is the oldest completed trajectories (verl's message queue)
+    # or the prompt groups generated for its step (target: NeMo RL's replay buffer)
+    batching: str = "completion"
     # one_step_off: the sync beside the next step, PP and EP behind a lock each (simulators/pipelines/comm_locks.py)
     comm_locks: bool = False
 

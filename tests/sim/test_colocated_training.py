@@ -51,3 +51,34 @@ def test_training_gpus_another_pipeline_infers_on_are_colocated():
     assert not trains_on_dedicated_gpus([own, {"train_gpus": [4], "infer_gpus": [1, 5]}], 0)
     assert not trains_on_dedicated_gpus([{"train_gpus": [0, 1], "infer_gpus": [1, 2]}], 0)
     assert not trains_on_dedicated_gpus([{"train_gpus": [0, 1]}], 0)  # no inference list: left as it was
+
+
+def _moe_costs(infer):
+    """Qwen3-30B-A3B training on GPU 0 alone (no parallelism, so no communication term),
+    answers of exactly 1,000 tokens after 200 of prompt."""
+    pipe = {
+        "name": "p",
+        "type": "disaggregated" if infer != [0] else "roll_sync",
+        "train_gpus": [0],
+        "infer_gpus": infer,
+        "model": {"preset": "qwen3-30b-a3b"},
+        "workload": {"prompt_tokens": 200, "decode_tokens_median": 1000, "decode_tokens_sigma": 0.0},
+    }
+    cluster = {"nodes": 1, "gpus_per_node": 2, "gpu": "h100_sxm"}
+    return scenario_from_mapping({"name": "s", "cluster": cluster, "pipelines": [pipe]}, "t.yaml").pipelines[0].costs
+
+
+def test_a_moes_training_rate_is_its_sources_on_dedicated_gpus_and_slower_by_the_factor_colocated():
+    """moe_train_mfu (0.16) was measured by a pretraining run on GPUs of its own: that is the
+    rate on dedicated GPUs, and colocated training takes the published colocated / dedicated
+    ratio longer (the opposite of a dense model, whose rate is colocated training's)."""
+    ratios = [(cg * cs) / (dg * ds) for cg, cs, dg, ds in FITTED_PAIRS]
+    factor = round(math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 2)
+    tokens = 1200.0
+    # Qwen3-30B-A3B's model card: 3.3e9 active parameters, 48 layers, hidden 2048; H100 SXM 989 TFLOP/s BF16
+    flops = 6.0 * 3.3e9 * tokens + 6.0 * 48 * 2048 * tokens * tokens
+    at_source_rate = flops / (989e12 * 0.16)
+    dedicated, colocated = _moe_costs([1]), _moe_costs([0])
+    assert math.isclose(dedicated.train_s_per_trajectory, at_source_rate, rel_tol=1e-9)
+    assert math.isclose(colocated.train_s_per_trajectory, at_source_rate * factor, rel_tol=1e-9)
+    assert math.isclose(dedicated.old_log_probs_s_per_trajectory, colocated.old_log_probs_s_per_trajectory)

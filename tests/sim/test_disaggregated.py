@@ -13,14 +13,14 @@ from simulators.runtime.simulation import Simulation
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
 
 
-def _scenario(shape="sync", weight_sync="pause", steps=4, **pipe):
+def _scenario(shape="sync", weight_sync="pause", steps=4, batching="completion", **pipe):
     p = {
         "name": "p",
         "type": "disaggregated",
         "train_gpus": [0, 1],
         "infer_gpus": [2, 3],
         "steps": steps,
-        "disaggregated": {"shape": shape, "weight_sync": weight_sync},
+        "disaggregated": {"shape": shape, "weight_sync": weight_sync, "batching": batching},
         "model": {"preset": "qwen2.5-1.5b"},
         "workload": {
             "prompts_per_step": 8,
@@ -112,6 +112,51 @@ def test_asynchronous_steps_are_shorter_than_synchronous_ones_on_a_long_tail():
     assert off < sync and full < sync
 
 
+def _dispatch_order(records):
+    return [r["trajectory"] for r in _kind(records, "trajectory_dispatch")]
+
+
+def test_target_batching_trains_step_k_on_the_kth_batch_started():
+    """NeMo RL's replay buffer: step k's batch is the prompt groups generated for step k
+    (the k-th 32 trajectories dispatched), so its wait ends with the last of those, and no
+    trajectory is generated that is not trained."""
+    records = _run(shape="fully_async", weight_sync="in_flight", batching="target")
+    order, done = _dispatch_order(records), {r["trajectory"]: r["t"] for r in _kind(records, "trajectory")}
+    consumed = _kind(records, "batch_consumed")
+    assert len(order) == len(done) == 4 * 32 and not _kind(records, "trajectory_evicted")
+    for k, r in enumerate(consumed):
+        assert r["t"] == max(done[t] for t in order[32 * k : 32 * (k + 1)])
+        assert set(r["staleness"]) <= {"0", "1"}
+
+
+@pytest.mark.parametrize("weight_sync", ["drain", "pause"])
+def test_target_batching_starts_no_group_while_a_sync_holds_generation(weight_sync):
+    """NeMo RL without in-flight updates: prepare_for_refit holds new prompt groups, and a
+    drained sync leaves every answer on one version."""
+    records = _run(shape="fully_async", weight_sync=weight_sync, batching="target")
+    starts = lambda effect: [r["t"] for r in _kind(records, "effect_start") if r["effect"] == effect]  # noqa: E731
+    held = list(zip(starts("PauseGeneration"), starts("ResumeGeneration")))
+    assert held and not [r for r in _kind(records, "trajectory_dispatch") if any(a <= r["t"] < b for a, b in held)]
+    if weight_sync == "drain":
+        assert all(r["version"] == r["first_version"] for r in _kind(records, "trajectory"))
+
+
+def _most_in_flight(records):
+    running = most = 0
+    for r in records:
+        running += {"trajectory_dispatch": 1, "trajectory": -1}.get(r["kind"], 0)
+        most = max(most, running)
+    return most
+
+
+def test_target_batching_holds_at_most_a_window_of_prompt_groups_in_flight():
+    """NeMo RL's collector runs at most prompts_per_step x max_trajectory_age_steps prompt
+    groups at once (8 x 1 x 4 answers here); the completion window lets two batches run."""
+    target = _run(shape="fully_async", weight_sync="in_flight", batching="target")
+    completion = _run(shape="fully_async", weight_sync="in_flight")
+    assert _most_in_flight(target) == 32 < _most_in_flight(completion)
+
+
 @pytest.mark.parametrize(
     "pipe, message",
     [
@@ -123,6 +168,11 @@ def test_asynchronous_steps_are_shorter_than_synchronous_ones_on_a_long_tail():
             {"disaggregated": {"shape": "fully_async", "weight_sync": "later"}},
             "pipelines[0].disaggregated.weight_sync: unknown mode 'later'",
         ),
+        (
+            {"shape": "fully_async", "batching": "fifo"},
+            "pipelines[0].disaggregated.batching: unknown batching 'fifo'",
+        ),
+        ({"batching": "target"}, "pipelines[0].disaggregated.batching: only fully_async makes its batch by target"),
         ({"infer_gpus": [1, 2, 3]}, "pipelines[0].train_gpus: train GPUs [1] are also infer_gpus"),
         ({"type": "roll_sync", "train_gpus": [2]}, "pipelines[0].disaggregated: only a disaggregated pipeline"),
     ],

@@ -53,7 +53,9 @@ def test_every_row_is_sourced_and_every_pair_is_in_the_set():
 
 def test_every_row_builds_the_shape_it_names():
     """A verl row's scenario is built from its workload, a NeMo RL row's is a file: either way
-    the pipeline runs the row's shape on the row's split of GPUs."""
+    the pipeline runs the row's shape on the row's split of GPUs, and a fully asynchronous row
+    makes its batch the way its framework does (NeMo RL's replay buffer by target step, verl's
+    message queue by completion)."""
     b, data = _bench(), _data()
     for r in data["rows"]:
         pipe = b.row_scenario(r, data).pipelines[0]
@@ -65,6 +67,9 @@ def test_every_row_builds_the_shape_it_names():
             assert len(pipe.infer_gpus) == r["rollout_gpus"], r["id"]
             assert len(pipe.train_gpus) + len(pipe.infer_gpus) == r["gpus"], r["id"]
             assert not set(pipe.train_gpus) & set(pipe.infer_gpus)
+            if r["shape"] == "fully_async":  # each framework's own rule for the trainer's batch
+                batching = {"nemo_rl": "target", "verl": "completion"}[r["framework"]]
+                assert pipe.disaggregated.batching == batching, r["id"]
 
 
 def test_a_row_publishing_only_its_step_cannot_move_the_colocated_training_factor():

@@ -262,3 +262,31 @@ def test_a_bad_new_field_is_one_error_naming_it(edit, field):
     with pytest.raises(ScenarioError) as e:
         scenario_from_mapping(data, "t.yaml")
     assert f": {field}:" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_run_on_dedicated_training_gpus_calibrates_the_colocated_rate(tmp_path):
+    """The simulator charges a dense model's training on GPUs of its own the colocated rate
+    over the colocated-training factor (simulators/costmodel/colocation.py); a calibration on
+    such a run must give back the colocated rate, or a scenario would apply the factor twice.
+    The run's training seconds are written out here at train_mfu 0.42 / 1.86, DP only."""
+    n, t, gpus = 512, 1200, 8
+    compute = lambda passes: 2 * passes * n * (N * t + L * D * t * t) / (gpus * F * 0.42)  # noqa: E731
+    dp_reduce = 2 * (gpus - 1) / gpus * N * 4 / NVL  # the gradient all-reduce (link efficiency 1)
+    step = {"training_s": compute(3) / 1.86 + dp_reduce / 1.86, "log_probs_s": compute(1)}
+    run = {
+        "name": "dedicated",
+        "gpu": "h100_sxm",
+        "gpus_per_node": 8,
+        "model": {"preset": "qwen2.5-7b"},
+        "train_gpus": gpus,
+        "infer_gpus": gpus,
+        "infer_tp": 1,
+        "colocated": False,
+        "train": {"tp": 1, "pp": 1, "global_batch": 512},
+        "batch": {"trajectories": n, "prompt_tokens": 200, "decode_tokens": t - 200},
+        "steps": [step],
+    }
+    timings, out = tmp_path / "t.json", tmp_path / "c.json"
+    timings.write_text(json.dumps({"format": "rlharness-step-timings", "version": 1, "runs": [run]}))
+    assert main(["calibrate", "step", str(timings), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["costs"]["train_mfu"] == pytest.approx(0.42, rel=1e-6)

@@ -82,3 +82,24 @@ def test_select_batch_takes_the_oldest_usable_and_drops_the_too_old():
     assert taken == [12, 14, 10] and dropped == [11]
     taken, dropped = d.select_batch(completed, trainer_version=2, batch=5, max_age=1)
     assert taken is None and dropped == [11]  # too few usable: no batch, the old one still goes
+
+
+@pytest.mark.parametrize(
+    "started, running, version, expected",
+    [
+        (0, 0, 0, True),
+        (3, 3, 0, True),  # target 0 x 4 prompts = groups 0-3; a slot is free (4 x 1 = 4 slots)
+        (4, 4, 0, False),  # every slot is held until its group's last answer is back
+        (7, 3, 0, True),  # from the initial weights targets 0 .. 1 (group 7: target 1)
+        (8, 0, 0, False),  # target 2 waits for version 1
+        (8, 0, 1, True),
+        (12, 0, 1, False),  # version 1 makes targets up to 2
+        (16, 0, 5, False),  # the run needs 16 groups
+    ],
+)
+def test_may_start_group_is_nemo_rls_semaphore_and_target_window(started, running, version, expected):
+    assert d.may_start_group(started, running, version, prompts_per_step=4, max_age=1, total=16) is expected
+
+
+def test_groups_are_generated_target_by_target():
+    assert [d.target_of(g, 4) for g in range(9)] == [0, 0, 0, 0, 1, 1, 1, 1, 2]
