@@ -127,9 +127,17 @@ def _pipeline(
     tokens = wl["prompt_tokens"] + decode
     tp = pipe.get("infer_tp", 1) if isinstance(pipe.get("infer_tp", 1), int) else 1
     cluster = data["cluster"]
-    link = _links(cluster, gpu).for_group(tp, eff)  # a TP group wider than a node all-reduces over the NICs
+    links = _links(cluster, gpu)
+    link = links.for_group(tp, eff)  # a TP group wider than a node all-reduces over the NICs
     derived_workload = f.decode_curve(
-        arch, tp, wl["prompt_tokens"] + decode / 2.0, gpu.bf16_flops, gpu.hbm_bytes_per_s, float(link), eff
+        arch,
+        tp,
+        wl["prompt_tokens"] + decode / 2.0,
+        gpu.bf16_flops,
+        gpu.hbm_bytes_per_s,
+        float(link),
+        eff,
+        gpus_per_node=links.gpus_per_node,
     )
     capacity = f.kv_capacity(
         arch, tp, float(cluster.get("vram_bytes", gpu.hbm_bytes)), cost_vals["kv_cache_fraction"], tokens, eff

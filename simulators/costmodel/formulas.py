@@ -50,6 +50,10 @@ HBM bytes/s.
   W = N·b is read once per step; each sequence adds its matmuls, its KV cache read
   (kv_bytes(ctx) = 2·L·kv·b·ctx at the mean context) and its share of the two TP
   all-reduces per layer (ring: 2(tp-1)/tp of the bytes each; α the per-all-reduce latency).
+  A TP group wider than a node adds, per all-reduce, what the network adds to NCCL's
+  latency (:func:`cross_node_allreduce_latency_s`: vLLM's custom all-reduce works only inside
+  a node, so such a group all-reduces through NCCL over the NICs) on each of the two
+  all-reduces of every layer (:data:`DECODE_ALLREDUCES_SOURCE`).
   So t(c) = a + β·c and the rank's throughput c/t(c) = (1/β)·c/(c + a/β): exactly the
   simulator's batching curve T·c/(c + h) with T = 1/β (``tokens_per_s_per_rank``) and
   h = a/β (``batching_half_point``). The simulator charges it per decode step at that
@@ -324,14 +328,62 @@ def kv_bytes_per_token(a: Arch) -> float:
     return 2.0 * a.layers * a.kv_dim * a.bytes_per_param
 
 
+#: where a decode step's all-reduces are counted from: two a layer (the attention's output
+#: projection, a row-parallel linear that reduces its result, and the MLP's or the expert
+#: block's output), and vLLM's custom all-reduce refusing a group that spans nodes (NCCL then)
+DECODE_ALLREDUCES_SOURCE = (
+    "vllm-project/vllm",
+    "vllm/model_executor/models/qwen3_moe.py (Qwen3MoeAttention.o_proj, Qwen3MoeSparseMoeBlock.forward) at "
+    "002456df36fc7a63ca4463f335a49d05634ab2ab; vllm/distributed/device_communicators/custom_all_reduce.py "
+    "(CustomAllreduce.__init__: 'disabled because this process group spans across nodes')",
+    "00d618aab60448acdf3fac3e9c4e2e22d0c6c753",
+)
+#: NCCL's latency model of an all-reduce (its tree algorithm with the LL protocol, the
+#: low-latency choice for a decode step's small messages): per hop 0.52 µs over NVLink and
+#: 5.0 µs over the network, the in-node hops 1.8 times slower once the group spans nodes
+NCCL_LATENCY_SOURCE = ("NVIDIA/nccl", "src/graph/tuning.cc (hwLat, ncclTopoTuneModel)", "01afd20a77b5804e0ecf1042509dd9d20ebf9e93")
+NCCL_TREE_LL_NVLINK_HOP_S = 0.52e-6
+NCCL_TREE_LL_NET_HOP_S = 5.0e-6
+NCCL_LL_MULTI_NODE_INTRA_FACTOR = 1.8
+
+
+def cross_node_allreduce_latency_s(tp: int, gpus_per_node: int) -> float:
+    """What spanning nodes adds to one all-reduce's latency in a TP group of ``tp``
+    consecutive GPUs: NCCL's tree/LL latency on the group's nodes less the same group's
+    latency inside one node (:data:`NCCL_LATENCY_SOURCE`: up and down the tree, each of the
+    r − 1 in-node hops slower by the multi-node factor, and log2(nodes) network hops).
+    Zero for a group inside a node (``gpus_per_node`` 0: unknown, taken as one node)."""
+    if gpus_per_node <= 0 or tp <= gpus_per_node:
+        return 0.0
+    nodes = -(-tp // gpus_per_node)
+    ranks_per_node = tp // nodes
+    intra = (ranks_per_node - 1) * NCCL_TREE_LL_NVLINK_HOP_S * (NCCL_LL_MULTI_NODE_INTRA_FACTOR - 1.0)
+    return 2.0 * (intra + (nodes.bit_length() - 1) * NCCL_TREE_LL_NET_HOP_S)
+
+
+def decode_allreduce_latency_s(a: Arch, tp: int, gpus_per_node: int, e: Efficiency) -> float:
+    """The all-reduces' fixed latency in one decode step of a TP group (the module doc)."""
+    if tp <= 1:
+        return 0.0
+    return 4 * a.layers * e.allreduce_latency_s + 2 * a.layers * cross_node_allreduce_latency_s(tp, gpus_per_node)
+
+
 def decode_curve(
-    a: Arch, tp: int, mean_ctx: float, flops: float, hbm: float, link: float, e: Efficiency
+    a: Arch,
+    tp: int,
+    mean_ctx: float,
+    flops: float,
+    hbm: float,
+    link: float,
+    e: Efficiency,
+    gpus_per_node: int = 0,
 ) -> Dict[str, float]:
-    """``tokens_per_s_per_rank`` and ``batching_half_point`` of one rank (see the module doc)."""
+    """``tokens_per_s_per_rank`` and ``batching_half_point`` of one rank (see the module doc);
+    ``gpus_per_node`` places the TP group (0: inside one node)."""
     weights = a.params * a.bytes_per_param
     fixed = (
         weights / (tp * hbm * e.hbm_efficiency)
-        + (4 * a.layers * e.allreduce_latency_s if tp > 1 else 0.0)
+        + decode_allreduce_latency_s(a, tp, gpus_per_node, e)
         + e.decode_step_overhead_s
     )
     per_seq = 2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency) + kv_bytes_per_token(a) * mean_ctx / (

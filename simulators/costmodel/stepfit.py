@@ -164,7 +164,7 @@ def _gen_terms(run: Run, e: f.Efficiency) -> Tuple[float, float, float]:
     if tp > 1:
         link = links(run).for_group(tp, e)
         x_0 += n_steps * (
-            4 * a.layers * e.allreduce_latency_s
+            f.decode_allreduce_latency_s(a, tp, links(run).gpus_per_node, e)
             + c * 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
         )
     return x_h, x_d, x_0
