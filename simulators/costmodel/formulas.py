@@ -341,7 +341,11 @@ DECODE_ALLREDUCES_SOURCE = (
 #: NCCL's latency model of an all-reduce (its tree algorithm with the LL protocol, the
 #: low-latency choice for a decode step's small messages): per hop 0.52 µs over NVLink and
 #: 5.0 µs over the network, the in-node hops 1.8 times slower once the group spans nodes
-NCCL_LATENCY_SOURCE = ("NVIDIA/nccl", "src/graph/tuning.cc (hwLat, ncclTopoTuneModel)", "01afd20a77b5804e0ecf1042509dd9d20ebf9e93")
+NCCL_LATENCY_SOURCE = (
+    "NVIDIA/nccl",
+    "src/graph/tuning.cc (hwLat, ncclTopoTuneModel)",
+    "01afd20a77b5804e0ecf1042509dd9d20ebf9e93",
+)
 NCCL_TREE_LL_NVLINK_HOP_S = 0.52e-6
 NCCL_TREE_LL_NET_HOP_S = 5.0e-6
 NCCL_LL_MULTI_NODE_INTRA_FACTOR = 1.8
