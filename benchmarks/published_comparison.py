@@ -211,7 +211,6 @@ def fit_workload(data: dict):
         if r.get("workload") == "verl_dapo_qwen2.5_math_7b"
         and r["split"] == "fitted"
         and r["shape"] == "colocated_sync"
-        and "decode_tokens_max" not in r
     ]
 
     def loss(stage_of, mean, share):
