@@ -180,6 +180,8 @@ def test_the_verl_length_fit_reads_only_the_fully_asynchronous_tables_fitted_col
     the one-step-off table's rows (another recipe) and every held-out row stay unread."""
     b, data = _bench(), _data()
     read = []
-    monkeypatch.setattr(b, "simulate", lambda scenario: (read.append(scenario.name), (1.0, dict.fromkeys(b.STAGES, 1.0)))[1])
+    monkeypatch.setattr(
+        b, "simulate", lambda scenario: (read.append(scenario.name), (1.0, dict.fromkeys(b.STAGES, 1.0)))[1]
+    )
     b.fit_workload(data)
     assert set(read) == {"verl-fa-colocated-sync-32", "verl-fa-colocated-sync-64", "verl-fa-colocated-sync-128"}
