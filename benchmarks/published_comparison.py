@@ -63,6 +63,14 @@ def _gpus(first: int, count: int) -> list:
 DISAGGREGATED_SHAPES = {"disaggregated_sync": "sync", "one_step_off": "one_step_off", "fully_async": "fully_async"}
 
 
+def mini_batch_answers(workload: dict) -> int:
+    """Answers an optimizer step trains: the recipe's global batch where it names one
+    (AReaL's), else verl's ``ppo_mini_batch_size`` prompts times the answers a prompt."""
+    if "train_global_batch" in workload:
+        return int(workload["train_global_batch"])
+    return int(workload["mini_batch_prompts"]) * int(workload["generations_per_prompt"])
+
+
 def _train_layout(workload: dict, train: int, mean_tokens: float) -> dict:
     """The training layout fields of a workload row. FSDP2 (verl): Ulysses SP and one
     micro-batch per SP group per mini-batch (verl's dynamic batching at these lengths).
@@ -70,7 +78,8 @@ def _train_layout(workload: dict, train: int, mean_tokens: float) -> dict:
     token budget holds at the mean length."""
     if workload.get("train_backend", "fsdp2") == "fsdp2":
         sp = workload["train_sp"]
-        return {"train_backend": "fsdp2", "train_sp": sp, "train_micro_batch": max(1, 512 * sp // train)}
+        micro = max(1, mini_batch_answers(workload) * sp // train)
+        return {"train_backend": "fsdp2", "train_sp": sp, "train_micro_batch": micro}
     per_sequence = workload["prompt_tokens"] + mean_tokens
     return {
         "train_backend": "megatron",
@@ -102,7 +111,7 @@ def workload_mapping(row: dict, workload: dict, mean_tokens: float, cap_share: f
     pipe = {
         "name": "grpo",
         "infer_tp": workload["infer_tp"],
-        "train_global_batch": int(workload.get("train_global_batch", 512)),
+        "train_global_batch": mini_batch_answers(workload),
         "log_prob_passes": int(row.get("log_prob_passes", workload.get("log_prob_passes", 1))),
         "train_recompute": bool(workload["train_recompute"]),
         "model": {"preset": workload["model"]},
@@ -202,7 +211,6 @@ def fit_workload(data: dict):
         if r.get("workload") == "verl_dapo_qwen2.5_math_7b"
         and r["split"] == "fitted"
         and r["shape"] == "colocated_sync"
-        and "decode_tokens_max" not in r
     ]
 
     def loss(stage_of, mean, share):

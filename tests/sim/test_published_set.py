@@ -147,3 +147,41 @@ def test_areals_fitted_mean_reads_only_fitted_rows(monkeypatch):
     assert {i for i in read} == {
         r["id"] for r in data["rows"] if r.get("workload", "").startswith("areal") and r["split"] == "fitted"
     }
+
+
+def test_each_verl_table_runs_the_recipe_of_its_own_commit():
+    """The one-step-off table's two runs come from the recipes beside it (volcengine/verl
+    recipe/one_step_off_policy/dapo_7b_math_fsdp2_{colocate,4_12}.sh at e55d1431: 512 prompts
+    x 12 answers, a mini-batch of 32 prompts, vLLM TP 2, the document's 20,480-token cap); the
+    fully asynchronous table's from its own (16 answers, TP 4, a 28,672 cap). The figures below
+    are the scripts', not the benchmark's."""
+    b, data = _bench(), _data()
+    recipes = {  # table -> (answers a prompt, vLLM TP, cap, answers an optimizer step trains)
+        "verl-osp-": (12, 2, 20480, 32 * 12),
+        "verl-fa-": (16, 4, 28672, 32 * 16),
+    }
+    seen = set()
+    for r in data["rows"]:
+        table = next((t for t in recipes if r["id"].startswith(t)), None)
+        if table is None:
+            continue
+        answers, tp, cap, mini = recipes[table]
+        pipe = b.row_scenario(r, data).pipelines[0]
+        train = r["gpus"] - r.get("rollout_gpus", 0)
+        assert pipe.workload.prompts_per_step == 512 and pipe.workload.generations_per_prompt == answers, r["id"]
+        assert pipe.infer_tp == tp and pipe.workload.decode_tokens_max == cap, r["id"]
+        assert pipe.train_global_batch == mini and pipe.train_micro_batch == mini * 4 // train, r["id"]
+        seen.add(table)
+    assert seen == set(recipes)
+
+
+def test_the_verl_length_fit_reads_only_the_fully_asynchronous_tables_fitted_colocated_rows(monkeypatch):
+    """The verl workload's two fitted figures are fitted on the rows whose workload they are:
+    the one-step-off table's rows (another recipe) and every held-out row stay unread."""
+    b, data = _bench(), _data()
+    read = []
+    monkeypatch.setattr(
+        b, "simulate", lambda scenario: (read.append(scenario.name), (1.0, dict.fromkeys(b.STAGES, 1.0)))[1]
+    )
+    b.fit_workload(data)
+    assert set(read) == {"verl-fa-colocated-sync-32", "verl-fa-colocated-sync-64", "verl-fa-colocated-sync-128"}
