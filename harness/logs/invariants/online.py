@@ -30,7 +30,7 @@ one-pass rules anyway fails loudly (:class:`NotOnePass`), never silently.
 
 from __future__ import annotations
 
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
 
 
 from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
@@ -58,11 +58,21 @@ class OnlineOracle:
     :class:`~harness.logs.stream.StreamedLog` consumer); :meth:`finish` returns each
     named check's findings, as ``run_checks`` does on the whole list."""
 
-    def __init__(self, names: Optional[Iterable[str]] = None) -> None:
+    def __init__(
+        self,
+        names: Optional[Iterable[str]] = None,
+        borrowed: Optional[Mapping[str, Callable[[], List[Violation]]]] = None,
+    ) -> None:
+        """``borrowed``: checks whose findings come from another reader of the same log
+        (name -> a function :meth:`finish` calls, once that reader has read the whole log):
+        a check whose pass another consumer makes anyway is not made twice (the
+        ``handover_headroom`` windows, made for the summary's headroom table:
+        simulators/run_streamed.py). The function must return what the check returns."""
         self.names = list(CHECKS) if names is None else list(names)
         unknown = [n for n in self.names if n not in CHECKS]
         if unknown:
             raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
+        self._borrowed = {n: fn for n, fn in (borrowed or {}).items() if n in self.names}
         self._sets = {name: SEES.get(name) for name in self.names}
         self._first: Optional[Dict[str, Any]] = None
         self._last: Optional[Dict[str, Any]] = None
@@ -75,7 +85,7 @@ class OnlineOracle:
         self._first = first
         kept_sets = {self._sets[n] for n in self.names if n in WHOLE_HISTORY}
         self._kept = {kinds: [] for kinds in kept_sets}
-        own = [n for n in self.names if n not in WHOLE_HISTORY]
+        own = [n for n in self.names if n not in WHOLE_HISTORY and n not in self._borrowed]
         self._shared_of: Dict[str, str] = {}  # a check -> the shared pass it reads
         for shared, (_make, _on, checks) in SHARED.items():
             for n in own:
@@ -131,7 +141,9 @@ class OnlineOracle:
             except BaseException as e:  # noqa: BLE001 - every thread ends first
                 errors.append(e)
         for name in self.names:
-            if name in self._shared_of:
+            if name in self._borrowed:
+                found[name] = list(self._borrowed[name]())
+            elif name in self._shared_of:
                 shared = self._shared_of[name]
                 if shared in made:
                     found[name] = SHARED[shared][1](CHECKS[name], made[shared], self._first, last)
