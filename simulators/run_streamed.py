@@ -23,6 +23,7 @@ from harness.logs.expect import Expectation, classify, report_lines
 from simulators.runtime.gc_pause import gc_paused
 from harness.logs.invariants import CHECKS, merge_findings
 from harness.logs.invariants.online import OnlineOracle
+from harness.logs.one_pass import SplitOnce
 from harness.logs.outputs.headroom import headroom_findings_of
 from harness.logs.outputs.paths import RunFolder
 from harness.logs.outputs.perfetto import write_chrome_trace
@@ -48,10 +49,13 @@ def simulate_streamed(
 ) -> SimulationOutput:
     """Run ``scenario`` with its outputs made as it goes; the files of ``simulate``."""
     say = progress if progress is not None else (lambda _line: None)
-    view = StreamedRunView(streaming=any(p.type == "single_controller" for p in scenario.pipelines))
+    split = SplitOnce()  # each chunk split by kind once, for the view and the oracle
+    view = StreamedRunView(streaming=any(p.type == "single_controller" for p in scenario.pipelines), split=split)
     # the handover_headroom check judges the windows the summary's headroom table makes
     # (the same records: the check's kinds, the header first), not a second walk of them
-    oracle = OnlineOracle(borrowed={"handover_headroom": lambda: headroom_findings_of(view.derived("headroom"))})
+    oracle = OnlineOracle(
+        borrowed={"handover_headroom": lambda: headroom_findings_of(view.derived("headroom"))}, split=split
+    )
     with ExitStack() as stack:
         folder = stack.enter_context(RunFolder(out_dir, OUTPUT_FILES)) if out_dir is not None else None
         sink = stack.enter_context(open(folder.path("events.jsonl"), "wb")) if folder is not None else None

@@ -150,6 +150,21 @@ def kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
     return list(code_of), codes, records
 
 
+class SplitOnce:
+    """:func:`kind_codes` of the chunk last asked for, kept until another is asked for:
+    the readers of a streamed log's chunks (the oracle, the outputs' view) are handed the
+    same list one after the other, and one instance shared by them splits it once."""
+
+    def __init__(self) -> None:
+        self._chunk: Optional[List[Dict[str, Any]]] = None
+        self._split: Optional[tuple] = None
+
+    def __call__(self, chunk: List[Dict[str, Any]]) -> tuple:
+        if chunk is not self._chunk:  # (the chunk is kept: its id is not reused meanwhile)
+            self._chunk, self._split = chunk, kind_codes(chunk)
+        return self._split
+
+
 def pick_kinds(chunk: tuple, kinds: Optional[FrozenSet[str]]) -> List[Dict[str, Any]]:
     """The records of ``chunk`` (:func:`kind_codes` of a list) whose kind is in
     ``kinds`` (every record for None), in order."""

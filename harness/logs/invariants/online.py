@@ -37,7 +37,7 @@ from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
 from harness.logs.invariants.engine_transition import engine_replay, on_replay
 from harness.logs.invariants.waitfor import on_graph, wait_graph
 from harness.logs.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
-from harness.logs.one_pass import kind_codes, pick_kinds
+from harness.logs.one_pass import SplitOnce, pick_kinds
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
@@ -62,17 +62,21 @@ class OnlineOracle:
         self,
         names: Optional[Iterable[str]] = None,
         borrowed: Optional[Mapping[str, Callable[[], List[Violation]]]] = None,
+        split: Optional[SplitOnce] = None,
     ) -> None:
         """``borrowed``: checks whose findings come from another reader of the same log
         (name -> a function :meth:`finish` calls, once that reader has read the whole log):
         a check whose pass another consumer makes anyway is not made twice (the
         ``handover_headroom`` windows, made for the summary's headroom table:
-        simulators/run_streamed.py). The function must return what the check returns."""
+        simulators/run_streamed.py). The function must return what the check returns.
+        ``split``: the splitter of chunks by kind, shared with another reader of the
+        same chunks (:class:`~harness.logs.one_pass.SplitOnce`)."""
         self.names = list(CHECKS) if names is None else list(names)
         unknown = [n for n in self.names if n not in CHECKS]
         if unknown:
             raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
         self._borrowed = {n: fn for n, fn in (borrowed or {}).items() if n in self.names}
+        self._split = split if split is not None else SplitOnce()
         self._sets = {name: SEES.get(name) for name in self.names}
         self._first: Optional[Dict[str, Any]] = None
         self._last: Optional[Dict[str, Any]] = None
@@ -104,7 +108,7 @@ class OnlineOracle:
             self._start(chunk[0])
         self.count += len(chunk)
         self._last = chunk[-1]
-        split = kind_codes(chunk)
+        split = self._split(chunk)
         # the chunk split by the kinds each check sees (as kind_views does): each record's
         # kind read once, then each set of kinds picks its records by a numpy mask
         batches = {kinds: pick_kinds(split, kinds) for kinds in self._streamed_sets}

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequ
 
 import numpy as np
 
-from harness.logs.one_pass import OnePassRun, abandon, kind_codes, pick_kinds
+from harness.logs.one_pass import OnePassRun, SplitOnce, abandon, pick_kinds
 from harness.logs.outputs.derived import DERIVED
 from harness.logs.outputs.run_view import RunView, _int_ids, _LogIndex
 
@@ -66,9 +66,12 @@ KEPT_STREAMING = frozenset(("effect_end",))
 class StreamedRunView(RunView):
     """Feed it the log (``view(chunk)``, in order), call :meth:`finish`, then read it as a
     :class:`RunView`. ``streaming``: keep ``effect_end`` records too (the summary's
-    streaming table reads them when the log has ``streaming_setup`` records)."""
+    streaming table reads them when the log has ``streaming_setup`` records). ``split``:
+    the splitter of chunks by kind, shared with another reader of the same chunks (the
+    oracle: :class:`~harness.logs.one_pass.SplitOnce`)."""
 
-    def __init__(self, streaming: bool = False) -> None:
+    def __init__(self, streaming: bool = False, split: Optional[SplitOnce] = None) -> None:
+        self._split = split if split is not None else SplitOnce()
         self.kept_kinds: FrozenSet[str] = KEPT | (KEPT_STREAMING if streaming else frozenset())
         self.records: List[Mapping[str, Any]] = []
         self._runs: Dict[str, OnePassRun] = {}
@@ -111,7 +114,7 @@ class StreamedRunView(RunView):
         self._n += len(times)
         self._t_max = max(self._t_max, float(times.max()))
         body = chunk[1:] if first else chunk
-        split = kind_codes(body)
+        split = self._split(body)
         batches: Dict[str, List[Dict[str, Any]]] = {}
         for name, kinds in self._kinds_of.items():
             batch = pick_kinds(split, kinds)
