@@ -5,8 +5,10 @@
 (:class:`~harness.logs.stream.StreamedLog`): each chunk of records is written to
 ``events.jsonl`` in the staged run folder, then read by the online oracle
 (:class:`~harness.logs.invariants.online.OnlineOracle`) and by the outputs' view
-(:class:`~harness.logs.outputs.streamed_view.StreamedRunView`), then dropped. When the run
-ends, the oracle's findings and the view's tables are complete; the summary, trace,
+(:class:`~harness.logs.outputs.streamed_view.StreamedRunView`), then dropped; the two
+share the split of each chunk by kind, and the oracle's ``handover_headroom`` check is
+judged on the windows the view's headroom table makes (one walk of the VRAM records, not
+two). When the run ends, the oracle's findings and the view's tables are complete; the summary, trace,
 picture and findings are written from them exactly as :func:`simulators.run.write_outputs`
 writes them from the whole log (benchmarks/output_hashes.py compares every output of
 every bundled scenario, ``--in-memory`` for the other path). The folder is complete or

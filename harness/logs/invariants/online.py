@@ -16,9 +16,13 @@ batch run sees, in the same order; the hand-off costs two thread switches per ch
 chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
 interval. The records themselves are dropped once every check has read them. Each
 chunk is split by kind once (each record's kind read once, then each set of kinds picks
-its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`), and checks that
-read the log only through one structure made in a pass of it (the wait-for graph, the
-engines' table replay: :data:`SHARED`) share that pass.
+its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`; the split is
+shared with another reader of the same chunks, the outputs' view, through a
+:class:`~harness.logs.one_pass.SplitOnce`), and checks that read the log only through one
+structure made in a pass of it (the wait-for graph, the engines' table replay:
+:data:`SHARED`) share that pass. A check whose pass another reader of the log makes anyway
+is ``borrowed``: its findings are made from that reader's structure at the end
+(``handover_headroom`` from the summary's headroom table, in ``rlharness simulate``).
 
 A check that reads its records more than once (a first pass for the registrations, then
 the main loop) or reads the log's end before it reaches it is named in
