@@ -70,6 +70,7 @@ def simulate_streamed(
             with gc_paused():
                 view.finish()  # (first: the oracle borrows from its tables)
                 found = oracle.finish()
+                split.forget()
         except BaseException:
             oracle.close()
             view.close()

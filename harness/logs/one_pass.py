@@ -170,6 +170,11 @@ class SplitOnce:
             self._chunk, self._split = chunk, kind_codes(chunk)
         return self._split
 
+    def forget(self) -> None:
+        """Drop the chunk kept (the log's last, once every reader has read it: the outputs
+        written after the run need not hold it)."""
+        self._chunk = self._split = None
+
 
 def pick_kinds(chunk: tuple, kinds: Optional[FrozenSet[str]]) -> List[Dict[str, Any]]:
     """The records of ``chunk`` (:func:`kind_codes` of a list) whose kind is in

@@ -181,3 +181,6 @@ def test_one_split_shared_by_two_readers_splits_each_chunk_once(monkeypatch):
     assert made == [len(chunks[0]), len(chunks[0]) - 1] + [len(c) for c in chunks[1:]]
     view.finish()
     assert oracle.finish() == run_checks(records, list(CHECKS))
+    split.forget()  # the last chunk let go: asked again, it is split again
+    split(chunks[-1])
+    assert made[-1] == len(chunks[-1]) and len(made) == len(chunks) + 2
