@@ -51,7 +51,7 @@ def simulate_streamed(
 ) -> SimulationOutput:
     """Run ``scenario`` with its outputs made as it goes; the files of ``simulate``."""
     say = progress if progress is not None else (lambda _line: None)
-    split = SplitOnce()  # each chunk split by kind once, for the view and the oracle
+    split = SplitOnce(readers=2)  # each chunk split by kind once, for the view and the oracle
     view = StreamedRunView(streaming=any(p.type == "single_controller" for p in scenario.pipelines), split=split)
     # the handover_headroom check judges the windows the summary's headroom table makes
     # (the same records: the check's kinds, the header first), not a second walk of them
@@ -70,7 +70,6 @@ def simulate_streamed(
             with gc_paused():
                 view.finish()  # (first: the oracle borrows from its tables)
                 found = oracle.finish()
-                split.forget()
         except BaseException:
             oracle.close()
             view.close()

@@ -157,22 +157,29 @@ def kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
 
 
 class SplitOnce:
-    """:func:`kind_codes` of the chunk last asked for, kept until another is asked for:
-    the readers of a streamed log's chunks (the oracle, the outputs' view) are handed the
-    same list one after the other, and one instance shared by them splits it once."""
+    """:func:`kind_codes` of a chunk, made once for its ``readers``: the readers of a
+    streamed log's chunks (the oracle, the outputs' view) are handed the same list one
+    after the other, and one instance shared by them splits it once. The chunk is kept
+    until that many readers have asked for it (or another chunk is asked for), then let
+    go: a chunk outlives its flush only in a reader's hands."""
 
-    def __init__(self) -> None:
+    def __init__(self, readers: int = 1) -> None:
+        self.readers = readers
         self._chunk: Optional[List[Dict[str, Any]]] = None
         self._split: Optional[tuple] = None
+        self._asked = 0
 
     def __call__(self, chunk: List[Dict[str, Any]]) -> tuple:
         if chunk is not self._chunk:  # (the chunk is kept: its id is not reused meanwhile)
-            self._chunk, self._split = chunk, kind_codes(chunk)
-        return self._split
+            self._chunk, self._split, self._asked = chunk, kind_codes(chunk), 0
+        split = self._split
+        self._asked += 1
+        if self._asked >= self.readers:
+            self.forget()
+        return split
 
     def forget(self) -> None:
-        """Drop the chunk kept (the log's last, once every reader has read it: the outputs
-        written after the run need not hold it)."""
+        """Drop the chunk kept."""
         self._chunk = self._split = None
 
 

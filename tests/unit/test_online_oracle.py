@@ -171,7 +171,7 @@ def test_one_split_shared_by_two_readers_splits_each_chunk_once(monkeypatch):
     made = []
     real = one_pass.kind_codes
     monkeypatch.setattr(one_pass, "kind_codes", lambda chunk: made.append(len(chunk)) or real(chunk))
-    split = one_pass.SplitOnce()
+    split = one_pass.SplitOnce(readers=2)
     oracle, view = OnlineOracle(split=split), StreamedRunView(split=split)
     chunks = [records[i : i + 500] for i in range(0, len(records), 500)]
     for chunk in chunks:
@@ -181,6 +181,6 @@ def test_one_split_shared_by_two_readers_splits_each_chunk_once(monkeypatch):
     assert made == [len(chunks[0]), len(chunks[0]) - 1] + [len(c) for c in chunks[1:]]
     view.finish()
     assert oracle.finish() == run_checks(records, list(CHECKS))
-    split.forget()  # the last chunk let go: asked again, it is split again
+    # each chunk let go once both readers had it: asked again, it is split again
     split(chunks[-1])
     assert made[-1] == len(chunks[-1]) and len(made) == len(chunks) + 2
