@@ -5,9 +5,8 @@ handover are the log's own arithmetic."""
 
 from __future__ import annotations
 
-from harness.logs.invariants import Violation, check_log
+from harness.logs.invariants import check_log
 from harness.logs.invariants.handover_headroom import handover_windows
-from harness.logs.invariants.online import OnlineOracle
 from harness.logs.outputs.headroom import HEADROOM_KINDS, headroom, headroom_brief, headroom_findings_of
 
 GIB = 1 << 30
@@ -146,11 +145,3 @@ def test_the_findings_judged_from_the_summary_table_are_the_checks():
         assert headroom_findings_of(table) == check_log(recs, ["handover_headroom"])
     assert headroom_findings_of(headroom([r for r in _log(margin=2 * GIB) if r["kind"] in HEADROOM_KINDS]))
 
-
-def test_an_online_oracle_takes_a_borrowed_checks_findings_from_its_lender():
-    recs = _log(margin=2 * GIB)
-    lent = [Violation("handover_headroom", 3, "from the lender")]
-    oracle = OnlineOracle(["handover_headroom", "vram"], borrowed={"handover_headroom": lambda: lent})
-    oracle(recs)
-    found = oracle.finish()
-    assert found["handover_headroom"] == lent and found["vram"] == check_log(recs, ["vram"])

@@ -20,9 +20,8 @@ its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`; the spli
 shared with another reader of the same chunks, the outputs' view, through a
 :class:`~harness.logs.one_pass.SplitOnce`), and checks that read the log only through one
 structure made in a pass of it (the wait-for graph, the engines' table replay:
-:data:`SHARED`) share that pass. A check whose pass another reader of the log makes anyway
-is ``borrowed``: its findings are made from that reader's structure at the end
-(``handover_headroom`` from the summary's headroom table, in ``rlharness simulate``).
+:data:`SHARED`) share that pass. (``rlharness simulate`` leaves ``handover_headroom`` out
+and judges the summary headroom table's windows instead: simulators/run_streamed.py.)
 
 A check that reads its records more than once (a first pass for the registrations, then
 the main loop) or reads the log's end before it reaches it is named in
@@ -34,7 +33,7 @@ one-pass rules anyway fails loudly (:class:`NotOnePass`), never silently.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
 
 from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
@@ -65,21 +64,14 @@ class OnlineOracle:
     def __init__(
         self,
         names: Optional[Iterable[str]] = None,
-        borrowed: Optional[Mapping[str, Callable[[], List[Violation]]]] = None,
         split: Optional[SplitOnce] = None,
     ) -> None:
-        """``borrowed``: checks whose findings come from another reader of the same log
-        (name -> a function :meth:`finish` calls, once that reader has read the whole log):
-        a check whose pass another consumer makes anyway is not made twice (the
-        ``handover_headroom`` windows, made for the summary's headroom table:
-        simulators/run_streamed.py). The function must return what the check returns.
-        ``split``: the splitter of chunks by kind, shared with another reader of the
+        """``split``: the splitter of chunks by kind, shared with another reader of the
         same chunks (:class:`~harness.logs.one_pass.SplitOnce`)."""
         self.names = list(CHECKS) if names is None else list(names)
         unknown = [n for n in self.names if n not in CHECKS]
         if unknown:
             raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
-        self._borrowed = {n: fn for n, fn in (borrowed or {}).items() if n in self.names}
         self._split = split if split is not None else SplitOnce()
         self._sets = {name: SEES.get(name) for name in self.names}
         self._first: Optional[Dict[str, Any]] = None
@@ -93,7 +85,7 @@ class OnlineOracle:
         self._first = first
         kept_sets = {self._sets[n] for n in self.names if n in WHOLE_HISTORY}
         self._kept = {kinds: [] for kinds in kept_sets}
-        own = [n for n in self.names if n not in WHOLE_HISTORY and n not in self._borrowed]
+        own = [n for n in self.names if n not in WHOLE_HISTORY]
         self._shared_of: Dict[str, str] = {}  # a check -> the shared pass it reads
         for shared, (_make, _on, checks) in SHARED.items():
             for n in own:
@@ -149,9 +141,7 @@ class OnlineOracle:
             except BaseException as e:  # noqa: BLE001 - every thread ends first
                 errors.append(e)
         for name in self.names:
-            if name in self._borrowed:
-                found[name] = list(self._borrowed[name]())
-            elif name in self._shared_of:
+            if name in self._shared_of:
                 shared = self._shared_of[name]
                 if shared in made:
                     found[name] = SHARED[shared][1](CHECKS[name], made[shared], self._first, last)
