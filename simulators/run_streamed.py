@@ -5,8 +5,10 @@
 (:class:`~harness.logs.stream.StreamedLog`): each chunk of records is written to
 ``events.jsonl`` in the staged run folder, then read by the online oracle
 (:class:`~harness.logs.invariants.online.OnlineOracle`) and by the outputs' view
-(:class:`~harness.logs.outputs.streamed_view.StreamedRunView`), then dropped. When the run
-ends, the oracle's findings and the view's tables are complete; the summary, trace,
+(:class:`~harness.logs.outputs.streamed_view.StreamedRunView`), then dropped; the two
+share the split of each chunk by kind, and the oracle's ``handover_headroom`` check is
+judged on the windows the view's headroom table makes (one walk of the VRAM records, not
+two). When the run ends, the oracle's findings and the view's tables are complete; the summary, trace,
 picture and findings are written from them exactly as :func:`simulators.run.write_outputs`
 writes them from the whole log (benchmarks/output_hashes.py compares every output of
 every bundled scenario, ``--in-memory`` for the other path). The folder is complete or
@@ -23,6 +25,8 @@ from harness.logs.expect import Expectation, classify, report_lines
 from simulators.runtime.gc_pause import gc_paused
 from harness.logs.invariants import CHECKS, merge_findings
 from harness.logs.invariants.online import OnlineOracle
+from harness.logs.one_pass import SplitOnce
+from harness.logs.outputs.headroom import headroom_findings_of
 from harness.logs.outputs.paths import RunFolder
 from harness.logs.outputs.perfetto import write_chrome_trace
 from harness.logs.outputs.streamed_view import StreamedRunView
@@ -47,8 +51,11 @@ def simulate_streamed(
 ) -> SimulationOutput:
     """Run ``scenario`` with its outputs made as it goes; the files of ``simulate``."""
     say = progress if progress is not None else (lambda _line: None)
-    oracle = OnlineOracle()
-    view = StreamedRunView(streaming=any(p.type == "single_controller" for p in scenario.pipelines))
+    split = SplitOnce(readers=2)  # each chunk split by kind once, for the view and the oracle
+    view = StreamedRunView(streaming=any(p.type == "single_controller" for p in scenario.pipelines), split=split)
+    # the handover_headroom check judges the windows the summary's headroom table makes
+    # (the same records: the check's kinds, the header first), not a second walk of them
+    oracle = OnlineOracle([n for n in CHECKS if n != "handover_headroom"], split=split)
     with ExitStack() as stack:
         folder = stack.enter_context(RunFolder(out_dir, OUTPUT_FILES)) if out_dir is not None else None
         sink = stack.enter_context(open(folder.path("events.jsonl"), "wb")) if folder is not None else None
@@ -59,8 +66,9 @@ def simulate_streamed(
                 "written and checked as they were made"
             )
             with gc_paused():
-                found = oracle.finish()
+                found = oracle.finish()  # (first: its checks' state is let go before the tables are made)
                 view.finish()
+                found["handover_headroom"] = headroom_findings_of(view.derived("headroom"))
         except BaseException:
             oracle.close()
             view.close()

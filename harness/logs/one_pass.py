@@ -16,6 +16,7 @@ fails loudly with :class:`NotOnePass`.
 from __future__ import annotations
 
 import threading
+from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
 import numpy as np
@@ -93,7 +94,12 @@ class OnePassRun:
             self._cv.notify()
 
     def records(self) -> Iterator[Dict[str, Any]]:
-        """The function's side: each batch's records, waiting for the next batch between."""
+        """The function's side: each batch's records, waiting for the next batch between
+        (the records of a batch are handed out by ``itertools.chain``, in C: a Python
+        generator resumed once per record cost about as much again per record read)."""
+        return chain.from_iterable(self._batches())
+
+    def _batches(self) -> Iterator[List[Dict[str, Any]]]:
         cv = self._cv
         while True:
             with cv:
@@ -105,7 +111,7 @@ class OnePassRun:
                 self.ended = True
                 return
             self.last = batch[-1]
-            yield from batch
+            yield batch
 
     def push(self, batch: Any) -> None:
         """Hand ``fn`` ``batch`` (a list, or the end) and wait until it is done with it."""
@@ -148,6 +154,33 @@ def kind_codes(chunk: List[Dict[str, Any]]) -> tuple:
     records = np.empty(len(chunk), dtype=object)
     records[:] = chunk
     return list(code_of), codes, records
+
+
+class SplitOnce:
+    """:func:`kind_codes` of a chunk, made once for its ``readers``: the readers of a
+    streamed log's chunks (the oracle, the outputs' view) are handed the same list one
+    after the other, and one instance shared by them splits it once. The chunk is kept
+    until that many readers have asked for it (or another chunk is asked for), then let
+    go: a chunk outlives its flush only in a reader's hands."""
+
+    def __init__(self, readers: int = 1) -> None:
+        self.readers = readers
+        self._chunk: Optional[List[Dict[str, Any]]] = None
+        self._split: Optional[tuple] = None
+        self._asked = 0
+
+    def __call__(self, chunk: List[Dict[str, Any]]) -> tuple:
+        if chunk is not self._chunk:  # (the chunk is kept: its id is not reused meanwhile)
+            self._chunk, self._split, self._asked = chunk, kind_codes(chunk), 0
+        split = self._split
+        self._asked += 1
+        if self._asked >= self.readers:
+            self.forget()
+        return split
+
+    def forget(self) -> None:
+        """Drop the chunk kept."""
+        self._chunk = self._split = None
 
 
 def pick_kinds(chunk: tuple, kinds: Optional[FrozenSet[str]]) -> List[Dict[str, Any]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from harness.logs.invariants import check_log
 from harness.logs.invariants.handover_headroom import handover_windows
-from harness.logs.outputs.headroom import HEADROOM_KINDS, headroom, headroom_brief
+from harness.logs.outputs.headroom import HEADROOM_KINDS, headroom, headroom_brief, headroom_findings_of
 
 GIB = 1 << 30
 
@@ -133,3 +133,15 @@ def test_an_oom_inside_the_window_is_below_zero_headroom():
     (w,) = handover_windows(recs)
     assert w.headroom == -GIB
     assert [v for v in check_log(recs, ["handover_headroom"])]
+
+
+def test_the_findings_judged_from_the_summary_table_are_the_checks():
+    # the streamed run judges the headroom table's windows instead of walking the log twice:
+    # on logs where the check fires, passes, or has no capacity to judge, the two agree
+    no_capacity = _log(margin=2 * GIB)
+    del no_capacity[0]["cluster"]["vram_gib"]
+    for recs in (_log(margin=2 * GIB), _log(margin=0), _log(residue=GIB // 2 - 1), no_capacity):
+        table = headroom([r for r in recs if r["kind"] in HEADROOM_KINDS])
+        assert headroom_findings_of(table) == check_log(recs, ["handover_headroom"])
+    assert headroom_findings_of(headroom([r for r in _log(margin=2 * GIB) if r["kind"] in HEADROOM_KINDS]))
+

@@ -161,3 +161,26 @@ def test_a_check_kept_whole_finds_what_the_batch_oracle_finds(monkeypatch):
     want = run_checks(records, list(CHECKS))
     assert want["vram"] and want["handover"]
     assert online(records, 50) == want
+
+
+def test_one_split_shared_by_two_readers_splits_each_chunk_once(monkeypatch):
+    import harness.logs.one_pass as one_pass
+    from harness.logs.outputs.streamed_view import StreamedRunView
+
+    records = Simulation(load_scenario(os.path.join(ROOT, "examples", "scenarios", "default.yaml"))).run().records
+    made = []
+    real = one_pass.kind_codes
+    monkeypatch.setattr(one_pass, "kind_codes", lambda chunk: made.append(len(chunk)) or real(chunk))
+    split = one_pass.SplitOnce(readers=2)
+    oracle, view = OnlineOracle(split=split), StreamedRunView(split=split)
+    chunks = [records[i : i + 500] for i in range(0, len(records), 500)]
+    for chunk in chunks:
+        oracle(chunk)
+        view(chunk)
+    # the first chunk twice (the view splits it without its header), every other once
+    assert made == [len(chunks[0]), len(chunks[0]) - 1] + [len(c) for c in chunks[1:]]
+    view.finish()
+    assert oracle.finish() == run_checks(records, list(CHECKS))
+    # each chunk let go once both readers had it: asked again, it is split again
+    split(chunks[-1])
+    assert made[-1] == len(chunks[-1]) and len(made) == len(chunks) + 2

@@ -91,8 +91,7 @@ class _Kept:
         return self.records[0]
 
     def __iter__(self):
-        keep = self.keep
-        return (r for r in self.records if keep(r))
+        return filter(self.keep, self.records)
 
 
 def examined(name: str, records: Records) -> int:

@@ -56,6 +56,11 @@ class _Replay:
         self.rollouts_paused_at: Dict[str, dict] = {}
         self.types: Dict[str, str] = {}  # pipeline -> its type (the header's meta)
         self.end: object = None  # the seq of the last record replayed
+        # ranks whose state takes ``generate`` as legal and unchanged (the table's answer
+        # depends only on the state): a dispatch to one is nothing to replay. Most of a
+        # long run's engine events are dispatches to a rank serving as before; a rank
+        # leaves the set when its state moves
+        self._serving: set = set()
 
     def event(self, key: Rank, event: str, r: dict) -> None:
         state = self.state.get(key)
@@ -89,6 +94,9 @@ class _Replay:
             )
         if after != before:
             state.update(zip(state, after))
+            self._serving.discard(key)
+        elif event == "generate" and why is None:
+            self._serving.add(key)
 
     def on(self, r: dict) -> None:
         kind = r["kind"]
@@ -96,7 +104,9 @@ class _Replay:
         if kind == "header":
             self.types = dict((r.get("meta") or {}).get("pipeline_types") or {})
         elif kind in ("request_dispatch", "request_resume"):
-            self.event((pid, r["dp_rank"]), "generate", r)
+            key = (pid, r["dp_rank"])
+            if key not in self._serving:  # (else legal, and it moves nothing: see _serving)
+                self.event(key, "generate", r)
         elif kind == "rank_state":
             self._rank_state(r, (pid, r["dp_rank"]))
         elif kind == "engine_tag":
@@ -189,6 +199,7 @@ class _Replay:
         self.life[key] = new
         if new == "stopped":
             self.state.pop(key, None)
+            self._serving.discard(key)
             self.paused_at.pop(key, None)
             return
         if new not in _ASLEEP_STATES:

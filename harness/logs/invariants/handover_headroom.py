@@ -170,9 +170,16 @@ def gib(nbytes: float) -> str:
 
 @invariant("handover_headroom", reads=READS, sees=("header",))
 def handover_headroom(records: Records) -> List[Violation]:
-    margin = margin_of(records)
+    return headroom_findings(handover_windows(records), margin_of(records))
+
+
+def headroom_findings(windows: Sequence[Window], margin: int) -> List[Violation]:
+    """The ``handover_headroom`` findings of a log's windows (:func:`handover_windows`).
+    Apart from the check so that a run which makes the windows anyway (the summary's
+    headroom table, harness/logs/outputs/headroom.py, reads the same kinds) judges them
+    without walking its VRAM records a second time (simulators/run_streamed.py)."""
     out: List[Violation] = []
-    for w in handover_windows(records):
+    for w in windows:
         if w.headroom is None or w.headroom >= margin:
             continue
         left = ", ".join(f"{o}'s {b} B (phase {w.phases[o]})" for o, b in w.residue.items())

@@ -16,9 +16,12 @@ batch run sees, in the same order; the hand-off costs two thread switches per ch
 chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
 interval. The records themselves are dropped once every check has read them. Each
 chunk is split by kind once (each record's kind read once, then each set of kinds picks
-its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`), and checks that
-read the log only through one structure made in a pass of it (the wait-for graph, the
-engines' table replay: :data:`SHARED`) share that pass.
+its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`; the split is
+shared with another reader of the same chunks, the outputs' view, through a
+:class:`~harness.logs.one_pass.SplitOnce`), and checks that read the log only through one
+structure made in a pass of it (the wait-for graph, the engines' table replay:
+:data:`SHARED`) share that pass. (``rlharness simulate`` leaves ``handover_headroom`` out
+and judges the summary headroom table's windows instead: simulators/run_streamed.py.)
 
 A check that reads its records more than once (a first pass for the registrations, then
 the main loop) or reads the log's end before it reaches it is named in
@@ -37,7 +40,7 @@ from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
 from harness.logs.invariants.engine_transition import engine_replay, on_replay
 from harness.logs.invariants.waitfor import on_graph, wait_graph
 from harness.logs.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
-from harness.logs.one_pass import kind_codes, pick_kinds
+from harness.logs.one_pass import SplitOnce, pick_kinds
 
 #: checks that need their kinds' whole history in memory, and why (see the module doc)
 WHOLE_HISTORY: Dict[str, str] = {}
@@ -58,11 +61,18 @@ class OnlineOracle:
     :class:`~harness.logs.stream.StreamedLog` consumer); :meth:`finish` returns each
     named check's findings, as ``run_checks`` does on the whole list."""
 
-    def __init__(self, names: Optional[Iterable[str]] = None) -> None:
+    def __init__(
+        self,
+        names: Optional[Iterable[str]] = None,
+        split: Optional[SplitOnce] = None,
+    ) -> None:
+        """``split``: the splitter of chunks by kind, shared with another reader of the
+        same chunks (:class:`~harness.logs.one_pass.SplitOnce`)."""
         self.names = list(CHECKS) if names is None else list(names)
         unknown = [n for n in self.names if n not in CHECKS]
         if unknown:
             raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
+        self._split = split if split is not None else SplitOnce()
         self._sets = {name: SEES.get(name) for name in self.names}
         self._first: Optional[Dict[str, Any]] = None
         self._last: Optional[Dict[str, Any]] = None
@@ -94,7 +104,7 @@ class OnlineOracle:
             self._start(chunk[0])
         self.count += len(chunk)
         self._last = chunk[-1]
-        split = kind_codes(chunk)
+        split = self._split(chunk)
         # the chunk split by the kinds each check sees (as kind_views does): each record's
         # kind read once, then each set of kinds picks its records by a numpy mask
         batches = {kinds: pick_kinds(split, kinds) for kinds in self._streamed_sets}

@@ -147,14 +147,18 @@ class _Ledger:
     def owner_bytes(self, gpus: Iterable[int], owner: str) -> int:
         return sum(self.held.get((g, owner), 0) for g in gpus)
 
+    def vram(self, r: dict) -> None:
+        """A ``vram`` record (most of the ledger's: :func:`collect` calls this one directly)."""
+        gpu, owner = r["gpu"], r["owner"]
+        key = (gpu, owner)
+        self.held[key] = value = self.held.get(key, 0) + r["delta"]
+        if isinstance(owner, str) and owner.endswith("/sync"):
+            self.staging.setdefault(owner, {})[gpu] = value
+
     def feed(self, r: dict, series: Series) -> None:
         kind = r["kind"]
         if kind == "vram":
-            gpu, owner = r["gpu"], r["owner"]
-            key = (gpu, owner)
-            self.held[key] = value = self.held.get(key, 0) + r["delta"]
-            if isinstance(owner, str) and owner.endswith("/sync"):
-                self.staging.setdefault(owner, {})[gpu] = value
+            self.vram(r)
         elif kind == "rank_state" and r["state"] == "asleep":
             owner = f"{r['pipeline_id']}/dp{r['dp_rank']}"
             _add(series, f"residue_bytes/{owner}", self.owner_bytes(r["gpus"], owner), r["seq"])
@@ -189,8 +193,12 @@ def collect(records: Records) -> Tuple[Series, List[Violation]]:
     series: Series = {}
     bad: List[Violation] = []
     ledger = _Ledger()
+    vram = ledger.vram
     for r in records:
-        if r["kind"] == "trend_sample":
+        kind = r["kind"]
+        if kind == "vram":
+            vram(r)
+        elif kind == "trend_sample":
             family = str(r["series"]).split("/", 1)[0]
             if family not in BOUNDS:
                 bad.append(
@@ -209,7 +217,7 @@ def collect(records: Records) -> Tuple[Series, List[Violation]]:
                 r["seq"],
                 r["cycle"],
             )
-        elif r["kind"] in LEDGER_KINDS:
+        elif kind in LEDGER_KINDS:
             ledger.feed(r, series)
     return series, bad
 

@@ -18,7 +18,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
-from harness.logs.invariants.handover_headroom import GIB, READS, Window, capacity_of, handover_windows, margin_of
+from harness.logs.invariants.base import Violation
+from harness.logs.invariants.handover_headroom import (
+    GIB,
+    READS,
+    Window,
+    capacity_of,
+    handover_windows,
+    headroom_findings,
+    margin_of,
+)
 
 
 @dataclass
@@ -155,6 +164,14 @@ def headroom(records: Iterable[Mapping[str, Any]], end: Any = None) -> Optional[
         {k: peaks.phases[k] for k in sorted(peaks.phases)},
         windows,
     )
+
+
+def headroom_findings_of(h: Optional[Headroom]) -> List[Violation]:
+    """The ``handover_headroom`` check's findings, from the table: its windows are the
+    check's (:func:`handover_windows` of the same kinds, the header first) and its margin
+    the header's. Without a capacity there is no table, and the check finds nothing (no
+    window has a headroom)."""
+    return [] if h is None else headroom_findings(h.handovers, h.margin_bytes)
 
 
 def _gib(n: Optional[float]) -> str:

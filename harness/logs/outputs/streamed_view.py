@@ -21,11 +21,12 @@ import math
 from bisect import bisect_right
 from array import array
 from functools import cached_property
+from operator import itemgetter, methodcaller
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from harness.logs.one_pass import OnePassRun, abandon, kind_codes, pick_kinds
+from harness.logs.one_pass import OnePassRun, SplitOnce, abandon, pick_kinds
 from harness.logs.outputs.derived import DERIVED
 from harness.logs.outputs.run_view import RunView, _int_ids, _LogIndex
 
@@ -59,16 +60,32 @@ KEPT = frozenset(
 )
 #: the kinds whose ``gpu`` (one GPU) names a GPU of the run
 _GPU_KINDS = frozenset(("vram", "oom"))
+_T = itemgetter("t")
+_GPUS = methodcaller("get", "gpus")
+_PIPELINE_ID = methodcaller("get", "pipeline_id")
 #: kept besides when the run has single controllers (their streaming table reads effect ends)
 KEPT_STREAMING = frozenset(("effect_end",))
+
+
+def _str_ids(records: List[Dict[str, Any]]) -> set:
+    """The ``pipeline_id`` strings of ``records``: their distinct values first, at C speed
+    (a handful in a chunk), record by record only if one is unhashable."""
+    try:
+        named = set(map(_PIPELINE_ID, records))
+    except TypeError:
+        return {p for r in records if isinstance(p := r.get("pipeline_id"), str)}
+    return {p for p in named if isinstance(p, str)}
 
 
 class StreamedRunView(RunView):
     """Feed it the log (``view(chunk)``, in order), call :meth:`finish`, then read it as a
     :class:`RunView`. ``streaming``: keep ``effect_end`` records too (the summary's
-    streaming table reads them when the log has ``streaming_setup`` records)."""
+    streaming table reads them when the log has ``streaming_setup`` records). ``split``:
+    the splitter of chunks by kind, shared with another reader of the same chunks (the
+    oracle: :class:`~harness.logs.one_pass.SplitOnce`)."""
 
-    def __init__(self, streaming: bool = False) -> None:
+    def __init__(self, streaming: bool = False, split: Optional[SplitOnce] = None) -> None:
+        self._split = split if split is not None else SplitOnce()
         self.kept_kinds: FrozenSet[str] = KEPT | (KEPT_STREAMING if streaming else frozenset())
         self.records: List[Mapping[str, Any]] = []
         self._runs: Dict[str, OnePassRun] = {}
@@ -101,7 +118,7 @@ class StreamedRunView(RunView):
             raise ValueError(
                 f"a streamed view reads a log whose seq counts its records: seq {chunk[0]['seq']} at record {self._n}"
             )
-        times = np.array([r["t"] for r in chunk], dtype=float)
+        times = np.fromiter(map(_T, chunk), dtype=float, count=len(chunk))
         new_run = np.empty(len(times), dtype=bool)
         new_run[0] = not self._t_at or self._t_at[-1] != times[0]
         np.not_equal(times[1:], times[:-1], out=new_run[1:])
@@ -111,7 +128,7 @@ class StreamedRunView(RunView):
         self._n += len(times)
         self._t_max = max(self._t_max, float(times.max()))
         body = chunk[1:] if first else chunk
-        split = kind_codes(body)
+        split = self._split(body)
         batches: Dict[str, List[Dict[str, Any]]] = {}
         for name, kinds in self._kinds_of.items():
             batch = pick_kinds(split, kinds)
@@ -119,9 +136,10 @@ class StreamedRunView(RunView):
                 batch.insert(0, chunk[0])  # as a list's of("header", ...) gives it)
             batches[name] = batch
         self.records.extend(pick_kinds(split, self.kept_kinds))
-        self._gpu_ids |= _int_ids([gs for r in body if (gs := r.get("gpus"))])
+        # (each record's fields read by map and filter, in C: the index reads every record)
+        self._gpu_ids |= _int_ids(list(filter(None, map(_GPUS, body))))
         self._gpu_ids |= {g for r in pick_kinds(split, _GPU_KINDS) if isinstance(g := r.get("gpu"), int)}
-        self._pipeline_ids |= {p for r in body if isinstance(p := r.get("pipeline_id"), str)}
+        self._pipeline_ids |= _str_ids(body)
         self._last = chunk[-1]
         for name, batch in batches.items():
             if batch:
