@@ -144,4 +144,3 @@ def test_the_findings_judged_from_the_summary_table_are_the_checks():
         table = headroom([r for r in recs if r["kind"] in HEADROOM_KINDS])
         assert headroom_findings_of(table) == check_log(recs, ["handover_headroom"])
     assert headroom_findings_of(headroom([r for r in _log(margin=2 * GIB) if r["kind"] in HEADROOM_KINDS]))
-
