@@ -38,6 +38,9 @@ HBM bytes/s.
       :data:`RECOMPUTE_SOURCE`): the backward reruns each layer's forward, so the training
       pass does 4 passes of matmul work instead of 3 (8·N·T instead of 6·N·T) and each
       forward collective (TP all-reduce, EP all-to-all, CP exchange) runs once more.
+    - sequence packing (``train_pack_tokens`` / ``log_prob_pack_tokens``, NeMo RL's bins of
+      ``train_mb_tokens`` / ``logprob_mb_tokens``): m counts the bins a rank runs, and under
+      PP every microbatch computes the longest bin's tokens (``simulators/costmodel/packing.py``).
   Every communication is counted as not overlapped with compute (Megatron overlaps some of
   it; ``link_efficiency`` scales every link figure). A group's link is NVLink while it fits
   in a node, else the node's NICs (per GPU: the node's figure / GPUs per node).
@@ -88,6 +91,7 @@ from statistics import NormalDist
 from typing import Dict, Optional
 
 from harness.ordered_sum import ordered_sum
+from simulators.costmodel.packing import PackedPass
 from simulators.costmodel.moe import (  # noqa: F401  (re-exported: a MoE's decode terms)
     FUSED_MOE_SOURCE,
     expected_experts_read,
@@ -187,19 +191,23 @@ def train_pass_s(
     links: Links,
     e: Efficiency,
     backward: bool = True,
+    packed: Optional[PackedPass] = None,
 ) -> Dict[str, float]:
     """Wall seconds of one training (``backward``) or log-prob pass over ``seqs`` sequences
-    of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc)."""
+    of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc).
+    A ``packed`` pass (``simulators/costmodel/packing.py``) runs its microbatches and
+    computes its padded tokens in the matmuls and collectives; attention stays per sequence."""
     dp = gpus // (p.tp * p.pp * p.cp)
     recompute = backward and p.recompute  # the backward reruns the forward (:data:`RECOMPUTE_SOURCE`)
     k = (4.0 if recompute else 3.0) if backward else 1.0  # forward (+ recomputed forward) + backward (2x)
-    work = 2.0 * k * seqs * (a.active_params * tokens + a.layers * a.hidden_size * tokens * tokens)
+    computed = tokens * packed.padding if packed is not None else tokens
+    work = 2.0 * k * seqs * (a.active_params * computed + a.layers * a.hidden_size * tokens * tokens)
     compute = work / (gpus * flops * e.mfu(a))
     per_step = p.global_batch or seqs
-    m = max(1, -(-per_step // (dp * p.micro_batch)))
+    m = packed.microbatches if packed is not None else max(1, -(-per_step // (dp * p.micro_batch)))
     bubble = compute * (p.pp - 1) / m  # compute / (1 - (p-1)/(m+p-1)) - compute
     stage_layers = a.layers / p.pp
-    tok_gpu = seqs * tokens / (dp * p.cp)  # tokens a TP group of one stage handles
+    tok_gpu = seqs * computed / (dp * p.cp)  # tokens a TP group of one stage handles
     b = a.bytes_per_param
     out = {"compute": compute, "pp_bubble": bubble, "tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0, "dp_comm": 0.0}
     # per layer: 2 collectives each forward (the recomputed one too), 2 more in the backward

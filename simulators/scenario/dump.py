@@ -45,6 +45,8 @@ _LAYOUT = {
     "train_ep": 1,
     "train_micro_batch": 1,
     "train_global_batch": 0,
+    "train_pack_tokens": 0,
+    "log_prob_pack_tokens": 0,
     "log_prob_passes": 1,
     "train_recompute": False,
     "train_backend": "megatron",

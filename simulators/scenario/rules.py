@@ -163,6 +163,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_ep": _r("int", ">0", "GPUs"),
         "train_micro_batch": _r("int", ">0", "sequences"),
         "train_global_batch": _r("int", ">=0", "sequences"),
+        "train_pack_tokens": _r("int", ">=0", "tokens"),
+        "log_prob_pack_tokens": _r("int", ">=0", "tokens"),
         "log_prob_passes": _r("int", ">=0", "forward passes"),
         "train_recompute": _r("bool"),
         "train_backend": _r("str"),

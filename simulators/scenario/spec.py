@@ -243,6 +243,11 @@ class PipelineSpec:
     train_ep: int = 1
     train_micro_batch: int = 1
     train_global_batch: int = 0
+    # sequence packing (NeMo RL's Megatron path): tokens a packed microbatch of the training
+    # pass and of the log-prob pass holds (policy.sequence_packing.train_mb_tokens /
+    # logprob_mb_tokens); 0 = not packed (simulators/costmodel/packing.py)
+    train_pack_tokens: int = 0
+    log_prob_pack_tokens: int = 0
     # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
     # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0); 0 where
     # the trainer takes the log-probs the rollout engine returned (verl's rollout.calculate_log_probs)
