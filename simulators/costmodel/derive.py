@@ -154,6 +154,7 @@ def _pipeline(
         del (
             derived_workload["decode_timing"],
             derived_workload["decode_expert_read_s"],
+            derived_workload["decode_kv_s_per_token"],
         )  # a hand-set curve keeps its timing
     trajectories = wl["prompts_per_step"] * wl["generations_per_prompt"]
     derived_costs = {

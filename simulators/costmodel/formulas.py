@@ -51,7 +51,9 @@ HBM bytes/s.
              + c · ( 2·N_act/(tp·F·decode_eff) + kv_bytes(ctx)/(tp·B·hbm_eff)
                      + 4·L·d·b·(tp-1)/tp / link )
   W = N·b is read once per step; each sequence adds its matmuls, its KV cache read
-  (kv_bytes(ctx) = 2·L·kv·b·ctx at the mean context) and its share of the two TP
+  (kv_bytes(ctx) = 2·L·kv·b·ctx at the mean context; the simulator moves it to each running
+  sequence's own context, ``decode_kv_s_per_token``: ``simulators/pipelines/decode_clock.py``)
+  and its share of the two TP
   all-reduces per layer (ring: 2(tp-1)/tp of the bytes each; α the per-all-reduce latency).
   A TP group wider than a node adds, per all-reduce, what the network adds to NCCL's
   latency (:func:`cross_node_allreduce_latency_s`: vLLM's custom all-reduce works only inside
@@ -398,9 +400,8 @@ def decode_curve(
         + decode_allreduce_latency_s(a, tp, gpus_per_node, e)
         + e.decode_step_overhead_s
     )
-    per_seq = 2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency) + kv_bytes_per_token(a) * mean_ctx / (
-        tp * hbm * e.hbm_efficiency
-    )
+    kv_s = kv_bytes_per_token(a) / (tp * hbm * e.hbm_efficiency)  # a step's read of one cached token
+    per_seq = 2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency) + kv_s * mean_ctx
     if tp > 1:
         per_seq += 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
     per_seq += expert_matmul_s_per_seq(a, tp, flops, e.decode_flops_efficiency, e.moe_decode_flops_efficiency)
@@ -410,6 +411,7 @@ def decode_curve(
         "batching_half_point": fixed / per_seq,
         "decode_timing": "per_step",
         "decode_expert_read_s": experts,
+        "decode_kv_s_per_token": kv_s,
     }
 
 

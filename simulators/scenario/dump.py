@@ -36,6 +36,7 @@ _UNSET_OMITTED = {
     "num_experts": 0,
     "decode_timing": "at_start",
     "decode_expert_read_s": 0.0,
+    "decode_kv_s_per_token": 0.0,
 }
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
 _LAYOUT = {

@@ -75,6 +75,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "prompt_tokens": _r("int", ">=0", "tokens"),
         "decode_timing": _r("str", "", "at_start or per_step"),
         "decode_expert_read_s": _r("float", ">=0", "s"),
+        "decode_kv_s_per_token": _r("float", ">=0", "s per cached token"),
     },
     CostSpec: {
         "train_s_per_trajectory": _r("float", ">=0", "s"),

@@ -85,6 +85,10 @@ class WorkloadSpec:
     # per_step only: seconds of a full-concurrency step spent reading the routed experts' weights
     # (a mixture of experts); a step with c sequences reads the share 1 - (1 - k/E)^c of them
     decode_expert_read_s: float = 0.0
+    # per_step only: seconds a decode step spends reading one cached token of a running
+    # sequence (its KV cache); the curve above charges every sequence the mean context
+    # (prompt + half the mean answer), this charges each running sequence its own
+    decode_kv_s_per_token: float = 0.0
 
     @property
     def trajectories_per_step(self) -> int:
