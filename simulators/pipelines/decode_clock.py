@@ -91,7 +91,10 @@ def mean_context(w: "WorkloadSpec") -> float:
     from simulators.costmodel.formulas import mean_decode_tokens
 
     share = w.decode_tokens_cap_share
-    return w.prompt_tokens + mean_decode_tokens(w.decode_tokens_median, w.decode_tokens_sigma, w.decode_tokens_max, share) / 2.0
+    return (
+        w.prompt_tokens
+        + mean_decode_tokens(w.decode_tokens_median, w.decode_tokens_sigma, w.decode_tokens_max, share) / 2.0
+    )
 
 
 def live_kv(w: "WorkloadSpec") -> Optional[LiveKv]:

@@ -14,6 +14,7 @@ from simulators.pipelines.decode_clock import LiveKv
 from simulators.pipelines.inference import RankSim, Request, Router
 from simulators.runtime.env import SimEnv
 from simulators.scenario.loader import ScenarioError, scenario_from_mapping
+from tests.sim.test_cost_model_packing import packed_scenario
 
 T, H = 1000.0, 4.0  # a step of c sequences: (4 + c) / 1000 s at the mean context
 G, P, MEAN = 2e-6, 100.0, 200.0  # 2 µs a cached token a step; a 100-token prompt; the curve's mean context 200
@@ -102,25 +103,11 @@ def test_the_field_needs_per_step_and_no_more_than_the_per_sequence_step():
 
 
 def test_the_cost_model_derives_one_cached_tokens_read():
-    """Llama 3.1-8B at TP 1 on an H100 SXM: 2 × 32 layers × 1024 (8 KV heads × 128) × 2 B =
-    131,072 B a cached token, over 3.35 TB/s × 0.8 (hbm_efficiency)."""
-    data = {
-        "name": "kv",
-        "seed": 0,
-        "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100_sxm"},
-        "pipelines": [
-            {
-                "name": "p",
-                "type": "roll_sync",
-                "train_gpus": list(range(8)),
-                "infer_gpus": list(range(8)),
-                "model": {"preset": "llama3.1-8b"},
-                "workload": {"prompt_tokens": 100, "decode_tokens_median": 300},
-            }
-        ],
-    }
-    w = scenario_from_mapping(data).pipelines[0].workload
-    assert w.decode_kv_s_per_token == pytest.approx(131072 / (3.35e12 * 0.8), rel=1e-3)
+    """Llama 3.1-8B with vLLM at TP 4 on H100 SXMs: 2 × 32 layers × 1024 (8 KV heads × 128) ×
+    2 B = 131,072 B a cached token, split over 4 GPUs each reading 3.35 TB/s × 0.8
+    (hbm_efficiency)."""
+    w = scenario_from_mapping(packed_scenario(1, 0)).pipelines[0].workload
+    assert w.decode_kv_s_per_token == pytest.approx(131072 / (4 * 3.35e12 * 0.8), rel=1e-3)
 
 
 def _disaggregated(kv: float):
