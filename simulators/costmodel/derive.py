@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import fields
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from simulators.costmodel import formulas as f
 from simulators.costmodel import refit_formulas as rf
@@ -30,6 +30,7 @@ from simulators.costmodel.colocation import train_s, trains_on_dedicated_gpus
 from simulators.costmodel.fsdp2 import fsdp2_pass_s
 from simulators.costmodel.hardware import GPU_PRESETS, GpuSpec, cluster_fields
 from simulators.costmodel.models import MODEL_PRESETS, PRESET_FIELDS
+from simulators.costmodel.packing import PackedPass, packed_pass, quantile_lengths
 
 Fail = Callable[[str, str], Exception]
 _ARCH = ("layers", "hidden_size", "num_kv_heads", "head_dim")
@@ -153,10 +154,11 @@ def _pipeline(
         del (
             derived_workload["decode_timing"],
             derived_workload["decode_expert_read_s"],
+            derived_workload["decode_kv_s_per_token"],
         )  # a hand-set curve keeps its timing
     trajectories = wl["prompts_per_step"] * wl["generations_per_prompt"]
     derived_costs = {
-        **_training(pipe, path, arch, tokens, trajectories, cluster, gpu, eff, fail, dedicated),
+        **_training(pipe, path, arch, tokens, trajectories, cluster, gpu, eff, fail, dedicated, wl),
         **f.wake_sleep_s(eff),
         **_refit_gather(pipe, arch, cluster, gpu, eff),
     }
@@ -254,6 +256,7 @@ def _training(
     eff: "f.Efficiency",
     fail: Fail,
     dedicated: bool = False,
+    wl: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, float]:
     """Per-trajectory training and log-prob costs of the pipeline's layout: the simulator
     charges ``x · n / G`` for n trajectories on G training GPUs, so x = wall · G / n. The
@@ -269,9 +272,16 @@ def _training(
         field = "train_backend" if problem.startswith("fsdp2") else "train_sp" if "train_sp" in problem else "train_tp"
         raise fail(f"{path}.{field}", problem)
     links = _links(cluster, gpu)
-    pass_s = fsdp2_pass_s if layout.backend == "fsdp2" else f.train_pass_s
-    train = pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
-    fwd = pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
+    if layout.backend == "fsdp2":
+        for key in ("train_pack_tokens", "log_prob_pack_tokens"):
+            if pipe.get(key, 0):
+                raise fail(f"{path}.{key}", "sequence packing is modelled for train_backend megatron only")
+        train = fsdp2_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=True)
+        fwd = fsdp2_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, backward=False)
+    else:
+        train_pack, fwd_pack = _packing(pipe, path, layout, gpus, seqs, wl, fail)
+        train = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, True, train_pack)
+        fwd = f.train_pass_s(arch, layout, seqs, tokens, gpus, gpu.bf16_flops, links, eff, False, fwd_pack)
     passes = pipe.get("log_prob_passes", 1)
     # 0: the trainer takes the log-probs the rollout engine returned with each answer (verl's
     # rollout.calculate_log_probs); the stage then costs nothing
@@ -280,6 +290,48 @@ def _training(
         "train_s_per_trajectory": train_s(train["total"], dedicated, arch.moe) * gpus / seqs,
         "old_log_probs_s_per_trajectory": passes * fwd["total"] * gpus / seqs,
     }
+
+
+def _packing(
+    pipe: Mapping[str, Any],
+    path: str,
+    layout: "f.Parallel",
+    gpus: int,
+    seqs: int,
+    wl: Optional[Mapping[str, Any]],
+    fail: Fail,
+) -> Tuple[Optional[PackedPass], Optional[PackedPass]]:
+    """The packed training and log-prob passes where the pipeline packs sequences
+    (``train_pack_tokens`` / ``log_prob_pack_tokens`` > 0; ``simulators/costmodel/packing.py``):
+    training packs each global batch, the log-prob pass the whole step. A bin shorter than
+    the longest trajectory is refused, as NeMo RL's packer refuses it."""
+    sizes = {k: pipe.get(k, 0) for k in ("train_pack_tokens", "log_prob_pack_tokens")}
+    if wl is None or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in sizes.values()):
+        return None, None  # validation names a bad field
+    if not any(sizes.values()) or layout.pp == 1:
+        return None, None  # without pipeline stages packing pads nothing and m sets no bubble
+    cap_share = wl["decode_tokens_cap_share"]
+    lengths = quantile_lengths(
+        seqs,
+        wl["prompt_tokens"],
+        wl["decode_tokens_median"],
+        wl["decode_tokens_sigma"],
+        wl["decode_tokens_max"],
+        cap_share if isinstance(cap_share, (int, float)) and 0 <= cap_share < 1 else 0.0,
+    )
+    dp = gpus // (layout.tp * layout.pp * layout.cp)
+    chunks = {"train_pack_tokens": layout.global_batch or seqs, "log_prob_pack_tokens": seqs}
+    longest = wl["prompt_tokens"] + wl["decode_tokens_max"]
+    out = []
+    for key, capacity in sizes.items():
+        if capacity and capacity < longest:
+            raise fail(
+                f"{path}.{key}",
+                f"a bin of {capacity} tokens is shorter than the longest trajectory "
+                f"({longest:g} = prompt_tokens + decode_tokens_max)",
+            )
+        out.append(packed_pass(lengths, capacity, chunks[key], dp, layout.pp) if capacity else None)
+    return out[0], out[1]
 
 
 def _layout(pipe: Mapping[str, Any]) -> Optional["f.Parallel"]:

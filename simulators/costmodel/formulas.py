@@ -38,6 +38,9 @@ HBM bytes/s.
       :data:`RECOMPUTE_SOURCE`): the backward reruns each layer's forward, so the training
       pass does 4 passes of matmul work instead of 3 (8·N·T instead of 6·N·T) and each
       forward collective (TP all-reduce, EP all-to-all, CP exchange) runs once more.
+    - sequence packing (``train_pack_tokens`` / ``log_prob_pack_tokens``, NeMo RL's bins of
+      ``train_mb_tokens`` / ``logprob_mb_tokens``): m counts the bins a rank runs, and under
+      PP every microbatch computes the longest bin's tokens (``simulators/costmodel/packing.py``).
   Every communication is counted as not overlapped with compute (Megatron overlaps some of
   it; ``link_efficiency`` scales every link figure). A group's link is NVLink while it fits
   in a node, else the node's NICs (per GPU: the node's figure / GPUs per node).
@@ -48,7 +51,9 @@ HBM bytes/s.
              + c · ( 2·N_act/(tp·F·decode_eff) + kv_bytes(ctx)/(tp·B·hbm_eff)
                      + 4·L·d·b·(tp-1)/tp / link )
   W = N·b is read once per step; each sequence adds its matmuls, its KV cache read
-  (kv_bytes(ctx) = 2·L·kv·b·ctx at the mean context) and its share of the two TP
+  (kv_bytes(ctx) = 2·L·kv·b·ctx at the mean context; the simulator moves it to each running
+  sequence's own context, ``decode_kv_s_per_token``: ``simulators/pipelines/decode_clock.py``)
+  and its share of the two TP
   all-reduces per layer (ring: 2(tp-1)/tp of the bytes each; α the per-all-reduce latency).
   A TP group wider than a node adds, per all-reduce, what the network adds to NCCL's
   latency (:func:`cross_node_allreduce_latency_s`: vLLM's custom all-reduce works only inside
@@ -88,6 +93,7 @@ from statistics import NormalDist
 from typing import Dict, Optional
 
 from harness.ordered_sum import ordered_sum
+from simulators.costmodel.packing import PackedPass
 from simulators.costmodel.moe import (  # noqa: F401  (re-exported: a MoE's decode terms)
     FUSED_MOE_SOURCE,
     expected_experts_read,
@@ -187,19 +193,23 @@ def train_pass_s(
     links: Links,
     e: Efficiency,
     backward: bool = True,
+    packed: Optional[PackedPass] = None,
 ) -> Dict[str, float]:
     """Wall seconds of one training (``backward``) or log-prob pass over ``seqs`` sequences
-    of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc)."""
+    of ``tokens`` tokens on ``gpus`` GPUs laid out as ``p``, by part (see the module doc).
+    A ``packed`` pass (``simulators/costmodel/packing.py``) runs its microbatches and
+    computes its padded tokens in the matmuls and collectives; attention stays per sequence."""
     dp = gpus // (p.tp * p.pp * p.cp)
     recompute = backward and p.recompute  # the backward reruns the forward (:data:`RECOMPUTE_SOURCE`)
     k = (4.0 if recompute else 3.0) if backward else 1.0  # forward (+ recomputed forward) + backward (2x)
-    work = 2.0 * k * seqs * (a.active_params * tokens + a.layers * a.hidden_size * tokens * tokens)
+    computed = tokens * packed.padding if packed is not None else tokens
+    work = 2.0 * k * seqs * (a.active_params * computed + a.layers * a.hidden_size * tokens * tokens)
     compute = work / (gpus * flops * e.mfu(a))
     per_step = p.global_batch or seqs
-    m = max(1, -(-per_step // (dp * p.micro_batch)))
+    m = packed.microbatches if packed is not None else max(1, -(-per_step // (dp * p.micro_batch)))
     bubble = compute * (p.pp - 1) / m  # compute / (1 - (p-1)/(m+p-1)) - compute
     stage_layers = a.layers / p.pp
-    tok_gpu = seqs * tokens / (dp * p.cp)  # tokens a TP group of one stage handles
+    tok_gpu = seqs * computed / (dp * p.cp)  # tokens a TP group of one stage handles
     b = a.bytes_per_param
     out = {"compute": compute, "pp_bubble": bubble, "tp_comm": 0.0, "cp_comm": 0.0, "ep_comm": 0.0, "dp_comm": 0.0}
     # per layer: 2 collectives each forward (the recomputed one too), 2 more in the backward
@@ -390,9 +400,8 @@ def decode_curve(
         + decode_allreduce_latency_s(a, tp, gpus_per_node, e)
         + e.decode_step_overhead_s
     )
-    per_seq = 2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency) + kv_bytes_per_token(a) * mean_ctx / (
-        tp * hbm * e.hbm_efficiency
-    )
+    kv_s = kv_bytes_per_token(a) / (tp * hbm * e.hbm_efficiency)  # a step's read of one cached token
+    per_seq = 2.0 * a.active_params / (tp * flops * e.decode_flops_efficiency) + kv_s * mean_ctx
     if tp > 1:
         per_seq += 4.0 * a.layers * a.hidden_size * a.bytes_per_param * (tp - 1) / tp / link
     per_seq += expert_matmul_s_per_seq(a, tp, flops, e.decode_flops_efficiency, e.moe_decode_flops_efficiency)
@@ -402,6 +411,7 @@ def decode_curve(
         "batching_half_point": fixed / per_seq,
         "decode_timing": "per_step",
         "decode_expert_read_s": experts,
+        "decode_kv_s_per_token": kv_s,
     }
 
 

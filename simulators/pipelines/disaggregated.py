@@ -35,7 +35,7 @@ from harness.control.effects import TRAINER_EFFECTS
 from simulators.pipelines.comm_locks import CommLocks
 from simulators.runtime.cluster import OutOfMemory
 from simulators.runtime.env import Actor, Timer
-from simulators.pipelines.decode_clock import decode_step_time
+from simulators.pipelines.decode_clock import decode_step_time, live_kv, time_for, tokens_in
 from simulators.runtime.simulation import SimFailure, Simulation
 from simulators.pipelines.single_controller import hold_own_gpus, weight_sync_s
 from simulators.scenario.spec import PipelineSpec
@@ -47,7 +47,7 @@ _EPS = 1e-9
 class _Rank:
     """One generation DP rank: a token clock shared by its running sequences."""
 
-    __slots__ = ("index", "gpus", "running", "queue", "clock", "last_t", "paused", "armed")
+    __slots__ = ("index", "gpus", "running", "queue", "clock", "last_t", "paused", "armed", "ctx0", "k")
 
     def __init__(self, index: int, gpus: Tuple[int, ...]) -> None:
         self.index, self.gpus = index, gpus
@@ -57,6 +57,10 @@ class _Rank:
         self.last_t = 0.0
         self.paused = False
         self.armed = 0  # the live timer's number (a re-arm makes older timers stale)
+        # live KV (decode_clock.LiveKv): each running trajectory's context less the clock it
+        # started at, and their sum
+        self.ctx0: Dict[int, float] = {}
+        self.k = 0.0
 
 
 class DisaggregatedSim:
@@ -77,6 +81,7 @@ class DisaggregatedSim:
         step = decode_step_time(w, spec.model)
         T, h = w.tokens_per_s_per_rank, w.batching_half_point
         self.step_s = step if step is not None else (lambda c: (h + c) / T)
+        self.live_kv = live_kv(w)
         self.collector = Collector(w, "sync", np.random.default_rng(np.random.SeedSequence([sim.scenario.seed, index])))
         self.actor = Actor("pipeline", index, 4)
         # the field faults of a fully asynchronous pipeline (simulators/scenario/fault_catalogue.py FaultSpec)
@@ -388,24 +393,40 @@ class DisaggregatedSim:
         while rank.queue and len(rank.running) < self.cap:
             tid, tokens = rank.queue.popleft()
             rank.running[tid] = rank.clock + tokens
+            if self.live_kv is not None:
+                rank.ctx0[tid] = self.live_kv.prompt - rank.clock
+                rank.k += rank.ctx0[tid]
             self.first_version[tid] = self.gen_version
         if rank.running and rank.index not in self._busy:
             self._busy.add(rank.index)
             self._generate_record(rank, "effect_start")
         self._arm(rank)
 
+    def _live_b(self, rank: _Rank, c: int) -> float:
+        """The step of the ``c`` running trajectories at the clock's current value (live KV)."""
+        kv = self.live_kv
+        return kv.base(self.step_s(c), c) + kv.s_per_token * (rank.k + c * rank.clock)
+
     def _advance(self, rank: _Rank) -> None:
         now = self.env._now
         if rank.running and not rank.paused:
-            rank.clock += (now - rank.last_t) / self.step_s(len(rank.running))
+            c = len(rank.running)
+            if self.live_kv is None:
+                rank.clock += (now - rank.last_t) / self.step_s(c)
+            else:
+                rank.clock += tokens_in(now - rank.last_t, self._live_b(rank, c), self.live_kv.s_per_token, c)
         rank.last_t = now
 
     def _arm(self, rank: _Rank) -> None:
         rank.armed += 1
         if not rank.running or rank.paused:
             return
-        left = min(rank.running.values()) - rank.clock
-        Timer(self.env, max(0.0, left) * self.step_s(len(rank.running)), self.actor, self._fire, (rank, rank.armed))
+        left, c = max(0.0, min(rank.running.values()) - rank.clock), len(rank.running)
+        if self.live_kv is None:
+            delay = left * self.step_s(c)
+        else:
+            delay = time_for(left, self._live_b(rank, c), self.live_kv.s_per_token, c)
+        Timer(self.env, delay, self.actor, self._fire, (rank, rank.armed))
 
     def _fire(self, arg) -> None:
         rank, armed = arg
@@ -415,6 +436,7 @@ class DisaggregatedSim:
         done = sorted(t for t, mark in rank.running.items() if mark <= rank.clock + _EPS)
         for tid in done:
             del rank.running[tid]
+            rank.k -= rank.ctx0.pop(tid, 0.0)
             self._complete(rank, tid)
         self._fill(rank)
         if not rank.running:

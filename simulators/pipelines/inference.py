@@ -61,7 +61,7 @@ from simulators.pipelines.decode_clock import PerStepDecode
 from simulators.runtime.env import Actor, SimEnv, Timer
 
 if TYPE_CHECKING:
-    from simulators.pipelines.decode_clock import StepClock
+    from simulators.pipelines.decode_clock import LiveKv, StepClock
 
 POLL_S = 0.05  # _wait_for_active_dp_ranks: asyncio.sleep(0.05) between looks at the active set
 
@@ -118,6 +118,7 @@ class Router(PerStepDecode):
         max_attempts: Optional[int] = None,
         on_give_up: Optional[Callable[[Request], None]] = None,
         step_time: Optional[Callable[[int], float]] = None,
+        live_kv: Optional["LiveKv"] = None,
     ) -> None:
         self.env = env
         self.pipeline_id = pipeline_id
@@ -141,6 +142,7 @@ class Router(PerStepDecode):
         self.stamp_at_completion: Optional[Callable[[], bool]] = None
         # per_step decode timing: seconds of one decode step of c sequences (None: at_start)
         self.step_time = step_time
+        self.live_kv = live_kv  # per_step: each running sequence's KV read at its own context (or None)
 
     # -------------------------------------------------------------- routing set
     def activate(self, ranks: Iterable[RankSim]) -> None:

@@ -34,7 +34,7 @@ from simulators.pipelines.dataplane import DataPlaneSim
 from simulators.pipelines.engine_effects import EngineEffects
 from simulators.runtime.env import Link
 from simulators.faults.field import FieldFaults
-from simulators.pipelines.decode_clock import decode_step_time
+from simulators.pipelines.decode_clock import decode_step_time, live_kv
 from simulators.pipelines.inference import RankSim, Router
 from simulators.pipelines.late_release import LateRelease
 from simulators.pipelines.rollouts import RolloutEffects
@@ -138,6 +138,7 @@ class PipelineSim(
             attempts,
             self._on_give_up,
             decode_step_time(w, spec.model),
+            live_kv(w),
         )
         self.router.ranks = self.ranks
 

@@ -76,6 +76,7 @@ _ALLOWED = {
     "workload.decode_tokens_cap_share": ">= 0, below 1",
     "workload.decode_tokens_sigma": ">= 0, at most 10",
     "workload.decode_expert_read_s": "per_step only; needs model.num_experts and model.experts_per_token; <= batching_half_point / tokens_per_s_per_rank",
+    "workload.decode_kv_s_per_token": "per_step only; times the mean context <= the per-sequence step (1 / tokens_per_s_per_rank)",
     "model.num_experts": ">= experts_per_token",
     "pipelines[].type": " or ".join(spec.PIPELINE_TYPES),
     "faults[].name": "a fault name (list below)",

@@ -36,6 +36,7 @@ _UNSET_OMITTED = {
     "num_experts": 0,
     "decode_timing": "at_start",
     "decode_expert_read_s": 0.0,
+    "decode_kv_s_per_token": 0.0,
 }
 #: a pipeline's training layout (the cost model's input), dumped where it is not the default
 _LAYOUT = {
@@ -45,6 +46,8 @@ _LAYOUT = {
     "train_ep": 1,
     "train_micro_batch": 1,
     "train_global_batch": 0,
+    "train_pack_tokens": 0,
+    "log_prob_pack_tokens": 0,
     "log_prob_passes": 1,
     "train_recompute": False,
     "train_backend": "megatron",

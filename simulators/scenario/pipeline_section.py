@@ -77,6 +77,7 @@ def _decode_checks(ctx: Ctx, path: str, w: WorkloadSpec, m: ModelSpec) -> None:
             f"{path}.model.experts_per_token",
             f"{m.experts_per_token} routed experts per token exceeds num_experts {m.num_experts}",
         )
+    _kv_check(ctx, path, w)
     if w.decode_expert_read_s == 0:
         return
     field = f"{path}.workload.decode_expert_read_s"
@@ -90,6 +91,26 @@ def _decode_checks(ctx: Ctx, path: str, w: WorkloadSpec, m: ModelSpec) -> None:
             field,
             f"{fmt_num(w.decode_expert_read_s)} s exceeds the step's fixed part "
             f"(batching_half_point / tokens_per_s_per_rank = {fmt_num(fixed)} s)",
+        )
+
+
+def _kv_check(ctx: Ctx, path: str, w: WorkloadSpec) -> None:
+    """The live-context KV read moves the curve's KV read at the mean context to each running
+    sequence's own: per_step only, and no more than the curve's whole per-sequence step at
+    that mean (or a short sequence's step would come out negative)."""
+    if w.decode_kv_s_per_token == 0:
+        return
+    field = f"{path}.workload.decode_kv_s_per_token"
+    if w.decode_timing != "per_step":
+        raise ctx.fail(field, "only a per_step decode (workload.decode_timing) reads each sequence's own context")
+    from simulators.pipelines.decode_clock import mean_context
+
+    per_seq = 1.0 / w.tokens_per_s_per_rank
+    if w.decode_kv_s_per_token * mean_context(w) > per_seq:
+        raise ctx.fail(
+            field,
+            f"{fmt_num(w.decode_kv_s_per_token)} s x the mean context {fmt_num(mean_context(w))} tokens exceeds "
+            f"the per-sequence step (1 / tokens_per_s_per_rank = {fmt_num(per_seq)} s)",
         )
 
 

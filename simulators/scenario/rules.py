@@ -75,6 +75,7 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "prompt_tokens": _r("int", ">=0", "tokens"),
         "decode_timing": _r("str", "", "at_start or per_step"),
         "decode_expert_read_s": _r("float", ">=0", "s"),
+        "decode_kv_s_per_token": _r("float", ">=0", "s per cached token"),
     },
     CostSpec: {
         "train_s_per_trajectory": _r("float", ">=0", "s"),
@@ -163,6 +164,8 @@ FIELD_RULES: Dict[type, Dict[str, Rule]] = {
         "train_ep": _r("int", ">0", "GPUs"),
         "train_micro_batch": _r("int", ">0", "sequences"),
         "train_global_batch": _r("int", ">=0", "sequences"),
+        "train_pack_tokens": _r("int", ">=0", "tokens"),
+        "log_prob_pack_tokens": _r("int", ">=0", "tokens"),
         "log_prob_passes": _r("int", ">=0", "forward passes"),
         "train_recompute": _r("bool"),
         "train_backend": _r("str"),

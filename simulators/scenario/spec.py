@@ -85,6 +85,10 @@ class WorkloadSpec:
     # per_step only: seconds of a full-concurrency step spent reading the routed experts' weights
     # (a mixture of experts); a step with c sequences reads the share 1 - (1 - k/E)^c of them
     decode_expert_read_s: float = 0.0
+    # per_step only: seconds a decode step spends reading one cached token of a running
+    # sequence (its KV cache); the curve above charges every sequence the mean context
+    # (prompt + half the mean answer), this charges each running sequence its own
+    decode_kv_s_per_token: float = 0.0
 
     @property
     def trajectories_per_step(self) -> int:
@@ -243,6 +247,11 @@ class PipelineSpec:
     train_ep: int = 1
     train_micro_batch: int = 1
     train_global_batch: int = 0
+    # sequence packing (NeMo RL's Megatron path): tokens a packed microbatch of the training
+    # pass and of the log-prob pass holds (policy.sequence_packing.train_mb_tokens /
+    # logprob_mb_tokens); 0 = not packed (simulators/costmodel/packing.py)
+    train_pack_tokens: int = 0
+    log_prob_pack_tokens: int = 0
     # forward passes of the log-prob stage: 2 where a reference policy's log-probs are
     # computed beside the policy's (NeMo RL's GRPO with reference_policy_kl_penalty > 0); 0 where
     # the trainer takes the log-probs the rollout engine returned (verl's rollout.calculate_log_probs)
