@@ -98,7 +98,7 @@ def _fresh_process_context() -> Any:
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", __name__])
+    ctx.set_forkserver_preload(["torch.distributed"])
     return ctx
 
 
