@@ -180,10 +180,13 @@ def launch(argv: List[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------- serve
-#: What a launch server imports once (``--serve``): torch's launcher, every gate, and what
-#: their ranks import lazily. A launch that needs anything else, or another PYTHONPATH,
-#: is started as a program of its own (tests/gates/conftest.py decides).
-SERVED_PRELOAD = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo")
+#: What a launch server imports at its start (``--serve``): torch's launcher and every gate.
+#: What a gate's ranks import lazily comes with that gate's launches as ``--preload``
+#: (tests/gates/conftest.py: ``PRELOAD``; torch._dynamo, about 1.1 CPU s, for the train-pump
+#: gate only), imported by the server at the first such launch (:func:`_import_preloads`):
+#: a server whose worker never launches that gate does not pay for it. A launch with
+#: another PYTHONPATH is started as a program of its own (tests/gates/conftest.py decides).
+SERVED_PRELOAD = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors")
 
 
 def served_modules() -> List[str]:
