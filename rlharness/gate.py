@@ -24,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import List, Optional, Tuple
@@ -146,10 +147,7 @@ def run(args: argparse.Namespace, usage_error) -> int:
 
 
 def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log: str, launch_log: str) -> int:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+    torchrun_argv = [
         "--standalone",
         "--nproc-per-node",
         str(nproc),
@@ -164,7 +162,7 @@ def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log:
     os.makedirs(os.path.dirname(os.path.abspath(launch_log)), exist_ok=True)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with open(launch_log, "wb") as log:
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        code = run_torchrun(torchrun_argv, log.fileno(), env)
     report = None
     if os.path.isfile(report_path):
         with open(report_path, encoding="utf-8") as fh:
@@ -181,6 +179,65 @@ def _launch(spec, nproc: int, gate_argv: List[str], report_path: str, event_log:
     where.append(f"launch output: {launch_log}")
     print("; ".join(where))
     return exit_code_from_report(report)
+
+
+def run_torchrun(torchrun_argv: List[str], output_fd: int, env: dict) -> int:
+    """``python -m torch.distributed.run TORCHRUN_ARGV`` with ``env``, its output (the
+    agent's and every rank's) on ``output_fd``: its exit code.
+
+    Where the system can fork, torchrun's agent is a fork of this process, which has
+    already imported torch and the gate to parse the gate's options: a new program would
+    import them again (about 1.4 CPU s before the first rank starts). The agent is torch's
+    own (``torch.distributed.run.main``: its parser, rendezvous, monitoring and teardown),
+    and the ranks are new ``python -u GATE.py`` processes, exactly as under torchrun.
+    Interrupted, this process kills the agent as ``subprocess.call`` would."""
+    if not hasattr(os, "fork"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv]
+        return subprocess.call(cmd, stdout=output_fd, stderr=output_fd, stdin=subprocess.DEVNULL, env=env)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the agent: never returns
+        _become_torchrun(torchrun_argv, output_fd, env)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(status)
+
+
+def _become_torchrun(torchrun_argv: List[str], output_fd: int, env: dict) -> None:
+    """In the forked child: what ``python -m torch.distributed.run`` would be with this
+    environment and output, then exit with its code (an uncaught exception: its
+    traceback, exit 1, as a program's)."""
+    code = 1
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        os.environ.clear()
+        os.environ.update(env)
+        from torch.distributed.run import main as torchrun_main
+
+        torchrun_main(torchrun_argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
 
 
 def exit_code_from_report(report: dict) -> ExitCode:

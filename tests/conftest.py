@@ -9,10 +9,12 @@ left project files in ``/dev/shm`` or the temp folder.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 from collections import OrderedDict
+from typing import Optional
 
 import pytest
 
@@ -148,33 +150,79 @@ def _shm_entries():
         return set()
 
 
-@pytest.fixture(scope="session")
+class _LocalRay:
+    """The session's one local Ray: started by the first test that needs it, stopped as
+    soon as the worker leaves the work unit of the files that use it (:data:`RAY_UNIT`),
+    not at the end of the session: idle, Ray's processes still burn about 0.05 CPU s a
+    second, and the unit ends long before the worker's other tests do. Started again if a
+    later test needs it (only where its files are not one unit: ``-n 0`` runs files in
+    path order)."""
+
+    def __init__(self) -> None:
+        self._stack: Optional[contextlib.ExitStack] = None
+        self._shm_before: set = set()
+
+    def start(self, lock_folder):
+        """Ray, started if it is not. Its start-up costs about 15 s on the 2-core machine.
+        Ray gets more logical CPUs than the machine has cores because TransferQueue's
+        controller and each storage unit reserve one (with too few its init waits forever)."""
+        ray = pytest.importorskip("ray")
+        if self._stack is not None:
+            return ray
+        self._shm_before = _shm_entries()
+        stack = contextlib.ExitStack()
+        # a second Ray starting beside this one (another checkout's suite aside, none in this
+        # session) would push both past their start-up timeouts
+        stack.enter_context(take_turns(lock_folder, "rlharness-ray.lock"))
+        try:
+            # worker_niceness 0: Ray starts its workers at nice 15 by default, and beside the
+            # suite's busy xdist workers TransferQueue's controller then got ~2 % of a core: its
+            # init ran past 180 s on a loaded run (past 60 s alone against 5 busy loops; 15-19 s at 0)
+            ray.init(
+                num_cpus=8,
+                include_dashboard=False,
+                log_to_driver=False,
+                namespace="rlharness-tests",
+                configure_logging=False,
+                _system_config={"worker_niceness": 0},
+            )
+        except BaseException:
+            stack.close()
+            raise
+        stack.callback(ray.shutdown)
+        self._stack = stack
+        return ray
+
+    def stop(self) -> None:
+        """Shut Ray down (if it runs); nothing of Ray's may be left in /dev/shm."""
+        if self._stack is None:
+            return
+        stack, self._stack = self._stack, None
+        stack.close()
+        leaked = _shm_entries() - self._shm_before
+        assert not [e for e in leaked if "ray" in e.lower() or "plasma" in e.lower()], f"/dev/shm leftovers: {leaked}"
+
+
+_LOCAL_RAY = _LocalRay()
+
+
+@pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     """The session's one local Ray (per xdist worker; every file that uses it is in the
-    work unit :data:`RAY_UNIT`, so in practice one per session): its start-up costs about
-    15 s on the 2-core machine, so TransferQueue's tests and the fuzz executor's Ray test
-    share it. Ray gets more logical CPUs than the machine has cores because TransferQueue's
-    controller and each storage unit reserve one (with too few its init waits forever).
-    Shut down at the end; nothing of Ray's may be left in /dev/shm."""
-    ray = pytest.importorskip("ray")
-    shm_before = _shm_entries()
-    # a second Ray starting beside this one (another checkout's suite aside, none in this
-    # session) would push both past their start-up timeouts
-    with take_turns(tmp_path_factory.getbasetemp().parent, "rlharness-ray.lock"):
-        # worker_niceness 0: Ray starts its workers at nice 15 by default, and beside the
-        # suite's busy xdist workers TransferQueue's controller then got ~2 % of a core: its
-        # init ran past 180 s on a loaded run (past 60 s alone against 5 busy loops; 15-19 s at 0)
-        ray.init(
-            num_cpus=8,
-            include_dashboard=False,
-            log_to_driver=False,
-            namespace="rlharness-tests",
-            configure_logging=False,
-            _system_config={"worker_niceness": 0},
-        )
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
-    leaked = _shm_entries() - shm_before
-    assert not [e for e in leaked if "ray" in e.lower() or "plasma" in e.lower()], f"/dev/shm leftovers: {leaked}"
+    work unit :data:`RAY_UNIT`, so in practice one per session), shared by TransferQueue's
+    tests and the fuzz executor's Ray test; stopped when the worker leaves that unit
+    (:class:`_LocalRay`)."""
+    return _LOCAL_RAY.start(tmp_path_factory.getbasetemp().parent)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of the Ray unit, once its fixtures are torn down (TransferQueue's
+    actors first), Ray stops."""
+    yield
+    if work_unit(item.nodeid) == RAY_UNIT and (nextitem is None or work_unit(nextitem.nodeid) != RAY_UNIT):
+        _LOCAL_RAY.stop()
+
+
+def pytest_sessionfinish(session):
+    _LOCAL_RAY.stop()  # an interrupted session, too

@@ -88,10 +88,24 @@ def _rank(rank: int, init: str, backend: str, mode: str, deadline_s: float, hook
     os._exit(0)
 
 
+def _fresh_process_context() -> Any:
+    """Where the rank processes come from: forks of multiprocessing's fork server, a
+    single-threaded process of its own that has imported torch and nothing else (no CUDA
+    initialized, so a rank may still choose its GPU), started at the first case and shared
+    by the later ones; each rank still starts with none of the caller's state. A rank
+    spawned afresh imports torch itself (about 1.3 CPU s each, two per case). Where there
+    is no fork server, spawned."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch.distributed"])
+    return ctx
+
+
 def run_case(mode: str, backend: str = "gloo", deadline_s: float = 10.0, hook: Optional[str] = None) -> Dict[str, Any]:
     """Run one peer-died case in two fresh processes; never longer than about twice the
     deadline (the children are killed past it)."""
-    ctx = mp.get_context("spawn")
+    ctx = _fresh_process_context()
     reports, out = ctx.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="peer-died-") as tmp:
         init = "file://" + os.path.join(tmp, "store")

@@ -327,7 +327,7 @@ def _launch_once(
         env[HOOK_ENV] = hook
     env.update(extra_env or {})
     start = time.monotonic()
-    server = LaunchServer.for_launch(env, preload, REPO, server_env) if launcher == "forked" else None
+    server = LaunchServer.for_launch(env, REPO, server_env) if launcher == "forked" else None
     if server is not None:  # the same launch, forked from the worker's launch server
         returncode, output, timed_out, launcher_pid = server.run(cmd[2:], env, REPO, timeout_s, str(report))
     else:

@@ -36,7 +36,8 @@ documented command stays tested.
 ``--serve FD``: a launch server for the test workers (tests/gates/served_launch.py): it
 imports torch, torch's launcher and every gate once, then forks one child per request,
 which becomes this program for that launch (``launch(ARGV)``), so the agent's own
-``import torch`` is not paid per launch either.
+``import torch`` is not paid per launch either. A request's ``--preload`` module the
+server lacks (megatron-core) is imported by the server before that fork, once.
 """
 
 from __future__ import annotations
@@ -179,10 +180,13 @@ def launch(argv: List[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------- serve
-#: What a launch server imports once (``--serve``): torch's launcher, every gate, and what
-#: their ranks import lazily. A launch that needs anything else, or another PYTHONPATH,
-#: is started as a program of its own (tests/gates/conftest.py decides).
-SERVED_PRELOAD = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo")
+#: What a launch server imports at its start (``--serve``): torch's launcher and every gate.
+#: What a gate's ranks import lazily comes with that gate's launches as ``--preload``
+#: (tests/gates/conftest.py: ``PRELOAD``; torch._dynamo, about 1.1 CPU s, for the train-pump
+#: gate only), imported by the server at the first such launch (:func:`_import_preloads`):
+#: a server whose worker never launches that gate does not pay for it. A launch with
+#: another PYTHONPATH is started as a program of its own (tests/gates/conftest.py decides).
+SERVED_PRELOAD = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors")
 
 
 def served_modules() -> List[str]:
@@ -232,6 +236,19 @@ def _run_launch(request: dict, out_fd: int, inherited: Tuple[int, ...] = ()) -> 
     os._exit(code)
 
 
+def _import_preloads(argv: List[str]) -> None:
+    """A launch's ``--preload`` modules, imported here once for it and every later launch
+    (megatron-core: about 2 CPU s): modules are only ever added, and a launch cannot tell
+    one the server imported from one its agent imports itself. One that fails to import is
+    left to the launch, which fails on it as the program would."""
+    for module in split_preloads(argv)[0]:
+        if module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except Exception:
+                pass
+
+
 def serve(fd: int) -> None:
     """Answer launch requests on the SOCK_SEQPACKET socket ``fd`` until it closes.
 
@@ -260,6 +277,7 @@ def serve(fd: int) -> None:
                     open_ = False
                     continue
                 out_fd, reply_fd = fds
+                _import_preloads(request["argv"])
                 inherited = [conn.fileno(), *running, *(r.fileno() for _, r in running.values()), reply_fd]
                 pid = os.fork()
                 if pid == 0:

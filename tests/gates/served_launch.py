@@ -10,7 +10,8 @@ The server never launches anything itself, so every launch starts from the same 
 
 A launch whose environment differs from the server's in anything read at import time
 (only the gate hook and the run's private folders may differ: the gates read those when
-they run), or that wants a module the server did not import, is started as a program.
+they run) is started as a program. A module a launch preloads that the server lacks
+(megatron-core) the server imports before it forks that launch, once for the worker.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from tests.gates.hang_dump import read_output
-from tests.gates.launch_forked import receive_message, send_message, served_modules
+from tests.gates.launch_forked import receive_message, send_message
 
 LAUNCH_FORKED = Path(__file__).with_name("launch_forked.py")
 #: Variables a launch may set differently from the server: read by the gates at run time
@@ -62,12 +63,10 @@ class LaunchServer:
         atexit.register(self.close)
 
     @classmethod
-    def for_launch(
-        cls, env: Dict[str, str], preload: Sequence[str], cwd: Path, server_env: Dict[str, str]
-    ) -> Optional["LaunchServer"]:
+    def for_launch(cls, env: Dict[str, str], cwd: Path, server_env: Dict[str, str]) -> Optional["LaunchServer"]:
         """The server (environment ``server_env``, started if need be) that can make this
         launch; None: start it as a program."""
-        if any(module not in served_modules() for module in preload) or _base(env) != _base(server_env):
+        if _base(env) != _base(server_env):
             return None
         with cls._choosing:
             if cls._current is None or cls._current.proc.poll() is not None or cls._current.env != _base(server_env):

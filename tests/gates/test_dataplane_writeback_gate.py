@@ -1,5 +1,7 @@
 """Leader-only write-back under torchrun (gloo, DP 2 x TP 2): clean with the leader gate,
-a -601-class finding without it, whether the store refuses the rewrite or overwrites."""
+a -601-class finding without it, whether the store refuses the rewrite or overwrites.
+The four-rank runs are forked (tests/gates/launch_forked.py); the documented command
+(each rank a ``python gpu_gates/dataplane_writeback.py`` of its own) runs on one rank."""
 
 import json
 
@@ -7,6 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from harness.exit_codes import ExitCode  # noqa: E402
 from harness.logs.invariants import check_log  # noqa: E402
 
 pytestmark = pytest.mark.gate
@@ -18,7 +21,7 @@ def oracle(run):
 
 
 def test_leader_gate_on_gives_one_write_per_sample_field_per_replica(gate_runner):
-    run = gate_runner("dataplane_writeback", 4, "--tp", "2", "--cycles", "2", launcher="torchrun")
+    run = gate_runner("dataplane_writeback", 4, "--tp", "2", "--cycles", "2")
     assert run.returncode == 0 and run.report["status"] == "passed", run.output[-3000:]
     s = run.report["summary"]
     assert (s["dp"], s["tp"], s["leader_gate"], s["refused_writes"]) == (2, 2, True, 0)
@@ -46,6 +49,15 @@ def test_leader_gate_on_gives_one_write_per_sample_field_per_replica(gate_runner
         )
         == 0
     )
+
+
+def test_under_plain_torchrun_the_gate_file_runs_to_its_report_and_exit_code(gate_runner):
+    # the documented command on one rank: the gate file as a program, through its check of
+    # the world (one rank is no TP pair), to its report and the skip exit code, which
+    # torchrun passes on as a failure (four ranks would be five imports of torch)
+    run = gate_runner("dataplane_writeback", 1, launcher="torchrun")
+    assert run.report["status"] == "skipped" and "world size 1 is not a multiple of --tp 2" in run.report["message"]
+    assert run.report["exit_code"] == ExitCode.SKIPPED and run.returncode != 0
 
 
 def test_gate_off_with_a_refusing_store_is_reported_as_601(gate_runner):

@@ -132,7 +132,7 @@ def test_usage_errors_are_one_line_and_launch_nothing(argv, says, capsys, monkey
     def no_launch(*a, **k):
         raise AssertionError("a usage error must be found before torchrun starts")
 
-    monkeypatch.setattr(gate_cmd.subprocess, "call", no_launch)
+    monkeypatch.setattr(gate_cmd, "run_torchrun", no_launch)
     if "/proc" in argv[-1] and not os.path.isdir("/proc"):
         pytest.skip("no /proc here")
     run_error(argv, capsys, says)
