@@ -5,20 +5,23 @@ builders — are one pass: ``for r in records``, after reading ``records[0]`` (t
 header), and the log's end only once the loop is over. :class:`OnePassRun` runs such a
 function unchanged while the log is being made or read: it gets a
 :class:`OnePassView`, an iterable that yields the records as the caller pushes them, in
-a thread of its own. The caller's thread and the function's strictly alternate (only
-one runs at a time), so the function sees exactly what it would see in a list, in the
-same order; what it keeps is what its loop keeps, and each batch can be dropped once
-pushed. A hand-off costs two thread switches per batch. A function that breaks the
-one-pass rules (a second loop, ``len()``, an index other than the first before the end)
-fails loudly with :class:`NotOnePass`.
+a greenlet of its own (a coroutine with its own stack, in the caller's thread). The
+caller and the function strictly alternate, so the function sees exactly what it would
+see in a list, in the same order; what it keeps is what its loop keeps, and each batch
+can be dropped once pushed. A hand-off is two greenlet switches per batch, in one OS
+thread: no thread wake-ups, no handover of the interpreter lock, no thread moved
+between cores (with a thread per function those cost about a quarter of the readers'
+CPU: docs/benchmarks.md, "Runs larger than memory"). A
+function that breaks the one-pass rules (a second loop, ``len()``, an index other than
+the first before the end) fails loudly with :class:`NotOnePass`.
 """
 
 from __future__ import annotations
 
-import threading
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional
 
+import greenlet
 import numpy as np
 
 
@@ -61,37 +64,30 @@ _END = object()
 
 
 class OnePassRun:
-    """``fn(view)`` in a thread of its own, fed batches of records by the caller's thread:
-    the two strictly alternate (:meth:`push` returns when ``fn`` asks for the next batch
-    or has returned), so ``fn`` runs exactly as over a list, one record at a time, and
-    :meth:`finish` returns what it returned (or raises what it raised)."""
+    """``fn(view)`` in a greenlet of its own, fed batches of records by its caller: the
+    two strictly alternate (:meth:`push` returns when ``fn`` asks for the next batch or
+    has returned), so ``fn`` runs exactly as over a list, one record at a time, and
+    :meth:`finish` returns what it returned (or raises what it raised). It is made and
+    pushed to from one greenlet (a program's main one, unless it makes its own)."""
 
     def __init__(self, fn: Callable[[Any], Any], first: Optional[Dict[str, Any]] = None, name: str = "") -> None:
         self.fn = fn
-        self._cv = threading.Condition()
-        self._batch: Any = None
-        self._waiting = False  # the check asked for the next batch
+        self.name = name
         self._done = False
         self.ended = False  # the pass has reached the end
         self.last: Optional[Dict[str, Any]] = None  # the last record pushed
         self.value: Any = None
         self.error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._main, args=(first,), name=f"one-pass-{name}", daemon=True)
-        with self._cv:
-            self._thread.start()
-            self._cv.wait_for(self._idle)
-
-    def _idle(self) -> bool:
-        return self._waiting or self._done
+        self._caller = greenlet.getcurrent()
+        self._fn_side = greenlet.greenlet(self._main)  # (its parent: the caller, where it returns to)
+        self._fn_side.switch(first)  # runs fn until it asks for the first batch (or returns)
 
     def _main(self, first: Optional[Dict[str, Any]]) -> None:
         try:
             self.value = self.fn(OnePassView(first, self))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread by finish()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's greenlet by finish()
             self.error = e
-        with self._cv:
-            self._done = True
-            self._cv.notify()
+        self._done = True
 
     def records(self) -> Iterator[Dict[str, Any]]:
         """The function's side: each batch's records, waiting for the next batch between
@@ -100,13 +96,9 @@ class OnePassRun:
         return chain.from_iterable(self._batches())
 
     def _batches(self) -> Iterator[List[Dict[str, Any]]]:
-        cv = self._cv
+        caller = self._caller
         while True:
-            with cv:
-                self._waiting = True
-                cv.notify()
-                cv.wait_for(lambda: self._batch is not None)
-                batch, self._batch = self._batch, None
+            batch = caller.switch()  # back to push(), until it hands the next batch
             if batch is _END:
                 self.ended = True
                 return
@@ -114,19 +106,13 @@ class OnePassRun:
             yield batch
 
     def push(self, batch: Any) -> None:
-        """Hand ``fn`` ``batch`` (a list, or the end) and wait until it is done with it."""
-        with self._cv:
-            if self._done:
-                return
-            self._batch = batch
-            self._waiting = False  # (set again when the check asks for the next batch)
-            self._cv.notify()
-            self._cv.wait_for(self._idle)
+        """Hand ``fn`` ``batch`` (a list, or the end) and return once it is done with it."""
+        if not self._done:
+            self._fn_side.switch(batch)
 
     def finish(self) -> Any:
         """End the pass; ``fn``'s value (what it raised is raised here)."""
         self.push(_END)
-        self._thread.join()
         if self.error is not None:
             raise self.error
         return self.value
@@ -134,7 +120,7 @@ class OnePassRun:
 
 def abandon(runs: Iterable["OnePassRun"]) -> None:
     """End every run's pass without reading its value: the caller is already handling a
-    failure (a run that died before its end), and no thread is left waiting."""
+    failure (a run that died before its end), and no function is left suspended."""
     for run in runs:
         try:
             run.finish()

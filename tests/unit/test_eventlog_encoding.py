@@ -152,6 +152,20 @@ def test_a_written_log_is_its_lines_each_with_a_newline(tmp_path):
     assert list(log.lines()) == [CANONICAL(r) for r in log.records]
 
 
+def test_a_chunk_encoded_in_one_call_splits_into_its_records_even_when_one_holds_the_separator():
+    """A chunk is one orjson call with a NUL string between its records, split where that
+    string's encoding falls; a record holding it itself (a NUL between two values of a
+    list) makes one split too many, and the chunk's records are then encoded one by one:
+    either way each line is the record's own encoding."""
+    pytest.importorskip("orjson")
+    plain = [{"seq": i, "t": i * 0.5, "kind": "progress", "name": "\x00"} for i in range(5)]
+    holding = dict(plain[2], tags=[{"a": 1}, "\x00", {"b": 2}], more=[1, "\x00", 2])
+    for records in (plain, plain[:2] + [holding] + plain[3:], [holding], []):
+        assert writer._orjson_lines(records) == [writer._orjson_dumps(r) for r in records]
+        want = "".join(CANONICAL(r) + "\n" for r in records).encode()
+        assert b"".join(encoded_chunks(records, 8192)) == want
+
+
 def _marked_by_scan(lines):
     """What ``writer._marked_lines`` finds, line by line with ``in`` (the reference)."""
     redo = {i for i, line in enumerate(lines) if b"e-" in line or b"0.0000" in line}

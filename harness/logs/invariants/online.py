@@ -10,10 +10,10 @@ Each check keeps only its own state. A check is a function over the records of t
 kinds it ``sees`` (plus the log's first and last record), and nearly every one reads
 them in a single pass: ``for r in records``, with ``records[0]`` (the header) read
 first. Such a check runs unchanged over a :class:`OnePassView` — an iterable that
-yields the records as they arrive — in a thread of its own that the oracle hands each
-chunk's records to and waits for (only one thread runs at a time, so a check sees what a
-batch run sees, in the same order; the hand-off costs two thread switches per check per
-chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
+yields the records as they arrive — in a greenlet of its own (a coroutine, in the
+oracle's thread) that the oracle hands each chunk's records to and waits for (the two
+alternate, so a check sees what a batch run sees, in the same order; the hand-off costs
+two greenlet switches per check per chunk). What it keeps is what its loop keeps: per GPU, rank, request in flight, open
 interval. The records themselves are dropped once every check has read them. Each
 chunk is split by kind once (each record's kind read once, then each set of kinds picks
 its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`; the split is
@@ -138,7 +138,7 @@ class OnlineOracle:
         for shared in sorted(set(self._shared_of.values())):
             try:
                 made[shared] = self._runners[shared].finish()
-            except BaseException as e:  # noqa: BLE001 - every thread ends first
+            except BaseException as e:  # noqa: BLE001 - every pass ends first
                 errors.append(e)
         for name in self.names:
             if name in self._shared_of:
@@ -148,7 +148,7 @@ class OnlineOracle:
             elif name in self._runners:
                 try:
                     found[name] = list(self._runners[name].finish())
-                except BaseException as e:  # noqa: BLE001 - every thread ends first
+                except BaseException as e:  # noqa: BLE001 - every pass ends first
                     errors.append(e)
             else:
                 found[name] = CHECKS[name](self._kept[self._sets[name]])
