@@ -219,6 +219,10 @@ def _become_torchrun(torchrun_argv: List[str], output_fd: int, env: dict) -> Non
         os.close(null)
         os.dup2(output_fd, 1)
         os.dup2(output_fd, 2)
+        # the streams too: a caller may have replaced sys.stdout/sys.stderr (pytest's
+        # capture, a notebook), and the agent's argparse and tracebacks write to them
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         os.environ.clear()
         os.environ.update(env)
         from torch.distributed.run import main as torchrun_main

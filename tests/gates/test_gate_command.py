@@ -146,3 +146,18 @@ def test_every_gate_file_is_offered():
         if f.endswith(".py") and "SPEC = GateSpec(" in (REPO / "gpu_gates" / f).read_text()
     )
     assert names == files and "dual_pipeline" in names
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked-agent", "no-fork-subprocess"])
+def test_torchrun_forked_or_not_is_torchruns_own_command_line(forked, tmp_path, monkeypatch):
+    # torchrun's own parser, reached both ways: where os.fork is missing the agent is a
+    # subprocess `python -m torch.distributed.run`; its usage text and exit code must be
+    # what the forked agent gives (torch's, not rlharness's)
+    if not forked:
+        monkeypatch.delattr(gate_cmd.os, "fork")
+    out = tmp_path / "launch.log"
+    with open(out, "wb") as log:
+        code = gate_cmd.run_torchrun(["--nproc-per-node", "1"], log.fileno(), dict(os.environ))
+    text = out.read_text()
+    assert code == 2, text
+    assert text.startswith("usage: ") and "--nproc-per-node" in text and "required: training_script" in text
