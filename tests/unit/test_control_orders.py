@@ -11,7 +11,6 @@ test_control_run_order.py; the effect log the drive writes: test_control_effect_
 
 from __future__ import annotations
 
-
 import pytest
 
 from harness.control import nemo_async, roll_sync

@@ -4,7 +4,6 @@ ranks, a runtime halt, and a failure anywhere in the run that never unregisters 
 
 from __future__ import annotations
 
-
 import pytest
 
 from harness.control.interpret import HALT
