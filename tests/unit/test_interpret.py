@@ -1,7 +1,7 @@
 """The interpreter's own rules (harness/control/interpret.py), on toy generators: the
 guard, the deadline, what is and is not thrown into the generator. The orders that use
-them are pinned in test_control_orders.py, test_selective_sync_order.py and
-test_pump_interpret.py."""
+them are pinned in test_control_orders.py (and its siblings for the scheduler cycle and
+the run), test_selective_sync_order.py and test_pump_interpret.py."""
 
 from __future__ import annotations
 

@@ -57,6 +57,11 @@ def _firing_tests():
 
     for mod_name in (
         "tests.unit.test_invariants",
+        "tests.unit.test_effect_invariants",
+        "tests.unit.test_serving_invariants",
+        "tests.unit.test_plan_shape_invariants",
+        "tests.unit.test_gpu_memory_invariants",
+        "tests.unit.test_weight_sync_invariants",
         "tests.unit.test_engine_checks",
         "tests.unit.test_blind_spot_checks",
         "tests.unit.test_policy_checks",

@@ -2,7 +2,8 @@
 
 ``check_log(records)`` runs every registered check (or the named ones) over a list of
 record dicts and returns the violations; each check has a test that feeds it a broken
-trace and sees it fire (tests/unit/test_invariants.py).
+trace and sees it fire (tests/unit/test_invariants.py and its sibling
+``test_*_invariants.py`` files, or the check's subsystem's suite).
 """
 
 from __future__ import annotations
