@@ -59,7 +59,8 @@ def walk_check(
         return run_walks(records, [name])[name]
 
     check.__name__ = check.__qualname__ = name
-    check.walk_of = name  # type: ignore[attr-defined]  (the oracle runs it in the shared walk)
+    # the oracle runs it in the shared walk while CHECKS holds it (not a replacement)
+    check.walk_of = name  # type: ignore[attr-defined]
     check.__doc__ = doc
     return check
 

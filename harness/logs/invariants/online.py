@@ -20,7 +20,8 @@ its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`; the spli
 shared with another reader of the same chunks, the outputs' view, through a
 :class:`~harness.logs.one_pass.SplitOnce`), and checks that read the log only through one
 structure made in a pass of it (the wait-for graph, the engines' table replay:
-:data:`SHARED`) share that pass. (``rlharness simulate`` leaves ``handover_headroom`` out
+:data:`SHARED`) share that pass, as the checks that replay the scheduler's decisions
+share one replay (:data:`DECISIONS`). (``rlharness simulate`` leaves ``handover_headroom`` out
 and judges the summary headroom table's windows instead: simulators/run_streamed.py.)
 
 A check that reads its records more than once (a first pass for the registrations, then
