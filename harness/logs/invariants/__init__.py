@@ -8,7 +8,7 @@ trace and sees it fire (tests/unit/test_invariants.py and its sibling
 
 from __future__ import annotations
 
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from harness.logs.invariants import (  # noqa: F401  (registration)
     cache,
@@ -41,6 +41,7 @@ from harness.logs.invariants import (  # noqa: F401  (registration)
     hot_states,
 )
 from harness.logs.invariants.base import CHECKS, SEES, Records, Violation
+from harness.logs.invariants.decision_walks import WALK_CHECKS, run_walks
 
 
 def check_log(records: Records, names: Optional[Iterable[str]] = None) -> List[Violation]:
@@ -57,8 +58,19 @@ def run_checks(records: Records, names: Iterable[str]) -> Dict[str, List[Violati
     if unknown:
         raise KeyError(f"unknown invariant(s) {unknown}; known: {', '.join(sorted(CHECKS))}")
     sees = [SEES.get(name) for name in selected]  # a check put in CHECKS by hand sees every record
-    views = kind_views(records, sees)
-    return {name: CHECKS[name](views[SEES.get(name)]) for name in selected}
+    walked, walked_kinds = shared_walks(selected)
+    views = kind_views(records, sees + [walked_kinds] if walked else sees)
+    found = run_walks(views[walked_kinds], walked) if walked else {}
+    return {name: found[name] if name in found else CHECKS[name](views[SEES.get(name)]) for name in selected}
+
+
+def shared_walks(names: Iterable[str]) -> Tuple[List[str], FrozenSet[str]]:
+    """The named checks that are decision walks (harness/logs/invariants/decision_walks.py),
+    to run as one walk, and every kind they see together (a check replaced in
+    ``CHECKS`` by hand runs as itself)."""
+    walked = [n for n in names if n in WALK_CHECKS and getattr(CHECKS[n], "walk_of", None) == n]
+    kinds: FrozenSet[str] = frozenset().union(*(SEES[n] or () for n in walked))
+    return walked, kinds
 
 
 def merge_findings(found: Mapping[str, List[Violation]], order: Iterable[str]) -> List[Violation]:

@@ -102,7 +102,7 @@ class Holdings:
 
     # ------------------------------------------------------------------ mutations
     # free and grant are _own/_disown inlined (a grant's GPUs one by one, 60 thousand a
-    # walk in a 1024-GPU run, and eight checks walk the decisions): the same steps, in order
+    # walk in a 1024-GPU run): the same steps, in order
     def free(self, seq: int, cluster: str, gpus, problem: Problem) -> None:
         owner, held_by = self.owner, self.held_by
         for g in gpus:
@@ -179,7 +179,8 @@ class DecisionWalk:
 
     ``on_record(r)`` is called for every record *before* the walk applies it, so a hook
     sees the state the record was decided in (a plan sees the holdings it was planned
-    against); ``after_commit(plan, commit)`` runs once a cycle's plan is applied.
+    against); ``after_commit(plan, commit)`` runs once a cycle's plan is applied. The
+    checks built on it share one walk of a log (harness/logs/invariants/decision_walks.py).
     """
 
     def __init__(self, records, problem: Problem = _ignore) -> None:

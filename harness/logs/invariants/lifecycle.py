@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Dict, List, Set, Tuple
 
 from harness.logs.invariants.allocations import DECISION_KINDS, DecisionWalk
-from harness.logs.invariants.base import Records, Violation, invariant, kept
+from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.decision_walks import walk_check
 
 #: state -> states it may enter next (any state may enter ``stopped``; ``stopped`` is final)
 EDGES = {
@@ -189,12 +190,16 @@ class _SyncTargets(DecisionWalk):
         self.out.append(Violation("sync_targets", r["seq"], message))
 
 
-@invariant("sync_targets", reads=("sync_bucket",), sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end"))
-def sync_targets(records: Records) -> List[Violation]:
-    """``sync_targets``: an expand's weight sync writes only the ranks that expand adds, awake,
+sync_targets = invariant(
+    "sync_targets", reads=("sync_bucket",), sees=DECISION_KINDS + ("rank_state", "effect_start", "effect_end")
+)(
+    walk_check(
+        "sync_targets",
+        _SyncTargets,
+        # only SyncFromCache among the effects matters: the rest never reach the (slower) hook
+        keep=lambda r: r["kind"][:7] != "effect_" or r["effect"] == "SyncFromCache",
+        doc="""``sync_targets``: an expand's weight sync writes only the ranks that expand adds, awake,
     on GPUs their cluster holds or is being given; an active refresh writes only routable
-    ranks."""
-    # only SyncFromCache among the effects matters: drop the rest before the (slower) walk
-    walk = _SyncTargets(kept(records, lambda r: r["kind"][:7] != "effect_" or r["effect"] == "SyncFromCache"))
-    walk.run()
-    return walk.out
+    ranks.""",
+    )
+)

@@ -20,7 +20,8 @@ its records by a numpy mask: :func:`~harness.logs.one_pass.pick_kinds`; the spli
 shared with another reader of the same chunks, the outputs' view, through a
 :class:`~harness.logs.one_pass.SplitOnce`), and checks that read the log only through one
 structure made in a pass of it (the wait-for graph, the engines' table replay:
-:data:`SHARED`) share that pass. (``rlharness simulate`` leaves ``handover_headroom`` out
+:data:`SHARED`) share that pass, as the checks that replay the scheduler's decisions
+share one replay (:data:`DECISIONS`). (``rlharness simulate`` leaves ``handover_headroom`` out
 and judges the summary headroom table's windows instead: simulators/run_streamed.py.)
 
 A check that reads its records more than once (a first pass for the registrations, then
@@ -33,10 +34,12 @@ one-pass rules anyway fails loudly (:class:`NotOnePass`), never silently.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional
 
 
-from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings
+from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings, shared_walks
+from harness.logs.invariants.decision_walks import run_walks
 from harness.logs.invariants.engine_transition import engine_replay, on_replay
 from harness.logs.invariants.waitfor import on_graph, wait_graph
 from harness.logs.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
@@ -54,6 +57,11 @@ SHARED: Dict[str, tuple] = {
     "(wait-for graph)": (wait_graph, on_graph, ("deadlock", "lost_wakeup", "hot_state")),
     "(engine replay)": (engine_replay, on_replay, ("engine_transition", "engine_stood_down")),
 }
+
+
+#: the one walk of the scheduler's decisions the decision-walk checks share
+#: (harness/logs/invariants/decision_walks.py): it makes every such check's findings
+DECISIONS = "(decision walk)"
 
 
 class OnlineOracle:
@@ -91,8 +99,14 @@ class OnlineOracle:
             for n in own:
                 if n in checks and SEES.get(n) == SEES.get(checks[0]):
                     self._shared_of[n] = shared
+        walked, walked_kinds = shared_walks(own)
+        for n in walked:
+            self._shared_of[n] = DECISIONS
         self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in own if n not in self._shared_of}
-        for shared in sorted(set(self._shared_of.values())):
+        if walked:
+            self._runners[DECISIONS] = OnePassRun(partial(run_walks, names=walked), first, DECISIONS)
+            self._sets[DECISIONS] = walked_kinds
+        for shared in sorted(set(self._shared_of.values()) - {DECISIONS}):
             self._runners[shared] = OnePassRun(SHARED[shared][0], first, shared)
             self._sets[shared] = self._sets[next(n for n, s in self._shared_of.items() if s == shared)]
         self._streamed_sets = {self._sets[n] for n in self._runners}
@@ -143,7 +157,10 @@ class OnlineOracle:
         for name in self.names:
             if name in self._shared_of:
                 shared = self._shared_of[name]
-                if shared in made:
+                if shared == DECISIONS:
+                    if shared in made:
+                        found[name] = made[shared][name]
+                elif shared in made:
                     found[name] = SHARED[shared][1](CHECKS[name], made[shared], self._first, last)
             elif name in self._runners:
                 try:

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from harness.logs.invariants.allocations import DECISION_KINDS, DecisionWalk
 from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.decision_walks import walk_check
 
 
 @dataclass
@@ -273,53 +274,60 @@ def step_order(records: Records) -> List[Violation]:
     return out
 
 
-@invariant("planned_release_ack", reads=("signalled", "plan", "commit", "released"), sees=DECISION_KINDS)
-def planned_release_ack(records: Records) -> List[Violation]:
-    """An ``await_release`` returns only when its GENERATION cluster is at zero.
+class _AckWalk(DecisionWalk):
+    """Each planned-release ack, judged against the holdings after its cycle's commit (or
+    of its moment, for an ack returned at once)."""
+
+    def __init__(self, records) -> None:
+        super().__init__(records)
+        self.out: List[Violation] = []
+        self.acks: Dict[int, List[dict]] = {}
+
+    def on_record(self, r: dict) -> None:
+        if r["kind"] != "signalled" or r["waiter"] != "planned_release" or r["error"]:
+            return
+        if r["cycle"] is None:
+            self.judge(r, "at once", None)
+        else:
+            self.acks.setdefault(r["cycle"], []).append(r)
+
+    def after_commit(self, plan: dict, commit: dict) -> None:
+        for r in self.acks.pop(commit["cycle"], []):
+            self.judge(r, f"in cycle {commit['cycle']}", plan)
+
+    def judge(self, r: dict, when: str, plan) -> None:
+        cid = r["cluster_id"]
+        held = self.h.held(cid)
+        if not held:
+            return
+        ranks = sorted(self.h.ranks.get(cid, {}))
+        what = ""
+        if plan is not None:
+            shrunk = sorted(b["dp_rank"] for s in plan["shrinks"] if s["cluster_id"] == cid for b in s["bundles"])
+            grown = sorted(b["dp_rank"] for e in plan["expands"] if e["cluster_id"] == cid for b in e["bundles"])
+            what = f"; the cycle shrank dp {shrunk or 'none'} and expanded dp {grown or 'none'}"
+        self.out.append(
+            Violation(
+                "planned_release_ack",
+                r["seq"],
+                f"await_release of {cid} acked {when} while it still holds dp ranks {ranks} (GPUs {held}){what}",
+            )
+        )
+
+
+planned_release_ack = invariant(
+    "planned_release_ack", reads=("signalled", "plan", "commit", "released"), sees=DECISION_KINDS
+)(
+    walk_check(
+        "planned_release_ack",
+        _AckWalk,
+        doc="""An ``await_release`` returns only when its GENERATION cluster is at zero.
 
     Read from the decisions alone: the cluster's holdings are rebuilt from plans applied
     at commit and from releases (:mod:`harness.logs.invariants.allocations`), and an ack of a
     cycle is judged against the holdings after that cycle's commit; an ack returned at
     once against the holdings of the moment. RLix acks every pending planned release at
     commit, so it acks one that arrived in the lock gap (never shrunk) and one whose
-    cluster the gap-ratio planner re-expanded in the same cycle."""
-    out: List[Violation] = []
-
-    class Walk(DecisionWalk):
-        acks: Dict[int, List[dict]] = {}
-
-        def on_record(self, r: dict) -> None:
-            if r["kind"] != "signalled" or r["waiter"] != "planned_release" or r["error"]:
-                return
-            if r["cycle"] is None:
-                self.judge(r, "at once", None)
-            else:
-                self.acks.setdefault(r["cycle"], []).append(r)
-
-        def after_commit(self, plan: dict, commit: dict) -> None:
-            for r in self.acks.pop(commit["cycle"], []):
-                self.judge(r, f"in cycle {commit['cycle']}", plan)
-
-        def judge(self, r: dict, when: str, plan) -> None:
-            cid = r["cluster_id"]
-            held = self.h.held(cid)
-            if not held:
-                return
-            ranks = sorted(self.h.ranks.get(cid, {}))
-            what = ""
-            if plan is not None:
-                shrunk = sorted(b["dp_rank"] for s in plan["shrinks"] if s["cluster_id"] == cid for b in s["bundles"])
-                grown = sorted(b["dp_rank"] for e in plan["expands"] if e["cluster_id"] == cid for b in e["bundles"])
-                what = f"; the cycle shrank dp {shrunk or 'none'} and expanded dp {grown or 'none'}"
-            out.append(
-                Violation(
-                    "planned_release_ack",
-                    r["seq"],
-                    f"await_release of {cid} acked {when} while it still holds dp ranks {ranks} (GPUs {held}){what}",
-                )
-            )
-
-    walk = Walk(records)
-    walk.acks = {}
-    walk.run()
-    return out
+    cluster the gap-ratio planner re-expanded in the same cycle.""",
+    )
+)

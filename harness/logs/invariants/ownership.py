@@ -11,24 +11,29 @@ from __future__ import annotations
 from typing import List
 
 from harness.logs.invariants.allocations import DECISION_KINDS, DecisionWalk
-from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.base import Violation, invariant
+from harness.logs.invariants.decision_walks import walk_check
 
 
-@invariant("gpu_ownership", reads=("plan", "commit", "released"), sees=DECISION_KINDS)
-def gpu_ownership(records: Records) -> List[Violation]:
-    out: List[Violation] = []
+class _OwnershipWalk(DecisionWalk):
+    """The holdings' own inconsistencies, and each commit's idle count against them."""
 
-    def problem(seq: int, message: str) -> None:
-        out.append(Violation("gpu_ownership", seq, message))
+    def __init__(self, records) -> None:
+        self.out: List[Violation] = []
+        super().__init__(records, self._problem)
 
-    class Walk(DecisionWalk):
-        def after_commit(self, plan: dict, commit: dict) -> None:
-            n = self.h.num_gpus
-            if n is not None and commit["idle_gpus"] != n - len(self.h.owner):
-                problem(
-                    commit["seq"],
-                    f"commit reports {commit['idle_gpus']} idle GPUs but the decisions leave {n - len(self.h.owner)}",
-                )
+    def _problem(self, seq: int, message: str) -> None:
+        self.out.append(Violation("gpu_ownership", seq, message))
 
-    Walk(records, problem).run()
-    return out
+    def after_commit(self, plan: dict, commit: dict) -> None:
+        n = self.h.num_gpus
+        if n is not None and commit["idle_gpus"] != n - len(self.h.owner):
+            self._problem(
+                commit["seq"],
+                f"commit reports {commit['idle_gpus']} idle GPUs but the decisions leave {n - len(self.h.owner)}",
+            )
+
+
+gpu_ownership = invariant("gpu_ownership", reads=("plan", "commit", "released"), sees=DECISION_KINDS)(
+    walk_check("gpu_ownership", _OwnershipWalk)
+)

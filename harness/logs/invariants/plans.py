@@ -16,7 +16,8 @@ from collections import Counter
 from typing import List, Set, Tuple
 
 from harness.logs.invariants.allocations import DECISION_KINDS, GENERATION, DecisionWalk, Holdings, is_gen_cluster
-from harness.logs.invariants.base import Records, Violation, invariant
+from harness.logs.invariants.base import Violation, invariant
+from harness.logs.invariants.decision_walks import walk_check
 
 
 def validate_plan(plan: dict, h: Holdings) -> List[Tuple[int, str]]:
@@ -147,69 +148,84 @@ def _check_expands(expands: list, shrinks: list, h: Holdings, grants: _Grants, b
             bad.append((7, f"{cid} would have {len(set(active) | set(added))} active ranks, max DP is {max_dp}"))
 
 
-@invariant("plan_validation", reads=("plan",), sees=DECISION_KINDS)
-def plan_validation(records: Records) -> List[Violation]:
-    """``plan_validation``: every plan satisfies RLix's 11 plan-validation conditions."""
-    out: List[Violation] = []
+class _PlanWalk(DecisionWalk):
+    """A walk that judges each plan against the holdings it was planned on."""
 
-    class Walk(DecisionWalk):
-        def on_record(self, r: dict) -> None:
-            if r["kind"] == "plan":
-                for cond, msg in validate_plan(r, self.h):
-                    out.append(Violation("plan_validation", r["seq"], f"cycle {r['cycle']}: condition {cond}: {msg}"))
+    def __init__(self, records) -> None:
+        super().__init__(records)
+        self.out: List[Violation] = []
 
-    Walk(records).run()
-    return out
+    def on_record(self, r: dict) -> None:
+        if r["kind"] == "plan":
+            self.judge(r)
+
+    def judge(self, r: dict) -> None:  # pragma: no cover - hook
+        pass
 
 
-@invariant("grant_shape", reads=("plan",), sees=DECISION_KINDS)
-def grant_shape(records: Records) -> List[Violation]:
-    """``grant_shape``: a non-GENERATION grant is the cluster's whole device mapping; a
-    GENERATION expand adds whole TP bundles — dp rank r is exactly
-    ``sorted(mapping)[r*tp:(r+1)*tp]`` — below max DP."""
-    out: List[Violation] = []
+class _Validation(_PlanWalk):
+    def judge(self, r: dict) -> None:
+        for cond, msg in validate_plan(r, self.h):
+            self.out.append(Violation("plan_validation", r["seq"], f"cycle {r['cycle']}: condition {cond}: {msg}"))
 
-    class Walk(DecisionWalk):
-        def on_record(self, r: dict) -> None:
-            if r["kind"] != "plan":
-                return
-            c = r["cycle"]
-            for op in r["signals"]:
-                cid, gpus = op["cluster_id"], op["gpus"]
-                reg = self.h.registration(cid)
-                mapping = reg.mapping(cid) if reg else None
-                if gpus and op["priority"] != GENERATION and mapping is not None and sorted(gpus) != mapping:
+
+plan_validation = invariant("plan_validation", reads=("plan",), sees=DECISION_KINDS)(
+    walk_check(
+        "plan_validation",
+        _Validation,
+        doc="""``plan_validation``: every plan satisfies RLix's 11 plan-validation conditions.""",
+    )
+)
+
+
+class _GrantShape(_PlanWalk):
+    def judge(self, r: dict) -> None:
+        out = self.out
+        c = r["cycle"]
+        for op in r["signals"]:
+            cid, gpus = op["cluster_id"], op["gpus"]
+            reg = self.h.registration(cid)
+            mapping = reg.mapping(cid) if reg else None
+            if gpus and op["priority"] != GENERATION and mapping is not None and sorted(gpus) != mapping:
+                out.append(
+                    Violation(
+                        "grant_shape",
+                        r["seq"],
+                        f"cycle {c}: {op['priority']} grant of {cid} is {sorted(gpus)}, not its whole device mapping {mapping}",
+                    )
+                )
+        for op in r["expands"]:
+            cid = op["cluster_id"]
+            reg = self.h.registration(cid)
+            if reg is None:
+                continue
+            max_dp = reg.max_dp(cid)
+            for b in op["bundles"]:
+                want = reg.bundle(cid, b["dp_rank"])
+                if max_dp is not None and b["dp_rank"] >= max_dp:
                     out.append(
                         Violation(
                             "grant_shape",
                             r["seq"],
-                            f"cycle {c}: {op['priority']} grant of {cid} is {sorted(gpus)}, not its whole device mapping {mapping}",
+                            f"cycle {c}: {cid} dp{b['dp_rank']} is not below max DP {max_dp}",
                         )
                     )
-            for op in r["expands"]:
-                cid = op["cluster_id"]
-                reg = self.h.registration(cid)
-                if reg is None:
-                    continue
-                max_dp = reg.max_dp(cid)
-                for b in op["bundles"]:
-                    want = reg.bundle(cid, b["dp_rank"])
-                    if max_dp is not None and b["dp_rank"] >= max_dp:
-                        out.append(
-                            Violation(
-                                "grant_shape",
-                                r["seq"],
-                                f"cycle {c}: {cid} dp{b['dp_rank']} is not below max DP {max_dp}",
-                            )
+                elif want is not None and sorted(b["gpus"]) != want:
+                    out.append(
+                        Violation(
+                            "grant_shape",
+                            r["seq"],
+                            f"cycle {c}: {cid} dp{b['dp_rank']} granted {sorted(b['gpus'])}, its TP bundle is {want}",
                         )
-                    elif want is not None and sorted(b["gpus"]) != want:
-                        out.append(
-                            Violation(
-                                "grant_shape",
-                                r["seq"],
-                                f"cycle {c}: {cid} dp{b['dp_rank']} granted {sorted(b['gpus'])}, its TP bundle is {want}",
-                            )
-                        )
+                    )
 
-    Walk(records).run()
-    return out
+
+grant_shape = invariant("grant_shape", reads=("plan",), sees=DECISION_KINDS)(
+    walk_check(
+        "grant_shape",
+        _GrantShape,
+        doc="""``grant_shape``: a non-GENERATION grant is the cluster's whole device mapping; a
+    GENERATION expand adds whole TP bundles — dp rank r is exactly
+    ``sorted(mapping)[r*tp:(r+1)*tp]`` — below max DP.""",
+    )
+)

@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Set, Tuple
 
 from harness.logs.invariants.allocations import DECISION_KINDS, GENERATION, DecisionWalk, pipeline_of
-from harness.logs.invariants.base import Records, Violation, invariant, kept
+from harness.logs.invariants.base import Violation, invariant
+from harness.logs.invariants.decision_walks import walk_check
 from harness.logs.invariants.policy_rules import group_mates, header_policy, parts
 
 #: RLix's priority order (lower first); GENERATION (6) is elastic and never granted here
@@ -154,14 +155,17 @@ class _GrantOrder(_Pending):
                 passed_over.append((cid, "which could not be granted, and head_of_line_blocking is on"))
 
 
-@invariant("grant_order", reads=("plan", "enqueued", "signalled"), sees=DECISION_KINDS + ("release_then_request",))
-def grant_order(records: Records) -> List[Violation]:
-    """``grant_order``: a non-GENERATION grant never overtakes an earlier pending request
+grant_order = invariant(
+    "grant_order", reads=("plan", "enqueued", "signalled"), sees=DECISION_KINDS + ("release_then_request",)
+)(
+    walk_check(
+        "grant_order",
+        _GrantOrder,
+        doc="""``grant_order``: a non-GENERATION grant never overtakes an earlier pending request
     (lower tier number, or same tier and enqueued first) that those decisions left
-    grantable, nor — under ``head_of_line_blocking`` — one that was blocked."""
-    walk = _GrantOrder(records)
-    walk.run()
-    return walk.out
+    grantable, nor — under ``head_of_line_blocking`` — one that was blocked.""",
+    )
+)
 
 
 class _Waste(_Pending):
@@ -222,17 +226,18 @@ class _Waste(_Pending):
                 self.out.append(Violation("ungrantable_preemption", plan["seq"], what))
 
 
-@invariant(
+ungrantable_preemption = invariant(
     "ungrantable_preemption",
     reads=("plan",),
     sees=DECISION_KINDS + ("enqueued", "signalled", "release_pending", "release_then_request"),
+)(
+    walk_check(
+        "ungrantable_preemption",
+        _Waste,
+        doc="""``ungrantable_preemption``: no GENERATION rank is shrunk for a request its cycle does not grant
+    (scheduler waste), nor shrunk again and again for the same waiting request (thrash).""",
+    )
 )
-def ungrantable_preemption(records: Records) -> List[Violation]:
-    """``ungrantable_preemption``: no GENERATION rank is shrunk for a request its cycle does not grant
-    (scheduler waste), nor shrunk again and again for the same waiting request (thrash)."""
-    walk = _Waste(records)
-    walk.run()
-    return walk.out
 
 
 #: how long a pipeline may wait for its batch with no routable rank while a whole TP bundle
@@ -336,12 +341,16 @@ class _IdleBundle(DecisionWalk):
         self.last_t = now
 
 
-@invariant("idle_bundle_starvation", reads=("effect_start", "effect_end", "rank_state"), sees=DECISION_KINDS)
-def idle_bundle_starvation(records: Records) -> List[Violation]:
-    """``idle_bundle_starvation``: no pipeline waits for its batch with no routable rank for longer than
+idle_bundle_starvation = invariant(
+    "idle_bundle_starvation", reads=("effect_start", "effect_end", "rank_state"), sees=DECISION_KINDS
+)(
+    walk_check(
+        "idle_bundle_starvation",
+        _IdleBundle,
+        # only WaitBatch among the effects matters: the rest never reach the (slower) hook
+        keep=lambda r: r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch",
+        doc="""``idle_bundle_starvation``: no pipeline waits for its batch with no routable rank for longer than
     its bound (the header's ``meta.idle_bundle_bound_s``, else :data:`IDLE_BUNDLE_BOUND_S`)
-    while a whole TP bundle of its inference mapping is idle."""
-    # only WaitBatch among the effects matters: drop the rest before the (slower) walk
-    walk = _IdleBundle(kept(records, lambda r: r["kind"][:7] != "effect_" or r["effect"] == "WaitBatch"))
-    walk.run()
-    return walk.out
+    while a whole TP bundle of its inference mapping is idle.""",
+    )
+)
