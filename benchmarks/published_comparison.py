@@ -74,17 +74,23 @@ def mini_batch_answers(workload: dict) -> int:
 def _train_layout(workload: dict, train: int, mean_tokens: float) -> dict:
     """The training layout fields of a workload row. FSDP2 (verl): Ulysses SP and one
     micro-batch per SP group per mini-batch (verl's dynamic batching at these lengths).
-    Megatron (AReaL): its pipeline stages, and the sequences a micro-batch of the recipe's
-    token budget holds at the mean length."""
+    Megatron: its tensor and pipeline stages, and the sequences a micro-batch holds: the
+    recipe's fixed count where it names one (verl's Megatron recipes, without dynamic
+    batching), else what the recipe's token budget holds at the mean length (AReaL)."""
     if workload.get("train_backend", "fsdp2") == "fsdp2":
         sp = workload["train_sp"]
         micro = max(1, mini_batch_answers(workload) * sp // train)
         return {"train_backend": "fsdp2", "train_sp": sp, "train_micro_batch": micro}
-    per_sequence = workload["prompt_tokens"] + mean_tokens
+    if "train_micro_batch" in workload:
+        micro = int(workload["train_micro_batch"])
+    else:
+        per_sequence = workload["prompt_tokens"] + mean_tokens
+        micro = max(1, int(workload["train_tokens_per_micro_batch"] // per_sequence))
     return {
         "train_backend": "megatron",
+        "train_tp": int(workload.get("train_tp", 1)),
         "train_pp": int(workload.get("train_pp", 1)),
-        "train_micro_batch": max(1, int(workload["train_tokens_per_micro_batch"] // per_sequence)),
+        "train_micro_batch": micro,
     }
 
 

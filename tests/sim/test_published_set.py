@@ -108,7 +108,7 @@ def test_every_mixture_of_experts_row_names_its_experts():
             if model.experts_per_token:
                 moe_rows += 1
                 assert model.num_experts > model.experts_per_token, r["id"]
-    assert moe_rows == 7  # the NeMo RL Qwen3-30B-A3B (four) and Qwen3-235B-A22B (three) rows
+    assert moe_rows == 8  # the NeMo RL Qwen3-30B-A3B (five) and Qwen3-235B-A22B (three) rows
 
 
 def test_a_bundled_scenario_rows_gpu_count_is_its_scenarios():
@@ -150,28 +150,36 @@ def test_areals_fitted_mean_reads_only_fitted_rows(monkeypatch):
 
 
 def test_each_verl_table_runs_the_recipe_of_its_own_commit():
-    """The one-step-off table's two runs come from the recipes beside it (volcengine/verl
+    """The one-step-off table's two FSDP2 runs come from the recipes beside it (volcengine/verl
     recipe/one_step_off_policy/dapo_7b_math_fsdp2_{colocate,4_12}.sh at e55d1431: 512 prompts
-    x 12 answers, a mini-batch of 32 prompts, vLLM TP 2, the document's 20,480-token cap); the
-    fully asynchronous table's from its own (16 answers, TP 4, a 28,672 cap). The figures below
-    are the scripts', not the benchmark's."""
+    x 12 answers, a mini-batch of 32 prompts, vLLM TP 2, the document's 20,480-token cap); its
+    two Megatron runs from dapo_7b_math_megatron_{colocate,4_12}.sh at the same commit (16 and
+    12 answers, vLLM TP 2, Megatron TP 2 x PP 2, 2 sequences a micro-batch, no recomputation,
+    the document's 8,192 cap); the fully asynchronous table's from its own (16 answers, TP 4, a
+    28,672 cap). The figures below are the scripts', not the benchmark's."""
     b, data = _bench(), _data()
-    recipes = {  # table -> (answers a prompt, vLLM TP, cap, answers an optimizer step trains)
-        "verl-osp-": (12, 2, 20480, 32 * 12),
-        "verl-fa-": (16, 4, 28672, 32 * 16),
+    recipes = {  # workload -> (answers a prompt, vLLM TP, cap, answers an optimizer step trains, Megatron layout)
+        "verl_dapo_qwen2.5_math_7b_one_step_off": (12, 2, 20480, 32 * 12, None),
+        "verl_dapo_qwen2.5_math_7b": (16, 4, 28672, 32 * 16, None),
+        "verl_dapo_qwen2.5_math_7b_megatron_colocate": (16, 2, 8192, 32 * 16, (2, 2, 2)),
+        "verl_dapo_qwen2.5_math_7b_megatron_one_step_off": (12, 2, 8192, 32 * 12, (2, 2, 2)),
     }
     seen = set()
     for r in data["rows"]:
-        table = next((t for t in recipes if r["id"].startswith(t)), None)
-        if table is None:
+        if r.get("workload") not in recipes:
             continue
-        answers, tp, cap, mini = recipes[table]
+        answers, tp, cap, mini, megatron = recipes[r["workload"]]
         pipe = b.row_scenario(r, data).pipelines[0]
         train = r["gpus"] - r.get("rollout_gpus", 0)
         assert pipe.workload.prompts_per_step == 512 and pipe.workload.generations_per_prompt == answers, r["id"]
         assert pipe.infer_tp == tp and pipe.workload.decode_tokens_max == cap, r["id"]
-        assert pipe.train_global_batch == mini and pipe.train_micro_batch == mini * 4 // train, r["id"]
-        seen.add(table)
+        assert pipe.train_global_batch == mini, r["id"]
+        if megatron is None:
+            assert pipe.train_backend == "fsdp2" and pipe.train_micro_batch == mini * 4 // train, r["id"]
+        else:
+            layout = (pipe.train_tp, pipe.train_pp, pipe.train_micro_batch)
+            assert pipe.train_backend == "megatron" and layout == megatron and not pipe.train_recompute, r["id"]
+        seen.add(r["workload"])
     assert seen == set(recipes)
 
 
