@@ -6,7 +6,7 @@ together (``routing_policy``); ``liveness``."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import AbstractSet, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
+from typing import AbstractSet, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from harness.logs.invariants.base import Records, Violation, invariant, known_whole
 from harness.logs.invariants.hot_states import hot_bound
@@ -261,13 +261,28 @@ def liveness(records: Records) -> List[Violation]:
     consumed, an effect ended) during that last window: then nothing was going to release it.
     An open effect that waits in the wait-for graph (a coordinator-lock acquire) names its
     chain of waits (harness/logs/invariants/waitfor.py)."""
-    window = hot_bound(records)
-    out: List[Violation] = []
     if known_whole(records) and not _ends_at_horizon(records):
-        return out  # the walk below finds a stall only in a run cut by its horizon
+        return []  # the walk below finds a stall only in a run cut by its horizon
     # online (a view read once) the wait-for graph is built in this pass, for the chains
     # of waits a finding names; a whole log builds it only when an effect stalled
     walk = None if known_whole(records) else GraphWalk(records[0])
+    return _liveness(records, walk, None)
+
+
+def liveness_beside_graph(records: Records, graph: Callable[[], WaitGraph]) -> List[Violation]:
+    """:func:`liveness` of an online view whose wait-for graph another pass builds from
+    the same log (the oracle's shared one, harness/logs/invariants/online.py): ``graph()``
+    returns it once the log has ended. The graph :func:`liveness` builds in its own pass
+    is the same one: it reads only the kinds ``wait_graph``'s checks see, which this
+    check sees too (all of them, in log order), and the log's last record."""
+    return _liveness(records, None, graph)
+
+
+def _liveness(
+    records: Records, walk: Optional[GraphWalk], shared: Optional[Callable[[], WaitGraph]]
+) -> List[Violation]:
+    window = hot_bound(records)
+    out: List[Violation] = []
     waits = _walk_waits(records, walk)
     end = waits.end
     if end is None or end["reason"] != "horizon":
@@ -278,7 +293,10 @@ def liveness(records: Records) -> List[Violation]:
     for (pid, effect, scope), start in sorted(waits.open_effects.items()):
         if _stalled(waits.last_progress, cutoff, pid, start["t"]):
             if not graph:
-                graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
+                if shared is not None:
+                    graph.append(shared())
+                else:
+                    graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
             step = f" of step {start['step']}" if start.get("step") is not None else ""
             out.append(
                 Violation(
