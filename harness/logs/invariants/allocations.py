@@ -13,6 +13,7 @@ to the caller, which decides whether they are its business.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 GENERATION = "GENERATION"
@@ -25,6 +26,7 @@ def is_gen_cluster(cluster_id: str) -> bool:
     return cluster_id.endswith(GEN_SUFFIX)
 
 
+@lru_cache(maxsize=4096)  # a run has a few clusters per pipeline; a 1024-GPU walk asks ~200 thousand times
 def pipeline_of(cluster_id: str) -> str:
     """The pipeline id of a cluster id (cluster names never contain the separator's tail)."""
     for name in ("actor_train", "actor_infer", "critic", "reference"):

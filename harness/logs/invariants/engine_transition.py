@@ -191,8 +191,10 @@ class _Replay:
     def _woken(self, key: Rank, awake, r: dict) -> None:
         """A record says ``awake`` tags are awake: those still asleep here woke (weights first)."""
         state = self.state.setdefault(key, dict(table.INITIAL))
-        for event in table.wake_events([t for t in awake if state[t] in _TAG_ASLEEP[t]]):
-            self.event(key, event, r)
+        woke = [t for t in awake if state[t] in _TAG_ASLEEP[t]]
+        if woke:  # (most lifecycle records: every tag already awake, no event)
+            for event in table.wake_events(woke):
+                self.event(key, event, r)
 
     def _rank_state(self, r: dict, key: Rank) -> None:
         new, old = r["state"], self.life.get(key)

@@ -35,12 +35,13 @@ one-pass rules anyway fails loudly (:class:`NotOnePass`), never silently.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional
 
 
 from harness.logs.invariants import CHECKS, SEES, Violation, merge_findings, shared_walks
 from harness.logs.invariants.decision_walks import run_walks
 from harness.logs.invariants.engine_transition import engine_replay, on_replay
+from harness.logs.invariants.routing import liveness, liveness_beside_graph
 from harness.logs.invariants.waitfor import on_graph, wait_graph
 from harness.logs.one_pass import NotOnePass, OnePassRun, OnePassView, abandon  # noqa: F401 (re-exported)
 from harness.logs.one_pass import SplitOnce, pick_kinds
@@ -53,8 +54,9 @@ WHOLE_HISTORY: Dict[str, str] = {}
 #: graph (harness/logs/invariants/waitfor.py ``wait_graph``) and the engines' table replay
 #: (harness/logs/invariants/engine_transition.py ``engine_replay``): name -> (the pass,
 #: a check on what it made, the checks)
+GRAPH = "(wait-for graph)"
 SHARED: Dict[str, tuple] = {
-    "(wait-for graph)": (wait_graph, on_graph, ("deadlock", "lost_wakeup", "hot_state")),
+    GRAPH: (wait_graph, on_graph, ("deadlock", "lost_wakeup", "hot_state")),
     "(engine replay)": (engine_replay, on_replay, ("engine_transition", "engine_stood_down")),
 }
 
@@ -87,7 +89,22 @@ class OnlineOracle:
         self._runners: Dict[str, OnePassRun] = {}
         self._kept: Dict[Optional[FrozenSet[str]], List[Dict[str, Any]]] = {}  # WHOLE_HISTORY checks' views
         self._routes: Dict[str, tuple] = {}
+        self._made: Dict[str, Any] = {}  # what each shared pass made, once the log has ended
         self.count = 0
+
+    def _pass_of(self, name: str) -> Callable[[Any], List[Violation]]:
+        """What check ``name``'s own pass runs: the check, or for ``liveness`` beside the
+        shared wait-for graph's pass, the check reading that pass's graph (its own pass
+        would build the same graph again)."""
+        if name == "liveness" and CHECKS[name] is liveness and GRAPH in self._shared_of.values():
+            return partial(liveness_beside_graph, graph=self._shared_graph)
+        return CHECKS[name]
+
+    def _shared_graph(self) -> Any:
+        """The shared pass's wait-for graph, for ``liveness`` (asked at the log's end)."""
+        if GRAPH not in self._made:
+            raise RuntimeError("the shared wait-for graph pass failed before liveness asked for its graph")
+        return self._made[GRAPH]
 
     def _start(self, first: Dict[str, Any]) -> None:
         self._first = first
@@ -102,7 +119,7 @@ class OnlineOracle:
         walked, walked_kinds = shared_walks(own)
         for n in walked:
             self._shared_of[n] = DECISIONS
-        self._runners = {n: OnePassRun(CHECKS[n], first, n) for n in own if n not in self._shared_of}
+        self._runners = {n: OnePassRun(self._pass_of(n), first, n) for n in own if n not in self._shared_of}
         if walked:
             self._runners[DECISIONS] = OnePassRun(partial(run_walks, names=walked), first, DECISIONS)
             self._sets[DECISIONS] = walked_kinds
@@ -148,7 +165,7 @@ class OnlineOracle:
                 view.append(last)
         found: Dict[str, List[Violation]] = {}
         errors = []
-        made: Dict[str, Any] = {}
+        made: Dict[str, Any] = self._made
         for shared in sorted(set(self._shared_of.values())):
             try:
                 made[shared] = self._runners[shared].finish()

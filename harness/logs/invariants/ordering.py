@@ -249,14 +249,19 @@ def step_order(records: Records) -> List[Violation]:
     """No effect of step s+1 starts before every effect of step s has ended."""
     out: List[Violation] = []
     open_steps: Dict[str, Dict[int, int]] = {}
+    # pipeline -> its steps with an effect open (count above 0): one or two, where
+    # open_steps keeps every step of the run (scanned only when one of them is earlier)
+    live_steps: Dict[str, Set[int]] = {}
     current: Dict[str, int] = {}
     for r in records:
         if r["kind"] not in ("effect_start", "effect_end") or r.get("scope") != "step" or r.get("step") is None:
             continue
         pid, step = r["pipeline_id"], r["step"]
         opened = open_steps.setdefault(pid, {})
+        live = live_steps.setdefault(pid, set())
         if r["kind"] == "effect_start":
-            earlier = [s for s, n in opened.items() if s < step and n > 0]
+            # (in the order the steps were first opened, as open_steps keeps them)
+            earlier = [s for s, n in opened.items() if s < step and n > 0] if any(s < step for s in live) else []
             if earlier:
                 out.append(
                     Violation(
@@ -268,9 +273,13 @@ def step_order(records: Records) -> List[Violation]:
             if step < current.get(pid, step):
                 out.append(Violation("step_order", r["seq"], f"{pid}: step {step} after step {current[pid]}"))
             current[pid] = max(step, current.get(pid, step))
-            opened[step] = opened.get(step, 0) + 1
+            n = opened[step] = opened.get(step, 0) + 1
         else:
-            opened[step] = opened.get(step, 0) - 1
+            n = opened[step] = opened.get(step, 0) - 1
+        if n > 0:
+            live.add(step)
+        else:
+            live.discard(step)
     return out
 
 

@@ -6,7 +6,7 @@ together (``routing_policy``); ``liveness``."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import AbstractSet, Callable, Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from harness.logs.invariants.base import Records, Violation, invariant, known_whole
 from harness.logs.invariants.hot_states import hot_bound
@@ -33,19 +33,29 @@ class Completed:
         i = bisect_right(runs, [n, float("inf")]) - 1
         return i >= 0 and runs[i][0] <= n <= runs[i][1]
 
-    def add(self, req: Tuple[object, object]) -> None:
+    def add(self, req: Tuple[object, object]) -> bool:
+        """Mark ``req`` completed; whether it was not already (one search answers both:
+        ``routing`` asks at each completion whether it is a second one)."""
         pid, n = req
         if type(n) is not int or not isinstance(pid, str):
+            if req in self.other:
+                return False
             self.other.add(req)
-            return
+            return True
         runs = self.runs.get(pid)
-        if runs and runs[-1][1] == n - 1:  # the id after the highest completed (the usual case): joins the last run
-            runs[-1][1] = n
-            return
-        if req in self:
-            return
-        runs = self.runs.setdefault(pid, [])
-        i = bisect_right(runs, [n, float("inf")])  # runs[:i] start at or before n (and end before it)
+        if runs is None:
+            self.runs[pid] = [[n, n]]
+            return True
+        top = runs[-1]
+        if n > top[1]:  # past every run (the usual case: the highest completed, or about to be)
+            if top[1] == n - 1:
+                top[1] = n
+            else:
+                runs.append([n, n])
+            return True
+        i = bisect_right(runs, [n, float("inf")])  # runs[:i] start at or before n
+        if i > 0 and runs[i - 1][1] >= n:
+            return False  # inside the run that starts at or before it: completed already
         joins_left = i > 0 and runs[i - 1][1] == n - 1
         joins_right = i < len(runs) and runs[i][0] == n + 1
         if joins_left and joins_right:
@@ -57,21 +67,19 @@ class Completed:
             runs[i][0] = n
         else:
             runs.insert(i, [n, n])
+        return True
 
 
 @invariant("routing", reads=("rank_state", "request_dispatch", "request_done", "request_abort"))
 def routing(records: Records) -> List[Violation]:
     out: List[Violation] = []
     state: Dict[Tuple[str, int], str] = {}
-    version: Dict[Tuple[str, int], object] = {}
     inflight: Dict[Tuple[str, int], int] = {}  # (pipeline, request) -> rank
     done = Completed()
     for r in records:
         k = r["kind"]
         if k == "rank_state":
-            key = (r["pipeline_id"], r["dp_rank"])
-            state[key] = r["state"]
-            version[key] = r.get("version")
+            state[(r["pipeline_id"], r["dp_rank"])] = r["state"]
         elif k == "request_dispatch":
             key, req = (r["pipeline_id"], r["dp_rank"]), (r["pipeline_id"], r["request"])
             if state.get(key) != "routable":
@@ -99,7 +107,8 @@ def routing(records: Records) -> List[Violation]:
             inflight[req] = r["dp_rank"]
         elif k == "request_done":
             req = (r["pipeline_id"], r["request"])
-            if req in done:
+            twice = not done.add(req)  # (added before the check below: it reads only inflight)
+            if twice:
                 out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} completed twice"))
             if inflight.pop(req, None) != r["dp_rank"]:
                 out.append(
@@ -109,12 +118,14 @@ def routing(records: Records) -> List[Violation]:
                         f"request {req[1]} of {req[0]} completed on dp{r['dp_rank']} where it was not running",
                     )
                 )
-            done.add(req)
         elif k == "request_abort":
             req = (r["pipeline_id"], r["request"])
             if inflight.pop(req, None) is None:
                 out.append(Violation("routing", r["seq"], f"request {req[1]} of {req[0]} aborted while not running"))
     return out
+
+
+_NO_RANKS: FrozenSet[int] = frozenset()  # a pipeline none of whose ranks was ever routable
 
 
 def _note_dp_size(sizes: Dict[str, int], r: dict) -> None:
@@ -166,30 +177,30 @@ def routing_policy(records: Records) -> List[Violation]:
             joining.pop(r["pipeline_id"], None)
         elif k == "request_dispatch":
             pid, dp = r["pipeline_id"], r["dp_rank"]
-            ranks = routable.get(pid, set())
+            serving: AbstractSet[int] = routable.get(pid, _NO_RANKS)
             join = joining.get(pid)
-            if join is not None and join[1] & ranks and not join[1] <= ranks:
+            if join is not None and join[1] & serving and not join[1] <= serving:
                 out.append(
                     Violation(
                         "routing_policy",
                         r["seq"],
                         f"request {r['request']} of {pid} routed while the ranks {sorted(join[1])} of one "
-                        f"Activate (seq {join[0]}) join routing one at a time: only {sorted(join[1] & ranks)} routable",
+                        f"Activate (seq {join[0]}) join routing one at a time: only {sorted(join[1] & serving)} routable",
                     )
                 )
             n = sizes.get(pid)
-            if not n or not ranks:
+            if not n or not serving:
                 continue  # unknown pipeline size, or nothing routable (the routing check reports that)
             at = cursor.get(pid, 0)  # (always below n)
             # the cursor's own rank when routable (most dispatches), else the next routable one
-            expected = at if at in ranks else next(((at + i) % n for i in range(n) if (at + i) % n in ranks), None)
+            expected = at if at in serving else next(((at + i) % n for i in range(n) if (at + i) % n in serving), None)
             if expected is not None and dp != expected:
                 w = wrong.get(pid)
                 if w is None:
                     wrong[pid] = [
                         r["seq"],
                         f"request {r['request']} of {pid} routed to dp{dp}; round robin from cursor "
-                        f"{at} over routable {sorted(ranks)} sends it to dp{expected}",
+                        f"{at} over routable {sorted(serving)} sends it to dp{expected}",
                         1,
                     ]
                 else:
@@ -250,13 +261,28 @@ def liveness(records: Records) -> List[Violation]:
     consumed, an effect ended) during that last window: then nothing was going to release it.
     An open effect that waits in the wait-for graph (a coordinator-lock acquire) names its
     chain of waits (harness/logs/invariants/waitfor.py)."""
-    window = hot_bound(records)
-    out: List[Violation] = []
     if known_whole(records) and not _ends_at_horizon(records):
-        return out  # the walk below finds a stall only in a run cut by its horizon
+        return []  # the walk below finds a stall only in a run cut by its horizon
     # online (a view read once) the wait-for graph is built in this pass, for the chains
     # of waits a finding names; a whole log builds it only when an effect stalled
     walk = None if known_whole(records) else GraphWalk(records[0])
+    return _liveness(records, walk, None)
+
+
+def liveness_beside_graph(records: Records, graph: Callable[[], WaitGraph]) -> List[Violation]:
+    """:func:`liveness` of an online view whose wait-for graph another pass builds from
+    the same log (the oracle's shared one, harness/logs/invariants/online.py): ``graph()``
+    returns it once the log has ended. The graph :func:`liveness` builds in its own pass
+    is the same one: it reads only the kinds ``wait_graph``'s checks see, which this
+    check sees too (all of them, in log order), and the log's last record."""
+    return _liveness(records, None, graph)
+
+
+def _liveness(
+    records: Records, walk: Optional[GraphWalk], shared: Optional[Callable[[], WaitGraph]]
+) -> List[Violation]:
+    window = hot_bound(records)
+    out: List[Violation] = []
     waits = _walk_waits(records, walk)
     end = waits.end
     if end is None or end["reason"] != "horizon":
@@ -267,7 +293,10 @@ def liveness(records: Records) -> List[Violation]:
     for (pid, effect, scope), start in sorted(waits.open_effects.items()):
         if _stalled(waits.last_progress, cutoff, pid, start["t"]):
             if not graph:
-                graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
+                if shared is not None:
+                    graph.append(shared())
+                else:
+                    graph.append(wait_graph(records) if walk is None else walk.graph(records[-1]))
             step = f" of step {start['step']}" if start.get("step") is not None else ""
             out.append(
                 Violation(

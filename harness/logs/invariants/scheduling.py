@@ -92,9 +92,12 @@ class _Pending(DecisionWalk):
         if h.num_gpus is None:
             return set()
         out = set(range(h.num_gpus))
-        for g, cid in h.owner.items():
-            if h.priority.get(cid, GENERATION) != GENERATION:
-                out.discard(g)
+        priority = h.priority
+        # by cluster (held_by: the owners inverted), not GPU by GPU: a plan of a 1024-GPU run
+        # otherwise walks every GPU's owner
+        for cid, gpus in h.held_by.items():
+            if gpus and priority.get(cid, GENERATION) != GENERATION:
+                out -= gpus
         return out
 
     def not_obtainable_for(self, cid: str) -> Set[int]:
@@ -292,6 +295,14 @@ class _IdleBundle(DecisionWalk):
 
     def _refresh(self) -> None:
         if not self.dirty and not self.holdings_changed:
+            return
+        if not self.holdings_changed and not any(
+            self.waiting.get(pid) and not self.routable.get(pid) for pid in self.dirty
+        ):  # (most calls: a rank of a pipeline not starved moved) what the general path does then
+            for pid in self.dirty:
+                self.since.pop(pid, None)
+                self.reported.discard(pid)
+            self.dirty.clear()
             return
         pids = set(self.dirty)
         if self.holdings_changed:
