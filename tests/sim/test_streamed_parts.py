@@ -125,3 +125,10 @@ def test_a_function_the_tree_lacks_is_noted_not_wrapped():
     assert parts.patch(Old, "run", "simulation", "Old") is not None
     assert parts.patch(Old, "finish", "ends", "Old") is None
     assert parts.missing == ["Old.finish"] and Old().run() == 1
+
+
+def test_a_scaled_scenario_by_its_gpus():
+    out = _run("--gpus", "64", "--steps", "5", "--top", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("64 GPUs (benchmarks/scale_scenarios.py): ")
+    assert "the whole process" in out.stdout and "all readers" in out.stdout
