@@ -28,8 +28,9 @@ with another checkout (this script, that tree on PYTHONPATH; a function that tre
 not wrapped, and its time falls to its caller's part). The machine is shared: print
 ``uptime`` beside the figures (the load at each process's start is printed).
 
+    git archive 8ce5aa6 | tar -x -C /tmp/old      # (a checkout to compare with, if any)
     nice python benchmarks/streamed_parts.py [--scenario PATH | --gpus N [--steps S]] [--png]
-        [--rounds K] [--other PATH] [--top 15] [--json FILE]
+        [--rounds K] [--other /tmp/old] [--top 15] [--json FILE]
 """
 
 from __future__ import annotations
