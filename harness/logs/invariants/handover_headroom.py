@@ -126,23 +126,33 @@ def handover_windows(records: Records) -> List[Window]:
                 break
 
     for r in records:
-        if r["kind"] == "vram":
-            g, key = r["gpu"], (r["owner"], r["mem"])
-            on = resident.setdefault(g, {})
-            on[key] = on.get(key, 0) + r["delta"]
-            used[g] = used.get(g, 0) + r["delta"]
-            if r["delta"] > 0:
-                left_by.setdefault(g, {})[key] = r.get("phase")
-            see_open(open_.get(g, ()), r["seq"])
+        kind = r["kind"]
+        if kind == "vram":  # nearly every record read: its lookups made once, no dict made per record
+            g, key, delta = r["gpu"], (r["owner"], r["mem"]), r["delta"]
+            on = resident.get(g)
+            if on is None:
+                on = resident[g] = {}
+            on[key] = on.get(key, 0) + delta
+            used[g] = used.get(g, 0) + delta
+            if delta > 0:
+                by = left_by.get(g)
+                if by is None:
+                    by = left_by[g] = {}
+                by[key] = r.get("phase")
+            ws = open_.get(g)
+            if ws:
+                see_open(ws, r["seq"])
             continue
-        if r["kind"] == "oom":
+        if kind == "oom":
             see_open(open_.get(r["gpu"], ()), r["seq"], r["requested"])
             continue
-        if r["kind"] in _ENDING_KINDS:  # (no other record ends a window: see _ends)
+        if kind in _ENDING_KINDS:  # (no other record ends a window: see _ends)
             for g, ws in list(open_.items()):
                 for w in [w for w in ws if _ends(r, w)]:
                     w.end_seq = r["seq"]
                     ws.remove(w)
+                if not ws:  # a GPU with no window open is not walked at every ending record
+                    del open_[g]
         grant = holders.grant_of(r)
         if grant is None:
             continue
