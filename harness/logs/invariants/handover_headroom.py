@@ -87,8 +87,10 @@ def _others(
     by: Dict[str, int] = {}
     phases: Dict[str, set] = {}
     for (owner, kind), nbytes in on.items():
+        if nbytes <= 0:  # (freed: most of a long run's entries; its owner not parsed)
+            continue
         other = cluster_of(owner)
-        if nbytes > 0 and other is not None and other != cid:
+        if other is not None and other != cid:
             by[other] = by.get(other, 0) + nbytes
             phases.setdefault(other, set()).add(left_by.get((owner, kind)) or "unknown")
     over = {o: b for o, b in sorted(by.items()) if b > _residue(o)}
@@ -132,7 +134,9 @@ def handover_windows(records: Records) -> List[Window]:
             on = resident.get(g)
             if on is None:
                 on = resident[g] = {}
-            on[key] = on.get(key, 0) + delta
+            now = on[key] = on.get(key, 0) + delta
+            if not now:  # freed: not kept, so a grant's walk of the GPU's bytes (_others) reads what is there
+                del on[key]
             used[g] = used.get(g, 0) + delta
             if delta > 0:
                 by = left_by.get(g)
