@@ -87,8 +87,10 @@ def _others(
     by: Dict[str, int] = {}
     phases: Dict[str, set] = {}
     for (owner, kind), nbytes in on.items():
+        if nbytes <= 0:  # (freed: most of a long run's entries; its owner not parsed)
+            continue
         other = cluster_of(owner)
-        if nbytes > 0 and other is not None and other != cid:
+        if other is not None and other != cid:
             by[other] = by.get(other, 0) + nbytes
             phases.setdefault(other, set()).add(left_by.get((owner, kind)) or "unknown")
     over = {o: b for o, b in sorted(by.items()) if b > _residue(o)}
@@ -126,23 +128,35 @@ def handover_windows(records: Records) -> List[Window]:
                 break
 
     for r in records:
-        if r["kind"] == "vram":
-            g, key = r["gpu"], (r["owner"], r["mem"])
-            on = resident.setdefault(g, {})
-            on[key] = on.get(key, 0) + r["delta"]
-            used[g] = used.get(g, 0) + r["delta"]
-            if r["delta"] > 0:
-                left_by.setdefault(g, {})[key] = r.get("phase")
-            see_open(open_.get(g, ()), r["seq"])
+        kind = r["kind"]
+        if kind == "vram":  # nearly every record read: its lookups made once, no dict made per record
+            g, key, delta = r["gpu"], (r["owner"], r["mem"]), r["delta"]
+            on = resident.get(g)
+            if on is None:
+                on = resident[g] = {}
+            now = on[key] = on.get(key, 0) + delta
+            if not now:  # freed: not kept, so a grant's walk of the GPU's bytes (_others) reads what is there
+                del on[key]
+            used[g] = used.get(g, 0) + delta
+            if delta > 0:
+                by = left_by.get(g)
+                if by is None:
+                    by = left_by[g] = {}
+                by[key] = r.get("phase")
+            ws = open_.get(g)
+            if ws:
+                see_open(ws, r["seq"])
             continue
-        if r["kind"] == "oom":
+        if kind == "oom":
             see_open(open_.get(r["gpu"], ()), r["seq"], r["requested"])
             continue
-        if r["kind"] in _ENDING_KINDS:  # (no other record ends a window: see _ends)
+        if kind in _ENDING_KINDS:  # (no other record ends a window: see _ends)
             for g, ws in list(open_.items()):
                 for w in [w for w in ws if _ends(r, w)]:
                     w.end_seq = r["seq"]
                     ws.remove(w)
+                if not ws:  # a GPU with no window open is not walked at every ending record
+                    del open_[g]
         grant = holders.grant_of(r)
         if grant is None:
             continue

@@ -113,28 +113,36 @@ class _Peaks:
         self.gpus: Dict[int, GpuPeak] = {}
         self.phases: Dict[str, Dict[str, Any]] = {}
 
-    def see(self, r: Mapping[str, Any]) -> None:
-        g, delta = r["gpu"], r["delta"]
-        now = self.used[g] = self.used.get(g, 0) + delta
-        on = self.held.setdefault(g, {})
-        on[r["owner"]] = on.get(r["owner"], 0) + delta
-        if delta <= 0:
-            return
-        phase = r.get("phase") or r["mem"]
-        best = self.gpus.get(g)
-        if best is None or now > best.peak_bytes:
-            self.gpus[g] = GpuPeak(
-                g, now, self.cap - now, r["t"], r["seq"], phase, {o: b for o, b in sorted(on.items()) if b > 0}
-            )
-        p = self.phases.get(phase)
-        if p is None or now > p["peak_bytes"]:
-            self.phases[phase] = {
-                "peak_bytes": now,
-                "headroom_bytes": self.cap - now,
-                "gpu": g,
-                "seq": r["seq"],
-                "t": r["t"],
-            }
+    def tap(self, records: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        """The records as they pass, each ``vram`` record seen on its way (inline, its
+        lookups bound once: the pass's most frequent record)."""
+        cap, used, held, gpus, phases = self.cap, self.used, self.held, self.gpus, self.phases
+        for r in records:
+            if r["kind"] != "vram":
+                yield r
+                continue
+            g, delta, owner = r["gpu"], r["delta"], r["owner"]
+            now = used[g] = used.get(g, 0) + delta
+            on = held.get(g)
+            if on is None:  # (not setdefault: no dict made per record)
+                on = held[g] = {}
+            on[owner] = on.get(owner, 0) + delta
+            if delta > 0:
+                phase = r.get("phase") or r["mem"]
+                best = gpus.get(g)
+                if best is None or now > best.peak_bytes:
+                    held_now = {o: b for o, b in sorted(on.items()) if b > 0}
+                    gpus[g] = GpuPeak(g, now, cap - now, r["t"], r["seq"], phase, held_now)
+                p = phases.get(phase)
+                if p is None or now > p["peak_bytes"]:
+                    phases[phase] = {
+                        "peak_bytes": now,
+                        "headroom_bytes": cap - now,
+                        "gpu": g,
+                        "seq": r["seq"],
+                        "t": r["t"],
+                    }
+            yield r
 
 
 def headroom(records: Iterable[Mapping[str, Any]], end: Any = None) -> Optional[Headroom]:
@@ -149,14 +157,7 @@ def headroom(records: Iterable[Mapping[str, Any]], end: Any = None) -> Optional[
             pass
         return None
     peaks = _Peaks(cap)
-
-    def tap() -> Iterator[Mapping[str, Any]]:
-        for r in it:
-            if r["kind"] == "vram":
-                peaks.see(r)
-            yield r
-
-    windows = handover_windows(_HeaderThen(head, tap()))  # type: ignore[arg-type]
+    windows = handover_windows(_HeaderThen(head, peaks.tap(it)))  # type: ignore[arg-type]
     return Headroom(
         cap,
         margin_of([dict(head)]),

@@ -131,33 +131,37 @@ def pause_rows(records: Sequence[Mapping[str, Any]]) -> List[PauseRow]:
     the 1024-GPU run has over half a million of them."""
     walk = _Walk()
     running, where, since, dropped, draining = walk.running, walk.where, walk.since, walk.dropped, walk.draining
+    # the dicts' methods bound once and each record's key made once: the loop runs per record
+    running_get, where_pop, since_pop, dropped_get = running.get, where.pop, since.pop, dropped.get
     for r in records:
         k = r.get("kind")
         if k == "request_dispatch":
             pid, req, dp = r["pipeline_id"], r["request"], r["dp_rank"]
-            if req in dropped.get(pid, ()):
+            if dropped and req in dropped_get(pid, ()):
                 walk.request(r)  # a retry: counted there
                 continue
             rank = (pid, dp)
-            held = running.get(rank)
+            held = running_get(rank)
             if held is None:
                 running[rank] = {req}
             else:
                 held.add(req)
             key = (pid, req)
-            where[key], since[key] = dp, r["t"]
+            where[key] = dp
+            since[key] = r["t"]
         elif k == "request_done":
             pid, req = r["pipeline_id"], r["request"]
-            dp = where.pop((pid, req), _UNSEEN)
-            since.pop((pid, req), None)  # (kept while the request is in flight: a long run's state stays what is live)
+            key = (pid, req)
+            dp = where_pop(key, _UNSEEN)
+            since_pop(key, None)  # (kept while the request is in flight: a long run's state stays what is live)
             if dp is _UNSEEN:
                 walk.request(r)  # never dispatched: the general path
                 continue
             rank = (pid, dp)
-            held = running.get(rank)
+            held = running_get(rank)
             if held is not None:
                 held.discard(req)
-            if rank in draining:
+            if draining and rank in draining:
                 walk.row(pid).waited += 1
         elif (
             k in ("effect_start", "effect_end") and r.get("effect") in ("Abort", "Pause") and r.get("scope") == "shrink"
